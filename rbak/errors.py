@@ -1,0 +1,87 @@
+"""One exception tree for everything rbak raises on purpose.
+
+Callers (the CLI, the operator, the Spark jobs) catch ``RbakError`` and print
+``str(err)``: every message names the thing that is wrong (storage key, config
+key path, queue, file and offset) so no traceback is needed to act on it.
+The prefixes follow the Rust tool's error messages.
+"""
+
+from __future__ import annotations
+
+
+class RbakError(Exception):
+    """Base of every error rbak raises deliberately."""
+
+    prefix = "Error"
+    exit_code = 1
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return f"{self.prefix}: {super().__str__()}"
+
+
+class ConfigError(RbakError):
+    prefix = "Configuration error"
+    exit_code = 2
+
+
+class StorageError(RbakError):
+    prefix = "Storage error"
+
+
+class NotFoundError(StorageError):
+    """A key that should exist does not."""
+
+
+class UnsupportedStorageError(StorageError):
+    """A storage URL scheme rbak knows of but does not implement."""
+
+
+class SegmentError(RbakError):
+    """A segment file is damaged or not a segment; ``key`` names it."""
+
+    prefix = "Segment error"
+
+    def __init__(self, key: str, problem: str):
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{key}: {problem}")
+
+
+class ManifestError(RbakError):
+    prefix = "Manifest error"
+
+
+class SerializationError(RbakError):
+    prefix = "Serialization error"
+
+
+class CompressionError(RbakError):
+    prefix = "Compression error"
+
+
+class ValidationError(RbakError):
+    """A backup failed validation; ``problems`` lists every finding."""
+
+    prefix = "Validation error"
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        self.problems = problems or []
+        super().__init__(message)
+
+
+class AmqpError(RbakError):
+    prefix = "AMQP error"
+
+
+class ManagementApiError(RbakError):
+    prefix = "Management API error"
+
+
+class CheckpointError(RbakError):
+    prefix = "Checkpoint error"
+
+
+class ImportFormatError(RbakError):
+    """A broker's on-disk file could not be read; names the file and offset."""
+
+    prefix = "Import error"

@@ -1,0 +1,355 @@
+"""BackupRecord and its JSON form, byte-compatible with the Rust tool.
+
+The JSON layout (field names and order, header variants as externally tagged
+enums, ``body`` as an array of u8 or ``null``) is fixed by
+``segment-format.md``. Writers emit exactly that, compact, in spec order;
+readers accept any key order, ignore unknown keys and take ``body`` as
+``[]`` or ``null``.
+
+Speed matters here (a backup is mostly bodies): encoding hands orjson a NumPy
+``uint8`` view of the body, which it serialises as an integer array in C;
+decoding lets orjson parse the record and turns the integer list back into
+``bytes`` in C too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Union
+
+import numpy as np
+import orjson
+
+from ..errors import SerializationError
+
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+# --------------------------------------------------------------------------
+# Header values: one dataclass per variant of the Rust BackupHeaderValue enum.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LongString:
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShortString:
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Long:
+    """A 64-bit signed integer."""
+
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Short:
+    """A 16-bit signed integer."""
+
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Bool:
+    value: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Bytes:
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Timestamp:
+    """An AMQP timestamp: seconds since the epoch."""
+
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Float:
+    """A 32-bit float; serialised with the shortest repr that round-trips f32."""
+
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Double:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Void:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    value: tuple[tuple[str, "HeaderValue"], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Array:
+    value: tuple["HeaderValue", ...]
+
+
+HeaderValue = Union[
+    LongString, ShortString, Long, Short, Bool, Bytes, Timestamp, Float, Double, Void, Table, Array
+]
+Headers = tuple[tuple[str, HeaderValue], ...]
+
+VOID = Void()
+
+
+# --------------------------------------------------------------------------
+# Properties and record.
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BackupProperties:
+    """AMQP 0-9-1 basic properties minus headers, in the spec's field order."""
+
+    content_type: str | None = None
+    content_encoding: str | None = None
+    delivery_mode: int | None = None
+    priority: int | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    expiration: str | None = None
+    message_id: str | None = None
+    timestamp: int | None = None
+    type_field: str | None = None
+    user_id: str | None = None
+    app_id: str | None = None
+    cluster_id: str | None = None
+
+
+PROPERTY_NAMES: tuple[str, ...] = tuple(f.name for f in fields(BackupProperties))
+
+
+@dataclass(slots=True)
+class BackupRecord:
+    """One captured message; ``backed_up_at`` drives PITR."""
+
+    body: bytes = b""
+    properties: BackupProperties = field(default_factory=BackupProperties)
+    headers: Headers = ()
+    exchange: str = ""
+    routing_key: str = ""
+    delivery_tag: int = 0
+    redelivered: bool = False
+    backed_up_at: int = 0
+    source_queue: str = ""
+    source_vhost: str = "/"
+
+
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(BackupRecord))
+
+
+# --------------------------------------------------------------------------
+# Encoding.
+# --------------------------------------------------------------------------
+
+
+def _u8_view(data: bytes) -> Any:
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def header_value_to_json(v: HeaderValue) -> Any:
+    t = type(v)
+    if t is LongString:
+        return {"LongString": v.value}
+    if t is Long:
+        return {"Long": v.value}
+    if t is Bool:
+        return {"Bool": v.value}
+    if t is ShortString:
+        return {"ShortString": v.value}
+    if t is Short:
+        return {"Short": v.value}
+    if t is Bytes:
+        return {"Bytes": _u8_view(v.value)}
+    if t is Timestamp:
+        return {"Timestamp": v.value}
+    if t is Float:
+        return {"Float": _f32_json(v.value)}
+    if t is Double:
+        return {"Double": _f64_json(v.value)}
+    if t is Void:
+        return "Void"
+    if t is Table:
+        return {"Table": [[k, header_value_to_json(x)] for k, x in v.value]}
+    if t is Array:
+        return {"Array": [header_value_to_json(x) for x in v.value]}
+    raise SerializationError(f"not a header value: {v!r}")
+
+
+def _f32_json(x: float) -> Any:
+    # serde_json writes f32 with the shortest repr that round-trips f32, and
+    # non-finite floats as null. orjson does the same for np.float32.
+    if not math.isfinite(x):
+        return None
+    return np.float32(x)
+
+
+def _f64_json(x: float) -> Any:
+    return x if math.isfinite(x) else None
+
+
+def _properties_to_json(p: BackupProperties) -> dict[str, Any]:
+    return {
+        "content_type": p.content_type,
+        "content_encoding": p.content_encoding,
+        "delivery_mode": p.delivery_mode,
+        "priority": p.priority,
+        "correlation_id": p.correlation_id,
+        "reply_to": p.reply_to,
+        "expiration": p.expiration,
+        "message_id": p.message_id,
+        "timestamp": p.timestamp,
+        "type_field": p.type_field,
+        "user_id": p.user_id,
+        "app_id": p.app_id,
+        "cluster_id": p.cluster_id,
+    }
+
+
+def record_to_json_obj(r: BackupRecord) -> dict[str, Any]:
+    """The record as a JSON-ready dict in spec order (bodies as NumPy views)."""
+    body = r.body
+    return {
+        "body": _u8_view(body) if body else None,
+        "properties": _properties_to_json(r.properties),
+        "headers": [[k, header_value_to_json(v)] for k, v in r.headers],
+        "exchange": r.exchange,
+        "routing_key": r.routing_key,
+        "delivery_tag": r.delivery_tag,
+        "redelivered": r.redelivered,
+        "backed_up_at": r.backed_up_at,
+        "source_queue": r.source_queue,
+        "source_vhost": r.source_vhost,
+    }
+
+
+def encode_record(r: BackupRecord) -> bytes:
+    """Compact JSON of one record, exactly as the Rust tool writes it."""
+    try:
+        return orjson.dumps(record_to_json_obj(r), option=_ORJSON_OPTS)
+    except (TypeError, orjson.JSONEncodeError) as e:
+        raise SerializationError(
+            f"cannot encode record from queue {r.source_queue!r} in vhost {r.source_vhost!r}: {e}"
+        ) from e
+
+
+# --------------------------------------------------------------------------
+# Decoding (lenient).
+# --------------------------------------------------------------------------
+
+_SCALAR_VARIANTS: dict[str, type] = {
+    "LongString": LongString,
+    "ShortString": ShortString,
+    "Long": Long,
+    "Short": Short,
+    "Bool": Bool,
+    "Timestamp": Timestamp,
+}
+
+
+def header_value_from_json(obj: Any) -> HeaderValue:
+    if obj == "Void" or obj is None:
+        return VOID
+    if isinstance(obj, dict) and len(obj) == 1:
+        ((tag, val),) = obj.items()
+        cls = _SCALAR_VARIANTS.get(tag)
+        if cls is not None:
+            return cls(val)
+        if tag == "Bytes":
+            return Bytes(_bytes_from_json(val))
+        if tag == "Float":
+            return Float(float("nan") if val is None else float(val))
+        if tag == "Double":
+            return Double(float("nan") if val is None else float(val))
+        if tag == "Void":
+            return VOID
+        if tag == "Table":
+            return Table(_headers_from_json(val))
+        if tag == "Array":
+            return Array(tuple(header_value_from_json(x) for x in val))
+    raise SerializationError(f"unknown header value {obj!r}")
+
+
+def _headers_from_json(items: Any) -> Headers:
+    if items is None:
+        return ()
+    if isinstance(items, dict):  # lenient: a map instead of a list of pairs
+        items = list(items.items())
+    return tuple((str(k), header_value_from_json(v)) for k, v in items)
+
+
+def _bytes_from_json(val: Any) -> bytes:
+    if not val:
+        return b""
+    if isinstance(val, str):  # lenient: some writers use a string for bytes
+        return val.encode("utf-8")
+    return bytes(val)
+
+
+_DEFAULT_PROPS = BackupProperties()
+
+
+def _properties_from_json(p: Any) -> BackupProperties:
+    if not p:
+        return BackupProperties()
+    get = p.get
+    return BackupProperties(
+        get("content_type"),
+        get("content_encoding"),
+        get("delivery_mode"),
+        get("priority"),
+        get("correlation_id"),
+        get("reply_to"),
+        get("expiration"),
+        get("message_id"),
+        get("timestamp"),
+        get("type_field", get("type")),
+        get("user_id"),
+        get("app_id"),
+        get("cluster_id"),
+    )
+
+
+def record_from_json_obj(d: dict[str, Any]) -> BackupRecord:
+    get = d.get
+    body = get("body")
+    headers = get("headers")
+    return BackupRecord(
+        bytes(body) if body else b"",
+        _properties_from_json(get("properties")),
+        _headers_from_json(headers) if headers else (),
+        get("exchange") or "",
+        get("routing_key") or "",
+        get("delivery_tag") or 0,
+        bool(get("redelivered")),
+        get("backed_up_at") or 0,
+        get("source_queue") or "",
+        get("source_vhost") or "/",
+    )
+
+
+def decode_record(data: bytes | memoryview) -> BackupRecord:
+    try:
+        obj = orjson.loads(data)
+        if not isinstance(obj, dict):
+            raise SerializationError("a record must be a JSON object")
+        return record_from_json_obj(obj)
+    except orjson.JSONDecodeError as e:
+        raise SerializationError(f"record is not valid JSON: {e}") from e
+    except (TypeError, ValueError) as e:
+        raise SerializationError(f"record has a malformed field: {e}") from e

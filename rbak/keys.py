@@ -1,0 +1,127 @@
+"""The storage layout of a backup: one place for every key rbak reads or writes.
+
+``{prefix}/{backup_id}/manifest.json``, ``.../definitions/definitions.json<ext>``,
+``.../state/offsets.db``, ``.../queues/{vhost}/{queue}/segment-NNNN<ext>``.
+
+Name encoding (reversible, never escapes the backup's prefix, never collides):
+a vhost or queue name becomes one path component by percent-encoding every
+byte of its UTF-8 form outside ``A-Z a-z 0-9 - . _ ~`` (so ``/``, ``%``,
+spaces and non-ASCII are ``%XX``). Two components need more, because they
+would otherwise mean something else: the vhost ``/`` is ``_default`` as the
+spec says, so a vhost literally named ``_default`` is ``%5Fdefault``; and the
+names ``.`` and ``..`` become ``%2E`` and ``%2E%2E``. Ordinary names
+(``orders``, ``production``) are unchanged, so keys match the Rust tool's.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote
+
+from .errors import ConfigError
+from .format.compression import Compression
+from .format.segment import segment_file_name
+
+DEFAULT_VHOST = "/"
+DEFAULT_VHOST_DIR = "_default"
+MANIFEST_NAME = "manifest.json"
+DEFINITIONS_DIR = "definitions"
+STATE_DIR = "state"
+QUEUES_DIR = "queues"
+OFFSETS_DB = "offsets.db"
+
+_SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
+BACKUP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def encode_name(name: str) -> str:
+    """One path component for a queue name (see module docstring)."""
+    if name == "":
+        raise ValueError("an empty name cannot be stored")
+    if name == ".":
+        return "%2E"
+    if name == "..":
+        return "%2E%2E"
+    return quote(name, safe=_SAFE, encoding="utf-8", errors="strict")
+
+
+def decode_name(component: str) -> str:
+    return unquote(component, encoding="utf-8", errors="strict")
+
+
+def encode_vhost(vhost: str) -> str:
+    if vhost == DEFAULT_VHOST:
+        return DEFAULT_VHOST_DIR
+    if vhost == DEFAULT_VHOST_DIR:
+        return "%5Fdefault"
+    return encode_name(vhost)
+
+
+def decode_vhost(component: str) -> str:
+    if component == DEFAULT_VHOST_DIR:
+        return DEFAULT_VHOST
+    return decode_name(component)
+
+
+def check_backup_id(backup_id: str, where: str = "backup_id") -> str:
+    if not isinstance(backup_id, str) or not BACKUP_ID_RE.match(backup_id) or ".." in backup_id:
+        raise ConfigError(
+            f"{where}: {backup_id!r} is not a valid backup id (1-200 characters of "
+            "letters, digits, '.', '_' and '-', starting with a letter or digit, no '..')"
+        )
+    return backup_id
+
+
+def normalize_prefix(prefix: str | None) -> str:
+    """Strip slashes; refuse components that would climb out of the bucket/root."""
+    if not prefix:
+        return ""
+    parts = [p for p in prefix.strip("/").split("/") if p]
+    for p in parts:
+        if p in (".", ".."):
+            raise ConfigError(f"storage.prefix: {prefix!r} may not contain '.' or '..' components")
+    return "/".join(parts)
+
+
+class BackupLayout:
+    """Keys of one backup under a storage prefix."""
+
+    def __init__(self, backup_id: str, prefix: str | None = ""):
+        self.backup_id = check_backup_id(backup_id)
+        self.prefix = normalize_prefix(prefix)
+        self.root = f"{self.prefix}/{backup_id}" if self.prefix else backup_id
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.root}/{MANIFEST_NAME}"
+
+    @property
+    def offsets_db(self) -> str:
+        return f"{self.root}/{STATE_DIR}/{OFFSETS_DB}"
+
+    def definitions(self, compression: Compression) -> str:
+        return f"{self.root}/{DEFINITIONS_DIR}/definitions.json{compression.extension}"
+
+    def rollback_definitions(self, timestamp: str, compression: Compression) -> str:
+        return f"{self.root}/{DEFINITIONS_DIR}/rollback-before-import-{timestamp}{compression.extension}"
+
+    def queue_dir(self, vhost: str, queue: str) -> str:
+        return f"{self.root}/{QUEUES_DIR}/{encode_vhost(vhost)}/{encode_name(queue)}"
+
+    def segment(self, vhost: str, queue: str, sequence: int, compression: Compression) -> str:
+        return f"{self.queue_dir(vhost, queue)}/{segment_file_name(sequence, compression)}"
+
+    def state(self, name: str) -> str:
+        return f"{self.root}/{STATE_DIR}/{name}"
+
+
+def parse_segment_key(key: str) -> tuple[str, str, str, str]:
+    """(backup_id, vhost, queue, file name) of a segment key, prefix ignored."""
+    parts = key.split("/")
+    try:
+        i = len(parts) - 1 - parts[::-1].index(QUEUES_DIR)
+    except ValueError:
+        raise ValueError(f"not a segment key: {key!r}") from None
+    if i < 1 or len(parts) != i + 4:
+        raise ValueError(f"not a segment key: {key!r}")
+    return parts[i - 1], decode_vhost(parts[i + 1]), decode_name(parts[i + 2]), parts[i + 3]

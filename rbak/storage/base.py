@@ -1,0 +1,84 @@
+"""The one storage interface every backend implements.
+
+Keys are ``/``-separated strings relative to the backend's root. ``put`` is
+atomic: a reader sees the old object, the whole new one, or nothing; never a
+half-written file under its final name.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterator
+
+from ..errors import StorageError
+
+
+class Storage(abc.ABC):
+    url: str = ""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """Raises NotFoundError naming the key when absent."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (fewer at the end of the object)."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Every key that starts with ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove a key; absent keys are not an error."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int | None:
+        """Size in bytes, or None when the key is absent."""
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix`` (which must end with '/')."""
+        if not prefix.endswith("/"):
+            raise StorageError(f"refusing to delete by a prefix that is not a folder: {prefix!r}")
+        n = 0
+        for key in list(self.list(prefix)):
+            self.delete(key)
+            n += 1
+        return n
+
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """Immediate 'sub-folder' names below ``prefix`` (which ends with '/' or is '')."""
+        seen: set[str] = set()
+        for key in self.list(prefix):
+            rest = key[len(prefix):]
+            if "/" in rest:
+                seen.add(rest.split("/", 1)[0])
+        return sorted(seen)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Storage":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could climb out of the root or are not plain paths."""
+    if not isinstance(key, str) or not key or key.startswith("/") or "\x00" in key:
+        raise StorageError(f"invalid storage key {key!r}")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise StorageError(f"invalid storage key {key!r}: empty, '.' or '..' component")
+    return key

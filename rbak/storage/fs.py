@@ -1,0 +1,126 @@
+"""Local-directory storage: temp file + fsync + rename, so no half-written file
+ever carries a final name, even across a SIGKILL or power loss."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import NotFoundError, StorageError
+from .base import Storage, check_key
+
+TMP_PREFIX = ".rbak-tmp-"
+
+
+class FilesystemStorage(Storage):
+    def __init__(self, root: str | os.PathLike[str], url: str | None = None):
+        self.root = Path(root).resolve()
+        self.url = url or f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        return self.root.joinpath(*key.split("/"))
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
+            _fsync_dir(path.parent)
+        except OSError as e:
+            raise StorageError(f"{self.url}: cannot write key {key!r}: {e.strerror or e}") from e
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.url}: no object at key {key!r}") from None
+        except IsADirectoryError:
+            raise NotFoundError(f"{self.url}: key {key!r} is a folder, not an object") from None
+        except OSError as e:
+            raise StorageError(f"{self.url}: cannot read key {key!r}: {e.strerror or e}") from e
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        path = self._path(key)
+        try:
+            with path.open("rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.url}: no object at key {key!r}") from None
+        except OSError as e:
+            raise StorageError(f"{self.url}: cannot read key {key!r}: {e.strerror or e}") from e
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        # Walk only the deepest folder the prefix names, not the whole root.
+        base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root.joinpath(*base_rel.split("/")) if base_rel else self.root
+        if not base.is_dir():
+            return iter(())
+        keys = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
+                    continue
+                key = rel + name
+                if key.startswith(prefix):
+                    keys.append(key)
+        keys.sort()
+        return iter(keys)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise StorageError(f"{self.url}: cannot delete key {key!r}: {e.strerror or e}") from e
+        # Tidy empty parent folders up to the root.
+        parent = path.parent
+        while parent != self.root and self.root in parent.parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def size(self, key: str) -> int | None:
+        try:
+            st = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StorageError(f"{self.url}: cannot stat key {key!r}: {e.strerror or e}") from e
+        return st.st_size if not os.path.isdir(self._path(key)) else None
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

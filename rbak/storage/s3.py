@@ -1,0 +1,148 @@
+"""S3 (and S3-compatible: MinIO, Ceph) storage through boto3.
+
+Credentials come from boto3's standard chain (env, profile, IRSA, instance
+role) unless given explicitly. Objects above ``multipart_threshold`` go up as
+a multipart upload, which S3 makes visible only once complete, so ``put`` is
+atomic on S3 too.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Iterator
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
+
+from ..errors import NotFoundError, StorageError
+from .base import Storage, check_key
+
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+MULTIPART_CHUNK = 16 * 1024 * 1024
+
+
+class S3Storage(Storage):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        region: str | None = None,
+        endpoint: str | None = None,
+        path_style: bool = False,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        multipart_threshold: int = MULTIPART_THRESHOLD,
+        url: str | None = None,
+    ):
+        if not bucket:
+            raise StorageError("S3 storage needs a bucket name")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = url or f"s3://{bucket}/{self.prefix}".rstrip("/")
+        cfg = botocore.config.Config(
+            region_name=region,
+            s3={"addressing_style": "path" if path_style else "auto"},
+            retries={"max_attempts": 5, "mode": "standard"},
+            max_pool_connections=32,
+        )
+        session = boto3.session.Session()
+        self._client = session.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
+            aws_session_token=session_token,
+            config=cfg,
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold, multipart_chunksize=MULTIPART_CHUNK, use_threads=True
+        )
+
+    def _k(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _err(self, op: str, key: str, e: Exception) -> StorageError:
+        # Only the error code and message: never request headers (they may carry credentials).
+        if isinstance(e, botocore.exceptions.ClientError):
+            err = e.response.get("Error", {})
+            code = err.get("Code", "?")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return NotFoundError(f"{self.url}: no object at key {key!r}")
+            if code == "NoSuchBucket":
+                return StorageError(f"{self.url}: bucket {self.bucket!r} does not exist ({op} {key!r})")
+            return StorageError(f"{self.url}: {op} {key!r} failed: {code}: {err.get('Message', '')}".rstrip(": "))
+        if isinstance(e, botocore.exceptions.NoCredentialsError):
+            return StorageError(f"{self.url}: no S3 credentials found (env, profile or storage config)")
+        return StorageError(f"{self.url}: {op} {key!r} failed: {type(e).__name__}: {e}")
+
+    def put(self, key: str, data: bytes) -> None:
+        k = self._k(key)
+        try:
+            if len(data) >= self._transfer.multipart_threshold:
+                self._client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self._transfer)
+            else:
+                self._client.put_object(Bucket=self.bucket, Key=k, Body=data)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._err("put", key, e) from None
+        except Exception as e:  # boto3's transfer manager wraps errors in its own types
+            raise self._err("put", key, e) from None
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._err("get", key, e) from None
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        try:
+            r = self._client.get_object(
+                Bucket=self.bucket, Key=self._k(key), Range=f"bytes={start}-{start + length - 1}"
+            )
+            return r["Body"].read()
+        except botocore.exceptions.ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""
+            raise self._err("get", key, e) from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._err("get", key, e) from None
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        full = self._k(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        if prefix.endswith("/") and not full.endswith("/"):
+            full += "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        keys: list[str] = []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", []):
+                    keys.append(obj["Key"][strip:])
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._err("list", prefix, e) from None
+        keys.sort()
+        return iter(keys)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._k(key))
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._err("delete", key, e) from None
+
+    def size(self, key: str) -> int | None:
+        try:
+            return int(self._client.head_object(Bucket=self.bucket, Key=self._k(key))["ContentLength"])
+        except botocore.exceptions.ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._err("head", key, e) from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._err("head", key, e) from None
+
+    def close(self) -> None:
+        self._client.close()

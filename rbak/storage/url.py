@@ -1,0 +1,62 @@
+"""Storage URLs, as the Rust tool's ``from_url`` takes them.
+
+``file:///path``, ``s3://bucket/prefix?region=..&endpoint=..&path_style=true``,
+``memory://`` (fresh) or ``memory://NAME`` (shared in the process). ``azure://``
+and ``gcs://`` are recognised and refused clearly. A bare path is a directory.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ..errors import StorageError, UnsupportedStorageError
+from .base import Storage
+
+_TRUE = {"1", "true", "yes", "on"}
+_S3_PARAMS = {"region", "endpoint", "path_style"}
+
+
+def open_storage(url: str) -> Storage:
+    if not isinstance(url, str) or not url.strip():
+        raise StorageError("empty storage URL")
+    url = url.strip()
+    if "://" not in url:
+        from .fs import FilesystemStorage
+
+        return FilesystemStorage(url)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        from .fs import FilesystemStorage
+
+        if parts.netloc not in ("", "localhost"):
+            raise StorageError(f"file URL {url!r} must be file:///absolute/path")
+        path = unquote(parts.path)
+        if not path:
+            raise StorageError(f"file URL {url!r} has no path")
+        return FilesystemStorage(path, url=url)
+    if scheme == "memory":
+        from .memory import MemoryStorage
+
+        name = parts.netloc + parts.path
+        return MemoryStorage.named(name) if name else MemoryStorage()
+    if scheme == "s3":
+        from .s3 import S3Storage
+
+        q = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        unknown = set(q) - _S3_PARAMS
+        if unknown:
+            raise StorageError(f"S3 URL {url!r}: unknown parameter(s) {sorted(unknown)}; known: {sorted(_S3_PARAMS)}")
+        if not parts.netloc:
+            raise StorageError(f"S3 URL {url!r} has no bucket")
+        return S3Storage(
+            bucket=parts.netloc,
+            prefix=unquote(parts.path).strip("/"),
+            region=q.get("region") or None,
+            endpoint=q.get("endpoint") or None,
+            path_style=q.get("path_style", "").lower() in _TRUE,
+            url=url,
+        )
+    if scheme in ("azure", "gcs", "gs"):
+        raise UnsupportedStorageError(f"{scheme}:// storage is not supported yet (URL {url!r}); use s3:// or file://")
+    raise StorageError(f"unknown storage URL scheme {scheme!r} in {url!r}; use file://, s3:// or memory://")
