@@ -1,0 +1,188 @@
+"""``rbak list``, ``rbak describe`` and ``rbak validate``: read-only views of storage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+from ..catalog import list_backups, load_manifest
+from ..format.manifest import BackupManifest
+from ..storage import open_storage
+from ..validate import validate_backup
+
+
+def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("list", help="list the backups stored at a path")
+    p.add_argument("--path", required=True, help="storage URL (file:///dir, s3://bucket/prefix?..., memory://)")
+    p.add_argument("--prefix", default="", help="storage prefix the backups live under")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_list)
+
+    p = sub.add_parser("describe", help="show a backup's manifest")
+    p.add_argument("--path", required=True)
+    p.add_argument("--backup-id", required=True)
+    p.add_argument("--prefix", default="")
+    p.add_argument("--format", choices=("text", "json", "yaml"), default="text")
+    p.set_defaults(handler=cmd_describe)
+
+    p = sub.add_parser("validate", help="check a backup against its manifest")
+    p.add_argument("--path", required=True)
+    p.add_argument("--backup-id", required=True)
+    p.add_argument("--prefix", default="")
+    p.add_argument("--deep", action="store_true", help="read every segment: CRC32, SHA-256, record counts")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--workers", type=int, default=4, help="segments checked at once")
+    p.set_defaults(handler=cmd_validate)
+
+
+def fmt_ts(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    entries = list_backups(open_storage(args.path), args.prefix)
+    if args.format == "json":
+        out = []
+        for e in entries:
+            m = e.manifest
+            out.append({
+                "backup_id": e.backup_id,
+                "status": e.status,
+                "created_at": m.created_at if m else None,
+                "completed_at": m.completed_at if m else None,
+                "total_messages": m.total_messages if m else None,
+                "total_bytes": m.total_bytes if m else None,
+                "total_segments": m.total_segments if m else None,
+                "queues": len(m.queues) if m else None,
+                "error": e.error,
+            })
+        print(json.dumps(out, indent=2))
+        return 0
+    from rich.table import Table
+
+    if not entries:
+        print(f"no backups at {args.path}")
+        return 0
+    t = Table("BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", box=None, pad_edge=False)
+    for e in entries:
+        m = e.manifest
+        t.add_row(
+            e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
+            str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
+            fmt_bytes(m.total_bytes) if m else "-",
+        )
+    _console().print(t)
+    return 0
+
+
+def describe_obj(m: BackupManifest) -> dict:
+    """The JSON of ``describe``: the Rust tool's keys first, then more detail."""
+    return {
+        "backup_id": m.backup_id,
+        "status": "complete" if m.is_complete else "incomplete",
+        "created_at": m.created_at,
+        "completed_at": m.completed_at,
+        "source_cluster": m.source_cluster,
+        "rabbitmq_version": m.rabbitmq_version,
+        "backup_tool_version": m.backup_tool_version,
+        "total_messages": m.total_messages,
+        "total_bytes": m.total_bytes,
+        "total_segments": m.total_segments,
+        "definitions": m.definitions.to_json_obj() if m.definitions else None,
+        "queues": [
+            {
+                "name": q.name,
+                "vhost": q.vhost,
+                "queue_type": q.queue_type,
+                "message_count": q.message_count,
+                "first_message_timestamp": q.first_message_timestamp,
+                "last_message_timestamp": q.last_message_timestamp,
+                "segments": len(q.segments),
+                "size_bytes": q.size_bytes,
+            }
+            for q in m.queues
+        ],
+    }
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    m = load_manifest(open_storage(args.path), args.backup_id, args.prefix)
+    obj = describe_obj(m)
+    if args.format == "json":
+        print(json.dumps(obj, indent=2, ensure_ascii=False))
+        return 0
+    if args.format == "yaml":
+        import yaml
+
+        print(yaml.safe_dump(obj, sort_keys=False, allow_unicode=True), end="")
+        return 0
+    from rich.table import Table
+
+    c = _console()
+    c.print(f"[bold]Backup[/bold] {m.backup_id} ({obj['status']})")
+    c.print(f"  created    {fmt_ts(m.created_at)}")
+    c.print(f"  completed  {fmt_ts(m.completed_at)}")
+    c.print(f"  source     {m.source_cluster or '-'} (RabbitMQ {m.rabbitmq_version or '?'})")
+    c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {fmt_bytes(m.total_bytes)}")
+    if m.definitions:
+        d = m.definitions
+        c.print(f"  definitions {d.vhost_count} vhosts, {d.queue_count} queues, "
+                f"{d.exchange_count} exchanges, {d.user_count} users")
+    t = Table("VHOST", "QUEUE", "TYPE", "MESSAGES", "SEGMENTS", "SIZE", "FIRST", "LAST", box=None, pad_edge=False)
+    for q in m.queues:
+        t.add_row(q.vhost, q.name, q.queue_type, str(q.message_count), str(len(q.segments)),
+                  fmt_bytes(q.size_bytes), fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp))
+    c.print(t)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    storage = open_storage(args.path)
+    progress = None
+    bar = None
+    if args.deep and args.format == "text" and sys.stderr.isatty():
+        from rich.progress import Progress
+
+        m = load_manifest(storage, args.backup_id, args.prefix)
+        bar = Progress(transient=True)
+        task = bar.add_task("validating", total=m.total_segments)
+        bar.start()
+        progress = lambda _c: bar.advance(task)  # noqa: E731
+    try:
+        report = validate_backup(storage, args.backup_id, args.prefix, deep=args.deep,
+                                 workers=args.workers, progress=progress)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if args.format == "json":
+        print(json.dumps(report.to_json_obj(), indent=2))
+    else:
+        kind = "deep" if args.deep else "shallow"
+        n = len(report.segments)
+        if report.ok:
+            print(f"backup {args.backup_id} is valid ({kind}: {n} segments checked)")
+        else:
+            print(f"backup {args.backup_id} is NOT valid ({kind}: {n} segments checked, "
+                  f"{len(report.bad_segments)} bad):", file=sys.stderr)
+            for line in report.all_problems():
+                print(f"  - {line}", file=sys.stderr)
+    return 0 if report.ok else 1
