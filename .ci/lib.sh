@@ -1,0 +1,286 @@
+# shellcheck shell=bash
+# Shared functions for .ci/setup and .ci/brokers (sourced, never executed).
+#
+# Two RabbitMQ brokers for the test suite:
+#   rmq310  Debian bookworm's rabbitmq-server 3.10.8 on this machine, node rabbit@$(hostname -s)
+#           AMQP 5672, AMQPS 5671, management 15672 / HTTPS 15671, stream 5552
+#   rmq40   Debian trixie's rabbitmq-server 4.0.5 in a debootstrap chroot, node rabbit4@localhost
+#           AMQP 5673, management 15673, stream 5553, Erlang distribution 25673
+# Both use guest/guest (guest may log in from localhost only, which is all we need).
+
+RBAK_CI_DIR=${RBAK_CI_DIR:-/var/lib/rbak-ci}
+RBAK_CI_TLS_DIR=${RBAK_CI_TLS_DIR:-$RBAK_CI_DIR/tls}
+RBAK_CI_CHROOT=${RBAK_CI_CHROOT:-$RBAK_CI_DIR/trixie}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-}
+export DEBIAN_FRONTEND=noninteractive
+
+RMQ40_NODE=rabbit4@localhost
+RMQ40_AMQP_PORT=5673
+RMQ40_MGMT_PORT=15673
+RMQ40_STREAM_PORT=5553
+RMQ40_DIST_PORT=25673
+
+log() { printf '[ci %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# step NAME CMD...: run CMD, print its wall time; abort the script when it fails.
+step() {
+    local name=$1 start rc=0
+    shift
+    start=$(date +%s)
+    log "==> $name"
+    "$@" || rc=$?
+    if [ "$rc" -ne 0 ]; then die "step '$name' failed (exit $rc) after $(($(date +%s) - start))s"; fi
+    log "<== $name: $(($(date +%s) - start))s"
+}
+
+# wait_for SECONDS DESCRIPTION CMD...: poll CMD once a second until it succeeds.
+wait_for() {
+    local limit=$1 what=$2 i
+    shift 2
+    for ((i = 0; i < limit; i++)); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 1
+    done
+    log "timed out after ${limit}s waiting for $what"
+    return 1
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+mgmt_ok() { # mgmt_ok PORT: the management API answers with an overview
+    curl -fsS -m 5 -u guest:guest "http://127.0.0.1:$1/api/overview" >/dev/null
+}
+
+mgmt_version() { # prints rabbitmq_version from the management API
+    curl -fsS -m 5 -u guest:guest "http://127.0.0.1:$1/api/overview" |
+        sed -n 's/.*"rabbitmq_version":"\([^"]*\)".*/\1/p'
+}
+
+# ---------------------------------------------------------------- TLS material
+# ca.pem/ca.key           CA that signed the server and client certs (trusted by rmq310)
+# server.pem/server.key   CN=localhost, SAN localhost, 127.0.0.1, $(hostname)
+# client.pem/client.key   CN=guest, signed by ca
+# wrong-ca.pem/.key       an unrelated CA (nothing it signs is trusted)
+# wrong-client.pem/.key   CN=guest, signed by wrong-ca (the broker must reject it)
+tls_valid() {
+    local d=$RBAK_CI_TLS_DIR f
+    for f in ca server client wrong-ca wrong-client; do
+        [ -s "$d/$f.pem" ] && [ -s "$d/$f.key" ] || return 1
+    done
+    openssl x509 -checkend 604800 -noout -in "$d/server.pem" >/dev/null &&
+        openssl verify -CAfile "$d/ca.pem" "$d/server.pem" "$d/client.pem" >/dev/null
+}
+
+_tls_ca() { # _tls_ca NAME CN
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -sha256 \
+        -keyout "$1.key" -out "$1.pem" -subj "/O=rbak-ci/CN=$2" \
+        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+}
+
+_tls_leaf() { # _tls_leaf NAME CA CN EXTFILE-CONTENT
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "/O=rbak-ci/CN=$3" 2>/dev/null
+    printf '%s\n' "$4" >"$1.ext"
+    openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -days 3650 -sha256 \
+        -extfile "$1.ext" -out "$1.pem" 2>/dev/null
+    rm -f "$1.csr" "$1.ext"
+}
+
+tls_generate() {
+    if tls_valid; then
+        log "TLS material in $RBAK_CI_TLS_DIR is present and valid; keeping it"
+        return 0
+    fi
+    local tmp host
+    host=$(hostname)
+    tmp=$(mktemp -d "$RBAK_CI_DIR/tls.XXXXXX")
+    (
+        set -e
+        cd "$tmp"
+        _tls_ca ca "rbak-ci CA"
+        _tls_ca wrong-ca "rbak-ci unrelated CA"
+        _tls_leaf server ca localhost "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:$host"
+        _tls_leaf client ca guest "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+        _tls_leaf wrong-client wrong-ca guest "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+        rm -f ./*.srl
+        # Throwaway test keys: world-readable so the rabbitmq user and the tests can read them.
+        chmod 0644 ./*.pem ./*.key
+    ) || { rm -rf "$tmp"; return 1; }
+    chmod 0755 "$tmp"
+    rm -rf "$RBAK_CI_TLS_DIR"
+    mv "$tmp" "$RBAK_CI_TLS_DIR"
+    log "generated TLS material in $RBAK_CI_TLS_DIR"
+}
+
+# ---------------------------------------------------------------- rmq310 (host)
+rmq310_config() {
+    local d=$RBAK_CI_TLS_DIR
+    cat <<EOF
+# Written by rbak .ci/setup; rerunning it rewrites this file.
+listeners.tcp.default = 5672
+listeners.ssl.default = 5671
+ssl_options.cacertfile = $d/ca.pem
+ssl_options.certfile = $d/server.pem
+ssl_options.keyfile = $d/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = false
+management.tcp.port = 15672
+management.ssl.port = 15671
+management.ssl.cacertfile = $d/ca.pem
+management.ssl.certfile = $d/server.pem
+management.ssl.keyfile = $d/server.key
+stream.listeners.tcp.1 = 5552
+stream.advertised_host = localhost
+stream.advertised_port = 5552
+EOF
+}
+
+rmq310_running() { rabbitmqctl -q status >/dev/null 2>&1; }
+rmq310_ready() { mgmt_ok 15672 && port_open 5672 && port_open 5671 && port_open 5552; }
+
+# Writes /etc/rabbitmq/rabbitmq.conf + enabled plugins; prints "changed" when the
+# config file content differs from what was there.
+rmq310_configure() {
+    local want
+    want=$(rmq310_config)
+    install -d /etc/rabbitmq
+    if [ "$(cat /etc/rabbitmq/rabbitmq.conf 2>/dev/null)" != "$want" ]; then
+        printf '%s\n' "$want" >/etc/rabbitmq/rabbitmq.conf
+        echo changed
+    fi
+    # rabbitmq-plugins --offline only edits the enabled_plugins file.
+    if ! grep -q rabbitmq_stream /etc/rabbitmq/enabled_plugins 2>/dev/null ||
+        ! grep -q rabbitmq_management /etc/rabbitmq/enabled_plugins 2>/dev/null; then
+        rabbitmq-plugins --offline enable rabbitmq_management rabbitmq_stream >/dev/null
+        echo changed
+    fi
+}
+
+rmq310_start() {
+    local changed
+    changed=$(rmq310_configure)
+    if rmq310_running; then
+        if [ -n "$changed" ]; then
+            log "rmq310 runs with an outdated config: restarting it"
+            rmq310_stop
+        else
+            log "rmq310 already running"
+        fi
+    fi
+    if ! rmq310_running; then
+        log "starting rmq310 (rabbitmq-server -detached)"
+        rabbitmq-server -detached
+    fi
+    wait_for 120 "rmq310 node" rabbitmqctl -q await_startup --timeout 5 || return 1
+    wait_for 60 "rmq310 listeners (5672, 5671, 15672, 5552)" rmq310_ready || return 1
+    log "rmq310 ready: RabbitMQ $(mgmt_version 15672)"
+}
+
+rmq310_stop() {
+    rmq310_running || return 0
+    rabbitmqctl -q stop || true
+    wait_for 60 "rmq310 to stop" bash -c '! rabbitmqctl -q status' || true
+}
+
+# ---------------------------------------------------------------- rmq40 (chroot)
+# Commands inside the chroot run as root with a clean environment; the Debian
+# wrappers in /usr/sbin switch to the chroot's rabbitmq user themselves.
+in_chroot() {
+    chroot "$RBAK_CI_CHROOT" /usr/bin/env -i \
+        PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/var/lib/rabbitmq LANG=C.UTF-8 LC_ALL=C.UTF-8 \
+        "$@"
+}
+
+chroot_mounts() {
+    local r=$RBAK_CI_CHROOT
+    mountpoint -q "$r/proc" || mount -t proc proc "$r/proc"
+    # /dev from debootstrap may be a bare directory; Erlang needs /dev/null, /dev/urandom.
+    if [ ! -c "$r/dev/null" ] || [ ! -c "$r/dev/urandom" ]; then
+        mountpoint -q "$r/dev" || mount --bind /dev "$r/dev"
+    fi
+}
+
+chroot_works() {
+    [ -x "$RBAK_CI_CHROOT/usr/sbin/rabbitmq-server" ] && [ -f "$RBAK_CI_CHROOT/.rbak-ci-complete" ]
+}
+
+mirror_url() {
+    if [ -n "$DEBIAN_MIRROR" ]; then echo "$DEBIAN_MIRROR"; return; fi
+    # Reuse the Debian mirror this machine's apt uses (only package mirrors are reachable).
+    local url
+    url=$(grep -hoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+        /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -n1)
+    echo "${url:-http://deb.debian.org/debian}"
+}
+
+chroot_create() {
+    if chroot_works; then
+        log "chroot $RBAK_CI_CHROOT already exists"
+        return 0
+    fi
+    local tmp=$RBAK_CI_CHROOT.tmp mirror
+    mirror=$(mirror_url)
+    for m in proc dev; do mountpoint -q "$tmp/$m" 2>/dev/null && umount "$tmp/$m"; done
+    rm -rf "$tmp"
+    log "debootstrap trixie from $mirror into $tmp (a few minutes)"
+    debootstrap --variant=minbase --include=rabbitmq-server trixie "$tmp" "$mirror" \
+        >"$RBAK_CI_DIR/debootstrap.log" 2>&1 ||
+        { tail -n 30 "$RBAK_CI_DIR/debootstrap.log" >&2; return 1; }
+    touch "$tmp/.rbak-ci-complete"
+    if [ -e "$RBAK_CI_CHROOT" ]; then
+        for m in proc dev; do mountpoint -q "$RBAK_CI_CHROOT/$m" && umount "$RBAK_CI_CHROOT/$m"; done
+        rm -rf "$RBAK_CI_CHROOT"
+    fi
+    mv "$tmp" "$RBAK_CI_CHROOT"
+}
+
+rmq40_configure() {
+    local r=$RBAK_CI_CHROOT
+    cat >"$r/etc/rabbitmq/rabbitmq-env.conf" <<EOF
+# Written by rbak .ci/setup.
+NODENAME=$RMQ40_NODE
+DIST_PORT=$RMQ40_DIST_PORT
+EOF
+    cat >"$r/etc/rabbitmq/rabbitmq.conf" <<EOF
+# Written by rbak .ci/setup.
+listeners.tcp.default = $RMQ40_AMQP_PORT
+management.tcp.port = $RMQ40_MGMT_PORT
+stream.listeners.tcp.1 = $RMQ40_STREAM_PORT
+stream.advertised_host = localhost
+stream.advertised_port = $RMQ40_STREAM_PORT
+EOF
+    printf '[rabbitmq_management,rabbitmq_stream].\n' >"$r/etc/rabbitmq/enabled_plugins"
+}
+
+rmq40_ctl() { in_chroot rabbitmqctl -n "$RMQ40_NODE" "$@"; }
+rmq40_running() { rmq40_ctl -q status >/dev/null 2>&1; }
+rmq40_ready() { mgmt_ok $RMQ40_MGMT_PORT && port_open $RMQ40_AMQP_PORT && port_open $RMQ40_STREAM_PORT; }
+
+rmq40_start() {
+    chroot_works || die "no chroot at $RBAK_CI_CHROOT (run .ci/setup)"
+    chroot_mounts
+    rmq40_configure
+    if rmq40_running; then
+        log "rmq40 already running"
+    else
+        log "starting rmq40 in $RBAK_CI_CHROOT"
+        in_chroot rabbitmq-server -detached
+    fi
+    wait_for 180 "rmq40 node" rmq40_ctl -q await_startup --timeout 5 || return 1
+    wait_for 60 "rmq40 listeners ($RMQ40_AMQP_PORT, $RMQ40_MGMT_PORT, $RMQ40_STREAM_PORT)" rmq40_ready || return 1
+    log "rmq40 ready: RabbitMQ $(mgmt_version $RMQ40_MGMT_PORT)"
+}
+
+rmq40_stop() {
+    chroot_works || return 0
+    rmq40_running || return 0
+    rmq40_ctl -q stop || true
+    wait_for 60 "rmq40 to stop" bash -c "! chroot '$RBAK_CI_CHROOT' rabbitmqctl -n $RMQ40_NODE -q status" || true
+}
