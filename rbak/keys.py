@@ -29,6 +29,7 @@ DEFINITIONS_DIR = "definitions"
 STATE_DIR = "state"
 QUEUES_DIR = "queues"
 OFFSETS_DB = "offsets.db"
+VALIDATION_DIR = "validation"
 
 _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
 BACKUP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -113,6 +114,10 @@ class BackupLayout:
 
     def state(self, name: str) -> str:
         return f"{self.root}/{STATE_DIR}/{name}"
+
+    def validation_report(self, timestamp: str) -> str:
+        """``validation/report-<ts>.json``: a validate run's findings, next to the backup."""
+        return f"{self.root}/{VALIDATION_DIR}/report-{timestamp}.json"
 
 
 def parse_segment_key(key: str) -> tuple[str, str, str, str]:
