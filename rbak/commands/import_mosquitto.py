@@ -1,0 +1,43 @@
+"""``rbak import mosquitto-db FILE --to URL --backup-id ID``: a Mosquitto persistence file as a backup."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..format.compression import Compression
+
+
+def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -> None:
+    p = imp.add_parser(
+        "mosquitto-db",
+        help="turn a Mosquitto persistence file (mosquitto.db) into an RBAK backup",
+        description="Reads mosquitto.db (format versions 2-6, read-only) and writes its retained messages "
+        "and persistent clients' queued messages as an RBAK backup: exchange amq.topic, routing key = "
+        "topic with '/' -> '.', queues named as RabbitMQ's MQTT plugin names them. See docs/offline-import.md.",
+    )
+    p.add_argument("file", metavar="FILE", help="path of mosquitto.db (stop Mosquitto first or use a copy)")
+    p.add_argument("--to", required=True, metavar="URL", help="storage URL (file:///dir, s3://bucket/prefix?..., memory://)")
+    p.add_argument("--backup-id", required=True, metavar="ID", help="id of the new backup (must not exist)")
+    p.add_argument("--prefix", default="", metavar="P", help="storage prefix to put the backup under")
+    p.add_argument("--compression", default="zstd", choices=[c.config_name for c in Compression],
+                   help="segment compression (default zstd)")
+    p.add_argument("--skip-damaged", action="store_true",
+                   help="export what can be read from a damaged file and report what was skipped")
+    p.add_argument("--vhost", default="/", help="vhost recorded for the messages (default /)")
+    p.set_defaults(handler=cmd_import_mosquitto)
+
+
+def cmd_import_mosquitto(args: argparse.Namespace) -> int:
+    from ..offline.mosquitto_import import import_mosquitto_db
+
+    summary = import_mosquitto_db(
+        args.file,
+        args.to,
+        args.backup_id,
+        prefix=args.prefix,
+        compression=args.compression,
+        skip_damaged=args.skip_damaged,
+        vhost=args.vhost,
+    )
+    print("\n".join(summary.lines()))
+    return 0
