@@ -99,3 +99,15 @@ class MosquittoBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def mosquitto_version() -> tuple[int, ...]:
+    """(2, 0, 11) for Debian bookworm's broker; () if it cannot be told."""
+    try:
+        out = subprocess.run([MOSQUITTO, "-h"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    for line in out.splitlines():
+        if line.startswith("mosquitto version "):
+            return tuple(int(x) for x in line.split()[2].split(".") if x.isdigit())
+    return ()

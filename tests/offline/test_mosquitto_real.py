@@ -1,0 +1,241 @@
+"""Real ``mosquitto.db`` files: written by Debian's Mosquitto, read by us; written by us, loaded by Mosquitto.
+
+Each test runs a private broker (own config, free loopback port, tmp
+persistence dir) and stops it with SIGTERM so it saves its database.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mosquitto_broker import MOSQUITTO, MosquittoBroker, mosquitto_version  # noqa: E402
+
+from rbak.offline.mosquitto_db import (  # noqa: E402
+    ClientChunk,
+    ClientMsgChunk,
+    CfgChunk,
+    Direction,
+    MqttProperties,
+    MsgState,
+    MsgStoreChunk,
+    RetainChunk,
+    SubChunk,
+    encode_db,
+    read_db,
+    write_db,
+)
+
+mqtt = pytest.importorskip("paho.mqtt.client")
+from paho.mqtt.packettypes import PacketTypes  # noqa: E402
+from paho.mqtt.properties import Properties  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed")
+
+V5_PAYLOAD = b"hello-v5 \x00\xff binary"
+CORR = b"\x00\xffcorr"
+
+
+def _client(cid: str, port: int, *, v5: bool, clean: bool = True, username: str | None = None,
+            session_expiry: int | None = None, inbox: "queue.Queue | None" = None):
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid,
+                    protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean_session=None if v5 else clean)
+    if username:
+        c.username_pw_set(username)
+    if inbox is not None:
+        c.on_message = lambda _c, _u, msg: inbox.put(msg)
+    if v5:
+        props = None
+        if session_expiry is not None:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = session_expiry
+        c.connect("127.0.0.1", port, clean_start=clean, properties=props)
+    else:
+        c.connect("127.0.0.1", port)
+    c.loop_start()
+    return c
+
+
+def _subscribe(c, topic: str, qos: int) -> None:
+    done = queue.Queue()
+    c.on_subscribe = lambda *_a: done.put(True)
+    c.subscribe(topic, qos=qos)
+    done.get(timeout=5)
+
+
+def _close(c) -> None:
+    c.disconnect()
+    c.loop_stop()
+
+
+def _drain(inbox: "queue.Queue", n: int, timeout: float = 5.0) -> list:
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        try:
+            out.append(inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory) -> tuple[Path, int, int]:
+    """A mosquitto.db written by the real broker: retained, queued QoS 1/2, v5 properties, three sessions."""
+    d = tmp_path_factory.mktemp("mosq-real")
+    b = MosquittoBroker(d).start()
+    try:
+        t0 = int(time.time())
+        # Persistent sessions, connected in this order (it is Mosquitto's save order):
+        # a v3.1.1 client with a username, then two without (2.0.11's stale-username case).
+        s1 = _client("sub-311", b.port, v5=False, clean=False, username="alice")
+        _subscribe(s1, "a/#", 2)
+        _close(s1)
+        s2 = _client("sub-v5", b.port, v5=True, clean=False, session_expiry=3600)
+        _subscribe(s2, "a/#", 1)
+        _close(s2)
+        s3 = _client("sub-qos0", b.port, v5=False, clean=False)
+        _subscribe(s3, "a/q0", 0)
+        _close(s3)
+        p = _client("pub", b.port, v5=True, username="bob")
+        pp = Properties(PacketTypes.PUBLISH)
+        pp.ContentType = "application/octet-stream"
+        pp.CorrelationData = CORR
+        pp.ResponseTopic = "reply/to/me"
+        pp.UserProperty = [("k1", "v1"), ("k2", "v2"), ("k1", "again")]
+        pp.MessageExpiryInterval = 3600
+        pp.PayloadFormatIndicator = 0
+        p.publish("a/b.c", V5_PAYLOAD, qos=1, properties=pp).wait_for_publish(5)
+        p.publish("a/x", b"hello-q2", qos=2).wait_for_publish(5)
+        p.publish("a/ret", b"retained-q1", qos=1, retain=True).wait_for_publish(5)
+        rp = Properties(PacketTypes.PUBLISH)
+        rp.ContentType = "text/plain"
+        p.publish("r/other", b"retained-q0", qos=0, retain=True, properties=rp).wait_for_publish(5)
+        time.sleep(0.3)  # QoS 0 has no acknowledgement
+        _close(p)
+        time.sleep(0.2)
+    finally:
+        rc = b.stop()
+    assert rc == 0, b.log_text()
+    assert b.db.exists(), b.log_text()
+    return b.db, t0, b.port
+
+
+def test_real_file_exact_contents(real_db):
+    path, t0, port = real_db
+    db = read_db(path)
+    assert db.header.version == 6 and db.header.crc == 0
+    assert isinstance(db.chunks[0], CfgChunk) and db.cfg.shutdown and db.cfg.dbid_size == 8
+    stores = {m.topic: m for m in db.msg_stores.values()}
+    assert set(stores) == {"a/b.c", "a/x", "a/ret", "r/other"}
+    assert db.cfg.last_db_id == max(m.store_id for m in stores.values())
+
+    v5 = stores["a/b.c"]
+    assert (v5.payload, v5.qos, v5.retain, v5.source_id, v5.source_username) == (V5_PAYLOAD, 1, False, "pub", "bob")
+    assert v5.source_port == port
+    assert t0 + 3600 <= v5.expiry_time <= int(time.time()) + 3600  # host-order 64-bit, absolute seconds
+    p = v5.properties
+    assert p.content_type == "application/octet-stream"
+    assert p.correlation_data == CORR
+    assert p.response_topic == "reply/to/me"
+    assert p.user_properties == (("k1", "v1"), ("k2", "v2"), ("k1", "again"))
+    assert p.payload_format_indicator == 0
+    assert p.message_expiry_interval is None  # Mosquitto keeps expiry in expiry_time, not in the block
+
+    assert (stores["a/x"].qos, stores["a/x"].payload, stores["a/x"].properties) == (2, b"hello-q2", MqttProperties())
+    assert (stores["a/ret"].retain, stores["a/ret"].qos) == (True, 1)
+    assert (stores["r/other"].retain, stores["r/other"].qos, stores["r/other"].properties.content_type) == (
+        True, 0, "text/plain")
+    assert {stores_topic(db, r.store_id) for r in db.retains} == {"a/ret", "r/other"}
+
+    clients = {c.client_id: c for c in db.clients}
+    assert list(clients) == ["sub-311", "sub-v5", "sub-qos0"]  # connect order = save order
+    assert clients["sub-311"].username == b"alice"
+    assert clients["sub-311"].session_expiry_interval == 0xFFFFFFFF  # v3.1.1 clean session false: never
+    assert clients["sub-v5"].session_expiry_interval == 3600
+    assert t0 + 3600 <= clients["sub-v5"].session_expiry_time <= int(time.time()) + 3600
+    assert all(c.listener_port == port for c in clients.values())
+    # 2.0.0-2.0.15 reused the CLIENT struct: the second username-less client
+    # carries the first one's byte-swapped username_len (5 -> 0x0500) and that
+    # many stale bytes; the third swaps it back and repeats "alice". The reader
+    # must take both without failing.
+    if (2, 0, 0) <= mosquitto_version() < (2, 0, 16):
+        assert len(clients["sub-v5"].username) == 0x0500
+        assert clients["sub-v5"].username.startswith(b"alice")
+        assert clients["sub-qos0"].username == b"alice"
+    else:
+        assert clients["sub-v5"].username is None and clients["sub-qos0"].username is None
+
+    def queued(cid):
+        return [(stores_topic(db, m.store_id), m.qos, MsgState(m.state), Direction(m.direction))
+                for m in db.client_msgs if m.client_id == cid]
+
+    q = MsgState.QUEUED
+    assert queued("sub-311") == [("a/b.c", 1, q, Direction.OUT), ("a/x", 2, q, Direction.OUT),
+                                 ("a/ret", 1, q, Direction.OUT)]
+    assert queued("sub-v5") == [("a/b.c", 1, q, Direction.OUT), ("a/x", 1, q, Direction.OUT),
+                                ("a/ret", 1, q, Direction.OUT)]
+    assert queued("sub-qos0") == []  # QoS 0 is not queued for offline clients by default
+    assert sorted((s.client_id, s.topic, s.qos) for s in db.subs) == [
+        ("sub-311", "a/#", 2), ("sub-qos0", "a/q0", 0), ("sub-v5", "a/#", 1)]
+
+
+def stores_topic(db, store_id: int) -> str:
+    return db.msg_stores[store_id].topic
+
+
+def test_real_file_reencodes_byte_for_byte(real_db):
+    path, _, _ = real_db
+    data = path.read_bytes()
+    db = read_db(path)
+    assert encode_db(db.chunks, reorder=False) == data
+
+
+def test_our_file_is_loaded_by_mosquitto_and_served(tmp_path):
+    """Our v6 writer -> real Mosquitto loads it -> paho receives retained and queued messages."""
+    props = MqttProperties(((3, "text/plain"), (9, b"\x01\x02"), (8, "re/ply"), (38, ("origin", "rbak"))))
+    chunks = [
+        MsgStoreChunk(1, "rbak/one", b"first retained", qos=1, retain=True, source_id="writer",
+                      properties=props),
+        MsgStoreChunk(2, "rbak/two/deep", bytes(range(256)), qos=0, retain=True),
+        MsgStoreChunk(3, "rbak/queued", b"for durable", qos=1, retain=False),
+        RetainChunk(1),
+        RetainChunk(2),
+        ClientChunk("durable", session_expiry_interval=0xFFFFFFFF),
+        ClientMsgChunk(3, "durable", mid=1, qos=1, state=MsgState.QUEUED, direction=Direction.OUT),
+        SubChunk("durable", "rbak/queued", qos=1),
+    ]
+    b = MosquittoBroker(tmp_path)
+    write_db(b.db, chunks)
+    b.start()
+    try:
+        inbox: queue.Queue = queue.Queue()
+        c = _client("reader", b.port, v5=True, inbox=inbox)
+        _subscribe(c, "rbak/#", 1)
+        got = {m.topic: m for m in _drain(inbox, 2)}
+        _close(c)
+        assert set(got) == {"rbak/one", "rbak/two/deep"}, b.log_text()
+        one = got["rbak/one"]
+        assert one.payload == b"first retained" and one.retain and one.qos == 1
+        assert one.properties.ContentType == "text/plain"
+        assert one.properties.CorrelationData == b"\x01\x02"
+        assert one.properties.ResponseTopic == "re/ply"
+        assert one.properties.UserProperty == [("origin", "rbak")]
+        assert got["rbak/two/deep"].payload == bytes(range(256)) and got["rbak/two/deep"].qos == 0
+
+        durable_inbox: queue.Queue = queue.Queue()
+        d = _client("durable", b.port, v5=False, clean=False, inbox=durable_inbox)
+        msgs = _drain(durable_inbox, 1)
+        _close(d)
+        assert [(m.topic, m.payload, m.qos) for m in msgs] == [("rbak/queued", b"for durable", 1)], b.log_text()
+    finally:
+        assert b.stop() == 0
+    # Mosquitto saved again on SIGTERM: what it rewrote still has our retained messages.
+    again = read_db(b.db)
+    assert sorted(again.msg_stores[r.store_id].topic for r in again.retains) == ["rbak/one", "rbak/two/deep"]
