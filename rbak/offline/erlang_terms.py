@@ -1,0 +1,260 @@
+"""A small strict decoder of Erlang's external term format (``term_to_binary``).
+
+RabbitMQ stores every message as ``term_to_binary`` of a record; we need only
+the tags those records use, decoded into plain Python values so the message
+decoders stay simple and fast:
+
+* atoms -> :class:`Atom` (a ``str`` subclass, so ``Atom("true") == "true"``
+  but ``isinstance(x, Atom)`` tells an atom from a binary). ``ATOM_EXT`` (100,
+  Latin-1, written by OTP <= 25) and the UTF-8 atoms (118/119, OTP 26+) give
+  equal values: the encoding is normalised away.
+* binaries (109) -> ``bytes``; bit binaries (77) -> :class:`BitBinary`;
+* integers (97, 98, 110, 111) -> ``int``; floats (70, 99) -> ``float``;
+* tuples (104, 105) -> ``tuple``; lists (106, 107, 108) -> ``list`` (an
+  improper tail becomes :class:`ImproperList`); maps (116) -> ``dict``;
+* zlib-compressed terms (80) are inflated.
+
+Anything else (pids, ports, refs, funs) raises :class:`TermError` with the
+offset: a message record never holds them, so meeting one means the bytes
+are not what we think. ``decode(data, pos)`` returns ``(term, end)`` so a
+caller can tell where the term stops (the v2 queue store may zero-pad after
+it); ``binary_to_term`` insists on the exact length.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+VERSION = 131
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_F64 = struct.Struct(">d")
+
+
+class TermError(ValueError):
+    """The bytes are not a term we can decode; ``offset`` is where it went wrong."""
+
+    def __init__(self, message: str, offset: int):
+        self.offset = offset
+        super().__init__(f"{message} (at byte {offset} of the term)")
+
+
+class Atom(str):
+    """An Erlang atom; compares equal to its name."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Atom({str.__repr__(self)})"
+
+
+@dataclass(frozen=True, slots=True)
+class BitBinary:
+    data: bytes
+    bits: int  # significant bits in the last byte
+
+
+@dataclass(frozen=True, slots=True)
+class ImproperList:
+    items: list
+    tail: Any
+
+
+TRUE = Atom("true")
+FALSE = Atom("false")
+UNDEFINED = Atom("undefined")
+
+# Atoms repeat constantly (record names, 'undefined'); intern them.
+_ATOM_CACHE: dict[bytes, Atom] = {}
+MAX_DEPTH = 1000
+
+
+def _atom(raw: bytes, latin1: bool, pos: int) -> Atom:
+    key = (b"L" if latin1 else b"U") + raw
+    a = _ATOM_CACHE.get(key)
+    if a is None:
+        try:
+            name = raw.decode("latin-1" if latin1 else "utf-8")
+        except UnicodeDecodeError:
+            raise TermError("atom is not valid UTF-8", pos) from None
+        a = Atom(name)
+        if len(_ATOM_CACHE) < 100_000:
+            _ATOM_CACHE[key] = a
+    return a
+
+
+def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
+    """Decode one versioned term starting at ``pos``; returns (term, end offset)."""
+    mv = memoryview(data)
+    if pos >= len(mv):
+        raise TermError("no term: empty input", pos)
+    if mv[pos] != VERSION:
+        raise TermError(f"bad version byte {mv[pos]} (expected 131)", pos)
+    if pos + 1 < len(mv) and mv[pos + 1] == 80:  # compressed
+        if pos + 6 > len(mv):
+            raise TermError("truncated compressed term header", pos + 1)
+        (usize,) = _U32.unpack_from(mv, pos + 2)
+        d = zlib.decompressobj()
+        try:
+            raw = d.decompress(mv[pos + 6 :], usize + 1)
+        except zlib.error as e:
+            raise TermError(f"compressed term does not inflate: {e}", pos + 6) from None
+        if len(raw) != usize or not d.eof:
+            raise TermError(f"compressed term inflates to {len(raw)} bytes, header says {usize}", pos + 6)
+        consumed = len(mv) - pos - 6 - len(d.unused_data)
+        term, end = _Decoder(raw).term(0, 0)
+        if end != usize:
+            raise TermError("trailing bytes inside compressed term", pos + 6 + end)
+        return term, pos + 6 + consumed
+    return _Decoder(mv).term(pos + 1, 0)
+
+
+def decode_bare(data: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    """Decode a term without the version byte (one embedded in a larger term)."""
+    return _Decoder(data).term(pos, 0)
+
+
+def binary_to_term(data: bytes | memoryview) -> Any:
+    """Decode a buffer holding exactly one term."""
+    term, end = decode(data, 0)
+    if end != len(data):
+        raise TermError(f"{len(data) - end} unparsed bytes after the term", end)
+    return term
+
+
+class _Decoder:
+    __slots__ = ("mv", "n")
+
+    def __init__(self, data: bytes | memoryview):
+        self.mv = memoryview(data)
+        self.n = len(self.mv)
+
+    def _need(self, pos: int, k: int, what: str) -> None:
+        if pos + k > self.n:
+            raise TermError(f"truncated {what}: needs {k} bytes, {self.n - pos} left", pos)
+
+    def term(self, pos: int, depth: int) -> tuple[Any, int]:
+        if depth > MAX_DEPTH:
+            raise TermError("term nested too deeply", pos)
+        self._need(pos, 1, "term tag")
+        mv = self.mv
+        tag = mv[pos]
+        p = pos + 1
+        if tag == 109:  # BINARY_EXT
+            self._need(p, 4, "binary length")
+            (ln,) = _U32.unpack_from(mv, p)
+            p += 4
+            self._need(p, ln, "binary")
+            return bytes(mv[p : p + ln]), p + ln
+        if tag == 97:  # SMALL_INTEGER_EXT
+            self._need(p, 1, "small integer")
+            return mv[p], p + 1
+        if tag == 98:  # INTEGER_EXT
+            self._need(p, 4, "integer")
+            return _I32.unpack_from(mv, p)[0], p + 4
+        if tag in (100, 118):  # ATOM_EXT (Latin-1), ATOM_UTF8_EXT
+            self._need(p, 2, "atom length")
+            (ln,) = _U16.unpack_from(mv, p)
+            p += 2
+            self._need(p, ln, "atom")
+            return _atom(bytes(mv[p : p + ln]), tag == 100, pos), p + ln
+        if tag in (115, 119):  # SMALL_ATOM_EXT (Latin-1), SMALL_ATOM_UTF8_EXT
+            self._need(p, 1, "atom length")
+            ln = mv[p]
+            p += 1
+            self._need(p, ln, "atom")
+            return _atom(bytes(mv[p : p + ln]), tag == 115, pos), p + ln
+        if tag in (104, 105):  # SMALL_TUPLE_EXT, LARGE_TUPLE_EXT
+            if tag == 104:
+                self._need(p, 1, "tuple arity")
+                arity = mv[p]
+                p += 1
+            else:
+                self._need(p, 4, "tuple arity")
+                (arity,) = _U32.unpack_from(mv, p)
+                p += 4
+            self._need(p, arity, "tuple elements")  # each element is >= 1 byte
+            items = []
+            for _ in range(arity):
+                x, p = self.term(p, depth + 1)
+                items.append(x)
+            return tuple(items), p
+        if tag == 106:  # NIL_EXT
+            return [], p
+        if tag == 108:  # LIST_EXT
+            self._need(p, 4, "list length")
+            (ln,) = _U32.unpack_from(mv, p)
+            p += 4
+            self._need(p, ln + 1, "list elements")
+            items = []
+            for _ in range(ln):
+                x, p = self.term(p, depth + 1)
+                items.append(x)
+            tail, p = self.term(p, depth + 1)
+            if tail == [] and not isinstance(tail, Atom):
+                return items, p
+            return ImproperList(items, tail), p
+        if tag == 107:  # STRING_EXT: a list of small integers
+            self._need(p, 2, "string length")
+            (ln,) = _U16.unpack_from(mv, p)
+            p += 2
+            self._need(p, ln, "string")
+            return list(mv[p : p + ln]), p + ln
+        if tag == 116:  # MAP_EXT
+            self._need(p, 4, "map arity")
+            (arity,) = _U32.unpack_from(mv, p)
+            p += 4
+            self._need(p, 2 * arity, "map entries")
+            out: dict[Any, Any] = {}
+            for _ in range(arity):
+                k, p = self.term(p, depth + 1)
+                v, p = self.term(p, depth + 1)
+                try:
+                    out[k] = v
+                except TypeError:  # unhashable key (a list or map): keep it as a tuple of pairs
+                    out[_freeze(k)] = v
+            return out, p
+        if tag == 70:  # NEW_FLOAT_EXT
+            self._need(p, 8, "float")
+            return _F64.unpack_from(mv, p)[0], p + 8
+        if tag == 99:  # FLOAT_EXT: 31 bytes of printf text
+            self._need(p, 31, "float")
+            txt = bytes(mv[p : p + 31]).split(b"\x00", 1)[0]
+            try:
+                return float(txt), p + 31
+            except ValueError:
+                raise TermError(f"bad float text {txt!r}", p) from None
+        if tag in (110, 111):  # SMALL_BIG_EXT, LARGE_BIG_EXT
+            if tag == 110:
+                self._need(p, 1, "bignum length")
+                ln = mv[p]
+                p += 1
+            else:
+                self._need(p, 4, "bignum length")
+                (ln,) = _U32.unpack_from(mv, p)
+                p += 4
+            self._need(p, ln + 1, "bignum")
+            sign = mv[p]
+            v = int.from_bytes(mv[p + 1 : p + 1 + ln], "little")
+            return (-v if sign else v), p + 1 + ln
+        if tag == 77:  # BIT_BINARY_EXT
+            self._need(p, 5, "bit binary header")
+            (ln,) = _U32.unpack_from(mv, p)
+            bits = mv[p + 4]
+            p += 5
+            self._need(p, ln, "bit binary")
+            return BitBinary(bytes(mv[p : p + ln]), bits), p + ln
+        raise TermError(f"unsupported term tag {tag}", pos)
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, list):
+        return tuple(_freeze(i) for i in x)
+    if isinstance(x, dict):
+        return tuple((_freeze(k), _freeze(v)) for k, v in x.items())
+    return x

@@ -1,0 +1,175 @@
+"""A message as RabbitMQ stores it (``term_to_binary``) into a BackupRecord.
+
+Two record shapes exist:
+
+* 3.10-3.12 (and 3.13 before the ``message_containers`` flag)::
+
+    {basic_message, {resource, VHost, exchange, XName}, [RoutingKey | CCs],
+     {content, 60, Props, PropsBin, Protocol, PayloadFragmentsRev}, Id, IsPersistent}
+
+* 3.13+/4.x message containers: ``{mc, Protocol, Data, Annotations}`` where,
+  for AMQP 0-9-1 messages, ``Protocol = mc_amqpl``, ``Data`` is the same
+  ``#content{}`` and the annotations map holds ``x`` (exchange) and ``rk``
+  (routing keys). Messages published over other protocols (``mc_amqp`` for
+  AMQP 1.0, MQTT, STOMP) have no AMQP 0-9-1 form on disk and are reported
+  as unsupported rather than guessed at.
+
+``Props``/``PropsBin``: usually ``none`` + the property binary; sometimes the
+decoded ``'P_basic'`` record + ``none``. Either one is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..format.record import BackupProperties, BackupRecord, Headers
+from .amqp_props import PropertiesError, decode_properties, from_p_basic
+from .erlang_terms import Atom, TermError, decode
+
+
+class MessageFormatError(ValueError):
+    """The stored term is not a message we understand."""
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    exchange: str
+    routing_keys: list[str]
+    properties: BackupProperties
+    headers: Headers
+    body: bytes
+    msg_id: bytes | None
+    persistent: bool | None
+    vhost: str | None  # only the old record names it
+
+
+def decode_stored_message(data: bytes | memoryview, allow_trailing: bool = False) -> StoredMessage:
+    """Decode one stored term; ``allow_trailing`` accepts padding after it (v2 ``.qs``)."""
+    try:
+        term, end = decode(data, 0)
+    except TermError as e:
+        raise MessageFormatError(f"not an Erlang term: {e}") from None
+    if end != len(data):
+        tail = bytes(memoryview(data)[end:])
+        if not allow_trailing or tail.strip(b"\x00"):
+            raise MessageFormatError(f"{len(data) - end} unexpected bytes after the message term (at byte {end})")
+    return message_from_term(term)
+
+
+def message_from_term(term: Any) -> StoredMessage:
+    if not isinstance(term, tuple) or not term or not isinstance(term[0], Atom):
+        raise MessageFormatError(f"expected a basic_message or mc record, got {_kind(term)}")
+    tag = term[0]
+    if tag == "basic_message":
+        return _from_basic_message(term)
+    if tag == "mc":
+        return _from_mc(term)
+    raise MessageFormatError(f"unknown message record {str(tag)!r}")
+
+
+def _from_basic_message(t: tuple) -> StoredMessage:
+    if len(t) != 6:
+        raise MessageFormatError(f"basic_message has {len(t) - 1} fields, expected 5")
+    _, xname, rks, content, msg_id, persistent = t
+    if not (isinstance(xname, tuple) and len(xname) == 4 and xname[0] == "resource" and xname[2] == "exchange"):
+        raise MessageFormatError(f"basic_message exchange is not a #resource{{kind=exchange}}: {_kind(xname)}")
+    vhost = _str(xname[1], "vhost")
+    exchange = _str(xname[3], "exchange name")
+    props, headers, body = _from_content(content)
+    return StoredMessage(
+        exchange=exchange,
+        routing_keys=_keys(rks),
+        properties=props,
+        headers=headers,
+        body=body,
+        msg_id=msg_id if isinstance(msg_id, bytes) else None,
+        persistent=(persistent == "true") if isinstance(persistent, Atom) else None,
+        vhost=vhost,
+    )
+
+
+def _from_mc(t: tuple) -> StoredMessage:
+    if len(t) != 4:
+        raise MessageFormatError(f"mc record has {len(t) - 1} fields, expected 3")
+    _, proto, data, anns = t
+    if proto != "mc_amqpl":
+        raise MessageFormatError(
+            f"message container of protocol {str(proto)!r} (not AMQP 0-9-1) is not supported by the importer"
+        )
+    if not isinstance(anns, dict):
+        raise MessageFormatError(f"mc annotations must be a map, got {_kind(anns)}")
+    props, headers, body = _from_content(data)
+    x = anns.get(Atom("x"), b"")
+    durable = anns.get(Atom("d"))
+    return StoredMessage(
+        exchange=_str(x, "exchange annotation") if x != "undefined" else "",
+        routing_keys=_keys(anns.get(Atom("rk"), [])),
+        properties=props,
+        headers=headers,
+        body=body,
+        msg_id=None,
+        persistent=(durable == "true") if isinstance(durable, Atom) else None,
+        vhost=None,
+    )
+
+
+def _from_content(c: Any) -> tuple[BackupProperties, Headers, bytes]:
+    if not (isinstance(c, tuple) and len(c) == 6 and c[0] == "content"):
+        raise MessageFormatError(f"expected a #content{{}} record, got {_kind(c)}")
+    _, class_id, props, props_bin, _protocol, frags = c
+    if class_id != 60:
+        raise MessageFormatError(f"content class {class_id!r} is not basic (60)")
+    try:
+        if isinstance(props_bin, bytes):
+            p, h = decode_properties(props_bin)
+        elif isinstance(props, tuple):
+            p, h = from_p_basic(props)
+        else:
+            raise MessageFormatError("content has neither a property binary nor decoded properties")
+    except PropertiesError as e:
+        raise MessageFormatError(f"bad AMQP properties: {e}") from None
+    except ValueError as e:
+        if isinstance(e, MessageFormatError):
+            raise
+        raise MessageFormatError(f"bad decoded properties: {e}") from None
+    if not isinstance(frags, list) or not all(isinstance(f, bytes) for f in frags):
+        raise MessageFormatError(f"payload fragments must be a list of binaries, got {_kind(frags)}")
+    body = frags[0] if len(frags) == 1 else b"".join(reversed(frags))
+    return p, h, body
+
+
+def _keys(v: Any) -> list[str]:
+    if not isinstance(v, list):
+        raise MessageFormatError(f"routing keys must be a list, got {_kind(v)}")
+    return [_str(k, "routing key") for k in v]
+
+
+def _str(v: Any, what: str) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="surrogateescape")
+    if isinstance(v, list) and all(isinstance(c, int) for c in v):
+        return bytes(v).decode("utf-8", errors="surrogateescape")
+    raise MessageFormatError(f"{what} must be a binary, got {_kind(v)}")
+
+
+def _kind(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def to_record(
+    m: StoredMessage, vhost: str, queue: str, seq_id: int, backed_up_at: int
+) -> BackupRecord:
+    return BackupRecord(
+        body=m.body,
+        properties=m.properties,
+        headers=m.headers,
+        exchange=m.exchange,
+        routing_key=m.routing_keys[0] if m.routing_keys else "",
+        delivery_tag=seq_id,
+        redelivered=False,
+        backed_up_at=backed_up_at,
+        source_queue=queue,
+        source_vhost=vhost,
+    )

@@ -1,0 +1,99 @@
+"""Write an ordinary RBAK backup from queues of records (shared by the offline importers).
+
+Segments first, the manifest last with ``completed_at`` set, exactly like an
+online backup, so ``rbak restore``/``validate`` need nothing special. An
+existing backup id is refused (never overwritten); if writing fails the
+segments already stored are deleted again, so no half backup is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterable
+
+from .. import __version__
+from ..errors import ConfigError, RbakError
+from ..format.compression import Compression
+from ..format.manifest import BackupManifest, QueueBackup
+from ..format.record import BackupRecord
+from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentWriter
+from ..keys import BackupLayout
+from ..storage import Storage, open_storage
+
+log = logging.getLogger(__name__)
+
+QueueRecords = tuple[str, str, str, Iterable[BackupRecord]]  # vhost, queue, queue_type, records
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def write_backup(
+    storage_url: str | Storage,
+    backup_id: str,
+    queues: Iterable[QueueRecords],
+    prefix: str = "",
+    compression: Compression | str = Compression.ZSTD,
+    level: int | None = None,
+    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+    source_cluster: str | None = None,
+    rabbitmq_version: str | None = None,
+) -> BackupManifest:
+    """Store every queue's records as segments, then the manifest; returns the manifest."""
+    if isinstance(compression, str):
+        compression = Compression.parse(compression)
+    layout = BackupLayout(backup_id, prefix)
+    storage = open_storage(storage_url) if isinstance(storage_url, str) else storage_url
+    own_storage = isinstance(storage_url, str)
+    written: list[str] = []
+    try:
+        if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
+            raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
+        manifest = BackupManifest(
+            backup_id=backup_id,
+            created_at=now_ms(),
+            source_cluster=source_cluster,
+            rabbitmq_version=rabbitmq_version,
+            backup_tool_version=__version__,
+        )
+        seen: set[tuple[str, str]] = set()
+        for vhost, name, queue_type, records in queues:
+            if (vhost, name) in seen:
+                raise ConfigError(f"queue {name!r} in vhost {vhost!r} appears twice in the import")
+            seen.add((vhost, name))
+            qb = QueueBackup(vhost=vhost, name=name, queue_type=queue_type)
+
+            def sink(seq: int, data: bytes, _v: str = vhost, _q: str = name) -> str:
+                key = layout.segment(_v, _q, seq, compression)
+                storage.put(key, data)
+                written.append(key)
+                return key
+
+            w = SegmentWriter(sink, compression, level, max_bytes=segment_max_bytes, max_interval_ms=2**62)
+            for rec in records:
+                meta = w.append(rec)
+                if meta is not None:
+                    qb.add_segment(meta)
+            meta = w.flush()
+            if meta is not None:
+                qb.add_segment(meta)
+            manifest.queues.append(qb)
+            log.info("queue %r in vhost %r: %d message(s) in %d segment(s)", name, vhost, qb.message_count, len(qb.segments))
+        manifest.recompute_totals()
+        manifest.completed_at = now_ms()
+        storage.put(layout.manifest, manifest.to_json())
+        return manifest
+    except BaseException as e:
+        if written:
+            log.warning("import failed; deleting %d segment(s) already written", len(written))
+            for key in written:
+                try:
+                    storage.delete(key)
+                except RbakError:  # pragma: no cover - best effort cleanup
+                    log.error("could not delete %s", key)
+        raise e
+    finally:
+        if own_storage:
+            storage.close()
