@@ -263,26 +263,27 @@ _SCALAR_VARIANTS: dict[str, type] = {
 
 
 def header_value_from_json(obj: Any) -> HeaderValue:
-    if obj == "Void" or obj is None:
+    if type(obj) is dict and len(obj) == 1:
+        for tag, val in obj.items():
+            cls = _SCALAR_VARIANTS.get(tag)
+            if cls is not None:
+                return cls(val)
+            conv = _COMPOUND_VARIANTS.get(tag)
+            if conv is not None:
+                return conv(val)
+    elif obj == "Void" or obj is None:
         return VOID
-    if isinstance(obj, dict) and len(obj) == 1:
-        ((tag, val),) = obj.items()
-        cls = _SCALAR_VARIANTS.get(tag)
-        if cls is not None:
-            return cls(val)
-        if tag == "Bytes":
-            return Bytes(_bytes_from_json(val))
-        if tag == "Float":
-            return Float(float("nan") if val is None else float(val))
-        if tag == "Double":
-            return Double(float("nan") if val is None else float(val))
-        if tag == "Void":
-            return VOID
-        if tag == "Table":
-            return Table(_headers_from_json(val))
-        if tag == "Array":
-            return Array(tuple(header_value_from_json(x) for x in val))
     raise SerializationError(f"unknown header value {obj!r}")
+
+
+_COMPOUND_VARIANTS: dict[str, Any] = {
+    "Bytes": lambda v: Bytes(_bytes_from_json(v)),
+    "Float": lambda v: Float(float("nan") if v is None else float(v)),
+    "Double": lambda v: Double(float("nan") if v is None else float(v)),
+    "Void": lambda v: VOID,
+    "Table": lambda v: Table(_headers_from_json(v)),
+    "Array": lambda v: Array(tuple(map(header_value_from_json, v))),
+}
 
 
 def _headers_from_json(items: Any) -> Headers:
@@ -290,7 +291,8 @@ def _headers_from_json(items: Any) -> Headers:
         return ()
     if isinstance(items, dict):  # lenient: a map instead of a list of pairs
         items = list(items.items())
-    return tuple((str(k), header_value_from_json(v)) for k, v in items)
+    conv = header_value_from_json
+    return tuple([(str(k), conv(v)) for k, v in items])
 
 
 def _bytes_from_json(val: Any) -> bytes:

@@ -12,12 +12,13 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from ..errors import CompressionError, SegmentError, SerializationError
 from .compression import Compression, check_level, compress, decompress
 from .manifest import SegmentMetadata
-from .record import BackupRecord, decode_record, encode_record
+from .batch import decode_records, encode_records
+from .record import BackupRecord, encode_record
 
 MAGIC = b"RBAK"
 END_MAGIC = b"KABR"
@@ -124,14 +125,12 @@ def iter_payload(payload: bytes | memoryview, key: str = "<segment>") -> Iterato
 
 
 def decode_payload(payload: bytes | memoryview, key: str = "<segment>") -> list[BackupRecord]:
-    out: list[BackupRecord] = []
-    append = out.append
-    for raw in iter_payload(payload, key):
-        try:
-            append(decode_record(raw))
-        except SerializationError as e:
-            raise SegmentError(key, f"record {len(out)} does not decode: {e.args[0]}") from None
-    return out
+    """Records of a decompressed payload (batched fast path, see ``batch``)."""
+    raws = list(iter_payload(payload, key))
+    try:
+        return decode_records(raws)
+    except SerializationError as e:
+        raise SegmentError(key, f"does not decode: {e.args[0]}") from None
 
 
 @dataclass(slots=True)
@@ -177,21 +176,14 @@ def frame_segment(
 
 
 def encode_segment(
-    records: Iterable[BackupRecord], compression: Compression = Compression.ZSTD, level: int | None = None
+    records: Sequence[BackupRecord], compression: Compression = Compression.ZSTD, level: int | None = None
 ) -> bytes:
-    """A whole segment from records in memory (tests, tools)."""
-    buf = bytearray()
-    count = 0
-    first = last = 0
-    for r in records:
-        data = encode_record(r)
-        buf += _LEN.pack(len(data))
-        buf += data
-        if count == 0:
-            first = r.backed_up_at
-        last = r.backed_up_at
-        count += 1
-    return frame_segment(bytes(buf), count, first, last, compression, level)
+    """A whole segment from records in memory (batched fast path)."""
+    records = list(records)
+    payload = b"".join(_LEN.pack(len(d)) + d for d in encode_records(records)) if records else b""
+    first = records[0].backed_up_at if records else 0
+    last = records[-1].backed_up_at if records else 0
+    return frame_segment(payload, len(records), first, last, compression, level)
 
 
 SegmentSink = Callable[[int, bytes], str]
@@ -243,6 +235,16 @@ class SegmentWriter:
 
     def append(self, record: BackupRecord) -> SegmentMetadata | None:
         return self.append_encoded(encode_record(record), record.backed_up_at)
+
+    def append_many(self, records: Sequence[BackupRecord]) -> list[SegmentMetadata]:
+        """Append a batch (encoded on the fast path); rotation is checked after
+        every record exactly as with ``append``, so segment boundaries match."""
+        done = []
+        for r, data in zip(records, encode_records(records)):
+            meta = self.append_encoded(data, r.backed_up_at)
+            if meta is not None:
+                done.append(meta)
+        return done
 
     def append_encoded(self, record_json: bytes, backed_up_at: int) -> SegmentMetadata | None:
         if self._count == 0:

@@ -1,0 +1,158 @@
+"""Batched record codec: the fast path for whole segments.
+
+A backup is mostly message bodies, and the spec stores each body as a JSON
+array of integers. Converting those one record at a time costs more than the
+compression itself, so segments are encoded and decoded in batches:
+
+- encode: all bodies of a batch are concatenated and serialised by ONE
+  ``orjson.dumps`` of a NumPy ``uint8`` array (C speed); a byte lookup table
+  gives each body's span in that text, which is sliced into each record.
+- decode: each record of the canonical shape (``{"body":[...],...}``, as both
+  rbak and the Rust tool write it) has its body array parsed straight into
+  bytes by a small optional C helper (``_speedups.c``), and only the small rest
+  goes through orjson. Anything else (other key order, a malformed body, or no
+  compiled helper) takes the lenient per-record path, which also produces the
+  precise error. JSON libraries were measured first: orjson and simdjson both
+  build Python ints or typed buffers at 80-130 MB/s here, under 0.3x zstd.
+
+Both paths produce exactly the bytes and objects of ``record.py``; the tests
+check that on random records.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Sequence
+
+import numpy as np
+import orjson
+
+from ..errors import SerializationError
+from .record import (
+    _ORJSON_OPTS, BackupRecord, _headers_from_json, _properties_from_json, _properties_to_json,
+    decode_record, header_value_to_json,
+)
+
+_LEN = struct.Struct("<I")
+_BODY_OPEN = b'{"body":['
+_BODY_NULL = b'{"body":null,'
+
+# Characters each byte value takes in the JSON array, comma included.
+_CHARS = np.array([len(str(v)) + 1 for v in range(256)], dtype=np.int64)
+
+#: Bodies encoded per vectorised pass (bounds temporary memory to ~10x this).
+BATCH_BODY_BYTES = 4 * 1024 * 1024
+
+
+def _rest_json(r: BackupRecord) -> bytes:
+    """The record's JSON without its body: b'{"properties":...}'."""
+    return orjson.dumps(
+        {
+            "properties": _properties_to_json(r.properties),
+            "headers": [[k, header_value_to_json(v)] for k, v in r.headers],
+            "exchange": r.exchange,
+            "routing_key": r.routing_key,
+            "delivery_tag": r.delivery_tag,
+            "redelivered": r.redelivered,
+            "backed_up_at": r.backed_up_at,
+            "source_queue": r.source_queue,
+            "source_vhost": r.source_vhost,
+        },
+        option=_ORJSON_OPTS,
+    )
+
+
+def _body_texts(bodies: Sequence[bytes]) -> list[bytes]:
+    """Each body as the inside of its JSON array ('98,121,116'); b'' for empty."""
+    lens = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
+    total = int(lens.sum())
+    if total == 0:
+        return [b""] * len(bodies)
+    flat = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    text = orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)  # b"[98,121,...]"
+    ends_in = np.cumsum(lens)
+    char_pos = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(_CHARS[flat], out=char_pos[1:])
+    starts = char_pos[ends_in - lens] + 1  # +1 skips the opening '['
+    ends = char_pos[ends_in]  # position of the comma (or ']') after the body
+    return [text[s:e] if n else b"" for s, e, n in zip(starts.tolist(), ends.tolist(), lens.tolist())]
+
+
+def encode_records(records: Sequence[BackupRecord]) -> list[bytes]:
+    """JSON of each record, byte-identical to ``record.encode_record``."""
+    out: list[bytes] = []
+    try:
+        i = 0
+        n = len(records)
+        while i < n:
+            j, size = i, 0
+            while j < n and (size < BATCH_BODY_BYTES or j == i):
+                size += len(records[j].body)
+                j += 1
+            chunk = records[i:j]
+            for r, body in zip(chunk, _body_texts([r.body for r in chunk])):
+                rest = _rest_json(r)
+                if r.body:
+                    out.append(b"".join((_BODY_OPEN, body, b"],", rest[1:])))
+                else:
+                    out.append(_BODY_NULL + rest[1:])
+            i = j
+    except (TypeError, orjson.JSONEncodeError) as e:
+        raise SerializationError(f"cannot encode record: {e}") from e
+    return out
+
+
+def encode_payload(records: Sequence[BackupRecord]) -> bytes:
+    """The uncompressed segment payload: [u32 LE length][JSON] per record."""
+    parts: list[bytes] = []
+    pack = _LEN.pack
+    for data in encode_records(records):
+        parts.append(pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+try:
+    from ._speedups import split_record as _c_split
+except ImportError:  # built without a C compiler: per-record orjson parse
+    _c_split = None
+
+HAVE_SPEEDUPS = _c_split is not None
+
+
+def decode_records(raws: Sequence[bytes | memoryview]) -> list[BackupRecord]:
+    """Decode many records' JSON; raises SerializationError naming the record index."""
+    out: list[BackupRecord] = []
+    append = out.append
+    loads = orjson.loads
+    split = _c_split
+    for idx, raw in enumerate(raws):
+        try:
+            s = split(raw) if split is not None else None
+            if s is None:
+                append(decode_record(raw))
+                continue
+            d = loads(b"{" + raw[s[1]:])
+            get = d.get
+            headers = get("headers")
+            append(
+                BackupRecord(
+                    s[0],
+                    _properties_from_json(get("properties")),
+                    _headers_from_json(headers) if headers else (),
+                    get("exchange") or "",
+                    get("routing_key") or "",
+                    get("delivery_tag") or 0,
+                    bool(get("redelivered")),
+                    get("backed_up_at") or 0,
+                    get("source_queue") or "",
+                    get("source_vhost") or "/",
+                )
+            )
+        except SerializationError as e:
+            raise SerializationError(f"record {idx}: {e.args[0]}") from None
+        except orjson.JSONDecodeError as e:
+            raise SerializationError(f"record {idx} is not valid JSON: {e}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise SerializationError(f"record {idx} has a malformed field: {e}") from None
+    return out
