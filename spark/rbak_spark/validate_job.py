@@ -1,0 +1,154 @@
+"""Distributed deep validation: ``rbak.validate.check_segment`` on executors.
+
+The driver loads the manifest and runs the manifest-level checks; every
+segment becomes one task (largest first, so the long ones start early) that
+runs the very function ``rbak validate --deep`` runs. Every segment is
+checked, whatever failed before it; the report (JSON, per segment: ok or
+exactly what is wrong) is stored next to the backup at
+``BackupLayout.validation_report(ts)`` unless ``--report-key`` says where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+import time
+from typing import Iterable, Iterator
+
+import orjson
+
+MAX_TASKS = 20_000
+
+
+def check_partition(url: str, items: Iterable[tuple[str, str, dict]]) -> Iterator[dict]:
+    """Executor side: check each (vhost, queue, segment-metadata) and say what was found."""
+    from rbak.format.manifest import SegmentMetadata
+    from rbak.validate import SegmentCheck, check_segment
+
+    from .executor import storage_for
+
+    storage = storage_for(url)
+    for vhost, queue, seg_obj in items:
+        seg = SegmentMetadata.from_json_obj(seg_obj)
+        t0 = time.perf_counter()
+        try:
+            check = check_segment(storage, seg)
+        except Exception as e:  # a bug or an unexpected storage failure must not hide the other segments
+            check = SegmentCheck(key=seg.key, ok=False, problems=[f"check failed: {type(e).__name__}: {e}"])
+        out = check.to_json_obj()
+        out.update(vhost=vhost, queue=queue, sequence=seg.sequence, seconds=round(time.perf_counter() - t0, 4))
+        yield out
+
+
+def utc_stamp(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
+
+
+def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: str | None = None,
+                 partitions: int | None = None, write_report: bool = True) -> dict:
+    """Validate a backup with Spark; returns the report (also stored unless ``write_report`` is false)."""
+    from rbak.catalog import load_manifest
+    from rbak.keys import BackupLayout
+    from rbak.storage import open_storage
+    from rbak.validate import SegmentCheck, ValidationReport, manifest_problems
+
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t0 = time.perf_counter()
+    layout = BackupLayout(backup_id, prefix)
+    storage = open_storage(url)
+    m = load_manifest(storage, backup_id, prefix)
+    report = ValidationReport(backup_id, deep=True, complete=m.is_complete, problems=manifest_problems(m))
+    if m.definitions is not None and not storage.exists(m.definitions.key):
+        report.problems.append(f"{m.definitions.key}: definitions file missing from storage")
+
+    items = [(q.vhost, q.name, s.to_json_obj()) for q in m.queues for s in q.segments]
+    order = {obj["key"]: i for i, (_, _, obj) in enumerate(items)}
+    results: list[dict] = []
+    if items:
+        items.sort(key=lambda it: -it[2]["size_bytes"])
+        n = partitions or min(len(items), MAX_TASKS)
+        sc = spark.sparkContext
+        sc.setJobDescription(f"rbak validate {backup_id}: {len(items)} segments")
+        results = (
+            sc.parallelize(items, n).mapPartitions(lambda it: check_partition(url, it)).collect()
+        )
+    results.sort(key=lambda r: order[r["key"]])
+    for r in results:
+        report.segments.append(SegmentCheck(
+            key=r["key"], ok=r["ok"], problems=r["problems"], record_count=r["record_count"],
+            size_bytes=r["size_bytes"], uncompressed_bytes=r["uncompressed_bytes"],
+        ))
+    elapsed = time.perf_counter() - t0
+    total_uncompressed = sum(r["uncompressed_bytes"] for r in results)
+    out = report.to_json_obj()
+    out["segments"] = results  # the SegmentCheck fields plus vhost, queue, sequence, seconds
+    out.update(
+        engine="spark",
+        master=spark.sparkContext.master,
+        storage=storage.url or url,
+        prefix=layout.prefix,
+        started_at=started.isoformat(),
+        seconds=round(elapsed, 3),
+        summary={
+            "segments": len(results),
+            "bad_segments": sum(1 for r in results if not r["ok"]),
+            "records": sum(r["record_count"] for r in results),
+            "size_bytes": sum(r["size_bytes"] for r in results),
+            "uncompressed_bytes": total_uncompressed,
+            "uncompressed_mb_per_s": round(total_uncompressed / 1e6 / elapsed, 2) if elapsed else None,
+        },
+        all_problems=report.all_problems(),
+    )
+    if write_report:
+        key = report_key or layout.validation_report(utc_stamp(started))
+        storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        out["report_key"] = key
+    return out
+
+
+def summary_lines(out: dict) -> list[str]:
+    s = out["summary"]
+    verdict = "OK" if out["ok"] else "FAILED"
+    lines = [
+        f"validate {out['backup_id']} ({out['master']}): {s['segments']} segments, {s['records']} records, "
+        f"{s['uncompressed_bytes'] / 1e6:.1f} MB uncompressed in {out['seconds']:.1f}s: {verdict}"
+    ]
+    if not out["complete"]:
+        lines.append("  backup is incomplete (manifest completed_at is null)")
+    if s["bad_segments"]:
+        lines.append(f"  {s['bad_segments']} bad segment(s):")
+    lines += [f"  - {p}" for p in out["all_problems"]]
+    if out.get("report_key"):
+        lines.append(f"report: {out['report_key']}")
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="spark/validate.py", description="Deep-validate an rbak backup with Spark.")
+    ap.add_argument("--path", required=True, help="storage URL (file:///..., s3://bucket/prefix?endpoint=...)")
+    ap.add_argument("--backup-id", required=True)
+    ap.add_argument("--prefix", default="", help="storage prefix the backup lives under")
+    ap.add_argument("--report-key", default=None, help="storage key of the JSON report (default: {backup}/validation/report-<ts>.json)")
+    ap.add_argument("--no-report", action="store_true", help="do not store the report")
+    ap.add_argument("--partitions", type=int, default=None, help="tasks (default: one per segment)")
+    ap.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rbak.errors import RbakError
+
+    from .session import get_session
+
+    args = parse_args(argv)
+    try:
+        spark = get_session(f"rbak-validate-{args.backup_id}", args.master)
+        out = run_validate(spark, args.path, args.backup_id, args.prefix, args.report_key,
+                           args.partitions, write_report=not args.no_report)
+    except RbakError as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
+    print("\n".join(summary_lines(out)))
+    return 0 if out["ok"] else 1
