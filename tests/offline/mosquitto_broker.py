@@ -8,6 +8,7 @@ on a free loopback port, and ``stop()`` sends SIGTERM so the broker writes
 from __future__ import annotations
 
 import os
+import queue
 import pwd
 import shutil
 import signal
@@ -111,3 +112,103 @@ def mosquitto_version() -> tuple[int, ...]:
         if line.startswith("mosquitto version "):
             return tuple(int(x) for x in line.split()[2].split(".") if x.isdigit())
     return ()
+
+
+# ---- a sample database written by the real broker (needs paho-mqtt) ----
+
+V5_PAYLOAD = b"hello-v5 \x00\xff binary"
+CORR = b"\x00\xffcorr"
+
+
+def client(cid: str, port: int, *, v5: bool, clean: bool = True, username: str | None = None,
+            session_expiry: int | None = None, inbox: "queue.Queue | None" = None):
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid,
+                    protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean_session=None if v5 else clean)
+    if username:
+        c.username_pw_set(username)
+    if inbox is not None:
+        c.on_message = lambda _c, _u, msg: inbox.put(msg)
+    if v5:
+        props = None
+        if session_expiry is not None:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = session_expiry
+        c.connect("127.0.0.1", port, clean_start=clean, properties=props)
+    else:
+        c.connect("127.0.0.1", port)
+    c.loop_start()
+    return c
+
+
+def subscribe(c, topic: str, qos: int) -> None:
+    done = queue.Queue()
+    c.on_subscribe = lambda *_a: done.put(True)
+    c.subscribe(topic, qos=qos)
+    done.get(timeout=5)
+
+
+def close(c) -> None:
+    c.disconnect()
+    c.loop_stop()
+
+
+def drain(inbox: "queue.Queue", n: int, timeout: float = 5.0) -> list:
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        try:
+            out.append(inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return out
+
+
+def write_sample_db(d: Path) -> tuple[Path, int, int]:
+    """Retained (QoS 0/1), queued QoS 1/2 for offline sessions, v5 properties.
+
+    Returns (db path, unix time before publishing, broker port).
+    """
+    import paho.mqtt.client  # noqa: F401  (fail early with a clear ImportError)
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    b = MosquittoBroker(d).start()
+    try:
+        t0 = int(time.time())
+        # Persistent sessions, connected in this order (it is Mosquitto's save order):
+        # a v3.1.1 client with a username, then two without (2.0.11's stale-username case).
+        s1 = client("sub-311", b.port, v5=False, clean=False, username="alice")
+        subscribe(s1, "a/#", 2)
+        close(s1)
+        s2 = client("sub-v5", b.port, v5=True, clean=False, session_expiry=3600)
+        subscribe(s2, "a/#", 1)
+        close(s2)
+        s3 = client("sub-qos0", b.port, v5=False, clean=False)
+        subscribe(s3, "a/q0", 0)
+        close(s3)
+        p = client("pub", b.port, v5=True, username="bob")
+        pp = Properties(PacketTypes.PUBLISH)
+        pp.ContentType = "application/octet-stream"
+        pp.CorrelationData = CORR
+        pp.ResponseTopic = "reply/to/me"
+        pp.UserProperty = [("k1", "v1"), ("k2", "v2"), ("k1", "again")]
+        pp.MessageExpiryInterval = 3600
+        pp.PayloadFormatIndicator = 0
+        p.publish("a/b.c", V5_PAYLOAD, qos=1, properties=pp).wait_for_publish(5)
+        p.publish("a/x", b"hello-q2", qos=2).wait_for_publish(5)
+        p.publish("a/ret", b"retained-q1", qos=1, retain=True).wait_for_publish(5)
+        rp = Properties(PacketTypes.PUBLISH)
+        rp.ContentType = "text/plain"
+        p.publish("r/other", b"retained-q0", qos=0, retain=True, properties=rp).wait_for_publish(5)
+        time.sleep(0.3)  # QoS 0 has no acknowledgement
+        close(p)
+        time.sleep(0.2)
+    finally:
+        rc = b.stop()
+    if rc != 0 or not b.db.exists():
+        raise RuntimeError(f"mosquitto did not save {b.db} (exit {rc}): {b.log_text()}")
+    return b.db, t0, b.port

@@ -15,7 +15,18 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mosquitto_broker import MOSQUITTO, MosquittoBroker, mosquitto_version  # noqa: E402
+from mosquitto_broker import (  # noqa: E402
+    CORR,
+    MOSQUITTO,
+    V5_PAYLOAD,
+    MosquittoBroker,
+    client,
+    close,
+    drain,
+    mosquitto_version,
+    subscribe,
+    write_sample_db,
+)
 
 from rbak.offline.mosquitto_db import (  # noqa: E402
     ClientChunk,
@@ -32,99 +43,14 @@ from rbak.offline.mosquitto_db import (  # noqa: E402
     write_db,
 )
 
-mqtt = pytest.importorskip("paho.mqtt.client")
-from paho.mqtt.packettypes import PacketTypes  # noqa: E402
-from paho.mqtt.properties import Properties  # noqa: E402
+pytest.importorskip("paho.mqtt.client")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed")
-
-V5_PAYLOAD = b"hello-v5 \x00\xff binary"
-CORR = b"\x00\xffcorr"
-
-
-def _client(cid: str, port: int, *, v5: bool, clean: bool = True, username: str | None = None,
-            session_expiry: int | None = None, inbox: "queue.Queue | None" = None):
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid,
-                    protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean_session=None if v5 else clean)
-    if username:
-        c.username_pw_set(username)
-    if inbox is not None:
-        c.on_message = lambda _c, _u, msg: inbox.put(msg)
-    if v5:
-        props = None
-        if session_expiry is not None:
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = session_expiry
-        c.connect("127.0.0.1", port, clean_start=clean, properties=props)
-    else:
-        c.connect("127.0.0.1", port)
-    c.loop_start()
-    return c
-
-
-def _subscribe(c, topic: str, qos: int) -> None:
-    done = queue.Queue()
-    c.on_subscribe = lambda *_a: done.put(True)
-    c.subscribe(topic, qos=qos)
-    done.get(timeout=5)
-
-
-def _close(c) -> None:
-    c.disconnect()
-    c.loop_stop()
-
-
-def _drain(inbox: "queue.Queue", n: int, timeout: float = 5.0) -> list:
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        try:
-            out.append(inbox.get(timeout=max(0.01, deadline - time.monotonic())))
-        except queue.Empty:
-            break
-    return out
-
 
 @pytest.fixture(scope="module")
 def real_db(tmp_path_factory) -> tuple[Path, int, int]:
     """A mosquitto.db written by the real broker: retained, queued QoS 1/2, v5 properties, three sessions."""
-    d = tmp_path_factory.mktemp("mosq-real")
-    b = MosquittoBroker(d).start()
-    try:
-        t0 = int(time.time())
-        # Persistent sessions, connected in this order (it is Mosquitto's save order):
-        # a v3.1.1 client with a username, then two without (2.0.11's stale-username case).
-        s1 = _client("sub-311", b.port, v5=False, clean=False, username="alice")
-        _subscribe(s1, "a/#", 2)
-        _close(s1)
-        s2 = _client("sub-v5", b.port, v5=True, clean=False, session_expiry=3600)
-        _subscribe(s2, "a/#", 1)
-        _close(s2)
-        s3 = _client("sub-qos0", b.port, v5=False, clean=False)
-        _subscribe(s3, "a/q0", 0)
-        _close(s3)
-        p = _client("pub", b.port, v5=True, username="bob")
-        pp = Properties(PacketTypes.PUBLISH)
-        pp.ContentType = "application/octet-stream"
-        pp.CorrelationData = CORR
-        pp.ResponseTopic = "reply/to/me"
-        pp.UserProperty = [("k1", "v1"), ("k2", "v2"), ("k1", "again")]
-        pp.MessageExpiryInterval = 3600
-        pp.PayloadFormatIndicator = 0
-        p.publish("a/b.c", V5_PAYLOAD, qos=1, properties=pp).wait_for_publish(5)
-        p.publish("a/x", b"hello-q2", qos=2).wait_for_publish(5)
-        p.publish("a/ret", b"retained-q1", qos=1, retain=True).wait_for_publish(5)
-        rp = Properties(PacketTypes.PUBLISH)
-        rp.ContentType = "text/plain"
-        p.publish("r/other", b"retained-q0", qos=0, retain=True, properties=rp).wait_for_publish(5)
-        time.sleep(0.3)  # QoS 0 has no acknowledgement
-        _close(p)
-        time.sleep(0.2)
-    finally:
-        rc = b.stop()
-    assert rc == 0, b.log_text()
-    assert b.db.exists(), b.log_text()
-    return b.db, t0, b.port
+    return write_sample_db(tmp_path_factory.mktemp("mosq-real"))
 
 
 def test_real_file_exact_contents(real_db):
@@ -216,10 +142,10 @@ def test_our_file_is_loaded_by_mosquitto_and_served(tmp_path):
     b.start()
     try:
         inbox: queue.Queue = queue.Queue()
-        c = _client("reader", b.port, v5=True, inbox=inbox)
-        _subscribe(c, "rbak/#", 1)
-        got = {m.topic: m for m in _drain(inbox, 2)}
-        _close(c)
+        c = client("reader", b.port, v5=True, inbox=inbox)
+        subscribe(c, "rbak/#", 1)
+        got = {m.topic: m for m in drain(inbox, 2)}
+        close(c)
         assert set(got) == {"rbak/one", "rbak/two/deep"}, b.log_text()
         one = got["rbak/one"]
         assert one.payload == b"first retained" and one.retain and one.qos == 1
@@ -230,9 +156,9 @@ def test_our_file_is_loaded_by_mosquitto_and_served(tmp_path):
         assert got["rbak/two/deep"].payload == bytes(range(256)) and got["rbak/two/deep"].qos == 0
 
         durable_inbox: queue.Queue = queue.Queue()
-        d = _client("durable", b.port, v5=False, clean=False, inbox=durable_inbox)
-        msgs = _drain(durable_inbox, 1)
-        _close(d)
+        d = client("durable", b.port, v5=False, clean=False, inbox=durable_inbox)
+        msgs = drain(durable_inbox, 1)
+        close(d)
         assert [(m.topic, m.payload, m.qos) for m in msgs] == [("rbak/queued", b"for durable", 1)], b.log_text()
     finally:
         assert b.stop() == 0
