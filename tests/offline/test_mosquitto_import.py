@@ -1,0 +1,194 @@
+"""``rbak import mosquitto-db``: a real broker's file -> an ordinary RBAK backup -> (optionally) restored."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from mosquitto_broker import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # noqa: E402
+
+from rbak.catalog import load_manifest  # noqa: E402
+from rbak.cli import main as rbak_main  # noqa: E402
+from rbak.errors import ConfigError, ImportFormatError  # noqa: E402
+from rbak.format.compression import Compression  # noqa: E402
+from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp  # noqa: E402
+from rbak.format.segment import decode_segment  # noqa: E402
+from rbak.offline.mosquitto_db import read_db  # noqa: E402
+from rbak.offline.mosquitto_import import import_mosquitto_db  # noqa: E402
+from rbak.offline.mqtt_mapping import mqtt_to_amqp, subscription_queue  # noqa: E402
+from rbak.storage import open_storage  # noqa: E402
+from rbak.validate import validate_backup  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed")
+pytest.importorskip("paho.mqtt.client")
+
+Q311 = "mqtt-subscription-sub-311qos1"
+QV5 = "mqtt-subscription-sub-v5qos1"
+
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory) -> tuple[Path, int, int]:
+    return write_sample_db(tmp_path_factory.mktemp("mosq-import"))
+
+
+def records_by_queue(storage, backup_id: str, prefix: str = "") -> dict[str, list]:
+    m = load_manifest(storage, backup_id, prefix)
+    out: dict[str, list] = {}
+    for q in m.queues:
+        for seg in q.segments:
+            out.setdefault(q.name, []).extend(decode_segment(storage.get(seg.key), seg.key).records)
+    return out
+
+
+def test_names_follow_rabbitmq_mqtt_plugin():
+    assert mqtt_to_amqp("a/b.c/+/#") == "a.b.c.*.#"
+    assert subscription_queue("dev-1", 0) == "mqtt-subscription-dev-1qos0"
+    assert subscription_queue("dev-1", 2) == "mqtt-subscription-dev-1qos1"
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4", "none"])
+def test_import_real_file_exact_records(real_db, tmp_path, compression):
+    path, t0, _ = real_db
+    url = f"file://{tmp_path}/store"
+    now = int(time.time() * 1000)
+    summary = import_mosquitto_db(path, url, "mq-1", prefix="offline", compression=compression, vhost="iot", now_ms=now)
+    s = summary.stats
+    assert (s.retained, s.queued, s.incoming, s.expired, s.dangling, s.unreferenced) == (2, 6, 0, 0, 0, 0)
+    assert s.queues == {"mosquitto-retained": 2, Q311: 3, QV5: 3}
+
+    storage = open_storage(url)
+    m = load_manifest(storage, "mq-1", "offline")
+    assert m.is_complete and m.completed_at >= m.created_at
+    assert m.total_messages == 8 and {q.vhost for q in m.queues} == {"iot"}
+    report = validate_backup(storage, "mq-1", "offline", deep=True)
+    assert report.ok, report.all_problems()
+    ext = Compression.parse(compression).extension
+    names = [seg.key.rsplit("/", 1)[1] for q in m.queues for seg in q.segments]
+    assert len(names) == 3 and all(n == f"segment-0001{ext}" for n in names), names
+
+    recs = records_by_queue(storage, "mq-1", "offline")
+    assert [r.routing_key for r in recs["mosquitto-retained"]] == ["a.ret", "r.other"]
+    ret1, ret0 = recs["mosquitto-retained"]
+    assert (ret1.body, ret1.exchange, ret1.properties.delivery_mode) == (b"retained-q1", "amq.topic", 2)
+    assert dict(ret1.headers)["x-mqtt-retain"] == Bool(True)
+    assert (ret0.body, ret0.properties.delivery_mode, ret0.properties.content_type) == (b"retained-q0", 1, "text/plain")
+
+    assert [(r.routing_key, r.body) for r in recs[Q311]] == [
+        ("a.b.c", V5_PAYLOAD), ("a.x", b"hello-q2"), ("a.ret", b"retained-q1")]
+    assert [r.body for r in recs[QV5]] == [V5_PAYLOAD, b"hello-q2", b"retained-q1"]
+    assert [r.delivery_tag for r in recs[QV5]] == [1, 2, 3]
+    assert all(r.source_vhost == "iot" and r.backed_up_at == now and not r.redelivered
+               for rs in recs.values() for r in rs)
+
+    v5 = recs[Q311][0]
+    p = v5.properties
+    assert (p.delivery_mode, p.content_type, p.reply_to, p.correlation_id) == (
+        2, "application/octet-stream", "reply/to/me", None)
+    left = int(p.expiration)
+    assert 3_590_000 <= left <= 3_600_000
+    h = dict(v5.headers)
+    assert h["x-correlation-id"] == Bytes(CORR)  # not UTF-8: kept as bytes
+    assert h["x-reply-to-topic"] == LongString("reply.to.me")
+    assert h["x-mqtt-topic"] == LongString("a/b.c")  # the routing key cannot tell '.' from '/'
+    assert h["x-mqtt-qos"] == Short(1)
+    assert h["x-mqtt-source-client-id"] == LongString("pub")
+    assert h["x-mqtt-payload-format-indicator"] == Short(0)
+    assert isinstance(h["x-mqtt-expiry-time"], Timestamp) and h["x-mqtt-expiry-time"].value >= t0 + 3600
+    assert (h["k1"], h["k2"]) == (LongString("v1"), LongString("v2"))  # first value of a repeated name
+    assert h["x-mqtt-user-properties"] == Array(tuple(
+        Array((LongString(k), LongString(v))) for k, v in (("k1", "v1"), ("k2", "v2"), ("k1", "again"))))
+    assert [k for k, _ in v5.headers].count("k1") == 1
+    q2 = recs[Q311][1]
+    assert dict(q2.headers)["x-mqtt-qos"] == Short(2) and q2.properties.delivery_mode == 2
+
+
+def test_expired_messages_are_skipped_and_counted(real_db, tmp_path):
+    path, _, _ = real_db
+    later = (int(time.time()) + 7200) * 1000  # the v5 message expires after an hour
+    summary = import_mosquitto_db(path, f"file://{tmp_path}", "later", now_ms=later)
+    assert summary.stats.expired == 2 and summary.stats.queued == 4
+    assert any("expired" in line for line in summary.lines())
+
+
+def test_refuses_existing_backup_id(real_db, tmp_path):
+    path, _, _ = real_db
+    url = f"file://{tmp_path}"
+    import_mosquitto_db(path, url, "once")
+    before = sorted(open_storage(url).list(""))
+    with pytest.raises(ConfigError, match="'once' already exists"):
+        import_mosquitto_db(path, url, "once")
+    assert sorted(open_storage(url).list("")) == before
+
+
+def test_cli_summary_and_errors(real_db, tmp_path, capsys):
+    path, _, _ = real_db
+    url = f"file://{tmp_path}/out"
+    assert rbak_main(["import", "mosquitto-db", str(path), "--to", url, "--backup-id", "cli-1"]) == 0
+    out = capsys.readouterr().out
+    assert "messages exported: 8 (retained 2, queued for persistent clients 6" in out
+    assert f"{Q311}: 3" in out
+
+    assert rbak_main(["import", "mosquitto-db", str(path), "--to", url, "--backup-id", "cli-1"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+    missing = tmp_path / "missing.db"
+    assert rbak_main(["import", "mosquitto-db", str(missing), "--to", url, "--backup-id", "cli-2"]) == 1
+    assert f"{missing}: cannot read" in capsys.readouterr().err
+
+    # A file cut in the middle of its last chunk: refused, then exported with --skip-damaged.
+    data = path.read_bytes()
+    last = read_db(path).chunks[-1].offset
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(data[: last + 5])
+    assert rbak_main(["import", "mosquitto-db", str(cut), "--to", url, "--backup-id", "cli-3"]) == 1
+    err = capsys.readouterr().err
+    assert f"{cut}: byte offset {last}: truncated chunk header" in err
+    assert not open_storage(url).exists("cli-3/manifest.json")
+    assert rbak_main(["import", "mosquitto-db", str(cut), "--to", url, "--backup-id", "cli-3", "--skip-damaged"]) == 0
+    out = capsys.readouterr().out
+    assert f"SKIPPED damaged data at byte offset {last}" in out
+    # the lost chunk was the last RETAIN: one retained message fewer, the rest intact
+    assert "messages exported: 7 (retained 1, queued for persistent clients 6" in out
+
+
+def test_garbage_file_is_refused_without_writing(tmp_path):
+    bad = tmp_path / "mosquitto.db"
+    bad.write_bytes(os.urandom(64))
+    with pytest.raises(ImportFormatError, match=f"{bad}: byte offset 0: not a Mosquitto persistence file"):
+        import_mosquitto_db(bad, f"file://{tmp_path}/s", "g")
+    assert list(open_storage(f"file://{tmp_path}/s").list("")) == []
+
+
+def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
+    """import -> rbak.restore (queue mode, vhost remapped) -> the messages, in order, with properties."""
+    restore = pytest.importorskip("rbak.restore")
+    path, _, _ = real_db
+    url = f"file://{tmp_path}/rs"
+    import_mosquitto_db(path, url, "mq-restore")
+    for q in ("mosquitto-retained", Q311, QV5):
+        broker.declare_queue(vhost, q)
+    opts = restore.RestoreOptions(
+        backup_id="mq-restore",
+        target=restore.TargetConnection(amqp_url=broker.amqp_url(vhost), management_url=broker.management_url,
+                                        management_username=broker.user, management_password=broker.password),
+        publish_mode="queue",
+        vhost_mapping=(("/", vhost),),
+        max_concurrent_queues=1,
+    )
+    summary = restore.run_restore(open_storage(url), opts)
+    assert all(q.status not in ("failed",) for q in summary.queues), summary
+    got = broker.drain_queue(vhost, Q311)
+    assert [m.body for m in got] == [V5_PAYLOAD, b"hello-q2", b"retained-q1"]
+    first = got[0]
+    assert first.properties.content_type == "application/octet-stream"
+    assert first.properties.reply_to == "reply/to/me"
+    assert first.properties.delivery_mode == 2
+    assert first.headers["x-correlation-id"] == CORR
+    assert first.headers["k1"] in (b"v1", "v1")  # pika's longstr type differs by version
+    assert [m.body for m in broker.drain_queue(vhost, "mosquitto-retained")] == [b"retained-q1", b"retained-q0"]
+    assert len(broker.drain_queue(vhost, QV5)) == 3
