@@ -1,0 +1,361 @@
+"""Parallel restore: ``rbak.restore``'s per-queue publisher, driven by Spark.
+
+The driver builds the same ``RestoreOptions`` and the same plan as ``rbak
+restore`` (``options_from_config`` / ``plan_restore``: queue selection, PITR
+window, vhost and queue remapping), imports definitions if asked (driver,
+once), then hands each *run* to an executor, which calls
+``rbak.restore.engine.restore_queue_segments`` (publisher confirms, records
+in sequence order, checkpointed after each batch of confirms).
+
+* ``--ordering strict`` (default): a run is a whole queue, so a queue's
+  segments are published in order by one task; queues spread over executors.
+* ``--ordering relaxed``: when there are fewer queues than task slots, a large
+  queue is cut into contiguous runs of segments published concurrently; the
+  job prints which queues were split, since their messages then interleave.
+
+Progress lives in backup storage (``progress.StorageProgress``), so a
+restarted application skips what was confirmed before. With ``publish_mode:
+queue`` a resumed queue is exact (the engine reconciles the in-flight tail
+against the queue depth); in exchange mode up to ``produce_batch_size``
+in-flight messages per run may be published twice after a crash, as with
+the CLI. ``--dry-run`` runs the CLI's dry run (``run_restore``) on the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import Iterable, Iterator
+
+import orjson
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreUnit:
+    """One task's work: a plan (a queue, or a contiguous run of its segments)."""
+
+    plan: object  # rbak.restore.plan.QueuePlan
+    whole_queue: bool
+    run_index: int
+    runs: int
+
+
+# --------------------------------------------------------------------------
+# Options, from a config file and/or flags.
+# --------------------------------------------------------------------------
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    from rbak.errors import ConfigError
+
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise ConfigError(f"{flag}: expected SOURCE=TARGET, got {it!r}")
+        k, v = it.split("=", 1)
+        if not k or not v:
+            raise ConfigError(f"{flag}: expected SOURCE=TARGET with both sides non-empty, got {it!r}")
+        out[k] = v
+    return out
+
+
+def build_options(args: argparse.Namespace):
+    """(storage URL, RestoreOptions) exactly as ``rbak restore`` would build them, flags overriding the file."""
+    from rbak.config import load_config, parse_time_bound
+    from rbak.errors import ConfigError
+    from rbak.restore.options import RestoreOptions, TargetConnection, options_from_config
+
+    start = parse_time_bound(args.time_window_start, "--time-window-start")
+    end = parse_time_bound(args.time_window_end, "--time-window-end")
+    vmap, qmap = _pairs(args.vhost_map, "--vhost-map"), _pairs(args.queue_map, "--queue-map")
+    if args.config:
+        cfg = load_config(args.config)
+        url = args.path or cfg.storage.storage_url()
+        overrides = dict(
+            backup_id=args.backup_id, prefix=args.prefix, window_start_ms=start, window_end_ms=end,
+            dry_run=True if args.dry_run else None, publish_mode=args.publish_mode,
+            allow_non_empty=True if args.allow_non_empty else None, produce_batch_size=args.batch_size,
+        )
+        opts = options_from_config(cfg, **overrides)
+        if args.target_amqp_url:
+            opts = dataclasses.replace(opts, target=dataclasses.replace(opts.target, amqp_url=args.target_amqp_url))
+        if vmap or qmap:
+            opts = dataclasses.replace(
+                opts,
+                vhost_mapping=tuple(sorted({**opts.vhost_map, **vmap}.items())),
+                queue_mapping=tuple(sorted({**opts.queue_map, **qmap}.items())),
+            )
+        return url, opts
+    if not args.path or not args.backup_id:
+        raise ConfigError("give --config FILE, or --path URL and --backup-id ID")
+    target = TargetConnection(amqp_url=args.target_amqp_url or TargetConnection().amqp_url,
+                              management_url=args.target_management_url or TargetConnection().management_url)
+    opts = RestoreOptions(
+        backup_id=args.backup_id, prefix=args.prefix or "", target=target,
+        window_start_ms=start, window_end_ms=end, dry_run=args.dry_run,
+        publish_mode=args.publish_mode or "exchange", allow_non_empty=args.allow_non_empty,
+        produce_batch_size=args.batch_size or 500,
+        vhost_mapping=tuple(sorted(vmap.items())), queue_mapping=tuple(sorted(qmap.items())),
+    )
+    return args.path, opts
+
+
+# --------------------------------------------------------------------------
+# Planning runs.
+# --------------------------------------------------------------------------
+
+
+def split_plan(plan, runs: int) -> list:
+    """Cut a plan into at most ``runs`` contiguous runs of segments, balanced by record count."""
+    segs = list(plan.segments)
+    runs = max(1, min(runs, len(segs)))
+    if runs == 1:
+        return [plan]
+    total = sum(s.record_count for s in segs)
+    out, cur, acc = [], [], 0
+    for i, s in enumerate(segs):
+        cur.append(s)
+        acc += s.record_count
+        left_runs = runs - len(out) - 1
+        left_segs = len(segs) - i - 1
+        if left_runs and (acc >= total * (len(out) + 1) / runs or left_segs == left_runs):
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return [
+        dataclasses.replace(plan, segments=tuple(c), skipped_segments=plan.skipped_segments if j == 0 else 0,
+                            skipped_records=plan.skipped_records if j == 0 else 0)
+        for j, c in enumerate(out)
+    ]
+
+
+def plan_units(plans: list, ordering: str, slots: int) -> tuple[list[RestoreUnit], list[str]]:
+    """Runs to publish and what ``relaxed`` did (messages for the operator to read)."""
+    notes: list[str] = []
+    if ordering == "strict" or len(plans) >= slots or not plans:
+        units = [RestoreUnit(p, True, 0, 1) for p in plans]
+        if ordering == "relaxed":
+            notes.append(f"ordering relaxed: {len(plans)} queue(s) for {slots} task slot(s); no queue was split")
+    else:
+        total = sum(p.candidate_records for p in plans) or 1
+        units = []
+        for p in plans:
+            k = max(1, round(slots * p.candidate_records / total))
+            parts = split_plan(p, k)
+            if len(parts) > 1:
+                notes.append(
+                    f"ordering relaxed: {p.label} split into {len(parts)} runs published concurrently; "
+                    f"its messages are NOT restored in backup order across runs"
+                )
+            units += [RestoreUnit(part, len(parts) == 1, j, len(parts)) for j, part in enumerate(parts)]
+    units.sort(key=lambda u: -u.plan.candidate_records)  # largest first: they start early
+    return units, notes
+
+
+# --------------------------------------------------------------------------
+# Executors.
+# --------------------------------------------------------------------------
+
+
+def run_units(url: str, options, progress_id: str, units: Iterable[RestoreUnit]) -> Iterator[dict]:
+    """Executor side: publish each run with the engine; one result dict per run."""
+    from rbak.errors import RbakError
+    from rbak.keys import BackupLayout
+    from rbak.restore.engine import QueueResult, checkpoint_fingerprint, restore_queue_segments
+
+    from .executor import storage_for
+    from .progress import StorageProgress
+
+    storage = storage_for(url)
+    layout = BackupLayout(options.backup_id, options.prefix)
+    fingerprint = orjson.loads(orjson.dumps(checkpoint_fingerprint(options)))
+    for u in units:
+        p = u.plan
+        cp = StorageProgress(storage, layout, progress_id, p.source_vhost, p.source_queue,
+                             [s.sequence for s in p.segments], u.whole_queue, fingerprint)
+        opts = options if u.whole_queue else dataclasses.replace(options, allow_non_empty=True)  # checked by the driver
+        t0 = time.perf_counter()
+        try:
+            res = restore_queue_segments(storage, p, opts, cp)
+        except RbakError as e:
+            res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
+                              status="failed", error=str(e))
+            try:
+                res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+            except RbakError:
+                pass
+        out = dataclasses.asdict(res)
+        out.update(run=u.run_index, runs=u.runs, segments=len(p.segments),
+                   first_sequence=p.segments[0].sequence if p.segments else None,
+                   seconds=round(time.perf_counter() - t0, 3))
+        yield out
+
+
+# --------------------------------------------------------------------------
+# Driver.
+# --------------------------------------------------------------------------
+
+
+def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id: str) -> None:
+    """Split queues skip the engine's empty-target check (runs overlap), so do it here, once."""
+    from rbak.errors import RbakError
+    from rbak.keys import BackupLayout
+    from rbak.restore.engine import RestoreError, queue_depth
+    from rbak.restore.publisher import connect
+
+    from .progress import queue_progress_prefix
+
+    if options.allow_non_empty:
+        return
+    layout = BackupLayout(options.backup_id, options.prefix)
+    seen = set()
+    for u in units:
+        p = u.plan
+        if u.whole_queue or (p.source_vhost, p.source_queue) in seen:
+            continue
+        seen.add((p.source_vhost, p.source_queue))
+        if any(True for _ in storage.list(queue_progress_prefix(layout, progress_id, p.source_vhost, p.source_queue))):
+            continue  # a resumed restore: the messages there are ours
+        conn = connect(options.target, p.target_vhost)
+        try:
+            depth = queue_depth(conn, p.target_queue)
+        except RbakError:
+            raise
+        finally:
+            conn.close()
+        if depth:
+            raise RestoreError(f"queue {p.target_queue!r} in vhost {p.target_vhost!r} already holds {depth} message(s); "
+                               f"refusing to publish into a non-empty queue (set restore.allow_non_empty: true)")
+
+
+def run_restore_job(spark, url: str, options, ordering: str = "strict", progress_id: str | None = None,
+                    reset: bool = False, log=print) -> dict:
+    """The whole Spark restore; returns the summary (also stored next to the progress)."""
+    from rbak.keys import BackupLayout
+    from rbak.restore.engine import load_complete_manifest, run_restore
+    from rbak.restore.plan import plan_restore
+    from rbak.storage import open_storage
+
+    from .progress import PROGRESS_DIR, default_progress_id, reset_progress
+
+    if ordering not in ("strict", "relaxed"):
+        from rbak.errors import ConfigError
+
+        raise ConfigError(f"--ordering: must be strict or relaxed, got {ordering!r}")
+    t0 = time.perf_counter()
+    storage = open_storage(url)
+    manifest = load_complete_manifest(storage, options)
+    if options.dry_run or not options.restore_messages:
+        summary = run_restore(storage, options, manifest=manifest)  # the CLI's code path, on the driver
+        out = summary.to_json_obj()
+        out.update(engine="spark", ordering=ordering)
+        return out
+    plans = plan_restore(manifest, options)
+    definitions = None
+    if options.restore_definitions or options.definitions_dry_run:
+        from rbak.restore.definitions import import_definitions
+
+        definitions = import_definitions(storage, manifest, options)
+    if spark.conf.get("spark.speculation", "false").lower() == "true":
+        from rbak.errors import ConfigError
+
+        raise ConfigError("spark.speculation is on: a speculative copy of a task would publish messages twice; turn it off")
+    progress_id = progress_id or default_progress_id(options)
+    layout = BackupLayout(options.backup_id, options.prefix)
+    if reset:
+        n = reset_progress(storage, layout, progress_id)
+        log(f"progress {progress_id}: deleted {n} object(s)")
+    sc = spark.sparkContext
+    units, notes = plan_units(plans, ordering, sc.defaultParallelism)
+    for n in notes:
+        log(n)
+    if any(not u.whole_queue for u in units):
+        _check_split_targets(storage, options, units, progress_id)
+    results: list[dict] = []
+    if units:
+        sc.setJobDescription(f"rbak restore {options.backup_id}: {len(units)} run(s)")
+        results = sc.parallelize(units, len(units)).mapPartitions(
+            lambda it: run_units(url, options, progress_id, it)).collect()
+    order = {(p.source_vhost, p.source_queue): i for i, p in enumerate(plans)}
+    results.sort(key=lambda r: (order[(r["source_vhost"], r["source_queue"])], r["run"]))
+    ok = all(r["status"] != "failed" for r in results) and (definitions is None or getattr(definitions, "ok", True))
+    out = {
+        "backup_id": options.backup_id,
+        "engine": "spark",
+        "master": sc.master,
+        "ordering": ordering,
+        "notes": notes,
+        "progress_id": progress_id,
+        "dry_run": False,
+        "ok": ok,
+        "published": sum(r["published"] for r in results),
+        "confirmed": sum(r["confirmed"] for r in results),
+        "duration_secs": round(time.perf_counter() - t0, 3),
+        "definitions": definitions.to_json_obj() if definitions is not None else None,
+        "runs": results,
+    }
+    key = layout.state(f"{PROGRESS_DIR}/{progress_id}/summary.json")
+    storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    out["summary_key"] = key
+    return out
+
+
+def summary_lines(out: dict) -> list[str]:
+    if out.get("dry_run"):
+        lines = [f"restore {out['backup_id']} (dry run): nothing published"]
+        for q in out["queues"]:
+            lines.append(f"  {q['source_vhost']}/{q['source_queue']} -> {q['target_vhost']}/{q['target_queue']}: "
+                         f"{q['selected']} record(s) would be published, {q['skipped_records']} outside the window")
+        return lines
+    lines = [f"restore {out['backup_id']} ({out['master']}, ordering {out['ordering']}): {out['confirmed']} confirmed "
+             f"in {out['duration_secs']:.1f}s: {'OK' if out['ok'] else 'FAILED'}"]
+    lines += [f"  {n}" for n in out["notes"]]
+    for r in out["runs"]:
+        run = f" run {r['run'] + 1}/{r['runs']}" if r["runs"] > 1 else ""
+        lines.append(f"  {r['source_vhost']}/{r['source_queue']}{run} -> {r['target_vhost']}/{r['target_queue']}: "
+                     f"{r['status']}, {r['confirmed']} confirmed" + (f": {r['error']}" if r.get("error") else ""))
+    lines.append(f"progress: {out['progress_id']} (summary {out['summary_key']})")
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="spark/restore.py", description="Restore an rbak backup with Spark.")
+    ap.add_argument("--config", help="rbak YAML config (mode: restore); flags below override it")
+    ap.add_argument("--path", help="storage URL (default: the config's storage)")
+    ap.add_argument("--backup-id")
+    ap.add_argument("--prefix", default=None)
+    ap.add_argument("--target-amqp-url")
+    ap.add_argument("--target-management-url")
+    ap.add_argument("--ordering", choices=["strict", "relaxed"], default="strict")
+    ap.add_argument("--publish-mode", choices=["exchange", "queue"], default=None)
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--time-window-start", help="epoch ms or RFC 3339")
+    ap.add_argument("--time-window-end", help="epoch ms or RFC 3339")
+    ap.add_argument("--vhost-map", action="append", metavar="SRC=DST")
+    ap.add_argument("--queue-map", action="append", metavar="[VHOST/]QUEUE=NEW")
+    ap.add_argument("--allow-non-empty", action="store_true")
+    ap.add_argument("--batch-size", type=int, default=None, help="unconfirmed messages in flight per run")
+    ap.add_argument("--progress-id", help="name of the stored progress (default: a hash of the restore's settings)")
+    ap.add_argument("--reset-progress", action="store_true", help="forget stored progress and publish everything")
+    ap.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rbak.errors import RbakError
+
+    from .session import get_session
+
+    args = parse_args(argv)
+    try:
+        url, options = build_options(args)
+        spark = get_session(f"rbak-restore-{options.backup_id}", args.master)
+        out = run_restore_job(spark, url, options, args.ordering, args.progress_id, args.reset_progress)
+    except RbakError as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
+    print("\n".join(summary_lines(out)))
+    return 0 if out["ok"] else 1
