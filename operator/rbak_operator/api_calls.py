@@ -1,0 +1,34 @@
+"""Every (API group, resource, verb) the operator uses: the source for its RBAC.
+
+The Helm chart's ClusterRole is checked against ``used_api_calls()`` by the
+ship tests, and the end-to-end test checks that the real operator process
+made no call outside this set (from the emulator's request log).
+"""
+
+from __future__ import annotations
+
+from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL
+
+# (apiGroup, resource, verbs); "" is the core group.
+USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (GROUP, BACKUP_PLURAL, ("get", "list", "watch", "patch")),
+    (GROUP, f"{BACKUP_PLURAL}/status", ("get", "patch")),
+    (GROUP, RESTORE_PLURAL, ("get", "list", "watch", "patch")),
+    (GROUP, f"{RESTORE_PLURAL}/status", ("get", "patch")),
+    ("batch", "jobs", ("get", "list", "create", "delete")),
+    ("", "pods", ("list",)),
+    ("", "configmaps", ("get", "create", "delete")),
+    ("", "secrets", ("get",)),
+    ("", "events", ("create",)),
+    ("sparkoperator.k8s.io", "sparkapplications", ("get", "create", "delete")),
+    # kopf itself: namespaces for cluster-wide watching, peering objects, CRD discovery.
+    ("", "namespaces", ("list", "watch")),
+    ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch", "get")),
+    ("kopf.dev", "kopfpeerings", ("list", "watch", "patch", "get")),
+)
+
+
+def used_api_calls() -> set[tuple[str, str, str]]:
+    """Flat {(group, resource, verb)} set."""
+    return {(g, r, v) for g, r, verbs in USED_API_CALLS for v in verbs}

@@ -1,0 +1,506 @@
+"""The two CRDs as Python data: ``crds/*.yaml`` is generated from here.
+
+One source keeps the shared fragments (broker, storage, pod overrides) equal
+in both CRDs; ``python -m rbak_operator.crds crds/`` rewrites the YAML files
+and a test fails when they drift. Validation lives in the schema itself
+(enums, patterns, minimums, required, CEL rules with readable messages) so
+``kubectl apply`` refuses a bad object before the operator ever sees it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GROUP = "rbak.io"
+VERSION = "v1alpha1"
+BACKUP_PLURAL = "rabbitmqbackups"
+RESTORE_PLURAL = "rabbitmqrestores"
+
+# A standard 5-field cron or a macro. Six fields (seconds first, as in
+# CloudNativePG) is refused: it silently means something else.
+CRON_RE = r"^\s*(@(yearly|annually|monthly|weekly|daily|hourly)|\S+(\s+\S+){4})\s*$"
+CRON_MESSAGE = (
+    "schedule must be a standard 5-field cron expression 'minute hour day-of-month month day-of-week' "
+    "(or @hourly/@daily/@weekly/@monthly/@yearly); 6-field values with a leading seconds field are not supported"
+)
+DURATION_RE = r"^[0-9]+(s|m|h|d|w)$"
+TIME_RE = r"^([0-9]{1,15}|[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))$"
+K8S_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def _s(desc: str, **kw: Any) -> dict[str, Any]:
+    return {"type": "string", "description": desc, **kw}
+
+
+def _i(desc: str, **kw: Any) -> dict[str, Any]:
+    return {"type": "integer", "description": desc, **kw}
+
+
+def _b(desc: str, **kw: Any) -> dict[str, Any]:
+    return {"type": "boolean", "description": desc, **kw}
+
+
+def _obj(desc: str, props: dict[str, Any], required: list[str] | None = None, **kw: Any) -> dict[str, Any]:
+    o: dict[str, Any] = {"type": "object", "description": desc, "properties": props}
+    if required:
+        o["required"] = required
+    o.update(kw)
+    return o
+
+
+def _strlist(desc: str, **item: Any) -> dict[str, Any]:
+    return {"type": "array", "description": desc, "items": {"type": "string", **item}}
+
+
+def _name(desc: str) -> dict[str, Any]:
+    return _s(desc, minLength=1, maxLength=253, pattern=K8S_NAME_RE)
+
+
+def broker_schema(desc: str) -> dict[str, Any]:
+    return _obj(
+        desc,
+        {
+            "rabbitmqClusterReference": _obj(
+                "A RabbitMQ cluster-operator RabbitmqCluster; its '<name>-default-user' Secret "
+                "(keys username, password, host, port) gives the connection.",
+                {
+                    "name": _name("RabbitmqCluster name"),
+                    "namespace": _name("its namespace (default: this object's)"),
+                    "managementPort": _i("management API port", minimum=1, maximum=65535, default=15672),
+                    "managementScheme": _s("http or https", enum=["http", "https"], default="http"),
+                },
+                ["name"],
+            ),
+            "amqpUrl": _s(
+                "AMQP URL without credentials, e.g. amqp://rabbitmq.ns.svc:5672/%2f",
+                pattern=r"^amqps?://[^@\s]+$",
+            ),
+            "managementUrl": _s("management API base URL, e.g. http://rabbitmq.ns.svc:15672", pattern=r"^https?://\S+$"),
+            "credentialsSecretRef": _obj(
+                "Secret holding the broker user; the values reach the pod as env vars, never the spec or a ConfigMap.",
+                {
+                    "name": _name("Secret name"),
+                    "usernameKey": _s("key of the username", default="username", minLength=1),
+                    "passwordKey": _s("key of the password", default="password", minLength=1),
+                },
+                ["name"],
+            ),
+        },
+        **{
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.rabbitmqClusterReference) != has(self.amqpUrl)",
+                    "message": "set exactly one of broker.rabbitmqClusterReference or broker.amqpUrl",
+                },
+                {
+                    "rule": "!has(self.amqpUrl) || (has(self.managementUrl) && has(self.credentialsSecretRef))",
+                    "message": "broker.amqpUrl needs broker.managementUrl and broker.credentialsSecretRef",
+                },
+            ]
+        },
+    )
+
+
+def storage_schema() -> dict[str, Any]:
+    return _obj(
+        "Where backups are stored: S3 (or compatible) or a PersistentVolumeClaim.",
+        {
+            "s3": _obj(
+                "S3 bucket",
+                {
+                    "bucket": _s("bucket name", minLength=3, maxLength=63),
+                    "prefix": _s("key prefix inside the bucket", default="", pattern=r"^[^\s]*$"),
+                    "region": _s("region", default="us-east-1"),
+                    "endpoint": _s("endpoint URL for S3-compatible stores", pattern=r"^https?://\S+$"),
+                    "pathStyle": _b("path-style addressing (MinIO, Ceph)", default=False),
+                    "credentialsSecretRef": _obj(
+                        "Secret with the access key; omit to use the pod's identity (IRSA, instance role)",
+                        {
+                            "name": _name("Secret name"),
+                            "accessKeyIdKey": _s("key of the access key id", default="AWS_ACCESS_KEY_ID"),
+                            "secretAccessKeyKey": _s("key of the secret key", default="AWS_SECRET_ACCESS_KEY"),
+                        },
+                        ["name"],
+                    ),
+                },
+                ["bucket"],
+            ),
+            "pvc": _obj(
+                "PersistentVolumeClaim mounted into the run's pod",
+                {
+                    "claimName": _name("claim name"),
+                    "path": _s("directory inside the volume", default="backups", pattern=r"^[^\s]*$"),
+                },
+                ["claimName"],
+            ),
+        },
+        **{
+            "x-kubernetes-validations": [
+                {"rule": "has(self.s3) != has(self.pvc)", "message": "set exactly one of storage.s3 or storage.pvc"}
+            ]
+        },
+    )
+
+
+def pod_overrides() -> dict[str, Any]:
+    return {
+        "image": _s("container image running rbak (default: the operator's RBAK_IMAGE)", minLength=1),
+        "imagePullPolicy": _s("image pull policy", enum=["Always", "IfNotPresent", "Never"]),
+        "serviceAccountName": _name("service account of the run's pod"),
+        "resources": {
+            "type": "object",
+            "description": "container resources (requests/limits)",
+            "properties": {
+                "requests": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
+                "limits": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
+            },
+        },
+        "activeDeadlineSeconds": _i("kill a run after this many seconds", minimum=1),
+    }
+
+
+def spark_schema() -> dict[str, Any]:
+    return _obj(
+        "SparkApplication settings (spark-operator, sparkoperator.k8s.io/v1beta2)",
+        {
+            "image": _s("Spark image with rbak and spark/ installed"),
+            "sparkVersion": _s("Spark version", default="4.0.0"),
+            "serviceAccount": _name("driver service account"),
+            "executorInstances": _i("executors", minimum=1, default=2),
+            "executorCores": _i("cores per executor", minimum=1, default=1),
+            "executorMemory": _s("executor memory", default="1g", pattern=r"^[0-9]+[kmgtKMGT]?$"),
+            "driverMemory": _s("driver memory", default="1g", pattern=r"^[0-9]+[kmgtKMGT]?$"),
+        },
+    )
+
+
+def condition_schema() -> dict[str, Any]:
+    return {
+        "type": "array",
+        "description": "metav1.Condition-style conditions",
+        "items": _obj(
+            "condition",
+            {
+                "type": _s("Ready, Progressing, Completed, ..."),
+                "status": _s("True, False or Unknown", enum=["True", "False", "Unknown"]),
+                "reason": _s("CamelCase reason"),
+                "message": _s("human message"),
+                "lastTransitionTime": _s("when status last changed", format="date-time"),
+                "observedGeneration": _i("generation this condition was set for"),
+            },
+            ["type", "status"],
+        ),
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+    }
+
+
+def run_summary_schema(desc: str) -> dict[str, Any]:
+    return _obj(
+        desc,
+        {
+            "backupId": _s("backup id (the storage folder)"),
+            "jobName": _s("Job running it"),
+            "trigger": _s("schedule or manual", enum=["schedule", "manual"]),
+            "phase": _s("Running, Succeeded or Failed", enum=["Running", "Succeeded", "Failed"]),
+            "reason": _s("why it ended so"),
+            "message": _s("details"),
+            "scheduledTime": _s("slot time", format="date-time"),
+            "startTime": _s("start", format="date-time"),
+            "completionTime": _s("end", format="date-time"),
+            "durationSeconds": {"type": "number", "description": "wall time"},
+            "messages": _i("messages in the backup (from manifest.json)"),
+            "bytes": _i("stored bytes (from manifest.json)"),
+            "size": _s("stored size, human readable"),
+            "segments": _i("segments (from manifest.json)"),
+            "queues": _i("queues (from manifest.json)"),
+            "validation": _s("validation outcome", enum=["Skipped", "Passed", "Failed", "Pending"]),
+        },
+    )
+
+
+def backup_crd() -> dict[str, Any]:
+    spec = _obj(
+        "What to back up, where, and when.",
+        {
+            "broker": broker_schema("The RabbitMQ to back up."),
+            "queues": _obj(
+                "Which queues (default: all)",
+                {
+                    "include": _strlist("queue name globs to include"),
+                    "exclude": _strlist("queue name globs to exclude"),
+                    "vhosts": _strlist("vhosts (default: all)"),
+                    "types": {
+                        "type": "array",
+                        "description": "queue types",
+                        "items": {"type": "string", "enum": ["classic", "quorum", "stream"]},
+                    },
+                    "minMessages": _i("skip queues with fewer messages", minimum=0),
+                },
+            ),
+            "storage": storage_schema(),
+            "compression": _s("segment compression", enum=["zstd", "lz4", "none"], default="zstd"),
+            "compressionLevel": _i("zstd level", minimum=1, maximum=22, default=3),
+            "segmentMaxBytes": _i("rotate a segment after this many uncompressed bytes", minimum=1024),
+            "segmentMaxIntervalMs": _i("rotate a segment after this many ms", minimum=1000),
+            "includeDefinitions": _b("also store the broker definitions", default=True),
+            "schedule": _s(
+                CRON_MESSAGE.replace("must be", "is"),
+                minLength=1,
+                maxLength=128,
+                **{"x-kubernetes-validations": [{"rule": f"self.matches('{CRON_RE}')", "message": CRON_MESSAGE}]},
+            ),
+            "timeZone": _s(
+                "IANA time zone of the schedule (default UTC), e.g. Europe/Berlin",
+                pattern=r"^[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*$",
+                maxLength=64,
+            ),
+            "suspend": _b("stop scheduling new runs (running ones finish; on-demand still works)", default=False),
+            "concurrencyPolicy": _s(
+                "a due run while one is active: Forbid skips it, Allow runs both, Replace stops the old one",
+                enum=["Forbid", "Allow", "Replace"],
+                default="Forbid",
+            ),
+            "startingDeadlineSeconds": _i(
+                "a slot missed by more than this (operator down) is recorded as missed, not run", minimum=0
+            ),
+            "successfulJobsHistoryLimit": _i("finished successful Jobs kept", minimum=0, maximum=100, default=3),
+            "failedJobsHistoryLimit": _i("finished failed Jobs kept", minimum=0, maximum=100, default=3),
+            "retention": _obj(
+                "Which old complete backups this policy deletes (whole backups only). Unset: keep all.",
+                {
+                    "keepLast": _i("keep the newest N complete backups", minimum=1),
+                    "maxAge": _s("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
+                },
+            ),
+            "deletionPolicy": _s(
+                "on deleting this object: retain (default) keeps stored backups; delete removes the ones it made",
+                enum=["retain", "delete"],
+                default="retain",
+            ),
+            "validate": _obj(
+                "verify each backup after its run",
+                {
+                    "enabled": _b("validate after each run", default=True),
+                    "deep": _b("decompress and check every record", default=False),
+                    "sparkThresholdBytes": _i(
+                        "above this stored size, validate with a SparkApplication instead of in the Job", minimum=0
+                    ),
+                },
+            ),
+            "spark": spark_schema(),
+            **pod_overrides(),
+        },
+        ["broker", "storage"],
+    )
+    status = _obj(
+        "Observed state, read from Jobs and manifest.json.",
+        {
+            "phase": _s("Pending, Scheduled, Running, Succeeded, Failed, Suspended", enum=[
+                "Pending", "Scheduled", "Running", "Succeeded", "Failed", "Suspended"]),
+            "observedGeneration": _i("spec generation last acted on"),
+            "conditions": condition_schema(),
+            "lastScheduleTime": _s("last slot acted on (written before its Job is created)", format="date-time"),
+            "lastSuccessfulTime": _s("end of the last successful run", format="date-time"),
+            "nextScheduleTime": _s("next slot", format="date-time"),
+            "lastBackupId": _s("backup id of the last successful run"),
+            "lastScheduledRun": _s("Job/backup id of the last slot started (re-created after a crash)"),
+            "lastManualTrigger": _s("value of the rbak.io/backup-now annotation last run"),
+            "active": _strlist("Jobs running now"),
+            "lastRun": run_summary_schema("the most recent finished run"),
+            "history": {
+                "type": "array",
+                "description": "recent finished runs, newest first",
+                "maxItems": 20,
+                "items": run_summary_schema("a finished run"),
+            },
+            "missedSchedules": _i("slots not run because they were past startingDeadlineSeconds or forbidden"),
+            "lastMissedTime": _s("last missed slot", format="date-time"),
+            "retention": _obj(
+                "what the retention policy deleted",
+                {"deletedTotal": _i("backups deleted so far"), "lastDeleted": _strlist("ids deleted last time")},
+            ),
+            "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    )
+    return _crd(
+        kind="RabbitMQBackup",
+        plural=BACKUP_PLURAL,
+        singular="rabbitmqbackup",
+        short=["rbak"],
+        spec=spec,
+        status=status,
+        columns=[
+            ("Phase", "string", ".status.phase", 0),
+            ("Schedule", "string", ".spec.schedule", 0),
+            ("Suspend", "boolean", ".spec.suspend", 1),
+            ("Last Backup", "string", ".status.lastBackupId", 0),
+            ("Last Success", "date", ".status.lastSuccessfulTime", 1),
+            ("Next Run", "date", ".status.nextScheduleTime", 0),
+            ("Messages", "integer", ".status.lastRun.messages", 0),
+            ("Size", "string", ".status.lastRun.size", 0),
+            ("Age", "date", ".metadata.creationTimestamp", 0),
+        ],
+    )
+
+
+def restore_crd() -> dict[str, Any]:
+    spec = _obj(
+        "What to restore, from where, into which broker.",
+        {
+            "backupRef": _obj(
+                "a RabbitMQBackup in this namespace: its storage, and its broker as the default target",
+                {
+                    "name": _name("RabbitMQBackup name"),
+                    "backupId": _s("backup id (default: the latest complete backup)", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"),
+                },
+                ["name"],
+            ),
+            "storage": storage_schema(),
+            "backupId": _s(
+                "backup id in spec.storage (default: the latest complete backup)",
+                pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$",
+            ),
+            "target": broker_schema("The RabbitMQ to restore into (default: the referenced backup's broker)."),
+            "pitr": _obj(
+                "point in time window on each message's backup time: RFC 3339 or epoch milliseconds",
+                {
+                    "start": {"x-kubernetes-int-or-string": True, "pattern": TIME_RE, "description": "window start"},
+                    "end": {"x-kubernetes-int-or-string": True, "pattern": TIME_RE, "description": "window end"},
+                },
+            ),
+            "vhostMapping": {
+                "type": "object",
+                "description": "source vhost -> target vhost",
+                "additionalProperties": {"type": "string", "minLength": 1},
+            },
+            "queueMapping": {
+                "type": "object",
+                "description": "source queue -> target queue",
+                "additionalProperties": {"type": "string", "minLength": 1},
+            },
+            "queues": _obj(
+                "which queues of the backup to restore (default: all)",
+                {"include": _strlist("queue name globs"), "exclude": _strlist("queue name globs"),
+                 "vhosts": _strlist("vhosts")},
+            ),
+            "restoreDefinitions": _b("import the backup's definitions first", default=False),
+            "dryRun": _b("report what would be published, publish nothing", default=False),
+            "engine": _s("job, spark, or auto (spark above sparkThresholdBytes)", enum=["job", "spark", "auto"], default="auto"),
+            "sparkThresholdBytes": _i("auto picks spark when the backup is larger", minimum=0, default=10 * 1024**3),
+            "spark": spark_schema(),
+            **pod_overrides(),
+        },
+        **{
+            "x-kubernetes-validations": [
+                {"rule": "has(self.backupRef) != has(self.storage)", "message": "set exactly one of spec.backupRef or spec.storage"},
+                {"rule": "has(self.backupRef) || has(self.target)", "message": "spec.target is required when restoring from spec.storage"},
+                {"rule": "self == oldSelf", "message": "a RabbitMQRestore is immutable: create a new one"},
+            ]
+        },
+    )
+    status = _obj(
+        "Observed state of the restore",
+        {
+            "phase": _s("Pending, Running, Succeeded, Failed", enum=["Pending", "Running", "Succeeded", "Failed"]),
+            "observedGeneration": _i("spec generation acted on"),
+            "conditions": condition_schema(),
+            "backupId": _s("the backup being restored"),
+            "engine": _s("job or spark", enum=["job", "spark"]),
+            "jobName": _s("Job running it"),
+            "sparkApplicationName": _s("SparkApplication running it"),
+            "startTime": _s("start", format="date-time"),
+            "completionTime": _s("end", format="date-time"),
+            "durationSeconds": {"type": "number", "description": "wall time"},
+            "messages": _i("messages in the backup (from manifest.json)"),
+            "bytes": _i("stored bytes of the backup"),
+            "size": _s("stored size, human readable"),
+            "reason": _s("why it ended so"),
+            "message": _s("details"),
+            "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    )
+    return _crd(
+        kind="RabbitMQRestore",
+        plural=RESTORE_PLURAL,
+        singular="rabbitmqrestore",
+        short=["rbakr"],
+        spec=spec,
+        status=status,
+        columns=[
+            ("Phase", "string", ".status.phase", 0),
+            ("Backup", "string", ".status.backupId", 0),
+            ("Engine", "string", ".status.engine", 0),
+            ("Messages", "integer", ".status.messages", 0),
+            ("Size", "string", ".status.size", 0),
+            ("Age", "date", ".metadata.creationTimestamp", 0),
+        ],
+        spec_required=True,
+    )
+
+
+def _crd(*, kind: str, plural: str, singular: str, short: list[str], spec: dict, status: dict,
+         columns: list[tuple[str, str, str, int]], spec_required: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "rbak"}},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": singular, "shortNames": short},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
+                        for n, t, p, pr in columns
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": f"{kind} (rbak operator)",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                            **({"required": ["spec"]} if spec_required else {}),
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def all_crds() -> dict[str, dict[str, Any]]:
+    """File name under crds/ -> CRD object."""
+    return {f"{BACKUP_PLURAL}.yaml": backup_crd(), f"{RESTORE_PLURAL}.yaml": restore_crd()}
+
+
+def render(crd: dict[str, Any]) -> str:
+    header = "# Generated by `python -m rbak_operator.crds crds/` from operator/rbak_operator/crds.py: edit there.\n"
+    return header + yaml.safe_dump(crd, sort_keys=False, width=120, allow_unicode=True)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "crds")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, crd in all_crds().items():
+        (out / name).write_text(render(crd))
+        print(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

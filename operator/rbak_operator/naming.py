@@ -1,0 +1,67 @@
+"""Deterministic names: a slot always maps to the same Job and backup id.
+
+That is what makes a restart (or a second replica) harmless: creating the
+Job for a slot that already has one fails with 409 instead of running twice.
+Names are DNS-1123 labels of at most 63 characters (a Job's name becomes a
+pod label); a name too long keeps a readable head and gains a hash tail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime, timezone
+
+MAX_LABEL = 63
+_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(text: str, max_len: int = MAX_LABEL) -> str:
+    """A valid DNS-1123 label for ``text``; distinct inputs stay distinct."""
+    clean = _BAD.sub("-", text.lower()).strip("-")
+    clean = re.sub(r"-{2,}", "-", clean) or "x"
+    if clean == text and len(clean) <= max_len:
+        return clean
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    if len(clean) <= max_len and clean != text:
+        # Changed by cleaning: keep distinct from the raw name that cleans the same.
+        head = clean[: max_len - 11].rstrip("-")
+        return f"{head}-{digest}"
+    head = clean[: max_len - 11].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def slot_stamp(slot: datetime) -> str:
+    return slot.astimezone(timezone.utc).strftime("%Y%m%d-%H%M")
+
+
+def scheduled_run_name(backup_name: str, slot: datetime) -> str:
+    """Job name == ConfigMap name == backup id for a scheduled slot."""
+    stamp = slot_stamp(slot)
+    base = f"{backup_name}-{stamp}"
+    if len(base) <= MAX_LABEL and dns_label(base) == base:
+        return base
+    digest = hashlib.sha256(backup_name.encode()).hexdigest()[:8]
+    head = _BAD.sub("-", backup_name.lower()).strip("-")[: MAX_LABEL - len(stamp) - 10].rstrip("-")
+    return f"{head}-{digest}-{stamp}"
+
+
+def manual_run_name(backup_name: str, trigger_value: str) -> str:
+    """Job name for an on-demand run; the annotation value picks the run."""
+    digest = hashlib.sha256(trigger_value.encode()).hexdigest()[:8]
+    suffix = f"manual-{digest}"
+    head = _BAD.sub("-", backup_name.lower()).strip("-")[: MAX_LABEL - len(suffix) - 1].rstrip("-")
+    return f"{head}-{suffix}"
+
+
+def restore_run_name(restore_name: str) -> str:
+    return dns_label(f"{restore_name}-restore")
+
+
+def validate_run_name(run_name: str) -> str:
+    return dns_label(f"{run_name}-validate")
+
+
+def label_value(text: str) -> str:
+    """A label value (<= 63 chars) standing for ``text``."""
+    return dns_label(text)

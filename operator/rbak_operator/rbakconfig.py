@@ -1,0 +1,208 @@
+"""The ``rbak`` YAML config a run's pod reads, built from a custom resource.
+
+Credentials never enter this file (it goes into a ConfigMap): it holds
+``${RBAK_*}`` references that ``rbak.config`` interpolates from the pod's
+environment, which Kubernetes fills from the referenced Secrets. S3 keys
+reach boto3 the same way (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from rbak.errors import ConfigError
+
+ENV_USER = "RBAK_BROKER_USERNAME"
+ENV_PASS = "RBAK_BROKER_PASSWORD"
+ENV_HOST = "RBAK_BROKER_HOST"
+ENV_PORT = "RBAK_BROKER_PORT"
+ENV_STATE = "RBAK_STATE_DIR"
+STATE_DIR = "/var/run/rbak"
+PVC_MOUNT = "/var/lib/rbak"
+CONFIG_DIR = "/etc/rbak"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class SecretEnv:
+    """One env var filled from a Secret key (becomes a pod ``secretKeyRef``)."""
+
+    env: str
+    secret: str
+    key: str
+
+
+def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec.broker") -> tuple[dict[str, Any], list[SecretEnv]]:
+    """The ``source``/``target`` section and the Secret-backed env it needs."""
+    if not isinstance(broker, dict):
+        raise ConfigError(f"{field}: required")
+    ref = broker.get("rabbitmqClusterReference")
+    if ref:
+        name = ref.get("name")
+        if not name:
+            raise ConfigError(f"{field}.rabbitmqClusterReference.name: required")
+        ns = ref.get("namespace") or namespace
+        if ns != namespace:
+            # A pod can only read Secrets of its own namespace.
+            raise ConfigError(
+                f"{field}.rabbitmqClusterReference.namespace: {ns!r} differs from this object's namespace "
+                f"{namespace!r}; the run's pod can only read the {name}-default-user Secret in its own namespace"
+            )
+        secret = f"{name}-default-user"
+        scheme = ref.get("managementScheme") or "http"
+        mport = int(ref.get("managementPort") or 15672)
+        conn = {
+            "amqp_url": f"amqp://${{{ENV_USER}}}:${{{ENV_PASS}}}@${{{ENV_HOST}}}:${{{ENV_PORT}}}/%2f",
+            "management_url": f"{scheme}://${{{ENV_HOST}}}:{mport}",
+            "management_username": f"${{{ENV_USER}}}",
+            "management_password": f"${{{ENV_PASS}}}",
+        }
+        env = [SecretEnv(ENV_USER, secret, "username"), SecretEnv(ENV_PASS, secret, "password"),
+               SecretEnv(ENV_HOST, secret, "host"), SecretEnv(ENV_PORT, secret, "port")]
+        return conn, env
+    url = broker.get("amqpUrl")
+    creds = broker.get("credentialsSecretRef") or {}
+    if not url:
+        raise ConfigError(f"{field}: set rabbitmqClusterReference or amqpUrl")
+    if not broker.get("managementUrl"):
+        raise ConfigError(f"{field}.managementUrl: required with amqpUrl")
+    if not creds.get("name"):
+        raise ConfigError(f"{field}.credentialsSecretRef.name: required with amqpUrl")
+    parts = urlsplit(url)
+    if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+        raise ConfigError(f"{field}.amqpUrl: {url!r} must be amqp://host[:port]/vhost or amqps://...")
+    if "@" in parts.netloc:
+        raise ConfigError(f"{field}.amqpUrl: must not contain credentials (use credentialsSecretRef)")
+    netloc = f"${{{ENV_USER}}}:${{{ENV_PASS}}}@{parts.netloc}"
+    path = parts.path if parts.path not in ("", "/") else "/%2f"
+    conn = {
+        "amqp_url": f"{parts.scheme}://{netloc}{path}",
+        "management_url": broker["managementUrl"],
+        "management_username": f"${{{ENV_USER}}}",
+        "management_password": f"${{{ENV_PASS}}}",
+    }
+    env = [SecretEnv(ENV_USER, creds["name"], creds.get("usernameKey") or "username"),
+           SecretEnv(ENV_PASS, creds["name"], creds.get("passwordKey") or "password")]
+    return conn, env
+
+
+def storage_section(storage: dict[str, Any], field: str = "spec.storage") -> tuple[dict[str, Any], list[SecretEnv]]:
+    if not isinstance(storage, dict):
+        raise ConfigError(f"{field}: required")
+    s3, pvc = storage.get("s3"), storage.get("pvc")
+    if bool(s3) == bool(pvc):
+        raise ConfigError(f"{field}: set exactly one of s3 or pvc")
+    if s3:
+        if not s3.get("bucket"):
+            raise ConfigError(f"{field}.s3.bucket: required")
+        sec: dict[str, Any] = {"backend": "s3", "bucket": s3["bucket"], "region": s3.get("region") or "us-east-1"}
+        if s3.get("prefix"):
+            sec["prefix"] = s3["prefix"]
+        if s3.get("endpoint"):
+            sec["endpoint"] = s3["endpoint"]
+        if s3.get("pathStyle"):
+            sec["path_style"] = True
+        env: list[SecretEnv] = []
+        ref = s3.get("credentialsSecretRef")
+        if ref:
+            env = [SecretEnv("AWS_ACCESS_KEY_ID", ref["name"], ref.get("accessKeyIdKey") or "AWS_ACCESS_KEY_ID"),
+                   SecretEnv("AWS_SECRET_ACCESS_KEY", ref["name"], ref.get("secretAccessKeyKey") or "AWS_SECRET_ACCESS_KEY")]
+        return sec, env
+    if not pvc.get("claimName"):
+        raise ConfigError(f"{field}.pvc.claimName: required")
+    sub = (pvc.get("path") or "backups").strip("/")
+    return {"backend": "filesystem", "path": f"{PVC_MOUNT}/{sub}" if sub else PVC_MOUNT}, []
+
+
+def storage_url(storage: dict[str, Any]) -> str:
+    """The storage as an rbak storage URL (as the pod sees it), for CLI args."""
+    sec, _ = storage_section(storage)
+    if sec["backend"] == "filesystem":
+        return "file://" + sec["path"]
+    q = [f"region={quote(sec['region'])}"]
+    if sec.get("endpoint"):
+        q.append(f"endpoint={quote(sec['endpoint'], safe='')}")
+    if sec.get("path_style"):
+        q.append("path_style=true")
+    prefix = "/" + sec["prefix"].strip("/") if sec.get("prefix") else ""
+    return f"s3://{sec['bucket']}{prefix}?{'&'.join(q)}"
+
+
+def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    sel = sel or {}
+    for k in ("include", "exclude", "vhosts", "types"):
+        if sel.get(k):
+            out[k] = list(sel[k])
+    if sel.get("minMessages") is not None:
+        out["min_messages"] = int(sel["minMessages"])
+    return out
+
+
+def backup_config(spec: dict[str, Any], namespace: str, backup_id: str) -> tuple[dict[str, Any], list[SecretEnv]]:
+    """Config for ``rbak backup`` of one run, and the Secret env the pod needs."""
+    source, env1 = broker_connection(spec.get("broker"), namespace)
+    queues = _queues(spec.get("queues"))
+    if queues:
+        source["queues"] = queues
+    storage, env2 = storage_section(spec.get("storage"))
+    backup: dict[str, Any] = {
+        "compression": spec.get("compression") or "zstd",
+        "compression_level": int(spec.get("compressionLevel") or 3),
+        "include_definitions": bool(spec.get("includeDefinitions", True)),
+    }
+    if spec.get("segmentMaxBytes"):
+        backup["segment_max_bytes"] = int(spec["segmentMaxBytes"])
+    if spec.get("segmentMaxIntervalMs"):
+        backup["segment_max_interval_ms"] = int(spec["segmentMaxIntervalMs"])
+    cfg = {
+        "mode": "backup",
+        "backup_id": backup_id,
+        "source": source,
+        "storage": storage,
+        "backup": backup,
+        "offset_storage": {"path": f"${{{ENV_STATE}}}/offsets.db"},
+    }
+    return cfg, _dedupe(env1 + env2)
+
+
+def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
+                   storage: dict[str, Any]) -> tuple[dict[str, Any], list[SecretEnv]]:
+    """Config for ``rbak restore``; ``target``/``storage`` already resolved from a backupRef."""
+    tgt, env1 = broker_connection(target, namespace, "spec.target")
+    st, env2 = storage_section(storage)
+    restore: dict[str, Any] = {
+        "restore_definitions": bool(spec.get("restoreDefinitions", False)),
+        "dry_run": bool(spec.get("dryRun", False)),
+        "checkpoint_state": f"${{{ENV_STATE}}}/restore-checkpoint.db",
+    }
+    pitr = spec.get("pitr") or {}
+    if pitr.get("start") is not None:
+        restore["time_window_start"] = pitr["start"]
+    if pitr.get("end") is not None:
+        restore["time_window_end"] = pitr["end"]
+    if spec.get("vhostMapping"):
+        restore["vhost_mapping"] = dict(spec["vhostMapping"])
+    if spec.get("queueMapping"):
+        restore["queue_mapping"] = dict(spec["queueMapping"])
+    q = _queues(spec.get("queues"))
+    if q:
+        restore["queues"] = q
+    cfg = {
+        "mode": "restore",
+        "backup_id": backup_id,
+        "target": tgt,
+        "storage": st,
+        "restore": restore,
+        "offset_storage": {"path": f"${{{ENV_STATE}}}/offsets.db"},
+    }
+    return cfg, _dedupe(env1 + env2)
+
+
+def _dedupe(envs: list[SecretEnv]) -> list[SecretEnv]:
+    seen: dict[str, SecretEnv] = {}
+    for e in envs:
+        seen.setdefault(e.env, e)
+    return list(seen.values())

@@ -1,0 +1,148 @@
+"""Status values from what is observable: Jobs, pods, SparkApplications, manifests.
+
+Counts always come from the run's ``manifest.json`` (never from a log). A
+failed run's reason comes from the pod's termination message (the CLI's one
+error line, e.g. ``rbak: AMQP error: ... ACCESS_REFUSED``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rbak.format.manifest import BackupManifest
+
+from .clock import fmt, parse_time
+
+SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    phase: str  # Running | Succeeded | Failed
+    reason: str = ""
+    message: str = ""
+    start: datetime | None = None
+    end: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def duration(self) -> float | None:
+        if self.start and self.end:
+            return max(0.0, (self.end - self.start).total_seconds())
+        return None
+
+
+def _t(v: Any) -> datetime | None:
+    return parse_time(v) if isinstance(v, str) and v else None
+
+
+def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> RunState:
+    """Phase of a batch/v1 Job from its conditions (and its pods, for the cause of a failure)."""
+    st = job.get("status") or {}
+    start = _t(st.get("startTime"))
+    for c in st.get("conditions") or []:
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == "Complete":
+            return RunState("Succeeded", c.get("reason") or "Completed", c.get("message") or "", start,
+                            _t(st.get("completionTime")) or _t(c.get("lastTransitionTime")))
+        if c.get("type") == "Failed":
+            cause = pod_failure_message(pods or [])
+            return RunState("Failed", c.get("reason") or "Failed", cause or c.get("message") or "", start,
+                            _t(c.get("lastTransitionTime")))
+    return RunState("Running", "", "", start)
+
+
+def pod_failure_message(pods: list[dict[str, Any]]) -> str:
+    """The termination message of the first failed container of the newest pod."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True):
+        st = pod.get("status") or {}
+        for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if term and term.get("exitCode", 0) != 0:
+                msg = (term.get("message") or "").strip()
+                return last_error_line(msg) or f"container {cs.get('name')} exited with code {term.get('exitCode')} ({term.get('reason', '')})"
+    return ""
+
+
+def last_error_line(text: str) -> str:
+    """The line of a termination message that names the cause."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("rbak:") or "error" in ln.lower():
+            return ln[:1000]
+    return lines[-1][:1000] if lines else ""
+
+
+def spark_state(app: dict[str, Any]) -> RunState:
+    st = app.get("status") or {}
+    state = ((st.get("applicationState") or {}).get("state") or "").upper()
+    phase = SPARK_DONE.get(state, "Running")
+    msg = (st.get("applicationState") or {}).get("errorMessage") or ""
+    return RunState(phase, state or "PENDING", msg, _t(st.get("lastSubmissionAttemptTime")), _t(st.get("terminationTime")))
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def manifest_counts(m: BackupManifest) -> dict[str, Any]:
+    """messages/bytes/segments/queues of a backup, from its manifest."""
+    messages = m.total_messages or sum(q.message_count for q in m.queues)
+    nbytes = m.total_bytes or sum(q.size_bytes for q in m.queues)
+    segments = m.total_segments or sum(len(q.segments) for q in m.queues)
+    return {"messages": messages, "bytes": nbytes, "size": human_size(nbytes), "segments": segments,
+            "queues": len(m.queues)}
+
+
+def run_summary(*, backup_id: str, job_name: str, trigger: str, state: RunState, slot: datetime | None,
+                manifest: BackupManifest | None, validation: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"backupId": backup_id, "jobName": job_name, "trigger": trigger, "phase": state.phase}
+    if state.reason:
+        out["reason"] = state.reason
+    if state.message:
+        out["message"] = state.message
+    if slot:
+        out["scheduledTime"] = fmt(slot)
+    if state.start:
+        out["startTime"] = fmt(state.start)
+    if state.end:
+        out["completionTime"] = fmt(state.end)
+    if state.duration is not None:
+        out["durationSeconds"] = round(state.duration, 3)
+    if manifest is not None:
+        out.update(manifest_counts(manifest))
+    if validation:
+        out["validation"] = validation
+    return out
+
+
+def set_condition(conditions: list[dict[str, Any]] | None, ctype: str, status: str, reason: str, message: str,
+                  now: datetime, generation: int | None) -> list[dict[str, Any]]:
+    """Conditions with one updated; lastTransitionTime moves only when status changes."""
+    out = [dict(c) for c in conditions or [] if c.get("type") != ctype]
+    old = next((c for c in conditions or [] if c.get("type") == ctype), None)
+    ltt = old.get("lastTransitionTime") if old and old.get("status") == status else fmt(now)
+    new = {"type": ctype, "status": status, "reason": reason, "message": message[:1000], "lastTransitionTime": ltt}
+    if generation is not None:
+        new["observedGeneration"] = int(generation)
+    out.append(new)
+    order = {"Ready": 0, "Progressing": 1, "Completed": 2}
+    out.sort(key=lambda c: (order.get(c["type"], 9), c["type"]))
+    return out
+
+
+def push_history(history: list[dict[str, Any]] | None, entry: dict[str, Any], limit: int = 10) -> list[dict[str, Any]]:
+    """Newest first, one entry per job, at most ``limit``."""
+    rest = [h for h in history or [] if h.get("jobName") != entry.get("jobName")]
+    return ([entry] + rest)[:limit]

@@ -1,0 +1,362 @@
+"""A fake cluster for the operator tests: kmock's KubernetesEmulator over HTTP,
+plus a local "kubelet" that runs each Job's pod command as a local process.
+
+The emulator stores objects and streams watches but runs nothing; the
+``PodRunner`` here plays kubelet + Job controller: for a new Job it resolves
+the pod's env (``secretKeyRef`` from the emulator's Secrets), writes mounted
+ConfigMaps to a temp dir and maps the mount paths, runs init containers then
+containers (same command and args, ``python`` being this interpreter), creates
+a Pod object carrying the termination message, and writes the Job's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+NS = "default"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Emulator:
+    """KubernetesEmulator + Server on 127.0.0.1 in a background event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.kmock: kmock.KubernetesEmulator | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
+            k.resources.load_bundled()
+            for plural, kind, short in (("rabbitmqbackups", "RabbitMQBackup", ["rbak"]),
+                                        ("rabbitmqrestores", "RabbitMQRestore", ["rbakr"])):
+                k.resources[f"rbak.io/v1alpha1/{plural}"] = {
+                    "kind": kind, "singular": kind.lower(), "namespaced": True, "shortnames": short,
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "subresources": ["status"],
+                }
+            k.resources["sparkoperator.k8s.io/v1beta2/sparkapplications"] = {
+                "kind": "SparkApplication", "singular": "sparkapplication", "namespaced": True,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "subresources": ["status"],
+            }
+            self.kmock = k
+            self.url = str(srv.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def start(self) -> "Emulator":
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("kmock emulator did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": NS}}],
+            "current-context": "kmock",
+        }))
+        return path
+
+    def api_calls(self) -> set[tuple[str, str, str]]:
+        """(group, resource[/subresource], verb) of every request the emulator received."""
+        out = set()
+        assert self.kmock is not None
+        for req in list(self.kmock._requests):
+            res = req.resource
+            if res is None or not getattr(res, "plural", None):
+                continue
+            verb = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch",
+                    "delete": "delete"}.get(str(getattr(req.action, "value", req.action)).lower())
+            if verb is None:
+                continue
+            plural = res.plural + (f"/{req.subresource}" if getattr(req, "subresource", None) else "")
+            out.add((res.group or "", plural, verb))
+        return out
+
+
+class Http:
+    """Minimal JSON client for the emulator (the test's own kubectl)."""
+
+    def __init__(self, base: str) -> None:
+        import requests
+
+        self.base = base
+        self.s = requests.Session()
+
+    @staticmethod
+    def path(api: str, plural: str, ns: str | None = NS, name: str | None = None, sub: str | None = None) -> str:
+        root = "/api/v1" if api == "v1" else f"/apis/{api}"
+        p = root + (f"/namespaces/{ns}" if ns else "") + f"/{plural}"
+        if name:
+            p += f"/{name}"
+        if sub:
+            p += f"/{sub}"
+        return p
+
+    def get(self, api, plural, name=None, ns=NS):
+        r = self.s.get(self.base + self.path(api, plural, ns, name))
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return r.json()
+
+    def items(self, api, plural, ns=NS) -> list[dict]:
+        return (self.get(api, plural, None, ns) or {}).get("items", [])
+
+    def create(self, api, plural, body, ns=NS):
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("namespace", ns)
+        meta.setdefault("resourceVersion", "1")
+        meta.setdefault("uid", f"uid-{meta['name']}-{time.monotonic_ns()}")
+        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("generation", 1)
+        r = self.s.post(self.base + self.path(api, plural, ns), json=body)
+        r.raise_for_status()
+        return r.json()
+
+    def patch(self, api, plural, name, body, ns=NS, sub=None):
+        r = self.s.patch(self.base + self.path(api, plural, ns, name, sub), json=body,
+                         headers={"Content-Type": "application/merge-patch+json"})
+        r.raise_for_status()
+        return r.json()
+
+    def delete(self, api, plural, name, ns=NS):
+        r = self.s.delete(self.base + self.path(api, plural, ns, name))
+        if r.status_code != 404:
+            r.raise_for_status()
+
+    def secret(self, name: str, data: dict[str, str], ns=NS):
+        return self.create("v1", "secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+
+
+class PodRunner:
+    """Plays kubelet and the Job controller for Jobs in the emulator."""
+
+    def __init__(self, http: Http, ns: str = NS) -> None:
+        self.http, self.ns = http, ns
+        self.seen: set[str] = set()
+        self.started: list[str] = []  # Job names in start order
+        self.outputs: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix="rbak-kubelet-"))
+        self._running: dict[str, threading.Thread] = {}
+        self.errors: list[str] = []
+
+    def start(self) -> "PodRunner":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for t in list(self._running.values()):
+            t.join(60)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for job in self.http.items("batch/v1", "jobs", self.ns):
+                    name = job["metadata"]["name"]
+                    if name in self.seen or (job.get("status") or {}).get("conditions"):
+                        continue
+                    self.seen.add(name)
+                    self.started.append(name)
+                    t = threading.Thread(target=self._run_job, args=(job,), daemon=True)
+                    self._running[name] = t
+                    t.start()
+            except Exception as e:  # the emulator going away at teardown
+                self.errors.append(repr(e))
+            self._stop.wait(0.3)
+
+    def _env(self, container: dict) -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self._tmp),
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "operator")]), "PYTHONUNBUFFERED": "1"}
+        for e in container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+                continue
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                sec = self.http.get("v1", "secrets", ref["name"], self.ns)
+                if sec is None:
+                    raise LookupError(f'secret "{ref["name"]}" not found')
+                data = sec.get("data") or {}
+                if ref["key"] not in data:
+                    raise LookupError(f'couldn\'t find key {ref["key"]} in Secret {self.ns}/{ref["name"]}')
+                env[e["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        return env
+
+    def _mounts(self, pod_spec: dict, workdir: Path) -> dict[str, str]:
+        """mountPath -> local dir, with ConfigMaps written out."""
+        vols = {v["name"]: v for v in pod_spec.get("volumes") or []}
+        out: dict[str, str] = {}
+        for c in (pod_spec.get("initContainers") or []) + pod_spec["containers"]:
+            for m in c.get("volumeMounts") or []:
+                if m["mountPath"] in out:
+                    continue
+                local = workdir / m["name"]
+                local.mkdir(parents=True, exist_ok=True)
+                v = vols[m["name"]]
+                if "configMap" in v:
+                    cm = self.http.get("v1", "configmaps", v["configMap"]["name"], self.ns)
+                    if cm is None:
+                        raise LookupError(f'configmap "{v["configMap"]["name"]}" not found')
+                    for k, val in (cm.get("data") or {}).items():
+                        (local / k).write_text(val)
+                out[m["mountPath"]] = str(local)
+        return out
+
+    @staticmethod
+    def _map(value: str, mounts: dict[str, str]) -> str:
+        for mp in sorted(mounts, key=len, reverse=True):
+            if value == mp or value.startswith(mp + "/"):
+                return mounts[mp] + value[len(mp):]
+        return value
+
+    def _run_job(self, job: dict) -> None:
+        name = job["metadata"]["name"]
+        workdir = self._tmp / name
+        pod_spec = job["spec"]["template"]["spec"]
+        pod_name = f"{name}-pod"
+        self.http.patch("batch/v1", "jobs", name, {"status": {"startTime": _now(), "active": 1}}, self.ns, "status")
+        self.http.create("v1", "pods", {"apiVersion": "v1", "kind": "Pod",
+                                        "metadata": {"name": pod_name, "labels": {"job-name": name}},
+                                        "spec": pod_spec, "status": {"phase": "Running"}}, self.ns)
+        statuses: list[dict] = []
+        ok = True
+        output = ""
+        try:
+            mounts = self._mounts(pod_spec, workdir)
+            for kind, c in [("init", c) for c in pod_spec.get("initContainers") or []] + [("main", c) for c in pod_spec["containers"]]:
+                env = {k: self._map(v, mounts) for k, v in self._env(c).items()}
+                cmd = list(c.get("command") or []) + list(c.get("args") or [])
+                if cmd and cmd[0] == "python":
+                    cmd[0] = sys.executable
+                cmd = [self._map(a, mounts) for a in cmd]
+                p = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+                out = (p.stdout or "") + (p.stderr or "")
+                output += f"$ {' '.join(c.get('args') or [])}\n{out}"
+                term = {"exitCode": p.returncode, "reason": "Completed" if p.returncode == 0 else "Error",
+                        "finishedAt": _now()}
+                if p.returncode != 0:
+                    term["message"] = "\n".join(out.splitlines()[-80:])  # FallbackToLogsOnError
+                statuses.append({"name": c["name"], "_kind": kind, "state": {"terminated": term}})
+                if p.returncode != 0:
+                    ok = False
+                    break
+        except Exception as e:  # CreateContainerConfigError and the like
+            ok = False
+            statuses.append({"name": "setup", "_kind": "main", "state": {"terminated": {
+                "exitCode": 1, "reason": "CreateContainerConfigError", "message": str(e)}}})
+            output += repr(e)
+        self.outputs[name] = output
+        init = [{k: v for k, v in s.items() if k != "_kind"} for s in statuses if s["_kind"] == "init"]
+        main = [{k: v for k, v in s.items() if k != "_kind"} for s in statuses if s["_kind"] == "main"]
+        try:
+            self.http.patch("v1", "pods", pod_name, {"status": {
+                "phase": "Succeeded" if ok else "Failed", "initContainerStatuses": init, "containerStatuses": main}},
+                self.ns, "status")
+            cond = {"type": "Complete" if ok else "Failed", "status": "True", "lastTransitionTime": _now(),
+                    **({} if ok else {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"})}
+            st = {"active": 0, "conditions": [cond], **({"succeeded": 1, "completionTime": _now()} if ok else {"failed": 1})}
+            self.http.patch("batch/v1", "jobs", name, {"status": st}, self.ns, "status")
+        except Exception as e:  # the Job was deleted meanwhile (Replace)
+            self.errors.append(f"{name}: {e!r}")
+
+
+class Operator:
+    """The real operator: ``python -m rbak_operator`` as a subprocess."""
+
+    def __init__(self, kubeconfig: Path, clock_file: Path, log_path: Path, extra_env: dict[str, str] | None = None):
+        self.kubeconfig, self.clock_file, self.log_path = kubeconfig, clock_file, log_path
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self) -> "Operator":
+        env = dict(os.environ)
+        env.update({
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),
+            "RBAK_OPERATOR_STANDALONE": "1",
+            "RBAK_OPERATOR_TICK_SECONDS": "0.5",
+            "RBAK_OPERATOR_CLOCK_FILE": str(self.clock_file),
+            "RBAK_METRICS_PORT": "0",
+            "RBAK_IMAGE": "rbak:test",
+            **self.extra_env,
+        })
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "rbak_operator"], env=env, cwd=REPO,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_for(pred, timeout: float = 60, interval: float = 0.25, what: str = "condition", diag=None):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    extra = f"\n{diag()}" if diag else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}{extra}")
