@@ -1,0 +1,405 @@
+"""Orchestration of ``rbak restore``: definitions first, then each queue's records in order.
+
+Queues are restored concurrently by a bounded pool (``max_concurrent_queues``,
+one AMQP connection per running queue); within a queue records are published
+in backup order on one channel, so they are enqueued in that order.
+:func:`restore_queue_segments` is the unit of work and is public: the Spark
+restore job calls it per queue (or per ordered run of segments) on executors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import pika
+import pika.exceptions
+
+from ..catalog import load_manifest
+from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SegmentError
+from ..format.manifest import BackupManifest, SegmentMetadata
+from ..format.segment import decode_segment, sha256_hex
+from ..storage.base import Storage
+from . import metrics
+from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
+from .fields import encode_basic_properties
+from .options import RestoreOptions
+from .plan import QueuePlan, plan_restore, publish_address, record_in_window, segment_fully_inside
+from .publisher import ConfirmingPublisher, PublishError, connect
+
+log = logging.getLogger(__name__)
+
+
+class RestoreError(RbakError):
+    prefix = "Restore error"
+
+
+@dataclass
+class QueueResult:
+    source_vhost: str
+    source_queue: str
+    target_vhost: str
+    target_queue: str
+    queue_type: str = "classic"
+    status: str = "pending"  # restored | dry-run | skipped | already-done | failed
+    selected: int = 0  # records inside the window (dry run: would be published)
+    published: int = 0
+    confirmed: int = 0
+    failed: int = 0
+    skipped_segments: int = 0
+    skipped_records: int = 0  # outside the PITR window
+    resumed_from: tuple[int, int] | None = None
+    reconciled: int = 0  # in-flight records found already enqueued on resume
+    bytes: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RestoreSummary:
+    backup_id: str
+    dry_run: bool
+    queues: list[QueueResult] = field(default_factory=list)
+    definitions: Any = None  # definitions.DefinitionsResult
+    duration_secs: float = 0.0
+
+    @property
+    def published(self) -> int:
+        return sum(q.published for q in self.queues)
+
+    @property
+    def confirmed(self) -> int:
+        return sum(q.confirmed for q in self.queues)
+
+    @property
+    def failed_queues(self) -> list[QueueResult]:
+        return [q for q in self.queues if q.status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed_queues
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "backup_id": self.backup_id,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            "published": self.published,
+            "confirmed": self.confirmed,
+            "duration_secs": round(self.duration_secs, 3),
+            "definitions": self.definitions.to_json_obj() if self.definitions is not None else None,
+            "queues": [asdict(q) for q in self.queues],
+        }
+
+
+# --------------------------------------------------------------------------
+# Reading segments.
+# --------------------------------------------------------------------------
+
+
+def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True):
+    """Decode one segment (CRC always checked; SHA-256 against the manifest when asked)."""
+    data = storage.get(seg.key)
+    if verify_checksum and seg.checksum and sha256_hex(data) != seg.checksum:
+        raise SegmentError(seg.key, f"SHA-256 does not match the manifest (expected {seg.checksum})")
+    return decode_segment(data, seg.key).records
+
+
+def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
+    """Records of a plan inside the window; reads only the segments that straddle an edge."""
+    n = 0
+    s, e = options.window_start_ms, options.window_end_ms
+    for seg in plan.segments:
+        if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
+            n += seg.record_count
+        else:
+            n += sum(1 for r in load_segment_records(storage, seg, options.verify_checksums) if record_in_window(r.backed_up_at, s, e))
+    return n
+
+
+# --------------------------------------------------------------------------
+# One queue.
+# --------------------------------------------------------------------------
+
+
+def queue_depth(conn: pika.BlockingConnection, queue: str) -> int | None:
+    """Messages in ``queue`` (passive declare on a throwaway channel); None when it does not exist."""
+    ch = conn.channel()
+    try:
+        return ch.queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return None
+        raise AmqpError(f"cannot inspect queue {queue!r}: {e.reply_code} {e.reply_text}") from None
+    finally:
+        if ch.is_open:
+            ch.close()
+
+
+def stable_depth(conn: pika.BlockingConnection, queue: str, settle_secs: float = 0.3, attempts: int = 20) -> int | None:
+    """Depth once two reads ``settle_secs`` apart agree (a killed publisher's last messages may still be landing)."""
+    last = queue_depth(conn, queue)
+    for _ in range(attempts):
+        conn.sleep(settle_secs)
+        now = queue_depth(conn, queue)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth: int | None, confirmed: int,
+                        depth_now: int | None) -> int:
+    """How many records after the checkpoint are already in the target queue.
+
+    A SIGKILL leaves up to ``produce_batch_size`` messages that the broker
+    may have enqueued without the checkpoint knowing. In ``queue`` mode every
+    message of this restore lands in the target queue, so
+    ``depth_now - (initial_depth + confirmed)`` is exactly that number, as long
+    as nothing else consumed from or published to the queue meanwhile. Outside
+    that case (exchange mode, an unknown depth) it returns 0 and the in-flight
+    tail may be published twice (at-least-once), which is logged.
+    """
+    if options.publish_mode != "queue" or initial_depth is None or depth_now is None:
+        log.warning("%s: resuming from the checkpoint; up to %d in-flight message(s) may be duplicated "
+                    "(exactly-once resume needs publish_mode: queue)", plan.label, options.produce_batch_size)
+        return 0
+    extra = depth_now - (initial_depth + confirmed)
+    if extra < 0:
+        log.warning("%s: target queue %r holds %d fewer messages than restored so far; something consumed from it. "
+                    "Resuming from the checkpoint.", plan.label, plan.target_queue, -extra)
+        return 0
+    limit = 2 * options.produce_batch_size + 64
+    if extra > limit:
+        raise CheckpointError(
+            f"{plan.label}: target queue {plan.target_queue!r} in vhost {plan.target_vhost!r} holds {extra} more "
+            f"messages than the checkpoint accounts for (at most {limit} can be in flight); another publisher wrote "
+            f"to it, so resuming could not be exact. Empty the queue and restart with a fresh checkpoint_state."
+        )
+    return extra
+
+
+def restore_queue_segments(
+    storage: Storage,
+    plan: QueuePlan,
+    options: RestoreOptions,
+    checkpoint: RestoreCheckpoint | NullCheckpoint | None = None,
+    connection: pika.BlockingConnection | None = None,
+    on_progress: Callable[[QueueResult], None] | None = None,
+) -> QueueResult:
+    """Publish one queue's segments, in order, into its target; return what happened.
+
+    ``plan`` names the source queue, the target vhost/queue and the segments to
+    publish in sequence order (a Spark job may pass a ``QueuePlan`` holding a
+    contiguous run of one queue's segments). ``options`` supplies the window,
+    publish mode, batch (in-flight window) size, checks and the target broker;
+    ``checkpoint`` (``open_checkpoint(...)`` or ``None``) makes the call
+    resumable: progress is committed after each batch of confirms and a rerun
+    skips what was confirmed (and, in queue mode, what was enqueued but not yet
+    checkpointed). ``connection`` is an open connection to the target vhost,
+    or ``None`` to open (and close) one here.
+
+    Refuses a non-empty target queue unless ``allow_non_empty`` (or skips it
+    with ``skip_existing``). Raises ``RbakError`` subclasses naming the queue;
+    records confirmed before a failure stay checkpointed.
+    """
+    cp = checkpoint or NullCheckpoint()
+    res = QueueResult(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, plan.queue_type,
+                      skipped_segments=plan.skipped_segments, skipped_records=plan.skipped_records)
+    state = cp.load(plan.source_vhost, plan.source_queue)
+    if state.done:
+        res.status = "already-done"
+        res.confirmed = state.confirmed
+        return res
+    own = connection is None
+    conn = connect(options.target, plan.target_vhost) if own else connection
+    labels = {"vhost": plan.target_vhost, "queue": plan.target_queue}
+    m_pub, m_conf, m_fail = (metrics.published().labels(**labels), metrics.confirmed().labels(**labels),
+                             metrics.failed().labels(**labels))
+    target = f"queue {plan.target_queue!r} in vhost {plan.target_vhost!r}"
+    try:
+        fresh = state.initial_depth is None and not state.segments
+        skip_extra = 0
+        if fresh:
+            depth = queue_depth(conn, plan.target_queue)
+            if depth is None and options.publish_mode == "queue":
+                raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
+                                   f"it is the target of {plan.label}")
+            if depth:
+                if options.skip_existing:
+                    res.status = "skipped"
+                    res.error = f"{target} already holds {depth} message(s)"
+                    return res
+                if not options.allow_non_empty:
+                    raise RestoreError(f"{target} already holds {depth} message(s); refusing to publish into a "
+                                       f"non-empty queue (set restore.allow_non_empty: true to add to it)")
+            cp.start_queue(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, depth or 0)
+            initial_depth = depth or 0
+        else:
+            initial_depth = state.initial_depth
+            depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None
+            skip_extra = reconcile_in_flight(plan, options, initial_depth, state.confirmed, depth_now)
+            res.reconciled = skip_extra
+        resume_seq, resume_idx = state.resume_point()
+        if not fresh:
+            res.resumed_from = (resume_seq, resume_idx)
+        confirmed_base = state.confirmed
+        pub = ConfirmingPublisher(conn, f"{plan.label} -> {target}", options.produce_batch_size,
+                                  options.publisher_confirms)
+        s, e = options.window_start_ms, options.window_end_ms
+        last_commit = time.monotonic()
+        last_token: tuple[int, int] | None = None
+        counted_pub = counted_conf = 0
+
+        def commit(force: bool = False) -> None:
+            nonlocal last_commit, last_token, counted_pub, counted_conf
+            adv, token = pub.take_progress()
+            if adv:
+                last_token = token
+            now = time.monotonic()
+            if last_token is not None and (force or (adv and now - last_commit >= 0.05)):
+                seq, idx, seg_len = last_token
+                cp.record(plan.source_vhost, plan.source_queue, seq, idx, idx >= seg_len,
+                          confirmed_base + pub.confirmed + skip_done)
+                last_commit = now
+            m_pub.inc(pub.published - counted_pub)
+            m_conf.inc(pub.confirmed - counted_conf)
+            counted_pub, counted_conf = pub.published, pub.confirmed
+            res.published, res.confirmed, res.failed = pub.published, confirmed_base + pub.confirmed + skip_done, pub.failed
+            if on_progress is not None:
+                on_progress(res)
+
+        skip_done = 0
+        try:
+            for seg in plan.segments:
+                if seg.sequence < resume_seq:
+                    continue
+                start = resume_idx if seg.sequence == resume_seq else 0
+                records = load_segment_records(storage, seg, options.verify_checksums)
+                if len(records) != seg.record_count:
+                    raise ManifestError(f"{seg.key}: holds {len(records)} records, the manifest says {seg.record_count}")
+                whole = segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e)
+                n = len(records)
+                for i in range(start, n):
+                    r = records[i]
+                    if not whole and not record_in_window(r.backed_up_at, s, e):
+                        res.skipped_records += 1
+                        continue
+                    res.selected += 1
+                    if skip_extra:
+                        # already enqueued by the killed run (see reconcile_in_flight): count it as restored
+                        skip_extra -= 1
+                        skip_done += 1
+                        pub._last_done_token = (seg.sequence, i + 1, n)  # noqa: SLF001
+                        pub._advanced = True  # noqa: SLF001
+                        continue
+                    exchange, rk = publish_address(r, plan, options.publish_mode)
+                    props = encode_basic_properties(r.properties, r.headers, f"{plan.label} record {i} of {seg.key}")
+                    pub.publish(exchange, rk, props, r.body, (seg.sequence, i + 1, n))
+                    res.bytes += len(r.body)
+                    if pub.published % 256 == 0:
+                        commit()
+                records = None  # free the segment before fetching the next
+                commit()
+            pub.drain()
+            commit(force=True)
+        except RbakError:
+            try:
+                pub.drain(timeout=5)
+            except RbakError:
+                pass
+            commit(force=True)
+            m_fail.inc(pub.failed)
+            raise
+        finally:
+            pub.close()
+        cp.finish_queue(plan.source_vhost, plan.source_queue)
+        res.status = "restored"
+        return res
+    finally:
+        if own:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# --------------------------------------------------------------------------
+# The whole restore.
+# --------------------------------------------------------------------------
+
+
+def checkpoint_fingerprint(options: RestoreOptions) -> dict[str, object]:
+    return {
+        "backup_id": options.backup_id,
+        "prefix": options.prefix,
+        "window": [options.window_start_ms, options.window_end_ms],
+        "vhost_mapping": [list(p) for p in options.vhost_mapping],
+        "queue_mapping": [list(p) for p in options.queue_mapping],
+        "publish_mode": options.publish_mode,
+    }
+
+
+def load_complete_manifest(storage: Storage, options: RestoreOptions) -> BackupManifest:
+    manifest = load_manifest(storage, options.backup_id, options.prefix)
+    if not manifest.is_complete:
+        raise ManifestError(f"backup {options.backup_id!r} is incomplete (completed_at is null): refusing to restore "
+                            f"from it; rerun the backup to finish it")
+    return manifest
+
+
+def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable[[QueueResult], None] | None = None,
+                manifest: BackupManifest | None = None) -> RestoreSummary:
+    """Definitions (if asked), then every selected queue; a failed definitions import stops here."""
+    t0 = time.monotonic()
+    manifest = manifest or load_complete_manifest(storage, options)
+    summary = RestoreSummary(options.backup_id, options.dry_run)
+    plans = plan_restore(manifest, options)  # config errors before touching the broker
+    if options.restore_definitions or options.definitions_dry_run:
+        from .definitions import import_definitions
+
+        summary.definitions = import_definitions(storage, manifest, options)
+    if not options.restore_messages:
+        summary.duration_secs = time.monotonic() - t0
+        return summary
+    if options.dry_run:
+        for p in plans:
+            r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="dry-run",
+                            skipped_segments=p.skipped_segments, skipped_records=p.skipped_records)
+            r.selected = count_selected(storage, p, options)
+            r.skipped_records += p.candidate_records - r.selected
+            summary.queues.append(r)
+        summary.duration_secs = time.monotonic() - t0
+        return summary
+    cp = open_checkpoint(options.checkpoint_state, checkpoint_fingerprint(options))
+    try:
+        def work(p: QueuePlan) -> QueueResult:
+            try:
+                return restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
+            except RbakError as e:
+                metrics.errors().labels(error_type=_error_type(e)).inc()
+                log.error("%s", e)
+                r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
+                                status="failed", error=str(e))
+                st = cp.load(p.source_vhost, p.source_queue)
+                r.confirmed = st.confirmed
+                return r
+
+        with ThreadPoolExecutor(max_workers=options.max_concurrent_queues, thread_name_prefix="rbak-restore") as ex:
+            summary.queues = list(ex.map(work, plans))
+    finally:
+        cp.close()
+    summary.duration_secs = time.monotonic() - t0
+    return summary
+
+
+def _error_type(e: Exception) -> str:
+    if isinstance(e, AmqpError):
+        return "amqp"
+    if isinstance(e, SegmentError):
+        return "storage"
+    if isinstance(e, CheckpointError):
+        return "checkpoint"
+    return type(e).__name__.lower().replace("error", "") or "other"

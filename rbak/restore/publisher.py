@@ -1,0 +1,254 @@
+"""Publishing with publisher confirms and ``mandatory``, pipelined.
+
+pika's ``BlockingChannel.confirm_delivery`` waits for every confirm before
+the next publish, which caps a restore at one round trip per message. Here
+the channel's underlying (asynchronous) pika channel is put in confirm mode
+with our own ack/nack callback, up to ``window`` messages stay in flight, and
+the blocking connection's ``process_data_events`` drives the socket. A record
+counts as restored only when the broker has confirmed it and every record
+published before it (``confirmed_token`` is the token of the last record of
+that contiguous prefix).
+
+Unroutable messages come back as ``basic.return`` before their confirm; the
+returned message is matched to its in-flight entry (earliest one with the same
+exchange, routing key and body), counted as failed, and the publisher raises
+``PublishError`` naming the queue. A nack, a channel or connection closed by
+the broker do the same.
+
+Properties are encoded by ``fields.encode_basic_properties`` (pika cannot
+express every header variant) and handed to pika as finished bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections import OrderedDict
+from typing import Any, Hashable
+from urllib.parse import quote
+
+import pika
+import pika.exceptions
+import pika.spec
+
+from ..errors import AmqpError, RbakError
+from .options import TargetConnection
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(AmqpError):
+    """A record was returned, nacked, or the channel died; names the queue."""
+
+
+class RawBasicProperties(pika.spec.BasicProperties):
+    """Basic properties whose wire encoding was computed already."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes):  # noqa: D107 - pika never reads the attributes when encoding
+        self._raw = raw
+
+    def encode(self) -> list[bytes]:
+        return [self._raw]
+
+
+def connection_parameters(target: TargetConnection, vhost: str) -> pika.ConnectionParameters:
+    """pika parameters for ``vhost`` on the target broker (TLS per the config, never a plaintext fallback)."""
+    from ..config import mask_url
+
+    url = target.amqp_url
+    try:
+        base = url.split("?", 1)[0]
+        scheme, rest = base.split("://", 1)
+        netloc = rest.split("/", 1)[0]
+        vurl = f"{scheme}://{netloc}/{quote(vhost, safe='')}"
+        if "?" in url:
+            vurl += "?" + url.split("?", 1)[1]
+        params = pika.URLParameters(vurl)
+    except Exception as e:  # noqa: BLE001 - pika raises assorted errors for bad URLs
+        raise AmqpError(f"target.amqp_url: cannot parse {mask_url(url)!r}: {e}") from None
+    params.heartbeat = target.heartbeat_secs
+    params.blocked_connection_timeout = 300
+    params.socket_timeout = target.connection_timeout_secs
+    params.connection_attempts = 1
+    use_tls = target.tls_enabled or scheme == "amqps"
+    if use_tls:
+        ctx = ssl.create_default_context(cafile=target.ca_cert)
+        if target.client_cert:
+            ctx.load_cert_chain(target.client_cert, target.client_key)
+        if not target.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        params.ssl_options = pika.SSLOptions(ctx, target.server_name or params.host)
+        if scheme == "amqp" and params.port == 5672:
+            params.port = 5671
+    return params
+
+
+def connect(target: TargetConnection, vhost: str) -> pika.BlockingConnection:
+    """A blocking connection to ``vhost``; failures name the vhost and the (masked) URL."""
+    from ..config import mask_url
+
+    params = connection_parameters(target, vhost)
+    try:
+        return pika.BlockingConnection(params)
+    except pika.exceptions.ProbableAccessDeniedError as e:
+        raise AmqpError(
+            f"cannot open vhost {vhost!r} on {mask_url(target.amqp_url)}: access denied or the vhost does not exist ({e})"
+        ) from None
+    except pika.exceptions.ProbableAuthenticationError:
+        raise AmqpError(f"authentication failed for {mask_url(target.amqp_url)} (vhost {vhost!r})") from None
+    except ssl.SSLError as e:
+        raise AmqpError(f"TLS handshake with {params.host}:{params.port} failed: {e}") from None
+    except pika.exceptions.AMQPError as e:
+        raise AmqpError(
+            f"cannot connect to {mask_url(target.amqp_url)} (vhost {vhost!r}): {type(e).__name__} {e}"
+        ) from None
+
+
+class ConfirmingPublisher:
+    """One channel in confirm mode with at most ``window`` unconfirmed messages."""
+
+    def __init__(self, connection: pika.BlockingConnection, label: str, window: int = 500, confirms: bool = True):
+        self.label = label  # "queue 'q' in vhost 'v'" for error messages
+        self.window = max(1, window)
+        self.confirms = confirms
+        self._conn = connection
+        self._bch = connection.channel()
+        self._ch = self._bch._impl  # the asynchronous channel underneath (see module docstring)
+        self._inflight: OrderedDict[int, list] = OrderedDict()  # tag -> [token, exchange, rk, body, state]
+        self._returned: set[int] = set()
+        self._next_tag = 1
+        self._last_done_token: Hashable = None
+        self._advanced = False
+        self.published = 0
+        self.confirmed = 0
+        self.failed = 0
+        self.failure: str | None = None
+        self._ch.add_on_return_callback(self._on_return)
+        self._ch.add_on_close_callback(self._on_close)
+        if confirms:
+            self._ch.confirm_delivery(ack_nack_callback=self._on_ack_nack)
+            self._pump(0)
+
+    # -- callbacks --------------------------------------------------------
+    def _on_ack_nack(self, frame: Any) -> None:
+        m = frame.method
+        tag = m.delivery_tag
+        nack = isinstance(m, pika.spec.Basic.Nack)
+        if m.multiple:
+            for t, entry in self._inflight.items():
+                if t > tag:
+                    break
+                self._mark(t, entry, nack)
+        else:
+            entry = self._inflight.get(tag)
+            if entry is not None:
+                self._mark(tag, entry, nack)
+        # pop the settled prefix; a failed entry stops it (nothing after it counts)
+        while self._inflight:
+            t, entry = next(iter(self._inflight.items()))
+            if entry[4] != 1:
+                break
+            self._inflight.popitem(last=False)
+            self.confirmed += 1
+            self._last_done_token = entry[0]
+            self._advanced = True
+
+    def _mark(self, tag: int, entry: list, nack: bool) -> None:
+        if entry[4] != 0:
+            return
+        if nack or tag in self._returned:
+            entry[4] = 2
+            self.failed += 1
+            if self.failure is None:
+                self.failure = (
+                    f"the broker rejected (nack) a message for {self.label} "
+                    f"(exchange {entry[1]!r}, routing key {entry[2]!r})"
+                )
+        else:
+            entry[4] = 1
+
+    def _on_return(self, _ch: Any, method: Any, _props: Any, body: bytes) -> None:
+        for tag, (_, exchange, rk, b, state) in self._inflight.items():
+            if state == 0 and tag not in self._returned and exchange == method.exchange and rk == method.routing_key and b == body:
+                self._returned.add(tag)
+                break
+        if self.failure is None:
+            self.failure = (
+                f"message for {self.label} was returned as unroutable by exchange {method.exchange!r} "
+                f"with routing key {method.routing_key!r}: {method.reply_code} {method.reply_text}"
+            )
+
+    def _on_close(self, _ch: Any, reason: Exception) -> None:
+        if self.failure is None:
+            self.failure = f"the broker closed the channel publishing {self.label}: {reason}"
+
+    # -- driving ----------------------------------------------------------
+    def _pump(self, time_limit: float | None) -> None:
+        try:
+            self._conn.process_data_events(time_limit=time_limit)
+        except pika.exceptions.AMQPError as e:
+            if self.failure is None:
+                self.failure = f"connection lost while publishing {self.label}: {type(e).__name__} {e}"
+            raise PublishError(self.failure) from None
+        except RbakError:
+            raise
+        except Exception as e:  # noqa: BLE001 - pika's frame decoder on a hostile returned message
+            raise PublishError(f"AMQP frame error while publishing {self.label}: {type(e).__name__}: {e}") from None
+
+    def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes, token: Hashable) -> None:
+        """Send one message; blocks (pumping I/O) while the window is full. Raises on a failure."""
+        if self.failure is not None:
+            raise PublishError(self.failure)
+        while self.confirms and len(self._inflight) >= self.window:
+            self._pump(0.05)
+            if self.failure is not None:
+                raise PublishError(self.failure)
+        tag = self._next_tag
+        self._next_tag += 1
+        if self.confirms:
+            self._inflight[tag] = [token, exchange, routing_key, body, 0]
+        try:
+            self._ch.basic_publish(exchange, routing_key, body, RawBasicProperties(properties), mandatory=True)
+        except pika.exceptions.AMQPError as e:
+            raise PublishError(f"cannot publish to {self.label}: {type(e).__name__} {e}") from None
+        self.published += 1
+        if not self.confirms:
+            self.confirmed += 1
+            self._last_done_token = token
+            self._advanced = True
+        if tag % 64 == 0:
+            self._pump(0)  # flush the socket and read confirms without waiting
+
+    def take_progress(self) -> tuple[bool, Hashable]:
+        """(whether the confirmed prefix grew since the last call, its last token)."""
+        adv, self._advanced = self._advanced, False
+        return adv, self._last_done_token
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for e in self._inflight.values() if e[4] == 0)
+
+    def drain(self, timeout: float = 120.0) -> None:
+        """Wait until every published message is confirmed (or raise)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        self._pump(0)
+        while self._inflight and any(e[4] == 0 for e in self._inflight.values()):
+            if self.failure is not None:
+                raise PublishError(self.failure)
+            if time.monotonic() > deadline:
+                raise PublishError(f"{len(self._inflight)} message(s) for {self.label} not confirmed within {timeout:.0f} s")
+            self._pump(0.05)
+        if self.failure is not None:
+            raise PublishError(self.failure)
+
+    def close(self) -> None:
+        try:
+            if self._bch.is_open:
+                self._bch.close()
+        except Exception:  # noqa: BLE001 - closing after a broker error
+            pass
