@@ -225,7 +225,7 @@ class DbHeader:
     crc: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CfgChunk:
     last_db_id: int
     shutdown: bool
@@ -233,7 +233,7 @@ class CfgChunk:
     offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MsgStoreChunk:
     """A stored message; clients and retained entries refer to it by ``store_id``."""
 
@@ -251,7 +251,7 @@ class MsgStoreChunk:
     offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClientMsgChunk:
     """One message in a persistent client's session (in flight or queued)."""
 
@@ -267,13 +267,13 @@ class ClientMsgChunk:
     offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RetainChunk:
     store_id: int
     offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SubChunk:
     client_id: str
     topic: str
@@ -283,7 +283,7 @@ class SubChunk:
     offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClientChunk:
     """A persistent session. ``username`` is raw bytes: see the 2.0.11 note above."""
 
@@ -297,7 +297,7 @@ class ClientChunk:
     offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UnknownChunk:
     chunk_type: int
     data: bytes
@@ -307,7 +307,7 @@ class UnknownChunk:
 Chunk = Union[CfgChunk, MsgStoreChunk, ClientMsgChunk, RetainChunk, SubChunk, ClientChunk, UnknownChunk]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DamagedRegion:
     """What ``skip_damaged`` stepped over: offset, byte count (None = to EOF), why."""
 

@@ -60,6 +60,9 @@ class MosquittoImportSummary:
         for n, why in skipped:
             if n:
                 out.append(f"  not exported: {n} {why}")
+        if s.long_routing_keys:
+            out.append(f"  WARNING: {s.long_routing_keys} messages have topics longer than 255 bytes; AMQP routing "
+                       "keys cannot be that long, so restore them with publish_mode queue")
         for d in self.damaged:
             span = "to end of file" if d.length is None else f"{d.length} bytes"
             out.append(f"  SKIPPED damaged data at byte offset {d.offset} ({span}): {d.reason}")

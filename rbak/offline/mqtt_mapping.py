@@ -107,6 +107,7 @@ class MappingStats:
     dangling: int = 0          # references to a store id that is not in the file
     unreferenced: int = 0      # stored messages nobody refers to
     released_incoming: int = 0
+    long_routing_keys: int = 0  # exported, but > 255 bytes: AMQP cannot publish them with that key
     queues: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -206,7 +207,10 @@ def iter_records(db: MosquittoDb, *, vhost: str = "/", now_ms: int, stats: Mappi
     def emit(msg: MsgStoreChunk, queue: str, **kw) -> BackupRecord:
         tags[queue] = tags.get(queue, 0) + 1
         st.queues[queue] = tags[queue]
-        return message_to_record(msg, source_queue=queue, vhost=vhost, now_ms=now_ms, delivery_tag=tags[queue], **kw)
+        rec = message_to_record(msg, source_queue=queue, vhost=vhost, now_ms=now_ms, delivery_tag=tags[queue], **kw)
+        if len(rec.routing_key.encode("utf-8")) > SHORTSTR_MAX:
+            st.long_routing_keys += 1
+        return rec
 
     for r in db.retains:
         msg = stores.get(r.store_id)
