@@ -29,8 +29,7 @@ import orjson
 
 from ..errors import SerializationError
 from .record import (
-    _ORJSON_OPTS, BackupRecord, _headers_from_json, _properties_from_json, _properties_to_json,
-    decode_record, header_value_to_json,
+    _ORJSON_OPTS, BackupRecord, decode_record, record_from_json_obj, record_rest_obj,
 )
 
 _LEN = struct.Struct("<I")
@@ -46,20 +45,7 @@ BATCH_BODY_BYTES = 4 * 1024 * 1024
 
 def _rest_json(r: BackupRecord) -> bytes:
     """The record's JSON without its body: b'{"properties":...}'."""
-    return orjson.dumps(
-        {
-            "properties": _properties_to_json(r.properties),
-            "headers": [[k, header_value_to_json(v)] for k, v in r.headers],
-            "exchange": r.exchange,
-            "routing_key": r.routing_key,
-            "delivery_tag": r.delivery_tag,
-            "redelivered": r.redelivered,
-            "backed_up_at": r.backed_up_at,
-            "source_queue": r.source_queue,
-            "source_vhost": r.source_vhost,
-        },
-        option=_ORJSON_OPTS,
-    )
+    return orjson.dumps(record_rest_obj(r), option=_ORJSON_OPTS)
 
 
 def _body_texts(bodies: Sequence[bytes]) -> list[bytes]:
@@ -133,22 +119,9 @@ def decode_records(raws: Sequence[bytes | memoryview]) -> list[BackupRecord]:
                 append(decode_record(raw))
                 continue
             d = loads(b"{" + raw[s[1]:])
-            get = d.get
-            headers = get("headers")
-            append(
-                BackupRecord(
-                    s[0],
-                    _properties_from_json(get("properties")),
-                    _headers_from_json(headers) if headers else (),
-                    get("exchange") or "",
-                    get("routing_key") or "",
-                    get("delivery_tag") or 0,
-                    bool(get("redelivered")),
-                    get("backed_up_at") or 0,
-                    get("source_queue") or "",
-                    get("source_vhost") or "/",
-                )
-            )
+            if type(d) is not dict:
+                raise SerializationError("a record must be a JSON object")
+            append(record_from_json_obj(d, s[0]))
         except SerializationError as e:
             raise SerializationError(f"record {idx}: {e.args[0]}") from None
         except orjson.JSONDecodeError as e:

@@ -93,7 +93,8 @@ class QueueBackup:
         vhost = _req(d, "vhost", str, where)
         name = _req(d, "name", str, where)
         here = f"{where} {vhost!r}/{name!r}"
-        segs = d.get("segments") or []
+        segs = d.get("segments")
+        segs = [] if segs is None else segs
         if not isinstance(segs, list):
             raise ManifestError(f"{here}: 'segments' must be a list")
         return cls(
@@ -196,7 +197,8 @@ class BackupManifest:
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: must be a JSON object")
         defs = d.get("definitions")
-        queues = d.get("queues") or []
+        queues = d.get("queues")
+        queues = [] if queues is None else queues
         if not isinstance(queues, list):
             raise ManifestError(f"{where}: 'queues' must be a list")
         m = cls(

@@ -221,11 +221,9 @@ def _properties_to_json(p: BackupProperties) -> dict[str, Any]:
     }
 
 
-def record_to_json_obj(r: BackupRecord) -> dict[str, Any]:
-    """The record as a JSON-ready dict in spec order (bodies as NumPy views)."""
-    body = r.body
+def record_rest_obj(r: BackupRecord) -> dict[str, Any]:
+    """Every field after ``body``, in spec order."""
     return {
-        "body": _u8_view(body) if body else None,
         "properties": _properties_to_json(r.properties),
         "headers": [[k, header_value_to_json(v)] for k, v in r.headers],
         "exchange": r.exchange,
@@ -236,6 +234,11 @@ def record_to_json_obj(r: BackupRecord) -> dict[str, Any]:
         "source_queue": r.source_queue,
         "source_vhost": r.source_vhost,
     }
+
+
+def record_to_json_obj(r: BackupRecord) -> dict[str, Any]:
+    """The record as a JSON-ready dict in spec order (bodies as NumPy views)."""
+    return {"body": _u8_view(r.body) if r.body else None, **record_rest_obj(r)}
 
 
 def encode_record(r: BackupRecord) -> bytes:
@@ -327,12 +330,16 @@ def _properties_from_json(p: Any) -> BackupProperties:
     )
 
 
-def record_from_json_obj(d: dict[str, Any]) -> BackupRecord:
+def record_from_json_obj(d: dict[str, Any], body: bytes | None = None) -> BackupRecord:
+    """A record from parsed JSON; ``body`` given when a fast path parsed it already."""
     get = d.get
-    body = get("body")
+    if body is None:
+        raw = get("body")
+        body = bytes(raw) if raw else b""
     headers = get("headers")
+    vhost = get("source_vhost")
     return BackupRecord(
-        bytes(body) if body else b"",
+        body,
         _properties_from_json(get("properties")),
         _headers_from_json(headers) if headers else (),
         get("exchange") or "",
@@ -341,7 +348,7 @@ def record_from_json_obj(d: dict[str, Any]) -> BackupRecord:
         bool(get("redelivered")),
         get("backed_up_at") or 0,
         get("source_queue") or "",
-        get("source_vhost") or "/",
+        "/" if vhost is None else vhost,
     )
 
 
