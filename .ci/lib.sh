@@ -139,6 +139,8 @@ management.ssl.keyfile = $d/server.key
 stream.listeners.tcp.1 = 5552
 stream.advertised_host = localhost
 stream.advertised_port = 5552
+# Queue stats in the management API refresh every second (default 5 s) so tests wait less.
+collect_statistics_interval = 1000
 EOF
 }
 
@@ -241,8 +243,13 @@ chroot_create() {
     mv "$tmp" "$RBAK_CI_CHROOT"
 }
 
-rmq40_configure() {
-    local r=$RBAK_CI_CHROOT
+rmq40_config_files() { # prints the three files rmq40_configure writes
+    cat "$RBAK_CI_CHROOT"/etc/rabbitmq/{rabbitmq-env.conf,rabbitmq.conf,enabled_plugins} 2>/dev/null
+}
+
+rmq40_configure() { # prints "changed" when the config differs from before
+    local r=$RBAK_CI_CHROOT before
+    before=$(rmq40_config_files)
     cat >"$r/etc/rabbitmq/rabbitmq-env.conf" <<EOF
 # Written by rbak .ci/setup.
 NODENAME=$RMQ40_NODE
@@ -255,8 +262,10 @@ management.tcp.port = $RMQ40_MGMT_PORT
 stream.listeners.tcp.1 = $RMQ40_STREAM_PORT
 stream.advertised_host = localhost
 stream.advertised_port = $RMQ40_STREAM_PORT
+collect_statistics_interval = 1000
 EOF
     printf '[rabbitmq_management,rabbitmq_stream].\n' >"$r/etc/rabbitmq/enabled_plugins"
+    [ "$before" = "$(rmq40_config_files)" ] || echo changed
 }
 
 rmq40_ctl() { in_chroot rabbitmqctl -n "$RMQ40_NODE" "$@"; }
@@ -266,7 +275,12 @@ rmq40_ready() { mgmt_ok $RMQ40_MGMT_PORT && port_open $RMQ40_AMQP_PORT && port_o
 rmq40_start() {
     chroot_works || die "no chroot at $RBAK_CI_CHROOT (run .ci/setup)"
     chroot_mounts
-    rmq40_configure
+    local changed
+    changed=$(rmq40_configure)
+    if rmq40_running && [ -n "$changed" ]; then
+        log "rmq40 runs with an outdated config: restarting it"
+        rmq40_stop
+    fi
     if rmq40_running; then
         log "rmq40 already running"
     else

@@ -1,0 +1,105 @@
+"""Fixtures for real brokers, a real S3 endpoint and TLS files (helpers: tests/support/).
+
+- ``broker``: each test runs once per CI broker (ids ``rmq310``, ``rmq40``).
+  ``rmq310`` / ``rmq40``: one specific broker.
+- ``vhost``: a fresh ``test-<hex>`` vhost on ``broker`` (guest has full rights),
+  deleted after the test. Stay inside it: other test runs share the brokers.
+- ``moto_s3``: endpoint URL of a moto S3 server (one per xdist worker); fake AWS
+  credentials are exported in ``os.environ`` for the whole session.
+- ``s3_bucket``: a fresh bucket; the fixture value is its storage URL (``str``) with
+  ``.bucket``, ``.endpoint``, ``.prefix``, ``.keys()``, ``.get(key)``.
+- ``tls``: ``support.tls.TlsFiles`` with the CI certificate paths.
+
+An unreachable broker or missing TLS material FAILS the test when CI=true and
+skips it otherwise (with the reason), so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes ``import support`` work everywhere
+
+from support.brokers import BROKERS, Broker, unique_name  # noqa: E402
+from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket  # noqa: E402
+from support.tls import TlsFiles, tls_files  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_BROKER_FIXTURES = {"broker", "vhost", "rmq310", "rmq40"}
+_reachability: dict[str, str | None] = {}
+
+
+def unavailable(reason: str) -> None:
+    """Fail in CI, skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: infrastructure must be present)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _usable(b: Broker) -> Broker:
+    if b.name not in _reachability:
+        _reachability[b.name] = b.unreachable_reason()
+    reason = _reachability[b.name]
+    if reason:
+        unavailable(reason)
+    return b
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
+
+@pytest.fixture(params=sorted(BROKERS), ids=str)
+def broker(request) -> Broker:
+    return _usable(BROKERS[request.param])
+
+
+@pytest.fixture
+def rmq310() -> Broker:
+    return _usable(BROKERS["rmq310"])
+
+
+@pytest.fixture
+def rmq40() -> Broker:
+    return _usable(BROKERS["rmq40"])
+
+
+@pytest.fixture
+def vhost(broker: Broker):
+    name = unique_name("test")
+    broker.create_vhost(name)
+    try:
+        yield name
+    finally:
+        broker.delete_vhost(name)
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    with pytest.MonkeyPatch.context() as mp:
+        apply_fake_env(mp.setenv, mp.delenv)
+        server = MotoS3Server().start()
+        try:
+            yield server.endpoint
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_s3: str) -> S3Bucket:
+    return create_bucket(moto_s3, unique_name("bucket"), prefix="backups")
+
+
+@pytest.fixture(scope="session")
+def tls() -> TlsFiles:
+    files = tls_files()
+    missing = files.missing()
+    if missing:
+        unavailable(f"TLS material missing: {', '.join(map(str, missing))}; run .ci/setup")
+    return files
