@@ -212,3 +212,72 @@ def write_sample_db(d: Path) -> tuple[Path, int, int]:
     if rc != 0 or not b.db.exists():
         raise RuntimeError(f"mosquitto did not save {b.db} (exit {rc}): {b.log_text()}")
     return b.db, t0, b.port
+
+
+# ---- a raw MQTT 3.1.1 client: to leave messages half-acknowledged on purpose ----
+
+
+class RawMqtt:
+    """Just enough MQTT 3.1.1 to stop mid-handshake (paho always completes QoS flows)."""
+
+    def __init__(self, port: int, client_id: str, clean: bool = False):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        cid = client_id.encode()
+        var = b"\x00\x04MQTT\x04" + bytes([0x02 if clean else 0x00]) + b"\x00\x3c"
+        self.send(0x10, var + len(cid).to_bytes(2, "big") + cid)
+        ptype, body = self.recv()
+        if ptype != 0x20 or body[1] != 0:
+            raise RuntimeError(f"CONNECT refused: {ptype:#x} {body!r}")
+
+    def send(self, first: int, body: bytes) -> None:
+        n, rl = len(body), bytearray()
+        while True:
+            b, n = n % 128, n // 128
+            rl.append(b | 0x80 if n else b)
+            if not n:
+                break
+        self.sock.sendall(bytes([first]) + bytes(rl) + body)
+
+    def _read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise RuntimeError("connection closed by the broker")
+            out += chunk
+        return out
+
+    def recv(self) -> tuple[int, bytes]:
+        first = self._read(1)[0]
+        n, mult = 0, 1
+        while True:
+            b = self._read(1)[0]
+            n += (b & 0x7F) * mult
+            mult *= 128
+            if not b & 0x80:
+                break
+        return first, self._read(n)
+
+    def subscribe(self, topic: str, qos: int) -> None:
+        t = topic.encode()
+        self.send(0x82, b"\x00\x01" + len(t).to_bytes(2, "big") + t + bytes([qos]))
+        ptype, _ = self.recv()
+        assert ptype == 0x90, ptype
+
+    def publish(self, topic: str, payload: bytes, qos: int, pid: int) -> None:
+        t = topic.encode()
+        self.send(0x30 | qos << 1, len(t).to_bytes(2, "big") + t + pid.to_bytes(2, "big") + payload)
+
+    def recv_publish(self) -> tuple[str, bytes, int, int]:
+        """(topic, payload, qos, packet id) of the next PUBLISH."""
+        first, body = self.recv()
+        assert first >> 4 == 3, first
+        qos = (first >> 1) & 3
+        tl = int.from_bytes(body[:2], "big")
+        topic, rest = body[2:2 + tl].decode(), body[2 + tl:]
+        pid = int.from_bytes(rest[:2], "big") if qos else 0
+        return topic, rest[2:] if qos else rest, qos, pid
+
+    def abort(self) -> None:
+        """Drop the TCP connection without DISCONNECT."""
+        self.sock.close()

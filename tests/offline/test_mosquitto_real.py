@@ -165,3 +165,51 @@ def test_our_file_is_loaded_by_mosquitto_and_served(tmp_path):
     # Mosquitto saved again on SIGTERM: what it rewrote still has our retained messages.
     again = read_db(b.db)
     assert sorted(again.msg_stores[r.store_id].topic for r in again.retains) == ["rbak/one", "rbak/two/deep"]
+
+
+def test_real_file_half_acknowledged_flows_are_exported_by_state(tmp_path):
+    """In-flight states from a real broker: unacked QoS 1 out, QoS 2 out past PUBREC, QoS 2 in before PUBREL."""
+    from mosquitto_broker import RawMqtt
+
+    from rbak.offline.mqtt_mapping import MappingStats, iter_records
+
+    b = MosquittoBroker(tmp_path).start()
+    try:
+        sub = RawMqtt(b.port, "slow-sub")
+        sub.subscribe("s/#", 2)
+        pub = client("pub", b.port, v5=False)
+        pub.publish("s/one", b"unacked-q1", qos=1).wait_for_publish(5)
+        pub.publish("s/two", b"pubrec-sent-q2", qos=2).wait_for_publish(5)
+        close(pub)
+        assert sub.recv_publish()[:3] == ("s/one", b"unacked-q1", 1)  # no PUBACK
+        topic, _, qos, pid = sub.recv_publish()
+        assert (topic, qos) == ("s/two", 2)
+        sub.send(0x50, pid.to_bytes(2, "big"))  # PUBREC ...
+        assert sub.recv()[0] == 0x62  # ... broker's PUBREL; no PUBCOMP
+        sub.abort()
+
+        half = RawMqtt(b.port, "half-pub")
+        half.publish("in/flight", b"never-released", 2, pid=7)
+        assert half.recv() == (0x50, b"\x00\x07")  # PUBREC; no PUBREL
+        half.abort()
+        time.sleep(0.3)
+    finally:
+        assert b.stop() == 0, b.log_text()
+
+    db = read_db(b.db)
+    topic = {m.store_id: m.topic for m in db.msg_stores.values()}
+    states = sorted((m.client_id, topic[m.store_id], MsgState(m.state), Direction(m.direction)) for m in db.client_msgs)
+    assert states == [
+        ("half-pub", "in/flight", MsgState.WAIT_FOR_PUBREL, Direction.IN),
+        ("slow-sub", "s/one", MsgState.WAIT_FOR_PUBACK, Direction.OUT),
+        ("slow-sub", "s/two", MsgState.WAIT_FOR_PUBCOMP, Direction.OUT),
+    ]
+    st = MappingStats()
+    recs = list(iter_records(db, vhost="/", now_ms=int(time.time() * 1000), stats=st))
+    assert [(r.source_queue, r.body, r.redelivered) for r in recs] == [
+        ("mqtt-subscription-slow-subqos1", b"unacked-q1", True),
+        ("mosquitto-incoming", b"never-released", False),
+    ]  # sessions in connect order (Mosquitto's save order)
+    incoming = next(r for r in recs if r.source_queue == "mosquitto-incoming")
+    assert dict(incoming.headers)["x-mqtt-client-id"].value == "half-pub"
+    assert (st.client_owned, st.incoming, st.queued) == (1, 1, 1)
