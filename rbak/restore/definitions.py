@@ -24,7 +24,7 @@ import datetime as _dt
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import requests
 
@@ -45,7 +45,12 @@ class ManagementClient:
 
     def __init__(self, target: TargetConnection):
         self.base = target.management_url.rstrip("/")
-        self.auth = (target.management_username or "guest", target.management_password or "guest")
+        from urllib.parse import unquote, urlsplit
+
+        url = urlsplit(target.amqp_url)
+        user = target.management_username or (unquote(url.username) if url.username else "guest")
+        password = target.management_password or (unquote(url.password) if url.password else "guest")
+        self.auth = (user, password)
         self.timeout = target.connection_timeout_secs
         self.verify: Any = True
         if target.ca_cert:
@@ -237,28 +242,38 @@ def rollback_timestamp(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
 
 
+def apply_definitions(doc: dict[str, Any], source_label: str, options: RestoreOptions, client: ManagementClient,
+                      write_rollback: Callable[[bytes], str]) -> DefinitionsResult:
+    """Select/remap ``doc``, diff it against the target, and (unless a dry run) store the
+    rollback snapshot with ``write_rollback(json_bytes) -> where`` BEFORE posting it."""
+    new = transform_definitions(doc, options.definitions_selection, options.vhost_map, options.queue_map)
+    current = client.get_definitions()
+    dry = options.definitions_dry_run or options.dry_run
+    res = DefinitionsResult(source_key=source_label, dry_run=dry,
+                            counts={k: len(new.get(k, []) or []) for k in KINDS if new.get(k)},
+                            changes=diff_definitions(new, current))
+    if dry:
+        return res
+    res.rollback_key = write_rollback(json.dumps(current, indent=2).encode("utf-8"))
+    try:
+        client.post_definitions(new)
+    except ManagementApiError as e:
+        raise ManagementApiError(f"definitions import from {source_label!r} failed (the target's previous definitions "
+                                 f"are saved at {res.rollback_key!r}); no message was restored: {e.args[0]}") from None
+    res.imported = True
+    return res
+
+
 def import_definitions(storage: Storage, manifest: BackupManifest, options: RestoreOptions,
                        client: ManagementClient | None = None) -> DefinitionsResult:
     """Steps 1-4 of the module docstring; raises (and imports nothing) on any failure before the POST."""
     layout = BackupLayout(options.backup_id, options.prefix)
     doc, key = load_backup_definitions(storage, manifest, layout)
-    new = transform_definitions(doc, options.definitions_selection, options.vhost_map, options.queue_map)
-    client = client or ManagementClient(options.target)
-    current = client.get_definitions()
-    dry = options.definitions_dry_run or options.dry_run
-    res = DefinitionsResult(source_key=key, dry_run=dry,
-                            counts={k: len(new.get(k, []) or []) for k in KINDS if new.get(k)},
-                            changes=diff_definitions(new, current))
-    if dry:
-        return res
     comp = _compression_of_key(key)
-    rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
-    storage.put(rollback_key, compress(json.dumps(current, indent=2).encode("utf-8"), comp))
-    res.rollback_key = rollback_key
-    try:
-        client.post_definitions(new)
-    except ManagementApiError as e:
-        raise ManagementApiError(f"definitions import from {key!r} failed (the target's previous definitions are "
-                                 f"saved at {rollback_key!r}); no message was restored: {e.args[0]}") from None
-    res.imported = True
-    return res
+
+    def write_rollback(data: bytes) -> str:
+        rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
+        storage.put(rollback_key, compress(data, comp))
+        return rollback_key
+
+    return apply_definitions(doc, key, options, client or ManagementClient(options.target), write_rollback)

@@ -1,0 +1,146 @@
+"""``rbak restore``: publish a backup into a broker (and optionally import its definitions).
+
+Safe defaults without ``--config``: storage ``./rbak-backups`` (or ``--path``),
+target the local broker (``amqp://guest:guest@localhost:5672``, management on
+15672), definitions NOT imported, non-empty target queues refused. Without
+``--backup-id`` the newest COMPLETE backup in the storage is used and named on
+stderr before anything is published (incomplete backups are never chosen);
+``--dry-run`` shows what that would do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+from ..errors import ConfigError, NotFoundError
+from ..restore.options import RestoreOptions, TargetConnection, options_from_config
+
+log = logging.getLogger("rbak.restore")
+
+DEFAULT_PATH = "./rbak-backups"
+
+
+def register(subparsers: Any, _import_subparsers: Any) -> None:
+    p = subparsers.add_parser("restore", help="restore a backup's messages (and definitions) into a broker",
+                              description=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--config", "-c", help="YAML config file (mode: restore)")
+    p.add_argument("--path", help=f"storage URL or directory of the backups (default {DEFAULT_PATH}; ignored with --config)")
+    p.add_argument("--prefix", default=None, help="storage key prefix (without --config)")
+    p.add_argument("--backup-id", help="backup to restore (default: the newest complete one)")
+    p.add_argument("--target-url", help="AMQP URL of the target broker (without --config)")
+    p.add_argument("--management-url", help="management API URL of the target (without --config)")
+    p.add_argument("--dry-run", action="store_true", default=None, help="report what would be published; publish nothing")
+    p.add_argument("--definitions", action="store_true", default=None, help="import the backup's definitions first")
+    p.add_argument("--definitions-dry-run", action="store_true", default=None, help="report what the definitions import would change")
+    p.add_argument("--publish-mode", choices=("exchange", "queue"), default=None)
+    p.add_argument("--allow-non-empty", action="store_true", default=None, help="publish into queues that already hold messages")
+    p.add_argument("--checkpoint", dest="checkpoint_state", default=None, help="restore checkpoint file (resumable)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(handler=run)
+
+
+def _overrides(args: Any) -> dict[str, Any]:
+    o: dict[str, Any] = {
+        "dry_run": args.dry_run,
+        "restore_definitions": args.definitions,
+        "definitions_dry_run": args.definitions_dry_run,
+        "publish_mode": args.publish_mode,
+        "allow_non_empty": args.allow_non_empty,
+        "checkpoint_state": args.checkpoint_state,
+    }
+    if args.definitions_dry_run:
+        o["restore_definitions"] = True
+    return o
+
+
+def build(args: Any):
+    """(storage, options, metrics config or None) from the command line."""
+    from ..catalog import latest_complete
+
+    if args.config:
+        from ..config import load_config
+
+        cfg = load_config(args.config)
+        if cfg.mode != "restore":
+            raise ConfigError(f"{args.config}: mode: must be restore for `rbak restore`, got {cfg.mode!r}")
+        if args.backup_id:
+            cfg.backup_id = args.backup_id
+        storage = cfg.storage.open()
+        return storage, options_from_config(cfg, **_overrides(args)), cfg.metrics
+    from ..storage import open_storage
+
+    storage = open_storage(args.path or DEFAULT_PATH)
+    backup_id = args.backup_id
+    if not backup_id:
+        entry = latest_complete(storage, args.prefix or "")
+        if entry is None:
+            raise NotFoundError(f"{storage.url}: no complete backup found; pass --backup-id or --path")
+        backup_id = entry.backup_id
+        print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}", file=sys.stderr)
+    target = TargetConnection(
+        amqp_url=args.target_url or TargetConnection.amqp_url,
+        management_url=args.management_url or TargetConnection.management_url,
+    )
+    opts = {k: v for k, v in _overrides(args).items() if v is not None}
+    return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, **opts), None
+
+
+def run(args: Any) -> int:
+    from ..restore.engine import run_restore
+
+    storage, options, metrics_cfg = build(args)
+    if metrics_cfg is not None and metrics_cfg.enabled:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_cfg.port, metrics_cfg.bind)
+    progress = None
+    on_progress = None
+    if not args.json and sys.stderr.isatty() and not options.dry_run:
+        from rich.progress import Progress
+
+        progress = Progress(transient=False)
+        tasks: dict[tuple[str, str], Any] = {}
+
+        def on_progress(r):  # called from worker threads; rich's Progress is thread-safe
+            key = (r.source_vhost, r.source_queue)
+            if key not in tasks:
+                tasks[key] = progress.add_task(f"{r.source_vhost}/{r.source_queue}", total=None)
+            progress.update(tasks[key], completed=r.confirmed)
+
+        progress.start()
+    try:
+        summary = run_restore(storage, options, on_progress=on_progress)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if args.json:
+        print(json.dumps(summary.to_json_obj(), indent=2))
+    else:
+        print_summary(summary)
+    return 0 if summary.ok else 1
+
+
+def print_summary(summary: Any) -> None:
+    verb = "would publish" if summary.dry_run else "confirmed"
+    d = summary.definitions
+    if d is not None:
+        if d.dry_run:
+            print(f"definitions (dry run) from {d.source_key}: {d.counts}")
+        else:
+            print(f"definitions imported from {d.source_key}; rollback snapshot at {d.rollback_key}")
+        for kind, ch in d.changes.items():
+            print(f"  {kind}: create {len(ch['create'])} {ch['create'][:10]}, change {len(ch['change'])} {ch['change'][:10]}")
+    for q in summary.queues:
+        n = q.selected if summary.dry_run else q.confirmed
+        extra = f" ({q.skipped_records} outside the time window)" if q.skipped_records else ""
+        line = (f"{q.source_vhost}/{q.source_queue} -> {q.target_vhost}/{q.target_queue}: {q.status}, "
+                f"{verb} {n}{extra}")
+        if q.error:
+            line += f": {q.error}"
+        print(line)
+    total = sum(q.selected for q in summary.queues) if summary.dry_run else summary.confirmed
+    print(f"backup {summary.backup_id}: {len(summary.queues)} queue(s), {verb} {total} message(s) "
+          f"in {summary.duration_secs:.1f} s" + ("" if summary.ok else f"; {len(summary.failed_queues)} queue(s) FAILED"))
