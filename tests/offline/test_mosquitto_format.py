@@ -211,3 +211,37 @@ def test_skip_damaged_steps_over_one_bad_chunk():
     assert sorted(db.msg_stores) == [1, 3]
     assert [d.offset for d in db.damaged] == [second.offset]
     assert len(db.client_msgs) == 2 and len(db.retains) == 1
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
+_props = st.lists(st.one_of(
+    st.tuples(st.just(3), _text),
+    st.tuples(st.just(8), _text),
+    st.tuples(st.just(9), st.binary(max_size=20)),
+    st.tuples(st.just(1), st.integers(0, 1)),
+    st.tuples(st.just(11), st.integers(1, 268_435_455)),
+    st.tuples(st.just(38), st.tuples(_text, _text)),
+), max_size=5).map(lambda items: MqttProperties(tuple(items)))
+_stores = st.builds(
+    MsgStoreChunk, st.integers(1, 2**64 - 1), _text, st.binary(max_size=300), st.integers(0, 2), st.booleans(),
+    st.integers(0, 2**40), st.integers(0, 65535), st.none() | _text, st.none() | _text, st.integers(0, 65535), _props)
+_cmsgs = st.builds(ClientMsgChunk, st.integers(1, 2**64 - 1), _text, st.integers(0, 65535), st.integers(0, 2),
+                   st.integers(0, 11), st.integers(0, 1), st.booleans(), st.booleans(), _props)
+_clients = st.builds(ClientChunk, _text, st.integers(0, 65535), st.integers(-2**63, 2**63 - 1),
+                     st.integers(0, 2**32 - 1), st.integers(0, 65535), st.none() | st.binary(min_size=1, max_size=10))
+_subs = st.builds(SubChunk, _text, _text, st.integers(0, 2), st.integers(0, 2**32 - 1), st.integers(0, 255))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_stores, _cmsgs, _clients, _subs, st.builds(RetainChunk, st.integers(0, 2**64 - 1))),
+                max_size=8))
+def test_writer_reader_round_trip(chunks):
+    data = encode_db(chunks, reorder=False)
+    db = parse_db(data)
+    got = [c for c in db.chunks if not isinstance(c, CfgChunk)]
+    for c in got:
+        c.offset = -1
+    assert got == chunks

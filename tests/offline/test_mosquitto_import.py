@@ -192,3 +192,34 @@ def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
     assert first.headers["k1"] in (b"v1", "v1")  # pika's longstr type differs by version
     assert [m.body for m in broker.drain_queue(vhost, "mosquitto-retained")] == [b"retained-q1", b"retained-q0"]
     assert len(broker.drain_queue(vhost, QV5)) == 3
+
+
+def test_import_to_real_s3_over_http(real_db, s3_bucket):
+    """The same import into a moto S3 server (storage is the ordinary backend)."""
+    path, _, _ = real_db
+    summary = import_mosquitto_db(path, str(s3_bucket), "s3-mq", prefix="mosq")
+    assert summary.stats.exported == 8
+    storage = open_storage(str(s3_bucket))
+    assert validate_backup(storage, "s3-mq", "mosq", deep=True).ok
+    assert records_by_queue(storage, "s3-mq", "mosq")["mosquitto-retained"][0].body == b"retained-q1"
+
+
+def test_failed_import_leaves_no_segments(real_db):
+    """A storage failure midway: the error propagates and the written segments are removed."""
+    from rbak.errors import StorageError
+    from rbak.storage.memory import MemoryStorage
+
+    class Flaky(MemoryStorage):
+        puts = 0
+
+        def put(self, key, data):
+            Flaky.puts += 1
+            if Flaky.puts == 3:
+                raise StorageError(f"{key}: injected failure")
+            super().put(key, data)
+
+    store = Flaky()
+    path, _, _ = real_db
+    with pytest.raises(StorageError, match="injected failure"):
+        import_mosquitto_db(path, store, "flaky")
+    assert list(store.list("")) == []
