@@ -113,9 +113,9 @@ class S3Storage(Storage):
             raise self._err("get", key, e) from None
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        full = self._k(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
-        if prefix.endswith("/") and not full.endswith("/"):
-            full += "/"
+        if ".." in prefix.split("/"):
+            raise StorageError(f"invalid storage prefix {prefix!r}")
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         keys: list[str] = []
         try:
