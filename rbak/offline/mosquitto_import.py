@@ -60,6 +60,9 @@ class MosquittoImportSummary:
         for n, why in skipped:
             if n:
                 out.append(f"  not exported: {n} {why}")
+        if s.expired_sessions:
+            out.append(f"  note: {s.expired_sessions} client sessions are past their session expiry; their messages "
+                       "are exported anyway (Mosquitto would discard those sessions soon after loading)")
         if s.long_routing_keys:
             out.append(f"  WARNING: {s.long_routing_keys} messages have topics longer than 255 bytes; AMQP routing "
                        "keys cannot be that long, so restore them with publish_mode queue")

@@ -107,6 +107,7 @@ class MappingStats:
     dangling: int = 0          # references to a store id that is not in the file
     unreferenced: int = 0      # stored messages nobody refers to
     released_incoming: int = 0
+    expired_sessions: int = 0   # sessions past their expiry: still exported, Mosquitto would drop them soon
     long_routing_keys: int = 0  # exported, but > 255 bytes: AMQP cannot publish them with that key
     queues: dict[str, int] = field(default_factory=dict)
 
@@ -224,6 +225,8 @@ def iter_records(db: MosquittoDb, *, vhost: str = "/", now_ms: int, stats: Mappi
         st.retained += 1
         yield emit(msg, RETAINED_QUEUE, retain=True)
 
+    st.expired_sessions = sum(1 for c in db.clients
+                              if c.session_expiry_time > 0 and c.session_expiry_time * 1000 <= now_ms)
     # Mosquitto restores client messages whether or not a CLIENT chunk precedes them.
     by_client: dict[str, list[ClientMsgChunk]] = {}
     for cm in db.client_msgs:

@@ -112,6 +112,7 @@ def test_expired_messages_are_skipped_and_counted(real_db, tmp_path):
     later = (int(time.time()) + 7200) * 1000  # the v5 message expires after an hour
     summary = import_mosquitto_db(path, f"file://{tmp_path}", "later", now_ms=later)
     assert summary.stats.expired == 2 and summary.stats.queued == 4
+    assert summary.stats.expired_sessions == 1  # sub-v5's 3600 s session expiry has passed by then
     assert any("expired" in line for line in summary.lines())
 
 
