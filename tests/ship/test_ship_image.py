@@ -139,12 +139,30 @@ def test_freeze_rejects_a_loose_pin():
 
 
 def test_image_installs_the_operator_and_spark_jobs_where_pods_expect_them():
+    from rbak_operator import bodies
+
     df = parse(DOCKERFILE)
-    copies = {ins.value for s in df.lineage("runtime") for ins in s.all("COPY")}
-    copies |= {ins.value for s in df.lineage("build") for ins in s.all("COPY")}
-    assert any("operator/rbak_operator/" in c and "site-packages/rbak_operator" in c for c in copies)
+    build_copies = {ins.value for ins in df.stages["build"].all("COPY")}
+    assert "operator/rbak_operator/ operator/rbak_operator/" in build_copies
+    assert "rbak/ rbak/" in build_copies
+    # pyproject's package finder must pick rbak_operator up from operator/ for `pip install .`
+    import tomllib
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert "operator" in find["where"] and "rbak_operator" in find["include"]
     spark_copies = [i.value for i in df.stages["spark"].all("COPY")]
-    assert "spark/ /opt/rbak/spark/" in spark_copies
+    assert f"spark/ {bodies.SPARK_FILES}/" in spark_copies
+
+
+def test_the_c_speedup_is_compiled_in_a_stage_with_a_compiler():
+    """setup.py's optional extension is silently skipped without a compiler: build on the full image."""
+    df = parse(DOCKERFILE)
+    assert "Extension(" in (ROOT / "setup.py").read_text()
+    build_base = df.base_image("build")
+    assert "slim" not in build_base, f"build stage {build_base} has no C compiler"
+    run_base = df.base_image("runtime")
+    assert build_base.split(":")[1].split("-")[0] == run_base.split(":")[1].split("-")[0], (
+        "build and runtime must use the same Python version (the extension is ABI-specific)")
+    assert any("_speedups" in i.value for i in df.stages["build"].all("RUN")), "the build must fail if it is missing"
 
 
 # ---- the entrypoint script, run for real -------------------------------------

@@ -3,7 +3,8 @@ The operator's permissions. Keep equal to what operator/rbak_operator uses:
 tests/ship/test_rbac.py fails on any difference, in either direction.
 */}}
 
-{{/* Cluster-scoped: what kopf needs to start and to peer. */}}
+{{/* Cluster-scoped: what kopf needs to start (CRD discovery, namespace
+scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
 {{- define "rbak.operatorClusterRules" -}}
 - apiGroups: [""]
   resources: [namespaces]
@@ -11,14 +12,14 @@ tests/ship/test_rbac.py fails on any difference, in either direction.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
-{{- if include "rbak.peeringEnabled" . }}
+{{- if and (include "rbak.peeringEnabled" .) (not .Values.watchNamespaces) }}
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]
 {{- end }}
 {{- end -}}
 
-{{/* Per watched namespace (or cluster-wide when watching all). */}}
+{{/* Per watched namespace (or cluster-wide when watching all): operator/rbak_operator/api_calls.py. */}}
 {{- define "rbak.operatorNamespacedRules" -}}
 - apiGroups: [rbak.io]
   resources: [rabbitmqbackups, rabbitmqrestores]
@@ -28,22 +29,23 @@ tests/ship/test_rbac.py fails on any difference, in either direction.
   verbs: [get, patch]
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, create, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, patch, delete]
+  verbs: [get, create, delete]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-{{- if .Values.spark.enabled }}
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
-  verbs: [get, list, watch, create, delete]
-{{- end }}
-{{- if include "rbak.peeringEnabled" . }}
+  verbs: [get, create, delete]
+{{- if and (include "rbak.peeringEnabled" .) .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
   verbs: [get, list, watch, patch]
@@ -57,58 +59,26 @@ tests/ship/test_rbac.py fails on any difference, in either direction.
   verbs: [get, list, watch, create, delete, deletecollection, patch]
 {{- end -}}
 
-{{/* Operator container args, passed to the image's entrypoint ("operator" role). */}}
-{{- define "rbak.operatorArgs" -}}
-- operator
-{{- if .Values.watchNamespaces }}
-{{- range .Values.watchNamespaces }}
-- --namespace={{ . }}
-{{- end }}
-{{- else }}
-- --all-namespaces
-{{- end }}
-{{- if include "rbak.peeringEnabled" . }}
-- --peering={{ include "rbak.peeringName" . }}
-{{- else }}
-- --standalone
-{{- end }}
-- --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
-{{- end -}}
-
-{{/* Operator configuration: the operator reads these at start-up. */}}
+{{/* Operator configuration: environment read by operator/rbak_operator
+(tests/ship checks every name here is read there). */}}
 {{- define "rbak.operatorEnv" -}}
 - name: RBAK_IMAGE
   value: {{ include "rbak.image" . | quote }}
-- name: RBAK_IMAGE_PULL_POLICY
-  value: {{ .Values.image.pullPolicy | quote }}
-- name: RBAK_JOB_SERVICE_ACCOUNT
-  value: {{ include "rbak.jobServiceAccountName" . | quote }}
-- name: RBAK_JOB_RESOURCES
-  value: {{ toJson .Values.defaults.jobResources | quote }}
-{{- with .Values.defaults.storage }}
-- name: RBAK_DEFAULT_STORAGE
-  value: {{ toJson . | quote }}
+- name: RBAK_OPERATOR_NAMESPACES
+  value: {{ join "," .Values.watchNamespaces | quote }}
+{{- if include "rbak.peeringEnabled" . }}
+- name: RBAK_PEERING_NAME
+  value: {{ include "rbak.peeringName" . | quote }}
+{{- else }}
+- name: RBAK_OPERATOR_STANDALONE
+  value: "1"
 {{- end }}
-- name: RBAK_SPARK_ENABLED
-  value: {{ .Values.spark.enabled | quote }}
-{{- if .Values.spark.enabled }}
-- name: RBAK_SPARK_IMAGE
-  value: {{ include "rbak.sparkImage" . | quote }}
-- name: RBAK_SPARK_SERVICE_ACCOUNT
-  value: {{ include "rbak.sparkServiceAccountName" . | quote }}
-{{- end }}
-{{- if .Values.metrics.enabled }}
+- name: RBAK_OPERATOR_LIVENESS
+  value: {{ printf "http://0.0.0.0:%d/healthz" (int .Values.operator.healthPort) | quote }}
 - name: RBAK_METRICS_PORT
-  value: {{ .Values.metrics.port | quote }}
-{{- end }}
-- name: RBAK_LOG_LEVEL
-  value: {{ .Values.operator.logLevel | quote }}
-- name: POD_NAME
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.name
-- name: POD_NAMESPACE
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.namespace
+  value: {{ ternary .Values.metrics.port 0 .Values.metrics.enabled | quote }}
+- name: RBAK_OPERATOR_TICK_SECONDS
+  value: {{ .Values.operator.tickSeconds | quote }}
+- name: RBAK_OPERATOR_LOG_LEVEL
+  value: {{ upper .Values.operator.logLevel | quote }}
 {{- end -}}

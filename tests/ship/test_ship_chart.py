@@ -1,0 +1,293 @@
+"""charts/rbak renders, lints and validates offline for realistic value sets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from ship_dockerfile import parse
+from ship_support import (CHART, ROOT, KUBE_VERSION, canonical_json, find, k8s_validate, load_crds,
+                          manifests, render_chart)
+
+VALUE_SETS = {
+    "defaults": {},
+    "ha-namespaced": {
+        "operator": {"replicas": 2},
+        "watchNamespaces": ["messaging", "payments"],
+        "serviceAccount": {"backupJob": {"annotations": {
+            "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/rbak-backups"}}},
+    },
+    "monitoring-spark-digest": {
+        "image": {"repository": "registry.example.com/platform/rbak",
+                  "digest": "sha256:" + "ab" * 32},
+        "spark": {"enabled": True},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "operator": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                     "nodeSelector": {"kubernetes.io/os": "linux"},
+                     "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}]},
+    },
+    "crds-elsewhere-no-metrics": {"crds": {"install": False}, "metrics": {"enabled": False},
+                                  "fullnameOverride": "backup-operator"},
+}
+
+# The prometheus-operator ServiceMonitor is not a built-in kind: check the fields we set.
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": {"type": "object", "properties": {"matchLabels": {"type": "object"}}},
+                "namespaceSelector": {"type": "object", "properties": {"matchNames": {"type": "array"}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                                   "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                                   "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"}}}},
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def rendered(request):
+    return request.param, render_chart(VALUE_SETS[request.param])
+
+
+def test_helm_lint_strict_is_clean():
+    import helm_python
+
+    for name, values in VALUE_SETS.items():
+        report = helm_python.lint(str(CHART), values, strict=True, kube_version=f"v{KUBE_VERSION}")
+        assert report["errors"] == [] and report["messages"] == [], (name, report)
+
+
+def chart_static_crds() -> dict[str, dict]:
+    """The CRDs in the chart's crds/ folder (kopf peering), by kind."""
+    return {d["spec"]["names"]["kind"]: d
+            for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text()) if d}
+
+
+def validate_any(obj: dict) -> None:
+    """Built-in kinds against Kubernetes' schemas, custom ones against their CRD's schema."""
+    import jsonschema
+
+    custom = {**chart_static_crds(), **load_crds()}
+    if obj["kind"] == "ServiceMonitor":
+        jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+    elif obj["kind"] in custom:
+        crd = custom[obj["kind"]]
+        assert obj["apiVersion"] == f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
+        assert ("namespace" in obj["metadata"]) == (crd["spec"]["scope"] == "Namespaced"), obj["metadata"]
+        jsonschema.validate(obj, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    else:
+        k8s_validate(obj)
+
+
+def test_every_manifest_is_valid_for_kubernetes(rendered):
+    _, out = rendered
+    objs = manifests(out)
+    assert objs
+    for obj in objs:
+        validate_any(obj)
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rbak"
+        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
+            assert obj["metadata"].get("namespace"), f"{obj['kind']}/{obj['metadata']['name']} has no namespace"
+
+
+def test_values_schema_rejects_typos_and_bad_values():
+    import helm_python
+
+    bad = [
+        ({"operator": {"replica": 2}}, "replica"),
+        ({"operator": {"replicas": 0}}, "replicas"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"image": {"digest": "latest"}}, "digest"),
+        ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
+        ({"operator": {"logLevel": "verbose"}}, "logLevel"),
+    ]
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        for values, key in bad:
+            with pytest.raises(helm_python.HelmValuesError, match=key):
+                chart.validate_schema(values)
+    finally:
+        chart.close()
+
+
+def test_chart_crds_are_the_repo_crds_byte_for_byte():
+    """One source of truth: charts/rbak/files/crds/ is a copy of crds/ (generated by the operator)."""
+    repo = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "files" / "crds").glob("*.yaml")}
+    assert repo, "crds/ is empty"
+    assert chart == repo, "charts/rbak/files/crds/ differs from crds/: run `cp crds/*.yaml charts/rbak/files/crds/`"
+
+
+def test_rendered_crds_equal_the_repo_crds_plus_keep_policy():
+    objs = manifests(render_chart({}))
+    crds = {o["spec"]["names"]["kind"]: o for o in find(objs, "CustomResourceDefinition")}
+    repo = load_crds()
+    assert set(crds) == set(repo) == {"RabbitMQBackup", "RabbitMQRestore"}
+    for kind, crd in crds.items():
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert canonical_json(crd["spec"]) == canonical_json(repo[kind]["spec"]), f"{kind} spec changed in rendering"
+        assert crd["metadata"]["name"] == repo[kind]["metadata"]["name"]
+        for key, value in repo[kind]["metadata"].get("labels", {}).items():
+            assert crd["metadata"]["labels"][key] == value
+        assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}, (
+            "status subresource keeps status out of GitOps diffs")
+
+    none = manifests(render_chart({"crds": {"install": False}}))
+    assert find(none, "CustomResourceDefinition") == []
+    nokeep = find(manifests(render_chart({"crds": {"keep": False}})), "CustomResourceDefinition")
+    assert all("helm.sh/resource-policy" not in (c["metadata"].get("annotations") or {}) for c in nokeep)
+
+
+def test_pod_security_matches_the_image_user():
+    df = parse(ROOT / "Dockerfile")
+    uid, _, gid = df.effective("runtime", "USER").value.partition(":")
+    dep = find(manifests(render_chart({})), "Deployment")[0]
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == int(uid)
+    assert pod["securityContext"]["runAsGroup"] == int(gid)
+    c = pod["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
+def operator_env(objs) -> dict[str, str]:
+    c = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"] == ["operator"]
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+def test_single_replica_is_standalone_and_recreated():
+    objs = manifests(render_chart({}))
+    dep = find(objs, "Deployment")[0]
+    env = operator_env(objs)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+    assert env["RBAK_OPERATOR_STANDALONE"] == "1" and "RBAK_PEERING_NAME" not in env
+    assert env["RBAK_OPERATOR_NAMESPACES"] == ""  # all namespaces
+    assert find(objs, "ClusterKopfPeering") == [] and find(objs, "KopfPeering") == []
+
+
+def test_two_replicas_peer_and_spread():
+    objs = manifests(render_chart(VALUE_SETS["ha-namespaced"]))
+    dep = find(objs, "Deployment")[0]
+    spec = dep["spec"]["template"]["spec"]
+    env = operator_env(objs)
+    assert dep["spec"]["replicas"] == 2
+    assert env["RBAK_PEERING_NAME"] == "rbak" and "RBAK_OPERATOR_STANDALONE" not in env
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert "podAntiAffinity" in spec["affinity"]
+    assert env["RBAK_OPERATOR_NAMESPACES"] == "messaging,payments"
+    # namespaced operators peer through a KopfPeering in each namespace they serve
+    peerings = find(objs, "KopfPeering")
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
+        ("messaging", "rbak"), ("payments", "rbak")]
+    clusterwide = manifests(render_chart({"operator": {"replicas": 2}}))
+    assert [p["metadata"]["name"] for p in find(clusterwide, "ClusterKopfPeering")] == ["rbak"]
+
+
+def test_peering_crds_ship_in_the_chart_crds_folder():
+    """The peering objects need their CRDs before the templates: Helm's crds/ folder."""
+    import helm_python
+
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        shipped = [d for c in chart.crds for d in yaml.safe_load_all(c["data"]) if d]
+    finally:
+        chart.close()
+    assert {d["metadata"]["name"] for d in shipped} == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    for crd in shipped:
+        k8s_validate(crd)
+    # and they are the resources kopf looks for
+    from kopf._cogs.structs import references
+    for sel in (references.CLUSTER_PEERINGS_K, references.NAMESPACED_PEERINGS_K):
+        assert any(d["spec"]["group"] == sel.group and d["spec"]["versions"][0]["name"] == sel.version
+                   and d["spec"]["names"]["plural"] == sel.any_name for d in shipped), sel
+
+
+def test_every_operator_env_var_the_chart_sets_is_read_by_the_operator():
+    import re
+
+    source = "\n".join(p.read_text() for p in (ROOT / "operator" / "rbak_operator").glob("*.py"))
+    read = set(re.findall(r"environ\.get\(\s*[\"']([A-Z0-9_]+)[\"']", source))
+    for values in VALUE_SETS.values():
+        for name in operator_env(manifests(render_chart(values))):
+            if name.startswith("RBAK_"):
+                assert name in read, f"the chart sets {name} but operator/rbak_operator never reads it"
+
+
+def test_watched_namespaces_get_roles_and_job_accounts_there_only():
+    objs = manifests(render_chart(VALUE_SETS["ha-namespaced"]))
+    roles = find(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["messaging", "payments"]
+    for rb in find(objs, "RoleBinding"):
+        assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "rbak-operator", "namespace": "rbak-system"}]
+    cluster = find(objs, "ClusterRole")[0]
+    cluster_resources = {r for rule in cluster["rules"] for r in rule["resources"]}
+    assert "rabbitmqbackups" not in cluster_resources and "jobs" not in cluster_resources, (
+        "namespaced permissions must not be granted cluster-wide when watchNamespaces is set")
+    jobs = [sa for sa in find(objs, "ServiceAccount") if sa["metadata"]["name"] == "rbak-job"]
+    assert sorted(sa["metadata"]["namespace"] for sa in jobs) == ["messaging", "payments"]
+    for sa in jobs:
+        assert sa["automountServiceAccountToken"] is False
+        assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("role/rbak-backups")
+    bound = {s["name"] for b in find(objs, "RoleBinding") + find(objs, "ClusterRoleBinding") for s in b["subjects"]}
+    assert "rbak-job" not in bound, "backup Jobs need no Kubernetes API access"
+
+
+def test_all_namespaces_uses_one_cluster_role():
+    objs = manifests(render_chart({}))
+    assert find(objs, "Role") == [] and find(objs, "RoleBinding") == []
+    cluster = find(objs, "ClusterRole")[0]
+    assert any("rabbitmqbackups" in rule["resources"] for rule in cluster["rules"])
+
+
+def test_metrics_service_and_service_monitor():
+    objs = manifests(render_chart(VALUE_SETS["monitoring-spark-digest"]))
+    svc = find(objs, "Service")[0]
+    dep = find(objs, "Deployment")[0]
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics" and ports["metrics"] == svc["spec"]["ports"][0]["port"]
+    sm = find(objs, "ServiceMonitor")[0]
+    assert sm["metadata"]["labels"]["release"] == "prometheus"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+    assert operator_env(objs)["RBAK_METRICS_PORT"] == str(svc["spec"]["ports"][0]["port"])
+    off = manifests(render_chart(VALUE_SETS["crds-elsewhere-no-metrics"]))
+    assert find(off, "Service") == [] and find(off, "ServiceMonitor") == []
+    assert operator_env(off)["RBAK_METRICS_PORT"] == "0"  # 0 disables the operator's metrics server
+    assert "metrics" not in {p["name"] for p in find(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+
+
+def test_image_digest_and_spark_image():
+    objs = manifests(render_chart(VALUE_SETS["monitoring-spark-digest"]))
+    c = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    digest = "registry.example.com/platform/rbak@sha256:" + "ab" * 32
+    assert c["image"] == digest
+    env = operator_env(objs)
+    assert env["RBAK_IMAGE"] == digest
+    default = find(manifests(render_chart({})), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert default["image"] == "ghcr.io/rbak/rbak:0.1.0"
+
+
+def test_notes_render_the_essentials():
+    out = render_chart(VALUE_SETS["ha-namespaced"])
+    notes = next(d for p, docs in out.items() if p.endswith("NOTES.txt") for d in docs)["NOTES"]
+    assert "messaging, payments" in notes and "kopf peering" in notes and "kubectl get rabbitmqbackups" in notes

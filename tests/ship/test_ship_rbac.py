@@ -1,0 +1,103 @@
+"""The chart grants the operator exactly the API calls its code makes, no more, no less.
+
+The operator lists them in ``rbak_operator.api_calls.USED_API_CALLS`` (its
+end-to-end test checks the real process stays inside that set, from the API
+emulator's request log); here the chart's rendered Roles are compared with it
+for every RBAC shape the chart produces.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ship_support import find, manifests, render_chart
+
+PEERING = {("kopf.dev", "clusterkopfpeerings"), ("kopf.dev", "kopfpeerings")}
+
+
+def used() -> set[tuple[str, str, str]]:
+    from rbak_operator.api_calls import used_api_calls
+
+    return used_api_calls()
+
+
+def flatten(rules: list[dict]) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in rules:
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                for v in rule["verbs"]:
+                    assert "*" not in (g, r, v), f"wildcard in {rule}"
+                    out.add((g, r, v))
+    return out
+
+
+def granted(objs: list[dict], sa: str = "rbak-operator") -> tuple[set, dict[str, set]]:
+    """(cluster-wide grants, {namespace: grants}) to the operator's service account."""
+    def bound(binding):
+        return any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in binding["subjects"])
+
+    cluster = set()
+    for b in find(objs, "ClusterRoleBinding"):
+        if bound(b):
+            cluster |= flatten(find(objs, "ClusterRole", b["roleRef"]["name"])[0]["rules"])
+    per_ns: dict[str, set] = {}
+    for b in find(objs, "RoleBinding"):
+        if bound(b):
+            ns = b["metadata"]["namespace"]
+            role = find(objs, b["roleRef"]["kind"], b["roleRef"]["name"],
+                        None if b["roleRef"]["kind"] == "ClusterRole" else ns)[0]
+            per_ns.setdefault(ns, set()).update(flatten(role["rules"]))
+    return cluster, per_ns
+
+
+def without(calls: set, resources: set[tuple[str, str]]) -> set:
+    return {c for c in calls if (c[0], c[1]) not in resources}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_all_namespaces_cluster_role_is_exactly_what_the_operator_uses(replicas):
+    cluster, per_ns = granted(manifests(render_chart({"operator": {"replicas": replicas}})))
+    assert per_ns == {}
+    # cluster-wide kopf peers through ClusterKopfPeering; standalone needs no peering at all
+    expected = without(used(), {("kopf.dev", "kopfpeerings")} if replicas > 1 else PEERING)
+    assert cluster - expected == set(), f"granted but never used: {sorted(cluster - expected)}"
+    assert expected - cluster == set(), f"used but not granted: {sorted(expected - cluster)}"
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_watched_namespaces_roles_are_exactly_what_the_operator_uses(replicas):
+    objs = manifests(render_chart({"operator": {"replicas": replicas}, "watchNamespaces": ["a", "b"]}))
+    cluster, per_ns = granted(objs)
+    assert set(per_ns) == {"a", "b"}
+    cluster_scoped = {("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions"),
+                      ("kopf.dev", "clusterkopfpeerings")}
+    calls = without(used(), {("kopf.dev", "clusterkopfpeerings")} | (set() if replicas > 1 else PEERING))
+    want_cluster = {c for c in calls if (c[0], c[1]) in cluster_scoped}
+    want_ns = calls - want_cluster
+    assert cluster == want_cluster, (sorted(cluster ^ want_cluster))
+    for ns, grants in per_ns.items():
+        assert grants == want_ns, (ns, sorted(grants ^ want_ns))
+
+
+def test_backup_jobs_get_no_api_access_and_spark_drivers_only_their_pods():
+    objs = manifests(render_chart({"spark": {"enabled": True}, "watchNamespaces": ["a"]}))
+    cluster, per_ns = granted(objs, sa="rbak-job")
+    assert cluster == set() and per_ns == {}
+    cluster, per_ns = granted(objs, sa="rbak-spark")
+    assert cluster == set()
+    assert {r for _, r, _ in per_ns["a"]} == {"pods", "services", "configmaps", "persistentvolumeclaims"}
+    assert {g for g, _, _ in per_ns["a"]} == {""}
+
+
+def test_the_comparison_would_catch_a_missing_or_extra_rule():
+    """The helpers above really see rules: a role missing 'create jobs' or granting secrets/list differs."""
+    objs = manifests(render_chart({}))
+    role = find(objs, "ClusterRole")[0]
+    cluster, _ = granted(objs)
+    assert ("batch", "jobs", "create") in cluster
+    role["rules"] = [r for r in role["rules"] if r["resources"] != ["jobs"]] + [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]
+    tampered, _ = granted(objs)
+    assert ("batch", "jobs", "create") not in tampered and ("", "secrets", "list") in tampered
