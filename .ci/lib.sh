@@ -29,7 +29,15 @@ step() {
     shift
     start=$(date +%s)
     log "==> $name"
-    "$@" || rc=$?
+    # A subshell outside any ||/&& context, so `set -e` really applies inside CMD
+    # (bash ignores -e in functions called as `f || ...`).
+    set +e
+    (
+        set -e
+        "$@"
+    )
+    rc=$?
+    set -e
     if [ "$rc" -ne 0 ]; then die "step '$name' failed (exit $rc) after $(($(date +%s) - start))s"; fi
     log "<== $name: $(($(date +%s) - start))s"
 }
@@ -116,6 +124,7 @@ extendedKeyUsage=clientAuth"
     chmod 0755 "$tmp"
     rm -rf "$RBAK_CI_TLS_DIR"
     mv "$tmp" "$RBAK_CI_TLS_DIR"
+    tls_valid || { log "generated TLS material does not verify"; return 1; }
     log "generated TLS material in $RBAK_CI_TLS_DIR"
 }
 
@@ -202,10 +211,12 @@ in_chroot() {
 
 chroot_mounts() {
     local r=$RBAK_CI_CHROOT
-    mountpoint -q "$r/proc" || mount -t proc proc "$r/proc"
+    if ! mountpoint -q "$r/proc"; then
+        mount -t proc proc "$r/proc" || log "WARNING: cannot mount /proc in $r (unprivileged container?); trying without"
+    fi
     # /dev from debootstrap may be a bare directory; Erlang needs /dev/null, /dev/urandom.
     if [ ! -c "$r/dev/null" ] || [ ! -c "$r/dev/urandom" ]; then
-        mountpoint -q "$r/dev" || mount --bind /dev "$r/dev"
+        mountpoint -q "$r/dev" || mount --bind /dev "$r/dev" || log "WARNING: cannot bind-mount /dev into $r"
     fi
 }
 
