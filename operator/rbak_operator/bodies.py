@@ -173,6 +173,7 @@ def spark_application_body(*, name: str, namespace: str, owner: dict[str, Any], 
                            labels: dict[str, str]) -> dict[str, Any]:
     """A SparkApplication running ``spark/<script>`` (restore.py or validate.py)."""
     env = [{"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}} for s in secret_env]
+    env.append({"name": ENV_STATE, "value": "/tmp"})
     vols: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if config_name:

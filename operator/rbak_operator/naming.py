@@ -65,3 +65,16 @@ def validate_run_name(run_name: str) -> str:
 def label_value(text: str) -> str:
     """A label value (<= 63 chars) standing for ``text``."""
     return dns_label(text)
+
+
+def owns(backup_name: str, run_name: str) -> bool:
+    """Whether ``run_name`` (a Job name / backup id) is one this RabbitMQBackup makes.
+
+    Exact shapes only, so retention and deletion never touch another object's
+    backups (``nightly`` does not own ``nightlyx-...`` nor hand-made ids).
+    """
+    sample = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    sched_prefix = scheduled_run_name(backup_name, sample)[: -len(slot_stamp(sample))]
+    manual_prefix = manual_run_name(backup_name, "")[:-8]
+    return bool(re.fullmatch(re.escape(sched_prefix) + r"\d{8}-\d{4}", run_name)
+                or re.fullmatch(re.escape(manual_prefix) + r"[0-9a-f]{8}", run_name))

@@ -51,10 +51,9 @@ class StoredBackup:
 
 def owned(backup_id: str, backup_name: str) -> bool:
     """Whether a backup id was made by the RabbitMQBackup ``backup_name``."""
-    from .naming import dns_label
+    from .naming import owns
 
-    heads = {backup_name.lower() + "-", dns_label(backup_name)[:40]}
-    return any(backup_id.startswith(h) for h in heads if h)
+    return owns(backup_name, backup_id)
 
 
 def retention_victims(backups: Iterable[StoredBackup], keep_last: int | None, max_age: timedelta | None,

@@ -1,0 +1,197 @@
+"""The CRDs: generated files up to date, valid Kubernetes, and their schemas
+accept the examples and reject bad objects (jsonschema for the OpenAPI part,
+cel-python for the x-kubernetes-validations rules, as the API server would)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from rbak_operator import crds
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
+CRD_FILES = sorted((REPO / "crds").glob("*.yaml"))
+K8S = "1.33"
+
+
+def test_generated_files_are_current():
+    for name, crd in crds.all_crds().items():
+        assert (REPO / "crds" / name).read_text() == crds.render(crd), f"crds/{name} is stale: run python -m rbak_operator.crds crds/"
+
+
+@pytest.mark.parametrize("path", CRD_FILES, ids=lambda p: p.name)
+def test_crd_files_are_valid_kubernetes(path):
+    for doc in yaml.safe_load_all(path.read_text()):
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def _schema(kind: str) -> dict:
+    for crd in crds.all_crds().values():
+        if crd["spec"]["names"]["kind"] == kind:
+            return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    raise KeyError(kind)
+
+
+def _cel_errors(schema: dict, value, path: str = "") -> list[str]:
+    """Evaluate every x-kubernetes-validations rule on create (rules using oldSelf are update-only)."""
+    errors: list[str] = []
+    env = celpy.Environment()
+    for rule in schema.get("x-kubernetes-validations") or []:
+        if "oldSelf" in rule["rule"]:
+            continue
+        prog = env.program(env.compile(rule["rule"]))
+        if not bool(prog.evaluate({"self": celpy.json_to_cel(value)})):
+            errors.append(f"{path or '.'}: {rule['message']}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            sub = (schema.get("properties") or {}).get(k)
+            if sub is None and isinstance(schema.get("additionalProperties"), dict):
+                sub = schema["additionalProperties"]
+            if sub:
+                errors += _cel_errors(sub, v, f"{path}.{k}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, v in enumerate(value):
+            errors += _cel_errors(schema["items"], v, f"{path}[{i}]")
+    return errors
+
+
+def check(obj: dict) -> list[str]:
+    """Every problem the API server would report for this object (empty: accepted)."""
+    schema = _schema(obj["kind"])
+    v = jsonschema.Draft7Validator(schema)
+    errs = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(obj)]
+    return errs + _cel_errors(schema, obj)
+
+
+def _structural(schema: dict, path: str = "") -> None:
+    """Structural-schema rules: every node typed (or int-or-string/preserve-unknown), no type in oneOf/anyOf."""
+    assert "type" in schema or schema.get("x-kubernetes-int-or-string") or schema.get(
+        "x-kubernetes-preserve-unknown-fields"), f"{path}: no type"
+    for k in ("oneOf", "anyOf", "allOf"):
+        for alt in schema.get(k) or []:
+            assert "type" not in alt, f"{path}.{k}: type inside {k}"
+    for name, sub in (schema.get("properties") or {}).items():
+        _structural(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        _structural(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        _structural(schema["additionalProperties"], f"{path}{{}}")
+
+
+@pytest.mark.parametrize("kind", ["RabbitMQBackup", "RabbitMQRestore"])
+def test_schemas_are_structural_with_status_subresource_and_columns(kind):
+    _structural(_schema(kind))
+    crd = next(c for c in crds.all_crds().values() if c["spec"]["names"]["kind"] == kind)
+    ver = crd["spec"]["versions"][0]
+    assert ver["subresources"] == {"status": {}}
+    cols = {c["name"] for c in ver["additionalPrinterColumns"]}
+    assert {"Phase", "Messages", "Size", "Age"} <= cols
+    if kind == "RabbitMQBackup":
+        assert {"Schedule", "Last Backup", "Next Run"} <= cols
+        assert crd["spec"]["names"]["shortNames"] == ["rbak"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(path):
+    assert check(yaml.safe_load(path.read_text())) == []
+
+
+def _backup() -> dict:
+    return yaml.safe_load((REPO / "docs/examples/rabbitmqbackup-cluster-s3.yaml").read_text())
+
+
+def _restore() -> dict:
+    return yaml.safe_load((REPO / "docs/examples/rabbitmqrestore-pitr.yaml").read_text())
+
+
+def _set(obj: dict, dotted: str, value):
+    cur = obj
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        cur = cur.setdefault(k, {})
+    if value is _DEL:
+        cur.pop(keys[-1], None)
+    else:
+        cur[keys[-1]] = value
+    return obj
+
+
+_DEL = object()
+
+BAD_BACKUPS = [
+    ("spec.schedule", "0 30 2 * * *", "6-field values with a leading seconds field are not supported"),
+    ("spec.schedule", "30 2 * *", "5-field cron"),
+    ("spec.concurrencyPolicy", "Sometimes", "'Sometimes' is not one of"),
+    ("spec.compression", "gzip", "'gzip' is not one of"),
+    ("spec.compressionLevel", 23, "23 is greater than the maximum of 22"),
+    ("spec.startingDeadlineSeconds", -1, "-1 is less than the minimum of 0"),
+    ("spec.successfulJobsHistoryLimit", -1, "less than the minimum"),
+    ("spec.retention.keepLast", 0, "0 is less than the minimum of 1"),
+    ("spec.retention.maxAge", "1 month", "does not match"),
+    ("spec.deletionPolicy", "Delete", "'Delete' is not one of"),
+    ("spec.storage", _DEL, "'storage' is a required property"),
+    ("spec.broker", _DEL, "'broker' is a required property"),
+    ("spec.storage.pvc", {"claimName": "x"}, "set exactly one of storage.s3 or storage.pvc"),
+    ("spec.storage.s3.bucket", _DEL, "'bucket' is a required property"),
+    ("spec.broker.amqpUrl", "amqp://h:5672/%2f", "set exactly one of broker.rabbitmqClusterReference or broker.amqpUrl"),
+    ("spec.broker.rabbitmqClusterReference.name", "Bad_Name", "does not match"),
+    ("spec.queues.types", ["classic", "lazy"], "'lazy' is not one of"),
+    ("spec.timeZone", "Europe Berlin", "does not match"),
+    ("spec.validate.sparkThresholdBytes", -5, "less than the minimum"),
+    ("spec.suspend", "yes", "'yes' is not of type 'boolean'"),
+]
+
+
+@pytest.mark.parametrize("field, value, message", BAD_BACKUPS, ids=[f"{f}={v!r}"[:60] for f, v, _ in BAD_BACKUPS])
+def test_bad_backups_are_rejected(field, value, message):
+    errors = check(_set(_backup(), field, value))
+    assert any(message in e for e in errors), errors
+
+
+def test_amqp_url_needs_management_and_credentials():
+    obj = _backup()
+    obj["spec"]["broker"] = {"amqpUrl": "amqp://h:5672/%2f"}
+    errors = check(obj)
+    assert any("needs broker.managementUrl and broker.credentialsSecretRef" in e for e in errors), errors
+    obj["spec"]["broker"] = {"amqpUrl": "amqp://user:pw@h/%2f", "managementUrl": "http://h",
+                             "credentialsSecretRef": {"name": "s"}}
+    assert any("amqpUrl" in e and "does not match" in e for e in check(obj))
+
+
+BAD_RESTORES = [
+    ("spec.engine", "flink", "'flink' is not one of"),
+    ("spec.pitr.end", "yesterday", "does not match"),
+    ("spec.pitr.start", "2026-11-22T09:00:00", "does not match"),  # no zone
+    ("spec.backupRef.name", _DEL, "'name' is a required property"),
+    ("spec.backupRef.backupId", "../x", "does not match"),
+    ("spec.sparkThresholdBytes", -1, "less than the minimum"),
+    ("spec.vhostMapping", {"a": ""}, "should be non-empty"),
+]
+
+
+@pytest.mark.parametrize("field, value, message", BAD_RESTORES, ids=[f"{f}={v!r}"[:60] for f, v, _ in BAD_RESTORES])
+def test_bad_restores_are_rejected(field, value, message):
+    errors = check(_set(_restore(), field, value))
+    assert any(message in e for e in errors), errors
+
+
+def test_restore_needs_exactly_one_source_and_a_target_for_storage():
+    obj = _restore()
+    obj["spec"]["storage"] = {"s3": {"bucket": "bkt"}}
+    assert any("exactly one of spec.backupRef or spec.storage" in e for e in check(obj))
+    del obj["spec"]["backupRef"]
+    assert any("spec.target is required" in e for e in check(obj))
+    obj["spec"]["target"] = {"rabbitmqClusterReference": {"name": "r"}}
+    assert check(obj) == []
+
+
+def test_epoch_ms_accepted_as_int_or_string():
+    for v in (1795341600000, "1795341600000", "2026-11-22T10:00:00.5+02:00"):
+        assert check(_set(_restore(), "spec.pitr.start", v)) == []

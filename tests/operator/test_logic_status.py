@@ -1,0 +1,186 @@
+"""Status from Jobs, pods, SparkApplications and manifests; retention, history, concurrency, engine."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from rbak.errors import ConfigError
+from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
+from rbak_operator import policy
+from rbak_operator.status import (human_size, job_state, manifest_counts, push_history, run_summary,
+                                  set_condition, spark_state)
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+
+
+def manifest() -> BackupManifest:
+    m = BackupManifest(backup_id="nightly-20261122-1100", created_at=1, completed_at=2)
+    for vhost, name, counts in (("/", "orders", (100, 50)), ("prod", "audit", (7,))):
+        q = QueueBackup(vhost=vhost, name=name)
+        for i, n in enumerate(counts, 1):
+            q.add_segment(SegmentMetadata(key=f"k{i}", sequence=i, record_count=n, size_bytes=n * 1000,
+                                          uncompressed_bytes=n * 3000, first_timestamp=1, last_timestamp=2, checksum="x"))
+        m.queues.append(q)
+    m.recompute_totals()
+    return BackupManifest.from_json(m.to_json())  # as read from storage
+
+
+def test_counts_come_from_the_manifest():
+    assert manifest_counts(manifest()) == {"messages": 157, "bytes": 157000, "size": "153.3 KiB", "segments": 3, "queues": 2}
+
+
+def test_human_size():
+    assert [human_size(n) for n in (0, 1023, 1024, 5 * 1024**3)] == ["0 B", "1023 B", "1.0 KiB", "5.0 GiB"]
+
+
+JOB_OK = {"status": {"startTime": "2026-11-22T11:00:01Z", "completionTime": "2026-11-22T11:02:31Z", "succeeded": 1,
+                     "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-11-22T11:02:31Z"}]}}
+JOB_FAILED = {"status": {"startTime": "2026-11-22T11:00:01Z", "failed": 1, "conditions": [
+    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+     "message": "Job has reached the specified backoff limit", "lastTransitionTime": "2026-11-22T11:00:09Z"}]}}
+POD_FAILED = {"metadata": {"creationTimestamp": "2026-11-22T11:00:00Z"}, "status": {"containerStatuses": [
+    {"name": "rbak", "state": {"terminated": {"exitCode": 1, "message":
+        "INFO starting\nrbak: AMQP error: ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN\n"}}}]}}
+
+
+def test_job_state_running_succeeded_failed():
+    assert job_state({"status": {"active": 1}}).phase == "Running"
+    assert job_state({}).phase == "Running"
+    ok = job_state(JOB_OK)
+    assert ok.phase == "Succeeded" and ok.finished and ok.duration == 150
+    bad = job_state(JOB_FAILED, [POD_FAILED])
+    assert bad.phase == "Failed" and bad.reason == "BackoffLimitExceeded"
+    assert bad.message.startswith("rbak: AMQP error: ACCESS_REFUSED")
+    # Without pods the Job's own message is all there is.
+    assert job_state(JOB_FAILED).message == "Job has reached the specified backoff limit"
+
+
+def test_init_container_failure_is_found():
+    pod = {"status": {"initContainerStatuses": [{"name": "rbak", "state": {"terminated": {"exitCode": 2, "message": "rbak: Configuration error: x"}}}],
+                      "containerStatuses": [{"name": "validate", "state": {"waiting": {"reason": "PodInitializing"}}}]}}
+    assert job_state(JOB_FAILED, [pod]).message == "rbak: Configuration error: x"
+
+
+@pytest.mark.parametrize("state, phase", [("", "Running"), ("SUBMITTED", "Running"), ("RUNNING", "Running"),
+                                          ("COMPLETED", "Succeeded"), ("FAILED", "Failed"), ("SUBMISSION_FAILED", "Failed"),
+                                          ("PENDING_RERUN", "Running")])
+def test_spark_state(state, phase):
+    assert spark_state({"status": {"applicationState": {"state": state, "errorMessage": "boom"}}}).phase == phase
+
+
+def test_run_summary_from_job_and_manifest():
+    s = run_summary(backup_id="b", job_name="b", trigger="schedule", state=job_state(JOB_OK),
+                    slot=datetime(2026, 11, 22, 11, 0, tzinfo=timezone.utc), manifest=manifest(), validation="Passed")
+    assert s == {"backupId": "b", "jobName": "b", "trigger": "schedule", "phase": "Succeeded", "reason": "Completed",
+                 "scheduledTime": "2026-11-22T11:00:00Z", "startTime": "2026-11-22T11:00:01Z",
+                 "completionTime": "2026-11-22T11:02:31Z", "durationSeconds": 150.0, "messages": 157, "bytes": 157000,
+                 "size": "153.3 KiB", "segments": 3, "queues": 2, "validation": "Passed"}
+
+
+def test_conditions_keep_transition_time_until_status_changes():
+    c1 = set_condition(None, "Ready", "True", "A", "m", NOW, 3)
+    c2 = set_condition(c1, "Ready", "True", "B", "m2", NOW + timedelta(hours=1), 4)
+    assert c2[0]["lastTransitionTime"] == "2026-11-22T12:00:00Z" and c2[0]["reason"] == "B" and c2[0]["observedGeneration"] == 4
+    c3 = set_condition(c2, "Ready", "False", "C", "m3", NOW + timedelta(hours=2), 4)
+    assert c3[0]["lastTransitionTime"] == "2026-11-22T14:00:00Z"
+    c4 = set_condition(c3, "Progressing", "True", "R", "", NOW, None)
+    assert [c["type"] for c in c4] == ["Ready", "Progressing"] and "observedGeneration" not in c4[1]
+
+
+def test_history_newest_first_bounded_and_unique():
+    h: list = []
+    for i in range(15):
+        h = push_history(h, {"jobName": f"j{i}"}, limit=10)
+    h = push_history(h, {"jobName": "j14", "phase": "Succeeded"}, limit=10)
+    assert [e["jobName"] for e in h] == [f"j{i}" for i in range(14, 4, -1)] and h[0]["phase"] == "Succeeded"
+
+
+# -- policy ------------------------------------------------------------------
+
+def B(i, complete=True, age_days=0.0):
+    return policy.StoredBackup(f"nightly-{i:02d}", int((NOW - timedelta(days=age_days)).timestamp() * 1000) + i, complete)
+
+
+def test_retention_keep_last():
+    backups = [B(i, age_days=10 - i) for i in range(6)]
+    assert policy.retention_victims(backups, 2, None, NOW) == ["nightly-00", "nightly-01", "nightly-02", "nightly-03"]
+
+
+def test_retention_max_age_and_never_the_newest():
+    backups = [B(i, age_days=40 - i) for i in range(3)]  # all older than 30 days
+    assert policy.retention_victims(backups, None, timedelta(days=30), NOW) == ["nightly-00", "nightly-01"]
+
+
+def test_retention_skips_incomplete_and_combines_rules():
+    backups = [B(0, age_days=9), B(1, complete=False, age_days=8), B(2, age_days=7), B(3, age_days=1), B(4, age_days=0)]
+    assert policy.retention_victims(backups, 3, None, NOW) == ["nightly-00"]
+    assert policy.retention_victims(backups, 3, timedelta(days=5), NOW) == ["nightly-00", "nightly-02"]
+    assert policy.retention_victims(backups, None, None, NOW) == []
+
+
+def test_owned_backups_only():
+    assert policy.owned("nightly-20261122-1100", "nightly")
+    assert policy.owned("nightly-manual-abcd1234", "nightly")
+    assert not policy.owned("nightlyx-20261122-1100", "nightly")
+    assert not policy.owned("backup-20261122T110000Z", "nightly")
+
+
+@pytest.mark.parametrize("text, secs", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("2w", 1209600), ("10s", 10)])
+def test_durations(text, secs):
+    assert policy.parse_duration(text).total_seconds() == secs
+
+
+def test_bad_duration():
+    with pytest.raises(ConfigError, match="spec.retention.maxAge.*'1y'"):
+        policy.parse_duration("1y")
+
+
+def test_concurrency():
+    assert policy.concurrency("Forbid", []) == "run"
+    assert policy.concurrency(None, ["a"]) == "skip"
+    assert policy.concurrency("Allow", ["a"]) == "run"
+    assert policy.concurrency("Replace", ["a"]) == "replace"
+    with pytest.raises(ConfigError, match="concurrencyPolicy"):
+        policy.concurrency("Sometimes", ["a"])
+
+
+def test_history_victims():
+    finished = [("a", "Succeeded", "1"), ("b", "Succeeded", "2"), ("c", "Succeeded", "3"), ("d", "Failed", "1"), ("e", "Failed", "2")]
+    assert sorted(policy.history_victims(finished, 2, 1)) == ["a", "d"]
+    assert sorted(policy.history_victims(finished, 0, 0)) == ["a", "b", "c", "d", "e"]
+
+
+def test_restore_engine():
+    assert policy.restore_engine("job", 10**15, 1) == "job"
+    assert policy.restore_engine("spark", 1, None) == "spark"
+    assert policy.restore_engine("auto", 2000, 1000) == "spark"
+    assert policy.restore_engine(None, 1000, 1000) == "job"
+    assert policy.restore_engine("auto", None, 1000) == "job"
+    with pytest.raises(ConfigError, match="spec.engine"):
+        policy.restore_engine("flink", 1, 1)
+
+
+def test_validation_engine():
+    assert policy.validation_engine({"enabled": False}, 10**12) == "none"
+    assert policy.validation_engine(None, 10**12) == "job"
+    assert policy.validation_engine({"sparkThresholdBytes": 1000}, 1001) == "spark"
+
+
+def test_pitr_bounds():
+    assert policy.epoch_ms("1795341600000", "x") == 1795341600000
+    assert policy.epoch_ms("2026-11-22T10:00:00Z", "x") == 1795341600000
+    assert policy.epoch_ms("2026-11-22T11:00:00+01:00", "x") == 1795341600000
+    with pytest.raises(ConfigError, match="spec.pitr.start"):
+        policy.epoch_ms("yesterday", "spec.pitr.start")
+
+
+@pytest.mark.parametrize("name", ["nightly", "n" * 120, "Odd.Name_x"])
+def test_owned_matches_every_generated_name(name):
+    from rbak_operator import naming
+
+    slot = datetime(2026, 11, 22, 11, 0, tzinfo=timezone.utc)
+    assert policy.owned(naming.scheduled_run_name(name, slot), name)
+    assert policy.owned(naming.manual_run_name(name, "x"), name)
+    assert not policy.owned(naming.scheduled_run_name(name + "2", slot), name)
