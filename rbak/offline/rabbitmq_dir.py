@@ -175,7 +175,7 @@ def scan(path: str, ctx: ImportContext) -> tuple[str, list[VhostDir]]:
                                     "unreadable or does not match its directory name; recovering the name otherwise")
                     else:
                         qv, qn = parsed
-                version = 2 if cqv2.has_v2_files(qpath) else 1
+                version = 2 if cqv2.has_v2_files(qpath) or (qraw or b"").endswith(b"INDEX: v2\n") else 1
                 v.queues.append(QueueDir(qpath, qv, qn, version))
         # The queues' name files name their vhost too.
         if v.name is None:

@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..format.record import BackupProperties, BackupRecord, Headers
+from ..format.record import (
+    Array, BackupProperties, BackupRecord, Bool, HeaderValue, Headers, Long, LongString, Table, Timestamp,
+)
 from .amqp_props import PropertiesError, decode_properties, from_p_basic
 from .erlang_terms import Atom, TermError, decode
 
@@ -100,6 +102,7 @@ def _from_mc(t: tuple) -> StoredMessage:
     if not isinstance(anns, dict):
         raise MessageFormatError(f"mc annotations must be a map, got {_kind(anns)}")
     props, headers, body = _from_content(data)
+    headers = _apply_annotations(props, headers, anns)
     x = anns.get(Atom("x"), b"")
     durable = anns.get(Atom("d"))
     return StoredMessage(
@@ -112,6 +115,95 @@ def _from_mc(t: tuple) -> StoredMessage:
         persistent=(durable == "true") if isinstance(durable, Atom) else None,
         vhost=None,
     )
+
+
+def _apply_annotations(props: BackupProperties, headers: Headers, anns: dict) -> Headers:
+    """What RabbitMQ 4.x puts into the properties when it delivers the message
+    over AMQP 0-9-1 (``mc_amqpl:protocol_state/2``): dead-letter history as
+    ``x-death``, ``x-*`` annotations as headers, the TTL a dead-lettering
+    publish reset, the timestamp/priority/durability kept in annotations."""
+    hs = list(headers)
+    changed = False
+    deaths = anns.get(Atom("deaths"))
+    if deaths is not None:
+        tables = _death_tables(deaths)
+        if tables is not None:
+            hs = [h for h in hs if h[0] != "x-death"] + [("x-death", Array(tuple(tables)))]
+            hs.sort(key=lambda h: h[0].encode("utf-8", "surrogateescape"))
+            changed = True
+    extra: list[tuple[str, HeaderValue]] = []
+    for k, v in anns.items():
+        if not isinstance(k, bytes) or isinstance(k, Atom):
+            continue
+        if not (k.startswith(b"x-") or k == b"timestamp_in_ms"):
+            continue
+        if isinstance(v, Atom) and v in ("true", "false"):
+            if k == b"timestamp_in_ms":
+                continue
+            val: HeaderValue = Bool(v == "true")
+        elif isinstance(v, int) and not isinstance(v, bool):
+            val = Long(v)
+        elif isinstance(v, bytes) and k != b"timestamp_in_ms":
+            val = LongString(v.decode("utf-8", "surrogateescape"))
+        else:
+            continue
+        extra.append((k.decode("utf-8", "surrogateescape"), val))
+    if extra:
+        names = {n for n, _ in extra}
+        hs = extra + [h for h in hs if h[0] not in names]
+        hs.sort(key=lambda h: h[0].encode("utf-8", "surrogateescape"))
+        changed = True
+    if Atom("ttl") in anns:
+        ttl = anns[Atom("ttl")]
+        props.expiration = str(ttl) if isinstance(ttl, int) and not isinstance(ttl, bool) else None
+    ts = anns.get(Atom("ts"))
+    if isinstance(ts, int) and not isinstance(ts, bool):
+        props.timestamp = ts // 1000
+    if props.priority is None:
+        p = anns.get(Atom("p"))
+        if isinstance(p, int) and not isinstance(p, bool):
+            props.priority = p
+    if props.delivery_mode is None and anns.get(Atom("d")) != "false":
+        props.delivery_mode = 2
+    return tuple(hs) if changed else headers
+
+
+def _death_tables(deaths: Any) -> list[Table] | None:
+    if isinstance(deaths, tuple) and len(deaths) == 4 and deaths[0] == "deaths" and isinstance(deaths[3], dict):
+        items = list(deaths[3].items())
+
+        def last_time(item: Any) -> int:
+            d = item[1]
+            a = d[4] if isinstance(d, tuple) and len(d) == 5 and isinstance(d[4], dict) else {}
+            lt = a.get(Atom("last_time"), 0)
+            return lt if isinstance(lt, int) else 0
+
+        items.sort(key=last_time)
+        items.reverse()  # most recent first, as RabbitMQ folds them
+    elif isinstance(deaths, list):
+        items = deaths
+    else:
+        return None
+    out = []
+    for key, d in items:
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(d, tuple) and len(d) == 5 and d[0] == "death"):
+            raise MessageFormatError(f"unexpected dead-letter record {_kind(d)}")
+        qname, reason = key
+        _, exchange, rks, count, dann = d
+        first = dann.get(Atom("first_time"), 0) if isinstance(dann, dict) else 0
+        row: list[tuple[str, HeaderValue]] = [
+            ("count", Long(count)),
+            ("reason", LongString(str(reason) if isinstance(reason, Atom) else _str(reason, "death reason"))),
+            ("queue", LongString(_str(qname, "death queue"))),
+            ("time", Timestamp(first // 1000)),
+            ("exchange", LongString(_str(exchange, "death exchange"))),
+            ("routing-keys", Array(tuple(LongString(k) for k in _keys(rks)))),
+        ]
+        ttl = dann.get(Atom("ttl")) if isinstance(dann, dict) else None
+        if isinstance(ttl, int) and not isinstance(ttl, bool):
+            row.insert(0, ("original-expiration", LongString(str(ttl))))
+        out.append(Table(tuple(row)))
+    return out
 
 
 def _from_content(c: Any) -> tuple[BackupProperties, Headers, bytes]:
