@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.request import urlopen
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
@@ -27,7 +28,8 @@ def free_port() -> int:
 
 
 class MosquittoBroker:
-    def __init__(self, workdir: Path, extra_conf: str = ""):
+    def __init__(self, workdir: Path, extra_conf: str = "", command: list[str] | None = None):
+        self.command = command or [MOSQUITTO]
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -53,7 +55,7 @@ class MosquittoBroker:
 
     def start(self, timeout: float = 10.0) -> "MosquittoBroker":
         self.proc = subprocess.Popen(
-            [MOSQUITTO, "-c", str(self.conf)],
+            [*self.command, "-c", str(self.conf)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -102,10 +104,10 @@ class MosquittoBroker:
         self.kill()
 
 
-def mosquitto_version() -> tuple[int, ...]:
+def mosquitto_version(command: list[str] | None = None) -> tuple[int, ...]:
     """(2, 0, 11) for Debian bookworm's broker; () if it cannot be told."""
     try:
-        out = subprocess.run([MOSQUITTO, "-h"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([*(command or [MOSQUITTO]), "-h"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ()
     for line in out.splitlines():
@@ -167,7 +169,7 @@ def drain(inbox: "queue.Queue", n: int, timeout: float = 5.0) -> list:
     return out
 
 
-def write_sample_db(d: Path) -> tuple[Path, int, int]:
+def write_sample_db(d: Path, command: list[str] | None = None) -> tuple[Path, int, int]:
     """Retained (QoS 0/1), queued QoS 1/2 for offline sessions, v5 properties.
 
     Returns (db path, unix time before publishing, broker port).
@@ -176,7 +178,7 @@ def write_sample_db(d: Path) -> tuple[Path, int, int]:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    b = MosquittoBroker(d).start()
+    b = MosquittoBroker(d, command=command).start()
     try:
         t0 = int(time.time())
         # Persistent sessions, connected in this order (it is Mosquitto's save order):
@@ -281,3 +283,66 @@ class RawMqtt:
     def abort(self) -> None:
         """Drop the TCP connection without DISCONNECT."""
         self.sock.close()
+
+
+# ---- Mosquitto 2.0.21 from Debian trixie, run from the CI's trixie chroot libraries ----
+
+TRIXIE_ROOT = Path(os.environ.get("RBAK_TRIXIE_ROOT", "/var/lib/rbak-ci/trixie"))
+TEST_CACHE = Path(os.environ.get("RBAK_TEST_CACHE", Path.home() / ".cache" / "rbak-tests"))
+TRIXIE_DEBS = ("mosquitto", "libmosquitto1", "libcjson1", "libdlt2", "libwebsockets19t64")
+
+
+def trixie_mosquitto() -> list[str] | str:
+    """The command that runs trixie's mosquitto, or why it cannot run.
+
+    The broker is not installed anywhere: its .debs (named in the chroot's own
+    apt lists) are fetched from the Debian mirror once, unpacked under
+    ``TEST_CACHE`` and started with the chroot's dynamic loader and libraries,
+    so neither this machine nor the chroot changes.
+    """
+    loader = TRIXIE_ROOT / "lib64" / "ld-linux-x86-64.so.2"
+    if not loader.exists():
+        return f"no trixie chroot at {TRIXIE_ROOT} (.ci/setup creates it)"
+    dest = TEST_CACHE / "mosquitto-trixie"
+    binary = dest / "usr" / "sbin" / "mosquitto"
+    if not binary.exists():
+        lists = sorted((TRIXIE_ROOT / "var" / "lib" / "apt" / "lists").glob("*_main_binary-amd64_Packages"))
+        if not lists:
+            return f"no apt lists in {TRIXIE_ROOT}"
+        files: dict[str, str] = {}
+        pkg = None
+        for line in lists[0].read_text(errors="replace").splitlines():
+            if line.startswith("Package: "):
+                pkg = line[9:].strip()
+            elif line.startswith("Filename: ") and pkg in TRIXIE_DEBS and pkg not in files:
+                files[pkg] = line[10:].strip()
+        if set(files) != set(TRIXIE_DEBS):
+            return f"trixie apt lists lack {sorted(set(TRIXIE_DEBS) - set(files))}"
+        mirror = "http://deb.debian.org/debian"
+        src = TRIXIE_ROOT / "etc" / "apt" / "sources.list"
+        if src.exists():
+            for line in src.read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "deb":
+                    mirror = parts[1].rstrip("/")
+                    break
+        tmp = Path(str(dest) + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "debs").mkdir(parents=True)
+        try:
+            for name, rel in files.items():
+                deb = tmp / "debs" / f"{name}.deb"
+                with urlopen(f"{mirror}/{rel}", timeout=60) as r:
+                    deb.write_bytes(r.read())
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True, capture_output=True)
+        except Exception as e:  # no network, no dpkg-deb, ...
+            shutil.rmtree(tmp, ignore_errors=True)
+            return f"cannot fetch trixie's mosquitto: {e}"
+        shutil.rmtree(tmp / "debs")
+        try:
+            tmp.rename(dest)
+        except OSError:  # another worker won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    libs = ":".join(str(p) for p in (dest / "usr/lib/x86_64-linux-gnu", TRIXIE_ROOT / "usr/lib/x86_64-linux-gnu",
+                                     TRIXIE_ROOT / "lib/x86_64-linux-gnu"))
+    return [str(loader), "--library-path", libs, str(binary)]
