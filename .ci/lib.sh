@@ -227,9 +227,13 @@ chroot_works() {
 mirror_url() {
     if [ -n "$DEBIAN_MIRROR" ]; then echo "$DEBIAN_MIRROR"; return; fi
     # Reuse the Debian mirror this machine's apt uses (only package mirrors are reachable).
+    # Only live entries: "URIs:" in deb822 .sources files, "deb URL" in .list files.
     local url
-    url=$(grep -hoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
-        /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -n1)
+    url=$({
+        grep -hE '^[[:space:]]*URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | sed 's/^[^:]*://'
+        grep -hE '^[[:space:]]*deb[[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+            sed -E 's/\[[^]]*\]//'
+    } | tr -s '[:blank:]' '\n' | grep -E '^https?://.*/debian/?$' | head -n1 || true)
     echo "${url:-http://deb.debian.org/debian}"
 }
 

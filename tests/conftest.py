@@ -4,6 +4,7 @@
   ``rmq310`` / ``rmq40``: one specific broker.
 - ``vhost``: a fresh ``test-<hex>`` vhost on ``broker`` (guest has full rights),
   deleted after the test. Stay inside it: other test runs share the brokers.
+  ``vhost_factory``: ``make(broker)`` for more vhosts or vhosts on a chosen broker.
 - ``moto_s3``: endpoint URL of a moto S3 server (one per xdist worker); fake AWS
   credentials are exported in ``os.environ`` for the whole session.
 - ``s3_bucket``: a fresh bucket; the fixture value is its storage URL (``str``) with
@@ -78,6 +79,23 @@ def vhost(broker: Broker):
         yield name
     finally:
         broker.delete_vhost(name)
+
+
+@pytest.fixture
+def vhost_factory():
+    """``make(broker) -> name``: fresh vhosts on any broker, all deleted after the test."""
+    made: list[tuple[Broker, str]] = []
+
+    def make(b: Broker, prefix: str = "test") -> str:
+        _usable(b)
+        name = unique_name(prefix)
+        b.create_vhost(name)
+        made.append((b, name))
+        return name
+
+    yield make
+    for b, name in made:
+        b.delete_vhost(name)
 
 
 @pytest.fixture(scope="session")

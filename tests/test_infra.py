@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from rbak.storage import open_storage
-from support.brokers import Broker, unique_name
+from support.brokers import BROKERS, Broker, unique_name, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,16 +85,25 @@ def test_read_queue_on_quorum_queue(broker: Broker, vhost: str):
         assert {m.headers.get("x-delivery-count") for m in broker.read_queue(vhost, "q")} == {2}
 
 
-def test_quorum_reads_hit_the_default_delivery_limit_on_4_0(rmq40: Broker):
-    vhost = unique_name("test")
-    rmq40.create_vhost(vhost)
-    try:
-        rmq40.publish_n(vhost, "q", 3, declare={"x-queue-type": "quorum"})
-        counts = [len(rmq40.read_queue(vhost, "q")) for _ in range(22)]
-        assert counts[:21] == [3] * 21  # the read after the 20th return still sees them...
-        assert counts[21] == 0  # ...then 4.0 drops them (delivery-limit 20)
-    finally:
-        rmq40.delete_vhost(vhost)
+def test_quorum_reads_hit_the_default_delivery_limit_on_4_0(rmq40: Broker, vhost_factory):
+    vhost = vhost_factory(rmq40)
+    rmq40.publish_n(vhost, "q", 3, declare={"x-queue-type": "quorum"})
+    counts = [len(rmq40.read_queue(vhost, "q")) for _ in range(22)]
+    assert counts[:21] == [3] * 21  # the read after the 20th return still sees them...
+    assert counts[21] == 0  # ...then 4.0 drops them (delivery-limit 20)
+
+
+def test_vhost_factory_cleans_up_on_every_broker(vhost_factory):
+    made = [(b, vhost_factory(b)) for b in BROKERS.values()]
+    assert all(b.vhost_exists(v) for b, v in made)
+    assert made[0][1] != made[1][1]
+
+
+def test_management_stats_catch_up_within_seconds(broker: Broker, vhost: str):
+    broker.publish_n(vhost, "stats", 7, declare={})
+    info = wait_until(lambda: (i := broker.queue_info(vhost, "stats")) and i.get("messages") == 7 and i,
+                      timeout=10, what="management stats showing 7 messages")
+    assert info["messages_ready"] == 7
 
 
 def test_read_stream(broker: Broker, vhost: str):

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import quote
 
 import pika
@@ -307,3 +308,22 @@ BROKERS: dict[str, Broker] = {b.name: b for b in (RMQ310, RMQ40)}
 def unique_name(prefix: str = "test") -> str:
     """``prefix-<12 hex digits>``: a vhost/queue name no concurrent test will pick."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> T:
+    """Poll ``probe`` until it returns something truthy; return that, or fail after ``timeout``.
+
+    For eventually-consistent facts only (management stats, consumers appearing);
+    the last value is shown in the failure.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+        time.sleep(interval)
