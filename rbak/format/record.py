@@ -310,12 +310,13 @@ def _bytes_from_json(val: Any) -> bytes:
     return bytes(val)
 
 
-_DEFAULT_PROPS = BackupProperties()
 
 
 def _properties_from_json(p: Any) -> BackupProperties:
     if not p:
         return BackupProperties()
+    if len(p) == 13 and tuple(p) == PROPERTY_NAMES:  # exactly as written: no lookups
+        return BackupProperties(*p.values())
     get = p.get
     return BackupProperties(
         get("content_type"),
