@@ -89,3 +89,71 @@ def tool(name: str) -> str | None:
             pytest.fail(f"{name} is not installed but CI=true: .ci/setup must install it")
         pytest.skip(f"{name} not installed")
     return path
+
+
+def crd_schema(kind: str) -> dict[str, Any]:
+    return load_crds()[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _unknown_fields(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    """What `kubectl apply` (field validation Strict, the default since 1.27) rejects as unknown."""
+    errors: list[str] = []
+    if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, sub in value.items():
+            if path == "" and key in ("apiVersion", "kind", "metadata"):
+                continue
+            if props is not None and key in props:
+                errors += _unknown_fields(props[key], sub, f"{path}.{key}")
+            elif isinstance(extra, dict):
+                errors += _unknown_fields(extra, sub, f"{path}.{key}")
+            elif props is not None or extra is False:
+                errors.append(f"{path}.{key}: unknown field")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += _unknown_fields(schema["items"], item, f"{path}[{i}]")
+    return errors
+
+
+def _cel_failures(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    """x-kubernetes-validations rules evaluated with cel-python, as on create (oldSelf rules skipped)."""
+    import celpy
+
+    errors: list[str] = []
+    rules = [r for r in schema.get("x-kubernetes-validations") or [] if "oldSelf" not in r["rule"]]
+    if rules:
+        env = celpy.Environment()
+        for rule in rules:
+            program = env.program(env.compile(rule["rule"]))
+            if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+                errors.append(f"{path or '.'}: {rule.get('message', rule['rule'])}")
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            child = (schema.get("properties") or {}).get(key)
+            if child is None and isinstance(schema.get("additionalProperties"), dict):
+                child = schema["additionalProperties"]
+            if child:
+                errors += _cel_failures(child, sub, f"{path}.{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += _cel_failures(schema["items"], item, f"{path}[{i}]")
+    return errors
+
+
+def crd_problems(obj: dict[str, Any]) -> list[str]:
+    """Everything the API server (with kubectl's strict field validation) would refuse in a custom resource."""
+    import jsonschema
+
+    crd = load_crds()[obj["kind"]]
+    version = crd["spec"]["versions"][0]
+    problems = []
+    want = f"{crd['spec']['group']}/{version['name']}"
+    if obj.get("apiVersion") != want:
+        problems.append(f"apiVersion {obj.get('apiVersion')!r} is not {want!r}")
+    schema = version["schema"]["openAPIV3Schema"]
+    validator = jsonschema.Draft7Validator(schema)
+    problems += [f".{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+    problems += _unknown_fields(schema, obj, "")
+    problems += _cel_failures(schema, obj, "")
+    return problems
