@@ -366,13 +366,13 @@ class _Damage(Exception):
 class _Cur:
     __slots__ = ("buf", "pos", "end", "u64")
 
-    def __init__(self, buf: memoryview, pos: int, end: int, byte_order: str):
+    def __init__(self, buf: bytes, pos: int, end: int, byte_order: str):
         self.buf = buf
         self.pos = pos
         self.end = end
         self.u64 = struct.Struct(byte_order + "Q")
 
-    def take(self, n: int, what: str) -> memoryview:
+    def take(self, n: int, what: str) -> bytes:
         if self.pos + n > self.end:
             raise _Damage(self.pos, f"truncated {what}: needs {n} bytes, {max(self.end - self.pos, 0)} left")
         v = self.buf[self.pos:self.pos + n]
@@ -451,12 +451,14 @@ def _parse_properties(c: _Cur, end: int) -> MqttProperties:
 
 
 class _Reader:
-    def __init__(self, path: str, buf: memoryview, byte_order: str, skip_damaged: bool):
+    def __init__(self, path: str, buf: bytes, byte_order: str, skip_damaged: bool):
         self.path = path
         self.buf = buf
         self.size = len(buf)
         self.byte_order = byte_order
         self.skip_damaged = skip_damaged
+        self.qq = struct.Struct(byte_order + "Qq")
+        self.q = struct.Struct(byte_order + "Q")
 
     def fail(self, offset: int, reason: str) -> ImportFormatError:
         return ImportFormatError(f"{self.path}: byte offset {offset}: {reason}")
@@ -516,7 +518,11 @@ class _Reader:
         bounded = v56 and ctype in (ChunkType.MSG_STORE, ChunkType.CLIENT_MSG)
         if bounded and body + length > self.size:
             raise _Damage(body, f"chunk length {length} runs past the end of the file ({self.size - body} bytes left)")
-        c = _Cur(self.buf, body, body + length if bounded else self.size, order)
+        if bounded:  # the hot chunks of a big file: fixed parts by unpack_from, no cursor
+            if ctype == ChunkType.MSG_STORE:
+                return self.msg_store_v56(body, length, off)
+            return self.client_msg_v56(body, length, off)
+        c = _Cur(self.buf, body, self.size, order)
         if ctype == ChunkType.CFG:
             if v56:
                 last = c.hu64("CFG last_db_id")
@@ -531,27 +537,19 @@ class _Reader:
                 raise _Damage(off, f"CFG dbid_size is {dbid_size}, expected {DBID_SIZE}")
             return CfgChunk(last, bool(shutdown), dbid_size, off), c.pos
         if ctype == ChunkType.MSG_STORE:
-            return self.msg_store(c, body, length, version, off)
-        if ctype == ChunkType.CLIENT_MSG:
-            if v56:
-                store_id = c.hu64("CLIENT_MSG store_id")
-                mid, id_len, qos, state, rd, direction = c.unpack(_CLIENT_MSG_TAIL, "CLIENT_MSG fields")
-                client_id = c.string(id_len, "CLIENT_MSG client id")
-                props = _parse_properties(c, c.end) if c.pos < c.end else NO_PROPERTIES
-                retain, dup = (rd & 0xF0) >> 4, rd & 0x0F
-            else:
-                client_id = c.lstring("CLIENT_MSG client id")
-                store_id = c.hu64("CLIENT_MSG store_id")
-                mid = c.u16("CLIENT_MSG mid")
-                qos = c.u8("CLIENT_MSG qos")
-                retain = c.u8("CLIENT_MSG retain")
-                direction = c.u8("CLIENT_MSG direction")
-                state = c.u8("CLIENT_MSG state")
-                dup = c.u8("CLIENT_MSG dup")
-                props = NO_PROPERTIES
+            return self.msg_store_v234(c, version, off)
+        if ctype == ChunkType.CLIENT_MSG:  # v2-v4
+            client_id = c.lstring("CLIENT_MSG client id")
+            store_id = c.hu64("CLIENT_MSG store_id")
+            mid = c.u16("CLIENT_MSG mid")
+            qos = c.u8("CLIENT_MSG qos")
+            retain = c.u8("CLIENT_MSG retain")
+            direction = c.u8("CLIENT_MSG direction")
+            state = c.u8("CLIENT_MSG state")
+            dup = c.u8("CLIENT_MSG dup")
             _check_qos(qos, c.pos, "CLIENT_MSG")
             return ClientMsgChunk(store_id, client_id, mid, qos, state, direction, bool(retain & 0x0F),
-                                  bool(dup), props, off), c.pos
+                                  bool(dup), NO_PROPERTIES, off), c.pos
         if ctype == ChunkType.RETAIN:
             return RetainChunk(c.hu64("RETAIN store_id"), off), c.pos
         if ctype == ChunkType.SUB:
@@ -586,39 +584,69 @@ class _Reader:
             raise _Damage(off, "CLIENT chunk with an empty client id")
         return ClientChunk(client_id, last_mid, sexp, interval, port, username, disc, off), c.pos
 
-    def msg_store(self, c: _Cur, body: int, length: int, version: int, off: int) -> tuple[Chunk, int]:
-        if version >= 5:
-            store_id = c.hu64("MSG_STORE store_id")
-            expiry = c.unpack(struct.Struct(self.byte_order + "q"), "MSG_STORE expiry_time")[0]
-            (payloadlen, source_mid, id_len, user_len, topic_len, port, qos, retain) = c.unpack(
-                _MSG_STORE_TAIL, "MSG_STORE fields")
-            if payloadlen > MQTT_MAX_PAYLOAD:
-                raise _Damage(c.pos - 24, f"MSG_STORE payload length {payloadlen} exceeds the MQTT maximum")
-            need = 32 + id_len + user_len + topic_len + payloadlen
-            if need > length:
-                raise _Damage(body, f"MSG_STORE chunk length {length} is smaller than its fields ({need} bytes)")
-            source_id = c.string(id_len, "MSG_STORE source id") if id_len else None
-            username = c.string(user_len, "MSG_STORE source username") if user_len else None
-            topic = c.string(topic_len, "MSG_STORE topic")
-            payload = bytes(c.take(payloadlen, "MSG_STORE payload"))
-            props = _parse_properties(c, c.end) if c.pos < c.end else NO_PROPERTIES
-        else:
-            store_id = c.hu64("MSG_STORE store_id")
-            source_id = c.lstring("MSG_STORE source id") or None
-            username, port = None, 0
-            if version == 4:
-                username = c.lstring("MSG_STORE source username") or None
-                port = c.u16("MSG_STORE source port")
-            source_mid = c.u16("MSG_STORE source mid")
-            c.u16("MSG_STORE mid")
-            topic = c.lstring("MSG_STORE topic")
-            qos = c.u8("MSG_STORE qos")
-            retain = c.u8("MSG_STORE retain")
-            payloadlen = c.u32("MSG_STORE payload length")
-            if payloadlen > MQTT_MAX_PAYLOAD:
-                raise _Damage(c.pos - 4, f"MSG_STORE payload length {payloadlen} exceeds the MQTT maximum")
-            payload = bytes(c.take(payloadlen, "MSG_STORE payload"))
-            expiry, props = 0, NO_PROPERTIES
+    def msg_store_v56(self, body: int, length: int, off: int) -> tuple[Chunk, int]:
+        buf, end = self.buf, body + length  # end <= file size: checked by the caller
+        if length < 32:
+            raise _Damage(body, f"MSG_STORE chunk length {length} is smaller than its fixed part (32 bytes)")
+        store_id, expiry = self.qq.unpack_from(buf, body)
+        payloadlen, source_mid, id_len, user_len, topic_len, port, qos, retain = _MSG_STORE_TAIL.unpack_from(
+            buf, body + 16)
+        if payloadlen > MQTT_MAX_PAYLOAD:
+            raise _Damage(body + 16, f"MSG_STORE payload length {payloadlen} exceeds the MQTT maximum")
+        need = 32 + id_len + user_len + topic_len + payloadlen
+        if need > length:
+            raise _Damage(body, f"MSG_STORE chunk length {length} is smaller than its fields ({need} bytes)")
+        if qos > 2:
+            raise _Damage(body + 30, f"MSG_STORE QoS {qos} is not 0, 1 or 2")
+        p = body + 32
+        source_id = _text(buf[p:p + id_len]) if id_len else None
+        p += id_len
+        username = _text(buf[p:p + user_len]) if user_len else None
+        p += user_len
+        if not topic_len:
+            raise _Damage(off, "MSG_STORE with an empty topic")
+        topic = _text(buf[p:p + topic_len])
+        p += topic_len
+        payload = buf[p:p + payloadlen]
+        p += payloadlen
+        props = _parse_properties(_Cur(buf, p, end, self.byte_order), end) if p < end else NO_PROPERTIES
+        return MsgStoreChunk(store_id, topic, payload, qos, bool(retain), expiry, source_mid, source_id,
+                             username, port, props, off), end
+
+    def client_msg_v56(self, body: int, length: int, off: int) -> tuple[Chunk, int]:
+        buf, end = self.buf, body + length
+        if length < 16:
+            raise _Damage(body, f"CLIENT_MSG chunk length {length} is smaller than its fixed part (16 bytes)")
+        (store_id,) = self.q.unpack_from(buf, body)
+        mid, id_len, qos, state, rd, direction = _CLIENT_MSG_TAIL.unpack_from(buf, body + 8)
+        if 16 + id_len > length:
+            raise _Damage(body, f"CLIENT_MSG chunk length {length} is smaller than its fields ({16 + id_len} bytes)")
+        if qos > 2:
+            raise _Damage(body + 12, f"CLIENT_MSG QoS {qos} is not 0, 1 or 2")
+        p = body + 16
+        client_id = _text(buf[p:p + id_len])
+        p += id_len
+        props = _parse_properties(_Cur(buf, p, end, self.byte_order), end) if p < end else NO_PROPERTIES
+        return ClientMsgChunk(store_id, client_id, mid, qos, state, direction, bool((rd & 0xF0) >> 4 & 0x0F),
+                              bool(rd & 0x0F), props, off), end
+
+    def msg_store_v234(self, c: _Cur, version: int, off: int) -> tuple[Chunk, int]:
+        store_id = c.hu64("MSG_STORE store_id")
+        source_id = c.lstring("MSG_STORE source id") or None
+        username, port = None, 0
+        if version == 4:
+            username = c.lstring("MSG_STORE source username") or None
+            port = c.u16("MSG_STORE source port")
+        source_mid = c.u16("MSG_STORE source mid")
+        c.u16("MSG_STORE mid")
+        topic = c.lstring("MSG_STORE topic")
+        qos = c.u8("MSG_STORE qos")
+        retain = c.u8("MSG_STORE retain")
+        payloadlen = c.u32("MSG_STORE payload length")
+        if payloadlen > MQTT_MAX_PAYLOAD:
+            raise _Damage(c.pos - 4, f"MSG_STORE payload length {payloadlen} exceeds the MQTT maximum")
+        payload = bytes(c.take(payloadlen, "MSG_STORE payload"))
+        expiry, props = 0, NO_PROPERTIES
         _check_qos(qos, c.pos, "MSG_STORE")
         if not topic:
             raise _Damage(off, "MSG_STORE with an empty topic")
@@ -644,7 +672,7 @@ def _type_name(ctype: int) -> str:
 def parse_db(data: bytes | memoryview, path: str = "<mosquitto.db>", *, skip_damaged: bool = False,
              byte_order: str = HOST_ORDER) -> MosquittoDb:
     """Decode a whole ``mosquitto.db`` image (errors name ``path`` and the byte offset)."""
-    return _Reader(path, memoryview(data), byte_order, skip_damaged).read()
+    return _Reader(path, data if isinstance(data, bytes) else bytes(data), byte_order, skip_damaged).read()
 
 
 def read_db(path: str | os.PathLike[str], *, skip_damaged: bool = False, byte_order: str = HOST_ORDER) -> MosquittoDb:

@@ -43,6 +43,7 @@ Where messages go (``source_vhost`` = the chosen vhost):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterator
 
 from ..format.record import (
@@ -97,6 +98,22 @@ def _short(s: str | None) -> str | None:
     return s if len(s.encode("utf-8")) <= SHORTSTR_MAX else None
 
 
+_QOS = (Short(0), Short(1), Short(2))
+_TRUE = Bool(True)
+
+
+@lru_cache(maxsize=8192)
+def _topic_parts(topic: str) -> tuple[str, LongString]:
+    """(routing key, x-mqtt-topic value); topics repeat, so this is cached."""
+    safe = _safe_text(topic)
+    return mqtt_to_amqp(safe), LongString(safe)
+
+
+@lru_cache(maxsize=8192)
+def _long_string(s: str) -> LongString:
+    return LongString(_safe_text(s))
+
+
 @dataclass(slots=True)
 class MappingStats:
     retained: int = 0
@@ -130,15 +147,20 @@ def message_to_record(
     """One stored message as a BackupRecord (see the module docstring for the mapping)."""
     p = msg.properties
     props = BackupProperties(delivery_mode=2 if msg.qos >= 1 else 1)
-    ours: list[tuple[str, HeaderValue]] = [
-        ("x-mqtt-topic", LongString(_safe_text(msg.topic))),
-        ("x-mqtt-qos", Short(msg.qos)),
-    ]
+    routing_key, topic_header = _topic_parts(msg.topic)
+    ours: list[tuple[str, HeaderValue]] = [("x-mqtt-topic", topic_header), ("x-mqtt-qos", _QOS[msg.qos])]
     if retain:
-        ours.append(("x-mqtt-retain", Bool(True)))
+        ours.append(("x-mqtt-retain", _TRUE))
     if msg.source_id:
-        ours.append(("x-mqtt-source-client-id", LongString(_safe_text(msg.source_id))))
+        ours.append(("x-mqtt-source-client-id", _long_string(msg.source_id)))
     ours.extend(extra_headers)
+    if msg.expiry_time > 0:
+        left_ms = max(0, msg.expiry_time * 1000 - now_ms)
+        props.expiration = str(left_ms)
+        ours.append(("x-mqtt-expiry-time", Timestamp(msg.expiry_time)))
+    if not p.items:
+        return BackupRecord(msg.payload, props, tuple(ours), EXCHANGE, routing_key, delivery_tag, redelivered,
+                            now_ms, source_queue, vhost)
     ct = p.content_type
     if ct is not None:
         props.content_type = _short(ct)
@@ -159,10 +181,6 @@ def message_to_record(
     if rt is not None:
         props.reply_to = _short(rt)
         ours.append(("x-reply-to-topic", LongString(mqtt_to_amqp(_safe_text(rt)))))
-    if msg.expiry_time > 0:
-        left_ms = max(0, msg.expiry_time * 1000 - now_ms)
-        props.expiration = str(left_ms)
-        ours.append(("x-mqtt-expiry-time", Timestamp(msg.expiry_time)))
     pfi = p.payload_format_indicator
     if pfi is not None:
         ours.append(("x-mqtt-payload-format-indicator", Short(int(pfi))))
@@ -184,7 +202,7 @@ def message_to_record(
         properties=props,
         headers=tuple(user + ours),
         exchange=EXCHANGE,
-        routing_key=mqtt_to_amqp(_safe_text(msg.topic)),
+        routing_key=routing_key,
         delivery_tag=delivery_tag,
         redelivered=redelivered,
         backed_up_at=now_ms,
