@@ -173,10 +173,11 @@ def consume_all(broker, vhost, queue, expected: int, stream: bool = False, timeo
     out: list[Delivery] = []
     with typed_properties(), broker.connect(vhost) as conn:
         ch = conn.channel()
-        ch.basic_qos(prefetch_count=500)
+        ch.basic_qos(prefetch_count=2000)
         args = {"x-stream-offset": "first"} if stream else {}
         deadline = time.monotonic() + timeout
         surplus_deadline = time.monotonic() + extra_wait if expected == 0 else float("inf")
+        acked = last_tag = 0
         for method, props, body in ch.consume(queue, auto_ack=False, arguments=args, inactivity_timeout=0.2):
             if method is None:
                 if time.monotonic() > deadline or (len(out) >= expected and time.monotonic() > surplus_deadline):
@@ -184,9 +185,14 @@ def consume_all(broker, vhost, queue, expected: int, stream: bool = False, timeo
                 continue
             p, h = props.rbak
             out.append(Delivery(body, p, h, method.exchange, method.routing_key))
-            ch.basic_ack(method.delivery_tag)
+            last_tag = method.delivery_tag
+            if len(out) % 500 == 0 or len(out) >= expected:
+                ch.basic_ack(last_tag, multiple=True)
+                acked = last_tag
             if len(out) == expected:
                 surplus_deadline = time.monotonic() + extra_wait
+        if out and acked != last_tag:
+            ch.basic_ack(last_tag, multiple=True)
         ch.cancel()
     return out
 
