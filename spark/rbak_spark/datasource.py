@@ -273,6 +273,7 @@ def register(spark) -> None:
 def read_backup(spark, url: str, backup_id: str, prefix: str = "", **options: Any):
     """The DataFrame of a backup (options as the module docstring)."""
     register(spark)
+    url = str(url)
     reader = spark.read.format(NAME).option("backup_id", backup_id).option("prefix", prefix or "")
     for k, v in options.items():
         if v is not None:

@@ -245,6 +245,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         from rbak.errors import ConfigError
 
         raise ConfigError(f"--ordering: must be strict or relaxed, got {ordering!r}")
+    url = str(url)  # a str subclass would be pickled by reference to its module
     t0 = time.perf_counter()
     storage = open_storage(url)
     manifest = load_complete_manifest(storage, options)

@@ -54,6 +54,7 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
     from rbak.storage import open_storage
     from rbak.validate import SegmentCheck, ValidationReport, manifest_problems
 
+    url = str(url)  # a str subclass would be pickled by reference to its module
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     layout = BackupLayout(backup_id, prefix)

@@ -1,0 +1,33 @@
+"""One local SparkSession for every Spark test of an xdist worker (JVM start-up is the cost).
+
+It is created after the moto S3 fixture has exported its fake credentials,
+because Spark's Python workers inherit the environment of the JVM, which is
+fixed when the session starts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SPARK_DIR = Path(__file__).resolve().parents[2] / "spark"
+sys.path.insert(0, str(SPARK_DIR))
+
+import pyspark  # noqa: E402,F401  (a hard requirement of these tests)
+
+
+@pytest.fixture(scope="session")
+def spark(moto_s3):
+    from rbak_spark.session import get_session
+
+    session = get_session("rbak-tests", "local[2]", {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.driver.memory": "1g",
+    })
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,124 @@
+"""spark/validate.py against real backups on local files and on the moto S3 server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+import sys
+
+import orjson
+import pytest
+
+from rbak.format.compression import Compression
+from rbak.format.record import BackupRecord
+from rbak.format.segment import encode_segment
+from rbak.keys import BackupLayout
+from rbak.storage import open_storage
+from rbak.validate import validate_backup
+from rbak_spark.synthetic import QueueSpec, write_backup
+from rbak_spark.validate_job import run_validate
+
+SPARK_DIR = Path(__file__).resolve().parents[2] / "spark"
+
+QUEUES = [QueueSpec("/", "orders", 120, 300), QueueSpec("prod", "a/b c", 60, 200), QueueSpec("prod", "empty", 0)]
+
+
+def _segments(m):
+    return [s for q in m.queues for s in q.segments]
+
+
+def corrupt(storage, m) -> dict[str, str]:
+    """Damage four segments four ways; returns key -> a phrase its report must contain."""
+    segs = _segments(m)
+    bad = {}
+    k = segs[1].key  # one flipped payload byte
+    d = bytearray(storage.get(k))
+    d[45] ^= 0x01
+    storage.put(k, bytes(d))
+    bad[k] = "CRC32 mismatch"
+    k = segs[4].key  # truncated
+    storage.put(k, storage.get(k)[:-3])
+    bad[k] = "bad end magic"
+    k = segs[-2].key  # missing
+    storage.delete(k)
+    bad[k] = "cannot read"
+    k = segs[-1].key  # a valid segment, but not the one the manifest describes
+    storage.put(k, encode_segment([BackupRecord(body=b"x", backed_up_at=1)], Compression.ZSTD))
+    bad[k] = "record count mismatch: manifest says"
+    return bad
+
+
+def test_good_backup_on_files(spark, tmp_path):
+    url = f"file://{tmp_path}"
+    storage = open_storage(url)
+    m = write_backup(storage, "b-good", QUEUES, segment_max_bytes=6000)
+    assert m.total_segments >= 8
+    out = run_validate(spark, url, "b-good")
+    assert out["ok"] is True and out["all_problems"] == []
+    assert out["summary"]["segments"] == m.total_segments
+    assert out["summary"]["records"] == m.total_messages == 180
+    assert out["summary"]["uncompressed_bytes"] == m.uncompressed_bytes
+    assert out["report_key"].startswith("b-good/validation/report-")
+    stored = orjson.loads(storage.get(out["report_key"]))
+    assert stored["ok"] is True
+    assert [s["key"] for s in stored["segments"]] == [s.key for s in _segments(m)]
+
+
+def test_every_bad_segment_found_on_s3(spark, s3_bucket):
+    storage = open_storage(s3_bucket)
+    m = write_backup(storage, "b-bad", QUEUES, segment_max_bytes=6000)
+    bad = corrupt(storage, m)
+    out = run_validate(spark, s3_bucket, "b-bad", report_key="reports/b-bad.json")
+    assert out["ok"] is False
+    found = {s["key"]: s for s in out["segments"] if not s["ok"]}
+    assert set(found) == set(bad)
+    for key, phrase in bad.items():
+        assert any(phrase in p for p in found[key]["problems"]), (key, found[key]["problems"])
+    assert out["summary"]["bad_segments"] == 4
+    assert out["summary"]["segments"] == m.total_segments  # the good ones were checked too
+    # the report is where we asked, under the bucket's prefix, and says the same
+    assert "backups/reports/b-bad.json" in s3_bucket.keys()
+    assert orjson.loads(storage.get("reports/b-bad.json"))["all_problems"] == out["all_problems"]
+    # exactly the findings of the single-process `rbak validate --deep` (one shared check)
+    single = validate_backup(storage, "b-bad", deep=True)
+    assert single.all_problems() == out["all_problems"]
+
+
+def test_script_exit_code_and_summary(tmp_path):
+    """`python spark/validate.py` from another directory: non-zero exit, bad keys named."""
+    url = f"file://{tmp_path / 'store'}"
+    storage = open_storage(url)
+    m = write_backup(storage, "b1", QUEUES[:1], segment_max_bytes=6000, prefix="team")
+    bad = corrupt(storage, m)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    p = subprocess.run(
+        [sys.executable, str(SPARK_DIR / "validate.py"), "--path", url, "--backup-id", "b1", "--prefix", "team",
+         "--master", "local[1]"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    for key in bad:
+        assert key in p.stdout
+    assert "FAILED" in p.stdout
+    reports = [k for k in storage.list("team/b1/validation/")]
+    assert len(reports) == 1 and reports[0] == BackupLayout("b1", "team").validation_report(
+        reports[0].rsplit("report-", 1)[1][: -len(".json")])
+
+
+def test_main_missing_backup_names_it(spark, tmp_path, capsys):
+    from rbak_spark.validate_job import main
+
+    rc = main(["--path", f"file://{tmp_path}", "--backup-id", "nope"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "'nope'" in err and "manifest" in err
+
+
+@pytest.mark.parametrize("missing", ["--path", "--backup-id"])
+def test_cli_requires_path_and_backup_id(missing):
+    from rbak_spark.validate_job import parse_args
+
+    argv = {"--path": ["--path", "file:///x"], "--backup-id": ["--backup-id", "b"]}
+    args = [a for k, v in argv.items() if k != missing for a in v]
+    with pytest.raises(SystemExit):
+        parse_args(args)
