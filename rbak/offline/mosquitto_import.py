@@ -27,6 +27,7 @@ from .mosquitto_db import DamagedRegion, read_db
 from .mqtt_mapping import MappingStats, iter_records
 
 log = logging.getLogger(__name__)
+_BATCH = 512
 
 
 @dataclass(slots=True)
@@ -120,8 +121,16 @@ def import_mosquitto_db(
     try:
         current: QueueBackup | None = None
         writer: SegmentWriter | None = None
+        batch: list = []
+
+        def drain() -> None:  # batches take the codec's fast path
+            if batch and writer is not None and current is not None:
+                for meta in writer.append_many(batch):
+                    current.add_segment(meta)
+                batch.clear()
 
         def finish() -> None:
+            drain()
             if writer is not None and current is not None:
                 meta = writer.flush()
                 if meta is not None:
@@ -130,16 +139,15 @@ def import_mosquitto_db(
         for rec in iter_records(db, vhost=vhost, now_ms=now, stats=stats):
             if current is None or current.name != rec.source_queue:
                 finish()
-                current = manifest.find_queue(vhost, rec.source_queue)
-                if current is not None:  # records are grouped by queue; defensive
+                if manifest.find_queue(vhost, rec.source_queue) is not None:  # records come grouped by queue
                     raise RbakError(f"internal error: queue {rec.source_queue!r} exported twice")
                 current = QueueBackup(vhost=vhost, name=rec.source_queue)
                 manifest.queues.append(current)
                 writer = SegmentWriter(sink_for(rec.source_queue), comp, max_bytes=segment_max_bytes,
                                        max_interval_ms=2**62)
-            meta = writer.append(rec)  # type: ignore[union-attr]
-            if meta is not None:
-                current.add_segment(meta)
+            batch.append(rec)
+            if len(batch) >= _BATCH:
+                drain()
         finish()
         manifest.recompute_totals()
         manifest.completed_at = int(time.time() * 1000)

@@ -224,3 +224,26 @@ def test_failed_import_leaves_no_segments(real_db):
     with pytest.raises(StorageError, match="injected failure"):
         import_mosquitto_db(path, store, "flaky")
     assert list(store.list("")) == []
+
+
+def test_many_segments_keep_order(tmp_path):
+    """A queue larger than one segment: rotation, sequence numbers and order survive."""
+    from rbak.offline.mosquitto_db import ClientChunk, ClientMsgChunk, MsgStoreChunk, write_db
+
+    n = 1500
+    chunks = [MsgStoreChunk(i + 1, f"t/{i % 7}", i.to_bytes(4, "big") * 50, 1, False) for i in range(n)]
+    chunks.append(ClientChunk("big", session_expiry_interval=0xFFFFFFFF))
+    chunks += [ClientMsgChunk(i + 1, "big", i % 65535 + 1, 1, 11, 1) for i in range(n)]
+    db = tmp_path / "mosquitto.db"
+    write_db(db, chunks)
+    url = f"file://{tmp_path}/s"
+    summary = import_mosquitto_db(db, url, "big", segment_max_bytes=64 * 1024)
+    m = load_manifest(open_storage(url), "big")
+    (q,) = m.queues
+    assert q.name == "mqtt-subscription-bigqos1" and q.message_count == n
+    assert summary.segments == len(q.segments) > 5
+    assert [s.sequence for s in q.segments] == list(range(1, len(q.segments) + 1))
+    recs = records_by_queue(open_storage(url), "big")[q.name]
+    assert [r.body for r in recs] == [i.to_bytes(4, "big") * 50 for i in range(n)]
+    assert [r.delivery_tag for r in recs] == list(range(1, n + 1))
+    assert [r.routing_key for r in recs[:8]] == [f"t.{i % 7}" for i in range(8)]
