@@ -6,6 +6,7 @@ kubernetes-validate checks against bundled Kubernetes JSON schemas.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -23,7 +24,16 @@ KUBE_VERSION = "1.33.0"  # a current Kubernetes release; the chart's kubeVersion
 def render_chart(values: dict[str, Any] | None = None, *, name: str = "rbak",
                  namespace: str = "rbak-system") -> dict[str, list[dict[str, Any]]]:
     """Render the chart like `helm template`: {template path: [manifest, ...]} (empty docs dropped)."""
+    import copy
+
+    return copy.deepcopy(_render_cached(json.dumps(values or {}, sort_keys=True), name, namespace))
+
+
+@functools.lru_cache(maxsize=64)
+def _render_cached(values_json: str, name: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
     import helm_python
+
+    values = json.loads(values_json)
 
     chart = helm_python.Chart.load(str(CHART))
     try:
@@ -67,13 +77,18 @@ def k8s_validate(obj: dict[str, Any]) -> None:
         pytest.fail(f"{obj['kind']}/{obj['metadata'].get('name')}: {where}: {e.message}", pytrace=False)
 
 
-def load_crds() -> dict[str, dict[str, Any]]:
-    """The repo's crds/*.yaml by kind."""
+@functools.lru_cache(maxsize=1)
+def _load_crds_cached() -> str:
     crds = {}
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         crds[crd["spec"]["names"]["kind"]] = crd
-    return crds
+    return json.dumps(crds)
+
+
+def load_crds() -> dict[str, dict[str, Any]]:
+    """The repo's crds/*.yaml by kind (a fresh copy each call)."""
+    return json.loads(_load_crds_cached())
 
 
 def canonical_json(obj: Any) -> str:

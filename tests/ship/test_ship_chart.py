@@ -291,3 +291,27 @@ def test_notes_render_the_essentials():
     out = render_chart(VALUE_SETS["ha-namespaced"])
     notes = next(d for p, docs in out.items() if p.endswith("NOTES.txt") for d in docs)["NOTES"]
     assert "messaging, payments" in notes and "kopf peering" in notes and "kubectl get rabbitmqbackups" in notes
+
+
+def test_values_reference_in_the_chart_readme_is_generated_and_current():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("values_doc", CHART / "hack" / "values_doc.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (CHART / "README.md").read_text()
+    assert mod.render(readme) == readme, "charts/rbak/README.md is stale: run python charts/rbak/hack/values_doc.py"
+    documented = {row[0] for row in mod.rows(json.loads((CHART / "values.schema.json").read_text()),
+                                              yaml.safe_load((CHART / "values.yaml").read_text()))}
+    assert {"image.repository", "watchNamespaces", "operator.replicas", "metrics.serviceMonitor.enabled"} <= documented
+
+
+def test_values_yaml_has_no_key_the_schema_does_not_describe():
+    def walk(values, schema, path=""):
+        for key, value in values.items():
+            props = schema.get("properties") or {}
+            assert key in props or schema.get("additionalProperties") not in (False, None), f"{path}{key}"
+            if isinstance(value, dict) and props.get(key, {}).get("additionalProperties") is False:
+                walk(value, props[key], f"{path}{key}.")
+
+    walk(yaml.safe_load((CHART / "values.yaml").read_text()), json.loads((CHART / "values.schema.json").read_text()))
