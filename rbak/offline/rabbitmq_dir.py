@@ -7,7 +7,7 @@ and ``queues/<QDIR>/`` (``.queue_name``: ``VHOST: v\\nQUEUE: q\\n`` plus
 base-36 number (``rabbit_vhost:dir/1``, ``queue_name_to_dir_name/1``), so a
 name read from a file is checked against its directory, and when a name file
 is missing the name is recovered by hashing candidates: names found in the
-node's Mnesia tables (``#resource{}`` records in ``*.DCD``/``*.DCL``), in the
+node's Mnesia tables and logs (``#resource{}`` terms in ``*.DCD``, ``*.DCL``, ``*.LOG``), in the
 other queues' name files and in the messages themselves.
 
 Everything is opened read-only; nothing under PATH is ever written.
@@ -117,7 +117,7 @@ def mnesia_resources(node_dir: str) -> set[tuple[str, str]]:
         return found
     pats = [b"h\x04" + p for p in (b"d\x00\x08resource", b"w\x08resource", b"v\x00\x08resource", b"s\x08resource")]
     for name in os.listdir(node_dir):
-        if not name.endswith((".DCD", ".DCL")):
+        if not name.endswith((".DCD", ".DCL", ".LOG", ".DAT")):
             continue
         data = _read_small(os.path.join(node_dir, name)) or b""
         for pat in pats:

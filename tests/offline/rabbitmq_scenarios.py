@@ -42,6 +42,7 @@ class Scenario:
     data_dir: Path
     expected: dict = field(default_factory=dict)  # (vhost, queue) -> list[Msg] (None: checked separately)
     versions: dict = field(default_factory=dict)  # (vhost, queue) -> 1 | 2
+    published: dict = field(default_factory=dict)  # (vhost, queue) -> every message published
     dlx: bool = False
 
 
@@ -174,6 +175,7 @@ def build_main(version: str, base: Path) -> Scenario:
             ack_and_hold(hch, q, ack=3, hold=2)
             holders.append(hold_conn)
             sc.expected[("/", q)] = [m[4] for m in msgs[3:]]
+            sc.published[("/", q)] = [m[4] for m in msgs]
             sc.versions[("/", q)] = v
         # Dead-lettering: 3.10 stores the re-encoded properties as a 'P_basic' record; 4.0 keeps deaths
         # as annotations. Checked by its own assertions (times are not predictable).
@@ -198,6 +200,7 @@ def build_main(version: str, base: Path) -> Scenario:
             assert got == n, (q, got, n)
             ack_and_hold(ch2, q, ack=ack, hold=0)
             sc.expected[(VHOST2, q)] = msgs[ack:]
+            sc.published[(VHOST2, q)] = msgs
             sc.versions[(VHOST2, q)] = v
         _declare(ch2, "empty", 1 if version.startswith("3") else 2)
         sc.expected[(VHOST2, "empty")] = []
@@ -235,6 +238,7 @@ def build_store_only(base: Path) -> Scenario:
             publish(ch, msgs)
             ack_and_hold(ch, q, ack=4, hold=0)
             sc.expected[("/", q)] = [m[4] for m in msgs[4:]]
+            sc.published[("/", q)] = [m[4] for m in msgs]
             sc.versions[("/", q)] = v
         conn.close()
         node.stop()
@@ -264,6 +268,7 @@ def build_crash(base: Path) -> Scenario:
                     msgs.append(Msg(body, "", q, exp, ALL_HEADERS_EXP if i % 50 == 0 else ()))
             ack_and_hold(ch, q, ack=100, hold=0)
             sc.expected[("/", q)] = msgs[100:]
+            sc.published[("/", q)] = msgs
             sc.versions[("/", q)] = v
         time.sleep(3)  # idle queues hibernate and write their journals out (acks are not confirmed)
         for v in (1, 2):
@@ -274,6 +279,7 @@ def build_crash(base: Path) -> Scenario:
                 pub, exp = plain_props(i)
                 ch.basic_publish("", q, body, pub)
                 sc.expected[("/", q)].append(Msg(body, "", q, exp, ()))
+                sc.published[("/", q)].append(sc.expected[("/", q)][-1])
         node.kill()
     except BaseException:
         node.cleanup()
