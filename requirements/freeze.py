@@ -90,6 +90,59 @@ def parse(text: str) -> dict[str, str]:
     return pins
 
 
+def check(pins: dict[str, str], extras: tuple[str, ...], base: dict[str, str] | None = None) -> list[str]:
+    """Problems of a pin file for the given extras; deterministic wherever the pinned versions are installed.
+
+    - every requirement of pyproject (core + extras) is pinned at a version its specifier allows;
+    - every pinned package installed here at the pinned version has all its requirements pinned;
+    - no pin is unreachable from pyproject's requirements (checked through installed metadata).
+    Packages installed at another version (a fresh CI install resolving newer releases)
+    are not second-guessed: only what the pins themselves say is checked for them.
+    """
+    allpins = {**(base or {}), **pins}
+    problems = []
+    roots = [r for r in project_requirements(extras) if r.marker is None or r.marker.evaluate()]
+    for req in roots:
+        got = allpins.get(canonical(req.name))
+        if got is None:
+            problems.append(f"{req.name}: required by pyproject.toml but not pinned")
+        elif not req.specifier.contains(got, prereleases=True):
+            problems.append(f"{req.name}=={got}: does not satisfy pyproject's {req}")
+    reachable = {canonical(r.name) for r in roots}
+    stack = list(reachable)
+    while stack:
+        name = stack.pop()
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        if allpins.get(name) != dist.version:
+            continue
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            dep = canonical(req.name)
+            if dep not in allpins:
+                problems.append(f"{name}=={dist.version} requires {req} which is not pinned")
+            elif not req.specifier.contains(allpins[dep], prereleases=True):
+                problems.append(f"{name}=={dist.version} requires {req}, pinned {dep}=={allpins[dep]}")
+            if dep not in reachable:
+                reachable.add(dep)
+                stack.append(dep)
+    walk_complete = all(_installed_version(n) == allpins[n] for n in reachable if n in allpins)
+    if walk_complete:  # every reachable pin was followed through its metadata
+        problems += [f"{n}: pinned but nothing requires it" for n in pins if n not in reachable]
+    return problems
+
+
+def _installed_version(name: str) -> str | None:
+    try:
+        return distribution(name).version
+    except PackageNotFoundError:
+        return None
+
+
 def main() -> int:
     (ROOT / "requirements" / "image.txt").write_text(render(image_pins()))
     (ROOT / "requirements" / "spark.txt").write_text(render(spark_pins()))

@@ -123,14 +123,22 @@ def test_every_copied_path_exists_and_is_in_the_build_context():
 
 
 @pytest.mark.parametrize("name,extras", [("image.txt", freeze.IMAGE_EXTRAS), ("spark.txt", freeze.SPARK_EXTRAS)])
-def test_pinned_requirements_cover_exactly_the_dependency_closure(name, extras):
+def test_pinned_requirements_are_complete_and_consistent(name, extras):
     pins = freeze.parse((ROOT / "requirements" / name).read_text())
-    want = freeze.image_pins() if name == "image.txt" else freeze.spark_pins()
-    missing, extra = set(want) - set(pins), set(pins) - set(want)
-    assert not missing and not extra, (
-        f"requirements/{name} is stale (missing {sorted(missing)}, not needed {sorted(extra)}): "
-        "run `python requirements/freeze.py`")
+    base = None if name == "image.txt" else freeze.parse((ROOT / "requirements" / "image.txt").read_text())
     assert "rbak" not in pins
+    assert not (set(pins) & set(base or {})), "spark.txt repeats pins of image.txt"
+    problems = freeze.check(pins, extras, base)
+    assert problems == [], f"requirements/{name}: " + "; ".join(problems) + " (run `python requirements/freeze.py`)"
+
+
+def test_pin_check_sees_a_missing_and_a_stray_pin():
+    pins = freeze.parse((ROOT / "requirements" / "image.txt").read_text())
+    broken = {k: v for k, v in pins.items() if k != "botocore"}
+    broken["left-pad"] = "1.0"
+    problems = " ".join(freeze.check(broken, freeze.IMAGE_EXTRAS))
+    assert "requires botocore" in problems and "not pinned" in problems
+    assert "left-pad: pinned but nothing requires it" in problems
 
 
 def test_freeze_rejects_a_loose_pin():
