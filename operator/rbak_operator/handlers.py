@@ -1,14 +1,17 @@
 """kopf handlers: read the objects, call the pure functions, apply the result.
 
-Scheduling is a short timer per RabbitMQBackup comparing the cron's slots with
-the persisted ``status.lastScheduleTime`` (written *before* the Job is
-created), so restarts and a second replica never double-run a slot: the Job
-name is derived from the slot and a second create gets 409. Run with
-``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
+Scheduling is a short loop per RabbitMQBackup (a kopf daemon) comparing the
+cron's slots with the persisted ``status.lastScheduleTime`` (written *before*
+the Job is created), so restarts and a second replica never double-run a
+slot: the Job name is derived from the slot and a second create gets 409.
+Its first pass after a start-up reads the Jobs' real state, so a run left
+``Running`` by a crashed operator is reconciled, not failed blindly.
+Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -16,15 +19,13 @@ from datetime import datetime
 from typing import Any
 
 import kopf
-import yaml
-from kubernetes.client.rest import ApiException
 
 from rbak.errors import RbakError
 
 from . import bodies, metrics, naming, policy, rbakconfig, schedule
 from .clock import fmt, now as clock_now, parse_time
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
-from .k8s import Kube
+from .k8s import ApiError, Kube, connection_info
 from .status import RunState, job_state, push_history, run_summary, set_condition, spark_state
 
 log = logging.getLogger("rbak_operator")
@@ -41,7 +42,7 @@ HISTORY = 10
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING  # log lines are not events; runs post their own
     settings.persistence.finalizer = "rbak.io/finalizer"
     # Two replicas: kopf peering makes the highest-priority live operator the
     # only active one; the others pause. Equal priorities would both run, so
@@ -54,6 +55,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = metrics.serve()
     if port:
         log.info("metrics on :%d/metrics", port)
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """In-cluster service account or kubeconfig, read by our own small client (see k8s.py)."""
+    return connection_info()
 
 
 # --------------------------------------------------------------------------
@@ -143,11 +150,14 @@ def _start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: 
     return created
 
 
-def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | None:
-    """One pass over a RabbitMQBackup. Returns the status patch applied (for tests/logs)."""
+GONE = "gone"
+
+
+def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
+    """One pass over a RabbitMQBackup: the status patch applied, or GONE."""
     body = kube.get_backup(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return None
+        return GONE
     now = clock_now()
     meta, spec = body["metadata"], body.get("spec") or {}
     status = dict(body.get("status") or {})
@@ -361,20 +371,24 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     return deleted
 
 
-@kopf.timer(GROUP, VERSION, BACKUP_PLURAL, interval=TICK, initial_delay=0.5)
-def backup_timer(name: str, namespace: str, logger, **_: Any) -> None:
-    try:
-        reconcile_backup(Kube(), namespace, name, logger)
-    except ApiException as e:
-        raise kopf.TemporaryError(f"API error {e.status}: {e.reason}", delay=TICK) from None
+def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger) -> None:
+    """Reconcile every TICK until stopped, or until the object is gone/finished (then exit)."""
+    kube = Kube()
+    log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
+    while not stopped:
+        try:
+            if reconcile(kube, namespace, name, logger) == GONE:
+                return
+        except ApiError as e:
+            logger.warning("%s %s/%s: API error %s %s; retrying", kind, namespace, name, e.status, e.reason)
+        except Exception:  # never let one bad object kill its loop
+            logger.exception("%s %s/%s: reconcile failed; retrying", kind, namespace, name)
+        stopped.wait(TICK)
 
 
-@kopf.on.resume(GROUP, VERSION, BACKUP_PLURAL)
-def backup_resume(name: str, namespace: str, status: dict, logger, **_: Any) -> None:
-    """At start-up a backup left Running is reconciled from its Jobs' real state, not failed blindly."""
-    if (status or {}).get("phase") == "Running":
-        logger.info("resuming %s/%s left Running: reading its Jobs", namespace, name)
-        reconcile_backup(Kube(), namespace, name, logger)
+@kopf.daemon(GROUP, VERSION, BACKUP_PLURAL, initial_delay=0.2, cancellation_timeout=10)
+def backup_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
+    _loop(reconcile_backup, "RabbitMQBackup", name, namespace, stopped, logger)
 
 
 def _delete_policy(spec: dict, **_: Any) -> bool:
@@ -396,7 +410,7 @@ def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_
         for bid in ids:
             st.delete_prefix(f"{bid}/")
         _event(body, "Normal", "BackupsDeleted", f"deleted {len(ids)} stored backups (deletionPolicy delete)")
-    except (RbakError, ApiException) as e:
+    except (RbakError, ApiError) as e:
         # A missing Secret (namespace teardown) must not hang deletion: report and let go.
         _event(body, "Warning", "BackupsKept", f"could not delete stored backups: {e}")
         logger.warning("deletionPolicy delete: %s; letting the object go, backups kept", e)
@@ -446,16 +460,17 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     return target, storage, backup_id, nbytes, spec.get("spark") or {}
 
 
-def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | None:
+def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
+    """One pass over a RabbitMQRestore: the status patch, None (still running) or GONE (nothing left to do)."""
     body = kube.get_restore(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return None
+        return GONE
     now = clock_now()
     meta, spec = body["metadata"], body.get("spec") or {}
     status = dict(body.get("status") or {})
     gen = meta.get("generation")
     if status.get("phase") in ("Succeeded", "Failed"):
-        return None
+        return GONE
     if not status.get("engine"):
         try:
             target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
@@ -542,9 +557,19 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
     return patch
 
 
-@kopf.timer(GROUP, VERSION, RESTORE_PLURAL, interval=TICK, initial_delay=0.5)
-def restore_timer(name: str, namespace: str, logger, **_: Any) -> None:
-    try:
-        reconcile_restore(Kube(), namespace, name, logger)
-    except ApiException as e:
-        raise kopf.TemporaryError(f"API error {e.status}: {e.reason}", delay=TICK) from None
+@kopf.daemon(GROUP, VERSION, RESTORE_PLURAL, initial_delay=0.2, cancellation_timeout=10)
+def restore_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
+    _loop(reconcile_restore, "RabbitMQRestore", name, namespace, stopped, logger)
+
+
+def _daemons_without_finalizer() -> None:
+    """kopf puts a finalizer on every object that has a daemon, so it can stop the
+    daemon before the object goes. Ours stop themselves when their object is gone
+    (one GET 404 later), so the only finalizer left is the opt-in one of the
+    deletionPolicy-delete handler: deleting a RabbitMQBackup never waits for the
+    operator unless the user asked for its stored backups to be deleted."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers[:] = [dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers]
+
+
+_daemons_without_finalizer()

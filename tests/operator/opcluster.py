@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,17 @@ NS = "default"
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class _Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus ``metadata.generateName`` (kopf names its Events so)."""
+
+    async def _handle(self, request):
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+        return await super()._handle(request)
 
 
 class Emulator:
@@ -51,7 +63,7 @@ class Emulator:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as k, kmock.Server(k) as srv:
+        async with _Emulator() as k, kmock.Server(k) as srv:
             k.resources.load_bundled()
             for plural, kind, short in (("rabbitmqbackups", "RabbitMQBackup", ["rbak"]),
                                         ("rabbitmqrestores", "RabbitMQRestore", ["rbakr"])):
@@ -276,13 +288,15 @@ class PodRunner:
                         "finishedAt": _now()}
                 if p.returncode != 0:
                     term["message"] = "\n".join(out.splitlines()[-80:])  # FallbackToLogsOnError
-                statuses.append({"name": c["name"], "_kind": kind, "state": {"terminated": term}})
+                statuses.append({"name": c["name"], "_kind": kind, "state": {"terminated": term}, "ready": False,
+                                 "restartCount": 0, "image": c.get("image", ""), "imageID": "", "started": False})
                 if p.returncode != 0:
                     ok = False
                     break
         except Exception as e:  # CreateContainerConfigError and the like
             ok = False
-            statuses.append({"name": "setup", "_kind": "main", "state": {"terminated": {
+            statuses.append({"name": "setup", "_kind": "main", "ready": False, "restartCount": 0, "image": "",
+                             "imageID": "", "state": {"terminated": {
                 "exitCode": 1, "reason": "CreateContainerConfigError", "message": str(e)}}})
             output += repr(e)
         self.outputs[name] = output

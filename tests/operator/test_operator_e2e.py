@@ -1,0 +1,339 @@
+"""The real operator process (``python -m rbak_operator``, kopf) against kmock's
+KubernetesEmulator over HTTP, with a local kubelet (``cluster.PodRunner``)
+running each Job's pod command against the real RabbitMQ 3.10 and a moto S3
+server. The operator's clock is a file the test steps across schedule slots
+(``RBAK_OPERATOR_CLOCK_FILE``), so no test waits for wall-clock minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from rbak.catalog import list_backups, load_manifest
+from rbak.storage.url import open_storage
+from rbak_operator.api_calls import used_api_calls
+from support.brokers import unique_name
+
+from opcluster import Emulator, Http, Operator, PodRunner, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+API = "rbak.io/v1alpha1"
+START = datetime(2030, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
+
+
+def _fmt(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.emu = Emulator().start()
+        self.http = Http(self.emu.url)
+        self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
+        self.clock_file = tmp / "clock"
+        self.now = START
+        self.clock_file.write_text(_fmt(self.now))
+        self.runner = PodRunner(self.http).start()
+        self.operators: list[Operator] = []
+        self.operator = self.start_operator()
+
+    def start_operator(self) -> Operator:
+        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log").start()
+        self.operators.append(op)
+        return op
+
+    def set_clock(self, dt: datetime) -> None:
+        assert dt >= self.now
+        self.now = dt
+        self.clock_file.write_text(_fmt(dt))
+
+    def next_slot(self, minutes: int = 5) -> datetime:
+        """Move the clock 2 s past the next multiple of ``minutes``; return that slot."""
+        base = self.now.replace(second=0) + timedelta(minutes=1)
+        while base.minute % minutes:
+            base += timedelta(minutes=1)
+        self.set_clock(base + timedelta(seconds=2))
+        return base
+
+    def backup(self, name: str) -> dict:
+        return self.http.get(API, "rabbitmqbackups", name) or {}
+
+    def status(self, name: str) -> dict:
+        return self.backup(name).get("status") or {}
+
+    def jobs(self, prefix: str) -> list[str]:
+        return sorted(j["metadata"]["name"] for j in self.http.items("batch/v1", "jobs") if j["metadata"]["name"].startswith(prefix + "-"))
+
+    def events(self, name: str) -> list[dict]:
+        return [e for e in self.http.items("v1", "events") if (e.get("involvedObject") or {}).get("name") == name]
+
+    def logs(self) -> str:
+        out = []
+        for op in self.operators:
+            out.append(f"--- {op.log_path.name}\n" + op.log()[-6000:])
+        out.append("--- runner\n" + "\n".join(f"{k}:\n{v[-3000:]}" for k, v in self.runner.outputs.items()))
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for op in self.operators:
+            op.stop()
+        self.runner.stop()
+        self.emu.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, moto_s3):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        calls = c.emu.api_calls()
+        dump = os.environ.get("RBAK_OPERATOR_API_CALLS_DUMP")
+        if dump:
+            Path(dump).write_text(json.dumps(sorted(calls), indent=1))
+        c.close()
+
+
+@pytest.fixture
+def env(cluster, rmq310, moto_s3, s3_bucket):
+    """A fresh vhost with a queue, a bucket, and the Secrets a backup needs."""
+    vhost = unique_name("test-op")
+    rmq310.create_vhost(vhost)
+    tag = unique_name("e2e")
+    http = cluster.http
+    http.secret(f"{tag}-s3", {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    http.secret(f"{tag}-rmq", {"username": rmq310.user, "password": rmq310.password})
+    http.secret(f"{tag}-bad", {"username": rmq310.user, "password": "definitely-wrong"})
+    http.secret(f"{tag}-cluster-default-user", {"username": rmq310.user, "password": rmq310.password,
+                                                "host": rmq310.host, "port": str(rmq310.amqp_port)})
+    e = type("Env", (), {})()
+    e.vhost, e.tag, e.broker, e.bucket = vhost, tag, rmq310, s3_bucket
+    e.storage = {"s3": {"bucket": s3_bucket.bucket, "prefix": s3_bucket.prefix, "endpoint": s3_bucket.endpoint,
+                        "pathStyle": True, "region": "us-east-1", "credentialsSecretRef": {"name": f"{tag}-s3"}}}
+    e.url_broker = {"amqpUrl": f"amqp://{rmq310.host}:{rmq310.amqp_port}/%2f", "managementUrl": rmq310.management_url,
+                    "credentialsSecretRef": {"name": f"{tag}-rmq"}}
+    e.cluster_broker = {"rabbitmqClusterReference": {"name": f"{tag}-cluster"}}
+    try:
+        yield e
+    finally:
+        rmq310.delete_vhost(vhost)
+
+
+def create_backup(cluster: Cluster, env, name: str, **spec) -> dict:
+    body = {"apiVersion": API, "kind": "RabbitMQBackup",
+            "metadata": {"name": name, "creationTimestamp": _fmt(cluster.now)},
+            "spec": {"broker": env.url_broker, "storage": env.storage, "queues": {"vhosts": [env.vhost]}, **spec}}
+    return cluster.http.create(API, "rabbitmqbackups", body)
+
+
+def trigger(cluster: Cluster, name: str, value: str) -> None:
+    cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/backup-now": value}}})
+
+
+def wait_run(cluster: Cluster, name: str, job: str | None = None, phase: str | None = None, timeout: float = 90) -> dict:
+    def done():
+        lr = cluster.status(name).get("lastRun") or {}
+        if job is not None and lr.get("jobName") != job:
+            return None
+        if phase is not None and lr.get("phase") != phase:
+            return None
+        return lr or None
+    return wait_for(done, timeout, what=f"{name} run {job or ''} {phase or ''}", diag=cluster.logs)
+
+
+def s3(env):
+    return open_storage(str(env.bucket))
+
+
+def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
+    env.broker.publish_n(env.vhost, "orders", 25)
+    name = f"{env.tag}-sched"
+    create_backup(cluster, env, name, schedule="*/5 * * * *", broker=env.cluster_broker)
+    wait_for(lambda: cluster.status(name).get("nextScheduleTime"), 30, what="nextScheduleTime", diag=cluster.logs)
+    assert cluster.jobs(name) == []
+    slot = cluster.next_slot()
+    job = f"{name}-{slot:%Y%m%d-%H%M}"
+    run = wait_run(cluster, name, job=job)
+    assert run["phase"] == "Succeeded", cluster.logs()
+    manifest = load_manifest(s3(env), job)
+    assert manifest.is_complete and manifest.total_messages == 25
+    assert run["messages"] == 25 == manifest.total_messages
+    assert run["bytes"] == manifest.total_bytes and run["segments"] == manifest.total_segments
+    assert run["queues"] == 1 and run["validation"] == "Passed" and run["trigger"] == "schedule"
+    assert run["scheduledTime"] == _fmt(slot)
+    st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s, 30, what="phase")
+    assert st["lastBackupId"] == job and st["lastScheduleTime"] == _fmt(slot)
+    assert st["nextScheduleTime"] == _fmt(slot + timedelta(minutes=5))
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {"Ready": "True", "Progressing": "False"}
+    assert env.broker.message_count(env.vhost, "orders") == 25  # the source is untouched
+    reasons = wait_for(lambda: {e["reason"] for e in cluster.events(name)} >= {"BackupStarted", "BackupSucceeded"}
+                       and {e["reason"] for e in cluster.events(name)}, 20, what="events")
+    assert "BackupFailed" not in reasons
+    assert cluster.jobs(name) == [job]
+
+
+def test_on_demand_trigger_runs_once_per_value(cluster, env):
+    env.broker.publish_n(env.vhost, "q1", 3)
+    name = f"{env.tag}-manual"
+    create_backup(cluster, env, name)
+    trigger(cluster, name, "first")
+    run = wait_run(cluster, name, phase="Succeeded")
+    assert run["trigger"] == "manual" and run["messages"] == 3
+    assert cluster.status(name)["lastManualTrigger"] == "first"
+    time.sleep(2)  # same value again: nothing new
+    assert len(cluster.jobs(name)) == 1
+    trigger(cluster, name, "second")
+    wait_for(lambda: len(cluster.jobs(name)) == 2, 30, what="second job", diag=cluster.logs)
+    wait_for(lambda: len(cluster.status(name).get("history") or []) == 2, 90, what="two runs", diag=cluster.logs)
+    assert len([b for b in list_backups(s3(env)) if b.complete]) == 2
+
+
+def test_suspend_skips_slots_and_resume_does_not_fire_them(cluster, env):
+    name = f"{env.tag}-susp"
+    create_backup(cluster, env, name, schedule="*/5 * * * *", suspend=True)
+    wait_for(lambda: cluster.status(name).get("phase") == "Suspended", 30, what="Suspended", diag=cluster.logs)
+    skipped = cluster.next_slot()
+    wait_for(lambda: cluster.status(name).get("lastScheduleTime") == _fmt(skipped), 30, what="slot passed while suspended")
+    assert cluster.jobs(name) == []
+    cluster.http.patch(API, "rabbitmqbackups", name, {"spec": {"suspend": False}})
+    wait_for(lambda: cluster.status(name).get("nextScheduleTime") == _fmt(skipped + timedelta(minutes=5)), 30,
+             what="resumed", diag=cluster.logs)
+    time.sleep(2)
+    assert cluster.jobs(name) == []  # the slot missed while suspended is not run on resume
+    slot = cluster.next_slot()
+    wait_run(cluster, name, job=f"{name}-{slot:%Y%m%d-%H%M}", phase="Succeeded")
+
+
+def test_operator_killed_across_a_slot_runs_it_exactly_once(cluster, env):
+    env.broker.publish_n(env.vhost, "q", 2)
+    name = f"{env.tag}-restart"
+    create_backup(cluster, env, name, schedule="*/5 * * * *", startingDeadlineSeconds=600)
+    wait_for(lambda: cluster.status(name).get("nextScheduleTime"), 30, what="scheduled", diag=cluster.logs)
+    cluster.operator.kill()
+    slot = cluster.next_slot()
+    time.sleep(1)
+    assert cluster.jobs(name) == []
+    cluster.operator = cluster.start_operator()
+    job = f"{name}-{slot:%Y%m%d-%H%M}"
+    wait_run(cluster, name, job=job, phase="Succeeded", timeout=120)
+    # A second restart with the clock still inside the slot's deadline: no second run.
+    cluster.operator.kill()
+    cluster.operator = cluster.start_operator()
+    wait_for(lambda: f"{name}: reconcile loop started" in cluster.operator.log(), 60, what="operator up", diag=cluster.logs)
+    time.sleep(4)
+    assert cluster.jobs(name) == [job]
+    assert cluster.runner.started.count(job) == 1
+
+
+def test_running_status_is_reconciled_from_the_job_after_a_crash(cluster, env):
+    env.broker.publish_n(env.vhost, "q", 4)
+    name = f"{env.tag}-crash"
+    create_backup(cluster, env, name)
+    trigger(cluster, name, "go")
+    wait_for(lambda: cluster.status(name).get("phase") == "Running", 30, what="Running", diag=cluster.logs)
+    cluster.operator.kill()
+    job = cluster.jobs(name)[0]
+    wait_for(lambda: any(c.get("type") == "Complete" for c in
+                         ((cluster.http.get("batch/v1", "jobs", job) or {}).get("status") or {}).get("conditions") or []),
+             90, what="job complete while the operator is down", diag=cluster.logs)
+    assert cluster.status(name)["phase"] == "Running"
+    cluster.operator = cluster.start_operator()
+    run = wait_run(cluster, name, job=job, phase="Succeeded", timeout=60)
+    assert run["messages"] == 4
+
+
+def test_failing_backup_reports_the_cause(cluster, env):
+    env.broker.publish_n(env.vhost, "q", 1)
+    name = f"{env.tag}-fail"
+    broker = dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"})
+    create_backup(cluster, env, name, broker=broker)
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Failed")
+    text = (run.get("message") or "").lower()
+    assert any(w in text for w in ("access_refused", "authentication", "login", "401", "not authorised", "unauthorized")), run
+    st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Failed" and s, 30, what="Failed phase")
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "BackupFailed" and run["message"][:40] in ready["message"]
+    assert "definitely-wrong" not in json.dumps(st)  # the password never reaches the status
+    wait_for(lambda: any(e["reason"] == "BackupFailed" and e.get("type") == "Warning" for e in cluster.events(name)), 20,
+             what="warning event")
+    assert [b for b in list_backups(s3(env)) if b.complete] == []
+
+
+def test_retention_deletes_the_oldest_backup(cluster, env):
+    env.broker.publish_n(env.vhost, "q", 2)
+    name = f"{env.tag}-ret"
+    create_backup(cluster, env, name, retention={"keepLast": 2})
+    for i in range(3):
+        trigger(cluster, name, f"run-{i}")
+        wait_for(lambda: len(cluster.status(name).get("history") or []) == i + 1 and
+                 (cluster.status(name).get("lastRun") or {}).get("phase") == "Succeeded", 90, what=f"run {i}",
+                 diag=cluster.logs)
+    history = cluster.status(name)["history"]
+    oldest = history[-1]["backupId"]
+    wait_for(lambda: (cluster.status(name).get("retention") or {}).get("deletedTotal") == 1, 30, what="retention",
+             diag=cluster.logs)
+    left = {b.backup_id for b in list_backups(s3(env))}
+    assert left == {history[0]["backupId"], history[1]["backupId"]}
+    assert oldest not in left and not s3(env).list(f"{oldest}/")
+    assert cluster.status(name)["retention"]["lastDeleted"] == [oldest]
+
+
+def test_restore_from_latest_backup_puts_messages_back(cluster, env):
+    bodies = [f"m{i}".encode() for i in range(10)]
+    for b in bodies:
+        env.broker.publish(env.vhost, "orders", b)
+    name = f"{env.tag}-src"
+    create_backup(cluster, env, name)
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded")
+    assert run["messages"] == 10
+    env.broker.drain_queue(env.vhost, "orders")
+    assert env.broker.message_count(env.vhost, "orders") == 0
+    rname = f"{env.tag}-restore"
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                  "metadata": {"name": rname}, "spec": {"backupRef": {"name": name}}})
+    st = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {}).get("phase")
+                  in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    assert st["phase"] == "Succeeded", st
+    assert st["backupId"] == run["backupId"] and st["engine"] == "job" and st["messages"] == 10
+    assert env.broker.read_bodies(env.vhost, "orders") == bodies
+
+
+def test_two_operators_one_slot_one_run(cluster, env):
+    name = f"{env.tag}-twin"
+    create_backup(cluster, env, name, schedule="*/5 * * * *")
+    second = cluster.start_operator()
+    try:
+        wait_for(lambda: cluster.status(name).get("nextScheduleTime"), 30, what="scheduled")
+        time.sleep(3)  # both operators are up and ticking
+        slot = cluster.next_slot()
+        job = f"{name}-{slot:%Y%m%d-%H%M}"
+        wait_run(cluster, name, job=job, phase="Succeeded")
+        time.sleep(2)
+        assert cluster.jobs(name) == [job] and cluster.runner.started.count(job) == 1
+    finally:
+        second.stop()
+
+
+def test_api_calls_are_within_the_declared_rbac(cluster):
+    made = cluster.emu.api_calls()
+    allowed = used_api_calls()
+    # The test itself creates objects/secrets through the same server; only operator-side verbs matter.
+    test_side = {("", "secrets", "create"), ("", "pods", "create"), ("", "pods/status", "patch"),
+                 ("batch", "jobs/status", "patch"), ("rbak.io", "rabbitmqbackups", "create"),
+                 ("rbak.io", "rabbitmqrestores", "create"), ("", "events", "list"), ("", "secrets", "get"),
+                 ("", "configmaps", "get"), ("batch", "jobs", "list"), ("batch", "jobs", "get"),
+                 ("rbak.io", "rabbitmqbackups", "get"), ("rbak.io", "rabbitmqrestores", "get"),
+                 ("rbak.io", "rabbitmqbackups", "patch")}
+    unexpected = {c for c in made - allowed - test_side}
+    assert not unexpected, f"operator used calls missing from api_calls.USED_API_CALLS: {sorted(unexpected)}"
+    assert ("batch", "jobs", "create") in made and ("rbak.io", "rabbitmqbackups/status", "patch") in made
