@@ -29,8 +29,9 @@ Where messages go (``source_vhost`` = the chosen vhost):
 
 * each retained message -> queue ``mosquitto-retained`` (a pseudo-queue);
 * each persistent client's pending outgoing messages -> the queue the MQTT
-  plugin would hold them in, ``mqtt-subscription-<clientid>qos1`` (delivery QoS
-  1/2) or ``...qos0`` (QoS 0), in Mosquitto's order (in flight, then queued);
+  plugin would hold them in: ``mqtt-subscription-<clientid>qos1`` if the
+  client's matching subscription has QoS 1/2 (always so when the message's
+  delivery QoS is 1/2), else ``...qos0``; in Mosquitto's order (in flight, then queued);
   in-flight ones are ``redelivered``. QoS 2 messages whose PUBREC already came
   back (states resend_pubrel / wait_for_pubcomp) belong to the client and are
   skipped;
@@ -80,6 +81,23 @@ def mqtt_to_amqp(topic: str) -> str:
 def subscription_queue(client_id: str, qos: int) -> str:
     """The MQTT plugin's queue for a client session (``queue_name_bin/2``)."""
     return f"mqtt-subscription-{client_id}qos{0 if qos == 0 else 1}"
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT filter matching (``+`` one level, ``#`` the rest incl. the parent; ``$`` topics
+    not matched by a leading wildcard; ``$share/<group>/`` stripped)."""
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        topic_filter = parts[2] if len(parts) == 3 else ""
+    f, t = topic_filter.split("/"), topic.split("/")
+    if topic.startswith("$") and f[0] in ("+", "#"):
+        return False
+    for i, level in enumerate(f):
+        if level == "#":
+            return True
+        if i >= len(t) or (level != "+" and level != t[i]):
+            return False
+    return len(f) == len(t)
 
 
 def _safe_text(s: str) -> str:
@@ -246,6 +264,19 @@ def iter_records(db: MosquittoDb, *, vhost: str = "/", now_ms: int, stats: Mappi
     st.expired_sessions = sum(1 for c in db.clients
                               if c.session_expiry_time > 0 and c.session_expiry_time * 1000 <= now_ms)
     # Mosquitto restores client messages whether or not a CLIENT chunk precedes them.
+    subs: dict[str, list[tuple[str, int]]] = {}
+    for sub in db.subs:
+        subs.setdefault(sub.client_id, []).append((sub.topic, sub.qos))
+
+    def queue_for(client_id: str, cm: ClientMsgChunk, topic: str) -> str:
+        # The plugin picks the queue by the *subscription's* QoS: a QoS 0 message
+        # for a QoS 1 subscription sits in the qos1 queue. Delivery QoS >= 1
+        # implies such a subscription; for QoS 0, look at the client's filters.
+        if cm.qos >= 1:
+            return subscription_queue(client_id, 1)
+        best = max((q for f, q in subs.get(client_id, ()) if topic_matches(f, topic)), default=0)
+        return subscription_queue(client_id, best)
+
     by_client: dict[str, list[ClientMsgChunk]] = {}
     for cm in db.client_msgs:
         by_client.setdefault(cm.client_id, []).append(cm)
@@ -271,7 +302,7 @@ def iter_records(db: MosquittoDb, *, vhost: str = "/", now_ms: int, stats: Mappi
                 st.client_owned += 1
                 continue
             st.queued += 1
-            yield emit(msg, subscription_queue(client_id, cm.qos), retain=cm.retain,
+            yield emit(msg, queue_for(client_id, cm, msg.topic), retain=cm.retain,
                        redelivered=cm.dup or cm.state in _SENT)
     st.unreferenced = sum(1 for sid in stores if sid not in referenced)
 

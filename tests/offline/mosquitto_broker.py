@@ -170,7 +170,7 @@ def drain(inbox: "queue.Queue", n: int, timeout: float = 5.0) -> list:
 
 
 def write_sample_db(d: Path, command: list[str] | None = None) -> tuple[Path, int, int]:
-    """Retained (QoS 0/1), queued QoS 1/2 for offline sessions, v5 properties.
+    """Retained (QoS 0/1), queued QoS 0/1/2 for offline sessions, v5 properties.
 
     Returns (db path, unix time before publishing, broker port).
     """
@@ -178,7 +178,7 @@ def write_sample_db(d: Path, command: list[str] | None = None) -> tuple[Path, in
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    b = MosquittoBroker(d, command=command).start()
+    b = MosquittoBroker(d, extra_conf="queue_qos0_messages true\n", command=command).start()
     try:
         t0 = int(time.time())
         # Persistent sessions, connected in this order (it is Mosquitto's save order):
@@ -203,6 +203,7 @@ def write_sample_db(d: Path, command: list[str] | None = None) -> tuple[Path, in
         p.publish("a/b.c", V5_PAYLOAD, qos=1, properties=pp).wait_for_publish(5)
         p.publish("a/x", b"hello-q2", qos=2).wait_for_publish(5)
         p.publish("a/ret", b"retained-q1", qos=1, retain=True).wait_for_publish(5)
+        p.publish("a/q0", b"plain-q0", qos=0).wait_for_publish(5)
         rp = Properties(PacketTypes.PUBLISH)
         rp.ContentType = "text/plain"
         p.publish("r/other", b"retained-q0", qos=0, retain=True, properties=rp).wait_for_publish(5)

@@ -20,7 +20,7 @@ from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp 
 from rbak.format.segment import decode_segment  # noqa: E402
 from rbak.offline.mosquitto_db import read_db  # noqa: E402
 from rbak.offline.mosquitto_import import import_mosquitto_db  # noqa: E402
-from rbak.offline.mqtt_mapping import mqtt_to_amqp, subscription_queue  # noqa: E402
+from rbak.offline.mqtt_mapping import mqtt_to_amqp, subscription_queue, topic_matches  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 from rbak.validate import validate_backup  # noqa: E402
 
@@ -29,6 +29,7 @@ pytest.importorskip("paho.mqtt.client")
 
 Q311 = "mqtt-subscription-sub-311qos1"
 QV5 = "mqtt-subscription-sub-v5qos1"
+Q0 = "mqtt-subscription-sub-qos0qos0"
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,9 @@ def test_names_follow_rabbitmq_mqtt_plugin():
     assert mqtt_to_amqp("a/b.c/+/#") == "a.b.c.*.#"
     assert subscription_queue("dev-1", 0) == "mqtt-subscription-dev-1qos0"
     assert subscription_queue("dev-1", 2) == "mqtt-subscription-dev-1qos1"
+    assert topic_matches("a/#", "a") and topic_matches("a/#", "a/b/c") and topic_matches("+/b", "a/b")
+    assert not topic_matches("+/b", "a/b/c") and not topic_matches("#", "$SYS/x") and not topic_matches("a/+", "a")
+    assert topic_matches("$share/g/a/+", "a/x")
 
 
 @pytest.mark.parametrize("compression", ["zstd", "lz4", "none"])
@@ -58,18 +62,19 @@ def test_import_real_file_exact_records(real_db, tmp_path, compression):
     now = int(time.time() * 1000)
     summary = import_mosquitto_db(path, url, "mq-1", prefix="offline", compression=compression, vhost="iot", now_ms=now)
     s = summary.stats
-    assert (s.retained, s.queued, s.incoming, s.expired, s.dangling, s.unreferenced) == (2, 6, 0, 0, 0, 0)
-    assert s.queues == {"mosquitto-retained": 2, Q311: 3, QV5: 3}
+    assert (s.retained, s.queued, s.incoming, s.expired, s.dangling, s.unreferenced) == (2, 9, 0, 0, 0, 0)
+    # a QoS 0 message for a QoS 1/2 subscription stays in the qos1 queue, as in RabbitMQ's plugin
+    assert s.queues == {"mosquitto-retained": 2, Q311: 4, QV5: 4, Q0: 1}
 
     storage = open_storage(url)
     m = load_manifest(storage, "mq-1", "offline")
     assert m.is_complete and m.completed_at >= m.created_at
-    assert m.total_messages == 8 and {q.vhost for q in m.queues} == {"iot"}
+    assert m.total_messages == 11 and {q.vhost for q in m.queues} == {"iot"}
     report = validate_backup(storage, "mq-1", "offline", deep=True)
     assert report.ok, report.all_problems()
     ext = Compression.parse(compression).extension
     names = [seg.key.rsplit("/", 1)[1] for q in m.queues for seg in q.segments]
-    assert len(names) == 3 and all(n == f"segment-0001{ext}" for n in names), names
+    assert len(names) == 4 and all(n == f"segment-0001{ext}" for n in names), names
 
     recs = records_by_queue(storage, "mq-1", "offline")
     assert [r.routing_key for r in recs["mosquitto-retained"]] == ["a.ret", "r.other"]
@@ -79,9 +84,10 @@ def test_import_real_file_exact_records(real_db, tmp_path, compression):
     assert (ret0.body, ret0.properties.delivery_mode, ret0.properties.content_type) == (b"retained-q0", 1, "text/plain")
 
     assert [(r.routing_key, r.body) for r in recs[Q311]] == [
-        ("a.b.c", V5_PAYLOAD), ("a.x", b"hello-q2"), ("a.ret", b"retained-q1")]
-    assert [r.body for r in recs[QV5]] == [V5_PAYLOAD, b"hello-q2", b"retained-q1"]
-    assert [r.delivery_tag for r in recs[QV5]] == [1, 2, 3]
+        ("a.b.c", V5_PAYLOAD), ("a.x", b"hello-q2"), ("a.ret", b"retained-q1"), ("a.q0", b"plain-q0")]
+    assert [r.body for r in recs[QV5]] == [V5_PAYLOAD, b"hello-q2", b"retained-q1", b"plain-q0"]
+    assert [r.delivery_tag for r in recs[QV5]] == [1, 2, 3, 4]
+    assert [(r.body, r.properties.delivery_mode) for r in recs[Q0]] == [(b"plain-q0", 1)]
     assert all(r.source_vhost == "iot" and r.backed_up_at == now and not r.redelivered
                for rs in recs.values() for r in rs)
 
@@ -111,7 +117,7 @@ def test_expired_messages_are_skipped_and_counted(real_db, tmp_path):
     path, _, _ = real_db
     later = (int(time.time()) + 7200) * 1000  # the v5 message expires after an hour
     summary = import_mosquitto_db(path, f"file://{tmp_path}", "later", now_ms=later)
-    assert summary.stats.expired == 2 and summary.stats.queued == 4
+    assert summary.stats.expired == 2 and summary.stats.queued == 7
     assert summary.stats.expired_sessions == 1  # sub-v5's 3600 s session expiry has passed by then
     assert any("expired" in line for line in summary.lines())
 
@@ -131,8 +137,8 @@ def test_cli_summary_and_errors(real_db, tmp_path, capsys):
     url = f"file://{tmp_path}/out"
     assert rbak_main(["import", "mosquitto-db", str(path), "--to", url, "--backup-id", "cli-1"]) == 0
     out = capsys.readouterr().out
-    assert "messages exported: 8 (retained 2, queued for persistent clients 6" in out
-    assert f"{Q311}: 3" in out
+    assert "messages exported: 11 (retained 2, queued for persistent clients 9" in out
+    assert f"{Q311}: 4" in out
 
     assert rbak_main(["import", "mosquitto-db", str(path), "--to", url, "--backup-id", "cli-1"]) == 2
     assert "already exists" in capsys.readouterr().err
@@ -154,7 +160,7 @@ def test_cli_summary_and_errors(real_db, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"SKIPPED damaged data at byte offset {last}" in out
     # the lost chunk was the last RETAIN: one retained message fewer, the rest intact
-    assert "messages exported: 7 (retained 1, queued for persistent clients 6" in out
+    assert "messages exported: 10 (retained 1, queued for persistent clients 9" in out
 
 
 def test_garbage_file_is_refused_without_writing(tmp_path):
@@ -171,7 +177,7 @@ def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
     path, _, _ = real_db
     url = f"file://{tmp_path}/rs"
     import_mosquitto_db(path, url, "mq-restore")
-    for q in ("mosquitto-retained", Q311, QV5):
+    for q in ("mosquitto-retained", Q311, QV5, Q0):
         broker.declare_queue(vhost, q)
     opts = restore.RestoreOptions(
         backup_id="mq-restore",
@@ -184,7 +190,7 @@ def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
     summary = restore.run_restore(open_storage(url), opts)
     assert all(q.status not in ("failed",) for q in summary.queues), summary
     got = broker.drain_queue(vhost, Q311)
-    assert [m.body for m in got] == [V5_PAYLOAD, b"hello-q2", b"retained-q1"]
+    assert [m.body for m in got] == [V5_PAYLOAD, b"hello-q2", b"retained-q1", b"plain-q0"]
     first = got[0]
     assert first.properties.content_type == "application/octet-stream"
     assert first.properties.reply_to == "reply/to/me"
@@ -192,14 +198,15 @@ def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
     assert first.headers["x-correlation-id"] == CORR
     assert first.headers["k1"] in (b"v1", "v1")  # pika's longstr type differs by version
     assert [m.body for m in broker.drain_queue(vhost, "mosquitto-retained")] == [b"retained-q1", b"retained-q0"]
-    assert len(broker.drain_queue(vhost, QV5)) == 3
+    assert len(broker.drain_queue(vhost, QV5)) == 4
+    assert [m.body for m in broker.drain_queue(vhost, Q0)] == [b"plain-q0"]
 
 
 def test_import_to_real_s3_over_http(real_db, s3_bucket):
     """The same import into a moto S3 server (storage is the ordinary backend)."""
     path, _, _ = real_db
     summary = import_mosquitto_db(path, str(s3_bucket), "s3-mq", prefix="mosq")
-    assert summary.stats.exported == 8
+    assert summary.stats.exported == 11
     storage = open_storage(str(s3_bucket))
     assert validate_backup(storage, "s3-mq", "mosq", deep=True).ok
     assert records_by_queue(storage, "s3-mq", "mosq")["mosquitto-retained"][0].body == b"retained-q1"

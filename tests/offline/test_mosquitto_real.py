@@ -71,7 +71,7 @@ def test_real_file_exact_contents(real_db, mosquitto_cmd):
     assert db.header.version == 6 and db.header.crc == 0
     assert isinstance(db.chunks[0], CfgChunk) and db.cfg.shutdown and db.cfg.dbid_size == 8
     stores = {m.topic: m for m in db.msg_stores.values()}
-    assert set(stores) == {"a/b.c", "a/x", "a/ret", "r/other"}
+    assert set(stores) == {"a/b.c", "a/x", "a/ret", "a/q0", "r/other"}
     assert db.cfg.last_db_id == max(m.store_id for m in stores.values())
 
     v5 = stores["a/b.c"]
@@ -118,11 +118,11 @@ def test_real_file_exact_contents(real_db, mosquitto_cmd):
                 for m in db.client_msgs if m.client_id == cid]
 
     q = MsgState.QUEUED
-    assert queued("sub-311") == [("a/b.c", 1, q, Direction.OUT), ("a/x", 2, q, Direction.OUT),
-                                 ("a/ret", 1, q, Direction.OUT)]
-    assert queued("sub-v5") == [("a/b.c", 1, q, Direction.OUT), ("a/x", 1, q, Direction.OUT),
-                                ("a/ret", 1, q, Direction.OUT)]
-    assert queued("sub-qos0") == []  # QoS 0 is not queued for offline clients by default
+    out = Direction.OUT
+    # delivery QoS = min(subscription, publish); QoS 0 queued because of queue_qos0_messages
+    assert queued("sub-311") == [("a/b.c", 1, q, out), ("a/x", 2, q, out), ("a/ret", 1, q, out), ("a/q0", 0, q, out)]
+    assert queued("sub-v5") == [("a/b.c", 1, q, out), ("a/x", 1, q, out), ("a/ret", 1, q, out), ("a/q0", 0, q, out)]
+    assert queued("sub-qos0") == [("a/q0", 0, q, out)]
     assert sorted((s.client_id, s.topic, s.qos) for s in db.subs) == [
         ("sub-311", "a/#", 2), ("sub-qos0", "a/q0", 0), ("sub-v5", "a/#", 1)]
 
