@@ -28,8 +28,9 @@ VALUE_SETS = {
                      "nodeSelector": {"kubernetes.io/os": "linux"},
                      "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}]},
     },
-    "crds-elsewhere-no-metrics": {"crds": {"install": False}, "metrics": {"enabled": False},
-                                  "fullnameOverride": "backup-operator"},
+    "crds-elsewhere-no-metrics-pvc": {"crds": {"install": False}, "metrics": {"enabled": False},
+                                      "fullnameOverride": "backup-operator",
+                                      "operator": {"backupClaims": ["rabbit-backups"]}},
 }
 
 # The prometheus-operator ServiceMonitor is not a built-in kind: check the fields we set.
@@ -270,7 +271,7 @@ def test_metrics_service_and_service_monitor():
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
 
     assert operator_env(objs)["RBAK_METRICS_PORT"] == str(svc["spec"]["ports"][0]["port"])
-    off = manifests(render_chart(VALUE_SETS["crds-elsewhere-no-metrics"]))
+    off = manifests(render_chart(VALUE_SETS["crds-elsewhere-no-metrics-pvc"]))
     assert find(off, "Service") == [] and find(off, "ServiceMonitor") == []
     assert operator_env(off)["RBAK_METRICS_PORT"] == "0"  # 0 disables the operator's metrics server
     assert "metrics" not in {p["name"] for p in find(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["ports"]}
@@ -315,3 +316,15 @@ def test_values_yaml_has_no_key_the_schema_does_not_describe():
                 walk(value, props[key], f"{path}{key}.")
 
     walk(yaml.safe_load((CHART / "values.yaml").read_text()), json.loads((CHART / "values.schema.json").read_text()))
+
+
+def test_backup_claims_are_mounted_where_the_operator_looks_for_them():
+    objs = manifests(render_chart(VALUE_SETS["crds-elsewhere-no-metrics-pvc"]))
+    pod = find(objs, "Deployment")[0]["spec"]["template"]["spec"]
+    env = operator_env(objs)
+    root = env["RBAK_OPERATOR_PVC_ROOT"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    # handlers.open_backup_storage reads <RBAK_OPERATOR_PVC_ROOT>/<claimName>/<path>
+    assert {mounts[n] for n in claims} == {f"{root}/rabbit-backups"}
+    assert "RBAK_OPERATOR_PVC_ROOT" not in operator_env(manifests(render_chart({})))

@@ -79,6 +79,10 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
   value: {{ ternary .Values.metrics.port 0 .Values.metrics.enabled | quote }}
 - name: RBAK_OPERATOR_TICK_SECONDS
   value: {{ .Values.operator.tickSeconds | quote }}
+{{- if .Values.operator.backupClaims }}
+- name: RBAK_OPERATOR_PVC_ROOT
+  value: /var/lib/rbak-operator/pvc
+{{- end }}
 - name: RBAK_OPERATOR_LOG_LEVEL
   value: {{ upper .Values.operator.logLevel | quote }}
 {{- end -}}
