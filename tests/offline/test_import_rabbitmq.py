@@ -417,3 +417,39 @@ def test_directory_names():
 def test_not_a_data_dir(tmp_path):
     with pytest.raises(ImportFormatError, match="no msg_stores/vhosts"):
         import_rabbitmq_dir(str(tmp_path), "memory://nd", "x")
+
+
+# --------------------------------------------------------------------------
+# End to end: import -> rbak restore into a fresh vhost of a CI broker -> consume.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+def test_imported_backup_restores_into_a_live_broker(shared_root, tmp_path, broker, vhost):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
+    from _restore_helpers import consume_all, declare, expected_after_restore, headers_equal, options_for
+
+    from rbak.restore import run_restore
+
+    sc = scenario("main-3.10", shared_root)
+    queues = ["v1-mixed", "v2-mixed", "dlx-target"]
+    url = f"file://{tmp_path}/b"
+    args = ["import", "rabbitmq-dir", str(sc.data_dir), "--to", url, "--backup-id", "e2e", "--vhost", "/"]
+    for q in queues:
+        args += ["--queue", q]
+    assert rbak_main(args) == 0
+    _, imported = read_backup(url, "e2e")
+    for q in queues:
+        declare(broker, vhost, q)
+    summary = run_restore(open_storage(url), options_for(broker, "e2e", vhost_mapping=(("/", vhost),)))
+    assert summary.ok, summary.to_json_obj()
+    for q in queues:
+        recs = imported[("/", q)]
+        if sc.expected[("/", q)] is not None:
+            assert as_msgs(recs) == sc.expected[("/", q)]
+        got = consume_all(broker, vhost, q, len(recs))
+        assert [d.body for d in got] == [r.body for r in recs], q
+        for d, r in zip(got, recs):
+            assert d.properties == r.properties, q
+            assert headers_equal(d.headers, expected_after_restore(r.headers)), (q, d.headers, r.headers)
