@@ -1,0 +1,88 @@
+"""A pika delivery -> ``BackupRecord``, keeping every header's AMQP type.
+
+pika's own table decoder truncates floats (``f``/``d``) to ints, fails on NaN
+and folds the integer widths together, so the backup keeps the raw property
+bytes of each content header (see ``_keep_raw``) and decodes headers with
+``rbak.restore.fields.decode_basic_properties``, the exact inverse of the
+restore side's encoder. Messages without headers take the fast path (pika's
+already-decoded fields).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pika.spec
+
+from ..format.record import BackupProperties, BackupRecord
+from ..restore.fields import decode_basic_properties
+
+# Headers the broker adds on delivery and that are not part of the message.
+BROKER_HEADERS = frozenset({"x-stream-offset", "x-stream-chunk-timestamp"})
+
+_orig_decode = pika.spec.BasicProperties.decode
+
+
+def _keep_raw(self, encoded, offset=0):  # type: ignore[no-untyped-def]
+    """pika's decode, plus the raw bytes; a table pika cannot decode no longer kills the connection."""
+    self._rbak_raw = bytes(encoded[offset:])
+    try:
+        return _orig_decode(self, encoded, offset)
+    except Exception:  # noqa: BLE001 - pika cannot decode it; rbak's decoder reads the raw bytes
+        self._rbak_pika_failed = True
+        return self
+
+
+if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
+    pika.spec.BasicProperties.decode = _keep_raw  # type: ignore[method-assign]
+
+
+def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | None = None,
+              drop_headers: frozenset[str] = frozenset()) -> BackupRecord:
+    raw = getattr(props, "_rbak_raw", None)
+    if raw is not None and (props.headers is not None or getattr(props, "_rbak_pika_failed", False)):
+        p, headers = decode_basic_properties(raw)
+        hdrs = tuple(headers or ())
+        if drop_headers:
+            hdrs = tuple(kv for kv in hdrs if kv[0] not in drop_headers)
+    else:
+        p = BackupProperties(
+            content_type=props.content_type,
+            content_encoding=props.content_encoding,
+            delivery_mode=props.delivery_mode,
+            priority=props.priority,
+            correlation_id=props.correlation_id,
+            reply_to=props.reply_to,
+            expiration=props.expiration,
+            message_id=props.message_id,
+            timestamp=props.timestamp,
+            type_field=props.type,
+            user_id=props.user_id,
+            app_id=props.app_id,
+            cluster_id=props.cluster_id,
+        )
+        hdrs = ()
+    return BackupRecord(
+        body=bytes(body) if body else b"",
+        properties=p,
+        headers=hdrs,
+        exchange=method.exchange or "",
+        routing_key=method.routing_key or "",
+        delivery_tag=method.delivery_tag,
+        redelivered=bool(method.redelivered),
+        backed_up_at=now_ms if now_ms is not None else int(time.time() * 1000),
+        source_queue=queue,
+        source_vhost=vhost,
+    )
+
+
+def delivery_count(props) -> int:
+    """``x-delivery-count`` of a delivery (0 when absent: never returned before)."""
+    h = props.headers
+    if not h:
+        return 0
+    v = h.get("x-delivery-count")
+    try:
+        return int(v) if v is not None else 0
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,113 @@
+"""Prometheus metrics of a backup, named like the Rust tool's.
+
+``rabbitmq_backup_messages_read_total``, ``_bytes_read_total``,
+``_segments_written_total``, ``_segment_bytes_total`` (labels ``vhost``,
+``queue``, ``queue_type``), ``rabbitmq_backup_checkpoint_syncs_total``,
+``rabbitmq_backup_active_connections`` and ``rabbitmq_backup_errors_total``
+(label ``error_type``, shared with the restore side). Labels never carry
+credentials: only vhost and queue names.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import REGISTRY, Counter, Gauge, make_wsgi_app
+
+from ..config import MetricsConfig
+from ..errors import AmqpError, CheckpointError, ManagementApiError, SerializationError, StorageError
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+Q_LABELS = ("vhost", "queue", "queue_type")
+
+
+def _get(kind, name: str, doc: str, labels: tuple[str, ...]):
+    with _lock:
+        for n in (name, name + "_total"):
+            existing = REGISTRY._names_to_collectors.get(n)  # noqa: SLF001 - no public lookup API
+            if existing is not None:
+                return existing
+        return kind(name, doc, labels)
+
+
+def messages_read():
+    return _get(Counter, "rabbitmq_backup_messages_read", "Messages read by backups.", Q_LABELS)
+
+
+def bytes_read():
+    return _get(Counter, "rabbitmq_backup_bytes_read", "Message body bytes read by backups.", Q_LABELS)
+
+
+def segments_written():
+    return _get(Counter, "rabbitmq_backup_segments_written", "Segments written by backups.", Q_LABELS)
+
+
+def segment_bytes():
+    return _get(Counter, "rabbitmq_backup_segment_bytes", "Segment bytes (compressed) written.", Q_LABELS)
+
+
+def checkpoint_syncs():
+    return _get(Counter, "rabbitmq_backup_checkpoint_syncs", "Checkpoint database syncs to storage.", ())
+
+
+def active_connections():
+    return _get(Gauge, "rabbitmq_backup_active_connections", "Open AMQP connections of the backup.", ())
+
+
+def errors():
+    from ..restore import metrics as restore_metrics
+
+    return restore_metrics.errors()
+
+
+def error_type(e: BaseException) -> str:
+    from .queue_reader import DeliveryLimitError
+
+    if isinstance(e, DeliveryLimitError):
+        return "delivery_limit"
+    if isinstance(e, AmqpError):
+        s = str(e)
+        if "authentication" in s:
+            return "authentication"
+        if "cannot connect" in s or "connection was lost" in s:
+            return "connection"
+        return "amqp"
+    if isinstance(e, ManagementApiError):
+        return "authentication" if "401" in str(e) else "management"
+    if isinstance(e, StorageError):
+        return "storage"
+    if isinstance(e, SerializationError):
+        return "serialization"
+    if isinstance(e, CheckpointError):
+        return "checkpoint"
+    return "other"
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # no per-scrape log lines
+        pass
+
+
+def serve(cfg: MetricsConfig):
+    """Serve ``cfg.path`` on ``cfg.bind:cfg.port`` in a daemon thread; returns the server (``.shutdown()``)."""
+    app = make_wsgi_app(REGISTRY)
+
+    def only_path(environ, start_response):
+        if environ.get("PATH_INFO", "/") != cfg.path:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [f"metrics are at {cfg.path}\n".encode()]
+        return app(environ, start_response)
+
+    try:
+        httpd = make_server(cfg.bind, cfg.port, only_path, handler_class=_Quiet)
+    except OSError as e:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"metrics.port: cannot listen on {cfg.bind}:{cfg.port}: {e}") from None
+    t = threading.Thread(target=httpd.serve_forever, name="rbak-metrics", daemon=True)
+    t.start()
+    log.info("metrics on http://%s:%d%s", cfg.bind, httpd.server_port, cfg.path)
+    return httpd
