@@ -13,15 +13,19 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pika
 import pika.exceptions
 
 from ..catalog import load_manifest
-from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SegmentError
+from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SegmentError, SerializationError
 from ..format.manifest import BackupManifest, SegmentMetadata
-from ..format.segment import decode_segment, sha256_hex
+from ..errors import CompressionError
+from ..format.batch import decode_records
+from ..format.compression import decompress
+from ..format.record import BackupRecord
+from ..format.segment import FOOTER_SIZE, HEADER_SIZE, decode_segment, iter_payload, sha256_hex, verify_frame
 from ..storage.base import Storage
 from . import metrics
 from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
@@ -107,6 +111,51 @@ def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum
     return decode_segment(data, seg.key).records
 
 
+def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
+                         chunk: int = 1024) -> Iterator[tuple[int, BackupRecord]]:
+    """(index, record) of one segment from ``start``, decoded ``chunk`` records at a time.
+
+    Peak memory is the compressed file plus its decompressed payload (bounded
+    by the backup's segment size) plus one chunk of records, not a whole
+    segment of decoded records. Every check of ``decode_segment`` is made:
+    CRC and magics up front, SHA-256 against the manifest, and the record
+    count once the payload has been walked.
+    """
+    data = storage.get(seg.key)
+    if verify_checksum and seg.checksum and sha256_hex(data) != seg.checksum:
+        raise SegmentError(seg.key, f"SHA-256 does not match the manifest (expected {seg.checksum})")
+    header = verify_frame(data, seg.key)
+    try:
+        payload = decompress(memoryview(data)[HEADER_SIZE: len(data) - FOOTER_SIZE], header.compression)
+    except CompressionError as e:
+        raise SegmentError(seg.key, e.args[0]) from None
+    del data
+    raws: list[memoryview] = []
+    n = 0
+    for i, raw in enumerate(iter_payload(payload, seg.key)):
+        n = i + 1
+        if i < start:
+            continue
+        raws.append(raw)
+        if len(raws) >= chunk:
+            first = i + 1 - len(raws)
+            yield from zip(range(first, i + 1), _decode(raws, seg.key, first))
+            raws = []
+    if raws:
+        first = n - len(raws)
+        yield from zip(range(first, n), _decode(raws, seg.key, first))
+    if n != header.record_count or n != seg.record_count:
+        raise SegmentError(seg.key, f"record count mismatch: header says {header.record_count}, manifest says "
+                                    f"{seg.record_count}, payload holds {n}")
+
+
+def _decode(raws: list[memoryview], key: str, first: int) -> list[BackupRecord]:
+    try:
+        return decode_records(raws)
+    except SerializationError as e:
+        raise SegmentError(key, f"records from {first}: {e.args[0]}") from None
+
+
 def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
     """Records of a plan inside the window; reads only the segments that straddle an edge."""
     n = 0
@@ -171,7 +220,8 @@ def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth:
         log.warning("%s: target queue %r holds %d fewer messages than restored so far; something consumed from it. "
                     "Resuming from the checkpoint.", plan.label, plan.target_queue, -extra)
         return 0
-    limit = 2 * options.produce_batch_size + 64
+    # in flight (<= batch) + confirmed since the last commit (about a batch) + generous slack
+    limit = 4 * options.produce_batch_size + 1024
     if extra > limit:
         raise CheckpointError(
             f"{plan.label}: target queue {plan.target_queue!r} in vhost {plan.target_vhost!r} holds {extra} more "
@@ -251,19 +301,21 @@ def restore_queue_segments(
         s, e = options.window_start_ms, options.window_end_ms
         last_commit = time.monotonic()
         last_token: tuple[int, int] | None = None
-        counted_pub = counted_conf = 0
+        counted_pub = counted_conf = committed_at = 0
 
         def commit(force: bool = False) -> None:
-            nonlocal last_commit, last_token, counted_pub, counted_conf
+            nonlocal last_commit, last_token, counted_pub, counted_conf, committed_at
             adv, token = pub.take_progress()
             if adv:
                 last_token = token
             now = time.monotonic()
-            if last_token is not None and (force or (adv and now - last_commit >= 0.05)):
+            if last_token is not None and (force or (adv and (now - last_commit >= 0.25
+                                                                 or pub.confirmed - committed_at >= options.produce_batch_size))):
                 seq, idx, seg_len = last_token
                 cp.record(plan.source_vhost, plan.source_queue, seq, idx, idx >= seg_len,
                           confirmed_base + pub.confirmed + skip_done)
                 last_commit = now
+                committed_at = pub.confirmed
             m_pub.inc(pub.published - counted_pub)
             m_conf.inc(pub.confirmed - counted_conf)
             counted_pub, counted_conf = pub.published, pub.confirmed
@@ -272,18 +324,16 @@ def restore_queue_segments(
                 on_progress(res)
 
         skip_done = 0
+        queue_mode = options.publish_mode == "queue"
+        prop_cache: dict[tuple, bytes] = {}  # consecutive records often share properties and headers
         try:
             for seg in plan.segments:
                 if seg.sequence < resume_seq:
                     continue
                 start = resume_idx if seg.sequence == resume_seq else 0
-                records = load_segment_records(storage, seg, options.verify_checksums)
-                if len(records) != seg.record_count:
-                    raise ManifestError(f"{seg.key}: holds {len(records)} records, the manifest says {seg.record_count}")
                 whole = segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e)
-                n = len(records)
-                for i in range(start, n):
-                    r = records[i]
+                n = seg.record_count
+                for i, r in iter_segment_records(storage, seg, options.verify_checksums, start):
                     if not whole and not record_in_window(r.backed_up_at, s, e):
                         res.skipped_records += 1
                         continue
@@ -295,13 +345,25 @@ def restore_queue_segments(
                         pub._last_done_token = (seg.sequence, i + 1, n)  # noqa: SLF001
                         pub._advanced = True  # noqa: SLF001
                         continue
-                    exchange, rk = publish_address(r, plan, options.publish_mode)
-                    props = encode_basic_properties(r.properties, r.headers, f"{plan.label} record {i} of {seg.key}")
+                    exchange, rk = (("", plan.target_queue) if queue_mode or not r.exchange
+                                    else (r.exchange, r.routing_key))  # plan.publish_address, inlined
+                    p = r.properties
+                    key = (p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
+                           p.reply_to, p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id,
+                           p.app_id, p.cluster_id, r.headers)
+                    props = prop_cache.get(key)
+                    if props is None:
+                        try:
+                            props = encode_basic_properties(p, r.headers, "record")
+                        except SerializationError as err:
+                            raise SerializationError(f"{plan.label}, record {i} of {seg.key}: {err.args[0]}") from None
+                        if len(prop_cache) >= 4096:
+                            prop_cache.clear()
+                        prop_cache[key] = props
                     pub.publish(exchange, rk, props, r.body, (seg.sequence, i + 1, n))
                     res.bytes += len(r.body)
                     if pub.published % 256 == 0:
                         commit()
-                records = None  # free the segment before fetching the next
                 commit()
             pub.drain()
             commit(force=True)
