@@ -18,6 +18,8 @@ from .crds import BACKUP_PLURAL, GROUP, VERSION
 from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, SecretEnv
 
 DEFAULT_IMAGE = os.environ.get("RBAK_IMAGE", "ghcr.io/rbak/rbak:0.1.0")
+# Spark pods need pyspark and a JRE: the image's "-spark" variant (see Dockerfile).
+DEFAULT_SPARK_IMAGE = os.environ.get("RBAK_SPARK_IMAGE") or f"{DEFAULT_IMAGE}-spark"
 SPARK_FILES = "/opt/rbak/spark"
 
 L_NAME = "app.kubernetes.io/name"
@@ -26,6 +28,7 @@ L_COMPONENT = "app.kubernetes.io/component"
 L_BACKUP = "rbak.io/backup"
 L_RESTORE = "rbak.io/restore"
 L_TRIGGER = "rbak.io/trigger"
+L_VALIDATES = "rbak.io/validates"
 A_BACKUP_ID = "rbak.io/backup-id"
 A_SLOT = "rbak.io/scheduled-time"
 A_TRIGGER_VALUE = "rbak.io/trigger-value"
@@ -119,9 +122,9 @@ def _volumes(config_name: str, storage: dict[str, Any]) -> tuple[list[dict[str, 
 def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str, Any], storage: dict[str, Any],
              secret_env: list[SecretEnv], args: list[str], labels: dict[str, str],
              annotations: dict[str, str] | None = None,
-             validate_args: list[str] | None = None) -> dict[str, Any]:
+             validate_args: list[str] | None = None, config_name: str | None = None) -> dict[str, Any]:
     """A run's Job; with ``validate_args`` the run is an init container and validation the main one."""
-    vols, mounts = _volumes(name, storage)
+    vols, mounts = _volumes(config_name or name, storage)
     env = _env(secret_env)
     main = _container("rbak", spec, args, env, mounts)
     pod_spec: dict[str, Any] = {
@@ -189,7 +192,7 @@ def spark_application_body(*, name: str, namespace: str, owner: dict[str, Any], 
             "type": "Python",
             "pythonVersion": "3",
             "mode": "cluster",
-            "image": spark.get("image") or DEFAULT_IMAGE,
+            "image": spark.get("image") or DEFAULT_SPARK_IMAGE,
             "sparkVersion": spark.get("sparkVersion") or "4.0.0",
             "mainApplicationFile": f"local://{SPARK_FILES}/{script}",
             "arguments": list(arguments),

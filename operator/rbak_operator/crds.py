@@ -219,6 +219,8 @@ def run_summary_schema(desc: str) -> dict[str, Any]:
             "segments": _i("segments (from manifest.json)"),
             "queues": _i("queues (from manifest.json)"),
             "validation": _s("validation outcome", enum=["Skipped", "Passed", "Failed", "Pending"]),
+            "validationRun": _s("Job or SparkApplication validating this backup after the run"),
+            "validationEngine": _s("job or spark", enum=["job", "spark"]),
         },
     )
 

@@ -49,7 +49,6 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # every pod draws its own. Even if both ran, a slot maps to one Job name.
     settings.peering.name = os.environ.get("RBAK_PEERING_NAME", "rbak-operator")
     settings.peering.priority = int(os.environ.get("RBAK_PEERING_PRIORITY") or random.randint(1, 1_000_000))
-    settings.peering.stealth = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     port = metrics.serve()
@@ -195,6 +194,8 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
             validation=("Passed" if st.phase == "Succeeded" else None) if has_validate else None)
         if st.phase == "Succeeded" and manifest is None:
             summary["message"] = "succeeded; manifest.json not readable by the operator (counts unknown)"
+        if st.phase == "Succeeded" and not has_validate and manifest is not None:
+            _start_validation(kube, body, summary, manifest.total_bytes)
         history = push_history(history, summary, HISTORY)
         recorded.add(jname)
         patch["lastRun"] = summary
@@ -216,6 +217,7 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
             conditions = set_condition(conditions, "Ready", "False", "BackupFailed",
                                        f"backup {backup_id} failed: {reason}", now, generation)
             _event(body, "Warning", "BackupFailed", f"backup {backup_id} failed: {reason}")
+    history = _follow_validations(kube, body, history, patch)
     if history != list(status.get("history") or []):
         patch["history"] = history
 
@@ -335,6 +337,58 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
     if changed:
         kube.patch_status(BACKUP_PLURAL, namespace, name, changed)
     return changed
+
+
+def _start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any], nbytes: int) -> None:
+    """validate.sparkThresholdBytes set: validate after the run, with Spark above the threshold."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    validate = spec.get("validate") or {}
+    engine = policy.validation_engine(validate, nbytes)
+    if engine == "none":
+        return
+    ns, run, bid = meta["namespace"], summary["jobName"], summary["backupId"]
+    vname = naming.validate_run_name(run)
+    url = rbakconfig.storage_url(spec["storage"])
+    _, storage_env = rbakconfig.storage_section(spec["storage"])
+    labels = {**bodies.common_labels("validate"), bodies.L_VALIDATES: naming.label_value(meta["name"])}
+    if engine == "spark":
+        kube.create_spark_app(bodies.spark_application_body(
+            name=vname, namespace=ns, owner=body, spark=spec.get("spark") or {}, script="validate.py",
+            arguments=["--path", url, "--backup-id", bid], secret_env=storage_env, config_name=None, labels=labels))
+    else:
+        kube.create_job(bodies.job_body(
+            name=vname, namespace=ns, owner=body, spec=spec, storage=spec["storage"], secret_env=storage_env,
+            args=bodies.validate_args(url, bid, bool(validate.get("deep"))), labels=labels, config_name=run))
+    summary.update(validation="Pending", validationRun=vname, validationEngine=engine)
+    _event(body, "Normal", "ValidationStarted", f"validating backup {bid} with {engine} {vname}")
+
+
+def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str, Any]],
+                        patch: dict[str, Any]) -> list[dict[str, Any]]:
+    """Move Pending validations to Passed/Failed from their Job or SparkApplication."""
+    ns = body["metadata"]["namespace"]
+    out = []
+    for h in history:
+        if h.get("validation") == "Pending" and h.get("validationRun"):
+            if h.get("validationEngine") == "spark":
+                app = kube.get_spark_app(ns, h["validationRun"])
+                st = spark_state(app) if app else RunState("Failed", "Missing", "validation SparkApplication disappeared")
+            else:
+                job = kube.get_job(ns, h["validationRun"])
+                st = job_state(job, kube.job_pods(ns, h["validationRun"])) if job else RunState(
+                    "Failed", "Missing", "validation Job disappeared")
+            if st.finished:
+                h = dict(h, validation="Passed" if st.phase == "Succeeded" else "Failed")
+                if st.phase != "Succeeded":
+                    h["message"] = f"validation failed: {st.message or st.reason}"
+                    _event(body, "Warning", "ValidationFailed", f"backup {h['backupId']} failed validation: {st.message or st.reason}")
+                else:
+                    _event(body, "Normal", "ValidationPassed", f"backup {h['backupId']} validated")
+                last = patch.get("lastRun") or (body.get("status") or {}).get("lastRun") or {}
+                if last.get("jobName") == h.get("jobName"):
+                    patch["lastRun"] = h
+        out.append(h)
+    return out
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:

@@ -1,0 +1,292 @@
+"""The handlers' decisions against an in-memory Kube (no server): call order,
+validation and restore engines, concurrency, deletion with a missing Secret.
+Storage is a real directory (a PVC as the operator sees it via RBAK_OPERATOR_PVC_ROOT)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import datetime, timezone
+
+import pytest
+
+from rbak.catalog import list_backups
+from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
+from rbak.storage.url import open_storage
+from rbak_operator import handlers
+
+NS = "ns"
+LOG = logging.getLogger("test")
+
+
+def t(s):
+    return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+class FakeKube:
+    def __init__(self):
+        self.objs: dict[tuple[str, str], dict] = {}
+        self.calls: list[tuple] = []
+
+    def _get(self, kind, name):
+        o = self.objs.get((kind, name))
+        return copy.deepcopy(o) if o else None
+
+    def get_backup(self, ns, name):
+        return self._get("backup", name)
+
+    def get_restore(self, ns, name):
+        return self._get("restore", name)
+
+    def patch_status(self, plural, ns, name, status):
+        kind = "backup" if plural == "rabbitmqbackups" else "restore"
+        self.calls.append(("patch_status", name, tuple(sorted(status))))
+        st = self.objs[(kind, name)].setdefault("status", {})
+        for k, v in status.items():
+            if v is None:
+                st.pop(k, None)
+            else:
+                st[k] = v
+
+    def list_jobs(self, ns, labels):
+        return [copy.deepcopy(o) for (k, _), o in self.objs.items() if k == "job"
+                and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in labels.items())]
+
+    def get_job(self, ns, name):
+        return self._get("job", name)
+
+    def create_job(self, body):
+        self.calls.append(("create_job", body["metadata"]["name"]))
+        if ("job", body["metadata"]["name"]) in self.objs:
+            return False
+        self.objs[("job", body["metadata"]["name"])] = copy.deepcopy(body)
+        return True
+
+    def delete_job(self, ns, name):
+        self.calls.append(("delete_job", name))
+        self.objs.pop(("job", name), None)
+
+    def job_pods(self, ns, job):
+        return []
+
+    def create_configmap(self, body):
+        self.objs[("cm", body["metadata"]["name"])] = body
+        return True
+
+    def delete_configmap(self, ns, name):
+        self.objs.pop(("cm", name), None)
+
+    def secret_values(self, ns, name):
+        o = self.objs.get(("secret", name))
+        return dict(o) if o is not None else None
+
+    def create_spark_app(self, body):
+        self.calls.append(("create_spark_app", body["metadata"]["name"]))
+        self.objs[("spark", body["metadata"]["name"])] = copy.deepcopy(body)
+        return True
+
+    def get_spark_app(self, ns, name):
+        return self._get("spark", name)
+
+    # test helpers
+    def finish_job(self, name, ok=True):
+        cond = {"type": "Complete" if ok else "Failed", "status": "True", "lastTransitionTime": "2030-01-01T00:06:00Z"}
+        self.objs[("job", name)]["status"] = {"startTime": "2030-01-01T00:05:01Z", "completionTime": "2030-01-01T00:06:00Z",
+                                              "conditions": [cond]}
+
+
+@pytest.fixture
+def pvc(tmp_path, monkeypatch):
+    monkeypatch.setenv("RBAK_OPERATOR_PVC_ROOT", str(tmp_path))
+    (tmp_path / "data" / "backups").mkdir(parents=True)
+    return open_storage("file://" + str(tmp_path / "data" / "backups"))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    box = {"now": t("2030-01-01T00:00:30Z")}
+    monkeypatch.setattr(handlers, "clock_now", lambda: box["now"])
+    return box
+
+
+def write_backup(storage, backup_id, messages, nbytes, created_ms=1):
+    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1)
+    q = QueueBackup(vhost="/", name="q")
+    q.add_segment(SegmentMetadata(key="k", sequence=1, record_count=messages, size_bytes=nbytes, uncompressed_bytes=nbytes,
+                                  first_timestamp=1, last_timestamp=2, checksum="x"))
+    m.queues.append(q)
+    m.recompute_totals()
+    storage.put(f"{backup_id}/manifest.json", m.to_json())
+
+
+def backup_obj(**spec):
+    base = {"broker": {"amqpUrl": "amqp://h:5672/%2f", "managementUrl": "http://h:15672", "credentialsSecretRef": {"name": "c"}},
+            "storage": {"pvc": {"claimName": "data", "path": "backups"}}}
+    return {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQBackup",
+            "metadata": {"name": "b", "namespace": NS, "uid": "u", "creationTimestamp": "2030-01-01T00:00:00Z", "generation": 2},
+            "spec": {**base, **spec}}
+
+
+def test_slot_is_persisted_before_the_job_is_created(clock):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(schedule="*/5 * * * *")
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    assert not [c for c in k.calls if c[0] == "create_job"]
+    clock["now"] = t("2030-01-01T00:05:03Z")
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    names = [c[0] for c in k.calls]
+    i_patch = next(i for i, c in enumerate(k.calls) if c[0] == "patch_status" and "lastScheduleTime" in c[2])
+    assert i_patch < names.index("create_job") and k.calls[names.index("create_job")][1] == "b-20300101-0005"
+    st = k.objs[("backup", "b")]["status"]
+    assert st["lastScheduleTime"] == "2030-01-01T00:05:00Z" and st["phase"] == "Running" and st["observedGeneration"] == 2
+    # Crash between the status patch and the Job: the next pass re-creates the same Job, once.
+    del k.objs[("job", "b-20300101-0005")]
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    assert [c[1] for c in k.calls if c[0] == "create_job"] == ["b-20300101-0005", "b-20300101-0005"]
+    assert ("job", "b-20300101-0005") in k.objs
+
+
+def test_finished_run_counts_from_manifest_and_forbid(clock, pvc):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(schedule="*/5 * * * *", validate={"enabled": False})
+    clock["now"] = t("2030-01-01T00:05:03Z")
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    clock["now"] = t("2030-01-01T00:10:03Z")  # next slot while the first still runs: Forbid skips it
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    st = k.objs[("backup", "b")]["status"]
+    assert st["missedSchedules"] == 1 and st["lastScheduleTime"] == "2030-01-01T00:10:00Z"
+    assert [c[1] for c in k.calls if c[0] == "create_job"] == ["b-20300101-0005"]
+    write_backup(pvc, "b-20300101-0005", 42, 4096)
+    k.finish_job("b-20300101-0005")
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    st = k.objs[("backup", "b")]["status"]
+    assert st["phase"] == "Succeeded" and st["lastBackupId"] == "b-20300101-0005"
+    assert (st["lastRun"]["messages"], st["lastRun"]["bytes"], st["lastRun"]["size"]) == (42, 4096, "4.0 KiB")
+    assert "validation" not in st["lastRun"]
+
+
+def test_replace_stops_the_active_run(clock):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(schedule="*/5 * * * *", concurrencyPolicy="Replace")
+    clock["now"] = t("2030-01-01T00:05:03Z")
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    clock["now"] = t("2030-01-01T00:10:03Z")
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    assert ("delete_job", "b-20300101-0005") in k.calls and ("job", "b-20300101-0010") in k.objs
+
+
+def test_spark_validation_above_threshold(clock, pvc):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"enabled": True, "sparkThresholdBytes": 1000})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    job = k.objs[("job", run)]
+    assert "initContainers" not in job["spec"]["template"]["spec"]  # validation is decided after the run
+    write_backup(pvc, run, 5, 5000)
+    k.finish_job(run)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    app = k.objs[("spark", f"{run}-validate")]
+    assert app["spec"]["mainApplicationFile"].endswith("/validate.py")
+    assert app["spec"]["arguments"][:1] == ["--path"] and app["spec"]["arguments"][-2:] == ["--backup-id", run]
+    assert k.objs[("backup", "b")]["status"]["lastRun"]["validation"] == "Pending"
+    app["status"] = {"applicationState": {"state": "COMPLETED"}}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    st = k.objs[("backup", "b")]["status"]
+    assert st["lastRun"]["validation"] == "Passed" and st["history"][0]["validation"] == "Passed"
+
+
+def test_small_backup_is_validated_by_a_job(clock, pvc):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"sparkThresholdBytes": 10**9, "deep": True})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    write_backup(pvc, run, 5, 5000)
+    k.finish_job(run)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    vjob = k.objs[("job", f"{run}-validate")]
+    c = vjob["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][0] == "validate" and "--deep" in c["args"]
+    assert vjob["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == run
+    k.finish_job(f"{run}-validate", ok=False)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    lr = k.objs[("backup", "b")]["status"]["lastRun"]
+    assert lr["validation"] == "Failed" and lr["message"].startswith("validation failed")
+    # A validation Job is never mistaken for a backup run.
+    assert [h["jobName"] for h in k.objs[("backup", "b")]["status"]["history"]] == [run]
+
+
+def restore_obj(**spec):
+    return {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQRestore",
+            "metadata": {"name": "r", "namespace": NS, "uid": "ru"}, "spec": {"backupRef": {"name": "b"}, **spec}}
+
+
+@pytest.mark.parametrize("threshold, engine", [(100, "spark"), (10**9, "job")])
+def test_restore_auto_engine_from_manifest_size(clock, pvc, threshold, engine):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj()
+    write_backup(pvc, "b-20300101-0005", 3, 300, created_ms=1)
+    write_backup(pvc, "b-20300101-0010", 7, 700, created_ms=2)
+    k.objs[("restore", "r")] = restore_obj(sparkThresholdBytes=threshold, pitr={"end": "2030-01-01T00:00:00Z"})
+    handlers.reconcile_restore(k, NS, "r", LOG)
+    st = k.objs[("restore", "r")]["status"]
+    assert st["backupId"] == "b-20300101-0010" and st["engine"] == engine and st["phase"] == "Running"
+    if engine == "spark":
+        app = k.objs[("spark", "r-restore")]
+        assert app["spec"]["mainApplicationFile"].endswith("/restore.py")
+        args = app["spec"]["arguments"]
+        assert args[args.index("--backup-id") + 1] == "b-20300101-0010" and "--config" in args
+        app["status"] = {"applicationState": {"state": "FAILED", "errorMessage": "driver OOM"}}
+    else:
+        job = k.objs[("job", "r-restore")]
+        assert job["spec"]["template"]["spec"]["containers"][0]["args"][0] == "restore"
+        k.finish_job("r-restore")
+    handlers.reconcile_restore(k, NS, "r", LOG)
+    st = k.objs[("restore", "r")]["status"]
+    if engine == "spark":
+        assert st["phase"] == "Failed" and st["message"] == "driver OOM"
+    else:
+        assert st["phase"] == "Succeeded" and st["messages"] == 7
+    assert handlers.reconcile_restore(k, NS, "r", LOG) == handlers.GONE  # finished: its loop ends
+
+
+def test_restore_of_a_missing_backup_fails_with_the_reason(clock, pvc):
+    k = FakeKube()
+    k.objs[("restore", "r")] = restore_obj()
+    handlers.reconcile_restore(k, NS, "r", LOG)
+    st = k.objs[("restore", "r")]["status"]
+    assert st["phase"] == "Failed" and "RabbitMQBackup ns/b not found" in st["message"]
+    k.objs[("backup", "b")] = backup_obj()
+    k.objs[("restore", "r2")] = dict(restore_obj(), metadata={"name": "r2", "namespace": NS, "uid": "x"})
+    handlers.reconcile_restore(k, NS, "r2", LOG)
+    assert "no complete backup" in k.objs[("restore", "r2")]["status"]["message"]
+
+
+def test_deletion_with_a_missing_secret_lets_go():
+    k = FakeKube()
+    body = backup_obj(deletionPolicy="delete", storage={"s3": {"bucket": "bkt", "credentialsSecretRef": {"name": "gone"}}})
+    handlers.Kube = lambda: k  # the handler builds its own client
+    try:
+        handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=LOG)  # must not raise
+    finally:
+        from rbak_operator.k8s import Kube
+
+        handlers.Kube = Kube
+
+
+def test_deletion_policy_delete_removes_only_own_backups(pvc):
+    k = FakeKube()
+    body = backup_obj(deletionPolicy="delete")
+    write_backup(pvc, "b-20300101-0005", 1, 1)
+    write_backup(pvc, "b-manual-0123abcd", 1, 1)
+    write_backup(pvc, "other-20300101-0005", 1, 1)
+    handlers.Kube = lambda: k
+    try:
+        handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=LOG)
+    finally:
+        from rbak_operator.k8s import Kube
+
+        handlers.Kube = Kube
+    assert [e.backup_id for e in list_backups(pvc)] == ["other-20300101-0005"]
