@@ -35,7 +35,7 @@ COPY rbak/ rbak/
 COPY operator/rbak_operator/ operator/rbak_operator/
 # rbak and rbak_operator (pyproject finds both), with the C speedup compiled here.
 RUN pip install --prefix=/install --no-compile --no-deps . \
- && python -c "import sys; sys.path.insert(0, '/install/lib/python3.11/site-packages'); import rbak.format._speedups"
+ && python -I -c "import sys; sys.path.insert(0, '/install/lib/python3.11/site-packages'); import rbak.format._speedups"
 
 FROM build AS build-spark
 RUN pip install --prefix=/install --no-compile --requirement requirements/spark.txt

@@ -98,3 +98,43 @@ def parse(path: Path) -> Dockerfile:
         else:
             current.instructions.append(Instruction(keyword, value, n))
     return Dockerfile(args=args, stages=stages)
+
+
+def _ignore_patterns(root: Path) -> list[tuple[bool, str]]:
+    out = []
+    for line in (root / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        out.append((negate, line.lstrip("!").rstrip("/")))
+    return out
+
+
+def _matches(pattern: str, rel: str) -> bool:
+    """Docker semantics, enough for our file: a pattern matches a path or any of its parents; ** spans dirs."""
+    regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+    parts = rel.split("/")
+    return any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1))
+
+
+def build_context(root: Path, dest: Path) -> list[str]:
+    """Copy what `docker build` would send (per .dockerignore) into dest; returns the relative paths."""
+    import shutil
+
+    patterns = _ignore_patterns(root)
+    sent = []
+    for path in sorted(root.rglob("*")):
+        if path.is_dir() or ".git" in path.relative_to(root).parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        included = True
+        for negate, pattern in patterns:
+            if _matches(pattern, rel):
+                included = negate
+        if included:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+            sent.append(rel)
+    return sent

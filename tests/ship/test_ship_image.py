@@ -223,3 +223,38 @@ def test_entrypoint_driver_role_runs_a_pyspark_job(tmp_path):
                           env={"SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_text() == str(sum(range(100)) * 2)
+
+
+def test_build_context_is_small_and_complete(tmp_path):
+    from ship_dockerfile import build_context
+
+    sent = build_context(ROOT, tmp_path)
+    assert "Dockerfile" in sent and "docker/rbak-entrypoint" in sent
+    assert not [p for p in sent if p.startswith(("tests/", "benchmarks/", ".ci/", "charts/", "examples/"))]
+    assert not [p for p in sent if p.endswith((".so", ".pyc")) or "__pycache__" in p]
+    assert any(p.startswith("operator/rbak_operator/") for p in sent)
+
+
+@pytest.mark.slow
+def test_the_image_python_layer_builds_from_the_docker_context(tmp_path):
+    """What the build stage's `pip install .` does, on the exact build context: the
+    package builds, includes rbak_operator, compiles the C speedup, installs `rbak`."""
+    from ship_dockerfile import build_context
+
+    ctx, prefix = tmp_path / "ctx", tmp_path / "install"
+    build_context(ROOT, ctx)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--prefix", str(prefix), "--no-compile", "--no-deps",
+         str(ctx)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    site = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    assert list((site / "rbak" / "format").glob("_speedups*.so")), "the C speedup was not compiled"
+    assert (prefix / "bin" / "rbak").is_file()
+    check = subprocess.run(
+        [sys.executable, "-I", "-c",
+         f"import sys; sys.path.insert(0, {str(site)!r}); import rbak, rbak_operator, rbak.format._speedups;"
+         "from rbak.cli import build_parser; build_parser();"
+         f"assert rbak.__file__.startswith({str(site)!r}) and rbak_operator.__file__.startswith({str(site)!r})"],
+        capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr[-3000:]
