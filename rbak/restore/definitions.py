@@ -132,7 +132,8 @@ def transform_definitions(doc: dict[str, Any], selection: DefinitionsFilter, vho
                           queue_map: dict[str, str]) -> dict[str, Any]:
     """Select and remap a definitions document (a new document; the input is untouched).
 
-    Selection: ``vhosts`` keeps only objects of those (source) vhosts;
+    Selection: ``vhosts`` keeps only objects of those (source) vhosts, the
+    users with permissions there, and no global parameters;
     ``queues``/``exchanges`` keep only matching queues/exchanges and the
     bindings between kept objects. Remapping rewrites every ``vhost`` field and
     the names of remapped queues (also as binding destinations).
@@ -148,6 +149,12 @@ def transform_definitions(doc: dict[str, Any], selection: DefinitionsFilter, vho
     for kind in ("permissions", "topic_permissions", "parameters", "policies", "queues", "exchanges", "bindings"):
         if kind in out:
             out[kind] = [o for o in out[kind] if keep_vhost(o.get("vhost"))]
+    if vs:
+        # a vhost-scoped import brings only the users that have rights in those vhosts,
+        # and no cluster-wide parameters
+        users = {p.get("user") for p in out.get("permissions", []) + out.get("topic_permissions", [])}
+        out["users"] = [u for u in out.get("users", []) if u.get("name") in users]
+        out.pop("global_parameters", None)
     if selection.queues:
         out["queues"] = [q for q in out.get("queues", []) if _glob(selection.queues, q.get("name", ""))]
     if selection.exchanges:
