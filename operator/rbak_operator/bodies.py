@@ -163,8 +163,9 @@ def backup_args(config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}") -> list[str]:
     return ["backup", "--config", config_path, "--json"]
 
 
-def validate_args(storage_url: str, backup_id: str, deep: bool) -> list[str]:
-    return ["validate", "--path", storage_url, "--backup-id", backup_id, *(["--deep"] if deep else [])]
+def validate_args(storage_url: str, backup_id: str, deep: bool, prefix: str = "") -> list[str]:
+    return ["validate", "--path", storage_url, "--backup-id", backup_id, *(["--prefix", prefix] if prefix else []),
+            *(["--deep"] if deep else [])]
 
 
 def restore_args(config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}") -> list[str]:

@@ -87,7 +87,8 @@ def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any]):
             if ak not in data or sk not in data:
                 raise MissingSecret(f"Secret {namespace}/{ref['name']} lacks key {ak if ak not in data else sk!r}")
             creds = {"access_key_id": data[ak], "secret_access_key": data[sk]}
-        return S3Storage(bucket=s3["bucket"], prefix=s3.get("prefix") or "", region=s3.get("region") or "us-east-1",
+        # The bucket root: keys (and manifests' segment keys) carry the prefix themselves.
+        return S3Storage(bucket=s3["bucket"], prefix="", region=s3.get("region") or "us-east-1",
                          endpoint=s3.get("endpoint"), path_style=bool(s3.get("pathStyle")), **creds)
     pvc = (storage or {}).get("pvc")
     root = os.environ.get("RBAK_OPERATOR_PVC_ROOT")
@@ -105,7 +106,7 @@ def load_manifest_safe(kube: Kube, namespace: str, storage_spec: dict[str, Any],
         st = open_backup_storage(kube, namespace, storage_spec)
         if st is None:
             return None
-        return load_manifest(st, backup_id)
+        return load_manifest(st, backup_id, rbakconfig.storage_prefix(storage_spec))
     except RbakError as e:
         logger.warning("cannot read manifest of %s: %s", backup_id, e)
         return None
@@ -132,7 +133,8 @@ def _start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: 
     validate = spec.get("validate") or {}
     vargs = None
     if validate.get("enabled", True) and validate.get("sparkThresholdBytes") is None:
-        vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), run_name, bool(validate.get("deep")))
+        vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), run_name, bool(validate.get("deep")),
+                                     rbakconfig.storage_prefix(spec["storage"]))
     annotations = {bodies.A_BACKUP_ID: run_name}
     if slot:
         annotations[bodies.A_SLOT] = fmt(slot)
@@ -348,17 +350,18 @@ def _start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
         return
     ns, run, bid = meta["namespace"], summary["jobName"], summary["backupId"]
     vname = naming.validate_run_name(run)
-    url = rbakconfig.storage_url(spec["storage"])
+    url, prefix = rbakconfig.storage_url(spec["storage"]), rbakconfig.storage_prefix(spec["storage"])
     _, storage_env = rbakconfig.storage_section(spec["storage"])
     labels = {**bodies.common_labels("validate"), bodies.L_VALIDATES: naming.label_value(meta["name"])}
     if engine == "spark":
         kube.create_spark_app(bodies.spark_application_body(
             name=vname, namespace=ns, owner=body, spark=spec.get("spark") or {}, script="validate.py",
-            arguments=["--path", url, "--backup-id", bid], secret_env=storage_env, config_name=None, labels=labels))
+            arguments=["--path", url, "--backup-id", bid, *(["--prefix", prefix] if prefix else [])],
+            secret_env=storage_env, config_name=None, labels=labels))
     else:
         kube.create_job(bodies.job_body(
             name=vname, namespace=ns, owner=body, spec=spec, storage=spec["storage"], secret_env=storage_env,
-            args=bodies.validate_args(url, bid, bool(validate.get("deep"))), labels=labels, config_name=run))
+            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, config_name=run))
     summary.update(validation="Pending", validationRun=vname, validationEngine=engine)
     _event(body, "Normal", "ValidationStarted", f"validating backup {bid} with {engine} {vname}")
 
@@ -403,7 +406,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
         if st is None:
             return []
-        entries = list_backups(st)
+        prefix = rbakconfig.storage_prefix(spec.get("storage"))
+        entries = list_backups(st, prefix)
     except RbakError as e:
         logger.warning("retention: cannot list backups: %s", e)
         return []
@@ -414,8 +418,9 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     for bid in victims:
         try:
             # Manifest first: a half-deleted backup then reads as incomplete, never as complete-but-damaged.
-            st.delete(f"{bid}/manifest.json")
-            st.delete_prefix(f"{bid}/")
+            root = f"{prefix}/{bid}" if prefix else bid
+            st.delete(f"{root}/manifest.json")
+            st.delete_prefix(f"{root}/")
             deleted.append(bid)
             metrics.RETENTION_DELETED.inc()
         except RbakError as e:
@@ -460,9 +465,10 @@ def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_
         if st is None:
             logger.warning("deletionPolicy delete: storage not reachable from the operator; backups kept")
             return
-        ids = [e.backup_id for e in list_backups(st) if policy.owned(e.backup_id, name)]
+        prefix = rbakconfig.storage_prefix(spec.get("storage"))
+        ids = [e.backup_id for e in list_backups(st, prefix) if policy.owned(e.backup_id, name)]
         for bid in ids:
-            st.delete_prefix(f"{bid}/")
+            st.delete_prefix(f"{prefix}/{bid}/" if prefix else f"{bid}/")
         _event(body, "Normal", "BackupsDeleted", f"deleted {len(ids)} stored backups (deletionPolicy delete)")
     except (RbakError, ApiError) as e:
         # A missing Secret (namespace teardown) must not hang deletion: report and let go.
@@ -497,15 +503,16 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     if not target:
         raise RestoreSpecError("spec.target: required when restoring from spec.storage")
     st = open_backup_storage(kube, ns, storage)
+    prefix = rbakconfig.storage_prefix(storage)
     nbytes = None
     if st is not None:
         if not backup_id:
-            entry = latest_complete(st)
+            entry = latest_complete(st, prefix)
             if entry is None:
                 raise RestoreSpecError("no complete backup found in the storage to restore (set backupId?)")
             backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes
         else:
-            m = load_manifest(st, backup_id)
+            m = load_manifest(st, backup_id, prefix)
             if not m.is_complete:
                 raise RestoreSpecError(f"backup {backup_id!r} is incomplete (manifest has no completed_at)")
             nbytes = m.total_bytes
@@ -552,7 +559,9 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
         kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None})
         kube.create_configmap(bodies.configmap_body(run, namespace, body, cfg, labels))
         if engine == "spark":
+            prefix = rbakconfig.storage_prefix(storage)
             args = ["--path", rbakconfig.storage_url(storage), "--backup-id", backup_id,
+                    *(["--prefix", prefix] if prefix else []),
                     "--config", f"{rbakconfig.CONFIG_DIR}/{rbakconfig.CONFIG_FILE}"]
             created = kube.create_spark_app(bodies.spark_application_body(
                 name=run, namespace=namespace, owner=body, spark=spark, script="restore.py", arguments=args,

@@ -116,8 +116,18 @@ def storage_section(storage: dict[str, Any], field: str = "spec.storage") -> tup
     return {"backend": "filesystem", "path": f"{PVC_MOUNT}/{sub}" if sub else PVC_MOUNT}, []
 
 
+def storage_prefix(storage: dict[str, Any]) -> str:
+    """The key prefix backups live under (rbak keys carry it: ``{prefix}/{backup_id}/...``)."""
+    from rbak.keys import normalize_prefix
+
+    return normalize_prefix(((storage or {}).get("s3") or {}).get("prefix") or "")
+
+
 def storage_url(storage: dict[str, Any]) -> str:
-    """The storage as an rbak storage URL (as the pod sees it), for CLI args."""
+    """The storage root as an rbak storage URL (as the pod sees it), for CLI args.
+
+    The prefix is not part of it: manifests record keys relative to the bucket
+    root, prefix included, so tools get it separately (``--prefix``)."""
     sec, _ = storage_section(storage)
     if sec["backend"] == "filesystem":
         return "file://" + sec["path"]
@@ -126,8 +136,7 @@ def storage_url(storage: dict[str, Any]) -> str:
         q.append(f"endpoint={quote(sec['endpoint'], safe='')}")
     if sec.get("path_style"):
         q.append("path_style=true")
-    prefix = "/" + sec["prefix"].strip("/") if sec.get("prefix") else ""
-    return f"s3://{sec['bucket']}{prefix}?{'&'.join(q)}"
+    return f"s3://{sec['bucket']}?{'&'.join(q)}"
 
 
 def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:

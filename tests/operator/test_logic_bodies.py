@@ -141,7 +141,11 @@ def test_storage_url_round_trips_through_open_storage():
 
     url = rbakconfig.storage_url(CLUSTER_SPEC["storage"])
     st = open_storage(url)
-    assert st.bucket == "backups" and st.prefix == "rmq/prod"
+    # The root: manifests' keys carry the prefix, so tools get it as --prefix.
+    assert st.bucket == "backups" and st.prefix == ""
+    assert rbakconfig.storage_prefix(CLUSTER_SPEC["storage"]) == "rmq/prod"
+    args = bodies.validate_args(url, "b-1", False, "rmq/prod")
+    assert args == ["validate", "--path", url, "--backup-id", "b-1", "--prefix", "rmq/prod"]
     assert rbakconfig.storage_url(URL_SPEC["storage"]) == "file:///var/lib/rbak/rmq"
 
 

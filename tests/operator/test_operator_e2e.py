@@ -154,7 +154,7 @@ def s3(env):
 
 
 def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
-    env.broker.publish_n(env.vhost, "orders", 25)
+    env.broker.publish_n(env.vhost, "orders", 25, declare={})
     name = f"{env.tag}-sched"
     create_backup(cluster, env, name, schedule="*/5 * * * *", broker=env.cluster_broker)
     wait_for(lambda: cluster.status(name).get("nextScheduleTime"), 30, what="nextScheduleTime", diag=cluster.logs)
@@ -181,7 +181,7 @@ def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
 
 
 def test_on_demand_trigger_runs_once_per_value(cluster, env):
-    env.broker.publish_n(env.vhost, "q1", 3)
+    env.broker.publish_n(env.vhost, "q1", 3, declare={})
     name = f"{env.tag}-manual"
     create_backup(cluster, env, name)
     trigger(cluster, name, "first")
@@ -213,7 +213,7 @@ def test_suspend_skips_slots_and_resume_does_not_fire_them(cluster, env):
 
 
 def test_operator_killed_across_a_slot_runs_it_exactly_once(cluster, env):
-    env.broker.publish_n(env.vhost, "q", 2)
+    env.broker.publish_n(env.vhost, "q", 2, declare={})
     name = f"{env.tag}-restart"
     create_backup(cluster, env, name, schedule="*/5 * * * *", startingDeadlineSeconds=600)
     wait_for(lambda: cluster.status(name).get("nextScheduleTime"), 30, what="scheduled", diag=cluster.logs)
@@ -234,7 +234,7 @@ def test_operator_killed_across_a_slot_runs_it_exactly_once(cluster, env):
 
 
 def test_running_status_is_reconciled_from_the_job_after_a_crash(cluster, env):
-    env.broker.publish_n(env.vhost, "q", 4)
+    env.broker.publish_n(env.vhost, "q", 4, declare={})
     name = f"{env.tag}-crash"
     create_backup(cluster, env, name)
     trigger(cluster, name, "go")
@@ -251,7 +251,7 @@ def test_running_status_is_reconciled_from_the_job_after_a_crash(cluster, env):
 
 
 def test_failing_backup_reports_the_cause(cluster, env):
-    env.broker.publish_n(env.vhost, "q", 1)
+    env.broker.publish_n(env.vhost, "q", 1, declare={})
     name = f"{env.tag}-fail"
     broker = dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"})
     create_backup(cluster, env, name, broker=broker)
@@ -269,7 +269,7 @@ def test_failing_backup_reports_the_cause(cluster, env):
 
 
 def test_retention_deletes_the_oldest_backup(cluster, env):
-    env.broker.publish_n(env.vhost, "q", 2)
+    env.broker.publish_n(env.vhost, "q", 2, declare={})
     name = f"{env.tag}-ret"
     create_backup(cluster, env, name, retention={"keepLast": 2})
     for i in range(3):
@@ -290,7 +290,7 @@ def test_retention_deletes_the_oldest_backup(cluster, env):
 def test_restore_from_latest_backup_puts_messages_back(cluster, env):
     bodies = [f"m{i}".encode() for i in range(10)]
     for b in bodies:
-        env.broker.publish(env.vhost, "orders", b)
+        env.broker.publish(env.vhost, "orders", [b], declare={})
     name = f"{env.tag}-src"
     create_backup(cluster, env, name)
     trigger(cluster, name, "1")
