@@ -1,0 +1,163 @@
+"""``rbak backup [--config FILE]`` and ``rbak config-reference``.
+
+With no config, the embedded default backs up the local broker
+(amqp://guest:guest@localhost:5672, management on 15672) to ``./rbak-backups``.
+Progress: rich bars per queue on a terminal, plain log lines otherwise;
+``--json`` prints the summary as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+log = logging.getLogger("rbak.backup")
+
+
+def register(sub, import_sub) -> None:
+    p = sub.add_parser("backup", help="back up a RabbitMQ cluster (queues are never consumed)",
+                       description="Back up queues, streams and definitions. Without --config: the local broker "
+                                   "(guest/guest) to ./rbak-backups.")
+    p.add_argument("--config", "-c", metavar="FILE", help="YAML config (mode: backup); see `rbak config-reference`")
+    p.add_argument("--backup-id", help="override backup_id (default: the config's, else backup-<UTC timestamp>)")
+    p.add_argument("--path", help="override the storage: a directory, or a storage URL (file://, s3://...)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines even on a terminal")
+    p.set_defaults(handler=run)
+
+    r = sub.add_parser("config-reference", help="print the configuration reference (Markdown) or --json-schema")
+    r.add_argument("--json-schema", action="store_true")
+    r.set_defaults(handler=reference)
+
+
+def reference(args) -> int:
+    from ..config import config_reference_markdown, json_schema
+
+    if args.json_schema:
+        print(json.dumps(json_schema(), indent=2))
+    else:
+        print(config_reference_markdown())
+    return 0
+
+
+def build_config(args):
+    from ..config import Config, default_backup_id, load_config
+    from ..errors import ConfigError
+
+    if args.config:
+        cfg = load_config(args.config)
+    else:
+        cfg = Config.default_backup()
+    if args.backup_id:
+        cfg.backup_id = args.backup_id
+    if not cfg.backup_id:
+        cfg.backup_id = default_backup_id()
+    from ..keys import check_backup_id
+
+    check_backup_id(cfg.backup_id, "--backup-id" if args.backup_id else "backup_id")
+    if args.path:
+        _apply_path(cfg, args.path)
+    if cfg.mode != "backup":
+        raise ConfigError(f"mode: {args.config} is a {cfg.mode!r} configuration; rbak backup needs mode: backup")
+    return cfg
+
+
+def _apply_path(cfg, path: str) -> None:
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    if "://" not in path:
+        cfg.storage.backend, cfg.storage.path = "filesystem", path
+        return
+    u = urlsplit(path)
+    if u.scheme == "file":
+        cfg.storage.backend, cfg.storage.path = "filesystem", unquote(u.path)
+    elif u.scheme == "memory":
+        cfg.storage.backend, cfg.storage.path = "memory", u.netloc + u.path
+    elif u.scheme == "s3":
+        qs = {k: v[-1] for k, v in parse_qs(u.query).items()}
+        cfg.storage.backend, cfg.storage.bucket = "s3", u.netloc
+        cfg.storage.prefix = unquote(u.path).strip("/") or cfg.storage.prefix
+        cfg.storage.region = qs.get("region", cfg.storage.region)
+        cfg.storage.endpoint = qs.get("endpoint", cfg.storage.endpoint)
+        cfg.storage.path_style = qs.get("path_style", "").lower() in ("1", "true", "yes") or cfg.storage.path_style
+    else:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--path: unsupported storage URL {path!r} (a directory, file://, s3:// or memory://)")
+
+
+class _RichProgress:
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          transient=False)
+        self.tasks: dict[tuple[str, str], Any] = {}
+
+    def __enter__(self):
+        self.p.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.stop()
+
+    def __call__(self, event: str, **kw: Any) -> None:
+        key = (kw.get("vhost"), kw.get("queue"))
+        if event == "start":
+            self.tasks[key] = self.p.add_task(f"{key[0]}/{key[1]}", total=kw.get("total"))
+        elif event == "advance" and key in self.tasks:
+            self.p.advance(self.tasks[key], kw.get("n", 0))
+        elif event == "done" and key in self.tasks:
+            s = kw["summary"]
+            self.p.update(self.tasks[key], completed=s.messages, total=max(s.messages, 1) if s.status != "failed" else None,
+                          description=f"{key[0]}/{key[1]} [{s.status}]")
+
+
+def _plain_progress(event: str, **kw: Any) -> None:
+    if event == "done":
+        s = kw["summary"]
+        if s.status == "failed":
+            return  # the engine logs the error itself
+        log.info("%s/%s (%s): %d messages, %d segments [%s]", s.vhost, s.name, s.queue_type, s.messages,
+                 s.segments, s.status)
+
+
+def run(args) -> int:
+    from ..backup import BackupEngine, BackupError
+    from ..backup import metrics as bmetrics
+
+    if getattr(args, "verbose", 0) < 2:
+        logging.getLogger("pika").setLevel(logging.WARNING)  # pika's INFO is one line per socket event
+    cfg = build_config(args)
+    server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None
+    use_rich = sys.stderr.isatty() and not args.json and not args.no_progress
+    log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, cfg.storage.storage_url())
+    try:
+        if use_rich:
+            with _RichProgress() as prog:
+                summary = BackupEngine(cfg, progress=prog).run()
+        else:
+            summary = BackupEngine(cfg, progress=_plain_progress).run()
+    except BackupError as e:
+        s = getattr(e, "summary", None)
+        if args.json and s is not None:
+            print(json.dumps(s.to_json_obj(), indent=2))
+        raise
+    finally:
+        if server is not None:
+            server.shutdown()
+    if args.json:
+        print(json.dumps(summary.to_json_obj(), indent=2))
+    else:
+        print(f"backup {summary.backup_id}: {summary.total_messages} messages from {len(summary.queues)} queue(s), "
+              f"{sum(q.segments for q in summary.queues)} segment(s), {summary.total_bytes} bytes, "
+              f"{summary.duration_secs:.1f}s -> {summary.storage} ({summary.manifest_key})")
+        for q in summary.queues:
+            print(f"  {q.vhost}/{q.name} ({q.queue_type}): {q.messages} messages [{q.status}]")
+        if summary.definitions:
+            d = summary.definitions
+            print(f"  definitions: {d.vhost_count} vhosts, {d.queue_count} queues, {d.exchange_count} exchanges, "
+                  f"{d.user_count} users -> {d.key}")
+    return 0
