@@ -121,6 +121,21 @@ def test_operator_deployment_command_is_the_operator_module():
     assert (ROOT / "operator" / "rbak_operator" / "__main__.py").is_file()
 
 
+def literal_args(elts: list[ast.expr]) -> list[str]:
+    """Flags as written, expressions as placeholders; `*([...] if cond else [])` taken with cond true."""
+    out: list[str] = []
+    for e in elts:
+        if isinstance(e, ast.Starred):
+            inner = e.value.body if isinstance(e.value, ast.IfExp) else e.value
+            assert isinstance(inner, (ast.List, ast.Tuple)), f"cannot read starred argument {ast.unparse(e)}"
+            out += literal_args(inner.elts)
+        elif isinstance(e, ast.Constant):
+            out.append(e.value)
+        else:
+            out.append(f"placeholder-{len(out)}")
+    return out
+
+
 def spark_restore_arguments() -> list[list[str]]:
     """The `arguments` the operator's handlers pass to spark_application_body, read from its source.
 
@@ -144,9 +159,8 @@ def spark_restore_arguments() -> list[list[str]]:
             if isinstance(value, ast.Name):
                 value = assigns[value.id]
             assert isinstance(value, ast.List), "arguments must be a list literal to be checked"
-            args = [e.value if isinstance(e, ast.Constant) else f"placeholder-{i}" for i, e in enumerate(value.elts)]
-            found.append((script, args))
-    assert found, "no spark_application_body call found in handlers.py"
+            found.append((script, literal_args(value.elts)))
+    assert {script for script, _ in found} >= {"restore.py", "validate.py"}, found
     return found
 
 
@@ -168,12 +182,36 @@ def test_spark_application_scripts_exist_in_the_spark_image_and_accept_the_argum
         parse_or_fail(parsers[script], body["spec"]["arguments"], f"spark/{script}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rbak_operator.bodies defaults SparkApplications to RBAK_IMAGE, the image without Java; "
-    "it needs its own default (e.g. RBAK_SPARK_IMAGE = <image>-spark, the Dockerfile's spark target)"))
-def test_spark_applications_default_to_the_spark_image():
+def test_spark_applications_run_the_spark_image_the_chart_configures():
+    """SparkApplications need Java: the chart hands the operator the spark target's tag."""
+    import importlib
+    import os
+
+    cases = {
+        "tag": ({"image": {"repository": "registry.example.com/rbak", "tag": "1.2.3"}},
+                "registry.example.com/rbak:1.2.3-spark"),
+        "digest": ({"image": {"repository": "registry.example.com/rbak", "digest": "sha256:" + "cd" * 32}},
+                   "registry.example.com/rbak:0.1.0-spark"),
+        "explicit": ({"spark": {"image": "registry.example.com/rbak-spark@sha256:" + "ef" * 32}},
+                     "registry.example.com/rbak-spark@sha256:" + "ef" * 32),
+    }
     from rbak_operator import bodies
 
-    body = bodies.spark_application_body(name="r", namespace="n", owner=OWNER, spark={}, script="restore.py",
-                                         arguments=[], secret_env=[], config_name=None, labels={})
-    assert body["spec"]["image"].endswith("-spark")
+    saved = {k: os.environ.get(k) for k in ("RBAK_IMAGE", "RBAK_SPARK_IMAGE")}
+    try:
+        for name, (values, want) in cases.items():
+            objs = manifests(render_chart(values))
+            env = {e["name"]: e.get("value") for e in
+                   find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+            os.environ["RBAK_IMAGE"], os.environ["RBAK_SPARK_IMAGE"] = env["RBAK_IMAGE"], env["RBAK_SPARK_IMAGE"]
+            fresh = importlib.reload(bodies)
+            app = fresh.spark_application_body(name="r", namespace="n", owner=OWNER, spark={}, script="restore.py",
+                                               arguments=[], secret_env=[], config_name=None, labels={})
+            assert app["spec"]["image"] == want, name
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        importlib.reload(bodies)

@@ -181,9 +181,11 @@ def run_entrypoint(*args: str, env: dict[str, str] | None = None) -> subprocess.
 
 
 def test_entrypoint_passes_commands_through():
-    proc = run_entrypoint("rbak", "--version")
+    proc = run_entrypoint(sys.executable, "-m", "rbak", "--version")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("rbak ")
+    proc = run_entrypoint("sh", "-c", "exit 7")
+    assert proc.returncode == 7
 
 
 def test_entrypoint_without_java_refuses_spark_roles_clearly(tmp_path):

@@ -56,6 +56,15 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* the Dockerfile's "spark" target: same repository, tag + suffix (never a digest + suffix) */}}
+{{- define "rbak.sparkImage" -}}
+{{- if .Values.spark.image -}}
+{{- .Values.spark.image -}}
+{{- else -}}
+{{- printf "%s:%s%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) .Values.spark.tagSuffix -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "rbak.peeringEnabled" -}}
 {{- if or .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) -}}true{{- end -}}
 {{- end -}}

@@ -64,6 +64,8 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
 {{- define "rbak.operatorEnv" -}}
 - name: RBAK_IMAGE
   value: {{ include "rbak.image" . | quote }}
+- name: RBAK_SPARK_IMAGE
+  value: {{ include "rbak.sparkImage" . | quote }}
 - name: RBAK_OPERATOR_NAMESPACES
   value: {{ join "," .Values.watchNamespaces | quote }}
 {{- if include "rbak.peeringEnabled" . }}
