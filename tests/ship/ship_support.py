@@ -33,6 +33,7 @@ def render_chart(values: dict[str, Any] | None = None, *, name: str = "rbak",
 def _render_cached(values_json: str, name: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
     import helm_python
 
+    helm_python.disable_logging()  # the Go library logs every followed symlink (files/crds)
     values = json.loads(values_json)
 
     chart = helm_python.Chart.load(str(CHART))
