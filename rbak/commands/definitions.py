@@ -93,7 +93,7 @@ def run_import(args: Any) -> int:
             key = cfg.layout().rollback_definitions(ts, comp)
             storage = cfg.storage.open()
             storage.put(key, compress(data, comp))
-            return f"{storage.url}/{key}"
+            return key
         path = f"{args.input}.rollback-before-import-{ts}.json"
         with open(path, "wb") as f:
             f.write(data)

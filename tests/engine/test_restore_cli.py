@@ -1,0 +1,69 @@
+"""`rbak restore` and `rbak definitions-import` as a user runs them (subprocess, real broker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _restore_helpers import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
+
+from rbak.format.compression import Compression, decompress  # noqa: E402
+
+
+def rbak(*args, check=True):
+    r = subprocess.run([sys.executable, "-m", "rbak", *args], capture_output=True, text=True, timeout=300)
+    if check and r.returncode:
+        raise AssertionError(f"rbak {' '.join(args)} -> {r.returncode}\n{r.stderr}")
+    return r
+
+
+def test_restore_without_a_backup_id_uses_the_newest_complete_backup(broker, vhost, tmp_path):
+    storage = storage_for(tmp_path)
+    old = make_records(vhost, "q", [b"old-%d" % i for i in range(3)], every_type=False)
+    new = make_records(vhost, "q", [b"new-%d" % i for i in range(4)], every_type=False)
+    build_backup(storage, "b-2024-01", [(vhost, "q", "classic", old)])
+    build_backup(storage, "b-2024-02", [(vhost, "q", "classic", new)])
+    build_backup(storage, "b-2024-03", [(vhost, "q", "classic", old)], complete=False)  # never chosen
+    declare(broker, vhost, "q")
+    path = f"file://{tmp_path / 'store'}"
+    common = ["restore", "--path", path, "--target-url", broker.amqp_url("/"),
+              "--management-url", broker.management_url, "--json", "--publish-mode", "queue"]
+    dry = rbak(*common, "--dry-run")
+    out = json.loads(dry.stdout)
+    assert out["backup_id"] == "b-2024-02" and out["dry_run"] and out["queues"][0]["selected"] == 4
+    assert "restoring the newest complete backup 'b-2024-02'" in dry.stderr
+    assert broker.message_count(vhost, "q") == 0
+    run = rbak(*common)
+    assert json.loads(run.stdout)["confirmed"] == 4
+    assert [d.body for d in consume_all(broker, vhost, "q", 4)] == [b"new-%d" % i for i in range(4)]
+    # an explicit incomplete backup is refused, naming it
+    r = rbak(*common, "--backup-id", "b-2024-03", check=False)
+    assert r.returncode != 0 and "'b-2024-03' is incomplete" in r.stderr
+
+
+def test_definitions_import_command_writes_the_rollback_into_the_backup(broker, vhost, tmp_path):
+    doc = {"vhosts": [{"name": vhost}], "queues": [{"name": "from-file", "vhost": vhost, "durable": True,
+                                                     "auto_delete": False, "arguments": {}}],
+           "exchanges": [], "bindings": [], "policies": [], "parameters": [], "permissions": [], "users": []}
+    src = tmp_path / "defs.json"
+    src.write_text(json.dumps(doc))
+    cfg = {"mode": "restore", "backup_id": "imp",
+           "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url},
+           "storage": {"backend": "filesystem", "path": str(tmp_path / "store")}}
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    dry = rbak("definitions-import", "--config", str(cfg_path), "--input", str(src), "--dry-run", "--json")
+    assert json.loads(dry.stdout)["changes"]["queues"]["create"] == [f"{vhost}/from-file"]
+    assert broker.queue_info(vhost, "from-file") is None
+    res = json.loads(rbak("definitions-import", "--config", str(cfg_path), "--input", str(src), "--json").stdout)
+    assert res["imported"] and broker.queue_info(vhost, "from-file") is not None
+    snapshot = json.loads(decompress((tmp_path / "store" / res["rollback_key"]).read_bytes(), Compression.ZSTD))
+    assert not any(q["name"] == "from-file" and q["vhost"] == vhost for q in snapshot["queues"])
+    out = tmp_path / "export.json"
+    rbak("definitions-export", "--config", str(cfg_path), "--output", str(out))
+    assert any(q["name"] == "from-file" and q["vhost"] == vhost for q in json.loads(out.read_text())["queues"])
