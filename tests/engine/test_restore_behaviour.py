@@ -181,3 +181,53 @@ def test_failed_definitions_import_stops_the_message_restore(broker, vhost, tmp_
     assert "no message was restored" in str(e.value) and "rollback-before-import-" in str(e.value)
     assert broker.message_count(vhost, "plain") == 0
     assert [k for k in storage.list("bad/definitions/") if "rollback-before-import-" in k]
+
+
+def test_foreign_user_id_fails_the_queue_with_the_broker_reason_and_metrics_count(broker, vhost, tmp_path):
+    from dataclasses import replace
+
+    from prometheus_client import REGISTRY
+
+    storage = storage_for(tmp_path)
+    ok = make_records(vhost, "ok", _bodies(7), every_type=False)
+    bad = [replace(r, properties=replace(r.properties, user_id="someone-else"))
+           for r in make_records(vhost, "bad", _bodies(3), every_type=False)]
+    build_backup(storage, "uid", [(vhost, "ok", "classic", ok), (vhost, "bad", "classic", bad)])
+    declare(broker, vhost, "ok")
+    declare(broker, vhost, "bad")
+    summary = run_restore(storage, options_for(broker, "uid"))
+    by = {q.source_queue: q for q in summary.queues}
+    assert by["ok"].status == "restored" and by["ok"].confirmed == 7  # other queues continue
+    assert by["bad"].status == "failed" and "'bad'" in by["bad"].error and "406" in by["bad"].error
+    assert broker.message_count(vhost, "bad") == 0
+    sample = REGISTRY.get_sample_value
+    assert sample("rabbitmq_backup_messages_confirmed_total", {"vhost": vhost, "queue": "ok"}) == 7
+    assert sample("rabbitmq_backup_messages_published_total", {"vhost": vhost, "queue": "ok"}) == 7
+
+
+def test_tls_restore_and_a_wrong_ca_fails_clearly(rmq310, tls, tmp_path):
+    from rbak.restore.options import RestoreOptions
+
+    broker = rmq310
+    vhost = f"test-tls-{os.urandom(4).hex()}"
+    broker.create_vhost(vhost)
+    try:
+        storage = storage_for(tmp_path)
+        build_backup(storage, "tls", [(vhost, "q", "classic", make_records(vhost, "q", _bodies(5), every_type=False))])
+        declare(broker, vhost, "q")
+
+        def opts(ca):
+            t = TargetConnection(amqp_url=broker.amqps_url("/"), management_url=broker.management_tls_url,
+                                 tls_enabled=True, ca_cert=str(ca), client_cert=str(tls.client_cert),
+                                 client_key=str(tls.client_key))
+            return RestoreOptions(backup_id="tls", target=t, publish_mode="queue")
+
+        bad = run_restore(storage, opts(tls.wrong_ca_cert))
+        (q,) = bad.queues
+        assert q.status == "failed" and "TLS" in q.error and "guest:" not in q.error
+        assert broker.message_count(vhost, "q") == 0
+        good = run_restore(storage, opts(tls.ca_cert))
+        assert good.ok, good.to_json_obj()
+        assert [d.body for d in consume_all(broker, vhost, "q", 5)] == _bodies(5)
+    finally:
+        broker.delete_vhost(vhost)
