@@ -93,9 +93,9 @@ def run(args: Any) -> int:
 
     storage, options, metrics_cfg = build(args)
     if metrics_cfg is not None and metrics_cfg.enabled:
-        from prometheus_client import start_http_server
+        from ..backup.metrics import serve  # the same endpoint and path handling as `rbak backup`
 
-        start_http_server(metrics_cfg.port, metrics_cfg.bind)
+        serve(metrics_cfg)
     progress = None
     on_progress = None
     if not args.json and sys.stderr.isatty() and not options.dry_run:

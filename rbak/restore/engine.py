@@ -458,10 +458,9 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
 
 
 def _error_type(e: Exception) -> str:
-    if isinstance(e, AmqpError):
-        return "amqp"
-    if isinstance(e, SegmentError):
-        return "storage"
-    if isinstance(e, CheckpointError):
-        return "checkpoint"
-    return type(e).__name__.lower().replace("error", "") or "other"
+    """The ``error_type`` label, classified like the backup's (one vocabulary for both)."""
+    try:
+        from ..backup.metrics import error_type
+    except ImportError:  # pragma: no cover - restore-only installs
+        return "amqp" if isinstance(e, AmqpError) else "other"
+    return error_type(e)
