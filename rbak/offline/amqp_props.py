@@ -71,7 +71,7 @@ def _text(raw: bytes) -> str:
 
 def decode_properties(data: bytes | memoryview) -> tuple[BackupProperties, Headers]:
     """Decode a basic-class property binary (flags + fields)."""
-    mv = memoryview(data)
+    mv = data if type(data) is bytes else bytes(data)
     n = len(mv)
     if n < 2:
         raise PropertiesError(f"property flags need 2 bytes, have {n}", 0)

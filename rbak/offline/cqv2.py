@@ -163,7 +163,7 @@ def _read_qs(qs: MappedFile, off: int, size: int, seq_id: int, ctx: ImportContex
     if flags & 1:
         # The writer's CRC covers the term without padding; RabbitMQ's reader
         # checks all Size bytes. Accept either.
-        if zlib.crc32(data[:tend]) & 0xFFFF != crc and zlib.crc32(data) & 0xFFFF != crc:
+        if zlib.crc32(memoryview(data)[:tend]) & 0xFFFF != crc and zlib.crc32(data) & 0xFFFF != crc:
             ctx.damaged(qs.path, off, f"SeqId {seq_id}: CRC mismatch")
             return None
     try:

@@ -9,7 +9,6 @@ reader skips what it cannot trust, and the CLI prints the list at the end.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -48,32 +47,26 @@ class ImportContext:
 
 
 class MappedFile:
-    """A file opened read-only and memory-mapped (never written, never locked)."""
+    """A file read whole, read-only (never written, never locked).
 
-    __slots__ = ("path", "size", "_f", "_mm", "view")
+    Queue index and per-queue store files are bounded by their segment size
+    (a few MiB), so one sequential read is both simpler and faster than
+    memory-mapping them (page faults cost more than read() in sandboxes).
+    """
+
+    __slots__ = ("path", "size", "view")
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
-        self._f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        self.size = os.fstat(self._f.fileno()).st_size
-        if self.size:
-            self._mm: mmap.mmap | None = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
-            self.view = memoryview(self._mm)
-        else:
-            self._mm = None
-            self.view = memoryview(b"")
+        with open(self.path, "rb") as f:
+            self.view: bytes = f.read()
+        self.size = len(self.view)
 
     def find(self, sub: bytes, start: int) -> int:
-        return self._mm.find(sub, start) if self._mm is not None else -1
+        return self.view.find(sub, start)
 
     def close(self) -> None:
-        self.view.release()
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:  # a caller still holds a slice; let GC close it
-                pass
-        self._f.close()
+        self.view = b""
 
     def __enter__(self) -> "MappedFile":
         return self

@@ -70,27 +70,30 @@ FALSE = Atom("false")
 UNDEFINED = Atom("undefined")
 
 # Atoms repeat constantly (record names, 'undefined'); intern them.
-_ATOM_CACHE: dict[bytes, Atom] = {}
 MAX_DEPTH = 1000
 
 
+_LATIN1_ATOMS: dict[bytes, Atom] = {}
+_UTF8_ATOMS: dict[bytes, Atom] = {}
+
+
 def _atom(raw: bytes, latin1: bool, pos: int) -> Atom:
-    key = (b"L" if latin1 else b"U") + raw
-    a = _ATOM_CACHE.get(key)
+    cache = _LATIN1_ATOMS if latin1 else _UTF8_ATOMS
+    a = cache.get(raw)
     if a is None:
         try:
             name = raw.decode("latin-1" if latin1 else "utf-8")
         except UnicodeDecodeError:
             raise TermError("atom is not valid UTF-8", pos) from None
         a = Atom(name)
-        if len(_ATOM_CACHE) < 100_000:
-            _ATOM_CACHE[key] = a
+        if len(cache) < 100_000:
+            cache[raw] = a
     return a
 
 
 def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
     """Decode one versioned term starting at ``pos``; returns (term, end offset)."""
-    mv = memoryview(data)
+    mv = data if type(data) is bytes else bytes(data)
     if pos >= len(mv):
         raise TermError("no term: empty input", pos)
     if mv[pos] != VERSION:
@@ -101,7 +104,7 @@ def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
         (usize,) = _U32.unpack_from(mv, pos + 2)
         d = zlib.decompressobj()
         try:
-            raw = d.decompress(mv[pos + 6 :], usize + 1)
+            raw = d.decompress(memoryview(mv)[pos + 6 :], usize + 1)
         except zlib.error as e:
             raise TermError(f"compressed term does not inflate: {e}", pos + 6) from None
         if len(raw) != usize or not d.eof:
@@ -111,7 +114,7 @@ def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
         if end != usize:
             raise TermError("trailing bytes inside compressed term", pos + 6 + end)
         return term, pos + 6 + consumed
-    return _Decoder(mv).term(pos + 1, 0)
+    return _term(mv, len(mv), pos + 1, 0)
 
 
 def decode_bare(data: bytes | memoryview, pos: int) -> tuple[Any, int]:
@@ -128,128 +131,204 @@ def binary_to_term(data: bytes | memoryview) -> Any:
 
 
 class _Decoder:
-    __slots__ = ("mv", "n")
+    """Decodes from an immutable ``bytes`` copy (indexing bytes is much faster than a memoryview)."""
+
+    __slots__ = ("data", "n")
 
     def __init__(self, data: bytes | memoryview):
-        self.mv = memoryview(data)
-        self.n = len(self.mv)
-
-    def _need(self, pos: int, k: int, what: str) -> None:
-        if pos + k > self.n:
-            raise TermError(f"truncated {what}: needs {k} bytes, {self.n - pos} left", pos)
+        self.data = data if type(data) is bytes else bytes(data)
+        self.n = len(self.data)
 
     def term(self, pos: int, depth: int) -> tuple[Any, int]:
-        if depth > MAX_DEPTH:
-            raise TermError("term nested too deeply", pos)
-        self._need(pos, 1, "term tag")
-        mv = self.mv
-        tag = mv[pos]
-        p = pos + 1
-        if tag == 109:  # BINARY_EXT
-            self._need(p, 4, "binary length")
-            (ln,) = _U32.unpack_from(mv, p)
-            p += 4
-            self._need(p, ln, "binary")
-            return bytes(mv[p : p + ln]), p + ln
-        if tag == 97:  # SMALL_INTEGER_EXT
-            self._need(p, 1, "small integer")
-            return mv[p], p + 1
-        if tag == 98:  # INTEGER_EXT
-            self._need(p, 4, "integer")
-            return _I32.unpack_from(mv, p)[0], p + 4
-        if tag in (100, 118):  # ATOM_EXT (Latin-1), ATOM_UTF8_EXT
-            self._need(p, 2, "atom length")
-            (ln,) = _U16.unpack_from(mv, p)
-            p += 2
-            self._need(p, ln, "atom")
-            return _atom(bytes(mv[p : p + ln]), tag == 100, pos), p + ln
-        if tag in (115, 119):  # SMALL_ATOM_EXT (Latin-1), SMALL_ATOM_UTF8_EXT
-            self._need(p, 1, "atom length")
-            ln = mv[p]
-            p += 1
-            self._need(p, ln, "atom")
-            return _atom(bytes(mv[p : p + ln]), tag == 115, pos), p + ln
-        if tag in (104, 105):  # SMALL_TUPLE_EXT, LARGE_TUPLE_EXT
-            if tag == 104:
-                self._need(p, 1, "tuple arity")
-                arity = mv[p]
-                p += 1
-            else:
-                self._need(p, 4, "tuple arity")
-                (arity,) = _U32.unpack_from(mv, p)
-                p += 4
-            self._need(p, arity, "tuple elements")  # each element is >= 1 byte
-            items = []
-            for _ in range(arity):
-                x, p = self.term(p, depth + 1)
-                items.append(x)
-            return tuple(items), p
-        if tag == 106:  # NIL_EXT
-            return [], p
-        if tag == 108:  # LIST_EXT
-            self._need(p, 4, "list length")
-            (ln,) = _U32.unpack_from(mv, p)
-            p += 4
-            self._need(p, ln + 1, "list elements")
-            items = []
-            for _ in range(ln):
-                x, p = self.term(p, depth + 1)
-                items.append(x)
-            tail, p = self.term(p, depth + 1)
-            if tail == [] and not isinstance(tail, Atom):
-                return items, p
-            return ImproperList(items, tail), p
-        if tag == 107:  # STRING_EXT: a list of small integers
-            self._need(p, 2, "string length")
-            (ln,) = _U16.unpack_from(mv, p)
-            p += 2
-            self._need(p, ln, "string")
-            return list(mv[p : p + ln]), p + ln
-        if tag == 116:  # MAP_EXT
-            self._need(p, 4, "map arity")
-            (arity,) = _U32.unpack_from(mv, p)
-            p += 4
-            self._need(p, 2 * arity, "map entries")
-            out: dict[Any, Any] = {}
-            for _ in range(arity):
-                k, p = self.term(p, depth + 1)
-                v, p = self.term(p, depth + 1)
-                try:
-                    out[k] = v
-                except TypeError:  # unhashable key (a list or map): keep it as a tuple of pairs
-                    out[_freeze(k)] = v
-            return out, p
-        if tag == 70:  # NEW_FLOAT_EXT
-            self._need(p, 8, "float")
-            return _F64.unpack_from(mv, p)[0], p + 8
-        if tag == 99:  # FLOAT_EXT: 31 bytes of printf text
-            self._need(p, 31, "float")
-            txt = bytes(mv[p : p + 31]).split(b"\x00", 1)[0]
+        return _term(self.data, self.n, pos, depth)
+
+
+_u16 = _U16.unpack_from
+_u32 = _U32.unpack_from
+_i32 = _I32.unpack_from
+_f64 = _F64.unpack_from
+
+
+def _short(n: int, pos: int, k: int, what: str) -> TermError:
+    return TermError(f"truncated {what}: needs {k} bytes, {n - pos} left", pos)
+
+
+def _items(data: bytes, n: int, p: int, count: int, depth: int) -> tuple[list, int]:
+    """``count`` consecutive terms; binaries, atoms and small integers inline (the hot path:
+    a stored message is mostly those), anything else through ``_term``."""
+    items: list = []
+    append = items.append
+    for _ in range(count):
+        tag = data[p] if p < n else -1
+        if tag == 109:
+            if p + 5 <= n:
+                ln = _u32(data, p + 1)[0]
+                e = p + 5 + ln
+                if e <= n:
+                    append(data[p + 5 : e])
+                    p = e
+                    continue
+        elif tag == 119 or tag == 115:
+            if p + 2 <= n:
+                e = p + 2 + data[p + 1]
+                if e <= n:
+                    append(_atom(data[p + 2 : e], tag == 115, p))
+                    p = e
+                    continue
+        elif tag == 100 or tag == 118:
+            if p + 3 <= n:
+                e = p + 3 + _u16(data, p + 1)[0]
+                if e <= n:
+                    append(_atom(data[p + 3 : e], tag == 100, p))
+                    p = e
+                    continue
+        elif tag == 97:
+            if p + 2 <= n:
+                append(data[p + 1])
+                p += 2
+                continue
+        x, p = _term(data, n, p, depth)  # everything else, and every error, goes the long way
+        append(x)
+    return items, p
+
+
+def _term(data: bytes, n: int, pos: int, depth: int) -> tuple[Any, int]:
+    if depth > MAX_DEPTH:
+        raise TermError("term nested too deeply", pos)
+    if pos >= n:
+        raise _short(n, pos, 1, "term tag")
+    tag = data[pos]
+    p = pos + 1
+    if tag == 109:  # BINARY_EXT
+        if p + 4 > n:
+            raise _short(n, p, 4, "binary length")
+        ln = _u32(data, p)[0]
+        p += 4
+        if p + ln > n:
+            raise _short(n, p, ln, "binary")
+        return data[p : p + ln], p + ln
+    if tag == 104:  # SMALL_TUPLE_EXT
+        if p >= n:
+            raise _short(n, p, 1, "tuple arity")
+        arity = data[p]
+        p += 1
+        if p + arity > n:  # each element is >= 1 byte
+            raise _short(n, p, arity, "tuple elements")
+        items, p = _items(data, n, p, arity, depth + 1)
+        return tuple(items), p
+    if tag == 100 or tag == 118:  # ATOM_EXT (Latin-1), ATOM_UTF8_EXT
+        if p + 2 > n:
+            raise _short(n, p, 2, "atom length")
+        ln = _u16(data, p)[0]
+        p += 2
+        if p + ln > n:
+            raise _short(n, p, ln, "atom")
+        return _atom(data[p : p + ln], tag == 100, pos), p + ln
+    if tag == 115 or tag == 119:  # SMALL_ATOM_EXT (Latin-1), SMALL_ATOM_UTF8_EXT
+        if p >= n:
+            raise _short(n, p, 1, "atom length")
+        ln = data[p]
+        p += 1
+        if p + ln > n:
+            raise _short(n, p, ln, "atom")
+        return _atom(data[p : p + ln], tag == 115, pos), p + ln
+    if tag == 97:  # SMALL_INTEGER_EXT
+        if p >= n:
+            raise _short(n, p, 1, "small integer")
+        return data[p], p + 1
+    if tag == 106:  # NIL_EXT
+        return [], p
+    if tag == 108:  # LIST_EXT
+        if p + 4 > n:
+            raise _short(n, p, 4, "list length")
+        ln = _u32(data, p)[0]
+        p += 4
+        if p + ln + 1 > n:
+            raise _short(n, p, ln + 1, "list elements")
+        items, p = _items(data, n, p, ln, depth + 1)
+        tail, p = _term(data, n, p, depth + 1)
+        if type(tail) is list and not tail:
+            return items, p
+        return ImproperList(items, tail), p
+    if tag == 98:  # INTEGER_EXT
+        if p + 4 > n:
+            raise _short(n, p, 4, "integer")
+        return _i32(data, p)[0], p + 4
+    if tag == 116:  # MAP_EXT
+        if p + 4 > n:
+            raise _short(n, p, 4, "map arity")
+        arity = _u32(data, p)[0]
+        p += 4
+        if p + 2 * arity > n:
+            raise _short(n, p, 2 * arity, "map entries")
+        out: dict[Any, Any] = {}
+        d = depth + 1
+        for _ in range(arity):
+            k, p = _term(data, n, p, d)
+            v, p = _term(data, n, p, d)
             try:
-                return float(txt), p + 31
-            except ValueError:
-                raise TermError(f"bad float text {txt!r}", p) from None
-        if tag in (110, 111):  # SMALL_BIG_EXT, LARGE_BIG_EXT
-            if tag == 110:
-                self._need(p, 1, "bignum length")
-                ln = mv[p]
-                p += 1
-            else:
-                self._need(p, 4, "bignum length")
-                (ln,) = _U32.unpack_from(mv, p)
-                p += 4
-            self._need(p, ln + 1, "bignum")
-            sign = mv[p]
-            v = int.from_bytes(mv[p + 1 : p + 1 + ln], "little")
-            return (-v if sign else v), p + 1 + ln
-        if tag == 77:  # BIT_BINARY_EXT
-            self._need(p, 5, "bit binary header")
-            (ln,) = _U32.unpack_from(mv, p)
-            bits = mv[p + 4]
-            p += 5
-            self._need(p, ln, "bit binary")
-            return BitBinary(bytes(mv[p : p + ln]), bits), p + ln
-        raise TermError(f"unsupported term tag {tag}", pos)
+                out[k] = v
+            except TypeError:  # unhashable key (a list or map): keep it as a tuple of pairs
+                out[_freeze(k)] = v
+        return out, p
+    if tag == 107:  # STRING_EXT: a list of small integers
+        if p + 2 > n:
+            raise _short(n, p, 2, "string length")
+        ln = _u16(data, p)[0]
+        p += 2
+        if p + ln > n:
+            raise _short(n, p, ln, "string")
+        return list(data[p : p + ln]), p + ln
+    if tag == 105:  # LARGE_TUPLE_EXT
+        if p + 4 > n:
+            raise _short(n, p, 4, "tuple arity")
+        arity = _u32(data, p)[0]
+        p += 4
+        if p + arity > n:
+            raise _short(n, p, arity, "tuple elements")
+        items = []
+        for _ in range(arity):
+            x, p = _term(data, n, p, depth + 1)
+            items.append(x)
+        return tuple(items), p
+    if tag == 70:  # NEW_FLOAT_EXT
+        if p + 8 > n:
+            raise _short(n, p, 8, "float")
+        return _f64(data, p)[0], p + 8
+    if tag == 99:  # FLOAT_EXT: 31 bytes of printf text
+        if p + 31 > n:
+            raise _short(n, p, 31, "float")
+        txt = data[p : p + 31].split(b"\x00", 1)[0]
+        try:
+            return float(txt), p + 31
+        except ValueError:
+            raise TermError(f"bad float text {txt!r}", p) from None
+    if tag == 110 or tag == 111:  # SMALL_BIG_EXT, LARGE_BIG_EXT
+        if tag == 110:
+            if p >= n:
+                raise _short(n, p, 1, "bignum length")
+            ln = data[p]
+            p += 1
+        else:
+            if p + 4 > n:
+                raise _short(n, p, 4, "bignum length")
+            ln = _u32(data, p)[0]
+            p += 4
+        if p + ln + 1 > n:
+            raise _short(n, p, ln + 1, "bignum")
+        sign = data[p]
+        v = int.from_bytes(data[p + 1 : p + 1 + ln], "little")
+        return (-v if sign else v), p + 1 + ln
+    if tag == 77:  # BIT_BINARY_EXT
+        if p + 5 > n:
+            raise _short(n, p, 5, "bit binary header")
+        ln = _u32(data, p)[0]
+        bits = data[p + 4]
+        p += 5
+        if p + ln > n:
+            raise _short(n, p, ln, "bit binary")
+        return BitBinary(data[p : p + ln], bits), p + ln
+    raise TermError(f"unsupported term tag {tag}", pos)
 
 
 def _freeze(x: Any) -> Any:

@@ -29,6 +29,23 @@ _RDQ_RE = re.compile(r"^(\d+)\.rdq$")
 HEADER = 8 + 16  # size + MsgId
 
 
+class _RdqFile:
+    """An .rdq file: scanned once from a whole read, then read by pread (files roll at 16 MiB)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 @dataclass(frozen=True, slots=True)
 class StoreLocation:
     file: int  # index into MessageStore.files
@@ -40,7 +57,7 @@ class MessageStore:
     def __init__(self, directory: str, ctx: ImportContext):
         self.directory = directory
         self.ctx = ctx
-        self.files: list[MappedFile] = []
+        self.files: list[_RdqFile] = []
         self.index: dict[bytes, StoreLocation] = {}
         self.damage: list[str] = []
         self._scanned = False
@@ -58,9 +75,10 @@ class MessageStore:
             (int(m.group(1)), n) for n in os.listdir(self.directory) if (m := _RDQ_RE.match(n))
         )
         for _, name in names:
-            f = MappedFile(os.path.join(self.directory, name))
-            self.files.append(f)
-            self._scan_file(len(self.files) - 1, f)
+            path = os.path.join(self.directory, name)
+            self.files.append(_RdqFile(path))
+            with MappedFile(path) as f:
+                self._scan_file(len(self.files) - 1, f)
 
     def _scan_file(self, fi: int, f: MappedFile) -> None:
         mv = f.view
@@ -112,9 +130,8 @@ class MessageStore:
             )
             return None
         f = self.files[loc.file]
-        start = loc.offset + HEADER
         try:
-            return decode_stored_message(f.view[start : loc.offset + 8 + loc.size])
+            return decode_stored_message(f.pread(loc.offset + HEADER, loc.size - 16))
         except MessageFormatError as e:
             self.ctx.damaged(f.path, loc.offset, f"message {msg_id.hex()}: {e}")
             return None
