@@ -217,11 +217,12 @@ def test_entrypoint_driver_role_runs_a_pyspark_job(tmp_path):
     job.write_text(textwrap.dedent(f"""
         from pyspark.sql import SparkSession
         spark = SparkSession.builder.getOrCreate()
-        n = spark.sparkContext.parallelize(range(100), 2).map(lambda x: x * 2).sum()
+        n = spark.range(100).selectExpr("sum(id * 2) AS n").first()["n"]
         open({str(out)!r}, "w").write(str(n))
         spark.stop()
     """))
-    proc = run_entrypoint("driver", "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(job),
+    proc = run_entrypoint("driver", "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+                          "--conf", "spark.sql.shuffle.partitions=1", str(job),
                           env={"SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_text() == str(sum(range(100)) * 2)
