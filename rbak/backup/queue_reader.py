@@ -6,12 +6,12 @@ that shape this code (see docs/backup.md):
 
 - classic: with prefetch 0 one consumer receives every message; closing the
   channel requeues them in their original order.
-- quorum: a prefetch-0 consumer is capped at 2000 unacked and spreading a
-  queue over several such consumers scrambles the order on return; one
-  consumer with ``basic.qos(65535)`` receives up to 65535 messages and
-  returning them keeps the order. Deeper queues use one such channel after
-  another (each filled before the next is opened) and close them in the
-  same order.
+- quorum: a prefetch-0 consumer is capped at 2000 unacked; one consumer
+  with ``basic.qos(65535)`` receives 65535 and returning them keeps the
+  order. Deeper queues use one channel after another, each with a prefetch
+  of exactly the messages it takes (so no consumer has spare credit to
+  receive messages an earlier channel returns: that is what scrambled the
+  order in our measurements), closed in the order they were opened.
 - quorum: every return (channel close, nack, AMQP 1.0 ``released`` or
   ``modified``, all measured on 4.0.5) adds 1 to ``x-delivery-count``; a
   message returned past its delivery limit is dropped or dead-lettered. So a
@@ -108,9 +108,12 @@ def read_queue(
         while res.records < depth:
             ch = conn.channel()
             channels.append(ch)
-            ch.basic_qos(prefetch_count=per_channel)
             taken = 0
             want = depth - res.records if per_channel == 0 else min(per_channel, depth - res.records)
+            # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
+            # credit: otherwise messages returned by an earlier channel's close would be
+            # redelivered to a later channel and come back out of order.
+            ch.basic_qos(prefetch_count=0 if per_channel == 0 else want)
             gen = ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout)
             for method, props, body in gen:
                 if method is None:
