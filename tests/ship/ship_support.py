@@ -173,3 +173,34 @@ def crd_problems(obj: dict[str, Any]) -> list[str]:
     problems += _unknown_fields(schema, obj, "")
     problems += _cel_failures(schema, obj, "")
     return problems
+
+
+def flatten(rules: list[dict]) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in rules:
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                for v in rule["verbs"]:
+                    assert "*" not in (g, r, v), f"wildcard in {rule}"
+                    out.add((g, r, v))
+    return out
+
+
+def granted(objs: list[dict], sa: str = "rbak-operator") -> tuple[set, dict[str, set]]:
+    """(cluster-wide grants, {namespace: grants}) to the operator's service account."""
+    def bound(binding):
+        return any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in binding["subjects"])
+
+    cluster = set()
+    for b in find(objs, "ClusterRoleBinding"):
+        if bound(b):
+            cluster |= flatten(find(objs, "ClusterRole", b["roleRef"]["name"])[0]["rules"])
+    per_ns: dict[str, set] = {}
+    for b in find(objs, "RoleBinding"):
+        if bound(b):
+            ns = b["metadata"]["namespace"]
+            role = find(objs, b["roleRef"]["kind"], b["roleRef"]["name"],
+                        None if b["roleRef"]["kind"] == "ClusterRole" else ns)[0]
+            per_ns.setdefault(ns, set()).update(flatten(role["rules"]))
+    return cluster, per_ns
