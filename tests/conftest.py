@@ -30,6 +30,10 @@ from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket  # 
 from support.tls import TlsFiles, tls_files  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# A test that runs `pip install --prefix X .` would otherwise UNINSTALL the editable rbak
+# from site-packages (pip replaces an installed distribution of the same name), breaking
+# every later `python -m rbak` in this and concurrent runs. Inherited by subprocesses.
+os.environ["PIP_IGNORE_INSTALLED"] = "1"
 _BROKER_FIXTURES = {"broker", "vhost", "rmq310", "rmq40"}
 _reachability: dict[str, str | None] = {}
 

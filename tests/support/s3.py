@@ -7,6 +7,7 @@ subprocesses (the ``rbak`` CLI, operator jobs) inherit them.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from urllib.parse import quote
@@ -37,6 +38,7 @@ class MotoS3Server:
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no per-request access log
         self.port = free_port()
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.endpoint = f"http://127.0.0.1:{self.port}"
