@@ -231,3 +231,12 @@ def test_tls_restore_and_a_wrong_ca_fails_clearly(rmq310, tls, tmp_path):
         assert [d.body for d in consume_all(broker, vhost, "q", 5)] == _bodies(5)
     finally:
         broker.delete_vhost(vhost)
+
+
+def test_a_missing_target_vhost_fails_naming_it(broker, vhost, tmp_path):
+    storage = storage_for(tmp_path)
+    build_backup(storage, "nv", [(vhost, "q", "classic", make_records(vhost, "q", _bodies(2), every_type=False))])
+    missing = f"{vhost}-does-not-exist"
+    summary = run_restore(storage, options_for(broker, "nv", vhost_mapping=((vhost, missing),)))
+    (q,) = summary.queues
+    assert q.status == "failed" and f"vhost {missing!r}" in q.error and "guest:guest" not in q.error
