@@ -45,12 +45,15 @@ class ManagementClient:
         s = requests.Session()
         s.auth = (conn.mgmt_username, conn.mgmt_password)
         tls = conn.tls
+        # verify/cert go on every request: requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE
+        # override a Session's own verify setting, which would ignore source.tls.ca_cert
+        self._tls: dict[str, Any] = {}
         if self.base.startswith("https://"):
-            s.verify = (tls.ca_cert or True) if tls.verify else False
+            self._tls["verify"] = (tls.ca_cert or True) if tls.verify else False
             if not tls.verify:
                 log.warning("TLS verification is off for %s (source.tls.verify: false)", self.base)
             if tls.client_cert:
-                s.cert = (tls.client_cert, tls.client_key) if tls.client_key else tls.client_cert
+                self._tls["cert"] = (tls.client_cert, tls.client_key) if tls.client_key else tls.client_cert
         elif tls.enabled:
             raise ManagementApiError(
                 f"source.management_url {self.base!r} is plain http but tls.enabled is true; "
@@ -63,7 +66,7 @@ class ManagementClient:
     def request(self, method: str, path: str, **kw: Any) -> Any:
         url = f"{self.base}/api/{path}"
         try:
-            r = self._s.request(method, url, timeout=self.timeout, **kw)
+            r = self._s.request(method, url, timeout=self.timeout, **self._tls, **kw)
         except requests.exceptions.SSLError as e:
             raise ManagementApiError(f"TLS handshake with {self.base} failed ({_reason(e)}); "
                                      "check source.tls.ca_cert / client_cert") from None
@@ -113,7 +116,7 @@ class ManagementClient:
         """GET /api/definitions, as the broker's JSON bytes."""
         url = f"{self.base}/api/definitions"
         try:
-            r = self._s.get(url, timeout=max(self.timeout, 60))
+            r = self._s.get(url, timeout=max(self.timeout, 60), **self._tls)
         except requests.exceptions.SSLError as e:
             raise ManagementApiError(f"TLS handshake with {self.base} failed ({_reason(e)})") from None
         except requests.exceptions.RequestException as e:
