@@ -97,19 +97,20 @@ def run(args: Any) -> int:
 
         serve(metrics_cfg)
     progress = None
-    on_progress = None
+    on_progress: Any = None
     if not args.json and sys.stderr.isatty() and not options.dry_run:
         from rich.progress import Progress
 
         progress = Progress(transient=False)
         tasks: dict[tuple[str, str], Any] = {}
 
-        def on_progress(r):  # called from worker threads; rich's Progress is thread-safe
+        def show(r):  # called from worker threads; rich's Progress is thread-safe
             key = (r.source_vhost, r.source_queue)
             if key not in tasks:
-                tasks[key] = progress.add_task(f"{r.source_vhost}/{r.source_queue}", total=None)
+                tasks[key] = progress.add_task(f"{r.source_vhost}/{r.source_queue}", total=r.planned or None)
             progress.update(tasks[key], completed=r.confirmed)
 
+        on_progress = show
         progress.start()
     try:
         summary = run_restore(storage, options, on_progress=on_progress)

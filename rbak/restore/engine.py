@@ -31,8 +31,8 @@ from . import metrics
 from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
 from .fields import encode_basic_properties
 from .options import RestoreOptions
-from .plan import QueuePlan, plan_restore, publish_address, record_in_window, segment_fully_inside
-from .publisher import ConfirmingPublisher, PublishError, connect
+from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
+from .publisher import ConfirmingPublisher, connect
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class QueueResult:
     target_queue: str
     queue_type: str = "classic"
     status: str = "pending"  # restored | dry-run | skipped | already-done | failed
+    planned: int = 0  # records in the segments to read (an upper bound of ``selected``)
     selected: int = 0  # records inside the window (dry run: would be published)
     published: int = 0
     confirmed: int = 0
@@ -257,7 +258,8 @@ def restore_queue_segments(
     """
     cp = checkpoint or NullCheckpoint()
     res = QueueResult(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, plan.queue_type,
-                      skipped_segments=plan.skipped_segments, skipped_records=plan.skipped_records)
+                      planned=plan.candidate_records, skipped_segments=plan.skipped_segments,
+                      skipped_records=plan.skipped_records)
     state = cp.load(plan.source_vhost, plan.source_queue)
     if state.done:
         res.status = "already-done"

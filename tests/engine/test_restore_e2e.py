@@ -7,8 +7,6 @@ import os
 import sys
 from dataclasses import replace
 
-import pika
-
 sys.path.insert(0, os.path.dirname(__file__))
 from _restore_helpers import (  # noqa: E402
     EVERY_HEADER, EVERY_PROPERTY, STREAM_HEADERS, STREAM_PROPERTY, consume_all, expected_after_restore,
