@@ -16,7 +16,7 @@ from rbak.format.compression import Compression, compress, decompress  # noqa: E
 from rbak.format.manifest import DefinitionsBackup  # noqa: E402
 from rbak.keys import BackupLayout  # noqa: E402
 from rbak.restore import run_restore  # noqa: E402
-from rbak.restore.options import TargetConnection  # noqa: E402
+from rbak.restore.options import DefinitionsFilter, TargetConnection  # noqa: E402
 
 T0 = 1_700_000_000_000
 
@@ -240,3 +240,19 @@ def test_a_missing_target_vhost_fails_naming_it(broker, vhost, tmp_path):
     summary = run_restore(storage, options_for(broker, "nv", vhost_mapping=((vhost, missing),)))
     (q,) = summary.queues
     assert q.status == "failed" and f"vhost {missing!r}" in q.error and "guest:guest" not in q.error
+
+
+def test_restore_from_s3_writes_the_rollback_snapshot_there(broker, vhost, s3_bucket):
+    from rbak.storage import open_storage
+
+    storage = open_storage(s3_bucket)
+    recs = make_records("src", "defined-q", _bodies(25), exchange="defined.x", routing_key="", every_type=False)
+    manifest = build_backup(storage, "s3b", [("src", "defined-q", "quorum", recs)], max_bytes=300)
+    assert len(manifest.queues[0].segments) > 2
+    _store_definitions(storage, manifest, "s3b", _definitions_doc("src"))
+    opts = options_for(broker, "s3b", restore_definitions=True, publish_mode="exchange",
+                       vhost_mapping=(("src", vhost),), definitions_selection=DefinitionsFilter(vhosts=("src",)))
+    summary = run_restore(storage, opts)
+    assert summary.ok, summary.to_json_obj()
+    assert f"{s3_bucket.prefix}/{summary.definitions.rollback_key}" in s3_bucket.keys()
+    assert [d.body for d in consume_all(broker, vhost, "defined-q", 25)] == _bodies(25)
