@@ -38,6 +38,7 @@ from rbak.keys import BackupLayout, encode_name, encode_vhost
 from rbak.restore.checkpoint import QueueState
 
 PROGRESS_DIR = "spark-restore"
+DONE_INDEX = 2**62  # "past the last record": a segment known done only by implication
 
 
 def default_progress_id(options) -> str:
@@ -100,10 +101,17 @@ class StorageProgress:
         runs = self._runs()
         merged: dict[int, tuple[int, bool]] = {}
         for _key, obj in runs:
-            for seq_s, (idx, done) in obj.get("segments", {}).items():
-                seq = int(seq_s)
+            segs = {int(s): (int(i), bool(d)) for s, (i, d) in obj.get("segments", {}).items()}
+            if not segs:
+                continue
+            # A run confirms in order, and the engine records only the segment its confirmed
+            # prefix ends in: every segment of the run before that one is done.
+            last_seq, (last_idx, last_done) = max(segs.items())
+            implied = {s: (DONE_INDEX, True) for s in obj.get("sequences", []) if s < last_seq}
+            implied[last_seq] = (last_idx, last_done)
+            for seq, (idx, done) in implied.items():
                 old = merged.get(seq, (0, False))
-                merged[seq] = (max(old[0], idx), old[1] or bool(done))
+                merged[seq] = (max(old[0], idx), old[1] or done)
         own = next((obj for key, obj in runs if key == self.key and obj.get("sequences") == self.sequences), None)
         safe: dict[int, tuple[int, bool]] = {}
         for seq in self.sequences:  # the done prefix, then the first unfinished segment

@@ -10,6 +10,7 @@ and data-source classes that live in it, whatever the working directory.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import zipfile
 
@@ -51,8 +52,12 @@ def get_session(app_name: str, master: str | None = None, conf: dict[str, str] |
     submitted = SparkSession.getActiveSession() is not None or "PYSPARK_GATEWAY_PORT" in os.environ
     if master:
         builder = builder.master(master)
-    elif not submitted:
-        builder = builder.master(os.environ.get("RBAK_SPARK_MASTER", "local[*]"))
+    if not submitted:
+        # Python workers run ``$PYSPARK_PYTHON`` (default: whatever ``python3`` is on PATH); run
+        # them with this interpreter, which has rbak installed, unless told otherwise.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not master:
+            builder = builder.master(os.environ.get("RBAK_SPARK_MASTER", "local[*]"))
     for k, v in {**SQL_CONF, **(conf or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

@@ -22,6 +22,7 @@ from rbak_spark.validate_job import run_validate
 SPARK_DIR = Path(__file__).resolve().parents[2] / "spark"
 
 QUEUES = [QueueSpec("/", "orders", 120, 300), QueueSpec("prod", "a/b c", 60, 200), QueueSpec("prod", "empty", 0)]
+SEG = 12000  # bytes: ~10 segments, enough to damage four different ones
 
 
 def _segments(m):
@@ -52,7 +53,7 @@ def corrupt(storage, m) -> dict[str, str]:
 def test_good_backup_on_files(spark, tmp_path):
     url = f"file://{tmp_path}"
     storage = open_storage(url)
-    m = write_backup(storage, "b-good", QUEUES, segment_max_bytes=6000)
+    m = write_backup(storage, "b-good", QUEUES, segment_max_bytes=SEG)
     assert m.total_segments >= 8
     out = run_validate(spark, url, "b-good")
     assert out["ok"] is True and out["all_problems"] == []
@@ -67,7 +68,7 @@ def test_good_backup_on_files(spark, tmp_path):
 
 def test_every_bad_segment_found_on_s3(spark, s3_bucket):
     storage = open_storage(s3_bucket)
-    m = write_backup(storage, "b-bad", QUEUES, segment_max_bytes=6000)
+    m = write_backup(storage, "b-bad", QUEUES, segment_max_bytes=SEG)
     bad = corrupt(storage, m)
     out = run_validate(spark, s3_bucket, "b-bad", report_key="reports/b-bad.json")
     assert out["ok"] is False
@@ -89,7 +90,7 @@ def test_script_exit_code_and_summary(tmp_path):
     """`python spark/validate.py` from another directory: non-zero exit, bad keys named."""
     url = f"file://{tmp_path / 'store'}"
     storage = open_storage(url)
-    m = write_backup(storage, "b1", QUEUES[:1], segment_max_bytes=6000, prefix="team")
+    m = write_backup(storage, "b1", QUEUES[:1], segment_max_bytes=SEG, prefix="team")
     bad = corrupt(storage, m)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     p = subprocess.run(

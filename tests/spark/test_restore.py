@@ -1,0 +1,134 @@
+"""spark/restore.py against the real local RabbitMQ (a fresh vhost per test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from rbak.keys import BackupLayout
+from rbak.restore.options import RestoreOptions, TargetConnection
+from rbak.storage import open_storage
+from rbak_spark.restore_job import main as restore_main, run_restore_job, split_plan
+from rbak_spark.synthetic import QueueSpec, write_backup
+from support.brokers import unique_name
+
+SPARK_DIR = Path(__file__).resolve().parents[2] / "spark"
+START = 1_700_000_000_000
+
+
+@pytest.fixture
+def target(rmq310):
+    """(broker, a fresh vhost) deleted afterwards."""
+    name = unique_name("test-spark")
+    rmq310.create_vhost(name)
+    try:
+        yield rmq310, name
+    finally:
+        rmq310.delete_vhost(name)
+
+
+def options(broker, vhost, **kw) -> RestoreOptions:
+    kw.setdefault("vhost_mapping", (("/", vhost), ("prod", vhost)))
+    return RestoreOptions(target=TargetConnection(amqp_url=broker.amqp_url("/"), management_url=broker.management_url),
+                          **kw)
+
+
+def ids(msgs) -> list[str]:
+    return [m.properties.message_id for m in msgs]
+
+
+def test_strict_restore_keeps_order_per_queue(spark, target, tmp_path):
+    broker, vh = target
+    url = f"file://{tmp_path}"
+    queues = [QueueSpec("/", "orders", 300), QueueSpec("/", "events", 120), QueueSpec("prod", "audit", 80)]
+    m = write_backup(open_storage(url), "b1", queues, segment_max_bytes=3000)
+    for q in queues:
+        broker.declare_queue(vh, q.name)
+    out = run_restore_job(spark, url, options(broker, vh, backup_id="b1"))
+    assert out["ok"], out
+    assert out["confirmed"] == m.total_messages == 500
+    assert {r["runs"] for r in out["runs"]} == {1}
+    for q in queues:
+        msgs = broker.drain_queue(vh, q.name)
+        assert ids(msgs) == [f"{q.name}-{i}" for i in range(q.messages)]  # each once, in backup order
+        assert msgs[3].properties.headers == {"seq": 3, "origin": "synthetic"}
+    # a rerun of the finished restore publishes nothing (stored progress says done)
+    again = run_restore_job(spark, url, options(broker, vh, backup_id="b1"))
+    assert {r["status"] for r in again["runs"]} == {"already-done"} and again["published"] == 0
+    assert broker.message_count(vh, "orders") == 0
+
+
+def test_window_mapping_and_dry_run_use_the_cli_plan(spark, target, tmp_path):
+    broker, vh = target
+    url = f"file://{tmp_path}"
+    write_backup(open_storage(url), "b2", [QueueSpec("/", "orders", 200)], segment_max_bytes=3000)
+    broker.declare_queue(vh, "orders-copy")
+    argv = ["--path", url, "--backup-id", "b2", "--target-amqp-url", broker.amqp_url("/"),
+            "--vhost-map", f"/={vh}", "--queue-map", "orders=orders-copy",
+            "--time-window-start", str(START + 50_000), "--time-window-end", "2023-11-14T22:15:29Z"]  # i in 50..129
+    assert restore_main(argv + ["--dry-run"]) == 0
+    assert broker.message_count(vh, "orders-copy") == 0
+    assert restore_main(argv) == 0
+    msgs = broker.drain_queue(vh, "orders-copy")
+    assert ids(msgs) == [f"orders-{i}" for i in range(50, 130)]
+
+
+def test_relaxed_splits_a_large_queue_and_says_so(spark, target, tmp_path):
+    broker, vh = target
+    url = f"file://{tmp_path}"
+    m = write_backup(open_storage(url), "b3", [QueueSpec("/", "big", 400)], segment_max_bytes=3000)
+    broker.declare_queue(vh, "big")
+    lines = []
+    out = run_restore_job(spark, url, options(broker, vh, backup_id="b3"), ordering="relaxed", log=lines.append)
+    assert out["ok"], out
+    assert [r["runs"] for r in out["runs"]] == [2, 2]
+    assert any("split into 2 runs" in n and "NOT restored in backup order" in n for n in out["notes"])
+    got = ids(broker.drain_queue(vh, "big"))
+    assert sorted(got) == sorted(f"big-{i}" for i in range(400))  # every message once
+    # each run is in order on its own
+    plan_runs = split_plan(__import__("rbak.restore.plan", fromlist=["plan_queue"]).plan_queue(
+        m.queues[0], options(broker, vh, backup_id="b3")), 2)
+    for run in plan_runs:
+        first = sum(s.record_count for s in m.queues[0].segments if s.sequence < run.segments[0].sequence)
+        mine = [x for x in got if first <= int(x.split("-")[1]) < first + run.candidate_records]
+        assert mine == [f"big-{i}" for i in range(first, first + run.candidate_records)]
+
+
+def test_killed_driver_then_rerun_delivers_each_message_once_in_order(spark, target, tmp_path):
+    broker, vh = target
+    url = f"file://{tmp_path}"
+    queues = [QueueSpec("/", f"q{i}", 4000, 16) for i in range(3)]
+    write_backup(open_storage(url), "b4", queues, segment_max_bytes=20_000)
+    for q in queues:
+        broker.declare_queue(vh, q.name)
+    argv = ["--path", url, "--backup-id", "b4", "--target-amqp-url", broker.amqp_url("/"), "--vhost-map", f"/={vh}",
+            "--publish-mode", "queue", "--batch-size", "20"]
+    proc = subprocess.Popen([sys.executable, str(SPARK_DIR / "restore.py"), *argv, "--master", "local[2]"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    storage = open_storage(url)
+    prefix = BackupLayout("b4").state("spark-restore/")
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            assert proc.poll() is None, "the restore finished before it could be killed: " + proc.stdout.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no restore progress appeared"
+            runs = [orjson.loads(storage.get(k)) for k in storage.list(prefix) if "/run-" in k]
+            if any(r["confirmed"] >= 200 for r in runs):
+                break
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started (JVM, Python workers)
+        proc.wait()
+    time.sleep(1)
+    landed = sum(broker.message_count(vh, q.name) for q in queues)
+    assert 0 < landed < 12_000
+    assert restore_main(argv) == 0
+    for q in queues:
+        assert ids(broker.drain_queue(vh, q.name)) == [f"{q.name}-{i}" for i in range(q.messages)]
