@@ -453,3 +453,18 @@ def test_imported_backup_restores_into_a_live_broker(shared_root, tmp_path, brok
         for d, r in zip(got, recs):
             assert d.properties == r.properties, q
             assert headers_equal(d.headers, expected_after_restore(r.headers)), (q, d.headers, r.headers)
+
+
+@pytest.mark.slow
+def test_journal_stops_at_an_all_zero_entry(shared_root, tmp_path):
+    """A dirty shutdown can leave a zeroed tail in journal.jif: RabbitMQ stops reading there, so do we."""
+    sc = scenario("crash", shared_root)
+    copy = tmp_path / sc.data_dir.name
+    shutil.copytree(sc.data_dir, copy)
+    with open(qdir(copy, "/", "v1-crash") / "journal.jif", "ab") as f:
+        f.write(b"\x00" * 40 + b"\xde\xad\xbe\xef" * 5)
+    url = f"file://{tmp_path}/b"
+    res = import_rabbitmq_dir(str(copy), url, "z1")
+    assert not res.ctx.skipped
+    _, got = read_backup(url, "z1")
+    assert as_msgs(got[("/", "v1-crash")]) == sc.expected[("/", "v1-crash")]
