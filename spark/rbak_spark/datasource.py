@@ -29,17 +29,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    EqualTo,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+try:  # filter pushdown arrived in Spark 4.1; on 4.0 pushFilters is never called
+    from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
+except ImportError:  # pragma: no cover - Spark 4.0
+    class _Never:
+        pass
+
+    EqualTo = GreaterThan = GreaterThanOrEqual = In = LessThan = LessThanOrEqual = _Never
 
 NAME = "rbak"
 
