@@ -8,7 +8,7 @@ Order of a run (and why):
 3. A bounded pool of ``max_concurrent_queues`` workers; each worker keeps one
    AMQP connection per vhost and reads one queue at a time on fresh
    channels, so 1,000 queues need ``max_concurrent_queues`` connections.
-4. Per queue, a ``SegmentWriter`` rotating on size/age (memory is bounded by
+4. Per queue, an ``AsyncSegmentWriter`` (compress + store in a background thread) rotating on size/age (memory is bounded by
    ``segment_max_bytes`` per worker, never by queue depth).
 5. The checkpoint is synced to ``state/offsets.db``; the manifest (with
    ``completed_at``) is written last, only when every queue succeeded.
@@ -31,7 +31,6 @@ from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
 from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, SegmentMetadata
 from ..format.record import encode_record
-from ..format.segment import SegmentWriter
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from . import metrics
@@ -40,6 +39,7 @@ from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import BROKER_HEADERS, delivery_count, to_record
 from .definitions import export_definitions, store_definitions
 from .management import ManagementClient, QueueInfo
+from .segments import AsyncSegmentWriter
 from .queue_reader import DeliveryLimitError, describe_message, passive_depth, read_queue
 from .stream_reader import read_stream
 
@@ -389,7 +389,7 @@ class BackupEngine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _writer(self, vhost: str, queue: str, queue_type: str, first_sequence: int,
-                on_segment: Callable[[SegmentMetadata], None]) -> SegmentWriter:
+                on_durable: Callable[[SegmentMetadata, Any], None] | None = None) -> AsyncSegmentWriter:
         layout, storage, comp = self.layout, self.storage, self.compression
         labels = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
         seg_bytes = metrics.segment_bytes().labels(vhost=vhost, queue=queue, queue_type=queue_type)
@@ -402,7 +402,8 @@ class BackupEngine:
             return key
 
         b = self.cfg.backup
-        return SegmentWriter(sink, comp, self.level, b.segment_max_bytes, b.segment_max_interval_ms, first_sequence)
+        return AsyncSegmentWriter(sink, comp, self.level, b.segment_max_bytes, b.segment_max_interval_ms,
+                                  first_sequence, on_durable)
 
     def _deadline(self) -> float | None:
         d = self.cfg.backup.max_duration_secs
@@ -422,10 +423,9 @@ class BackupEngine:
         elif limit is not None:
             self._check_guard(q, ckpt, cluster, limit)
         self.progress("start", vhost=vhost, queue=name, total=depth)
-        segments: list[SegmentMetadata] = []
         read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type=qtype)
         bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type=qtype)
-        writer = self._writer(vhost, name, qtype, 1, segments.append)
+        writer = self._writer(vhost, name, qtype, 1)
         progress = self.progress
         state = {"n": 0}
 
@@ -438,9 +438,7 @@ class BackupEngine:
                 if c > state["max"] or not state["nearest"]:
                     state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
             rec = to_record(method, props, body, vhost, name)
-            meta = writer.append_encoded(encode_record(rec), rec.backed_up_at)
-            if meta is not None:
-                segments.append(meta)
+            writer.append_encoded(encode_record(rec), rec.backed_up_at)
             read_c.inc()
             bytes_c.inc(len(body))
             state["n"] += 1
@@ -451,13 +449,14 @@ class BackupEngine:
             read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
                        read_timeout=self.cfg.backup.read_timeout_secs, deadline=self._deadline(),
                        throttle=self.throttle)
+        except BaseException:
+            writer.abort()
+            raise
         finally:
             if quorum and state["n"]:
                 # every message taken went back with one more delivery on its count
                 ckpt.set_guard(cluster, vhost, name, Guard(state["max"] + 1, limit, state["nearest"]))
-        meta = writer.flush()
-        if meta is not None:
-            segments.append(meta)
+        segments = writer.close()
         progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
         qb = QueueBackup(vhost, name, qtype)
         for s in segments:
@@ -496,22 +495,22 @@ class BackupEngine:
         self.progress("start", vhost=vhost, queue=name, total=None)
         read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type="stream")
         bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type="stream")
-        writer = self._writer(vhost, name, "stream", prog.next_sequence, lambda m: None)
         progress = self.progress
         state = {"n": 0}
 
         def durable(meta: SegmentMetadata, last_offset: int) -> None:
+            """Runs in the segment thread once the segment is stored: checkpoint it."""
             prog.segments.append(meta)
             prog.records += meta.record_count
             prog.next_sequence = meta.sequence + 1
             prog.stream_last_offset = last_offset
             ckpt.save(prog)
 
+        writer = self._writer(vhost, name, "stream", prog.next_sequence, durable)
+
         def sink(method, props, body, offset: int) -> None:
             rec = to_record(method, props, body, vhost, name, drop_headers=BROKER_HEADERS)
-            meta = writer.append_encoded(encode_record(rec), rec.backed_up_at)
-            if meta is not None:
-                durable(meta, offset)
+            writer.append_encoded(encode_record(rec), rec.backed_up_at, offset)
             read_c.inc()
             bytes_c.inc(len(body))
             state["n"] += 1
@@ -520,11 +519,13 @@ class BackupEngine:
             if state["n"] % 500 == 0:
                 progress("advance", vhost=vhost, queue=name, n=500)
 
-        res = read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
-                          deadline=self._deadline())
-        meta = writer.flush()
-        if meta is not None:
-            durable(meta, res.last_offset if res.last_offset is not None else -1)
+        try:
+            read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
+                        deadline=self._deadline())
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
         progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
         prog.completed = True
         if prog.stream_last_offset is None and isinstance(start, int):
