@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -124,7 +123,8 @@ def rbak_backup(vh: str, store: str, backup_id: str, seg_bytes: int | None = Non
 
 def rss_child(vh: str, store: str) -> None:
     secs, n = rbak_backup(vh, store, "rss-" + uuid.uuid4().hex[:6], seg_bytes=8 * 1024 * 1024)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # VmHWM belongs to this process image (ru_maxrss would include the forked parent before exec)
+    peak_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print(f"{n} {secs:.3f} {peak_kib}")
 
 
