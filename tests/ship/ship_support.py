@@ -19,6 +19,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rbak"
 KUBE_VERSION = "1.33.0"  # a current Kubernetes release; the chart's kubeVersion allows >= 1.28
+# Every built-in manifest is checked against the oldest version the chart allows,
+# the current one, and the newest schemas kubernetes-validate bundles.
+KUBE_VERSIONS = ("1.28.0", KUBE_VERSION, "latest")
 
 
 def render_chart(values: dict[str, Any] | None = None, *, name: str = "rbak",
@@ -71,11 +74,14 @@ def k8s_validate(obj: dict[str, Any]) -> None:
     """Strict offline validation of a built-in Kubernetes object; a clear one-line failure."""
     import kubernetes_validate
 
-    try:
-        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as e:
-        where = "/".join(str(p) for p in e.path)
-        pytest.fail(f"{obj['kind']}/{obj['metadata'].get('name')}: {where}: {e.message}", pytrace=False)
+    for version in KUBE_VERSIONS:
+        version = kubernetes_validate.latest_version() if version == "latest" else version
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            where = "/".join(str(p) for p in e.path)
+            pytest.fail(f"Kubernetes {version}: {obj['kind']}/{obj['metadata'].get('name')}: {where}: {e.message}",
+                        pytrace=False)
 
 
 @functools.lru_cache(maxsize=1)
