@@ -9,7 +9,9 @@ message store (.rdq) and small ones embedded in the index / per-queue store,
    chunks (page cache warmed first, so both sides read from memory);
 2. decode only: the importer's readers (index, store, Erlang terms, AMQP
    properties) producing BackupRecords, nothing written;
-3. full import to ``file://`` with compression none and zstd.
+3. decode + ``encode_record`` (the RBAK JSON of every record, no output):
+   how much of the import the record format itself costs;
+4. full import to ``file://`` with compression none and zstd.
 
 Prints each throughput (MB of broker files per second) and its ratio to the
 baseline; the issue's target is a full-import ratio >= 0.3.
@@ -35,6 +37,7 @@ sys.path.insert(0, str(REPO / "tests" / "offline"))
 
 from rabbitmq_private import PrivateNode  # noqa: E402
 
+from rbak.format.record import encode_record  # noqa: E402
 from rbak.offline.damage import ImportContext  # noqa: E402
 from rbak.offline.rabbitmq_dir import import_rabbitmq_dir, iter_queues  # noqa: E402
 
@@ -131,8 +134,19 @@ def main() -> int:
                     n += 1
             return n
 
+        def decode_encode():
+            # What the RBAK format itself costs: JSON of every record (bodies as integer arrays).
+            ctx = ImportContext()
+            n = 0
+            for _, recs in iter_queues(str(data_dir), ctx, 0):
+                for r in recs:
+                    n += len(encode_record(r))
+            return n
+
         t_decode = timed(decode_only)
-        results = [("plain sequential read", t_read), ("decode only (no output)", t_decode)]
+        t_encode = timed(decode_encode)
+        results = [("plain sequential read", t_read), ("decode only (no output)", t_decode),
+                   ("decode + encode_record (JSON)", t_encode)]
         for comp in ("none", "zstd"):
             out = tmp / f"out-{comp}"
             t = time.perf_counter()
