@@ -170,3 +170,28 @@ def yaml_load(text):
     import yaml
 
     return yaml.safe_load(text)
+
+
+def test_cli_config_reference_and_default_backup_parser(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rbak", "config-reference"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "`source.tls.ca_cert`" in out and "`offset_storage.path`" in out
+    schema = json.loads(subprocess.run([sys.executable, "-m", "rbak", "config-reference", "--json-schema"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert schema["properties"]["backup"]["properties"]["compression_level"]["maximum"] == 22
+
+    # no --config: the embedded default, with --path / --backup-id overrides
+    from rbak.commands.backup import build_config
+    import argparse
+
+    cfg = build_config(argparse.Namespace(config=None, backup_id="b-1", path=str(tmp_path / "x")))
+    assert cfg.backup_id == "b-1" and cfg.storage.backend == "filesystem" and cfg.storage.path == str(tmp_path / "x")
+    assert cfg.source.amqp_url == "amqp://guest:guest@localhost:5672/%2f"
+    cfg = build_config(argparse.Namespace(config=None, backup_id=None,
+                                          path="s3://bkt/pre?endpoint=http://127.0.0.1:9&path_style=true"))
+    assert cfg.storage.backend == "s3" and cfg.storage.bucket == "bkt" and cfg.storage.prefix == "pre"
+    assert cfg.storage.path_style and cfg.backup_id.startswith("backup-")
+    p = tmp_path / "restore.yaml"
+    p.write_text("mode: restore\nbackup_id: r\ntarget: {amqp_url: 'amqp://h'}\nstorage: {backend: memory}\n")
+    with pytest.raises(ConfigError, match="rbak backup needs mode: backup"):
+        build_config(argparse.Namespace(config=str(p), backup_id=None, path=None))
