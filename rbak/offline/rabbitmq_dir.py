@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import ImportFormatError
+from ..format.manifest import BackupManifest
 from ..format.record import BackupRecord
 from . import cqv1, cqv2
 from .damage import ImportContext
@@ -306,7 +307,7 @@ def _records(iq: ImportedQueue, it: Iterator[tuple[int, StoredMessage]], backed_
 
 @dataclass
 class ImportResult:
-    manifest: object  # BackupManifest
+    manifest: BackupManifest
     queues: list[ImportedQueue]
     ctx: ImportContext
 

@@ -85,7 +85,7 @@ def write_backup(
         manifest.completed_at = now_ms()
         storage.put(layout.manifest, manifest.to_json())
         return manifest
-    except BaseException as e:
+    except BaseException:
         if written:
             log.warning("import failed; deleting %d segment(s) already written", len(written))
             for key in written:
@@ -93,7 +93,7 @@ def write_backup(
                     storage.delete(key)
                 except RbakError:  # pragma: no cover - best effort cleanup
                     log.error("could not delete %s", key)
-        raise e
+        raise
     finally:
         if own_storage:
             storage.close()
