@@ -109,7 +109,7 @@ def test_s3_multipart_upload_is_used_for_large_objects(s3_bucket):
 
 
 def test_s3_missing_bucket_is_a_clear_error(moto_s3):
-    from tests.support.s3 import storage_url
+    from support.s3 import storage_url
     s = open_storage(storage_url(moto_s3, "no-such-bucket"))
     with pytest.raises(StorageError, match="no-such-bucket"):
         s.put("k", b"x")
