@@ -11,7 +11,11 @@ Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -430,24 +434,34 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     return deleted
 
 
-def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger) -> None:
+# Reconciles are short blocking calls (HTTP, S3) run on this pool. The daemons
+# themselves are async: a sync daemon would hold a kopf worker thread for the
+# object's lifetime and starve everything once objects outnumber threads.
+_POOL = concurrent.futures.ThreadPoolExecutor(
+    max_workers=int(os.environ.get("RBAK_OPERATOR_WORKERS", "8")), thread_name_prefix="rbak-reconcile")
+
+
+async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger) -> None:
     """Reconcile every TICK until stopped, or until the object is gone/finished (then exit)."""
     kube = Kube()
+    loop = asyncio.get_running_loop()
     log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
     while not stopped:
+        ctx = contextvars.copy_context()  # kopf.event() finds its poster through context vars
         try:
-            if reconcile(kube, namespace, name, logger) == GONE:
+            result = await loop.run_in_executor(_POOL, functools.partial(ctx.run, reconcile, kube, namespace, name, logger))
+            if result == GONE:
                 return
         except ApiError as e:
             logger.warning("%s %s/%s: API error %s %s; retrying", kind, namespace, name, e.status, e.reason)
         except Exception:  # never let one bad object kill its loop
             logger.exception("%s %s/%s: reconcile failed; retrying", kind, namespace, name)
-        stopped.wait(TICK)
+        await asyncio.sleep(TICK)
 
 
 @kopf.daemon(GROUP, VERSION, BACKUP_PLURAL, initial_delay=0.2, cancellation_timeout=10)
-def backup_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
-    _loop(reconcile_backup, "RabbitMQBackup", name, namespace, stopped, logger)
+async def backup_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
+    await _loop(reconcile_backup, "RabbitMQBackup", name, namespace, stopped, logger)
 
 
 def _delete_policy(spec: dict, **_: Any) -> bool:
@@ -621,8 +635,8 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
 
 
 @kopf.daemon(GROUP, VERSION, RESTORE_PLURAL, initial_delay=0.2, cancellation_timeout=10)
-def restore_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
-    _loop(reconcile_restore, "RabbitMQRestore", name, namespace, stopped, logger)
+async def restore_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
+    await _loop(reconcile_restore, "RabbitMQRestore", name, namespace, stopped, logger)
 
 
 def _daemons_without_finalizer() -> None:

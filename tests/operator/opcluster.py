@@ -101,11 +101,15 @@ class Emulator:
         }))
         return path
 
-    def api_calls(self) -> set[tuple[str, str, str]]:
-        """(group, resource[/subresource], verb) of every request the emulator received."""
+    def api_calls(self, exclude_agent: str = "python-requests") -> set[tuple[str, str, str]]:
+        """(group, resource[/subresource], verb) of the requests the emulator received,
+        except those of the test itself and its kubelet (``requests``' default User-Agent)."""
         out = set()
         assert self.kmock is not None
         for req in list(self.kmock._requests):
+            headers = {k.lower(): v for k, v in dict(req.headers or {}).items()}
+            if headers.get("user-agent", "").startswith(exclude_agent):
+                continue
             res = req.resource
             if res is None or not getattr(res, "plural", None):
                 continue

@@ -147,7 +147,16 @@ def test_slot_is_persisted_before_the_job_is_created(clock):
     assert ("job", "b-20300101-0005") in k.objs
 
 
+def _sample(name, **labels):
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_finished_run_counts_from_manifest_and_forbid(clock, pvc):
+    ok_before = _sample("rbak_operator_runs_total", kind="backup", outcome="succeeded")
+    missed_before = _sample("rbak_operator_missed_schedules_total", reason="forbid")
+    dur_before = _sample("rbak_operator_run_duration_seconds_count", kind="backup")
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(schedule="*/5 * * * *", validate={"enabled": False})
     clock["now"] = t("2030-01-01T00:05:03Z")
@@ -164,6 +173,10 @@ def test_finished_run_counts_from_manifest_and_forbid(clock, pvc):
     assert st["phase"] == "Succeeded" and st["lastBackupId"] == "b-20300101-0005"
     assert (st["lastRun"]["messages"], st["lastRun"]["bytes"], st["lastRun"]["size"]) == (42, 4096, "4.0 KiB")
     assert "validation" not in st["lastRun"]
+    # Operator metrics: runs by outcome, durations, missed slots.
+    assert _sample("rbak_operator_runs_total", kind="backup", outcome="succeeded") == ok_before + 1
+    assert _sample("rbak_operator_missed_schedules_total", reason="forbid") == missed_before + 1
+    assert _sample("rbak_operator_run_duration_seconds_count", kind="backup") == dur_before + 1
 
 
 def test_replace_stops_the_active_run(clock):
