@@ -69,44 +69,50 @@ class IndexEntry:
     pub: Pub
 
 
-def read_index(qdir: str, segment_entry_count: int, ctx: ImportContext) -> tuple[list[IndexEntry], list[MappedFile]]:
+def iter_index(qdir: str, segment_entry_count: int, ctx: ImportContext) -> Iterator[IndexEntry]:
     """Every unacked persistent message of a v1 queue directory, in SeqId order.
 
-    Returns the entries and the files they point into (close them when done).
+    One segment file is in memory at a time (plus the journal), so a large
+    queue does not need its whole index in memory. The entries point into
+    the file they came from: use them before asking for the next one.
     """
-    files: list[MappedFile] = []
-    journal = _read_journal(os.path.join(qdir, JOURNAL), segment_entry_count, ctx, files)
-    segs = {int(m.group(1)) for n in os.listdir(qdir) if (m := _IDX_RE.match(n))}
-    out: list[IndexEntry] = []
-    transient = 0
-    for seg in sorted(segs | set(journal)):
-        entries: dict[int, Entry] = {}
-        path = os.path.join(qdir, f"{seg}.idx")
-        if seg in segs:
-            _read_segment(path, segment_entry_count, entries, ctx, files)
-        for rel, kind, pub in journal.get(seg, ()):
-            e = entries.get(rel)
-            if e is None:
-                e = entries[rel] = Entry()
-            if kind == "pub":
-                if e.pub is None:
-                    e.pub = pub
-            elif kind == "del":
-                e.delivered = True
-            else:
-                e.acked = True
-        base = seg * segment_entry_count
-        for rel in sorted(entries):
-            e = entries[rel]
-            if e.pub is None or e.acked:
-                continue
-            if not e.pub.persistent:
-                transient += 1
-                continue
-            out.append(IndexEntry(base + rel, e.pub))
-    if transient:
-        ctx.note(f"{qdir}: {transient} transient message(s) not exported (RabbitMQ drops them on recovery)")
-    return out, files
+    jfiles: list[MappedFile] = []
+    try:
+        journal = _read_journal(os.path.join(qdir, JOURNAL), segment_entry_count, ctx, jfiles)
+        segs = {int(m.group(1)) for n in os.listdir(qdir) if (m := _IDX_RE.match(n))}
+        transient = 0
+        for seg in sorted(segs | set(journal)):
+            entries: dict[int, Entry] = {}
+            files: list[MappedFile] = []
+            if seg in segs:
+                _read_segment(os.path.join(qdir, f"{seg}.idx"), segment_entry_count, entries, ctx, files)
+            for rel, kind, pub in journal.get(seg, ()):
+                e = entries.get(rel)
+                if e is None:
+                    e = entries[rel] = Entry()
+                if kind == "pub":
+                    if e.pub is None:
+                        e.pub = pub
+                elif kind == "del":
+                    e.delivered = True
+                else:
+                    e.acked = True
+            base = seg * segment_entry_count
+            for rel in sorted(entries):
+                e = entries[rel]
+                if e.pub is None or e.acked:
+                    continue
+                if not e.pub.persistent:
+                    transient += 1
+                    continue
+                yield IndexEntry(base + rel, e.pub)
+            for f in files:
+                f.close()
+        if transient:
+            ctx.note(f"{qdir}: {transient} transient message(s) not exported (RabbitMQ drops them on recovery)")
+    finally:
+        for f in jfiles:
+            f.close()
 
 
 def _parse_pub(mv: memoryview, pos: int, n: int, persistent: bool, f: MappedFile) -> Pub | str:
@@ -210,12 +216,7 @@ def load_message(e: IndexEntry, store: MessageStore, ctx: ImportContext, where: 
 def iter_messages(
     qdir: str, segment_entry_count: int, store: MessageStore, ctx: ImportContext, where: str
 ) -> Iterator[tuple[int, StoredMessage]]:
-    entries, files = read_index(qdir, segment_entry_count, ctx)
-    try:
-        for e in entries:
-            m = load_message(e, store, ctx, where)
-            if m is not None:
-                yield e.seq_id, m
-    finally:
-        for f in files:
-            f.close()
+    for e in iter_index(qdir, segment_entry_count, ctx):
+        m = load_message(e, store, ctx, where)
+        if m is not None:
+            yield e.seq_id, m
