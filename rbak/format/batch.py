@@ -21,6 +21,8 @@ check that on random records.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import struct
 from typing import Sequence
 
@@ -71,25 +73,33 @@ def _body_texts(bodies: Sequence[bytes]) -> list:
 
 def encode_records(records: Sequence[BackupRecord]) -> list[bytes]:
     """JSON of each record, byte-identical to ``record.encode_record``."""
+    with _gc_paused():
+        try:
+            if _c_join is not None:
+                dumps, opts, rest_obj, join = orjson.dumps, _ORJSON_OPTS, record_rest_obj, _c_join
+                return [join(r.body, dumps(rest_obj(r), option=opts)) for r in records]
+            return _encode_records_numpy(records)
+        except (TypeError, orjson.JSONEncodeError) as e:
+            raise SerializationError(f"cannot encode record: {e}") from e
+
+
+def _encode_records_numpy(records: Sequence[BackupRecord]) -> list[bytes]:
     out: list[bytes] = []
-    try:
-        i = 0
-        n = len(records)
-        while i < n:
-            j, size = i, 0
-            while j < n and (size < BATCH_BODY_BYTES or j == i):
-                size += len(records[j].body)
-                j += 1
-            chunk = records[i:j]
-            for r, body in zip(chunk, _body_texts([r.body for r in chunk])):
-                rest = _rest_json(r)
-                if r.body:
-                    out.append(b"".join((_BODY_OPEN, body, b"],", rest[1:])))
-                else:
-                    out.append(_BODY_NULL + rest[1:])
-            i = j
-    except (TypeError, orjson.JSONEncodeError) as e:
-        raise SerializationError(f"cannot encode record: {e}") from e
+    i = 0
+    n = len(records)
+    while i < n:
+        j, size = i, 0
+        while j < n and (size < BATCH_BODY_BYTES or j == i):
+            size += len(records[j].body)
+            j += 1
+        chunk = records[i:j]
+        for r, body in zip(chunk, _body_texts([r.body for r in chunk])):
+            rest = _rest_json(r)
+            if r.body:
+                out.append(b"".join((_BODY_OPEN, body, b"],", rest[1:])))
+            else:
+                out.append(_BODY_NULL + rest[1:])
+        i = j
     return out
 
 
@@ -104,15 +114,33 @@ def encode_payload(records: Sequence[BackupRecord]) -> bytes:
 
 
 try:
-    from ._speedups import split_record as _c_split
-except ImportError:  # built without a C compiler: per-record orjson parse
-    _c_split = None
+    from ._speedups import join_record as _c_join, split_record as _c_split
+except ImportError:  # built without a C compiler: NumPy/orjson paths
+    _c_join = _c_split = None
 
 HAVE_SPEEDUPS = _c_split is not None
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Batches build thousands of small acyclic objects; the cyclic GC would
+    rescan all of them again and again (measured: 2.5x slower decoding)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def decode_records(raws: Sequence[bytes | memoryview]) -> list[BackupRecord]:
     """Decode many records' JSON; raises SerializationError naming the record index."""
+    with _gc_paused():
+        return _decode_records(raws)
+
+
+def _decode_records(raws: Sequence[bytes | memoryview]) -> list[BackupRecord]:
     out: list[BackupRecord] = []
     append = out.append
     loads = orjson.loads
@@ -123,7 +151,7 @@ def decode_records(raws: Sequence[bytes | memoryview]) -> list[BackupRecord]:
             if s is None:
                 append(decode_record(raw))
                 continue
-            d = loads(b"{" + raw[s[1]:])
+            d = loads(s[1])
             if type(d) is not dict:
                 raise SerializationError("a record must be a JSON object")
             append(record_from_json_obj(d, s[0]))

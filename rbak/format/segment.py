@@ -126,9 +126,8 @@ def iter_payload(payload: bytes | memoryview, key: str = "<segment>") -> Iterato
 
 def decode_payload(payload: bytes | memoryview, key: str = "<segment>") -> list[BackupRecord]:
     """Records of a decompressed payload (batched fast path, see ``batch``)."""
-    raws = list(iter_payload(payload, key))
     try:
-        return decode_records(raws)
+        return decode_records(list(iter_payload(payload, key)))
     except SerializationError as e:
         raise SegmentError(key, f"does not decode: {e.args[0]}") from None
 
