@@ -7,8 +7,9 @@ in a private vhost deleted afterwards:
    queue. Baseline: a bare pika consumer (prefetch 0, no ack) that receives
    every message and closes the channel, exactly the read a backup needs.
    Then ``rbak`` backs the same queue up to a temp directory (zstd level 3).
-   Both run ``--repeat`` times alternately; best times kept. Prints the
-   throughput ratio rbak/baseline (target >= 0.8).
+   Both run ``--repeat`` times, in back-to-back pairs; prints each pair's
+   throughput ratio rbak/baseline and their median (target >= 0.8), and the
+   ratio of CPU seconds (which a machine busy with other work distorts less).
 2. memory: the backup runs in a fresh subprocess for queues of N/10 and N
    messages (segment_max_bytes 8 MiB) and reports its peak RSS beside the
    queue's byte size (target: flat as the queue grows 10x).
@@ -19,6 +20,7 @@ in a private vhost deleted afterwards:
 from __future__ import annotations
 
 import argparse
+import statistics
 import os
 import subprocess
 import sys
@@ -85,9 +87,10 @@ def fill(vh: str, queue: str, n: int) -> int:
     return n * BODY
 
 
-def bare_consumer(vh: str, queue: str, n: int) -> float:
-    """The baseline: receive all n messages unacked (prefetch 0), then close (requeues them)."""
-    t0 = time.perf_counter()
+def bare_consumer(vh: str, queue: str, n: int) -> tuple[float, float]:
+    """The baseline: receive all n messages unacked (prefetch 0), then close (requeues them).
+    Returns (wall seconds, CPU seconds of this process)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     with pika.BlockingConnection(params(vh)) as conn:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=0)
@@ -98,10 +101,10 @@ def bare_consumer(vh: str, queue: str, n: int) -> float:
             if got == n:
                 break
         ch.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def rbak_backup(vh: str, store: str, backup_id: str, seg_bytes: int | None = None) -> tuple[float, int]:
+def rbak_backup(vh: str, store: str, backup_id: str, seg_bytes: int | None = None) -> tuple[float, int, float]:
     from rbak.backup import BackupEngine
     from rbak.config import Config
 
@@ -116,13 +119,13 @@ def rbak_backup(vh: str, store: str, backup_id: str, seg_bytes: int | None = Non
         "backup": backup,
         "offset_storage": {"path": os.path.join(store, "state.db"), "sync_interval_secs": 0},
     }, env={})
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     s = BackupEngine(cfg).run()
-    return time.perf_counter() - t0, s.total_messages
+    return time.perf_counter() - t0, s.total_messages, time.process_time() - c0
 
 
 def rss_child(vh: str, store: str) -> None:
-    secs, n = rbak_backup(vh, store, "rss-" + uuid.uuid4().hex[:6], seg_bytes=8 * 1024 * 1024)
+    secs, n, _cpu = rbak_backup(vh, store, "rss-" + uuid.uuid4().hex[:6], seg_bytes=8 * 1024 * 1024)
     # VmHWM belongs to this process image (ru_maxrss would include the forked parent before exec)
     peak_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
     print(f"{n} {secs:.3f} {peak_kib}")
@@ -146,16 +149,19 @@ def main() -> int:
             t = time.perf_counter()
             size = fill(vh, "bench", n)
             print(f"filled {n} x {BODY} B ({size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f}s")
-            base, mine = [], []
+            ratios, cpu_ratios = [], []
             for i in range(a.repeat):
-                base.append(bare_consumer(vh, "bench", n))
-                secs, got = rbak_backup(vh, os.path.join(tmp, f"s{i}"), f"bench-{i}")
+                bw, bc = bare_consumer(vh, "bench", n)
+                mw, got, mc = rbak_backup(vh, os.path.join(tmp, f"s{i}"), f"bench-{i}")
                 assert got == n, got
-                mine.append(secs)
-                print(f"  run {i + 1}: bare pika {n / base[-1]:,.0f} msg/s, rbak backup {n / mine[-1]:,.0f} msg/s")
-            b, m = min(base), min(mine)
-            print(f"backup throughput: rbak {n / m:,.0f} msg/s ({n * BODY / m / 2**20:.1f} MiB/s) vs bare pika "
-                  f"consumer {n / b:,.0f} msg/s -> ratio {b / m:.2f} (target >= 0.8)")
+                ratios.append(bw / mw)
+                cpu_ratios.append(bc / mc)
+                print(f"  run {i + 1}: bare pika {n / bw:,.0f} msg/s ({bc:.1f}s CPU), rbak backup {n / mw:,.0f} msg/s "
+                      f"({mc:.1f}s CPU, compression thread included) -> ratio {bw / mw:.2f}")
+            med = statistics.median(ratios)
+            print(f"backup throughput ratio rbak/bare pika consumer: median of paired runs {med:.2f} "
+                  f"(runs {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8); CPU-time ratio "
+                  f"{statistics.median(cpu_ratios):.2f}")
 
         if not a.skip_rss:
             print("peak RSS of a backup subprocess (segment_max_bytes 8 MiB):")
