@@ -14,6 +14,7 @@ import pytest
 
 from rbak.keys import BackupLayout
 from rbak.restore.options import RestoreOptions, TargetConnection
+from rbak.restore.plan import plan_queue
 from rbak.storage import open_storage
 from rbak_spark.restore_job import main as restore_main, run_restore_job, split_plan
 from rbak_spark.synthetic import QueueSpec, write_backup
@@ -90,11 +91,11 @@ def test_relaxed_splits_a_large_queue_and_says_so(spark, target, tmp_path):
     assert out["ok"], out
     assert [r["runs"] for r in out["runs"]] == [2, 2]
     assert any("split into 2 runs" in n and "NOT restored in backup order" in n for n in out["notes"])
+    assert lines == out["notes"]  # and said so while running
     got = ids(broker.drain_queue(vh, "big"))
     assert sorted(got) == sorted(f"big-{i}" for i in range(400))  # every message once
     # each run is in order on its own
-    plan_runs = split_plan(__import__("rbak.restore.plan", fromlist=["plan_queue"]).plan_queue(
-        m.queues[0], options(broker, vh, backup_id="b3")), 2)
+    plan_runs = split_plan(plan_queue(m.queues[0], options(broker, vh, backup_id="b3")), 2)
     for run in plan_runs:
         first = sum(s.record_count for s in m.queues[0].segments if s.sequence < run.segments[0].sequence)
         mine = [x for x in got if first <= int(x.split("-")[1]) < first + run.candidate_records]
