@@ -133,3 +133,27 @@ def test_killed_driver_then_rerun_delivers_each_message_once_in_order(spark, tar
     assert restore_main(argv) == 0
     for q in queues:
         assert ids(broker.drain_queue(vh, q.name)) == [f"{q.name}-{i}" for i in range(q.messages)]
+
+
+def test_config_file_drives_the_spark_restore(spark, target, tmp_path):
+    """The rbak YAML config (as the operator mounts it) with flags overriding it."""
+    broker, vh = target
+    store = tmp_path / "store"
+    write_backup(open_storage(f"file://{store}"), "b5", [QueueSpec("/", "orders", 60), QueueSpec("/", "skip", 5)],
+                 segment_max_bytes=3000, prefix="team")
+    broker.declare_queue(vh, "orders")
+    cfg = tmp_path / "rbak.yaml"
+    cfg.write_text(
+        "mode: restore\n"
+        "backup_id: b5\n"
+        f"target: {{amqp_url: '{broker.amqp_url('/')}', management_url: '{broker.management_url}'}}\n"
+        f"storage: {{backend: filesystem, path: '{store}', prefix: team}}\n"
+        "restore:\n"
+        "  publish_mode: queue\n"
+        f"  vhost_mapping: {{'/': '{vh}'}}\n"
+        "  queues: {include: [orders]}\n"
+        f"  time_window_end: {START + 39_000}\n"
+    )
+    assert restore_main(["--config", str(cfg), "--time-window-start", str(START + 10_000)]) == 0
+    assert ids(broker.drain_queue(vh, "orders")) == [f"orders-{i}" for i in range(10, 40)]
+    assert restore_main(["--config", str(cfg), "--vhost-map", "nope"]) == 2  # a bad flag is a config error
