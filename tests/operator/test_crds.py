@@ -123,7 +123,14 @@ def _set(obj: dict, dotted: str, value):
     return obj
 
 
-_DEL = object()
+class _Deleted:
+    """Marks a field to delete; a stable repr keeps test ids equal on every xdist worker."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DEL = _Deleted()
 
 BAD_BACKUPS = [
     ("spec.schedule", "0 30 2 * * *", "6-field values with a leading seconds field are not supported"),
