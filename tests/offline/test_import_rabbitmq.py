@@ -424,14 +424,15 @@ def test_not_a_data_dir(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.broker
-def test_imported_backup_restores_into_a_live_broker(shared_root, tmp_path, broker, vhost):
+@pytest.mark.parametrize("name", ["main-3.10", "main-4.0"])
+def test_imported_backup_restores_into_a_live_broker(name, shared_root, tmp_path, broker, vhost):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
     from _restore_helpers import consume_all, declare, expected_after_restore, headers_equal, options_for
 
     from rbak.restore import run_restore
 
-    sc = scenario("main-3.10", shared_root)
-    queues = ["v1-mixed", "v2-mixed", "dlx-target"]
+    sc = scenario(name, shared_root)
+    queues = [q for v, q in sc.expected if v == "/" and q.endswith("-mixed")] + ["dlx-target"]
     url = f"file://{tmp_path}/b"
     args = ["import", "rabbitmq-dir", str(sc.data_dir), "--to", url, "--backup-id", "e2e", "--vhost", "/"]
     for q in queues:
