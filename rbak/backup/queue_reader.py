@@ -114,6 +114,7 @@ def read_queue(
             # credit: otherwise messages returned by an earlier channel's close would be
             # redelivered to a later channel and come back out of order.
             ch.basic_qos(prefetch_count=0 if per_channel == 0 else want)
+            _check_open(channels, where, res.records, depth)
             gen = ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout)
             for method, props, body in gen:
                 if method is None:
@@ -146,6 +147,10 @@ def read_queue(
                         f"{res.records} of {depth} messages; every message was returned to the queue")
                 if taken >= want or res.records >= depth:
                     break
+        if len(channels) > 1:
+            # an earlier channel closed by the broker (consumer_timeout) gave its messages back
+            # while later channels were reading: they may hold those again (duplicates)
+            _check_open(channels, where, res.records, depth)
         res.channels = len(channels)
         return res
     except pika.exceptions.ChannelClosedByBroker as e:
@@ -165,6 +170,15 @@ def read_queue(
         raise
     finally:
         _close_in_order(channels, where, quiet=error is not None)
+
+
+def _check_open(channels: list, where: str, records: int, depth: int) -> None:
+    for i, ch in enumerate(channels[:-1], 1):
+        if ch.is_closed:
+            raise AmqpError(
+                f"{where}: the broker closed channel {i} of the read after {records} of {depth} messages (most "
+                "likely its consumer_timeout: raise it for this queue, e.g. the x-consumer-timeout argument or "
+                "policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout); every unacked message returned to the queue")
 
 
 def _close_in_order(channels: list, where: str, quiet: bool) -> None:

@@ -88,3 +88,35 @@ def test_effective_delivery_limit():
     assert effective_delivery_limit(QueueInfo("/", "q", "quorum", 0), "3.10.8") is None
     assert effective_delivery_limit(QueueInfo("/", "q", "quorum", 0), "4.0.5") == 20
     assert effective_delivery_limit(QueueInfo("/", "q", "quorum", 0, {"x-delivery-limit": -1}), "4.0.5") is None
+
+
+@pytest.mark.slow
+def test_real_consumer_timeout(rmq40, vhost_factory, tmp_path, monkeypatch):
+    """4.0's per-queue x-consumer-timeout (1 s; the broker checks every 60 s) fires during a slow read.
+
+    A classic queue whose messages had all reached rbak before the timeout completes (every
+    message is in the backup and back in the queue); a quorum read still needing channels
+    fails clearly, and nothing is lost either way."""
+    import time
+
+    vhost = vhost_factory(rmq40)
+    monkeypatch.setattr(queue_reader, "QUORUM_PREFETCH", 5)
+    bodies = [b"ct-%d" % i for i in range(10)]
+    fast_publish(rmq40, vhost, "slow-c", bodies, declare={"x-consumer-timeout": 1000})
+    fast_publish(rmq40, vhost, "slow-q", bodies, declare={"x-queue-type": "quorum", "x-consumer-timeout": 1000})
+    def stall(n: int) -> None:
+        if n == 5:  # each queue's reader (two workers) stalls once, at the same time
+            time.sleep(63)  # a backup slower than the broker's consumer_timeout
+
+    store = tmp_path / "store"
+    cfg = backup_config(rmq40, vhost, store, "ct", tmp_path / "st.db", max_concurrent_queues=2)
+    with pytest.raises(BackupError) as ei:
+        BackupEngine(cfg, throttle=stall).run()
+    msg = str(ei.value)
+    assert "1 of 2 queue(s) failed" in msg
+    assert f"{vhost}/slow-q" in msg and "consumer_timeout" in msg and "returned to the queue" in msg
+    m = load(store, "ct")
+    assert m.completed_at is None
+    assert [r.body for r in records(store, m, vhost, "slow-c")] == bodies  # had all its messages: done
+    assert [x[0] for x in drain(rmq40, vhost, "slow-c")] == bodies
+    assert sorted(x[0] for x in drain(rmq40, vhost, "slow-q")) == sorted(bodies)
