@@ -195,3 +195,11 @@ def test_cli_config_reference_and_default_backup_parser(tmp_path):
     p.write_text("mode: restore\nbackup_id: r\ntarget: {amqp_url: 'amqp://h'}\nstorage: {backend: memory}\n")
     with pytest.raises(ConfigError, match="rbak backup needs mode: backup"):
         build_config(argparse.Namespace(config=str(p), backup_id=None, path=None))
+
+
+def test_generated_configuration_doc_is_current():
+    """docs/configuration.md is `python -m rbak.config` output: regenerate it when a field changes."""
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert doc.read_text() == config_reference_markdown() + "\n", "run: python -m rbak.config > docs/configuration.md"

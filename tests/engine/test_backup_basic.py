@@ -191,3 +191,30 @@ def test_metrics_served(rmq310, vhost_factory, tmp_path):
         assert requests.get(f"http://127.0.0.1:{port}/other", timeout=5).status_code == 404
     finally:
         srv.shutdown()
+
+
+def test_backup_to_s3_with_prefix(rmq310, vhost_factory, s3_bucket, tmp_path):
+    """S3 storage (moto over HTTP): segments, definitions, manifest and the checkpoint under the prefix."""
+    from rbak.config import Config
+
+    b = rmq310
+    vhost = vhost_factory(b)
+    b.publish(vhost, "s3q", [b"a", b"b", b"c"], declare={})
+    cfg = Config.from_dict({
+        "mode": "backup", "backup_id": "on-s3",
+        "source": {"amqp_url": b.amqp_url(vhost), "management_url": b.management_url, "queues": {"vhosts": [vhost]}},
+        "storage": {"backend": "s3", "bucket": s3_bucket.bucket, "endpoint": s3_bucket.endpoint, "path_style": True,
+                    "region": "us-east-1", "prefix": "team/a"},
+        "offset_storage": {"path": str(tmp_path / "st.db")},
+    }, env={})
+    s = BackupEngine(cfg).run()
+    assert s.completed and s.total_messages == 3
+    keys = set(s3_bucket.keys())
+    assert {"team/a/on-s3/manifest.json", "team/a/on-s3/state/offsets.db",
+            "team/a/on-s3/definitions/definitions.json.zst"} <= keys
+    seg = [k for k in keys if k.startswith(f"team/a/on-s3/queues/{vhost}/s3q/segment-")]
+    assert seg == [f"team/a/on-s3/queues/{vhost}/s3q/segment-0001.zst"]
+    from rbak.catalog import load_manifest
+
+    m = load_manifest(cfg.storage.open(), "on-s3", "team/a")
+    assert m.is_complete and m.find_queue(vhost, "s3q").message_count == 3
