@@ -184,9 +184,9 @@ def test_cli_config_reference_and_default_backup_parser(tmp_path):
     from rbak.commands.backup import build_config
     import argparse
 
-    cfg = build_config(argparse.Namespace(config=None, backup_id="b-1", path=str(tmp_path / "x")))
+    cfg = build_config(argparse.Namespace(config=None, backup_id="b-1", path=str(tmp_path / "x"), vhost=["v1"]))
     assert cfg.backup_id == "b-1" and cfg.storage.backend == "filesystem" and cfg.storage.path == str(tmp_path / "x")
-    assert cfg.source.amqp_url == "amqp://guest:guest@localhost:5672/%2f"
+    assert cfg.source.amqp_url == "amqp://guest:guest@localhost:5672/%2f" and cfg.source.queues.vhosts == ["v1"]
     cfg = build_config(argparse.Namespace(config=None, backup_id=None,
                                           path="s3://bkt/pre?endpoint=http://127.0.0.1:9&path_style=true"))
     assert cfg.storage.backend == "s3" and cfg.storage.bucket == "bkt" and cfg.storage.prefix == "pre"

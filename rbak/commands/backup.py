@@ -23,6 +23,8 @@ def register(sub, import_sub) -> None:
     p.add_argument("--config", "-c", metavar="FILE", help="YAML config (mode: backup); see `rbak config-reference`")
     p.add_argument("--backup-id", help="override backup_id (default: the config's, else backup-<UTC timestamp>)")
     p.add_argument("--path", help="override the storage: a directory, or a storage URL (file://, s3://...)")
+    p.add_argument("--vhost", action="append", metavar="VHOST",
+                   help="back up only this vhost (repeatable; overrides source.queues.vhosts)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="plain log lines even on a terminal")
     p.set_defaults(handler=run)
@@ -59,6 +61,8 @@ def build_config(args):
     check_backup_id(cfg.backup_id, "--backup-id" if args.backup_id else "backup_id")
     if args.path:
         _apply_path(cfg, args.path)
+    if getattr(args, "vhost", None):
+        cfg.source.queues.vhosts = list(args.vhost)
     if cfg.mode != "backup":
         raise ConfigError(f"mode: {args.config} is a {cfg.mode!r} configuration; rbak backup needs mode: backup")
     return cfg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -218,3 +219,21 @@ def test_backup_to_s3_with_prefix(rmq310, vhost_factory, s3_bucket, tmp_path):
 
     m = load_manifest(cfg.storage.open(), "on-s3", "team/a")
     assert m.is_complete and m.find_queue(vhost, "s3q").message_count == 3
+
+
+def test_cli_embedded_default(rmq310, vhost_factory, tmp_path):
+    """`rbak backup` without a config: the local broker (guest, :5672/:15672) into ./rbak-backups."""
+    import os
+
+    b = rmq310
+    vhost = vhost_factory(b)  # --vhost keeps the test inside its own vhost on the shared broker
+    b.publish(vhost, "dq", [b"d1", b"d2"], declare={})
+    r = subprocess.run([sys.executable, "-m", "rbak", "backup", "--vhost", vhost], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert r.returncode == 0, r.stderr
+    assert "2 messages from 1 queue(s)" in r.stdout and f"{vhost}/dq (classic): 2 messages [done]" in r.stdout
+    (bid,) = [p.name for p in (tmp_path / "rbak-backups").iterdir()]
+    assert bid.startswith("backup-")
+    m = load(tmp_path / "rbak-backups", bid)
+    assert m.is_complete and [r.body for r in records(tmp_path / "rbak-backups", m, vhost, "dq")] == [b"d1", b"d2"]
+    assert (tmp_path / ".rbak-state" / "offsets.db").is_file()
