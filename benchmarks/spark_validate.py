@@ -4,7 +4,7 @@
 
 Writes (once; reused while its manifest is there) a backup of at least
 ``--gb`` GB of uncompressed record bytes with rbak's segment writer (lz4,
-random 2 KiB bodies, 16 MiB segments, 8 queues), then times in this one run:
+random 2 KiB bodies, 64 MiB segments (rbak's default is 128 MiB), 8 queues), then times in this one run:
 
 * ``rbak.validate.validate_backup(deep=True)`` in this process, with the
   CLI's default ``--workers 4`` threads (what ``rbak validate --deep`` runs);
@@ -20,6 +20,7 @@ validation itself fails.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -36,6 +37,7 @@ from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 
 BACKUP_ID = "bench-validate"
 BODY = 2048
+SEGMENT_BYTES = 64 * 1024 * 1024  # Spark's per-task cost (~50 ms) stays small against a segment's check
 
 
 def ensure_backup(url: str, gb: float):
@@ -51,7 +53,7 @@ def ensure_backup(url: str, gb: float):
     queues = [QueueSpec("/", f"bench-{i}", n // 8 + 1, BODY) for i in range(8)]
     t = time.perf_counter()
     m = write_backup(storage, BACKUP_ID, queues, compression=Compression.LZ4,
-                     segment_max_bytes=16 * 1024 * 1024, random_bodies=True)
+                     segment_max_bytes=SEGMENT_BYTES, random_bodies=True)
     print(f"wrote {m.total_segments} segments, {m.total_messages} records, "
           f"{m.uncompressed_bytes / 1e9:.2f} GB uncompressed, {m.total_bytes / 1e9:.2f} GB stored "
           f"in {time.perf_counter() - t:.0f}s")
@@ -81,9 +83,32 @@ def time_spark(master: str, url: str, warm_url: str, repeat: int) -> tuple[float
     return best
 
 
+def _burn(_: int) -> float:
+    data = b"x" * (32 << 20)
+    t = time.perf_counter()
+    for _ in range(8):
+        hashlib.sha256(data).digest()
+    return time.perf_counter() - t
+
+
+def cpu_scaling() -> float:
+    """How much two processes of pure CPU work gain over one right now (2.0 on two idle cores).
+
+    The machine is shared; this tells whether local[2] could have scaled.
+    """
+    import multiprocessing
+
+    one = _burn(0)
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        t = time.perf_counter()
+        pool.map(_burn, [0, 1])
+        two = time.perf_counter() - t
+    return 2 * one / two
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="/tmp/rbak-bench-validate")
+    ap.add_argument("--dir", default="/tmp/rbak-bench-validate-64m")
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=2, help="runs per contender (best kept: the machine is shared)")
     args = ap.parse_args()
@@ -97,7 +122,7 @@ def main() -> int:
     print(f"backup: {m.total_segments} segments, {size / 1e9:.2f} GB uncompressed record bytes, "
           f"{m.total_bytes / 1e9:.2f} GB stored, {os.cpu_count()} CPUs")
 
-    print(f"load average before: {os.getloadavg()}")
+    print(f"load average before: {os.getloadavg()}; CPU scaling 1->2 processes now: {cpu_scaling():.2f}x")
     single = float("inf")
     for _ in range(args.repeat):
         t = time.perf_counter()
@@ -108,7 +133,7 @@ def main() -> int:
             return 1
     l1, c1 = time_spark("local[1]", url, warm_url, args.repeat)
     l2, c2 = time_spark("local[2]", url, warm_url, args.repeat)
-    print(f"load average after: {os.getloadavg()}")
+    print(f"load average after: {os.getloadavg()}; CPU scaling 1->2 processes now: {cpu_scaling():.2f}x")
 
     def mbps(sec: float) -> float:
         return size / 1e6 / sec

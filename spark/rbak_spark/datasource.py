@@ -112,7 +112,9 @@ def _plain(v: Any) -> Any:
 def _to_ms(value: Any, round_up: bool) -> int | None:
     """A pushed-down literal as epoch ms (datetimes: Spark's naive local time or aware)."""
     if isinstance(value, _dt.datetime):
-        us = round(value.timestamp() * 1_000_000)
+        # A naive value is local wall time; in a DST fold it names two instants: take the looser.
+        both = [round(value.replace(fold=f).timestamp() * 1_000_000) for f in (0, 1)]
+        us = max(both) if round_up else min(both)
         return -(-us // 1000) if round_up else us // 1000
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return math.ceil(value) if round_up else math.floor(value)

@@ -45,9 +45,10 @@ def ids(msgs) -> list[str]:
     return [m.properties.message_id for m in msgs]
 
 
-def test_strict_restore_keeps_order_per_queue(spark, target, tmp_path):
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_strict_restore_keeps_order_per_queue(spark, target, tmp_path, where, request):
     broker, vh = target
-    url = f"file://{tmp_path}"
+    url = f"file://{tmp_path}" if where == "file" else str(request.getfixturevalue("s3_bucket"))
     queues = [QueueSpec("/", "orders", 300), QueueSpec("/", "events", 120), QueueSpec("prod", "audit", 80)]
     m = write_backup(open_storage(url), "b1", queues, segment_max_bytes=3000)
     for q in queues:
