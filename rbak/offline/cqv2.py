@@ -26,7 +26,7 @@ from typing import Iterator
 from .damage import ImportContext, MappedFile
 from .erlang_terms import TermError, decode
 from .msg_store import MessageStore
-from .stored_message import MessageFormatError, StoredMessage, message_from_term
+from .stored_message import MessageFormatError, StoredMessage, fast_decode, message_from_term
 
 QI_MAGIC = 0x52435149
 QS_MAGIC = 0x52435153
@@ -152,11 +152,16 @@ def _read_qs(qs: MappedFile, off: int, size: int, seq_id: int, ctx: ImportContex
         ctx.damaged(qs.path, off, f"SeqId {seq_id}: truncated entry: needs {size} bytes, {n - start} left")
         return None
     data = mv[start : start + size]
-    try:
-        term, tend = decode(data, 0)
-    except TermError as e:
-        ctx.damaged(qs.path, off, f"SeqId {seq_id}: {e}")
-        return None
+    fast = fast_decode(data)
+    if fast is not None:
+        msg, tend = fast
+    else:
+        msg = None
+        try:
+            term, tend = decode(data, 0)
+        except TermError as e:
+            ctx.damaged(qs.path, off, f"SeqId {seq_id}: {e}")
+            return None
     if tend != size and bytes(data[tend:]).strip(b"\x00"):
         ctx.damaged(qs.path, off, f"SeqId {seq_id}: {size - tend} unexpected bytes after the message term")
         return None
@@ -166,6 +171,8 @@ def _read_qs(qs: MappedFile, off: int, size: int, seq_id: int, ctx: ImportContex
         if zlib.crc32(memoryview(data)[:tend]) & 0xFFFF != crc and zlib.crc32(data) & 0xFFFF != crc:
             ctx.damaged(qs.path, off, f"SeqId {seq_id}: CRC mismatch")
             return None
+    if msg is not None:
+        return msg
     try:
         return message_from_term(term)
     except MessageFormatError as e:

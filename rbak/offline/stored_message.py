@@ -20,6 +20,7 @@ decoded ``'P_basic'`` record + ``none``. Either one is used.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..format.record import (
     Array, BackupProperties, BackupRecord, Bool, HeaderValue, Headers, Long, LongString, Table, Timestamp,
 )
 from .amqp_props import PropertiesError, decode_properties, from_p_basic
-from .erlang_terms import Atom, TermError, decode
+from .erlang_terms import Atom, TermError, decode, decode_bare
 
 
 class MessageFormatError(ValueError):
@@ -48,15 +49,157 @@ class StoredMessage:
 
 def decode_stored_message(data: bytes | memoryview, allow_trailing: bool = False) -> StoredMessage:
     """Decode one stored term; ``allow_trailing`` accepts padding after it (v2 ``.qs``)."""
-    try:
-        term, end = decode(data, 0)
-    except TermError as e:
-        raise MessageFormatError(f"not an Erlang term: {e}") from None
+    if type(data) is not bytes:
+        data = bytes(data)
+    fast = fast_decode(data)
+    if fast is not None:
+        m, end = fast
+    else:
+        try:
+            term, end = decode(data, 0)
+        except TermError as e:
+            raise MessageFormatError(f"not an Erlang term: {e}") from None
+        m = None
     if end != len(data):
         tail = bytes(memoryview(data)[end:])
         if not allow_trailing or tail.strip(b"\x00"):
             raise MessageFormatError(f"{len(data) - end} unexpected bytes after the message term (at byte {end})")
-    return message_from_term(term)
+    return m if m is not None else message_from_term(term)
+
+
+# --------------------------------------------------------------------------
+# Fast path: the usual shapes, read straight from the bytes. Anything unusual
+# (decoded 'P_basic' properties, other protocols, odd encodings) returns None
+# and goes through the general decoder, which also produces the errors.
+# --------------------------------------------------------------------------
+
+_u16 = struct.Struct(">H").unpack_from
+_u32 = struct.Struct(">I").unpack_from
+
+
+def _atom_end(data: bytes, p: int, name: bytes | None) -> int:
+    """End of the atom at ``p`` (-1 if none, or not ``name``)."""
+    t = data[p]
+    if t == 119 or t == 115:
+        s = p + 2
+        e = s + data[p + 1]
+    elif t == 100 or t == 118:
+        s = p + 3
+        e = s + _u16(data, p + 1)[0]
+    else:
+        return -1
+    if name is not None and data[s:e] != name:
+        return -1
+    return e
+
+
+def _bin(data: bytes, p: int) -> tuple[bytes, int]:
+    if data[p] != 109:
+        raise _NotFast
+    e = p + 5 + _u32(data, p + 1)[0]
+    if e > len(data):
+        raise _NotFast
+    return data[p + 5 : e], e
+
+
+def _bin_list(data: bytes, p: int) -> tuple[list[bytes], int]:
+    t = data[p]
+    if t == 106:
+        return [], p + 1
+    if t != 108:
+        raise _NotFast
+    count = _u32(data, p + 1)[0]
+    p += 5
+    out = []
+    for _ in range(count):
+        b, p = _bin(data, p)
+        out.append(b)
+    if data[p] != 106:
+        raise _NotFast
+    return out, p + 1
+
+
+class _NotFast(Exception):
+    pass
+
+
+def _fast_content(data: bytes, p: int) -> tuple[BackupProperties, Headers, bytes, int]:
+    if data[p] != 104 or data[p + 1] != 6:
+        raise _NotFast
+    p = _atom_end(data, p + 2, b"content")
+    if p < 0 or data[p] != 97 or data[p + 1] != 60:
+        raise _NotFast
+    p = _atom_end(data, p + 2, b"none")
+    if p < 0:
+        raise _NotFast
+    props_bin, p = _bin(data, p)
+    p = _atom_end(data, p, None)  # the protocol module
+    if p < 0:
+        raise _NotFast
+    frags, p = _bin_list(data, p)
+    try:
+        props, headers = decode_properties(props_bin)
+    except PropertiesError:
+        raise _NotFast from None
+    body = frags[0] if len(frags) == 1 else b"".join(reversed(frags))
+    return props, headers, body, p
+
+
+def fast_decode(data: bytes) -> tuple[StoredMessage, int] | None:
+    """(message, end of the term) for the common record shapes, else None."""
+    try:
+        if len(data) < 8 or data[0] != 131 or data[1] != 104:
+            return None
+        arity = data[2]
+        if arity == 6:
+            p = _atom_end(data, 3, b"basic_message")
+            if p < 0 or data[p] != 104 or data[p + 1] != 4:
+                return None
+            p = _atom_end(data, p + 2, b"resource")
+            if p < 0:
+                return None
+            vhost, p = _bin(data, p)
+            p = _atom_end(data, p, b"exchange")
+            if p < 0:
+                return None
+            xname, p = _bin(data, p)
+            rks, p = _bin_list(data, p)
+            props, headers, body, p = _fast_content(data, p)
+            msg_id, p = _bin(data, p)
+            e = _atom_end(data, p, None)
+            if e < 0:
+                return None
+            persistent = data[e - 4 : e] == b"true"
+            dec = _dec
+            return StoredMessage(dec(xname), [dec(k) for k in rks], props, headers, body, msg_id,
+                                 persistent, dec(vhost)), e
+        if arity == 4:
+            p = _atom_end(data, 3, b"mc")
+            if p < 0:
+                return None
+            p = _atom_end(data, p, b"mc_amqpl")
+            if p < 0:
+                return None
+            props, headers, body, p = _fast_content(data, p)
+            anns, e = decode_bare(data, p)
+            if not isinstance(anns, dict):
+                return None
+            headers = _apply_annotations(props, headers, anns)
+            x = anns.get(Atom("x"), b"")
+            durable = anns.get(Atom("d"))
+            return StoredMessage(
+                exchange=_str(x, "exchange annotation") if x != "undefined" else "",
+                routing_keys=_keys(anns.get(Atom("rk"), [])),
+                properties=props, headers=headers, body=body, msg_id=None,
+                persistent=(durable == "true") if isinstance(durable, Atom) else None, vhost=None,
+            ), e
+        return None
+    except (_NotFast, IndexError, struct.error, TermError, MessageFormatError):
+        return None
+
+
+def _dec(b: bytes) -> str:
+    return b.decode("utf-8", errors="surrogateescape")
 
 
 def message_from_term(term: Any) -> StoredMessage:
