@@ -23,6 +23,19 @@ from ..format.segment import frame_segment, sha256_hex
 _LEN = struct.Struct("<I")
 
 
+def _lower_priority() -> None:
+    """Compression yields the CPU to the AMQP read (and a broker on the same host): the read is
+    what holds the source's messages, so it goes first; ``max_inflight`` stops the writer from
+    falling behind by more than two segments."""
+    try:
+        import os
+        import threading
+
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # Linux: per-thread nice
+    except (AttributeError, OSError):
+        pass
+
+
 class AsyncSegmentWriter:
     def __init__(self, sink: Callable[[int, bytes], str], compression: Compression, level: int | None,
                  max_bytes: int, max_interval_ms: int, first_sequence: int = 1,
@@ -35,7 +48,7 @@ class AsyncSegmentWriter:
         self.next_sequence = first_sequence
         self._on_durable = on_durable
         self._max_inflight = max_inflight
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rbak-segment")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rbak-segment", initializer=_lower_priority)
         self._inflight: deque[Future] = deque()
         self.written: list[SegmentMetadata] = []
         self._buf = bytearray()
