@@ -53,7 +53,9 @@ class Cluster:
     def set_clock(self, dt: datetime) -> None:
         assert dt >= self.now
         self.now = dt
-        self.clock_file.write_text(_fmt(dt))
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(_fmt(dt))
+        tmp.replace(self.clock_file)  # atomic: the operator never reads a half-written clock
 
     def next_slot(self, minutes: int = 5) -> datetime:
         """Move the clock 2 s past the next multiple of ``minutes``; return that slot."""
@@ -124,6 +126,12 @@ def env(cluster, rmq310, moto_s3, s3_bucket):
     try:
         yield e
     finally:
+        # Delete this test's objects so their reconcile loops end and the emulator stays small.
+        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs")):
+            for o in http.items(api, plural):
+                if o["metadata"]["name"].startswith(tag):
+                    http.patch(api, plural, o["metadata"]["name"], {"metadata": {"finalizers": None}})
+                    http.delete(api, plural, o["metadata"]["name"])
         rmq310.delete_vhost(vhost)
 
 
@@ -284,7 +292,7 @@ def test_retention_deletes_the_oldest_backup(cluster, env):
              diag=cluster.logs)
     left = {b.backup_id for b in list_backups(s3(env))}
     assert left == {history[0]["backupId"], history[1]["backupId"]}
-    assert oldest not in left and not s3(env).list(f"{oldest}/")
+    assert oldest not in left and not list(s3(env).list(f"{oldest}/"))
     assert cluster.status(name)["retention"]["lastDeleted"] == [oldest]
 
 
@@ -323,6 +331,40 @@ def test_two_operators_one_slot_one_run(cluster, env):
         assert cluster.jobs(name) == [job] and cluster.runner.started.count(job) == 1
     finally:
         second.stop()
+
+
+def test_deletion_retain_has_no_finalizer_and_keeps_backups(cluster, env):
+    env.broker.publish_n(env.vhost, "q", 1, declare={})
+    name = f"{env.tag}-keep"
+    create_backup(cluster, env, name)
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded")
+    assert not cluster.backup(name)["metadata"].get("finalizers")
+    cluster.http.delete(API, "rabbitmqbackups", name)
+    wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name) is None, 10, what="object gone")
+    assert load_manifest(s3(env), run["backupId"]).is_complete  # data kept
+
+
+def test_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
+    env.broker.publish_n(env.vhost, "q", 1, declare={})
+    name = f"{env.tag}-del"
+    create_backup(cluster, env, name, deletionPolicy="delete")
+    wait_for(lambda: "rbak.io/finalizer" in (cluster.backup(name)["metadata"].get("finalizers") or []), 30,
+             what="finalizer", diag=cluster.logs)
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded")
+    cluster.http.delete(API, "rabbitmqbackups", name)
+    wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name) is None, 30, what="object gone", diag=cluster.logs)
+    assert not list(s3(env).list(f"{run['backupId']}/"))
+    # Its storage Secret already gone (namespace teardown order): deletion still completes.
+    name2 = f"{env.tag}-del2"
+    storage = {"s3": dict(env.storage["s3"], credentialsSecretRef={"name": f"{env.tag}-no-such-secret"})}
+    create_backup(cluster, env, name2, deletionPolicy="delete", storage=storage)
+    wait_for(lambda: "rbak.io/finalizer" in (cluster.backup(name2)["metadata"].get("finalizers") or []), 30,
+             what="finalizer")
+    cluster.http.delete(API, "rabbitmqbackups", name2)
+    wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name2) is None, 30, what="object gone", diag=cluster.logs)
+    assert any(e["reason"] == "BackupsKept" for e in cluster.events(name2))
 
 
 def test_api_calls_are_within_the_declared_rbac(cluster):
