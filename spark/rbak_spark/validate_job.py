@@ -1,8 +1,9 @@
 """Distributed deep validation: ``rbak.validate.check_segment`` on executors.
 
 The driver loads the manifest and runs the manifest-level checks; every
-segment becomes one task (largest first, so the long ones start early) that
-runs the very function ``rbak validate --deep`` runs. Every segment is
+segment becomes one task (largest first, so the long ones start early; small
+segments share a task, see ``task_count``) that runs the very function
+``rbak validate --deep`` runs. Every segment is
 checked, whatever failed before it; the report (JSON, per segment: ok or
 exactly what is wrong) is stored next to the backup at
 ``BackupLayout.validation_report(ts)`` unless ``--report-key`` says where.
@@ -19,6 +20,28 @@ from typing import Iterable, Iterator
 import orjson
 
 MAX_TASKS = 20_000
+TASK_BYTES = 64 * 1024 * 1024  # below this, Spark's per-task cost (~50 ms) starts to show
+
+
+def task_count(items: list, parallelism: int) -> int:
+    """One task per segment, except that small segments share tasks of about TASK_BYTES,
+    keeping at least four tasks per slot so the slots stay balanced."""
+    total = sum(it[2]["size_bytes"] for it in items)
+    return max(1, min(len(items), MAX_TASKS, max(4 * parallelism, -(-total // TASK_BYTES))))
+
+
+def group_segments(items: list, n: int) -> list[list]:
+    """``n`` groups of similar total size (largest first into the lightest group), each largest first."""
+    import heapq
+
+    groups: list[list] = [[] for _ in range(max(1, min(n, len(items))))]
+    heap = [(0, i) for i in range(len(groups))]
+    for it in sorted(items, key=lambda it: -it[2]["size_bytes"]):
+        load, i = heapq.heappop(heap)
+        groups[i].append(it)
+        heapq.heappush(heap, (load + it[2]["size_bytes"], i))
+    loads = dict((i, load) for load, i in heap)
+    return [groups[i] for i in sorted(loads, key=lambda i: -loads[i])]  # heaviest tasks start first
 
 
 def check_partition(url: str, items: Iterable[tuple[str, str, dict]]) -> Iterator[dict]:
@@ -68,12 +91,13 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
     order = {obj["key"]: i for i, (_, _, obj) in enumerate(items)}
     results: list[dict] = []
     if items:
-        items.sort(key=lambda it: -it[2]["size_bytes"])
-        n = partitions or min(len(items), MAX_TASKS)
         sc = spark.sparkContext
-        sc.setJobDescription(f"rbak validate {backup_id}: {len(items)} segments")
+        groups = group_segments(items, partitions or task_count(items, sc.defaultParallelism))
+        sc.setJobDescription(f"rbak validate {backup_id}: {len(items)} segments in {len(groups)} tasks")
         results = (
-            sc.parallelize(items, n).mapPartitions(lambda it: check_partition(url, it)).collect()
+            sc.parallelize(groups, len(groups))
+            .mapPartitions(lambda it: check_partition(url, (x for group in it for x in group)))
+            .collect()
         )
     results.sort(key=lambda r: order[r["key"]])
     for r in results:
@@ -133,7 +157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prefix", default="", help="storage prefix the backup lives under")
     ap.add_argument("--report-key", default=None, help="storage key of the JSON report (default: {backup}/validation/report-<ts>.json)")
     ap.add_argument("--no-report", action="store_true", help="do not store the report")
-    ap.add_argument("--partitions", type=int, default=None, help="tasks (default: one per segment)")
+    ap.add_argument("--partitions", type=int, default=None, help="tasks (default: one per segment, small segments grouped to ~64 MiB per task, >= 4 per slot)")
     ap.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
     return ap.parse_args(argv)
 

@@ -123,3 +123,17 @@ def test_cli_requires_path_and_backup_id(missing):
     args = [a for k, v in argv.items() if k != missing for a in v]
     with pytest.raises(SystemExit):
         parse_args(args)
+
+
+def test_small_segments_share_balanced_tasks():
+    from rbak_spark.validate_job import group_segments, task_count
+
+    items = [("/", "q", {"key": f"k{i}", "size_bytes": size}) for i, size in enumerate([16 << 20] * 64 + [1000] * 7)]
+    n = task_count(items, 2)
+    assert n == 17  # ~64 MiB per task, not 71 tasks
+    groups = group_segments(items, n)
+    assert sorted(x[2]["key"] for g in groups for x in g) == sorted(x[2]["key"] for x in items)  # each exactly once
+    loads = [sum(x[2]["size_bytes"] for x in g) for g in groups]
+    assert max(loads) - min(loads) <= 16 << 20 and loads == sorted(loads, reverse=True)
+    big = [("/", "q", {"key": f"b{i}", "size_bytes": 128 << 20}) for i in range(5)]
+    assert task_count(big, 2) == 5  # large segments: one task each
