@@ -245,11 +245,19 @@ def record_to_json_obj(r: BackupRecord) -> dict[str, Any]:
     return {"body": _u8_view(r.body) if r.body else None, **record_rest_obj(r)}
 
 
+try:
+    from ._speedups import join_record as _c_join
+except ImportError:  # no C compiler at install time
+    _c_join = None
+
+
 def encode_record(r: BackupRecord) -> bytes:
     """Compact JSON of one record, exactly as the Rust tool writes it."""
     try:
+        if _c_join is not None:
+            return _c_join(r.body, orjson.dumps(record_rest_obj(r), option=_ORJSON_OPTS))
         return orjson.dumps(record_to_json_obj(r), option=_ORJSON_OPTS)
-    except (TypeError, orjson.JSONEncodeError) as e:
+    except (TypeError, ValueError, orjson.JSONEncodeError) as e:
         raise SerializationError(
             f"cannot encode record from queue {r.source_queue!r} in vhost {r.source_vhost!r}: {e}"
         ) from e
