@@ -40,7 +40,7 @@ BODY = 2048
 SEGMENT_BYTES = 64 * 1024 * 1024  # Spark's per-task cost (~50 ms) stays small against a segment's check
 
 
-def ensure_backup(url: str, gb: float):
+def ensure_backup(url: str, gb: float, segment_bytes: int = SEGMENT_BYTES):
     storage = open_storage(url)
     try:
         m = load_manifest(storage, BACKUP_ID)
@@ -53,7 +53,7 @@ def ensure_backup(url: str, gb: float):
     queues = [QueueSpec("/", f"bench-{i}", n // 8 + 1, BODY) for i in range(8)]
     t = time.perf_counter()
     m = write_backup(storage, BACKUP_ID, queues, compression=Compression.LZ4,
-                     segment_max_bytes=SEGMENT_BYTES, random_bodies=True)
+                     segment_max_bytes=segment_bytes, random_bodies=True)
     print(f"wrote {m.total_segments} segments, {m.total_messages} records, "
           f"{m.uncompressed_bytes / 1e9:.2f} GB uncompressed, {m.total_bytes / 1e9:.2f} GB stored "
           f"in {time.perf_counter() - t:.0f}s")
@@ -108,12 +108,13 @@ def cpu_scaling() -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="/tmp/rbak-bench-validate-64m")
+    ap.add_argument("--dir", default=None, help="where the backup is written (default /tmp/rbak-bench-validate-<MiB>m)")
+    ap.add_argument("--segment-mib", type=int, default=SEGMENT_BYTES >> 20)
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=2, help="runs per contender (best kept: the machine is shared)")
     args = ap.parse_args()
-    url = "file://" + os.path.abspath(args.dir)
-    m = ensure_backup(url, args.gb)
+    url = "file://" + os.path.abspath(args.dir or f"/tmp/rbak-bench-validate-{args.segment_mib}m")
+    m = ensure_backup(url, args.gb, args.segment_mib << 20)
     warm_url = url + "-warm"
     ws = open_storage(warm_url)
     if not ws.exists("warm/manifest.json"):
