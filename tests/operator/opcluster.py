@@ -216,6 +216,15 @@ class PodRunner:
                     t = threading.Thread(target=self._run_job, args=(job,), daemon=True)
                     self._running[name] = t
                     t.start()
+                for app in self.http.items("sparkoperator.k8s.io/v1beta2", "sparkapplications", self.ns):
+                    name = "spark:" + app["metadata"]["name"]
+                    if name in self.seen or (app.get("status") or {}).get("applicationState"):
+                        continue
+                    self.seen.add(name)
+                    self.started.append(name)
+                    t = threading.Thread(target=self._run_spark, args=(app,), daemon=True)
+                    self._running[name] = t
+                    t.start()
             except Exception as e:  # the emulator going away at teardown
                 self.errors.append(repr(e))
             self._stop.wait(0.3)
@@ -316,6 +325,44 @@ class PodRunner:
             self.http.patch("batch/v1", "jobs", name, {"status": st}, self.ns, "status")
         except Exception as e:  # the Job was deleted meanwhile (Replace)
             self.errors.append(f"{name}: {e!r}")
+
+
+def _spark_main(app: dict) -> Path:
+    """local:///opt/rbak/spark/x.py -> this checkout's spark/x.py (what the -spark image holds)."""
+    f = app["spec"]["mainApplicationFile"]
+    prefix = "local:///opt/rbak/spark/"
+    assert f.startswith(prefix), f
+    return REPO / "spark" / f[len(prefix):]
+
+
+def _run_spark_app(runner: "PodRunner", app: dict) -> None:
+    """spark-operator's part: run the driver's program (Spark in local mode), then set applicationState."""
+    name = app["metadata"]["name"]
+    api = "sparkoperator.k8s.io/v1beta2"
+    runner.http.patch(api, "sparkapplications", name, {"status": {"applicationState": {"state": "SUBMITTED"}}},
+                      runner.ns, "status")
+    driver = app["spec"]["driver"]
+    workdir = runner._tmp / name
+    pod_spec = {"volumes": app["spec"].get("volumes") or [], "containers": [driver]}
+    try:
+        mounts = runner._mounts(pod_spec, workdir)
+        env = {k: runner._map(v, mounts) for k, v in runner._env(driver).items()}
+        env["PYSPARK_PYTHON"] = sys.executable
+        cmd = [sys.executable, str(_spark_main(app))] + [runner._map(a, mounts) for a in app["spec"].get("arguments") or []]
+        runner.http.patch(api, "sparkapplications", name, {"status": {"applicationState": {"state": "RUNNING"}}},
+                          runner.ns, "status")
+        p = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+        out = (p.stdout or "") + (p.stderr or "")
+        ok, err = p.returncode == 0, "\n".join(out.splitlines()[-20:])
+    except Exception as e:
+        ok, out, err = False, repr(e), repr(e)
+    runner.outputs["spark:" + name] = out
+    state = {"state": "COMPLETED"} if ok else {"state": "FAILED", "errorMessage": err}
+    runner.http.patch(api, "sparkapplications", name, {"status": {"applicationState": state, "terminationTime": _now()}},
+                      runner.ns, "status")
+
+
+PodRunner._run_spark = _run_spark_app  # type: ignore[attr-defined]
 
 
 class Operator:

@@ -127,7 +127,8 @@ def env(cluster, rmq310, moto_s3, s3_bucket):
         yield e
     finally:
         # Delete this test's objects so their reconcile loops end and the emulator stays small.
-        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs")):
+        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs"),
+                            ("sparkoperator.k8s.io/v1beta2", "sparkapplications")):
             for o in http.items(api, plural):
                 if o["metadata"]["name"].startswith(tag):
                     http.patch(api, plural, o["metadata"]["name"], {"metadata": {"finalizers": None}})
@@ -315,6 +316,29 @@ def test_restore_from_latest_backup_puts_messages_back(cluster, env):
     assert st["phase"] == "Succeeded", st
     assert st["backupId"] == run["backupId"] and st["engine"] == "job" and st["messages"] == 10
     assert env.broker.read_bodies(env.vhost, "orders") == bodies
+
+
+def test_restore_with_the_spark_engine(cluster, env):
+    """engine: spark -> a SparkApplication running spark/restore.py (Spark in local mode here)."""
+    bodies = [f"s{i}".encode() for i in range(5)]
+    env.broker.publish(env.vhost, "events", bodies, declare={})
+    name = f"{env.tag}-sp"
+    create_backup(cluster, env, name)
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded")
+    env.broker.drain_queue(env.vhost, "events")
+    rname = f"{env.tag}-sprestore"
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore", "metadata": {"name": rname},
+                                                  "spec": {"backupRef": {"name": name}, "engine": "spark"}})
+    st = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {}).get("phase")
+                  in ("Succeeded", "Failed") and s, 240, what="spark restore", diag=cluster.logs)
+    assert st["phase"] == "Succeeded", (st, cluster.runner.outputs.get(f"spark:{st.get('sparkApplicationName')}", "")[-3000:])
+    assert st["engine"] == "spark" and st["backupId"] == run["backupId"]
+    app = cluster.http.get("sparkoperator.k8s.io/v1beta2", "sparkapplications", st["sparkApplicationName"])
+    assert app["spec"]["mainApplicationFile"] == "local:///opt/rbak/spark/restore.py"
+    assert env.broker.read_bodies(env.vhost, "events") == bodies
+    out = cluster.runner.outputs[f"spark:{st['sparkApplicationName']}"]
+    assert "5 confirmed" in out and "local" in out, out[-2000:]
 
 
 def test_two_operators_one_slot_one_run(cluster, env):
