@@ -156,6 +156,14 @@ def manifest_problems(m: BackupManifest) -> list[str]:
     return out
 
 
+def backup_problems(storage: Storage, m: BackupManifest) -> list[str]:
+    """Everything wrong with a backup apart from its segments' contents."""
+    out = manifest_problems(m)
+    if m.definitions is not None and not storage.exists(m.definitions.key):
+        out.append(f"{m.definitions.key}: definitions file missing from storage")
+    return out
+
+
 def iter_segments(m: BackupManifest) -> Iterable[SegmentMetadata]:
     for q in m.queues:
         yield from q.segments
@@ -171,9 +179,7 @@ def validate_backup(
 ) -> ValidationReport:
     """Validate every segment (never stopping at the first bad one)."""
     m = load_manifest(storage, backup_id, prefix)
-    report = ValidationReport(backup_id, deep, m.is_complete, problems=manifest_problems(m))
-    if m.definitions is not None and not storage.exists(m.definitions.key):
-        report.problems.append(f"{m.definitions.key}: definitions file missing from storage")
+    report = ValidationReport(backup_id, deep, m.is_complete, problems=backup_problems(storage, m))
     check = (lambda s: check_segment(storage, s)) if deep else (lambda s: shallow_check(storage, s))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for result in pool.map(check, iter_segments(m)):

@@ -75,7 +75,7 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
     from rbak.catalog import load_manifest
     from rbak.keys import BackupLayout
     from rbak.storage import open_storage
-    from rbak.validate import SegmentCheck, ValidationReport, manifest_problems
+    from rbak.validate import SegmentCheck, ValidationReport, backup_problems
 
     url = str(url)  # a str subclass would be pickled by reference to its module
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -83,9 +83,7 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
     layout = BackupLayout(backup_id, prefix)
     storage = open_storage(url)
     m = load_manifest(storage, backup_id, prefix)
-    report = ValidationReport(backup_id, deep=True, complete=m.is_complete, problems=manifest_problems(m))
-    if m.definitions is not None and not storage.exists(m.definitions.key):
-        report.problems.append(f"{m.definitions.key}: definitions file missing from storage")
+    report = ValidationReport(backup_id, deep=True, complete=m.is_complete, problems=backup_problems(storage, m))
 
     items = [(q.vhost, q.name, s.to_json_obj()) for q in m.queues for s in q.segments]
     order = {obj["key"]: i for i, (_, _, obj) in enumerate(items)}
