@@ -146,7 +146,7 @@ class QueueSelection(_Section):
 class ConnectionConfig(_Section):
     """A broker: `source` for backups, `target` for restores."""
 
-    amqp_url: str = doc_field(None, "AMQP URL, e.g. `amqp://user:pass@host:5672/%2f` (`%2f` is the vhost `/`). "
+    amqp_url: str = doc_field(None, "AMQP URL, e.g. `amqp://user:pass@host:5672/%2f` (`%2f` is the vhost `/`); without `user:pass@` the management credentials are used. "
                               "`amqps://` for TLS.", required=True)
     management_url: str = doc_field("http://localhost:15672", "Management API base URL (`https://` for TLS).")
     management_username: Optional[str] = doc_field(None, "Management API user; defaults to the AMQP URL's user.")
@@ -161,19 +161,27 @@ class ConnectionConfig(_Section):
     def _url(self):
         return urlsplit(self.amqp_url)
 
+    # An amqp_url without credentials takes them from management_username/password:
+    # a secret then never has to be URL-encoded into the URL (the operator relies on it).
     @property
     def username(self) -> str:
         from urllib.parse import unquote
 
         p = self._url()
-        return unquote(p.username) if p.username is not None else "guest"
+        if p.username is not None:
+            return unquote(p.username)
+        return self.management_username if self.management_username is not None else "guest"
 
     @property
     def password(self) -> str:
         from urllib.parse import unquote
 
         p = self._url()
-        return unquote(p.password) if p.password is not None else "guest"
+        if p.password is not None:
+            return unquote(p.password)
+        if p.username is None and self.management_password is not None:
+            return self.management_password
+        return "guest"
 
     @property
     def mgmt_username(self) -> str:

@@ -203,3 +203,41 @@ def test_generated_configuration_doc_is_current():
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
     assert doc.read_text() == config_reference_markdown() + "\n", "run: python -m rbak.config > docs/configuration.md"
+
+
+HOSTILE_PASSWORD = "p@ss:w/rd%41?#&"
+
+
+def test_credentials_outside_the_url_may_hold_any_character(broker, vhost, monkeypatch):
+    """The operator puts no secret into amqp_url: it comes from management_* via ${ENV}."""
+    import uuid
+
+    from rbak.backup.amqp import connect
+
+    user = f"rbak-{uuid.uuid4().hex[:8]}"
+    broker.api("PUT", f"/api/users/{user}", {"password": HOSTILE_PASSWORD, "tags": "management"})
+    try:
+        broker.api("PUT", f"/api/permissions/{vhost}/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
+        monkeypatch.setenv("T_USER", user)
+        monkeypatch.setenv("T_PASS", HOSTILE_PASSWORD)
+        cfg = Config.from_dict({
+            "mode": "backup",
+            "source": {"amqp_url": f"amqp://127.0.0.1:{broker.amqp_port}/%2f",
+                       "management_url": broker.management_url,
+                       "management_username": "${T_USER}", "management_password": "${T_PASS}"},
+            "storage": {"backend": "memory"},
+        })
+        assert (cfg.source.username, cfg.source.password) == (user, HOSTILE_PASSWORD)
+        conn = connect(cfg.source, vhost)
+        assert conn.is_open
+        conn.close()
+        # A URL with its own credentials still wins over management_*.
+        url_cfg = Config.from_dict({**cfg_dict_with_url(broker), "storage": {"backend": "memory"}})
+        assert (url_cfg.source.username, url_cfg.source.password) == ("guest", "guest")
+    finally:
+        broker.api("DELETE", f"/api/users/{user}")
+
+
+def cfg_dict_with_url(broker) -> dict:
+    return {"mode": "backup", "source": {"amqp_url": f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/%2f",
+                                         "management_username": "someone-else", "management_password": "x"}}

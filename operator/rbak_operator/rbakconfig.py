@@ -54,7 +54,8 @@ def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec
         scheme = ref.get("managementScheme") or "http"
         mport = int(ref.get("managementPort") or 15672)
         conn = {
-            "amqp_url": f"amqp://${{{ENV_USER}}}:${{{ENV_PASS}}}@${{{ENV_HOST}}}:${{{ENV_PORT}}}/%2f",
+            # No credentials in the URL: rbak takes them from management_* (any character works).
+            "amqp_url": f"amqp://${{{ENV_HOST}}}:${{{ENV_PORT}}}/%2f",
             "management_url": f"{scheme}://${{{ENV_HOST}}}:{mport}",
             "management_username": f"${{{ENV_USER}}}",
             "management_password": f"${{{ENV_PASS}}}",
@@ -75,10 +76,9 @@ def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec
         raise ConfigError(f"{field}.amqpUrl: {url!r} must be amqp://host[:port]/vhost or amqps://...")
     if "@" in parts.netloc:
         raise ConfigError(f"{field}.amqpUrl: must not contain credentials (use credentialsSecretRef)")
-    netloc = f"${{{ENV_USER}}}:${{{ENV_PASS}}}@{parts.netloc}"
     path = parts.path if parts.path not in ("", "/") else "/%2f"
     conn = {
-        "amqp_url": f"{parts.scheme}://{netloc}{path}",
+        "amqp_url": f"{parts.scheme}://{parts.netloc}{path}",
         "management_url": broker["managementUrl"],
         "management_username": f"${{{ENV_USER}}}",
         "management_password": f"${{{ENV_PASS}}}",

@@ -81,7 +81,8 @@ def test_cluster_reference_config_loads_and_holds_no_secret():
         assert f":{value}@" not in text
     loaded = Config.from_dict(cfg, env=SECRET_ENV)
     assert loaded.mode == "backup" and loaded.backup_id == "nightly-20261122-2300"
-    assert loaded.source.amqp_url == "amqp://u:p@rmq.prod.svc:5672/%2f"
+    assert loaded.source.amqp_url == "amqp://rmq.prod.svc:5672/%2f"  # no secret in the URL
+    assert (loaded.source.username, loaded.source.password) == ("u", "p")
     assert loaded.source.management_url == "http://rmq.prod.svc:15672"
     assert loaded.source.mgmt_password == "p"
     assert loaded.source.queues.vhosts == ["/"] and loaded.source.queues.exclude == ["tmp.*"]
@@ -100,7 +101,8 @@ def test_cluster_reference_config_loads_and_holds_no_secret():
 def test_url_config_and_pvc():
     cfg, env = rbakconfig.backup_config(URL_SPEC, "prod", "b-1")
     loaded = Config.from_dict(cfg, env=SECRET_ENV)
-    assert loaded.source.amqp_url == "amqps://u:p@rmq.example.com:5671/%2f"
+    assert loaded.source.amqp_url == "amqps://rmq.example.com:5671/%2f"
+    assert (loaded.source.username, loaded.source.password) == ("u", "p")
     assert loaded.source.management_url == "https://rmq.example.com:15671"
     assert (loaded.storage.backend, loaded.storage.path) == ("filesystem", "/var/lib/rbak/rmq")
     assert {(e.env, e.secret, e.key) for e in env} == {
@@ -130,7 +132,8 @@ def test_restore_config_with_pitr_and_mapping():
             "queueMapping": {"orders": "orders-restored"}, "restoreDefinitions": True, "dryRun": True}
     cfg, env = rbakconfig.restore_config(spec, "prod", "nightly-20261122-2300", CLUSTER_SPEC["broker"], CLUSTER_SPEC["storage"])
     loaded = Config.from_dict(cfg, env=SECRET_ENV)
-    assert loaded.mode == "restore" and loaded.target.amqp_url == "amqp://u:p@rmq.prod.svc:5672/%2f"
+    assert loaded.mode == "restore" and loaded.target.amqp_url == "amqp://rmq.prod.svc:5672/%2f"
+    assert (loaded.target.username, loaded.target.password) == ("u", "p")
     assert loaded.restore.window_ms() == (1795341600000, 1795348800000)
     assert loaded.restore.vhost_mapping == {"/": "staging"} and loaded.restore.queue_mapping == {"orders": "orders-restored"}
     assert loaded.restore.restore_definitions and loaded.restore.dry_run
