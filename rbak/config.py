@@ -25,7 +25,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from .errors import ConfigError
@@ -124,22 +124,32 @@ class QueueSelection(_Section):
 
     def matches(self, vhost: str, name: str, queue_type: str | None = None) -> bool:
         """Whether a queue is covered by this selection."""
-        import fnmatch
+        return queue_selected(vhost, name, queue_type, self.include, self.exclude, self.vhosts, self.types)
 
-        if self.vhosts and vhost not in self.vhosts:
-            return False
-        if queue_type is not None and self.types and queue_type not in self.types:
-            return False
 
-        def hit(pattern: str) -> bool:
-            subject = f"{vhost}/{name}" if "/" in pattern else name
-            if not any(c in pattern for c in "*?["):
-                return subject == pattern
-            return fnmatch.fnmatchcase(subject, pattern)
+def queue_selected(vhost: str, name: str, queue_type: str | None, include: Sequence[str],
+                   exclude: Sequence[str], vhosts: Sequence[str], types: Sequence[str]) -> bool:
+    """The one rule for queue selection (backup's ``source.queues``, restore's selection).
 
-        if self.include and not any(hit(p) for p in self.include):
-            return False
-        return not any(hit(p) for p in self.exclude)
+    A pattern with ``/`` matches ``vhost/queue``, otherwise the queue name; a pattern
+    without ``* ? [`` matches exactly. Empty ``include``/``vhosts``/``types`` cover all.
+    """
+    import fnmatch
+
+    if vhosts and vhost not in vhosts:
+        return False
+    if queue_type is not None and types and queue_type not in types:
+        return False
+
+    def hit(pattern: str) -> bool:
+        subject = f"{vhost}/{name}" if "/" in pattern else name
+        if not any(c in pattern for c in "*?["):
+            return subject == pattern
+        return fnmatch.fnmatchcase(subject, pattern)
+
+    if include and not any(hit(p) for p in include):
+        return False
+    return not any(hit(p) for p in exclude)
 
 
 @dataclass(repr=False)

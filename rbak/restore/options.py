@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..config import queue_selected
 from ..errors import ConfigError
 
 PublishMode = Literal["exchange", "queue"]
@@ -58,22 +59,7 @@ class QueueFilter:
     types: tuple[str, ...] = ()
 
     def matches(self, vhost: str, name: str, queue_type: str | None = None) -> bool:
-        import fnmatch
-
-        if self.vhosts and vhost not in self.vhosts:
-            return False
-        if queue_type is not None and self.types and queue_type not in self.types:
-            return False
-
-        def hit(pattern: str) -> bool:
-            subject = f"{vhost}/{name}" if "/" in pattern else name
-            if not any(c in pattern for c in "*?["):
-                return subject == pattern
-            return fnmatch.fnmatchcase(subject, pattern)
-
-        if self.include and not any(hit(p) for p in self.include):
-            return False
-        return not any(hit(p) for p in self.exclude)
+        return queue_selected(vhost, name, queue_type, self.include, self.exclude, self.vhosts, self.types)
 
 
 @dataclass(frozen=True)
