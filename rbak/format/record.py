@@ -306,8 +306,20 @@ def _headers_from_json(items: Any) -> Headers:
         return ()
     if isinstance(items, dict):  # lenient: a map instead of a list of pairs
         items = list(items.items())
-    conv = header_value_from_json
-    return tuple([(str(k), conv(v)) for k, v in items])
+    out = []
+    append = out.append
+    scalars = _SCALAR_VARIANTS
+    for k, v in items:
+        if type(k) is not str:
+            k = str(k)
+        if type(v) is dict and len(v) == 1:
+            ((tag, val),) = v.items()
+            cls = scalars.get(tag)
+            if cls is not None:  # the common case, inline
+                append((k, cls(val)))
+                continue
+        append((k, header_value_from_json(v)))
+    return tuple(out)
 
 
 def _bytes_from_json(val: Any) -> bytes:
@@ -343,8 +355,19 @@ def _properties_from_json(p: Any) -> BackupProperties:
     )
 
 
+_REST_FIELDS = RECORD_FIELDS[1:]
+
+
 def record_from_json_obj(d: dict[str, Any], body: bytes | None = None) -> BackupRecord:
     """A record from parsed JSON; ``body`` given when a fast path parsed it already."""
+    if body is not None and len(d) == 9 and tuple(d) == _REST_FIELDS:
+        # Exactly as written (rbak and the Rust tool): take the values in order.
+        props, headers, exchange, rk, tag, redelivered, ts, queue, vhost = d.values()
+        if None not in (exchange, rk, tag, redelivered, ts, queue, vhost):
+            return BackupRecord(
+                body, _properties_from_json(props), _headers_from_json(headers) if headers else (),
+                exchange, rk, tag, redelivered, ts, queue, vhost,
+            )
     get = d.get
     if body is None:
         raw = get("body")

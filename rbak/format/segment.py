@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 from ..errors import CompressionError, SegmentError, SerializationError
 from .compression import Compression, check_level, compress, decompress
 from .manifest import SegmentMetadata
-from .batch import decode_records, encode_records
+from .batch import decode_records, encode_payload, encode_records
 from .record import BackupRecord, encode_record
 
 MAGIC = b"RBAK"
@@ -179,7 +179,7 @@ def encode_segment(
 ) -> bytes:
     """A whole segment from records in memory (batched fast path)."""
     records = list(records)
-    payload = b"".join(_LEN.pack(len(d)) + d for d in encode_records(records)) if records else b""
+    payload = encode_payload(records)
     first = records[0].backed_up_at if records else 0
     last = records[-1].backed_up_at if records else 0
     return frame_segment(payload, len(records), first, last, compression, level)
