@@ -10,24 +10,22 @@ deletes the segments it wrote.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 
-from .. import __version__
-from ..errors import ConfigError, RbakError
+from ..errors import ConfigError
 from ..format.compression import Compression
-from ..format.manifest import BackupManifest, QueueBackup
-from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentWriter
+from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES
 from ..keys import BackupLayout
-from ..storage import open_storage
 from ..storage.base import Storage
 from .mosquitto_db import DamagedRegion, read_db
 from .mqtt_mapping import MappingStats, iter_records
+from .writer import write_backup
 
 log = logging.getLogger(__name__)
-_BATCH = 512
 
 
 @dataclass(slots=True)
@@ -90,75 +88,17 @@ def import_mosquitto_db(
     comp = Compression.parse(compression, "--compression")
     if not vhost:
         raise ConfigError("--vhost: must not be empty")
-    storage = open_storage(to) if isinstance(to, str) else to
-    if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
-        raise ConfigError(
-            f"backup {backup_id!r} already exists in {storage.url} (keys under {layout.root + '/'!r}); "
-            "refusing to overwrite it: choose another --backup-id"
-        )
     src = os.fspath(path)
     db = read_db(src, skip_damaged=skip_damaged)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     stats = MappingStats()
-    created = now
-    manifest = BackupManifest(
-        backup_id=backup_id,
-        created_at=created,
-        source_cluster=f"mosquitto:{os.path.abspath(src)}",
-        backup_tool_version=f"rbak {__version__}",
-    )
-    written: list[str] = []
-
-    def sink_for(queue: str):
-        def sink(seq: int, data: bytes) -> str:
-            key = layout.segment(vhost, queue, seq, comp)
-            storage.put(key, data)
-            written.append(key)
-            return key
-        return sink
-
     summary = MosquittoImportSummary(backup_id, src, db.header.version, stats, list(db.damaged))
-    try:
-        current: QueueBackup | None = None
-        writer: SegmentWriter | None = None
-        batch: list = []
-
-        def drain() -> None:  # batches take the codec's fast path
-            if batch and writer is not None and current is not None:
-                for meta in writer.append_many(batch):
-                    current.add_segment(meta)
-                batch.clear()
-
-        def finish() -> None:
-            drain()
-            if writer is not None and current is not None:
-                meta = writer.flush()
-                if meta is not None:
-                    current.add_segment(meta)
-
-        for rec in iter_records(db, vhost=vhost, now_ms=now, stats=stats):
-            if current is None or current.name != rec.source_queue:
-                finish()
-                if manifest.find_queue(vhost, rec.source_queue) is not None:  # records come grouped by queue
-                    raise RbakError(f"internal error: queue {rec.source_queue!r} exported twice")
-                current = QueueBackup(vhost=vhost, name=rec.source_queue)
-                manifest.queues.append(current)
-                writer = SegmentWriter(sink_for(rec.source_queue), comp, max_bytes=segment_max_bytes,
-                                       max_interval_ms=2**62)
-            batch.append(rec)
-            if len(batch) >= _BATCH:
-                drain()
-        finish()
-        manifest.recompute_totals()
-        manifest.completed_at = int(time.time() * 1000)
-        storage.put(layout.manifest, manifest.to_json())
-    except BaseException:
-        for key in written:
-            try:
-                storage.delete(key)
-            except Exception:  # pragma: no cover - best effort cleanup
-                log.warning("could not delete partial segment %s", key)
-        raise
+    records = iter_records(db, vhost=vhost, now_ms=now, stats=stats)  # grouped by queue
+    queues = ((vhost, name, "classic", recs)
+              for name, recs in itertools.groupby(records, key=lambda r: r.source_queue))
+    manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp,
+                            segment_max_bytes=segment_max_bytes,
+                            source_cluster=f"mosquitto:{os.path.abspath(src)}")
     summary.segments = manifest.total_segments
     summary.bytes_written = manifest.total_bytes
     summary.manifest_key = layout.manifest
