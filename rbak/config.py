@@ -326,8 +326,10 @@ class RestoreOptions(_Section):
     definitions_selection: DefinitionsSelection = doc_field(doc="Subset of the definitions to import.", factory=DefinitionsSelection)
     restore_messages: bool = doc_field(True, "Publish the backed-up messages.")
     queues: QueueSelection = doc_field(doc="Which backed-up queues to restore (names as in the backup).", factory=QueueSelection)
-    publish_mode: Literal["exchange", "queue"] = doc_field("exchange", "`exchange`: original exchange and routing key; "
-                                                          "`queue`: straight to the queue via the default exchange.")
+    publish_mode: Literal["exchange", "queue"] = doc_field(
+        "queue", "`queue` (default): straight to the (remapped) queue via the default exchange: restores exactly "
+        "the backed-up queue and resumes exactly once; `exchange`: original exchange and routing key (current "
+        "bindings decide; a fan-out bound to several backed-up queues delivers copies).")
     publisher_confirms: bool = doc_field(True, "Count a record as restored only once the broker confirmed it.")
     max_concurrent_queues: int = doc_field(4, "Queues restored at the same time.", min=1, max=256)
     produce_batch_size: int = doc_field(500, "Messages in flight (unconfirmed) per queue.", min=1, max=100_000)

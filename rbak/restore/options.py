@@ -74,7 +74,7 @@ class RestoreOptions:
     definitions_dry_run: bool = False
     definitions_selection: DefinitionsFilter = field(default_factory=DefinitionsFilter)
     queues: QueueFilter = field(default_factory=QueueFilter)
-    publish_mode: PublishMode = "exchange"
+    publish_mode: PublishMode = "queue"
     publisher_confirms: bool = True
     max_concurrent_queues: int = 4
     produce_batch_size: int = 500

@@ -95,7 +95,7 @@ def build_options(args: argparse.Namespace):
     opts = RestoreOptions(
         backup_id=args.backup_id, prefix=args.prefix or "", target=target,
         window_start_ms=start, window_end_ms=end, dry_run=args.dry_run,
-        publish_mode=args.publish_mode or "exchange", allow_non_empty=args.allow_non_empty,
+        publish_mode=args.publish_mode or "queue", allow_non_empty=args.allow_non_empty,
         produce_batch_size=args.batch_size or 500,
         vhost_mapping=tuple(sorted(vmap.items())), queue_mapping=tuple(sorted(qmap.items())),
     )
