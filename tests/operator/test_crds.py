@@ -7,13 +7,13 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from rbak_operator import crds
+from support.crds import cel_failures
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
@@ -39,35 +39,12 @@ def _schema(kind: str) -> dict:
     raise KeyError(kind)
 
 
-def _cel_errors(schema: dict, value, path: str = "") -> list[str]:
-    """Evaluate every x-kubernetes-validations rule on create (rules using oldSelf are update-only)."""
-    errors: list[str] = []
-    env = celpy.Environment()
-    for rule in schema.get("x-kubernetes-validations") or []:
-        if "oldSelf" in rule["rule"]:
-            continue
-        prog = env.program(env.compile(rule["rule"]))
-        if not bool(prog.evaluate({"self": celpy.json_to_cel(value)})):
-            errors.append(f"{path or '.'}: {rule['message']}")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            sub = (schema.get("properties") or {}).get(k)
-            if sub is None and isinstance(schema.get("additionalProperties"), dict):
-                sub = schema["additionalProperties"]
-            if sub:
-                errors += _cel_errors(sub, v, f"{path}.{k}")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, v in enumerate(value):
-            errors += _cel_errors(schema["items"], v, f"{path}[{i}]")
-    return errors
-
-
 def check(obj: dict) -> list[str]:
     """Every problem the API server would report for this object (empty: accepted)."""
     schema = _schema(obj["kind"])
     v = jsonschema.Draft7Validator(schema)
     errs = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(obj)]
-    return errs + _cel_errors(schema, obj)
+    return errs + cel_failures(schema, obj)
 
 
 def _structural(schema: dict, path: str = "") -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.crds import cel_failures
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rbak"
@@ -138,31 +139,6 @@ def _unknown_fields(schema: dict[str, Any], value: Any, path: str) -> list[str]:
     return errors
 
 
-def _cel_failures(schema: dict[str, Any], value: Any, path: str) -> list[str]:
-    """x-kubernetes-validations rules evaluated with cel-python, as on create (oldSelf rules skipped)."""
-    import celpy
-
-    errors: list[str] = []
-    rules = [r for r in schema.get("x-kubernetes-validations") or [] if "oldSelf" not in r["rule"]]
-    if rules:
-        env = celpy.Environment()
-        for rule in rules:
-            program = env.program(env.compile(rule["rule"]))
-            if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
-                errors.append(f"{path or '.'}: {rule.get('message', rule['rule'])}")
-    if isinstance(value, dict):
-        for key, sub in value.items():
-            child = (schema.get("properties") or {}).get(key)
-            if child is None and isinstance(schema.get("additionalProperties"), dict):
-                child = schema["additionalProperties"]
-            if child:
-                errors += _cel_failures(child, sub, f"{path}.{key}")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            errors += _cel_failures(schema["items"], item, f"{path}[{i}]")
-    return errors
-
-
 def crd_problems(obj: dict[str, Any]) -> list[str]:
     """Everything the API server (with kubectl's strict field validation) would refuse in a custom resource."""
     import jsonschema
@@ -177,7 +153,7 @@ def crd_problems(obj: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft7Validator(schema)
     problems += [f".{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
     problems += _unknown_fields(schema, obj, "")
-    problems += _cel_failures(schema, obj, "")
+    problems += cel_failures(schema, obj)
     return problems
 
 
