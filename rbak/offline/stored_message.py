@@ -10,9 +10,10 @@ Two record shapes exist:
 * 3.13+/4.x message containers: ``{mc, Protocol, Data, Annotations}`` where,
   for AMQP 0-9-1 messages, ``Protocol = mc_amqpl``, ``Data`` is the same
   ``#content{}`` and the annotations map holds ``x`` (exchange) and ``rk``
-  (routing keys). Messages published over other protocols (``mc_amqp`` for
-  AMQP 1.0, MQTT, STOMP) have no AMQP 0-9-1 form on disk and are reported
-  as unsupported rather than guessed at.
+  (routing keys). Messages published over AMQP 1.0 are ``mc_amqp``
+  containers whose data is the AMQP 1.0 bare message; ``mc_amqp.py`` maps
+  them to AMQP 0-9-1 as RabbitMQ's own conversion does. Other protocols
+  (MQTT, STOMP) are reported as unsupported rather than guessed at.
 
 ``Props``/``PropsBin``: usually ``none`` + the property binary; sometimes the
 decoded ``'P_basic'`` record + ``none``. Either one is used.
@@ -27,6 +28,7 @@ from typing import Any
 from ..format.record import (
     Array, BackupProperties, BackupRecord, Bool, HeaderValue, Headers, Long, LongString, Table, Timestamp,
 )
+from . import mc_amqp
 from .amqp_props import PropertiesError, decode_properties, from_p_basic
 from .erlang_terms import Atom, TermError, decode, decode_bare
 
@@ -238,13 +240,19 @@ def _from_mc(t: tuple) -> StoredMessage:
     if len(t) != 4:
         raise MessageFormatError(f"mc record has {len(t) - 1} fields, expected 3")
     _, proto, data, anns = t
-    if proto != "mc_amqpl":
-        raise MessageFormatError(
-            f"message container of protocol {str(proto)!r} (not AMQP 0-9-1) is not supported by the importer"
-        )
     if not isinstance(anns, dict):
         raise MessageFormatError(f"mc annotations must be a map, got {_kind(anns)}")
-    props, headers, body = _from_content(data)
+    if proto == "mc_amqpl":
+        props, headers, body = _from_content(data)
+    elif proto == "mc_amqp":
+        try:
+            props, headers, body, _ = mc_amqp.convert(data)
+        except mc_amqp.MappingError as e:
+            raise MessageFormatError(f"AMQP 1.0 message: {e}") from None
+    else:
+        raise MessageFormatError(
+            f"message container of protocol {str(proto)!r} (not AMQP 0-9-1 or 1.0) is not supported by the importer"
+        )
     headers = _apply_annotations(props, headers, anns)
     x = anns.get(Atom("x"), b"")
     durable = anns.get(Atom("d"))

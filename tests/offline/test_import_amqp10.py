@@ -1,0 +1,372 @@
+"""Messages RabbitMQ 4.0.5 stored from AMQP 1.0 publishers (``mc_amqp``) survive an offline import.
+
+A private 4.0.5 node (trixie chroot) gets, through ``amq.fanout``, the same
+interleaved AMQP 1.0 (python-qpid-proton) and AMQP 0-9-1 (pika) messages in
+two durable classic queues. One queue is consumed over 0-9-1 from the live
+node: that is the reference, what RabbitMQ itself hands a 0-9-1 consumer.
+The node is stopped, the other queue imported from its files, restored into
+a fresh vhost of the shared 4.0.5 broker and consumed: bodies, properties,
+headers and order must equal the reference. A third queue holds values
+RabbitMQ 4.0.5 cannot deliver over 0-9-1 at all (rbak's documented mapping),
+a fourth a decimal, which rbak reports as damaged instead of guessing.
+The decoder itself is checked on truncated and garbage input.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import pika
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
+from rabbitmq_private import CHROOT, PrivateNode, chroot_ready  # noqa: E402
+
+from rbak.errors import ImportFormatError  # noqa: E402
+from rbak.format.manifest import BackupManifest  # noqa: E402
+from rbak.format.record import (  # noqa: E402
+    VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
+)
+from rbak.format.segment import decode_segment  # noqa: E402
+from rbak.offline import amqp10, mc_amqp  # noqa: E402
+from rbak.offline.amqp10 import Amqp10Error, Value, decode_bare_message, decode_value  # noqa: E402
+from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+from rbak.storage import open_storage  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+MAIN, LIVE, ODD, BAD = "a10-main", "a10-live", "a10-odd", "a10-bad"
+N_MESSAGES = 12
+
+
+class _NodeAsBroker:
+    """Lets the restore tests' consume_all read from the private node."""
+
+    def __init__(self, node: PrivateNode):
+        self.node = node
+
+    def connect(self, vhost: str) -> pika.BlockingConnection:
+        return self.node.connect(vhost)
+
+
+def _amqp10_messages():
+    """(kind, proton Message | (pika props, body)) in publish order: 1.0 and 0-9-1 interleaved."""
+    from proton import Message, byte, char, float32, int32, short, symbol, timestamp, ubyte, uint, ulong, ushort
+
+    rich_app = {
+        "s": "strïng", "long": 7, "neg": -(2**40), "i32": int32(-5), "ub": ubyte(200), "b": byte(-3),
+        "sh": short(-300), "us": ushort(60000), "ui": uint(4_000_000_000), "ul": ulong(2**63 + 5),
+        "f": float32(1.5), "d": -2.25, "t": True, "fa": False, "ts": timestamp(1_700_000_000_123),
+        "bin-utf8": b"abc", "bin": b"\x00\xff", "nul": None, "sym": symbol("a-symbol"),
+    }
+    rich_ann = {
+        symbol("x-foo"): "bar", symbol("x-num"): 42, symbol("x-list"): ["a", 1, True],
+        symbol("x-map"): {"k": "v", "n": ulong(3)},
+        symbol("x-basic-type"): "my.type",
+    }
+    out = [
+        ("amqp10", Message(
+            body=b"data-0 \xc3\xbc", inferred=True, durable=True, id="m0", correlation_id="corr-0",
+            content_type="text/plain", content_encoding="utf-8", subject="subj", address="/queues/ignored",
+            reply_to="/queues/reply", creation_time=1_700_000_000.123, ttl=86400, priority=7,
+            user_id=b"guest", group_id="grp", group_sequence=9, reply_to_group_id="rgrp",
+            expiry_time=4_000_000_000.0, properties=rich_app, annotations=rich_ann)),
+        ("amqp091", (pika.BasicProperties(delivery_mode=2, message_id="m1", headers={"h": "v", "n": 1},
+                                          content_type="application/json", priority=2), b'{"m": 1}')),
+        ("amqp10", Message(body=bytes(range(256)) * 24, inferred=True, durable=True,  # 6144 bytes: .rdq
+                           id=uuid.UUID("12345678-1234-5678-1234-567812345678"), correlation_id=b"\x01\x02bin")),
+        ("amqp10", Message(body={"k": "v", "n": 3, "l": [1, 2]}, durable=True, id=ulong(99))),  # amqp-value
+        ("amqp091", (pika.BasicProperties(delivery_mode=2, message_id="m4"), b"big-091 " * 800)),
+        ("amqp10", Message(body=[["seq", 1], ["seq", 2]], inferred=True, durable=True,  # amqp-sequence
+                           id="m5", correlation_id="c" * 300)),
+        ("amqp10", Message(body="big amqp-value string " * 300, durable=True, id="m6")),  # amqp-value, .rdq
+        ("amqp10", Message(body=b"", inferred=True, durable=True, id="m7", properties={"only": "app"})),
+        ("amqp091", (pika.BasicProperties(delivery_mode=2, message_id="m8", timestamp=1_700_000_008), b"m8")),
+        ("amqp10", Message(body=b"bytes as amqp-value", durable=True, id="i" * 256)),  # id too long for 0-9-1
+        ("amqp10", Message(body=b"x" * 5000, inferred=True, durable=True, id="m10",
+                           properties={"k" * 300: "key too long: dropped", "ok": "fine"})),
+        ("amqp091", (pika.BasicProperties(delivery_mode=2, message_id="m11"), b"last")),
+    ]
+    assert len(out) == N_MESSAGES
+    return out
+
+
+def _odd_message():
+    from proton import Message, char
+
+    u = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
+    return Message(body=b"odd", inferred=True, durable=True, id="odd",
+                   properties={"u": u, "c": char("é")})
+
+
+def _bad_message():
+    from proton import Message, decimal32
+
+    return Message(body=b"bad", inferred=True, durable=True, id="bad", properties={"dec": decimal32(12345)})
+
+
+@pytest.fixture(scope="module")
+def node_dir(tmp_path_factory):
+    """(data dir copy, live 0-9-1 deliveries of LIVE, node)."""
+    why = chroot_ready()
+    if why:
+        if IN_CI:
+            pytest.fail(f"{why} (CI=true: the chroot must be present)", pytrace=False)
+        pytest.skip(why)
+    pytest.importorskip("proton")
+    from _restore_helpers import consume_all
+    from proton.utils import BlockingConnection
+
+    base = CHROOT / "tmp" / f"rbak-a10-{uuid.uuid4().hex[:8]}"
+    node = PrivateNode("4.0", base)
+    try:
+        node.start()
+        conn = node.connect("/")
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for q in (MAIN, LIVE, ODD, BAD):
+            ch.queue_declare(q, durable=True)
+        for q in (MAIN, LIVE):
+            ch.queue_bind(q, "amq.fanout")
+        a10 = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", allowed_mechs="PLAIN", timeout=30)
+        fanout = a10.create_sender("/exchanges/amq.fanout")
+        for kind, m in _amqp10_messages():
+            if kind == "amqp10":
+                fanout.send(m)  # blocks until the broker settled it (accepted)
+            else:
+                props, body = m
+                ch.basic_publish("amq.fanout", "rk-091", body, props)
+        a10.create_sender(f"/queues/{ODD}").send(_odd_message())
+        bad = a10.create_sender(f"/queues/{BAD}")
+        bad.send(Message_plain("before"))
+        bad.send(_bad_message())
+        bad.send(Message_plain("after"))
+        a10.close()
+        conn.close()
+        live = consume_all(_NodeAsBroker(node), "/", LIVE, N_MESSAGES)
+        assert len(live) == N_MESSAGES
+        node.stop()
+        copy = tmp_path_factory.mktemp("a10") / node.data_dir.name
+        shutil.copytree(node.data_dir, copy)
+        yield copy, live
+    finally:
+        node.cleanup()
+
+
+def Message_plain(text: str):
+    from proton import Message
+
+    return Message(body=text.encode(), inferred=True, durable=True, id=text)
+
+
+def _read_backup(url: str, backup_id: str) -> dict:
+    st = open_storage(url)
+    m = BackupManifest.from_json(st.get(f"{backup_id}/manifest.json"))
+    return {q.name: [r for s in q.segments for r in decode_segment(st.get(s.key), s.key).records]
+            for q in m.queues}
+
+
+def test_stored_form_is_mc_amqp_v1(node_dir):
+    """The facts the decoder relies on, read from the real files: {mc, mc_amqp, #v1{}, Anns}."""
+    from rbak.offline.erlang_terms import decode
+
+    data_dir, _ = node_dir
+    seen = set()
+    for qs in data_dir.glob("msg_stores/vhosts/*/queues/*/*.qs"):
+        data = qs.read_bytes()
+        off = 64
+        while off + 8 <= len(data) and (size := int.from_bytes(data[off : off + 4], "big")):
+            term, _ = decode(data[off + 8 : off + 8 + size], 0)
+            off += 8 + size
+            if term[1] != "mc_amqp":
+                continue
+            tag, ma, bare, props_pos, app_pos, body_pos, body_code = term[2]
+            assert tag == "v1" and isinstance(ma, list) and isinstance(bare, bytes)
+            assert props_pos in (0, []) and (app_pos == [] or isinstance(app_pos, int))
+            assert bare[body_pos : body_pos + 3] == bytes((0, 0x53, body_code))
+            assert set(term[3]) >= {"x", "rk", "d"}
+            seen.add(body_code)
+    assert seen == {amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE}
+
+
+def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, vhost_factory):
+    from _restore_helpers import consume_all, declare, options_for
+
+    from rbak.restore import run_restore
+
+    data_dir, live = node_dir
+    url = f"file://{tmp_path}/b"
+    res = import_rabbitmq_dir(str(data_dir), url, "a10", queues={MAIN})
+    assert not res.ctx.skipped
+    recs = _read_backup(url, "a10")[MAIN]
+    assert len(recs) == N_MESSAGES
+    # Order: AMQP 1.0 and 0-9-1 messages interleaved exactly as published.
+    ids = [r.properties.message_id for r in recs]
+    assert ids[:2] == ["m0", "m1"] and ids[3:6] == ["99", "m4", "m5"] and ids[-1] == "m11"
+    assert [r.delivery_tag for r in recs] == sorted(r.delivery_tag for r in recs)
+    # Routing as the live broker reports it to a 0-9-1 consumer.
+    assert [(r.exchange, r.routing_key) for r in recs] == [(d.exchange, d.routing_key) for d in live]
+    # The import itself already equals the live delivery.
+    for r, d in zip(recs, live):
+        assert (r.body, r.properties, r.headers) == (d.body, d.properties, d.headers or ()), r.properties.message_id
+
+    target = vhost_factory(rmq40)
+    declare(rmq40, target, MAIN)
+    summary = run_restore(open_storage(url), options_for(rmq40, "a10", vhost_mapping=(("/", target),)))
+    assert summary.ok, summary.to_json_obj()
+    got = consume_all(rmq40, target, MAIN, N_MESSAGES)
+    assert len(got) == N_MESSAGES
+    for g, d in zip(got, live):
+        assert g.body == d.body, d.properties.message_id
+        assert g.properties == d.properties, d.properties.message_id
+        assert g.headers == d.headers, d.properties.message_id
+
+    # Spot checks of the mapping (what RabbitMQ does, so what the reference shows too).
+    r0, r3, r5, r6, r9 = recs[0], recs[3], recs[5], recs[6], recs[9]
+    assert r0.body == "data-0 ü".encode()
+    assert r0.properties == BackupProperties(
+        content_type="text/plain", content_encoding="utf-8", delivery_mode=2, priority=7, correlation_id="corr-0",
+        reply_to="/queues/reply", expiration="86400000", message_id="m0", timestamp=1_700_000_000,
+        type_field="my.type", user_id="guest", app_id="grp")
+    h = dict(r0.headers)
+    assert [k for k, _ in r0.headers] == sorted(h, key=str.encode)
+    assert h["s"] == LongString("strïng") and h["neg"] == Long(-(2**40)) and h["i32"] == Long(-5)
+    assert h["ub"] == Short(200) and h["b"] == Short(-3) and h["sh"] == Short(-300) and h["us"] == Long(60000)
+    assert h["ui"] == Long(4_000_000_000) and h["ul"] == Long(2**63 + 5 - 2**64)  # RabbitMQ's signed 64 bits
+    assert h["f"] == Float(1.5) and h["d"] == Double(-2.25) and h["t"] == Bool(True) and h["fa"] == Bool(False)
+    assert h["ts"] == Timestamp(1_700_000_000) and h["nul"] == VOID and h["sym"] == LongString("a-symbol")
+    assert h["bin-utf8"] == LongString("abc") and h["bin"] == Bytes(b"\x00\xff")
+    assert h["x-foo"] == LongString("bar") and h["x-num"] == Long(42)
+    assert h["x-list"] == Array((LongString("a"), Long(1), Bool(True)))
+    assert h["x-map"] == Table((("k", LongString("v")), ("n", Long(3))))
+    assert "x-basic-type" not in h
+    assert r3.properties.type_field == "amqp-1.0" and r3.body.startswith(b"\x00\x53\x77")
+    assert r5.properties.correlation_id is None and dict(r5.headers)["x-correlation-id"] == LongString("c" * 300)
+    assert r5.body.startswith(b"\x00\x53\x76")
+    assert r6.body.startswith(b"\x00\x53\x77\xb1")  # str32 amqp-value in the message store
+    assert r9.properties.message_id is None and dict(r9.headers)["x-message-id"] == LongString("i" * 256)
+    assert recs[2].properties.message_id == "urn:uuid:12345678-1234-5678-1234-567812345678"
+    assert dict(recs[2].headers)["x-correlation-id"] == Bytes(b"\x01\x02bin")
+    assert recs[2].body == bytes(range(256)) * 24
+
+    # Values RabbitMQ 4.0.5 cannot hand a 0-9-1 consumer: rbak's documented mapping.
+    assert not import_rabbitmq_dir(str(data_dir), url, "odd", queues={ODD}).ctx.skipped
+    (odd,) = _read_backup(url, "odd")[ODD]
+    assert dict(odd.headers) == {"u": LongString("urn:uuid:00112233-4455-6677-8899-aabbccddeeff"),
+                                 "c": LongString("é")}
+
+
+def test_unmappable_value_is_reported_with_file_and_offset(node_dir, tmp_path):
+    data_dir, _ = node_dir
+    url = f"file://{tmp_path}/b"
+    with pytest.raises(ImportFormatError) as ei:
+        import_rabbitmq_dir(str(data_dir), url, "bad1", queues={BAD})
+    msg = str(ei.value)
+    assert ".qs at byte" in msg and "decimal32" in msg and "application property 'dec'" in msg, msg
+    res = import_rabbitmq_dir(str(data_dir), url, "bad2", queues={BAD}, skip_damaged=True)
+    assert len(res.ctx.skipped) == 1 and "decimal32" in res.ctx.skipped[0].reason
+    assert [r.body for r in _read_backup(url, "bad2")[BAD]] == [b"before", b"after"]
+
+
+# --------------------------------------------------------------------------
+# The decoder on its own.
+# --------------------------------------------------------------------------
+
+
+def _bare(*sections: bytes) -> bytes:
+    return b"".join(sections)
+
+
+PROPS = bytes.fromhex("005373") + bytes((0xC0, 6, 2, 0xA1, 2)) + b"id" + b"\x40"
+DATA1 = bytes.fromhex("005375") + bytes((0xA0, 3)) + b"abc"
+DATA2 = bytes.fromhex("005375") + bytes((0xA0, 2)) + b"de"
+
+
+def test_decoder_sections_and_values():
+    app = bytes.fromhex("005374") + bytes((0xC1, 6, 2, 0xA1, 1)) + b"k" + bytes((0x55, 0x07))
+    b = decode_bare_message(_bare(PROPS, app, DATA1, DATA2), body_pos=len(PROPS) + len(app), body_code=0x75)
+    assert b.properties.message_id == Value("utf8", b"id") and b.properties.user_id is None
+    assert b.application_properties == ((Value("utf8", b"k"), Value("long", 7)),)
+    assert b.data == (b"abc", b"de") and b.application_properties_pos == len(PROPS)
+    props, headers, body = mc_amqp.map_message(b, [])
+    assert body == b"abcde" and props.message_id == "id" and headers == (("k", Long(7)),)
+    # Symbolic descriptors, arrays, described values, every fixed width.
+    v, end = decode_value(bytes.fromhex("e00803a1016101620163"))
+    assert v == Value("array", (Value("utf8", b"a"), Value("utf8", b"b"), Value("utf8", b"c"))) and end == 10
+    v, _ = decode_value(b"\x00\xa3\x03foo\x52\x05")
+    assert v == Value("described", (Value("symbol", b"foo"), Value("uint", 5)))
+    for raw, want in [(b"\x56\x01", Value("boolean", True)), (b"\x44", Value("ulong", 0)),
+                      (b"\x81" + (-2).to_bytes(8, "big", signed=True), Value("long", -2)),
+                      (b"\x83" + (1000).to_bytes(8, "big"), Value("timestamp", 1000)),
+                      (b"\x73\x00\x00\x00\xe9", Value("char", "é")), (b"\x45", Value("list", ()))]:
+        assert decode_value(raw) == (want, len(raw))
+    sym = b"\x00\xa3\x10amqp:data:binary\xa0\x01z"
+    assert decode_bare_message(sym).data == (b"z",)
+
+
+@pytest.mark.parametrize("raw, pattern", [
+    (b"", r"truncated format code.*at byte 0"),
+    (b"\xa1\x05abc", r"truncated utf8: needs 5 bytes, 3 left.*at byte 2"),
+    (b"\xc0\x05\x02\xa1\x01a", r"truncated list: size 5.*at byte 0"),
+    (b"\xc0\x04\x02\xa1\x01a", r"list holds fewer than its 2 elements.*at byte 6"),
+    (b"\xc1\x04\x01\xa1\x01a", r"map has an odd element count 1.*at byte 0"),
+    (b"\xc0\x04\x01\x40\x40\x40", r"list of 1 elements ends at byte 4, its size says 6.*at byte 0"),
+    (b"\x56\x02", r"boolean byte 2.*at byte 1"),
+    (b"\xff", r"unknown format code 0xff.*at byte 0"),
+    (b"\x73\x00\x11\x00\x00", r"not a Unicode code point.*at byte 1"),
+    (b"\xe0\x04\x02\xa1\x01a", r"array holds fewer than its 2 elements.*at byte 6"),
+    (b"\x00\x00\x53\x70\x40", r"descriptor must not itself be described.*at byte 1"),
+])
+def test_decoder_rejects_truncated_and_garbage_values(raw, pattern):
+    with pytest.raises(Amqp10Error, match=pattern):
+        v, end = decode_value(raw)
+
+
+@pytest.mark.parametrize("raw, pattern", [
+    (_bare(PROPS), r"no body section"),
+    (_bare(DATA1, PROPS), r"unexpected properties section.*at byte 8"),
+    (_bare(DATA1, b"\x00\x53\x77\x40"), r"amqp-value section after a data body section.*at byte 8"),
+    (_bare(b"\x00\x53\x72\xc1\x01\x00", DATA1), r"unexpected message-annotations section"),
+    (_bare(b"\x00\x53\x99\x40"), r"not a message section descriptor.*at byte 1"),
+    (_bare(b"\x53\x75"), r"expected a described section, found a ulong.*at byte 0"),
+    (_bare(DATA1)[:-1], r"truncated binary: needs 3 bytes, 2 left.*at byte 5"),
+    (_bare(b"\x00\x53\x75\xa1\x01a"), r"data section must hold a binary"),
+    (_bare(b"\x00\x53\x73\xc0\x03\x01\x52\x01", DATA1), r"property message-id must be ulong or uuid"),
+])
+def test_decoder_rejects_bad_bare_messages(raw, pattern):
+    with pytest.raises(Amqp10Error, match=pattern):
+        decode_bare_message(raw)
+
+
+def test_recorded_positions_must_agree():
+    with pytest.raises(Amqp10Error, match="RabbitMQ recorded 3"):
+        decode_bare_message(_bare(PROPS, DATA1), body_pos=3)
+    with pytest.raises(Amqp10Error, match="RabbitMQ recorded descriptor 0x77"):
+        decode_bare_message(_bare(PROPS, DATA1), body_code=0x77)
+    bare = _bare(PROPS, DATA1)
+    v1 = ("v1", [], bare, [], [], len(PROPS), 0x75)  # properties present, position says omitted
+    with pytest.raises(mc_amqp.MappingError, match="properties position"):
+        mc_amqp.convert(v1)
+
+
+def test_stored_message_errors_are_message_format_errors():
+    """A garbage mc_amqp term is a MessageFormatError (reported with file and offset by the readers)."""
+    from rbak.offline.erlang_terms import Atom
+    from rbak.offline.stored_message import MessageFormatError, message_from_term
+
+    A = Atom
+    good = (A("v1"), [], _bare(PROPS, DATA1), 0, [], len(PROPS), 0x75)
+    anns = {A("x"): b"", A("rk"): [b"q"], A("d"): A("true")}
+    m = message_from_term((A("mc"), A("mc_amqp"), good, anns))
+    assert m.body == b"abc" and m.properties.delivery_mode == 2 and m.routing_keys == ["q"]
+    truncated = good[:2] + (good[2][:-2],) + good[3:]
+    with pytest.raises(MessageFormatError, match=r"AMQP 1.0 message: truncated binary.*at byte"):
+        message_from_term((A("mc"), A("mc_amqp"), truncated, anns))
+    with pytest.raises(MessageFormatError, match="not the 4.0 #v1"):
+        message_from_term((A("mc"), A("mc_amqp"), (A("v2"),), anns))
+    with pytest.raises(MessageFormatError, match="mc_stomp"):
+        message_from_term((A("mc"), A("mc_stomp"), (), anns))
