@@ -3,7 +3,7 @@
 pika's own table decoder truncates floats (``f``/``d``) to ints, fails on NaN
 and folds the integer widths together, so the backup keeps the raw property
 bytes of each content header (see ``_keep_raw``) and decodes headers with
-``rbak.restore.fields.decode_basic_properties``, the exact inverse of the
+``rbak.format.amqp091.decode_basic_properties``, the exact inverse of the
 restore side's encoder. Messages without headers take the fast path (pika's
 already-decoded fields).
 """
@@ -17,7 +17,7 @@ import orjson
 import pika.spec
 
 from ..format.record import BackupProperties, BackupRecord, encode_record
-from ..restore.fields import decode_basic_properties
+from ..format.amqp091 import decode_basic_properties
 
 # Headers the broker adds on delivery and that are not part of the message.
 BROKER_HEADERS = frozenset({"x-stream-offset", "x-stream-chunk-timestamp"})

@@ -25,11 +25,11 @@ from ..errors import CompressionError
 from ..format.batch import decode_records
 from ..format.compression import decompress
 from ..format.record import BackupRecord
+from ..format.amqp091 import encode_basic_properties
 from ..format.segment import FOOTER_SIZE, HEADER_SIZE, decode_segment, iter_payload, sha256_hex, verify_frame
 from ..storage.base import Storage
 from . import metrics
 from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
-from .fields import encode_basic_properties
 from .options import RestoreOptions
 from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
 from .publisher import ConfirmingPublisher, connect

@@ -15,7 +15,7 @@ exchange, routing key and body), counted as failed, and the publisher raises
 ``PublishError`` naming the queue. A nack, a channel or connection closed by
 the broker do the same.
 
-Properties are encoded by ``fields.encode_basic_properties`` (pika cannot
+Properties are encoded by ``rbak.format.amqp091.encode_basic_properties`` (pika cannot
 express every header variant) and handed to pika as finished bytes.
 """
 

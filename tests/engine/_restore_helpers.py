@@ -18,7 +18,7 @@ from rbak.format.record import (
 )
 from rbak.format.segment import SegmentWriter
 from rbak.keys import BackupLayout
-from rbak.restore.fields import decode_basic_properties, header_equal
+from rbak.format.amqp091 import decode_basic_properties, header_equal, read_back
 from rbak.restore.options import RestoreOptions, TargetConnection
 
 EVERY_HEADER = (
@@ -70,15 +70,7 @@ HOSTILE_NAMES = ("a/b c%d", "..", "ünïcödé 🐇", "_default", "q" * 200, "wi
 
 def expected_after_restore(headers):
     """What a restored header table reads back as: ShortString travels as a long string."""
-    def conv(v):
-        if type(v) is ShortString:
-            return LongString(v.value)
-        if type(v) is Table:
-            return Table(tuple((k, conv(x)) for k, x in v.value))
-        if type(v) is Array:
-            return Array(tuple(conv(x) for x in v.value))
-        return v
-    return tuple((k, conv(v)) for k, v in headers)
+    return tuple((k, read_back(v)) for k, v in headers)
 
 
 def headers_equal(got, expected, ignore=("x-stream-offset",)) -> bool:

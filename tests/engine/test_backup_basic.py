@@ -27,7 +27,7 @@ HEADERS = {
 
 def _publish_typed(broker, vhost: str, queue: str) -> None:
     """A message whose headers carry f, d, s, T fields pika cannot encode: published from raw bytes."""
-    from rbak.restore.fields import encode_basic_properties
+    from rbak.format.amqp091 import encode_basic_properties
     from rbak.format.record import BackupProperties
 
     props = BackupProperties(content_type="application/x", delivery_mode=2, priority=3, correlation_id="c",

@@ -35,7 +35,7 @@ def test_fast_path_equals_encode_record(body, ct, mid, app, prio, ts, red, tag, 
 
 def test_typed_headers_survive_pika():
     """pika would truncate the float and merge int widths; the raw path keeps both."""
-    from rbak.restore.fields import encode_basic_properties
+    from rbak.format.amqp091 import encode_basic_properties
     from rbak.format.record import BackupProperties
 
     raw = encode_basic_properties(BackupProperties(delivery_mode=1), (("f", Float(2.5)), ("n", Long(-(2**62)))))

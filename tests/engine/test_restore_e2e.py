@@ -17,7 +17,7 @@ from rbak.backup.engine import run_backup  # noqa: E402
 from rbak.config import Config  # noqa: E402
 from rbak.format.record import Long  # noqa: E402
 from rbak.restore import run_restore  # noqa: E402
-from rbak.restore.fields import encode_basic_properties  # noqa: E402
+from rbak.format.amqp091 import encode_basic_properties  # noqa: E402
 from rbak.restore.options import DefinitionsFilter, RestoreOptions, TargetConnection  # noqa: E402
 from rbak.restore.publisher import ConfirmingPublisher  # noqa: E402
 
