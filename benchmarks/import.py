@@ -11,22 +11,34 @@ message store (.rdq) and small ones embedded in the index / per-queue store,
    properties) producing BackupRecords, nothing written;
 3. decode + ``encode_record`` (the RBAK JSON of every record, no output):
    how much of the import the record format itself costs;
-4. full import to ``file://`` with compression none and zstd.
+4. the format's mandatory floor, on the records decoded once and held in
+   memory (so no decoding is in it): (i) the segment bytes every RBAK writer
+   must produce and check (record JSON through the codec's batch encoder,
+   length prefixes, CRC32, SHA-256), no I/O; (ii) the same plus writing those
+   bytes with an fsync per 128 MiB segment to the same filesystem as the
+   import's output. Bodies are JSON integer arrays (about 3.5x the broker's
+   bytes), so (ii) alone bounds what any RBAK import can reach here;
+5. full import to ``file://`` with compression none and zstd (``--repeat``
+   times each; best and spread printed).
 
 Prints each throughput (MB of broker files per second) and its ratio to the
-baseline; the issue's target is a full-import ratio >= 0.3.
+baseline; the issue's target is a full-import ratio >= 0.3, and the report
+says whether it is met and how it compares with the floor.
 
-    python benchmarks/import.py [--size-mb 1024] [--keep DIR] [--reuse DIR]
+    python benchmarks/import.py [--size-mb 1024] [--keep DIR] [--reuse DIR] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import pika
@@ -37,7 +49,9 @@ sys.path.insert(0, str(REPO / "tests" / "offline"))
 
 from rabbitmq_private import PrivateNode  # noqa: E402
 
+from rbak.format.batch import encode_records  # noqa: E402
 from rbak.format.record import encode_record  # noqa: E402
+from rbak.format.segment import DEFAULT_SEGMENT_MAX_BYTES  # noqa: E402
 from rbak.offline.damage import ImportContext  # noqa: E402
 from rbak.offline.rabbitmq_dir import import_rabbitmq_dir, iter_queues  # noqa: E402
 
@@ -95,6 +109,54 @@ def plain_read(files: list[Path]) -> int:
     return n
 
 
+_LEN = struct.Struct("<I")
+
+
+def format_floor(queues: list[list], out_dir: Path | None) -> int:
+    """What the RBAK format itself makes every writer do with these records.
+
+    Per record: its JSON (the codec's batch encoder) and length prefix; per
+    segment: CRC32 and SHA-256 over all of it. With ``out_dir``, the bytes are
+    also written (large sequential writes, no framing copies) and fsynced once
+    per segment, like the storage's ``put``. Returns the bytes produced.
+    """
+    total = 0
+    n_files = 0
+    for records in queues:
+        seg_bytes = 0
+        crc, sha, f = 0, hashlib.sha256(), None
+        for i in range(0, len(records), 512):
+            batch = records[i:i + 512]
+            for data in encode_records(batch):
+                prefix = _LEN.pack(len(data))
+                crc = zlib.crc32(data, zlib.crc32(prefix, crc))
+                sha.update(prefix)
+                sha.update(data)
+                if out_dir is not None:
+                    if f is None:
+                        n_files += 1
+                        f = open(out_dir / f"floor-{n_files}", "wb", buffering=8 << 20)
+                    f.write(prefix)
+                    f.write(data)
+                seg_bytes += 4 + len(data)
+                if seg_bytes >= DEFAULT_SEGMENT_MAX_BYTES:
+                    total += seg_bytes
+                    sha.hexdigest()
+                    if f is not None:
+                        f.flush()
+                        os.fsync(f.fileno())
+                        f.close()
+                        f = None
+                    seg_bytes, crc, sha = 0, 0, hashlib.sha256()
+        total += seg_bytes
+        sha.hexdigest()
+        if f is not None:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+    return total
+
+
 def timed(fn, repeat: int = 1) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -109,6 +171,7 @@ def main() -> int:
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--reuse", help="an existing node data dir (skip generation)")
     ap.add_argument("--keep", help="generate into this dir and keep it")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each floor and import line (best is reported)")
     a = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="rbak-import-bench-"))
@@ -145,23 +208,57 @@ def main() -> int:
 
         t_decode = timed(decode_only)
         t_encode = timed(decode_encode)
-        results = [("plain sequential read", t_read), ("decode only (no output)", t_decode),
-                   ("decode + encode_record (JSON)", t_encode)]
+        results = [("plain sequential read", t_read, None), ("decode only (no output)", t_decode, None),
+                   ("decode + encode_record (JSON)", t_encode, None)]
+
+        # The format's floor, on records decoded once (held in memory; decoding is not in it).
+        ctx = ImportContext()
+        decoded = [list(recs) for _, recs in iter_queues(str(data_dir), ctx, int(time.time() * 1000))]
+        floor_dir = tmp / "floor"
+        floor_dir.mkdir()
+        t_floor_cpu = timed(lambda: format_floor(decoded, None), repeat=a.repeat)
+
+        def floor_io():
+            format_floor(decoded, floor_dir)
+            for p in floor_dir.iterdir():
+                p.unlink()
+
+        t_floor_io = timed(floor_io, repeat=a.repeat)
+        out_bytes = format_floor(decoded, None)
+        del decoded
+        results += [("floor (i): JSON+CRC32+SHA-256", t_floor_cpu, None),
+                    ("floor (ii): (i) + write + fsync", t_floor_io, None)]
+
         for comp in ("none", "zstd"):
-            out = tmp / f"out-{comp}"
-            t = time.perf_counter()
-            res = import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{comp}", compression=comp)
-            results.append((f"full import, compression {comp}", time.perf_counter() - t))
-            print(f"  {comp}: {res.manifest.total_messages} messages, {res.manifest.total_bytes / 1e6:.0f} MB written")
-            shutil.rmtree(out, ignore_errors=True)
+            times = []
+            for i in range(a.repeat):
+                out = tmp / f"out-{comp}"
+                t = time.perf_counter()
+                res = import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{comp}", compression=comp)
+                times.append(time.perf_counter() - t)
+                if i == 0:
+                    print(f"  {comp}: {res.manifest.total_messages} messages, "
+                          f"{res.manifest.total_bytes / 1e6:.0f} MB written")
+                shutil.rmtree(out, ignore_errors=True)
+            results.append((f"full import, compression {comp}", min(times), max(times)))
         base_tp = mb / t_read
-        print(f"\n{'step':32} {'seconds':>8} {'MB/s':>9} {'ratio vs read':>14}")
-        for name, t in results:
+        print(f"\n{'step':34} {'seconds':>8} {'MB/s':>9} {'ratio vs read':>14}  {'(worst of --repeat)':>19}")
+        for name, t, worst in results:
             tp = mb / t
-            print(f"{name:32} {t:8.2f} {tp:9.1f} {tp / base_tp:14.3f}")
-        full = min(t for n, t in results if n.startswith("full"))
+            spread = f"{t_read / worst:8.3f} ({worst:.2f} s)" if worst is not None and a.repeat > 1 else ""
+            print(f"{name:34} {t:8.2f} {tp:9.1f} {tp / base_tp:14.3f}  {spread:>19}")
+        full = min(t for n, t, _ in results if n.startswith("full"))
         ratio = t_read / full
-        print(f"\nbest full-import ratio: {ratio:.3f} (target >= 0.3: {'met' if ratio >= 0.3 else 'NOT met'})")
+        floor_ratio = t_read / t_floor_io
+        print(f"\nRBAK output: {out_bytes / 1e6:.0f} MB of segment payload for {mb:.0f} MB of broker files "
+              f"({out_bytes / total:.1f}x: bodies are JSON integer arrays)")
+        print(f"format floor (ii): ratio {floor_ratio:.3f}; the target 0.3 would need the whole import in "
+              f"{t_read / 0.3:.2f} s, the format's own work here takes {t_floor_io:.2f} s")
+        print(f"best full-import ratio: {ratio:.3f} = {ratio / floor_ratio:.2f}x the floor (ii) ratio "
+              f"(above 1 where the import overlaps its steps on several cores)")
+        verdict = "MET" if ratio >= 0.3 else "NOT met"
+        why = "" if ratio >= 0.3 or floor_ratio >= 0.3 else " (unreachable for this format: floor (ii) is below it)"
+        print(f"target full-import ratio >= 0.3: {verdict}{why}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

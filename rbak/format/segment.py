@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 import time
 import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import CompressionError, SegmentError, SerializationError
 from .compression import Compression, check_level, compress, decompress
 from .manifest import SegmentMetadata
-from .batch import decode_records, encode_payload, encode_records
+from .batch import decode_payload_records, decode_records, encode_payload, encode_records
 from .record import BackupRecord, encode_record
 
 MAGIC = b"RBAK"
@@ -127,6 +130,9 @@ def iter_payload(payload: bytes | memoryview, key: str = "<segment>") -> Iterato
 def decode_payload(payload: bytes | memoryview, key: str = "<segment>") -> list[BackupRecord]:
     """Records of a decompressed payload (batched fast path, see ``batch``)."""
     try:
+        records = decode_payload_records(payload)
+        if records is not None:
+            return records
         return decode_records(list(iter_payload(payload, key)))
     except SerializationError as e:
         raise SegmentError(key, f"does not decode: {e.args[0]}") from None
@@ -165,13 +171,18 @@ def sha256_hex(data: bytes | memoryview) -> str:
 
 
 def frame_segment(
-    payload: bytes, record_count: int, first_ts: int, last_ts: int,
+    payload: bytes | memoryview, record_count: int, first_ts: int, last_ts: int,
     compression: Compression, level: int | None = None,
 ) -> bytes:
-    """Steps 3-7 of 'Writing a Segment': compress, header, CRC32, end magic."""
+    """Steps 3-7 of 'Writing a Segment': compress, header, CRC32, end magic.
+
+    One copy of the (compressed) payload: the CRC is chained over the parts.
+    ``SegmentWriter`` frames in place instead (``SegmentBuffer.frame``).
+    """
     header = SegmentHeader(VERSION, compression, record_count, first_ts, last_ts).pack()
-    body = header + compress(payload, compression, level)
-    return body + _FOOTER.pack(zlib.crc32(body), END_MAGIC)
+    body = payload if compression is Compression.NONE else compress(payload, compression, level)
+    crc = zlib.crc32(body, zlib.crc32(header))
+    return b"".join((header, body, _FOOTER.pack(crc, END_MAGIC)))
 
 
 def encode_segment(
@@ -185,8 +196,201 @@ def encode_segment(
     return frame_segment(payload, len(records), first, last, compression, level)
 
 
-SegmentSink = Callable[[int, bytes], str]
-"""Stores a finished segment: (sequence, file bytes) -> storage key."""
+SegmentSink = Callable[[int, memoryview], str]
+"""Stores a finished segment: (sequence, file bytes) -> storage key.
+
+``data`` is a read-only-by-convention memoryview of the writer's buffer. A sink
+may keep it (the buffer is then never reused), but one that stores it for long
+should copy it (``bytes(data)``) so the whole buffer is not kept alive.
+"""
+
+_INITIAL_CAPACITY = 64 * 1024
+
+
+class SegmentBuffer:
+    """One segment being built in a single ``bytearray``.
+
+    Records are copied in once, after 32 bytes left free for the header;
+    ``frame`` compresses into the same buffer, writes header and footer in
+    place and returns a view of the finished file. So an uncompressed segment
+    costs one copy per record and none per segment (the old path made four
+    full copies, and the fresh memory each needed cost as much as the copy).
+    ``recycle`` reuses the buffer for the next segment, which keeps its pages
+    warm, but only when nobody kept a view of it: a sink that holds on to its
+    ``data`` never sees it change.
+    """
+
+    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit")
+
+    def __init__(self, max_bytes: int):
+        self._limit = HEADER_SIZE + max_bytes + FOOTER_SIZE
+        self._buf = bytearray(min(_INITIAL_CAPACITY, self._limit))
+        self.end = HEADER_SIZE  # one past the last payload byte
+        self.count = 0
+        self.first_ts = 0
+        self.last_ts = 0
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.end - HEADER_SIZE
+
+    def _grow(self, need: int) -> None:
+        cap = len(self._buf)
+        new = max(need, min(2 * cap, self._limit))
+        self._buf += bytes(new - cap)
+
+    def add(self, record_json: bytes | memoryview, backed_up_at: int) -> int:
+        """Append one record ([u32 LE length][JSON]); returns the payload size so far."""
+        n = len(record_json)
+        pos = self.end
+        end = pos + 4 + n
+        if end + FOOTER_SIZE > len(self._buf):  # room for the footer is always kept
+            self._grow(end + FOOTER_SIZE)
+        buf = self._buf
+        _LEN.pack_into(buf, pos, n)
+        buf[pos + 4 : end] = record_json  # same length: a plain memcpy, no resize
+        self.end = end
+        if self.count == 0:
+            self.first_ts = backed_up_at
+        self.last_ts = backed_up_at
+        self.count += 1
+        return end - HEADER_SIZE
+
+    def frame(self, compression: Compression, level: int | None = None) -> memoryview:
+        """Finish the file in place (header, compressed payload, CRC32, end magic); a view of it."""
+        n = self.end
+        if compression is not Compression.NONE:
+            with memoryview(self._buf) as mv:
+                with mv[HEADER_SIZE:n] as payload:
+                    packed = compress(payload, compression, level)
+            n = HEADER_SIZE + len(packed)
+            if n + FOOTER_SIZE > len(self._buf):  # incompressible input grows a little
+                self._grow(n + FOOTER_SIZE)
+            self._buf[HEADER_SIZE:n] = packed
+            del packed
+        buf = self._buf
+        _HEADER.pack_into(buf, 0, MAGIC, VERSION, int(compression), self.count, self.first_ts, self.last_ts)
+        with memoryview(buf) as mv:
+            with mv[:n] as body:
+                crc = zlib.crc32(body)
+            _FOOTER.pack_into(buf, n, crc, END_MAGIC)
+            return mv[: n + FOOTER_SIZE]
+
+    def recycle(self) -> bool:
+        """Empty the buffer for the next segment, if no view of it is alive anywhere.
+
+        False when someone kept the framed view (or the buffer): then this
+        buffer must not be written again, and the caller takes a new one.
+        """
+        buf = self._buf
+        if len(buf) > 2 * self._limit or sys.getrefcount(buf) > 3:  # self._buf, buf, the argument
+            return False
+        try:
+            del buf[-1:]  # any live export (a kept memoryview) refuses a resize
+        except BufferError:
+            return False
+        buf.append(0)  # back to the same size: no reallocation (minor resizes keep the block)
+        self.end = HEADER_SIZE
+        self.count = 0
+        return True
+
+
+def store_segment(
+    seg: SegmentBuffer, sequence: int, compression: Compression, level: int | None, sink: SegmentSink,
+) -> SegmentMetadata:
+    """Frame ``seg``, hand it to ``sink``, hash it: the finished segment's metadata.
+
+    Everything slow here (compression, CRC32, SHA-256, file writes) releases
+    the GIL, so this may run in a background thread (``SegmentPipeline``).
+    """
+    uncompressed = seg.payload_bytes
+    data = seg.frame(compression, level)
+    try:
+        key = sink(sequence, data)
+        return SegmentMetadata(
+            key=key,
+            sequence=sequence,
+            record_count=seg.count,
+            size_bytes=len(data),
+            uncompressed_bytes=uncompressed,
+            first_timestamp=seg.first_ts,
+            last_timestamp=seg.last_ts,
+            checksum=sha256_hex(data),
+        )
+    finally:
+        del data  # never release(): the sink may have kept this very view; recycle() checks
+
+
+class SegmentPipeline:
+    """Background threads that store finished segments while the caller encodes the next ones.
+
+    The caller's thread decodes and encodes records (Python, holds the GIL);
+    ``workers`` threads compress, hash and write finished segments (all
+    GIL-free), so on two cores they overlap, and with two workers two
+    segments compress at once. At most ``max_inflight`` segments wait or are
+    being stored, which bounds memory to ``1 + max_inflight`` segment buffers;
+    buffers come back for reuse. Results are collected in submission order
+    (``on_done`` runs in the caller's thread, so per-queue metadata stays in
+    sequence order), and an error of a thread is re-raised unchanged by the
+    next ``submit`` or by ``close``. One pipeline serves any number of
+    ``SegmentWriter``s (one per queue), so the end of a queue does not stall.
+    """
+
+    def __init__(self, workers: int = 1, max_inflight: int = 2, initializer: Callable[[], None] | None = None):
+        if workers < 1 or max_inflight < workers:
+            raise ValueError("need workers >= 1 and max_inflight >= workers")
+        self._max_inflight = max_inflight
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rbak-segment", initializer=initializer)
+        self._inflight: deque[tuple[Future, Callable[[Any], None] | None]] = deque()
+        self._free: deque[SegmentBuffer] = deque()
+
+    def take_buffer(self, max_bytes: int) -> SegmentBuffer:
+        """A recycled buffer (pages already mapped) or a new one."""
+        limit = HEADER_SIZE + max_bytes + FOOTER_SIZE
+        while self._free:
+            try:
+                seg = self._free.popleft()
+            except IndexError:
+                break
+            if seg._limit == limit:
+                return seg
+        return SegmentBuffer(max_bytes)
+
+    def submit(self, fn: Callable[..., Any], seg: SegmentBuffer, *args: Any,
+               on_done: Callable[[Any], None] | None = None) -> None:
+        """Run ``fn(seg, *args)`` in a thread; ``seg`` is reused once that returns."""
+        self._inflight.append((self._pool.submit(self._run, fn, seg, args), on_done))
+        self._collect(self._max_inflight)
+
+    def _collect(self, keep: int) -> None:
+        q = self._inflight
+        while q and (len(q) > keep or q[0][0].done()):
+            fut, on_done = q.popleft()
+            result = fut.result()
+            if on_done is not None:
+                on_done(result)
+
+    def _run(self, fn: Callable[..., Any], seg: SegmentBuffer, args: tuple) -> Any:
+        result = fn(seg, *args)
+        if seg.recycle() and len(self._free) < self._max_inflight:
+            self._free.append(seg)
+        return result
+
+    def close(self) -> None:
+        """Wait for every segment; raises the first error of a thread."""
+        try:
+            self._collect(0)
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._free.clear()
+
+    def abort(self) -> None:
+        """Drop segments not started yet; returns once no thread writes any more (the caller cleans up)."""
+        for fut, _ in self._inflight:
+            fut.cancel()
+        self._inflight.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._free.clear()
 
 
 class SegmentWriter:
@@ -196,6 +400,10 @@ class SegmentWriter:
     returns that segment's SegmentMetadata from the ``append``/``flush`` call
     that finished it, so a caller can checkpoint exactly what is durable.
     Memory is bounded by ``max_bytes`` (one uncompressed payload).
+
+    With a ``pipeline``, finished segments are stored by its background
+    thread instead: ``append``/``flush`` then return nothing, and ``written``
+    is complete (in sequence order) once the pipeline is closed.
     """
 
     def __init__(
@@ -207,6 +415,7 @@ class SegmentWriter:
         max_interval_ms: int = DEFAULT_SEGMENT_MAX_INTERVAL_MS,
         first_sequence: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        pipeline: SegmentPipeline | None = None,
     ):
         if max_bytes <= 0:
             raise ValueError("segment_max_bytes must be positive")
@@ -217,20 +426,18 @@ class SegmentWriter:
         self.max_interval_ms = max_interval_ms
         self.next_sequence = first_sequence
         self._clock = clock
-        self._buf = bytearray()
-        self._count = 0
-        self._first_ts = 0
-        self._last_ts = 0
+        self._pipeline = pipeline
+        self._seg = pipeline.take_buffer(max_bytes) if pipeline is not None else SegmentBuffer(max_bytes)
         self._started = 0.0
         self.written: list[SegmentMetadata] = []
 
     @property
     def pending_records(self) -> int:
-        return self._count
+        return self._seg.count
 
     @property
     def pending_bytes(self) -> int:
-        return len(self._buf)
+        return self._seg.payload_bytes
 
     def append(self, record: BackupRecord) -> SegmentMetadata | None:
         return self.append_encoded(encode_record(record), record.backed_up_at)
@@ -246,40 +453,30 @@ class SegmentWriter:
         return done
 
     def append_encoded(self, record_json: bytes, backed_up_at: int) -> SegmentMetadata | None:
-        if self._count == 0:
-            self._first_ts = backed_up_at
+        seg = self._seg
+        if seg.count == 0:
             self._started = self._clock()
-        self._buf += _LEN.pack(len(record_json))
-        self._buf += record_json
-        self._last_ts = backed_up_at
-        self._count += 1
-        if len(self._buf) >= self.max_bytes or self.interval_elapsed():
+        if seg.add(record_json, backed_up_at) >= self.max_bytes or self.interval_elapsed():
             return self.flush()
         return None
 
     def interval_elapsed(self) -> bool:
-        return self._count > 0 and (self._clock() - self._started) * 1000 >= self.max_interval_ms
+        return self._seg.count > 0 and (self._clock() - self._started) * 1000 >= self.max_interval_ms
 
     def flush(self) -> SegmentMetadata | None:
         """Finish the current segment, if it holds any record."""
-        if self._count == 0:
+        seg = self._seg
+        if seg.count == 0:
             return None
-        payload = bytes(self._buf)
-        data = frame_segment(payload, self._count, self._first_ts, self._last_ts, self.compression, self.level)
         seq = self.next_sequence
-        key = self._sink(seq, data)
-        meta = SegmentMetadata(
-            key=key,
-            sequence=seq,
-            record_count=self._count,
-            size_bytes=len(data),
-            uncompressed_bytes=len(payload),
-            first_timestamp=self._first_ts,
-            last_timestamp=self._last_ts,
-            checksum=sha256_hex(data),
-        )
         self.next_sequence += 1
-        self._buf = bytearray()
-        self._count = 0
+        if self._pipeline is not None:
+            self._pipeline.submit(store_segment, seg, seq, self.compression, self.level, self._sink,
+                                  on_done=self.written.append)
+            self._seg = self._pipeline.take_buffer(self.max_bytes)
+            return None
+        meta = store_segment(seg, seq, self.compression, self.level, self._sink)
+        if not seg.recycle():
+            self._seg = SegmentBuffer(self.max_bytes)
         self.written.append(meta)
         return meta

@@ -4,6 +4,10 @@ Segments first, the manifest last with ``completed_at`` set, exactly like an
 online backup, so ``rbak restore``/``validate`` need nothing special. An
 existing backup id is refused (never overwritten); if writing fails the
 segments already stored are deleted again, so no half backup is left.
+
+Records are decoded and encoded in the caller's thread while one background
+thread (``SegmentPipeline``) compresses, hashes and stores the finished
+segments: those steps release the GIL, so on two cores the two overlap.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from ..errors import ConfigError, RbakError
 from ..format.compression import Compression
 from ..format.manifest import BackupManifest, QueueBackup
 from ..format.record import BackupRecord
-from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentWriter
+from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
 from ..keys import BackupLayout
 from ..storage import Storage, open_storage
 
@@ -28,6 +32,9 @@ QueueRecords = tuple[str, str, str, Iterable[BackupRecord]]  # vhost, queue, que
 
 
 _BATCH = 512
+#: Threads compressing/hashing/storing segments beside the decoding thread. Segments are
+#: independent, so two compress at once; memory is about ``PIPELINE_WORKERS + 2`` segment buffers.
+PIPELINE_WORKERS = 2
 
 
 def _batches(records: Iterable[BackupRecord], size: int) -> Iterable[list[BackupRecord]]:
@@ -58,6 +65,8 @@ def write_backup(
     storage = open_storage(storage_url) if isinstance(storage_url, str) else storage_url
     own_storage = isinstance(storage_url, str)
     written: list[str] = []
+    # Decoding (Python) runs here; compressing, hashing and storing in the pipeline's threads.
+    pipeline = SegmentPipeline(workers=PIPELINE_WORKERS, max_inflight=PIPELINE_WORKERS + 1)
     try:
         if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
             raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
@@ -69,32 +78,38 @@ def write_backup(
             backup_tool_version=__version__,
         )
         seen: set[tuple[str, str]] = set()
+        writers: list[tuple[QueueBackup, SegmentWriter]] = []
         for vhost, name, queue_type, records in queues:
             if (vhost, name) in seen:
                 raise ConfigError(f"queue {name!r} in vhost {vhost!r} appears twice in the import")
             seen.add((vhost, name))
             qb = QueueBackup(vhost=vhost, name=name, queue_type=queue_type)
 
-            def sink(seq: int, data: bytes, _v: str = vhost, _q: str = name) -> str:
+            def sink(seq: int, data: memoryview, _v: str = vhost, _q: str = name) -> str:
                 key = layout.segment(_v, _q, seq, compression)
                 storage.put(key, data)
-                written.append(key)
+                written.append(key)  # runs in the pipeline's thread; read only after abort()/close()
                 return key
 
-            w = SegmentWriter(sink, compression, level, max_bytes=segment_max_bytes, max_interval_ms=2**62)
+            w = SegmentWriter(sink, compression, level, max_bytes=segment_max_bytes, max_interval_ms=2**62,
+                              pipeline=pipeline)
             for batch in _batches(records, _BATCH):  # batches take the codec's fast path
-                for meta in w.append_many(batch):
-                    qb.add_segment(meta)
-            meta = w.flush()
-            if meta is not None:
-                qb.add_segment(meta)
+                w.append_many(batch)
+            w.flush()
+            writers.append((qb, w))
             manifest.queues.append(qb)
-            log.info("queue %r in vhost %r: %d message(s) in %d segment(s)", name, vhost, qb.message_count, len(qb.segments))
+        pipeline.close()  # every segment stored; raises the writer thread's error unchanged
+        for qb, w in writers:
+            for meta in w.written:
+                qb.add_segment(meta)
+            log.info("queue %r in vhost %r: %d message(s) in %d segment(s)",
+                     qb.name, qb.vhost, qb.message_count, len(qb.segments))
         manifest.recompute_totals()
         manifest.completed_at = now_ms()
         storage.put(layout.manifest, manifest.to_json())
         return manifest
     except BaseException:
+        pipeline.abort()  # the thread is idle from here on: nothing is written after the cleanup
         if written:
             log.warning("import failed; deleting %d segment(s) already written", len(written))
             for key in written:

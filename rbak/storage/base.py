@@ -17,7 +17,9 @@ class Storage(abc.ABC):
     url: str = ""
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Store ``data`` (any bytes-like) atomically. It is only valid during the call (segment
+        writers reuse their buffers): a backend that keeps it must keep a copy."""
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes:

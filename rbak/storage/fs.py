@@ -23,7 +23,7 @@ class FilesystemStorage(Storage):
         check_key(key)
         return self.root.joinpath(*key.split("/"))
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

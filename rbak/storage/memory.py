@@ -25,10 +25,11 @@ class MemoryStorage(Storage):
                 _NAMED[name] = cls(f"memory://{name}")
             return _NAMED[name]
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         check_key(key)
+        data = bytes(data)  # an immutable copy: callers reuse their buffers
         with self._lock:
-            self._data[key] = bytes(data)
+            self._data[key] = data
 
     def get(self, key: str) -> bytes:
         with self._lock:

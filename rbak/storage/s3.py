@@ -79,13 +79,15 @@ class S3Storage(Storage):
             return StorageError(f"{self.url}: no S3 credentials found (env, profile or storage config)")
         return StorageError(f"{self.url}: {op} {key!r} failed: {type(e).__name__}: {e}")
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         k = self._k(key)
         try:
             if len(data) >= self._transfer.multipart_threshold:
                 self._client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self._transfer)
             else:
-                self._client.put_object(Bucket=self.bucket, Key=k, Body=data)
+                # botocore takes bytes/bytearray/file objects, not memoryviews (segment writers pass those)
+                body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+                self._client.put_object(Bucket=self.bucket, Key=k, Body=body)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise self._err("put", key, e) from None
         except Exception as e:  # boto3's transfer manager wraps errors in its own types
