@@ -11,9 +11,14 @@ Two record shapes exist:
   for AMQP 0-9-1 messages, ``Protocol = mc_amqpl``, ``Data`` is the same
   ``#content{}`` and the annotations map holds ``x`` (exchange) and ``rk``
   (routing keys). Messages published over AMQP 1.0 are ``mc_amqp``
-  containers whose data is the AMQP 1.0 bare message; ``mc_amqp.py`` maps
-  them to AMQP 0-9-1 as RabbitMQ's own conversion does. Other protocols
-  (MQTT, STOMP) are reported as unsupported rather than guessed at.
+  containers whose data is the AMQP 1.0 bare message, MQTT ones ``mc_mqtt``
+  with an ``#mqtt_msg{}``; ``mc_amqp.py`` and ``mc_mqtt.py`` map them to
+  AMQP 0-9-1 as RabbitMQ's own conversion does. Other protocols (STOMP
+  stores ``mc_amqpl``; anything else) are reported as unsupported rather
+  than guessed at.
+
+Whatever the protocol, ``_apply_annotations`` then does what
+``mc_amqpl:protocol_state/2`` does on delivery.
 
 ``Props``/``PropsBin``: usually ``none`` + the property binary; sometimes the
 decoded ``'P_basic'`` record + ``none``. Either one is used.
@@ -28,7 +33,7 @@ from typing import Any
 from ..format.record import (
     Array, BackupProperties, BackupRecord, Bool, HeaderValue, Headers, Long, LongString, Table, Timestamp,
 )
-from . import mc_amqp
+from . import mc_amqp, mc_mqtt
 from .amqp_props import PropertiesError, decode_properties, from_p_basic
 from .erlang_terms import Atom, TermError, decode, decode_bare
 
@@ -249,9 +254,15 @@ def _from_mc(t: tuple) -> StoredMessage:
             props, headers, body, _ = mc_amqp.convert(data)
         except mc_amqp.MappingError as e:
             raise MessageFormatError(f"AMQP 1.0 message: {e}") from None
+    elif proto == "mc_mqtt":
+        try:
+            props, headers, body = mc_mqtt.convert(data)
+        except mc_mqtt.MqttMappingError as e:
+            raise MessageFormatError(f"MQTT message: {e}") from None
     else:
         raise MessageFormatError(
-            f"message container of protocol {str(proto)!r} (not AMQP 0-9-1 or 1.0) is not supported by the importer"
+            f"message container of protocol {str(proto)!r} (not AMQP 0-9-1, AMQP 1.0 or MQTT) is not supported "
+            "by the importer"
         )
     headers = _apply_annotations(props, headers, anns)
     x = anns.get(Atom("x"), b"")

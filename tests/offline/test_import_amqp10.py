@@ -1,7 +1,8 @@
-"""Messages RabbitMQ 4.0.5 stored from AMQP 1.0 publishers (``mc_amqp``) survive an offline import.
+"""Messages RabbitMQ 4.0.5 stored from AMQP 1.0 (``mc_amqp``) and MQTT (``mc_mqtt``) publishers survive an offline import.
 
-A private 4.0.5 node (trixie chroot) gets, through ``amq.fanout``, the same
-interleaved AMQP 1.0 (python-qpid-proton) and AMQP 0-9-1 (pika) messages in
+A private 4.0.5 node (trixie chroot, rabbitmq_mqtt enabled) gets, through
+``amq.fanout`` and ``amq.topic``, the same interleaved AMQP 1.0
+(python-qpid-proton), AMQP 0-9-1 (pika) and MQTT 5 (paho-mqtt) messages in
 two durable classic queues. One queue is consumed over 0-9-1 from the live
 node: that is the reference, what RabbitMQ itself hands a 0-9-1 consumer.
 The node is stopped, the other queue imported from its files, restored into
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -40,7 +42,28 @@ from rbak.storage import open_storage  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 MAIN, LIVE, ODD, BAD = "a10-main", "a10-live", "a10-odd", "a10-bad"
-N_MESSAGES = 12
+N_MESSAGES = 14  # exported from MAIN; LIVE also holds one MQTT QoS 0 (transient) message
+
+
+class MqttNode(PrivateNode):
+    """A private node with rabbitmq_mqtt enabled from boot (PrivateNode writes an empty plugin list)."""
+
+    def __init__(self, base: Path):
+        from rabbitmq_private import free_port
+
+        self.mqtt_port = free_port()
+        super().__init__("4.0", base, conf=[f"mqtt.listeners.tcp.default = {self.mqtt_port}"])
+
+    def _env(self) -> dict[str, str]:
+        env = super()._env()
+        env["RABBITMQ_ENABLED_PLUGINS_FILE"] = self._inner(self.base / "enabled_plugins_mqtt")
+        return env
+
+    def start(self) -> "MqttNode":
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "enabled_plugins_mqtt").write_text("[rabbitmq_mqtt].\n")
+        super().start()
+        return self
 
 
 class _NodeAsBroker:
@@ -89,9 +112,15 @@ def _amqp10_messages():
         ("amqp10", Message(body=b"bytes as amqp-value", durable=True, id="i" * 256)),  # id too long for 0-9-1
         ("amqp10", Message(body=b"x" * 5000, inferred=True, durable=True, id="m10",
                            properties={"k" * 300: "key too long: dropped", "ok": "fine"})),
+        ("mqtt", ("t/all/props", "mqtt-12 ü".encode(), 1, {
+            "ContentType": "text/plain", "CorrelationData": b"corr-12", "ResponseTopic": "resp/to/x",
+            "UserProperty": [("a", "1"), ("b", "2"), ("a", "3")], "MessageExpiryInterval": 3600,
+            "PayloadFormatIndicator": 1})),
+        ("mqtt", ("t/qos0", b"qos0: transient, not exported", 0, {})),
+        ("mqtt", ("t/big", b"y" * 6000, 1, {"CorrelationData": b"\xff\x00bin", "ContentType": "t\u00ebxt"})),
         ("amqp091", (pika.BasicProperties(delivery_mode=2, message_id="m11"), b"last")),
     ]
-    assert len(out) == N_MESSAGES
+    assert len(out) == N_MESSAGES + 1
     return out
 
 
@@ -121,8 +150,12 @@ def node_dir(tmp_path_factory):
     from _restore_helpers import consume_all
     from proton.utils import BlockingConnection
 
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
     base = CHROOT / "tmp" / f"rbak-a10-{uuid.uuid4().hex[:8]}"
-    node = PrivateNode("4.0", base)
+    node = MqttNode(base)
     try:
         node.start()
         conn = node.connect("/")
@@ -132,14 +165,30 @@ def node_dir(tmp_path_factory):
             ch.queue_declare(q, durable=True)
         for q in (MAIN, LIVE):
             ch.queue_bind(q, "amq.fanout")
+            ch.queue_bind(q, "amq.topic", "t.#")
         a10 = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", allowed_mechs="PLAIN", timeout=30)
         fanout = a10.create_sender("/exchanges/amq.fanout")
+        mq = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="rbak-pub", protocol=mqtt.MQTTv5)
+        mq.username_pw_set("guest", "guest")
+        mq.connect("127.0.0.1", node.mqtt_port)
+        mq.loop_start()
         for kind, m in _amqp10_messages():
             if kind == "amqp10":
                 fanout.send(m)  # blocks until the broker settled it (accepted)
+            elif kind == "mqtt":
+                topic, payload, qos, props = m
+                p = Properties(PacketTypes.PUBLISH)
+                for k, v in props.items():
+                    setattr(p, k, v)
+                info = mq.publish(topic, payload, qos=qos, properties=p)
+                info.wait_for_publish(30)  # QoS 1: the PUBACK (after the queues confirmed)
+                if qos == 0:
+                    time.sleep(0.3)  # no acknowledgement to wait for; keep the order
             else:
                 props, body = m
                 ch.basic_publish("amq.fanout", "rk-091", body, props)
+        mq.loop_stop()
+        mq.disconnect()
         a10.create_sender(f"/queues/{ODD}").send(_odd_message())
         bad = a10.create_sender(f"/queues/{BAD}")
         bad.send(Message_plain("before"))
@@ -147,8 +196,11 @@ def node_dir(tmp_path_factory):
         bad.send(Message_plain("after"))
         a10.close()
         conn.close()
-        live = consume_all(_NodeAsBroker(node), "/", LIVE, N_MESSAGES)
-        assert len(live) == N_MESSAGES
+        live = consume_all(_NodeAsBroker(node), "/", LIVE, N_MESSAGES + 1)
+        assert len(live) == N_MESSAGES + 1
+        # RabbitMQ drops non-persistent messages when it recovers a queue, and so does the importer.
+        assert [d.body for d in live if d.properties.delivery_mode == 1] == [b"qos0: transient, not exported"]
+        live = [d for d in live if d.properties.delivery_mode != 1]
         node.stop()
         copy = tmp_path_factory.mktemp("a10") / node.data_dir.name
         shutil.copytree(node.data_dir, copy)
@@ -171,7 +223,8 @@ def _read_backup(url: str, backup_id: str) -> dict:
 
 
 def test_stored_form_is_mc_amqp_v1(node_dir):
-    """The facts the decoder relies on, read from the real files: {mc, mc_amqp, #v1{}, Anns}."""
+    """The facts the decoders rely on, read from the real files: {mc, mc_amqp, #v1{}, Anns} and
+    {mc, mc_mqtt, #mqtt_msg{}, Anns}."""
     from rbak.offline.erlang_terms import decode
 
     data_dir, _ = node_dir
@@ -182,6 +235,9 @@ def test_stored_form_is_mc_amqp_v1(node_dir):
         while off + 8 <= len(data) and (size := int.from_bytes(data[off : off + 4], "big")):
             term, _ = decode(data[off + 8 : off + 8 + size], 0)
             off += 8 + size
+            if term[1] == "mc_mqtt":
+                assert term[2][0] == "mqtt_msg" and len(term[2]) == 9 and isinstance(term[2][7], dict)
+                seen.add("mqtt")
             if term[1] != "mc_amqp":
                 continue
             tag, ma, bare, props_pos, app_pos, body_pos, body_code = term[2]
@@ -190,7 +246,7 @@ def test_stored_form_is_mc_amqp_v1(node_dir):
             assert bare[body_pos : body_pos + 3] == bytes((0, 0x53, body_code))
             assert set(term[3]) >= {"x", "rk", "d"}
             seen.add(body_code)
-    assert seen == {amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE}
+    assert seen == {amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE, "mqtt"}
 
 
 def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, vhost_factory):
@@ -207,6 +263,7 @@ def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, 
     # Order: AMQP 1.0 and 0-9-1 messages interleaved exactly as published.
     ids = [r.properties.message_id for r in recs]
     assert ids[:2] == ["m0", "m1"] and ids[3:6] == ["99", "m4", "m5"] and ids[-1] == "m11"
+    assert [r.body[:7] for r in recs[11:13]] == [b"mqtt-12", b"yyyyyyy"]
     assert [r.delivery_tag for r in recs] == sorted(r.delivery_tag for r in recs)
     # Routing as the live broker reports it to a 0-9-1 consumer.
     assert [(r.exchange, r.routing_key) for r in recs] == [(d.exchange, d.routing_key) for d in live]
@@ -252,6 +309,17 @@ def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, 
     assert recs[2].properties.message_id == "urn:uuid:12345678-1234-5678-1234-567812345678"
     assert dict(recs[2].headers)["x-correlation-id"] == Bytes(b"\x01\x02bin")
     assert recs[2].body == bytes(range(256)) * 24
+
+    # MQTT (RabbitMQ's mc_mqtt -> mc_amqpl conversion).
+    m12, m13 = recs[11], recs[12]
+    assert (m12.exchange, m12.routing_key) == ("amq.topic", "t.all.props")
+    assert m12.properties.content_type == "text/plain" and m12.properties.correlation_id == "corr-12"
+    assert m12.properties.expiration == "3600000" and m12.properties.delivery_mode == 2
+    assert abs(m12.properties.timestamp - time.time()) < 600  # publish time, from the expiry
+    assert m12.headers == (("a", LongString("1")), ("b", LongString("2")),
+                           ("x-reply-to-topic", LongString("resp.to.x")))
+    assert m13.properties.content_type is None  # not ASCII: dropped, as RabbitMQ
+    assert dict(m13.headers)["x-correlation-id"] == Bytes(b"\xff\x00bin") and m13.body == b"y" * 6000
 
     # Values RabbitMQ 4.0.5 cannot hand a 0-9-1 consumer: rbak's documented mapping.
     assert not import_rabbitmq_dir(str(data_dir), url, "odd", queues={ODD}).ctx.skipped
@@ -370,3 +438,41 @@ def test_stored_message_errors_are_message_format_errors():
         message_from_term((A("mc"), A("mc_amqp"), (A("v2"),), anns))
     with pytest.raises(MessageFormatError, match="mc_stomp"):
         message_from_term((A("mc"), A("mc_stomp"), (), anns))
+
+
+def test_mapping_of_values_rabbitmq_cannot_deliver():
+    """rbak's documented choices where RabbitMQ 4.0.5's own 0-9-1 conversion has no clause."""
+    from rbak.offline.erlang_terms import Atom as A
+
+    described = mc_amqp.from_erlang((A("described"), (A("symbol"), b"my:desc"), (A("utf8"), b"inner")))
+    assert mc_amqp.to_091(described, "x") == LongString("inner")
+    assert mc_amqp.to_091(Value("char", "é"), "x") == LongString("é")
+    assert mc_amqp.to_091(mc_amqp.from_erlang((A("uuid"), bytes(range(16)))), "x") == \
+        LongString("urn:uuid:00010203-0405-0607-0809-0a0b0c0d0e0f")
+    # RabbitMQ stores NaN/infinity and decimals as {as_is, Code, Bytes}.
+    nan = mc_amqp.from_erlang((A("as_is"), 0x82, b"\x7f\xf8" + bytes(6)))
+    assert nan.type == "double" and nan.value != nan.value
+    with pytest.raises(mc_amqp.MappingError, match="decimal64 value has no AMQP 0-9-1 form"):
+        mc_amqp.to_091(mc_amqp.from_erlang((A("as_is"), 0x84, bytes(8))), "x")
+    with pytest.raises(mc_amqp.MappingError, match="cannot be an AMQP 0-9-1 field-table name"):
+        mc_amqp.to_091(Value("map", ((Value("ulong", 1), NULL_V),)), "x")
+    with pytest.raises(mc_amqp.MappingError, match="not an AMQP 1.0 value"):
+        mc_amqp.from_erlang((A("utf8"), 5))
+
+
+NULL_V = amqp10.NULL
+
+
+def test_mqtt_state_errors():
+    from rbak.offline import mc_mqtt
+    from rbak.offline.erlang_terms import Atom as A
+
+    ok = (A("mqtt_msg"), A("false"), 1, b"t/x", A("false"), 1, [b"a", [98, b"c"]], {}, A("undefined"))
+    props, headers, body = mc_mqtt.convert(ok)
+    assert body == b"abc" and props.delivery_mode == 2 and headers == ()
+    with pytest.raises(mc_mqtt.MqttMappingError, match="QoS 2"):
+        mc_mqtt.convert(ok[:2] + (2,) + ok[3:])
+    with pytest.raises(mc_mqtt.MqttMappingError, match="not iodata"):
+        mc_mqtt.convert(ok[:6] + (A("x"),) + ok[7:])
+    with pytest.raises(mc_mqtt.MqttMappingError, match="#mqtt_msg"):
+        mc_mqtt.convert(ok[:5])
