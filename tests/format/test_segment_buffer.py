@@ -1,0 +1,161 @@
+"""The in-place segment writer: same bytes as the reference framing, buffers reused
+only when no sink kept a view, and the background pipeline's order and errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from rbak.errors import StorageError
+from rbak.format.compression import Compression
+from rbak.format.record import BackupRecord, encode_record
+from rbak.format.segment import (
+    SegmentBuffer, SegmentPipeline, SegmentWriter, decode_segment, encode_segment, frame_segment,
+)
+
+
+def recs(n: int, size: int = 300, start: int = 0) -> list[BackupRecord]:
+    sizes = [0, 1, size, 3 * size, 70_000]  # empty body, growth past the first capacity
+    return [BackupRecord(body=os.urandom(sizes[i % len(sizes)]), delivery_tag=i, backed_up_at=1000 + i,
+                         source_queue="q") for i in range(start, start + n)]
+
+
+def split_by(metas, records):
+    out, i = [], 0
+    for m in metas:
+        out.append(records[i:i + m.record_count])
+        i += m.record_count
+    assert i == len(records)
+    return out
+
+
+@pytest.mark.parametrize("comp", list(Compression))
+def test_in_place_frames_equal_the_reference_framing(comp):
+    """Every segment (the first in a new buffer, later ones in a reused one) is byte for byte
+    ``encode_segment`` of its records, and its metadata describes exactly those bytes."""
+    files = {}
+    w = SegmentWriter(lambda s, d: files.setdefault(s, bytes(d)) and f"k{s}", comp,
+                      max_bytes=100_000, max_interval_ms=10**9)
+    rs = recs(120)
+    metas = w.append_many(rs[:70]) + [m for r in rs[70:] if (m := w.append(r))]
+    metas += [m for m in [w.flush()] if m]
+    assert len(metas) > 4
+    for m, part in zip(metas, split_by(metas, rs)):
+        data = files[m.sequence]
+        assert data == encode_segment(part, comp)
+        assert m.checksum == hashlib.sha256(data).hexdigest() and m.size_bytes == len(data)
+        assert m.uncompressed_bytes == sum(4 + len(encode_record(r)) for r in part)
+
+
+@pytest.mark.parametrize("comp", list(Compression))
+def test_tiny_limit_grows_for_big_records_and_incompressible_frames(comp):
+    """max_bytes below one record, and frames larger than their payload (lz4/zstd of a few bytes)."""
+    files = {}
+    w = SegmentWriter(lambda s, d: files.setdefault(s, bytes(d)) and f"k{s}", comp, max_bytes=8,
+                      max_interval_ms=10**9)
+    rs = [BackupRecord(body=b"x" * n, backed_up_at=n) for n in (0, 1, 5000, 2, 100_000, 3)]
+    metas = [m for r in rs if (m := w.append(r))]
+    assert len(metas) == len(rs) and w.flush() is None
+    for m, r in zip(metas, rs):
+        assert files[m.sequence] == encode_segment([r], comp)
+        assert decode_segment(files[m.sequence]).records == [r]
+
+
+def test_frame_segment_matches_a_direct_concatenation():
+    payload = b"\x05\x00\x00\x00hello"
+    header = frame_segment(payload, 1, 7, 9, Compression.NONE)[:32]
+    import struct
+    import zlib
+    body = header + payload
+    assert frame_segment(payload, 1, 7, 9, Compression.NONE) == body + struct.pack("<I", zlib.crc32(body)) + b"KABR"
+
+
+KEEPERS = {
+    "the view itself": (lambda d: d, lambda k: k),
+    "a slice of it": (lambda d: (d[:1], d[0:]), lambda k: k[1]),
+    "a numpy array on it": (lambda d: np.frombuffer(d, np.uint8), lambda k: k.tobytes()),
+    "its bytearray": (lambda d: (d.obj, len(d)), lambda k: bytes(k[0][:k[1]])),
+}
+
+
+@pytest.mark.parametrize("comp", [Compression.NONE, Compression.ZSTD])
+@pytest.mark.parametrize("how", list(KEEPERS))
+def test_a_sink_that_keeps_its_data_never_sees_it_change(comp, how):
+    keep, read = KEEPERS[how]
+    kept = {}
+    w = SegmentWriter(lambda s, d: kept.setdefault(s, keep(d)) is not None and f"k{s}", comp,
+                      max_bytes=20_000, max_interval_ms=10**9)
+    rs = recs(60)
+    metas = w.append_many(rs) + [m for m in [w.flush()] if m]
+    assert len(metas) > 5
+    for m, part in zip(metas, split_by(metas, rs)):
+        data = read(kept[m.sequence])
+        assert hashlib.sha256(data).hexdigest() == m.checksum
+        assert decode_segment(data).records == part
+
+
+def test_buffer_is_reused_only_when_unshared():
+    seg = SegmentBuffer(1 << 20)
+    for _ in range(3):
+        seg.add(b'{"body":null}', 1)
+        view = seg.frame(Compression.NONE)
+        assert bytes(view[:4]) == b"RBAK" and bytes(view[-4:]) == b"KABR"
+        del view
+        assert seg.recycle() and seg.count == 0 and seg.payload_bytes == 0
+    seg.add(b"{}", 2)
+    kept = seg.frame(Compression.ZSTD)[5:]
+    assert not seg.recycle()  # a view is alive: this buffer must not be written again
+    before = bytes(kept)
+    with pytest.raises(BufferError):
+        seg._buf.append(0)
+    assert bytes(kept) == before
+
+
+@pytest.mark.parametrize("workers,inflight", [(1, 1), (2, 3)])
+def test_pipeline_writes_the_same_segments_in_order(workers, inflight):
+    """Several writers share one pipeline; each writer's metadata is in sequence order and the
+    files equal the synchronous writer's."""
+    sync_files, pipe_files = {}, {}
+    queues = {f"q{i}": recs(50, start=i * 100) for i in range(3)}
+    for q, rs in queues.items():
+        w = SegmentWriter(lambda s, d, q=q: sync_files.setdefault((q, s), bytes(d)) and f"{q}/{s}",
+                          Compression.ZSTD, max_bytes=30_000, max_interval_ms=10**9)
+        w.append_many(rs)
+        w.flush()
+    pipe = SegmentPipeline(workers=workers, max_inflight=inflight)
+    writers = []
+    for q, rs in queues.items():
+        w = SegmentWriter(lambda s, d, q=q: pipe_files.setdefault((q, s), bytes(d)) and f"{q}/{s}",
+                          Compression.ZSTD, max_bytes=30_000, max_interval_ms=10**9, pipeline=pipe)
+        assert w.append_many(rs) == [] and w.flush() is None  # results come with close()
+        writers.append(w)
+    pipe.close()
+    assert pipe_files == sync_files
+    for w, (q, rs) in zip(writers, queues.items()):
+        assert [m.sequence for m in w.written] == list(range(1, len(w.written) + 1))
+        assert [m.key for m in w.written] == [f"{q}/{m.sequence}" for m in w.written]
+        assert sum(m.record_count for m in w.written) == len(rs)
+
+
+def test_pipeline_error_surfaces_unchanged_and_stops_nothing_half_done():
+    stored = []
+
+    def sink(seq, data):
+        if seq == 3:
+            raise StorageError(f"segment {seq}: injected failure")
+        stored.append(seq)
+        return f"k{seq}"
+
+    pipe = SegmentPipeline(workers=2, max_inflight=3)
+    w = SegmentWriter(sink, Compression.NONE, max_bytes=10_000, max_interval_ms=10**9, pipeline=pipe)
+    with pytest.raises(StorageError, match="segment 3: injected failure") as e:
+        for r in recs(400):
+            w.append(r)
+        w.flush()
+        pipe.close()
+    pipe.abort()
+    assert e.value.args == ("segment 3: injected failure",)  # the thread's exception itself
+    assert 3 not in stored and len(w.written) <= 2
