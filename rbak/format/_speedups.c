@@ -1,18 +1,23 @@
 /* Optional C speedup for the RBAK record codec (pure-Python fallback in batch.py).
  *
- * split_record(raw) recognises the canonical record shape written by rbak and
- * by the Rust tool, {"body":[d,d,...],<rest>} or {"body":null,<rest>}, parses
- * the body's integer array straight into bytes and returns (body, rest) where
- * rest is the record's JSON without its body: b'{' + the fields after it.
+ * Every function here handles the canonical record shape, exactly what rbak
+ * and the Rust tool write ({"body":[..] or null,"properties":{13 keys in
+ * spec order},"headers":[..],...} compact), and hands anything else back to
+ * the orjson path (None), which stays the reference and gives the precise
+ * error. The tests check both paths produce the same bytes and records.
  *
- * join_record(body, rest) is the inverse: b'{"body":[...],' + rest[1:] (or
- * "body":null for an empty body), the exact compact JSON serde_json writes.
- * It returns None for anything else (other key order, a malformed or
- * out-of-range body), and the caller falls back to a full JSON parse, which
- * also produces the precise error message.
+ * split_record(raw) -> (body, rest JSON) | None
+ * join_record(body, rest) -> record JSON (bodies >= 64 KiB without the GIL)
+ * encode_many(records) -> [JSON | None]
+ * decode_many(raws) -> [BackupRecord | None]
+ * decode_payload(payload) -> ([BackupRecord | raw JSON], fallback indices) | None
+ * configure(...) gives the decoder record.py's classes once, at import.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
 
 static const char OPEN[] = "{\"body\":[";
 static const char NUL[] = "{\"body\":null";
@@ -29,27 +34,23 @@ static PyObject *rest_from(const unsigned char *p, Py_ssize_t n, Py_ssize_t star
 
 static int is_ws(unsigned char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
-static PyObject *split_record(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *p = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len;
-    PyObject *result = NULL;
-
+/* Parses the body part of a canonical record starting at p[0].
+ * Returns the index where the rest begins (just after the ',' following the
+ * body, or at the closing '}'), storing the body bytes in *body; -2 when the
+ * record is not canonical (no exception set), -1 on a Python error. */
+static Py_ssize_t parse_body(const unsigned char *p, Py_ssize_t n, PyObject **body) {
+    *body = NULL;
     if (n >= 13 && memcmp(p, NUL, 12) == 0 && (p[12] == ',' || p[12] == '}')) {
-        PyObject *empty = PyBytes_FromStringAndSize("", 0);
-        PyObject *rest = empty ? rest_from(p, n, p[12] == ',' ? 13 : 12) : NULL;
-        if (rest) result = Py_BuildValue("(NN)", empty, rest);
-        else Py_XDECREF(empty);
-        PyBuffer_Release(&view);
-        return result;
+        *body = PyBytes_FromStringAndSize("", 0);
+        if (!*body) return -1;
+        return p[12] == ',' ? 13 : 12;
     }
-    if (n < 10 || memcmp(p, OPEN, 9) != 0) goto not_canonical;
+    if (n < 10 || memcmp(p, OPEN, 9) != 0) return -2;
 
     /* The output is at most (n - 9) / 2 + 1 bytes: every value takes >= 1 digit + 1 separator. */
     Py_ssize_t cap = (n - 9) / 2 + 1;
     PyObject *out = PyBytes_FromStringAndSize(NULL, cap);
-    if (!out) { PyBuffer_Release(&view); return NULL; }
+    if (!out) return -1;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
     Py_ssize_t len = 0, i = 9;
     /* Fast loop for the compact form ("1,22,255]"); anything else (spaces,
@@ -75,15 +76,15 @@ static PyObject *split_record(PyObject *self, PyObject *arg) {
     } else {
         for (;;) {
             while (i < n && is_ws(p[i])) i++;
-            if (i >= n || p[i] < '0' || p[i] > '9') { Py_DECREF(out); goto not_canonical; }
+            if (i >= n || p[i] < '0' || p[i] > '9') goto not_canonical;
             unsigned v = 0; int digits = 0;
             while (i < n && p[i] >= '0' && p[i] <= '9' && digits < 4) { v = v * 10 + (p[i] - '0'); i++; digits++; }
-            if (v > 255 || digits > 3 || len >= cap) { Py_DECREF(out); goto not_canonical; }
+            if (v > 255 || digits > 3 || len >= cap) goto not_canonical;
             o[len++] = (unsigned char)v;
             while (i < n && is_ws(p[i])) i++;
             if (i < n && p[i] == ',') { i++; continue; }
             if (i < n && p[i] == ']') { i++; break; }
-            Py_DECREF(out); goto not_canonical;
+            goto not_canonical;
         }
     }
 body_done:
@@ -91,24 +92,92 @@ body_done:
     Py_ssize_t rest;
     if (i < n && p[i] == ',') rest = i + 1;
     else if (i < n && p[i] == '}') rest = i;
-    else { Py_DECREF(out); goto not_canonical; }
-    if (_PyBytes_Resize(&out, len) < 0) { PyBuffer_Release(&view); return NULL; }
-    PyObject *rest_obj = rest_from(p, n, rest);
-    PyBuffer_Release(&view);
-    if (!rest_obj) { Py_DECREF(out); return NULL; }
-    return Py_BuildValue("(NN)", out, rest_obj);
+    else goto not_canonical;
+    if (_PyBytes_Resize(&out, len) < 0) return -1;
+    *body = out;
+    return rest;
 
 not_canonical:
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
+    Py_DECREF(out);
+    return -2;
 }
 
-static char DIGITS[256][4];
-static unsigned char DIGITS_LEN[256];
+static PyObject *split_record(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *body, *result = NULL;
+    Py_ssize_t rest = parse_body(p, n, &body);
+    if (rest == -2) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    if (rest >= 0) {
+        PyObject *rest_obj = rest_from(p, n, rest);
+        if (rest_obj) result = Py_BuildValue("(NN)", body, rest_obj);
+        else Py_DECREF(body);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* Each byte value's digits followed by a comma ("7," "42," "255,"), zero
+ * padded to 4 bytes, and how many of those bytes are real. */
+static uint32_t DIGITS_COMMA[256];
+static unsigned char DIGITS_COMMA_LEN[256];
+
+/* Bodies at least this big are converted without the GIL (when immutable). */
+#define NOGIL_BODY_BYTES (64 * 1024)
+
+/* The same for every pair of byte values ("7,42," ...), padded to 8 bytes:
+ * half the loop iterations (512 KiB, built on first use). */
+static uint64_t *PAIR_COMMA;
+static unsigned char *PAIR_COMMA_LEN;
+
+static int build_pairs(void) {
+    PAIR_COMMA = PyMem_RawMalloc(65536 * sizeof(uint64_t));
+    PAIR_COMMA_LEN = PyMem_RawMalloc(65536);
+    if (!PAIR_COMMA || !PAIR_COMMA_LEN) return -1;
+    for (int v = 0; v < 65536; v++) {
+        /* index = the two bytes as they lie in memory, read little or big endian alike */
+        unsigned char two[2];
+        uint16_t idx = (uint16_t)v;
+        memcpy(two, &idx, 2);
+        char tmp[8] = {0};
+        unsigned l0 = DIGITS_COMMA_LEN[two[0]], l1 = DIGITS_COMMA_LEN[two[1]];
+        memcpy(tmp, &DIGITS_COMMA[two[0]], l0);
+        memcpy(tmp + l0, &DIGITS_COMMA[two[1]], l1);
+        memcpy(&PAIR_COMMA[v], tmp, 8);
+        PAIR_COMMA_LEN[v] = (unsigned char)(l0 + l1);
+    }
+    return 0;
+}
+
+static char *write_digits(char *d, const unsigned char *b, Py_ssize_t len) {
+    /* Copy 8 (or 4), advance by the real length: the spill is overwritten by
+     * the next value; the caller allocated 8 spare bytes at the end. */
+    Py_ssize_t i = 0;
+    for (; i + 2 <= len; i += 2) {
+        uint16_t idx;
+        memcpy(&idx, b + i, 2);
+        memcpy(d, &PAIR_COMMA[idx], 8);
+        d += PAIR_COMMA_LEN[idx];
+    }
+    for (; i < len; i++) {
+        unsigned char v = b[i];
+        memcpy(d, &DIGITS_COMMA[v], 4);
+        d += DIGITS_COMMA_LEN[v];
+    }
+    return d;
+}
 
 static PyObject *join_record(PyObject *self, PyObject *args) {
+    PyObject *body_obj, *rest_obj;
     Py_buffer body, rest;
-    if (!PyArg_ParseTuple(args, "y*y*", &body, &rest)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO", &body_obj, &rest_obj)) return NULL;
+    if (PyObject_GetBuffer(body_obj, &body, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(rest_obj, &rest, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&body); return NULL; }
     PyObject *out = NULL;
     const unsigned char *b = (const unsigned char *)body.buf;
     const char *r = (const char *)rest.buf;
@@ -128,39 +197,694 @@ static PyObject *join_record(PyObject *self, PyObject *args) {
         else { d[12] = ','; memcpy(d + 13, r + 1, rest.len - 1); }
         goto done;
     }
-    Py_ssize_t digits = 0;
-    for (Py_ssize_t i = 0; i < body.len; i++) digits += DIGITS_LEN[b[i]];
-    /* {"body":[ + digits + commas (len-1) + ] + (',' + rest[1:] | '}') */
-    Py_ssize_t n = 9 + digits + body.len - 1 + 1 + (only ? 1 : rest.len);
-    out = PyBytes_FromStringAndSize(NULL, n);
+    /* A bytes body cannot change under us, so big ones are converted with
+     * the GIL released (the importer overlaps this with decoding). */
+    int nogil = body.len >= NOGIL_BODY_BYTES && PyBytes_CheckExact(body_obj);
+    Py_ssize_t chars = 0;  /* digits and commas */
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < body.len; i++) chars += DIGITS_COMMA_LEN[b[i]];
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t i = 0; i < body.len; i++) chars += DIGITS_COMMA_LEN[b[i]];
+    }
+    /* {"body":[ + digits and commas (the last comma becomes ']') + (',' + rest[1:] | '}') */
+    Py_ssize_t n = 9 + chars + (only ? 1 : rest.len);
+    out = PyBytes_FromStringAndSize(NULL, n + 8);  /* + the last copy's spill */
     if (!out) goto done;
     char *d = PyBytes_AS_STRING(out);
     memcpy(d, "{\"body\":[", 9);
-    d += 9;
-    /* DIGITS rows are zero-padded to 4: copy 4, advance by the real length.
-     * Safe for all but the last value (a comma and another value follow it);
-     * the last one is copied exactly so nothing is written past the object. */
-    for (Py_ssize_t i = 0; i + 1 < body.len; i++) {
-        unsigned char v = b[i];
-        memcpy(d, DIGITS[v], 4);
-        d += DIGITS_LEN[v];
-        *d++ = ',';
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+        d = write_digits(d + 9, b, body.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        d = write_digits(d + 9, b, body.len);
     }
-    unsigned char last = b[body.len - 1];
-    memcpy(d, DIGITS[last], DIGITS_LEN[last]);
-    d += DIGITS_LEN[last];
-    *d++ = ']';
+    d[-1] = ']';
     if (only) *d = '}';
     else { *d++ = ','; memcpy(d, r + 1, rest.len - 1); }
+    if (_PyBytes_Resize(&out, n) < 0) out = NULL;  /* shrinks in place */
 done:
     PyBuffer_Release(&body);
     PyBuffer_Release(&rest);
     return out;
 }
 
+/* ------------------------------------------------------------------------
+ * decode_many(raws): whole records of the canonical shape, straight to the
+ * BackupRecord objects of record.py.
+ *
+ * The canonical shape is exactly what rbak and the Rust tool write: the
+ * spec's key order, compact, property and scalar header values only. Parsing
+ * it here and filling the slots dataclasses directly (no __init__ call, no
+ * intermediate dict) is what lets decoding keep up with zstd. Every other
+ * record (another key order, whitespace, floats, Bytes/Table/Array headers,
+ * invalid JSON) gives None in its place, and batch.py decodes it with the
+ * lenient orjson path, which also produces the precise error message.
+ * ---------------------------------------------------------------------- */
+
+#define N_PROPS 13
+#define N_REC 10
+#define N_TAGS 6
+
+static PyTypeObject *RecordT, *PropsT;
+static PyObject *RecordSlots[N_REC], *PropsSlots[N_PROPS];
+static PyTypeObject *TagT[N_TAGS];
+static PyObject *TagValue[N_TAGS];
+static PyObject *EmptyTuple;
+static int configured = 0;
+
+/* Same order as record.py's _SCALAR_VARIANTS; each followed by '":'. */
+static const char *TAGS[N_TAGS] = {"LongString", "ShortString", "Long", "Short", "Bool", "Timestamp"};
+
+static const char *PROP_KEYS[N_PROPS] = {
+    "{\"content_type\":", ",\"content_encoding\":", ",\"delivery_mode\":", ",\"priority\":",
+    ",\"correlation_id\":", ",\"reply_to\":", ",\"expiration\":", ",\"message_id\":",
+    ",\"timestamp\":", ",\"type_field\":", ",\"user_id\":", ",\"app_id\":", ",\"cluster_id\":",
+};
+/* The record's fields after "headers", each preceded by its key. */
+static const char *TAIL_KEYS[7] = {
+    ",\"exchange\":", ",\"routing_key\":", ",\"delivery_tag\":", ",\"redelivered\":",
+    ",\"backed_up_at\":", ",\"source_queue\":", ",\"source_vhost\":",
+};
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t i, n;
+    int fallback; /* set when the input is not canonical (no exception) */
+} Parser;
+
+static int lit(Parser *s, const char *l) {
+    size_t len = strlen(l);
+    if ((size_t)(s->n - s->i) < len || memcmp(s->p + s->i, l, len) != 0) return 0;
+    s->i += len;
+    return 1;
+}
+
+#define NOT_CANONICAL(s) do { (s)->fallback = 1; return NULL; } while (0)
+
+static int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static long hex4(Parser *s) {
+    if (s->n - s->i < 4) return -1;
+    long v = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = hexval(s->p[s->i + k]);
+        if (h < 0) return -1;
+        v = v * 16 + h;
+    }
+    s->i += 4;
+    return v;
+}
+
+static PyObject *utf8_str(Parser *s, const char *b, Py_ssize_t len) {
+    PyObject *r = PyUnicode_DecodeUTF8(b, len, NULL);
+    if (!r && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear(); /* let orjson name the bad record */
+        s->fallback = 1;
+    }
+    return r;
+}
+
+/* Short ASCII strings recur in nearly every record of a queue (exchange,
+ * routing key, queue, vhost, content type, header names): a small
+ * direct-mapped cache hands out the same immutable str instead of building
+ * a new one each time. */
+#define STR_CACHE_SIZE 1024
+#define STR_CACHE_MAX_LEN 48
+static PyObject *str_cache[STR_CACHE_SIZE];
+
+static PyObject *ascii_str(const unsigned char *b, Py_ssize_t len) {
+    if (len > STR_CACHE_MAX_LEN) return PyUnicode_DecodeASCII((const char *)b, len, NULL);
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t k = 0; k < len; k++) h = (h ^ b[k]) * 16777619u;
+    PyObject **slot = &str_cache[(h ^ (uint32_t)len) & (STR_CACHE_SIZE - 1)];
+    PyObject *str = *slot;
+    if (str && PyUnicode_GET_LENGTH(str) == len && memcmp(PyUnicode_DATA(str), b, len) == 0) {
+        Py_INCREF(str);
+        return str;
+    }
+    str = PyUnicode_New(len, 127);
+    if (!str) return NULL;
+    memcpy(PyUnicode_DATA(str), b, len);
+    Py_INCREF(str);
+    Py_XSETREF(*slot, str);
+    return str;
+}
+
+/* A JSON string at p[i] == '"'. */
+static PyObject *parse_string(Parser *s) {
+    const unsigned char *p = s->p;
+    Py_ssize_t start = ++s->i, i = start, n = s->n;
+    unsigned char high = 0;
+    while (i < n && p[i] != '"' && p[i] != '\\' && p[i] >= 0x20) high |= p[i++];
+    if (i >= n || p[i] < 0x20) NOT_CANONICAL(s);
+    if (p[i] == '"') {
+        s->i = i + 1;
+        if (!(high & 0x80)) return ascii_str(p + start, i - start);
+        return utf8_str(s, (const char *)p + start, i - start);
+    }
+    /* Escapes: unescape into UTF-8 (never longer than the input). */
+    char *buf = PyMem_Malloc(n - start + 1);
+    if (!buf) return PyErr_NoMemory();
+    Py_ssize_t o = i - start;
+    memcpy(buf, p + start, o);
+    s->i = i;
+    for (;;) {
+        if (s->i >= n) goto bad;
+        unsigned char c = p[s->i];
+        if (c == '"') { s->i++; break; }
+        if (c < 0x20) goto bad;
+        if (c != '\\') { buf[o++] = (char)c; s->i++; continue; }
+        if (++s->i >= n) goto bad;
+        c = p[s->i++];
+        switch (c) {
+        case '"': buf[o++] = '"'; break;
+        case '\\': buf[o++] = '\\'; break;
+        case '/': buf[o++] = '/'; break;
+        case 'b': buf[o++] = '\b'; break;
+        case 'f': buf[o++] = '\f'; break;
+        case 'n': buf[o++] = '\n'; break;
+        case 'r': buf[o++] = '\r'; break;
+        case 't': buf[o++] = '\t'; break;
+        case 'u': {
+            long cp = hex4(s);
+            if (cp < 0) goto bad;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (s->n - s->i < 6 || p[s->i] != '\\' || p[s->i + 1] != 'u') goto bad;
+                s->i += 2;
+                long lo = hex4(s);
+                if (lo < 0xDC00 || lo > 0xDFFF) goto bad;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                goto bad; /* a lone surrogate: the lenient path decides */
+            }
+            if (cp < 0x80) buf[o++] = (char)cp;
+            else if (cp < 0x800) { buf[o++] = (char)(0xC0 | (cp >> 6)); buf[o++] = (char)(0x80 | (cp & 0x3F)); }
+            else if (cp < 0x10000) {
+                buf[o++] = (char)(0xE0 | (cp >> 12)); buf[o++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                buf[o++] = (char)(0x80 | (cp & 0x3F));
+            } else {
+                buf[o++] = (char)(0xF0 | (cp >> 18)); buf[o++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+                buf[o++] = (char)(0x80 | ((cp >> 6) & 0x3F)); buf[o++] = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: goto bad;
+        }
+    }
+    {
+        PyObject *r = utf8_str(s, buf, o);
+        PyMem_Free(buf);
+        return r;
+    }
+bad:
+    PyMem_Free(buf);
+    NOT_CANONICAL(s);
+}
+
+/* A JSON integer that orjson would give as a Python int (i64 or u64). */
+static PyObject *parse_int(Parser *s) {
+    const unsigned char *p = s->p;
+    Py_ssize_t i = s->i, n = s->n;
+    int neg = 0;
+    if (p[i] == '-') { neg = 1; i++; }
+    if (i >= n || p[i] < '0' || p[i] > '9') NOT_CANONICAL(s);
+    if (p[i] == '0' && i + 1 < n && p[i + 1] >= '0' && p[i + 1] <= '9') NOT_CANONICAL(s);
+    unsigned long long v = 0;
+    int digits = 0;
+    while (i < n && p[i] >= '0' && p[i] <= '9') {
+        unsigned d = p[i] - '0';
+        if (v > (ULLONG_MAX - d) / 10) NOT_CANONICAL(s);
+        v = v * 10 + d;
+        i++;
+        digits++;
+    }
+    if (i < n && (p[i] == '.' || p[i] == 'e' || p[i] == 'E')) NOT_CANONICAL(s); /* a float */
+    s->i = i;
+    if (neg) {
+        if (v > (unsigned long long)LLONG_MAX + 1) NOT_CANONICAL(s);
+        return PyLong_FromLongLong(v == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)v);
+    }
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* null, true, false, a string or an integer; anything else is not canonical. */
+static PyObject *parse_scalar(Parser *s) {
+    if (s->i >= s->n) NOT_CANONICAL(s);
+    unsigned char c = s->p[s->i];
+    if (c == '"') return parse_string(s);
+    if (c == '-' || (c >= '0' && c <= '9')) return parse_int(s);
+    if (lit(s, "null")) Py_RETURN_NONE;
+    if (lit(s, "true")) Py_RETURN_TRUE;
+    if (lit(s, "false")) Py_RETURN_FALSE;
+    NOT_CANONICAL(s);
+}
+
+/* A slots-dataclass instance with its fields set through their member
+ * descriptors, as __init__ would (record.py's classes have no other logic).
+ * Steals the references in vals. */
+static PyObject *build(PyTypeObject *t, PyObject **slots, PyObject **vals, int n) {
+    PyObject *o = t->tp_alloc(t, 0);
+    for (int k = 0; k < n; k++) {
+        if (o && Py_TYPE(slots[k])->tp_descr_set(slots[k], o, vals[k]) < 0) Py_CLEAR(o);
+        Py_DECREF(vals[k]);
+    }
+    return o;
+}
+
+static PyObject *parse_properties(Parser *s) {
+    PyObject *vals[N_PROPS];
+    if (lit(s, "null") || lit(s, "{}")) {
+        for (int k = 0; k < N_PROPS; k++) { vals[k] = Py_None; Py_INCREF(Py_None); }
+        return build(PropsT, PropsSlots, vals, N_PROPS);
+    }
+    for (int k = 0; k < N_PROPS; k++) {
+        PyObject *v = lit(s, PROP_KEYS[k]) ? parse_scalar(s) : (s->fallback = 1, NULL);
+        if (!v) { while (k--) Py_DECREF(vals[k]); return NULL; }
+        vals[k] = v;
+    }
+    if (!lit(s, "}")) { s->fallback = 1; for (int k = 0; k < N_PROPS; k++) Py_DECREF(vals[k]); return NULL; }
+    return build(PropsT, PropsSlots, vals, N_PROPS);
+}
+
+/* ["key",{"Tag":scalar}] */
+static PyObject *parse_header(Parser *s) {
+    if (!lit(s, "[\"")) NOT_CANONICAL(s);
+    s->i--; /* back to the key's opening quote */
+    PyObject *key = parse_string(s);
+    if (!key) return NULL;
+    int tag = -1;
+    if (lit(s, ",{\"")) {
+        for (int k = 0; k < N_TAGS; k++) {
+            Py_ssize_t save = s->i;
+            if (lit(s, TAGS[k]) && lit(s, "\":")) { tag = k; break; }
+            s->i = save;
+        }
+    }
+    if (tag < 0) { Py_DECREF(key); NOT_CANONICAL(s); }
+    PyObject *v = parse_scalar(s);
+    if (!v) { Py_DECREF(key); return NULL; }
+    if (!lit(s, "}]")) { Py_DECREF(key); Py_DECREF(v); NOT_CANONICAL(s); }
+    PyObject *variant = build(TagT[tag], &TagValue[tag], &v, 1);
+    if (!variant) { Py_DECREF(key); return NULL; }
+    PyObject *pair = PyTuple_New(2);
+    if (!pair) { Py_DECREF(key); Py_DECREF(variant); return NULL; }
+    PyTuple_SET_ITEM(pair, 0, key);
+    PyTuple_SET_ITEM(pair, 1, variant);
+    return pair;
+}
+
+static PyObject *parse_headers(Parser *s) {
+    if (lit(s, "null") || lit(s, "[]")) { Py_INCREF(EmptyTuple); return EmptyTuple; }
+    if (!lit(s, "[")) NOT_CANONICAL(s);
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (;;) {
+        PyObject *h = parse_header(s);
+        if (!h || PyList_Append(list, h) < 0) { Py_XDECREF(h); Py_DECREF(list); return NULL; }
+        Py_DECREF(h);
+        if (lit(s, ",")) continue;
+        if (lit(s, "]")) break;
+        Py_DECREF(list);
+        NOT_CANONICAL(s);
+    }
+    PyObject *t = PyList_AsTuple(list);
+    Py_DECREF(list);
+    return t;
+}
+
+/* One record, or Py_None (new reference) when it is not canonical. */
+static PyObject *decode_one(const unsigned char *buf, Py_ssize_t len) {
+    Parser s = {buf, 0, len, 0};
+    PyObject *vals[N_REC] = {NULL};
+    int k = 0;
+    Py_ssize_t rest = parse_body(s.p, s.n, &vals[0]);
+    if (rest < 0) { s.fallback = rest == -2; goto fail; }
+    k = 1;
+    s.i = rest;
+    if (!lit(&s, "\"properties\":")) { s.fallback = 1; goto fail; }
+    if (!(vals[k] = parse_properties(&s))) goto fail;
+    k++;
+    if (!lit(&s, ",\"headers\":")) { s.fallback = 1; goto fail; }
+    if (!(vals[k] = parse_headers(&s))) goto fail;
+    k++;
+    for (int t = 0; t < 7; t++, k++) {
+        if (!lit(&s, TAIL_KEYS[t])) { s.fallback = 1; goto fail; }
+        if (!(vals[k] = parse_scalar(&s))) goto fail;
+        if (vals[k] == Py_None) { k++; s.fallback = 1; goto fail; } /* the lenient path defaults it */
+    }
+    if (!lit(&s, "}") || s.i != s.n) { s.fallback = 1; goto fail; }
+    return build(RecordT, RecordSlots, vals, N_REC);
+
+fail:
+    while (k-- > 0) Py_XDECREF(vals[k]);
+    if (s.fallback && !PyErr_Occurred()) Py_RETURN_NONE;
+    return NULL;
+}
+
+static int check_configured(void) {
+    if (!configured) PyErr_SetString(PyExc_RuntimeError, "_speedups.configure() was not called");
+    return configured;
+}
+
+/* decode_many(raws) -> list: each record built, or None where not canonical. */
+static PyObject *decode_many(PyObject *self, PyObject *seq) {
+    if (!check_configured()) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "decode_many takes a sequence of records");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject *out = PyList_New(n);
+    if (!out) { Py_DECREF(fast); return NULL; }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_buffer view;
+        PyObject *r = NULL;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, k), &view, PyBUF_SIMPLE) == 0) {
+            r = decode_one((const unsigned char *)view.buf, view.len);
+            PyBuffer_Release(&view);
+        }
+        if (!r) { Py_DECREF(out); Py_DECREF(fast); return NULL; }
+        PyList_SET_ITEM(out, k, r);
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+/* decode_payload(payload) -> (records, fallback_indices) or None.
+ *
+ * A whole decompressed payload ([u32 LE length][JSON] per record). Where a
+ * record is not canonical, its raw JSON (bytes) stands in the list and its
+ * index is in fallback_indices, for the lenient path. None when the framing
+ * itself is broken: the caller's Python loop then names the byte offset. */
+static PyObject *decode_payload(PyObject *self, PyObject *arg) {
+    if (!check_configured()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, pos = 0;
+    PyObject *out = PyList_New(0), *fallbacks = PyList_New(0), *result = NULL;
+    if (!out || !fallbacks) goto done;
+    while (pos < n) {
+        if (n - pos < 4) goto broken;
+        Py_ssize_t len = (Py_ssize_t)p[pos] | (Py_ssize_t)p[pos + 1] << 8 | (Py_ssize_t)p[pos + 2] << 16
+                         | (Py_ssize_t)p[pos + 3] << 24;
+        pos += 4;
+        if (len > n - pos) goto broken;
+        PyObject *r = decode_one(p + pos, len);
+        if (!r) goto done;
+        if (r == Py_None) {
+            Py_DECREF(r);
+            PyObject *idx = PyLong_FromSsize_t(PyList_GET_SIZE(out));
+            r = PyBytes_FromStringAndSize((const char *)p + pos, len);
+            if (!idx || !r || PyList_Append(fallbacks, idx) < 0) { Py_XDECREF(idx); Py_XDECREF(r); goto done; }
+            Py_DECREF(idx);
+        }
+        if (PyList_Append(out, r) < 0) { Py_DECREF(r); goto done; }
+        Py_DECREF(r);
+        pos += len;
+    }
+    result = PyTuple_Pack(2, out, fallbacks);
+    goto done;
+broken:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&view);
+    Py_XDECREF(out);
+    Py_XDECREF(fallbacks);
+    return result;
+}
+
+/* ------------------------------------------------------------------------
+ * encode_many(records): each record's compact JSON, exactly as orjson writes
+ * record.py's dicts (and serde_json the Rust structs), built straight from
+ * the slots without the intermediate dicts. A record with anything else than
+ * None/bool/int/str values or a non-scalar header variant (Bytes, Float,
+ * Double, Void, Table, Array) gives None, and batch.py encodes it with
+ * orjson, which also raises the precise error for unencodable values.
+ * ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject *bytes; /* the output being built; NULL after an error */
+    char *d;         /* write position */
+    char *end;       /* end of the allocation */
+    int fallback;
+} Out;
+
+static int out_reserve(Out *o, Py_ssize_t more) {
+    if (o->end - o->d >= more) return 0;
+    char *base = PyBytes_AS_STRING(o->bytes);
+    Py_ssize_t used = o->d - base, cap = o->end - base;
+    Py_ssize_t want = cap * 2 > used + more ? cap * 2 : used + more + 256;
+    if (_PyBytes_Resize(&o->bytes, want) < 0) return -1;
+    base = PyBytes_AS_STRING(o->bytes);
+    o->d = base + used;
+    o->end = base + want;
+    return 0;
+}
+
+static int out_raw(Out *o, const char *s, Py_ssize_t n) {
+    if (out_reserve(o, n) < 0) return -1;
+    memcpy(o->d, s, n);
+    o->d += n;
+    return 0;
+}
+
+#define OUT_LIT(o, s) out_raw((o), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+static const char HEX[] = "0123456789abcdef";
+
+static int out_str(Out *o, PyObject *str) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(str, &n);
+    if (!s) { /* lone surrogates: orjson names the problem */
+        PyErr_Clear();
+        o->fallback = 1;
+        return -1;
+    }
+    if (out_reserve(o, 2 + 6 * n) < 0) return -1;
+    char *d = o->d;
+    *d++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') { *d++ = (char)c; continue; }
+        *d++ = '\\';
+        switch (c) {
+        case '"': *d++ = '"'; break;
+        case '\\': *d++ = '\\'; break;
+        case '\b': *d++ = 'b'; break;
+        case '\f': *d++ = 'f'; break;
+        case '\n': *d++ = 'n'; break;
+        case '\r': *d++ = 'r'; break;
+        case '\t': *d++ = 't'; break;
+        default: *d++ = 'u'; *d++ = '0'; *d++ = '0'; *d++ = HEX[c >> 4]; *d++ = HEX[c & 15];
+        }
+    }
+    *d++ = '"';
+    o->d = d;
+    return 0;
+}
+
+/* None, bool, int (i64/u64) or str; anything else sets fallback. */
+static int out_scalar(Out *o, PyObject *v) {
+    if (v == Py_None) return OUT_LIT(o, "null");
+    if (v == Py_True) return OUT_LIT(o, "true");
+    if (v == Py_False) return OUT_LIT(o, "false");
+    if (PyUnicode_CheckExact(v)) return out_str(o, v);
+    if (PyLong_CheckExact(v)) {
+        char tmp[24];
+        int overflow = 0, len;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow > 0) {
+            unsigned long long u = PyLong_AsUnsignedLongLong(v);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); o->fallback = 1; return -1; }
+            len = snprintf(tmp, sizeof tmp, "%llu", u);
+        } else if (overflow < 0) {
+            o->fallback = 1;
+            return -1;
+        } else {
+            len = snprintf(tmp, sizeof tmp, "%lld", x);
+        }
+        return out_raw(o, tmp, len);
+    }
+    o->fallback = 1;
+    return -1;
+}
+
+static PyObject *slot(PyObject *descr, PyObject *obj) {
+    return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
+}
+
+static const char *REC_KEYS[N_REC] = {
+    NULL, ",\"properties\":", ",\"headers\":", ",\"exchange\":", ",\"routing_key\":", ",\"delivery_tag\":",
+    ",\"redelivered\":", ",\"backed_up_at\":", ",\"source_queue\":", ",\"source_vhost\":",
+};
+
+static int out_properties(Out *o, PyObject *props) {
+    if (Py_TYPE(props) != PropsT) { o->fallback = 1; return -1; }
+    for (int k = 0; k < N_PROPS; k++) {
+        const char *key = PROP_KEYS[k];
+        if (out_raw(o, key, strlen(key)) < 0) return -1;
+        PyObject *v = slot(PropsSlots[k], props);
+        if (!v) return -1;
+        int rc = out_scalar(o, v);
+        Py_DECREF(v);
+        if (rc < 0) return -1;
+    }
+    return OUT_LIT(o, "}");
+}
+
+static int out_headers(Out *o, PyObject *headers) {
+    PyObject *fast = PySequence_Fast(headers, "headers");
+    if (!fast) { PyErr_Clear(); o->fallback = 1; return -1; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int rc = OUT_LIT(o, "[");
+    for (Py_ssize_t k = 0; rc == 0 && k < n; k++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(fast, k);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 0))) {
+            o->fallback = 1; rc = -1; break;
+        }
+        PyObject *hv = PyTuple_GET_ITEM(pair, 1);
+        int tag = -1;
+        for (int t = 0; t < N_TAGS; t++) if (Py_TYPE(hv) == TagT[t]) { tag = t; break; }
+        if (tag < 0) { o->fallback = 1; rc = -1; break; }
+        if ((k && OUT_LIT(o, ",") < 0) || OUT_LIT(o, "[") < 0 || out_str(o, PyTuple_GET_ITEM(pair, 0)) < 0
+            || OUT_LIT(o, ",{\"") < 0 || out_raw(o, TAGS[tag], strlen(TAGS[tag])) < 0 || OUT_LIT(o, "\":") < 0) {
+            rc = -1; break;
+        }
+        PyObject *v = slot(TagValue[tag], hv);
+        if (!v) { rc = -1; break; }
+        rc = out_scalar(o, v);
+        Py_DECREF(v);
+        if (rc == 0) rc = OUT_LIT(o, "}]");
+    }
+    Py_DECREF(fast);
+    return rc < 0 ? -1 : OUT_LIT(o, "]");
+}
+
+/* One record's JSON, or Py_None (new reference) when it needs orjson. */
+static PyObject *encode_one(PyObject *rec) {
+    if (Py_TYPE(rec) != RecordT) Py_RETURN_NONE;
+    PyObject *body = slot(RecordSlots[0], rec);
+    if (!body) return NULL;
+    if (!PyBytes_CheckExact(body)) { Py_DECREF(body); Py_RETURN_NONE; }
+    Py_ssize_t blen = PyBytes_GET_SIZE(body);
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
+    Py_ssize_t chars = 0;
+    for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
+    Py_ssize_t cap = 16 + chars + 8 + 768;
+    Out o = {PyBytes_FromStringAndSize(NULL, cap), NULL, NULL, 0};
+    if (!o.bytes) { Py_DECREF(body); return NULL; }
+    o.d = PyBytes_AS_STRING(o.bytes);
+    o.end = o.d + cap;
+    if (blen) {
+        memcpy(o.d, "{\"body\":[", 9);
+        o.d = write_digits(o.d + 9, b, blen);
+        o.d[-1] = ']';
+    } else {
+        memcpy(o.d, "{\"body\":null", 12);
+        o.d += 12;
+    }
+    Py_DECREF(body);
+    int rc = 0;
+    for (int k = 1; rc == 0 && k < N_REC; k++) {
+        rc = out_raw(&o, REC_KEYS[k], strlen(REC_KEYS[k]));
+        if (rc < 0) break;
+        PyObject *v = slot(RecordSlots[k], rec);
+        if (!v) { rc = -1; break; }
+        if (k == 1) rc = out_properties(&o, v);
+        else if (k == 2) rc = out_headers(&o, v);
+        else rc = out_scalar(&o, v);
+        Py_DECREF(v);
+    }
+    if (rc == 0) rc = OUT_LIT(&o, "}");
+    if (rc < 0) {
+        Py_XDECREF(o.bytes);
+        if (o.fallback && !PyErr_Occurred()) Py_RETURN_NONE;
+        return NULL;
+    }
+    if (_PyBytes_Resize(&o.bytes, o.d - PyBytes_AS_STRING(o.bytes)) < 0) return NULL;
+    return o.bytes;
+}
+
+static PyObject *encode_many(PyObject *self, PyObject *seq) {
+    if (!check_configured()) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "encode_many takes a sequence of records");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject *out = PyList_New(n);
+    if (!out) { Py_DECREF(fast); return NULL; }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *r = encode_one(PySequence_Fast_GET_ITEM(fast, k));
+        if (!r) { Py_DECREF(out); Py_DECREF(fast); return NULL; }
+        PyList_SET_ITEM(out, k, r);
+    }
+    Py_DECREF(fast);
+    return out;
+}
+
+static int take_slots(PyObject *cls, PyObject *names, PyObject **dst, Py_ssize_t want) {
+    if (!PyType_Check(cls) || !PyTuple_Check(names) || PyTuple_GET_SIZE(names) != want) {
+        PyErr_SetString(PyExc_TypeError, "configure: a class and a tuple of its field names");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < want; k++) {
+        PyObject *d = PyObject_GetAttr(cls, PyTuple_GET_ITEM(names, k));
+        if (!d) return -1;
+        if (Py_TYPE(d)->tp_descr_set == NULL) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "configure: %R.%U is not a slot", cls, PyTuple_GET_ITEM(names, k));
+            return -1;
+        }
+        Py_XSETREF(dst[k], d);
+    }
+    return 0;
+}
+
+/* configure(Record, record_fields, Properties, property_fields, (Tag classes...)) */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *rec, *rec_names, *props, *prop_names, *tags;
+    if (!PyArg_ParseTuple(args, "OO!OO!O!", &rec, &PyTuple_Type, &rec_names, &props, &PyTuple_Type, &prop_names,
+                          &PyTuple_Type, &tags))
+        return NULL;
+    if (PyTuple_GET_SIZE(tags) != N_TAGS) {
+        PyErr_SetString(PyExc_TypeError, "configure: one class per scalar header tag");
+        return NULL;
+    }
+    if (take_slots(rec, rec_names, RecordSlots, N_REC) < 0 || take_slots(props, prop_names, PropsSlots, N_PROPS) < 0)
+        return NULL;
+    PyObject *value = PyUnicode_InternFromString("value");
+    if (!value) return NULL;
+    PyObject *one = PyTuple_Pack(1, value);
+    Py_DECREF(value);
+    if (!one) return NULL;
+    for (int k = 0; k < N_TAGS; k++) {
+        PyObject *cls = PyTuple_GET_ITEM(tags, k);
+        if (take_slots(cls, one, &TagValue[k], 1) < 0) { Py_DECREF(one); return NULL; }
+        Py_INCREF(cls);
+        Py_XSETREF(TagT[k], (PyTypeObject *)cls);
+    }
+    Py_DECREF(one);
+    Py_INCREF(rec); Py_XSETREF(RecordT, (PyTypeObject *)rec);
+    Py_INCREF(props); Py_XSETREF(PropsT, (PyTypeObject *)props);
+    if (!EmptyTuple && !(EmptyTuple = PyTuple_New(0))) return NULL;
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"split_record", split_record, METH_O, "Split a canonical record into (body, rest JSON) or None."},
     {"join_record", join_record, METH_VARARGS, "Compact record JSON from a body and the rest's JSON object."},
+    {"decode_many", decode_many, METH_O, "Records of the canonical shape, None for any other (see batch.py)."},
+    {"decode_payload", decode_payload, METH_O, "A whole payload's records: (records, fallback indices) or None."},
+    {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
+    {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -168,11 +892,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups", NULL, -1
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     for (int v = 0; v < 256; v++) {
-        char tmp[8];
-        int len = snprintf(tmp, sizeof tmp, "%d", v);
-        memset(DIGITS[v], 0, 4);
-        memcpy(DIGITS[v], tmp, len);
-        DIGITS_LEN[v] = (unsigned char)len;
+        char tmp[8] = {0};
+        int len = snprintf(tmp, sizeof tmp, "%d,", v);
+        memcpy(&DIGITS_COMMA[v], tmp, 4);
+        DIGITS_COMMA_LEN[v] = (unsigned char)len;
     }
+    if (build_pairs() < 0) return PyErr_NoMemory();
     return PyModule_Create(&module);
 }

@@ -14,10 +14,10 @@ from rbak.errors import SerializationError
 from rbak.format.batch import decode_records, encode_records
 from rbak.format.record import (
     Array, BackupProperties, BackupRecord, Bool, Bytes, Double, Float, Long, LongString, Short,
-    ShortString, Table, Timestamp, Void, decode_record, encode_record,
+    ShortString, Table, Timestamp, Void, decode_record, encode_record, record_to_json_obj,
 )
 
-from .strategies import records
+from .strategies import properties, records
 
 SPEC_RECORD = {  # the example record of segment-format.md / storage-format.md
     "body": [104, 101, 108, 108, 111],
@@ -137,12 +137,100 @@ def test_pure_python_fallback_matches_the_c_helper(rs):
     """Without a compiler the install uses the NumPy/orjson paths: same bytes, same records."""
     import rbak.format.batch as batch
 
+    hooks = ("_c_join", "_c_split", "_c_decode_many", "_c_decode_payload", "_c_encode_many")
     with_c = batch.encode_records(rs)
     decoded_c = batch.decode_records(with_c)
-    saved = batch._c_join, batch._c_split
-    batch._c_join = batch._c_split = None
+    payload = b"".join(len(j).to_bytes(4, "little") + j for j in with_c)
+    assert batch.decode_payload_records(payload) == decoded_c
+    saved = {h: getattr(batch, h) for h in hooks}
+    for h in hooks:
+        setattr(batch, h, None)
     try:
         assert batch.encode_records(rs) == with_c == [encode_record(r) for r in rs]
         assert batch.decode_records(with_c) == decoded_c
+        assert batch.decode_payload_records(payload) is None  # the caller's Python loop takes over
     finally:
-        batch._c_join, batch._c_split = saved
+        for h, f in saved.items():
+            setattr(batch, h, f)
+
+
+# --------------------------------------------------------------------------
+# The C codec (batch.py's encode_many/decode_payload) against orjson, which
+# stays the reference: same bytes out, same records back.
+# --------------------------------------------------------------------------
+
+scalar_headers = st.lists(
+    st.tuples(st.text(max_size=60), st.one_of(
+        st.text(max_size=60).map(LongString), st.text(max_size=8).map(ShortString),
+        st.integers(-(2**63), 2**63 - 1).map(Long), st.integers(-(2**15), 2**15 - 1).map(Short),
+        st.booleans().map(Bool), st.integers(0, 2**63 - 1).map(Timestamp),
+    )), max_size=5).map(tuple)
+canonical_records = st.builds(
+    BackupRecord, body=st.binary(max_size=200), properties=properties, headers=scalar_headers,
+    exchange=st.text(max_size=60), routing_key=st.text(), delivery_tag=st.integers(0, 2**64 - 1),
+    redelivered=st.booleans(), backed_up_at=st.integers(0, 2**63 - 1),
+    source_queue=st.text(max_size=60), source_vhost=st.text(max_size=5),
+)
+
+
+def _orjson_reference(r: BackupRecord) -> bytes:
+    return orjson.dumps(record_to_json_obj(r), option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(canonical_records, min_size=1, max_size=4))
+def test_c_codec_matches_orjson_on_canonical_records(rs):
+    import rbak.format.batch as batch
+
+    if batch._c_encode_many is None:
+        pytest.skip("built without the C helper")
+    encoded = batch._c_encode_many(rs)
+    assert None not in encoded  # all of these take the C path...
+    assert encoded == [_orjson_reference(r) for r in rs]  # ...and write orjson's exact bytes
+    assert batch._c_decode_many(encoded) == [decode_record(j) for j in encoded] == rs
+
+
+STRINGS = [
+    "".join(map(chr, range(0x80))),  # every ASCII character, controls included
+    'quote " backslash \\ slash / del \x7f', "ünïcødé ✓ \u2028\u2029 😀 \U0010ffff", "x" * 49, "",
+]
+
+
+@pytest.mark.parametrize("s", STRINGS, ids=range(len(STRINGS)))
+def test_c_codec_strings(s):
+    r = BackupRecord(body=s.encode(), properties=BackupProperties(message_id=s), headers=((s, LongString(s)),),
+                     exchange=s, routing_key=s, source_queue=s, source_vhost=s)
+    data = encode_records([r])[0]
+    assert data == _orjson_reference(r)
+    assert decode_records([data]) == [r]
+
+
+def test_c_decoder_reads_other_writers_escapes_like_orjson():
+    base = encode_record(BackupRecord(body=b"a", exchange="EX"))
+    for escaped in (rb'\u00e9\/\n', rb'\ud83d\ude00', rb'\u0041\"\\', rb'\t\b\f\r'):
+        raw = base.replace(b'"EX"', b'"' + escaped + b'"')
+        assert decode_records([raw])[0].exchange == orjson.loads(raw)["exchange"]
+    for bad in (rb'\ud83d', rb'\x41', rb'\u12'):  # lone surrogate, bad escapes: the lenient path's error
+        with pytest.raises(SerializationError, match="record 0"):
+            decode_records([base.replace(b'"EX"', b'"' + bad + b'"')])
+
+
+def test_c_codec_integer_limits_and_fallbacks():
+    edge = BackupRecord(body=b"\x00", headers=(("min", Long(-(2**63))), ("max", Long(2**63 - 1))),
+                        delivery_tag=2**64 - 1, backed_up_at=0)
+    data = encode_records([edge])[0]
+    assert data == _orjson_reference(edge) and decode_records([data]) == [edge]
+    with pytest.raises(SerializationError):  # beyond u64: orjson's error, via the fallback
+        encode_records([BackupRecord(delivery_tag=2**64)])
+    too_big = data.replace(b'"delivery_tag":18446744073709551615', b'"delivery_tag":18446744073709551616')
+    assert decode_records([too_big])[0].delivery_tag == orjson.loads(too_big)["delivery_tag"]  # orjson decides
+    leading_zero = data.replace(b'"backed_up_at":0', b'"backed_up_at":007')
+    with pytest.raises(SerializationError, match="record 0"):
+        decode_records([leading_zero])
+    # A float where an int is expected, and a non-scalar header: both decoded by the lenient path.
+    floaty = data.replace(b'"backed_up_at":0', b'"backed_up_at":1.5')
+    assert decode_records([floaty])[0].backed_up_at == 1.5
+    mixed = [edge, BackupRecord(body=b"x", headers=(("t", Table((("k", Void()),))),)), edge]
+    enc = encode_records(mixed)
+    assert enc == [_orjson_reference(r) for r in mixed]
+    assert decode_records(enc) == mixed
