@@ -476,3 +476,38 @@ def test_mqtt_state_errors():
         mc_mqtt.convert(ok[:6] + (A("x"),) + ok[7:])
     with pytest.raises(mc_mqtt.MqttMappingError, match="#mqtt_msg"):
         mc_mqtt.convert(ok[:5])
+
+
+def test_decoder_never_fails_other_than_with_its_error():
+    """Every truncation and many random corruptions of a rich bare message: decoded (and mapped, or a
+    MappingError), or Amqp10Error; never another exception."""
+    import random
+
+    from proton import Message, symbol, timestamp, ulong
+
+    m = Message(body=[["x", 1.5, None, True], {"k": [1, 2]}], inferred=True, id=ulong(7), subject="s",
+                creation_time=1.5, properties={"a": "b", "t": timestamp(5), "n": None},
+                content_type=symbol("text/plain"))
+    enc = m.encode()
+    bare = enc[enc.index(b"\x00\x53\x73"):]  # from the properties section on (no header/annotations)
+    assert decode_bare_message(bare).body_code == amqp10.AMQP_SEQUENCE
+    rnd = random.Random(7)
+    cases = [bare[:i] for i in range(len(bare))]
+    for _ in range(2000):
+        b = bytearray(bare)
+        for _ in range(rnd.randint(1, 3)):
+            b[rnd.randrange(len(b))] = rnd.randrange(256)
+        cases.append(bytes(b))
+    failed = 0
+    for c in cases:
+        try:
+            b = decode_bare_message(c)
+        except Amqp10Error as e:
+            assert 0 <= e.offset <= len(c)
+            failed += 1
+            continue
+        try:
+            mc_amqp.map_message(b, [])
+        except mc_amqp.MappingError:
+            pass
+    assert failed > len(bare) - 5
