@@ -76,7 +76,7 @@ from ..format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Long, LongString, Short, Table,
     Timestamp,
 )
-from .amqp10 import AMQP_VALUE, DATA, NULL, Amqp10Error, BareMessage, Value, decode_bare_message, decode_value
+from .amqp10 import DATA, NULL, Amqp10Error, BareMessage, Value, decode_bare_message, decode_value
 from .erlang_terms import Atom
 
 AMQP10_TYPE = "amqp-1.0"

@@ -1,4 +1,4 @@
-"""Messages RabbitMQ 4.0.5 stored from AMQP 1.0 (``mc_amqp``) and MQTT (``mc_mqtt``) publishers survive an offline import.
+"""Messages RabbitMQ 4.0.5 stored from AMQP 1.0 (``mc_amqp``) and MQTT (``mc_mqtt``) survive an offline import.
 
 A private 4.0.5 node (trixie chroot, rabbitmq_mqtt enabled) gets, through
 ``amq.fanout`` and ``amq.topic``, the same interleaved AMQP 1.0
@@ -78,7 +78,7 @@ class _NodeAsBroker:
 
 def _amqp10_messages():
     """(kind, proton Message | (pika props, body)) in publish order: 1.0 and 0-9-1 interleaved."""
-    from proton import Message, byte, char, float32, int32, short, symbol, timestamp, ubyte, uint, ulong, ushort
+    from proton import Message, byte, float32, int32, short, symbol, timestamp, ubyte, uint, ulong, ushort
 
     rich_app = {
         "s": "strïng", "long": 7, "neg": -(2**40), "i32": int32(-5), "ub": ubyte(200), "b": byte(-3),
@@ -191,9 +191,9 @@ def node_dir(tmp_path_factory):
         mq.disconnect()
         a10.create_sender(f"/queues/{ODD}").send(_odd_message())
         bad = a10.create_sender(f"/queues/{BAD}")
-        bad.send(Message_plain("before"))
+        bad.send(_plain_message("before"))
         bad.send(_bad_message())
-        bad.send(Message_plain("after"))
+        bad.send(_plain_message("after"))
         a10.close()
         conn.close()
         live = consume_all(_NodeAsBroker(node), "/", LIVE, N_MESSAGES + 1)
@@ -209,7 +209,7 @@ def node_dir(tmp_path_factory):
         node.cleanup()
 
 
-def Message_plain(text: str):
+def _plain_message(text: str):
     from proton import Message
 
     return Message(body=text.encode(), inferred=True, durable=True, id=text)
