@@ -249,6 +249,7 @@ def test_stored_form_is_mc_amqp_v1(node_dir):
     assert seen == {amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE, "mqtt"}
 
 
+@pytest.mark.broker
 def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, vhost_factory):
     from _restore_helpers import consume_all, declare, options_for
 
