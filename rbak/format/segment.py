@@ -204,8 +204,6 @@ may keep it (the buffer is then never reused), but one that stores it for long
 should copy it (``bytes(data)``) so the whole buffer is not kept alive.
 """
 
-_INITIAL_CAPACITY = 64 * 1024
-
 
 class SegmentBuffer:
     """One segment being built in a single ``bytearray``.
@@ -224,7 +222,7 @@ class SegmentBuffer:
 
     def __init__(self, max_bytes: int):
         self._limit = HEADER_SIZE + max_bytes + FOOTER_SIZE
-        self._buf = bytearray(min(_INITIAL_CAPACITY, self._limit))
+        self._buf = bytearray(HEADER_SIZE)  # grows as records arrive; its length is the high-water mark
         self.end = HEADER_SIZE  # one past the last payload byte
         self.count = 0
         self.first_ts = 0
@@ -234,21 +232,16 @@ class SegmentBuffer:
     def payload_bytes(self) -> int:
         return self.end - HEADER_SIZE
 
-    def _grow(self, need: int) -> None:
-        cap = len(self._buf)
-        new = max(need, min(2 * cap, self._limit))
-        self._buf += bytes(new - cap)
-
     def add(self, record_json: bytes | memoryview, backed_up_at: int) -> int:
         """Append one record ([u32 LE length][JSON]); returns the payload size so far."""
-        n = len(record_json)
         pos = self.end
-        end = pos + 4 + n
-        if end + FOOTER_SIZE > len(self._buf):  # room for the footer is always kept
-            self._grow(end + FOOTER_SIZE)
+        start = pos + 4
+        end = start + len(record_json)
         buf = self._buf
-        _LEN.pack_into(buf, pos, n)
-        buf[pos + 4 : end] = record_json  # same length: a plain memcpy, no resize
+        # Within the high-water mark a plain memcpy into warm pages; past it the
+        # bytearray grows by itself (amortised, no zero-filling first).
+        buf[pos:start] = _LEN.pack(len(record_json))
+        buf[start:end] = record_json
         self.end = end
         if self.count == 0:
             self.first_ts = backed_up_at
@@ -264,16 +257,14 @@ class SegmentBuffer:
                 with mv[HEADER_SIZE:n] as payload:
                     packed = compress(payload, compression, level)
             n = HEADER_SIZE + len(packed)
-            if n + FOOTER_SIZE > len(self._buf):  # incompressible input grows a little
-                self._grow(n + FOOTER_SIZE)
-            self._buf[HEADER_SIZE:n] = packed
+            self._buf[HEADER_SIZE:n] = packed  # grows the buffer if the payload did not compress
             del packed
         buf = self._buf
         _HEADER.pack_into(buf, 0, MAGIC, VERSION, int(compression), self.count, self.first_ts, self.last_ts)
+        with memoryview(buf) as mv, mv[:n] as body:
+            crc = zlib.crc32(body)
+        buf[n : n + FOOTER_SIZE] = _FOOTER.pack(crc, END_MAGIC)  # no view alive: may grow
         with memoryview(buf) as mv:
-            with mv[:n] as body:
-                crc = zlib.crc32(body)
-            _FOOTER.pack_into(buf, n, crc, END_MAGIC)
             return mv[: n + FOOTER_SIZE]
 
     def recycle(self) -> bool:
