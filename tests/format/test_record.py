@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 
 import orjson
@@ -234,3 +235,12 @@ def test_c_codec_integer_limits_and_fallbacks():
     enc = encode_records(mixed)
     assert enc == [_orjson_reference(r) for r in mixed]
     assert decode_records(enc) == mixed
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+def test_install_built_the_c_helper():
+    """With a compiler present (CI, the image's build stage) the install must
+    have built _speedups: a silent fallback would only show as a slow codec."""
+    from rbak.format.batch import HAVE_SPEEDUPS
+
+    assert HAVE_SPEEDUPS, "rbak.format._speedups was not built by `pip install`"
