@@ -286,7 +286,8 @@ def _symbol(v: Value | None, name: str) -> str | None:
     return _text(v.value)
 
 
-def _valid_user_id(b: bytes) -> bool:
+def valid_short_string(b: bytes) -> bool:
+    """What RabbitMQ accepts as a 0-9-1 short string property: < 256 bytes, UTF-8, no NUL."""
     if len(b) >= 256 or b"\x00" in b:
         return False
     try:
@@ -395,7 +396,7 @@ def map_message(bare: BareMessage, ma: list[tuple[Value, Value]]) -> tuple[Backu
     p = bare.properties or _EMPTY
     message_id = _id(p.message_id, "x-message-id", app)
     correlation_id = _id(p.correlation_id, "x-correlation-id", app)
-    user_id = p.user_id.value if p.user_id is not None and _valid_user_id(p.user_id.value) else None
+    user_id = p.user_id.value if p.user_id is not None and valid_short_string(p.user_id.value) else None
     props = BackupProperties(
         content_type=_symbol(p.content_type, "content-type"),
         content_encoding=_symbol(p.content_encoding, "content-encoding"),

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..format.record import BackupProperties, Bytes, HeaderValue, LongString
 from .erlang_terms import Atom
-from .mc_amqp import usort_headers
+from .mc_amqp import usort_headers, valid_short_string
 
 
 class MqttMappingError(ValueError):
@@ -73,16 +73,6 @@ def _iolist(v: Any, depth: int = 0) -> bytes:
                 out.append(_iolist(x, depth + 1))
         return b"".join(out)
     raise MqttMappingError(f"MQTT payload is not iodata: {_kind(v)}")
-
-
-def _valid_shortstr(b: bytes) -> bool:
-    if len(b) >= 256 or b"\x00" in b:
-        return False
-    try:
-        b.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _longstr(b: bytes) -> HeaderValue:
@@ -131,7 +121,7 @@ def convert(state: Any) -> tuple[BackupProperties, tuple, bytes]:
     corr = props.get(Atom("Correlation-Data"))
     if corr is not None:
         corr = _bin(corr, "Correlation-Data")
-        if _valid_shortstr(corr):
+        if valid_short_string(corr):
             correlation_id = corr.decode("utf-8")
         else:
             hs.insert(0, ("x-correlation-id", _longstr(corr)))
