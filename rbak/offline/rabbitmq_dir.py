@@ -16,6 +16,7 @@ Everything is opened read-only; nothing under PATH is ever written.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from .damage import ImportContext
 from .erlang_terms import TermError, decode_bare
 from .msg_store import MessageStore
 from .stored_message import StoredMessage, to_record
+
+log = logging.getLogger(__name__)
 
 _B36 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _CONFIG_RE = re.compile(rb"\{\s*segment_entry_count\s*,\s*(\d+)\s*\}\s*\.")
@@ -312,6 +315,33 @@ class ImportResult:
     ctx: ImportContext
 
 
+def _subdirs(path: str) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.is_dir())
+    except OSError:
+        return []
+
+
+def unread_queue_data(node_dir: str) -> list[str]:
+    """Say what this importer leaves behind: quorum queues (one Ra server
+    directory each under ``quorum/<node>/``) and streams (one directory each
+    under ``stream/``) are Raft/Osiris logs, not classic queue files."""
+    quorum = os.path.join(node_dir, "quorum")
+    found = {
+        "quorum queue": [d for node in _subdirs(quorum) for d in _subdirs(os.path.join(quorum, node))],
+        "stream": _subdirs(os.path.join(node_dir, "stream")),
+    }
+    out = []
+    for kind, dirs in found.items():
+        if dirs:
+            shown = ", ".join(dirs[:5]) + (f" and {len(dirs) - 5} more" if len(dirs) > 5 else "")
+            out.append(
+                f"{len(dirs)} {kind}(s) on this node ({shown}) are NOT in this backup: the offline "
+                f"importer reads classic queues only; back {kind}s up online (rbak backup) from a running node"
+            )
+    return out
+
+
 def import_rabbitmq_dir(
     path: str,
     storage_url,
@@ -328,6 +358,9 @@ def import_rabbitmq_dir(
     ctx = ImportContext(skip_damaged=skip_damaged)
     started = now_ms()
     node_dir = os.path.dirname(os.path.dirname(find_vhosts_dir(path)))
+    for text in unread_queue_data(node_dir):
+        log.warning("%s", text)
+        ctx.note(text)
     done: list[ImportedQueue] = []
 
     def gen():

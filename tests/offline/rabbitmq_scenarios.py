@@ -205,6 +205,10 @@ def build_main(version: str, base: Path) -> Scenario:
             sc.versions[(VHOST2, q)] = v
         _declare(ch2, "empty", 1 if version.startswith("3") else 2)
         sc.expected[(VHOST2, "empty")] = []
+        # A quorum queue and a stream: not classic queue files, so not exported, but the import must say so.
+        for q, qtype in (("qq-left-behind", "quorum"), ("stream-left-behind", "stream")):
+            ch2.queue_declare(q, durable=True, arguments={"x-queue-type": qtype})
+            ch2.basic_publish("", q, b"not exported", pika.BasicProperties(delivery_mode=2))
         deadline = time.time() + 30
         while ch.queue_declare("dlx-target", durable=True, passive=True).method.message_count < 1:
             assert time.time() < deadline, "message was not dead-lettered"

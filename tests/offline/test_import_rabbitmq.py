@@ -123,6 +123,10 @@ def test_import_gives_exactly_the_unacked_messages(name, shared_root, tmp_path, 
     out = capsys.readouterr().out
     for (vhost, queue), v in sc.versions.items():
         assert f"vhost {vhost!r} queue {queue!r} (index v{v})" in out
+    if name.startswith("main-"):  # it declared one quorum queue and one stream
+        assert "note: 1 quorum queue(s) on this node" in out and "note: 1 stream(s) on this node" in out, out
+    else:
+        assert "NOT in this backup" not in out, out
 
     if sc.dlx:
         _check_dead_lettered(got[("/", "dlx-target")], name)
