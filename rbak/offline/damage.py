@@ -22,10 +22,11 @@ class Skipped:
     path: str
     offset: int | None
     reason: str
+    queue: str | None = None  # e.g. "queue 'orders' in vhost '/'": file names alone are hashes
 
     def __str__(self) -> str:
         where = self.path if self.offset is None else f"{self.path} at byte {self.offset}"
-        return f"{where}: {self.reason}"
+        return f"{self.queue + ': ' if self.queue else ''}{where}: {self.reason}"
 
 
 @dataclass
@@ -33,9 +34,10 @@ class ImportContext:
     skip_damaged: bool = False
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # benign, e.g. transient messages dropped
+    queue: str | None = None  # the queue being read, named in every problem reported meanwhile
 
     def damaged(self, path: str, offset: int | None, reason: str) -> None:
-        item = Skipped(str(path), offset, reason)
+        item = Skipped(str(path), offset, reason, self.queue)
         if not self.skip_damaged:
             raise ImportFormatError(str(item))
         log.warning("skipping damaged data: %s", item)

@@ -291,7 +291,7 @@ def iter_queues(
             iq = ImportedQueue(v.name, q.name, q.version, q.path)
             if it is None:
                 it = _iter_queue(v, q, _store_for(v, stores, ctx), ctx)
-            yield iq, _records(iq, it, backed_up_at)
+            yield iq, _records(iq, it, backed_up_at, ctx)
     finally:
         for s in stores.values():
             s.close()
@@ -302,10 +302,16 @@ def _chain(first, rest):
     yield from rest
 
 
-def _records(iq: ImportedQueue, it: Iterator[tuple[int, StoredMessage]], backed_up_at: int) -> Iterator[BackupRecord]:
-    for seq_id, m in it:
-        iq.exported += 1
-        yield to_record(m, iq.vhost, iq.name, seq_id, backed_up_at)
+def _records(
+    iq: ImportedQueue, it: Iterator[tuple[int, StoredMessage]], backed_up_at: int, ctx: ImportContext
+) -> Iterator[BackupRecord]:
+    ctx.queue = f"queue {iq.name!r} in vhost {iq.vhost!r}"  # named in any problem found meanwhile
+    try:
+        for seq_id, m in it:
+            iq.exported += 1
+            yield to_record(m, iq.vhost, iq.name, seq_id, backed_up_at)
+    finally:
+        ctx.queue = None
 
 
 @dataclass
