@@ -554,26 +554,34 @@ static int check_configured(void) {
     return configured;
 }
 
-/* decode_many(raws) -> list: each record built, or None where not canonical. */
-static PyObject *decode_many(PyObject *self, PyObject *seq) {
+/* [fn(x) for x in seq], for the *_many entry points. */
+static PyObject *map_sequence(PyObject *seq, PyObject *(*fn)(PyObject *), const char *what) {
     if (!check_configured()) return NULL;
-    PyObject *fast = PySequence_Fast(seq, "decode_many takes a sequence of records");
+    PyObject *fast = PySequence_Fast(seq, what);
     if (!fast) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     PyObject *out = PyList_New(n);
     if (!out) { Py_DECREF(fast); return NULL; }
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_buffer view;
-        PyObject *r = NULL;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, k), &view, PyBUF_SIMPLE) == 0) {
-            r = decode_one((const unsigned char *)view.buf, view.len);
-            PyBuffer_Release(&view);
-        }
+        PyObject *r = fn(PySequence_Fast_GET_ITEM(fast, k));
         if (!r) { Py_DECREF(out); Py_DECREF(fast); return NULL; }
         PyList_SET_ITEM(out, k, r);
     }
     Py_DECREF(fast);
     return out;
+}
+
+static PyObject *decode_item(PyObject *raw) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *r = decode_one((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return r;
+}
+
+/* decode_many(raws) -> list: each record built, or None where not canonical. */
+static PyObject *decode_many(PyObject *self, PyObject *seq) {
+    return map_sequence(seq, decode_item, "decode_many takes a sequence of records");
 }
 
 /* decode_payload(payload) -> (records, fallback_indices) or None.
@@ -814,19 +822,7 @@ static PyObject *encode_one(PyObject *rec) {
 }
 
 static PyObject *encode_many(PyObject *self, PyObject *seq) {
-    if (!check_configured()) return NULL;
-    PyObject *fast = PySequence_Fast(seq, "encode_many takes a sequence of records");
-    if (!fast) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    PyObject *out = PyList_New(n);
-    if (!out) { Py_DECREF(fast); return NULL; }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *r = encode_one(PySequence_Fast_GET_ITEM(fast, k));
-        if (!r) { Py_DECREF(out); Py_DECREF(fast); return NULL; }
-        PyList_SET_ITEM(out, k, r);
-    }
-    Py_DECREF(fast);
-    return out;
+    return map_sequence(seq, encode_one, "encode_many takes a sequence of records");
 }
 
 static int take_slots(PyObject *cls, PyObject *names, PyObject **dst, Py_ssize_t want) {
