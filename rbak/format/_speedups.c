@@ -9,6 +9,7 @@
  * split_record(raw) -> (body, rest JSON) | None
  * join_record(body, rest) -> record JSON (bodies >= 64 KiB without the GIL)
  * encode_many(records) -> [JSON | None]
+ * encode_payload(records) -> payload bytes | None
  * decode_many(raws) -> [BackupRecord | None]
  * decode_payload(payload) -> ([BackupRecord | raw JSON], fallback indices) | None
  * configure(...) gives the decoder record.py's classes once, at import.
@@ -777,52 +778,95 @@ static int out_headers(Out *o, PyObject *headers) {
 }
 
 /* One record's JSON, or Py_None (new reference) when it needs orjson. */
-static PyObject *encode_one(PyObject *rec) {
-    if (Py_TYPE(rec) != RecordT) Py_RETURN_NONE;
+/* Appends one record's JSON to o; -1 with o->fallback set when orjson must
+ * do it, -1 with an exception on a Python error. */
+static int encode_into(Out *o, PyObject *rec) {
+    if (Py_TYPE(rec) != RecordT) { o->fallback = 1; return -1; }
     PyObject *body = slot(RecordSlots[0], rec);
-    if (!body) return NULL;
-    if (!PyBytes_CheckExact(body)) { Py_DECREF(body); Py_RETURN_NONE; }
+    if (!body) return -1;
+    if (!PyBytes_CheckExact(body)) { Py_DECREF(body); o->fallback = 1; return -1; }
     Py_ssize_t blen = PyBytes_GET_SIZE(body);
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
     Py_ssize_t chars = 0;
     for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
-    Py_ssize_t cap = 16 + chars + 8 + 768;
-    Out o = {PyBytes_FromStringAndSize(NULL, cap), NULL, NULL, 0};
-    if (!o.bytes) { Py_DECREF(body); return NULL; }
-    o.d = PyBytes_AS_STRING(o.bytes);
-    o.end = o.d + cap;
+    /* the body, write_digits' 8-byte spill and room for a typical rest */
+    if (out_reserve(o, 16 + chars + 8 + 768) < 0) { Py_DECREF(body); return -1; }
     if (blen) {
-        memcpy(o.d, "{\"body\":[", 9);
-        o.d = write_digits(o.d + 9, b, blen);
-        o.d[-1] = ']';
+        memcpy(o->d, "{\"body\":[", 9);
+        o->d = write_digits(o->d + 9, b, blen);
+        o->d[-1] = ']';
     } else {
-        memcpy(o.d, "{\"body\":null", 12);
-        o.d += 12;
+        memcpy(o->d, "{\"body\":null", 12);
+        o->d += 12;
     }
     Py_DECREF(body);
-    int rc = 0;
-    for (int k = 1; rc == 0 && k < N_REC; k++) {
-        rc = out_raw(&o, REC_KEYS[k], strlen(REC_KEYS[k]));
-        if (rc < 0) break;
+    for (int k = 1; k < N_REC; k++) {
+        if (out_raw(o, REC_KEYS[k], strlen(REC_KEYS[k])) < 0) return -1;
         PyObject *v = slot(RecordSlots[k], rec);
-        if (!v) { rc = -1; break; }
-        if (k == 1) rc = out_properties(&o, v);
-        else if (k == 2) rc = out_headers(&o, v);
-        else rc = out_scalar(&o, v);
+        if (!v) return -1;
+        int rc = k == 1 ? out_properties(o, v) : k == 2 ? out_headers(o, v) : out_scalar(o, v);
         Py_DECREF(v);
+        if (rc < 0) return -1;
     }
-    if (rc == 0) rc = OUT_LIT(&o, "}");
+    return OUT_LIT(o, "}");
+}
+
+static int out_open(Out *o, Py_ssize_t cap) {
+    o->bytes = PyBytes_FromStringAndSize(NULL, cap);
+    if (!o->bytes) return -1;
+    o->d = PyBytes_AS_STRING(o->bytes);
+    o->end = o->d + cap;
+    o->fallback = 0;
+    return 0;
+}
+
+/* The finished bytes (shrunk to size); Py_None when o->fallback was set. */
+static PyObject *out_close(Out *o, int rc) {
     if (rc < 0) {
-        Py_XDECREF(o.bytes);
-        if (o.fallback && !PyErr_Occurred()) Py_RETURN_NONE;
+        Py_CLEAR(o->bytes);
+        if (o->fallback && !PyErr_Occurred()) Py_RETURN_NONE;
         return NULL;
     }
-    if (_PyBytes_Resize(&o.bytes, o.d - PyBytes_AS_STRING(o.bytes)) < 0) return NULL;
-    return o.bytes;
+    if (_PyBytes_Resize(&o->bytes, o->d - PyBytes_AS_STRING(o->bytes)) < 0) return NULL;
+    return o->bytes;
+}
+
+/* One record's JSON, or Py_None (new reference) when it needs orjson. */
+static PyObject *encode_one(PyObject *rec) {
+    Out o;
+    if (out_open(&o, 4096) < 0) return NULL;
+    return out_close(&o, encode_into(&o, rec));
 }
 
 static PyObject *encode_many(PyObject *self, PyObject *seq) {
     return map_sequence(seq, encode_one, "encode_many takes a sequence of records");
+}
+
+/* encode_payload(records) -> bytes | None: the whole uncompressed segment
+ * payload ([u32 LE length][JSON] per record) in one buffer, no per-record
+ * objects; None when any record needs orjson (the caller's batch path). */
+static PyObject *encode_payload(PyObject *self, PyObject *seq) {
+    if (!check_configured()) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "encode_payload takes a sequence of records");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Out o;
+    if (out_open(&o, 64 * 1024) < 0) { Py_DECREF(fast); return NULL; }
+    int rc = 0;
+    for (Py_ssize_t k = 0; rc == 0 && k < n; k++) {
+        if ((rc = out_reserve(&o, 4)) < 0) break;
+        Py_ssize_t at = o.d - PyBytes_AS_STRING(o.bytes);
+        o.d += 4;
+        if ((rc = encode_into(&o, PySequence_Fast_GET_ITEM(fast, k))) < 0) break;
+        char *base = PyBytes_AS_STRING(o.bytes);
+        Py_ssize_t len = o.d - base - at - 4;
+        if (len > 0xFFFFFFFFLL) { PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB"); rc = -1; break; }
+        uint32_t le = (uint32_t)len;
+        unsigned char *lp = (unsigned char *)base + at;
+        lp[0] = le & 0xFF; lp[1] = (le >> 8) & 0xFF; lp[2] = (le >> 16) & 0xFF; lp[3] = le >> 24;
+    }
+    Py_DECREF(fast);
+    return out_close(&o, rc);
 }
 
 static int take_slots(PyObject *cls, PyObject *names, PyObject **dst, Py_ssize_t want) {
@@ -879,6 +923,7 @@ static PyMethodDef methods[] = {
     {"join_record", join_record, METH_VARARGS, "Compact record JSON from a body and the rest's JSON object."},
     {"decode_many", decode_many, METH_O, "Records of the canonical shape, None for any other (see batch.py)."},
     {"decode_payload", decode_payload, METH_O, "A whole payload's records: (records, fallback indices) or None."},
+    {"encode_payload", encode_payload, METH_O, "A whole segment payload, or None when a record needs orjson."},
     {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
     {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
     {NULL, NULL, 0, NULL},

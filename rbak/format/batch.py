@@ -112,6 +112,10 @@ def _encode_records_numpy(records: Sequence[BackupRecord]) -> list[bytes]:
 
 def encode_payload(records: Sequence[BackupRecord]) -> bytes:
     """The uncompressed segment payload: [u32 LE length][JSON] per record."""
+    if _c_encode_payload is not None:
+        data = _c_encode_payload(records)  # one buffer, no per-record objects
+        if data is not None:
+            return data
     parts: list[bytes] = []
     pack = _LEN.pack
     for data in encode_records(records):
@@ -123,10 +127,11 @@ def encode_payload(records: Sequence[BackupRecord]) -> bytes:
 try:
     from ._speedups import (
         configure as _c_configure, decode_many as _c_decode_many, decode_payload as _c_decode_payload,
-        encode_many as _c_encode_many, join_record as _c_join, split_record as _c_split,
+        encode_many as _c_encode_many, encode_payload as _c_encode_payload, join_record as _c_join,
+        split_record as _c_split,
     )
 except ImportError:  # built without a C compiler: NumPy/orjson paths
-    _c_join = _c_split = _c_decode_many = _c_decode_payload = _c_encode_many = None
+    _c_join = _c_split = _c_decode_many = _c_decode_payload = _c_encode_many = _c_encode_payload = None
 else:
     # The C decoder fills these classes' slots directly; the tag order is
     # the C side's (scalar header variants only).

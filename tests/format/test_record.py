@@ -138,16 +138,18 @@ def test_pure_python_fallback_matches_the_c_helper(rs):
     """Without a compiler the install uses the NumPy/orjson paths: same bytes, same records."""
     import rbak.format.batch as batch
 
-    hooks = ("_c_join", "_c_split", "_c_decode_many", "_c_decode_payload", "_c_encode_many")
+    hooks = ("_c_join", "_c_split", "_c_decode_many", "_c_decode_payload", "_c_encode_many", "_c_encode_payload")
     with_c = batch.encode_records(rs)
     decoded_c = batch.decode_records(with_c)
     payload = b"".join(len(j).to_bytes(4, "little") + j for j in with_c)
+    assert batch.encode_payload(rs) == payload
     assert batch.decode_payload_records(payload) == decoded_c
     saved = {h: getattr(batch, h) for h in hooks}
     for h in hooks:
         setattr(batch, h, None)
     try:
         assert batch.encode_records(rs) == with_c == [encode_record(r) for r in rs]
+        assert batch.encode_payload(rs) == payload
         assert batch.decode_records(with_c) == decoded_c
         assert batch.decode_payload_records(payload) is None  # the caller's Python loop takes over
     finally:
@@ -188,6 +190,7 @@ def test_c_codec_matches_orjson_on_canonical_records(rs):
     encoded = batch._c_encode_many(rs)
     assert None not in encoded  # all of these take the C path...
     assert encoded == [_orjson_reference(r) for r in rs]  # ...and write orjson's exact bytes
+    assert batch._c_encode_payload(rs) == b"".join(len(j).to_bytes(4, "little") + j for j in encoded)
     assert batch._c_decode_many(encoded) == [decode_record(j) for j in encoded] == rs
 
 
