@@ -8,7 +8,7 @@
  *
  * split_record(raw) -> (body, rest JSON) | None
  * join_record(body, rest) -> record JSON (bodies >= 64 KiB without the GIL)
- * encode_many(records) -> [JSON | None]
+ * encode_record(record) -> JSON | None, encode_many(records) -> [JSON | None]
  * encode_payload(records) -> payload bytes | None
  * decode_many(raws) -> [BackupRecord | None]
  * decode_payload(payload) -> ([BackupRecord | raw JSON], fallback indices) | None
@@ -842,6 +842,10 @@ static PyObject *encode_many(PyObject *self, PyObject *seq) {
     return map_sequence(seq, encode_one, "encode_many takes a sequence of records");
 }
 
+static PyObject *encode_record(PyObject *self, PyObject *rec) {
+    return check_configured() ? encode_one(rec) : NULL;
+}
+
 /* encode_payload(records) -> bytes | None: the whole uncompressed segment
  * payload ([u32 LE length][JSON] per record) in one buffer, no per-record
  * objects; None when any record needs orjson (the caller's batch path). */
@@ -924,6 +928,7 @@ static PyMethodDef methods[] = {
     {"decode_many", decode_many, METH_O, "Records of the canonical shape, None for any other (see batch.py)."},
     {"decode_payload", decode_payload, METH_O, "A whole payload's records: (records, fallback indices) or None."},
     {"encode_payload", encode_payload, METH_O, "A whole segment payload, or None when a record needs orjson."},
+    {"encode_record", encode_record, METH_O, "One record's JSON, None when orjson must do it."},
     {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
     {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
     {NULL, NULL, 0, NULL},

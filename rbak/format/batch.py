@@ -33,8 +33,7 @@ import orjson
 
 from ..errors import SerializationError
 from .record import (
-    _ORJSON_OPTS, PROPERTY_NAMES, RECORD_FIELDS, BackupProperties, BackupRecord, Bool, Long, LongString, Short,
-    ShortString, Timestamp, decode_record, encode_record, record_from_json_obj, record_rest_obj,
+    _ORJSON_OPTS, BackupRecord, decode_record, encode_record, record_from_json_obj, record_rest_obj,
 )
 
 _LEN = struct.Struct("<I")
@@ -126,19 +125,12 @@ def encode_payload(records: Sequence[BackupRecord]) -> bytes:
 
 try:
     from ._speedups import (
-        configure as _c_configure, decode_many as _c_decode_many, decode_payload as _c_decode_payload,
+        decode_many as _c_decode_many, decode_payload as _c_decode_payload,
         encode_many as _c_encode_many, encode_payload as _c_encode_payload, join_record as _c_join,
         split_record as _c_split,
     )
 except ImportError:  # built without a C compiler: NumPy/orjson paths
     _c_join = _c_split = _c_decode_many = _c_decode_payload = _c_encode_many = _c_encode_payload = None
-else:
-    # The C decoder fills these classes' slots directly; the tag order is
-    # the C side's (scalar header variants only).
-    _c_configure(
-        BackupRecord, RECORD_FIELDS, BackupProperties, PROPERTY_NAMES,
-        (LongString, ShortString, Long, Short, Bool, Timestamp),
-    )
 
 HAVE_SPEEDUPS = _c_split is not None
 

@@ -245,17 +245,14 @@ def record_to_json_obj(r: BackupRecord) -> dict[str, Any]:
     return {"body": _u8_view(r.body) if r.body else None, **record_rest_obj(r)}
 
 
-try:
-    from ._speedups import join_record as _c_join
-except ImportError:  # no C compiler at install time
-    _c_join = None
-
-
 def encode_record(r: BackupRecord) -> bytes:
     """Compact JSON of one record, exactly as the Rust tool writes it."""
     try:
-        if _c_join is not None:
-            return _c_join(r.body, orjson.dumps(record_rest_obj(r), option=_ORJSON_OPTS))
+        if _c is not None:
+            data = _c.encode_record(r)  # None: a value only orjson writes (floats, nested headers)
+            if data is not None:
+                return data
+            return _c.join_record(r.body, orjson.dumps(record_rest_obj(r), option=_ORJSON_OPTS))
         return orjson.dumps(record_to_json_obj(r), option=_ORJSON_OPTS)
     except (TypeError, ValueError, orjson.JSONEncodeError) as e:
         raise SerializationError(
@@ -398,3 +395,16 @@ def decode_record(data: bytes | memoryview) -> BackupRecord:
         raise SerializationError(f"record is not valid JSON: {e}") from e
     except (TypeError, ValueError) as e:
         raise SerializationError(f"record has a malformed field: {e}") from e
+
+
+# The optional C codec (see batch.py) fills these classes' slots directly, so
+# it is handed them once, here, where they are defined.
+try:
+    from . import _speedups as _c
+except ImportError:  # no C compiler at install time
+    _c = None
+else:
+    _c.configure(
+        BackupRecord, RECORD_FIELDS, BackupProperties, PROPERTY_NAMES,
+        (LongString, ShortString, Long, Short, Bool, Timestamp),  # the scalar header tags, in C's order
+    )
