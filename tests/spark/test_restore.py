@@ -45,9 +45,12 @@ def ids(msgs) -> list[str]:
     return [m.properties.message_id for m in msgs]
 
 
-@pytest.mark.parametrize("where", ["file", "s3"])
-def test_strict_restore_keeps_order_per_queue(spark, target, tmp_path, where, request):
-    broker, vh = target
+# Both brokers; S3 once (the storage layer does not depend on the broker).
+@pytest.mark.broker
+@pytest.mark.parametrize("which,where", [("rmq310", "file"), ("rmq310", "s3"), ("rmq40", "file")])
+def test_strict_restore_keeps_order_per_queue(spark, tmp_path, which, where, request):
+    broker = request.getfixturevalue(which)
+    vh = request.getfixturevalue("vhost_factory")(broker, "test-spark")
     url = f"file://{tmp_path}" if where == "file" else str(request.getfixturevalue("s3_bucket"))
     queues = [QueueSpec("/", "orders", 300), QueueSpec("/", "events", 120), QueueSpec("prod", "audit", 80)]
     m = write_backup(open_storage(url), "b1", queues, segment_max_bytes=3000)
