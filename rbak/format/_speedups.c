@@ -65,22 +65,23 @@ static Py_ssize_t parse_body(const unsigned char *p, Py_ssize_t n, PyObject **bo
             v = v * 10 + c; c = p[i + 2] - '0'; j = i + 2;
             if (c <= 9) { v = v * 10 + c; j = i + 3; if ((unsigned)(p[j] - '0') <= 9) break; }
         }
-        if (v > 255 || len >= cap) break;
+        if (v > 255 || len >= cap || (c0 == 0 && j > i + 1)) break;  /* too big, full, or a leading zero */
         unsigned char sep = p[j];
         if (sep == ',') { o[len++] = (unsigned char)v; i = j + 1; continue; }
         if (sep == ']') { o[len++] = (unsigned char)v; i = j + 1; goto body_done; }
         break;
     }
     while (i < n && is_ws(p[i])) i++;
-    if (i < n && p[i] == ']') {
+    if (len == 0 && i < n && p[i] == ']') {  /* [] only: after a value, ']' must follow it, not a comma */
         i++;
     } else {
         for (;;) {
             while (i < n && is_ws(p[i])) i++;
             if (i >= n || p[i] < '0' || p[i] > '9') goto not_canonical;
             unsigned v = 0; int digits = 0;
+            int leading_zero = p[i] == '0' && i + 1 < n && p[i + 1] >= '0' && p[i + 1] <= '9';  /* not JSON */
             while (i < n && p[i] >= '0' && p[i] <= '9' && digits < 4) { v = v * 10 + (p[i] - '0'); i++; digits++; }
-            if (v > 255 || digits > 3 || len >= cap) goto not_canonical;
+            if (v > 255 || digits > 3 || len >= cap || leading_zero) goto not_canonical;
             o[len++] = (unsigned char)v;
             while (i < n && is_ws(p[i])) i++;
             if (i < n && p[i] == ',') { i++; continue; }

@@ -111,7 +111,8 @@ def test_reader_is_lenient():
 
 
 @pytest.mark.parametrize("raw", [b"[1,2]", b"{", b'{"body":[256]}', b'{"body":[1,-1]}', b'{"headers":[["k",{"Nope":1}]]}',
-                                 b'{"body":"', b"\xff\xfe"])
+                                 b'{"body":"', b"\xff\xfe", b'{"body":[01,2],"exchange":"x"}',
+                                 b'{"body":[1,2,],"exchange":"x"}', b'{"body":[1,,2],"exchange":"x"}'])
 def test_malformed_records_raise_our_error(raw):
     with pytest.raises(SerializationError):
         decode_record(raw)
@@ -247,3 +248,39 @@ def test_install_built_the_c_helper():
     from rbak.format.batch import HAVE_SPEEDUPS
 
     assert HAVE_SPEEDUPS, "rbak.format._speedups was not built by `pip install`"
+
+
+def test_c_decoder_never_accepts_what_orjson_rejects():
+    """Random damage to canonical records: whatever the C decoder still builds,
+    orjson must read as valid JSON giving the same record (else it must hand
+    the record over to the lenient path, which raises)."""
+    import random
+
+    import rbak.format.batch as batch
+
+    if batch._c_decode_many is None:
+        pytest.skip("built without the C helper")
+    rnd = random.Random(7)
+    base = encode_records([
+        BackupRecord(body=bytes(range(40)), properties=BackupProperties(message_id="m", priority=3),
+                     headers=(("k", LongString('q"\\\n\u00e9')), ("n", Long(-5)), ("b", Bool(True))),
+                     exchange="ex", routing_key="rk", delivery_tag=9, backed_up_at=12, source_queue="q"),
+        BackupRecord(body=b""),
+    ])
+    alphabet = b'{}[]":,0123456789-.eEtrufalsn\\u \x00\xff'
+    built = 0
+    for _ in range(20000):
+        raw = bytearray(rnd.choice(base))
+        i = rnd.randrange(len(raw))
+        op = rnd.random()
+        if op < 0.5:
+            raw[i] = rnd.choice(alphabet)
+        elif op < 0.75:
+            del raw[i : i + rnd.randint(1, 3)]
+        else:
+            raw[i:i] = bytes([rnd.choice(alphabet)])
+        rec = batch._c_decode_many([bytes(raw)])[0]
+        if rec is not None:
+            built += 1
+            assert decode_record(bytes(raw)) == rec, bytes(raw)
+    assert built > 500  # the mutations do reach the C path
