@@ -30,7 +30,7 @@ from . import bodies, metrics, naming, policy, rbakconfig, schedule
 from .clock import fmt, now as clock_now, parse_time
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
 from .k8s import ApiError, Kube, connection_info
-from .status import RunState, job_state, push_history, run_summary, set_condition, spark_state
+from .status import RunState, in_pod_validation, job_state, push_history, run_summary, set_condition, spark_state
 
 log = logging.getLogger("rbak_operator")
 
@@ -171,10 +171,12 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
     labels = {bodies.L_BACKUP: naming.label_value(name)}
     jobs = kube.list_jobs(namespace, labels)
     states: dict[str, RunState] = {}
+    pods: dict[str, list[dict[str, Any]]] = {}
     for j in jobs:
         st = job_state(j)
         if st.phase == "Failed":
-            st = job_state(j, kube.job_pods(namespace, j["metadata"]["name"]))
+            pods[j["metadata"]["name"]] = kube.job_pods(namespace, j["metadata"]["name"])
+            st = job_state(j, pods[j["metadata"]["name"]])
         states[j["metadata"]["name"]] = st
     active = sorted(n for n, s in states.items() if not s.finished)
     metrics.ACTIVE.labels("backup").set(len(active))
@@ -192,12 +194,19 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         ann = j["metadata"].get("annotations") or {}
         jlabels = j["metadata"].get("labels") or {}
         backup_id = ann.get(bodies.A_BACKUP_ID, jname)
-        manifest = load_manifest_safe(kube, namespace, spec.get("storage"), backup_id, logger) if st.phase == "Succeeded" else None
         has_validate = any(c.get("name") == "validate" for c in j["spec"]["template"]["spec"].get("containers", []))
+        # Validation in the run's pod: the backup (init container) may have been written and then failed it.
+        validation = in_pod_validation(st, pods.get(jname)) if has_validate else None
+        written = st.phase == "Succeeded" or validation == "Failed"
+        manifest = load_manifest_safe(kube, namespace, spec.get("storage"), backup_id, logger) if written else None
         summary = run_summary(
             backup_id=backup_id, job_name=jname, trigger=jlabels.get(bodies.L_TRIGGER, "schedule"), state=st,
             slot=parse_time(ann[bodies.A_SLOT]) if ann.get(bodies.A_SLOT) else None, manifest=manifest,
-            validation=("Passed" if st.phase == "Succeeded" else None) if has_validate else None)
+            validation=validation)
+        if validation:
+            summary.update(validationRun=jname, validationEngine="job")
+        if validation == "Failed":
+            summary.update(reason="ValidationFailed", message=f"validation failed: {st.message or st.reason}")
         if st.phase == "Succeeded" and manifest is None:
             summary["message"] = "succeeded; manifest.json not readable by the operator (counts unknown)"
         if st.phase == "Succeeded" and not has_validate and manifest is not None:
@@ -218,6 +227,10 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
             if manifest is not None:
                 msg += f": {summary['messages']} messages, {summary['size']}, {summary['queues']} queues"
             _event(body, "Normal", "BackupSucceeded", msg)
+        elif validation == "Failed":
+            conditions = set_condition(conditions, "Ready", "False", "ValidationFailed",
+                                       f"backup {backup_id} {summary['message']}", now, generation)
+            _event(body, "Warning", "ValidationFailed", f"backup {backup_id} failed validation: {st.message or st.reason}")
         else:
             reason = st.message or st.reason or "the Job failed"
             conditions = set_condition(conditions, "Ready", "False", "BackupFailed",
@@ -387,8 +400,11 @@ def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str
             if st.finished:
                 h = dict(h, validation="Passed" if st.phase == "Succeeded" else "Failed")
                 if st.phase != "Succeeded":
-                    h["message"] = f"validation failed: {st.message or st.reason}"
-                    _event(body, "Warning", "ValidationFailed", f"backup {h['backupId']} failed validation: {st.message or st.reason}")
+                    cause = st.message or st.reason
+                    if h.get("validationEngine") == "spark":
+                        cause = _report_problems(kube, body, h["backupId"]) or cause
+                    h["message"] = f"validation failed: {cause}"
+                    _event(body, "Warning", "ValidationFailed", f"backup {h['backupId']} failed validation: {cause}")
                 else:
                     _event(body, "Normal", "ValidationPassed", f"backup {h['backupId']} validated")
                 last = patch.get("lastRun") or (body.get("status") or {}).get("lastRun") or {}
@@ -396,6 +412,35 @@ def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str
                     patch["lastRun"] = h
         out.append(h)
     return out
+
+
+def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int = 5) -> str:
+    """The problems of the newest validation report stored next to the backup ('' if none).
+
+    spark-operator's ``errorMessage`` only says the driver exited 1; the
+    report ``spark/validate.py`` stores names every bad segment key.
+    """
+    import json
+
+    spec = body.get("spec") or {}
+    try:
+        st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
+        if st is None:
+            return ""
+        prefix = rbakconfig.storage_prefix(spec.get("storage"))
+        folder = f"{prefix}/{backup_id}/validation/" if prefix else f"{backup_id}/validation/"
+        reports = sorted(k for k in st.list(folder) if k.rsplit("/", 1)[-1].startswith("report-") and k.endswith(".json"))
+        if not reports:
+            return ""
+        report = json.loads(st.get(reports[-1]))
+    except (RbakError, ValueError) as e:
+        log.warning("cannot read the validation report of %s: %s", backup_id, e)
+        return ""
+    problems = [str(p) for p in report.get("all_problems") or []]
+    if not problems:
+        return ""
+    more = f" (and {len(problems) - limit} more; report {reports[-1]})" if len(problems) > limit else f" (report {reports[-1]})"
+    return "; ".join(problems[:limit]) + more
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:

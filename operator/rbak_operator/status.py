@@ -70,6 +70,34 @@ def pod_failure_message(pods: list[dict[str, Any]]) -> str:
     return ""
 
 
+def _terminated(pod: dict[str, Any], name: str, init: bool) -> dict[str, Any] | None:
+    key = "initContainerStatuses" if init else "containerStatuses"
+    for cs in (pod.get("status") or {}).get(key) or []:
+        if cs.get("name") == name:
+            return (cs.get("state") or {}).get("terminated")
+    return None
+
+
+def in_pod_validation(state: RunState, pods: list[dict[str, Any]] | None, run_container: str = "rbak",
+                      validate_container: str = "validate") -> str | None:
+    """Outcome of validation run in the run's own pod (the backup as init container).
+
+    Passed when the Job completed; Failed when the backup container exited 0
+    and the validation container then failed (the backup was written but does
+    not validate); None when the backup itself failed or is still running.
+    """
+    if state.phase == "Succeeded":
+        return "Passed"
+    if state.phase != "Failed" or not pods:
+        return None
+    pod = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    run = _terminated(pod, run_container, init=True)
+    check = _terminated(pod, validate_container, init=False)
+    if run and run.get("exitCode") == 0 and check and check.get("exitCode", 0) != 0:
+        return "Failed"
+    return None
+
+
 def last_error_line(text: str) -> str:
     """The line of a termination message that names the cause."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

@@ -9,8 +9,8 @@ import pytest
 from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 from rbak_operator import policy
-from rbak_operator.status import (human_size, job_state, manifest_counts, push_history, run_summary,
-                                  set_condition, spark_state)
+from rbak_operator.status import (RunState, human_size, in_pod_validation, job_state, manifest_counts, push_history,
+                                  run_summary, set_condition, spark_state)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 
@@ -61,6 +61,24 @@ def test_init_container_failure_is_found():
     pod = {"status": {"initContainerStatuses": [{"name": "rbak", "state": {"terminated": {"exitCode": 2, "message": "rbak: Configuration error: x"}}}],
                       "containerStatuses": [{"name": "validate", "state": {"waiting": {"reason": "PodInitializing"}}}]}}
     assert job_state(JOB_FAILED, [pod]).message == "rbak: Configuration error: x"
+
+
+def _pod(run_exit: int, validate: dict) -> dict:
+    return {"status": {"initContainerStatuses": [{"name": "rbak", "state": {"terminated": {"exitCode": run_exit}}}],
+                       "containerStatuses": [{"name": "validate", "state": validate}]}}
+
+
+def test_in_pod_validation_outcome():
+    failed = RunState("Failed")
+    bad = {"terminated": {"exitCode": 1, "message": "  - backups/b/queues/v/q/segment-0001.zst: SHA-256 mismatch"}}
+    assert in_pod_validation(RunState("Succeeded"), None) == "Passed"
+    assert in_pod_validation(RunState("Running"), [_pod(0, {"running": {}})]) is None
+    # The backup was written, then did not validate.
+    assert in_pod_validation(failed, [_pod(0, bad)]) == "Failed"
+    assert job_state(JOB_FAILED, [_pod(0, bad)]).message.endswith("segment-0001.zst: SHA-256 mismatch")
+    # The backup itself failed: validation never ran.
+    assert in_pod_validation(failed, [_pod(1, {"waiting": {"reason": "PodInitializing"}})]) is None
+    assert in_pod_validation(failed, []) is None
 
 
 @pytest.mark.parametrize("state, phase", [("", "Running"), ("SUBMITTED", "Running"), ("RUNNING", "Running"),
