@@ -7,6 +7,12 @@ the pod's env (``secretKeyRef`` from the emulator's Secrets), writes mounted
 ConfigMaps to a temp dir and maps the mount paths, runs init containers then
 containers (same command and args, ``python`` being this interpreter), creates
 a Pod object carrying the termination message, and writes the Job's status.
+A failing init container fails the pod; the containers after it never run.
+
+Tests may register ``PodRunner.hooks``: ``hook(run_name, container_name)``
+is called just before a container (or a SparkApplication's driver,
+``spark-kubernetes-driver``) starts, e.g. to damage storage between a
+backup and its validation.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import kmock
 import yaml
@@ -192,6 +198,11 @@ class PodRunner:
         self._tmp = Path(tempfile.mkdtemp(prefix="rbak-kubelet-"))
         self._running: dict[str, threading.Thread] = {}
         self.errors: list[str] = []
+        self.hooks: list[Callable[[str, str], None]] = []
+
+    def _before(self, run: str, container: str) -> None:
+        for hook in list(self.hooks):
+            hook(run, container)
 
     def start(self) -> "PodRunner":
         self._thread.start()
@@ -277,6 +288,7 @@ class PodRunner:
     def _run_job(self, job: dict) -> None:
         name = job["metadata"]["name"]
         workdir = self._tmp / name
+        workdir.mkdir(parents=True, exist_ok=True)
         pod_spec = job["spec"]["template"]["spec"]
         pod_name = f"{name}-pod"
         self.http.patch("batch/v1", "jobs", name, {"status": {"startTime": _now(), "active": 1}}, self.ns, "status")
@@ -294,13 +306,14 @@ class PodRunner:
                 if cmd and cmd[0] == "python":
                     cmd[0] = sys.executable
                 cmd = [self._map(a, mounts) for a in cmd]
+                self._before(name, c["name"])
                 p = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
                 out = (p.stdout or "") + (p.stderr or "")
                 output += f"$ {' '.join(c.get('args') or [])}\n{out}"
                 term = {"exitCode": p.returncode, "reason": "Completed" if p.returncode == 0 else "Error",
                         "finishedAt": _now()}
-                if p.returncode != 0:
-                    term["message"] = "\n".join(out.splitlines()[-80:])  # FallbackToLogsOnError
+                if p.returncode != 0:  # FallbackToLogsOnError: the last 80 lines or 2048 bytes, the smaller
+                    term["message"] = "\n".join(out.splitlines()[-80:]).encode()[-2048:].decode(errors="replace")
                 statuses.append({"name": c["name"], "_kind": kind, "state": {"terminated": term}, "ready": False,
                                  "restartCount": 0, "image": c.get("image", ""), "imageID": "", "started": False})
                 if p.returncode != 0:
@@ -339,10 +352,12 @@ def _run_spark_app(runner: "PodRunner", app: dict) -> None:
     """spark-operator's part: run the driver's program (Spark in local mode), then set applicationState."""
     name = app["metadata"]["name"]
     api = "sparkoperator.k8s.io/v1beta2"
-    runner.http.patch(api, "sparkapplications", name, {"status": {"applicationState": {"state": "SUBMITTED"}}},
-                      runner.ns, "status")
+    runner.http.patch(api, "sparkapplications", name, {"status": {
+        "applicationState": {"state": "SUBMITTED"}, "driverInfo": {"podName": f"{name}-driver"},
+        "lastSubmissionAttemptTime": _now(), "submissionAttempts": 1}}, runner.ns, "status")
     driver = app["spec"]["driver"]
     workdir = runner._tmp / name
+    workdir.mkdir(parents=True, exist_ok=True)  # the driver's working directory, volumes or not
     pod_spec = {"volumes": app["spec"].get("volumes") or [], "containers": [driver]}
     try:
         mounts = runner._mounts(pod_spec, workdir)
@@ -351,11 +366,13 @@ def _run_spark_app(runner: "PodRunner", app: dict) -> None:
         cmd = [sys.executable, str(_spark_main(app))] + [runner._map(a, mounts) for a in app["spec"].get("arguments") or []]
         runner.http.patch(api, "sparkapplications", name, {"status": {"applicationState": {"state": "RUNNING"}}},
                           runner.ns, "status")
+        runner._before(name, "spark-kubernetes-driver")
         p = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
         out = (p.stdout or "") + (p.stderr or "")
-        ok, err = p.returncode == 0, "\n".join(out.splitlines()[-20:])
+        # spark-operator's own words: the driver's exit code, never its output.
+        ok, err = p.returncode == 0, f"driver container failed with ExitCode: {p.returncode}, Reason: Error"
     except Exception as e:
-        ok, out, err = False, repr(e), repr(e)
+        ok, out, err = False, repr(e), "driver pod not found"
     runner.outputs["spark:" + name] = out
     state = {"state": "COMPLETED"} if ok else {"state": "FAILED", "errorMessage": err}
     runner.http.patch(api, "sparkapplications", name, {"status": {"applicationState": state, "terminationTime": _now()}},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,8 +19,10 @@ import pytest
 from rbak.catalog import list_backups, load_manifest
 from rbak.storage.url import open_storage
 from rbak_operator.api_calls import used_api_calls
+from rbak_operator.naming import manual_run_name
 from support.brokers import unique_name
 
+import sparkcrd
 from opcluster import Emulator, Http, Operator, PodRunner, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -166,7 +169,8 @@ def s3(env):
 def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
     env.broker.publish_n(env.vhost, "orders", 25, declare={})
     name = f"{env.tag}-sched"
-    create_backup(cluster, env, name, schedule="*/5 * * * *", broker=env.cluster_broker, validate={"enabled": True})
+    create_backup(cluster, env, name, schedule="*/5 * * * *", broker=env.cluster_broker,
+                  validate={"enabled": True, "deep": True})
     wait_for(lambda: cluster.status(name).get("nextScheduleTime"), 30, what="nextScheduleTime", diag=cluster.logs)
     assert cluster.jobs(name) == []
     slot = cluster.next_slot()
@@ -177,7 +181,14 @@ def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
     assert manifest.is_complete and manifest.total_messages == 25
     assert run["messages"] == 25 == manifest.total_messages
     assert run["bytes"] == manifest.total_bytes and run["segments"] == manifest.total_segments
-    assert run["queues"] == 1 and run["validation"] == "Passed" and run["trigger"] == "schedule"
+    assert run["queues"] == 1 and run["trigger"] == "schedule"
+    # Validated in the run's own pod: the backup as init container, `rbak validate --deep` after it.
+    assert (run["validation"], run["validationRun"], run["validationEngine"]) == ("Passed", job, "job")
+    pod = cluster.http.get("v1", "pods", f"{job}-pod")["spec"]
+    assert [c["args"][0] for c in pod["initContainers"]] == ["backup"]
+    assert [c["args"][0] for c in pod["containers"]] == ["validate"] and "--deep" in pod["containers"][0]["args"]
+    out = cluster.runner.outputs[job]
+    assert out.index("$ backup ") < out.index("$ validate ") and f"backup {job} is valid (deep: {manifest.total_segments} segments checked)" in out, out
     assert run["scheduledTime"] == _fmt(slot)
     st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s, 30, what="phase")
     assert st["lastBackupId"] == job and st["lastScheduleTime"] == _fmt(slot)
@@ -264,9 +275,13 @@ def test_failing_backup_reports_the_cause(cluster, env):
     env.broker.publish_n(env.vhost, "q", 1, declare={})
     name = f"{env.tag}-fail"
     broker = dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"})
-    create_backup(cluster, env, name, broker=broker)
+    create_backup(cluster, env, name, broker=broker, validate={"enabled": True})
     trigger(cluster, name, "1")
     run = wait_run(cluster, name, phase="Failed")
+    # The backup is the pod's init container: it failed, so the validation container never ran.
+    assert "$ validate" not in cluster.runner.outputs[run["jobName"]] and "validation" not in run
+    pod = cluster.http.get("v1", "pods", f"{run['jobName']}-pod")["status"]
+    assert [c["name"] for c in pod["initContainerStatuses"]] == ["rbak"] and pod["containerStatuses"] == []
     text = (run.get("message") or "").lower()
     assert any(w in text for w in ("access_refused", "authentication", "login", "401", "not authorised", "unauthorized")), run
     st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Failed" and s, 30, what="Failed phase")
@@ -276,6 +291,164 @@ def test_failing_backup_reports_the_cause(cluster, env):
     wait_for(lambda: any(e["reason"] == "BackupFailed" and e.get("type") == "Warning" for e in cluster.events(name)), 20,
              what="warning event")
     assert [b for b in list_backups(s3(env)) if b.complete] == []
+
+
+def _bucket_root(env):
+    """The backup storage as the runs see it: the bucket root, keys carrying the prefix."""
+    return open_storage(env.bucket.url_with_prefix(""))
+
+
+def _damage_a_segment(env, backup_id: str, queue: str) -> str:
+    """Flip one byte in the middle of ``queue``'s first segment, behind rbak's back; returns its key."""
+    m = load_manifest(_bucket_root(env), backup_id, env.bucket.prefix)
+    key = next(q for q in m.queues if q.name == queue).segments[0].key
+    data = bytearray(env.bucket.get(key))
+    data[len(data) // 2] ^= 0xFF
+    env.bucket.client().put_object(Bucket=env.bucket.bucket, Key=key, Body=bytes(data))
+    return key
+
+
+class _Hook:
+    """A PodRunner hook acting once when ``container`` of ``run`` is about to start."""
+
+    def __init__(self, cluster, run: str, container: str, action) -> None:
+        self.cluster, self.run, self.container, self.action = cluster, run, container, action
+        self.result, self.error, self.fired = None, None, threading.Event()
+
+    def __call__(self, run: str, container: str) -> None:
+        if (run, container) != (self.run, self.container) or self.fired.is_set():
+            return
+        try:
+            self.result = self.action()
+        except BaseException as e:  # reported by the test, not lost in the runner's thread
+            self.error = e
+        self.fired.set()
+
+    def __enter__(self) -> "_Hook":
+        self.cluster.runner.hooks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cluster.runner.hooks.remove(self)
+        assert self.error is None, self.error
+
+
+def test_job_validation_fails_on_a_damaged_segment(cluster, env):
+    """Validation in the run's pod: a segment damaged after the backup container wrote it and
+    before the validation container starts fails the run, naming the key."""
+    env.broker.publish_n(env.vhost, "good", 5, declare={})
+    env.broker.publish_n(env.vhost, "bad", 7, declare={})
+    name = f"{env.tag}-jval"
+    create_backup(cluster, env, name, validate={"enabled": True, "deep": True})
+    job = manual_run_name(name, "1")
+    with _Hook(cluster, job, "validate", lambda: _damage_a_segment(env, job, "bad")) as hook:
+        trigger(cluster, name, "1")
+        run = wait_run(cluster, name, job=job, phase="Failed")
+    assert hook.fired.is_set()
+    bad_key = hook.result
+    good_key = next(q for q in load_manifest(_bucket_root(env), job, env.bucket.prefix).queues
+                    if q.name == "good").segments[0].key
+    assert (run["validation"], run["validationRun"], run["validationEngine"]) == ("Failed", job, "job"), run
+    assert run["reason"] == "ValidationFailed" and run["message"].startswith("validation failed: "), run
+    assert bad_key in run["message"] and good_key not in run["message"], run
+    assert "SHA-256 mismatch" in run["message"] or "CRC32" in run["message"], run
+    assert run["messages"] == 12 and run["queues"] == 2  # the backup was written: counts from its manifest
+    st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Failed" and s, 30, what="Failed phase")
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ValidationFailed" and bad_key in ready["message"]
+    assert st.get("lastBackupId") is None  # a backup that does not validate is not the last good one
+    ev = wait_for(lambda: [e for e in cluster.events(name) if e["reason"] == "ValidationFailed"], 20,
+                  what="ValidationFailed event", diag=cluster.logs)
+    assert ev[0]["type"] == "Warning" and bad_key in ev[0]["message"]
+    assert not any(e["reason"] == "BackupFailed" for e in cluster.events(name))
+
+
+def _wait_validation(cluster, name: str, job: str, outcome: str, timeout: float = 180) -> dict:
+    def done():
+        lr = cluster.status(name).get("lastRun") or {}
+        if lr.get("jobName") != job:
+            return None
+        if lr.get("validation") in ("Passed", "Failed") and lr["validation"] != outcome:
+            raise AssertionError(f"{job}: validation {lr['validation']}, expected {outcome}: {lr}\n{cluster.logs()}")
+        return lr if lr.get("validation") == outcome else None
+    return wait_for(done, timeout, what=f"{job} validation {outcome}", diag=cluster.logs)
+
+
+def _reports(env, backup_id: str) -> list[dict]:
+    root = _bucket_root(env)
+    keys = [k for k in root.list(f"{env.bucket.prefix}/{backup_id}/validation/") if k.endswith(".json")]
+    return [dict(json.loads(root.get(k)), _key=k) for k in keys]
+
+
+def test_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
+    """validate.sparkThresholdBytes: 0 -> every finished run is validated by a SparkApplication running
+    spark/validate.py (Spark in local mode here); its JSON report lands next to the backup."""
+    env.broker.publish_n(env.vhost, "alpha", 6, declare={})
+    env.broker.publish_n(env.vhost, "beta", 4, declare={})
+    name = f"{env.tag}-sval"
+    create_backup(cluster, env, name, validate={"enabled": True, "sparkThresholdBytes": 0},
+                  spark={"executorInstances": 1, "executorMemory": "512m"})
+    job = manual_run_name(name, "1")
+    app_name = f"{job}-validate"
+    release = threading.Event()
+    # Hold the driver until the test has seen the Pending state (spark-operator queueing it, in effect).
+    with _Hook(cluster, app_name, "spark-kubernetes-driver", lambda: release.wait(120)):
+        trigger(cluster, name, "1")
+        run = wait_run(cluster, name, job=job, phase="Succeeded")
+        pending = _wait_validation(cluster, name, job, "Pending", 30)
+        release.set()
+    job_pod = cluster.http.get("batch/v1", "jobs", job)["spec"]["template"]["spec"]
+    assert "initContainers" not in job_pod  # validation is decided after the run, from its size
+    assert (pending["validationEngine"], pending["validationRun"]) == ("spark", app_name)
+    assert run["messages"] == 10 and run["queues"] == 2
+    app = cluster.http.get("sparkoperator.k8s.io/v1beta2", "sparkapplications", app_name)
+    assert sparkcrd.problems(app) == []  # what kubeflow spark-operator's CRD accepts
+    assert (app["apiVersion"], app["kind"]) == ("sparkoperator.k8s.io/v1beta2", "SparkApplication")
+    spec = app["spec"]
+    assert spec["mainApplicationFile"] == "local:///opt/rbak/spark/validate.py" and spec["type"] == "Python"
+    args = spec["arguments"]
+    assert args[args.index("--backup-id") + 1] == job and args[args.index("--prefix") + 1] == env.bucket.prefix
+    assert f"endpoint=" in args[args.index("--path") + 1] and spec["executor"]["instances"] == 1
+    owner = app["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("RabbitMQBackup", name)
+    envs = {e["name"] for e in spec["driver"]["env"]} & {e["name"] for e in spec["executor"]["env"]}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= envs
+    assert "testing" not in json.dumps(spec)  # credentials only through secretKeyRef
+
+    passed = _wait_validation(cluster, name, job, "Passed")
+    assert passed["phase"] == "Succeeded" and passed["validationRun"] == app_name
+    assert next(h for h in cluster.status(name)["history"] if h["jobName"] == job)["validation"] == "Passed"
+    (report,) = _reports(env, job)
+    m = load_manifest(_bucket_root(env), job, env.bucket.prefix)
+    assert report["backup_id"] == job and report["ok"] is True and report["deep"] is True
+    assert sorted(s["key"] for s in report["segments"]) == sorted(s.key for q in m.queues for s in q.segments)
+    assert report["summary"]["records"] == 10 == m.total_messages
+
+    # Second run: a segment is damaged after the backup, before the driver starts.
+    job2 = manual_run_name(name, "2")
+    with _Hook(cluster, f"{job2}-validate", "spark-kubernetes-driver",
+               lambda: _damage_a_segment(env, job2, "beta")) as hook:
+        trigger(cluster, name, "2")
+        failed = _wait_validation(cluster, name, job2, "Failed")
+    bad_key = hook.result
+    good_key = next(q for q in load_manifest(_bucket_root(env), job2, env.bucket.prefix).queues
+                    if q.name == "alpha").segments[0].key
+    assert failed["phase"] == "Succeeded" and failed["validationEngine"] == "spark"
+    # spark-operator's errorMessage only has the driver's exit code: the cause comes from the stored report.
+    msg = failed["message"]
+    assert msg.startswith("validation failed: ") and bad_key in msg and good_key not in msg, failed
+    app2 = cluster.http.get("sparkoperator.k8s.io/v1beta2", "sparkapplications", f"{job2}-validate")
+    assert "ExitCode: 1" in app2["status"]["applicationState"]["errorMessage"]
+    (report2,) = _reports(env, job2)
+    assert report2["ok"] is False and [s["key"] for s in report2["segments"] if not s["ok"]] == [bad_key]
+    assert report2["_key"] in msg
+    reasons = wait_for(lambda: (r := [e["reason"] for e in cluster.events(name)]) and "ValidationFailed" in r and r,
+                       20, what="events")
+    assert {"ValidationStarted", "ValidationPassed", "ValidationFailed"} <= set(reasons)
+    ev = next(e for e in cluster.events(name) if e["reason"] == "ValidationFailed")
+    assert ev["type"] == "Warning" and bad_key in ev["message"]
+    # The first backup's outcome stays as it was.
+    assert next(h for h in cluster.status(name)["history"] if h["jobName"] == job)["validation"] == "Passed"
 
 
 def test_retention_deletes_the_oldest_backup(cluster, env):
