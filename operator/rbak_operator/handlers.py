@@ -218,7 +218,9 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         if st.duration is not None:
             metrics.DURATION.labels("backup").observe(st.duration)
         if st.phase == "Succeeded":
-            new_success = True
+            # Retention waits for a pending validation: a new backup that later fails it
+            # must not have cost an older good one (keepLast: 1).
+            new_success = new_success or summary.get("validation") != "Pending"
             patch["lastSuccessfulTime"] = fmt(st.end or now)
             patch["lastBackupId"] = backup_id
             conditions = set_condition(conditions, "Ready", "True", "BackupSucceeded",
@@ -236,7 +238,8 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
             conditions = set_condition(conditions, "Ready", "False", "BackupFailed",
                                        f"backup {backup_id} failed: {reason}", now, generation)
             _event(body, "Warning", "BackupFailed", f"backup {backup_id} failed: {reason}")
-    history = _follow_validations(kube, body, history, patch)
+    history, validated = _follow_validations(kube, body, history, patch)
+    new_success = new_success or validated
     if history != list(status.get("history") or []):
         patch["history"] = history
 
@@ -247,7 +250,7 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         kube.delete_job(namespace, victim)
         kube.delete_configmap(namespace, victim)
 
-    # 3. Retention, after a new successful backup.
+    # 3. Retention, after a new successful (and, when validated after the run, validated) backup.
     if new_success and spec.get("retention"):
         deleted = apply_retention(kube, body, now, logger)
         if deleted:
@@ -384,10 +387,13 @@ def _start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
 
 
 def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str, Any]],
-                        patch: dict[str, Any]) -> list[dict[str, Any]]:
-    """Move Pending validations to Passed/Failed from their Job or SparkApplication."""
+                        patch: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """Move Pending validations to Passed/Failed from their Job or SparkApplication.
+
+    Returns the history and whether a validation passed (retention is due)."""
     ns = body["metadata"]["namespace"]
     out = []
+    passed = False
     for h in history:
         if h.get("validation") == "Pending" and h.get("validationRun"):
             if h.get("validationEngine") == "spark":
@@ -406,12 +412,13 @@ def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str
                     h["message"] = f"validation failed: {cause}"
                     _event(body, "Warning", "ValidationFailed", f"backup {h['backupId']} failed validation: {cause}")
                 else:
+                    passed = True
                     _event(body, "Normal", "ValidationPassed", f"backup {h['backupId']} validated")
                 last = patch.get("lastRun") or (body.get("status") or {}).get("lastRun") or {}
                 if last.get("jobName") == h.get("jobName"):
                     patch["lastRun"] = h
         out.append(h)
-    return out
+    return out, passed
 
 
 def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int = 5) -> str:

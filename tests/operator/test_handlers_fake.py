@@ -210,6 +210,31 @@ def test_spark_validation_above_threshold(clock, pvc):
     assert st["lastRun"]["validation"] == "Passed" and st["history"][0]["validation"] == "Passed"
 
 
+@pytest.mark.parametrize("outcome", ["COMPLETED", "FAILED"])
+def test_retention_waits_for_the_validation(clock, pvc, outcome):
+    """keepLast: 1 with validation after the run: the older good backup goes only once
+    the new one has passed validation, never for a new one that fails it."""
+    from rbak_operator.naming import manual_run_name
+
+    old = manual_run_name("b", "old")
+    write_backup(pvc, old, 1, 100)
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"sparkThresholdBytes": 0}, retention={"keepLast": 1})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "new"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    write_backup(pvc, run, 5, 5000, created_ms=10)
+    k.finish_job(run)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    assert k.objs[("backup", "b")]["status"]["lastRun"]["validation"] == "Pending"
+    assert {e.backup_id for e in list_backups(pvc)} == {old, run}  # not before the validation
+    k.objs[("spark", f"{run}-validate")]["status"] = {"applicationState": {"state": outcome}}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    left = {e.backup_id for e in list_backups(pvc)}
+    assert left == ({run} if outcome == "COMPLETED" else {old, run})
+
+
 def test_small_backup_is_validated_by_a_job(clock, pvc):
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(validate={"sparkThresholdBytes": 10**9, "deep": True})
