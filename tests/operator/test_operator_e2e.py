@@ -509,6 +509,7 @@ def test_restore_with_the_spark_engine(cluster, env):
     assert st["engine"] == "spark" and st["backupId"] == run["backupId"]
     app = cluster.http.get("sparkoperator.k8s.io/v1beta2", "sparkapplications", st["sparkApplicationName"])
     assert app["spec"]["mainApplicationFile"] == "local:///opt/rbak/spark/restore.py"
+    assert sparkcrd.problems(app) == []  # what kubeflow spark-operator's CRD accepts
     assert env.broker.read_bodies(env.vhost, "events") == bodies
     out = cluster.runner.outputs[f"spark:{st['sparkApplicationName']}"]
     assert "5 confirmed" in out and "local" in out, out[-2000:]
