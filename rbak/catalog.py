@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+import orjson
 
 from .errors import ManifestError, NotFoundError
 from .format.manifest import BackupManifest
-from .keys import MANIFEST_NAME, BACKUP_ID_RE, BackupLayout, normalize_prefix
+from .keys import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix
 from .storage.base import Storage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,39 @@ def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]
     return entries
 
 
+def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "") -> tuple[str, dict] | None:
+    """(key, report) of the newest validation report stored next to a backup, or None.
+
+    Reports are written by ``rbak validate --write-report`` (the operator's
+    in-pod validation) and the Spark validation job, as
+    ``validation/report-<utc stamp>.json``; the stamp sorts as text. An
+    unreadable report counts as a failed validation (``ok`` false).
+    """
+    folder = f"{BackupLayout(backup_id, prefix).root}/{VALIDATION_DIR}/"
+    keys = sorted(k for k in storage.list(folder) if k.rsplit("/", 1)[-1].startswith("report-") and k.endswith(".json"))
+    if not keys:
+        return None
+    try:
+        report = orjson.loads(storage.get(keys[-1]))
+        if not isinstance(report, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, NotFoundError) as e:
+        return keys[-1], {"ok": False, "all_problems": [f"unreadable validation report: {e}"]}
+    return keys[-1], report
+
+
 def latest_complete(storage: Storage, prefix: str | None = "") -> BackupEntry | None:
-    done = [e for e in list_backups(storage, prefix) if e.complete]
-    return max(done, key=lambda e: (e.manifest.completed_at, e.backup_id)) if done else None
+    """The newest complete backup whose last validation (if any) did not fail.
+
+    A backup proven damaged is never picked by default: restores without a
+    backup id and incremental stream offsets skip it, with a warning.
+    """
+    done = sorted((e for e in list_backups(storage, prefix) if e.complete),
+                  key=lambda e: (e.manifest.completed_at, e.backup_id), reverse=True)
+    for e in done:
+        found = latest_validation(storage, e.backup_id, prefix)
+        if found is not None and found[1].get("ok") is False:
+            log.warning("skipping backup %r: its last validation failed (%s)", e.backup_id, found[0])
+            continue
+        return e
+    return None

@@ -7,14 +7,18 @@ executors, so both report exactly the same findings.
 
 from __future__ import annotations
 
+import datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
+
+import orjson
 
 from .catalog import load_manifest
 from .errors import RbakError, SegmentError
 from .format.compression import decompress
 from .format.manifest import BackupManifest, SegmentMetadata
+from .keys import BackupLayout
 from .format.segment import FOOTER_SIZE, HEADER_SIZE, decode_payload, sha256_hex, verify_frame
 from .storage.base import Storage
 
@@ -187,3 +191,21 @@ def validate_backup(
             if progress:
                 progress(result)
     return report
+
+
+def utc_stamp(now: datetime.datetime | None = None) -> str:
+    """Report timestamps: sortable as text, millisecond resolution."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
+
+
+def store_report(storage: Storage, report: dict, backup_id: str, prefix: str | None = "",
+                 key: str | None = None) -> str:
+    """Store a validation report next to its backup (``validation/report-<ts>.json``).
+
+    The newest report decides whether the backup counts as usable
+    (``catalog.latest_complete`` skips one whose last validation failed).
+    """
+    key = key or BackupLayout(backup_id, prefix).validation_report(utc_stamp())
+    storage.put(key, orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return key

@@ -165,7 +165,7 @@ def backup_args(config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}") -> list[str]:
 
 def validate_args(storage_url: str, backup_id: str, deep: bool, prefix: str = "") -> list[str]:
     return ["validate", "--path", storage_url, "--backup-id", backup_id, *(["--prefix", prefix] if prefix else []),
-            *(["--deep"] if deep else [])]
+            *(["--deep"] if deep else []), "--write-report"]
 
 
 def restore_args(config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}") -> list[str]:

@@ -206,7 +206,8 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         if validation:
             summary.update(validationRun=jname, validationEngine="job")
         if validation == "Failed":
-            summary.update(reason="ValidationFailed", message=f"validation failed: {st.message or st.reason}")
+            cause = _report_problems(kube, body, backup_id) or st.message or st.reason
+            summary.update(reason="ValidationFailed", message=f"validation failed: {cause}")
         if st.phase == "Succeeded" and manifest is None:
             summary["message"] = "succeeded; manifest.json not readable by the operator (counts unknown)"
         if st.phase == "Succeeded" and not has_validate and manifest is not None:
@@ -232,7 +233,7 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         elif validation == "Failed":
             conditions = set_condition(conditions, "Ready", "False", "ValidationFailed",
                                        f"backup {backup_id} {summary['message']}", now, generation)
-            _event(body, "Warning", "ValidationFailed", f"backup {backup_id} failed validation: {st.message or st.reason}")
+            _event(body, "Warning", "ValidationFailed", f"backup {backup_id} {summary['message']}")
         else:
             reason = st.message or st.reason or "the Job failed"
             conditions = set_condition(conditions, "Ready", "False", "BackupFailed",
@@ -406,9 +407,9 @@ def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str
             if st.finished:
                 h = dict(h, validation="Passed" if st.phase == "Succeeded" else "Failed")
                 if st.phase != "Succeeded":
-                    cause = st.message or st.reason
-                    if h.get("validationEngine") == "spark":
-                        cause = _report_problems(kube, body, h["backupId"]) or cause
+                    # Both engines store a report naming every bad segment (spark-operator's
+                    # errorMessage and a pod's termination message are only its last words).
+                    cause = _report_problems(kube, body, h["backupId"]) or st.message or st.reason
                     h["message"] = f"validation failed: {cause}"
                     _event(body, "Warning", "ValidationFailed", f"backup {h['backupId']} failed validation: {cause}")
                 else:
@@ -424,29 +425,29 @@ def _follow_validations(kube: Kube, body: dict[str, Any], history: list[dict[str
 def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int = 5) -> str:
     """The problems of the newest validation report stored next to the backup ('' if none).
 
-    spark-operator's ``errorMessage`` only says the driver exited 1; the
-    report ``spark/validate.py`` stores names every bad segment key.
+    spark-operator's ``errorMessage`` only says the driver exited 1 and a
+    pod's termination message holds its last lines; the report that
+    ``spark/validate.py`` and ``rbak validate --write-report`` store names
+    every bad segment key.
     """
-    import json
+    from rbak.catalog import latest_validation
 
     spec = body.get("spec") or {}
     try:
         st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
         if st is None:
             return ""
-        prefix = rbakconfig.storage_prefix(spec.get("storage"))
-        folder = f"{prefix}/{backup_id}/validation/" if prefix else f"{backup_id}/validation/"
-        reports = sorted(k for k in st.list(folder) if k.rsplit("/", 1)[-1].startswith("report-") and k.endswith(".json"))
-        if not reports:
+        found = latest_validation(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")))
+        if found is None:
             return ""
-        report = json.loads(st.get(reports[-1]))
-    except (RbakError, ValueError) as e:
+        key, report = found
+    except RbakError as e:
         log.warning("cannot read the validation report of %s: %s", backup_id, e)
         return ""
     problems = [str(p) for p in report.get("all_problems") or []]
     if not problems:
         return ""
-    more = f" (and {len(problems) - limit} more; report {reports[-1]})" if len(problems) > limit else f" (report {reports[-1]})"
+    more = f" (and {len(problems) - limit} more; report {key})" if len(problems) > limit else f" (report {key})"
     return "; ".join(problems[:limit]) + more
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from ..catalog import list_backups, load_manifest
 from ..format.manifest import BackupManifest
 from ..storage import open_storage
-from ..validate import validate_backup
+from ..validate import store_report, validate_backup
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
     p.add_argument("--deep", action="store_true", help="read every segment: CRC32, SHA-256, record counts")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--workers", type=int, default=4, help="segments checked at once")
+    p.add_argument("--write-report", action="store_true",
+                   help="store the report next to the backup (validation/report-<ts>.json); a backup whose newest "
+                        "report failed is skipped when a restore picks the latest backup")
     p.set_defaults(handler=cmd_validate)
 
 
@@ -173,8 +176,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.stop()
+    report_key = None
+    if args.write_report:
+        obj = report.to_json_obj()
+        obj.update(engine="cli", all_problems=report.all_problems())
+        report_key = store_report(storage, obj, args.backup_id, args.prefix)
     if args.format == "json":
-        print(json.dumps(report.to_json_obj(), indent=2))
+        obj = report.to_json_obj()
+        if report_key:
+            obj["report_key"] = report_key
+        print(json.dumps(obj, indent=2))
     else:
         kind = "deep" if args.deep else "shallow"
         n = len(report.segments)
@@ -185,4 +196,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   f"{len(report.bad_segments)} bad):", file=sys.stderr)
             for line in report.all_problems():
                 print(f"  - {line}", file=sys.stderr)
+        if report_key:
+            print(f"report: {report_key}", file=sys.stderr)
     return 0 if report.ok else 1

@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Iterable, Iterator
 
-import orjson
 
 MAX_TASKS = 20_000
 TASK_BYTES = 64 * 1024 * 1024  # below this, Spark's per-task cost (~50 ms) starts to show
@@ -64,18 +63,13 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]]) -> Iterato
         yield out
 
 
-def utc_stamp(now: _dt.datetime | None = None) -> str:
-    now = now or _dt.datetime.now(_dt.timezone.utc)
-    return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
-
-
 def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: str | None = None,
                  partitions: int | None = None, write_report: bool = True) -> dict:
     """Validate a backup with Spark; returns the report (also stored unless ``write_report`` is false)."""
     from rbak.catalog import load_manifest
     from rbak.keys import BackupLayout
     from rbak.storage import open_storage
-    from rbak.validate import SegmentCheck, ValidationReport, backup_problems
+    from rbak.validate import SegmentCheck, ValidationReport, backup_problems, store_report, utc_stamp
 
     url = str(url)  # a str subclass would be pickled by reference to its module
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -125,9 +119,8 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
         all_problems=report.all_problems(),
     )
     if write_report:
-        key = report_key or layout.validation_report(utc_stamp(started))
-        storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
-        out["report_key"] = key
+        out["report_key"] = store_report(storage, out, backup_id, prefix,
+                                         report_key or layout.validation_report(utc_stamp(started)))
     return out
 
 

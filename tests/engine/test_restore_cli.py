@@ -45,6 +45,26 @@ def test_restore_without_a_backup_id_uses_the_newest_complete_backup(broker, vho
     r = rbak(*common, "--backup-id", "b-2024-03", check=False)
     assert r.returncode != 0 and "'b-2024-03' is incomplete" in r.stderr
 
+    # b-2024-02 gets damaged and a validation with --write-report proves it: the next restore that
+    # picks the latest backup skips it (saying so) and takes b-2024-01.
+    from rbak.catalog import load_manifest
+
+    seg = load_manifest(storage, "b-2024-02").queues[0].segments[0]
+    data = bytearray(storage.get(seg.key))
+    data[40] ^= 0xFF
+    storage.put(seg.key, bytes(data))
+    v = rbak("validate", "--path", path, "--backup-id", "b-2024-02", "--deep", "--write-report", check=False)
+    assert v.returncode == 1 and "report: b-2024-02/validation/report-" in v.stderr, v.stderr
+    report = json.loads(storage.get(v.stderr.split("report: ")[1].split()[0]))
+    assert report["ok"] is False and any(seg.key in p for p in report["all_problems"])
+    dry = rbak(*common, "--dry-run")
+    assert json.loads(dry.stdout)["backup_id"] == "b-2024-01"
+    assert "skipping backup 'b-2024-02': its last validation failed" in dry.stderr, dry.stderr
+    # a later passing validation (say, after the segment was repaired) makes it eligible again
+    storage.put(seg.key, bytes(data[:40]) + bytes([data[40] ^ 0xFF]) + bytes(data[41:]))
+    assert rbak("validate", "--path", path, "--backup-id", "b-2024-02", "--deep", "--write-report").returncode == 0
+    assert json.loads(rbak(*common, "--dry-run").stdout)["backup_id"] == "b-2024-02"
+
 
 def test_definitions_import_command_writes_the_rollback_into_the_backup(broker, vhost, tmp_path):
     doc = {"vhosts": [{"name": vhost}], "queues": [{"name": "from-file", "vhost": vhost, "durable": True,

@@ -148,7 +148,7 @@ def test_storage_url_round_trips_through_open_storage():
     assert st.bucket == "backups" and st.prefix == ""
     assert rbakconfig.storage_prefix(CLUSTER_SPEC["storage"]) == "rmq/prod"
     args = bodies.validate_args(url, "b-1", False, "rmq/prod")
-    assert args == ["validate", "--path", url, "--backup-id", "b-1", "--prefix", "rmq/prod"]
+    assert args == ["validate", "--path", url, "--backup-id", "b-1", "--prefix", "rmq/prod", "--write-report"]
     assert rbakconfig.storage_url(URL_SPEC["storage"]) == "file:///var/lib/rbak/rmq"
 
 
