@@ -103,15 +103,13 @@ def _container(name: str, spec: dict[str, Any], args: list[str], env: list[dict[
     return c
 
 
-def _volumes(config_name: str, storage: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    vols: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": config_name}},
-        {"name": "state", "emptyDir": {}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "state", "mountPath": STATE_DIR},
-    ]
+def _volumes(config_name: str | None, storage: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes; ``config_name`` None: no rbak config (a command run from flags alone)."""
+    vols: list[dict[str, Any]] = [{"name": "state", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "state", "mountPath": STATE_DIR}]
+    if config_name is not None:
+        vols.insert(0, {"name": "config", "configMap": {"name": config_name}})
+        mounts.insert(0, {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
     pvc = (storage or {}).get("pvc")
     if pvc:
         vols.append({"name": "backups", "persistentVolumeClaim": {"claimName": pvc["claimName"]}})
@@ -122,9 +120,14 @@ def _volumes(config_name: str, storage: dict[str, Any]) -> tuple[list[dict[str, 
 def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str, Any], storage: dict[str, Any],
              secret_env: list[SecretEnv], args: list[str], labels: dict[str, str],
              annotations: dict[str, str] | None = None,
-             validate_args: list[str] | None = None, config_name: str | None = None) -> dict[str, Any]:
-    """A run's Job; with ``validate_args`` the run is an init container and validation the main one."""
-    vols, mounts = _volumes(config_name or name, storage)
+             validate_args: list[str] | None = None, config_name: str | None = None,
+             with_config: bool = True) -> dict[str, Any]:
+    """A run's Job; with ``validate_args`` the run is an init container and validation the main one.
+
+    ``with_config=False`` (a validation Job, whose command takes flags only)
+    mounts no ConfigMap, so it cannot hang on a run's ConfigMap that the
+    Job history limit already deleted."""
+    vols, mounts = _volumes((config_name or name) if with_config else None, storage)
     env = _env(secret_env)
     main = _container("rbak", spec, args, env, mounts)
     pod_spec: dict[str, Any] = {

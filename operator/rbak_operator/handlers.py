@@ -382,7 +382,7 @@ def _start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
     else:
         kube.create_job(bodies.job_body(
             name=vname, namespace=ns, owner=body, spec=spec, storage=spec["storage"], secret_env=storage_env,
-            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, config_name=run))
+            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, with_config=False))
     summary.update(validation="Pending", validationRun=vname, validationEngine=engine)
     _event(body, "Normal", "ValidationStarted", f"validating backup {bid} with {engine} {vname}")
 
