@@ -5,21 +5,19 @@ storage ``put`` (fsync, S3 upload) release the GIL, so on two cores they run
 beside the AMQP read instead of after it. At most ``max_inflight`` finished
 segments wait for the writer, so memory stays bounded by
 ``(1 + max_inflight) * segment_max_bytes``. Segments are built and framed in
-place by the core's ``SegmentBuffer``/``store_segment`` (no full copies; a
-buffer comes back for the next segment once stored); rotation rules are
-``SegmentWriter``'s (size and age).
+place by the core's ``SegmentBuffer``/``store_segment`` and stored through its
+``SegmentPipeline`` (ordered results, errors re-raised, buffers reused);
+rotation rules are ``SegmentWriter``'s (size and age).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..format.compression import Compression, check_level
 from ..format.manifest import SegmentMetadata
-from ..format.segment import SegmentBuffer, store_segment
+from ..format.segment import SegmentBuffer, SegmentPipeline, store_segment
 
 
 def _lower_priority() -> None:
@@ -36,6 +34,9 @@ def _lower_priority() -> None:
 
 
 class AsyncSegmentWriter:
+    """``SegmentWriter``'s rotation with one ``SegmentPipeline`` thread behind it, plus
+    ``on_durable(meta, tag)`` called in that thread as soon as a segment is stored."""
+
     def __init__(self, sink: Callable[[int, memoryview], str], compression: Compression, level: int | None,
                  max_bytes: int, max_interval_ms: int, first_sequence: int = 1,
                  on_durable: Callable[[SegmentMetadata, Any], None] | None = None, max_inflight: int = 2):
@@ -46,12 +47,9 @@ class AsyncSegmentWriter:
         self.max_interval_ms = max_interval_ms
         self.next_sequence = first_sequence
         self._on_durable = on_durable
-        self._max_inflight = max_inflight
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rbak-segment", initializer=_lower_priority)
-        self._inflight: deque[Future] = deque()
-        self._free: deque[SegmentBuffer] = deque()  # buffers back from the thread, pages still warm
+        self._pipeline = SegmentPipeline(workers=1, max_inflight=max_inflight, initializer=_lower_priority)
         self.written: list[SegmentMetadata] = []
-        self._seg = SegmentBuffer(max_bytes)
+        self._seg = self._pipeline.take_buffer(max_bytes)
         self._started = 0.0
         self._tag: Any = None
 
@@ -68,36 +66,26 @@ class AsyncSegmentWriter:
         seg = self._seg
         if seg.count == 0:
             return
-        self._inflight.append(self._pool.submit(self._finish, seg, self.next_sequence, self._tag))
+        self._pipeline.submit(self._finish, seg, self.next_sequence, self._tag, on_done=self.written.append)
         self.next_sequence += 1
-        while len(self._inflight) > self._max_inflight:
-            self.written.append(self._inflight.popleft().result())
-        while self._inflight and self._inflight[0].done():
-            self.written.append(self._inflight.popleft().result())
-        self._seg = self._free.popleft() if self._free else SegmentBuffer(self.max_bytes)
+        self._seg = self._pipeline.take_buffer(self.max_bytes)
 
     def _finish(self, seg: SegmentBuffer, seq: int, tag: Any) -> SegmentMetadata:
         meta = store_segment(seg, seq, self.compression, self.level, self._sink)
         if self._on_durable is not None:
             self._on_durable(meta, tag)
-        if not self._free and seg.recycle():  # keep one spare: memory stays (1 + max_inflight) buffers
-            self._free.append(seg)
         return meta
 
     def close(self) -> list[SegmentMetadata]:
         """Write the last segment, wait for all; every segment's metadata in sequence order."""
         try:
             self._submit()
-            while self._inflight:
-                self.written.append(self._inflight.popleft().result())
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._free.clear()
+        except BaseException:
+            self._pipeline.abort()
+            raise
+        self._pipeline.close()
         return self.written
 
     def abort(self) -> None:
         """Drop what is not written yet (the caller failed); waits for the segment being written."""
-        for f in self._inflight:
-            f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._free.clear()
+        self._pipeline.abort()
