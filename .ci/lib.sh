@@ -1,24 +1,29 @@
 # shellcheck shell=bash
 # Shared functions for .ci/setup and .ci/brokers (sourced, never executed).
 #
-# Two RabbitMQ brokers for the test suite:
+# Three RabbitMQ brokers for the test suite:
 #   rmq310  Debian bookworm's rabbitmq-server 3.10.8 on this machine, node rabbit@$(hostname -s)
 #           AMQP 5672, AMQPS 5671, management 15672 / HTTPS 15671, stream 5552
 #   rmq40   Debian trixie's rabbitmq-server 4.0.5 in a debootstrap chroot, node rabbit4@localhost
 #           AMQP 5673, management 15673, stream 5553, Erlang distribution 25673
-# Both use guest/guest (guest may log in from localhost only, which is all we need).
+#   rmq43   Debian sid's rabbitmq-server 4.3.x in a debootstrap chroot, node rabbit43@localhost
+#           AMQP 5674, management 15674, stream 5554, Erlang distribution 25674
+# All use guest/guest (guest may log in from localhost only, which is all we need).
 
 RBAK_CI_DIR=${RBAK_CI_DIR:-/var/lib/rbak-ci}
 RBAK_CI_TLS_DIR=${RBAK_CI_TLS_DIR:-$RBAK_CI_DIR/tls}
 RBAK_CI_CHROOT=${RBAK_CI_CHROOT:-$RBAK_CI_DIR/trixie}
+RBAK_CI_CHROOT43=${RBAK_CI_CHROOT43:-$RBAK_CI_DIR/sid}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-}
 export DEBIAN_FRONTEND=noninteractive
 
-RMQ40_NODE=rabbit4@localhost
-RMQ40_AMQP_PORT=5673
-RMQ40_MGMT_PORT=15673
-RMQ40_STREAM_PORT=5553
-RMQ40_DIST_PORT=25673
+# The chroot brokers, one line each: name suite chroot node amqp mgmt stream dist.
+CHROOT_BROKERS=(
+    "rmq40 trixie $RBAK_CI_CHROOT rabbit4@localhost 5673 15673 5553 25673"
+    "rmq43 sid $RBAK_CI_CHROOT43 rabbit43@localhost 5674 15674 5554 25674"
+)
+# shellcheck disable=SC2034 # used by .ci/brokers
+ALL_BROKERS=(rmq310 rmq40 rmq43)
 
 log() { printf '[ci %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -200,17 +205,33 @@ rmq310_stop() {
     wait_for 60 "rmq310 to stop" bash -c '! rabbitmqctl -q status' || true
 }
 
-# ---------------------------------------------------------------- rmq40 (chroot)
-# Commands inside the chroot run as root with a clean environment; the Debian
+# ---------------------------------------------------------------- chroot brokers (rmq40, rmq43)
+# cb NAME: sets CB_NAME CB_SUITE CB_ROOT CB_NODE CB_AMQP CB_MGMT CB_STREAM CB_DIST for one
+# chroot broker. Commands inside a chroot run as root with a clean environment; the Debian
 # wrappers in /usr/sbin switch to the chroot's rabbitmq user themselves.
-in_chroot() {
-    chroot "$RBAK_CI_CHROOT" /usr/bin/env -i \
+cb() {
+    local line fields
+    for line in "${CHROOT_BROKERS[@]}"; do
+        read -r -a fields <<<"$line"
+        if [ "${fields[0]}" = "$1" ]; then
+            CB_NAME=${fields[0]} CB_SUITE=${fields[1]} CB_ROOT=${fields[2]} CB_NODE=${fields[3]}
+            CB_AMQP=${fields[4]} CB_MGMT=${fields[5]} CB_STREAM=${fields[6]} CB_DIST=${fields[7]}
+            return 0
+        fi
+    done
+    die "unknown chroot broker '$1'"
+}
+
+in_chroot() { # in_chroot ROOT CMD...
+    local r=$1
+    shift
+    chroot "$r" /usr/bin/env -i \
         PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/var/lib/rabbitmq LANG=C.UTF-8 LC_ALL=C.UTF-8 \
         "$@"
 }
 
-chroot_mounts() {
-    local r=$RBAK_CI_CHROOT
+chroot_mounts() { # chroot_mounts ROOT
+    local r=$1
     if ! mountpoint -q "$r/proc"; then
         mount -t proc proc "$r/proc" || log "WARNING: cannot mount /proc in $r (unprivileged container?); trying without"
     fi
@@ -218,10 +239,12 @@ chroot_mounts() {
     if [ ! -c "$r/dev/null" ] || [ ! -c "$r/dev/urandom" ]; then
         mountpoint -q "$r/dev" || mount --bind /dev "$r/dev" || log "WARNING: cannot bind-mount /dev into $r"
     fi
+    # Nodes are NAME@localhost: localhost (and this host's name) must resolve inside the chroot.
+    cp /etc/hosts "$r/etc/hosts"
 }
 
-chroot_works() {
-    [ -x "$RBAK_CI_CHROOT/usr/sbin/rabbitmq-server" ] && [ -f "$RBAK_CI_CHROOT/.rbak-ci-complete" ]
+chroot_works() { # chroot_works ROOT
+    [ -x "$1/usr/sbin/rabbitmq-server" ] && [ -f "$1/.rbak-ci-complete" ]
 }
 
 mirror_url() {
@@ -237,79 +260,101 @@ mirror_url() {
     echo "${url:-http://deb.debian.org/debian}"
 }
 
-chroot_create() {
-    if chroot_works; then
-        log "chroot $RBAK_CI_CHROOT already exists"
+chroot_create() { # chroot_create NAME: debootstrap the broker's suite with rabbitmq-server into its chroot
+    cb "$1"
+    local root=$CB_ROOT suite=$CB_SUITE
+    if chroot_works "$root"; then
+        log "chroot $root already exists"
         return 0
     fi
-    local tmp=$RBAK_CI_CHROOT.tmp mirror
+    local tmp=$root.tmp mirror m
     mirror=$(mirror_url)
     for m in proc dev; do mountpoint -q "$tmp/$m" 2>/dev/null && umount "$tmp/$m"; done
     rm -rf "$tmp"
-    log "debootstrap trixie from $mirror into $tmp (a few minutes)"
-    debootstrap --variant=minbase --include=rabbitmq-server trixie "$tmp" "$mirror" \
-        >"$RBAK_CI_DIR/debootstrap.log" 2>&1 ||
-        { tail -n 30 "$RBAK_CI_DIR/debootstrap.log" >&2; return 1; }
+    log "debootstrap $suite from $mirror into $tmp (a minute or more)"
+    debootstrap --variant=minbase --include=rabbitmq-server "$suite" "$tmp" "$mirror" \
+        >"$RBAK_CI_DIR/debootstrap-$suite.log" 2>&1 ||
+        { tail -n 30 "$RBAK_CI_DIR/debootstrap-$suite.log" >&2; return 1; }
     touch "$tmp/.rbak-ci-complete"
-    if [ -e "$RBAK_CI_CHROOT" ]; then
-        for m in proc dev; do mountpoint -q "$RBAK_CI_CHROOT/$m" && umount "$RBAK_CI_CHROOT/$m"; done
-        rm -rf "$RBAK_CI_CHROOT"
+    if [ -e "$root" ]; then
+        for m in proc dev; do mountpoint -q "$root/$m" && umount "$root/$m"; done
+        rm -rf "$root"
     fi
-    mv "$tmp" "$RBAK_CI_CHROOT"
+    mv "$tmp" "$root"
 }
 
-rmq40_config_files() { # prints the three files rmq40_configure writes
-    cat "$RBAK_CI_CHROOT"/etc/rabbitmq/{rabbitmq-env.conf,rabbitmq.conf,enabled_plugins} 2>/dev/null
+cb_config_files() { # prints the three files cb_configure writes
+    cat "$CB_ROOT"/etc/rabbitmq/{rabbitmq-env.conf,rabbitmq.conf,enabled_plugins} 2>/dev/null
 }
 
-rmq40_configure() { # prints "changed" when the config differs from before
-    local r=$RBAK_CI_CHROOT before
-    before=$(rmq40_config_files)
+cb_configure() { # prints "changed" when the config differs from before
+    local r=$CB_ROOT before
+    before=$(cb_config_files)
     cat >"$r/etc/rabbitmq/rabbitmq-env.conf" <<EOF
 # Written by rbak .ci/setup.
-NODENAME=$RMQ40_NODE
-DIST_PORT=$RMQ40_DIST_PORT
+NODENAME=$CB_NODE
+DIST_PORT=$CB_DIST
 EOF
     cat >"$r/etc/rabbitmq/rabbitmq.conf" <<EOF
 # Written by rbak .ci/setup.
-listeners.tcp.default = $RMQ40_AMQP_PORT
-management.tcp.port = $RMQ40_MGMT_PORT
-stream.listeners.tcp.1 = $RMQ40_STREAM_PORT
+listeners.tcp.default = $CB_AMQP
+management.tcp.port = $CB_MGMT
+stream.listeners.tcp.1 = $CB_STREAM
 stream.advertised_host = localhost
-stream.advertised_port = $RMQ40_STREAM_PORT
+stream.advertised_port = $CB_STREAM
 collect_statistics_interval = 1000
 EOF
     printf '[rabbitmq_management,rabbitmq_stream].\n' >"$r/etc/rabbitmq/enabled_plugins"
-    [ "$before" = "$(rmq40_config_files)" ] || echo changed
+    [ "$before" = "$(cb_config_files)" ] || echo changed
 }
 
-rmq40_ctl() { in_chroot rabbitmqctl -n "$RMQ40_NODE" "$@"; }
-rmq40_running() { rmq40_ctl -q status >/dev/null 2>&1; }
-rmq40_ready() { mgmt_ok $RMQ40_MGMT_PORT && port_open $RMQ40_AMQP_PORT && port_open $RMQ40_STREAM_PORT; }
+cb_ctl() { in_chroot "$CB_ROOT" rabbitmqctl -n "$CB_NODE" "$@"; }
+cb_running() { cb_ctl -q status >/dev/null 2>&1; }
+cb_ready() { mgmt_ok "$CB_MGMT" && port_open "$CB_AMQP" && port_open "$CB_STREAM"; }
 
-rmq40_start() {
-    chroot_works || die "no chroot at $RBAK_CI_CHROOT (run .ci/setup)"
-    chroot_mounts
+chroot_broker_ctl() { # chroot_broker_ctl NAME ARGS...: rabbitmqctl for that node
+    cb "$1"
+    shift
+    chroot_works "$CB_ROOT" || die "no chroot at $CB_ROOT (run .ci/setup)"
+    chroot_mounts "$CB_ROOT"
+    cb_ctl "$@"
+}
+
+chroot_broker_start() { # chroot_broker_start NAME
+    cb "$1"
+    chroot_works "$CB_ROOT" || die "no chroot at $CB_ROOT (run .ci/setup)"
+    chroot_mounts "$CB_ROOT"
     local changed
-    changed=$(rmq40_configure)
-    if rmq40_running && [ -n "$changed" ]; then
-        log "rmq40 runs with an outdated config: restarting it"
-        rmq40_stop
+    changed=$(cb_configure)
+    if cb_running && [ -n "$changed" ]; then
+        log "$CB_NAME runs with an outdated config: restarting it"
+        chroot_broker_stop "$CB_NAME"
+        cb "$1"
     fi
-    if rmq40_running; then
-        log "rmq40 already running"
+    if cb_running; then
+        log "$CB_NAME already running"
     else
-        log "starting rmq40 in $RBAK_CI_CHROOT"
-        in_chroot rabbitmq-server -detached
+        log "starting $CB_NAME in $CB_ROOT"
+        in_chroot "$CB_ROOT" rabbitmq-server -detached
     fi
-    wait_for 180 "rmq40 node" rmq40_ctl -q await_startup --timeout 5 || return 1
-    wait_for 60 "rmq40 listeners ($RMQ40_AMQP_PORT, $RMQ40_MGMT_PORT, $RMQ40_STREAM_PORT)" rmq40_ready || return 1
-    log "rmq40 ready: RabbitMQ $(mgmt_version $RMQ40_MGMT_PORT)"
+    wait_for 180 "$CB_NAME node" cb_ctl -q await_startup --timeout 5 || return 1
+    wait_for 60 "$CB_NAME listeners ($CB_AMQP, $CB_MGMT, $CB_STREAM)" cb_ready || return 1
+    log "$CB_NAME ready: RabbitMQ $(mgmt_version "$CB_MGMT")"
 }
 
-rmq40_stop() {
-    chroot_works || return 0
-    rmq40_running || return 0
-    rmq40_ctl -q stop || true
-    wait_for 60 "rmq40 to stop" bash -c "! chroot '$RBAK_CI_CHROOT' rabbitmqctl -n $RMQ40_NODE -q status" || true
+chroot_broker_stop() { # chroot_broker_stop NAME
+    cb "$1"
+    chroot_works "$CB_ROOT" || return 0
+    cb_running || return 0
+    cb_ctl -q stop || true
+    wait_for 60 "$CB_NAME to stop" bash -c "! chroot '$CB_ROOT' rabbitmqctl -n $CB_NODE -q status" || true
+}
+
+rmq40_start() { chroot_broker_start rmq40; }
+rmq40_stop() { chroot_broker_stop rmq40; }
+rmq43_start() { chroot_broker_start rmq43; }
+rmq43_stop() { chroot_broker_stop rmq43; }
+
+broker_mgmt_port() { # broker_mgmt_port NAME
+    if [ "$1" = rmq310 ]; then echo 15672; else cb "$1"; echo "$CB_MGMT"; fi
 }

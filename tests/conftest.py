@@ -1,7 +1,7 @@
 """Fixtures for real brokers, a real S3 endpoint and TLS files (helpers: tests/support/).
 
-- ``broker``: each test runs once per CI broker (ids ``rmq310``, ``rmq40``).
-  ``rmq310`` / ``rmq40``: one specific broker.
+- ``broker``: each test runs once per CI broker (ids ``rmq310``, ``rmq40``, ``rmq43``).
+  ``rmq310`` / ``rmq40`` / ``rmq43``: one specific broker.
 - ``vhost``: a fresh ``test-<hex>`` vhost on ``broker`` (guest has full rights),
   deleted after the test. Stay inside it: other test runs share the brokers.
   ``vhost_factory``: ``make(broker)`` for more vhosts or vhosts on a chosen broker.
@@ -11,8 +11,9 @@
   ``.bucket``, ``.endpoint``, ``.prefix``, ``.keys()``, ``.get(key)``.
 - ``tls``: ``support.tls.TlsFiles`` with the CI certificate paths.
 
-An unreachable broker or missing TLS material FAILS the test when CI=true and
-skips it otherwise (with the reason), so CI can never pass by skipping.
+An unreachable broker, missing TLS material or a missing package FAILS the test
+when CI=true and skips it otherwise (``support.require``), so CI can never pass
+by skipping.
 """
 
 from __future__ import annotations
@@ -27,22 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes ``import suppo
 
 from support.brokers import BROKERS, Broker, unique_name  # noqa: E402
 from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket  # noqa: E402
+from support.require import unavailable  # noqa: E402
 from support.tls import TlsFiles, tls_files  # noqa: E402
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # A test that runs `pip install --prefix X .` would otherwise UNINSTALL the editable rbak
 # from site-packages (pip replaces an installed distribution of the same name), breaking
 # every later `python -m rbak` in this and concurrent runs. Inherited by subprocesses.
 os.environ["PIP_IGNORE_INSTALLED"] = "1"
-_BROKER_FIXTURES = {"broker", "vhost", "rmq310", "rmq40"}
+_BROKER_FIXTURES = {"broker", "vhost", "rmq310", "rmq40", "rmq43"}
 _reachability: dict[str, str | None] = {}
-
-
-def unavailable(reason: str) -> None:
-    """Fail in CI, skip elsewhere."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: infrastructure must be present)", pytrace=False)
-    pytest.skip(reason)
 
 
 def _usable(b: Broker) -> Broker:
@@ -73,6 +66,11 @@ def rmq310() -> Broker:
 @pytest.fixture
 def rmq40() -> Broker:
     return _usable(BROKERS["rmq40"])
+
+
+@pytest.fixture
+def rmq43() -> Broker:
+    return _usable(BROKERS["rmq43"])
 
 
 @pytest.fixture

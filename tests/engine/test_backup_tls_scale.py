@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rbak.backup import BackupEngine, BackupError
+from rbak.backup import BackupEngine
 from rbak.backup.amqp import connect
 from rbak.config import Config
 from rbak.errors import AmqpError, ManagementApiError
 
-from _backup_helpers import backup_config, fast_publish, load, records
+from _backup_helpers import backup_config, load, records
 
 
 def _tls_config(b, vhost, tmp_path, ca, client=None, backup_id="tls1"):

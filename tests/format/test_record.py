@@ -8,6 +8,7 @@ import os
 
 import orjson
 import pytest
+from support.require import unavailable  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -187,7 +188,7 @@ def test_c_codec_matches_orjson_on_canonical_records(rs):
     import rbak.format.batch as batch
 
     if batch._c_encode_many is None:
-        pytest.skip("built without the C helper")
+        unavailable("rbak was built without the C helper (no compiler at install time)")
     encoded = batch._c_encode_many(rs)
     assert None not in encoded  # all of these take the C path...
     assert encoded == [_orjson_reference(r) for r in rs]  # ...and write orjson's exact bytes
@@ -259,7 +260,7 @@ def test_c_decoder_never_accepts_what_orjson_rejects():
     import rbak.format.batch as batch
 
     if batch._c_decode_many is None:
-        pytest.skip("built without the C helper")
+        unavailable("rbak was built without the C helper (no compiler at install time)")
     rnd = random.Random(7)
     base = encode_records([
         BackupRecord(body=bytes(range(40)), properties=BackupProperties(message_id="m", priority=3),

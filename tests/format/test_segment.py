@@ -14,7 +14,7 @@ from rbak.errors import SegmentError
 from rbak.format.compression import Compression
 from rbak.format.record import BackupRecord, encode_record
 from rbak.format.segment import (
-    SegmentWriter, decode_segment, encode_segment, frame_segment, read_header, segment_file_name,
+    SegmentWriter, decode_segment, encode_segment, read_header, segment_file_name,
 )
 
 from .strategies import records as record_strategy

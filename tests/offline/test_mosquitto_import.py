@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.require import require, require_that  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from mosquitto_broker import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # noqa: E402
@@ -24,8 +25,8 @@ from rbak.offline.mqtt_mapping import mqtt_to_amqp, subscription_queue, topic_ma
 from rbak.storage import open_storage  # noqa: E402
 from rbak.validate import validate_backup  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed")
-pytest.importorskip("paho.mqtt.client")
+require("paho.mqtt.client", "paho-mqtt")
+require_that(None if os.path.exists(MOSQUITTO) else f"{MOSQUITTO} is missing; .ci/setup installs mosquitto")
 
 Q311 = "mqtt-subscription-sub-311qos1"
 QV5 = "mqtt-subscription-sub-v5qos1"
@@ -173,7 +174,7 @@ def test_garbage_file_is_refused_without_writing(tmp_path):
 
 def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
     """import -> rbak.restore (queue mode, vhost remapped) -> the messages, in order, with properties."""
-    restore = pytest.importorskip("rbak.restore")
+    import rbak.restore as restore
     path, _, _ = real_db
     url = f"file://{tmp_path}/rs"
     import_mosquitto_db(path, url, "mq-restore")

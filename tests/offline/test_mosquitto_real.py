@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.require import require, require_that, unavailable  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from mosquitto_broker import (  # noqa: E402
@@ -44,9 +45,8 @@ from rbak.offline.mosquitto_db import (  # noqa: E402
     write_db,
 )
 
-pytest.importorskip("paho.mqtt.client")
-
-pytestmark = pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed")
+require("paho.mqtt.client", "paho-mqtt")
+require_that(None if os.path.exists(MOSQUITTO) else f"{MOSQUITTO} is missing; .ci/setup installs mosquitto")
 
 @pytest.fixture(scope="module", params=["bookworm-2.0.11", "trixie-2.0.21"])
 def mosquitto_cmd(request) -> list[str]:
@@ -55,7 +55,7 @@ def mosquitto_cmd(request) -> list[str]:
         return [MOSQUITTO]
     cmd = trixie_mosquitto()
     if isinstance(cmd, str):
-        pytest.skip(cmd)
+        unavailable(cmd)
     return cmd
 
 

@@ -4,7 +4,6 @@ cel-python for the x-kubernetes-validations rules, as the API server would)."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import jsonschema

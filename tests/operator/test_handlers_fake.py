@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from datetime import datetime, timezone
+from datetime import datetime
 
 import pytest
 

@@ -408,7 +408,7 @@ def test_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     assert spec["mainApplicationFile"] == "local:///opt/rbak/spark/validate.py" and spec["type"] == "Python"
     args = spec["arguments"]
     assert args[args.index("--backup-id") + 1] == job and args[args.index("--prefix") + 1] == env.bucket.prefix
-    assert f"endpoint=" in args[args.index("--path") + 1] and spec["executor"]["instances"] == 1
+    assert "endpoint=" in args[args.index("--path") + 1] and spec["executor"]["instances"] == 1
     owner = app["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("RabbitMQBackup", name)
     envs = {e["name"] for e in spec["driver"]["env"]} & {e["name"] for e in spec["executor"]["env"]}

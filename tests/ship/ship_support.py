@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.require import require_tool  # noqa: E402
 import yaml
 from support.crds import cel_failures
 
@@ -104,14 +103,9 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
-def tool(name: str) -> str | None:
+def tool(name: str) -> str:
     """Path of a linter binary; under CI a missing one is a failure, locally a skip."""
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{name} is not installed but CI=true: .ci/setup must install it")
-        pytest.skip(f"{name} not installed")
-    return path
+    return require_tool(name)
 
 
 def crd_schema(kind: str) -> dict[str, Any]:

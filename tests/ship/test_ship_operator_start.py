@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests

@@ -1,4 +1,4 @@
-"""The two CI brokers (see tests/support/README.md) and helpers to drive them in tests.
+"""The three CI brokers (see tests/support/README.md) and helpers to drive them in tests.
 
 ``Broker`` wraps one RabbitMQ node: URLs, management API calls (requests), AMQP
 publishing and non-destructive reads (pika), and ``rabbitmqctl``. Every helper takes
@@ -23,6 +23,7 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 CHROOT = Path(os.environ.get("RBAK_CI_CHROOT", "/var/lib/rbak-ci/trixie"))
+CHROOT43 = Path(os.environ.get("RBAK_CI_CHROOT43", "/var/lib/rbak-ci/sid"))
 
 
 def _q(name: str) -> str:
@@ -47,8 +48,8 @@ class Message:
 
 @dataclass(frozen=True)
 class Broker:
-    name: str  # "rmq310" | "rmq40" (the pytest id)
-    version: str  # expected RabbitMQ version, e.g. "3.10.8"
+    name: str  # "rmq310" | "rmq40" | "rmq43" (the pytest id)
+    version: str  # expected RabbitMQ version, "3.10.8", or a series such as "4.3" (sid moves on)
     amqp_port: int
     mgmt_port: int
     stream_port: int
@@ -93,7 +94,7 @@ class Broker:
             version = self.api("GET", "/api/overview")["rabbitmq_version"]
         except Exception as e:  # noqa: BLE001 - any failure means "not usable"
             return f"{self.name}: management API at {self.management_url} fails: {e}"
-        if version != self.version:
+        if version != self.version and not version.startswith(self.version + "."):
             return f"{self.name}: expected RabbitMQ {self.version} on port {self.mgmt_port}, found {version}"
         return None
 
@@ -287,7 +288,7 @@ class Broker:
 
     # ------------------------------------------------------------ rabbitmqctl
     def rabbitmqctl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run rabbitmqctl against this node (inside the trixie chroot for rmq40)."""
+        """Run rabbitmqctl against this node (inside its chroot for rmq40 and rmq43)."""
         cmd = [str(REPO / ".ci" / "brokers"), "ctl", self.name, *args]
         return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
 
@@ -302,7 +303,11 @@ RMQ40 = Broker(
     name="rmq40", version="4.0.5", amqp_port=5673, mgmt_port=15673, stream_port=5553,
     node="rabbit4@localhost", data_dir=CHROOT / "var/lib/rabbitmq/mnesia/rabbit4@localhost",
 )
-BROKERS: dict[str, Broker] = {b.name: b for b in (RMQ310, RMQ40)}
+RMQ43 = Broker(
+    name="rmq43", version="4.3", amqp_port=5674, mgmt_port=15674, stream_port=5554,
+    node="rabbit43@localhost", data_dir=CHROOT43 / "var/lib/rabbitmq/mnesia/rabbit43@localhost",
+)
+BROKERS: dict[str, Broker] = {b.name: b for b in (RMQ310, RMQ40, RMQ43)}
 
 
 def unique_name(prefix: str = "test") -> str:
