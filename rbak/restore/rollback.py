@@ -49,14 +49,20 @@ def _by_identity(doc: dict[str, Any], kind: str) -> dict[tuple, dict[str, Any]]:
     return {identity(kind, o): o for o in doc.get(kind, []) or []}
 
 
+_SINGULAR = {"users": "user", "vhosts": "vhost", "global_parameters": "global parameter", "permissions": "permission",
+             "topic_permissions": "topic permission", "bindings": "binding", "policies": "policy",
+             "parameters": "parameter", "queues": "queue", "exchanges": "exchange"}
+
+
 def _label(kind: str, o: dict[str, Any]) -> str:
+    what = _SINGULAR.get(kind, kind)
     if kind in ("users", "vhosts", "global_parameters"):
-        return f"{kind[:-1]} {o.get('name')!r}"
+        return f"{what} {o.get('name')!r}"
     if kind in ("permissions", "topic_permissions"):
-        return f"{kind[:-1]} {o.get('user')!r}@{o.get('vhost')!r}"
+        return f"{what} of {o.get('user')!r} in {o.get('vhost')!r}"
     if kind == "bindings":
-        return f"binding {o.get('vhost')}/{o.get('source')}->{o.get('destination')}"
-    return f"{kind[:-1]} {o.get('vhost')}/{o.get('name')}"
+        return f"{what} {o.get('vhost')}/{o.get('source')}->{o.get('destination')}"
+    return f"{what} {o.get('vhost')}/{o.get('name')}"
 
 
 def _delete_binding(client: ManagementClient, b: dict[str, Any]) -> None:

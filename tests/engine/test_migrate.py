@@ -12,6 +12,7 @@ import sys
 import pika
 import pytest
 
+from rbak.format.compression import Compression, decompress
 from support.brokers import Broker, unique_name
 
 CLASSIC = {"classic-lazy": {"x-queue-mode": "lazy"}, "classic-v1": {"x-queue-version": 1},
@@ -102,6 +103,9 @@ offset_storage: {{path: "{tmp_path / 'state.db'}"}}
         out = json.loads(rbak("backup", "--config", str(tmp_path / "backup.yaml"), "--json").stdout)
         assert out["completed"] and {q["name"]: q["messages"] for q in out["queues"]} == {n: N for n in queues}
         # the backup holds this tenant only: no other vhost, no foreign user, no password hash of theirs
+        stored_defs = decompress((store / "migration-1" / "definitions" / "definitions.json.zst").read_bytes(),
+                                 Compression.ZSTD).decode()
+        assert other not in stored_defs and foreign not in stored_defs and app in stored_defs
         defs = rbak("definitions-export", "--config", str(tmp_path / "backup.yaml")).stdout
         assert other not in defs and foreign not in defs and tenant in defs
 
