@@ -1,13 +1,16 @@
-"""docs/migrate.md, run as a user runs it: back up one tenant's vhost on a 3.10.8 or 4.0.5 cluster with
-the CLI, restore it into 4.3.6 with its definitions, check every message is there in the source's order,
-that the other tenant's vhost and users never reach the target, and that clients can switch."""
+"""docs/migrate.md, run as a user runs it: its config files and commands (host names, ports, vhost names and
+paths replaced) back up one tenant's vhost on a 3.10.8 or 4.0.5 cluster, restore it into 4.3.6 with its
+definitions; every message is there in the source's order, the other tenant's vhost and users never reach
+the target, existing target users are kept, and clients can switch."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pika
 import pytest
@@ -23,10 +26,37 @@ STREAM = {"stream-q": {"x-queue-type": "stream"}}
 N = 30
 
 
-def rbak(*args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "rbak", *args], capture_output=True, text=True, timeout=600)
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "migrate.md"
+
+
+def rbak(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "rbak", *args], capture_output=True, text=True, timeout=600, cwd=cwd,
+                       env={**os.environ, **(env or {})})
     assert r.returncode == 0, f"rbak {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
     return r
+
+
+def guide_blocks() -> tuple[dict[str, str], list[list[str]]]:
+    """The guide's config files (``# name`` on a block's first line) and its ``rbak`` commands, in order."""
+    text = GUIDE.read_text()
+    files, commands = {}, []
+    for lang, body in re.findall(r"```(\w+)\n(.*?)```", text, re.S):
+        if lang == "yaml":
+            first, rest = body.split("\n", 1)
+            files[first.lstrip("# ").strip()] = rest
+        elif lang == "sh":
+            for line in body.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("rbak "):
+                    commands.append(line.split()[1:])
+    return files, commands
+
+
+def fill(text: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        assert old in text, f"docs/migrate.md no longer contains {old!r}: update the guide and this test together"
+        text = text.replace(old, new)
+    return text
 
 
 def _props(name: str, i: int) -> pika.BasicProperties:
@@ -88,44 +118,39 @@ def test_migrate_one_tenant_into_4_3(source_name, request, rmq43, vhost_factory,
         _publish(src, tenant, queues)
         _publish(src, other, {"other-q": {}})
 
-        store = tmp_path / "store"
-        (tmp_path / "backup.yaml").write_text(f"""
-mode: backup
-backup_id: migration-1
-source:
-  amqp_url: {src.amqp_url('/')}
-  management_url: {src.management_url}
-  stream_port: {src.stream_port}
-  queues: {{vhosts: ["{tenant}"]}}
-storage: {{backend: filesystem, path: "{store}"}}
-offset_storage: {{path: "{tmp_path / 'state.db'}"}}
-""")
-        out = json.loads(rbak("backup", "--config", str(tmp_path / "backup.yaml"), "--json").stdout)
-        assert out["completed"] and {q["name"]: q["messages"] for q in out["queues"]} == {n: N for n in queues}
+        files, commands = guide_blocks()
+        assert set(files) == {"backup.yaml", "restore.yaml"}
+        assert commands == [["backup", "--config", "backup.yaml"],
+                            ["validate", "--path", "./migration-backups", "--backup-id", "migration-1", "--deep"],
+                            ["restore", "--config", "restore.yaml", "--dry-run"], ["restore", "--config", "restore.yaml"]]
+        (tmp_path / "backup.yaml").write_text(fill(files["backup.yaml"], {
+            "old-rabbit.internal:5672": f"{src.host}:{src.amqp_port}",
+            "old-rabbit.internal:15672": f"{src.host}:{src.mgmt_port}",
+            "stream_port: 5552": f"stream_port: {src.stream_port}", "vhosts: [orders]": f'vhosts: ["{tenant}"]'}))
+        (tmp_path / "restore.yaml").write_text(fill(files["restore.yaml"], {
+            "new-rabbit.internal:5672": f"{rmq43.host}:{rmq43.amqp_port}",
+            "new-rabbit.internal:15672": f"{rmq43.host}:{rmq43.mgmt_port}",
+            "{orders: orders}": f'{{"{tenant}": "{target_vhost}"}}'}))
+        env = {"OLD_RABBIT_USER": src.user, "OLD_RABBIT_PASSWORD": src.password,
+               "NEW_RABBIT_USER": rmq43.user, "NEW_RABBIT_PASSWORD": rmq43.password}
+        out = [rbak(*cmd, cwd=tmp_path, env=env).stdout for cmd in commands[:3]]
+        store = tmp_path / "migration-backups"
+        manifest = json.loads((store / "migration-1" / "manifest.json").read_text())
+        assert {q["name"]: q["message_count"] for q in manifest["queues"]} == {n: N for n in queues}
+        assert "is valid" in out[1]
+        assert "would publish 180" in out[2] and f"{target_vhost}/classic-v1" in out[2]
+        assert not rmq43.vhost_exists(target_vhost)  # the dry run changed nothing
+        report = rbak(*commands[3], cwd=tmp_path, env=env).stdout
         # the backup holds this tenant only: no other vhost, no foreign user, no password hash of theirs
         stored_defs = decompress((store / "migration-1" / "definitions" / "definitions.json.zst").read_bytes(),
                                  Compression.ZSTD).decode()
         assert other not in stored_defs and foreign not in stored_defs and app in stored_defs
-        defs = rbak("definitions-export", "--config", str(tmp_path / "backup.yaml")).stdout
+        defs = rbak("definitions-export", "--config", "backup.yaml", cwd=tmp_path, env=env).stdout
         assert other not in defs and foreign not in defs and tenant in defs
-
-        (tmp_path / "restore.yaml").write_text(f"""
-mode: restore
-backup_id: migration-1
-target:
-  amqp_url: {rmq43.amqp_url('/')}
-  management_url: {rmq43.management_url}
-storage: {{backend: filesystem, path: "{store}"}}
-restore:
-  restore_definitions: true
-  vhost_mapping: {{"{tenant}": "{target_vhost}"}}
-  checkpoint_state: "{tmp_path / 'restore.db'}"
-""")
-        report = rbak("restore", "--config", str(tmp_path / "restore.yaml")).stdout
         assert rmq43.vhost_exists(target_vhost)
         # every adaptation printed, and stored next to the backup
         assert f"{target_vhost}/classic-v1" in report and "x-queue-version 1 declared as 2" in report
-        reports = list((store / "migration-1" / "restore").glob("report-*.json"))
+        reports = list((store / "migration-1" / "restore").glob("report-*.json"))  # the dry run stores none
         assert len(reports) == 1
         stored = json.loads(reports[0].read_text())["definitions"]
         assert stored["imported"] and stored["target_version"].startswith("4.3")
