@@ -308,16 +308,18 @@ def test_restore_of_a_missing_backup_fails_with_the_reason(clock, pvc):
     assert "no complete backup" in k.objs[("restore", "r2")]["status"]["message"]
 
 
-def test_deletion_with_a_missing_secret_lets_go():
+def test_deletion_with_a_missing_secret_lets_go(monkeypatch, caplog):
+    """Deletion is not blocked (no exception) and the user is told why the backups were kept."""
     k = FakeKube()
     body = backup_obj(deletionPolicy="delete", storage={"s3": {"bucket": "bkt", "credentialsSecretRef": {"name": "gone"}}})
-    handlers.Kube = lambda: k  # the handler builds its own client
-    try:
-        handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=LOG)  # must not raise
-    finally:
-        from rbak_operator.k8s import Kube
-
-        handlers.Kube = Kube
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(handlers, "Kube", lambda: k)  # the handler builds its own client
+    monkeypatch.setattr(handlers, "_event", lambda _body, etype, reason, message: events.append((etype, reason, message)))
+    with caplog.at_level(logging.WARNING):
+        handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=logging.getLogger("t"))
+    assert [(t, r) for t, r, _ in events] == [("Warning", "BackupsKept")]
+    assert "gone" in events[0][2]
+    assert "backups kept" in caplog.text and "gone" in caplog.text
 
 
 def test_deletion_policy_delete_removes_only_own_backups(pvc):
