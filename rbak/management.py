@@ -115,8 +115,7 @@ class ManagementClient:
             raise ManagementApiError(f"{method} /api/{path}: 401 Unauthorized for user {self.username!r} "
                                      f"(check {self.role}.management_username/password)")
         if r.status_code >= 400:
-            text = r.text[:1000].replace("\n", " ")
-            raise ManagementApiError(f"{method} /api/{path}: HTTP {r.status_code}: {text}")
+            raise ManagementApiError(f"{method} /api/{path}: HTTP {r.status_code}: {_error_text(r)}")
         return r
 
     def request(self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None,
@@ -202,6 +201,27 @@ class ManagementClient:
                 return False
             raise
         return True
+
+
+def _error_text(r: requests.Response) -> str:
+    """The broker's reason, readable: 3.x sends some reasons as Erlang strings (JSON lists of
+    character codes, nested in error tuples), which are turned back into text."""
+    def text(v: Any) -> str:
+        if isinstance(v, list) and v and all(isinstance(c, int) and 0 <= c < 0x110000 for c in v):
+            return "".join(map(chr, v))
+        if isinstance(v, list):
+            return ": ".join(t for t in (text(x) for x in v) if t and t != "none")
+        return "" if v is None else str(v)
+
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "reason" in body:
+        out = text(body["reason"])
+    else:
+        out = r.text
+    return out[:1000].replace("\n", " ")
 
 
 def _reason(e: Exception) -> str:

@@ -404,6 +404,12 @@ def restore_crd() -> dict[str, Any]:
                  "vhosts": _strlist("vhosts")},
             ),
             "restoreDefinitions": _b("import the backup's definitions first", default=False),
+            "overwriteUsers": _b("let the definitions import replace existing users' passwords, tags and "
+                                 "permissions", default=False),
+            "definitionsStrict": _b("refuse definitions the target would reject instead of adapting them",
+                                    default=False),
+            "transientQueues": _s("transient non-exclusive queues on a target that denies them",
+                                  enum=["durable", "skip"], default="durable"),
             "dryRun": _b("report what would be published, publish nothing", default=False),
             "engine": _s("job, spark, or auto (spark above sparkThresholdBytes)", enum=["job", "spark", "auto"], default="auto"),
             "sparkThresholdBytes": _i("auto picks spark when the backup is larger", minimum=0, default=10 * 1024**3),

@@ -236,6 +236,9 @@ def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target:
     st, env2 = storage_section(storage)
     restore: dict[str, Any] = {
         "restore_definitions": bool(spec.get("restoreDefinitions", False)),
+        "overwrite_users": bool(spec.get("overwriteUsers", False)),
+        "definitions_strict": bool(spec.get("definitionsStrict", False)),
+        "transient_queues": spec.get("transientQueues") or "durable",
         "dry_run": bool(spec.get("dryRun", False)),
         "checkpoint_state": f"${{{ENV_STATE}}}/restore-checkpoint.db",
     }

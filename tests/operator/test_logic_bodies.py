@@ -139,6 +139,12 @@ def test_restore_config_with_pitr_and_mapping():
     assert loaded.restore.window_ms() == (1795341600000, 1795348800000)
     assert loaded.restore.vhost_mapping == {"/": "staging"} and loaded.restore.queue_mapping == {"orders": "orders-restored"}
     assert loaded.restore.restore_definitions and loaded.restore.dry_run
+    assert not loaded.restore.overwrite_users and not loaded.restore.definitions_strict
+    assert loaded.restore.transient_queues == "durable"
+    spec.update(overwriteUsers=True, definitionsStrict=True, transientQueues="skip")
+    cfg, _ = rbakconfig.restore_config(spec, "prod", "b", CLUSTER_SPEC["broker"], CLUSTER_SPEC["storage"])
+    r = Config.from_dict(cfg, env=SECRET_ENV).restore
+    assert (r.overwrite_users, r.definitions_strict, r.transient_queues) == (True, True, "skip")
 
 
 def test_storage_url_round_trips_through_open_storage():
