@@ -339,6 +339,13 @@ class RestoreOptions(_Section):
     queue_mapping: dict[str, str] = doc_field(doc="Rename queues: key `vhost/queue` or `queue`, value the new queue name.", factory=dict)
     allow_non_empty: bool = doc_field(False, "Publish into queues that already hold messages (refused by default).")
     skip_existing: bool = doc_field(False, "Skip (instead of failing on) target queues that already hold messages.")
+    overwrite_users: bool = doc_field(False, "Let the definitions import replace an existing user's password hash, tags "
+                                      "and permissions (by default the target's users and permissions are kept).")
+    definitions_strict: bool = doc_field(False, "Refuse definitions the target would reject (e.g. 3.x `ha-*` policies, "
+                                         "CQv1 queues on 4.3) instead of adapting them; lists every one, changes nothing.")
+    transient_queues: Literal["durable", "skip"] = doc_field(
+        "durable", "Transient non-exclusive queues on a target that denies them: declare them `durable`, or `skip` "
+        "them (and their messages).")
 
     def window_ms(self) -> tuple[int | None, int | None]:
         """The PITR window as epoch milliseconds."""
@@ -753,11 +760,17 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
 # --------------------------------------------------------------------------
 
 
+_UNION_ORDER = ("string", "integer", "number", "boolean")
+
+
 def _field_type_str(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        non_none = [a for a in args if a is not type(None)]
-        return " or ".join(_field_type_str(a) for a in non_none)
+        # sorted: typing caches Union[int, str] and Union[str, int] as one object, so the
+        # order of ``args`` depends on which was built first in this process
+        names = sorted((_field_type_str(a) for a in args if a is not type(None)),
+                       key=lambda n: (_UNION_ORDER.index(n) if n in _UNION_ORDER else len(_UNION_ORDER), n))
+        return " or ".join(names)
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin is list:

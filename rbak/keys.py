@@ -30,6 +30,7 @@ STATE_DIR = "state"
 QUEUES_DIR = "queues"
 OFFSETS_DB = "offsets.db"
 VALIDATION_DIR = "validation"
+RESTORE_DIR = "restore"
 
 _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
 BACKUP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -118,6 +119,10 @@ class BackupLayout:
     def validation_report(self, timestamp: str) -> str:
         """``validation/report-<ts>.json``: a validate run's findings, next to the backup."""
         return f"{self.root}/{VALIDATION_DIR}/report-{timestamp}.json"
+
+    def restore_report(self, timestamp: str) -> str:
+        """``restore/report-<ts>.json``: what a restore changed to fit the target, and its outcome."""
+        return f"{self.root}/{RESTORE_DIR}/report-{timestamp}.json"
 
 
 def parse_segment_key(key: str) -> tuple[str, str, str, str]:

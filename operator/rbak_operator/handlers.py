@@ -28,6 +28,7 @@ from rbak.errors import RbakError
 
 from . import bodies, metrics, naming, policy, rbakconfig, schedule
 from .clock import fmt, now as clock_now, parse_time
+from .credentials import MissingSecret, resolve_broker
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
 from .k8s import ApiError, Kube, connection_info
 from .status import RunState, in_pod_validation, job_state, push_history, run_summary, set_condition, spark_state
@@ -69,10 +70,6 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 # --------------------------------------------------------------------------
 # storage access for the operator (manifests, retention, deletion)
 # --------------------------------------------------------------------------
-
-class MissingSecret(RbakError):
-    prefix = "Missing secret"
-
 
 def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any]):
     """The backup storage as the operator can read it, or None (a PVC not mounted here)."""
@@ -132,7 +129,8 @@ def _start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: 
     """ConfigMap + Job for one run; False when the Job already existed."""
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, name = meta["namespace"], meta["name"]
-    cfg, secret_env = rbakconfig.backup_config(spec, ns, run_name)
+    resolved = resolve_broker(kube, spec.get("broker"), ns, "spec.broker")
+    cfg, secret_env = rbakconfig.backup_config(spec, ns, run_name, resolved)
     labels = bodies.backup_run_labels(name, trigger)
     validate = spec.get("validate") or {}
     vargs = None
@@ -604,7 +602,8 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
             target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
             engine = policy.restore_engine(spec.get("engine"), nbytes, spec.get("sparkThresholdBytes"))
             run = naming.restore_run_name(name)
-            cfg, secret_env = rbakconfig.restore_config(spec, namespace, backup_id, target, storage)
+            resolved = resolve_broker(kube, target, namespace, "spec.target")
+            cfg, secret_env = rbakconfig.restore_config(spec, namespace, backup_id, target, storage, resolved)
         except RbakError as e:
             patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
                      "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}

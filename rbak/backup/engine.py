@@ -37,7 +37,7 @@ from .amqp import connect
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import BROKER_HEADERS, delivery_count, encode_delivery
 from .definitions import export_definitions, store_definitions
-from .management import ManagementClient, QueueInfo
+from ..management import ManagementClient, QueueInfo
 from .segments import AsyncSegmentWriter
 from .queue_reader import DeliveryLimitError, describe_message, passive_depth, read_queue
 from .stream_reader import read_stream
@@ -204,7 +204,7 @@ class BackupEngine:
         cfg, layout, storage = self.cfg, self.layout, self.storage
         t0 = time.monotonic()
         created_at = self._check_existing()
-        client = ManagementClient(cfg.source)
+        client = ManagementClient.for_connection(cfg.source, "source")
         try:
             ov = client.overview()
             cluster = ov.get("cluster_name") or ov.get("node") or cfg.source.host
@@ -220,7 +220,7 @@ class BackupEngine:
                 self._seed_checkpoint(ckpt, cluster)
                 queues = self._select_queues(client)
                 if cfg.backup.include_definitions:
-                    manifest.definitions = store_definitions(export_definitions(client), storage, layout,
+                    manifest.definitions = store_definitions(export_definitions(client, cfg.source.queues), storage, layout,
                                                              self.compression, self.level)
                     summary.definitions = manifest.definitions
                 results = self._run_pool(queues, ckpt, cluster, version, summary)

@@ -132,6 +132,10 @@ def print_summary(summary: Any) -> None:
             print(f"definitions (dry run) from {d.source_key}: {d.counts}")
         else:
             print(f"definitions imported from {d.source_key}; rollback snapshot at {d.rollback_key}")
+        for line in d.report_lines():
+            print(line)
+        if d.report_key:
+            print(f"  restore report: {d.report_key}")
         for kind, ch in d.changes.items():
             print(f"  {kind}: create {len(ch['create'])} {ch['create'][:10]}, change {len(ch['change'])} {ch['change'][:10]}")
     for q in summary.queues:

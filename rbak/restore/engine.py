@@ -451,12 +451,19 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
                 r.confirmed = st.confirmed
                 return r
 
+        skipped = set(summary.definitions.skipped_queues) if summary.definitions is not None else set()
         with ThreadPoolExecutor(max_workers=options.max_concurrent_queues, thread_name_prefix="rbak-restore") as ex:
-            summary.queues = list(ex.map(work, plans))
+            summary.queues = list(ex.map(lambda p: _skipped_transient(p) if (p.target_vhost, p.target_queue) in skipped
+                                         else work(p), plans))
     finally:
         cp.close()
     summary.duration_secs = time.monotonic() - t0
     return summary
+
+
+def _skipped_transient(p: QueuePlan) -> QueueResult:
+    return QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="skipped",
+                       error="transient queue not declared on this target (restore.transient_queues: skip)")
 
 
 def _error_type(e: Exception) -> str:

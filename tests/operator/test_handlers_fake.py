@@ -80,6 +80,10 @@ class FakeKube:
         o = self.objs.get(("secret", name))
         return dict(o) if o is not None else None
 
+    def get_rabbitmq_cluster(self, ns, name):
+        self.calls.append(("get_rabbitmq_cluster", name))
+        return self._get("rabbitmqcluster", name)
+
     def create_spark_app(self, body):
         self.calls.append(("create_spark_app", body["metadata"]["name"]))
         self.objs[("spark", body["metadata"]["name"])] = copy.deepcopy(body)
@@ -332,3 +336,47 @@ def test_deletion_policy_delete_removes_only_own_backups(pvc):
 
         handlers.Kube = Kube
     assert [e.backup_id for e in list_backups(pvc)] == ["other-20300101-0005"]
+
+
+def _env_of(job):
+    env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    for c in job["spec"]["template"]["spec"].get("initContainers") or []:
+        env += c.get("env") or []
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in env if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+
+
+def test_cluster_reference_uses_the_secret_the_cluster_status_names(clock, pvc):
+    k = FakeKube()
+    k.objs[("rabbitmqcluster", "prod-rabbit")] = {"status": {"defaultUser": {"secretReference": {
+        "name": "prod-rabbit-admin-creds", "namespace": NS,
+        "keys": {"username": "user", "password": "pass", "host": "host", "port": "port"}}}}}
+    k.objs[("backup", "b")] = backup_obj(broker={"rabbitmqClusterReference": {"name": "prod-rabbit"}})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    env = _env_of(k.objs[("job", run)])
+    assert env["RBAK_BROKER_USERNAME"] == ("prod-rabbit-admin-creds", "user")
+    assert env["RBAK_BROKER_PASSWORD"] == ("prod-rabbit-admin-creds", "pass")
+    assert env["RBAK_BROKER_HOST"] == ("prod-rabbit-admin-creds", "host")
+
+
+def test_restore_with_a_connection_secret_missing_a_key_fails_naming_it(clock, pvc):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj()
+    write_backup(pvc, "b-20300101-0005", 3, 300)
+    k.objs[("secret", "topo")] = {"uri": "https://rabbit.ns.svc:15671", "username": "u"}
+    target = {"rabbitmqClusterReference": {"connectionSecret": {"name": "topo"}}}
+    k.objs[("restore", "r")] = restore_obj(target=target)
+    handlers.reconcile_restore(k, NS, "r", LOG)
+    st = k.objs[("restore", "r")]["status"]
+    assert st["phase"] == "Failed" and "Secret ns/topo lacks key(s) password" in st["message"]
+    k.objs[("secret", "topo")]["password"] = "p"
+    k.objs[("restore", "r2")] = dict(restore_obj(target=target), metadata={"name": "r2", "namespace": NS, "uid": "x"})
+    handlers.reconcile_restore(k, NS, "r2", LOG)
+    assert k.objs[("restore", "r2")]["status"]["phase"] == "Running"
+    cm = k.objs[("cm", "r2-restore")]
+    text = str(cm)
+    assert "https://rabbit.ns.svc:15671" in text and "amqp://rabbit.ns.svc:5672/%2f" in text and "'p'" not in text
+    env = _env_of(k.objs[("job", "r2-restore")])
+    assert env["RBAK_BROKER_USERNAME"] == ("topo", "username") and env["RBAK_BROKER_PASSWORD"] == ("topo", "password")
