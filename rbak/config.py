@@ -339,6 +339,8 @@ class RestoreOptions(_Section):
     queue_mapping: dict[str, str] = doc_field(doc="Rename queues: key `vhost/queue` or `queue`, value the new queue name.", factory=dict)
     allow_non_empty: bool = doc_field(False, "Publish into queues that already hold messages (refused by default).")
     skip_existing: bool = doc_field(False, "Skip (instead of failing on) target queues that already hold messages.")
+    increment_only: bool = doc_field(False, "A stream from an incremental backup: restore that backup's own offsets only. "
+                                     "Default: base through the chosen backup, every offset once, in order.")
 
     def window_ms(self) -> tuple[int | None, int | None]:
         """The PITR window as epoch milliseconds."""

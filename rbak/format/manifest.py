@@ -164,6 +164,7 @@ class QueueBackup:
     first_message_timestamp: int | None = None
     last_message_timestamp: int | None = None
     stream: StreamInfo | None = None  # rbak extension, written only for streams
+    chain: tuple[str, ...] = ()  # restore-time only, never written: backups whose segments this entry holds
 
     def add_segment(self, seg: SegmentMetadata) -> None:
         self.segments.append(seg)

@@ -85,6 +85,7 @@ class RestoreOptions:
     allow_non_empty: bool = False
     skip_existing: bool = False
     verify_checksums: bool = True
+    increment_only: bool = False  # a stream from an incremental backup: that backup's offsets only, not its chain
 
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
@@ -156,6 +157,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         queue_mapping=tuple(sorted(r.queue_mapping.items())),
         allow_non_empty=r.allow_non_empty,
         skip_existing=getattr(r, "skip_existing", False),
+        increment_only=getattr(r, "increment_only", False),
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)
