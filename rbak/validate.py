@@ -193,7 +193,7 @@ def validate_backup(
     report.partial = m.is_partial
     report.gaps = sum(g.count for _, g in m.gaps)
     report.notes = [f"{s.vhost}/{s.name} not backed up ({s.status}): {s.reason}" for s in m.queue_status] + [
-        f"gap in stream {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} ({g.count} message(s)) removed "
+        f"gap in stream {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed "
         f"by the stream's retention before this backup" for q, g in m.gaps]
     check = (lambda s: check_segment(storage, s)) if deep else (lambda s: shallow_check(storage, s))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

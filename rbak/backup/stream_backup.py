@@ -110,9 +110,8 @@ class StreamBackup:
         changed = False
         if decision.first_offset is None and offset >= 0:
             decision.first_offset, changed = offset, True
-        if isinstance(start, int) and offset > start:
-            decision.add_gap(start, offset - 1)
-            log.warning("stream %r in vhost %r: offsets %d..%d (%d message(s)) were removed by the stream's "
+        if isinstance(start, int) and offset > start and decision.add_gap(start, offset - 1):
+            log.warning("stream %r in vhost %r: offsets %d..%d (at most %d message(s)) were removed by the stream's "
                         "retention before this backup read them; recorded as a gap", name, vhost, start, offset - 1,
                         offset - start)
             changed = True

@@ -178,7 +178,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     for s in m.queue_status:
         c.print(f"  [bold]{s.status}[/bold] {s.vhost}/{s.name}: {s.reason}", markup=True)
     for q, g in m.gaps:
-        c.print(f"  gap {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} ({g.count} message(s)) removed by "
+        c.print(f"  gap {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed by "
                 f"the stream's retention before this backup; in no backup")
     for q in m.queues:
         if q.stream is not None and q.stream.previous_backup:

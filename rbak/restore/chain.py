@@ -74,7 +74,7 @@ def partial_warning(m: BackupManifest) -> str:
 def gap_warnings(q: QueueBackup, backup_id: str) -> list[str]:
     if q.stream is None:
         return []
-    return [f"stream {q.name!r} in vhost {q.vhost!r}: offsets {g.from_offset}..{g.to_offset} ({g.count} message(s)) "
+    return [f"stream {q.name!r} in vhost {q.vhost!r}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) "
             f"were removed by the stream's retention before backup {backup_id!r} and are in no backup"
             for g in q.stream.gaps]
 
