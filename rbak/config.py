@@ -346,6 +346,8 @@ class RestoreOptions(_Section):
     transient_queues: Literal["durable", "skip"] = doc_field(
         "durable", "Transient non-exclusive queues on a target that denies them: declare them `durable`, or `skip` "
         "them (and their messages).")
+    increment_only: bool = doc_field(False, "A stream from an incremental backup: restore that backup's own offsets only. "
+                                     "Default: base through the chosen backup, every offset once, in order.")
 
     def window_ms(self) -> tuple[int | None, int | None]:
         """The PITR window as epoch milliseconds."""
