@@ -152,6 +152,15 @@ class BackupManifest:
     total_messages: int = 0
     total_bytes: int = 0
     total_segments: int = 0
+    # queues left out on purpose ({"vhost", "name", "reason"}); written only when there are some,
+    # so manifests without skips stay byte-identical to the Rust tool's
+    skipped_queues: list[dict[str, str]] = field(default_factory=list)
+
+    def note_skipped(self, vhost: str, name: str, reason: str) -> None:
+        """Record a queue the backup left out on purpose (the backup can still be complete)."""
+        self.skipped_queues = [s for s in self.skipped_queues if (s["vhost"], s["name"]) != (vhost, name)]
+        self.skipped_queues.append({"vhost": vhost, "name": name, "reason": reason})
+        self.skipped_queues.sort(key=lambda s: (s["vhost"], s["name"]))
 
     @property
     def is_complete(self) -> bool:
@@ -174,7 +183,7 @@ class BackupManifest:
         return None
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        d = {
             "backup_id": self.backup_id,
             "created_at": self.created_at,
             "completed_at": self.completed_at,
@@ -187,6 +196,9 @@ class BackupManifest:
             "total_bytes": self.total_bytes,
             "total_segments": self.total_segments,
         }
+        if self.skipped_queues:
+            d["skipped_queues"] = [dict(s) for s in self.skipped_queues]
+        return d
 
     def to_json(self) -> bytes:
         """Pretty JSON (2-space indent, as serde_json's pretty printer) in spec order."""
@@ -214,6 +226,12 @@ class BackupManifest:
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0
         m.total_segments = _opt(d, "total_segments", int, where) or 0
+        skipped = d.get("skipped_queues") or []
+        if not isinstance(skipped, list) or not all(
+                isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("vhost", "name", "reason"))
+                for s in skipped):
+            raise ManifestError(f"{where}: 'skipped_queues' must be a list of {{vhost, name, reason}} objects")
+        m.skipped_queues = [{k: s[k] for k in ("vhost", "name", "reason")} for s in skipped]
         return m
 
     @classmethod
