@@ -150,6 +150,7 @@ def read_queue(
     nack = quorum and return_mode == NACK
     limit = delivery_limit if quorum and not nack else None  # nack returns never reach a limit
     channels: list = []
+    cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
     try:
         if use_get:
@@ -186,13 +187,13 @@ def read_queue(
                 if taken >= want or res.records >= depth:
                     break
             else:
-                raise AmqpError(
-                    f"{where}: the broker cancelled the backup's consumer after {res.records} of {depth} messages "
-                    "(on RabbitMQ 4.3 a consumer timeout cancels the consumer: raise x-consumer-timeout / the "
-                    "consumer-timeout policy key for this queue, or rabbitmq.conf consumer_timeout); every message "
-                    "was returned to the queue")
+                cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
+            # nack: look harder before our own cancel, which would swallow the broker's
+            _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05 if nack else 0.0)
             if nack:
                 ch.cancel()  # no credit left to receive what the nack returns
+        # once per read: a cancel the broker sent while we were taking what had already arrived
+        _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05)
         if len(channels) > 1:
             # an earlier channel closed by the broker (consumer_timeout) gave its messages back
             # while later channels were reading: they may hold those again (duplicates)
@@ -235,6 +236,28 @@ def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: 
         raise err
     sink(method, props, body)
     res.records += 1
+
+
+def _check_cancelled(conn, channels: list, cancelled: list, where: str, records: int, depth: int,
+                     wait: float = 0.0) -> None:
+    """4.3 cancels a consumer whose delivery outlived its consumer timeout and returns those messages
+    at once: a later channel could then receive them again, so the read fails (nothing is lost).
+
+    pika hands a broker's Basic.Cancel to a ``consume()`` generator as a pending event (its
+    cancel callbacks are not called), so the pending events are inspected after reading I/O.
+    """
+    if not cancelled and not conn.is_closed:
+        conn.process_data_events(wait)
+        for ch in channels:
+            gen = getattr(ch, "_queue_consumer_generator", None)
+            if gen is not None and any(type(e).__name__ == "_ConsumerCancellationEvt" for e in gen.pending_events):
+                cancelled.append(ch)
+    if cancelled:
+        raise AmqpError(
+            f"{where}: the broker cancelled the backup's consumer after {records} of {depth} messages (RabbitMQ "
+            "4.3 does this when a delivery outlives the consumer timeout: raise x-consumer-timeout / the "
+            "consumer-timeout policy key for this queue, or rabbitmq.conf consumer_timeout); every message was "
+            "returned to the queue")
 
 
 def _check_deadline(deadline: float | None, where: str, records: int, depth: int) -> None:
