@@ -82,6 +82,7 @@ class Guard:
     max_count: int
     delivery_limit: int | None
     message: str
+    updated_at: int = 0  # ms since the epoch; set when saved (newest wins when merging copies)
 
 
 def _now() -> int:
@@ -195,15 +196,19 @@ class Checkpoint:
     def guard(self, source: str, vhost: str, queue: str) -> Guard | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT max_count, delivery_limit, message FROM delivery_guard WHERE source=? AND vhost=? AND queue=?",
-                (source, vhost, queue)).fetchone()
-        return None if row is None else Guard(row[0], row[1], row[2] or "")
+                "SELECT max_count, delivery_limit, message, updated_at FROM delivery_guard "
+                "WHERE source=? AND vhost=? AND queue=?", (source, vhost, queue)).fetchone()
+        return None if row is None else Guard(row[0], row[1], row[2] or "", row[3])
 
-    def set_guard(self, source: str, vhost: str, queue: str, g: Guard) -> None:
+    def set_guard(self, source: str, vhost: str, queue: str, g: Guard) -> Guard:
+        """Record ``g`` (stamped now, or at its own time if it came from storage); returns it stamped."""
+        g = Guard(g.max_count, g.delivery_limit, g.message, g.updated_at or _now())
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO delivery_guard VALUES (?,?,?,?,?,?,?,?)",
-                             (source, vhost, queue, g.max_count, g.delivery_limit, g.message, self.backup_id, _now()))
+                             (source, vhost, queue, g.max_count, g.delivery_limit, g.message, self.backup_id,
+                              g.updated_at))
             self._dirty = True
+        return g
 
     # -- storage sync -------------------------------------------------------
     def snapshot(self) -> bytes:

@@ -37,18 +37,19 @@ from ..keys import BackupLayout
 from ..storage.base import Storage
 from . import metrics
 from .amqp import connect
-from .checkpoint import Checkpoint, Guard, QueueProgress, storage_scope
-from .convert import delivery_count, encode_delivery
+from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
+from .guard_store import GuardStore
+from .limits import DEFAULT_LIMIT_4X, resolve_delivery_limit  # noqa: F401 - DEFAULT_LIMIT_4X re-exported
 from ..management import ManagementClient, QueueInfo
+from .preflight import NackSupport, PolicyCache, QueueSkipped
+from .queue_backup import backup_queue
+from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
-from .queue_reader import DeliveryLimitError, describe_message, passive_depth, read_queue
 from .stream_backup import StreamBackup
 from .stream_chain import StreamBase, stream_bases
 
 log = logging.getLogger(__name__)
-
-DEFAULT_LIMIT_4X = 20  # RabbitMQ 4.0 quorum queues: delivery-limit when none is set
 
 
 class BackupError(RbakError):
@@ -119,25 +120,10 @@ def _noop(event: str, **kw: Any) -> None:
 
 
 def effective_delivery_limit(q: QueueInfo, version: str | None) -> int | None:
-    """The limit the broker applies to a quorum queue (None: unlimited)."""
-    values = []
-    for v in (q.arguments.get("x-delivery-limit"), q.effective_policy.get("delivery-limit")):
-        if isinstance(v, int) and not isinstance(v, bool):
-            values.append(v)
-    major = _major(version)
-    if not values:
-        return DEFAULT_LIMIT_4X if major >= 4 else None
-    limit = min(values)
-    if limit < 0:
-        return None  # 4.x: a negative limit disables it
-    return limit
-
-
-def _major(version: str | None) -> int:
-    try:
-        return int((version or "0").split(".")[0])
-    except ValueError:
-        return 0
+    """The limit from what the management API reported for ``q`` (None: unlimited); the engine
+    itself resolves it from the policy lists too (``preflight.quorum_settings``)."""
+    pol = [{"name": q.policy or "effective", "definition": q.effective_policy}] if q.effective_policy else []
+    return resolve_delivery_limit(q.arguments, pol, [], version).value
 
 
 class _Connections:
@@ -205,6 +191,7 @@ class BackupEngine(StreamBackup):
         self.connections_opened = 0
         self._bases: dict[tuple[str, str], StreamBase] = {}
         self._fresh = False  # no usable manifest of this id in this storage: local progress is stale
+        self.skipped: list[tuple[str, str, str]] = []  # (vhost, queue, reason), noted in the manifest
 
     # ------------------------------------------------------------------
     def run(self) -> BackupSummary:
@@ -223,6 +210,8 @@ class BackupEngine(StreamBackup):
             storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
             ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id, storage_scope(storage, cfg.storage.prefix))
+            self.client, self.policies, self.nack = client, PolicyCache(client), NackSupport(version)
+            self.guards = GuardStore(storage, cfg.storage.prefix or "", cluster)
             try:
                 if self._fresh:
                     ckpt.reset_all()
@@ -239,6 +228,9 @@ class BackupEngine(StreamBackup):
                 manifest.recompute_totals()
                 manifest.queue_status = [QueueStatus(q.vhost, q.name, q.status, q.error or "")
                                          for q in summary.queues if q.status in ("refused", "failed")]
+                manifest.queue_status += [QueueStatus(vhost, name, "skipped", reason)
+                                          for vhost, name, reason in self.skipped]
+                manifest.queue_status.sort(key=lambda x: (x.vhost, x.name))
                 self._sync(ckpt)
                 self._confirm_segments(manifest)  # never a manifest naming what is not in this storage
                 manifest.completed_at = int(time.time() * 1000)
@@ -274,7 +266,7 @@ class BackupEngine(StreamBackup):
         old = BackupManifest.from_json(data, layout.manifest)
         if old.is_partial and not self.cfg.backup.overwrite:
             log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.cfg.backup_id,
-                        ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status))
+                        ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status if q.status != "skipped"))
             return old.created_at
         if old.is_complete:
             if not self.cfg.backup.overwrite:
@@ -327,6 +319,9 @@ class BackupEngine(StreamBackup):
                 continue
             if q.queue_type != "stream" and sel.min_messages and q.messages is not None and q.messages < sel.min_messages:
                 continue
+            if q.exclusive:  # only its owning connection can read it (405 RESOURCE_LOCKED)
+                self._skip(q.vhost, q.name, "exclusive queue: only its owning connection can read it")
+                continue
             out.append(q)
         return sorted(out, key=lambda q: (q.vhost, q.name))
 
@@ -349,6 +344,9 @@ class BackupEngine(StreamBackup):
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
                         qs.status = "resumed" if resumed else "done"
+                    except QueueSkipped as e:
+                        qs.status, qs.error = "skipped", str(e)
+                        self._skip(q.vhost, q.name, str(e).split(": ", 2)[-1])
                     except DeliveryLimitError as e:
                         qs.status, qs.error = "refused", str(e)
                         metrics.errors().labels(error_type=metrics.error_type(e)).inc()
@@ -368,8 +366,15 @@ class BackupEngine(StreamBackup):
             syncer.join()
             self.connections_opened = conns.opened
             conns.close_all()
+        for vhost, name, reason in self.skipped:
+            if not any(x.vhost == vhost and x.name == name for x in summary.queues):
+                summary.queues.append(QueueSummary(vhost, name, "classic", status="skipped", error=reason))
         summary.queues.sort(key=lambda s: (s.vhost, s.name))
         return results
+
+    def _skip(self, vhost: str, name: str, reason: str) -> None:
+        log.warning("skipping queue %r in vhost %r: %s", name, vhost, reason)
+        self.skipped.append((vhost, name, reason))
 
     def _sync_loop(self, ckpt: Checkpoint, stop: threading.Event) -> None:
         interval = self.cfg.offset_storage.sync_interval_secs
@@ -402,7 +407,7 @@ class BackupEngine(StreamBackup):
                 conn = conns.get(q.vhost)
                 if q.queue_type == "stream":
                     return self._stream(q, ckpt, conn, cluster, prog), prog is not None
-                return self._queue(q, ckpt, conn, cluster, version, prog), False
+                return backup_queue(self, q, ckpt, conn, cluster, version, prog), False
             except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError) as e:
                 # an idle pooled connection the broker dropped (heartbeat): one fresh try
                 conns.drop(q.vhost)
@@ -459,77 +464,6 @@ class BackupEngine(StreamBackup):
     def _deadline(self) -> float | None:
         d = self.cfg.backup.max_duration_secs
         return time.monotonic() + d if d else None
-
-    def _queue(self, q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, version: str | None,
-               prog: QueueProgress | None) -> QueueBackup:
-        """Classic / quorum: all or nothing per run (an interrupted read is redone from the head)."""
-        vhost, name, qtype = q.vhost, q.name, q.queue_type
-        if prog is not None or self.storage.exists(self.layout.segment(vhost, name, 1, self.compression)):
-            self.storage.delete_prefix(self.layout.queue_dir(vhost, name) + "/")
-            ckpt.reset(vhost, name)
-        limit = effective_delivery_limit(q, version) if qtype == "quorum" else None
-        depth = passive_depth(conn, vhost, name)
-        if qtype == "quorum" and depth == 0:
-            ckpt.set_guard(cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
-        elif limit is not None:
-            self._check_guard(q, ckpt, cluster, limit)
-        self.progress("start", vhost=vhost, queue=name, total=depth)
-        read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type=qtype)
-        bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type=qtype)
-        writer = self._writer(vhost, name, qtype, 1)
-        progress = self.progress
-        state = {"n": 0, "b": 0}
-
-        state.update(max=0, nearest="")
-        quorum = qtype == "quorum"
-
-        def sink(method, props, body) -> None:
-            if quorum:
-                c = delivery_count(props)
-                if c > state["max"] or not state["nearest"]:
-                    state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
-            now = int(time.time() * 1000)
-            writer.append_encoded(encode_delivery(method, props, body, vhost, name, now), now)
-            state["b"] += len(body)
-            state["n"] += 1
-            if state["n"] % 500 == 0:  # metrics and progress in steps: a lock per message costs throughput
-                read_c.inc(500)
-                bytes_c.inc(state["b"])
-                state["b"] = 0
-                progress("advance", vhost=vhost, queue=name, n=500)
-
-        try:
-            read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
-                       read_timeout=self.cfg.backup.read_timeout_secs, deadline=self._deadline(),
-                       throttle=self.throttle)
-        except BaseException:
-            writer.abort()
-            raise
-        finally:
-            if quorum and state["n"]:
-                # every message taken went back with one more delivery on its count
-                ckpt.set_guard(cluster, vhost, name, Guard(state["max"] + 1, limit, state["nearest"]))
-        segments = writer.close()
-        read_c.inc(state["n"] % 500)
-        bytes_c.inc(state["b"])
-        progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
-        qb = QueueBackup(vhost, name, qtype)
-        for s in segments:
-            qb.add_segment(s)
-        ckpt.save(QueueProgress(vhost, name, qtype, depth, qb.message_count, writer.next_sequence, segments, True))
-        return qb
-
-    def _check_guard(self, q: QueueInfo, ckpt: Checkpoint, cluster: str, limit: int) -> None:
-        g = ckpt.guard(cluster, q.vhost, q.name)
-        margin = self.cfg.backup.delivery_limit_margin
-        if g is not None and g.max_count + margin > limit:
-            raise DeliveryLimitError(
-                f"queue {q.name!r} in vhost {q.vhost!r}: refused before reading: its delivery limit is {limit} and "
-                f"an earlier backup left {g.message or 'a message'} at x-delivery-count {g.max_count}; one more "
-                f"backup (every read returns each message once, which counts as a delivery on quorum queues) "
-                f"could push it past the limit and drop or dead-letter it. Consume or move those messages, or "
-                f"raise the limit (policy delivery-limit / x-delivery-limit); rbak forgets this once it sees the "
-                f"queue empty")
 
 
 def run_backup(cfg: Config, storage: Storage | None = None, progress: Progress | None = None) -> BackupSummary:

@@ -130,7 +130,10 @@ class StreamInfo:
 
 
 QUEUE_STATUSES = ("refused", "failed", "skipped")
-"""Per-queue outcomes recorded in ``queue_status``: each makes the backup partial."""
+"""Per-queue outcomes recorded in ``queue_status``."""
+PARTIAL_STATUSES = ("refused", "failed")
+"""The outcomes that make a backup partial; ``skipped`` is a note (a queue left out on purpose,
+e.g. exclusive, or with consumers under ``backup.skip_queues_with_consumers``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +272,8 @@ class BackupManifest:
 
     @property
     def is_partial(self) -> bool:
-        """Complete, but some queue was refused, failed or skipped (see ``queue_status``)."""
-        return self.is_complete and bool(self.queue_status)
+        """Complete, but some queue was refused or failed (see ``queue_status``)."""
+        return self.is_complete and any(q.status in PARTIAL_STATUSES for q in self.queue_status)
 
     @property
     def state(self) -> str:
@@ -305,7 +308,7 @@ class BackupManifest:
         return None
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        d = {
             "backup_id": self.backup_id,
             "created_at": self.created_at,
             "completed_at": self.completed_at,
@@ -319,6 +322,7 @@ class BackupManifest:
             "total_segments": self.total_segments,
             **({"queue_status": [q.to_json_obj() for q in self.queue_status]} if self.queue_status else {}),
         }
+        return d
 
     def to_json(self) -> bytes:
         """Pretty JSON (2-space indent, as serde_json's pretty printer) in spec order."""
