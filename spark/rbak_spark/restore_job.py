@@ -249,7 +249,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     t0 = time.perf_counter()
     storage = open_storage(url)
     manifest = load_complete_manifest(storage, options)
-    if options.dry_run or not options.restore_messages:
+    if options.dry_run or options.definitions_dry_run or not options.restore_messages:  # dry runs write nothing
         summary = run_restore(storage, options, manifest=manifest)  # the CLI's code path, on the driver
         out = summary.to_json_obj()
         out.update(engine="spark", ordering=ordering)
