@@ -9,7 +9,9 @@ reader skips what it cannot trust, and the CLI prints the list at the end.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import stat
 from dataclasses import dataclass, field
 
 from ..errors import ImportFormatError
@@ -48,20 +50,35 @@ class ImportContext:
         self.notes.append(text)
 
 
+MAP_ABOVE = 64 * 1024 * 1024
+"""Files up to this size are read; larger ones (hostile or huge) are memory-mapped, so only the
+pages a reader touches are ever resident."""
+
+
 class MappedFile:
     """A file read whole, read-only (never written, never locked).
 
     Queue index and per-queue store files are bounded by their segment size
     (a few MiB), so one sequential read is both simpler and faster than
     memory-mapping them (page faults cost more than read() in sandboxes).
+    Past ``MAP_ABOVE`` the file is mapped instead, and anything but a regular
+    file (a FIFO, ``/dev/zero`` behind a symlink) is refused naming it.
     """
 
-    __slots__ = ("path", "size", "view")
+    __slots__ = ("path", "size", "view", "_map")
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
+        self._map = None
         with open(self.path, "rb") as f:
-            self.view: bytes = f.read()
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ImportFormatError(f"{self.path}: not a regular file")
+            if st.st_size > MAP_ABOVE:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self.view = self._map  # slices are bytes, like the read() path's
+            else:
+                self.view = f.read()
         self.size = len(self.view)
 
     def find(self, sub: bytes, start: int) -> int:
@@ -69,6 +86,9 @@ class MappedFile:
 
     def close(self) -> None:
         self.view = b""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
     def __enter__(self) -> "MappedFile":
         return self
