@@ -37,6 +37,7 @@ _HEADER = struct.Struct(">IBQQ")
 _ENTRY = struct.Struct(">BBB17sIQ")
 _QS_LOC = struct.Struct(">BQII")
 _QS_ENTRY = struct.Struct(">IBHB")
+MAX_SEGMENT_ENTRIES = 1 << 20  # RabbitMQ writes 4096 per segment by default; this bounds what a header can claim
 _QI_RE = re.compile(r"^(\d+)\.qi$")
 
 
@@ -57,6 +58,9 @@ def _header(f: MappedFile, magic: int, ctx: ImportContext) -> tuple[int, int] | 
         return None
     if last <= first:
         ctx.damaged(f.path, 5, f"empty SeqId range {first}..{last}")
+        return None
+    if last - first > MAX_SEGMENT_ENTRIES:
+        ctx.damaged(f.path, 5, f"implausible SeqId range {first}..{last}: more than {MAX_SEGMENT_ENTRIES} entries")
         return None
     return first, last
 

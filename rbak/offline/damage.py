@@ -53,6 +53,7 @@ class ImportContext:
 MAP_ABOVE = 64 * 1024 * 1024
 """Files up to this size are read; larger ones (hostile or huge) are memory-mapped, so only the
 pages a reader touches are ever resident."""
+WINDOW = 32 * 1024 * 1024
 
 
 class MappedFile:
@@ -82,7 +83,26 @@ class MappedFile:
         self.size = len(self.view)
 
     def find(self, sub: bytes, start: int) -> int:
-        return self.view.find(sub, start)
+        if self._map is None:
+            return self.view.find(sub, start)
+        # Mapped: search window by window, dropping the pages already searched, so resident
+        # memory stays one window whatever the file holds (a huge run of zeros, say).
+        pos = start
+        while pos < self.size:
+            end = min(self.size, pos + WINDOW)
+            i = self._map.find(sub, pos, end + len(sub) - 1)
+            if i >= 0:
+                return i
+            self.release_before(end)
+            pos = end
+        return -1
+
+    def release_before(self, offset: int) -> None:
+        """Drop mapped pages before ``offset`` from memory (no-op when the file was read)."""
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            upto = offset - offset % mmap.PAGESIZE
+            if upto > 0:
+                self._map.madvise(mmap.MADV_DONTNEED, 0, upto)
 
     def close(self) -> None:
         self.view = b""

@@ -527,6 +527,8 @@ class _Reader:
         order = self.byte_order
         v56 = version >= 5
         if ctype not in _KNOWN:
+            if ctype == 0:  # no Mosquitto writes it: zeroed or junk data (else a run of zeros is millions of chunks)
+                raise _Damage(body - (8 if v56 else 6), "chunk type 0 is not a Mosquitto chunk (zeroed or junk data)")
             if body + length > self.size:
                 raise _Damage(body, f"chunk length {length} runs past the end of the file ({self.size - body} bytes left)")
             return UnknownChunk(ctype, bytes(self.buf[body:body + length]), body - (8 if v56 else 6)), body + length
