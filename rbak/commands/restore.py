@@ -30,7 +30,9 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--path", help=f"storage URL or directory of the backups (default {DEFAULT_PATH}; ignored with --config)")
     p.add_argument("--prefix", default=None, help="storage key prefix (without --config)")
     p.add_argument("--backup-id", help="backup to restore (default: the newest complete one)")
-    p.add_argument("--target-url", help="AMQP URL of the target broker (without --config)")
+    p.add_argument("--target-url", help="AMQP URL of the target broker (without --config; a password here is "
+                                        "visible in ps: prefer $RBAK_TARGET_URL or --target-url-file)")
+    p.add_argument("--target-url-file", help="file holding the target's AMQP URL (e.g. a mounted secret)")
     p.add_argument("--management-url", help="management API URL of the target (without --config)")
     p.add_argument("--dry-run", action="store_true", default=None, help="report what would be published; publish nothing")
     p.add_argument("--definitions", action="store_true", default=None, help="import the backup's definitions first")
@@ -63,6 +65,7 @@ def _overrides(args: Any) -> dict[str, Any]:
 def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
     from ..catalog import latest_complete
+    from .secrets import url_from
 
     if args.config:
         from ..config import load_config
@@ -85,7 +88,8 @@ def build(args: Any):
         backup_id = entry.backup_id
         print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}", file=sys.stderr)
     target = TargetConnection(
-        amqp_url=args.target_url or TargetConnection.amqp_url,
+        amqp_url=url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL")
+        or TargetConnection.amqp_url,
         management_url=args.management_url or TargetConnection.management_url,
     )
     opts = {k: v for k, v in _overrides(args).items() if v is not None}

@@ -254,7 +254,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     for w in warnings:
         log(f"warning: {w}")
     chains = {(q.vhost, q.name): list(q.chain) for q in manifest.queues if q.chain}
-    if options.dry_run or not options.restore_messages:
+    if options.dry_run or options.definitions_dry_run or not options.restore_messages:  # dry runs write nothing
         summary = run_restore(storage, options, manifest=manifest)  # the CLI's code path, on the driver
         summary.warnings = warnings
         out = summary.to_json_obj()
