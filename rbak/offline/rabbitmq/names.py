@@ -2,7 +2,8 @@
 
 A stream's directory is named by ``rabbit_stream_queue``: ``<vhost>_<queue>_<system
 time>`` passed through ``osiris_util:to_base64uri`` (every grapheme outside
-``A-Za-z0-9_-=`` becomes one ``_``: ``imp-vh-ü`` + ``strm_ü/2`` -> ``imp-vh-__strm___2_<ts>``), so the name alone is ambiguous (``/`` and
+``A-Za-z0-9_-=`` becomes one ``_``: ``imp-vh-ü`` + ``strm_ü/2`` -> ``imp-vh-__strm___2_<ts>``;
+3.10 replaced each UTF-8 byte: ``imp-vh-___strm____2_<ts>``), so the name alone is ambiguous (``/`` and
 ``_`` and every non-ASCII byte look alike). The queue records the node kept
 name the queues exactly: Mnesia's files (``rabbit_queue``/``rabbit_durable_queue``
 on 3.x/4.0/4.1) or Khepri's (a Ra log under ``coordination/<node>/`` on 4.2+,
@@ -55,9 +56,17 @@ def to_base64uri(text: str) -> str:
     return "".join(out)
 
 
+def to_base64uri_bytes(text: str) -> str:
+    """The same on 3.x, which passed ``binary_to_list`` (one ``_`` per UTF-8 byte) and had no grapheme rule."""
+    return "".join(chr(b) if chr(b) in _ALLOWED_CHARS else "_" for b in text.encode("utf-8", "surrogateescape"))
+
+
 def stream_dir_matches(dirname: str, vhost: str, queue: str) -> bool:
-    prefix = to_base64uri(vhost + "_" + queue + "_")
-    return dirname.startswith(prefix) and dirname[len(prefix):].isdigit()
+    name = vhost + "_" + queue + "_"
+    for prefix in {to_base64uri(name), to_base64uri_bytes(name)}:
+        if dirname.startswith(prefix) and dirname[len(prefix):].isdigit():
+            return True
+    return False
 
 
 def _resources_in(data: bytes, found: set[tuple[str, str]]) -> None:

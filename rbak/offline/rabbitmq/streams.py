@@ -20,7 +20,17 @@ from ..damage import ImportContext
 from ..mc_amqp import MappingError
 from .names import known_queue_names, name_stream_dir
 from .osiris import iter_stream, segment_files
-from .stream_message import decode_stream_message
+from .stream_message import decode_stream_message, decode_v3_stream_message, is_v3_message
+
+
+def message_containers(node_dir: str) -> bool | None:
+    """Whether the node delivered stream messages through message containers (3.13+/4.x), from the
+    ``<node>-feature_flags`` file beside its data dir; None when that file is not there."""
+    try:
+        with open(node_dir.rstrip("/") + "-feature_flags", "rb") as f:
+            return b"message_containers" in f.read()
+    except OSError:
+        return None
 
 
 @dataclass
@@ -28,6 +38,7 @@ class StreamDir:
     path: str
     vhost: str
     name: str
+    mc: bool | None = None  # message_containers(); None: judged per message
     first_offset: int | None = None
     last_offset: int | None = None
     exported: int = 0
@@ -53,7 +64,7 @@ def stream_dirs(node_dir: str, ctx: ImportContext) -> list[StreamDir]:
             ctx.damaged(path, None, "cannot tell which vhost/stream this directory belongs to (no queue record "
                         "in the node's Mnesia or Khepri files matches its name); skipped")
             continue
-        out.append(StreamDir(path, named[0], named[1]))
+        out.append(StreamDir(path, named[0], named[1], message_containers(node_dir)))
     out.sort(key=lambda s: (s.vhost, s.name))
     return out
 
@@ -64,7 +75,8 @@ def stream_records(s: StreamDir, ctx: ImportContext, backed_up_at: int,
     try:
         for r in iter_stream(s.path, ctx, from_offset):
             try:
-                m = decode_stream_message(r.data)
+                legacy = (not s.mc) if s.mc is not None else is_v3_message(r.data)
+                m = decode_v3_stream_message(r.data, s.name) if legacy else decode_stream_message(r.data)
             except (Amqp10Error, MappingError) as e:
                 where = getattr(e, "offset", None)
                 ctx.damaged(r.path, r.pos, f"offset {r.offset}: not a message RabbitMQ can deliver over AMQP "
