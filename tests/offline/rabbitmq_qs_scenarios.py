@@ -110,12 +110,61 @@ def _streams(node: PrivateNode, sc: QsScenario) -> None:
         sc.streams[key] = reference(node, key[0], key[1], True)
 
 
+def _quorum(node: PrivateNode, sc: QsScenario) -> None:
+    conn = node.connect("/")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    qargs = {"x-queue-type": "quorum"}
+    ch.queue_declare("qq-orders", durable=True, arguments=qargs)
+    _publish(ch, "qq-orders", 300, "q")
+    # A consumer acks 30, returns 10 (nack requeue) and leaves 10 unacked when its channel closes.
+    c2 = node.connect("/")
+    cch = c2.channel()
+    cch.basic_qos(prefetch_count=50)
+    tags = []
+    for method, _p, _b in cch.consume("qq-orders", inactivity_timeout=5):
+        assert method is not None, "quorum consumer got too few messages"
+        tags.append(method.delivery_tag)
+        if len(tags) == 50:
+            break
+    cch.basic_ack(tags[29], multiple=True)
+    for t in tags[30:40]:
+        cch.basic_nack(t, requeue=True)
+    c2.close()
+    _publish(ch, "qq-orders", 60, "r")
+    # Churn: enough log to roll the WAL into segments and let Ra take snapshots.
+    ch.queue_declare("qq-churn", durable=True, arguments=qargs)
+    blob = b"c" * 1000
+    for i in range(3000):
+        ch.basic_publish("", "qq-churn", blob + str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    ch.basic_qos(prefetch_count=500)
+    got = 0
+    for method, _p, _b in ch.consume("qq-churn", inactivity_timeout=5):
+        assert method is not None
+        got += 1
+        if got % 100 == 0:
+            ch.basic_ack(method.delivery_tag, multiple=True)
+        if got == 2900:
+            break
+    ch.cancel()
+    conn.close()
+    conn = node.connect(VHOST2)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qq-ü", durable=True, arguments=qargs)
+    _publish(ch, "qq-ü", 20, "u")
+    conn.close()
+    for key in (("/", "qq-orders"), ("/", "qq-churn"), (VHOST2, "qq-ü")):
+        sc.quorum[key] = reference(node, key[0], key[1], False)
+
+
 def build(name: str, version: str, base: Path, kill: bool = False) -> QsScenario:
     node = PrivateNode(version, base, conf=["raft.wal_max_size_bytes = 262144"]).start()
     sc = QsScenario(name, version, node.data_dir, killed=kill)
     try:
         node.add_vhost(VHOST2)
         _streams(node, sc)
+        _quorum(node, sc)
         time.sleep(1)
         if kill:
             node.kill()
