@@ -94,6 +94,11 @@ class Ready:
         return out
 
 
+#: Commands that do not change which messages the queue holds or their order.
+_NO_EFFECT = frozenset({"register_enqueuer", "update_config", "garbage_collection", "nodeup", "nodedown",
+                        "purge_nodes", "eval_consumer_timeouts", "timeout", "consumer_timeout"})
+
+
 def _is(x: Any, name: str) -> bool:
     return isinstance(x, Atom) and x == name
 
@@ -133,6 +138,8 @@ class FifoReplay:
         if not (isinstance(cmd, tuple) and cmd and isinstance(cmd[0], Atom)):
             return
         name = str(cmd[0])
+        if name in _NO_EFFECT:
+            return
         handler = getattr(self, "_c_" + name, None)
         if handler is None:
             self.unknown[name] = self.unknown.get(name, 0) + 1
