@@ -89,8 +89,13 @@ def test_quorum_wal_cut_short_and_damaged(shared_root, tmp_path):
     res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w1", types={"quorum"})
     assert any("stopped mid-write" in n or "cut short" in n for n in res.ctx.notes), res.ctx.notes
     # One flipped byte in the middle of the WAL: named with file and offset; --skip-damaged goes on.
+    from rbak.offline.damage import ImportContext
+
+    logs = ra_log.read_server_logs(str(sysdir), ImportContext())
+    entries = [e for log in logs.values() for e in log.entries.values() if e[2] == wal and len(e[1]) > 100]
+    victim = entries[len(entries) // 3][1]  # an entry in the middle of the WAL: flip a byte of its data
     bad = bytearray(data)
-    bad[len(data) // 3] ^= 0x55
+    bad[data.find(victim) + len(victim) // 2] ^= 0x55
     Path(wal).write_bytes(bytes(bad))
     with pytest.raises(ImportFormatError) as e:
         import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w2", types={"quorum"})

@@ -54,18 +54,20 @@ class ServerLog:
     uid: str
     entries: dict[int, tuple[int, bytes, str, int]] = field(default_factory=dict)
 
+    last: int = -1
+
     def put(self, idx: int, term: int, data: bytes, path: str, pos: int) -> None:
-        if self.entries and idx <= max(self.entries) and idx not in self.entries:
-            pass
-        # A rewrite of idx drops everything after it (Ra's mem table does the same).
-        if idx in self.entries:
+        if idx <= self.last:
+            # A rewrite of idx drops everything after it (Ra's mem table does the same).
             for k in [k for k in self.entries if k > idx]:
                 del self.entries[k]
         self.entries[idx] = (term, data, path, pos)
+        self.last = idx
 
     def truncate_before(self, idx: int) -> None:
         for k in [k for k in self.entries if k < idx]:
             del self.entries[k]
+        self.last = max(self.entries, default=-1)
 
 
 def read_segment(path: str, log: ServerLog, ctx: ImportContext) -> None:
