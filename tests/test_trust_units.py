@@ -8,7 +8,7 @@ import pytest
 
 from rbak.backup.stream_chain import StreamBase, decide
 from rbak.backup.stream_reader import ProbedRecord
-from rbak.format.manifest import BackupManifest, QueueBackup, QueueStatus, StreamGap, StreamInfo
+from rbak.format.manifest import BackupManifest, QueueBackup, QueueStatus, SegmentMetadata, StreamGap, StreamInfo
 from rbak.restore.chain import ChainError, expand_chains
 
 SPEC_EXAMPLE = {
@@ -76,5 +76,9 @@ def test_chain_links_are_checked():
         expand_chains(ms["c"], {**ms, "a": _stream_manifest("a", last=12)}.__getitem__)
     with pytest.raises(ChainError, match="'a', which is incomplete"):
         expand_chains(ms["c"], {**ms, "a": _stream_manifest("a", complete=False)}.__getitem__)
+    ms["a"].queues[0].add_segment(SegmentMetadata("a/queues/_default/s/segment-0001.zst", 1, 10, 100, 0, 1, 2, "x"))
+    with pytest.raises(ChainError, match="'a' in the chain of 'c' lacks segment a/queues/_default/s/segment-0001"):
+        expand_chains(ms["c"], ms.__getitem__, size_of=lambda key: None)
+    assert expand_chains(ms["c"], ms.__getitem__, size_of=lambda key: 100)[0].queues[0].message_count == 10
     only, warnings = expand_chains(ms["c"], ms.__getitem__, follow=False)
     assert only.queues[0].chain == () and "restoring only backup 'c'" in warnings[0]

@@ -216,9 +216,10 @@ class BackupEngine(StreamBackup):
                 if self._fresh:
                     ckpt.reset_all()
                 self._seed_checkpoint(ckpt, cluster)
-                if cfg.backup.stream_enabled and cfg.backup.stream_incremental:
-                    self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id)
                 queues = self._select_queues(client)
+                streams = {(q.vhost, q.name) for q in queues if q.queue_type == "stream"}
+                if streams and cfg.backup.stream_incremental:
+                    self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id, streams)
                 if cfg.backup.include_definitions:
                     manifest.definitions = store_definitions(export_definitions(client, cfg.source.queues), storage, layout,
                                                              self.compression, self.level)

@@ -107,7 +107,8 @@ def decide(name: str, vhost: str, base: StreamBase | None, probe: ProbedRecord |
     return d
 
 
-def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str) -> dict[tuple[str, str], StreamBase]:
+def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
+                 wanted: set[tuple[str, str]] | None = None) -> dict[tuple[str, str], StreamBase]:
     """(vhost, stream) -> the newest complete backup in this storage holding it (same source cluster).
 
     Backups whose last validation failed are skipped. Manifests written before
@@ -124,8 +125,11 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str) -> d
     entries.sort(key=lambda e: (e.manifest.completed_at, e.backup_id), reverse=True)
     out: dict[tuple[str, str], StreamBase] = {}
     for e in entries:
+        if wanted is not None and wanted <= out.keys():
+            break  # every stream of this run has its newest backup
         m = e.manifest
-        if m.source_cluster != cluster:
+        if m.source_cluster != cluster or (wanted is not None and not any(
+                (q.vhost, q.name) in wanted and (q.vhost, q.name) not in out for q in m.queues)):
             continue
         found = latest_validation(storage, e.backup_id, prefix)
         if found is not None and found[1].get("ok") is False:

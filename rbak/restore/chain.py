@@ -79,12 +79,14 @@ def gap_warnings(q: QueueBackup, backup_id: str) -> list[str]:
             for g in q.stream.gaps]
 
 
-def expand_chains(manifest: BackupManifest, load: Loader, follow: bool = True) -> tuple[BackupManifest, list[str]]:
+def expand_chains(manifest: BackupManifest, load: Loader, follow: bool = True,
+                  size_of: Callable[[str], int | None] | None = None) -> tuple[BackupManifest, list[str]]:
     """A copy of ``manifest`` whose incremental streams hold their whole chain's segments, and warnings.
 
     Segments keep their storage keys; their sequence numbers are renumbered
     1..n along the chain so a plan and the restore checkpoint see one ordered
-    run. ``QueueBackup.chain`` names the backups used, oldest first.
+    run. ``QueueBackup.chain`` names the backups used, oldest first. ``size_of(key)`` (the storage's
+    size, None when absent) checks the earlier links' segments before anything is published.
     """
     cache: dict[str, BackupManifest] = {}
 
@@ -113,6 +115,9 @@ def expand_chains(manifest: BackupManifest, load: Loader, follow: bool = True) -
         segs = []
         for bid, lq in links:
             for s in sorted(lq.segments, key=lambda s: s.sequence):
+                if size_of is not None and bid != manifest.backup_id and size_of(s.key) != s.size_bytes:
+                    raise ChainError(f"stream {q.name!r} in vhost {q.vhost!r}: backup {bid!r} in the chain of "
+                                     f"{manifest.backup_id!r} lacks segment {s.key} (missing or of another size)")
                 segs.append(dataclasses.replace(s, sequence=len(segs) + 1))
         nq = QueueBackup(q.vhost, q.name, q.queue_type, stream=q.stream)
         for s in segs:

@@ -386,7 +386,7 @@ def load_complete_manifest(storage: Storage, options: RestoreOptions,
     sel = dataclasses.replace(manifest, queues=[q for q in manifest.queues
                                                 if options.queues.matches(q.vhost, q.name, q.queue_type)])
     expanded, notes = expand_chains(sel, lambda bid: load_manifest(storage, bid, options.prefix),
-                                    follow=not options.increment_only)
+                                    follow=not options.increment_only, size_of=storage.size)
     by_key = {(q.vhost, q.name): q for q in expanded.queues}
     manifest = dataclasses.replace(manifest, queues=[by_key.get((q.vhost, q.name), q) for q in manifest.queues])
     manifest.recompute_totals()

@@ -203,9 +203,16 @@ def test_incremental_chain_restores_everything(broker, vhost, home):
     restore(home, broker, "store", "c2", "--increment-only")
     assert stream_bodies(broker, vhost, "st") == more
 
-    # a missing link fails before anything is published, naming it
+    # a missing link fails before anything is published, naming it: a lost segment of c1, then c1 itself
     broker.delete_queue(vhost, "st")
     broker.declare_queue(vhost, "st", arguments=STREAM)
+    lost = load_manifest(st, "c1").find_queue(vhost, "st").segments[0].key
+    data = st.get(lost)
+    st.delete(lost)
+    r = restore(home, broker, "store", "c2", ok=False)
+    assert lost in r.stderr and "'c1'" in r.stderr
+    assert stream_bodies(broker, vhost, "st") == []
+    st.put(lost, data)
     st.delete("c1/manifest.json")
     r = restore(home, broker, "store", "c2", ok=False)
     assert "'c1'" in r.stderr and "missing" in r.stderr
