@@ -38,7 +38,9 @@ if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
 
 
 def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | None = None,
-              drop_headers: frozenset[str] = frozenset()) -> BackupRecord:
+              drop_headers: frozenset[str] = frozenset(), stream_offset: int | None = None) -> BackupRecord:
+    """One delivery as a record. ``stream_offset``: for stream queues the spec's ``delivery_tag``
+    is the message's stream offset, not the channel's delivery tag."""
     raw = getattr(props, "_rbak_raw", None)
     if raw is not None and (props.headers is not None or getattr(props, "_rbak_pika_failed", False)):
         p, headers = decode_basic_properties(raw)
@@ -68,7 +70,7 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
         headers=hdrs,
         exchange=method.exchange or "",
         routing_key=method.routing_key or "",
-        delivery_tag=method.delivery_tag,
+        delivery_tag=method.delivery_tag if stream_offset is None else stream_offset,
         redelivered=bool(method.redelivered),
         backed_up_at=now_ms if now_ms is not None else int(time.time() * 1000),
         source_queue=queue,
@@ -89,8 +91,8 @@ def delivery_count(props) -> int:
 
 
 def encode_delivery(method, props, body: bytes, vhost: str, queue: str, now_ms: int,
-                    drop_headers: frozenset[str] = frozenset()) -> bytes:
+                    drop_headers: frozenset[str] = frozenset(), stream_offset: int | None = None) -> bytes:
     """The record JSON of one delivery (the backup's hot path). The C codec
     writes it straight from the record's slots: measured 4.6 us against 5.8 us
     for the orjson dict this used to build for header-less messages."""
-    return encode_record(to_record(method, props, body, vhost, queue, now_ms, drop_headers))
+    return encode_record(to_record(method, props, body, vhost, queue, now_ms, drop_headers, stream_offset))

@@ -72,7 +72,8 @@ class StreamBackup:
             if state["n"] == 0:
                 self._first_record(ckpt, vhost, name, decision, start, offset)
             now = int(time.time() * 1000)
-            writer.append_encoded(encode_delivery(method, props, body, vhost, name, now, BROKER_HEADERS), now, offset)
+            record = encode_delivery(method, props, body, vhost, name, now, BROKER_HEADERS, stream_offset=offset)
+            writer.append_encoded(record, now, offset)
             state["b"] += len(body)
             state["n"] += 1
             state["last"] = (body, props)

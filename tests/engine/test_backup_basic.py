@@ -120,6 +120,10 @@ def test_stream_incremental_and_existing_id(broker, vhost, tmp_path):
     assert [r.body for r in records(store, load(store, "s1"), vhost, "st")] == [b"a-%d" % i for i in range(50)]
     assert [r.body for r in records(store, load(store, "s2"), vhost, "st")] == [b"b-%d" % i for i in range(20)]
     assert load(store, "s3").find_queue(vhost, "st").message_count == 0
+    # the spec: a stream record's delivery_tag is its stream offset (not the channel's delivery tag)
+    offsets = [m.headers["x-stream-offset"] for m in b.read_stream(vhost, "st", "first")]
+    stored = [r.delivery_tag for k in ("s1", "s2") for r in records(store, load(store, k), vhost, "st")]
+    assert stored == offsets and len(offsets) == 70
 
     # a fresh machine (new local state) continues from the storage copy of the newest backup's state
     BackupEngine(backup_config(b, vhost, store, "s4", tmp_path / "other.db")).run()
