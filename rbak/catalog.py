@@ -31,7 +31,7 @@ class BackupEntry:
     def status(self) -> str:
         if self.error:
             return "unreadable"
-        return "complete" if self.complete else "incomplete"
+        return self.manifest.state if self.manifest is not None else "incomplete"
 
 
 def load_manifest(storage: Storage, backup_id: str, prefix: str | None = "") -> BackupManifest:

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "inspect",          # list, describe, validate
     "backup",           # backup
     "restore",          # restore
+    "prune",            # prune (retention)
     "definitions",      # definitions-export, definitions-import
     "import_rabbitmq",  # import rabbitmq-dir
     "import_mosquitto", # import mosquitto-db

@@ -299,6 +299,10 @@ class BackupOptions(_Section):
                                                    "the broker's `consumer_timeout` minus a margin when known.", min=1)
     delivery_limit_margin: int = doc_field(1, "Refuse a quorum queue whose messages are within this many deliveries of their "
                                            "delivery limit (a backup adds one delivery per message on RabbitMQ < 4.0).", min=1)
+    skip_queues_with_consumers: bool = doc_field(False, "Leave out classic and quorum queues that have consumers "
+                                                 "when the backup reaches them (noted in the manifest's "
+                                                 "`queue_status`, status `skipped`); by default they are read, and their consumers "
+                                                 "receive nothing while the backup holds the messages.")
     overwrite: bool = doc_field(False, "Allow reusing the id of a COMPLETED backup (its files are deleted first). Off by default.")
 
 
@@ -346,6 +350,8 @@ class RestoreOptions(_Section):
     transient_queues: Literal["durable", "skip"] = doc_field(
         "durable", "Transient non-exclusive queues on a target that denies them: declare them `durable`, or `skip` "
         "them (and their messages).")
+    increment_only: bool = doc_field(False, "A stream from an incremental backup: restore that backup's own offsets only. "
+                                     "Default: base through the chosen backup, every offset once, in order.")
 
     def window_ms(self) -> tuple[int | None, int | None]:
         """The PITR window as epoch milliseconds."""

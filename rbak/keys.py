@@ -31,6 +31,7 @@ QUEUES_DIR = "queues"
 OFFSETS_DB = "offsets.db"
 VALIDATION_DIR = "validation"
 RESTORE_DIR = "restore"
+GUARDS_DIR = "_guards"  # beside the backups; never a backup id (ids start with a letter or digit)
 
 _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
 BACKUP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -83,6 +84,14 @@ def normalize_prefix(prefix: str | None) -> str:
         if p in (".", ".."):
             raise ConfigError(f"storage.prefix: {prefix!r} may not contain '.' or '..' components")
     return "/".join(parts)
+
+
+def guard_key(prefix: str | None, source_cluster: str, vhost: str, queue: str) -> str:
+    """``{prefix}/_guards/{cluster}/{vhost}/{queue}.json``: a quorum queue's delivery guard, shared by
+    every backup of that source whatever its backup id."""
+    p = normalize_prefix(prefix)
+    key = f"{GUARDS_DIR}/{encode_name(source_cluster)}/{encode_vhost(vhost)}/{encode_name(queue)}.json"
+    return f"{p}/{key}" if p else key
 
 
 class BackupLayout:

@@ -42,6 +42,10 @@ class QueueInfo:
     policy: str | None = None
     effective_policy: dict[str, Any] = field(default_factory=dict)
     operator_policy: str | None = None
+    auto_delete: bool = False
+    exclusive: bool = False
+    consumers: int | None = None
+    reported: frozenset[str] = frozenset()  # the fields the listing held (stats lag after a declare)
 
 
 class ManagementClient:
@@ -152,16 +156,17 @@ class ManagementClient:
 
     def queues(self, vhost: str | None = None) -> list[QueueInfo]:
         path = f"queues/{q(vhost)}" if vhost is not None else "queues"
-        cols = "name,vhost,type,messages,arguments,policy,operator_policy,effective_policy_definition"
-        out = []
-        for d in self.request("GET", path, params={"columns": cols}) or []:
-            out.append(QueueInfo(
-                vhost=d.get("vhost", vhost or "/"), name=d["name"], queue_type=d.get("type") or "classic",
-                messages=d.get("messages"), arguments=d.get("arguments") or {},
-                policy=d.get("policy") or None, effective_policy=d.get("effective_policy_definition") or {},
-                operator_policy=d.get("operator_policy") or None,
-            ))
-        return out
+        return [_queue_info(d, vhost) for d in self.request("GET", path, params={"columns": QUEUE_COLUMNS}) or []]
+
+    def queue(self, vhost: str, name: str) -> QueueInfo | None:
+        """One queue, fresh (None: it does not exist)."""
+        try:
+            d = self.request("GET", f"queues/{q(vhost)}/{q(name)}", params={"columns": QUEUE_COLUMNS})
+        except ManagementApiError as e:
+            if ": HTTP 404:" in str(e):
+                return None
+            raise
+        return _queue_info(d or {"name": name}, vhost)
 
     def policies(self, vhost: str) -> list[dict[str, Any]]:
         return self.request("GET", f"policies/{q(vhost)}") or []
@@ -201,6 +206,20 @@ class ManagementClient:
                 return False
             raise
         return True
+
+
+QUEUE_COLUMNS = ("name,vhost,type,messages,arguments,policy,operator_policy,effective_policy_definition,"
+                 "auto_delete,exclusive,consumers,durable")
+
+
+def _queue_info(d: dict[str, Any], vhost: str | None) -> QueueInfo:
+    return QueueInfo(
+        vhost=d.get("vhost", vhost or "/"), name=d["name"], queue_type=d.get("type") or "classic",
+        messages=d.get("messages"), arguments=d.get("arguments") or {},
+        policy=d.get("policy") or None, effective_policy=d.get("effective_policy_definition") or {},
+        operator_policy=d.get("operator_policy") or None, auto_delete=bool(d.get("auto_delete")),
+        exclusive=bool(d.get("exclusive")), consumers=d.get("consumers"), reported=frozenset(d),
+    )
 
 
 def _error_text(r: requests.Response) -> str:

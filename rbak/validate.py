@@ -43,6 +43,9 @@ class ValidationReport:
     complete: bool
     segments: list[SegmentCheck] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not errors: gaps, queues not backed up (partial)
+    gaps: int = 0  # messages a stream's retention removed before a backup could read them
+    partial: bool = False
 
     @property
     def ok(self) -> bool:
@@ -62,6 +65,9 @@ class ValidationReport:
             "complete": self.complete,
             "ok": self.ok,
             "problems": self.problems,
+            "partial": self.partial,
+            "gaps": self.gaps,
+            "notes": self.notes,
             "segments": [s.to_json_obj() for s in self.segments],
         }
 
@@ -184,6 +190,11 @@ def validate_backup(
     """Validate every segment (never stopping at the first bad one)."""
     m = load_manifest(storage, backup_id, prefix)
     report = ValidationReport(backup_id, deep, m.is_complete, problems=backup_problems(storage, m))
+    report.partial = m.is_partial
+    report.gaps = sum(g.count for _, g in m.gaps)
+    report.notes = [f"{s.vhost}/{s.name} not backed up ({s.status}): {s.reason}" for s in m.queue_status] + [
+        f"gap in stream {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed "
+        f"by the stream's retention before this backup" for q, g in m.gaps]
     check = (lambda s: check_segment(storage, s)) if deep else (lambda s: shallow_check(storage, s))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for result in pool.map(check, iter_segments(m)):

@@ -231,6 +231,11 @@ def run_summary_schema(desc: str) -> dict[str, Any]:
             "size": _s("stored size, human readable"),
             "segments": _i("segments (from manifest.json)"),
             "queues": _i("queues (from manifest.json)"),
+            "backupState": _s("complete, or partial when some queue was refused, failed or skipped (manifest.json)",
+                              enum=["complete", "partial", "incomplete"]),
+            "partialQueues": _strlist("queues not backed up, each 'vhost/name (status): reason'"),
+            "gapMessages": _i("stream messages removed by the stream's retention before this backup read them"),
+            "gaps": _strlist("stream gaps: 'vhost/name offsets A..B (N messages)'"),
             "validation": _s("validation outcome", enum=["Skipped", "Passed", "Failed", "Pending"]),
             "validationRun": _s("Job or SparkApplication validating this backup after the run"),
             "validationEngine": _s("job or spark", enum=["job", "spark"]),
@@ -286,9 +291,13 @@ def backup_crd() -> dict[str, Any]:
             "successfulJobsHistoryLimit": _i("finished successful Jobs kept", minimum=0, maximum=100, default=3),
             "failedJobsHistoryLimit": _i("finished failed Jobs kept", minimum=0, maximum=100, default=3),
             "retention": _obj(
-                "Which old complete backups this policy deletes (whole backups only). Unset: keep all.",
+                "Which old complete backups this policy deletes (whole backups only; never one a kept backup's "
+                "incremental streams continue, never an incomplete one). Unset: keep all.",
                 {
                     "keepLast": _i("keep the newest N complete backups", minimum=1),
+                    "keepDaily": _i("keep the newest backup of each of the last N days that have one (UTC)", minimum=0),
+                    "keepWeekly": _i("keep the newest backup of each of the last N ISO weeks that have one", minimum=0),
+                    "keepMonthly": _i("keep the newest backup of each of the last N months that have one", minimum=0),
                     "maxAge": _s("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
                 },
             ),

@@ -195,8 +195,10 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         has_validate = any(c.get("name") == "validate" for c in j["spec"]["template"]["spec"].get("containers", []))
         # Validation in the run's pod: the backup (init container) may have been written and then failed it.
         validation = in_pod_validation(st, pods.get(jname)) if has_validate else None
-        written = st.phase == "Succeeded" or validation == "Failed"
-        manifest = load_manifest_safe(kube, namespace, spec.get("storage"), backup_id, logger) if written else None
+        # A failed run may still have written a complete manifest: a partial backup (some queue refused/failed).
+        manifest = load_manifest_safe(kube, namespace, spec.get("storage"), backup_id, logger)
+        written = st.phase == "Succeeded" or validation == "Failed" or bool(manifest and manifest.is_partial)
+        manifest = manifest if written else None
         summary = run_summary(
             backup_id=backup_id, job_name=jname, trigger=jlabels.get(bodies.L_TRIGGER, "schedule"), state=st,
             slot=parse_time(ann[bodies.A_SLOT]) if ann.get(bodies.A_SLOT) else None, manifest=manifest,
@@ -206,6 +208,10 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         if validation == "Failed":
             cause = _report_problems(kube, body, backup_id) or st.message or st.reason
             summary.update(reason="ValidationFailed", message=f"validation failed: {cause}")
+        partial = manifest is not None and manifest.is_partial
+        if partial:
+            summary.update(reason="PartiallyFailed", message=f"backup {backup_id} is partial: "
+                           + "; ".join(summary.get("partialQueues") or [])[:900])
         if st.phase == "Succeeded" and manifest is None:
             summary["message"] = "succeeded; manifest.json not readable by the operator (counts unknown)"
         if st.phase == "Succeeded" and not has_validate and manifest is not None:
@@ -232,6 +238,9 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
             conditions = set_condition(conditions, "Ready", "False", "ValidationFailed",
                                        f"backup {backup_id} {summary['message']}", now, generation)
             _event(body, "Warning", "ValidationFailed", f"backup {backup_id} {summary['message']}")
+        elif partial:
+            conditions = set_condition(conditions, "Ready", "False", "BackupPartial", summary["message"], now, generation)
+            _event(body, "Warning", "BackupPartial", summary["message"])
         else:
             reason = st.message or st.reason or "the Job failed"
             conditions = set_condition(conditions, "Ready", "False", "BackupFailed",
@@ -450,13 +459,11 @@ def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: in
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
-    """Delete whole old complete backups made by this object, per spec.retention."""
+    """Delete old complete backups made by this object, per spec.retention (``rbak.retention``: chains kept)."""
     from rbak.catalog import list_backups
+    from rbak.retention import delete_backup, stored_backups
 
     meta, spec = body["metadata"], body.get("spec") or {}
-    ret = spec.get("retention") or {}
-    keep = ret.get("keepLast")
-    max_age = policy.parse_duration(ret["maxAge"]) if ret.get("maxAge") else None
     try:
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
         if st is None:
@@ -466,16 +473,17 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     except RbakError as e:
         logger.warning("retention: cannot list backups: %s", e)
         return []
-    stored = [policy.StoredBackup(e.backup_id, e.manifest.created_at if e.manifest else 0, e.complete)
-              for e in entries if policy.owned(e.backup_id, meta["name"])]
-    victims = policy.retention_victims(stored, keep, max_age, now)
+    # Every backup in the storage, so the chains of other objects' backups are kept too; only ours are deleted.
+    stored = stored_backups(entries, lambda bid: policy.owned(bid, meta["name"]))
+    plan = policy.retention_plan(stored, spec.get("retention"), now)
+    ours = {b.backup_id for b in stored if b.owned}
+    for v in plan.verdicts:
+        if v.backup_id in ours:  # what it keeps and why, and what it deletes
+            logger.info("retention: %s %s: %s", "keep" if v.keep else "delete", v.backup_id, "; ".join(v.reasons))
     deleted = []
-    for bid in victims:
+    for bid in plan.delete:
         try:
-            # Manifest first: a half-deleted backup then reads as incomplete, never as complete-but-damaged.
-            root = f"{prefix}/{bid}" if prefix else bid
-            st.delete(f"{root}/manifest.json")
-            st.delete_prefix(f"{root}/")
+            delete_backup(st, bid, prefix)
             deleted.append(bid)
             metrics.RETENTION_DELETED.inc()
         except RbakError as e:

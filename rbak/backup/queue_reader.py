@@ -1,7 +1,7 @@
 """Non-destructive reads of classic and quorum queues over AMQP 0-9-1.
 
-Nothing is ever acked: every message is consumed unacknowledged, and closing
-the channel(s) gives all of them back. Facts measured on 3.10.8 and 4.0.5
+Nothing is ever acked: every message is consumed unacknowledged, and nacking
+and/or closing the channel(s) gives all of them back. Facts measured on 3.10.8 and 4.0.5
 that shape this code (see docs/backup.md):
 
 - classic: with prefetch 0 one consumer receives every message; closing the
@@ -12,12 +12,21 @@ that shape this code (see docs/backup.md):
   of exactly the messages it takes (so no consumer has spare credit to
   receive messages an earlier channel returns: that is what scrambled the
   order in our measurements), closed in the order they were opened.
-- quorum: every return (channel close, nack, AMQP 1.0 ``released`` or
-  ``modified``, all measured on 4.0.5) adds 1 to ``x-delivery-count``; a
-  message returned past its delivery limit is dropped or dead-lettered. So a
-  quorum queue with a delivery limit is read only if no message can cross it
-  (see ``engine`` for the check before reading); a message already AT the
-  limit stops the read at once.
+- quorum, 3.10 and 4.0: every return (channel close, nack, AMQP 1.0 ``released``
+  or ``modified``) adds 1 to ``x-delivery-count``; a message returned past its
+  delivery limit is dropped or dead-lettered. Reads with a limit therefore take
+  small windows first (``next_window``) and stop at a message already at its
+  limit, so a stop costs at most the at-limit messages of one window.
+- quorum, 4.3: ``basic.nack(requeue)`` is a plain return (``rabbit_fifo``
+  ``#return{}``: ``x-acquired-count`` + 1, no delivery count); a channel close
+  or ``basic.reject`` is a failed delivery and counts. With the consumer
+  cancelled first (so it cannot receive what it returns), nacking each channel
+  in the order they were opened keeps the queue's order (measured on 4.3.6).
+- 4.3 cancels a consumer whose message outlives ``consumer_timeout`` (its
+  messages are returned), where older versions closed the channel; both fail
+  the read with an error naming the queue.
+- basic.get reads register no consumer: an auto-delete queue that never had a
+  consumer is deleted when one goes away, so those are read with basic.get.
 
 The read stops at the queue depth measured just before it (passive declare),
 so messages published meanwhile are not taken into this backup.
@@ -39,12 +48,19 @@ from .convert import delivery_count
 log = logging.getLogger(__name__)
 
 QUORUM_PREFETCH = 65535  # the largest basic.qos prefetch_count (16 bits)
+GROWTH = 4  # each quorum window this many times the previous one while counts leave headroom
+NEAR_LIMIT_WINDOW = 16  # the largest window once a message seen will be AT its limit after this read
+MAX_CHANNELS = 1000  # per read (servers allow 2047 per connection by default; the pool shares it)
+
+CLOSE = "close"  # return by closing the channels (every broker; counts as a delivery on quorum queues)
+NACK = "nack"  # cancel, then basic.nack(multiple, requeue): 4.3+ quorum queues count no delivery
 
 
 class DeliveryLimitError(RbakError):
     """A quorum queue whose messages a backup could push past their delivery limit."""
 
     prefix = "Delivery limit"
+    message_name = ""  # the message that stopped a read, when one did
 
 
 @dataclass(slots=True)
@@ -78,6 +94,30 @@ def passive_depth(conn: pika.BlockingConnection, vhost: str, queue: str) -> int:
             ch.close()
 
 
+def next_window(previous: int, max_seen: int, limit: int | None, remaining: int, channels: int) -> int:
+    """How many messages the next quorum channel may take (a pure decision).
+
+    A return by channel close adds 1 to ``x-delivery-count`` of EVERY message a channel holds,
+    including those the broker already pushed to us but we have not looked at, so a stop
+    (error, kill, refusal) costs exactly the messages at their limit inside the open window.
+    Windows start at 1 (the head, where returned messages wait, is checked alone), grow while
+    every message seen so far keeps headroom, and stay small once one will be at its limit.
+    Without a limit, or on a broker where returns do not count, one channel takes up to 65,535.
+    """
+    if limit is None:
+        w = QUORUM_PREFETCH
+    elif previous == 0:
+        w = 1
+    elif max_seen + 1 >= limit:
+        w = min(previous, NEAR_LIMIT_WINDOW)
+    else:
+        w = min(QUORUM_PREFETCH, previous * GROWTH)
+    left = max(1, MAX_CHANNELS - channels)
+    if remaining > w * left:  # never run out of channels: widen evenly instead
+        w = min(QUORUM_PREFETCH, -(-remaining // left))
+    return max(1, min(w, remaining))
+
+
 def read_queue(
     conn: pika.BlockingConnection,
     vhost: str,
@@ -87,6 +127,8 @@ def read_queue(
     sink: Sink,
     *,
     delivery_limit: int | None = None,
+    return_mode: str = CLOSE,
+    use_get: bool = False,
     read_timeout: float = 30.0,
     deadline: float | None = None,
     throttle: Callable[[int], None] | None = None,
@@ -94,59 +136,64 @@ def read_queue(
     """Read the first ``depth`` messages of a classic or quorum queue without acking any.
 
     ``sink(method, properties, body)`` receives each one in queue order. On any
-    error every message is still returned (the channels are closed) and the
-    error names the queue.
+    error every message is still returned (nacked and/or the channels closed, first
+    opened first) and the error names the queue. ``use_get``: basic.get instead of a
+    consumer (an auto-delete queue is deleted when its last consumer goes away).
+    ``return_mode`` NACK: quorum messages go back by ``basic.nack(multiple, requeue)``
+    after the consumer is cancelled (4.3+: no delivery counted); CLOSE: by closing.
     """
     res = ReadResult()
     where = f"queue {queue!r} in vhost {vhost!r}"
     if depth <= 0:
         return res
-    per_channel = 0 if queue_type == "classic" else QUORUM_PREFETCH
+    quorum = queue_type == "quorum"
+    nack = quorum and return_mode == NACK
+    limit = delivery_limit if quorum and not nack else None  # nack returns never reach a limit
     channels: list = []
+    cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
     try:
-        while res.records < depth:
+        if use_get:
             ch = conn.channel()
             channels.append(ch)
-            taken = 0
-            want = depth - res.records if per_channel == 0 else min(per_channel, depth - res.records)
+            depth = _read_by_get(ch, queue, res, where, depth, sink, quorum, limit, throttle, deadline)
+        window = 0
+        while res.records < depth and not use_get:
+            if quorum:
+                window = next_window(window, res.max_delivery_count, limit, depth - res.records, len(channels))
+            want = window if quorum else depth - res.records
+            ch = conn.channel()
+            channels.append(ch)
             # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
-            # credit: otherwise messages returned by an earlier channel's close would be
-            # redelivered to a later channel and come back out of order.
-            ch.basic_qos(prefetch_count=0 if per_channel == 0 else want)
+            # credit: otherwise messages returned by an earlier channel would be redelivered to
+            # a later channel and come back out of order. classic: prefetch 0, one channel.
+            ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
-            gen = ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout)
-            for method, props, body in gen:
+            taken = 0
+            for method, props, body in ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout):
                 if method is None:
-                    ready = passive_depth(conn, vhost, queue)
-                    if ready == 0:
+                    if passive_depth(conn, vhost, queue) == 0:
                         log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
                                     "backing up those", where, res.records, depth)
                         depth = res.records
                         break
                     raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
                                     f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
-                c = delivery_count(props) if queue_type == "quorum" else 0
-                if c > res.max_delivery_count or not res.nearest:
-                    res.max_delivery_count = c
-                    res.nearest = describe_message(res.records + 1, props)
-                if delivery_limit is not None and c >= delivery_limit:
-                    raise DeliveryLimitError(
-                        f"{where}: {describe_message(res.records + 1, props)} has already been delivered {c} times "
-                        f"and the queue's delivery limit is {delivery_limit}: returning it would drop or "
-                        f"dead-letter it, so the backup stops taking messages here (the {res.records + 1} taken "
-                        "go back now; this one may cross the limit because a return is the only way back)")
-                sink(method, props, body)
-                res.records += 1
+                _take(res, where, sink, method, props, body, quorum, limit)
                 taken += 1
                 if throttle is not None:
                     throttle(res.records)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise AmqpError(
-                        f"{where}: the read took longer than allowed (backup.max_duration_secs) after "
-                        f"{res.records} of {depth} messages; every message was returned to the queue")
+                _check_deadline(deadline, where, res.records, depth)
                 if taken >= want or res.records >= depth:
                     break
+            else:
+                cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
+            # nack: look harder before our own cancel, which would swallow the broker's
+            _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05 if nack else 0.0)
+            if nack:
+                ch.cancel()  # no credit left to receive what the nack returns
+        # once per read: a cancel the broker sent while we were taking what had already arrived
+        _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05)
         if len(channels) > 1:
             # an earlier channel closed by the broker (consumer_timeout) gave its messages back
             # while later channels were reading: they may hold those again (duplicates)
@@ -169,7 +216,70 @@ def read_queue(
         error = e
         raise
     finally:
-        _close_in_order(channels, where, quiet=error is not None)
+        _return_in_order(channels, where, nack, quiet=error is not None)
+
+
+def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:
+    """Check one delivered message against the limit BEFORE it counts as taken, then hand it on."""
+    c = delivery_count(props) if quorum else 0
+    if c > res.max_delivery_count or not res.nearest:
+        res.max_delivery_count = c
+        res.nearest = describe_message(res.records + 1, props)
+    if limit is not None and c >= limit:
+        err = DeliveryLimitError(
+            f"{where}: {describe_message(res.records + 1, props)} had already been delivered {c} times when this "
+            f"backup took it, and the queue's delivery limit is {limit}: it was at its limit before the backup "
+            f"started, and returning it (the only way back on this broker) drops or dead-letters it, so it may be "
+            f"beyond saving. The backup took nothing more; the {res.records} messages before it go back with one "
+            f"more delivery each")
+        err.message_name = describe_message(res.records + 1, props)
+        raise err
+    sink(method, props, body)
+    res.records += 1
+
+
+def _check_cancelled(conn, channels: list, cancelled: list, where: str, records: int, depth: int,
+                     wait: float = 0.0) -> None:
+    """4.3 cancels a consumer whose delivery outlived its consumer timeout and returns those messages
+    at once: a later channel could then receive them again, so the read fails (nothing is lost).
+
+    pika hands a broker's Basic.Cancel to a ``consume()`` generator as a pending event (its
+    cancel callbacks are not called), so the pending events are inspected after reading I/O.
+    """
+    if not cancelled and not conn.is_closed:
+        conn.process_data_events(wait)
+        for ch in channels:
+            gen = getattr(ch, "_queue_consumer_generator", None)
+            if gen is not None and any(type(e).__name__ == "_ConsumerCancellationEvt" for e in gen.pending_events):
+                cancelled.append(ch)
+    if cancelled:
+        raise AmqpError(
+            f"{where}: the broker cancelled the backup's consumer after {records} of {depth} messages (RabbitMQ "
+            "4.3 does this when a delivery outlives the consumer timeout: raise x-consumer-timeout / the "
+            "consumer-timeout policy key for this queue, or rabbitmq.conf consumer_timeout); every message was "
+            "returned to the queue")
+
+
+def _check_deadline(deadline: float | None, where: str, records: int, depth: int) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise AmqpError(f"{where}: the read took longer than allowed (backup.max_duration_secs) after "
+                        f"{records} of {depth} messages; every message was returned to the queue")
+
+
+def _read_by_get(ch, queue: str, res: ReadResult, where: str, depth: int, sink: Sink, quorum: bool, limit: int | None,
+                 throttle, deadline) -> int:
+    """basic.get one message at a time: no consumer is registered, so an auto-delete queue stays."""
+    while res.records < depth:
+        method, props, body = ch.basic_get(queue, auto_ack=False)
+        if method is None:
+            log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
+                        "backing up those", where, res.records, depth)
+            return res.records
+        _take(res, where, sink, method, props, body, quorum, limit)
+        if throttle is not None:
+            throttle(res.records)
+        _check_deadline(deadline, where, res.records, depth)
+    return depth
 
 
 def _check_open(channels: list, where: str, records: int, depth: int) -> None:
@@ -181,12 +291,20 @@ def _check_open(channels: list, where: str, records: int, depth: int) -> None:
                 "policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout); every unacked message returned to the queue")
 
 
-def _close_in_order(channels: list, where: str, quiet: bool) -> None:
-    """Close the channels first-opened first: that is what keeps a quorum queue's order."""
+def _return_in_order(channels: list, where: str, nack: bool, quiet: bool) -> None:
+    """Give every message back, first-opened channel first: that is what keeps a quorum queue's order.
+
+    NACK: cancel the channel's consumer if it still has one (so it cannot receive what is
+    returned), ``basic.nack(multiple, requeue)`` everything it holds, then close.
+    """
     for ch in channels:
         try:
+            if ch.is_open and nack:
+                if getattr(ch, "_queue_consumer_generator", None) is not None:
+                    ch.cancel()
+                ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
             if ch.is_open:
                 ch.close()
         except Exception as e:  # noqa: BLE001 - the connection may be gone; the broker requeues anyway
             if not quiet:
-                log.debug("%s: closing a channel: %r", where, e)
+                log.debug("%s: returning a channel's messages: %r", where, e)

@@ -37,6 +37,9 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--definitions-dry-run", action="store_true", default=None, help="report what the definitions import would change")
     p.add_argument("--publish-mode", choices=("exchange", "queue"), default=None)
     p.add_argument("--allow-non-empty", action="store_true", default=None, help="publish into queues that already hold messages")
+    p.add_argument("--increment-only", action="store_true", default=None,
+                   help="a stream from an incremental backup: restore that backup's own offsets only, not the "
+                        "earlier backups of its chain (the default restores base through the chosen backup)")
     p.add_argument("--checkpoint", dest="checkpoint_state", default=None, help="restore checkpoint file (resumable)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=run)
@@ -50,6 +53,7 @@ def _overrides(args: Any) -> dict[str, Any]:
         "publish_mode": args.publish_mode,
         "allow_non_empty": args.allow_non_empty,
         "checkpoint_state": args.checkpoint_state,
+        "increment_only": args.increment_only,
     }
     if args.definitions_dry_run:
         o["restore_definitions"] = True
@@ -143,6 +147,8 @@ def print_summary(summary: Any) -> None:
         extra = f" ({q.skipped_records} outside the time window)" if q.skipped_records else ""
         line = (f"{q.source_vhost}/{q.source_queue} -> {q.target_vhost}/{q.target_queue}: {q.status}, "
                 f"{verb} {n}{extra}")
+        if q.chain:
+            line += f"; chain {' -> '.join(q.chain)}"
         if q.error:
             line += f": {q.error}"
         print(line)

@@ -9,6 +9,7 @@ restore job calls it per queue (or per ordered run of segments) on executors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ from ..format.amqp091 import encode_basic_properties
 from ..format.segment import FOOTER_SIZE, HEADER_SIZE, decode_segment, iter_payload, sha256_hex, verify_frame
 from ..storage.base import Storage
 from . import metrics
+from .chain import expand_chains
 from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
@@ -57,6 +59,7 @@ class QueueResult:
     skipped_segments: int = 0
     skipped_records: int = 0  # outside the PITR window
     resumed_from: tuple[int, int] | None = None
+    chain: list[str] = field(default_factory=list)  # backups whose segments are published, oldest first
     reconciled: int = 0  # in-flight records found already enqueued on resume
     bytes: int = 0
     error: str | None = None
@@ -69,6 +72,7 @@ class RestoreSummary:
     queues: list[QueueResult] = field(default_factory=list)
     definitions: Any = None  # definitions.DefinitionsResult
     duration_secs: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # said before anything was published
 
     @property
     def published(self) -> int:
@@ -95,6 +99,7 @@ class RestoreSummary:
             "confirmed": self.confirmed,
             "duration_secs": round(self.duration_secs, 3),
             "definitions": self.definitions.to_json_obj() if self.definitions is not None else None,
+            "warnings": self.warnings,
             "queues": [asdict(q) for q in self.queues],
         }
 
@@ -403,14 +408,30 @@ def checkpoint_fingerprint(options: RestoreOptions) -> dict[str, object]:
         "vhost_mapping": [list(p) for p in options.vhost_mapping],
         "queue_mapping": [list(p) for p in options.queue_mapping],
         "publish_mode": options.publish_mode,
+        **({"increment_only": True} if options.increment_only else {}),
     }
 
 
-def load_complete_manifest(storage: Storage, options: RestoreOptions) -> BackupManifest:
+def load_complete_manifest(storage: Storage, options: RestoreOptions,
+                           warnings: list[str] | None = None) -> BackupManifest:
+    """The chosen backup's manifest, its incremental streams expanded to their whole chain (unless
+    ``increment_only``); every link is checked here, before anything is published. Warnings (a partial
+    backup, retention gaps, an increment restored alone) are logged and appended to ``warnings``."""
     manifest = load_manifest(storage, options.backup_id, options.prefix)
     if not manifest.is_complete:
         raise ManifestError(f"backup {options.backup_id!r} is incomplete (completed_at is null): refusing to restore "
                             f"from it; rerun the backup to finish it")
+    sel = dataclasses.replace(manifest, queues=[q for q in manifest.queues
+                                                if options.queues.matches(q.vhost, q.name, q.queue_type)])
+    expanded, notes = expand_chains(sel, lambda bid: load_manifest(storage, bid, options.prefix),
+                                    follow=not options.increment_only)
+    by_key = {(q.vhost, q.name): q for q in expanded.queues}
+    manifest = dataclasses.replace(manifest, queues=[by_key.get((q.vhost, q.name), q) for q in manifest.queues])
+    manifest.recompute_totals()
+    for n in notes:
+        log.warning("%s", n)
+    if warnings is not None:
+        warnings.extend(notes)
     return manifest
 
 
@@ -418,9 +439,10 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
                 manifest: BackupManifest | None = None) -> RestoreSummary:
     """Definitions (if asked), then every selected queue; a failed definitions import stops here."""
     t0 = time.monotonic()
-    manifest = manifest or load_complete_manifest(storage, options)
     summary = RestoreSummary(options.backup_id, options.dry_run)
+    manifest = manifest or load_complete_manifest(storage, options, summary.warnings)
     plans = plan_restore(manifest, options)  # config errors before touching the broker
+    chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
 
@@ -431,7 +453,8 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     if options.dry_run:
         for p in plans:
             r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="dry-run",
-                            skipped_segments=p.skipped_segments, skipped_records=p.skipped_records)
+                            skipped_segments=p.skipped_segments, skipped_records=p.skipped_records,
+                            chain=list(chains.get((p.source_vhost, p.source_queue), ())))
             r.selected = count_selected(storage, p, options)
             r.skipped_records += p.candidate_records - r.selected
             summary.queues.append(r)
@@ -441,7 +464,9 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     try:
         def work(p: QueuePlan) -> QueueResult:
             try:
-                return restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
+                r = restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
+                r.chain = list(chains.get((p.source_vhost, p.source_queue), ()))
+                return r
             except RbakError as e:
                 metrics.errors().labels(error_type=_error_type(e)).inc()
                 log.error("%s", e)

@@ -88,6 +88,7 @@ class RestoreOptions:
     overwrite_users: bool = False
     definitions_strict: bool = False
     transient_queues: str = "durable"
+    increment_only: bool = False  # a stream from an incremental backup: that backup's offsets only, not its chain
 
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
@@ -164,6 +165,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         overwrite_users=r.overwrite_users,
         definitions_strict=r.definitions_strict,
         transient_queues=r.transient_queues,
+        increment_only=getattr(r, "increment_only", False),
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)

@@ -380,3 +380,54 @@ def test_restore_with_a_connection_secret_missing_a_key_fails_naming_it(clock, p
     assert "https://rabbit.ns.svc:15671" in text and "amqp://rabbit.ns.svc:5672/%2f" in text and "'p'" not in text
     env = _env_of(k.objs[("job", "r2-restore")])
     assert env["RBAK_BROKER_USERNAME"] == ("topo", "username") and env["RBAK_BROKER_PASSWORD"] == ("topo", "password")
+def _stream_backup(storage, backup_id, created_ms, previous=None):
+    """A backup holding a stream, incremental on ``previous`` when given."""
+    from rbak.format.manifest import StreamInfo
+
+    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1)
+    m.queues.append(QueueBackup(vhost="/", name="s", queue_type="stream",
+                                stream=StreamInfo(0, 9, previous, 4 if previous else None)))
+    storage.put(f"{backup_id}/manifest.json", m.to_json())
+
+
+def test_retention_keeps_the_chain_of_a_kept_backup(clock, pvc):
+    """keepLast: 1 (and GFS fields): the base the newest incremental backup continues is not deleted."""
+    from rbak_operator.naming import manual_run_name
+
+    base, older = manual_run_name("b", "base"), manual_run_name("b", "older")
+    _stream_backup(pvc, older, 1)  # a full backup nobody continues: may go
+    _stream_backup(pvc, base, 2)
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"enabled": False},
+                                         retention={"keepLast": 1, "keepDaily": 0, "keepWeekly": 0, "keepMonthly": 0})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "new"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    _stream_backup(pvc, run, 10, previous=base)
+    k.finish_job(run)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    assert {e.backup_id for e in list_backups(pvc)} == {base, run}
+    assert k.objs[("backup", "b")]["status"]["retention"]["lastDeleted"] == [older]
+
+
+def test_partial_backup_shows_in_status(clock, pvc):
+    """A run that exits non-zero after writing a partial manifest: the status says partial, naming the queue."""
+    from rbak.format.manifest import QueueStatus
+
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "p"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    write_backup(pvc, run, 7, 700)
+    m = BackupManifest.from_json(pvc.get(f"{run}/manifest.json"))
+    m.queue_status = [QueueStatus("/", "limited", "refused", "its delivery limit is 2")]
+    pvc.put(f"{run}/manifest.json", m.to_json())
+    k.finish_job(run, ok=False)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    st = k.objs[("backup", "b")]["status"]
+    last = st["lastRun"]
+    assert last["phase"] == "Failed" and last["reason"] == "PartiallyFailed" and last["backupState"] == "partial"
+    assert last["partialQueues"] == ["//limited (refused): its delivery limit is 2"] and last["messages"] == 7
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "BackupPartial" and "limited" in ready["message"]

@@ -1,0 +1,164 @@
+"""Decisions taken before a backup touches a classic or quorum queue.
+
+- which queues are skipped, and why (exclusive queues cannot be read by another
+  connection; ``backup.skip_queues_with_consumers``), recorded in the manifest;
+- the quorum settings the broker applies (delivery limit, delayed retries),
+  resolved from arguments, policies and operator policies, waiting (bounded)
+  for the management API to report a fresh queue's arguments;
+- whether the broker returns a ``basic.nack``-ed quorum message without counting
+  a delivery (4.3+): the version says "maybe", a probe on a scratch queue says
+  "yes" (never the version string alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+import pika
+import pika.exceptions
+
+from ..errors import RbakError
+from .convert import delivery_count
+from .limits import QueueSettings, resolve_settings, version_tuple
+from .management import ManagementClient, QueueInfo
+
+log = logging.getLogger(__name__)
+
+ARGUMENTS_WAIT_SECS = 15.0  # how long a fresh queue's arguments may take to show up in the management API
+PROBE_QUEUE_PREFIX = "rbak-probe-"
+
+
+class QueueRefused(RbakError):
+    """A queue the backup will not read, decided before taking any message (the backup is incomplete)."""
+
+    prefix = "Refused"
+
+
+class QueueSkipped(RbakError):
+    """A queue left out on purpose (noted in the manifest; the backup is complete without it)."""
+
+    prefix = "Skipped"
+
+
+class PolicyCache:
+    """Policies and operator policies per vhost, fetched once per run."""
+
+    def __init__(self, client: ManagementClient):
+        self.client = client
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+
+    def get(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        with self._lock:
+            if vhost not in self._cache:
+                pol = self.client.policies(vhost)
+                try:
+                    op = self.client.request("GET", f"operator-policies/{_q(vhost)}") or []
+                except RbakError as e:
+                    # not knowing an operator policy is not "no operator policy"
+                    raise QueueRefused(f"vhost {vhost!r}: cannot read its operator policies ({e}); a quorum "
+                                       "queue's delivery limit cannot be known without them") from None
+                self._cache[vhost] = (pol, op)
+            return self._cache[vhost]
+
+
+def _q(name: str) -> str:
+    from .management import q
+
+    return q(name)
+
+
+def quorum_settings(q: QueueInfo, client: ManagementClient, policies: PolicyCache, version: str | None,
+                    wait_secs: float = ARGUMENTS_WAIT_SECS, sleep: Callable[[float], None] = time.sleep) -> QueueSettings:
+    """The settings the broker applies to quorum queue ``q``; refuses when they cannot be known."""
+    info = q
+    deadline = time.monotonic() + wait_secs
+    while "arguments" not in info.reported or "type" not in info.reported:
+        if time.monotonic() > deadline:
+            raise QueueRefused(
+                f"queue {q.name!r} in vhost {q.vhost!r}: refused before reading: the management API has not "
+                f"reported its arguments after {wait_secs:g}s, so its delivery limit is unknown (an unknown "
+                "limit is never taken as 'no limit')")
+        sleep(0.5)
+        fresh = client.queue(q.vhost, q.name)
+        if fresh is None:
+            raise QueueSkipped(f"queue {q.name!r} in vhost {q.vhost!r}: deleted before the backup read it")
+        info = fresh
+    pol, op = policies.get(q.vhost)
+    return resolve_settings(info.arguments, info.name, info.queue_type, pol, op, version,
+                            info.policy, info.operator_policy)
+
+
+def skip_reason(q: QueueInfo, consumers: int | None, skip_with_consumers: bool) -> str | None:
+    """Why this queue is left out of the backup, or None."""
+    if q.exclusive:
+        return "exclusive queue: only its owning connection can read it (405 RESOURCE_LOCKED)"
+    if skip_with_consumers and consumers:
+        return f"{consumers} consumer(s) attached and backup.skip_queues_with_consumers is true"
+    return None
+
+
+class NackSupport:
+    """Does this broker return a nacked quorum message without counting a delivery? Decided once per run."""
+
+    def __init__(self, version: str | None):
+        self.version = version
+        self._lock = threading.Lock()
+        self._result: bool | None = None if version_tuple(version) >= (4, 3) else False
+
+    def supported(self, conn: pika.BlockingConnection, vhost: str) -> bool:
+        with self._lock:
+            if self._result is None:
+                found = probe_nack(conn, vhost)
+                if found is None:
+                    log.warning("RabbitMQ %s: could not probe how a nacked quorum message is counted in vhost %r "
+                                "(rbak needs to declare a scratch queue %s*); returning by channel close with "
+                                "the delivery guard", self.version, vhost, PROBE_QUEUE_PREFIX)
+                    return False  # try again in the next vhost
+                self._result = found
+                log.info("RabbitMQ %s: a nacked quorum message %s a delivery", self.version,
+                         "does not count as" if found else "counts as")
+            return self._result
+
+
+def probe_nack(conn: pika.BlockingConnection, vhost: str) -> bool | None:
+    """On a scratch quorum queue (never a user's): publish one message, take it, cancel, nack it,
+    take it again. True: its ``x-delivery-count`` stayed 0; False: it went up; None: cannot tell."""
+    name = f"{PROBE_QUEUE_PREFIX}{uuid.uuid4().hex}"
+    ch = None
+    try:
+        ch = conn.channel()
+        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", "x-expires": 120_000})
+        ch.confirm_delivery()
+        ch.basic_publish("", name, b"rbak probe", pika.BasicProperties(delivery_mode=2))
+        counts = []
+        for _ in range(2):
+            ch.basic_qos(prefetch_count=1)
+            got = None
+            for method, props, _body in ch.consume(name, auto_ack=False, inactivity_timeout=10):
+                got = (method, props)
+                break
+            if got is None or got[0] is None:
+                return None
+            counts.append(delivery_count(got[1]))
+            ch.cancel()
+            ch.basic_nack(delivery_tag=got[0].delivery_tag, multiple=False, requeue=True)
+        return counts[1] == counts[0]
+    except (pika.exceptions.AMQPError, RbakError) as e:
+        log.debug("nack probe in vhost %r: %r", vhost, e)
+        return None
+    finally:
+        try:
+            if ch is not None and ch.is_open:
+                ch.queue_delete(name)
+                ch.close()
+            elif conn.is_open:
+                c2 = conn.channel()
+                c2.queue_delete(name)
+                c2.close()
+        except Exception as e:  # noqa: BLE001 - x-expires removes it anyway
+            log.debug("deleting probe queue %s: %r", name, e)

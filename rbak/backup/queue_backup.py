@@ -1,0 +1,161 @@
+"""One classic or quorum queue into segments, without costing the source a message.
+
+Before a single message is taken: skip what cannot or should not be read
+(exclusive queues, queues with consumers when configured), resolve the quorum
+settings the broker applies (``preflight``), choose how messages go back
+(``basic.nack`` where the broker counts no delivery for it, else channel close),
+refuse a queue whose delayed retries would hold returned messages back, and
+refuse one whose delivery guard says one more read could push a message past
+its limit. After the read, the guard is recorded locally and beside the
+backups (``guard_store``), whatever happened during the read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import pika
+import pika.exceptions
+
+from ..errors import AmqpError
+from ..format.manifest import QueueBackup
+from . import metrics
+from .checkpoint import Checkpoint, Guard, QueueProgress
+from .convert import delivery_count, encode_delivery
+from .guard_store import merge
+from .limits import refuse_delayed_retry
+from .management import QueueInfo
+from .preflight import QueueRefused, QueueSkipped, quorum_settings, skip_reason
+from .queue_reader import CLOSE, NACK, DeliveryLimitError, describe_message, read_queue
+
+if TYPE_CHECKING:
+    from .engine import BackupEngine
+
+log = logging.getLogger(__name__)
+
+
+def passive_info(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple[int, int]:
+    """(ready messages, consumers) right now, exactly; an exclusive queue of another connection is skipped."""
+    try:
+        ch = conn.channel()
+    except pika.exceptions.AMQPError as e:
+        raise AmqpError(f"vhost {vhost!r}: cannot open a channel: {e!r}") from None
+    try:
+        ok = ch.queue_declare(queue, passive=True).method
+        return ok.message_count, ok.consumer_count
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 405:
+            raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: exclusive queue: only its owning connection "
+                               f"can read it ({e.reply_code} {e.reply_text})") from None
+        if e.reply_code == 404:
+            raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: deleted before the backup read it") from None
+        raise AmqpError(f"queue {queue!r} in vhost {vhost!r}: {e.reply_code} {e.reply_text}") from None
+    finally:
+        if ch.is_open:
+            ch.close()
+
+
+def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, version: str | None,
+                 prog: QueueProgress | None) -> QueueBackup:
+    """Classic / quorum: all or nothing per run (an interrupted read is redone from the head)."""
+    vhost, name, qtype = q.vhost, q.name, q.queue_type
+    where = f"queue {name!r} in vhost {vhost!r}"
+    if prog is not None or eng.storage.exists(eng.layout.segment(vhost, name, 1, eng.compression)):
+        eng.storage.delete_prefix(eng.layout.queue_dir(vhost, name) + "/")
+        ckpt.reset(vhost, name)
+    reason = skip_reason(q, None, False)  # exclusive (the listing said so)
+    if reason:
+        raise QueueSkipped(f"{where}: {reason}")
+    depth, consumers = passive_info(conn, vhost, name)
+    reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers)
+    if reason:
+        raise QueueSkipped(f"{where}: {reason}")
+    quorum = qtype == "quorum"
+    limit: int | None = None
+    mode = CLOSE
+    if quorum:
+        settings = quorum_settings(q, eng.client, eng.policies, version)
+        limit = settings.delivery_limit.value if settings.delivery_limit else None
+        mode = NACK if eng.nack.supported(conn, vhost) else CLOSE
+        why = refuse_delayed_retry(settings.delayed_retry, mode == NACK)
+        if why:
+            raise QueueRefused(f"{where}: refused before reading: {why}. Back it up when delayed retries are "
+                               f"off for it, or exclude it (source.queues.exclude)")
+    guard_now = _guard(eng, ckpt, cluster, vhost, name) if quorum else None
+    if quorum and depth == 0:
+        _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
+    elif quorum and limit is not None and mode == CLOSE:
+        _check_guard(eng, guard_now, where, limit)
+    # an auto-delete queue is deleted when its last consumer goes: read it without one
+    use_get = q.auto_delete and not quorum
+    eng.progress("start", vhost=vhost, queue=name, total=depth)
+    read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type=qtype)
+    bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type=qtype)
+    writer = eng._writer(vhost, name, qtype, 1)
+    progress = eng.progress
+    state = {"n": 0, "b": 0, "max": 0, "nearest": "", "stopped": 0}
+
+    def sink(method, props, body) -> None:
+        if quorum:
+            c = delivery_count(props)
+            if c > state["max"] or not state["nearest"]:
+                state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
+        now = int(time.time() * 1000)
+        writer.append_encoded(encode_delivery(method, props, body, vhost, name, now), now)
+        state["b"] += len(body)
+        state["n"] += 1
+        if state["n"] % 500 == 0:  # metrics and progress in steps: a lock per message costs throughput
+            read_c.inc(500)
+            bytes_c.inc(state["b"])
+            state["b"] = 0
+            progress("advance", vhost=vhost, queue=name, n=500)
+
+    try:
+        read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit, return_mode=mode,
+                            use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
+                            deadline=eng._deadline(), throttle=eng.throttle)
+    except BaseException as e:
+        writer.abort()
+        if quorum and isinstance(e, DeliveryLimitError):
+            state["stopped"] = 1  # the message at its limit was taken too, and went back
+            state["max"] = max(state["max"], limit or 0)
+            state["nearest"] = state["nearest"] or e.message_name
+        raise
+    finally:
+        if quorum and state["n"] + state["stopped"]:
+            # close: every message taken went back with one more delivery on its count;
+            # nack (4.3+): with none (only a lost connection counts one)
+            left = state["max"] + (1 if mode == CLOSE else 0)
+            _set_guard(eng, ckpt, cluster, vhost, name, Guard(left, limit, state["nearest"]))
+    segments = writer.close()
+    read_c.inc(state["n"] % 500)
+    bytes_c.inc(state["b"])
+    progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
+    qb = QueueBackup(vhost, name, qtype)
+    for s in segments:
+        qb.add_segment(s)
+    ckpt.save(QueueProgress(vhost, name, qtype, depth, qb.message_count, writer.next_sequence, segments, True))
+    return qb
+
+
+def _guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:
+    """The local guard merged with the one beside the backups (newest wins)."""
+    return merge(ckpt.guard(cluster, vhost, name), eng.guards.load(vhost, name))
+
+
+def _set_guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str, g: Guard) -> None:
+    g = ckpt.set_guard(cluster, vhost, name, g)
+    eng.guards.save(vhost, name, g, eng.cfg.backup_id)
+
+
+def _check_guard(eng: "BackupEngine", g: Guard | None, where: str, limit: int) -> None:
+    margin = eng.cfg.backup.delivery_limit_margin
+    if g is not None and g.max_count + margin > limit:
+        raise DeliveryLimitError(
+            f"{where}: refused before reading: its delivery limit is {limit} and an earlier backup left "
+            f"{g.message or 'a message'} at x-delivery-count {g.max_count}; one more backup (on this broker every "
+            f"read returns each message once, which counts as a delivery on quorum queues) could push it past the "
+            f"limit and drop or dead-letter it. Consume or move those messages, or raise the limit (policy "
+            f"delivery-limit / x-delivery-limit); rbak forgets this once it sees the queue empty")
