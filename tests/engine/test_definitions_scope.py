@@ -186,3 +186,50 @@ def test_failed_import_is_rolled_back_from_the_snapshot(broker, vhost):
         for u in (new_user, existing):
             broker.api("DELETE", f"/api/users/{u}", ok=(404,))
         broker.delete_vhost(new_vhost)
+
+
+def test_transient_queues_declared_durable_or_skipped_with_their_messages(broker, vhost, tmp_path, monkeypatch):
+    """A target denying transient non-exclusive queues (deprecated feature transient_nonexcl_queues, denied
+    by configuration on a 4.x node; the CI nodes permit it, so the detected capability is overridden)."""
+    import dataclasses
+    import json
+
+    from _restore_helpers import build_backup, make_records, storage_for
+
+    from rbak.format.compression import Compression, compress
+    from rbak.format.manifest import DefinitionsBackup
+    from rbak.keys import BackupLayout
+    from rbak.restore import definitions, run_restore
+
+    storage = storage_for(tmp_path)
+    bodies = [b"t-%d" % i for i in range(5)]
+    manifest = build_backup(storage, "tr", [(vhost, "tmp-q", "classic", make_records(vhost, "tmp-q", bodies, every_type=False)),
+                                            (vhost, "keep-q", "classic", make_records(vhost, "keep-q", bodies[:3], every_type=False))])
+    doc = {"vhosts": [{"name": vhost}], "permissions": [], "users": [],
+           "queues": [{"name": "tmp-q", "vhost": vhost, "durable": False, "auto_delete": False, "arguments": {}},
+                      {"name": "keep-q", "vhost": vhost, "durable": True, "auto_delete": False, "arguments": {}}],
+           "bindings": [{"source": "amq.fanout", "vhost": vhost, "destination": "tmp-q", "destination_type": "queue",
+                         "routing_key": "", "arguments": {}}]}
+    key = BackupLayout("tr").definitions(Compression.ZSTD)
+    storage.put(key, compress(json.dumps(doc).encode(), Compression.ZSTD))
+    manifest.definitions = DefinitionsBackup(key=key, vhost_count=1, queue_count=2, exchange_count=0, size_bytes=1)
+    storage.put(BackupLayout("tr").manifest, manifest.to_json())
+    real = definitions.capabilities_of
+    monkeypatch.setattr(definitions, "capabilities_of",
+                        lambda c: dataclasses.replace(real(c), transient_nonexcl_queues=False))
+
+    summary = run_restore(storage, options_for(broker, "tr", restore_definitions=True, transient_queues="skip"))
+    by = {q.source_queue: q for q in summary.queues}
+    assert by["tmp-q"].status == "skipped" and "restore.transient_queues: skip" in by["tmp-q"].error
+    assert broker.queue_info(vhost, "tmp-q") is None
+    assert by["keep-q"].status == "restored" and broker.message_count(vhost, "keep-q") == 3
+    changes = [(c.kind, c.change) for c in summary.definitions.adapted]
+    assert ("queues", "skipped (restore.transient_queues: skip)") in changes and ("bindings", "skipped with its transient queue") in changes
+
+    broker.drain_queue(vhost, "keep-q")
+    summary = run_restore(storage, options_for(broker, "tr", restore_definitions=True))
+    by = {q.source_queue: q for q in summary.queues}
+    assert by["tmp-q"].status == "restored" and by["tmp-q"].confirmed == 5
+    assert broker.queue_info(vhost, "tmp-q")["durable"] is True
+    assert [m.body for m in broker.drain_queue(vhost, "tmp-q")] == bodies
+    assert ("queues", f"{vhost}/tmp-q", "declared durable") in {(c.kind, c.name, c.change) for c in summary.definitions.adapted}
