@@ -193,7 +193,7 @@ def test_live_consumer(broker, vhost, tmp_path, qtype):
         # quorum: returned messages queue up in the order they come back; the consumer's
         # message came back after the backup's (docs/backup.md, "Live consumers")
         assert broker.message_count(vhost, "live") == 20
-        assert sorted(x[0] for x in drain(broker, vhost, "live")) == bodies
+        assert [x[0] for x in drain(broker, vhost, "live")] == bodies[1:] + bodies[:1]
 
 
 def test_six_of_six_on_43(rmq43, vhost_factory, tmp_path):
