@@ -149,6 +149,8 @@ def read_queue(
     quorum = queue_type == "quorum"
     nack = quorum and return_mode == NACK
     limit = delivery_limit if quorum and not nack else None  # nack returns never reach a limit
+    # windows stay bounded by the limit with nack too: a lost connection returns by close, which counts
+    window_limit = delivery_limit if quorum else None
     channels: list = []
     cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
@@ -160,7 +162,7 @@ def read_queue(
         window = 0
         while res.records < depth and not use_get:
             if quorum:
-                window = next_window(window, res.max_delivery_count, limit, depth - res.records, len(channels))
+                window = next_window(window, res.max_delivery_count, window_limit, depth - res.records, len(channels))
             want = window if quorum else depth - res.records
             ch = conn.channel()
             channels.append(ch)
@@ -188,10 +190,10 @@ def read_queue(
                     break
             else:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
-            # nack: look harder before our own cancel, which would swallow the broker's
-            _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05 if nack else 0.0)
-            if nack:
-                ch.cancel()  # no credit left to receive what the nack returns
+            # a filled channel keeps its consumer until the return (no credit left, so it receives
+            # nothing): if a delivery times out on 4.3 the broker then cancels it and releases the
+            # messages uncounted, where a consumer we had cancelled would get its channel closed (406)
+            _check_cancelled(conn, channels, cancelled, where, res.records, depth)
         # once per read: a cancel the broker sent while we were taking what had already arrived
         _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05)
         if len(channels) > 1:
