@@ -28,7 +28,15 @@ Prints each throughput (MB of broker files per second) and its ratio to the
 baseline; the issue's target is a full-import ratio >= 0.3, and the report
 says whether it is met and how it compares with the floor.
 
+Quorum queues and streams (``--kinds``, default all three): a second private
+3.10.8 node writes one quorum queue and one stream of the same message mix
+(``--qs-size-mb``, default 128), stopped cleanly; each kind's import
+(``--types quorum`` / ``--types stream``, compression none) is timed against
+the same format floor (ii) measured on that kind's own records in the same
+run; the target is import >= 0.8x that floor.
+
     python benchmarks/import.py [--size-mb 1024] [--keep DIR] [--reuse DIR] [--repeat N]
+                                [--kinds classic,quorum,stream] [--qs-size-mb 128] [--qs-reuse DIR]
 """
 
 from __future__ import annotations
@@ -99,6 +107,80 @@ def generate(base: Path, size_mb: int) -> Path:
         node.cleanup()
         raise
     return node.data_dir
+
+
+def generate_qs(base: Path, size_mb: int) -> Path:
+    """One quorum queue and one stream, half the bytes each, same message mix as the classic queues."""
+    node = PrivateNode("3.10", base).start()
+    try:
+        conn = node.connect()
+        ch = conn.channel()
+        ch.confirm_delivery()
+        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream",
+                                     headers={"n": 1, "k": "v"})
+        for q, qtype in (("bench-quorum", "quorum"), ("bench-stream", "stream")):
+            ch.queue_declare(q, durable=True, arguments={"x-queue-type": qtype})
+            per_queue = size_mb * 1024 * 1024 // 2
+            n_big = per_queue * 8 // 10 // BIG
+            n_small = (per_queue - n_big * BIG) // SMALL
+            every = max(1, n_small // max(1, n_big))
+            t = time.time()
+            for i in range(n_small):
+                ch.basic_publish("", q, os.urandom(SMALL), props)
+                if i % every == 0 and n_big:
+                    ch.basic_publish("", q, os.urandom(BIG), props)
+                    n_big -= 1
+            print(f"published to {q} in {time.time() - t:.1f} s", flush=True)
+        conn.close()
+        node.stop()
+    except BaseException:
+        node.cleanup()
+        raise
+    return node.data_dir
+
+
+def kind_records(data_dir: Path, kind: str) -> list[list]:
+    """Every record of one kind, decoded (what the import writes)."""
+    from rbak.offline.rabbitmq import quorum, streams
+
+    ctx = ImportContext()
+    if kind == "quorum":
+        return [list(recs) for _, recs in quorum.iter_quorum_queues(str(data_dir), ctx, 0)]
+    return [list(streams.stream_records(s, ctx, 0)) for s in streams.stream_dirs(str(data_dir), ctx)]
+
+
+def kind_section(a, tmp: Path) -> None:
+    """Quorum and stream imports against the format floor (ii) on their own records (target >= 0.8x)."""
+    kinds = [k for k in ("quorum", "stream") if k in a.kinds]
+    if not kinds:
+        return
+    data_dir = Path(a.qs_reuse) if a.qs_reuse else generate_qs(tmp / "qs-node", a.qs_size_mb)
+    print(f"\nquorum/stream data dir {data_dir}")
+    print(f"{'kind':8} {'broker MB':>10} {'floor (ii) s':>13} {'import s':>9} {'import/floor':>13}  target >= 0.8")
+    for kind in kinds:
+        sub = "quorum" if kind == "quorum" else "stream"
+        mb = sum(p.stat().st_size for p in (data_dir / sub).rglob("*") if p.is_file()) / 1e6
+        decoded = kind_records(data_dir, kind)
+        floor_dir = tmp / f"floor-{kind}"
+        floor_dir.mkdir()
+
+        def floor_io():
+            format_floor(decoded, floor_dir)
+            for p in floor_dir.iterdir():
+                p.unlink()
+
+        t_floor = timed(floor_io, repeat=a.repeat)
+        del decoded
+        times = []
+        for i in range(a.repeat):
+            out = tmp / f"out-{kind}"
+            t = time.perf_counter()
+            import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{kind}", compression="none", types={kind})
+            times.append(time.perf_counter() - t)
+            shutil.rmtree(out, ignore_errors=True)
+        ratio = t_floor / min(times)
+        print(f"{kind:8} {mb:10.0f} {t_floor:13.2f} {min(times):9.2f} {ratio:13.2f}  "
+              f"{'MET' if ratio >= 0.8 else 'NOT met'} (worst import {max(times):.2f} s)")
 
 
 def files_of(data_dir: Path) -> list[Path]:
@@ -205,10 +287,17 @@ def main() -> int:
     ap.add_argument("--reuse", help="an existing node data dir (skip generation)")
     ap.add_argument("--keep", help="generate into this dir and keep it")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each floor and import line (best is reported)")
+    ap.add_argument("--kinds", default="classic,quorum,stream", help="queue kinds to measure")
+    ap.add_argument("--qs-size-mb", type=int, default=128, help="size of the quorum queue + stream data")
+    ap.add_argument("--qs-reuse", help="an existing node data dir with quorum queues/streams")
     a = ap.parse_args()
+    a.kinds = {k.strip() for k in a.kinds.split(",")}
 
     tmp = Path(tempfile.mkdtemp(prefix="rbak-import-bench-"))
     try:
+        kind_section(a, tmp)
+        if "classic" not in a.kinds:
+            return 0
         if a.reuse:
             data_dir = Path(a.reuse)
         else:
@@ -270,7 +359,8 @@ def main() -> int:
             for i in range(a.repeat):
                 out = tmp / f"out-{comp}"
                 t = time.perf_counter()
-                res = import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{comp}", compression=comp)
+                res = import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{comp}", compression=comp,
+                                          types={"classic"})
                 times.append(time.perf_counter() - t)
                 if i == 0:
                     print(f"  {comp}: {res.manifest.total_messages} messages, "

@@ -9,7 +9,7 @@ import orjson
 
 from .errors import ManifestError, NotFoundError
 from .format.manifest import BackupManifest
-from .keys import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix
+from .keys import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix, rebase_key
 from .storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class BackupEntry:
     def status(self) -> str:
         if self.error:
             return "unreadable"
-        return "complete" if self.complete else "incomplete"
+        return self.manifest.state if self.manifest is not None else "incomplete"
 
 
 def load_manifest(storage: Storage, backup_id: str, prefix: str | None = "") -> BackupManifest:
@@ -40,7 +40,18 @@ def load_manifest(storage: Storage, backup_id: str, prefix: str | None = "") -> 
         data = storage.get(key)
     except NotFoundError:
         raise NotFoundError(f"{storage.url}: backup {backup_id!r} has no manifest (no object at {key!r})") from None
-    return BackupManifest.from_json(data, where=key)
+    return rebase_manifest(BackupManifest.from_json(data, where=key), BackupLayout(backup_id, prefix))
+
+
+def rebase_manifest(m: BackupManifest, layout: BackupLayout) -> BackupManifest:
+    """Every key of ``m`` relative to where it was found (``keys.rebase_key``): one URL/prefix rule
+    for every reader (CLI, operator Jobs, Spark), whether the prefix is in the URL or in ``--prefix``."""
+    for q in m.queues:
+        for s in q.segments:
+            s.key = rebase_key(s.key, layout)
+    if m.definitions is not None:
+        m.definitions.key = rebase_key(m.definitions.key, layout)
+    return m
 
 
 def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]:

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "inspect",          # list, describe, validate
     "backup",           # backup
     "restore",          # restore
+    "prune",            # prune (retention)
     "definitions",      # definitions-export, definitions-import
     "import_rabbitmq",  # import rabbitmq-dir
     "import_mosquitto", # import mosquitto-db
@@ -53,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from .logsafe import install
+
+    install()  # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
     # pika logs every dropped socket with a traceback at ERROR; rbak reports
     # connection failures itself, naming the queue, so keep pika quiet unless -vv.
     logging.getLogger("pika").setLevel(logging.DEBUG if args.verbose >= 2 else logging.CRITICAL)

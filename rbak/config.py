@@ -301,7 +301,7 @@ class BackupOptions(_Section):
                                            "delivery limit (a backup adds one delivery per message on RabbitMQ < 4.0).", min=1)
     skip_queues_with_consumers: bool = doc_field(False, "Leave out classic and quorum queues that have consumers "
                                                  "when the backup reaches them (noted in the manifest's "
-                                                 "`skipped_queues`); by default they are read, and their consumers "
+                                                 "`queue_status`, status `skipped`); by default they are read, and their consumers "
                                                  "receive nothing while the backup holds the messages.")
     overwrite: bool = doc_field(False, "Allow reusing the id of a COMPLETED backup (its files are deleted first). Off by default.")
 
@@ -343,6 +343,15 @@ class RestoreOptions(_Section):
     queue_mapping: dict[str, str] = doc_field(doc="Rename queues: key `vhost/queue` or `queue`, value the new queue name.", factory=dict)
     allow_non_empty: bool = doc_field(False, "Publish into queues that already hold messages (refused by default).")
     skip_existing: bool = doc_field(False, "Skip (instead of failing on) target queues that already hold messages.")
+    overwrite_users: bool = doc_field(False, "Let the definitions import replace an existing user's password hash, tags "
+                                      "and permissions (by default the target's users and permissions are kept).")
+    definitions_strict: bool = doc_field(False, "Refuse definitions the target would reject (e.g. 3.x `ha-*` policies, "
+                                         "CQv1 queues on 4.3) instead of adapting them; lists every one, changes nothing.")
+    transient_queues: Literal["durable", "skip"] = doc_field(
+        "durable", "Transient non-exclusive queues on a target that denies them: declare them `durable`, or `skip` "
+        "them (and their messages).")
+    increment_only: bool = doc_field(False, "A stream from an incremental backup: restore that backup's own offsets only. "
+                                     "Default: base through the chosen backup, every offset once, in order.")
 
     def window_ms(self) -> tuple[int | None, int | None]:
         """The PITR window as epoch milliseconds."""
@@ -451,6 +460,49 @@ def default_backup_id(now: _dt.datetime | None = None) -> str:
     return "backup-" + now.strftime("%Y%m%dT%H%M%SZ")
 
 
+def yaml_error_text(e: Exception) -> str:
+    """A YAML error without the offending text: line and column and what was wrong, never the
+    line itself (it may hold a password), and never a value."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or type(e).__name__
+    if isinstance(e, DuplicateKeyError):
+        return str(e)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    # PyYAML's problems are fixed phrases ("found unexpected end of stream"); values never appear in them
+    # except in "found character '...'" which names one character, which we keep out as well.
+    problem = re.sub(r"'.*'", "a character", str(problem))
+    return f"{where}{problem}"
+
+
+def _strict_loader():
+    """``yaml.SafeLoader`` that refuses duplicate mapping keys (naming the key and its line)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue
+            if key in seen:
+                raise DuplicateKeyError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                                        f"(first at line {seen[key] + 1})")
+            seen[key] = key_node.start_mark.line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return StrictLoader
+
+
+class DuplicateKeyError(Exception):
+    """A key given twice in one YAML mapping (the later one would silently win)."""
+
+
 def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:
     """Read and validate a YAML config file."""
     import yaml
@@ -464,9 +516,9 @@ def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | No
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read config file: {e}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        data = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, DuplicateKeyError) as e:
+        raise ConfigError(f"{p}: not valid YAML: {yaml_error_text(e)}") from None
     if data is None:
         data = {}
     return Config.from_dict(data, env=env, where=p)
@@ -757,11 +809,17 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
 # --------------------------------------------------------------------------
 
 
+_UNION_ORDER = ("string", "integer", "number", "boolean")
+
+
 def _field_type_str(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        non_none = [a for a in args if a is not type(None)]
-        return " or ".join(_field_type_str(a) for a in non_none)
+        # sorted: typing caches Union[int, str] and Union[str, int] as one object, so the
+        # order of ``args`` depends on which was built first in this process
+        names = sorted((_field_type_str(a) for a in args if a is not type(None)),
+                       key=lambda n: (_UNION_ORDER.index(n) if n in _UNION_ORDER else len(_UNION_ORDER), n))
+        return " or ".join(names)
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin is list:

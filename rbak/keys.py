@@ -30,6 +30,7 @@ STATE_DIR = "state"
 QUEUES_DIR = "queues"
 OFFSETS_DB = "offsets.db"
 VALIDATION_DIR = "validation"
+RESTORE_DIR = "restore"
 GUARDS_DIR = "_guards"  # beside the backups; never a backup id (ids start with a letter or digit)
 
 _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
@@ -127,6 +128,34 @@ class BackupLayout:
     def validation_report(self, timestamp: str) -> str:
         """``validation/report-<ts>.json``: a validate run's findings, next to the backup."""
         return f"{self.root}/{VALIDATION_DIR}/report-{timestamp}.json"
+
+    def restore_report(self, timestamp: str) -> str:
+        """``restore/report-<ts>.json``: what a restore changed to fit the target, and its outcome."""
+        return f"{self.root}/{RESTORE_DIR}/report-{timestamp}.json"
+
+
+def rebase_key(key: str, layout: "BackupLayout") -> str:
+    """A key recorded in a manifest, as seen from where the manifest was found.
+
+    Manifests record keys from the storage root they were written to,
+    ``storage.prefix`` included (``pfx/<id>/queues/...``). The same backup
+    may be read through a URL that already holds the prefix
+    (``s3://bucket/pfx``, ``file:///dir/pfx``) or under another prefix: the
+    one rule is that everything after ``<backup_id>/`` is relative to the
+    backup's folder, and the folder is where its manifest was found. A key
+    that does not name the backup's folder is returned unchanged (and the
+    storage layer refuses it if it climbs out).
+    """
+    root = layout.root + "/"
+    if key.startswith(root):
+        return key
+    mark = layout.backup_id + "/"
+    if key.startswith(mark):
+        return root + key[len(mark):]
+    i = key.find("/" + mark)
+    if i < 0:
+        return key
+    return root + key[i + 1 + len(mark):]
 
 
 def parse_segment_key(key: str) -> tuple[str, str, str, str]:

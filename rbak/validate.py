@@ -16,10 +16,9 @@ import orjson
 
 from .catalog import load_manifest
 from .errors import RbakError, SegmentError
-from .format.compression import decompress
 from .format.manifest import BackupManifest, SegmentMetadata
+from .format.reader import SegmentStats, fetch_segment, iter_record_chunks
 from .keys import BackupLayout
-from .format.segment import FOOTER_SIZE, HEADER_SIZE, decode_payload, sha256_hex, verify_frame
 from .storage.base import Storage
 
 
@@ -43,6 +42,9 @@ class ValidationReport:
     complete: bool
     segments: list[SegmentCheck] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not errors: gaps, queues not backed up (partial)
+    gaps: int = 0  # messages a stream's retention removed before a backup could read them
+    partial: bool = False
 
     @property
     def ok(self) -> bool:
@@ -62,44 +64,46 @@ class ValidationReport:
             "complete": self.complete,
             "ok": self.ok,
             "problems": self.problems,
+            "partial": self.partial,
+            "gaps": self.gaps,
+            "notes": self.notes,
             "segments": [s.to_json_obj() for s in self.segments],
         }
 
 
 def check_segment_bytes(data: bytes, seg: SegmentMetadata) -> SegmentCheck:
-    """Every deep check of one segment's bytes against its manifest entry."""
-    c = SegmentCheck(key=seg.key, ok=True, size_bytes=len(data))
+    """Every deep check of one segment's bytes (already fetched) against its manifest entry."""
+    from .storage.memory import MemoryStorage
+
+    mem = MemoryStorage()
+    mem._data[seg.key] = bytes(data)  # noqa: SLF001 - a private one-object store, no copy semantics needed
+    return check_segment(mem, seg)
+
+
+def check_segment(storage: Storage, seg: SegmentMetadata) -> SegmentCheck:
+    """Every deep check of one stored segment, through the one bounded reader (``read_segment``'s steps)."""
+    c = SegmentCheck(key=seg.key, ok=True)
     p = c.problems
-    if len(data) != seg.size_bytes:
-        p.append(f"size {len(data)} bytes, manifest says {seg.size_bytes}")
-    if seg.checksum:
-        digest = sha256_hex(data)
-        if digest != seg.checksum.lower():
-            p.append(f"SHA-256 mismatch: manifest {seg.checksum}, computed {digest}")
-    else:
-        p.append("manifest has no checksum for this segment")
+    st = SegmentStats()
     try:
-        header = verify_frame(data, seg.key)
-        raw = decompress(memoryview(data)[HEADER_SIZE : len(data) - FOOTER_SIZE], header.compression)
-        c.uncompressed_bytes = len(raw)
-        records = decode_payload(raw, seg.key)
+        fetched = fetch_segment(storage, seg, verify_checksum=True, problems=p)
+        c.size_bytes = fetched.size
+        for _first, _records in iter_record_chunks(fetched, seg, 0, st):
+            pass
     except SegmentError as e:
         p.append(e.problem)
+        c.size_bytes = c.size_bytes or st.size_bytes
+        c.record_count, c.uncompressed_bytes = st.records, st.uncompressed_bytes
         c.ok = False
         return c
     except RbakError as e:
-        p.append(e.args[0] if e.args else str(e))
+        p.append(f"cannot read: {e}")
         c.ok = False
         return c
-    c.record_count = len(records)
-    if len(records) != header.record_count:
-        p.append(f"record count mismatch: header says {header.record_count}, payload holds {len(records)}")
-    if len(records) != seg.record_count:
-        p.append(f"record count mismatch: manifest says {seg.record_count}, payload holds {len(records)}")
-    if seg.uncompressed_bytes and len(raw) != seg.uncompressed_bytes:
-        p.append(f"uncompressed size {len(raw)}, manifest says {seg.uncompressed_bytes}")
-    if records:
-        first, last = records[0].backed_up_at, records[-1].backed_up_at
+    header = st.header
+    c.record_count, c.uncompressed_bytes = st.records, st.uncompressed_bytes
+    if st.records and header is not None:
+        first, last = st.first_timestamp, st.last_timestamp
         if (header.first_timestamp, header.last_timestamp) != (first, last):
             p.append(
                 f"header timestamps {header.first_timestamp}..{header.last_timestamp} "
@@ -111,14 +115,6 @@ def check_segment_bytes(data: bytes, seg: SegmentMetadata) -> SegmentCheck:
             p.append(f"manifest last_timestamp {seg.last_timestamp}, last record {last}")
     c.ok = not p
     return c
-
-
-def check_segment(storage: Storage, seg: SegmentMetadata) -> SegmentCheck:
-    try:
-        data = storage.get(seg.key)
-    except RbakError as e:
-        return SegmentCheck(key=seg.key, ok=False, problems=[f"cannot read: {e}"])
-    return check_segment_bytes(data, seg)
 
 
 def shallow_check(storage: Storage, seg: SegmentMetadata) -> SegmentCheck:
@@ -140,6 +136,13 @@ def manifest_problems(m: BackupManifest) -> list[str]:
     out = []
     if m.completed_at is None:
         out.append("backup is incomplete: manifest has completed_at null")
+    seen: dict[str, str] = {}
+    for q in m.queues:
+        for s in q.segments:
+            where = f"queue {q.vhost!r}/{q.name!r}"
+            if s.key in seen:
+                out.append(f"{s.key}: listed twice in the manifest ({seen[s.key]} and {where})")
+            seen.setdefault(s.key, where)
     for q in m.queues:
         seqs = [s.sequence for s in q.segments]
         if seqs != sorted(seqs) or len(set(seqs)) != len(seqs):
@@ -168,6 +171,20 @@ def backup_problems(storage: Storage, m: BackupManifest) -> list[str]:
     return out
 
 
+def preflight_problems(storage: Storage, m: BackupManifest, segments: Iterable[SegmentMetadata],
+                       need_checksums: bool = True) -> list[str]:
+    """What restore checks before publishing anything: validate's manifest checks (duplicate
+    segments, counts, totals, sequences), and each segment it will read present, of the size the
+    manifest says, with a checksum to verify it by."""
+    out = manifest_problems(m)
+    for seg in segments:
+        c = shallow_check(storage, seg)
+        out.extend(f"{seg.key}: {p}" for p in c.problems)
+        if need_checksums and not seg.checksum:
+            out.append(f"{seg.key}: manifest has no checksum for this segment")
+    return out
+
+
 def iter_segments(m: BackupManifest) -> Iterable[SegmentMetadata]:
     for q in m.queues:
         yield from q.segments
@@ -184,6 +201,11 @@ def validate_backup(
     """Validate every segment (never stopping at the first bad one)."""
     m = load_manifest(storage, backup_id, prefix)
     report = ValidationReport(backup_id, deep, m.is_complete, problems=backup_problems(storage, m))
+    report.partial = m.is_partial
+    report.gaps = sum(g.count for _, g in m.gaps)
+    report.notes = [f"{s.vhost}/{s.name} not backed up ({s.status}): {s.reason}" for s in m.queue_status] + [
+        f"gap in stream {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed "
+        f"by the stream's retention before this backup" for q, g in m.gaps]
     check = (lambda s: check_segment(storage, s)) if deep else (lambda s: shallow_check(storage, s))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for result in pool.map(check, iter_segments(m)):

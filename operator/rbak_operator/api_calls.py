@@ -7,7 +7,7 @@ made no call outside this set (from the emulator's request log).
 
 from __future__ import annotations
 
-from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL
+from .crds import BACKUP_PLURAL, GROUP, RABBITMQ_CLUSTERS, RABBITMQ_GROUP, RESTORE_PLURAL
 
 # (apiGroup, resource, verbs); "" is the core group.
 USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -21,6 +21,8 @@ USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "secrets", ("get",)),
     ("", "events", ("create",)),
     ("sparkoperator.k8s.io", "sparkapplications", ("get", "create", "delete")),
+    # a rabbitmqClusterReference by name: the cluster's status names its default-user Secret
+    (RABBITMQ_GROUP, RABBITMQ_CLUSTERS, ("get",)),
     # kopf itself: namespaces for cluster-wide watching, peering objects, CRD discovery.
     ("", "namespaces", ("list", "watch")),
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),

@@ -19,6 +19,10 @@ GROUP = "rbak.io"
 VERSION = "v1alpha1"
 BACKUP_PLURAL = "rabbitmqbackups"
 RESTORE_PLURAL = "rabbitmqrestores"
+# The RabbitMQ cluster operator's RabbitmqCluster (read for status.defaultUser.secretReference).
+RABBITMQ_GROUP = "rabbitmq.com"
+RABBITMQ_VERSION = "v1beta1"
+RABBITMQ_CLUSTERS = "rabbitmqclusters"
 
 # A standard 5-field cron or a macro. Six fields (seconds first, as in
 # CloudNativePG) is refused: it silently means something else.
@@ -65,15 +69,24 @@ def broker_schema(desc: str) -> dict[str, Any]:
         desc,
         {
             "rabbitmqClusterReference": _obj(
-                "A RabbitMQ cluster-operator RabbitmqCluster; its '<name>-default-user' Secret "
-                "(keys username, password, host, port) gives the connection.",
+                "A RabbitmqCluster of the RabbitMQ cluster operator (by name: its default-user Secret, named in "
+                "status.defaultUser.secretReference, else '<name>-default-user', gives username, password, host "
+                "and port), or, as the messaging-topology-operator takes it, a connectionSecret holding the keys "
+                "uri (management API URL), username and password. Set exactly one of name or connectionSecret.",
                 {
                     "name": _name("RabbitmqCluster name"),
                     "namespace": _name("its namespace (default: this object's)"),
-                    "managementPort": _i("management API port", minimum=1, maximum=65535, default=15672),
-                    "managementScheme": _s("http or https", enum=["http", "https"], default="http"),
+                    "connectionSecret": _obj("Secret with keys uri, username, password",
+                                             {"name": _name("Secret name")}, ["name"]),
+                    "managementPort": _i("management API port (by name)", minimum=1, maximum=65535, default=15672),
+                    "managementScheme": _s("http or https (by name)", enum=["http", "https"], default="http"),
+                    "amqpPort": _i("AMQP port on the uri's host (connectionSecret)", minimum=1, maximum=65535,
+                                   default=5672),
                 },
-                ["name"],
+                **{"x-kubernetes-validations": [{
+                    "rule": "has(self.name) != has(self.connectionSecret)",
+                    "message": "set exactly one of rabbitmqClusterReference.name or rabbitmqClusterReference.connectionSecret",
+                }]},
             ),
             "amqpUrl": _s(
                 "AMQP URL without credentials, e.g. amqp://rabbitmq.ns.svc:5672/%2f",
@@ -218,6 +231,11 @@ def run_summary_schema(desc: str) -> dict[str, Any]:
             "size": _s("stored size, human readable"),
             "segments": _i("segments (from manifest.json)"),
             "queues": _i("queues (from manifest.json)"),
+            "backupState": _s("complete, or partial when some queue was refused, failed or skipped (manifest.json)",
+                              enum=["complete", "partial", "incomplete"]),
+            "partialQueues": _strlist("queues not backed up, each 'vhost/name (status): reason'"),
+            "gapMessages": _i("stream messages removed by the stream's retention before this backup read them"),
+            "gaps": _strlist("stream gaps: 'vhost/name offsets A..B (N messages)'"),
             "validation": _s("validation outcome", enum=["Skipped", "Passed", "Failed", "Pending"]),
             "validationRun": _s("Job or SparkApplication validating this backup after the run"),
             "validationEngine": _s("job or spark", enum=["job", "spark"]),
@@ -273,9 +291,13 @@ def backup_crd() -> dict[str, Any]:
             "successfulJobsHistoryLimit": _i("finished successful Jobs kept", minimum=0, maximum=100, default=3),
             "failedJobsHistoryLimit": _i("finished failed Jobs kept", minimum=0, maximum=100, default=3),
             "retention": _obj(
-                "Which old complete backups this policy deletes (whole backups only). Unset: keep all.",
+                "Which old complete backups this policy deletes (whole backups only; never one a kept backup's "
+                "incremental streams continue, never an incomplete one). Unset: keep all.",
                 {
                     "keepLast": _i("keep the newest N complete backups", minimum=1),
+                    "keepDaily": _i("keep the newest backup of each of the last N days that have one (UTC)", minimum=0),
+                    "keepWeekly": _i("keep the newest backup of each of the last N ISO weeks that have one", minimum=0),
+                    "keepMonthly": _i("keep the newest backup of each of the last N months that have one", minimum=0),
                     "maxAge": _s("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
                 },
             ),
@@ -391,6 +413,12 @@ def restore_crd() -> dict[str, Any]:
                  "vhosts": _strlist("vhosts")},
             ),
             "restoreDefinitions": _b("import the backup's definitions first", default=False),
+            "overwriteUsers": _b("let the definitions import replace existing users' passwords, tags and "
+                                 "permissions", default=False),
+            "definitionsStrict": _b("refuse definitions the target would reject instead of adapting them",
+                                    default=False),
+            "transientQueues": _s("transient non-exclusive queues on a target that denies them",
+                                  enum=["durable", "skip"], default="durable"),
             "dryRun": _b("report what would be published, publish nothing", default=False),
             "engine": _s("job, spark, or auto (spark above sparkThresholdBytes)", enum=["job", "spark", "auto"], default="auto"),
             "sparkThresholdBytes": _i("auto picks spark when the backup is larger", minimum=0, default=10 * 1024**3),

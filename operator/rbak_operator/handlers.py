@@ -28,6 +28,7 @@ from rbak.errors import RbakError
 
 from . import bodies, metrics, naming, policy, rbakconfig, schedule
 from .clock import fmt, now as clock_now, parse_time
+from .credentials import MissingSecret, resolve_broker
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
 from .k8s import ApiError, Kube, connection_info
 from .status import RunState, in_pod_validation, job_state, push_history, run_summary, set_condition, spark_state
@@ -69,10 +70,6 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 # --------------------------------------------------------------------------
 # storage access for the operator (manifests, retention, deletion)
 # --------------------------------------------------------------------------
-
-class MissingSecret(RbakError):
-    prefix = "Missing secret"
-
 
 def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any]):
     """The backup storage as the operator can read it, or None (a PVC not mounted here)."""
@@ -132,7 +129,8 @@ def _start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: 
     """ConfigMap + Job for one run; False when the Job already existed."""
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, name = meta["namespace"], meta["name"]
-    cfg, secret_env = rbakconfig.backup_config(spec, ns, run_name)
+    resolved = resolve_broker(kube, spec.get("broker"), ns, "spec.broker")
+    cfg, secret_env = rbakconfig.backup_config(spec, ns, run_name, resolved)
     labels = bodies.backup_run_labels(name, trigger)
     validate = spec.get("validate") or {}
     vargs = None
@@ -197,8 +195,10 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         has_validate = any(c.get("name") == "validate" for c in j["spec"]["template"]["spec"].get("containers", []))
         # Validation in the run's pod: the backup (init container) may have been written and then failed it.
         validation = in_pod_validation(st, pods.get(jname)) if has_validate else None
-        written = st.phase == "Succeeded" or validation == "Failed"
-        manifest = load_manifest_safe(kube, namespace, spec.get("storage"), backup_id, logger) if written else None
+        # A failed run may still have written a complete manifest: a partial backup (some queue refused/failed).
+        manifest = load_manifest_safe(kube, namespace, spec.get("storage"), backup_id, logger)
+        written = st.phase == "Succeeded" or validation == "Failed" or bool(manifest and manifest.is_partial)
+        manifest = manifest if written else None
         summary = run_summary(
             backup_id=backup_id, job_name=jname, trigger=jlabels.get(bodies.L_TRIGGER, "schedule"), state=st,
             slot=parse_time(ann[bodies.A_SLOT]) if ann.get(bodies.A_SLOT) else None, manifest=manifest,
@@ -208,6 +208,10 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         if validation == "Failed":
             cause = _report_problems(kube, body, backup_id) or st.message or st.reason
             summary.update(reason="ValidationFailed", message=f"validation failed: {cause}")
+        partial = manifest is not None and manifest.is_partial
+        if partial:
+            summary.update(reason="PartiallyFailed", message=f"backup {backup_id} is partial: "
+                           + "; ".join(summary.get("partialQueues") or [])[:900])
         if st.phase == "Succeeded" and manifest is None:
             summary["message"] = "succeeded; manifest.json not readable by the operator (counts unknown)"
         if st.phase == "Succeeded" and not has_validate and manifest is not None:
@@ -234,6 +238,9 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
             conditions = set_condition(conditions, "Ready", "False", "ValidationFailed",
                                        f"backup {backup_id} {summary['message']}", now, generation)
             _event(body, "Warning", "ValidationFailed", f"backup {backup_id} {summary['message']}")
+        elif partial:
+            conditions = set_condition(conditions, "Ready", "False", "BackupPartial", summary["message"], now, generation)
+            _event(body, "Warning", "BackupPartial", summary["message"])
         else:
             reason = st.message or st.reason or "the Job failed"
             conditions = set_condition(conditions, "Ready", "False", "BackupFailed",
@@ -452,13 +459,11 @@ def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: in
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
-    """Delete whole old complete backups made by this object, per spec.retention."""
+    """Delete old complete backups made by this object, per spec.retention (``rbak.retention``: chains kept)."""
     from rbak.catalog import list_backups
+    from rbak.retention import delete_backup, stored_backups
 
     meta, spec = body["metadata"], body.get("spec") or {}
-    ret = spec.get("retention") or {}
-    keep = ret.get("keepLast")
-    max_age = policy.parse_duration(ret["maxAge"]) if ret.get("maxAge") else None
     try:
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
         if st is None:
@@ -468,16 +473,17 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     except RbakError as e:
         logger.warning("retention: cannot list backups: %s", e)
         return []
-    stored = [policy.StoredBackup(e.backup_id, e.manifest.created_at if e.manifest else 0, e.complete)
-              for e in entries if policy.owned(e.backup_id, meta["name"])]
-    victims = policy.retention_victims(stored, keep, max_age, now)
+    # Every backup in the storage, so the chains of other objects' backups are kept too; only ours are deleted.
+    stored = stored_backups(entries, lambda bid: policy.owned(bid, meta["name"]))
+    plan = policy.retention_plan(stored, spec.get("retention"), now)
+    ours = {b.backup_id for b in stored if b.owned}
+    for v in plan.verdicts:
+        if v.backup_id in ours:  # what it keeps and why, and what it deletes
+            logger.info("retention: %s %s: %s", "keep" if v.keep else "delete", v.backup_id, "; ".join(v.reasons))
     deleted = []
-    for bid in victims:
+    for bid in plan.delete:
         try:
-            # Manifest first: a half-deleted backup then reads as incomplete, never as complete-but-damaged.
-            root = f"{prefix}/{bid}" if prefix else bid
-            st.delete(f"{root}/manifest.json")
-            st.delete_prefix(f"{root}/")
+            delete_backup(st, bid, prefix)
             deleted.append(bid)
             metrics.RETENTION_DELETED.inc()
         except RbakError as e:
@@ -604,7 +610,8 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
             target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
             engine = policy.restore_engine(spec.get("engine"), nbytes, spec.get("sparkThresholdBytes"))
             run = naming.restore_run_name(name)
-            cfg, secret_env = rbakconfig.restore_config(spec, namespace, backup_id, target, storage)
+            resolved = resolve_broker(kube, target, namespace, "spec.target")
+            cfg, secret_env = rbakconfig.restore_config(spec, namespace, backup_id, target, storage, resolved)
         except RbakError as e:
             patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
                      "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}

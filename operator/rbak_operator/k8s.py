@@ -22,7 +22,8 @@ from urllib.parse import quote
 import requests
 import yaml
 
-from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
+from .crds import (BACKUP_PLURAL, GROUP, RABBITMQ_CLUSTERS, RABBITMQ_GROUP, RABBITMQ_VERSION, RESTORE_PLURAL,
+                   VERSION)
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = float(os.environ.get("RBAK_OPERATOR_API_TIMEOUT", "30"))
@@ -216,6 +217,12 @@ class Kube:
         out = {k: base64.b64decode(v).decode() for k, v in (s.get("data") or {}).items()}
         out.update(s.get("stringData") or {})
         return out
+
+    # -- RabbitMQ cluster-operator ---------------------------------------------
+    def get_rabbitmq_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A RabbitmqCluster, or None when it (or its CRD) does not exist."""
+        return self._call("GET", _path(RABBITMQ_GROUP, RABBITMQ_VERSION, RABBITMQ_CLUSTERS, namespace, name),
+                          ok_missing=True)
 
     # -- spark-operator --------------------------------------------------------
     def create_spark_app(self, body: dict[str, Any]) -> bool:

@@ -1,31 +1,28 @@
 """Decisions with no I/O: concurrency, retention, Job history, restore engine, times.
 
-Retention only ever chooses COMPLETE backups that this RabbitMQBackup made
-(their id starts with the object's run-name prefix) and never the newest
-complete one, so a misconfigured ``maxAge`` cannot empty the bucket; an
-incomplete (possibly still running) backup is never chosen.
+Retention is ``rbak.retention.plan_retention`` (the same function as
+``rbak prune``): it only ever deletes COMPLETE backups that this
+RabbitMQBackup made (their id starts with the object's run-name prefix),
+never the newest complete one, never an incomplete (possibly still running)
+one, and never a backup that a kept backup's incremental streams continue.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from rbak.errors import ConfigError
+from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
+from rbak.retention import parse_duration as _parse_duration
 
 from .clock import parse_time
 
-_DUR = re.compile(r"^([0-9]+)(s|m|h|d|w)$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+__all__ = ["StoredBackup", "retention_plan", "retention_victims", "parse_duration"]
 
 
 def parse_duration(text: str, field: str = "spec.retention.maxAge") -> timedelta:
-    m = _DUR.match(str(text).strip())
-    if not m:
-        raise ConfigError(f"{field}: {text!r} is not a duration like 30d, 12h, 90m, 2w")
-    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+    return _parse_duration(text, field)
 
 
 def concurrency(policy: str | None, active: list[str]) -> str:
@@ -42,13 +39,6 @@ def concurrency(policy: str | None, active: list[str]) -> str:
     raise ConfigError(f"spec.concurrencyPolicy: {policy!r} is not one of Forbid, Allow, Replace")
 
 
-@dataclass(frozen=True, slots=True)
-class StoredBackup:
-    backup_id: str
-    created_at_ms: int
-    complete: bool
-
-
 def owned(backup_id: str, backup_name: str) -> bool:
     """Whether a backup id was made by the RabbitMQBackup ``backup_name``."""
     from .naming import owns
@@ -56,22 +46,31 @@ def owned(backup_id: str, backup_name: str) -> bool:
     return owns(backup_name, backup_id)
 
 
+def retention_policy(retention: dict[str, Any] | None) -> RetentionPolicy:
+    """``spec.retention`` as the core's policy (field names in errors are the spec's)."""
+    r = retention or {}
+    keep = r.get("keepLast")
+    if keep is not None and keep < 1:
+        raise ConfigError("spec.retention.keepLast: must be at least 1")
+    try:
+        return RetentionPolicy(keep, r.get("keepDaily"), r.get("keepWeekly"), r.get("keepMonthly"),
+                               parse_duration(r["maxAge"]) if r.get("maxAge") else None)
+    except ConfigError as e:
+        raise ConfigError(f"spec.retention: {e}") from None
+
+
+def retention_plan(backups: Iterable[StoredBackup], retention: dict[str, Any] | None, now: datetime) -> RetentionPlan:
+    """Keep/delete with reasons for every stored backup (``owned`` marks this object's)."""
+    return plan_retention(backups, retention_policy(retention), now)
+
+
 def retention_victims(backups: Iterable[StoredBackup], keep_last: int | None, max_age: timedelta | None,
-                      now: datetime) -> list[str]:
-    """Ids of complete backups the policy deletes, oldest first."""
-    done = sorted((b for b in backups if b.complete), key=lambda b: (b.created_at_ms, b.backup_id))
-    if not done or (keep_last is None and max_age is None):
-        return []
-    victims: set[str] = set()
-    if keep_last is not None:
-        if keep_last < 1:
-            raise ConfigError("spec.retention.keepLast: must be at least 1")
-        victims.update(b.backup_id for b in done[:-keep_last])
-    if max_age is not None:
-        cutoff_ms = int((now - max_age).timestamp() * 1000)
-        victims.update(b.backup_id for b in done if b.created_at_ms < cutoff_ms)
-    victims.discard(done[-1].backup_id)  # never the newest complete backup
-    return [b.backup_id for b in done if b.backup_id in victims]
+                      now: datetime, **gfs: int | None) -> list[str]:
+    """Ids of complete backups the policy deletes, oldest first (``gfs``: keep_daily/keep_weekly/keep_monthly)."""
+    if keep_last is not None and keep_last < 1:
+        raise ConfigError("spec.retention.keepLast: must be at least 1")
+    return plan_retention(backups, RetentionPolicy(keep_last, gfs.get("keep_daily"), gfs.get("keep_weekly"),
+                                                   gfs.get("keep_monthly"), max_age), now).delete
 
 
 def history_victims(finished: list[tuple[str, str, str]], keep_succeeded: int, keep_failed: int) -> list[str]:

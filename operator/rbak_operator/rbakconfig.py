@@ -34,35 +34,86 @@ class SecretEnv:
     key: str
 
 
-def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec.broker") -> tuple[dict[str, Any], list[SecretEnv]]:
+@dataclass(frozen=True, slots=True)
+class ResolvedBroker:
+    """What the operator looked up for a ``rabbitmqClusterReference`` (the pure input of
+    ``broker_connection``): the RabbitmqCluster's ``status`` (None: no such object, or no
+    status yet), or the ``uri`` of a messaging-topology-operator ``connectionSecret``."""
+
+    cluster_status: dict[str, Any] | None = None
+    connection_uri: str | None = None
+
+
+def default_user_secret(name: str, status: dict[str, Any] | None) -> tuple[str, dict[str, str]]:
+    """(Secret name, its key names) of a RabbitmqCluster's default user, as the cluster operator
+    publishes them: ``status.defaultUser.secretReference`` (name and ``keys``), falling back to
+    ``<name>-default-user`` with keys username/password/host/port only when the status has none."""
+    keys = {"username": "username", "password": "password", "host": "host", "port": "port"}
+    ref = ((status or {}).get("defaultUser") or {}).get("secretReference") or {}
+    if not ref.get("name"):
+        return f"{name}-default-user", keys
+    keys.update({k: v for k, v in (ref.get("keys") or {}).items() if k in keys and v})
+    return ref["name"], keys
+
+
+def management_endpoint(uri: str, field: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a connectionSecret's ``uri`` (the management API; ``http://`` when
+    it has no scheme, as the messaging-topology-operator reads it)."""
+    if "://" not in uri:
+        uri = "http://" + uri
+    parts = urlsplit(uri.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{field}: uri {uri!r} must be the management API URL, e.g. https://rabbit.ns.svc:15671")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ConfigError(f"{field}: uri {uri!r} has an invalid port") from None
+    return parts.scheme, parts.hostname, port
+
+
+def _cluster_reference(ref: dict[str, Any], namespace: str, field: str,
+                       resolved: ResolvedBroker | None) -> tuple[dict[str, Any], list[SecretEnv]]:
+    name, cs = ref.get("name"), (ref.get("connectionSecret") or {}).get("name")
+    if bool(name) == bool(cs):
+        raise ConfigError(f"{field}.rabbitmqClusterReference: set exactly one of name or connectionSecret.name")
+    ns = ref.get("namespace") or namespace
+    if ns != namespace:
+        # A pod can only read Secrets of its own namespace.
+        raise ConfigError(
+            f"{field}.rabbitmqClusterReference.namespace: {ns!r} differs from this object's namespace "
+            f"{namespace!r}; the run's pod can only read the cluster's Secret in its own namespace"
+        )
+    auth = {"management_username": f"${{{ENV_USER}}}", "management_password": f"${{{ENV_PASS}}}"}
+    if cs:
+        uri = resolved.connection_uri if resolved is not None else None
+        if not uri:
+            raise ConfigError(f"{field}.rabbitmqClusterReference.connectionSecret: Secret {cs!r} has no uri")
+        scheme, host, mport = management_endpoint(uri, f"{field}.rabbitmqClusterReference.connectionSecret")
+        aport = int(ref.get("amqpPort") or 5672)
+        conn = {"amqp_url": f"amqp://{host}:{aport}/%2f", "management_url": f"{scheme}://{host}:{mport}", **auth}
+        return conn, [SecretEnv(ENV_USER, cs, "username"), SecretEnv(ENV_PASS, cs, "password")]
+    secret, keys = default_user_secret(name, resolved.cluster_status if resolved is not None else None)
+    scheme = ref.get("managementScheme") or "http"
+    mport = int(ref.get("managementPort") or 15672)
+    conn = {
+        # No credentials in the URL: rbak takes them from management_* (any character works).
+        "amqp_url": f"amqp://${{{ENV_HOST}}}:${{{ENV_PORT}}}/%2f",
+        "management_url": f"{scheme}://${{{ENV_HOST}}}:{mport}",
+        **auth,
+    }
+    env = [SecretEnv(ENV_USER, secret, keys["username"]), SecretEnv(ENV_PASS, secret, keys["password"]),
+           SecretEnv(ENV_HOST, secret, keys["host"]), SecretEnv(ENV_PORT, secret, keys["port"])]
+    return conn, env
+
+
+def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec.broker",
+                      resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
     """The ``source``/``target`` section and the Secret-backed env it needs."""
     if not isinstance(broker, dict):
         raise ConfigError(f"{field}: required")
     ref = broker.get("rabbitmqClusterReference")
     if ref:
-        name = ref.get("name")
-        if not name:
-            raise ConfigError(f"{field}.rabbitmqClusterReference.name: required")
-        ns = ref.get("namespace") or namespace
-        if ns != namespace:
-            # A pod can only read Secrets of its own namespace.
-            raise ConfigError(
-                f"{field}.rabbitmqClusterReference.namespace: {ns!r} differs from this object's namespace "
-                f"{namespace!r}; the run's pod can only read the {name}-default-user Secret in its own namespace"
-            )
-        secret = f"{name}-default-user"
-        scheme = ref.get("managementScheme") or "http"
-        mport = int(ref.get("managementPort") or 15672)
-        conn = {
-            # No credentials in the URL: rbak takes them from management_* (any character works).
-            "amqp_url": f"amqp://${{{ENV_HOST}}}:${{{ENV_PORT}}}/%2f",
-            "management_url": f"{scheme}://${{{ENV_HOST}}}:{mport}",
-            "management_username": f"${{{ENV_USER}}}",
-            "management_password": f"${{{ENV_PASS}}}",
-        }
-        env = [SecretEnv(ENV_USER, secret, "username"), SecretEnv(ENV_PASS, secret, "password"),
-               SecretEnv(ENV_HOST, secret, "host"), SecretEnv(ENV_PORT, secret, "port")]
-        return conn, env
+        return _cluster_reference(ref, namespace, field, resolved)
     url = broker.get("amqpUrl")
     creds = broker.get("credentialsSecretRef") or {}
     if not url:
@@ -150,9 +201,10 @@ def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def backup_config(spec: dict[str, Any], namespace: str, backup_id: str) -> tuple[dict[str, Any], list[SecretEnv]]:
+def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
+                  resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
     """Config for ``rbak backup`` of one run, and the Secret env the pod needs."""
-    source, env1 = broker_connection(spec.get("broker"), namespace)
+    source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
     queues = _queues(spec.get("queues"))
     if queues:
         source["queues"] = queues
@@ -178,12 +230,15 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str) -> tuple
 
 
 def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
-                   storage: dict[str, Any]) -> tuple[dict[str, Any], list[SecretEnv]]:
+                   storage: dict[str, Any], resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
     """Config for ``rbak restore``; ``target``/``storage`` already resolved from a backupRef."""
-    tgt, env1 = broker_connection(target, namespace, "spec.target")
+    tgt, env1 = broker_connection(target, namespace, "spec.target", resolved)
     st, env2 = storage_section(storage)
     restore: dict[str, Any] = {
         "restore_definitions": bool(spec.get("restoreDefinitions", False)),
+        "overwrite_users": bool(spec.get("overwriteUsers", False)),
+        "definitions_strict": bool(spec.get("definitionsStrict", False)),
+        "transient_queues": spec.get("transientQueues") or "durable",
         "dry_run": bool(spec.get("dryRun", False)),
         "checkpoint_state": f"${{{ENV_STATE}}}/restore-checkpoint.db",
     }

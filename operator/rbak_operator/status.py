@@ -129,8 +129,25 @@ def manifest_counts(m: BackupManifest) -> dict[str, Any]:
     messages = m.total_messages or sum(q.message_count for q in m.queues)
     nbytes = m.total_bytes or sum(q.size_bytes for q in m.queues)
     segments = m.total_segments or sum(len(q.segments) for q in m.queues)
-    return {"messages": messages, "bytes": nbytes, "size": human_size(nbytes), "segments": segments,
-            "queues": len(m.queues)}
+    out: dict[str, Any] = {"messages": messages, "bytes": nbytes, "size": human_size(nbytes), "segments": segments,
+                           "queues": len(m.queues)}
+    if m.state != "complete":  # said only when it is news: partial (or incomplete)
+        out["backupState"] = m.state
+    out.update(partial_and_gaps(m))
+    return out
+
+
+def partial_and_gaps(m: BackupManifest, limit: int = 20) -> dict[str, Any]:
+    """The status fields that say a backup is partial or has stream gaps (empty when neither)."""
+    out: dict[str, Any] = {}
+    if m.queue_status:
+        out["partialQueues"] = [f"{s.vhost}/{s.name} ({s.status}): {s.reason}"[:500] for s in m.queue_status[:limit]]
+    gaps = m.gaps
+    if gaps:
+        out["gapMessages"] = sum(g.count for _, g in gaps)
+        out["gaps"] = [f"{q.vhost}/{q.name} offsets {g.from_offset}..{g.to_offset} ({g.count} messages)"
+                       for q, g in gaps[:limit]]
+    return out
 
 
 def run_summary(*, backup_id: str, job_name: str, trigger: str, state: RunState, slot: datetime | None,

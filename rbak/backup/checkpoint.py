@@ -2,7 +2,7 @@
 
 Three tables:
 
-- ``queue_progress`` (per backup id, vhost, queue): the segments already
+- ``queue_progress`` (per storage, backup id, vhost, queue): the segments already
   durable in storage, the next segment sequence, whether the queue is done,
   and for streams the last offset stored. A rerun of the same backup id after
   a SIGKILL keeps finished queues, continues streams after their last durable
@@ -16,6 +16,13 @@ Three tables:
 
 The local file survives across backup ids on one machine; a fresh machine
 seeds the two cross-backup tables from the newest complete backup in storage.
+
+Progress belongs to ONE storage: its rows are keyed by ``scope|backup_id``
+(``storage_scope``: the storage's location and prefix), so the same backup id
+pointed at another, empty storage starts from nothing instead of "resuming"
+with segments that only exist elsewhere. ``stream_chain`` (same key) keeps
+each stream's continuity decision of a run (previous backup, gaps,
+recreated), so a resumed run writes the same chain into its manifest.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ CREATE TABLE IF NOT EXISTS stream_offsets (
   source TEXT NOT NULL, vhost TEXT NOT NULL, queue TEXT NOT NULL,
   last_offset INTEGER NOT NULL, backup_id TEXT NOT NULL, updated_at INTEGER NOT NULL,
   PRIMARY KEY (source, vhost, queue));
+CREATE TABLE IF NOT EXISTS stream_chain (
+  backup_id TEXT NOT NULL, vhost TEXT NOT NULL, queue TEXT NOT NULL, info TEXT NOT NULL,
+  PRIMARY KEY (backup_id, vhost, queue));
 CREATE TABLE IF NOT EXISTS delivery_guard (
   source TEXT NOT NULL, vhost TEXT NOT NULL, queue TEXT NOT NULL,
   max_count INTEGER NOT NULL, delivery_limit INTEGER, message TEXT,
@@ -79,10 +89,23 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
+def storage_scope(storage: Storage, prefix: str | None) -> str:
+    """Where a backup lives: the storage's location (an fs root resolved, an S3 URL) and the prefix."""
+    where = getattr(storage, "root", None)
+    loc = f"file://{where}" if where is not None else storage.url
+    return f"{loc}#{(prefix or '').strip('/')}".replace("|", "%7C")
+
+
+def _plain_id(key: str) -> str:
+    """The backup id of a ``queue_progress`` key (``scope|id`` or, from older files, ``id``)."""
+    return key.rsplit("|", 1)[-1]
+
+
 class Checkpoint:
-    def __init__(self, path: str, backup_id: str):
+    def __init__(self, path: str, backup_id: str, scope: str = ""):
         self.path = path
         self.backup_id = backup_id
+        self.key = f"{scope}|{backup_id}" if scope else backup_id  # queue_progress rows of this storage's backup
         try:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
@@ -104,7 +127,7 @@ class Checkpoint:
             row = self._db.execute(
                 "SELECT queue_type, target_count, records, next_sequence, segments, completed, stream_last_offset "
                 "FROM queue_progress WHERE backup_id=? AND vhost=? AND queue=?",
-                (self.backup_id, vhost, queue)).fetchone()
+                (self.key, vhost, queue)).fetchone()
         if row is None:
             return None
         segs = [SegmentMetadata.from_json_obj(s, f"checkpoint {vhost}/{queue}") for s in json.loads(row[4])]
@@ -115,20 +138,42 @@ class Checkpoint:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO queue_progress VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (self.backup_id, p.vhost, p.queue, p.queue_type, p.target_count, p.records, p.next_sequence,
+                (self.key, p.vhost, p.queue, p.queue_type, p.target_count, p.records, p.next_sequence,
                  segs, int(p.completed), p.stream_last_offset, _now()))
             self._dirty = True
 
     def reset(self, vhost: str, queue: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM queue_progress WHERE backup_id=? AND vhost=? AND queue=?",
-                             (self.backup_id, vhost, queue))
+                             (self.key, vhost, queue))
+            self._db.execute("DELETE FROM stream_chain WHERE backup_id=? AND vhost=? AND queue=?",
+                             (self.key, vhost, queue))
+            self._dirty = True
+
+    def reset_all(self) -> None:
+        """Forget this backup's progress in this storage (its manifest was overwritten or is gone)."""
+        with self._lock:
+            for table in ("queue_progress", "stream_chain"):
+                self._db.execute(f"DELETE FROM {table} WHERE backup_id=?", (self.key,))
+            self._dirty = True
+
+    def chain(self, vhost: str, queue: str) -> dict | None:
+        """The stream continuity decision saved by this backup's first run (a JSON object)."""
+        with self._lock:
+            row = self._db.execute("SELECT info FROM stream_chain WHERE backup_id=? AND vhost=? AND queue=?",
+                                   (self.key, vhost, queue)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def save_chain(self, vhost: str, queue: str, info: dict) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO stream_chain VALUES (?,?,?,?)",
+                             (self.key, vhost, queue, json.dumps(info)))
             self._dirty = True
 
     def has_backup(self) -> bool:
         with self._lock:
             return self._db.execute("SELECT 1 FROM queue_progress WHERE backup_id=? LIMIT 1",
-                                    (self.backup_id,)).fetchone() is not None
+                                    (self.key,)).fetchone() is not None
 
     # -- across backups -----------------------------------------------------
     def stream_offset(self, source: str, vhost: str, queue: str) -> int | None:
@@ -142,7 +187,7 @@ class Checkpoint:
         with self._lock:
             rows = self._db.execute(
                 "SELECT vhost, queue, stream_last_offset FROM queue_progress "
-                "WHERE backup_id=? AND completed=1 AND stream_last_offset IS NOT NULL", (self.backup_id,)).fetchall()
+                "WHERE backup_id=? AND completed=1 AND stream_last_offset IS NOT NULL", (self.key,)).fetchall()
             for vhost, queue, off in rows:
                 self._db.execute("INSERT OR REPLACE INTO stream_offsets VALUES (?,?,?,?,?,?)",
                                  (source, vhost, queue, off, self.backup_id, _now()))
@@ -196,13 +241,20 @@ class Checkpoint:
             other.deserialize(data)
             other.executescript(SCHEMA)
             with self._lock:
-                if own_backup:
-                    for row in other.execute("SELECT * FROM queue_progress WHERE backup_id=?", (self.backup_id,)):
-                        self._db.execute("INSERT OR IGNORE INTO queue_progress VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
+                if own_backup:  # the copy stored IN this storage: this storage's progress, whatever its scope said
+                    for row in other.execute("SELECT * FROM queue_progress"):
+                        if _plain_id(row[0]) == self.backup_id:
+                            self._db.execute("INSERT OR IGNORE INTO queue_progress VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                                             (self.key, *row[1:]))
+                    for row in other.execute("SELECT * FROM stream_chain"):
+                        if _plain_id(row[0]) == self.backup_id:
+                            self._db.execute("INSERT OR IGNORE INTO stream_chain VALUES (?,?,?,?)", (self.key, *row[1:]))
                 if completed_backup and source:
-                    for vhost, queue, off, upd in other.execute(
-                            "SELECT vhost, queue, stream_last_offset, updated_at FROM queue_progress WHERE backup_id=? "
-                            "AND completed=1 AND stream_last_offset IS NOT NULL", (completed_backup,)):
+                    for key, vhost, queue, off, upd in other.execute(
+                            "SELECT backup_id, vhost, queue, stream_last_offset, updated_at FROM queue_progress "
+                            "WHERE completed=1 AND stream_last_offset IS NOT NULL"):
+                        if _plain_id(key) != completed_backup:
+                            continue
                         cur = self._db.execute("SELECT updated_at FROM stream_offsets WHERE source=? AND vhost=? AND queue=?",
                                                (source, vhost, queue)).fetchone()
                         if cur is None or cur[0] < upd:

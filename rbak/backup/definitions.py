@@ -1,18 +1,31 @@
-"""Definitions export: GET /api/definitions -> ``definitions/definitions.json<ext>`` (pretty JSON)."""
+"""Definitions export: GET /api/definitions, scoped to what the backup covers, stored as
+``definitions/definitions.json<ext>`` (pretty JSON).
+
+A backup of some vhosts (``source.queues.vhosts``) holds only those vhosts,
+their exchanges, policies, operator policies and parameters, the queues its
+selection covers (include/exclude/types) with the bindings between kept
+objects, and only the users with permissions there (with their permissions):
+never another tenant's vhosts or users. A backup of every vhost keeps the
+cluster's users and global parameters.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
 from ..errors import ManagementApiError
 from ..format.compression import Compression, compress
 from ..format.manifest import DefinitionsBackup
+from ..definitions_doc import filter_queues, scope_to_vhosts
 from ..keys import BackupLayout
 from ..storage.base import Storage
-from .management import ManagementClient
+from ..management import ManagementClient
 
 
-def export_definitions(client: ManagementClient) -> dict:
+def export_definitions(client: ManagementClient, selection: Any = None) -> dict:
+    """The source's definitions, scoped to ``selection`` (``rbak.config.QueueSelection``; None: all)."""
     raw = client.definitions_raw()
     try:
         doc = orjson.loads(raw)
@@ -20,6 +33,14 @@ def export_definitions(client: ManagementClient) -> dict:
         raise ManagementApiError(f"GET /api/definitions: not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise ManagementApiError("GET /api/definitions: expected a JSON object")
+    return scope_definitions(doc, selection) if selection is not None else doc
+
+
+def scope_definitions(doc: dict, selection: Any) -> dict:
+    """Pure: ``doc`` reduced to the vhosts and queues ``selection`` covers."""
+    if selection.vhosts:
+        doc = scope_to_vhosts(doc, selection.vhosts)
+    filter_queues(doc, lambda vhost, name, qtype: selection.matches(vhost, name, qtype))
     return doc
 
 

@@ -10,8 +10,11 @@ Order of a run (and why):
    channels, so 1,000 queues need ``max_concurrent_queues`` connections.
 4. Per queue, an ``AsyncSegmentWriter`` (compress + store in a background thread) rotating on size/age (memory is bounded by
    ``segment_max_bytes`` per worker, never by queue depth).
-5. The checkpoint is synced to ``state/offsets.db``; the manifest (with
-   ``completed_at``) is written last, only when every queue succeeded.
+5. The checkpoint is synced to ``state/offsets.db``; every segment the
+   manifest will name is confirmed in this storage (present, right size); the
+   manifest (with ``completed_at``) is written last. A queue refused or failed
+   by the run is recorded in ``queue_status`` and the backup is *partial*: a
+   rerun of the same id retries those queues and keeps the others.
 """
 
 from __future__ import annotations
@@ -29,21 +32,22 @@ from .. import __version__
 from ..config import Config
 from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
-from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, SegmentMetadata
+from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from . import metrics
 from .amqp import connect
-from .checkpoint import Checkpoint, QueueProgress
-from .convert import BROKER_HEADERS, encode_delivery
+from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
 from .limits import DEFAULT_LIMIT_4X, resolve_delivery_limit  # noqa: F401 - DEFAULT_LIMIT_4X re-exported
-from .management import ManagementClient, QueueInfo
+from ..management import ManagementClient, QueueInfo
 from .preflight import NackSupport, PolicyCache, QueueSkipped
 from .queue_backup import backup_queue
+from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
-from .stream_reader import read_stream
+from .stream_backup import StreamBackup
+from .stream_chain import StreamBase, stream_bases
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,7 @@ class BackupSummary:
     duration_secs: float = 0.0
     rabbitmq_version: str | None = None
     source_cluster: str | None = None
+    partial: bool = False
 
     @property
     def total_messages(self) -> int:
@@ -92,12 +97,12 @@ class BackupSummary:
 
     @property
     def failed(self) -> list[QueueSummary]:
-        return [q for q in self.queues if q.status == "failed"]
+        return [q for q in self.queues if q.status in ("failed", "refused")]
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
             "backup_id": self.backup_id, "storage": self.storage, "manifest": self.manifest_key,
-            "completed": self.completed, "source_cluster": self.source_cluster,
+            "completed": self.completed, "partial": self.partial, "source_cluster": self.source_cluster,
             "rabbitmq_version": self.rabbitmq_version, "duration_secs": round(self.duration_secs, 3),
             "total_messages": self.total_messages, "total_bytes": self.total_bytes,
             "total_segments": sum(q.segments for q in self.queues),
@@ -169,7 +174,7 @@ class _Connections:
             metrics.active_connections().set(0)
 
 
-class BackupEngine:
+class BackupEngine(StreamBackup):
     def __init__(self, cfg: Config, storage: Storage | None = None, progress: Progress | None = None,
                  throttle: Callable[[int], None] | None = None):
         if cfg.mode != "backup":
@@ -184,6 +189,8 @@ class BackupEngine:
         self.compression = Compression.parse(cfg.backup.compression)
         self.level = cfg.backup.compression_level
         self.connections_opened = 0
+        self._bases: dict[tuple[str, str], StreamBase] = {}
+        self._fresh = False  # no usable manifest of this id in this storage: local progress is stale
         self.skipped: list[tuple[str, str, str]] = []  # (vhost, queue, reason), noted in the manifest
 
     # ------------------------------------------------------------------
@@ -191,7 +198,7 @@ class BackupEngine:
         cfg, layout, storage = self.cfg, self.layout, self.storage
         t0 = time.monotonic()
         created_at = self._check_existing()
-        client = ManagementClient(cfg.source)
+        client = ManagementClient.for_connection(cfg.source, "source")
         try:
             ov = client.overview()
             cluster = ov.get("cluster_name") or ov.get("node") or cfg.source.host
@@ -202,35 +209,44 @@ class BackupEngine:
                                       rabbitmq_version=version, backup_tool_version=__version__)
             storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
-            ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id)
+            ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id, storage_scope(storage, cfg.storage.prefix))
             self.client, self.policies, self.nack = client, PolicyCache(client), NackSupport(version)
             self.guards = GuardStore(storage, cfg.storage.prefix or "", cluster)
             try:
+                if self._fresh:
+                    ckpt.reset_all()
                 self._seed_checkpoint(ckpt, cluster)
+                if cfg.backup.stream_enabled and cfg.backup.stream_incremental:
+                    self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id)
                 queues = self._select_queues(client)
                 if cfg.backup.include_definitions:
-                    manifest.definitions = store_definitions(export_definitions(client), storage, layout,
+                    manifest.definitions = store_definitions(export_definitions(client, cfg.source.queues), storage, layout,
                                                              self.compression, self.level)
                     summary.definitions = manifest.definitions
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
                 manifest.queues = sorted(results, key=lambda qb: (qb.vhost, qb.name))
                 manifest.recompute_totals()
-                for vhost, name, reason in self.skipped:
-                    manifest.note_skipped(vhost, name, reason)
+                manifest.queue_status = [QueueStatus(q.vhost, q.name, q.status, q.error or "")
+                                         for q in summary.queues if q.status in ("refused", "failed")]
+                manifest.queue_status += [QueueStatus(vhost, name, "skipped", reason)
+                                          for vhost, name, reason in self.skipped]
+                manifest.queue_status.sort(key=lambda x: (x.vhost, x.name))
                 self._sync(ckpt)
-                failed = summary.failed
-                if failed:
-                    summary.duration_secs = time.monotonic() - t0
-                    storage.put(layout.manifest, manifest.to_json())  # still incomplete: a rerun resumes
-                    lines = "\n  - ".join(f"{q.vhost}/{q.name}: {q.error}" for q in failed)
-                    err = BackupError(f"{len(failed)} of {len(summary.queues)} queue(s) failed; backup "
-                                      f"{cfg.backup_id!r} is incomplete (rerun to resume):\n  - {lines}")
-                    err.summary = summary  # type: ignore[attr-defined]
-                    raise err
+                self._confirm_segments(manifest)  # never a manifest naming what is not in this storage
                 manifest.completed_at = int(time.time() * 1000)
-                storage.put(layout.manifest, manifest.to_json())  # LAST: the backup is complete now
+                storage.put(layout.manifest, manifest.to_json())  # LAST: the backup is complete (or partial) now
                 ckpt.commit_stream_offsets(cluster)
                 summary.completed = True
+                failed = summary.failed
+                if failed:
+                    summary.partial = True
+                    summary.duration_secs = time.monotonic() - t0
+                    lines = "\n  - ".join(f"{q.vhost}/{q.name} ({q.status}): {q.error}" for q in failed)
+                    err = BackupError(f"{len(failed)} of {len(summary.queues)} queue(s) failed or were refused; backup "
+                                      f"{cfg.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same "
+                                      f"backup_id to retry them):\n  - {lines}")
+                    err.summary = summary  # type: ignore[attr-defined]
+                    raise err
             finally:
                 ckpt.close()
         finally:
@@ -245,8 +261,13 @@ class BackupEngine:
         try:
             data = storage.get(layout.manifest)
         except NotFoundError:
+            self._fresh = True  # whatever local progress says, nothing of this id is in THIS storage
             return now
         old = BackupManifest.from_json(data, layout.manifest)
+        if old.is_partial and not self.cfg.backup.overwrite:
+            log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.cfg.backup_id,
+                        ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status if q.status != "skipped"))
+            return old.created_at
         if old.is_complete:
             if not self.cfg.backup.overwrite:
                 raise ConfigError(
@@ -254,6 +275,7 @@ class BackupEngine:
                     f"({layout.manifest}); choose another backup_id (backup.overwrite: true replaces it)")
             log.warning("overwriting the complete backup %s (backup.overwrite)", self.cfg.backup_id)
             storage.delete_prefix(layout.root + "/")
+            self._fresh = True
             return now
         log.info("resuming the incomplete backup %s", self.cfg.backup_id)
         return old.created_at
@@ -325,6 +347,10 @@ class BackupEngine:
                     except QueueSkipped as e:
                         qs.status, qs.error = "skipped", str(e)
                         self._skip(q.vhost, q.name, str(e).split(": ", 2)[-1])
+                    except DeliveryLimitError as e:
+                        qs.status, qs.error = "refused", str(e)
+                        metrics.errors().labels(error_type=metrics.error_type(e)).inc()
+                        log.error("%s", e)
                     except RbakError as e:
                         qs.status, qs.error = "failed", str(e)
                         metrics.errors().labels(error_type=metrics.error_type(e)).inc()
@@ -368,11 +394,13 @@ class BackupEngine:
     # ------------------------------------------------------------------
     def _one_queue(self, q: QueueInfo, ckpt: Checkpoint, conns: _Connections, cluster: str,
                    version: str | None) -> tuple[QueueBackup, bool]:
-        prog = ckpt.load(q.vhost, q.name)
+        prog = self._kept_progress(ckpt, q)
         if prog is not None and prog.completed:
             qb = QueueBackup(q.vhost, q.name, prog.queue_type)
             for s in prog.segments:
                 qb.add_segment(s)
+            if prog.queue_type == "stream":
+                qb.stream = self._stream_info(ckpt, q.vhost, q.name, prog, None)
             return qb, True
         for attempt in (1, 2):
             try:
@@ -390,6 +418,31 @@ class BackupEngine:
                 conns.drop(q.vhost)
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _kept_progress(self, ckpt: Checkpoint, q: QueueInfo) -> QueueProgress | None:
+        """This storage's progress for a queue, if every segment it keeps is still here (else read it again)."""
+        prog = ckpt.load(q.vhost, q.name)
+        if prog is None:
+            return None
+        for seg in prog.segments:
+            size = self.storage.size(seg.key)
+            if size != seg.size_bytes:
+                log.warning("queue %r in vhost %r: kept segment %s is %s in %s; reading the queue again", q.name,
+                            q.vhost, seg.key, "missing" if size is None else f"{size} bytes, not {seg.size_bytes}",
+                            self.storage.url)
+                ckpt.reset(q.vhost, q.name)
+                return None
+        return prog
+
+    def _confirm_segments(self, manifest: BackupManifest) -> None:
+        """Every segment the manifest names is in this storage with its size, or the run fails naming it."""
+        for q in manifest.queues:
+            for seg in q.segments:
+                size = self.storage.size(seg.key)
+                if size != seg.size_bytes:
+                    state = "missing" if size is None else f"{size} bytes, the manifest would say {seg.size_bytes}"
+                    raise BackupError(f"queue {q.name!r} in vhost {q.vhost!r}: segment {seg.key} is {state} in "
+                                      f"{self.storage.url}; the manifest was not written (rerun to read the queue again)")
 
     def _writer(self, vhost: str, queue: str, queue_type: str, first_sequence: int,
                 on_durable: Callable[[SegmentMetadata, Any], None] | None = None) -> AsyncSegmentWriter:
@@ -411,77 +464,6 @@ class BackupEngine:
     def _deadline(self) -> float | None:
         d = self.cfg.backup.max_duration_secs
         return time.monotonic() + d if d else None
-
-    def _stream(self, q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, prog: QueueProgress | None) -> QueueBackup:
-        """Streams: resumable per segment; the next backup starts after the last offset stored."""
-        vhost, name = q.vhost, q.name
-        layout, storage = self.layout, self.storage
-        if prog is not None:
-            keep = {s.key for s in prog.segments}
-            for key in list(storage.list(layout.queue_dir(vhost, name) + "/")):
-                if key not in keep:  # written after the last checkpoint: will be read again
-                    storage.delete(key)
-            start: int | str = prog.stream_last_offset + 1 if prog.stream_last_offset is not None else (
-                self._stream_start(ckpt, cluster, vhost, name))
-        else:
-            for key in list(storage.list(layout.queue_dir(vhost, name) + "/")):
-                storage.delete(key)
-            prog = QueueProgress(vhost, name, "stream")
-            start = self._stream_start(ckpt, cluster, vhost, name)
-        self.progress("start", vhost=vhost, queue=name, total=None)
-        read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type="stream")
-        bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type="stream")
-        progress = self.progress
-        state = {"n": 0, "b": 0}
-
-        def durable(meta: SegmentMetadata, last_offset: int) -> None:
-            """Runs in the segment thread once the segment is stored: checkpoint it."""
-            prog.segments.append(meta)
-            prog.records += meta.record_count
-            prog.next_sequence = meta.sequence + 1
-            prog.stream_last_offset = last_offset
-            ckpt.save(prog)
-
-        writer = self._writer(vhost, name, "stream", prog.next_sequence, durable)
-
-        def sink(method, props, body, offset: int) -> None:
-            now = int(time.time() * 1000)
-            writer.append_encoded(encode_delivery(method, props, body, vhost, name, now, BROKER_HEADERS), now, offset)
-            state["b"] += len(body)
-            state["n"] += 1
-            if self.throttle is not None:
-                self.throttle(state["n"])
-            if state["n"] % 500 == 0:
-                read_c.inc(500)
-                bytes_c.inc(state["b"])
-                state["b"] = 0
-                progress("advance", vhost=vhost, queue=name, n=500)
-
-        try:
-            read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
-                        deadline=self._deadline())
-        except BaseException:
-            writer.abort()
-            raise
-        writer.close()
-        read_c.inc(state["n"] % 500)
-        bytes_c.inc(state["b"])
-        progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
-        prog.completed = True
-        if prog.stream_last_offset is None and isinstance(start, int):
-            prog.stream_last_offset = start - 1  # nothing new: keep the previous position
-        ckpt.save(prog)
-        qb = QueueBackup(vhost, name, "stream")
-        for s in prog.segments:
-            qb.add_segment(s)
-        return qb
-
-    def _stream_start(self, ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> int | str:
-        if self.cfg.backup.stream_incremental:
-            last = ckpt.stream_offset(cluster, vhost, name)
-            if last is not None:
-                return last + 1
-        return "first"
 
 
 def run_backup(cfg: Config, storage: Storage | None = None, progress: Progress | None = None) -> BackupSummary:

@@ -85,3 +85,52 @@ def read_stream(
                 ch.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedRecord:
+    """The first record at or after an offset: enough to tell whether it is the one a backup stored."""
+
+    offset: int
+    body_sha256: str
+    chunk_timestamp: int | None
+
+
+def chunk_timestamp(props) -> int | None:
+    h = props.headers or {}
+    v = h.get("x-stream-chunk-timestamp")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return int(v)
+    return None
+
+
+def probe_offset(conn: pika.BlockingConnection, vhost: str, queue: str, offset: int,
+                 idle_secs: float = 1.0) -> ProbedRecord | None:
+    """The record at ``offset`` or, when retention removed it, the first one after; None when the
+    stream holds nothing at or after ``offset`` (its log ends before: a stream declared again)."""
+    import hashlib
+
+    ch = conn.channel()
+    try:
+        # One message of credit: closing never finds deliveries pika would nack (3.10 closes the
+        # connection on a nack to a stream); the one held unacked is simply released with the channel.
+        ch.basic_qos(prefetch_count=1)
+        for method, props, body in ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": int(offset)},
+                                              inactivity_timeout=idle_secs):
+            if method is None:
+                return None
+            off = stream_offset(props)
+            if off is None or off < offset:  # a chunk may start before the requested offset
+                ch.basic_ack(method.delivery_tag)
+                continue
+            return ProbedRecord(off, hashlib.sha256(body).hexdigest(), chunk_timestamp(props))
+        return None
+    except pika.exceptions.ChannelClosedByBroker as e:
+        raise AmqpError(f"stream {queue!r} in vhost {vhost!r}: the broker closed the channel while checking "
+                        f"offset {offset}: {e.reply_code} {e.reply_text}") from None
+    finally:
+        try:
+            if ch.is_open:
+                ch.close()
+        except Exception:  # noqa: BLE001
+            pass

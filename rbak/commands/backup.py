@@ -115,14 +115,14 @@ class _RichProgress:
             self.p.advance(self.tasks[key], kw.get("n", 0))
         elif event == "done" and key in self.tasks:
             s = kw["summary"]
-            self.p.update(self.tasks[key], completed=s.messages, total=max(s.messages, 1) if s.status != "failed" else None,
+            self.p.update(self.tasks[key], completed=s.messages, total=max(s.messages, 1) if s.status not in ("failed", "refused") else None,
                           description=f"{key[0]}/{key[1]} [{s.status}]")
 
 
 def _plain_progress(event: str, **kw: Any) -> None:
     if event == "done":
         s = kw["summary"]
-        if s.status == "failed":
+        if s.status in ("failed", "refused"):
             return  # the engine logs the error itself
         log.info("%s/%s (%s): %d messages, %d segments [%s]", s.vhost, s.name, s.queue_type, s.messages,
                  s.segments, s.status)

@@ -1,7 +1,8 @@
 """``rbak definitions-export`` / ``rbak definitions-import`` (the Rust tool's names).
 
 Export reads ``/api/definitions`` of the config's ``source`` (or ``target``
-when there is no source). Import posts a definitions file into the config's
+when there is no source), through the same client and TLS rule as a backup,
+scoped like a backup's definitions to ``source.queues`` (vhosts, queues). Import posts a definitions file into the config's
 ``target`` with the restore section's selection and vhost/queue remapping,
 after saving the target's current definitions: into the backup as
 ``definitions/rollback-before-import-<ts><ext>`` when the config names a
@@ -32,21 +33,25 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     i.set_defaults(handler=run_import)
 
 
-def _client(conn: Any):
-    from ..restore.definitions import ManagementClient
-    from ..restore.options import target_from_connection
+def _client(conn: Any, role: str):
+    from ..management import ManagementClient
 
-    return ManagementClient(target_from_connection(conn))
+    return ManagementClient.for_connection(conn, role)
 
 
 def run_export(args: Any) -> int:
     from ..config import load_config
 
+    from ..backup.definitions import scope_definitions
+
     cfg = load_config(args.config)
     conn = cfg.source or cfg.target
     if conn is None:
         raise ConfigError(f"{args.config}: source: required (the broker to export from)")
-    doc = _client(conn).get_definitions()
+    with _client(conn, "source" if cfg.source is not None else "target") as client:
+        doc = client.get_definitions()
+    if cfg.source is not None:
+        doc = scope_definitions(doc, cfg.source.queues)
     data = json.dumps(doc, indent=2) + "\n"
     if args.output:
         tmp = args.output + ".tmp"
@@ -65,7 +70,8 @@ def run_export(args: Any) -> int:
 def run_import(args: Any) -> int:
     from ..config import load_config
     from ..restore.definitions import apply_definitions, parse_definitions, rollback_timestamp
-    from ..restore.options import RestoreOptions, options_from_config, target_from_connection
+    from ..restore.options import (DefinitionsFilter, QueueFilter, RestoreOptions, options_from_config,
+                                   target_from_connection)
 
     cfg = load_config(args.config)
     if cfg.target is None:
@@ -82,7 +88,13 @@ def run_import(args: Any) -> int:
         options = RestoreOptions(backup_id="definitions-import", target=target_from_connection(cfg.target),
                                  definitions_dry_run=args.dry_run or r.definitions_dry_run,
                                  vhost_mapping=tuple(sorted(r.vhost_mapping.items())),
-                                 queue_mapping=tuple(sorted(r.queue_mapping.items())))
+                                 queue_mapping=tuple(sorted(r.queue_mapping.items())),
+                                 queues=QueueFilter(vhosts=tuple(r.queues.vhosts)),
+                                 definitions_selection=DefinitionsFilter(*(tuple(x) for x in (
+                                     r.definitions_selection.vhosts, r.definitions_selection.queues,
+                                     r.definitions_selection.exchanges))),
+                                 overwrite_users=r.overwrite_users, definitions_strict=r.definitions_strict,
+                                 transient_queues=r.transient_queues)
 
     def write_rollback(data: bytes) -> str:
         ts = rollback_timestamp()
@@ -101,12 +113,15 @@ def run_import(args: Any) -> int:
             os.fsync(f.fileno())
         return path
 
-    res = apply_definitions(doc, args.input, options, _client(cfg.target), write_rollback)
+    with _client(cfg.target, "target") as client:
+        res = apply_definitions(doc, args.input, options, client, write_rollback)
     if args.json:
         print(json.dumps(res.to_json_obj(), indent=2))
     else:
         head = "would change" if res.dry_run else f"imported (rollback snapshot: {res.rollback_key})"
         print(f"definitions from {args.input}: {head}")
+        for line in res.report_lines():
+            print(line)
         for kind, ch in res.changes.items():
             print(f"  {kind}: create {len(ch['create'])}, change {len(ch['change'])}")
     return 0

@@ -11,12 +11,13 @@ from ..format.compression import Compression
 def register(subparsers, import_subparsers) -> None:
     p = import_subparsers.add_parser(
         "rabbitmq-dir",
-        help="read a stopped RabbitMQ node's data directory (classic queues) into a new backup",
+        help="read a stopped RabbitMQ node's data directory (classic, quorum, stream) into a new backup",
         description=(
             "Reads the classic queues (index v1 and v2, embedded messages and the shared message "
-            "store) of a stopped RabbitMQ node's data directory, read-only, and writes an ordinary "
-            "RBAK backup that 'rbak restore' can publish into any RabbitMQ. Acked messages are not "
-            "exported; unacked ones are, in queue order."
+            "store), quorum queues (Ra logs) and streams (Osiris segments) of a stopped RabbitMQ "
+            "node's data directory, read-only, and writes an ordinary RBAK backup that 'rbak restore' "
+            "can publish into any RabbitMQ. Acked messages are not exported; unacked ones are, in "
+            "queue order; streams from their first offset present (or --from-offset)."
         ),
     )
     p.add_argument("path", metavar="PATH", help="node data dir (e.g. /var/lib/rabbitmq/mnesia/rabbit@host), "
@@ -29,6 +30,10 @@ def register(subparsers, import_subparsers) -> None:
                    help="export everything readable and report the damaged files/offsets that were skipped")
     p.add_argument("--vhost", action="append", default=None, metavar="V", help="only this vhost (repeatable)")
     p.add_argument("--queue", action="append", default=None, metavar="Q", help="only this queue (repeatable)")
+    p.add_argument("--types", default="classic,quorum,stream", metavar="T[,T...]",
+                   help="queue types to export: classic, quorum, stream (comma-separated; default all)")
+    p.add_argument("--from-offset", type=int, default=None, metavar="N",
+                   help="start every stream at this offset instead of the first one present")
     p.set_defaults(handler=run)
 
 
@@ -40,13 +45,23 @@ def run(args: argparse.Namespace) -> int:
         skip_damaged=args.skip_damaged,
         vhosts=set(args.vhost) if args.vhost else None,
         queues=set(args.queue) if args.queue else None,
+        types={t.strip() for t in args.types.split(",") if t.strip()},
+        from_offset=args.from_offset,
     )
     m = res.manifest
     out = sys.stdout
+    counts: dict[str, list[int]] = {}
     for q in res.queues:
-        print(f"vhost {q.vhost!r} queue {q.name!r} (index v{q.version}): {q.exported} message(s)", file=out)
+        what = f"index v{q.version}" if q.kind == "classic" else q.kind + (f", {q.detail}" if q.detail else "")
+        print(f"vhost {q.vhost!r} queue {q.name!r} ({what}): {q.exported} message(s)", file=out)
+        c = counts.setdefault(q.kind, [0, 0])
+        c[0] += 1
+        c[1] += q.exported
     print(f"backup {m.backup_id!r}: {m.total_messages} message(s) in {len(m.queues)} queue(s), "
           f"{m.total_segments} segment(s), {m.total_bytes} bytes", file=out)
+    for kind in ("classic", "quorum", "stream"):
+        if kind in counts:
+            print(f"  {kind}: {counts[kind][0]} queue(s), {counts[kind][1]} message(s)", file=out)
     for n in res.ctx.notes:
         print(f"note: {n}", file=out)
     if res.ctx.skipped:

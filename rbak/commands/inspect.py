@@ -76,6 +76,9 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "total_bytes": m.total_bytes if m else None,
                 "total_segments": m.total_segments if m else None,
                 "queues": len(m.queues) if m else None,
+                "queue_status": [x.to_json_obj() for x in m.queue_status] if m else [],
+                "gaps": sum(g.count for _, g in m.gaps) if m else 0,
+                "depends_on": sorted(m.depends_on) if m else [],
                 "error": e.error,
             })
         print(json.dumps(out, indent=2))
@@ -85,23 +88,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no backups at {args.path}")
         return 0
-    t = Table("BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", box=None, pad_edge=False)
+    t = Table("BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "NOTES", box=None, pad_edge=False)
     for e in entries:
         m = e.manifest
         t.add_row(
             e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
             str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
-            fmt_bytes(m.total_bytes) if m else "-",
+            fmt_bytes(m.total_bytes) if m else "-", _notes(m) if m else "",
         )
     _console().print(t)
     return 0
+
+
+def _notes(m: BackupManifest) -> str:
+    """What ``list`` says beside the status: not-backed-up queues, gaps, the chain."""
+    out = []
+    if m.queue_status:
+        out.append(f"{len(m.queue_status)} queue(s) not backed up")
+    gaps = sum(g.count for _, g in m.gaps)
+    if gaps:
+        out.append(f"gaps: {gaps} message(s)")
+    if m.depends_on:
+        out.append("continues " + ", ".join(sorted(m.depends_on)))
+    return "; ".join(out)
 
 
 def describe_obj(m: BackupManifest) -> dict:
     """The JSON of ``describe``: the Rust tool's keys first, then more detail."""
     return {
         "backup_id": m.backup_id,
-        "status": "complete" if m.is_complete else "incomplete",
+        "status": m.state,
         "created_at": m.created_at,
         "completed_at": m.completed_at,
         "source_cluster": m.source_cluster,
@@ -121,9 +137,13 @@ def describe_obj(m: BackupManifest) -> dict:
                 "last_message_timestamp": q.last_message_timestamp,
                 "segments": len(q.segments),
                 "size_bytes": q.size_bytes,
+                **({"stream": q.stream.to_json_obj()} if q.stream is not None else {}),
             }
             for q in m.queues
         ],
+        "queue_status": [s.to_json_obj() for s in m.queue_status],
+        "gaps": [{"vhost": q.vhost, "name": q.name, **g.to_json_obj()} for q, g in m.gaps],
+        "depends_on": sorted(m.depends_on),
     }
 
 
@@ -155,6 +175,17 @@ def cmd_describe(args: argparse.Namespace) -> int:
         t.add_row(q.vhost, q.name, q.queue_type, str(q.message_count), str(len(q.segments)),
                   fmt_bytes(q.size_bytes), fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp))
     c.print(t)
+    for s in m.queue_status:
+        c.print(f"  [bold]{s.status}[/bold] {s.vhost}/{s.name}: {s.reason}", markup=True)
+    for q, g in m.gaps:
+        c.print(f"  gap {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed by "
+                f"the stream's retention before this backup; in no backup")
+    for q in m.queues:
+        if q.stream is not None and q.stream.previous_backup:
+            c.print(f"  chain {q.vhost}/{q.name}: continues backup {q.stream.previous_backup} after offset "
+                    f"{q.stream.previous_last_offset}")
+        elif q.stream is not None and q.stream.recreated:
+            c.print(f"  recreated {q.vhost}/{q.name}: the stream was declared again; backed up from its first offset")
     return 0
 
 
@@ -190,7 +221,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         kind = "deep" if args.deep else "shallow"
         n = len(report.segments)
         if report.ok:
-            print(f"backup {args.backup_id} is valid ({kind}: {n} segments checked)")
+            notes = "".join(f"\n  - {w}" for w in report.notes)
+            qual = ", with gaps" if report.gaps else ""
+            qual += ", partial" if report.partial else ""
+            print(f"backup {args.backup_id} is valid{qual} ({kind}: {n} segments checked){notes}")
         else:
             print(f"backup {args.backup_id} is NOT valid ({kind}: {n} segments checked, "
                   f"{len(report.bad_segments)} bad):", file=sys.stderr)

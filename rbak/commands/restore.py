@@ -30,13 +30,18 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--path", help=f"storage URL or directory of the backups (default {DEFAULT_PATH}; ignored with --config)")
     p.add_argument("--prefix", default=None, help="storage key prefix (without --config)")
     p.add_argument("--backup-id", help="backup to restore (default: the newest complete one)")
-    p.add_argument("--target-url", help="AMQP URL of the target broker (without --config)")
+    p.add_argument("--target-url", help="AMQP URL of the target broker (without --config; a password here is "
+                                        "visible in ps: prefer $RBAK_TARGET_URL or --target-url-file)")
+    p.add_argument("--target-url-file", help="file holding the target's AMQP URL (e.g. a mounted secret)")
     p.add_argument("--management-url", help="management API URL of the target (without --config)")
     p.add_argument("--dry-run", action="store_true", default=None, help="report what would be published; publish nothing")
     p.add_argument("--definitions", action="store_true", default=None, help="import the backup's definitions first")
     p.add_argument("--definitions-dry-run", action="store_true", default=None, help="report what the definitions import would change")
     p.add_argument("--publish-mode", choices=("exchange", "queue"), default=None)
     p.add_argument("--allow-non-empty", action="store_true", default=None, help="publish into queues that already hold messages")
+    p.add_argument("--increment-only", action="store_true", default=None,
+                   help="a stream from an incremental backup: restore that backup's own offsets only, not the "
+                        "earlier backups of its chain (the default restores base through the chosen backup)")
     p.add_argument("--checkpoint", dest="checkpoint_state", default=None, help="restore checkpoint file (resumable)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=run)
@@ -50,6 +55,7 @@ def _overrides(args: Any) -> dict[str, Any]:
         "publish_mode": args.publish_mode,
         "allow_non_empty": args.allow_non_empty,
         "checkpoint_state": args.checkpoint_state,
+        "increment_only": args.increment_only,
     }
     if args.definitions_dry_run:
         o["restore_definitions"] = True
@@ -59,6 +65,7 @@ def _overrides(args: Any) -> dict[str, Any]:
 def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
     from ..catalog import latest_complete
+    from .secrets import url_from
 
     if args.config:
         from ..config import load_config
@@ -81,7 +88,8 @@ def build(args: Any):
         backup_id = entry.backup_id
         print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}", file=sys.stderr)
     target = TargetConnection(
-        amqp_url=args.target_url or TargetConnection.amqp_url,
+        amqp_url=url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL")
+        or TargetConnection.amqp_url,
         management_url=args.management_url or TargetConnection.management_url,
     )
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
@@ -132,6 +140,10 @@ def print_summary(summary: Any) -> None:
             print(f"definitions (dry run) from {d.source_key}: {d.counts}")
         else:
             print(f"definitions imported from {d.source_key}; rollback snapshot at {d.rollback_key}")
+        for line in d.report_lines():
+            print(line)
+        if d.report_key:
+            print(f"  restore report: {d.report_key}")
         for kind, ch in d.changes.items():
             print(f"  {kind}: create {len(ch['create'])} {ch['create'][:10]}, change {len(ch['change'])} {ch['change'][:10]}")
     for q in summary.queues:
@@ -139,6 +151,8 @@ def print_summary(summary: Any) -> None:
         extra = f" ({q.skipped_records} outside the time window)" if q.skipped_records else ""
         line = (f"{q.source_vhost}/{q.source_queue} -> {q.target_vhost}/{q.target_queue}: {q.status}, "
                 f"{verb} {n}{extra}")
+        if q.chain:
+            line += f"; chain {' -> '.join(q.chain)}"
         if q.error:
             line += f": {q.error}"
         print(line)

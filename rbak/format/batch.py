@@ -32,6 +32,7 @@ import numpy as np
 import orjson
 
 from ..errors import SerializationError
+from .backend import speedups as _c
 from .record import (
     _ORJSON_OPTS, BackupRecord, decode_record, encode_record, record_from_json_obj, record_rest_obj,
 )
@@ -123,13 +124,11 @@ def encode_payload(records: Sequence[BackupRecord]) -> bytes:
     return b"".join(parts)
 
 
-try:
-    from ._speedups import (
-        decode_many as _c_decode_many, decode_payload as _c_decode_payload,
-        encode_many as _c_encode_many, encode_payload as _c_encode_payload, join_record as _c_join,
-        split_record as _c_split,
-    )
-except ImportError:  # built without a C compiler: NumPy/orjson paths
+if _c is not None:
+    _c_decode_many, _c_decode_payload = _c.decode_many, _c.decode_payload
+    _c_encode_many, _c_encode_payload = _c.encode_many, _c.encode_payload
+    _c_join, _c_split = _c.join_record, _c.split_record
+else:  # built without a C compiler, or RBAK_SPEEDUPS=0: NumPy/orjson paths
     _c_join = _c_split = _c_decode_many = _c_decode_payload = _c_encode_many = _c_encode_payload = None
 
 HAVE_SPEEDUPS = _c_split is not None

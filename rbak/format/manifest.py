@@ -51,6 +51,112 @@ class SegmentMetadata:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class StreamGap:
+    """Offsets a stream's retention removed before a backup could read them."""
+
+    from_offset: int
+    to_offset: int  # inclusive
+
+    @property
+    def count(self) -> int:
+        return self.to_offset - self.from_offset + 1
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"from_offset": self.from_offset, "to_offset": self.to_offset, "count": self.count}
+
+    @classmethod
+    def from_json_obj(cls, d: dict[str, Any], where: str = "gap") -> "StreamGap":
+        a, b = _req(d, "from_offset", int, where), _req(d, "to_offset", int, where)
+        if b < a:
+            raise ManifestError(f"{where}: to_offset {b} is before from_offset {a}")
+        return cls(a, b)
+
+
+@dataclass(slots=True)
+class StreamInfo:
+    """Where a stream backup sits in its stream (rbak's extra ``stream`` field of a queue).
+
+    ``previous_backup`` names the backup this one continues (an incremental
+    link, proven by re-reading the record at ``previous_last_offset``); None
+    for a full backup of the stream. ``last_offset`` is the position the next
+    backup continues from (unchanged when no record was new);
+    ``last_record_sha256``/``last_chunk_timestamp`` identify that record.
+    """
+
+    first_offset: int | None = None
+    last_offset: int | None = None
+    previous_backup: str | None = None
+    previous_last_offset: int | None = None
+    last_record_sha256: str | None = None
+    last_chunk_timestamp: int | None = None
+    recreated: bool = False
+    gaps: list[StreamGap] = field(default_factory=list)
+
+    @property
+    def gap_count(self) -> int:
+        return sum(g.count for g in self.gaps)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+            "previous_backup": self.previous_backup,
+            "previous_last_offset": self.previous_last_offset,
+            "last_record_sha256": self.last_record_sha256,
+            "last_chunk_timestamp": self.last_chunk_timestamp,
+            "recreated": self.recreated,
+            "gaps": [g.to_json_obj() for g in self.gaps],
+        }
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str = "stream") -> "StreamInfo":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: must be a JSON object")
+        gaps = d.get("gaps") or []
+        if not isinstance(gaps, list):
+            raise ManifestError(f"{where}: 'gaps' must be a list")
+        rec = d.get("recreated")
+        return cls(
+            first_offset=_opt(d, "first_offset", int, where),
+            last_offset=_opt(d, "last_offset", int, where),
+            previous_backup=_opt(d, "previous_backup", str, where),
+            previous_last_offset=_opt(d, "previous_last_offset", int, where),
+            last_record_sha256=_opt(d, "last_record_sha256", str, where),
+            last_chunk_timestamp=_opt(d, "last_chunk_timestamp", int, where),
+            recreated=bool(rec) if isinstance(rec, bool) else False,
+            gaps=[StreamGap.from_json_obj(g, f"{where} gap {i}") for i, g in enumerate(gaps)],
+        )
+
+
+QUEUE_STATUSES = ("refused", "failed", "skipped")
+"""Per-queue outcomes recorded in ``queue_status``."""
+PARTIAL_STATUSES = ("refused", "failed")
+"""The outcomes that make a backup partial; ``skipped`` is a note (a queue left out on purpose,
+e.g. exclusive, or with consumers under ``backup.skip_queues_with_consumers``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """A queue a run did not back up (fully), and why (rbak's extra ``queue_status`` list)."""
+
+    vhost: str
+    name: str
+    status: str  # one of QUEUE_STATUSES
+    reason: str
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"vhost": self.vhost, "name": self.name, "status": self.status, "reason": self.reason}
+
+    @classmethod
+    def from_json_obj(cls, d: dict[str, Any], where: str = "queue_status") -> "QueueStatus":
+        status = _req(d, "status", str, where)
+        if status not in QUEUE_STATUSES:
+            raise ManifestError(f"{where}: status {status!r} is not one of {', '.join(QUEUE_STATUSES)}")
+        return cls(_req(d, "vhost", str, where), _req(d, "name", str, where), status,
+                   _opt(d, "reason", str, where) or "")
+
+
 @dataclass(slots=True)
 class QueueBackup:
     vhost: str
@@ -60,6 +166,8 @@ class QueueBackup:
     message_count: int = 0
     first_message_timestamp: int | None = None
     last_message_timestamp: int | None = None
+    stream: StreamInfo | None = None  # rbak extension, written only for streams
+    chain: tuple[str, ...] = ()  # restore-time only, never written: backups whose segments this entry holds
 
     def add_segment(self, seg: SegmentMetadata) -> None:
         self.segments.append(seg)
@@ -78,7 +186,7 @@ class QueueBackup:
         return sum(s.uncompressed_bytes for s in self.segments)
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        out = {
             "vhost": self.vhost,
             "name": self.name,
             "queue_type": self.queue_type,
@@ -87,6 +195,9 @@ class QueueBackup:
             "first_message_timestamp": self.first_message_timestamp,
             "last_message_timestamp": self.last_message_timestamp,
         }
+        if self.stream is not None:  # extra fields last, only when present: the spec's bytes otherwise
+            out["stream"] = self.stream.to_json_obj()
+        return out
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "queue") -> "QueueBackup":
@@ -105,6 +216,7 @@ class QueueBackup:
             message_count=_opt(d, "message_count", int, here) or 0,
             first_message_timestamp=_opt(d, "first_message_timestamp", int, here),
             last_message_timestamp=_opt(d, "last_message_timestamp", int, here),
+            stream=StreamInfo.from_json_obj(d["stream"], f"{here} stream") if d.get("stream") is not None else None,
         )
 
 
@@ -152,19 +264,32 @@ class BackupManifest:
     total_messages: int = 0
     total_bytes: int = 0
     total_segments: int = 0
-    # queues left out on purpose ({"vhost", "name", "reason"}); written only when there are some,
-    # so manifests without skips stay byte-identical to the Rust tool's
-    skipped_queues: list[dict[str, str]] = field(default_factory=list)
-
-    def note_skipped(self, vhost: str, name: str, reason: str) -> None:
-        """Record a queue the backup left out on purpose (the backup can still be complete)."""
-        self.skipped_queues = [s for s in self.skipped_queues if (s["vhost"], s["name"]) != (vhost, name)]
-        self.skipped_queues.append({"vhost": vhost, "name": name, "reason": reason})
-        self.skipped_queues.sort(key=lambda s: (s["vhost"], s["name"]))
+    queue_status: list[QueueStatus] = field(default_factory=list)  # rbak extension: refused/failed/skipped queues
 
     @property
     def is_complete(self) -> bool:
         return self.completed_at is not None
+
+    @property
+    def is_partial(self) -> bool:
+        """Complete, but some queue was refused or failed (see ``queue_status``)."""
+        return self.is_complete and any(q.status in PARTIAL_STATUSES for q in self.queue_status)
+
+    @property
+    def state(self) -> str:
+        """complete | partial | incomplete: what ``list``, ``describe`` and the operator show."""
+        if not self.is_complete:
+            return "incomplete"
+        return "partial" if self.queue_status else "complete"
+
+    @property
+    def gaps(self) -> list[tuple[QueueBackup, StreamGap]]:
+        return [(q, g) for q in self.queues if q.stream for g in q.stream.gaps]
+
+    @property
+    def depends_on(self) -> set[str]:
+        """Backups this one's incremental streams continue (restoring them needs those too)."""
+        return {q.stream.previous_backup for q in self.queues if q.stream and q.stream.previous_backup}
 
     @property
     def uncompressed_bytes(self) -> int:
@@ -195,9 +320,8 @@ class BackupManifest:
             "total_messages": self.total_messages,
             "total_bytes": self.total_bytes,
             "total_segments": self.total_segments,
+            **({"queue_status": [q.to_json_obj() for q in self.queue_status]} if self.queue_status else {}),
         }
-        if self.skipped_queues:
-            d["skipped_queues"] = [dict(s) for s in self.skipped_queues]
         return d
 
     def to_json(self) -> bytes:
@@ -226,12 +350,10 @@ class BackupManifest:
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0
         m.total_segments = _opt(d, "total_segments", int, where) or 0
-        skipped = d.get("skipped_queues") or []
-        if not isinstance(skipped, list) or not all(
-                isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("vhost", "name", "reason"))
-                for s in skipped):
-            raise ManifestError(f"{where}: 'skipped_queues' must be a list of {{vhost, name, reason}} objects")
-        m.skipped_queues = [{k: s[k] for k in ("vhost", "name", "reason")} for s in skipped]
+        qs = d.get("queue_status") or []
+        if not isinstance(qs, list):
+            raise ManifestError(f"{where}: 'queue_status' must be a list")
+        m.queue_status = [QueueStatus.from_json_obj(x, f"{where} queue_status {i}") for i, x in enumerate(qs)]
         return m
 
     @classmethod

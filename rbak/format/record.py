@@ -399,11 +399,9 @@ def decode_record(data: bytes | memoryview) -> BackupRecord:
 
 # The optional C codec (see batch.py) fills these classes' slots directly, so
 # it is handed them once, here, where they are defined.
-try:
-    from . import _speedups as _c
-except ImportError:  # no C compiler at install time
-    _c = None
-else:
+from .backend import speedups as _c  # noqa: E402 - after the classes it is handed
+
+if _c is not None:
     _c.configure(
         BackupRecord, RECORD_FIELDS, BackupProperties, PROPERTY_NAMES,
         (LongString, ShortString, Long, Short, Bool, Timestamp),  # the scalar header tags, in C's order

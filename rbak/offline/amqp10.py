@@ -94,6 +94,7 @@ _CONSTANTS = {
 }
 _VARIABLE = {0xA0: ("binary", 1), 0xA1: ("utf8", 1), 0xA3: ("symbol", 1),
              0xB0: ("binary", 4), 0xB1: ("utf8", 4), 0xB3: ("symbol", 4)}
+_VAR8 = {0xA0: "binary", 0xA1: "utf8", 0xA3: "symbol"}
 _DECIMALS = {0x74: ("decimal32", 4), 0x84: ("decimal64", 8), 0x94: ("decimal128", 16)}
 _U32 = struct.Struct(">I")
 MAX_DEPTH = 200
@@ -130,8 +131,18 @@ class _Decoder:
     def value(self, pos: int, depth: int) -> tuple[Value, int]:
         if depth > MAX_DEPTH:
             raise Amqp10Error("value nested too deeply", pos)
-        self.need(pos, 1, "format code")
+        if pos >= self.end:
+            self.need(pos, 1, "format code")
         code = self.data[pos]
+        c = _CONSTANTS.get(code)  # fast paths: null, booleans, zeros, and short strings/binaries
+        if c is not None:
+            return c, pos + 1
+        v8 = _VAR8.get(code)
+        if v8 is not None and pos + 2 <= self.end:
+            ln = self.data[pos + 1]
+            q = pos + 2 + ln
+            if q <= self.end:
+                return Value(v8, bytes(self.data[pos + 2 : q])), q
         if code == 0x00:
             desc, p = self.value(pos + 1, depth + 1)
             if desc.type == "described":

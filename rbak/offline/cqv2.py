@@ -37,6 +37,7 @@ _HEADER = struct.Struct(">IBQQ")
 _ENTRY = struct.Struct(">BBB17sIQ")
 _QS_LOC = struct.Struct(">BQII")
 _QS_ENTRY = struct.Struct(">IBHB")
+MAX_SEGMENT_ENTRIES = 1 << 20  # RabbitMQ writes 4096 per segment by default; this bounds what a header can claim
 _QI_RE = re.compile(r"^(\d+)\.qi$")
 
 
@@ -57,6 +58,9 @@ def _header(f: MappedFile, magic: int, ctx: ImportContext) -> tuple[int, int] | 
         return None
     if last <= first:
         ctx.damaged(f.path, 5, f"empty SeqId range {first}..{last}")
+        return None
+    if last - first > MAX_SEGMENT_ENTRIES:
+        ctx.damaged(f.path, 5, f"implausible SeqId range {first}..{last}: more than {MAX_SEGMENT_ENTRIES} entries")
         return None
     return first, last
 
@@ -128,6 +132,7 @@ def iter_messages(
                         continue
                     if m is not None:
                         yield seq_id, m
+                _check_store_tail(path, qs, end, ctx)
             finally:
                 if qs is not None:
                     qs.close()
@@ -135,6 +140,41 @@ def iter_messages(
         ctx.note(f"{qdir}: {transient} transient message(s) not exported (RabbitMQ drops them on recovery)")
     if memory_only:
         ctx.note(f"{qdir}: {memory_only} message(s) were only in the broker's memory, not on disk")
+
+
+def _count_qs_entries(qs: MappedFile) -> int:
+    """Entries of a per-queue store file, walked by their sizes (one per SeqId stored in it)."""
+    mv, n, pos, count = qs.view, qs.size, HEADER_SIZE, 0
+    while pos + 8 <= n:
+        (size,) = struct.unpack_from(">I", mv, pos)
+        if size == 0 or pos + 8 + size > n:
+            break
+        count += 1
+        pos += 8 + size
+    return count
+
+
+def _check_store_tail(path: str, qs: MappedFile | None, end: int, ctx: ImportContext) -> None:
+    """A ``.qi`` cut at an entry boundary looks like a shorter segment; its ``.qs`` tells.
+
+    Every message embedded in the store has a slot in the index (acked ones
+    too: an ack rewrites the slot, never removes it), so a store holding more
+    entries than the index has slots means index entries were lost.
+    """
+    if qs is None:
+        qs_path = path[: -len(".qi")] + ".qs"
+        if not os.path.exists(qs_path):
+            return
+        with MappedFile(qs_path) as f:
+            if f.size < HEADER_SIZE:
+                return
+            stored = _count_qs_entries(f)
+    else:
+        stored = _count_qs_entries(qs)
+    slots = max(0, end - HEADER_SIZE) // ENTRY_SIZE
+    if stored > slots:
+        ctx.damaged(path, end, f"index truncated: it ends after {slots} entries, but its per-queue store holds "
+                               f"{stored} messages; at least {stored - slots} message(s) lost")
 
 
 def _read_qs(qs: MappedFile, off: int, size: int, seq_id: int, ctx: ImportContext) -> StoredMessage | None:

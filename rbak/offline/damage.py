@@ -9,7 +9,9 @@ reader skips what it cannot trust, and the CLI prints the list at the end.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import stat
 from dataclasses import dataclass, field
 
 from ..errors import ImportFormatError
@@ -48,27 +50,65 @@ class ImportContext:
         self.notes.append(text)
 
 
+MAP_ABOVE = 64 * 1024 * 1024
+"""Files up to this size are read; larger ones (hostile or huge) are memory-mapped, so only the
+pages a reader touches are ever resident."""
+WINDOW = 32 * 1024 * 1024
+
+
 class MappedFile:
     """A file read whole, read-only (never written, never locked).
 
     Queue index and per-queue store files are bounded by their segment size
     (a few MiB), so one sequential read is both simpler and faster than
     memory-mapping them (page faults cost more than read() in sandboxes).
+    Past ``MAP_ABOVE`` the file is mapped instead, and anything but a regular
+    file (a FIFO, ``/dev/zero`` behind a symlink) is refused naming it.
     """
 
-    __slots__ = ("path", "size", "view")
+    __slots__ = ("path", "size", "view", "_map")
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
+        self._map = None
         with open(self.path, "rb") as f:
-            self.view: bytes = f.read()
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ImportFormatError(f"{self.path}: not a regular file")
+            if st.st_size > MAP_ABOVE:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self.view = self._map  # slices are bytes, like the read() path's
+            else:
+                self.view = f.read()
         self.size = len(self.view)
 
     def find(self, sub: bytes, start: int) -> int:
-        return self.view.find(sub, start)
+        if self._map is None:
+            return self.view.find(sub, start)
+        # Mapped: search window by window, dropping the pages already searched, so resident
+        # memory stays one window whatever the file holds (a huge run of zeros, say).
+        pos = start
+        while pos < self.size:
+            end = min(self.size, pos + WINDOW)
+            i = self._map.find(sub, pos, end + len(sub) - 1)
+            if i >= 0:
+                return i
+            self.release_before(end)
+            pos = end
+        return -1
+
+    def release_before(self, offset: int) -> None:
+        """Drop mapped pages before ``offset`` from memory (no-op when the file was read)."""
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            upto = offset - offset % mmap.PAGESIZE
+            if upto > 0:
+                self._map.madvise(mmap.MADV_DONTNEED, 0, upto)
 
     def close(self) -> None:
         self.view = b""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
     def __enter__(self) -> "MappedFile":
         return self

@@ -13,6 +13,7 @@ decoders stay simple and fast:
 * tuples (104, 105) -> ``tuple``; lists (106, 107, 108) -> ``list`` (an
   improper tail becomes :class:`ImproperList`); maps (116) -> ``dict``;
 * zlib-compressed terms (80) are inflated.
+* pids, ports and references decode to :class:`Opaque` (compared, never looked into).
 
 Anything else (pids, ports, refs, funs) raises :class:`TermError` with the
 offset: a message record never holds them, so meeting one means the bytes
@@ -328,7 +329,34 @@ def _term(data: bytes, n: int, pos: int, depth: int) -> tuple[Any, int]:
         if p + ln > n:
             raise _short(n, p, ln, "bit binary")
         return BitBinary(data[p : p + ln], bits), p + ln
+    if tag in _OPAQUE:  # pids, ports, references: kept as an opaque id (the node atom + the raw bytes)
+        if tag == 90 or tag == 114:  # NEWER_REFERENCE_EXT / NEW_REFERENCE_EXT: id count u16, node, creation, ids
+            if p + 2 > n:
+                raise _short(n, p, 2, "reference length")
+            ln = _u16(data, p)[0]
+            node, q = _term(data, n, p + 2, depth + 1)
+            end = q + (4 if tag == 90 else 1) + 4 * ln
+        else:
+            node, q = _term(data, n, p, depth + 1)
+            end = q + _OPAQUE[tag]
+        if end > n:
+            raise _short(n, q, end - q, "pid/port/reference")
+        return Opaque(tag, node, data[q:end]), end
     raise TermError(f"unsupported term tag {tag}", pos)
+
+
+#: Tag -> bytes after the node atom: NEW_PID_EXT, PID_EXT, NEW_PORT_EXT, PORT_EXT, V4_PORT_EXT; references
+#: (90, 114) have a length first.
+_OPAQUE = {88: 12, 103: 9, 89: 8, 102: 5, 120: 12, 90: 0, 114: 0}
+
+
+@dataclass(frozen=True, slots=True)
+class Opaque:
+    """A pid, port or reference: only ever compared (e.g. which consumer a command names)."""
+
+    tag: int
+    node: Any
+    data: bytes
 
 
 def _freeze(x: Any) -> Any:

@@ -29,7 +29,9 @@ it (``persist_write*.c``, format version 6):
 from __future__ import annotations
 
 import enum
+import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +170,15 @@ NO_PROPERTIES = MqttProperties()
 
 def _text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
+
+
+def _name(b: bytes, pos: int, what: str) -> str:
+    """A client id or topic: it names a queue or a routing key, so it must be UTF-8 (MQTT requires it)."""
+    try:
+        return bytes(b).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Damage(pos + e.start, f"{what} is not valid UTF-8 (byte {bytes(b)[e.start]:#04x} at {e.start} "
+                                     f"of {len(b)}): {bytes(b)[:64]!r}") from None
 
 
 def _raw(s: str) -> bytes:
@@ -400,6 +411,13 @@ class _Cur:
     def lstring(self, what: str) -> str:
         return self.string(self.u16(what + " length"), what)
 
+    def name(self, n: int, what: str) -> str:
+        at = self.pos
+        return _name(self.take(n, what), at, what)
+
+    def lname(self, what: str) -> str:
+        return self.name(self.u16(what + " length"), what)
+
     def varint(self, what: str) -> int:
         n, mult = 0, 1
         for _ in range(4):
@@ -509,6 +527,8 @@ class _Reader:
         order = self.byte_order
         v56 = version >= 5
         if ctype not in _KNOWN:
+            if ctype == 0:  # no Mosquitto writes it: zeroed or junk data (else a run of zeros is millions of chunks)
+                raise _Damage(body - (8 if v56 else 6), "chunk type 0 is not a Mosquitto chunk (zeroed or junk data)")
             if body + length > self.size:
                 raise _Damage(body, f"chunk length {length} runs past the end of the file ({self.size - body} bytes left)")
             return UnknownChunk(ctype, bytes(self.buf[body:body + length]), body - (8 if v56 else 6)), body + length
@@ -539,7 +559,7 @@ class _Reader:
         if ctype == ChunkType.MSG_STORE:
             return self.msg_store_v234(c, version, off)
         if ctype == ChunkType.CLIENT_MSG:  # v2-v4
-            client_id = c.lstring("CLIENT_MSG client id")
+            client_id = c.lname("CLIENT_MSG client id")
             store_id = c.hu64("CLIENT_MSG store_id")
             mid = c.u16("CLIENT_MSG mid")
             qos = c.u8("CLIENT_MSG qos")
@@ -555,28 +575,28 @@ class _Reader:
         if ctype == ChunkType.SUB:
             if v56:
                 identifier, id_len, topic_len, qos, options = c.unpack(_SUB, "SUB fields")
-                client_id = c.string(id_len, "SUB client id")
-                topic = c.string(topic_len, "SUB topic")
+                client_id = c.name(id_len, "SUB client id")
+                topic = c.name(topic_len, "SUB topic")
             else:
                 identifier, options = 0, 0
-                client_id = c.lstring("SUB client id")
-                topic = c.lstring("SUB topic")
+                client_id = c.lname("SUB client id")
+                topic = c.lname("SUB topic")
                 qos = c.u8("SUB qos")
             return SubChunk(client_id, topic, qos, identifier, options, off), c.pos
         # CLIENT
         if version == 6:
             sexp = c.unpack(struct.Struct(order + "q"), "CLIENT session_expiry_time")[0]
             interval, last_mid, id_len, port, ulen = c.unpack(_CLIENT_V6_TAIL, "CLIENT fields")
-            client_id = c.string(id_len, "CLIENT client id")
+            client_id = c.name(id_len, "CLIENT client id")
             username = bytes(c.take(ulen, "CLIENT username")) if ulen else None
             disc = None
         elif version == 5:
             sexp = c.unpack(struct.Struct(order + "q"), "CLIENT session_expiry_time")[0]
             interval, last_mid, id_len = c.unpack(_CLIENT_V5_TAIL, "CLIENT fields")
-            client_id = c.string(id_len, "CLIENT client id")
+            client_id = c.name(id_len, "CLIENT client id")
             port, username, disc = 0, None, None
         else:
-            client_id = c.lstring("CLIENT client id")
+            client_id = c.lname("CLIENT client id")
             last_mid = c.u16("CLIENT last_mid")
             disc = c.unpack(struct.Struct(order + "q"), "CLIENT disconnect time")[0] if version != 2 else None
             sexp, interval, port, username = 0, 0, 0, None
@@ -605,7 +625,7 @@ class _Reader:
         p += user_len
         if not topic_len:
             raise _Damage(off, "MSG_STORE with an empty topic")
-        topic = _text(buf[p:p + topic_len])
+        topic = _name(buf[p:p + topic_len], p, "MSG_STORE topic")
         p += topic_len
         payload = buf[p:p + payloadlen]
         p += payloadlen
@@ -624,7 +644,7 @@ class _Reader:
         if qos > 2:
             raise _Damage(body + 12, f"CLIENT_MSG QoS {qos} is not 0, 1 or 2")
         p = body + 16
-        client_id = _text(buf[p:p + id_len])
+        client_id = _name(buf[p:p + id_len], p, "CLIENT_MSG client id")
         p += id_len
         props = _parse_properties(_Cur(buf, p, end, self.byte_order), end) if p < end else NO_PROPERTIES
         return ClientMsgChunk(store_id, client_id, mid, qos, state, direction, bool((rd & 0xF0) >> 4 & 0x0F),
@@ -639,7 +659,7 @@ class _Reader:
             port = c.u16("MSG_STORE source port")
         source_mid = c.u16("MSG_STORE source mid")
         c.u16("MSG_STORE mid")
-        topic = c.lstring("MSG_STORE topic")
+        topic = c.lname("MSG_STORE topic")
         qos = c.u8("MSG_STORE qos")
         retain = c.u8("MSG_STORE retain")
         payloadlen = c.u32("MSG_STORE payload length")
@@ -680,10 +700,18 @@ def read_db(path: str | os.PathLike[str], *, skip_damaged: bool = False, byte_or
     p = os.fspath(path)
     try:
         with open(p, "rb") as f:
-            data = f.read()
+            head = f.read(len(MAGIC))
+            if head != MAGIC:  # before anything else: /dev/zero or a huge junk file is never read whole
+                return parse_db(head, p, skip_damaged=skip_damaged, byte_order=byte_order)
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ImportFormatError(f"{p}: not a regular file; copy the persistence file out first")
+            if os.fstat(f.fileno()).st_size == 0:
+                return parse_db(b"", p, skip_damaged=skip_damaged, byte_order=byte_order)
+            # Mapped, not read: pages come from the page cache as chunks are decoded (no second copy).
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _Reader(p, data, byte_order, skip_damaged).read()
     except OSError as e:
         raise ImportFormatError(f"{p}: cannot read: {e.strerror or e}") from None
-    return parse_db(data, p, skip_damaged=skip_damaged, byte_order=byte_order)
 
 
 # --------------------------------------------------------------------------

@@ -21,12 +21,21 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .damage import ImportContext, MappedFile
+from .damage import WINDOW, ImportContext, MappedFile
 from .stored_message import MessageFormatError, StoredMessage, decode_stored_message
 
 _U64 = struct.Struct(">Q")
 _RDQ_RE = re.compile(r"^(\d+)\.rdq$")
 HEADER = 8 + 16  # size + MsgId
+
+
+def _nonzero(f: MappedFile, start: int, end: int) -> bool:
+    """Whether ``[start, end)`` holds a non-zero byte, looked at one window at a time."""
+    for a in range(start, end, WINDOW):
+        if f.view[a:min(end, a + WINDOW)].strip(b"\x00"):
+            return True
+        f.release_before(a + WINDOW)
+    return False
 
 
 class _RdqFile:
@@ -86,9 +95,13 @@ class MessageStore:
         index = self.index
         pos = 0
         bad_from: int | None = None
+        released = 0
         while pos + HEADER + 2 <= n:
             (size,) = _U64.unpack_from(mv, pos)
             end = pos + 8 + size
+            if pos - released > WINDOW:
+                f.release_before(pos)  # a mapped (huge) file stays a window in memory
+                released = pos
             if size >= 17 and end < n and mv[end] == 0xFF and mv[pos + HEADER] == 131:
                 if bad_from is not None:
                     self.damage.append(f"{f.path} at byte {bad_from}: {pos - bad_from} unparseable bytes")
@@ -111,11 +124,10 @@ class MessageStore:
             if q < 0:
                 break
             pos = q - HEADER
-        tail = bytes(mv[pos:n]) if pos < n else b""
         if bad_from is not None:
             self.damage.append(f"{f.path} at byte {bad_from}: unparseable bytes up to the end of the file")
-        elif tail.strip(b"\x00"):
-            self.damage.append(f"{f.path} at byte {pos}: {len(tail)} trailing bytes that are not a record")
+        elif pos < n and _nonzero(f, pos, n):
+            self.damage.append(f"{f.path} at byte {pos}: {n - pos} trailing bytes that are not a record")
 
     def read(self, msg_id: bytes, wanted_by: str) -> StoredMessage | None:
         """The message with this id, or None after reporting it missing/damaged."""

@@ -242,9 +242,11 @@ def _iter_queue(v: VhostDir, q: QueueDir, store: MessageStore, ctx: ImportContex
 class ImportedQueue:
     vhost: str
     name: str
-    version: int
+    version: int  # classic queue index version; 0 for quorum queues and streams
     path: str
     exported: int = 0
+    kind: str = "classic"  # classic | quorum | stream
+    detail: str = ""  # e.g. a stream's offsets, a quorum member's role and last applied index
 
 
 def iter_queues(
@@ -328,22 +330,26 @@ def _subdirs(path: str) -> list[str]:
         return []
 
 
-def unread_queue_data(node_dir: str) -> list[str]:
-    """Say what this importer leaves behind: quorum queues (one Ra server
+QUEUE_TYPES = ("classic", "quorum", "stream")
+
+
+def unread_queue_data(node_dir: str, types: frozenset[str] | set[str] = frozenset(QUEUE_TYPES)) -> list[str]:
+    """Say what this import leaves behind: quorum queues (one Ra server
     directory each under ``quorum/<node>/``) and streams (one directory each
-    under ``stream/``) are Raft/Osiris logs, not classic queue files."""
+    under ``stream/``) of a kind not asked for with ``--types``."""
     quorum = os.path.join(node_dir, "quorum")
     found = {
-        "quorum queue": [d for node in _subdirs(quorum) for d in _subdirs(os.path.join(quorum, node))],
+        "quorum": [d for node in _subdirs(quorum) for d in _subdirs(os.path.join(quorum, node))],
         "stream": _subdirs(os.path.join(node_dir, "stream")),
     }
     out = []
     for kind, dirs in found.items():
-        if dirs:
+        if dirs and kind not in types:
             shown = ", ".join(dirs[:5]) + (f" and {len(dirs) - 5} more" if len(dirs) > 5 else "")
+            label = "quorum queue" if kind == "quorum" else kind
             out.append(
-                f"{len(dirs)} {kind}(s) on this node ({shown}) are NOT in this backup: the offline "
-                f"importer reads classic queues only; back {kind}s up online (rbak backup) from a running node"
+                f"{len(dirs)} {label}(s) on this node ({shown}) are NOT in this backup: --types leaves "
+                f"{kind} out"
             )
     return out
 
@@ -357,25 +363,63 @@ def import_rabbitmq_dir(
     skip_damaged: bool = False,
     vhosts: set[str] | None = None,
     queues: set[str] | None = None,
+    types: set[str] | None = None,
+    from_offset: int | None = None,
 ) -> ImportResult:
-    """Read a stopped node's data directory into a new RBAK backup."""
+    """Read a stopped node's data directory into a new RBAK backup.
+
+    ``types`` picks among classic queues, quorum queues and streams (default
+    all); ``from_offset`` starts every stream there instead of at its first offset."""
+    from .rabbitmq import streams
     from .writer import now_ms, write_backup
 
+    types = set(QUEUE_TYPES) if not types else set(types)
+    bad = types - set(QUEUE_TYPES)
+    if bad:
+        raise ImportFormatError(f"--types: unknown queue type(s) {', '.join(sorted(bad))} "
+                                f"(choose from {', '.join(QUEUE_TYPES)})")
     ctx = ImportContext(skip_damaged=skip_damaged)
     started = now_ms()
     node_dir = os.path.dirname(os.path.dirname(find_vhosts_dir(path)))
-    for text in unread_queue_data(node_dir):
+    for text in unread_queue_data(node_dir, types):
         log.warning("%s", text)
         ctx.note(text)
     done: list[ImportedQueue] = []
 
+    def wanted(vhost: str, name: str) -> bool:
+        return (not vhosts or vhost in vhosts) and (not queues or name in queues)
+
     def gen():
-        for iq, recs in iter_queues(path, ctx, started, vhosts, queues):
-            done.append(iq)
-            yield iq.vhost, iq.name, "classic", recs
+        if "classic" in types:
+            for iq, recs in iter_queues(path, ctx, started, vhosts, queues):
+                done.append(iq)
+                yield iq.vhost, iq.name, "classic", recs
+        if "quorum" in types:
+            from .rabbitmq import quorum
+
+            for qq, recs in quorum.iter_quorum_queues(node_dir, ctx, started):
+                if wanted(qq.vhost, qq.name):
+                    done.append(qq)  # an ImportedQueue look-alike (kind "quorum")
+                    yield qq.vhost, qq.name, "quorum", recs
+        if "stream" in types:
+            for sd in streams.stream_dirs(node_dir, ctx):
+                if not wanted(sd.vhost, sd.name):
+                    continue
+                iq = ImportedQueue(sd.vhost, sd.name, 0, sd.path, kind="stream")
+                done.append(iq)
+                yield sd.vhost, sd.name, "stream", _stream_records(iq, sd, ctx, started, from_offset)
 
     manifest = write_backup(
         storage_url, backup_id, gen(), prefix=prefix, compression=compression,
         source_cluster=os.path.basename(node_dir) or None,
     )
     return ImportResult(manifest, done, ctx)
+
+
+def _stream_records(iq: ImportedQueue, sd, ctx: ImportContext, started: int, from_offset: int | None):
+    from .rabbitmq.streams import stream_records
+
+    yield from stream_records(sd, ctx, started, from_offset)
+    iq.exported = sd.exported
+    iq.detail = (f"offsets {sd.first_offset}-{sd.last_offset}" if sd.exported else "no messages"
+                 ) + (f" (from --from-offset {from_offset})" if from_offset is not None else "")

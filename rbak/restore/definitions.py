@@ -1,20 +1,32 @@
-"""Definitions import (restore side) and export/import for the CLI commands.
+"""Definitions import (restore side) and the import half of the CLI's definitions commands.
 
 Order of a restore with ``restore_definitions``:
 
 1. load the backup's ``definitions/definitions.json<ext>`` (the manifest's key,
    else the first of ``.zst``/``.lz4``/none that exists) and check it is a
    definitions document;
-2. apply ``definitions_selection`` and the vhost/queue remapping (the same
-   maps the messages use, so a restore into a staging vhost gets its topology);
-3. GET the TARGET's current ``/api/definitions`` and store it FIRST as
+2. scope it: only the vhosts of ``definitions_selection.vhosts`` (else
+   ``restore.queues.vhosts``, else every vhost of the document), their
+   objects and the users with rights there; apply the selection's queue and
+   exchange patterns and the vhost/queue remapping (the same maps the
+   messages use, so a restore into a staging vhost gets its topology);
+3. ask the TARGET what it supports (``compat.capabilities_of``: version,
+   feature flags, deprecated features) and adapt what it would refuse
+   (``ha-*`` policy keys, CQv1, transient queues), recording every change;
+   ``definitions_strict`` refuses instead, naming every incompatibility,
+   before anything is written anywhere;
+4. keep the target's existing users and permissions (their password hash,
+   tags and permissions are never replaced unless ``overwrite_users``);
+5. GET the target's current ``/api/definitions`` and store it FIRST as
    ``definitions/rollback-before-import-<UTC timestamp><ext>`` in the backup
-   (skipped in ``definitions_dry_run``, which changes nothing);
-4. POST ``/api/definitions`` (RabbitMQ merges: it never deletes). Any failure
-   raises ``ManagementApiError`` and the engine publishes no message.
+   (skipped in a dry run, which changes nothing);
+6. POST ``/api/definitions`` (RabbitMQ merges: it never deletes). A failed
+   import is rolled back from that snapshot (``rollback.rollback_import``)
+   and raises ``ManagementApiError`` saying so; the engine then publishes no
+   message.
 
-``definitions_dry_run`` diffs the document against the target and reports
-what would be created or changed, per kind.
+The result (changes, kept users, rollback) is printed by the CLI and stored
+next to the backup as ``restore/report-<ts>.json``.
 """
 
 from __future__ import annotations
@@ -23,67 +35,31 @@ import copy
 import datetime as _dt
 import fnmatch
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import requests
-
-from ..errors import ManagementApiError, NotFoundError, SerializationError
+from ..definitions_doc import KINDS, VHOST_KINDS, counts, identity, prune_bindings, scope_to_vhosts
+from ..errors import ManagementApiError, NotFoundError, RbakError, SerializationError
 from ..format.compression import Compression, compress, decompress
 from ..format.manifest import BackupManifest
 from ..keys import BackupLayout
+from ..management import ManagementClient
 from ..storage.base import Storage
-from .options import DefinitionsFilter, RestoreOptions, TargetConnection
+from .compat import DefinitionChange, adapt_definitions, capabilities_of
+from .options import DefinitionsFilter, RestoreOptions
 from .plan import map_queue, map_vhost
+from .rollback import rollback_import
 
-KINDS = ("users", "vhosts", "permissions", "topic_permissions", "parameters", "global_parameters",
-         "policies", "queues", "exchanges", "bindings")
+log = logging.getLogger(__name__)
+
+__all__ = ["ManagementClient", "KINDS", "import_definitions", "apply_definitions", "transform_definitions"]
 
 
-class ManagementClient:
-    """The few management API calls definitions need; errors name the URL path, never the password."""
+class IncompatibleDefinitionsError(RbakError):
+    """``restore.definitions_strict``: the target would refuse part of the backup's definitions."""
 
-    def __init__(self, target: TargetConnection):
-        self.base = target.management_url.rstrip("/")
-        from urllib.parse import unquote, urlsplit
-
-        url = urlsplit(target.amqp_url)
-        user = target.management_username or (unquote(url.username) if url.username else "guest")
-        password = target.management_password or (unquote(url.password) if url.password else "guest")
-        self.auth = (user, password)
-        self.timeout = target.connection_timeout_secs
-        self.verify: Any = True
-        if target.ca_cert:
-            self.verify = target.ca_cert
-        if not target.verify:
-            self.verify = False
-        self.cert = (target.client_cert, target.client_key) if target.client_cert else None
-
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        url = self.base + path
-        try:
-            r = requests.request(method, url, auth=self.auth, json=body, timeout=max(self.timeout, 60.0),
-                                 verify=self.verify, cert=self.cert)
-        except requests.exceptions.SSLError as e:
-            raise ManagementApiError(f"{method} {url}: TLS error: {e}") from None
-        except requests.RequestException as e:
-            raise ManagementApiError(f"{method} {url}: {type(e).__name__}: {e}") from None
-        if r.status_code == 401:
-            raise ManagementApiError(f"{method} {url}: authentication failed for user {self.auth[0]!r}")
-        if r.status_code >= 400:
-            raise ManagementApiError(f"{method} {url}: HTTP {r.status_code}: {r.text[:1000]}")
-        if not r.content:
-            return None
-        try:
-            return r.json()
-        except ValueError:
-            raise ManagementApiError(f"{method} {url}: the response is not JSON") from None
-
-    def get_definitions(self) -> dict[str, Any]:
-        return self.request("GET", "/api/definitions")
-
-    def post_definitions(self, doc: dict[str, Any]) -> None:
-        self.request("POST", "/api/definitions", doc)
+    prefix = "Definitions error"
 
 
 # --------------------------------------------------------------------------
@@ -138,40 +114,14 @@ def transform_definitions(doc: dict[str, Any], selection: DefinitionsFilter, vho
     bindings between kept objects. Remapping rewrites every ``vhost`` field and
     the names of remapped queues (also as binding destinations).
     """
-    out = copy.deepcopy(doc)
-    vs = selection.vhosts
-
-    def keep_vhost(v: str | None) -> bool:
-        return not vs or v in vs
-
-    if vs:
-        out["vhosts"] = [v for v in out.get("vhosts", []) if v.get("name") in vs]
-    for kind in ("permissions", "topic_permissions", "parameters", "policies", "queues", "exchanges", "bindings"):
-        if kind in out:
-            out[kind] = [o for o in out[kind] if keep_vhost(o.get("vhost"))]
-    if vs:
-        # a vhost-scoped import brings only the users that have rights in those vhosts,
-        # and no cluster-wide parameters
-        users = {p.get("user") for p in out.get("permissions", []) + out.get("topic_permissions", [])}
-        out["users"] = [u for u in out.get("users", []) if u.get("name") in users]
-        out.pop("global_parameters", None)
+    out = scope_to_vhosts(doc, selection.vhosts) if selection.vhosts else copy.deepcopy(doc)
+    out = copy.deepcopy(out)
     if selection.queues:
         out["queues"] = [q for q in out.get("queues", []) if _glob(selection.queues, q.get("name", ""))]
     if selection.exchanges:
         out["exchanges"] = [e for e in out.get("exchanges", []) if _glob(selection.exchanges, e.get("name", ""))]
     if selection.queues or selection.exchanges:
-        queues = {(q["vhost"], q["name"]) for q in out.get("queues", [])}
-        exchanges = {(e["vhost"], e["name"]) for e in out.get("exchanges", [])} | {(None, "")}
-
-        def present(b: dict[str, Any], name: str, kind: str) -> bool:
-            if kind == "queue":
-                return (b.get("vhost"), name) in queues
-            return name == "" or name.startswith("amq.") or (b.get("vhost"), name) in exchanges
-
-        out["bindings"] = [
-            b for b in out.get("bindings", [])
-            if present(b, b.get("source", ""), "exchange") and present(b, b.get("destination", ""), b.get("destination_type", "queue"))
-        ]
+        prune_bindings(out)
     # remapping (queue names first: the queue map is keyed by the SOURCE vhost)
     for q in out.get("queues", []):
         q["name"] = map_queue(q.get("vhost", "/"), q["name"], queue_map)
@@ -180,29 +130,51 @@ def transform_definitions(doc: dict[str, Any], selection: DefinitionsFilter, vho
             b["destination"] = map_queue(b.get("vhost", "/"), b["destination"], queue_map)
     for v in out.get("vhosts", []):
         v["name"] = map_vhost(v["name"], vhost_map)
-    for kind in ("permissions", "topic_permissions", "parameters", "policies", "queues", "exchanges", "bindings"):
+    for kind in VHOST_KINDS:
         for o in out.get(kind, []):
             if "vhost" in o:
                 o["vhost"] = map_vhost(o["vhost"], vhost_map)
     return out
 
 
+def import_selection(options: RestoreOptions) -> DefinitionsFilter:
+    """``definitions_selection``, its vhosts defaulting to ``restore.queues.vhosts``: a restore of
+    some vhosts never touches the others."""
+    sel = options.definitions_selection
+    if not sel.vhosts and options.queues.vhosts:
+        return DefinitionsFilter(tuple(options.queues.vhosts), sel.queues, sel.exchanges)
+    return sel
+
+
+def keep_existing_users(doc: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Drop (in place) the users, permissions and topic permissions the target already has,
+    so an import never replaces a password hash, tags or rights; returns what was kept."""
+    kept: list[str] = []
+    have_users = {u.get("name") for u in current.get("users", []) or []}
+    users = []
+    for u in doc.get("users", []) or []:
+        if u.get("name") in have_users:
+            kept.append(f"user {u.get('name')!r} (password hash and tags unchanged)")
+        else:
+            users.append(u)
+    if "users" in doc:
+        doc["users"] = users
+    for kind in ("permissions", "topic_permissions"):
+        have = {identity(kind, o) for o in current.get(kind, []) or []}
+        keep = []
+        for o in doc.get(kind, []) or []:
+            if identity(kind, o) in have:
+                kept.append(f"{kind[:-1].replace('_', ' ')} of {o.get('user')!r} in vhost {o.get('vhost')!r} unchanged")
+            else:
+                keep.append(o)
+        if kind in doc:
+            doc[kind] = keep
+    return kept
+
+
 # --------------------------------------------------------------------------
 # Diff (dry run).
 # --------------------------------------------------------------------------
-
-
-def _identity(kind: str, o: dict[str, Any]) -> tuple:
-    if kind in ("users", "vhosts", "global_parameters"):
-        return (o.get("name"),)
-    if kind in ("permissions", "topic_permissions"):
-        return (o.get("user"), o.get("vhost"), o.get("exchange"))
-    if kind == "parameters":
-        return (o.get("vhost"), o.get("component"), o.get("name"))
-    if kind == "bindings":
-        return (o.get("vhost"), o.get("source"), o.get("destination"), o.get("destination_type"),
-                o.get("routing_key"), json.dumps(o.get("arguments") or {}, sort_keys=True))
-    return (o.get("vhost"), o.get("name"))
 
 
 _VOLATILE = {"tracing", "metadata", "description", "tags", "default_queue_type", "limits"}
@@ -213,10 +185,10 @@ def diff_definitions(new: dict[str, Any], current: dict[str, Any]) -> dict[str, 
     the existing queue's arguments and fails the import when they conflict)."""
     out: dict[str, dict[str, list[str]]] = {}
     for kind in KINDS:
-        have = {_identity(kind, o): o for o in current.get(kind, []) or []}
+        have = {identity(kind, o): o for o in current.get(kind, []) or []}
         create, change = [], []
         for o in new.get(kind, []) or []:
-            ident = _identity(kind, o)
+            ident = identity(kind, o)
             label = "/".join("" if x is None else str(x) for x in ident)
             old = have.get(ident)
             if old is None:
@@ -238,10 +210,28 @@ class DefinitionsResult:
     imported: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     changes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    target_version: str = ""
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    adapted: list[DefinitionChange] = field(default_factory=list)  # what was rewritten for the target
+    kept_users: list[str] = field(default_factory=list)
+    skipped_queues: list[tuple[str, str]] = field(default_factory=list)  # (target vhost, queue) not declared
+    error: str | None = None
+    rollback: str | None = None  # what the automatic rollback did
+    report_key: str | None = None
 
     def to_json_obj(self) -> dict[str, Any]:
         return {"source_key": self.source_key, "dry_run": self.dry_run, "rollback_key": self.rollback_key,
-                "imported": self.imported, "counts": self.counts, "changes": self.changes}
+                "imported": self.imported, "counts": self.counts, "changes": self.changes,
+                "target_version": self.target_version, "capabilities": self.capabilities,
+                "adapted": [c.to_json_obj() for c in self.adapted], "kept_users": self.kept_users,
+                "skipped_queues": [list(x) for x in self.skipped_queues], "error": self.error,
+                "rollback": self.rollback, "report_key": self.report_key}
+
+    def report_lines(self) -> list[str]:
+        """The human-readable report: every change made for the target, every user kept."""
+        lines = [f"  adapted for RabbitMQ {self.target_version}: {c}" for c in self.adapted]
+        lines += [f"  kept the target's {k}" for k in self.kept_users]
+        return lines
 
 
 def rollback_timestamp(now: _dt.datetime | None = None) -> str:
@@ -249,31 +239,62 @@ def rollback_timestamp(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
 
 
+def _refuse_incompatible(changes: list[DefinitionChange], version: str, source_label: str) -> None:
+    lines = "\n  - ".join(str(c) for c in changes)
+    raise IncompatibleDefinitionsError(
+        f"{source_label}: {len(changes)} definition(s) are incompatible with the target (RabbitMQ {version}) and "
+        f"restore.definitions_strict is true; nothing was changed on the target:\n  - {lines}")
+
+
 def apply_definitions(doc: dict[str, Any], source_label: str, options: RestoreOptions, client: ManagementClient,
-                      write_rollback: Callable[[bytes], str]) -> DefinitionsResult:
-    """Select/remap ``doc``, diff it against the target, and (unless a dry run) store the
-    rollback snapshot with ``write_rollback(json_bytes) -> where`` BEFORE posting it."""
-    new = transform_definitions(doc, options.definitions_selection, options.vhost_map, options.queue_map)
+                      write_rollback: Callable[[bytes], str],
+                      write_report: Callable[[DefinitionsResult], str] | None = None) -> DefinitionsResult:
+    """Steps 2-6 of the module docstring on ``doc``; ``write_rollback(json_bytes) -> where`` stores the
+    snapshot BEFORE the import, ``write_report(result) -> where`` the restore report (also on failure)."""
+    new = transform_definitions(doc, import_selection(options), options.vhost_map, options.queue_map)
+    caps = capabilities_of(client)
+    new, adapted, skipped = adapt_definitions(new, caps, options.transient_queues)
+    if adapted and options.definitions_strict:
+        _refuse_incompatible(adapted, caps.version, source_label)
     current = client.get_definitions()
+    kept = [] if options.overwrite_users else keep_existing_users(new, current)
     dry = options.definitions_dry_run or options.dry_run
-    res = DefinitionsResult(source_key=source_label, dry_run=dry,
-                            counts={k: len(new.get(k, []) or []) for k in KINDS if new.get(k)},
-                            changes=diff_definitions(new, current))
+    res = DefinitionsResult(source_key=source_label, dry_run=dry, counts=counts(new),
+                            changes=diff_definitions(new, current), target_version=caps.version,
+                            capabilities=caps.to_json_obj(), adapted=adapted, kept_users=kept,
+                            skipped_queues=sorted(skipped))
     if dry:
         return res
     res.rollback_key = write_rollback(json.dumps(current, indent=2).encode("utf-8"))
     try:
         client.post_definitions(new)
     except ManagementApiError as e:
-        raise ManagementApiError(f"definitions import from {source_label!r} failed (the target's previous definitions "
-                                 f"are saved at {res.rollback_key!r}); no message was restored: {e.args[0]}") from None
+        res.error = e.args[0]
+        try:
+            res.rollback = "rolled back: " + rollback_import(client, current, new).describe()
+        except ManagementApiError as e2:
+            res.rollback = f"the automatic rollback failed too ({e2.args[0]})"
+        _store_report(res, write_report)
+        raise ManagementApiError(
+            f"definitions import from {source_label!r} failed: {res.error}; {res.rollback} from the snapshot "
+            f"{res.rollback_key!r} (the target's definitions before the import); no message was restored") from None
     res.imported = True
+    _store_report(res, write_report)
     return res
+
+
+def _store_report(res: DefinitionsResult, write_report: Callable[[DefinitionsResult], str] | None) -> None:
+    if write_report is None:
+        return
+    try:
+        res.report_key = write_report(res)
+    except RbakError as e:  # the import's outcome matters more than its report
+        log.warning("could not store the restore report: %s", e)
 
 
 def import_definitions(storage: Storage, manifest: BackupManifest, options: RestoreOptions,
                        client: ManagementClient | None = None) -> DefinitionsResult:
-    """Steps 1-4 of the module docstring; raises (and imports nothing) on any failure before the POST."""
+    """Steps 1-6 of the module docstring; raises (and imports nothing) on any failure before the POST."""
     layout = BackupLayout(options.backup_id, options.prefix)
     doc, key = load_backup_definitions(storage, manifest, layout)
     comp = _compression_of_key(key)
@@ -283,4 +304,20 @@ def import_definitions(storage: Storage, manifest: BackupManifest, options: Rest
         storage.put(rollback_key, compress(data, comp))
         return rollback_key
 
-    return apply_definitions(doc, key, options, client or ManagementClient(options.target), write_rollback)
+    def write_report(res: DefinitionsResult) -> str:
+        return store_restore_report(storage, layout, {"backup_id": options.backup_id, "definitions": res.to_json_obj()})
+
+    own = client is None
+    client = client or ManagementClient.for_target(options.target)
+    try:
+        return apply_definitions(doc, key, options, client, write_rollback, write_report)
+    finally:
+        if own:
+            client.close()
+
+
+def store_restore_report(storage: Storage, layout: BackupLayout, report: dict[str, Any], key: str | None = None) -> str:
+    """``restore/report-<ts>.json`` next to the backup (``key``: rewrite an earlier one)."""
+    key = key or layout.restore_report(rollback_timestamp())
+    storage.put(key, json.dumps(report, indent=2).encode("utf-8"))
+    return key

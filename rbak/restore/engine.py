@@ -9,6 +9,7 @@ restore job calls it per queue (or per ordered run of segments) on executors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,16 +20,14 @@ import pika
 import pika.exceptions
 
 from ..catalog import load_manifest
-from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SegmentError, SerializationError
+from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SerializationError
 from ..format.manifest import BackupManifest, SegmentMetadata
-from ..errors import CompressionError
-from ..format.batch import decode_records
-from ..format.compression import decompress
+from ..format.reader import read_segment
 from ..format.record import BackupRecord
 from ..format.amqp091 import encode_basic_properties
-from ..format.segment import FOOTER_SIZE, HEADER_SIZE, decode_segment, iter_payload, sha256_hex, verify_frame
 from ..storage.base import Storage
 from . import metrics
+from .chain import expand_chains
 from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
@@ -57,6 +56,7 @@ class QueueResult:
     skipped_segments: int = 0
     skipped_records: int = 0  # outside the PITR window
     resumed_from: tuple[int, int] | None = None
+    chain: list[str] = field(default_factory=list)  # backups whose segments are published, oldest first
     reconciled: int = 0  # in-flight records found already enqueued on resume
     bytes: int = 0
     error: str | None = None
@@ -69,6 +69,7 @@ class RestoreSummary:
     queues: list[QueueResult] = field(default_factory=list)
     definitions: Any = None  # definitions.DefinitionsResult
     duration_secs: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # said before anything was published
 
     @property
     def published(self) -> int:
@@ -95,6 +96,7 @@ class RestoreSummary:
             "confirmed": self.confirmed,
             "duration_secs": round(self.duration_secs, 3),
             "definitions": self.definitions.to_json_obj() if self.definitions is not None else None,
+            "warnings": self.warnings,
             "queues": [asdict(q) for q in self.queues],
         }
 
@@ -105,56 +107,19 @@ class RestoreSummary:
 
 
 def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True):
-    """Decode one segment (CRC always checked; SHA-256 against the manifest when asked)."""
-    data = storage.get(seg.key)
-    if verify_checksum and seg.checksum and sha256_hex(data) != seg.checksum:
-        raise SegmentError(seg.key, f"SHA-256 does not match the manifest (expected {seg.checksum})")
-    return decode_segment(data, seg.key).records
+    """Every record of one segment (CRC always checked; SHA-256 against the manifest when asked)."""
+    return [r for _, r in read_segment(storage, seg, verify_checksum)]
 
 
 def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
                          chunk: int = 1024) -> Iterator[tuple[int, BackupRecord]]:
-    """(index, record) of one segment from ``start``, decoded ``chunk`` records at a time.
+    """(index, record) of one segment from ``start``: ``rbak.format.reader.read_segment``.
 
-    Peak memory is the compressed file plus its decompressed payload (bounded
-    by the backup's segment size) plus one chunk of records, not a whole
-    segment of decoded records. Every check of ``decode_segment`` is made:
-    CRC and magics up front, SHA-256 against the manifest, and the record
-    count once the payload has been walked.
+    Peak memory is the compressed file plus one chunk of decoded records; the
+    payload is decompressed as a stream bounded by what the manifest and the
+    header declare. ``chunk`` is kept for callers; the reader chunks by itself.
     """
-    data = storage.get(seg.key)
-    if verify_checksum and seg.checksum and sha256_hex(data) != seg.checksum:
-        raise SegmentError(seg.key, f"SHA-256 does not match the manifest (expected {seg.checksum})")
-    header = verify_frame(data, seg.key)
-    try:
-        payload = decompress(memoryview(data)[HEADER_SIZE: len(data) - FOOTER_SIZE], header.compression)
-    except CompressionError as e:
-        raise SegmentError(seg.key, e.args[0]) from None
-    del data
-    raws: list[memoryview] = []
-    n = 0
-    for i, raw in enumerate(iter_payload(payload, seg.key)):
-        n = i + 1
-        if i < start:
-            continue
-        raws.append(raw)
-        if len(raws) >= chunk:
-            first = i + 1 - len(raws)
-            yield from zip(range(first, i + 1), _decode(raws, seg.key, first))
-            raws = []
-    if raws:
-        first = n - len(raws)
-        yield from zip(range(first, n), _decode(raws, seg.key, first))
-    if n != header.record_count or n != seg.record_count:
-        raise SegmentError(seg.key, f"record count mismatch: header says {header.record_count}, manifest says "
-                                    f"{seg.record_count}, payload holds {n}")
-
-
-def _decode(raws: list[memoryview], key: str, first: int) -> list[BackupRecord]:
-    try:
-        return decode_records(raws)
-    except SerializationError as e:
-        raise SegmentError(key, f"records from {first}: {e.args[0]}") from None
+    return read_segment(storage, seg, verify_checksum, start)
 
 
 def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
@@ -165,7 +130,8 @@ def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -
         if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
             n += seg.record_count
         else:
-            n += sum(1 for r in load_segment_records(storage, seg, options.verify_checksums) if record_in_window(r.backed_up_at, s, e))
+            n += sum(1 for _, r in read_segment(storage, seg, options.verify_checksums)
+                     if record_in_window(r.backed_up_at, s, e))
     return n
 
 
@@ -369,13 +335,14 @@ def restore_queue_segments(
                 commit()
             pub.drain()
             commit(force=True)
-        except RbakError:
+        except RbakError as err:
             try:
                 pub.drain(timeout=5)
             except RbakError:
                 pass
             commit(force=True)
             m_fail.inc(pub.failed)
+            err.queue_result = res  # what the broker confirmed before the failure, for the summary
             raise
         finally:
             pub.close()
@@ -403,24 +370,56 @@ def checkpoint_fingerprint(options: RestoreOptions) -> dict[str, object]:
         "vhost_mapping": [list(p) for p in options.vhost_mapping],
         "queue_mapping": [list(p) for p in options.queue_mapping],
         "publish_mode": options.publish_mode,
+        **({"increment_only": True} if options.increment_only else {}),
     }
 
 
-def load_complete_manifest(storage: Storage, options: RestoreOptions) -> BackupManifest:
+def load_complete_manifest(storage: Storage, options: RestoreOptions,
+                           warnings: list[str] | None = None) -> BackupManifest:
+    """The chosen backup's manifest, its incremental streams expanded to their whole chain (unless
+    ``increment_only``); every link is checked here, before anything is published. Warnings (a partial
+    backup, retention gaps, an increment restored alone) are logged and appended to ``warnings``."""
     manifest = load_manifest(storage, options.backup_id, options.prefix)
     if not manifest.is_complete:
         raise ManifestError(f"backup {options.backup_id!r} is incomplete (completed_at is null): refusing to restore "
                             f"from it; rerun the backup to finish it")
+    sel = dataclasses.replace(manifest, queues=[q for q in manifest.queues
+                                                if options.queues.matches(q.vhost, q.name, q.queue_type)])
+    expanded, notes = expand_chains(sel, lambda bid: load_manifest(storage, bid, options.prefix),
+                                    follow=not options.increment_only)
+    by_key = {(q.vhost, q.name): q for q in expanded.queues}
+    manifest = dataclasses.replace(manifest, queues=[by_key.get((q.vhost, q.name), q) for q in manifest.queues])
+    manifest.recompute_totals()
+    for n in notes:
+        log.warning("%s", n)
+    if warnings is not None:
+        warnings.extend(notes)
     return manifest
+
+
+def check_before_publishing(storage: Storage, manifest: BackupManifest, plans: list[QueuePlan],
+                            options: RestoreOptions) -> None:
+    """Validate's manifest checks, run before anything is published (or a dry run counts)."""
+    from ..validate import preflight_problems
+
+    problems = preflight_problems(storage, manifest, (s for p in plans for s in p.segments), options.verify_checksums)
+    if problems:
+        more = f" (and {len(problems) - 3} more; run rbak validate)" if len(problems) > 3 else ""
+        raise ManifestError(f"backup {options.backup_id!r} fails validation, nothing published: "
+                            f"{'; '.join(problems[:3])}{more}")
 
 
 def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable[[QueueResult], None] | None = None,
                 manifest: BackupManifest | None = None) -> RestoreSummary:
     """Definitions (if asked), then every selected queue; a failed definitions import stops here."""
     t0 = time.monotonic()
-    manifest = manifest or load_complete_manifest(storage, options)
-    summary = RestoreSummary(options.backup_id, options.dry_run)
+    dry = options.dry_run or options.definitions_dry_run  # a dry run of either part writes nothing anywhere
+    summary = RestoreSummary(options.backup_id, dry)
+    manifest = manifest or load_complete_manifest(storage, options, summary.warnings)
     plans = plan_restore(manifest, options)  # config errors before touching the broker
+    chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
+    if options.restore_messages:
+        check_before_publishing(storage, manifest, plans, options)
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
 
@@ -428,10 +427,11 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     if not options.restore_messages:
         summary.duration_secs = time.monotonic() - t0
         return summary
-    if options.dry_run:
+    if dry:
         for p in plans:
             r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="dry-run",
-                            skipped_segments=p.skipped_segments, skipped_records=p.skipped_records)
+                            skipped_segments=p.skipped_segments, skipped_records=p.skipped_records,
+                            chain=list(chains.get((p.source_vhost, p.source_queue), ())))
             r.selected = count_selected(storage, p, options)
             r.skipped_records += p.candidate_records - r.selected
             summary.queues.append(r)
@@ -441,22 +441,32 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     try:
         def work(p: QueuePlan) -> QueueResult:
             try:
-                return restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
+                r = restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
+                r.chain = list(chains.get((p.source_vhost, p.source_queue), ()))
+                return r
             except RbakError as e:
                 metrics.errors().labels(error_type=_error_type(e)).inc()
                 log.error("%s", e)
-                r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
-                                status="failed", error=str(e))
-                st = cp.load(p.source_vhost, p.source_queue)
-                r.confirmed = st.confirmed
+                r = getattr(e, "queue_result", None)
+                if r is None:
+                    r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
+                    r.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+                r.status, r.error = "failed", str(e)
                 return r
 
+        skipped = set(summary.definitions.skipped_queues) if summary.definitions is not None else set()
         with ThreadPoolExecutor(max_workers=options.max_concurrent_queues, thread_name_prefix="rbak-restore") as ex:
-            summary.queues = list(ex.map(work, plans))
+            summary.queues = list(ex.map(lambda p: _skipped_transient(p) if (p.target_vhost, p.target_queue) in skipped
+                                         else work(p), plans))
     finally:
         cp.close()
     summary.duration_secs = time.monotonic() - t0
     return summary
+
+
+def _skipped_transient(p: QueuePlan) -> QueueResult:
+    return QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="skipped",
+                       error="transient queue not declared on this target (restore.transient_queues: skip)")
 
 
 def _error_type(e: Exception) -> str:

@@ -85,12 +85,18 @@ class RestoreOptions:
     allow_non_empty: bool = False
     skip_existing: bool = False
     verify_checksums: bool = True
+    overwrite_users: bool = False
+    definitions_strict: bool = False
+    transient_queues: str = "durable"
+    increment_only: bool = False  # a stream from an incremental backup: that backup's offsets only, not its chain
 
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
             raise ConfigError(f"restore.publish_mode: must be exchange or queue, got {self.publish_mode!r}")
         if self.produce_batch_size < 1:
             raise ConfigError("restore.produce_batch_size: must be at least 1")
+        if self.transient_queues not in ("durable", "skip"):
+            raise ConfigError(f"restore.transient_queues: must be durable or skip, got {self.transient_queues!r}")
         if self.max_concurrent_queues < 1:
             raise ConfigError("restore.max_concurrent_queues: must be at least 1")
         s, e = self.window_start_ms, self.window_end_ms
@@ -156,6 +162,10 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         queue_mapping=tuple(sorted(r.queue_mapping.items())),
         allow_non_empty=r.allow_non_empty,
         skip_existing=getattr(r, "skip_existing", False),
+        overwrite_users=r.overwrite_users,
+        definitions_strict=r.definitions_strict,
+        transient_queues=r.transient_queues,
+        increment_only=getattr(r, "increment_only", False),
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)

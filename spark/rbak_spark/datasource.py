@@ -84,6 +84,7 @@ class SegmentPartition(InputPartition):
     end_ms: int | None
     hard_start_ms: int | None
     hard_end_ms: int | None
+    segment: dict | None = None  # the manifest entry (SegmentMetadata.to_json_obj): size, SHA-256, counts
 
 
 def headers_to_plain(headers) -> dict[str, Any]:
@@ -193,7 +194,7 @@ class RbakReader(DataSourceReader):
                 parts.append(SegmentPartition(
                     self.url, s.key, q.vhost, q.name, q.queue_type, s.sequence,
                     s.first_timestamp, s.last_timestamp, self.start_ms, self.end_ms,
-                    self.hard_start, self.hard_end,
+                    self.hard_start, self.hard_end, s.to_json_obj(),
                 ))
         # Spark wants at least one partition; an empty one reads nothing.
         return parts or [InputPartition(None)]
@@ -203,7 +204,9 @@ class RbakReader(DataSourceReader):
     def read(self, partition) -> Iterator[tuple]:
         if not isinstance(partition, SegmentPartition):
             return
-        from rbak.format.segment import HEADER_SIZE, decode_segment, read_header
+        from rbak.format.manifest import SegmentMetadata
+        from rbak.format.reader import read_segment
+        from rbak.format.segment import HEADER_SIZE, read_header
 
         from .executor import storage_for
 
@@ -213,8 +216,9 @@ class RbakReader(DataSourceReader):
             header = read_header(storage.get_range(p.key, 0, HEADER_SIZE), p.key)
             if not header.overlaps(p.start_ms, p.end_ms):
                 return
-        seg = decode_segment(storage.get(p.key), p.key)
-        yield from rows_of_segment(p, seg.records)
+        # The one bounded reader: size and SHA-256 against the manifest, CRC, streamed records.
+        meta = SegmentMetadata.from_json_obj(p.segment, p.key)
+        yield from rows_of_segment(p, (r for _, r in read_segment(storage, meta)))
 
 
 def _overlaps(first: int, last: int, start: int | None, end: int | None) -> bool:

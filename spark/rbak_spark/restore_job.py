@@ -77,6 +77,7 @@ def build_options(args: argparse.Namespace):
             backup_id=args.backup_id, prefix=args.prefix, window_start_ms=start, window_end_ms=end,
             dry_run=True if args.dry_run else None, publish_mode=args.publish_mode,
             allow_non_empty=True if args.allow_non_empty else None, produce_batch_size=args.batch_size,
+            increment_only=True if getattr(args, "increment_only", False) else None,
         )
         opts = options_from_config(cfg, **overrides)
         if args.target_amqp_url:
@@ -96,7 +97,7 @@ def build_options(args: argparse.Namespace):
         backup_id=args.backup_id, prefix=args.prefix or "", target=target,
         window_start_ms=start, window_end_ms=end, dry_run=args.dry_run,
         publish_mode=args.publish_mode or "queue", allow_non_empty=args.allow_non_empty,
-        produce_batch_size=args.batch_size or 500,
+        produce_batch_size=args.batch_size or 500, increment_only=bool(getattr(args, "increment_only", False)),
         vhost_mapping=tuple(sorted(vmap.items())), queue_mapping=tuple(sorted(qmap.items())),
     )
     return args.path, opts
@@ -248,9 +249,14 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     url = str(url)  # a str subclass would be pickled by reference to its module
     t0 = time.perf_counter()
     storage = open_storage(url)
-    manifest = load_complete_manifest(storage, options)
-    if options.dry_run or not options.restore_messages:
+    warnings: list[str] = []
+    manifest = load_complete_manifest(storage, options, warnings)  # incremental streams: their whole chain, checked
+    for w in warnings:
+        log(f"warning: {w}")
+    chains = {(q.vhost, q.name): list(q.chain) for q in manifest.queues if q.chain}
+    if options.dry_run or options.definitions_dry_run or not options.restore_messages:  # dry runs write nothing
         summary = run_restore(storage, options, manifest=manifest)  # the CLI's code path, on the driver
+        summary.warnings = warnings
         out = summary.to_json_obj()
         out.update(engine="spark", ordering=ordering)
         return out
@@ -282,6 +288,8 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
             lambda it: run_units(url, options, progress_id, it)).collect()
     order = {(p.source_vhost, p.source_queue): i for i, p in enumerate(plans)}
     results.sort(key=lambda r: (order[(r["source_vhost"], r["source_queue"])], r["run"]))
+    for r in results:
+        r["chain"] = chains.get((r["source_vhost"], r["source_queue"]), [])
     ok = all(r["status"] != "failed" for r in results) and (definitions is None or getattr(definitions, "ok", True))
     out = {
         "backup_id": options.backup_id,
@@ -289,6 +297,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         "master": sc.master,
         "ordering": ordering,
         "notes": notes,
+        "warnings": warnings,
         "progress_id": progress_id,
         "dry_run": False,
         "ok": ok,
@@ -309,15 +318,19 @@ def summary_lines(out: dict) -> list[str]:
         lines = [f"restore {out['backup_id']} (dry run): nothing published"]
         for q in out["queues"]:
             lines.append(f"  {q['source_vhost']}/{q['source_queue']} -> {q['target_vhost']}/{q['target_queue']}: "
-                         f"{q['selected']} record(s) would be published, {q['skipped_records']} outside the window")
+                         f"{q['selected']} record(s) would be published, {q['skipped_records']} outside the window"
+                         + (f"; chain {' -> '.join(q['chain'])}" if q.get("chain") else ""))
+        lines += [f"  warning: {w}" for w in out.get("warnings") or []]
         return lines
     lines = [f"restore {out['backup_id']} ({out['master']}, ordering {out['ordering']}): {out['confirmed']} confirmed "
              f"in {out['duration_secs']:.1f}s: {'OK' if out['ok'] else 'FAILED'}"]
     lines += [f"  {n}" for n in out["notes"]]
+    lines += [f"  warning: {w}" for w in out.get("warnings") or []]
     for r in out["runs"]:
         run = f" run {r['run'] + 1}/{r['runs']}" if r["runs"] > 1 else ""
         lines.append(f"  {r['source_vhost']}/{r['source_queue']}{run} -> {r['target_vhost']}/{r['target_queue']}: "
-                     f"{r['status']}, {r['confirmed']} confirmed" + (f": {r['error']}" if r.get("error") else ""))
+                     f"{r['status']}, {r['confirmed']} confirmed" + (f": {r['error']}" if r.get("error") else "")
+                     + (f"; chain {' -> '.join(r['chain'])}" if r.get("chain") else ""))
     lines.append(f"progress: {out['progress_id']} (summary {out['summary_key']})")
     return lines
 
@@ -338,6 +351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--vhost-map", action="append", metavar="SRC=DST")
     ap.add_argument("--queue-map", action="append", metavar="[VHOST/]QUEUE=NEW")
     ap.add_argument("--allow-non-empty", action="store_true")
+    ap.add_argument("--increment-only", action="store_true",
+                    help="a stream from an incremental backup: its own offsets only (default: base through it)")
     ap.add_argument("--batch-size", type=int, default=None, help="unconfirmed messages in flight per run")
     ap.add_argument("--progress-id", help="name of the stored progress (default: a hash of the restore's settings)")
     ap.add_argument("--reset-progress", action="store_true", help="forget stored progress and publish everything")

@@ -36,9 +36,11 @@ def test_repeated_backups_never_drop_messages(broker, vhost, tmp_path):
     err = outcomes[2][1]
     assert "1 of 2 queue(s) failed" in err and f"{vhost}/limited" in err
     assert "delivery limit is 2" in err and "x-delivery-count 2" in err and "message #1" in err
-    # the other queue of the same run was backed up; the manifest says incomplete
+    # the other queue of the same run was backed up; the manifest says partial, naming the refused queue
     m = load(store, "b2")
-    assert m.completed_at is None and m.find_queue(vhost, "free").message_count == 100
+    assert m.state == "partial" and m.find_queue(vhost, "free").message_count == 100
+    assert [(s.name, s.status) for s in m.queue_status] == [("limited", "refused")]
+    assert "delivery limit is 2" in m.queue_status[0].reason and m.find_queue(vhost, "limited") is None
     got = drain(broker, vhost, "limited")
     assert [x[0] for x in got] == bodies
     assert {(x[1].headers or {}).get("x-delivery-count") for x in got} == {2}

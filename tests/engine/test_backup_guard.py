@@ -136,8 +136,9 @@ def test_exclusive_queue_is_skipped_and_noted(broker, vhost, tmp_path):
         assert kind == "ok" and s.completed, s
         m = load(tmp_path / "store", "ex")
         assert m.completed_at is not None and m.find_queue(vhost, "plain").message_count == 10
-        assert [(x["vhost"], x["name"]) for x in m.skipped_queues] == [(vhost, "excl")]
-        assert "exclusive" in m.skipped_queues[0]["reason"]
+        skipped = [x for x in m.queue_status if x.status == "skipped"]
+        assert [(x.vhost, x.name) for x in skipped] == [(vhost, "excl")]
+        assert "exclusive" in skipped[0].reason and not m.is_partial
         assert {q.name: q.status for q in s.queues} == {"plain": "done", "excl": "skipped"}
         assert ch.queue_declare("excl", passive=True).method.message_count == 10
         got = []
@@ -180,7 +181,8 @@ def test_live_consumer(broker, vhost, tmp_path, qtype):
         assert kind == "ok" and s.completed
         m = load(tmp_path / "store", "skip")
         assert m.find_queue(vhost, "live") is None
-        assert [x["name"] for x in m.skipped_queues] == ["live"] and "consumer" in m.skipped_queues[0]["reason"]
+        skipped = [x for x in m.queue_status if x.status == "skipped"]
+        assert [x.name for x in skipped] == ["live"] and "consumer" in skipped[0].reason
         kind, s = run(broker, vhost, tmp_path / "store", "read", tmp_path / "st.db")
         assert kind == "ok" and s.completed
         # the held message is not in the queue's depth, so not in the backup

@@ -74,7 +74,9 @@ def test_connection_killed_mid_read_fails_clearly_and_returns_everything(broker,
     assert killed and killed[0] >= 1
     msg = str(ei.value)
     assert f"{vhost}/cut" in msg and "connection was lost" in msg and "returns every unacked message" in msg
-    assert load(store, "cut").completed_at is None  # the manifest says: incomplete
+    cut = load(store, "cut")  # the manifest says: partial, naming the queue and why
+    assert cut.state == "partial" and [(q.name, q.status) for q in cut.queue_status] == [("cut", "failed")]
+    assert "connection was lost" in cut.queue_status[0].reason and cut.find_queue(vhost, "cut") is None
     time.sleep(0.5)
     after = [x[0] for x in drain(broker, vhost, "cut")]
     assert sorted(after) == bodies
@@ -116,7 +118,7 @@ def test_real_consumer_timeout(rmq40, vhost_factory, tmp_path, monkeypatch):
     assert "1 of 2 queue(s) failed" in msg
     assert f"{vhost}/slow-q" in msg and "consumer_timeout" in msg and "returned to the queue" in msg
     m = load(store, "ct")
-    assert m.completed_at is None
+    assert m.state == "partial" and [q.name for q in m.queue_status] == ["slow-q"]
     assert [r.body for r in records(store, m, vhost, "slow-c")] == bodies  # had all its messages: done
     assert [x[0] for x in drain(rmq40, vhost, "slow-c")] == bodies
     assert sorted(x[0] for x in drain(rmq40, vhost, "slow-q")) == sorted(bodies)

@@ -28,7 +28,7 @@ QUEUES = {  # name -> (type, routing key on e2e.x, headers, properties, bodies)
     "stream-q": ("stream", "rk.stream"),
     HOSTILE: ("classic", "rk.hostile"),
 }
-IGNORED = ("x-stream-offset", "x-delivery-count")  # added by the broker on delivery
+IGNORED = ("x-stream-offset", "x-delivery-count", "x-acquired-count")  # added by the broker on delivery (4.3: acquired)
 
 
 def _messages(name, qtype):

@@ -8,6 +8,7 @@ import os
 
 import orjson
 import pytest
+from rbak.format import backend  # noqa: E402
 from support.require import unavailable  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,6 +141,8 @@ def test_pure_python_fallback_matches_the_c_helper(rs):
     """Without a compiler the install uses the NumPy/orjson paths: same bytes, same records."""
     import rbak.format.batch as batch
 
+    need_c_helper()
+
     hooks = ("_c_join", "_c_split", "_c_decode_many", "_c_decode_payload", "_c_encode_many", "_c_encode_payload")
     with_c = batch.encode_records(rs)
     decoded_c = batch.decode_records(with_c)
@@ -187,8 +190,7 @@ def _orjson_reference(r: BackupRecord) -> bytes:
 def test_c_codec_matches_orjson_on_canonical_records(rs):
     import rbak.format.batch as batch
 
-    if batch._c_encode_many is None:
-        unavailable("rbak was built without the C helper (no compiler at install time)")
+    need_c_helper()
     encoded = batch._c_encode_many(rs)
     assert None not in encoded  # all of these take the C path...
     assert encoded == [_orjson_reference(r) for r in rs]  # ...and write orjson's exact bytes
@@ -242,13 +244,19 @@ def test_c_codec_integer_limits_and_fallbacks():
     assert decode_records(enc) == mixed
 
 
+def need_c_helper() -> None:
+    """C-only tests: skipped when RBAK_SPEEDUPS=0 chose pure Python, unavailable when never built."""
+    if backend.speedups is None:
+        if backend.BUILT:
+            pytest.skip("RBAK_SPEEDUPS=0: the pure-Python backend is under test")
+        unavailable("rbak was built without the C helper (no compiler at install time)")
+
+
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
 def test_install_built_the_c_helper():
     """With a compiler present (CI, the image's build stage) the install must
     have built _speedups: a silent fallback would only show as a slow codec."""
-    from rbak.format.batch import HAVE_SPEEDUPS
-
-    assert HAVE_SPEEDUPS, "rbak.format._speedups was not built by `pip install`"
+    assert backend.BUILT, "rbak.format._speedups was not built by `pip install`"
 
 
 def test_c_decoder_never_accepts_what_orjson_rejects():
@@ -259,8 +267,7 @@ def test_c_decoder_never_accepts_what_orjson_rejects():
 
     import rbak.format.batch as batch
 
-    if batch._c_decode_many is None:
-        unavailable("rbak was built without the C helper (no compiler at install time)")
+    need_c_helper()
     rnd = random.Random(7)
     base = encode_records([
         BackupRecord(body=bytes(range(40)), properties=BackupProperties(message_id="m", priority=3),

@@ -2,8 +2,8 @@
 
 Never the shared CI brokers: each node has its own name (``imp310-<hex>``),
 data/log dirs, ports, cookie (HOME) and an empty plugin list. 3.10.8 runs on
-this machine; 4.0.5 runs inside the trixie chroot (data dir under the chroot,
-read from outside). ``stop()`` is a clean ``rabbitmqctl stop``; ``kill()``
+this machine; 4.0.5 runs inside the trixie chroot and 4.3.6 inside the sid
+chroot (data dir under the chroot, read from outside). ``stop()`` is a clean ``rabbitmqctl stop``; ``kill()``
 is SIGKILL of the node's own BEAM process (a crash, for the journal tests).
 """
 
@@ -24,6 +24,16 @@ import pika
 import pika.data
 
 CHROOT = Path(os.environ.get("RBAK_CI_CHROOT", "/var/lib/rbak-ci/trixie"))
+CHROOT43 = Path(os.environ.get("RBAK_CI_CHROOT43", "/var/lib/rbak-ci/sid"))
+
+
+def chroot_for(version: str) -> Path | None:
+    """The chroot a private node of this version runs in (None: this machine)."""
+    if version.startswith("4.3"):
+        return CHROOT43
+    if version.startswith("4"):
+        return CHROOT
+    return None
 HOST_BIN = Path("/usr/lib/rabbitmq/bin")
 
 
@@ -35,8 +45,9 @@ def free_port() -> int:
     return port
 
 
-def chroot_ready() -> str | None:
-    """None when a 4.0.5 node can run in the chroot, else why not."""
+def chroot_ready(version: str = "4.0") -> str | None:
+    """None when a node of this 4.x version can run in its chroot, else why not."""
+    CHROOT = chroot_for(version)  # noqa: N806 - the messages below name it
     if not (CHROOT / "usr/lib/rabbitmq/bin/rabbitmq-server").exists():
         return f"no RabbitMQ in {CHROOT}"
     if not (CHROOT / ".rbak-ci-complete").exists():
@@ -51,7 +62,8 @@ def chroot_ready() -> str | None:
 class PrivateNode:
     def __init__(self, version: str, base: Path, conf: list[str] = (), advanced: str | None = None):
         self.version = version
-        self.in_chroot = version.startswith("4")
+        self.chroot = chroot_for(version)
+        self.in_chroot = self.chroot is not None
         tag = uuid.uuid4().hex[:8]
         self.node = f"imp{version.replace('.', '')[:2]}-{tag}@localhost"
         self.base = base  # as seen from this machine
@@ -65,7 +77,7 @@ class PrivateNode:
     # paths as the node sees them
     def _inner(self, p: Path) -> str:
         if self.in_chroot:
-            return "/" + str(p.relative_to(CHROOT))
+            return "/" + str(p.relative_to(self.chroot))
         return str(p)
 
     @property
@@ -97,7 +109,7 @@ class PrivateNode:
         env = [f"{k}={v}" for k, v in self._env().items()]
         exe = f"/usr/lib/rabbitmq/bin/{tool}"
         if self.in_chroot:
-            return ["chroot", str(CHROOT), "/usr/bin/env", "-i", *env, exe, *args]
+            return ["chroot", str(self.chroot), "/usr/bin/env", "-i", *env, exe, *args]
         return ["/usr/bin/env", "-i", *env, exe, *args]
 
     def ctl(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
 from rbak.offline.rabbitmq_dir import queue_dir_name, vhost_dir_name
-from rabbitmq_private import CHROOT, PrivateNode, raw, raw_bytes, raw_field_values
+from rabbitmq_private import PrivateNode, chroot_for, raw, raw_bytes, raw_field_values
 
 VHOST2 = "imp-vh-ü"
 
@@ -308,6 +308,26 @@ BUILDERS = {
     "crash": build_crash,
     "main-4.0": lambda base: build_main("4.0", base),
 }
+#: The version a scenario's node runs (4.x ones run in a chroot); 3.10 when not listed.
+VERSIONS = {"main-4.0": "4.0"}
+
+
+def _register_qs() -> None:
+    """Quorum queue and stream scenarios (rabbitmq_qs_scenarios.py, imported when built: it imports this module)."""
+
+    def build_qs(*args):
+        from rabbitmq_qs_scenarios import build
+
+        return build(*args)
+
+    for version in ("3.10", "4.0", "4.3"):
+        for kill in (False, True):
+            name = f"qs-{'kill-' if kill else ''}{version}"
+            BUILDERS[name] = lambda base, n=name, v=version, k=kill: build_qs(n, v, base, k)
+            VERSIONS[name] = version
+
+
+_register_qs()
 
 
 def get_scenario(name: str, shared_root: Path) -> Scenario:
@@ -319,9 +339,10 @@ def get_scenario(name: str, shared_root: Path) -> Scenario:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if result.exists():
             return pickle.loads(result.read_bytes())
-        if name == "main-4.0":
+        chroot = chroot_for(VERSIONS.get(name, "3.10"))
+        if chroot is not None:
             # The node runs inside the chroot; keep a copy of its data dir here, remove the original.
-            base = CHROOT / "tmp" / f"rbak-import-{uuid.uuid4().hex[:8]}"
+            base = chroot / "tmp" / f"rbak-import-{uuid.uuid4().hex[:8]}"
             try:
                 sc = BUILDERS[name](base)
                 copy = root / name / "mnesia" / sc.data_dir.name

@@ -77,6 +77,10 @@ class Emulator:
                     "kind": kind, "singular": kind.lower(), "namespaced": True, "shortnames": short,
                     "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "subresources": ["status"],
                 }
+            k.resources["rabbitmq.com/v1beta1/rabbitmqclusters"] = {  # the RabbitMQ cluster operator's CRD
+                "kind": "RabbitmqCluster", "singular": "rabbitmqcluster", "namespaced": True, "shortnames": ["rmq"],
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "subresources": ["status"],
+            }
             k.resources["sparkoperator.k8s.io/v1beta2/sparkapplications"] = {
                 "kind": "SparkApplication", "singular": "sparkapplication", "namespaced": True,
                 "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "subresources": ["status"],

@@ -80,6 +80,10 @@ class FakeKube:
         o = self.objs.get(("secret", name))
         return dict(o) if o is not None else None
 
+    def get_rabbitmq_cluster(self, ns, name):
+        self.calls.append(("get_rabbitmq_cluster", name))
+        return self._get("rabbitmqcluster", name)
+
     def create_spark_app(self, body):
         self.calls.append(("create_spark_app", body["metadata"]["name"]))
         self.objs[("spark", body["metadata"]["name"])] = copy.deepcopy(body)
@@ -304,16 +308,18 @@ def test_restore_of_a_missing_backup_fails_with_the_reason(clock, pvc):
     assert "no complete backup" in k.objs[("restore", "r2")]["status"]["message"]
 
 
-def test_deletion_with_a_missing_secret_lets_go():
+def test_deletion_with_a_missing_secret_lets_go(monkeypatch, caplog):
+    """Deletion is not blocked (no exception) and the user is told why the backups were kept."""
     k = FakeKube()
     body = backup_obj(deletionPolicy="delete", storage={"s3": {"bucket": "bkt", "credentialsSecretRef": {"name": "gone"}}})
-    handlers.Kube = lambda: k  # the handler builds its own client
-    try:
-        handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=LOG)  # must not raise
-    finally:
-        from rbak_operator.k8s import Kube
-
-        handlers.Kube = Kube
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(handlers, "Kube", lambda: k)  # the handler builds its own client
+    monkeypatch.setattr(handlers, "_event", lambda _body, etype, reason, message: events.append((etype, reason, message)))
+    with caplog.at_level(logging.WARNING):
+        handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=logging.getLogger("t"))
+    assert [(t, r) for t, r, _ in events] == [("Warning", "BackupsKept")]
+    assert "gone" in events[0][2]
+    assert "backups kept" in caplog.text and "gone" in caplog.text
 
 
 def test_deletion_policy_delete_removes_only_own_backups(pvc):
@@ -330,3 +336,98 @@ def test_deletion_policy_delete_removes_only_own_backups(pvc):
 
         handlers.Kube = Kube
     assert [e.backup_id for e in list_backups(pvc)] == ["other-20300101-0005"]
+
+
+def _env_of(job):
+    env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    for c in job["spec"]["template"]["spec"].get("initContainers") or []:
+        env += c.get("env") or []
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in env if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+
+
+def test_cluster_reference_uses_the_secret_the_cluster_status_names(clock, pvc):
+    k = FakeKube()
+    k.objs[("rabbitmqcluster", "prod-rabbit")] = {"status": {"defaultUser": {"secretReference": {
+        "name": "prod-rabbit-admin-creds", "namespace": NS,
+        "keys": {"username": "user", "password": "pass", "host": "host", "port": "port"}}}}}
+    k.objs[("backup", "b")] = backup_obj(broker={"rabbitmqClusterReference": {"name": "prod-rabbit"}})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    env = _env_of(k.objs[("job", run)])
+    assert env["RBAK_BROKER_USERNAME"] == ("prod-rabbit-admin-creds", "user")
+    assert env["RBAK_BROKER_PASSWORD"] == ("prod-rabbit-admin-creds", "pass")
+    assert env["RBAK_BROKER_HOST"] == ("prod-rabbit-admin-creds", "host")
+
+
+def test_restore_with_a_connection_secret_missing_a_key_fails_naming_it(clock, pvc):
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj()
+    write_backup(pvc, "b-20300101-0005", 3, 300)
+    k.objs[("secret", "topo")] = {"uri": "https://rabbit.ns.svc:15671", "username": "u"}
+    target = {"rabbitmqClusterReference": {"connectionSecret": {"name": "topo"}}}
+    k.objs[("restore", "r")] = restore_obj(target=target)
+    handlers.reconcile_restore(k, NS, "r", LOG)
+    st = k.objs[("restore", "r")]["status"]
+    assert st["phase"] == "Failed" and "Secret ns/topo lacks key(s) password" in st["message"]
+    k.objs[("secret", "topo")]["password"] = "p"
+    k.objs[("restore", "r2")] = dict(restore_obj(target=target), metadata={"name": "r2", "namespace": NS, "uid": "x"})
+    handlers.reconcile_restore(k, NS, "r2", LOG)
+    assert k.objs[("restore", "r2")]["status"]["phase"] == "Running"
+    cm = k.objs[("cm", "r2-restore")]
+    text = str(cm)
+    assert "https://rabbit.ns.svc:15671" in text and "amqp://rabbit.ns.svc:5672/%2f" in text and "'p'" not in text
+    env = _env_of(k.objs[("job", "r2-restore")])
+    assert env["RBAK_BROKER_USERNAME"] == ("topo", "username") and env["RBAK_BROKER_PASSWORD"] == ("topo", "password")
+def _stream_backup(storage, backup_id, created_ms, previous=None):
+    """A backup holding a stream, incremental on ``previous`` when given."""
+    from rbak.format.manifest import StreamInfo
+
+    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1)
+    m.queues.append(QueueBackup(vhost="/", name="s", queue_type="stream",
+                                stream=StreamInfo(0, 9, previous, 4 if previous else None)))
+    storage.put(f"{backup_id}/manifest.json", m.to_json())
+
+
+def test_retention_keeps_the_chain_of_a_kept_backup(clock, pvc):
+    """keepLast: 1 (and GFS fields): the base the newest incremental backup continues is not deleted."""
+    from rbak_operator.naming import manual_run_name
+
+    base, older = manual_run_name("b", "base"), manual_run_name("b", "older")
+    _stream_backup(pvc, older, 1)  # a full backup nobody continues: may go
+    _stream_backup(pvc, base, 2)
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"enabled": False},
+                                         retention={"keepLast": 1, "keepDaily": 0, "keepWeekly": 0, "keepMonthly": 0})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "new"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    _stream_backup(pvc, run, 10, previous=base)
+    k.finish_job(run)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    assert {e.backup_id for e in list_backups(pvc)} == {base, run}
+    assert k.objs[("backup", "b")]["status"]["retention"]["lastDeleted"] == [older]
+
+
+def test_partial_backup_shows_in_status(clock, pvc):
+    """A run that exits non-zero after writing a partial manifest: the status says partial, naming the queue."""
+    from rbak.format.manifest import QueueStatus
+
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "p"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    write_backup(pvc, run, 7, 700)
+    m = BackupManifest.from_json(pvc.get(f"{run}/manifest.json"))
+    m.queue_status = [QueueStatus("/", "limited", "refused", "its delivery limit is 2")]
+    pvc.put(f"{run}/manifest.json", m.to_json())
+    k.finish_job(run, ok=False)
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    st = k.objs[("backup", "b")]["status"]
+    last = st["lastRun"]
+    assert last["phase"] == "Failed" and last["reason"] == "PartiallyFailed" and last["backupState"] == "partial"
+    assert last["partialQueues"] == ["//limited (refused): its delivery limit is 2"] and last["messages"] == 7
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "BackupPartial" and "limited" in ready["message"]

@@ -120,6 +120,8 @@ def test_unset_secret_env_is_a_config_error_naming_the_variable():
     ({"amqpUrl": "amqp://h/%2f", "credentialsSecretRef": {"name": "s"}}, "managementUrl"),
     ({"amqpUrl": "amqp://h/%2f", "managementUrl": "http://h"}, "credentialsSecretRef"),
     ({"rabbitmqClusterReference": {"name": "r", "namespace": "other"}}, "own namespace"),
+    ({"rabbitmqClusterReference": {"name": "r", "connectionSecret": {"name": "s"}}}, "exactly one of name or connectionSecret"),
+    ({"rabbitmqClusterReference": {"connectionSecret": {"name": "s"}}}, "has no uri"),
     ({}, "spec.broker"),
 ])
 def test_bad_brokers_name_the_field(broker, match):
@@ -137,6 +139,12 @@ def test_restore_config_with_pitr_and_mapping():
     assert loaded.restore.window_ms() == (1795341600000, 1795348800000)
     assert loaded.restore.vhost_mapping == {"/": "staging"} and loaded.restore.queue_mapping == {"orders": "orders-restored"}
     assert loaded.restore.restore_definitions and loaded.restore.dry_run
+    assert not loaded.restore.overwrite_users and not loaded.restore.definitions_strict
+    assert loaded.restore.transient_queues == "durable"
+    spec.update(overwriteUsers=True, definitionsStrict=True, transientQueues="skip")
+    cfg, _ = rbakconfig.restore_config(spec, "prod", "b", CLUSTER_SPEC["broker"], CLUSTER_SPEC["storage"])
+    r = Config.from_dict(cfg, env=SECRET_ENV).restore
+    assert (r.overwrite_users, r.definitions_strict, r.transient_queues) == (True, True, "skip")
 
 
 def test_storage_url_round_trips_through_open_storage():
@@ -216,3 +224,34 @@ def test_spark_application_body():
     assert {"RBAK_BROKER_PASSWORD", "AWS_SECRET_ACCESS_KEY", "RBAK_STATE_DIR"} <= envs
     # metadata/ownerReferences are ordinary Kubernetes metadata: validate them as a ConfigMap's.
     kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": app["metadata"]}, K8S, strict=True)
+
+
+@pytest.mark.parametrize("status, secret, user_key", [
+    ({"defaultUser": {"secretReference": {"name": "custom-creds", "keys": {"username": "u", "password": "p"}}}},
+     "custom-creds", "u"),
+    ({"defaultUser": {"secretReference": {"name": "custom-creds"}}}, "custom-creds", "username"),
+    ({"defaultUser": {}}, "rmq-default-user", "username"),  # status without a reference: the fallback
+    (None, "rmq-default-user", "username"),  # no RabbitmqCluster found
+])
+def test_cluster_reference_secret_from_the_cluster_status(status, secret, user_key):
+    resolved = rbakconfig.ResolvedBroker(cluster_status=status)
+    _, env = rbakconfig.backup_config(CLUSTER_SPEC, "prod", "b", resolved)
+    by = {e.env: (e.secret, e.key) for e in env}
+    assert by["RBAK_BROKER_USERNAME"] == (secret, user_key)
+    assert by["RBAK_BROKER_HOST"][0] == by["RBAK_BROKER_PASSWORD"][0] == secret
+
+
+@pytest.mark.parametrize("uri, mgmt, amqp", [
+    ("https://rabbit.prod.svc:15671", "https://rabbit.prod.svc:15671", "amqp://rabbit.prod.svc:5672/%2f"),
+    ("rabbit.prod.svc:15672", "http://rabbit.prod.svc:15672", "amqp://rabbit.prod.svc:5672/%2f"),
+    ("http://10.0.0.7", "http://10.0.0.7:80", "amqp://10.0.0.7:5672/%2f"),
+])
+def test_connection_secret_as_the_topology_operator_uses_it(uri, mgmt, amqp):
+    spec = dict(CLUSTER_SPEC, broker={"rabbitmqClusterReference": {"connectionSecret": {"name": "topo-conn"}}})
+    cfg, env = rbakconfig.backup_config(spec, "prod", "b", rbakconfig.ResolvedBroker(connection_uri=uri))
+    loaded = Config.from_dict(cfg, env=SECRET_ENV)
+    assert loaded.source.management_url == mgmt and loaded.source.amqp_url == amqp
+    assert (loaded.source.mgmt_username, loaded.source.mgmt_password) == ("u", "p")
+    assert {(e.env, e.secret, e.key) for e in env if e.env.startswith("RBAK_")} == {
+        ("RBAK_BROKER_USERNAME", "topo-conn", "username"), ("RBAK_BROKER_PASSWORD", "topo-conn", "password")}
+    assert cfg["source"]["management_password"] == "${RBAK_BROKER_PASSWORD}"  # never the value itself

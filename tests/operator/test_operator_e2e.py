@@ -565,6 +565,37 @@ def test_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
     assert any(e["reason"] == "BackupsKept" for e in cluster.events(name2))
 
 
+def test_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
+    """A RabbitmqCluster whose status names its default-user Secret (a decoy <name>-default-user with a wrong
+    password is ignored), and a messaging-topology-operator connectionSecret (uri, username, password)."""
+    b, http, tag = env.broker, cluster.http, env.tag
+    b.publish_n(env.vhost, "q1", 4, declare={})
+    rc = f"{tag}-rc"
+    http.secret(f"{tag}-rc-admin", {"user": b.user, "pass": b.password, "host": b.host, "port": str(b.amqp_port)})
+    http.secret(f"{rc}-default-user", {"username": b.user, "password": "decoy-wrong", "host": b.host,
+                                       "port": str(b.amqp_port)})
+    http.create("rabbitmq.com/v1beta1", "rabbitmqclusters", {
+        "apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster", "metadata": {"name": rc}, "spec": {}})
+    http.patch("rabbitmq.com/v1beta1", "rabbitmqclusters", rc, {"status": {"defaultUser": {"secretReference": {
+        "name": f"{tag}-rc-admin", "namespace": "default",
+        "keys": {"username": "user", "password": "pass", "host": "host", "port": "port"}}}}}, sub="status")
+    by_status = f"{tag}-bystatus"
+    create_backup(cluster, env, by_status, broker={"rabbitmqClusterReference": {"name": rc,
+                                                                              "managementPort": b.mgmt_port}})
+    http.secret(f"{tag}-topo", {"uri": b.management_url, "username": b.user, "password": b.password})
+    by_topo = f"{tag}-topo"
+    create_backup(cluster, env, by_topo, broker={"rabbitmqClusterReference": {
+        "connectionSecret": {"name": f"{tag}-topo"}, "amqpPort": b.amqp_port}})
+    for name in (by_status, by_topo):
+        trigger(cluster, name, "1")
+    for name in (by_status, by_topo):
+        run = wait_run(cluster, name, phase="Succeeded")
+        assert run["messages"] == 4, (name, run)
+    job = cluster.http.get("batch/v1", "jobs", cluster.jobs(by_status)[0])
+    text = json.dumps(job)
+    assert f"{tag}-rc-admin" in text and f"{rc}-default-user" not in text
+
+
 def test_api_calls_are_within_the_declared_rbac(cluster):
     """Every call the operator process made (kopf's and ours) is declared in api_calls.USED_API_CALLS,
     the list the Helm chart's RBAC is checked against."""

@@ -49,7 +49,7 @@ class Message:
 @dataclass(frozen=True)
 class Broker:
     name: str  # "rmq310" | "rmq40" | "rmq43" (the pytest id)
-    version: str  # expected RabbitMQ version, "3.10.8", or a series such as "4.3" (sid moves on)
+    version: str  # expected RabbitMQ version, e.g. "3.10.8"
     amqp_port: int
     mgmt_port: int
     stream_port: int
@@ -94,7 +94,7 @@ class Broker:
             version = self.api("GET", "/api/overview")["rabbitmq_version"]
         except Exception as e:  # noqa: BLE001 - any failure means "not usable"
             return f"{self.name}: management API at {self.management_url} fails: {e}"
-        if version != self.version and not version.startswith(self.version + "."):
+        if version != self.version:
             return f"{self.name}: expected RabbitMQ {self.version} on port {self.mgmt_port}, found {version}"
         return None
 
@@ -303,8 +303,21 @@ RMQ40 = Broker(
     name="rmq40", version="4.0.5", amqp_port=5673, mgmt_port=15673, stream_port=5553,
     node="rabbit4@localhost", data_dir=CHROOT / "var/lib/rabbitmq/mnesia/rabbit4@localhost",
 )
+def chroot_package_version(root: Path, package: str, default: str) -> str:
+    """The upstream version of a Debian package installed in a chroot (sid moves on: 4.3.6 today)."""
+    try:
+        status = (root / "var/lib/dpkg/status").read_text(errors="replace")
+    except OSError:
+        return default
+    for stanza in status.split("\n\n"):
+        if f"Package: {package}\n" in stanza + "\n" and "Version: " in stanza:
+            version = stanza.split("Version: ", 1)[1].split("\n", 1)[0]
+            return version.split(":", 1)[-1].rsplit("-", 1)[0]
+    return default
+
+
 RMQ43 = Broker(
-    name="rmq43", version="4.3", amqp_port=5674, mgmt_port=15674, stream_port=5554,
+    name="rmq43", version=chroot_package_version(CHROOT43, "rabbitmq-server", "4.3.6"), amqp_port=5674, mgmt_port=15674, stream_port=5554,
     node="rabbit43@localhost", data_dir=CHROOT43 / "var/lib/rabbitmq/mnesia/rabbit43@localhost",
 )
 BROKERS: dict[str, Broker] = {b.name: b for b in (RMQ310, RMQ40, RMQ43)}

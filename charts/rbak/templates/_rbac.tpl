@@ -45,6 +45,9 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [get, create, delete]
+- apiGroups: [rabbitmq.com]
+  resources: [rabbitmqclusters]
+  verbs: [get]
 {{- if and (include "rbak.peeringEnabled" .) .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

@@ -1,0 +1,151 @@
+"""Backing up one stream (the ``BackupEngine``'s stream part, kept apart for size).
+
+Streams are read by offset and never modified; the run is resumable per
+durable segment. An incremental backup first proves it continues the
+previous backup of the stream in this storage (``stream_chain``) and records
+the link, any retention gap and a recreated stream in the manifest's
+``stream`` field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from ..errors import RbakError
+from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
+from . import metrics
+from .checkpoint import Checkpoint, QueueProgress
+from .convert import BROKER_HEADERS, encode_delivery
+from .management import QueueInfo
+from .stream_chain import ChainDecision, decide
+from .stream_reader import chunk_timestamp, probe_offset, read_stream
+
+log = logging.getLogger(__name__)
+
+
+class StreamBackup:
+    """Mixed into ``BackupEngine``: uses its cfg, layout, storage, progress, throttle, _bases, _writer, _deadline."""
+
+    def _stream(self, q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, prog: QueueProgress | None) -> QueueBackup:
+        """Streams: resumable per segment; an incremental backup proves it continues the previous one."""
+        vhost, name = q.vhost, q.name
+        layout, storage = self.layout, self.storage
+        saved = ckpt.chain(vhost, name) if prog is not None else None
+        if prog is not None and saved is not None:
+            decision = ChainDecision.from_json_obj(saved)
+            keep = {s.key for s in prog.segments}
+            for key in list(storage.list(layout.queue_dir(vhost, name) + "/")):
+                if key not in keep:  # written after the last checkpoint: will be read again
+                    storage.delete(key)
+            start: int | str = (prog.stream_last_offset + 1 if prog.stream_last_offset is not None
+                                else decision.start)
+        else:
+            for key in list(storage.list(layout.queue_dir(vhost, name) + "/")):
+                storage.delete(key)
+            ckpt.reset(vhost, name)
+            prog = QueueProgress(vhost, name, "stream")
+            decision = self._decide_stream(conn, vhost, name)
+            if decision.warning:
+                log.warning("%s", decision.warning)
+            ckpt.save_chain(vhost, name, decision.to_json_obj())
+            start = decision.start
+        self.progress("start", vhost=vhost, queue=name, total=None)
+        read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type="stream")
+        bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type="stream")
+        progress = self.progress
+        state: dict[str, Any] = {"n": 0, "b": 0, "last": None}
+
+        def durable(meta: SegmentMetadata, last_offset: int) -> None:
+            """Runs in the segment thread once the segment is stored: checkpoint it."""
+            prog.segments.append(meta)
+            prog.records += meta.record_count
+            prog.next_sequence = meta.sequence + 1
+            prog.stream_last_offset = last_offset
+            ckpt.save(prog)
+
+        writer = self._writer(vhost, name, "stream", prog.next_sequence, durable)
+
+        def sink(method, props, body, offset: int) -> None:
+            if state["n"] == 0:
+                self._first_record(ckpt, vhost, name, decision, start, offset)
+            now = int(time.time() * 1000)
+            writer.append_encoded(encode_delivery(method, props, body, vhost, name, now, BROKER_HEADERS), now, offset)
+            state["b"] += len(body)
+            state["n"] += 1
+            state["last"] = (body, props)
+            if self.throttle is not None:
+                self.throttle(state["n"])
+            if state["n"] % 500 == 0:
+                read_c.inc(500)
+                bytes_c.inc(state["b"])
+                state["b"] = 0
+                progress("advance", vhost=vhost, queue=name, n=500)
+
+        try:
+            read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
+                        deadline=self._deadline())
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+        read_c.inc(state["n"] % 500)
+        bytes_c.inc(state["b"])
+        progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
+        prog.completed = True
+        if prog.stream_last_offset is None and isinstance(start, int):
+            prog.stream_last_offset = start - 1  # nothing new: keep the previous position
+        ckpt.save(prog)
+        qb = QueueBackup(vhost, name, "stream")
+        for s in prog.segments:
+            qb.add_segment(s)
+        qb.stream = self._stream_info(ckpt, vhost, name, prog, state["last"])
+        return qb
+
+    def _first_record(self, ckpt: Checkpoint, vhost: str, name: str, decision: ChainDecision, start: int | str,
+                      offset: int) -> None:
+        """The run's first record: a later offset than asked means retention removed the ones between."""
+        changed = False
+        if decision.first_offset is None and offset >= 0:
+            decision.first_offset, changed = offset, True
+        if isinstance(start, int) and offset > start and decision.add_gap(start, offset - 1):
+            log.warning("stream %r in vhost %r: offsets %d..%d (at most %d message(s)) were removed by the stream's "
+                        "retention before this backup read them; recorded as a gap", name, vhost, start, offset - 1,
+                        offset - start)
+            changed = True
+        if changed:
+            ckpt.save_chain(vhost, name, decision.to_json_obj())
+
+    def _decide_stream(self, conn, vhost: str, name: str) -> ChainDecision:
+        if not self.cfg.backup.stream_incremental:
+            return ChainDecision("first")
+        base = self._bases.get((vhost, name))
+        if base is None or base.info.last_offset is None:
+            return ChainDecision("first")
+        return decide(name, vhost, base, probe_offset(conn, vhost, name, base.info.last_offset))
+
+    def _stream_info(self, ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress,
+                     last: tuple[bytes, Any] | None) -> StreamInfo:
+        """The manifest's ``stream`` record: the link to the previous backup, gaps, and the last record's identity."""
+        saved = ckpt.chain(vhost, name)
+        d = ChainDecision.from_json_obj(saved) if saved else ChainDecision("first")
+        info = StreamInfo(first_offset=d.first_offset, last_offset=prog.stream_last_offset,
+                          previous_backup=d.previous_backup, previous_last_offset=d.previous_last_offset,
+                          recreated=d.recreated, gaps=list(d.gaps))
+        if last is not None:
+            info.last_record_sha256 = hashlib.sha256(last[0]).hexdigest()
+            info.last_chunk_timestamp = chunk_timestamp(last[1])
+        elif prog.segments:  # resumed with nothing new after the kept segments: read the last one back
+            from ..restore.engine import load_segment_records
+
+            try:
+                records = load_segment_records(self.storage, prog.segments[-1])
+                if records:
+                    info.last_record_sha256 = hashlib.sha256(records[-1].body).hexdigest()
+            except RbakError as e:
+                log.warning("cannot read back %s to identify the stream's last record: %s", prog.segments[-1].key, e)
+        else:
+            info.last_record_sha256, info.last_chunk_timestamp = d.previous_sha256, d.previous_chunk_timestamp
+        return info

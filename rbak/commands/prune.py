@@ -1,0 +1,59 @@
+"""``rbak prune``: delete old backups by a retention policy that never breaks an incremental chain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+from ..catalog import list_backups
+from ..errors import ConfigError, RbakError
+from ..retention import RetentionPolicy, delete_backup, parse_duration, plan_retention, stored_backups
+from ..storage import open_storage
+
+
+def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prune", help="delete old backups by a retention policy (keeps every chain a kept backup needs)")
+    p.add_argument("--path", required=True, help="storage URL (file:///dir, s3://bucket/prefix?..., memory://)")
+    p.add_argument("--prefix", default="", help="storage prefix the backups live under")
+    p.add_argument("--keep-last", type=int, metavar="N", help="keep the newest N complete backups")
+    p.add_argument("--keep-daily", type=int, metavar="D", help="keep the newest backup of each of the last D days")
+    p.add_argument("--keep-weekly", type=int, metavar="W", help="keep the newest backup of each of the last W weeks")
+    p.add_argument("--keep-monthly", type=int, metavar="M", help="keep the newest backup of each of the last M months")
+    p.add_argument("--max-age", metavar="DUR", help="delete complete backups older than this (30d, 12h, 2w)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be kept and deleted; delete nothing")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_prune)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    policy = RetentionPolicy(args.keep_last, args.keep_daily, args.keep_weekly, args.keep_monthly,
+                             parse_duration(args.max_age, "--max-age") if args.max_age else None)
+    if policy.empty:
+        raise ConfigError("prune: give at least one of --keep-last, --keep-daily, --keep-weekly, --keep-monthly, "
+                          "--max-age")
+    storage = open_storage(args.path)
+    entries = list_backups(storage, args.prefix)
+    plan = plan_retention(stored_backups(entries), policy, datetime.now(timezone.utc))
+    deleted, failed = [], []
+    if not args.dry_run:
+        for bid in plan.delete:
+            try:
+                delete_backup(storage, bid, args.prefix)
+                deleted.append(bid)
+            except RbakError as e:
+                failed.append(f"{bid}: {e}")
+    if args.format == "json":
+        print(json.dumps({"dry_run": args.dry_run, "keep": plan.keep, "delete": plan.delete, "deleted": deleted,
+                          "failed": failed, "verdicts": [{"backup_id": v.backup_id, "keep": v.keep,
+                                                          "reasons": v.reasons} for v in plan.verdicts]}, indent=2))
+    else:
+        for line in plan.lines():
+            print(line)
+        verb = "would delete" if args.dry_run else "deleted"
+        n = len(plan.delete) if args.dry_run else len(deleted)
+        print(f"{verb} {n} backup(s), kept {len(plan.keep)}")
+    for f in failed:
+        print(f"rbak: cannot delete {f}", file=sys.stderr)
+    return 1 if failed else 0

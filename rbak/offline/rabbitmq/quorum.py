@@ -1,0 +1,277 @@
+"""Quorum queues of a stopped node: ``quorum/<node>/<UId>/`` (``config``, segments, snapshots) + the shared WAL.
+
+Each server directory is named by its Ra UId, which is also how the WAL
+names the server's records. The queue's vhost and name come from its
+``config`` (``queue_resource => {resource, <<VHost>>, queue, <<Name>>}``,
+the Ra server config as text), else from the ``update_config`` command in its
+log. ``meta.dets`` keeps each server's current term, vote and last applied
+index (one ``{UId, Term, VotedFor, LastApplied}`` term per server).
+
+The content is rebuilt by replaying the log from its first entry
+(``rabbit_fifo.FifoReplay``). A log Ra has compacted into a snapshot no
+longer holds the commands from its start; the machine state in the snapshot
+is not decoded yet, so such a queue is reported (``--skip-damaged`` lists and
+skips it) instead of being exported wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ...format.record import BackupRecord
+from ..damage import ImportContext
+from ..erlang_terms import Atom, TermError, binary_to_term, decode
+from ..stored_message import MessageFormatError, message_from_term, to_record
+from . import ra_log
+from .rabbit_fifo import FifoReplay
+
+_RESOURCE = re.compile(rb"queue_resource\s*=>\s*\{resource,\s*(<<.*?>>),\s*queue,\s*(<<.*?>>)\s*\}", re.S)
+_MACVER = re.compile(rb"initial_machine_version\s*=>\s*(\d+)")
+_LIMIT = re.compile(rb"delivery_limit\s*=>\s*(\d+|undefined)")
+_MEMBERS = re.compile(rb"initial_members\s*=>\s*\[(.*?)\]", re.S)
+_ID = re.compile(rb"\bid\s*=>\s*(\{[^}]*\})")
+
+
+def erlang_binary_literal(lit: bytes) -> bytes | None:
+    """``<<"text">>``, ``<<"text"/utf8>>`` or ``<<1,2,3>>`` (as ``io_lib`` prints them) -> bytes."""
+    m = re.fullmatch(rb'<<"(.*)"(?:/utf8)?>>', lit, re.S)
+    if m:
+        raw, out, i = m.group(1), bytearray(), 0
+        while i < len(raw):
+            c = raw[i]
+            if c == 0x5C and i + 1 < len(raw):  # backslash escape
+                nxt = raw[i + 1: i + 2]
+                simple = {b"n": 10, b"t": 9, b"r": 13, b"\\": 92, b'"': 34, b"'": 39, b"s": 32, b"e": 27,
+                          b"b": 8, b"f": 12, b"v": 11, b"d": 127}
+                if nxt in simple:
+                    out.append(simple[nxt])
+                    i += 2
+                    continue
+                o = re.match(rb"[0-7]{1,3}", raw[i + 1:])
+                if o:
+                    out.append(int(o.group(0), 8) & 0xFF)
+                    i += 1 + len(o.group(0))
+                    continue
+                x = re.match(rb"x(?:\{([0-9a-fA-F]+)\}|([0-9a-fA-F]{2}))", raw[i + 1:])
+                if x:
+                    out += chr(int(x.group(1) or x.group(2), 16)).encode("utf-8")
+                    i += 1 + len(x.group(0))
+                    continue
+            out.append(c)
+            i += 1
+        return bytes(out)
+    m = re.fullmatch(rb"<<\s*([\d,\s]*)>>", lit)
+    if m:
+        return bytes(int(x) for x in m.group(1).split(b",") if x.strip())
+    return None
+
+
+@dataclass
+class QuorumServer:
+    uid: str
+    path: str
+    vhost: str | None = None
+    name: str | None = None
+    machine_version: int = 0
+    delivery_limit: int | None = None
+    members: int = 1
+    self_id: bytes = b""
+
+
+def read_config(path: str, s: QuorumServer) -> None:
+    try:
+        with open(os.path.join(path, "config"), "rb") as f:
+            text = f.read()
+    except OSError:
+        return
+    m = _RESOURCE.search(text)
+    if m:
+        v, q = erlang_binary_literal(m.group(1)), erlang_binary_literal(m.group(2))
+        if v is not None and q is not None:
+            s.vhost, s.name = v.decode("utf-8", "surrogateescape"), q.decode("utf-8", "surrogateescape")
+    if (mv := _MACVER.search(text)) is not None:
+        s.machine_version = int(mv.group(1))
+    lim = _LIMIT.search(text)
+    if lim is not None and lim.group(1) != b"undefined":
+        s.delivery_limit = int(lim.group(1))
+    mem = _MEMBERS.search(text)
+    if mem is not None:
+        s.members = max(1, mem.group(1).count(b"{"))
+    if (i := _ID.search(text)) is not None:
+        s.self_id = re.sub(rb"\s+", b"", i.group(1))
+
+
+def read_meta(system_dir: str) -> dict[str, tuple[int, Any, int]]:
+    """UId -> (current term, voted for, last applied) from ``meta.dets`` (each object one external term)."""
+    out: dict[str, tuple[int, Any, int]] = {}
+    try:
+        with open(os.path.join(system_dir, "meta.dets"), "rb") as f:
+            data = f.read()
+    except OSError:
+        return out
+    i = data.find(b"\x83h\x04m")
+    while i >= 0:
+        try:
+            t, _ = decode(data, i)
+            if isinstance(t, tuple) and len(t) == 4 and isinstance(t[0], bytes) and isinstance(t[3], int):
+                out[t[0].decode("utf-8", "surrogateescape")] = (t[1], t[2], t[3])
+        except (TermError, ValueError, IndexError):
+            pass
+        i = data.find(b"\x83h\x04m", i + 1)
+    return out
+
+
+def _role(s: QuorumServer, meta: tuple[int, Any, int] | None) -> str:
+    if s.members <= 1:
+        return "leader (single member)"
+    if meta is not None and isinstance(meta[1], tuple) and len(meta[1]) == 2:
+        voted = f"{{'{meta[1][0]}','{meta[1][1]}'}}".encode()
+        if s.self_id and re.sub(rb"'", b"", voted) == re.sub(rb"'", b"", s.self_id):
+            return f"leader or candidate (voted for itself in term {meta[0]})"
+        return f"follower (voted for {meta[1][0]} on {meta[1][1]} in term {meta[0]})"
+    return "member (role unknown)"
+
+
+def _from_log(entries: dict, s: QuorumServer) -> None:
+    """Queue name and settings from the log's first ``update_config`` (when the config file lacks them)."""
+    for idx in sorted(entries)[:8]:
+        try:
+            t = binary_to_term(entries[idx][1])
+        except TermError:
+            continue
+        if isinstance(t, tuple) and len(t) >= 3 and t[0] == "$usr" and isinstance(t[2], tuple) \
+                and t[2] and t[2][0] == "update_config" and isinstance(t[2][1], dict):
+            res = t[2][1].get(Atom("queue_resource"))
+            if isinstance(res, tuple) and len(res) == 4 and isinstance(res[1], bytes) and isinstance(res[3], bytes):
+                s.vhost = s.vhost or res[1].decode("utf-8", "surrogateescape")
+                s.name = s.name or res[3].decode("utf-8", "surrogateescape")
+            return
+
+
+@dataclass
+class ImportedQuorum:
+    """What the summary says about one quorum queue (shape of rabbitmq_dir.ImportedQueue)."""
+
+    vhost: str
+    name: str
+    version: int
+    path: str
+    exported: int = 0
+    kind: str = "quorum"
+    detail: str = ""
+
+
+def _system_dirs(node_dir: str) -> list[str]:
+    root = os.path.join(node_dir, "quorum")
+    if not os.path.isdir(root):
+        return []
+    return [os.path.join(root, d) for d in sorted(os.listdir(root)) if os.path.isdir(os.path.join(root, d))]
+
+
+def iter_quorum_queues(node_dir: str, ctx: ImportContext, backed_up_at: int
+                       ) -> Iterator[tuple[ImportedQuorum, Iterator[BackupRecord]]]:
+    found = []
+    for sysdir in _system_dirs(node_dir):
+        logs = ra_log.read_server_logs(sysdir, ctx)
+        meta = read_meta(sysdir)
+        for uid in sorted(d for d in os.listdir(sysdir) if os.path.isdir(os.path.join(sysdir, d))):
+            s = QuorumServer(uid, os.path.join(sysdir, uid))
+            read_config(s.path, s)
+            log = logs.get(uid) or ra_log.ServerLog(uid)
+            if s.vhost is None or s.name is None:
+                _from_log(log.entries, s)
+            if s.vhost is None or s.name is None:
+                ctx.damaged(s.path, None, "cannot tell which quorum queue this Ra server belongs to (no "
+                            "queue_resource in its config or log); skipped")
+                continue
+            found.append((s, log, meta.get(uid)))
+    found.sort(key=lambda f: (f[0].vhost, f[0].name))
+    for s, log, m in found:
+        iq = ImportedQuorum(s.vhost, s.name, 0, s.path)
+        last = m[2] if m else (max(log.entries) if log.entries else 0)
+        iq.detail = f"{_role(s, m)}, last applied index {last}"
+        yield iq, _records(iq, s, log, ctx, backed_up_at)
+
+
+def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: ImportContext,
+             backed_up_at: int) -> Iterator[BackupRecord]:
+    ctx.queue = f"quorum queue {s.name!r} in vhost {s.vhost!r}"
+    try:
+        entries = log.entries
+        if not entries:
+            return
+        idxs = sorted(entries)
+        first = idxs[0]
+        if first > 1:
+            snap = ra_log.latest_snapshot(s.path, ctx)
+            where = snap.path if snap else s.path
+            ctx.damaged(where, None, f"the log starts at index {first}: Ra compacted it into a snapshot"
+                        f"{f' (index {snap.index})' if snap else ''}, and reading rabbit_fifo snapshots is not "
+                        "supported yet; queue skipped")
+            return
+        gaps = [b for a, b in zip(idxs, idxs[1:]) if b != a + 1]
+        if gaps:
+            term, _data, path, pos = entries[gaps[0]]
+            ctx.damaged(path, pos, f"Ra log of server {s.uid} misses entries before index {gaps[0]}; queue skipped")
+            return
+        cache: dict[int, Any] = {}
+
+        def decoded(idx: int, msg: Any):
+            m = cache.get(idx)
+            if m is None:
+                try:
+                    m = cache[idx] = message_from_term(msg)
+                except MessageFormatError as e:
+                    _t, _d, path, pos = entries[idx]
+                    ctx.damaged(path, pos, f"index {idx}: {e}")
+                    m = cache[idx] = False
+            return m
+
+        def priority(idx: int, msg: Any) -> int:
+            m = decoded(idx, msg) if s.machine_version >= 4 or replay.mv >= 4 else None
+            p = m.properties.priority if m else None
+            return p if isinstance(p, int) else 4
+
+        replay = FifoReplay(s.machine_version, priority, s.delivery_limit)
+        bodies: dict[int, Any] = {}
+        for idx in idxs:
+            _term, data, path, pos = entries[idx]
+            try:
+                cmd = binary_to_term(data)
+            except TermError as e:
+                ctx.damaged(path, pos, f"index {idx}: not an Erlang term ({e}); entry skipped")
+                continue
+            msg = _message_of(cmd)
+            if msg is not None:
+                bodies[idx] = msg
+            replay.apply(idx, cmd)
+        if replay.unknown:
+            ctx.note(f"{ctx.queue}: commands not replayed: "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(replay.unknown.items())))
+        for m in replay.remaining():
+            sm = decoded(m.body_idx, bodies.get(m.body_idx))
+            if not sm:
+                continue
+            iq.exported += 1
+            yield to_record(sm, s.vhost, s.name, m.idx, backed_up_at)
+    finally:
+        ctx.queue = None
+
+
+def _message_of(cmd: Any) -> Any:
+    """The message term an enqueue/requeue command carries (None for other commands)."""
+    if not (isinstance(cmd, tuple) and len(cmd) >= 3 and cmd[0] == "$usr" and isinstance(cmd[2], tuple)):
+        return None
+    c = cmd[2]
+    if not c:
+        return None
+    if c[0] == "enqueue" and len(c) == 4:
+        return c[3]
+    if c[0] == "e" and len(c) >= 3:
+        return c[2]
+    if c[0] == "requeue" and len(c) >= 6:
+        return c[5]
+    return None

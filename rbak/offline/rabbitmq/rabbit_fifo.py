@@ -1,0 +1,339 @@
+"""Replay a quorum queue's ``rabbit_fifo`` commands to find what it held when its node stopped.
+
+The commands (Erlang records, the same field order in 3.10 through 4.3):
+``{enqueue, Pid, Seq, Msg}``, ``{e, Seq, Msg, Size}`` (4.x), ``{checkout,
+ConsumerId, Spec, Meta}``, ``{settle|return|discard, Key, MsgIds}``,
+``{modify, Key, MsgIds, DeliveryFailed, UndeliverableHere, Anns}`` (4.x),
+``{requeue, Key, MsgId, Index, Header, Msg}``, ``{credit, Key, Credit,
+DeliveryCount, Drain}``, ``{purge}``, ``{down, Pid, Reason}``, wrapped by Ra
+as ``{'$usr', Meta, Cmd, ReplyMode}``. A consumer's key is the Raft index of
+its first checkout on machine version 4+ (its ``{Tag, Pid}`` id before, and
+either is accepted).
+
+Delivery follows ``rabbit_fifo``: returned messages first (in return order),
+then the ready messages: one FIFO before machine version 4; two levels
+(priority above 4, "hi", and the rest, "no") where every third delivery may
+take the older "no" message (``rabbit_fifo_q``, versions 4-7); 32 strict
+levels (``rabbit_fifo_pq``, version 8+: 4.3). Consumers are served in turn
+(highest consumer priority first), each taking messages while it has credit;
+msg ids count up per consumer, which is how settles name messages.
+
+At stop every message not settled or discarded is still the queue's:
+messages checked out by consumers that were alive go back when those
+consumers are found dead on restart (in consumer, then msg id, order).
+Message TTL, length limits and dead-letter targets are not evaluated
+(messages past them are still exported); delivery-limit drops are.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..erlang_terms import Atom, ImproperList
+
+
+@dataclass(slots=True)
+class Msg:
+    idx: int  # raft index of the command holding the message (the enqueue, or a requeue)
+    body_idx: int  # raft index whose command holds the message body
+    priority: int
+    failed: int = 0  # delivery failures, for the delivery limit
+
+
+@dataclass(slots=True)
+class Consumer:
+    key: Any
+    cid: Any
+    priority: int = 0
+    credit: int = 0
+    prefetch: int | None = None  # simple_prefetch; None: credited
+    checked_out: dict[int, Msg] = field(default_factory=dict)
+    next_msg_id: int = 0
+    once: bool = False
+
+
+class Ready:
+    """The ready messages, ordered as ``rabbit_fifo_q`` / ``rabbit_fifo_pq`` / the old FIFO take them."""
+
+    def __init__(self, machine_version: int):
+        self.mode = "fifo" if machine_version < 4 else ("q" if machine_version < 8 else "pq")
+        self.buckets: dict[int, deque[Msg]] = {}
+        self.counter = 0  # rabbit_fifo_q's dequeue_counter
+
+    def level(self, priority: int) -> int:
+        if self.mode == "fifo":
+            return 0
+        if self.mode == "q":
+            return 1 if priority > 4 else 0
+        return max(0, min(priority, 31))
+
+    def push(self, m: Msg, level: int | None = None) -> None:
+        self.buckets.setdefault(self.level(m.priority) if level is None else level, deque()).append(m)
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.buckets.values())
+
+    def pop(self) -> Msg | None:
+        live = [p for p, q in self.buckets.items() if q]
+        if not live:
+            return None
+        if self.mode == "q":
+            hi, no = self.buckets.get(1), self.buckets.get(0)
+            c0 = self.counter
+            self.counter = 0 if c0 == 2 else c0 + 1
+            if hi and no and c0 == 2:
+                return (hi if hi[0].idx < no[0].idx else no).popleft()
+            return (hi or no).popleft()
+        return self.buckets[max(live)].popleft()
+
+    def clear(self) -> list[Msg]:
+        out = [m for q in self.buckets.values() for m in q]
+        self.buckets.clear()
+        return out
+
+
+#: Commands that do not change which messages the queue holds or their order.
+_NO_EFFECT = frozenset({"register_enqueuer", "update_config", "garbage_collection", "nodeup", "nodedown",
+                        "purge_nodes", "eval_consumer_timeouts", "timeout", "consumer_timeout"})
+
+
+def _is(x: Any, name: str) -> bool:
+    return isinstance(x, Atom) and x == name
+
+
+class FifoReplay:
+    """Apply commands in log order; ``remaining()`` is the queue at the end, in delivery order."""
+
+    def __init__(self, machine_version: int, priority_of: Callable[[int, Any], int], delivery_limit: int | None):
+        self.mv = machine_version
+        self.priority_of = priority_of  # (raft index, message term) -> priority
+        self.delivery_limit = delivery_limit
+        self.ready = Ready(machine_version)
+        self.returns: deque[Msg] = deque()
+        self.consumers: dict[Any, Consumer] = {}
+        self.by_cid: dict[Any, Any] = {}
+        self.service: list[Any] = []  # consumer keys waiting for messages
+        self.dropped = 0
+        self.unknown: dict[str, int] = {}
+
+    def set_version(self, mv: int) -> None:
+        if mv == self.mv:
+            return
+        self.mv = mv
+        old = self.ready
+        self.ready = Ready(mv)
+        for m in old.clear():  # an upgrade converts the queue keeping its order (rabbit_fifo_*:from_lqueue)
+            self.ready.push(m)
+
+    # ------------------------------------------------------------------ commands
+    def apply(self, idx: int, cmd: Any) -> None:
+        if isinstance(cmd, tuple) and len(cmd) >= 3 and _is(cmd[0], "noop") and isinstance(cmd[2], int):
+            self.set_version(cmd[2])  # each new leader's first entry names the machine version in effect
+            return
+        if not (isinstance(cmd, tuple) and len(cmd) >= 3 and _is(cmd[0], "$usr")):
+            return  # Ra's own commands ('$ra_cluster_change', ...)
+        cmd = cmd[2]
+        if not (isinstance(cmd, tuple) and cmd and isinstance(cmd[0], Atom)):
+            return
+        name = str(cmd[0])
+        if name in _NO_EFFECT:
+            return
+        handler = getattr(self, "_c_" + name, None)
+        if handler is None:
+            self.unknown[name] = self.unknown.get(name, 0) + 1
+            return
+        handler(idx, cmd)
+        self._checkout()
+
+    def _enqueue_msg(self, idx: int, msg: Any) -> None:
+        self.ready.push(Msg(idx, idx, self.priority_of(idx, msg)))
+
+    def _c_enqueue(self, idx: int, cmd: tuple) -> None:
+        if len(cmd) == 4:
+            self._enqueue_msg(idx, cmd[3])
+
+    def _c_e(self, idx: int, cmd: tuple) -> None:
+        if len(cmd) >= 3:
+            self._enqueue_msg(idx, cmd[2])
+
+    def _consumer(self, key: Any) -> Consumer | None:
+        c = self.consumers.get(key)
+        if c is None and key in self.by_cid:
+            c = self.consumers.get(self.by_cid[key])
+        return c
+
+    def _c_checkout(self, idx: int, cmd: tuple) -> None:
+        if len(cmd) < 3:
+            return
+        cid, spec = cmd[1], cmd[2]
+        meta = cmd[3] if len(cmd) > 3 and isinstance(cmd[3], dict) else {}
+        if _is(spec, "cancel") or _is(spec, "remove"):
+            c = self._consumer(cid)
+            if c is not None and (_is(spec, "remove") or not c.checked_out):
+                self._remove_consumer(c)
+            elif c is not None:  # cancelled: keeps what it holds until it settles or goes down
+                c.credit = 0
+                c.prefetch = None
+                if c.key in self.service:
+                    self.service.remove(c.key)
+            return
+        if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
+            m = self._take()
+            if m is not None and isinstance(spec[1:2], tuple) and len(spec) > 1 and _is(spec[1], "unsettled"):
+                c = self._consumer(cid) or self._add_consumer(cid, idx, 0, None, 0)
+                c.checked_out[c.next_msg_id] = m
+                c.next_msg_id += 1
+            return
+        life, mode, prefetch = self._spec(spec)
+        c = self._consumer(cid)
+        if c is None:
+            key = idx if self.mv >= 4 else cid
+            prio = meta.get(Atom("priority"), 0) if isinstance(meta, dict) else 0
+            c = self._add_consumer(cid, key, prefetch if mode == "simple_prefetch" else 0,
+                                   prefetch if mode == "simple_prefetch" else None,
+                                   prio if isinstance(prio, int) else 0)
+        elif mode == "simple_prefetch":
+            c.credit = max(0, prefetch - len(c.checked_out))
+            c.prefetch = prefetch
+        c.once = life == "once"
+        self._serve(c)
+
+    @staticmethod
+    def _spec(spec: Any) -> tuple[str, str, int]:
+        # {auto|once, {simple_prefetch, N}} | {auto, credited} (v4+); {auto|once, N, simple_prefetch|credited}
+        if isinstance(spec, tuple) and len(spec) == 2:
+            life, inner = spec
+            if isinstance(inner, tuple) and len(inner) == 2 and _is(inner[0], "simple_prefetch"):
+                return str(life), "simple_prefetch", int(inner[1])
+            return str(life), "credited", 0
+        if isinstance(spec, tuple) and len(spec) == 3:
+            return str(spec[0]), str(spec[2]), int(spec[1]) if isinstance(spec[1], int) else 0
+        return "auto", "credited", 0
+
+    def _add_consumer(self, cid: Any, key: Any, credit: int, prefetch: int | None, prio: int) -> Consumer:
+        c = Consumer(key, cid, prio, credit, prefetch)
+        self.consumers[key] = c
+        self.by_cid[cid] = key
+        return c
+
+    def _serve(self, c: Consumer) -> None:
+        if c.credit > 0 and c.key not in self.service and c.key in self.consumers:
+            # priority_queue: higher consumer priority first, FIFO within one priority
+            i = len(self.service)
+            while i > 0 and self.consumers[self.service[i - 1]].priority < c.priority:
+                i -= 1
+            self.service.insert(i, c.key)
+
+    def _remove_consumer(self, c: Consumer) -> None:
+        for mid in sorted(c.checked_out):
+            self._return_one(c.checked_out[mid], False)
+        c.checked_out.clear()
+        self.consumers.pop(c.key, None)
+        self.by_cid.pop(c.cid, None)
+        if c.key in self.service:
+            self.service.remove(c.key)
+
+    def _msgs(self, cmd: tuple, at: int) -> list[int]:
+        ids = cmd[at] if len(cmd) > at else []
+        if isinstance(ids, ImproperList):
+            ids = ids.items
+        return [i for i in ids if isinstance(i, int)] if isinstance(ids, list) else []
+
+    def _settle_like(self, cmd: tuple, what: str, failed: bool = False) -> None:
+        c = self._consumer(cmd[1]) if len(cmd) > 1 else None
+        if c is None:
+            return
+        for mid in self._msgs(cmd, 2):
+            m = c.checked_out.pop(mid, None)
+            if m is None:
+                continue
+            if c.prefetch is not None:
+                c.credit += 1
+            if what == "return":
+                self._return_one(m, failed)
+            elif what == "discard":
+                self.dropped += 1
+        self._serve(c)
+
+    def _return_one(self, m: Msg, failed: bool) -> None:
+        if failed:
+            m.failed += 1
+        if self.delivery_limit is not None and m.failed > self.delivery_limit:
+            self.dropped += 1
+            return
+        self.returns.append(m)
+
+    def _c_settle(self, idx: int, cmd: tuple) -> None:
+        self._settle_like(cmd, "settle")
+
+    def _c_return(self, idx: int, cmd: tuple) -> None:
+        self._settle_like(cmd, "return", failed=self.mv < 4)
+
+    def _c_discard(self, idx: int, cmd: tuple) -> None:
+        self._settle_like(cmd, "discard")
+
+    def _c_modify(self, idx: int, cmd: tuple) -> None:
+        failed = len(cmd) > 3 and _is(cmd[3], "true")
+        undeliverable = len(cmd) > 4 and _is(cmd[4], "true")
+        self._settle_like(cmd, "discard" if undeliverable else "return", failed=failed)
+
+    def _c_requeue(self, idx: int, cmd: tuple) -> None:
+        c = self._consumer(cmd[1]) if len(cmd) > 1 else None
+        if c is None or len(cmd) < 3:
+            return
+        m = c.checked_out.pop(cmd[2], None)
+        if m is None:
+            return
+        if c.prefetch is not None:
+            c.credit += 1
+        # Back into the ready queue at the requeue's own index, default priority (the body is in this command).
+        self.ready.push(Msg(idx, idx, 4, m.failed), self.ready.level(4))
+        self._serve(c)
+
+    def _c_credit(self, idx: int, cmd: tuple) -> None:
+        c = self._consumer(cmd[1]) if len(cmd) > 1 else None
+        if c is not None and len(cmd) > 2 and isinstance(cmd[2], int):
+            c.credit = cmd[2]
+            self._serve(c)
+
+    def _c_purge(self, idx: int, cmd: tuple) -> None:
+        self.dropped += len(self.ready.clear())
+
+    def _c_down(self, idx: int, cmd: tuple) -> None:
+        if len(cmd) < 3 or _is(cmd[2], "noconnection"):
+            return  # suspected down: its messages stay checked out
+        pid = cmd[1]
+        for c in [c for c in self.consumers.values() if isinstance(c.cid, tuple) and c.cid[-1] == pid]:
+            self._remove_consumer(c)
+
+    # ------------------------------------------------------------------ delivery
+    def _take(self) -> Msg | None:
+        if self.returns:
+            return self.returns.popleft()
+        return self.ready.pop()
+
+    def _checkout(self) -> None:
+        while self.service and (self.returns or len(self.ready)):
+            key = self.service.pop(0)
+            c = self.consumers.get(key)
+            if c is None or c.credit <= 0:
+                continue
+            m = self._take()
+            c.checked_out[c.next_msg_id] = m
+            c.next_msg_id += 1
+            c.credit -= 1
+            self._serve(c)
+
+    def remaining(self) -> list[Msg]:
+        """The queue at stop, in the order a consumer attaching after a restart would get it: the
+        returned messages, then what the dead consumers held (returned when the restarted queue
+        finds them down), then the ready messages."""
+        for c in list(self.consumers.values()):
+            self._remove_consumer(c)
+        out = list(self.returns)
+        self.returns.clear()
+        while (m := self.ready.pop()) is not None:
+            out.append(m)
+        return out
