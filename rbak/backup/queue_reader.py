@@ -171,24 +171,9 @@ def read_queue(
             # a later channel and come back out of order. classic: prefetch 0, one channel.
             ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
-            taken = 0
-            for method, props, body in ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout):
-                if method is None:
-                    if passive_depth(conn, vhost, queue) == 0:
-                        log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
-                                    "backing up those", where, res.records, depth)
-                        depth = res.records
-                        break
-                    raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
-                                    f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
-                _take(res, where, sink, method, props, body, quorum, limit)
-                taken += 1
-                if throttle is not None:
-                    throttle(res.records)
-                _check_deadline(deadline, where, res.records, depth)
-                if taken >= want or res.records >= depth:
-                    break
-            else:
+            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
+                                  read_timeout, throttle, deadline)
+            if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
             # nothing): if a delivery times out on 4.3 the broker then cancels it and releases the
@@ -219,6 +204,30 @@ def read_queue(
         raise
     finally:
         _return_in_order(channels, where, nack, quiet=error is not None)
+
+
+def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int, sink: Sink,
+          quorum: bool, limit: int | None, read_timeout: float, throttle, deadline) -> tuple[bool, int]:
+    """Take up to ``want`` messages on channel ``ch``: (False if the broker cancelled the consumer, depth).
+
+    The depth shrinks when the queue runs dry early (another consumer holds the rest)."""
+    taken = 0
+    for method, props, body in ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout):
+        if method is None:
+            if passive_depth(conn, vhost, queue) == 0:
+                log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
+                            "backing up those", where, res.records, depth)
+                return True, res.records
+            raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
+                            f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
+        _take(res, where, sink, method, props, body, quorum, limit)
+        taken += 1
+        if throttle is not None:
+            throttle(res.records)
+        _check_deadline(deadline, where, res.records, depth)
+        if taken >= want or res.records >= depth:
+            return True, depth
+    return False, depth
 
 
 def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:
