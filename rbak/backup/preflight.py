@@ -52,16 +52,16 @@ class PolicyCache:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
 
-    def get(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def get(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(policies, operator policies); the latter None when this user may not list them."""
         with self._lock:
             if vhost not in self._cache:
                 pol = self.client.policies(vhost)
                 try:
-                    op = self.client.request("GET", f"operator-policies/{_q(vhost)}") or []
+                    op: list[dict[str, Any]] | None = self.client.request("GET", f"operator-policies/{_q(vhost)}") or []
                 except RbakError as e:
-                    # not knowing an operator policy is not "no operator policy"
-                    raise QueueRefused(f"vhost {vhost!r}: cannot read its operator policies ({e}); a quorum "
-                                       "queue's delivery limit cannot be known without them") from None
+                    log.info("vhost %r: cannot list operator policies (%s); using what each queue reports", vhost, e)
+                    op = None
                 self._cache[vhost] = (pol, op)
             return self._cache[vhost]
 
@@ -89,6 +89,18 @@ def quorum_settings(q: QueueInfo, client: ManagementClient, policies: PolicyCach
             raise QueueSkipped(f"queue {q.name!r} in vhost {q.vhost!r}: deleted before the backup read it")
         info = fresh
     pol, op = policies.get(q.vhost)
+    if op is None:
+        # not knowing an operator policy is not "no operator policy": the queue's own report
+        # (its effective definition merges the operator policy in) is the only other source
+        if "effective_policy_definition" in info.reported:
+            op = [{"name": "effective definition reported for the queue", "definition": info.effective_policy}]
+        elif "operator_policy" in info.reported and info.operator_policy is None:
+            op = []
+        else:
+            raise QueueRefused(
+                f"queue {q.name!r} in vhost {q.vhost!r}: refused before reading: the management user may not "
+                "list operator policies and the management API has not reported the queue's effective policy "
+                "yet, so its delivery limit is unknown (give the user the policymaker tag, or retry)")
     return resolve_settings(info.arguments, info.name, info.queue_type, pol, op, version,
                             info.policy, info.operator_policy)
 

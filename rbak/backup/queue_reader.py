@@ -149,6 +149,8 @@ def read_queue(
     quorum = queue_type == "quorum"
     nack = quorum and return_mode == NACK
     limit = delivery_limit if quorum and not nack else None  # nack returns never reach a limit
+    # windows stay bounded by the limit with nack too: a lost connection returns by close, which counts
+    window_limit = delivery_limit if quorum else None
     channels: list = []
     cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
@@ -160,7 +162,7 @@ def read_queue(
         window = 0
         while res.records < depth and not use_get:
             if quorum:
-                window = next_window(window, res.max_delivery_count, limit, depth - res.records, len(channels))
+                window = next_window(window, res.max_delivery_count, window_limit, depth - res.records, len(channels))
             want = window if quorum else depth - res.records
             ch = conn.channel()
             channels.append(ch)
@@ -169,29 +171,14 @@ def read_queue(
             # a later channel and come back out of order. classic: prefetch 0, one channel.
             ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
-            taken = 0
-            for method, props, body in ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout):
-                if method is None:
-                    if passive_depth(conn, vhost, queue) == 0:
-                        log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
-                                    "backing up those", where, res.records, depth)
-                        depth = res.records
-                        break
-                    raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
-                                    f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
-                _take(res, where, sink, method, props, body, quorum, limit)
-                taken += 1
-                if throttle is not None:
-                    throttle(res.records)
-                _check_deadline(deadline, where, res.records, depth)
-                if taken >= want or res.records >= depth:
-                    break
-            else:
+            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
+                                  read_timeout, throttle, deadline)
+            if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
-            # nack: look harder before our own cancel, which would swallow the broker's
-            _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05 if nack else 0.0)
-            if nack:
-                ch.cancel()  # no credit left to receive what the nack returns
+            # a filled channel keeps its consumer until the return (no credit left, so it receives
+            # nothing): if a delivery times out on 4.3 the broker then cancels it and releases the
+            # messages uncounted, where a consumer we had cancelled would get its channel closed (406)
+            _check_cancelled(conn, channels, cancelled, where, res.records, depth)
         # once per read: a cancel the broker sent while we were taking what had already arrived
         _check_cancelled(conn, channels, cancelled, where, res.records, depth, wait=0.05)
         if len(channels) > 1:
@@ -217,6 +204,30 @@ def read_queue(
         raise
     finally:
         _return_in_order(channels, where, nack, quiet=error is not None)
+
+
+def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int, sink: Sink,
+          quorum: bool, limit: int | None, read_timeout: float, throttle, deadline) -> tuple[bool, int]:
+    """Take up to ``want`` messages on channel ``ch``: (False if the broker cancelled the consumer, depth).
+
+    The depth shrinks when the queue runs dry early (another consumer holds the rest)."""
+    taken = 0
+    for method, props, body in ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout):
+        if method is None:
+            if passive_depth(conn, vhost, queue) == 0:
+                log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
+                            "backing up those", where, res.records, depth)
+                return True, res.records
+            raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
+                            f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
+        _take(res, where, sink, method, props, body, quorum, limit)
+        taken += 1
+        if throttle is not None:
+            throttle(res.records)
+        _check_deadline(deadline, where, res.records, depth)
+        if taken >= want or res.records >= depth:
+            return True, depth
+    return False, depth
 
 
 def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:

@@ -64,7 +64,7 @@ def test_five_runs_then_fresh_dir_and_new_storage(broker, vhost, tmp_path):
     if nack_returns(broker):
         assert kind == "ok"
         got = assert_source(broker, vhost, "lim5", bodies)
-        assert {x[1].headers.get("x-delivery-count", 0) for x in got} == {0}
+        assert {(x[1].headers or {}).get("x-delivery-count", 0) for x in got} == {0}
         return
     # the head message was at its limit before this backup started: the read took it alone
     # (window of 1), stopped, and its return crossed the limit; the other 99 were never taken
@@ -72,7 +72,7 @@ def test_five_runs_then_fresh_dir_and_new_storage(broker, vhost, tmp_path):
     kind, out = run(broker, vhost, tmp_path / "store2", "laptop2", tmp_path / "fresh3.db")
     assert kind == "refused" and "refused before reading" in out  # that storage knows now
     got = assert_source(broker, vhost, "lim5", bodies[1:])
-    assert {x[1].headers.get("x-delivery-count") for x in got} == {5}
+    assert {(x[1].headers or {}).get("x-delivery-count") for x in got} == {5}
 
 
 @pytest.mark.parametrize("kind", ["policy", "operator-policy"])
@@ -195,7 +195,7 @@ def test_live_consumer(broker, vhost, tmp_path, qtype):
         # quorum: returned messages queue up in the order they come back; the consumer's
         # message came back after the backup's (docs/backup.md, "Live consumers")
         assert broker.message_count(vhost, "live") == 20
-        assert sorted(x[0] for x in drain(broker, vhost, "live")) == bodies
+        assert [x[0] for x in drain(broker, vhost, "live")] == bodies[1:] + bodies[:1]
 
 
 def test_six_of_six_on_43(rmq43, vhost_factory, tmp_path):
@@ -210,8 +210,8 @@ def test_six_of_six_on_43(rmq43, vhost_factory, tmp_path):
             bodies
         assert rmq43.message_count(vhost, "q3") == 200
     got = assert_source(rmq43, vhost, "q3", bodies)
-    assert {x[1].headers.get("x-delivery-count", 0) for x in got} == {0}
-    assert {x[1].headers.get("x-acquired-count") for x in got} == {6}  # what consumers still see
+    assert {(x[1].headers or {}).get("x-delivery-count", 0) for x in got} == {0}
+    assert {(x[1].headers or {}).get("x-acquired-count") for x in got} == {6}  # what consumers still see
 
 
 @pytest.mark.parametrize("where", ["argument", "policy"])
@@ -261,4 +261,4 @@ def test_consumer_timeout_on_43(rmq43, vhost_factory, tmp_path):
         assert f"{vhost}/ctq" in msg and "cancelled the backup's consumer" in msg and "consumer timeout" in msg
     # either way: nothing lost, counted, delayed or reordered
     got = assert_source(rmq43, vhost, "ctq", bodies)
-    assert {x[1].headers.get("x-delivery-count", 0) for x in got} == {0}
+    assert {(x[1].headers or {}).get("x-delivery-count", 0) for x in got} == {0}

@@ -8,8 +8,10 @@ from rbak.backup.checkpoint import Guard
 from rbak.backup.guard_store import GuardStore, merge
 from rbak.backup.limits import (matching_policies, refuse_delayed_retry, resolve_delayed_retry,
                                 resolve_delivery_limit, resolve_settings)
+from rbak.backup.management import QueueInfo
+from rbak.backup.preflight import PolicyCache, QueueRefused, quorum_settings
 from rbak.backup.queue_reader import NEAR_LIMIT_WINDOW, QUORUM_PREFETCH, next_window
-from rbak.errors import StorageError
+from rbak.errors import ManagementApiError, StorageError
 from rbak.storage import open_storage
 
 
@@ -93,3 +95,42 @@ def test_guard_store_roundtrip_and_damage(tmp_path):
     storage.put(gs.key("/", "q"), b"{not json")
     with pytest.raises(StorageError, match="not a delivery guard"):
         gs.load("/", "q")
+
+
+class FakeClient:
+    """What a ManagementClient answers: fresh queue objects in turn, and the policy lists."""
+
+    def __init__(self, fresh, policies=(), op=(), op_error=False):
+        self.fresh, self._pol, self._op, self.op_error = list(fresh), list(policies), list(op), op_error
+
+    def queue(self, vhost, name):
+        return self.fresh.pop(0) if self.fresh else QueueInfo(vhost, name, "quorum", None, reported=frozenset({"name"}))
+
+    def policies(self, vhost):
+        return self._pol
+
+    def request(self, method, path, **kw):
+        if self.op_error:
+            raise ManagementApiError(f"{method} /api/{path}: HTTP 401")
+        return self._op
+
+
+def test_quorum_settings_wait_for_arguments_then_refuse():
+    bare = QueueInfo("v", "q", "quorum", None, reported=frozenset({"name"}))
+    later = QueueInfo("v", "q", "quorum", 3, {"x-delivery-limit": 4}, reported=frozenset({"name", "type", "arguments"}))
+    c = FakeClient([later], policies=[pol("p", {"delivery-limit": 2}, "^q")])
+    s = quorum_settings(bare, c, PolicyCache(c), "4.0.5", wait_secs=5, sleep=lambda _s: None)
+    assert s.delivery_limit.value == 2 and "policy 'p'" in s.delivery_limit.source
+    c = FakeClient([])
+    with pytest.raises(QueueRefused, match="has not reported its arguments"):
+        quorum_settings(bare, c, PolicyCache(c), "4.0.5", wait_secs=0.01, sleep=lambda _s: None)
+
+
+def test_operator_policies_not_listable_is_never_no_operator_policy():
+    known = QueueInfo("v", "q", "quorum", 3, {}, reported=frozenset({"name", "type", "arguments"}))
+    c = FakeClient([], op_error=True)
+    with pytest.raises(QueueRefused, match="operator policies"):
+        quorum_settings(known, c, PolicyCache(c), "3.10.8")
+    reported = QueueInfo("v", "q", "quorum", 3, {}, effective_policy={"delivery-limit": 3},
+                         reported=frozenset({"name", "type", "arguments", "effective_policy_definition"}))
+    assert quorum_settings(reported, c, PolicyCache(c), "3.10.8").delivery_limit.value == 3
