@@ -181,7 +181,7 @@ def test_names_recovered_when_name_files_are_missing(shared_root, tmp_path):
     shutil.copytree(sc.data_dir, copy)
     for p in list(copy.rglob(".queue_name")) + list(copy.rglob(".vhost")):
         p.unlink()
-    res = import_rabbitmq_dir(str(copy), "memory://names-1", "n1")
+    res = import_rabbitmq_dir(str(copy), "memory://names-1", "n1", types={"classic"})  # the scenario's classic queues
     names = {(q.vhost, q.name): q.exported for q in res.queues}
     want = res_expected(sc)
     assert names == {k: n for k, n in want.items() if k != (VHOST2, "empty")}  # 'empty' has no directory
@@ -189,7 +189,7 @@ def test_names_recovered_when_name_files_are_missing(shared_root, tmp_path):
     # Without Mnesia too: vhosts and default-exchange routing keys from the stored messages.
     for p in [*copy.glob("*.DC[DL]"), *copy.glob("*.LOG"), *copy.glob("*.DAT")]:
         p.unlink()
-    res = import_rabbitmq_dir(str(copy), "memory://names-2", "n2", skip_damaged=True)
+    res = import_rabbitmq_dir(str(copy), "memory://names-2", "n2", skip_damaged=True, types={"classic"})
     names = {(q.vhost, q.name) for q in res.queues}
     assert {("/", "v1-mixed"), ("/", "v2-mixed"), ("/", "dlx-target"), (VHOST2, "q-ünï-✓"), (VHOST2, "many-v2")} <= names
 
