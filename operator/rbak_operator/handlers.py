@@ -373,6 +373,7 @@ def _start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
     vname = naming.validate_run_name(run)
     url, prefix = rbakconfig.storage_url(spec["storage"]), rbakconfig.storage_prefix(spec["storage"])
     _, storage_env = rbakconfig.storage_section(spec["storage"])
+    storage_env += rbakconfig.encryption_env(spec.get("encryption"))  # a deep validation opens the objects
     labels = {**bodies.common_labels("validate"), bodies.L_VALIDATES: naming.label_value(meta["name"])}
     if engine == "spark":
         kube.create_spark_app(bodies.spark_application_body(
@@ -588,6 +589,17 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     return target, storage, backup_id, nbytes, spec.get("spark") or {}
 
 
+def _with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+    """A restore's spec with the referenced RabbitMQBackup's keys when it names none itself."""
+    spec = body.get("spec") or {}
+    ref = spec.get("backupRef")
+    if spec.get("encryption") or not ref:
+        return spec
+    backup = kube.get_backup(body["metadata"]["namespace"], ref["name"]) or {}
+    enc = (backup.get("spec") or {}).get("encryption") or {}
+    return {**spec, "encryption": {"keysSecretRef": enc["keysSecretRef"]}} if enc.get("keysSecretRef") else spec
+
+
 def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
     """One pass over a RabbitMQRestore: the status patch, None (still running) or GONE (nothing left to do)."""
     body = kube.get_restore(namespace, name)
@@ -604,7 +616,8 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
             target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
             engine = policy.restore_engine(spec.get("engine"), nbytes, spec.get("sparkThresholdBytes"))
             run = naming.restore_run_name(name)
-            cfg, secret_env = rbakconfig.restore_config(spec, namespace, backup_id, target, storage)
+            cfg, secret_env = rbakconfig.restore_config(_with_backup_keys(kube, body), namespace, backup_id, target,
+                                                        storage)
         except RbakError as e:
             patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
                      "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}

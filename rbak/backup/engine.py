@@ -27,6 +27,7 @@ import pika.exceptions
 
 from .. import __version__
 from ..config import Config
+from ..crypto import DEFAULT_KEYS_ENV, EncryptionInfo, ObjectCodec, codec_for
 from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
 from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, SegmentMetadata
@@ -198,6 +199,7 @@ class BackupEngine:
         self.compression = Compression.parse(cfg.backup.compression)
         self.level = cfg.backup.compression_level
         self.connections_opened = 0
+        self.codec = writer_codec(cfg)
 
     # ------------------------------------------------------------------
     def run(self) -> BackupSummary:
@@ -212,7 +214,8 @@ class BackupEngine:
             summary = BackupSummary(cfg.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
                                     source_cluster=cluster)
             manifest = BackupManifest(backup_id=cfg.backup_id, created_at=created_at, source_cluster=cluster,
-                                      rabbitmq_version=version, backup_tool_version=__version__)
+                                      rabbitmq_version=version, backup_tool_version=__version__,
+                                      encryption=self.codec.info)
             storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
             ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id)
@@ -221,7 +224,7 @@ class BackupEngine:
                 queues = self._select_queues(client)
                 if cfg.backup.include_definitions:
                     manifest.definitions = store_definitions(export_definitions(client), storage, layout,
-                                                             self.compression, self.level)
+                                                             self.compression, self.level, self.codec)
                     summary.definitions = manifest.definitions
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
                 manifest.queues = sorted(results, key=lambda qb: (qb.vhost, qb.name))
@@ -248,6 +251,14 @@ class BackupEngine:
         return summary
 
     # ------------------------------------------------------------------
+    def _keyring(self) -> dict[str, bytes]:
+        """Keys for reading earlier backups; a keyring that cannot be read only costs incremental offsets."""
+        try:
+            return self.cfg.encryption.keyring()
+        except ConfigError as e:
+            log.warning("cannot read the encryption keyring: %s", e)
+            return {}
+
     def _check_existing(self) -> int:
         layout, storage = self.layout, self.storage
         now = int(time.time() * 1000)
@@ -256,6 +267,12 @@ class BackupEngine:
         except NotFoundError:
             return now
         old = BackupManifest.from_json(data, layout.manifest)
+        if not old.is_complete and old.encryption != self.codec.info:
+            was = f"key id {old.encryption.key_id!r}" if old.encryption else "no encryption"
+            now = f"key id {self.codec.info.key_id!r}" if self.codec.info else "no encryption"
+            raise ConfigError(f"encryption: the incomplete backup {self.cfg.backup_id!r} was started with {was}, this "
+                              f"configuration has {now}; resume it with the same encryption settings or use another "
+                              "backup_id")
         if old.is_complete:
             if not self.cfg.backup.overwrite:
                 raise ConfigError(
@@ -270,7 +287,7 @@ class BackupEngine:
     def _seed_checkpoint(self, ckpt: Checkpoint, cluster: str) -> None:
         """Another machine's progress for this id, and the newest complete backup's stream offsets/guards."""
         if not ckpt.has_backup():
-            ckpt.seed_from_storage(self.storage, self.layout.offsets_db, own_backup=True, cross=True)
+            ckpt.seed_from_storage(self.storage, self.layout.offsets_db, own_backup=True, cross=True, codec=self.codec)
         try:
             from ..catalog import latest_complete
 
@@ -282,7 +299,12 @@ class BackupEngine:
             return
         prev = BackupLayout(entry.backup_id, self.cfg.storage.prefix or "")
         try:
-            data = self.storage.get(prev.offsets_db)
+            codec = codec_for(entry.backup_id, entry.manifest.encryption, self._keyring(), required=False)
+            if not codec.can_open:
+                log.warning("no key for the previous backup %r (key id %r): streams are read from the start",
+                            entry.backup_id, entry.manifest.encryption.key_id)
+                return
+            data = codec.get(self.storage, prev.offsets_db)
         except NotFoundError:
             return
         ckpt.merge_from_bytes(data, own_backup=False, cross=True, completed_backup=entry.backup_id, source=cluster)
@@ -358,7 +380,7 @@ class BackupEngine:
 
     def _sync(self, ckpt: Checkpoint) -> None:
         key = self.cfg.offset_storage.s3_key or self.layout.offsets_db
-        ckpt.sync_to(self.storage, key)
+        ckpt.sync_to(self.storage, key, self.codec)
         metrics.checkpoint_syncs().inc()
 
     # ------------------------------------------------------------------
@@ -393,12 +415,14 @@ class BackupEngine:
         labels = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
         seg_bytes = metrics.segment_bytes().labels(vhost=vhost, queue=queue, queue_type=queue_type)
 
-        def sink(seq: int, data: bytes) -> str:
+        codec = self.codec
+
+        def sink(seq: int, data: bytes) -> str | tuple[str, bytes]:
             key = layout.segment(vhost, queue, seq, comp)
-            storage.put(key, data)
+            stored = codec.put(storage, key, data)
             labels.inc()
-            seg_bytes.inc(len(data))
-            return key
+            seg_bytes.inc(len(stored))
+            return (key, stored) if codec.encrypted else key
 
         b = self.cfg.backup
         return AsyncSegmentWriter(sink, comp, self.level, b.segment_max_bytes, b.segment_max_interval_ms,
@@ -549,6 +573,18 @@ class BackupEngine:
             if last is not None:
                 return last + 1
         return "first"
+
+
+def writer_codec(cfg: Config) -> ObjectCodec:
+    """How this backup's objects are stored: sealed with ``encryption.key_id`` when encryption is on."""
+    enc = cfg.encryption
+    if not enc.enabled:
+        return ObjectCodec(cfg.backup_id)
+    key = enc.keyring().get(enc.key_id)
+    if key is None:
+        raise ConfigError(f"encryption.key_id: no key {enc.key_id!r} in the keyring (encryption.keys_file, "
+                          f"encryption.keys_env or {DEFAULT_KEYS_ENV}); backup {cfg.backup_id!r} was not started")
+    return ObjectCodec(cfg.backup_id, EncryptionInfo(enc.key_id), key)
 
 
 def run_backup(cfg: Config, storage: Storage | None = None, progress: Progress | None = None) -> BackupSummary:

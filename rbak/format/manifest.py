@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from ..crypto import EncryptionInfo
 from ..errors import ManifestError
 
 
@@ -152,6 +153,7 @@ class BackupManifest:
     total_messages: int = 0
     total_bytes: int = 0
     total_segments: int = 0
+    encryption: EncryptionInfo | None = None  # rbak's extension; absent (not null) in unencrypted manifests
 
     @property
     def is_complete(self) -> bool:
@@ -186,6 +188,7 @@ class BackupManifest:
             "total_messages": self.total_messages,
             "total_bytes": self.total_bytes,
             "total_segments": self.total_segments,
+            **({"encryption": self.encryption.to_json_obj()} if self.encryption else {}),
         }
 
     def to_json(self) -> bytes:
@@ -210,6 +213,7 @@ class BackupManifest:
             backup_tool_version=_opt(d, "backup_tool_version", str, where) or "",
             definitions=DefinitionsBackup.from_json_obj(defs, f"{where} definitions") if defs else None,
             queues=[QueueBackup.from_json_obj(q, f"{where} queue {i}") for i, q in enumerate(queues)],
+            encryption=EncryptionInfo.from_json_obj(d["encryption"], where) if d.get("encryption") is not None else None,
         )
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0

@@ -24,10 +24,11 @@ import datetime as _dt
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import requests
 
+from ..crypto import codec_for
 from ..errors import ManagementApiError, NotFoundError, SerializationError
 from ..format.compression import Compression, compress, decompress
 from ..format.manifest import BackupManifest
@@ -98,13 +99,15 @@ def _compression_of_key(key: str) -> Compression:
     return Compression.NONE
 
 
-def load_backup_definitions(storage: Storage, manifest: BackupManifest, layout: BackupLayout) -> tuple[dict[str, Any], str]:
+def load_backup_definitions(storage: Storage, manifest: BackupManifest, layout: BackupLayout,
+                            keyring: Mapping[str, bytes] | None = None) -> tuple[dict[str, Any], str]:
     """(definitions document, its key)."""
     keys = [manifest.definitions.key] if manifest.definitions else []
     keys += [layout.definitions(c) for c in (Compression.ZSTD, Compression.LZ4, Compression.NONE)]
+    codec = codec_for(manifest.backup_id, manifest.encryption, keyring)
     for key in keys:
         try:
-            raw = storage.get(key)
+            raw = codec.get(storage, key)
         except NotFoundError:
             continue
         return parse_definitions(decompress(raw, _compression_of_key(key)), key), key
@@ -275,12 +278,14 @@ def import_definitions(storage: Storage, manifest: BackupManifest, options: Rest
                        client: ManagementClient | None = None) -> DefinitionsResult:
     """Steps 1-4 of the module docstring; raises (and imports nothing) on any failure before the POST."""
     layout = BackupLayout(options.backup_id, options.prefix)
-    doc, key = load_backup_definitions(storage, manifest, layout)
+    keyring = options.keyring() if manifest.encryption is not None else None
+    doc, key = load_backup_definitions(storage, manifest, layout, keyring)
     comp = _compression_of_key(key)
+    codec = codec_for(manifest.backup_id, manifest.encryption, keyring)
 
     def write_rollback(data: bytes) -> str:
         rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
-        storage.put(rollback_key, compress(data, comp))
+        codec.put(storage, rollback_key, compress(data, comp))  # sealed like the backup it sits in
         return rollback_key
 
     return apply_definitions(doc, key, options, client or ManagementClient(options.target), write_rollback)

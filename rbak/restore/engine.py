@@ -19,6 +19,7 @@ import pika
 import pika.exceptions
 
 from ..catalog import load_manifest
+from ..crypto import ObjectCodec, codec_for
 from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SegmentError, SerializationError
 from ..format.manifest import BackupManifest, SegmentMetadata
 from ..errors import CompressionError
@@ -104,16 +105,24 @@ class RestoreSummary:
 # --------------------------------------------------------------------------
 
 
-def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True):
-    """Decode one segment (CRC always checked; SHA-256 against the manifest when asked)."""
+def read_stored_segment(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True,
+                        codec: ObjectCodec | None = None) -> bytes:
+    """A segment's RBAK bytes: the stored object checked against the manifest's SHA-256 (when asked),
+    then opened by ``codec`` when the backup is encrypted."""
     data = storage.get(seg.key)
     if verify_checksum and seg.checksum and sha256_hex(data) != seg.checksum:
         raise SegmentError(seg.key, f"SHA-256 does not match the manifest (expected {seg.checksum})")
-    return decode_segment(data, seg.key).records
+    return codec.open(seg.key, data) if codec is not None else data
+
+
+def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True,
+                         codec: ObjectCodec | None = None):
+    """Decode one segment (CRC always checked; SHA-256 against the manifest when asked)."""
+    return decode_segment(read_stored_segment(storage, seg, verify_checksum, codec), seg.key).records
 
 
 def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
-                         chunk: int = 1024) -> Iterator[tuple[int, BackupRecord]]:
+                         chunk: int = 1024, codec: ObjectCodec | None = None) -> Iterator[tuple[int, BackupRecord]]:
     """(index, record) of one segment from ``start``, decoded ``chunk`` records at a time.
 
     Peak memory is the compressed file plus its decompressed payload (bounded
@@ -122,9 +131,7 @@ def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum
     CRC and magics up front, SHA-256 against the manifest, and the record
     count once the payload has been walked.
     """
-    data = storage.get(seg.key)
-    if verify_checksum and seg.checksum and sha256_hex(data) != seg.checksum:
-        raise SegmentError(seg.key, f"SHA-256 does not match the manifest (expected {seg.checksum})")
+    data = read_stored_segment(storage, seg, verify_checksum, codec)
     header = verify_frame(data, seg.key)
     try:
         payload = decompress(memoryview(data)[HEADER_SIZE: len(data) - FOOTER_SIZE], header.compression)
@@ -150,6 +157,13 @@ def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum
                                     f"{seg.record_count}, payload holds {n}")
 
 
+def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
+    """How a plan's segments are opened: None for a plaintext backup; a missing key is an error."""
+    if plan.encryption is None:
+        return None
+    return codec_for(options.backup_id, plan.encryption, options.keyring())
+
+
 def _decode(raws: list[memoryview], key: str, first: int) -> list[BackupRecord]:
     try:
         return decode_records(raws)
@@ -161,11 +175,12 @@ def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -
     """Records of a plan inside the window; reads only the segments that straddle an edge."""
     n = 0
     s, e = options.window_start_ms, options.window_end_ms
+    codec = plan_codec(plan, options)
     for seg in plan.segments:
         if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
             n += seg.record_count
         else:
-            n += sum(1 for r in load_segment_records(storage, seg, options.verify_checksums) if record_in_window(r.backed_up_at, s, e))
+            n += sum(1 for r in load_segment_records(storage, seg, options.verify_checksums, codec) if record_in_window(r.backed_up_at, s, e))
     return n
 
 
@@ -257,6 +272,7 @@ def restore_queue_segments(
     records confirmed before a failure stay checkpointed.
     """
     cp = checkpoint or NullCheckpoint()
+    codec = plan_codec(plan, options)  # before any publish: a missing key names the backup and key id
     res = QueueResult(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, plan.queue_type,
                       planned=plan.candidate_records, skipped_segments=plan.skipped_segments,
                       skipped_records=plan.skipped_records)
@@ -335,7 +351,7 @@ def restore_queue_segments(
                 start = resume_idx if seg.sequence == resume_seq else 0
                 whole = segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e)
                 n = seg.record_count
-                for i, r in iter_segment_records(storage, seg, options.verify_checksums, start):
+                for i, r in iter_segment_records(storage, seg, options.verify_checksums, start, codec=codec):
                     if not whole and not record_in_window(r.backed_up_at, s, e):
                         res.skipped_records += 1
                         continue

@@ -85,6 +85,15 @@ class RestoreOptions:
     allow_non_empty: bool = False
     skip_existing: bool = False
     verify_checksums: bool = True
+    keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)  # encryption keyring {key id: key}
+
+    def keyring(self) -> dict[str, bytes]:
+        """The keys for encrypted backups: the configured ones, else ``RBAK_ENCRYPTION_KEYS`` (Spark executors)."""
+        if self.keys:
+            return dict(self.keys)
+        from ..crypto import load_keyring
+
+        return load_keyring()
 
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
@@ -156,6 +165,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         queue_mapping=tuple(sorted(r.queue_mapping.items())),
         allow_non_empty=r.allow_non_empty,
         skip_existing=getattr(r, "skip_existing", False),
+        keys=tuple(sorted(cfg.encryption.keyring().items())) if getattr(cfg, "encryption", None) else (),
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)

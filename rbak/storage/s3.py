@@ -1,7 +1,9 @@
 """S3 (and S3-compatible: MinIO, Ceph) storage through boto3.
 
 Credentials come from boto3's standard chain (env, profile, IRSA, instance
-role) unless given explicitly. Objects above ``multipart_threshold`` go up as
+role) unless given explicitly. ``sse``/``sse_kms_key_id`` ask S3 to encrypt
+every object put (SSE-S3 or SSE-KMS); rbak's own client-side encryption is
+``rbak.crypto``. Objects above ``multipart_threshold`` go up as
 a multipart upload, which S3 makes visible only once complete, so ``put`` is
 atomic on S3 too.
 """
@@ -23,6 +25,25 @@ MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
 
 
+SSE_MODES = ("AES256", "aws:kms")
+
+
+def sse_args(sse: str | None, kms_key_id: str | None) -> dict[str, str]:
+    """boto3 put arguments for server-side encryption: SSE-S3 (``AES256``) or SSE-KMS (``aws:kms`` + key id)."""
+    if not sse:
+        if kms_key_id:
+            raise StorageError("S3 sse_kms_key_id needs sse=aws:kms")
+        return {}
+    if sse not in SSE_MODES:
+        raise StorageError(f"S3 sse {sse!r}: must be one of {', '.join(SSE_MODES)}")
+    if kms_key_id and sse != "aws:kms":
+        raise StorageError("S3 sse_kms_key_id needs sse=aws:kms")
+    out = {"ServerSideEncryption": sse}
+    if kms_key_id:
+        out["SSEKMSKeyId"] = kms_key_id
+    return out
+
+
 class S3Storage(Storage):
     def __init__(
         self,
@@ -36,6 +57,8 @@ class S3Storage(Storage):
         session_token: str | None = None,
         multipart_threshold: int = MULTIPART_THRESHOLD,
         url: str | None = None,
+        sse: str | None = None,
+        sse_kms_key_id: str | None = None,
     ):
         if not bucket:
             raise StorageError("S3 storage needs a bucket name")
@@ -57,6 +80,7 @@ class S3Storage(Storage):
             aws_session_token=session_token,
             config=cfg,
         )
+        self._extra = sse_args(sse, sse_kms_key_id)
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold, multipart_chunksize=MULTIPART_CHUNK, use_threads=True
         )
@@ -83,11 +107,12 @@ class S3Storage(Storage):
         k = self._k(key)
         try:
             if len(data) >= self._transfer.multipart_threshold:
-                self._client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self._transfer)
+                self._client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self._transfer,
+                                            ExtraArgs=dict(self._extra) or None)
             else:
                 # botocore takes bytes/bytearray/file objects, not memoryviews (segment writers pass those)
                 body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
-                self._client.put_object(Bucket=self.bucket, Key=k, Body=body)
+                self._client.put_object(Bucket=self.bucket, Key=k, Body=body, **self._extra)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise self._err("put", key, e) from None
         except Exception as e:  # boto3's transfer manager wraps errors in its own types

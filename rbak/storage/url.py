@@ -1,6 +1,7 @@
 """Storage URLs, as the Rust tool's ``from_url`` takes them.
 
-``file:///path``, ``s3://bucket/prefix?region=..&endpoint=..&path_style=true``,
+``file:///path``, ``s3://bucket/prefix?region=..&endpoint=..&path_style=true``
+(also ``&sse=AES256`` or ``&sse=aws:kms&sse_kms_key_id=..``),
 ``memory://`` (fresh) or ``memory://NAME`` (shared in the process). ``azure://``
 and ``gcs://`` are recognised and refused clearly. A bare path is a directory.
 """
@@ -13,7 +14,7 @@ from ..errors import StorageError, UnsupportedStorageError
 from .base import Storage
 
 _TRUE = {"1", "true", "yes", "on"}
-_S3_PARAMS = {"region", "endpoint", "path_style"}
+_S3_PARAMS = {"region", "endpoint", "path_style", "sse", "sse_kms_key_id"}
 
 
 def open_storage(url: str) -> Storage:
@@ -55,6 +56,8 @@ def open_storage(url: str) -> Storage:
             region=q.get("region") or None,
             endpoint=q.get("endpoint") or None,
             path_style=q.get("path_style", "").lower() in _TRUE,
+            sse=q.get("sse") or None,
+            sse_kms_key_id=q.get("sse_kms_key_id") or None,
             url=url,
         )
     if scheme in ("azure", "gcs", "gs"):
