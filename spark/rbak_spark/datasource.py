@@ -84,6 +84,8 @@ class SegmentPartition(InputPartition):
     end_ms: int | None
     hard_start_ms: int | None
     hard_end_ms: int | None
+    backup_id: str = ""
+    key_id: str | None = None  # the backup's encryption key id (None: not encrypted)
 
 
 def headers_to_plain(headers) -> dict[str, Any]:
@@ -193,7 +195,8 @@ class RbakReader(DataSourceReader):
                 parts.append(SegmentPartition(
                     self.url, s.key, q.vhost, q.name, q.queue_type, s.sequence,
                     s.first_timestamp, s.last_timestamp, self.start_ms, self.end_ms,
-                    self.hard_start, self.hard_end,
+                    self.hard_start, self.hard_end, self.backup_id,
+                    manifest.encryption.key_id if manifest.encryption else None,
                 ))
         # Spark wants at least one partition; an empty one reads nothing.
         return parts or [InputPartition(None)]
@@ -209,11 +212,16 @@ class RbakReader(DataSourceReader):
 
         storage = storage_for(partition.url)
         p = partition
-        if p.first_timestamp is None or p.last_timestamp is None:
+        if (p.first_timestamp is None or p.last_timestamp is None) and p.key_id is None:  # header: plaintext only
             header = read_header(storage.get_range(p.key, 0, HEADER_SIZE), p.key)
             if not header.overlaps(p.start_ms, p.end_ms):
                 return
-        seg = decode_segment(storage.get(p.key), p.key)
+        data = storage.get(p.key)
+        if p.key_id is not None:  # an encrypted backup: the executor's RBAK_ENCRYPTION_KEYS opens it
+            from rbak.crypto import EncryptionInfo, codec_for, load_keyring
+
+            data = codec_for(p.backup_id, EncryptionInfo(p.key_id), load_keyring()).open(p.key, data)
+        seg = decode_segment(data, p.key)
         yield from rows_of_segment(p, seg.records)
 
 
