@@ -245,6 +245,11 @@ class StorageConfig(_Section):
     sse: Optional[Literal["AES256", "aws:kms"]] = doc_field(
         None, "S3 server-side encryption of every object put: `AES256` (SSE-S3) or `aws:kms` (SSE-KMS).")
     sse_kms_key_id: Optional[str] = doc_field(None, "KMS key id/ARN for `sse: aws:kms` (the bucket's default KMS key when unset).")
+    object_lock_mode: Optional[Literal["GOVERNANCE", "COMPLIANCE"]] = doc_field(
+        None, "S3 Object Lock (the bucket must have it enabled): every object is written once, locked in this mode; "
+        "the manifest and state are written once at the end, and deletion waits for locks to expire.")
+    object_lock_retain_days: Optional[float] = doc_field(None, "How long each object stays locked (days; required "
+                                                         "with `object_lock_mode`).", min=0)
 
     def storage_url(self) -> str:
         """The rbak storage URL of this backend's root (without `prefix`, which the key layout applies)."""
@@ -265,6 +270,8 @@ class StorageConfig(_Section):
                 q.append("sse=" + quote(self.sse, safe=""))
             if self.sse_kms_key_id:
                 q.append("sse_kms_key_id=" + quote(self.sse_kms_key_id, safe=""))
+            if self.object_lock_mode:
+                q.append(f"object_lock_mode={self.object_lock_mode}&object_lock_retain_days={self.object_lock_retain_days}")
             return f"s3://{self.bucket}" + ("?" + "&".join(q) if q else "")
         return f"{b}://{self.bucket or ''}"
 
@@ -276,7 +283,8 @@ class StorageConfig(_Section):
             return S3Storage(
                 bucket=self.bucket or "", region=self.region, endpoint=self.endpoint, path_style=self.path_style,
                 access_key_id=self.access_key_id, secret_access_key=self.secret_access_key,
-                sse=self.sse, sse_kms_key_id=self.sse_kms_key_id, url=self.storage_url(),
+                sse=self.sse, sse_kms_key_id=self.sse_kms_key_id, object_lock_mode=self.object_lock_mode,
+                object_lock_retain_days=self.object_lock_retain_days, url=self.storage_url(),
             )
         from .storage import open_storage
 
@@ -760,6 +768,10 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append(f"storage.backend: {st.backend} is not supported yet; use s3 or filesystem")
     if st.sse_kms_key_id and st.sse != "aws:kms":
         errors.append("storage.sse_kms_key_id: only used with sse: aws:kms")
+    if st.object_lock_mode and st.backend != "s3":
+        errors.append("storage.object_lock_mode: only for the s3 backend")
+    if st.object_lock_mode and not st.object_lock_retain_days:
+        errors.append("storage.object_lock_retain_days: required (> 0) with object_lock_mode")
     if cfg.encryption.enabled and not cfg.encryption.key_id:
         errors.append("encryption.key_id: required when encryption.enabled is true")
     if bool(st.access_key_id) != bool(st.secret_access_key):

@@ -321,6 +321,14 @@ def backup_crd() -> dict[str, Any]:
             ),
             "spark": spark_schema(),
             "encryption": encryption_schema(backup=True),
+            "objectLock": _obj(
+                "S3 Object Lock (bucket created with it): every object written once and locked; retention deletes "
+                "a backup only after its lock expired",
+                {"mode": _s("lock mode", enum=["GOVERNANCE", "COMPLIANCE"]),
+                 "retainDays": {"type": "number", "minimum": 0,
+                                "description": "days each object stays locked"}},
+                ["mode", "retainDays"],
+            ),
             **pod_overrides(),
         },
         ["broker", "storage"],

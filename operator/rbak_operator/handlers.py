@@ -453,8 +453,10 @@ def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: in
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
-    """Delete whole old complete backups made by this object, per spec.retention."""
+    """Delete whole old complete backups made by this object, per spec.retention (object-locked ones
+    once their lock has expired)."""
     from rbak.catalog import list_backups
+    from rbak.immutable import delete_backup
 
     meta, spec = body["metadata"], body.get("spec") or {}
     ret = spec.get("retention") or {}
@@ -476,9 +478,10 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     for bid in victims:
         try:
             # Manifest first: a half-deleted backup then reads as incomplete, never as complete-but-damaged.
-            root = f"{prefix}/{bid}" if prefix else bid
-            st.delete(f"{root}/manifest.json")
-            st.delete_prefix(f"{root}/")
+            locked = delete_backup(st, bid, prefix, now)
+            if locked is not None:  # S3 Object Lock: kept until its lock expires, deleted by a later pass
+                logger.info("retention: %s is object-locked until %s; deleting it later", bid, fmt(locked))
+                continue
             deleted.append(bid)
             metrics.RETENTION_DELETED.inc()
         except RbakError as e:
@@ -524,8 +527,10 @@ def _delete_policy(spec: dict, **_: Any) -> bool:
 
 @kopf.on.delete(GROUP, VERSION, BACKUP_PLURAL, when=_delete_policy)
 def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_: Any) -> None:
-    """deletionPolicy: delete removes the stored backups this object made. Never blocks deletion."""
+    """deletionPolicy: delete removes the stored backups this object made (object-locked ones stay until
+    their lock expires: S3 refuses earlier). Never blocks deletion."""
     from rbak.catalog import list_backups
+    from rbak.immutable import delete_backup
 
     kube = Kube()
     try:
@@ -535,9 +540,9 @@ def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_
             return
         prefix = rbakconfig.storage_prefix(spec.get("storage"))
         ids = [e.backup_id for e in list_backups(st, prefix) if policy.owned(e.backup_id, name)]
-        for bid in ids:
-            st.delete_prefix(f"{prefix}/{bid}/" if prefix else f"{bid}/")
-        _event(body, "Normal", "BackupsDeleted", f"deleted {len(ids)} stored backups (deletionPolicy delete)")
+        locked = [bid for bid in ids if delete_backup(st, bid, prefix) is not None]  # Object Lock: kept
+        _event(body, "Normal", "BackupsDeleted", f"deleted {len(ids) - len(locked)} stored backups (deletionPolicy delete)"
+               + (f"; kept {len(locked)} still object-locked: {', '.join(locked)}" if locked else ""))
     except (RbakError, ApiError) as e:
         # A missing Secret (namespace teardown) must not hang deletion: report and let go.
         _event(body, "Warning", "BackupsKept", f"could not delete stored backups: {e}")

@@ -200,6 +200,12 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str) -> tuple
     if spec.get("segmentMaxIntervalMs"):
         backup["segment_max_interval_ms"] = int(spec["segmentMaxIntervalMs"])
     encryption, env3 = backup_encryption(spec, storage)
+    lock = spec.get("objectLock") or {}
+    if lock:
+        if storage.get("backend") != "s3":
+            raise ConfigError("spec.objectLock: only for spec.storage.s3")
+        storage["object_lock_mode"] = lock.get("mode")
+        storage["object_lock_retain_days"] = lock.get("retainDays")
     cfg = {
         "mode": "backup",
         "backup_id": backup_id,

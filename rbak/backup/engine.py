@@ -200,6 +200,7 @@ class BackupEngine:
         self.level = cfg.backup.compression_level
         self.connections_opened = 0
         self.codec = writer_codec(cfg)
+        self.write_once = self.storage.write_once  # S3 Object Lock: no object is ever put twice
 
     # ------------------------------------------------------------------
     def run(self) -> BackupSummary:
@@ -216,7 +217,8 @@ class BackupEngine:
             manifest = BackupManifest(backup_id=cfg.backup_id, created_at=created_at, source_cluster=cluster,
                                       rabbitmq_version=version, backup_tool_version=__version__,
                                       encryption=self.codec.info)
-            storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
+            if not self.write_once:
+                storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
             ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id)
             try:
@@ -229,11 +231,13 @@ class BackupEngine:
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
                 manifest.queues = sorted(results, key=lambda qb: (qb.vhost, qb.name))
                 manifest.recompute_totals()
-                self._sync(ckpt)
                 failed = summary.failed
+                if not self.write_once or not failed:
+                    self._sync(ckpt)  # write-once: the state object once, only for a complete backup
                 if failed:
                     summary.duration_secs = time.monotonic() - t0
-                    storage.put(layout.manifest, manifest.to_json())  # still incomplete: a rerun resumes
+                    if not self.write_once:
+                        storage.put(layout.manifest, manifest.to_json())  # still incomplete: a rerun resumes
                     lines = "\n  - ".join(f"{q.vhost}/{q.name}: {q.error}" for q in failed)
                     err = BackupError(f"{len(failed)} of {len(summary.queues)} queue(s) failed; backup "
                                       f"{cfg.backup_id!r} is incomplete (rerun to resume):\n  - {lines}")
@@ -262,6 +266,14 @@ class BackupEngine:
     def _check_existing(self) -> int:
         layout, storage = self.layout, self.storage
         now = int(time.time() * 1000)
+        if self.write_once:
+            used = next(iter(storage.list(layout.root + "/")), None)
+            if used is not None:
+                raise ConfigError(
+                    f"backup_id: {self.cfg.backup_id!r} already has objects in {storage.url} ({used}); with "
+                    f"storage.object_lock_mode every object is written once, so a backup id cannot be resumed or "
+                    f"reused: choose another backup_id")
+            return now
         try:
             data = storage.get(layout.manifest)
         except NotFoundError:
@@ -370,7 +382,7 @@ class BackupEngine:
 
     def _sync_loop(self, ckpt: Checkpoint, stop: threading.Event) -> None:
         interval = self.cfg.offset_storage.sync_interval_secs
-        if interval <= 0:
+        if interval <= 0 or self.write_once:  # write-once: the local checkpoint only, stored once at the end
             return
         while not stop.wait(interval):
             try:

@@ -14,7 +14,17 @@ from ..errors import StorageError, UnsupportedStorageError
 from .base import Storage
 
 _TRUE = {"1", "true", "yes", "on"}
-_S3_PARAMS = {"region", "endpoint", "path_style", "sse", "sse_kms_key_id"}
+_S3_PARAMS = {"region", "endpoint", "path_style", "sse", "sse_kms_key_id", "object_lock_mode",
+              "object_lock_retain_days"}
+
+
+def _float(v: str | None, url: str) -> float | None:
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise StorageError(f"S3 URL {url!r}: object_lock_retain_days must be a number, got {v!r}") from None
 
 
 def open_storage(url: str) -> Storage:
@@ -58,6 +68,8 @@ def open_storage(url: str) -> Storage:
             path_style=q.get("path_style", "").lower() in _TRUE,
             sse=q.get("sse") or None,
             sse_kms_key_id=q.get("sse_kms_key_id") or None,
+            object_lock_mode=q.get("object_lock_mode") or None,
+            object_lock_retain_days=_float(q.get("object_lock_retain_days"), url),
             url=url,
         )
     if scheme in ("azure", "gcs", "gs"):

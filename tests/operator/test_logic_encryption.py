@@ -93,3 +93,17 @@ def test_crd_schemas_accept_the_encryption_fields():
     restore = _spec_schema(crds.restore_crd())
     jsonschema.validate({"backupRef": {"name": "x"}, "encryption": {"keysSecretRef": {"name": "k"}}}, restore)
     assert "keyId" not in restore["properties"]["encryption"]["properties"]
+
+
+def test_object_lock_reaches_the_storage_section_and_the_crd():
+    spec = {**CLUSTER_SPEC, "objectLock": {"mode": "COMPLIANCE", "retainDays": 30}}
+    cfg, _ = rbakconfig.backup_config(spec, "prod", "b-1")
+    loaded = Config.from_dict(cfg, env=SECRET_ENV)
+    assert (loaded.storage.object_lock_mode, loaded.storage.object_lock_retain_days) == ("COMPLIANCE", 30)
+    assert loaded.storage.open().write_once
+    with pytest.raises(ConfigError, match="spec.objectLock: only for spec.storage.s3"):
+        rbakconfig.backup_config({**URL_SPEC, "objectLock": {"mode": "GOVERNANCE", "retainDays": 1}}, "prod", "b")
+    schema = _spec_schema(crds.backup_crd())
+    jsonschema.validate(spec, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**CLUSTER_SPEC, "objectLock": {"mode": "FOREVER", "retainDays": 1}}, schema)

@@ -564,6 +564,40 @@ def test_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
     wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name2) is None, 30, what="object gone", diag=cluster.logs)
     assert any(e["reason"] == "BackupsKept" for e in cluster.events(name2))
 
+def test_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster, env):
+    """spec.encryption: the Job pods get the keyring from a Secret (secretKeyRef, no RBAC); every stored
+    object but the manifest is sealed; in-pod deep validation opens them; a backupRef restore inherits the keys."""
+    import base64
+
+    from rbak.catalog import load_manifest
+    from rbak.crypto import MAGIC
+
+    bodies = [f"secret-{i}".encode() for i in range(12)]
+    env.broker.publish(env.vhost, "pii", bodies, declare={})
+    key = base64.b64encode(os.urandom(32)).decode()
+    cluster.http.secret(f"{env.tag}-keys", {"keyring": f"k-2026: {key}\n"})
+    name = f"{env.tag}-enc"
+    create_backup(cluster, env, name, validate={"enabled": True, "deep": True},
+                  encryption={"keyId": "k-2026", "keysSecretRef": {"name": f"{env.tag}-keys"},
+                              "serverSide": {"mode": "AES256"}})
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded", timeout=120)
+    assert run["messages"] == 12 and run.get("validation") == "Passed", run
+    st = open_storage(env.bucket.url_with_prefix(""))
+    m = load_manifest(st, run["backupId"], env.bucket.prefix)
+    assert m.encryption is not None and m.encryption.key_id == "k-2026"
+    seg = m.queues[0].segments[0]
+    assert st.get(seg.key).startswith(MAGIC) and b"secret-" not in st.get(seg.key)
+    env.broker.drain_queue(env.vhost, "pii")
+    rname = f"{env.tag}-encr"
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                  "metadata": {"name": rname}, "spec": {"backupRef": {"name": name}}})
+    rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {}).get("phase")
+                   in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    assert rst["phase"] == "Succeeded", rst
+    assert env.broker.read_bodies(env.vhost, "pii") == bodies
+
+
 
 def test_api_calls_are_within_the_declared_rbac(cluster):
     """Every call the operator process made (kopf's and ours) is declared in api_calls.USED_API_CALLS,
@@ -574,3 +608,4 @@ def test_api_calls_are_within_the_declared_rbac(cluster):
     for call in [("batch", "jobs", "create"), ("rbak.io", "rabbitmqbackups/status", "patch"), ("", "configmaps", "create"),
                  ("rbak.io", "rabbitmqbackups", "watch"), ("", "events", "create"), ("", "secrets", "get")]:
         assert call in made, (call, sorted(made))
+
