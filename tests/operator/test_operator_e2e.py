@@ -48,8 +48,9 @@ class Cluster:
         self.operators: list[Operator] = []
         self.operator = self.start_operator()
 
-    def start_operator(self) -> Operator:
-        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log").start()
+    def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
+        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
+                      extra_env).start()
         self.operators.append(op)
         return op
 
@@ -596,6 +597,42 @@ def test_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster
                    in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
     assert rst["phase"] == "Succeeded", rst
     assert env.broker.read_bodies(env.vhost, "pii") == bodies
+
+
+
+def test_per_resource_gauges_outlive_the_job(cluster, env):
+    """The operator's /metrics carries the last run of each RabbitMQBackup (from the status it wrote),
+    labelled rbak_namespace/backup, after the Job is gone; a failed run's reason too."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from support.s3 import free_port
+
+    port = free_port()
+    cluster.operator.kill()
+    cluster.operator = cluster.start_operator({"RBAK_METRICS_PORT": str(port), "RBAK_METRICS_BIND": "127.0.0.1"})
+    env.broker.publish_n(env.vhost, "q", 3, declare={})
+    name, bad = f"{env.tag}-met", f"{env.tag}-metbad"
+    create_backup(cluster, env, name, schedule="0 3 * * *")
+    create_backup(cluster, env, bad, broker=dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"}))
+    trigger(cluster, name, "1")
+    trigger(cluster, bad, "1")
+    wait_run(cluster, name, phase="Succeeded")
+    wait_run(cluster, bad, phase="Failed")
+
+    def scrape() -> dict:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    lab = (("backup", name), ("rbak_namespace", "default"))  # opcluster.NS
+    got = wait_for(lambda: (m := scrape()).get(("rbak_backup_last_messages", lab)) == 3 and m, 30, what="gauges",
+                   diag=cluster.logs)
+    assert got[("rbak_backup_schedule_period_seconds", lab)] == 86400
+    assert got[("rbak_backup_last_run_failed", tuple(sorted(lab + (("reason", ""),))))] == 0
+    assert got[("rbak_backup_last_success_timestamp_seconds", lab)] > 0
+    failed = [(k, v) for k, v in got.items() if k[0] == "rbak_backup_last_run_failed" and ("backup", bad) in k[1]]
+    assert len(failed) == 1 and failed[0][1] == 1 and dict(failed[0][0][1])["reason"], failed
 
 
 
