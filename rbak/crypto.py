@@ -273,6 +273,18 @@ class ObjectCodec:
 
 
 
+def writer_codec(backup_id: str, enc) -> ObjectCodec:
+    """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``
+    (``enc``: the config's ``encryption`` section)."""
+    if not enc.enabled:
+        return ObjectCodec(backup_id)
+    key = enc.keyring().get(enc.key_id)
+    if key is None:
+        raise ConfigError(f"encryption.key_id: no key {enc.key_id!r} in the keyring (encryption.keys_file, "
+                          f"encryption.keys_env or {DEFAULT_KEYS_ENV}); backup {backup_id!r} was not started")
+    return ObjectCodec(backup_id, EncryptionInfo(enc.key_id), key)
+
+
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
     return EncryptionError(f"backup {backup_id!r} is encrypted with key id {key_id!r}, which is not in the keyring "
                            f"(set {DEFAULT_KEYS_ENV} or encryption.keys_file / keys_env)")

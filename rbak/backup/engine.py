@@ -27,7 +27,7 @@ import pika.exceptions
 
 from .. import __version__
 from ..config import Config
-from ..crypto import DEFAULT_KEYS_ENV, EncryptionInfo, ObjectCodec, codec_for
+from ..crypto import codec_for, writer_codec
 from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
 from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, SegmentMetadata
@@ -199,7 +199,7 @@ class BackupEngine:
         self.compression = Compression.parse(cfg.backup.compression)
         self.level = cfg.backup.compression_level
         self.connections_opened = 0
-        self.codec = writer_codec(cfg)
+        self.codec = writer_codec(cfg.backup_id, cfg.encryption)
         self.write_once = self.storage.write_once  # S3 Object Lock: no object is ever put twice
 
     # ------------------------------------------------------------------
@@ -585,18 +585,6 @@ class BackupEngine:
             if last is not None:
                 return last + 1
         return "first"
-
-
-def writer_codec(cfg: Config) -> ObjectCodec:
-    """How this backup's objects are stored: sealed with ``encryption.key_id`` when encryption is on."""
-    enc = cfg.encryption
-    if not enc.enabled:
-        return ObjectCodec(cfg.backup_id)
-    key = enc.keyring().get(enc.key_id)
-    if key is None:
-        raise ConfigError(f"encryption.key_id: no key {enc.key_id!r} in the keyring (encryption.keys_file, "
-                          f"encryption.keys_env or {DEFAULT_KEYS_ENV}); backup {cfg.backup_id!r} was not started")
-    return ObjectCodec(cfg.backup_id, EncryptionInfo(enc.key_id), key)
 
 
 def run_backup(cfg: Config, storage: Storage | None = None, progress: Progress | None = None) -> BackupSummary:
