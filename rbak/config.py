@@ -242,6 +242,14 @@ class StorageConfig(_Section):
     path_style: bool = doc_field(False, "Path-style S3 addressing (needed by most S3-compatible servers).")
     access_key_id: Optional[str] = doc_field(None, "S3 access key; boto3's credential chain (env, profile, IRSA) when unset.")
     secret_access_key: Optional[str] = doc_field(None, "S3 secret key (with `access_key_id`).", secret=True)
+    sse: Optional[Literal["AES256", "aws:kms"]] = doc_field(
+        None, "S3 server-side encryption of every object put: `AES256` (SSE-S3) or `aws:kms` (SSE-KMS).")
+    sse_kms_key_id: Optional[str] = doc_field(None, "KMS key id/ARN for `sse: aws:kms` (the bucket's default KMS key when unset).")
+    object_lock_mode: Optional[Literal["GOVERNANCE", "COMPLIANCE"]] = doc_field(
+        None, "S3 Object Lock (the bucket must have it enabled): every object is written once, locked in this mode; "
+        "the manifest and state are written once at the end, and deletion waits for locks to expire.")
+    object_lock_retain_days: Optional[float] = doc_field(None, "How long each object stays locked (days; required "
+                                                         "with `object_lock_mode`).", min=0)
 
     def storage_url(self) -> str:
         """The rbak storage URL of this backend's root (without `prefix`, which the key layout applies)."""
@@ -258,6 +266,12 @@ class StorageConfig(_Section):
                 q.append("endpoint=" + quote(self.endpoint, safe=":/"))
             if self.path_style:
                 q.append("path_style=true")
+            if self.sse:
+                q.append("sse=" + quote(self.sse, safe=""))
+            if self.sse_kms_key_id:
+                q.append("sse_kms_key_id=" + quote(self.sse_kms_key_id, safe=""))
+            if self.object_lock_mode:
+                q.append(f"object_lock_mode={self.object_lock_mode}&object_lock_retain_days={self.object_lock_retain_days}")
             return f"s3://{self.bucket}" + ("?" + "&".join(q) if q else "")
         return f"{b}://{self.bucket or ''}"
 
@@ -269,7 +283,8 @@ class StorageConfig(_Section):
             return S3Storage(
                 bucket=self.bucket or "", region=self.region, endpoint=self.endpoint, path_style=self.path_style,
                 access_key_id=self.access_key_id, secret_access_key=self.secret_access_key,
-                url=self.storage_url(),
+                sse=self.sse, sse_kms_key_id=self.sse_kms_key_id, object_lock_mode=self.object_lock_mode,
+                object_lock_retain_days=self.object_lock_retain_days, url=self.storage_url(),
             )
         from .storage import open_storage
 
@@ -380,6 +395,27 @@ class MetricsConfig(_Section):
 
 
 @dataclass(repr=False)
+class EncryptionConfig(_Section):
+    """Client-side encryption (AES-256-GCM) of segments, definitions and state: rbak's own extension of
+    the format (the Rust tool cannot read encrypted backups). The manifest stays plaintext and names the
+    key id. Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
+    read, so restore and validate of encrypted backups need only the keys, not `enabled`."""
+
+    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`).")
+    key_id: Optional[str] = doc_field(None, "Id of the key new backups are encrypted with (required when `enabled`); "
+                                      "recorded in the manifest, so older keys stay usable after a rotation.")
+    keys_file: Optional[str] = doc_field(None, "Keyring: a YAML/JSON file `{key id: base64 key}` (a bare base64 key "
+                                         "is `key_id`'s), or a directory with one file per key id (a mounted Kubernetes Secret).")
+    keys_env: Optional[str] = doc_field(None, "Environment variable holding a keyring in the same format "
+                                        "(`RBAK_ENCRYPTION_KEYS` is always read when set).")
+
+    def keyring(self) -> dict[str, bytes]:
+        from .crypto import load_keyring
+
+        return load_keyring(self.keys_file, self.keys_env, self.key_id)
+
+
+@dataclass(repr=False)
 class Config(_Section):
     """A whole rbak configuration file."""
 
@@ -393,6 +429,8 @@ class Config(_Section):
     restore: RestoreOptions = doc_field(doc="Restore options.", factory=RestoreOptions)
     offset_storage: OffsetStorageConfig = doc_field(doc="Checkpoint database.", factory=OffsetStorageConfig)
     metrics: MetricsConfig = doc_field(doc="Prometheus metrics.", factory=MetricsConfig)
+    encryption: EncryptionConfig = doc_field(doc="Client-side encryption (rbak's extension of the format).",
+                                             factory=EncryptionConfig)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -784,6 +822,14 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append("storage.bucket: required when storage.backend is s3")
     if st.backend in ("azure", "gcs"):
         errors.append(f"storage.backend: {st.backend} is not supported yet; use s3 or filesystem")
+    if st.sse_kms_key_id and st.sse != "aws:kms":
+        errors.append("storage.sse_kms_key_id: only used with sse: aws:kms")
+    if st.object_lock_mode and st.backend != "s3":
+        errors.append("storage.object_lock_mode: only for the s3 backend")
+    if st.object_lock_mode and not st.object_lock_retain_days:
+        errors.append("storage.object_lock_retain_days: required (> 0) with object_lock_mode")
+    if cfg.encryption.enabled and not cfg.encryption.key_id:
+        errors.append("encryption.key_id: required when encryption.enabled is true")
     if bool(st.access_key_id) != bool(st.secret_access_key):
         errors.append("storage: access_key_id and secret_access_key go together (one is missing)")
     try:

@@ -176,12 +176,3 @@ def stored_backups(entries, owns=lambda _bid: True) -> list[StoredBackup]:
         out.append(StoredBackup(e.backup_id, m.created_at if m else 0, e.complete,
                                 frozenset(m.depends_on) if m else frozenset(), owns(e.backup_id)))
     return out
-
-
-def delete_backup(storage, backup_id: str, prefix: str | None = "") -> None:
-    """Manifest first: a half-deleted backup then reads as incomplete, never as complete-but-damaged."""
-    from .keys import BackupLayout
-
-    layout = BackupLayout(backup_id, prefix)
-    storage.delete(layout.manifest)
-    storage.delete_prefix(layout.root + "/")

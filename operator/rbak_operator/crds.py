@@ -159,6 +159,31 @@ def storage_schema() -> dict[str, Any]:
     )
 
 
+def encryption_schema(backup: bool) -> dict[str, Any]:
+    """spec.encryption: client-side AES-256-GCM keys from a Secret (and, for backups, S3 SSE)."""
+    props: dict[str, Any] = {
+        "keysSecretRef": _obj(
+            "Secret holding the keyring: YAML {key id: base64 32-byte key}, old ids kept so old backups stay readable",
+            {"name": _name("Secret name (same namespace)"), "key": _s("data key of the keyring (default keyring)")},
+            ["name"],
+        ),
+    }
+    if backup:
+        props["keyId"] = _s("key id new backups are encrypted with (recorded in each manifest)", minLength=1,
+                            maxLength=255)
+        props["serverSide"] = _obj(
+            "S3 server-side encryption of every object put",
+            {"mode": _s("SSE-S3 (AES256) or SSE-KMS (aws:kms)", enum=["AES256", "aws:kms"]),
+             "kmsKeyId": _s("KMS key id or ARN (aws:kms only)")},
+            ["mode"],
+        )
+        desc = ("client-side encryption (rbak's extension of the format): set keyId and keysSecretRef to encrypt; "
+                "serverSide alone only asks S3 to encrypt")
+    else:
+        desc = "keys of an encrypted backup (default: the referenced RabbitMQBackup's keysSecretRef)"
+    return _obj(desc, props)
+
+
 def pod_overrides() -> dict[str, Any]:
     return {
         "image": _s("container image running rbak (default: the operator's RBAK_IMAGE)", minLength=1),
@@ -317,6 +342,15 @@ def backup_crd() -> dict[str, Any]:
                 },
             ),
             "spark": spark_schema(),
+            "encryption": encryption_schema(backup=True),
+            "objectLock": _obj(
+                "S3 Object Lock (bucket created with it): every object written once and locked; retention deletes "
+                "a backup only after its lock expired",
+                {"mode": _s("lock mode", enum=["GOVERNANCE", "COMPLIANCE"]),
+                 "retainDays": {"type": "number", "minimum": 0,
+                                "description": "days each object stays locked"}},
+                ["mode", "retainDays"],
+            ),
             **pod_overrides(),
         },
         ["broker", "storage"],
@@ -390,6 +424,7 @@ def restore_crd() -> dict[str, Any]:
                 pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$",
             ),
             "target": broker_schema("The RabbitMQ to restore into (default: the referenced backup's broker)."),
+            "encryption": encryption_schema(backup=False),
             "pitr": _obj(
                 "point in time window on each message's backup time: RFC 3339 or epoch milliseconds",
                 {

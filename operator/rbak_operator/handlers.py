@@ -380,6 +380,7 @@ def _start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
     vname = naming.validate_run_name(run)
     url, prefix = rbakconfig.storage_url(spec["storage"]), rbakconfig.storage_prefix(spec["storage"])
     _, storage_env = rbakconfig.storage_section(spec["storage"])
+    storage_env += rbakconfig.encryption_env(spec.get("encryption"))  # a deep validation opens the objects
     labels = {**bodies.common_labels("validate"), bodies.L_VALIDATES: naming.label_value(meta["name"])}
     if engine == "spark":
         kube.create_spark_app(bodies.spark_application_body(
@@ -459,9 +460,11 @@ def _report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: in
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
-    """Delete old complete backups made by this object, per spec.retention (``rbak.retention``: chains kept)."""
+    """Delete old complete backups made by this object, per spec.retention (``rbak.retention``: chains kept;
+    object-locked ones once their lock has expired)."""
     from rbak.catalog import list_backups
-    from rbak.retention import delete_backup, stored_backups
+    from rbak.immutable import delete_backup
+    from rbak.retention import stored_backups
 
     meta, spec = body["metadata"], body.get("spec") or {}
     try:
@@ -483,7 +486,11 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
     deleted = []
     for bid in plan.delete:
         try:
-            delete_backup(st, bid, prefix)
+            # Manifest first: a half-deleted backup then reads as incomplete, never as complete-but-damaged.
+            locked = delete_backup(st, bid, prefix, now)
+            if locked is not None:  # S3 Object Lock: kept until its lock expires, deleted by a later pass
+                logger.info("retention: %s is object-locked until %s; deleting it later", bid, fmt(locked))
+                continue
             deleted.append(bid)
             metrics.RETENTION_DELETED.inc()
         except RbakError as e:
@@ -529,8 +536,10 @@ def _delete_policy(spec: dict, **_: Any) -> bool:
 
 @kopf.on.delete(GROUP, VERSION, BACKUP_PLURAL, when=_delete_policy)
 def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_: Any) -> None:
-    """deletionPolicy: delete removes the stored backups this object made. Never blocks deletion."""
+    """deletionPolicy: delete removes the stored backups this object made (object-locked ones stay until
+    their lock expires: S3 refuses earlier). Never blocks deletion."""
     from rbak.catalog import list_backups
+    from rbak.immutable import delete_backup
 
     kube = Kube()
     try:
@@ -540,9 +549,9 @@ def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_
             return
         prefix = rbakconfig.storage_prefix(spec.get("storage"))
         ids = [e.backup_id for e in list_backups(st, prefix) if policy.owned(e.backup_id, name)]
-        for bid in ids:
-            st.delete_prefix(f"{prefix}/{bid}/" if prefix else f"{bid}/")
-        _event(body, "Normal", "BackupsDeleted", f"deleted {len(ids)} stored backups (deletionPolicy delete)")
+        locked = [bid for bid in ids if delete_backup(st, bid, prefix) is not None]  # Object Lock: kept
+        _event(body, "Normal", "BackupsDeleted", f"deleted {len(ids) - len(locked)} stored backups (deletionPolicy delete)"
+               + (f"; kept {len(locked)} still object-locked: {', '.join(locked)}" if locked else ""))
     except (RbakError, ApiError) as e:
         # A missing Secret (namespace teardown) must not hang deletion: report and let go.
         _event(body, "Warning", "BackupsKept", f"could not delete stored backups: {e}")
@@ -594,6 +603,17 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     return target, storage, backup_id, nbytes, spec.get("spark") or {}
 
 
+def _with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+    """A restore's spec with the referenced RabbitMQBackup's keys when it names none itself."""
+    spec = body.get("spec") or {}
+    ref = spec.get("backupRef")
+    if spec.get("encryption") or not ref:
+        return spec
+    backup = kube.get_backup(body["metadata"]["namespace"], ref["name"]) or {}
+    enc = (backup.get("spec") or {}).get("encryption") or {}
+    return {**spec, "encryption": {"keysSecretRef": enc["keysSecretRef"]}} if enc.get("keysSecretRef") else spec
+
+
 def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
     """One pass over a RabbitMQRestore: the status patch, None (still running) or GONE (nothing left to do)."""
     body = kube.get_restore(namespace, name)
@@ -611,7 +631,8 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
             engine = policy.restore_engine(spec.get("engine"), nbytes, spec.get("sparkThresholdBytes"))
             run = naming.restore_run_name(name)
             resolved = resolve_broker(kube, target, namespace, "spec.target")
-            cfg, secret_env = rbakconfig.restore_config(spec, namespace, backup_id, target, storage, resolved)
+            cfg, secret_env = rbakconfig.restore_config(_with_backup_keys(kube, body), namespace, backup_id, target,
+                                                        storage, resolved)
         except RbakError as e:
             patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
                      "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}

@@ -171,8 +171,11 @@ class Kube:
         return self._call("GET", _path(GROUP, VERSION, plural, namespace, name), ok_missing=True)
 
     def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._call("PATCH", _path(GROUP, VERSION, plural, namespace, name, "status"), {"status": status},
-                   content_type="application/merge-patch+json")
+        obj = self._call("PATCH", _path(GROUP, VERSION, plural, namespace, name, "status"), {"status": status},
+                         content_type="application/merge-patch+json")
+        from .resource_metrics import observe
+
+        observe(plural, obj)  # the per-resource gauges follow every status the operator writes
 
     def get_backup(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_cr(BACKUP_PLURAL, namespace, name)

@@ -23,6 +23,8 @@ STATE_DIR = "/var/run/rbak"
 PVC_MOUNT = "/var/lib/rbak"
 CONFIG_DIR = "/etc/rbak"
 CONFIG_FILE = "config.yaml"
+ENV_KEYS = "RBAK_ENCRYPTION_KEYS"  # rbak.crypto.DEFAULT_KEYS_ENV: read by every rbak command
+KEYRING_KEY = "keyring"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,37 @@ def storage_url(storage: dict[str, Any]) -> str:
     return f"s3://{sec['bucket']}?{'&'.join(q)}"
 
 
+def encryption_env(enc: dict[str, Any] | None, field: str = "spec.encryption") -> list[SecretEnv]:
+    """The keyring Secret as ``RBAK_ENCRYPTION_KEYS`` (no RBAC: the kubelet fills it); none without keys."""
+    ref = (enc or {}).get("keysSecretRef")
+    if ref is None:
+        return []
+    if not ref.get("name"):
+        raise ConfigError(f"{field}.keysSecretRef.name: required")
+    return [SecretEnv(ENV_KEYS, ref["name"], ref.get("key") or KEYRING_KEY)]
+
+
+def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[dict[str, Any] | None, list[SecretEnv]]:
+    """The ``encryption`` section of a backup's config (None: not encrypted) and its env; S3 SSE goes
+    into ``storage`` (which must be S3)."""
+    enc = spec.get("encryption") or {}
+    sse = enc.get("serverSide") or {}
+    if sse:
+        if storage.get("backend") != "s3":
+            raise ConfigError("spec.encryption.serverSide: only for spec.storage.s3")
+        storage["sse"] = sse.get("mode")
+        if sse.get("kmsKeyId"):
+            if sse.get("mode") != "aws:kms":
+                raise ConfigError("spec.encryption.serverSide.kmsKeyId: only with mode aws:kms")
+            storage["sse_kms_key_id"] = sse["kmsKeyId"]
+    env = encryption_env(enc)
+    if bool(enc.get("keyId")) != bool(env):
+        raise ConfigError("spec.encryption: keyId and keysSecretRef go together (one is missing)")
+    if not enc.get("keyId"):
+        return None, env
+    return {"enabled": True, "key_id": enc["keyId"]}, env
+
+
 def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sel = sel or {}
@@ -218,6 +251,13 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
         backup["segment_max_bytes"] = int(spec["segmentMaxBytes"])
     if spec.get("segmentMaxIntervalMs"):
         backup["segment_max_interval_ms"] = int(spec["segmentMaxIntervalMs"])
+    encryption, env3 = backup_encryption(spec, storage)
+    lock = spec.get("objectLock") or {}
+    if lock:
+        if storage.get("backend") != "s3":
+            raise ConfigError("spec.objectLock: only for spec.storage.s3")
+        storage["object_lock_mode"] = lock.get("mode")
+        storage["object_lock_retain_days"] = lock.get("retainDays")
     cfg = {
         "mode": "backup",
         "backup_id": backup_id,
@@ -226,7 +266,9 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
         "backup": backup,
         "offset_storage": {"path": f"${{{ENV_STATE}}}/offsets.db"},
     }
-    return cfg, _dedupe(env1 + env2)
+    if encryption:
+        cfg["encryption"] = encryption
+    return cfg, _dedupe(env1 + env2 + env3)
 
 
 def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
@@ -262,7 +304,7 @@ def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target:
         "restore": restore,
         "offset_storage": {"path": f"${{{ENV_STATE}}}/offsets.db"},
     }
-    return cfg, _dedupe(env1 + env2)
+    return cfg, _dedupe(env1 + env2 + encryption_env(spec.get("encryption")))
 
 
 def _dedupe(envs: list[SecretEnv]) -> list[SecretEnv]:

@@ -35,6 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..crypto import ObjectCodec
 from ..errors import CheckpointError, NotFoundError, StorageError
 from ..format.manifest import SegmentMetadata
 from ..storage.base import Storage
@@ -224,9 +225,12 @@ class Checkpoint:
             data[18:20] = b"\x01\x01"
         return bytes(data)
 
-    def sync_to(self, storage: Storage, key: str) -> None:
+    def sync_to(self, storage: Storage, key: str, codec: ObjectCodec | None = None) -> None:
         data = self.snapshot()
-        storage.put(key, data)
+        if codec is not None:
+            codec.put(storage, key, data)  # sealed when the backup is encrypted
+        else:
+            storage.put(key, data)
         self._dirty = False
 
     def merge_from_bytes(self, data: bytes, own_backup: bool, cross: bool,
@@ -275,9 +279,10 @@ class Checkpoint:
         finally:
             other.close()
 
-    def seed_from_storage(self, storage: Storage, key: str, own_backup: bool, cross: bool) -> bool:
+    def seed_from_storage(self, storage: Storage, key: str, own_backup: bool, cross: bool,
+                          codec: ObjectCodec | None = None) -> bool:
         try:
-            data = storage.get(key)
+            data = codec.get(storage, key) if codec is not None else storage.get(key)
         except NotFoundError:
             return False
         except StorageError as e:

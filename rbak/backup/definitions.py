@@ -20,6 +20,7 @@ from ..format.compression import Compression, compress
 from ..format.manifest import DefinitionsBackup
 from ..definitions_doc import filter_queues, scope_to_vhosts
 from ..keys import BackupLayout
+from ..crypto import ObjectCodec
 from ..storage.base import Storage
 from ..management import ManagementClient
 
@@ -45,11 +46,11 @@ def scope_definitions(doc: dict, selection: Any) -> dict:
 
 
 def store_definitions(doc: dict, storage: Storage, layout: BackupLayout, compression: Compression,
-                      level: int | None = None) -> DefinitionsBackup:
-    """Pretty-printed (2-space) like the Rust tool; counts for the manifest."""
+                      level: int | None = None, codec: ObjectCodec | None = None) -> DefinitionsBackup:
+    """Pretty-printed (2-space) like the Rust tool; counts for the manifest. Sealed when ``codec`` encrypts."""
     pretty = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
     key = layout.definitions(compression)
-    storage.put(key, compress(pretty, compression, level))
+    (codec or ObjectCodec(layout.backup_id)).put(storage, key, compress(pretty, compression, level))
 
     def n(name: str) -> int:
         v = doc.get(name)

@@ -30,6 +30,7 @@ import pika.exceptions
 
 from .. import __version__
 from ..config import Config
+from ..crypto import codec_for, writer_codec
 from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
 from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, QueueStatus, SegmentMetadata
@@ -192,6 +193,8 @@ class BackupEngine(StreamBackup):
         self._bases: dict[tuple[str, str], StreamBase] = {}
         self._fresh = False  # no usable manifest of this id in this storage: local progress is stale
         self.skipped: list[tuple[str, str, str]] = []  # (vhost, queue, reason), noted in the manifest
+        self.codec = writer_codec(cfg.backup_id, cfg.encryption)
+        self.write_once = self.storage.write_once  # S3 Object Lock: no object is ever put twice
 
     # ------------------------------------------------------------------
     def run(self) -> BackupSummary:
@@ -206,8 +209,10 @@ class BackupEngine(StreamBackup):
             summary = BackupSummary(cfg.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
                                     source_cluster=cluster)
             manifest = BackupManifest(backup_id=cfg.backup_id, created_at=created_at, source_cluster=cluster,
-                                      rabbitmq_version=version, backup_tool_version=__version__)
-            storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
+                                      rabbitmq_version=version, backup_tool_version=__version__,
+                                      encryption=self.codec.info)
+            if not self.write_once:
+                storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
             ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id, storage_scope(storage, cfg.storage.prefix))
             self.client, self.policies, self.nack = client, PolicyCache(client), NackSupport(version)
@@ -222,7 +227,7 @@ class BackupEngine(StreamBackup):
                     self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id, streams)
                 if cfg.backup.include_definitions:
                     manifest.definitions = store_definitions(export_definitions(client, cfg.source.queues), storage, layout,
-                                                             self.compression, self.level)
+                                                             self.compression, self.level, self.codec)
                     summary.definitions = manifest.definitions
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
                 manifest.queues = sorted(results, key=lambda qb: (qb.vhost, qb.name))
@@ -232,7 +237,8 @@ class BackupEngine(StreamBackup):
                 manifest.queue_status += [QueueStatus(vhost, name, "skipped", reason)
                                           for vhost, name, reason in self.skipped]
                 manifest.queue_status.sort(key=lambda x: (x.vhost, x.name))
-                self._sync(ckpt)
+                if not self.write_once or not summary.failed:
+                    self._sync(ckpt)  # write-once: the state object once, only for a complete backup
                 self._confirm_segments(manifest)  # never a manifest naming what is not in this storage
                 manifest.completed_at = int(time.time() * 1000)
                 storage.put(layout.manifest, manifest.to_json())  # LAST: the backup is complete (or partial) now
@@ -256,9 +262,25 @@ class BackupEngine(StreamBackup):
         return summary
 
     # ------------------------------------------------------------------
+    def _keyring(self) -> dict[str, bytes]:
+        """Keys for reading earlier backups; a keyring that cannot be read only costs incremental offsets."""
+        try:
+            return self.cfg.encryption.keyring()
+        except ConfigError as e:
+            log.warning("cannot read the encryption keyring: %s", e)
+            return {}
+
     def _check_existing(self) -> int:
         layout, storage = self.layout, self.storage
         now = int(time.time() * 1000)
+        if self.write_once:
+            used = next(iter(storage.list(layout.root + "/")), None)
+            if used is not None:
+                raise ConfigError(
+                    f"backup_id: {self.cfg.backup_id!r} already has objects in {storage.url} ({used}); with "
+                    f"storage.object_lock_mode every object is written once, so a backup id cannot be resumed or "
+                    f"reused: choose another backup_id")
+            return now
         try:
             data = storage.get(layout.manifest)
         except NotFoundError:
@@ -269,6 +291,12 @@ class BackupEngine(StreamBackup):
             log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.cfg.backup_id,
                         ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status if q.status != "skipped"))
             return old.created_at
+        if not old.is_complete and old.encryption != self.codec.info:
+            was = f"key id {old.encryption.key_id!r}" if old.encryption else "no encryption"
+            now = f"key id {self.codec.info.key_id!r}" if self.codec.info else "no encryption"
+            raise ConfigError(f"encryption: the incomplete backup {self.cfg.backup_id!r} was started with {was}, this "
+                              f"configuration has {now}; resume it with the same encryption settings or use another "
+                              "backup_id")
         if old.is_complete:
             if not self.cfg.backup.overwrite:
                 raise ConfigError(
@@ -284,7 +312,7 @@ class BackupEngine(StreamBackup):
     def _seed_checkpoint(self, ckpt: Checkpoint, cluster: str) -> None:
         """Another machine's progress for this id, and the newest complete backup's stream offsets/guards."""
         if not ckpt.has_backup():
-            ckpt.seed_from_storage(self.storage, self.layout.offsets_db, own_backup=True, cross=True)
+            ckpt.seed_from_storage(self.storage, self.layout.offsets_db, own_backup=True, cross=True, codec=self.codec)
         try:
             from ..catalog import latest_complete
 
@@ -296,7 +324,12 @@ class BackupEngine(StreamBackup):
             return
         prev = BackupLayout(entry.backup_id, self.cfg.storage.prefix or "")
         try:
-            data = self.storage.get(prev.offsets_db)
+            codec = codec_for(entry.backup_id, entry.manifest.encryption, self._keyring(), required=False)
+            if not codec.can_open:
+                log.warning("no key for the previous backup %r (key id %r): streams are read from the start",
+                            entry.backup_id, entry.manifest.encryption.key_id)
+                return
+            data = codec.get(self.storage, prev.offsets_db)
         except NotFoundError:
             return
         ckpt.merge_from_bytes(data, own_backup=False, cross=True, completed_backup=entry.backup_id, source=cluster)
@@ -379,7 +412,7 @@ class BackupEngine(StreamBackup):
 
     def _sync_loop(self, ckpt: Checkpoint, stop: threading.Event) -> None:
         interval = self.cfg.offset_storage.sync_interval_secs
-        if interval <= 0:
+        if interval <= 0 or self.write_once:  # write-once: the local checkpoint only, stored once at the end
             return
         while not stop.wait(interval):
             try:
@@ -389,7 +422,7 @@ class BackupEngine(StreamBackup):
 
     def _sync(self, ckpt: Checkpoint) -> None:
         key = self.cfg.offset_storage.s3_key or self.layout.offsets_db
-        ckpt.sync_to(self.storage, key)
+        ckpt.sync_to(self.storage, key, self.codec)
         metrics.checkpoint_syncs().inc()
 
     # ------------------------------------------------------------------
@@ -451,12 +484,14 @@ class BackupEngine(StreamBackup):
         labels = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
         seg_bytes = metrics.segment_bytes().labels(vhost=vhost, queue=queue, queue_type=queue_type)
 
-        def sink(seq: int, data: bytes) -> str:
+        codec = self.codec
+
+        def sink(seq: int, data: bytes) -> str | tuple[str, bytes]:
             key = layout.segment(vhost, queue, seq, comp)
-            storage.put(key, data)
+            stored = codec.put(storage, key, data)
             labels.inc()
-            seg_bytes.inc(len(data))
-            return key
+            seg_bytes.inc(len(stored))
+            return (key, stored) if codec.encrypted else key
 
         b = self.cfg.backup
         return AsyncSegmentWriter(sink, comp, self.level, b.segment_max_bytes, b.segment_max_interval_ms,

@@ -6,7 +6,9 @@ backup that finds that backup. A new backup id, a new Job pod or a run after a
 failed one must still know what earlier backups left behind, so every guard is
 also written to ``{prefix}/_guards/{cluster}/{vhost}/{queue}.json`` as soon as
 a read returns its messages, and read back (merged with the local state,
-newest first) before the next read of that queue.
+newest first) before the next read of that queue. On write-once storage (S3
+Object Lock) no key may be put twice, so each save is a new object under
+``{queue}/{updated_at}-{backup_id}.json`` and the newest one counts.
 """
 
 from __future__ import annotations
@@ -47,9 +49,20 @@ class GuardStore:
     def key(self, vhost: str, queue: str) -> str:
         return guard_key(self.prefix, self.cluster, vhost, queue)
 
+    def versions(self, vhost: str, queue: str) -> str:
+        """Where write-once storage keeps one object per save."""
+        return self.key(vhost, queue)[: -len(".json")] + "/"
+
     def load(self, vhost: str, queue: str) -> Guard | None:
-        """The stored guard; a damaged object is an error (never read as 'no guard')."""
-        key = self.key(vhost, queue)
+        """The newest stored guard; a damaged object is an error (never read as 'no guard')."""
+        newest = max(self.storage.list(self.versions(vhost, queue)), default=None)  # zero-padded: newest last
+        found = [self._read(k) for k in (self.key(vhost, queue), newest) if k is not None]
+        result = None
+        for g in found:
+            result = merge(result, g)
+        return result
+
+    def _read(self, key: str) -> Guard | None:
         try:
             data = self.storage.get(key)
         except NotFoundError:
@@ -67,7 +80,10 @@ class GuardStore:
     def save(self, vhost: str, queue: str, g: Guard, backup_id: str) -> None:
         rec = GuardRecord(self.cluster, vhost, queue, g.max_count, g.delivery_limit, g.message, backup_id,
                           g.updated_at)
-        self.storage.put(self.key(vhost, queue), json.dumps(asdict(rec), indent=2).encode())
+        key = self.key(vhost, queue)
+        if self.storage.write_once:
+            key = f"{self.versions(vhost, queue)}{g.updated_at:015d}-{backup_id}.json"
+        self.storage.put(key, json.dumps(asdict(rec), indent=2).encode())
 
 
 def merge(local: Guard | None, stored: Guard | None) -> Guard | None:

@@ -8,6 +8,7 @@ import sys
 from datetime import datetime, timezone
 
 from ..catalog import list_backups, load_manifest
+from ..crypto import load_keyring
 from ..format.manifest import BackupManifest
 from ..storage import open_storage
 from ..validate import store_report, validate_backup
@@ -34,6 +35,9 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
     p.add_argument("--deep", action="store_true", help="read every segment: CRC32, SHA-256, record counts")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--workers", type=int, default=4, help="segments checked at once")
+    p.add_argument("--keys-file", default=None,
+                   help="encryption keyring (file or Secret directory; RBAK_ENCRYPTION_KEYS is also read): "
+                        "with the key, --deep decrypts and checks everything; without it, stored sizes and SHA-256")
     p.add_argument("--write-report", action="store_true",
                    help="store the report next to the backup (validation/report-<ts>.json); a backup whose newest "
                         "report failed is skipped when a restore picks the latest backup")
@@ -127,6 +131,7 @@ def describe_obj(m: BackupManifest) -> dict:
         "total_bytes": m.total_bytes,
         "total_segments": m.total_segments,
         "definitions": m.definitions.to_json_obj() if m.definitions else None,
+        "encryption": m.encryption.to_json_obj() if m.encryption else None,
         "queues": [
             {
                 "name": q.name,
@@ -165,6 +170,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
     c.print(f"  created    {fmt_ts(m.created_at)}")
     c.print(f"  completed  {fmt_ts(m.completed_at)}")
     c.print(f"  source     {m.source_cluster or '-'} (RabbitMQ {m.rabbitmq_version or '?'})")
+    if m.encryption:
+        c.print(f"  encryption {m.encryption.algorithm}, key id {m.encryption.key_id}")
     c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {fmt_bytes(m.total_bytes)}")
     if m.definitions:
         d = m.definitions
@@ -203,7 +210,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         progress = lambda _c: bar.advance(task)  # noqa: E731
     try:
         report = validate_backup(storage, args.backup_id, args.prefix, deep=args.deep,
-                                 workers=args.workers, progress=progress)
+                                 workers=args.workers, progress=progress, keyring=load_keyring(args.keys_file))
     finally:
         if bar is not None:
             bar.stop()
@@ -230,6 +237,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   f"{len(report.bad_segments)} bad):", file=sys.stderr)
             for line in report.all_problems():
                 print(f"  - {line}", file=sys.stderr)
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
         if report_key:
             print(f"report: {report_key}", file=sys.stderr)
     return 0 if report.ok else 1

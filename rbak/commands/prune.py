@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 from ..catalog import list_backups
 from ..errors import ConfigError, RbakError
-from ..retention import RetentionPolicy, delete_backup, parse_duration, plan_retention, stored_backups
+from ..immutable import delete_backup
+from ..retention import RetentionPolicy, parse_duration, plan_retention, stored_backups
 from ..storage import open_storage
 
 
@@ -36,23 +37,29 @@ def cmd_prune(args: argparse.Namespace) -> int:
     storage = open_storage(args.path)
     entries = list_backups(storage, args.prefix)
     plan = plan_retention(stored_backups(entries), policy, datetime.now(timezone.utc))
-    deleted, failed = [], []
+    deleted, failed, locked = [], [], {}
     if not args.dry_run:
         for bid in plan.delete:
             try:
-                delete_backup(storage, bid, args.prefix)
-                deleted.append(bid)
+                until = delete_backup(storage, bid, args.prefix)
             except RbakError as e:
                 failed.append(f"{bid}: {e}")
+                continue
+            if until is None:
+                deleted.append(bid)
+            else:  # S3 Object Lock: kept until the lock expires; a later prune deletes it
+                locked[bid] = until.isoformat()
     if args.format == "json":
         print(json.dumps({"dry_run": args.dry_run, "keep": plan.keep, "delete": plan.delete, "deleted": deleted,
-                          "failed": failed, "verdicts": [{"backup_id": v.backup_id, "keep": v.keep,
+                          "locked_until": locked, "failed": failed, "verdicts": [{"backup_id": v.backup_id, "keep": v.keep,
                                                           "reasons": v.reasons} for v in plan.verdicts]}, indent=2))
     else:
         for line in plan.lines():
             print(line)
         verb = "would delete" if args.dry_run else "deleted"
         n = len(plan.delete) if args.dry_run else len(deleted)
+        for bid, until in locked.items():
+            print(f"{bid}: object-locked until {until}; a later prune deletes it")
         print(f"{verb} {n} backup(s), kept {len(plan.keep)}")
     for f in failed:
         print(f"rbak: cannot delete {f}", file=sys.stderr)

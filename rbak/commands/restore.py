@@ -43,6 +43,8 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
                    help="a stream from an incremental backup: restore that backup's own offsets only, not the "
                         "earlier backups of its chain (the default restores base through the chosen backup)")
     p.add_argument("--checkpoint", dest="checkpoint_state", default=None, help="restore checkpoint file (resumable)")
+    p.add_argument("--keys-file", default=None, help="encryption keyring for encrypted backups (a file or a mounted "
+                   "Secret directory; RBAK_ENCRYPTION_KEYS is also read; without --config)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=run)
 
@@ -93,7 +95,10 @@ def build(args: Any):
         management_url=args.management_url or TargetConnection.management_url,
     )
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
-    return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, **opts), None
+    from ..crypto import load_keyring
+
+    keys = tuple(sorted(load_keyring(args.keys_file).items()))
+    return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, keys=keys, **opts), None
 
 
 def run(args: Any) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from ..crypto import EncryptionInfo
 from ..errors import ManifestError
 
 
@@ -265,6 +266,7 @@ class BackupManifest:
     total_bytes: int = 0
     total_segments: int = 0
     queue_status: list[QueueStatus] = field(default_factory=list)  # rbak extension: refused/failed/skipped queues
+    encryption: EncryptionInfo | None = None  # rbak's extension; absent (not null) in unencrypted manifests
 
     @property
     def is_complete(self) -> bool:
@@ -321,6 +323,7 @@ class BackupManifest:
             "total_bytes": self.total_bytes,
             "total_segments": self.total_segments,
             **({"queue_status": [q.to_json_obj() for q in self.queue_status]} if self.queue_status else {}),
+            **({"encryption": self.encryption.to_json_obj()} if self.encryption else {}),
         }
         return d
 
@@ -346,6 +349,7 @@ class BackupManifest:
             backup_tool_version=_opt(d, "backup_tool_version", str, where) or "",
             definitions=DefinitionsBackup.from_json_obj(defs, f"{where} definitions") if defs else None,
             queues=[QueueBackup.from_json_obj(q, f"{where} queue {i}") for i, q in enumerate(queues)],
+            encryption=EncryptionInfo.from_json_obj(d["encryption"], where) if d.get("encryption") is not None else None,
         )
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0

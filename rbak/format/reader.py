@@ -143,12 +143,15 @@ class FetchedSegment:
 
 
 def fetch_segment(storage: _Readable, seg: SegmentMetadata, verify_checksum: bool = True,
-                  problems: list[str] | None = None) -> FetchedSegment:
+                  problems: list[str] | None = None, codec: Any = None) -> FetchedSegment:
     """Fetch, then check size and SHA-256 against the manifest and the frame (magics, CRC32, header).
 
     With ``problems`` given, size and SHA-256 mismatches are appended there
     (so validate reports them all) instead of raised; frame errors always raise.
+    ``codec`` (``rbak.crypto.ObjectCodec``) opens an encrypted backup's objects: size and
+    SHA-256 describe the stored (sealed) bytes, the frame the opened ones.
     """
+    sealed = codec is not None and codec.encrypted
     key = seg.key
 
     def fail(msg: str) -> None:
@@ -175,11 +178,14 @@ def fetch_segment(storage: _Readable, seg: SegmentMetadata, verify_checksum: boo
         elif digest != seg.checksum.lower():
             fail(f"SHA-256 mismatch: manifest {seg.checksum}, computed {digest}")
 
-    if size <= IN_MEMORY_LIMIT:
+    if size <= IN_MEMORY_LIMIT or sealed:  # a sealed object opens whole (its GCM tag covers all of it)
         data = storage.get(key)
         size = len(data)
         digest = hashlib.sha256(data).hexdigest() if check_sha else ""
         compare(digest)  # before the frame: a flipped byte is reported as both
+        if sealed:
+            data = codec.open(key, data)  # an error naming the backup and key id
+            size = len(data)
         header = verify_frame(data, key)
     else:
         data = None
@@ -330,8 +336,9 @@ def _decode_chunk(part: memoryview, key: str, first: int) -> list[BackupRecord]:
 
 
 def read_segment(storage: _Readable, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
-                 stats: SegmentStats | None = None) -> Iterator[tuple[int, BackupRecord]]:
-    """(index, record) of one stored segment from record ``start``, every check made, memory bounded."""
-    fetched = fetch_segment(storage, seg, verify_checksum)
+                 stats: SegmentStats | None = None, codec: Any = None) -> Iterator[tuple[int, BackupRecord]]:
+    """(index, record) of one stored segment from record ``start``, every check made, memory bounded
+    (``codec``: an encrypted backup's, see ``fetch_segment``)."""
+    fetched = fetch_segment(storage, seg, verify_checksum, codec=codec)
     for first, records in iter_record_chunks(fetched, seg, start, stats):
         yield from enumerate(records, first)

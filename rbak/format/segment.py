@@ -196,8 +196,9 @@ def encode_segment(
     return frame_segment(payload, len(records), first, last, compression, level)
 
 
-SegmentSink = Callable[[int, memoryview], str]
-"""Stores a finished segment: (sequence, file bytes) -> storage key.
+SegmentSink = Callable[[int, memoryview], "str | tuple[str, bytes]"]
+"""Stores a finished segment: (sequence, file bytes) -> storage key, or (key, bytes stored) when the
+sink stored something else (an encrypted backup's sealed object: the manifest describes what is stored).
 
 ``data`` is a read-only-by-convention memoryview of the writer's buffer. A sink
 may keep it (the buffer is then never reused), but one that stores it for long
@@ -298,15 +299,18 @@ def store_segment(
     data = seg.frame(compression, level)
     try:
         key = sink(sequence, data)
+        stored = data
+        if not isinstance(key, str):  # (key, the bytes actually stored): an encrypted backup's sealed object
+            key, stored = key
         return SegmentMetadata(
             key=key,
             sequence=sequence,
             record_count=seg.count,
-            size_bytes=len(data),
+            size_bytes=len(stored),
             uncompressed_bytes=uncompressed,
             first_timestamp=seg.first_ts,
             last_timestamp=seg.last_ts,
-            checksum=sha256_hex(data),
+            checksum=sha256_hex(stored),
         )
     finally:
         del data  # never release(): the sink may have kept this very view; recycle() checks

@@ -37,8 +37,10 @@ import fnmatch
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+
+from ..crypto import codec_for
 from ..definitions_doc import KINDS, VHOST_KINDS, counts, identity, prune_bindings, scope_to_vhosts
 from ..errors import ManagementApiError, NotFoundError, RbakError, SerializationError
 from ..format.compression import Compression, compress, decompress
@@ -74,13 +76,15 @@ def _compression_of_key(key: str) -> Compression:
     return Compression.NONE
 
 
-def load_backup_definitions(storage: Storage, manifest: BackupManifest, layout: BackupLayout) -> tuple[dict[str, Any], str]:
+def load_backup_definitions(storage: Storage, manifest: BackupManifest, layout: BackupLayout,
+                            keyring: Mapping[str, bytes] | None = None) -> tuple[dict[str, Any], str]:
     """(definitions document, its key)."""
     keys = [manifest.definitions.key] if manifest.definitions else []
     keys += [layout.definitions(c) for c in (Compression.ZSTD, Compression.LZ4, Compression.NONE)]
+    codec = codec_for(manifest.backup_id, manifest.encryption, keyring)
     for key in keys:
         try:
-            raw = storage.get(key)
+            raw = codec.get(storage, key)
         except NotFoundError:
             continue
         return parse_definitions(decompress(raw, _compression_of_key(key)), key), key
@@ -296,12 +300,14 @@ def import_definitions(storage: Storage, manifest: BackupManifest, options: Rest
                        client: ManagementClient | None = None) -> DefinitionsResult:
     """Steps 1-6 of the module docstring; raises (and imports nothing) on any failure before the POST."""
     layout = BackupLayout(options.backup_id, options.prefix)
-    doc, key = load_backup_definitions(storage, manifest, layout)
+    keyring = options.keyring() if manifest.encryption is not None else None
+    doc, key = load_backup_definitions(storage, manifest, layout, keyring)
     comp = _compression_of_key(key)
+    codec = codec_for(manifest.backup_id, manifest.encryption, keyring)
 
     def write_rollback(data: bytes) -> str:
         rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
-        storage.put(rollback_key, compress(data, comp))
+        codec.put(storage, rollback_key, compress(data, comp))  # sealed like the backup it sits in
         return rollback_key
 
     def write_report(res: DefinitionsResult) -> str:

@@ -20,6 +20,7 @@ import pika
 import pika.exceptions
 
 from ..catalog import load_manifest
+from ..crypto import ObjectCodec, codec_for
 from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SerializationError
 from ..format.manifest import BackupManifest, SegmentMetadata
 from ..format.reader import read_segment
@@ -106,31 +107,41 @@ class RestoreSummary:
 # --------------------------------------------------------------------------
 
 
-def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True):
+def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True,
+                         codec: ObjectCodec | None = None):
     """Every record of one segment (CRC always checked; SHA-256 against the manifest when asked)."""
-    return [r for _, r in read_segment(storage, seg, verify_checksum)]
+    return [r for _, r in read_segment(storage, seg, verify_checksum, codec=codec)]
 
 
 def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
-                         chunk: int = 1024) -> Iterator[tuple[int, BackupRecord]]:
-    """(index, record) of one segment from ``start``: ``rbak.format.reader.read_segment``.
+                         chunk: int = 1024, codec: ObjectCodec | None = None) -> Iterator[tuple[int, BackupRecord]]:
+    """(index, record) of one segment from ``start``: ``rbak.format.reader.read_segment``
+    (``codec`` opens an encrypted backup's segments).
 
     Peak memory is the compressed file plus one chunk of decoded records; the
     payload is decompressed as a stream bounded by what the manifest and the
     header declare. ``chunk`` is kept for callers; the reader chunks by itself.
     """
-    return read_segment(storage, seg, verify_checksum, start)
+    return read_segment(storage, seg, verify_checksum, start, codec=codec)
+
+
+def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
+    """How a plan's segments are opened: None for a plaintext backup; a missing key is an error."""
+    if plan.encryption is None:
+        return None
+    return codec_for(options.backup_id, plan.encryption, options.keyring())
 
 
 def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
     """Records of a plan inside the window; reads only the segments that straddle an edge."""
     n = 0
     s, e = options.window_start_ms, options.window_end_ms
+    codec = plan_codec(plan, options)
     for seg in plan.segments:
         if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
             n += seg.record_count
         else:
-            n += sum(1 for _, r in read_segment(storage, seg, options.verify_checksums)
+            n += sum(1 for _, r in read_segment(storage, seg, options.verify_checksums, codec=codec)
                      if record_in_window(r.backed_up_at, s, e))
     return n
 
@@ -223,6 +234,7 @@ def restore_queue_segments(
     records confirmed before a failure stay checkpointed.
     """
     cp = checkpoint or NullCheckpoint()
+    codec = plan_codec(plan, options)  # before any publish: a missing key names the backup and key id
     res = QueueResult(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, plan.queue_type,
                       planned=plan.candidate_records, skipped_segments=plan.skipped_segments,
                       skipped_records=plan.skipped_records)
@@ -301,7 +313,7 @@ def restore_queue_segments(
                 start = resume_idx if seg.sequence == resume_seq else 0
                 whole = segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e)
                 n = seg.record_count
-                for i, r in iter_segment_records(storage, seg, options.verify_checksums, start):
+                for i, r in iter_segment_records(storage, seg, options.verify_checksums, start, codec=codec):
                     if not whole and not record_in_window(r.backed_up_at, s, e):
                         res.skipped_records += 1
                         continue

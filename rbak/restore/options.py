@@ -89,6 +89,15 @@ class RestoreOptions:
     definitions_strict: bool = False
     transient_queues: str = "durable"
     increment_only: bool = False  # a stream from an incremental backup: that backup's offsets only, not its chain
+    keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)  # encryption keyring {key id: key}
+
+    def keyring(self) -> dict[str, bytes]:
+        """The keys for encrypted backups: the configured ones, else ``RBAK_ENCRYPTION_KEYS`` (Spark executors)."""
+        if self.keys:
+            return dict(self.keys)
+        from ..crypto import load_keyring
+
+        return load_keyring()
 
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
@@ -166,6 +175,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         definitions_strict=r.definitions_strict,
         transient_queues=r.transient_queues,
         increment_only=getattr(r, "increment_only", False),
+        keys=tuple(sorted(cfg.encryption.keyring().items())) if getattr(cfg, "encryption", None) else (),
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)

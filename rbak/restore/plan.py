@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
+from ..crypto import EncryptionInfo
 from ..errors import ConfigError
 from ..format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 from ..format.record import BackupRecord
@@ -32,6 +33,7 @@ class QueuePlan:
     segments: tuple[SegmentMetadata, ...]  # in sequence order, window-overlapping only
     skipped_segments: int  # wholly outside the PITR window
     skipped_records: int  # records in those skipped segments
+    encryption: EncryptionInfo | None = None  # the backup's (segments are sealed with this key id)
 
     @property
     def candidate_records(self) -> int:
@@ -87,7 +89,7 @@ def filter_records(records: Iterable[BackupRecord], start_ms: int | None, end_ms
             yield i, r
 
 
-def plan_queue(q: QueueBackup, options: RestoreOptions) -> QueuePlan:
+def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionInfo | None = None) -> QueuePlan:
     start, end = options.window_start_ms, options.window_end_ms
     kept, skipped, skipped_records = [], 0, 0
     for seg in sorted(q.segments, key=lambda s: s.sequence):
@@ -105,6 +107,7 @@ def plan_queue(q: QueueBackup, options: RestoreOptions) -> QueuePlan:
         segments=tuple(kept),
         skipped_segments=skipped,
         skipped_records=skipped_records,
+        encryption=encryption,
     )
 
 
@@ -114,7 +117,7 @@ def plan_restore(manifest: BackupManifest, options: RestoreOptions) -> list[Queu
     Two backed-up queues mapped onto the same target queue would interleave
     unpredictably under concurrency, so that is a configuration error.
     """
-    plans = [plan_queue(q, options) for q in manifest.queues if options.queues.matches(q.vhost, q.name, q.queue_type)]
+    plans = [plan_queue(q, options, manifest.encryption) for q in manifest.queues if options.queues.matches(q.vhost, q.name, q.queue_type)]
     seen: dict[tuple[str, str], QueuePlan] = {}
     for p in plans:
         key = (p.target_vhost, p.target_queue)

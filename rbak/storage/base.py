@@ -15,6 +15,15 @@ from ..errors import StorageError
 
 class Storage(abc.ABC):
     url: str = ""
+    write_once: bool = False  # S3 Object Lock: every key is put at most once and nothing is overwritten
+
+    def locked_until(self, key: str):
+        """When an object lock on ``key`` expires (a UTC datetime), or None when it is not locked."""
+        return None
+
+    def purge(self, key: str) -> None:
+        """Remove ``key`` with every stored version (versioned/Object Lock buckets); else ``delete``."""
+        self.delete(key)
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:

@@ -1,13 +1,16 @@
 """S3 (and S3-compatible: MinIO, Ceph) storage through boto3.
 
 Credentials come from boto3's standard chain (env, profile, IRSA, instance
-role) unless given explicitly. Objects above ``multipart_threshold`` go up as
+role) unless given explicitly. ``sse``/``sse_kms_key_id`` ask S3 to encrypt
+every object put (SSE-S3 or SSE-KMS); rbak's own client-side encryption is
+``rbak.crypto``. Objects above ``multipart_threshold`` go up as
 a multipart upload, which S3 makes visible only once complete, so ``put`` is
 atomic on S3 too.
 """
 
 from __future__ import annotations
 
+import datetime
 import io
 from typing import Iterator
 
@@ -23,6 +26,37 @@ MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
 
 
+SSE_MODES = ("AES256", "aws:kms")
+LOCK_MODES = ("GOVERNANCE", "COMPLIANCE")
+
+
+def lock_period(mode: str | None, days: float | None) -> tuple[str, datetime.timedelta] | None:
+    """S3 Object Lock for every put: (mode, how long each object stays locked), or None."""
+    if not mode:
+        return None
+    if mode not in LOCK_MODES:
+        raise StorageError(f"S3 object_lock_mode {mode!r}: must be one of {', '.join(LOCK_MODES)}")
+    if not days or days <= 0:
+        raise StorageError("S3 object_lock_retain_days: a positive number of days is required with object_lock_mode")
+    return mode, datetime.timedelta(days=days)
+
+
+def sse_args(sse: str | None, kms_key_id: str | None) -> dict[str, str]:
+    """boto3 put arguments for server-side encryption: SSE-S3 (``AES256``) or SSE-KMS (``aws:kms`` + key id)."""
+    if not sse:
+        if kms_key_id:
+            raise StorageError("S3 sse_kms_key_id needs sse=aws:kms")
+        return {}
+    if sse not in SSE_MODES:
+        raise StorageError(f"S3 sse {sse!r}: must be one of {', '.join(SSE_MODES)}")
+    if kms_key_id and sse != "aws:kms":
+        raise StorageError("S3 sse_kms_key_id needs sse=aws:kms")
+    out = {"ServerSideEncryption": sse}
+    if kms_key_id:
+        out["SSEKMSKeyId"] = kms_key_id
+    return out
+
+
 class S3Storage(Storage):
     def __init__(
         self,
@@ -36,6 +70,10 @@ class S3Storage(Storage):
         session_token: str | None = None,
         multipart_threshold: int = MULTIPART_THRESHOLD,
         url: str | None = None,
+        sse: str | None = None,
+        sse_kms_key_id: str | None = None,
+        object_lock_mode: str | None = None,
+        object_lock_retain_days: float | None = None,
     ):
         if not bucket:
             raise StorageError("S3 storage needs a bucket name")
@@ -57,6 +95,9 @@ class S3Storage(Storage):
             aws_session_token=session_token,
             config=cfg,
         )
+        self._extra = sse_args(sse, sse_kms_key_id)
+        self._lock = lock_period(object_lock_mode, object_lock_retain_days)
+        self.write_once = self._lock is not None
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold, multipart_chunksize=MULTIPART_CHUNK, use_threads=True
         )
@@ -79,15 +120,25 @@ class S3Storage(Storage):
             return StorageError(f"{self.url}: no S3 credentials found (env, profile or storage config)")
         return StorageError(f"{self.url}: {op} {key!r} failed: {type(e).__name__}: {e}")
 
+    def _put_args(self) -> dict:
+        extra: dict = dict(self._extra)
+        if self._lock is not None:
+            mode, period = self._lock
+            extra["ObjectLockMode"] = mode
+            extra["ObjectLockRetainUntilDate"] = datetime.datetime.now(datetime.timezone.utc) + period
+        return extra
+
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         k = self._k(key)
+        extra = self._put_args()
         try:
             if len(data) >= self._transfer.multipart_threshold:
-                self._client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self._transfer)
+                self._client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self._transfer,
+                                            ExtraArgs=extra or None)
             else:
                 # botocore takes bytes/bytearray/file objects, not memoryviews (segment writers pass those)
                 body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
-                self._client.put_object(Bucket=self.bucket, Key=k, Body=body)
+                self._client.put_object(Bucket=self.bucket, Key=k, Body=body, **extra)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise self._err("put", key, e) from None
         except Exception as e:  # boto3's transfer manager wraps errors in its own types
@@ -130,10 +181,35 @@ class S3Storage(Storage):
         return iter(keys)
 
     def delete(self, key: str) -> None:
+        """Object Lock mode: every version goes (a plain delete would only hide it behind a delete
+        marker); S3 refuses while a lock holds, which is an error naming the key."""
+        if self.write_once:
+            return self.purge(key)
         try:
             self._client.delete_object(Bucket=self.bucket, Key=self._k(key))
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise self._err("delete", key, e) from None
+
+    def purge(self, key: str) -> None:
+        k = self._k(key)
+        try:
+            for page in self._client.get_paginator("list_object_versions").paginate(Bucket=self.bucket, Prefix=k):
+                for v in page.get("Versions", []) + page.get("DeleteMarkers", []):
+                    if v["Key"] == k:
+                        self._client.delete_object(Bucket=self.bucket, Key=k, VersionId=v["VersionId"])
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise self._err("delete", key, e) from None
+
+    def locked_until(self, key: str):
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._k(key))
+        except botocore.exceptions.ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._err("head", key, e) from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._err("head", key, e) from None
+        return head.get("ObjectLockRetainUntilDate")
 
     def size(self, key: str) -> int | None:
         try:

@@ -1,6 +1,7 @@
 """Storage URLs, as the Rust tool's ``from_url`` takes them.
 
-``file:///path``, ``s3://bucket/prefix?region=..&endpoint=..&path_style=true``,
+``file:///path``, ``s3://bucket/prefix?region=..&endpoint=..&path_style=true``
+(also ``&sse=AES256`` or ``&sse=aws:kms&sse_kms_key_id=..``),
 ``memory://`` (fresh) or ``memory://NAME`` (shared in the process). ``azure://``
 and ``gcs://`` are recognised and refused clearly. A bare path is a directory.
 """
@@ -13,7 +14,17 @@ from ..errors import StorageError, UnsupportedStorageError
 from .base import Storage
 
 _TRUE = {"1", "true", "yes", "on"}
-_S3_PARAMS = {"region", "endpoint", "path_style"}
+_S3_PARAMS = {"region", "endpoint", "path_style", "sse", "sse_kms_key_id", "object_lock_mode",
+              "object_lock_retain_days"}
+
+
+def _float(v: str | None, url: str) -> float | None:
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise StorageError(f"S3 URL {url!r}: object_lock_retain_days must be a number, got {v!r}") from None
 
 
 def open_storage(url: str) -> Storage:
@@ -55,6 +66,10 @@ def open_storage(url: str) -> Storage:
             region=q.get("region") or None,
             endpoint=q.get("endpoint") or None,
             path_style=q.get("path_style", "").lower() in _TRUE,
+            sse=q.get("sse") or None,
+            sse_kms_key_id=q.get("sse_kms_key_id") or None,
+            object_lock_mode=q.get("object_lock_mode") or None,
+            object_lock_retain_days=_float(q.get("object_lock_retain_days"), url),
             url=url,
         )
     if scheme in ("azure", "gcs", "gs"):

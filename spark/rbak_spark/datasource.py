@@ -85,6 +85,8 @@ class SegmentPartition(InputPartition):
     hard_start_ms: int | None
     hard_end_ms: int | None
     segment: dict | None = None  # the manifest entry (SegmentMetadata.to_json_obj): size, SHA-256, counts
+    backup_id: str = ""
+    key_id: str | None = None  # the backup's encryption key id (None: not encrypted)
 
 
 def headers_to_plain(headers) -> dict[str, Any]:
@@ -194,7 +196,8 @@ class RbakReader(DataSourceReader):
                 parts.append(SegmentPartition(
                     self.url, s.key, q.vhost, q.name, q.queue_type, s.sequence,
                     s.first_timestamp, s.last_timestamp, self.start_ms, self.end_ms,
-                    self.hard_start, self.hard_end, s.to_json_obj(),
+                    self.hard_start, self.hard_end, s.to_json_obj(), self.backup_id,
+                    manifest.encryption.key_id if manifest.encryption else None,
                 ))
         # Spark wants at least one partition; an empty one reads nothing.
         return parts or [InputPartition(None)]
@@ -212,13 +215,19 @@ class RbakReader(DataSourceReader):
 
         storage = storage_for(partition.url)
         p = partition
-        if p.first_timestamp is None or p.last_timestamp is None:
+        if (p.first_timestamp is None or p.last_timestamp is None) and p.key_id is None:  # header: plaintext only
             header = read_header(storage.get_range(p.key, 0, HEADER_SIZE), p.key)
             if not header.overlaps(p.start_ms, p.end_ms):
                 return
-        # The one bounded reader: size and SHA-256 against the manifest, CRC, streamed records.
+        # The one bounded reader: size and SHA-256 against the manifest, CRC, streamed records;
+        # an encrypted backup's segments opened with the executor's RBAK_ENCRYPTION_KEYS.
+        codec = None
+        if p.key_id is not None:
+            from rbak.crypto import EncryptionInfo, codec_for, load_keyring
+
+            codec = codec_for(p.backup_id, EncryptionInfo(p.key_id), load_keyring())
         meta = SegmentMetadata.from_json_obj(p.segment, p.key)
-        yield from rows_of_segment(p, (r for _, r in read_segment(storage, meta)))
+        yield from rows_of_segment(p, (r for _, r in read_segment(storage, meta, codec=codec)))
 
 
 def _overlaps(first: int, last: int, start: int | None, end: int | None) -> bool:

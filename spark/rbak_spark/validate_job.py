@@ -43,19 +43,27 @@ def group_segments(items: list, n: int) -> list[list]:
     return [groups[i] for i in sorted(loads, key=lambda i: -loads[i])]  # heaviest tasks start first
 
 
-def check_partition(url: str, items: Iterable[tuple[str, str, dict]]) -> Iterator[dict]:
-    """Executor side: check each (vhost, queue, segment-metadata) and say what was found."""
+def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id: str = "",
+                    encryption: dict | None = None) -> Iterator[dict]:
+    """Executor side: check each (vhost, queue, segment-metadata) and say what was found. An encrypted
+    backup (``encryption``: the manifest's field) is opened with the executor's ``RBAK_ENCRYPTION_KEYS``;
+    without that key only stored sizes and checksums are checked."""
+    from rbak.crypto import EncryptionInfo, codec_for, load_keyring
     from rbak.format.manifest import SegmentMetadata
     from rbak.validate import SegmentCheck, check_segment
 
     from .executor import storage_for
 
     storage = storage_for(url)
+    codec = None
+    if encryption:
+        codec = codec_for(backup_id, EncryptionInfo.from_json_obj(encryption, "manifest"), load_keyring(),
+                          required=False)
     for vhost, queue, seg_obj in items:
         seg = SegmentMetadata.from_json_obj(seg_obj)
         t0 = time.perf_counter()
         try:
-            check = check_segment(storage, seg)
+            check = check_segment(storage, seg, codec)
         except Exception as e:  # a bug or an unexpected storage failure must not hide the other segments
             check = SegmentCheck(key=seg.key, ok=False, problems=[f"check failed: {type(e).__name__}: {e}"])
         out = check.to_json_obj()
@@ -80,6 +88,7 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
     report = ValidationReport(backup_id, deep=True, complete=m.is_complete, problems=backup_problems(storage, m))
 
     items = [(q.vhost, q.name, s.to_json_obj()) for q in m.queues for s in q.segments]
+    enc = m.encryption.to_json_obj() if m.encryption else None
     order = {obj["key"]: i for i, (_, _, obj) in enumerate(items)}
     results: list[dict] = []
     if items:
@@ -88,7 +97,7 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
         sc.setJobDescription(f"rbak validate {backup_id}: {len(items)} segments in {len(groups)} tasks")
         results = (
             sc.parallelize(groups, len(groups))
-            .mapPartitions(lambda it: check_partition(url, (x for group in it for x in group)))
+            .mapPartitions(lambda it: check_partition(url, (x for group in it for x in group), backup_id, enc))
             .collect()
         )
     results.sort(key=lambda r: order[r["key"]])

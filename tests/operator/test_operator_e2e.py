@@ -48,8 +48,9 @@ class Cluster:
         self.operators: list[Operator] = []
         self.operator = self.start_operator()
 
-    def start_operator(self) -> Operator:
-        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log").start()
+    def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
+        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
+                      extra_env).start()
         self.operators.append(op)
         return op
 
@@ -564,6 +565,76 @@ def test_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
     wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name2) is None, 30, what="object gone", diag=cluster.logs)
     assert any(e["reason"] == "BackupsKept" for e in cluster.events(name2))
 
+def test_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster, env):
+    """spec.encryption: the Job pods get the keyring from a Secret (secretKeyRef, no RBAC); every stored
+    object but the manifest is sealed; in-pod deep validation opens them; a backupRef restore inherits the keys."""
+    import base64
+
+    from rbak.catalog import load_manifest
+    from rbak.crypto import MAGIC
+
+    bodies = [f"secret-{i}".encode() for i in range(12)]
+    env.broker.publish(env.vhost, "pii", bodies, declare={})
+    key = base64.b64encode(os.urandom(32)).decode()
+    cluster.http.secret(f"{env.tag}-keys", {"keyring": f"k-2026: {key}\n"})
+    name = f"{env.tag}-enc"
+    create_backup(cluster, env, name, validate={"enabled": True, "deep": True},
+                  encryption={"keyId": "k-2026", "keysSecretRef": {"name": f"{env.tag}-keys"},
+                              "serverSide": {"mode": "AES256"}})
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded", timeout=120)
+    assert run["messages"] == 12 and run.get("validation") == "Passed", run
+    st = open_storage(env.bucket.url_with_prefix(""))
+    m = load_manifest(st, run["backupId"], env.bucket.prefix)
+    assert m.encryption is not None and m.encryption.key_id == "k-2026"
+    seg = m.queues[0].segments[0]
+    assert st.get(seg.key).startswith(MAGIC) and b"secret-" not in st.get(seg.key)
+    env.broker.drain_queue(env.vhost, "pii")
+    rname = f"{env.tag}-encr"
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                  "metadata": {"name": rname}, "spec": {"backupRef": {"name": name}}})
+    rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {}).get("phase")
+                   in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    assert rst["phase"] == "Succeeded", rst
+    assert env.broker.read_bodies(env.vhost, "pii") == bodies
+
+
+
+def test_per_resource_gauges_outlive_the_job(cluster, env):
+    """The operator's /metrics carries the last run of each RabbitMQBackup (from the status it wrote),
+    labelled rbak_namespace/backup, after the Job is gone; a failed run's reason too."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from support.s3 import free_port
+
+    port = free_port()
+    cluster.operator.kill()
+    cluster.operator = cluster.start_operator({"RBAK_METRICS_PORT": str(port), "RBAK_METRICS_BIND": "127.0.0.1"})
+    env.broker.publish_n(env.vhost, "q", 3, declare={})
+    name, bad = f"{env.tag}-met", f"{env.tag}-metbad"
+    create_backup(cluster, env, name, schedule="0 3 * * *")
+    create_backup(cluster, env, bad, broker=dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"}))
+    trigger(cluster, name, "1")
+    trigger(cluster, bad, "1")
+    wait_run(cluster, name, phase="Succeeded")
+    wait_run(cluster, bad, phase="Failed")
+
+    def scrape() -> dict:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    lab = (("backup", name), ("rbak_namespace", "default"))  # opcluster.NS
+    got = wait_for(lambda: (m := scrape()).get(("rbak_backup_last_messages", lab)) == 3 and m, 30, what="gauges",
+                   diag=cluster.logs)
+    assert got[("rbak_backup_schedule_period_seconds", lab)] == 86400
+    assert got[("rbak_backup_last_run_failed", tuple(sorted(lab + (("reason", ""),))))] == 0
+    assert got[("rbak_backup_last_success_timestamp_seconds", lab)] > 0
+    failed = [(k, v) for k, v in got.items() if k[0] == "rbak_backup_last_run_failed" and ("backup", bad) in k[1]]
+    assert len(failed) == 1 and failed[0][1] == 1 and dict(failed[0][0][1])["reason"], failed
+
+
 
 def test_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     """A RabbitmqCluster whose status names its default-user Secret (a decoy <name>-default-user with a wrong
@@ -605,3 +676,4 @@ def test_api_calls_are_within_the_declared_rbac(cluster):
     for call in [("batch", "jobs", "create"), ("rbak.io", "rabbitmqbackups/status", "patch"), ("", "configmaps", "create"),
                  ("rbak.io", "rabbitmqbackups", "watch"), ("", "events", "create"), ("", "secrets", "get")]:
         assert call in made, (call, sorted(made))
+

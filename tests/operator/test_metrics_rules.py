@@ -1,0 +1,125 @@
+"""Per-resource gauges from status, and the chart's alert rules and dashboard checked against them:
+every expression parses (promql-parser) and names only metrics the operator exports."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+from rbak_operator import resource_metrics as rm
+from support.require import require
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = yaml.safe_load((ROOT / "charts/rbak/files/prometheus-rules.yaml").read_text())
+DASHBOARD = json.loads((ROOT / "charts/rbak/files/grafana-dashboard.json").read_text())
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+
+BACKUP = {
+    "metadata": {"namespace": "messaging", "name": "nightly"},
+    "spec": {"schedule": "30 2 * * *", "timeZone": "Europe/Berlin"},
+    "status": {"lastSuccessfulTime": "2026-11-23T01:31:00Z",
+               "lastRun": {"phase": "Failed", "reason": "BackupFailed", "durationSeconds": 12.5, "messages": 10,
+                           "bytes": 2048, "validation": "Failed"}},
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    promql_parser = require("promql_parser")
+    names: set[str] = set()
+
+    def walk(node) -> None:
+        kind = type(node).__name__
+        if kind == "VectorSelector":
+            names.add(node.name)
+            return
+        for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            if child is not None and not isinstance(child, (str, int, float)):
+                walk(child)
+        for arg in getattr(node, "args", None) or []:
+            walk(arg)
+
+    walk(promql_parser.parse(expr))
+    return names
+
+
+def test_samples_from_a_backup_status():
+    got = {(m, tuple(sorted(lab.items()))): v for m, lab, v in rm.samples("backup", BACKUP, NOW)}
+    lab = (("backup", "nightly"), ("rbak_namespace", "messaging"))
+    assert got[("rbak_backup_last_success_timestamp_seconds", lab)] == datetime(2026, 11, 23, 1, 31,
+                                                                                 tzinfo=timezone.utc).timestamp()
+    assert got[("rbak_backup_last_duration_seconds", lab)] == 12.5
+    assert got[("rbak_backup_last_messages", lab)] == 10 and got[("rbak_backup_last_bytes", lab)] == 2048
+    assert got[("rbak_backup_last_run_failed", tuple(sorted(lab + (("reason", "BackupFailed"),))))] == 1
+    assert got[("rbak_backup_validation_failed", lab)] == 1
+    assert got[("rbak_backup_schedule_period_seconds", lab)] == 86400
+    for _, labels, _ in rm.samples("backup", BACKUP, NOW):
+        assert "namespace" not in labels  # Prometheus's own target label
+
+
+def test_observe_exports_and_replaces_series_when_the_reason_changes():
+    rm.observe("rabbitmqbackups", BACKUP)
+    val = REGISTRY.get_sample_value
+    labels = {"rbak_namespace": "messaging", "backup": "nightly"}
+    assert val("rbak_backup_last_run_failed", {**labels, "reason": "BackupFailed"}) == 1
+    ok = {**BACKUP, "status": {"lastSuccessfulTime": "2026-11-24T01:31:00Z",
+                               "lastRun": {"phase": "Succeeded", "messages": 7, "validation": "Passed"}}}
+    rm.observe("rabbitmqbackups", ok)
+    assert val("rbak_backup_last_run_failed", {**labels, "reason": "BackupFailed"}) is None
+    assert val("rbak_backup_last_run_failed", {**labels, "reason": ""}) == 0
+    assert val("rbak_backup_last_messages", labels) == 7 and val("rbak_backup_validation_failed", labels) == 0
+    rm.observe("rabbitmqrestores", {"metadata": {"namespace": "messaging", "name": "r1"},
+                                    "status": {"phase": "Failed", "reason": "InvalidSpec", "durationSeconds": 1}})
+    assert val("rbak_restore_failed", {"rbak_namespace": "messaging", "restore": "r1", "reason": "InvalidSpec"}) == 1
+    rm.forget("rabbitmqrestores", "messaging", "r1")
+    assert val("rbak_restore_failed", {"rbak_namespace": "messaging", "restore": "r1", "reason": "InvalidSpec"}) is None
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r["alert"] for r in RULES])
+def test_every_rule_parses_and_names_exported_metrics(rule):
+    names = metric_names(rule["expr"])
+    assert names and names <= set(rm.METRICS), names - set(rm.METRICS)
+
+
+def test_the_issue_alerts_exist():
+    by_name = {r["alert"]: metric_names(r["expr"]) for r in RULES}
+    assert {"rbak_backup_last_success_timestamp_seconds", "rbak_backup_schedule_period_seconds"} <= by_name["RbakBackupMissing"]
+    assert "1.5 *" in next(r["expr"] for r in RULES if r["alert"] == "RbakBackupMissing")
+    assert by_name["RbakBackupFailed"] == {"rbak_backup_last_run_failed"}
+    assert by_name["RbakBackupValidationFailed"] == {"rbak_backup_validation_failed"}
+    assert by_name["RbakRestoreFailed"] == {"rbak_restore_failed"}
+
+
+def test_every_dashboard_query_parses_and_names_exported_metrics():
+    exprs = [t["expr"] for p in DASHBOARD["panels"] for t in p["targets"]]
+    assert exprs
+    used = set()
+    for e in exprs:
+        names = metric_names(e)
+        assert names <= set(rm.METRICS), (e, names - set(rm.METRICS))
+        used |= names
+    assert used == set(rm.METRICS) - {"rbak_restore_last_success_timestamp_seconds", "rbak_restore_last_duration_seconds",
+                                      "rbak_restore_bytes"}
+
+
+def test_the_chart_renders_the_rules_and_the_dashboard():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "ship"))
+    from ship_support import find, manifests, render_chart
+
+    objs = manifests(render_chart({"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "p"}},
+                                               "grafanaDashboard": {"enabled": True}}}))
+    (rule,) = find(objs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "p"
+    assert rule["spec"]["groups"][0]["rules"] == RULES
+    cm = next(o for o in find(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard"))
+    assert json.loads(cm["data"]["rbak.json"]) == DASHBOARD and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    off = manifests(render_chart({}))
+    assert find(off, "PrometheusRule") == [] and not [o for o in find(off, "ConfigMap")
+                                                    if o["metadata"]["name"].endswith("-dashboard")]
