@@ -15,6 +15,7 @@ names ``.`` and ``..`` become ``%2E`` and ``%2E%2E``. Ordinary names
 
 from __future__ import annotations
 
+import hashlib
 import re
 from urllib.parse import quote, unquote
 
@@ -37,18 +38,42 @@ _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
 BACKUP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
+MAX_COMPONENT = 200
+"""Longest encoded component kept as is (file systems allow 255 bytes; S3 keys 1024 in all)."""
+HASHED_MARK = "%~"  # never produced by percent-encoding ('%' is always followed by two hex digits)
+
+
 def encode_name(name: str) -> str:
-    """One path component for a queue name (see module docstring)."""
+    """One path component for a queue name (see module docstring).
+
+    A name whose encoding is longer than ``MAX_COMPONENT`` (a 127 x 'é'
+    queue name is 762 characters encoded) becomes a readable head of its
+    encoding, ``%~`` and the SHA-256 of the name: bounded, still injective
+    (the mark never occurs in an ordinary encoding) and never a path
+    separator. Such a key cannot be decoded; readers take the name from the
+    manifest, which records it next to its keys.
+    """
     if name == "":
         raise ValueError("an empty name cannot be stored")
     if name == ".":
         return "%2E"
     if name == "..":
         return "%2E%2E"
-    return quote(name, safe=_SAFE, encoding="utf-8", errors="strict")
+    enc = quote(name, safe=_SAFE, encoding="utf-8", errors="strict")
+    if len(enc) <= MAX_COMPONENT:
+        return enc
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    head = enc[: MAX_COMPONENT - len(HASHED_MARK) - len(digest)]
+    cut = head.rfind("%", len(head) - 2)  # never cut a %XX escape in two
+    if cut >= 0:
+        head = head[:cut]
+    return f"{head}{HASHED_MARK}{digest}"
 
 
 def decode_name(component: str) -> str:
+    """The name of an encoded component; a hashed (too long) one has no decoding: use the manifest."""
+    if HASHED_MARK in component:
+        raise ValueError(f"{component!r} is a hashed long name; its full name is in the manifest")
     return unquote(component, encoding="utf-8", errors="strict")
 
 

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from rbak.errors import ConfigError, NotFoundError, StorageError, UnsupportedStorageError
 from rbak.format.compression import Compression
-from rbak.keys import BackupLayout, decode_name, decode_vhost, encode_name, encode_vhost, parse_segment_key
+from rbak.keys import (
+    HASHED_MARK, MAX_COMPONENT, BackupLayout, decode_name, decode_vhost, encode_name, encode_vhost, parse_segment_key,
+)
 from rbak.storage import FilesystemStorage, MemoryStorage, open_storage
 
 HOSTILE = ["/", "_default", "..", ".", "a/b", "../../etc/passwd", "100%", "%2F", "sp ace", "ünï/cødé",
@@ -50,7 +52,10 @@ def test_default_vhost_and_literal_default_do_not_collide():
 def test_encoding_is_injective(a, b):
     if a != b:
         assert encode_name(a) != encode_name(b) and encode_vhost(a) != encode_vhost(b)
-    assert decode_name(encode_name(a)) == a and decode_vhost(encode_vhost(a)) == a
+    if HASHED_MARK not in encode_name(a):  # names too long for a component are hashed: the manifest maps them back
+        assert decode_name(encode_name(a)) == a and decode_vhost(encode_vhost(a)) == a
+    else:
+        assert len(encode_name(a)) <= MAX_COMPONENT
 
 
 @pytest.mark.parametrize("bad", ["", "..", "a/b", "../x", " spaces", "x" * 201, "-lead"])

@@ -82,21 +82,39 @@ def compress(data: bytes, compression: Compression, level: int | None = None) ->
     return bytes(data)
 
 
-def decompress(data: bytes | memoryview, compression: Compression) -> bytes:
-    """Decompress a payload; raises CompressionError (the caller adds the key)."""
+DEFAULT_MAX_OUTPUT = 256 * 1024 * 1024
+"""What a whole-buffer ``decompress`` may produce (definitions documents, small payloads); segments are
+read by ``rbak.format.reader``, bounded by what their manifest and header declare."""
+
+
+def decompress(data: bytes | memoryview, compression: Compression, max_output: int = DEFAULT_MAX_OUTPUT) -> bytes:
+    """Decompress a payload as a stream, refusing to produce more than ``max_output`` bytes.
+
+    Raises CompressionError (the caller adds the key). Never trusts a frame's
+    declared content size (a frame may claim a terabyte).
+    """
+    if compression is Compression.NONE:
+        return bytes(data)
     try:
         if compression is Compression.ZSTD:
-            d = _zstd_decompressor()
-            try:
-                return d.decompress(data)
-            except zstandard.ZstdError as e:
-                if "content size" not in str(e):
-                    raise
-                # Frames written without a content size (streaming writers).
-                with d.stream_reader(bytes(data), read_across_frames=True) as r:
-                    return r.read()
-        if compression is Compression.LZ4:
-            return lz4.frame.decompress(data)
-        return bytes(data)
-    except (zstandard.ZstdError, RuntimeError, ValueError) as e:
+            reader = _zstd_decompressor().stream_reader(data, read_across_frames=True)
+        elif compression is Compression.LZ4:
+            import io
+
+            reader = lz4.frame.LZ4FrameFile(io.BytesIO(data), mode="rb")
+        else:  # pragma: no cover - the enum has three members
+            raise CompressionError(f"unknown compression {compression!r}")
+        parts, total = [], 0
+        with reader:
+            while True:
+                chunk = reader.read(min(1 << 20, max_output - total + 1))
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_output:
+                    raise CompressionError(f"{compression.config_name} payload expands past {max_output} bytes; "
+                                           f"refusing to decompress further")
+                parts.append(chunk)
+        return b"".join(parts)
+    except (zstandard.ZstdError, RuntimeError, ValueError, EOFError, OSError) as e:
         raise CompressionError(f"{compression.config_name} payload does not decompress: {e}") from e

@@ -305,9 +305,10 @@ def iter_record_chunks(fetched: FetchedSegment, seg: SegmentMetadata, start: int
         _note(st, records)
         yield chunk_first, records
     st.records, st.uncompressed_bytes = index, src.total
-    if index != header.record_count or index != seg.record_count:
-        raise SegmentError(key, f"record count mismatch: header says {header.record_count}, manifest says "
-                                f"{seg.record_count}, payload holds {index}")
+    if index != header.record_count:
+        raise SegmentError(key, f"record count mismatch: header says {header.record_count}, payload holds {index}")
+    if index != seg.record_count:
+        raise SegmentError(key, f"record count mismatch: manifest says {seg.record_count}, payload holds {index}")
     if seg.uncompressed_bytes and src.total != seg.uncompressed_bytes:
         raise SegmentError(key, f"uncompressed size {src.total}, manifest says {seg.uncompressed_bytes}")
 
