@@ -32,8 +32,10 @@ from test_hostile_segment import GIB, frame, replace_segment, zstd_zeros  # noqa
 
 
 def restore(broker, url, *extra, backup_id="b1"):
-    return rbak_measured("restore", "--path", url, "--backup-id", backup_id, "--target-url", broker.amqp_url("/"),
-                         "--management-url", broker.management_url, "--publish-mode", "queue", "--json", *extra)
+    # the URL (with its password) through the environment, as the CLI recommends: stderr holds only errors
+    return rbak_measured("restore", "--path", url, "--backup-id", backup_id,
+                         "--management-url", broker.management_url, "--publish-mode", "queue", "--json", *extra,
+                         env={"RBAK_TARGET_URL": broker.amqp_url("/")})
 
 
 def backup_in(tmp_path, vhost, n=200, prefix=""):
