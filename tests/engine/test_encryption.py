@@ -22,7 +22,7 @@ from rbak.storage import open_storage
 from _backup_helpers import fast_publish
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import consume_all, declare  # noqa: E402
+from _restore_helpers import consume_all  # noqa: E402
 
 K1, K2 = os.urandom(32), os.urandom(32)
 

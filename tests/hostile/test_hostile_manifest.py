@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import sys
-import zlib
 import struct
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import pytest
 import zstandard
 
 from rbak.format.compression import Compression
-from rbak.format.manifest import BackupManifest
 from rbak.keys import BackupLayout
 from rbak.storage import open_storage
 from support.rss import BOUND_MIB, rbak_measured

@@ -20,7 +20,7 @@ from support.require import require_that
 
 sys.path.insert(0, os.path.dirname(__file__))
 from rabbitmq_private import chroot_ready  # noqa: E402
-from rabbitmq_scenarios import VHOST2, get_scenario  # noqa: E402
+from rabbitmq_scenarios import get_scenario  # noqa: E402
 
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
