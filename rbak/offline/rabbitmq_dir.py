@@ -27,7 +27,6 @@ from ..format.manifest import BackupManifest
 from ..format.record import BackupRecord
 from . import cqv1, cqv2
 from .damage import ImportContext
-from .erlang_terms import TermError, decode_bare
 from .msg_store import MessageStore
 from .stored_message import StoredMessage, to_record
 
@@ -119,21 +118,12 @@ def mnesia_resources(node_dir: str) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     if not os.path.isdir(node_dir):
         return found
-    pats = [b"h\x04" + p for p in (b"d\x00\x08resource", b"w\x08resource", b"v\x00\x08resource", b"s\x08resource")]
+    from .rabbitmq.names import queue_resources_in
+
     for name in os.listdir(node_dir):
         if not name.endswith((".DCD", ".DCL", ".LOG", ".DAT")):
             continue
-        data = _read_small(os.path.join(node_dir, name)) or b""
-        for pat in pats:
-            i = data.find(pat)
-            while i >= 0:
-                try:
-                    t, _ = decode_bare(data, i)
-                    if len(t) == 4 and t[2] == "queue" and isinstance(t[1], bytes) and isinstance(t[3], bytes):
-                        found.add((t[1].decode("utf-8", "surrogateescape"), t[3].decode("utf-8", "surrogateescape")))
-                except (TermError, TypeError):
-                    pass
-                i = data.find(pat, i + 1)
+        queue_resources_in(_read_small(os.path.join(node_dir, name)) or b"", found)
     return found
 
 

@@ -69,7 +69,9 @@ def stream_dir_matches(dirname: str, vhost: str, queue: str) -> bool:
     return False
 
 
-def _resources_in(data: bytes, found: set[tuple[str, str]]) -> None:
+def queue_resources_in(data: bytes, found: set[tuple[str, str]]) -> None:
+    """Add (vhost, queue) of every ``#resource{kind = queue}`` term found anywhere in ``data``
+    (Mnesia files, Ra logs: the terms are found by their tag, whatever surrounds them)."""
     for pat in _RESOURCE_PATS:
         i = data.find(pat)
         while i >= 0:
@@ -123,9 +125,9 @@ def known_queue_names(node_dir: str) -> set[tuple[str, str]]:
                 data = f.read()
         except OSError:
             continue
-        _resources_in(data, found)
+        queue_resources_in(data, found)
         for inner in _compressed_terms(data):
-            _resources_in(inner, found)
+            queue_resources_in(inner, found)
     return found
 
 
