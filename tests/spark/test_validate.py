@@ -46,7 +46,7 @@ def corrupt(storage, m) -> dict[str, str]:
     bad[k] = "cannot read"
     k = segs[-1].key  # a valid segment, but not the one the manifest describes
     storage.put(k, encode_segment([BackupRecord(body=b"x", backed_up_at=1)], Compression.ZSTD))
-    bad[k] = "record count mismatch: header says 1, manifest says"  # the one bounded reader's wording
+    bad[k] = "record count mismatch: manifest says"
     return bad
 
 
