@@ -193,8 +193,8 @@ def load_keyring_dir(path: str, where: str) -> dict[str, bytes]:
         full = os.path.join(path, name)
         if name.startswith(".") or not os.path.isfile(full):
             continue  # a Secret volume's ..data / ..<timestamp> entries
-        with open(full, "rb") as f:
-            out[name] = parse_key(f.read().strip(), f"{where}/{name}")
+        with open(full, "rb") as f:  # unstripped: 32 raw key bytes may begin or end with a whitespace byte
+            out[name] = parse_key(f.read(), f"{where}/{name}")
     if not out:
         raise ConfigError(f"{where}: keyring directory holds no key file")
     return out

@@ -93,6 +93,9 @@ def test_keyrings_from_env_file_and_a_mounted_secret_directory(tmp_path):
     (d / "raw").write_bytes(K2)
     os.symlink("..2026_11_24", d / "..data")
     assert load_keyring(str(d), environ={}) == {"k1": K1, "raw": K2}
+    edgy = b"\n" + bytes(range(128, 158)) + b" "  # raw key bytes that a strip() would cut
+    (d / "raw").write_bytes(edgy)
+    assert load_keyring(str(d), environ={}) == {"k1": K1, "raw": edgy}
     with pytest.raises(ConfigError, match="keys_env: environment variable NOPE is not set"):
         load_keyring(environ={}, env_var="NOPE")
     with pytest.raises(ConfigError, match="key id 'k1'.*32 bytes, this one decodes to 16"):
