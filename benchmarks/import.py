@@ -72,6 +72,25 @@ BIG = 64 * 1024
 SMALL = 1024
 
 
+PROPS = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream", headers={"n": 1, "k": "v"})
+
+
+def publish_mix(ch, q: str, nbytes: int) -> int:
+    """About ``nbytes`` into ``q``: 80% in 64 KiB bodies spread among 1 KiB ones; returns the count."""
+    n_big = nbytes * 8 // 10 // BIG
+    n_small = (nbytes - n_big * BIG) // SMALL
+    every = max(1, n_small // max(1, n_big))
+    sent_big = 0
+    for i in range(n_small):
+        ch.basic_publish("", q, os.urandom(SMALL), PROPS)  # distinct bodies: no free compression
+        if i % every == 0 and sent_big < n_big:
+            ch.basic_publish("", q, os.urandom(BIG), PROPS)
+            sent_big += 1
+    for _ in range(n_big - sent_big):
+        ch.basic_publish("", q, os.urandom(BIG), PROPS)
+    return n_small + n_big
+
+
 def generate(base: Path, size_mb: int) -> Path:
     node = PrivateNode("3.10", base).start()
     try:
@@ -81,25 +100,11 @@ def generate(base: Path, size_mb: int) -> Path:
         for v in (1, 2):
             q = f"bench-v{v}"
             ch.queue_declare(q, durable=True, arguments={"x-queue-version": v})
-            big_bytes = per_queue * 8 // 10
-            n_big = big_bytes // BIG
-            n_small = (per_queue - n_big * BIG) // SMALL
-            props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream",
-                                         headers={"n": 1, "k": "v"})
             t = time.time()
-            every = max(1, n_small // max(1, n_big))
-            sent_big = 0
-            for i in range(n_small):
-                ch.basic_publish("", q, os.urandom(SMALL), props)  # distinct bodies: no free compression
-                if i % every == 0 and sent_big < n_big:
-                    ch.basic_publish("", q, os.urandom(BIG), props)
-                    sent_big += 1
-            for _ in range(n_big - sent_big):
-                ch.basic_publish("", q, os.urandom(BIG), props)
-            want = n_small + n_big
+            want = publish_mix(ch, q, per_queue)
             while ch.queue_declare(q, durable=True, passive=True).method.message_count < want:
                 time.sleep(0.5)
-            print(f"published {want} messages ({n_big} x {BIG} B, {n_small} x {SMALL} B) to {q} "
+            print(f"published {want} messages ({BIG} B and {SMALL} B bodies) to {q} "
                   f"in {time.time() - t:.1f} s", flush=True)
         conn.close()
         node.stop()
@@ -116,21 +121,11 @@ def generate_qs(base: Path, size_mb: int) -> Path:
         conn = node.connect()
         ch = conn.channel()
         ch.confirm_delivery()
-        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream",
-                                     headers={"n": 1, "k": "v"})
         for q, qtype in (("bench-quorum", "quorum"), ("bench-stream", "stream")):
             ch.queue_declare(q, durable=True, arguments={"x-queue-type": qtype})
-            per_queue = size_mb * 1024 * 1024 // 2
-            n_big = per_queue * 8 // 10 // BIG
-            n_small = (per_queue - n_big * BIG) // SMALL
-            every = max(1, n_small // max(1, n_big))
             t = time.time()
-            for i in range(n_small):
-                ch.basic_publish("", q, os.urandom(SMALL), props)
-                if i % every == 0 and n_big:
-                    ch.basic_publish("", q, os.urandom(BIG), props)
-                    n_big -= 1
-            print(f"published to {q} in {time.time() - t:.1f} s", flush=True)
+            n = publish_mix(ch, q, size_mb * 1024 * 1024 // 2)
+            print(f"published {n} messages to {q} in {time.time() - t:.1f} s", flush=True)
         conn.close()
         node.stop()
     except BaseException:

@@ -41,7 +41,7 @@ from .amqp import connect
 from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
-from .limits import DEFAULT_LIMIT_4X, resolve_delivery_limit  # noqa: F401 - DEFAULT_LIMIT_4X re-exported
+from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .preflight import NackSupport, PolicyCache, QueueSkipped
 from .queue_backup import backup_queue
