@@ -77,6 +77,10 @@ class ManagementApiError(RbakError):
     prefix = "Management API error"
 
 
+class RestoreError(RbakError):
+    prefix = "Restore error"
+
+
 class CheckpointError(RbakError):
     prefix = "Checkpoint error"
 

@@ -10,7 +10,9 @@ What the file cannot know is the in-flight tail: records the broker enqueued
 whose confirms had not been checkpointed when the process died. The engine
 closes that gap for queue-mode restores by comparing the target queue's depth
 with ``initial_depth + confirmed`` (see ``engine.reconcile_in_flight``); the
-file records ``initial_depth`` the first time a queue is started.
+file records ``initial_depth`` the first time a queue is started. For a
+stream it records ``initial_offset``, the stream's next offset before the
+first publish, and reads the gap back from the stream (``stream_resume``).
 
 A fingerprint of what shapes the record stream (backup id, window, mappings,
 publish mode) is stored too: resuming with a different configuration would
@@ -33,6 +35,7 @@ CREATE TABLE IF NOT EXISTS queue_progress (
     source_vhost TEXT NOT NULL, source_queue TEXT NOT NULL,
     target_vhost TEXT NOT NULL, target_queue TEXT NOT NULL,
     initial_depth INTEGER, confirmed INTEGER NOT NULL DEFAULT 0, done INTEGER NOT NULL DEFAULT 0,
+    initial_offset INTEGER,
     PRIMARY KEY (source_vhost, source_queue));
 CREATE TABLE IF NOT EXISTS segment_progress (
     source_vhost TEXT NOT NULL, source_queue TEXT NOT NULL, sequence INTEGER NOT NULL,
@@ -47,6 +50,7 @@ class QueueState:
     confirmed: int
     done: bool
     segments: dict[int, tuple[int, bool]]  # sequence -> (next_index, done)
+    initial_offset: int | None = None  # a stream target's next offset before this restore published
 
     def resume_point(self) -> tuple[int, int]:
         """(segment sequence, record index) to continue from; (0, 0) when fresh.
@@ -72,6 +76,9 @@ class RestoreCheckpoint:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(queue_progress)")}
+            if "initial_offset" not in cols:  # a file written before streams resumed exactly
+                self._db.execute("ALTER TABLE queue_progress ADD COLUMN initial_offset INTEGER")
         except (sqlite3.Error, OSError) as e:
             raise CheckpointError(f"restore.checkpoint_state {path!r}: cannot open: {e}") from None
         fp = json.dumps(fingerprint, sort_keys=True)
@@ -87,7 +94,8 @@ class RestoreCheckpoint:
     def load(self, source_vhost: str, source_queue: str) -> QueueState:
         with self._lock:
             row = self._db.execute(
-                "SELECT initial_depth, confirmed, done FROM queue_progress WHERE source_vhost=? AND source_queue=?",
+                "SELECT initial_depth, confirmed, done, initial_offset FROM queue_progress "
+                "WHERE source_vhost=? AND source_queue=?",
                 (source_vhost, source_queue),
             ).fetchone()
             segs = self._db.execute(
@@ -96,15 +104,15 @@ class RestoreCheckpoint:
             ).fetchall()
         if row is None:
             return QueueState(None, 0, False, {})
-        return QueueState(row[0], row[1], bool(row[2]), {s: (i, bool(d)) for s, i, d in segs})
+        return QueueState(row[0], row[1], bool(row[2]), {s: (i, bool(d)) for s, i, d in segs}, row[3])
 
     def start_queue(self, source_vhost: str, source_queue: str, target_vhost: str, target_queue: str,
-                    initial_depth: int | None) -> None:
+                    initial_depth: int | None, initial_offset: int | None = None) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT OR IGNORE INTO queue_progress (source_vhost, source_queue, target_vhost, target_queue, "
-                "initial_depth) VALUES (?, ?, ?, ?, ?)",
-                (source_vhost, source_queue, target_vhost, target_queue, initial_depth),
+                "initial_depth, initial_offset) VALUES (?, ?, ?, ?, ?, ?)",
+                (source_vhost, source_queue, target_vhost, target_queue, initial_depth, initial_offset),
             )
 
     def record(self, source_vhost: str, source_queue: str, sequence: int, next_index: int, segment_done: bool,

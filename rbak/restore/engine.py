@@ -21,7 +21,7 @@ import pika.exceptions
 
 from ..catalog import load_manifest
 from ..crypto import ObjectCodec, codec_for
-from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, SerializationError
+from ..errors import AmqpError, CheckpointError, ManifestError, RbakError, RestoreError, SerializationError
 from ..format.manifest import BackupManifest, SegmentMetadata
 from ..format.reader import read_segment
 from ..format.record import BackupRecord
@@ -29,16 +29,13 @@ from ..format.amqp091 import encode_basic_properties
 from ..storage.base import Storage
 from . import metrics
 from .chain import expand_chains
-from .checkpoint import NullCheckpoint, RestoreCheckpoint, open_checkpoint
+from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint, open_checkpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
 from .publisher import ConfirmingPublisher, connect
+from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 
 log = logging.getLogger(__name__)
-
-
-class RestoreError(RbakError):
-    prefix = "Restore error"
 
 
 @dataclass
@@ -177,6 +174,12 @@ def stable_depth(conn: pika.BlockingConnection, queue: str, settle_secs: float =
     return last
 
 
+def in_flight_limit(options: RestoreOptions) -> int:
+    """Most records a killed run can leave past its checkpoint: in flight (<= batch), confirmed
+    since the last commit (about a batch), and generous slack."""
+    return 4 * options.produce_batch_size + 1024
+
+
 def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth: int | None, confirmed: int,
                         depth_now: int | None) -> int:
     """How many records after the checkpoint are already in the target queue.
@@ -198,8 +201,7 @@ def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth:
         log.warning("%s: target queue %r holds %d fewer messages than restored so far; something consumed from it. "
                     "Resuming from the checkpoint.", plan.label, plan.target_queue, -extra)
         return 0
-    # in flight (<= batch) + confirmed since the last commit (about a batch) + generous slack
-    limit = 4 * options.produce_batch_size + 1024
+    limit = in_flight_limit(options)
     if extra > limit:
         raise CheckpointError(
             f"{plan.label}: target queue {plan.target_queue!r} in vhost {plan.target_vhost!r} holds {extra} more "
@@ -207,6 +209,56 @@ def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth:
             f"to it, so resuming could not be exact. Empty the queue and restart with a fresh checkpoint_state."
         )
     return extra
+
+
+def record_body_at(storage: Storage, plan: QueuePlan, sequence: int, index: int, options: RestoreOptions,
+                   codec: ObjectCodec | None) -> bytes | None:
+    """The body of one record of a plan's segments (None when the plan has no such record)."""
+    for seg in plan.segments:
+        if seg.sequence == sequence:
+            for _i, r in iter_segment_records(storage, seg, options.verify_checksums, index, codec=codec):
+                return r.body
+    return None
+
+
+def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: RestoreOptions,
+                   cp: RestoreCheckpoint | NullCheckpoint, state: QueueState, res: QueueResult,
+                   body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
+    """Check the target before the first publish, or find what a killed run left in it.
+
+    Returns (records already in the target past the checkpoint, and for a stream the digests
+    they must match), or None when ``skip_existing`` skips a non-empty target.
+    """
+    target = f"queue {plan.target_queue!r} in vhost {plan.target_vhost!r}"
+    stream = plan.queue_type == "stream" and options.publish_mode == "queue"
+    if state.initial_depth is None and not state.segments:  # fresh
+        depth = queue_depth(conn, plan.target_queue)
+        if depth is None and options.publish_mode == "queue":
+            raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
+                               f"it is the target of {plan.label}")
+        next_offset = stream_next_offset(conn, plan.target_vhost, plan.target_queue) if stream and depth is not None else None
+        held = f"{depth} message(s)" if depth else f"messages (its next offset is {next_offset})"
+        if depth or next_offset:
+            if options.skip_existing:
+                res.status = "skipped"
+                res.error = f"{target} already holds {held}"
+                return None
+            if not options.allow_non_empty:
+                raise RestoreError(f"{target} already holds {held}; refusing to publish into a "
+                                   f"non-empty queue (set restore.allow_non_empty: true to add to it)")
+        cp.start_queue(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, depth or 0,
+                       next_offset)
+        return 0, None
+    if stream and state.initial_offset is not None:
+        seq, idx = state.resume_point()
+        last_confirmed = body_at(seq, idx - 1) if state.confirmed and idx > 0 else None
+        landed = landed_tail(conn, plan.target_vhost, plan.target_queue, state.initial_offset, state.confirmed,
+                             in_flight_limit(options), last_confirmed)
+        res.reconciled = len(landed)
+        return len(landed), landed
+    depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None
+    res.reconciled = reconcile_in_flight(plan, options, state.initial_depth, state.confirmed, depth_now)
+    return res.reconciled, None
 
 
 def restore_queue_segments(
@@ -250,30 +302,13 @@ def restore_queue_segments(
                              metrics.failed().labels(**labels))
     target = f"queue {plan.target_queue!r} in vhost {plan.target_vhost!r}"
     try:
-        fresh = state.initial_depth is None and not state.segments
-        skip_extra = 0
-        if fresh:
-            depth = queue_depth(conn, plan.target_queue)
-            if depth is None and options.publish_mode == "queue":
-                raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
-                                   f"it is the target of {plan.label}")
-            if depth:
-                if options.skip_existing:
-                    res.status = "skipped"
-                    res.error = f"{target} already holds {depth} message(s)"
-                    return res
-                if not options.allow_non_empty:
-                    raise RestoreError(f"{target} already holds {depth} message(s); refusing to publish into a "
-                                       f"non-empty queue (set restore.allow_non_empty: true to add to it)")
-            cp.start_queue(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, depth or 0)
-            initial_depth = depth or 0
-        else:
-            initial_depth = state.initial_depth
-            depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None
-            skip_extra = reconcile_in_flight(plan, options, initial_depth, state.confirmed, depth_now)
-            res.reconciled = skip_extra
+        prepared = prepare_target(conn, plan, options, cp, state, res,
+                                  lambda seq, idx: record_body_at(storage, plan, seq, idx, options, codec))
+        if prepared is None:
+            return res  # skipped: the target already holds messages
+        skip_extra, landed = prepared
         resume_seq, resume_idx = state.resume_point()
-        if not fresh:
+        if state.initial_depth is not None or state.segments:
             res.resumed_from = (resume_seq, resume_idx)
         confirmed_base = state.confirmed
         pub = ConfirmingPublisher(conn, f"{plan.label} -> {target}", options.produce_batch_size,
@@ -320,6 +355,8 @@ def restore_queue_segments(
                     res.selected += 1
                     if skip_extra:
                         # already enqueued by the killed run (see reconcile_in_flight): count it as restored
+                        if landed is not None:
+                            check_landed(landed, r.body, target, f"record {i} of {seg.key}")
                         skip_extra -= 1
                         skip_done += 1
                         pub._last_done_token = (seg.sequence, i + 1, n)  # noqa: SLF001

@@ -73,6 +73,7 @@ class StorageProgress:
         self._lock = threading.Lock()
         self._obj = {"fingerprint": fingerprint, "source_vhost": vhost, "source_queue": queue,
                      "sequences": self.sequences, "whole_queue": whole_queue, "initial_depth": None,
+                     "initial_offset": None,
                      "confirmed": 0, "done": False, "segments": {}}
 
     # -- reading ---------------------------------------------------------
@@ -123,12 +124,14 @@ class StorageProgress:
                 safe[seq] = (idx, False)
             break
         if own is not None:
-            self._obj.update(initial_depth=own.get("initial_depth"), confirmed=own.get("confirmed", 0),
-                             done=bool(own.get("done")))
+            self._obj.update(initial_depth=own.get("initial_depth"), initial_offset=own.get("initial_offset"),
+                             confirmed=own.get("confirmed", 0), done=bool(own.get("done")))
         self._obj["segments"] = {str(s): list(v) for s, v in safe.items()}
-        # Only a whole-queue run's depth bookkeeping is exact (queue mode reconciles with it).
+        # Only a whole-queue run's depth (or stream offset) bookkeeping is exact (queue mode reconciles with it).
         initial = self._obj["initial_depth"] if self.whole_queue else None
-        return QueueState(initial, int(self._obj["confirmed"]), bool(self._obj["done"]) and own is not None, safe)
+        offset = self._obj["initial_offset"] if self.whole_queue else None
+        return QueueState(initial, int(self._obj["confirmed"]), bool(self._obj["done"]) and own is not None, safe,
+                          offset)
 
     # -- writing (the engine calls these) --------------------------------
 
@@ -136,10 +139,11 @@ class StorageProgress:
         self.storage.put(self.key, orjson.dumps(self._obj))
 
     def start_queue(self, source_vhost: str, source_queue: str, target_vhost: str, target_queue: str,
-                    initial_depth: int) -> None:
+                    initial_depth: int, initial_offset: int | None = None) -> None:
         with self._lock:
             self._obj.update(target_vhost=target_vhost, target_queue=target_queue,
-                             initial_depth=initial_depth if self.whole_queue else None)
+                             initial_depth=initial_depth if self.whole_queue else None,
+                             initial_offset=initial_offset if self.whole_queue else None)
             self._put()
 
     def record(self, source_vhost: str, source_queue: str, sequence: int, next_index: int, segment_done: bool,
