@@ -285,6 +285,14 @@ def writer_codec(backup_id: str, enc) -> ObjectCodec:
     return ObjectCodec(backup_id, EncryptionInfo(enc.key_id), key)
 
 
+def import_codec(backup_id: str, key_id: str | None, keys_file: str | None) -> ObjectCodec:
+    """The codec of a backup written by an import (``--encrypt-key-id``, ``--keys-file``): the same
+    rules as a backup's ``encryption`` section; no key id, no encryption."""
+    from .config import EncryptionConfig
+
+    return writer_codec(backup_id, EncryptionConfig(enabled=bool(key_id), key_id=key_id, keys_file=keys_file))
+
+
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
     return EncryptionError(f"backup {backup_id!r} is encrypted with key id {key_id!r}, which is not in the keyring "
                            f"(set {DEFAULT_KEYS_ENV} or encryption.keys_file / keys_env)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..format.compression import Compression
+from .secrets import add_encryption_args, import_codec_from
 
 
 def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
     p.add_argument("--skip-damaged", action="store_true",
                    help="export what can be read from a damaged file and report what was skipped")
     p.add_argument("--vhost", default="/", help="vhost recorded for the messages (default /)")
+    add_encryption_args(p)
     p.set_defaults(handler=cmd_import_mosquitto)
 
 
@@ -38,6 +40,7 @@ def cmd_import_mosquitto(args: argparse.Namespace) -> int:
         compression=args.compression,
         skip_damaged=args.skip_damaged,
         vhost=args.vhost,
+        codec=import_codec_from(args, args.backup_id),
     )
     print("\n".join(summary.lines()))
     return 0

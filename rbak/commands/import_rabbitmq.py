@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..format.compression import Compression
+from .secrets import add_encryption_args, import_codec_from
 
 
 def register(subparsers, import_subparsers) -> None:
@@ -34,6 +35,7 @@ def register(subparsers, import_subparsers) -> None:
                    help="queue types to export: classic, quorum, stream (comma-separated; default all)")
     p.add_argument("--from-offset", type=int, default=None, metavar="N",
                    help="start every stream at this offset instead of the first one present")
+    add_encryption_args(p)
     p.set_defaults(handler=run)
 
 
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         queues=set(args.queue) if args.queue else None,
         types={t.strip() for t in args.types.split(",") if t.strip()},
         from_offset=args.from_offset,
+        codec=import_codec_from(args, args.backup_id),
     )
     m = res.manifest
     out = sys.stdout

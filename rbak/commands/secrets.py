@@ -41,3 +41,19 @@ def url_from(flag: str, value: str | None, file_path: str | None, env_var: str) 
             raise ConfigError(f"{flag}-file: {file_path!r} is empty")
         return url
     return os.environ.get(env_var) or None
+
+
+def add_encryption_args(p) -> None:
+    """``--encrypt-key-id`` / ``--keys-file`` for commands that write a new backup without a config file."""
+    p.add_argument("--encrypt-key-id", default=None, metavar="ID",
+                   help="encrypt the new backup's segments with this key id from the keyring (rbak's extension "
+                        "of the format; the manifest stays readable and names the key id)")
+    p.add_argument("--keys-file", default=None, metavar="PATH",
+                   help="keyring: a file or a mounted Secret directory (RBAK_ENCRYPTION_KEYS is also read)")
+
+
+def import_codec_from(args, backup_id: str):
+    """The codec the encryption flags ask for; before anything is read, so a missing key costs nothing."""
+    from ..crypto import import_codec
+
+    return import_codec(backup_id, args.encrypt_key_id, args.keys_file)

@@ -83,6 +83,7 @@ def import_mosquitto_db(
     vhost: str = "/",
     now_ms: int | None = None,
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+    codec=None,
 ) -> MosquittoImportSummary:
     layout = BackupLayout(backup_id, prefix)
     comp = Compression.parse(compression, "--compression")
@@ -98,7 +99,7 @@ def import_mosquitto_db(
               for name, recs in itertools.groupby(records, key=lambda r: r.source_queue))
     manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp,
                             segment_max_bytes=segment_max_bytes,
-                            source_cluster=f"mosquitto:{os.path.abspath(src)}")
+                            source_cluster=f"mosquitto:{os.path.abspath(src)}", codec=codec)
     summary.segments = manifest.total_segments
     summary.bytes_written = manifest.total_bytes
     summary.manifest_key = layout.manifest

@@ -20,6 +20,7 @@ from typing import Iterable
 from .. import __version__
 from ..errors import ConfigError, RbakError
 from ..format.compression import Compression
+from ..crypto import ObjectCodec
 from ..format.manifest import BackupManifest, QueueBackup
 from ..format.record import BackupRecord
 from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
@@ -58,8 +59,13 @@ def write_backup(
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
     source_cluster: str | None = None,
     rabbitmq_version: str | None = None,
+    codec: ObjectCodec | None = None,
 ) -> BackupManifest:
-    """Store every queue's records as segments, then the manifest; returns the manifest."""
+    """Store every queue's records as segments, then the manifest; returns the manifest.
+
+    ``codec`` (``crypto.import_codec``) seals every segment like an encrypted backup's; the manifest
+    stays plaintext and names the key id."""
+    codec = codec or ObjectCodec(backup_id)
     if isinstance(compression, str):
         compression = Compression.parse(compression)
     layout = BackupLayout(backup_id, prefix)
@@ -77,6 +83,7 @@ def write_backup(
             source_cluster=source_cluster,
             rabbitmq_version=rabbitmq_version,
             backup_tool_version=__version__,
+            encryption=codec.info,
         )
         seen: set[tuple[str, str]] = set()
         writers: list[tuple[QueueBackup, SegmentWriter]] = []
@@ -86,11 +93,11 @@ def write_backup(
             seen.add((vhost, name))
             qb = QueueBackup(vhost=vhost, name=name, queue_type=queue_type)
 
-            def sink(seq: int, data: memoryview, _v: str = vhost, _q: str = name) -> str:
+            def sink(seq: int, data: memoryview, _v: str = vhost, _q: str = name) -> str | tuple[str, bytes]:
                 key = layout.segment(_v, _q, seq, compression)
-                storage.put(key, data)
+                stored = codec.put(storage, key, data)
                 written.append(key)  # runs in the pipeline's thread; read only after abort()/close()
-                return key
+                return (key, stored) if codec.encrypted else key
 
             w = SegmentWriter(sink, compression, level, max_bytes=segment_max_bytes, max_interval_ms=2**62,
                               pipeline=pipeline)
