@@ -107,3 +107,17 @@ def test_object_lock_reaches_the_storage_section_and_the_crd():
     jsonschema.validate(spec, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**CLUSTER_SPEC, "objectLock": {"mode": "FOREVER", "retainDays": 1}}, schema)
+
+
+def test_spark_executors_get_the_keyring_too():
+    """Executors open the segments (rbak_spark.datasource reads RBAK_ENCRYPTION_KEYS on each executor), so the
+    keyring Secret must reach the executor pods of the SparkApplication, not only the driver."""
+    spec = {"encryption": {"keysSecretRef": {"name": "old-keys", "key": "ring"}}}
+    _cfg, env = rbakconfig.restore_config(spec, "prod", "b-1", CLUSTER_SPEC["broker"], CLUSTER_SPEC["storage"])
+    app = bodies.spark_application_body(
+        name="r-restore", namespace="prod", owner=OWNER, spark={}, script="restore.py",
+        arguments=["--path", "s3://b", "--backup-id", "b-1"], secret_env=env, config_name="r-restore",
+        labels=bodies.restore_labels("r"))
+    for role in ("driver", "executor"):
+        refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in app["spec"][role]["env"]}
+        assert refs.get(DEFAULT_KEYS_ENV) == {"name": "old-keys", "key": "ring"}, role
