@@ -73,8 +73,22 @@ class AmqpError(RbakError):
     prefix = "AMQP error"
 
 
+class AmqpAuthenticationError(AmqpError):
+    """The broker refused the credentials or the vhost."""
+
+
+class AmqpConnectionError(AmqpError):
+    """No connection could be opened, or an open one was lost."""
+
+
 class ManagementApiError(RbakError):
+    """``status``: the HTTP status when the API answered with an error (None: no answer or a bad one)."""
+
     prefix = "Management API error"
+
+    def __init__(self, message: str, status: int | None = None):
+        self.status = status
+        super().__init__(message)
 
 
 class RestoreError(RbakError):

@@ -117,9 +117,10 @@ class ManagementClient:
             raise ManagementApiError(f"{method} {url}: {type(e).__name__}: {_reason(e)}") from None
         if r.status_code == 401:
             raise ManagementApiError(f"{method} /api/{path}: 401 Unauthorized for user {self.username!r} "
-                                     f"(check {self.role}.management_username/password)")
+                                     f"(check {self.role}.management_username/password)", status=401)
         if r.status_code >= 400:
-            raise ManagementApiError(f"{method} /api/{path}: HTTP {r.status_code}: {_error_text(r)}")
+            raise ManagementApiError(f"{method} /api/{path}: HTTP {r.status_code}: {_error_text(r)}",
+                                     status=r.status_code)
         return r
 
     def request(self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None,
@@ -143,7 +144,7 @@ class ManagementClient:
         try:
             return self.request("GET", path)
         except ManagementApiError as e:
-            if ": HTTP 404:" in str(e):
+            if e.status == 404:
                 return None
             raise
 
@@ -163,7 +164,7 @@ class ManagementClient:
         try:
             d = self.request("GET", f"queues/{q(vhost)}/{q(name)}", params={"columns": QUEUE_COLUMNS})
         except ManagementApiError as e:
-            if ": HTTP 404:" in str(e):
+            if e.status == 404:
                 return None
             raise
         return _queue_info(d or {"name": name}, vhost)
@@ -202,7 +203,7 @@ class ManagementClient:
         try:
             self.request("DELETE", path)
         except ManagementApiError as e:
-            if ": HTTP 404:" in str(e):
+            if e.status == 404:
                 return False
             raise
         return True

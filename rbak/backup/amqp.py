@@ -14,7 +14,7 @@ import pika
 import pika.exceptions
 
 from ..config import ConnectionConfig
-from ..errors import AmqpError
+from ..errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +60,13 @@ def connect(conn: ConnectionConfig, vhost: str) -> pika.BlockingConnection:
     try:
         return pika.BlockingConnection(params)
     except pika.exceptions.ProbableAuthenticationError:
-        raise AmqpError(f"{where}: authentication failed for user {conn.username!r}") from None
+        raise AmqpAuthenticationError(f"{where}: authentication failed for user {conn.username!r}") from None
     except pika.exceptions.ProbableAccessDeniedError:
-        raise AmqpError(f"{where}: access to the vhost was refused for user {conn.username!r}") from None
+        raise AmqpAuthenticationError(f"{where}: access to the vhost was refused for user {conn.username!r}") from None
     except pika.exceptions.AMQPConnectionError as e:
-        raise AmqpError(f"{where}: cannot connect ({_cause(e)})") from None
+        raise AmqpConnectionError(f"{where}: cannot connect ({_cause(e)})") from None
     except (OSError, ssl.SSLError) as e:
-        raise AmqpError(f"{where}: cannot connect ({_cause(e)})") from None
+        raise AmqpConnectionError(f"{where}: cannot connect ({_cause(e)})") from None
 
 
 def _cause(e: BaseException) -> str:

@@ -36,7 +36,7 @@ from ..format.compression import Compression
 from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
 from ..storage.base import Storage
-from . import metrics
+from .. import metrics
 from .amqp import connect
 from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions

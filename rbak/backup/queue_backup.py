@@ -21,7 +21,7 @@ import pika.exceptions
 
 from ..errors import AmqpError
 from ..format.manifest import QueueBackup
-from . import metrics
+from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import delivery_count, encode_delivery
 from .guard_store import merge

@@ -42,7 +42,7 @@ from typing import Callable
 import pika
 import pika.exceptions
 
-from ..errors import AmqpError, RbakError
+from ..errors import AmqpConnectionError, AmqpError, RbakError
 from .convert import delivery_count
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def read_queue(
                         f"{e.reply_code} {e.reply_text}{hint}; every unacked message returned to the queue") from None
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         error = e
-        raise AmqpError(f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
+        raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
                         "the broker returns every unacked message to the queue") from None
     except BaseException as e:
         error = e

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import RbakError
 from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
-from . import metrics
+from .. import metrics
 from .checkpoint import Checkpoint, QueueProgress
 from .convert import BROKER_HEADERS, encode_delivery
 from .management import QueueInfo

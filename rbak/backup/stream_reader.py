@@ -16,7 +16,7 @@ from typing import Callable
 import pika
 import pika.exceptions
 
-from ..errors import AmqpError
+from ..errors import AmqpConnectionError, AmqpError
 
 
 @dataclass(slots=True)
@@ -78,7 +78,7 @@ def read_stream(
         raise AmqpError(f"{where}: the broker closed the channel after {res.records} messages: "
                         f"{e.reply_code} {e.reply_text}") from None
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
-        raise AmqpError(f"{where}: the connection was lost after {res.records} messages ({e!r})") from None
+        raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} messages ({e!r})") from None
     finally:
         try:
             if ch.is_open:

@@ -130,7 +130,7 @@ def _plain_progress(event: str, **kw: Any) -> None:
 
 def run(args) -> int:
     from ..backup import BackupEngine, BackupError
-    from ..backup import metrics as bmetrics
+    from .. import metrics as bmetrics
 
     if getattr(args, "verbose", 0) < 2:
         logging.getLogger("pika").setLevel(logging.WARNING)  # pika's INFO is one line per socket event

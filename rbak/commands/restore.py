@@ -106,7 +106,7 @@ def run(args: Any) -> int:
 
     storage, options, metrics_cfg = build(args)
     if metrics_cfg is not None and metrics_cfg.enabled:
-        from ..backup.metrics import serve  # the same endpoint and path handling as `rbak backup`
+        from ..metrics import serve  # the same endpoint and path handling as `rbak backup`
 
         serve(metrics_cfg)
     progress = None

@@ -27,7 +27,7 @@ from ..format.reader import read_segment
 from ..format.record import BackupRecord
 from ..format.amqp091 import encode_basic_properties
 from ..storage.base import Storage
-from . import metrics
+from .. import metrics
 from .chain import expand_chains
 from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint, open_checkpoint
 from .options import RestoreOptions
@@ -494,7 +494,7 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
                 r.chain = list(chains.get((p.source_vhost, p.source_queue), ()))
                 return r
             except RbakError as e:
-                metrics.errors().labels(error_type=_error_type(e)).inc()
+                metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                 log.error("%s", e)
                 r = getattr(e, "queue_result", None)
                 if r is None:
@@ -518,10 +518,3 @@ def _skipped_transient(p: QueuePlan) -> QueueResult:
                        error="transient queue not declared on this target (restore.transient_queues: skip)")
 
 
-def _error_type(e: Exception) -> str:
-    """The ``error_type`` label, classified like the backup's (one vocabulary for both)."""
-    try:
-        from ..backup.metrics import error_type
-    except ImportError:  # pragma: no cover - restore-only installs
-        return "amqp" if isinstance(e, AmqpError) else "other"
-    return error_type(e)

@@ -32,7 +32,7 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from ..errors import AmqpError, RbakError
+from ..errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError, RbakError
 from .options import TargetConnection
 
 log = logging.getLogger(__name__)
@@ -99,15 +99,15 @@ def connect(target: TargetConnection, vhost: str) -> pika.BlockingConnection:
     try:
         return pika.BlockingConnection(params)
     except pika.exceptions.ProbableAccessDeniedError as e:
-        raise AmqpError(
+        raise AmqpAuthenticationError(
             f"cannot open vhost {vhost!r} on {mask_url(target.amqp_url)}: access denied or the vhost does not exist ({e})"
         ) from None
     except pika.exceptions.ProbableAuthenticationError:
-        raise AmqpError(f"authentication failed for {mask_url(target.amqp_url)} (vhost {vhost!r})") from None
+        raise AmqpAuthenticationError(f"authentication failed for {mask_url(target.amqp_url)} (vhost {vhost!r})") from None
     except ssl.SSLError as e:
-        raise AmqpError(f"TLS handshake with {params.host}:{params.port} failed: {e}") from None
+        raise AmqpConnectionError(f"TLS handshake with {params.host}:{params.port} failed: {e}") from None
     except pika.exceptions.AMQPError as e:
-        raise AmqpError(
+        raise AmqpConnectionError(
             f"cannot connect to {mask_url(target.amqp_url)} (vhost {vhost!r}): {type(e).__name__} {e}"
         ) from None
 

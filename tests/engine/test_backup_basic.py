@@ -178,7 +178,7 @@ offset_storage: {{path: "{tmp_path / 'state.db'}"}}
 def test_metrics_served(rmq310, vhost_factory, tmp_path):
     import requests
 
-    from rbak.backup import metrics as bm
+    from rbak import metrics as bm
     from rbak.config import MetricsConfig
 
     b = rmq310

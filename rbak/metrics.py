@@ -1,11 +1,16 @@
-"""Prometheus metrics of a backup, named like the Rust tool's.
+"""Prometheus metrics of backups and restores, named like the Rust tool's, and their endpoint.
 
-``rabbitmq_backup_messages_read_total``, ``_bytes_read_total``,
+Backup: ``rabbitmq_backup_messages_read_total``, ``_bytes_read_total``,
 ``_segments_written_total``, ``_segment_bytes_total`` (labels ``vhost``,
 ``queue``, ``queue_type``), ``rabbitmq_backup_checkpoint_syncs_total``,
-``rabbitmq_backup_active_connections`` and ``rabbitmq_backup_errors_total``
-(label ``error_type``, shared with the restore side). Labels never carry
-credentials: only vhost and queue names.
+``rabbitmq_backup_active_connections``. Restore:
+``rabbitmq_backup_messages_published_total`` / ``_confirmed_total`` /
+``_failed_total`` (labels ``vhost``, ``queue``: the target's). Both:
+``rabbitmq_backup_errors_total`` by ``error_type``, classified by exception
+type. Labels never carry credentials: only vhost and queue names.
+
+Collectors are created once per process and looked up again when asked for
+twice (prometheus-client refuses duplicate registrations).
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import REGISTRY, Counter, Gauge, make_wsgi_app
 
-from ..config import MetricsConfig
-from ..errors import AmqpError, CheckpointError, ManagementApiError, SerializationError, StorageError
+from .config import MetricsConfig
+from .errors import (AmqpAuthenticationError, AmqpConnectionError, AmqpError, CheckpointError, ConfigError,
+                     ManagementApiError, SerializationError, StorageError)
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 Q_LABELS = ("vhost", "queue", "queue_type")
+T_LABELS = ("vhost", "queue")
 
 
 def _get(kind, name: str, doc: str, labels: tuple[str, ...]):
@@ -57,26 +64,35 @@ def active_connections():
     return _get(Gauge, "rabbitmq_backup_active_connections", "Open AMQP connections of the backup.", ())
 
 
-def errors():
-    from ..restore import metrics as restore_metrics
+def published():
+    return _get(Counter, "rabbitmq_backup_messages_published", "Messages published by restores.", T_LABELS)
 
-    return restore_metrics.errors()
+
+def confirmed():
+    return _get(Counter, "rabbitmq_backup_messages_confirmed", "Restored messages confirmed by the broker.", T_LABELS)
+
+
+def failed():
+    return _get(Counter, "rabbitmq_backup_messages_failed", "Restored messages returned, nacked or lost.", T_LABELS)
+
+
+def errors():
+    return _get(Counter, "rabbitmq_backup_errors", "Errors by kind.", ("error_type",))
 
 
 def error_type(e: BaseException) -> str:
-    from .queue_reader import DeliveryLimitError
+    from .backup.queue_reader import DeliveryLimitError
 
     if isinstance(e, DeliveryLimitError):
         return "delivery_limit"
+    if isinstance(e, AmqpAuthenticationError):
+        return "authentication"
+    if isinstance(e, AmqpConnectionError):
+        return "connection"
     if isinstance(e, AmqpError):
-        s = str(e)
-        if "authentication" in s:
-            return "authentication"
-        if "cannot connect" in s or "connection was lost" in s:
-            return "connection"
         return "amqp"
     if isinstance(e, ManagementApiError):
-        return "authentication" if "401" in str(e) else "management"
+        return "authentication" if e.status == 401 else "management"
     if isinstance(e, StorageError):
         return "storage"
     if isinstance(e, SerializationError):
@@ -104,8 +120,6 @@ def serve(cfg: MetricsConfig):
     try:
         httpd = make_server(cfg.bind, cfg.port, only_path, handler_class=_Quiet)
     except OSError as e:
-        from ..errors import ConfigError
-
         raise ConfigError(f"metrics.port: cannot listen on {cfg.bind}:{cfg.port}: {e}") from None
     t = threading.Thread(target=httpd.serve_forever, name="rbak-metrics", daemon=True)
     t.start()
