@@ -45,6 +45,7 @@ from typing import Any
 from ..format.record import BackupProperties, Bytes, HeaderValue, LongString
 from .erlang_terms import Atom
 from .mc_amqp import usort_headers, valid_short_string
+from .mqtt_topic import mqtt_to_amqp
 
 
 class MqttMappingError(ValueError):
@@ -54,11 +55,6 @@ class MqttMappingError(ValueError):
 def _kind(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
-
-
-def mqtt_to_amqp(topic: bytes) -> bytes:
-    """``rabbit_mqtt_util:to_amqp/1`` (without the opt-in Sparkplug rewrite)."""
-    return topic.replace(b"/", b".").replace(b"+", b"*")
 
 
 def _iolist(v: Any, depth: int = 0) -> bytes:

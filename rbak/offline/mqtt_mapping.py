@@ -58,7 +58,14 @@ from ..format.record import (
     Short,
     Timestamp,
 )
-from .mosquitto_db import ClientMsgChunk, Direction, MosquittoDb, MsgState, MsgStoreChunk
+from .mosquitto_db import (
+    ClientMsgChunk,
+    Direction,
+    MosquittoDb,
+    MsgState,
+    MsgStoreChunk,
+)
+from .mqtt_topic import mqtt_to_amqp
 
 EXCHANGE = "amq.topic"
 RETAINED_QUEUE = "mosquitto-retained"
@@ -71,11 +78,6 @@ _CLIENT_OWNS = frozenset({MsgState.RESEND_PUBREL, MsgState.WAIT_FOR_PUBCOMP})
 _SENT = frozenset({MsgState.WAIT_FOR_PUBACK, MsgState.WAIT_FOR_PUBREC})
 # Incoming QoS 2 messages already released to subscribers.
 _RELEASED = frozenset({MsgState.RESEND_PUBCOMP})
-
-
-def mqtt_to_amqp(topic: str) -> str:
-    """``rabbit_mqtt_util:mqtt_to_amqp/1`` without Sparkplug: ``/`` -> ``.``, ``+`` -> ``*``."""
-    return topic.replace("/", ".").replace("+", "*")
 
 
 def subscription_queue(client_id: str, qos: int) -> str:
