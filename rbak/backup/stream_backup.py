@@ -139,7 +139,7 @@ class StreamBackup:
             info.last_record_sha256 = hashlib.sha256(last[0]).hexdigest()
             info.last_chunk_timestamp = chunk_timestamp(last[1])
         elif prog.segments:  # resumed with nothing new after the kept segments: read the last one back
-            from ..restore.engine import load_segment_records
+            from ..restore.queue_restore import load_segment_records
 
             try:
                 records = load_segment_records(self.storage, prog.segments[-1])

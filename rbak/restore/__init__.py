@@ -3,10 +3,12 @@
 ``options`` (what to do), ``plan`` (pure: which segments, where to), ``fields``
 (exact AMQP property/header encoding), ``publisher`` (confirms + mandatory),
 ``checkpoint`` (resumable), ``definitions`` (import with rollback snapshot),
-``engine`` (orchestration; ``restore_queue_segments`` is the reusable unit).
+``queue_restore`` (one queue: ``restore_queue_segments``, the reusable unit), ``engine`` (orchestration).
 """
 
-from .engine import QueueResult, RestoreError, RestoreSummary, restore_queue_segments, run_restore
+from ..errors import RestoreError
+from .engine import RestoreSummary, run_restore
+from .queue_restore import QueueResult, restore_queue_segments
 from .options import RestoreOptions, TargetConnection, options_from_config
 from .plan import QueuePlan, plan_restore
 

@@ -44,6 +44,10 @@ class QueuePlan:
     def label(self) -> str:
         return f"queue {self.source_queue!r} in vhost {self.source_vhost!r}"
 
+    @property
+    def target_label(self) -> str:
+        return f"queue {self.target_queue!r} in vhost {self.target_vhost!r}"
+
 
 def map_vhost(vhost: str, vhost_mapping: Mapping[str, str]) -> str:
     return vhost_mapping.get(vhost, vhost)

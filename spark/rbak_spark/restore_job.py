@@ -165,7 +165,8 @@ def run_units(url: str, options, progress_id: str, units: Iterable[RestoreUnit])
     """Executor side: publish each run with the engine; one result dict per run."""
     from rbak.errors import RbakError
     from rbak.keys import BackupLayout
-    from rbak.restore.engine import QueueResult, checkpoint_fingerprint, restore_queue_segments
+    from rbak.restore.engine import checkpoint_fingerprint
+    from rbak.restore.queue_restore import QueueResult, restore_queue_segments
 
     from .executor import storage_for
     from .progress import StorageProgress
@@ -204,7 +205,8 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
     """Split queues skip the engine's empty-target check (runs overlap), so do it here, once."""
     from rbak.errors import RbakError
     from rbak.keys import BackupLayout
-    from rbak.restore.engine import RestoreError, queue_depth
+    from rbak.errors import RestoreError
+    from rbak.restore.queue_restore import queue_depth
     from rbak.restore.publisher import connect
 
     from .progress import queue_progress_prefix

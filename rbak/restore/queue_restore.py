@@ -1,0 +1,382 @@
+"""Restoring one queue: check the target, publish its records in order with confirms, checkpoint
+the confirmed prefix, and after a kill find what the broker already took.
+
+:func:`restore_queue_segments` is the unit of work of every restore: the CLI
+engine runs it per queue in a pool, the Spark restore job on executors (per
+queue or per ordered run of segments).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import pika
+import pika.exceptions
+
+from .. import metrics
+from ..crypto import ObjectCodec, codec_for
+from ..errors import AmqpError, CheckpointError, RbakError, RestoreError, SerializationError
+from ..format.amqp091 import encode_basic_properties
+from ..format.manifest import SegmentMetadata
+from ..format.reader import read_segment
+from ..format.record import BackupRecord
+from ..storage.base import Storage
+from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
+from .options import RestoreOptions
+from .plan import QueuePlan, record_in_window, segment_fully_inside
+from .publisher import ConfirmingPublisher, connect
+from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QueueResult:
+    source_vhost: str
+    source_queue: str
+    target_vhost: str
+    target_queue: str
+    queue_type: str = "classic"
+    status: str = "pending"  # restored | dry-run | skipped | already-done | failed
+    planned: int = 0  # records in the segments to read (an upper bound of ``selected``)
+    selected: int = 0  # records inside the window (dry run: would be published)
+    published: int = 0
+    confirmed: int = 0
+    failed: int = 0
+    skipped_segments: int = 0
+    skipped_records: int = 0  # outside the PITR window
+    resumed_from: tuple[int, int] | None = None
+    chain: list[str] = field(default_factory=list)  # backups whose segments are published, oldest first
+    reconciled: int = 0  # in-flight records found already enqueued on resume
+    bytes: int = 0
+    error: str | None = None
+
+
+
+
+def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True,
+                         codec: ObjectCodec | None = None):
+    """Every record of one segment (CRC always checked; SHA-256 against the manifest when asked)."""
+    return [r for _, r in read_segment(storage, seg, verify_checksum, codec=codec)]
+
+
+def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
+                         chunk: int = 1024, codec: ObjectCodec | None = None) -> Iterator[tuple[int, BackupRecord]]:
+    """(index, record) of one segment from ``start``: ``rbak.format.reader.read_segment``
+    (``codec`` opens an encrypted backup's segments).
+
+    Peak memory is the compressed file plus one chunk of decoded records; the
+    payload is decompressed as a stream bounded by what the manifest and the
+    header declare. ``chunk`` is kept for callers; the reader chunks by itself.
+    """
+    return read_segment(storage, seg, verify_checksum, start, codec=codec)
+
+
+def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
+    """How a plan's segments are opened: None for a plaintext backup; a missing key is an error."""
+    if plan.encryption is None:
+        return None
+    return codec_for(options.backup_id, plan.encryption, options.keyring())
+
+
+# --------------------------------------------------------------------------
+# One queue.
+# --------------------------------------------------------------------------
+
+
+def queue_depth(conn: pika.BlockingConnection, queue: str) -> int | None:
+    """Messages in ``queue`` (passive declare on a throwaway channel); None when it does not exist."""
+    ch = conn.channel()
+    try:
+        return ch.queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return None
+        raise AmqpError(f"cannot inspect queue {queue!r}: {e.reply_code} {e.reply_text}") from None
+    finally:
+        if ch.is_open:
+            ch.close()
+
+
+def stable_depth(conn: pika.BlockingConnection, queue: str, settle_secs: float = 0.3, attempts: int = 20) -> int | None:
+    """Depth once two reads ``settle_secs`` apart agree (a killed publisher's last messages may still be landing)."""
+    last = queue_depth(conn, queue)
+    for _ in range(attempts):
+        conn.sleep(settle_secs)
+        now = queue_depth(conn, queue)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def in_flight_limit(options: RestoreOptions) -> int:
+    """Most records a killed run can leave past its checkpoint: in flight (<= batch), confirmed
+    since the last commit (about a batch), and generous slack."""
+    return 4 * options.produce_batch_size + 1024
+
+
+def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth: int | None, confirmed: int,
+                        depth_now: int | None) -> int:
+    """How many records after the checkpoint are already in the target queue.
+
+    A SIGKILL leaves up to ``produce_batch_size`` messages that the broker
+    may have enqueued without the checkpoint knowing. In ``queue`` mode every
+    message of this restore lands in the target queue, so
+    ``depth_now - (initial_depth + confirmed)`` is exactly that number, as long
+    as nothing else consumed from or published to the queue meanwhile. Outside
+    that case (exchange mode, an unknown depth) it returns 0 and the in-flight
+    tail may be published twice (at-least-once), which is logged.
+    """
+    if options.publish_mode != "queue" or initial_depth is None or depth_now is None:
+        log.warning("%s: resuming from the checkpoint; up to %d in-flight message(s) may be duplicated "
+                    "(exactly-once resume needs publish_mode: queue)", plan.label, options.produce_batch_size)
+        return 0
+    extra = depth_now - (initial_depth + confirmed)
+    if extra < 0:
+        log.warning("%s: target queue %r holds %d fewer messages than restored so far; something consumed from it. "
+                    "Resuming from the checkpoint.", plan.label, plan.target_queue, -extra)
+        return 0
+    limit = in_flight_limit(options)
+    if extra > limit:
+        raise CheckpointError(
+            f"{plan.label}: target queue {plan.target_queue!r} in vhost {plan.target_vhost!r} holds {extra} more "
+            f"messages than the checkpoint accounts for (at most {limit} can be in flight); another publisher wrote "
+            f"to it, so resuming could not be exact. Empty the queue and restart with a fresh checkpoint_state."
+        )
+    return extra
+
+
+def record_body_at(storage: Storage, plan: QueuePlan, sequence: int, index: int, options: RestoreOptions,
+                   codec: ObjectCodec | None) -> bytes | None:
+    """The body of one record of a plan's segments (None when the plan has no such record)."""
+    for seg in plan.segments:
+        if seg.sequence == sequence:
+            for _i, r in iter_segment_records(storage, seg, options.verify_checksums, index, codec=codec):
+                return r.body
+    return None
+
+
+def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: RestoreOptions,
+                   cp: RestoreCheckpoint | NullCheckpoint, state: QueueState, res: QueueResult,
+                   body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
+    """Check the target before the first publish, or find what a killed run left in it.
+
+    Returns (records already in the target past the checkpoint, and for a stream the digests
+    they must match), or None when ``skip_existing`` skips a non-empty target.
+    """
+    target = plan.target_label
+    stream = plan.queue_type == "stream" and options.publish_mode == "queue"
+    if state.initial_depth is None and not state.segments:  # fresh
+        depth = queue_depth(conn, plan.target_queue)
+        if depth is None and options.publish_mode == "queue":
+            raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
+                               f"it is the target of {plan.label}")
+        next_offset = stream_next_offset(conn, plan.target_vhost, plan.target_queue) if stream and depth is not None else None
+        held = f"{depth} message(s)" if depth else f"messages (its next offset is {next_offset})"
+        if depth or next_offset:
+            if options.skip_existing:
+                res.status = "skipped"
+                res.error = f"{target} already holds {held}"
+                return None
+            if not options.allow_non_empty:
+                raise RestoreError(f"{target} already holds {held}; refusing to publish into a "
+                                   f"non-empty queue (set restore.allow_non_empty: true to add to it)")
+        cp.start_queue(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, depth or 0,
+                       next_offset)
+        return 0, None
+    if stream and state.initial_offset is not None:
+        seq, idx = state.resume_point()
+        last_confirmed = body_at(seq, idx - 1) if state.confirmed and idx > 0 else None
+        landed = landed_tail(conn, plan.target_vhost, plan.target_queue, state.initial_offset, state.confirmed,
+                             in_flight_limit(options), last_confirmed)
+        res.reconciled = len(landed)
+        return len(landed), landed
+    depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None
+    res.reconciled = reconcile_in_flight(plan, options, state.initial_depth, state.confirmed, depth_now)
+    return res.reconciled, None
+
+
+def restore_queue_segments(
+    storage: Storage,
+    plan: QueuePlan,
+    options: RestoreOptions,
+    checkpoint: RestoreCheckpoint | NullCheckpoint | None = None,
+    connection: pika.BlockingConnection | None = None,
+    on_progress: Callable[[QueueResult], None] | None = None,
+) -> QueueResult:
+    """Publish one queue's segments, in order, into its target; return what happened.
+
+    ``plan`` names the source queue, the target vhost/queue and the segments to
+    publish in sequence order (a Spark job may pass a ``QueuePlan`` holding a
+    contiguous run of one queue's segments). ``options`` supplies the window,
+    publish mode, batch (in-flight window) size, checks and the target broker;
+    ``checkpoint`` (``open_checkpoint(...)`` or ``None``) makes the call
+    resumable: progress is committed after each batch of confirms and a rerun
+    skips what was confirmed (and, in queue mode, what was enqueued but not yet
+    checkpointed). ``connection`` is an open connection to the target vhost,
+    or ``None`` to open (and close) one here.
+
+    Refuses a non-empty target queue unless ``allow_non_empty`` (or skips it
+    with ``skip_existing``). Raises ``RbakError`` subclasses naming the queue;
+    records confirmed before a failure stay checkpointed.
+    """
+    cp = checkpoint or NullCheckpoint()
+    codec = plan_codec(plan, options)  # before any publish: a missing key names the backup and key id
+    res = QueueResult(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, plan.queue_type,
+                      planned=plan.candidate_records, skipped_segments=plan.skipped_segments,
+                      skipped_records=plan.skipped_records)
+    state = cp.load(plan.source_vhost, plan.source_queue)
+    if state.done:
+        res.status = "already-done"
+        res.confirmed = state.confirmed
+        return res
+    own = connection is None
+    conn = connect(options.target, plan.target_vhost) if own else connection
+    try:
+        prepared = prepare_target(conn, plan, options, cp, state, res,
+                                  lambda seq, idx: record_body_at(storage, plan, seq, idx, options, codec))
+        if prepared is None:
+            return res  # skipped: the target already holds messages
+        skip_extra, landed = prepared
+        resume = state.resume_point()
+        if state.initial_depth is not None or state.segments:
+            res.resumed_from = resume
+        pub = ConfirmingPublisher(conn, f"{plan.label} -> {plan.target_label}", options.produce_batch_size,
+                                  options.publisher_confirms)
+        progress = _Progress(plan, options, cp, res, pub, state.confirmed, on_progress)
+        try:
+            _publish(storage, plan, options, codec, pub, progress, resume, skip_extra, landed)
+            pub.drain()
+            progress.commit(force=True)
+        except RbakError as err:
+            try:
+                pub.drain(timeout=5)
+            except RbakError:
+                pass
+            progress.commit(force=True)
+            progress.failed()
+            err.queue_result = res  # what the broker confirmed before the failure, for the summary
+            raise
+        finally:
+            pub.close()
+        cp.finish_queue(plan.source_vhost, plan.source_queue)
+        res.status = "restored"
+        return res
+    finally:
+        if own:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class _Progress:
+    """The confirmed prefix of one queue's run: into the checkpoint (at most every 0.25 s or batch),
+    the metrics and the caller's ``on_progress``."""
+
+    def __init__(self, plan: QueuePlan, options: RestoreOptions, cp: RestoreCheckpoint | NullCheckpoint,
+                 res: QueueResult, pub: ConfirmingPublisher, confirmed_base: int,
+                 on_progress: Callable[[QueueResult], None] | None):
+        self.plan, self.options, self.cp, self.res, self.pub = plan, options, cp, res, pub
+        self.confirmed_base = confirmed_base
+        self.on_progress = on_progress
+        self.landed = 0  # records a killed run had enqueued, counted as restored
+        self._last_commit = time.monotonic()
+        self._last_token: tuple[int, int, int] | None = None
+        self._counted_pub = self._counted_conf = self._committed_at = 0
+        labels = {"vhost": plan.target_vhost, "queue": plan.target_queue}
+        self._m_pub, self._m_conf, self._m_fail = (metrics.published().labels(**labels),
+                                                   metrics.confirmed().labels(**labels),
+                                                   metrics.failed().labels(**labels))
+
+    def count_landed(self, token: tuple[int, int, int]) -> None:
+        self.landed += 1
+        self.pub._last_done_token = token  # noqa: SLF001 - the publisher's confirmed prefix ends here
+        self.pub._advanced = True  # noqa: SLF001
+
+    def commit(self, force: bool = False) -> None:
+        pub, plan = self.pub, self.plan
+        adv, token = pub.take_progress()
+        if adv:
+            self._last_token = token
+        now = time.monotonic()
+        confirmed = self.confirmed_base + pub.confirmed + self.landed
+        due = now - self._last_commit >= 0.25 or pub.confirmed - self._committed_at >= self.options.produce_batch_size
+        if self._last_token is not None and (force or (adv and due)):
+            seq, idx, seg_len = self._last_token
+            self.cp.record(plan.source_vhost, plan.source_queue, seq, idx, idx >= seg_len, confirmed)
+            self._last_commit = now
+            self._committed_at = pub.confirmed
+        self._m_pub.inc(pub.published - self._counted_pub)
+        self._m_conf.inc(pub.confirmed - self._counted_conf)
+        self._counted_pub, self._counted_conf = pub.published, pub.confirmed
+        self.res.published, self.res.confirmed, self.res.failed = pub.published, confirmed, pub.failed
+        if self.on_progress is not None:
+            self.on_progress(self.res)
+
+    def failed(self) -> None:
+        self._m_fail.inc(self.pub.failed)
+
+
+def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
+             pub: ConfirmingPublisher, progress: _Progress, resume: tuple[int, int], skip_extra: int,
+             landed: LandedTail | None) -> None:
+    """Every record of the plan after ``resume`` inside the window, in order; the first ``skip_extra``
+    of them were enqueued by a killed run (for a stream, ``landed`` holds their digests to check)."""
+    res = progress.res
+    resume_seq, resume_idx = resume
+    s, e = options.window_start_ms, options.window_end_ms
+    queue_mode = options.publish_mode == "queue"
+    props_of = _PropertiesCache(plan.label)
+    for seg in plan.segments:
+        if seg.sequence < resume_seq:
+            continue
+        start = resume_idx if seg.sequence == resume_seq else 0
+        whole = segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e)
+        n = seg.record_count
+        for i, r in iter_segment_records(storage, seg, options.verify_checksums, start, codec=codec):
+            if not whole and not record_in_window(r.backed_up_at, s, e):
+                res.skipped_records += 1
+                continue
+            res.selected += 1
+            if skip_extra:  # already enqueued by the killed run (see reconcile_in_flight): count it as restored
+                if landed is not None:
+                    check_landed(landed, r.body, plan.target_label, f"record {i} of {seg.key}")
+                skip_extra -= 1
+                progress.count_landed((seg.sequence, i + 1, n))
+                continue
+            exchange, rk = (("", plan.target_queue) if queue_mode or not r.exchange
+                            else (r.exchange, r.routing_key))  # plan.publish_address, inlined
+            pub.publish(exchange, rk, props_of(r, i, seg.key), r.body, (seg.sequence, i + 1, n))
+            res.bytes += len(r.body)
+            if pub.published % 256 == 0:
+                progress.commit()
+        progress.commit()
+
+
+class _PropertiesCache:
+    """Encoded basic properties by value: consecutive records often share properties and headers."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self._cache: dict[tuple, bytes] = {}
+
+    def __call__(self, r: BackupRecord, index: int, segment_key: str) -> bytes:
+        p = r.properties
+        key = (p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
+               p.reply_to, p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id,
+               p.app_id, p.cluster_id, r.headers)
+        props = self._cache.get(key)
+        if props is None:
+            try:
+                props = encode_basic_properties(p, r.headers, "record")
+            except SerializationError as err:
+                raise SerializationError(f"{self.label}, record {index} of {segment_key}: {err.args[0]}") from None
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[key] = props
+        return props
