@@ -2,13 +2,17 @@
 
 Field names follow the Rust rabbitmq-backup tool where it has them. Every
 field carries its documentation in its dataclass metadata, so the README's
-configuration reference is generated from here (``python -m rbak.config`` or
+configuration reference is generated from it (``python -m rbak.config`` or
 ``rbak config-reference``) and never drifts from the code.
 
 Loading validates the WHOLE file before anything touches a broker: unknown
 keys, wrong types, out-of-range values and missing required fields are all
 collected and raised as one ``ConfigError`` that lists each problem with its
 key path (``backup.compression_level: must be an integer from 1 to 22, got 'high'``).
+
+The model (sections, ``Config``) lives here; ``loading`` reads YAML files,
+``validation`` builds and checks the model from plain data (interpolation,
+coercion, cross-field checks), ``reference`` generates the docs and schema.
 
 Strings may use ``${VAR}`` and ``${VAR:-default}`` (environment variables);
 ``$${`` is a literal ``${``. Passwords and secret keys never appear in
@@ -21,14 +25,12 @@ import dataclasses
 import datetime as _dt
 import os
 import re
-import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence, Union
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 MASK = "***"
 
@@ -278,7 +280,7 @@ class StorageConfig(_Section):
     def open(self):
         """An rbak ``Storage`` for this backend (``rbak.storage``)."""
         if self.backend == "s3" and (self.access_key_id or self.secret_access_key):
-            from .storage.s3 import S3Storage
+            from ..storage.s3 import S3Storage
 
             return S3Storage(
                 bucket=self.bucket or "", region=self.region, endpoint=self.endpoint, path_style=self.path_style,
@@ -286,7 +288,7 @@ class StorageConfig(_Section):
                 sse=self.sse, sse_kms_key_id=self.sse_kms_key_id, object_lock_mode=self.object_lock_mode,
                 object_lock_retain_days=self.object_lock_retain_days, url=self.storage_url(),
             )
-        from .storage import open_storage
+        from ..storage import open_storage
 
         return open_storage(self.storage_url())
 
@@ -410,7 +412,7 @@ class EncryptionConfig(_Section):
                                         "(`RBAK_ENCRYPTION_KEYS` is always read when set).")
 
     def keyring(self) -> dict[str, bytes]:
-        from .crypto import load_keyring
+        from ..crypto import load_keyring
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
 
@@ -437,6 +439,8 @@ class Config(_Section):
     def from_dict(cls, data: Any, env: typing.Mapping[str, str] | None = None, where: str = "") -> "Config":
         """Validate ``data`` (a parsed YAML mapping) completely; raise one ConfigError listing every problem."""
         errors: list[str] = []
+        from .validation import _build, _check_config
+
         env = os.environ if env is None else env
         cfg = _build(cls, data, "", errors, env)
         if cfg is not None:
@@ -486,7 +490,7 @@ class Config(_Section):
 
     def layout(self):
         """The ``BackupLayout`` of this config's backup id and storage prefix."""
-        from .keys import BackupLayout
+        from ..keys import BackupLayout
 
         if not self.backup_id:
             raise ConfigError("backup_id: required")
@@ -498,494 +502,12 @@ def default_backup_id(now: _dt.datetime | None = None) -> str:
     return "backup-" + now.strftime("%Y%m%dT%H%M%SZ")
 
 
-def yaml_error_text(e: Exception) -> str:
-    """A YAML error without the offending text: line and column and what was wrong, never the
-    line itself (it may hold a password), and never a value."""
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    problem = getattr(e, "problem", None) or type(e).__name__
-    if isinstance(e, DuplicateKeyError):
-        return str(e)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    # PyYAML's problems are fixed phrases ("found unexpected end of stream"); values never appear in them
-    # except in "found character '...'" which names one character, which we keep out as well.
-    problem = re.sub(r"'.*'", "a character", str(problem))
-    return f"{where}{problem}"
-
-
-def _strict_loader():
-    """``yaml.SafeLoader`` that refuses duplicate mapping keys (naming the key and its line)."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(loader, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            try:
-                hash(key)
-            except TypeError:
-                continue
-            if key in seen:
-                raise DuplicateKeyError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                                        f"(first at line {seen[key] + 1})")
-            seen[key] = key_node.start_mark.line
-        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    return StrictLoader
-
-
-class DuplicateKeyError(Exception):
-    """A key given twice in one YAML mapping (the later one would silently win)."""
-
-
-def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:
-    """Read and validate a YAML config file."""
-    import yaml
-
-    p = os.fspath(path)
-    try:
-        with open(p, "rb") as f:
-            text = f.read().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read config file: {e}") from None
-    try:
-        data = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
-    except (yaml.YAMLError, DuplicateKeyError) as e:
-        raise ConfigError(f"{p}: not valid YAML: {yaml_error_text(e)}") from None
-    if data is None:
-        data = {}
-    return Config.from_dict(data, env=env, where=p)
-
-
-# --------------------------------------------------------------------------
-# Time bounds.
-# --------------------------------------------------------------------------
-
-
-def parse_time_bound(value: Any, where: str) -> int | None:
-    """Epoch milliseconds from an int (ms) or an RFC 3339 string."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: must be epoch milliseconds or an RFC 3339 time, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        s = value.strip()
-        if re.fullmatch(r"-?\d+", s):
-            return int(s)
-        try:
-            t = _dt.datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise ConfigError(f"{where}: must be epoch milliseconds or an RFC 3339 time, got {value!r}") from None
-        if t.tzinfo is None:
-            raise ConfigError(f"{where}: RFC 3339 time {value!r} needs a time zone (e.g. 'Z')")
-        return int(t.timestamp() * 1000)
-    raise ConfigError(f"{where}: must be epoch milliseconds or an RFC 3339 time, got {value!r}")
-
-
-# --------------------------------------------------------------------------
-# Interpolation and the generic, type-driven validator.
-# --------------------------------------------------------------------------
-
-_ENV_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
-
-
-def interpolate(s: str, env: typing.Mapping[str, str], path: str, errors: list[str]) -> str:
-    """Expand ``${VAR}`` / ``${VAR:-default}``; an unset variable without a default is an error."""
-    if "$" not in s:
-        return s
-
-    def rep(m: re.Match[str]) -> str:
-        if m.group(0) == "$${":
-            return "${"
-        name, default = m.group(1), m.group(2)
-        val = env.get(name)
-        if val is None or (val == "" and default is not None):
-            if default is not None:
-                return default
-            errors.append(f"{path}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
-            return ""
-        return val
-
-    return _ENV_RE.sub(rep, s)
-
-
-def _describe(v: Any) -> str:
-    if isinstance(v, str):
-        return repr(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (dict, list)):
-        return f"a {'mapping' if isinstance(v, dict) else 'list'}"
-    return repr(v)
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _build(cls: type, data: Any, path: str, errors: list[str], env: typing.Mapping[str, str]) -> Any:
-    where = path or "(top level)"
-    if not isinstance(data, dict):
-        errors.append(f"{where}: must be a mapping, got {_describe(data)}")
-        return None
-    hints = _hints(cls)
-    flds = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key in data:
-        if not isinstance(key, str) or key not in flds:
-            known = ", ".join(flds)
-            errors.append(f"{_join(path, str(key))}: unknown key (known keys here: {known})")
-    for name, f in flds.items():
-        p = _join(path, name)
-        if name not in data or data[name] is None:
-            if f.metadata.get("required"):
-                errors.append(f"{p}: required")
-            continue
-        ok, val = _coerce(hints[name], data[name], p, errors, env, f.metadata)
-        if ok:
-            kwargs[name] = val
-    try:
-        return cls(**kwargs)
-    except TypeError:  # pragma: no cover - a required field missing; already reported
-        return None
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _coerce(tp: Any, v: Any, path: str, errors: list[str], env: typing.Mapping[str, str],
-            meta: typing.Mapping[str, Any] | None = None) -> tuple[bool, Any]:
-    meta = meta or {}
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        non_none = [a for a in args if a is not type(None)]
-        if v is None:
-            return True, None
-        if len(non_none) == 1:
-            return _coerce(non_none[0], v, path, errors, env, meta)
-        # int | str (time bounds): accept either, interpolate strings
-        if isinstance(v, str):
-            v = interpolate(v, env, path, errors)
-            if "time_window" in path:
-                try:
-                    parse_time_bound(v, path)
-                except ConfigError as e:
-                    errors.append(str(e.args[0]))
-                    return False, None
-            return True, v
-        if isinstance(v, int) and not isinstance(v, bool) and int in non_none:
-            return True, v
-        errors.append(f"{path}: must be {' or '.join(_type_name(a) for a in non_none)}, got {_describe(v)}")
-        return False, None
-    if origin is Literal:
-        if isinstance(v, str):
-            v = interpolate(v, env, path, errors)
-        if v not in args:
-            errors.append(f"{path}: must be one of {', '.join(map(str, args))}; got {_describe(v)}")
-            return False, None
-        return True, v
-    if origin is list:
-        if not isinstance(v, list):
-            if isinstance(v, str) and args and args[0] is str:
-                v = [v]  # a single name where a list is expected
-            else:
-                errors.append(f"{path}: must be a list, got {_describe(v)}")
-                return False, None
-        out, ok = [], True
-        for i, item in enumerate(v):
-            good, x = _coerce(args[0] if args else Any, item, f"{path}[{i}]", errors, env)
-            ok &= good
-            out.append(x)
-        return ok, out
-    if origin is dict:
-        if not isinstance(v, dict):
-            errors.append(f"{path}: must be a mapping, got {_describe(v)}")
-            return False, None
-        out_d, ok = {}, True
-        for k, item in v.items():
-            if not isinstance(k, str):
-                errors.append(f"{path}: keys must be strings, got {_describe(k)}")
-                ok = False
-                continue
-            good, x = _coerce(args[1] if args else Any, item, f"{path}.{k}", errors, env)
-            ok &= good
-            out_d[k] = x
-        return ok, out_d
-    if dataclasses.is_dataclass(tp):
-        # Keep a partly invalid section (its bad fields at their defaults) so the
-        # cross-field checks still run on the rest; the errors are already listed.
-        obj = _build(tp, v, path, errors, env)
-        return obj is not None, obj
-    if tp is bool:
-        if isinstance(v, str):
-            s = interpolate(v, env, path, errors).strip().lower()
-            if s in ("true", "yes", "on", "1"):
-                return True, True
-            if s in ("false", "no", "off", "0"):
-                return True, False
-        if not isinstance(v, bool):
-            errors.append(f"{path}: must be true or false, got {_describe(v)}")
-            return False, None
-        return True, v
-    if tp is int or tp is float:
-        if isinstance(v, str):
-            s = interpolate(v, env, path, errors).strip()
-            try:
-                v = int(s) if tp is int else float(s)
-            except ValueError:
-                pass
-        good = (isinstance(v, int) and not isinstance(v, bool)) or (tp is float and isinstance(v, float))
-        lo, hi = meta.get("min"), meta.get("max")
-        if good and ((lo is not None and v < lo) or (hi is not None and v > hi)):
-            good = False
-        if not good:
-            kind = "an integer" if tp is int else "a number"
-            rng = ""
-            if lo is not None and hi is not None:
-                rng = f" {lo:g}-{hi:g}" if tp is int else f" from {lo:g} to {hi:g}"
-            elif lo is not None:
-                rng = f" >= {lo:g}"
-            errors.append(f"{path}: must be {kind}{rng}, got {_describe(v)}")
-            return False, None
-        return True, (float(v) if tp is float else v)
-    if tp is str:
-        if isinstance(v, bool) or isinstance(v, (dict, list)) or v is None:
-            errors.append(f"{path}: must be a string, got {_describe(v)}")
-            return False, None
-        if isinstance(v, (int, float)):
-            v = str(v)
-        return True, interpolate(v, env, path, errors)
-    if tp is Any:
-        return True, v
-    raise TypeError(f"config: unsupported field type {tp!r} at {path}")  # pragma: no cover
-
-
-def _type_name(tp: Any) -> str:
-    return {int: "an integer", str: "a string", float: "a number", bool: "true or false"}.get(tp, str(tp))
-
-
-def _check_url(url: str, schemes: tuple[str, ...], path: str, errors: list[str]) -> None:
-    try:
-        p = urlsplit(url)
-        p.port  # noqa: B018 - raises on a bad port
-    except ValueError as e:
-        errors.append(f"{path}: not a valid URL ({e}): {mask_url(url)!r}")
-        return
-    if p.scheme not in schemes or not p.hostname:
-        errors.append(f"{path}: must be a {'/'.join(s + '://' for s in schemes)} URL with a host, got {mask_url(url)!r}")
-
-
-def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None:
-    _check_url(c.amqp_url, ("amqp", "amqps"), f"{path}.amqp_url", errors)
-    _check_url(c.management_url, ("http", "https"), f"{path}.management_url", errors)
-    for name in ("ca_cert", "client_cert", "client_key"):
-        v = getattr(c.tls, name)
-        if v and not os.path.isfile(v):
-            errors.append(f"{path}.tls.{name}: file not found: {v!r}")
-    if bool(c.tls.client_cert) != bool(c.tls.client_key):
-        errors.append(f"{path}.tls: client_cert and client_key go together (one is missing)")
-
-
-def _check_config(cfg: Config, errors: list[str]) -> None:
-    from .keys import check_backup_id, normalize_prefix
-
-    if cfg.backup_id is not None:
-        try:
-            check_backup_id(cfg.backup_id)
-        except ConfigError as e:
-            errors.append(e.args[0])
-    if cfg.mode == "restore" and not cfg.backup_id:
-        errors.append("backup_id: required when mode is restore")
-    if cfg.mode == "backup" and cfg.source is None:
-        errors.append("source: required when mode is backup")
-    if cfg.mode == "restore" and cfg.target is None:
-        errors.append("target: required when mode is restore")
-    if cfg.source is not None:
-        _check_connection(cfg.source, "source", errors)
-    if cfg.target is not None:
-        _check_connection(cfg.target, "target", errors)
-    st = cfg.storage
-    if st.backend == "filesystem" and not st.path:
-        errors.append("storage.path: required when storage.backend is filesystem")
-    if st.backend == "s3" and not st.bucket:
-        errors.append("storage.bucket: required when storage.backend is s3")
-    if st.backend in ("azure", "gcs"):
-        errors.append(f"storage.backend: {st.backend} is not supported yet; use s3 or filesystem")
-    if st.sse_kms_key_id and st.sse != "aws:kms":
-        errors.append("storage.sse_kms_key_id: only used with sse: aws:kms")
-    if st.object_lock_mode and st.backend != "s3":
-        errors.append("storage.object_lock_mode: only for the s3 backend")
-    if st.object_lock_mode and not st.object_lock_retain_days:
-        errors.append("storage.object_lock_retain_days: required (> 0) with object_lock_mode")
-    if cfg.encryption.enabled and not cfg.encryption.key_id:
-        errors.append("encryption.key_id: required when encryption.enabled is true")
-    if bool(st.access_key_id) != bool(st.secret_access_key):
-        errors.append("storage: access_key_id and secret_access_key go together (one is missing)")
-    try:
-        normalize_prefix(st.prefix)
-    except ConfigError as e:
-        errors.append(e.args[0])
-    try:
-        start, end = cfg.restore.window_ms()
-        if start is not None and end is not None and start > end:
-            errors.append(f"restore.time_window_start: {start} is after time_window_end {end}")
-    except ConfigError as e:
-        errors.append(e.args[0])
-    if not cfg.metrics.path.startswith("/"):
-        errors.append(f"metrics.path: must start with '/', got {cfg.metrics.path!r}")
-    for sel_path, sel in (("source.queues", cfg.source.queues if cfg.source else None),
-                          ("target.queues", cfg.target.queues if cfg.target else None)):
-        if sel is not None and not sel.types:
-            errors.append(f"{sel_path}.types: must list at least one of classic, quorum, stream")
-
-
-# --------------------------------------------------------------------------
-# Reference export (README and JSON schema), generated from the dataclasses.
-# --------------------------------------------------------------------------
-
-
-_UNION_ORDER = ("string", "integer", "number", "boolean")
-
-
-def _field_type_str(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        # sorted: typing caches Union[int, str] and Union[str, int] as one object, so the
-        # order of ``args`` depends on which was built first in this process
-        names = sorted((_field_type_str(a) for a in args if a is not type(None)),
-                       key=lambda n: (_UNION_ORDER.index(n) if n in _UNION_ORDER else len(_UNION_ORDER), n))
-        return " or ".join(names)
-    if origin is Literal:
-        return " \\| ".join(f"`{a}`" for a in args)
-    if origin is list:
-        return f"list of {_field_type_str(args[0])}"
-    if origin is dict:
-        return "mapping"
-    if dataclasses.is_dataclass(tp):
-        return "section"
-    return {int: "integer", str: "string", float: "number", bool: "boolean"}.get(tp, str(tp))
-
-
-def _default_str(f: dataclasses.Field) -> str:
-    if f.metadata.get("required"):
-        return "**required**"
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        v = f.default_factory()  # type: ignore[misc]
-        if dataclasses.is_dataclass(v):
-            return ""
-        return f"`{v!r}`".replace("'", '"') if v else ("`[]`" if isinstance(v, list) else "`{}`")
-    if f.default is None:
-        return "unset"
-    if isinstance(f.default, bool):
-        return f"`{str(f.default).lower()}`"
-    return f"`{f.default}`"
-
-
-def iter_fields(cls: type = Config, path: str = ""):
-    """(key path, field, type) for every field, depth first."""
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        p = _join(path, f.name)
-        yield p, f, tp
-        inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)] or ([tp] if dataclasses.is_dataclass(tp) else [])
-        for sub in inner:
-            yield from iter_fields(sub, p)
-
-
-def config_reference_markdown() -> str:
-    """The configuration reference as Markdown (one table per section)."""
-    lines = ["## Configuration reference", "",
-             "Generated from `rbak/config.py` (`python -m rbak.config`). Strings accept `${VAR}` and "
-             "`${VAR:-default}`; secrets are masked in every log and error.", ""]
-
-    def section(cls: type, path: str) -> None:
-        title = f"`{path}`" if path else "Top level"
-        lines.extend([f"### {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",
-                      "| Key | Type | Default | Description |", "|---|---|---|---|"])
-        subs = []
-        hints = _hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = hints[f.name]
-            p = _join(path, f.name)
-            lines.append(f"| `{p}` | {_field_type_str(tp)} | {_default_str(f)} | {f.metadata.get('doc', '')} |")
-            inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)] or ([tp] if dataclasses.is_dataclass(tp) else [])
-            subs.extend((s, p) for s in inner)
-        lines.append("")
-        for s, p in subs:
-            section(s, p)
-
-    section(Config, "")
-    return "\n".join(lines)
-
-
-def json_schema(cls: type = Config) -> dict[str, Any]:
-    """A JSON Schema (draft 2020-12) of the config file, for editors and CI."""
-
-    def schema_of(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin in (Union, types.UnionType):
-            opts = [schema_of(a, meta) for a in args if a is not type(None)]
-            s = opts[0] if len(opts) == 1 else {"anyOf": opts}
-            return {"anyOf": [s, {"type": "null"}]} if type(None) in args else s
-        if origin is Literal:
-            return {"enum": list(args)}
-        if origin is list:
-            return {"type": "array", "items": schema_of(args[0], {})}
-        if origin is dict:
-            return {"type": "object", "additionalProperties": schema_of(args[1], {})}
-        if dataclasses.is_dataclass(tp):
-            return obj(tp)
-        s: dict[str, Any] = {"type": {int: "integer", str: "string", float: "number", bool: "boolean"}[tp]}
-        if meta.get("min") is not None:
-            s["minimum"] = meta["min"]
-        if meta.get("max") is not None:
-            s["maximum"] = meta["max"]
-        return s
-
-    def obj(c: type) -> dict[str, Any]:
-        hints = _hints(c)
-        props, req = {}, []
-        for f in dataclasses.fields(c):
-            s = schema_of(hints[f.name], f.metadata)
-            s["description"] = f.metadata.get("doc", "")
-            props[f.name] = s
-            if f.metadata.get("required"):
-                req.append(f.name)
-        out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
-        if req:
-            out["required"] = req
-        if c.__doc__:
-            out["description"] = " ".join(c.__doc__.split())
-        return out
-
-    s = obj(cls)
-    s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    s["title"] = "rbak configuration"
-    return s
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--json-schema":
-        import json
-
-        print(json.dumps(json_schema(), indent=2))
-    else:
-        print(config_reference_markdown())
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+# The rest of the public API; these modules need the model above.
+from .loading import DuplicateKeyError as DuplicateKeyError  # noqa: E402
+from .loading import load_config as load_config  # noqa: E402
+from .loading import yaml_error_text as yaml_error_text  # noqa: E402
+from .reference import config_reference_markdown as config_reference_markdown  # noqa: E402
+from .reference import iter_fields as iter_fields  # noqa: E402
+from .reference import json_schema as json_schema  # noqa: E402
+from .validation import interpolate as interpolate  # noqa: E402
+from .validation import parse_time_bound as parse_time_bound  # noqa: E402

@@ -1,0 +1,3 @@
+from .reference import main
+
+raise SystemExit(main())

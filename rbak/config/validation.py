@@ -1,0 +1,334 @@
+"""Building the typed model from plain data: ``${VAR}`` interpolation, type-driven coercion with
+key paths in every error, and the cross-field checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import re
+import types
+import typing
+from typing import Any, Literal, Union
+
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from . import Config, ConnectionConfig, mask_url
+
+
+# --------------------------------------------------------------------------
+# Time bounds.
+# --------------------------------------------------------------------------
+
+
+def parse_time_bound(value: Any, where: str) -> int | None:
+    """Epoch milliseconds from an int (ms) or an RFC 3339 string."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: must be epoch milliseconds or an RFC 3339 time, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        s = value.strip()
+        if re.fullmatch(r"-?\d+", s):
+            return int(s)
+        try:
+            t = _dt.datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"{where}: must be epoch milliseconds or an RFC 3339 time, got {value!r}") from None
+        if t.tzinfo is None:
+            raise ConfigError(f"{where}: RFC 3339 time {value!r} needs a time zone (e.g. 'Z')")
+        return int(t.timestamp() * 1000)
+    raise ConfigError(f"{where}: must be epoch milliseconds or an RFC 3339 time, got {value!r}")
+
+
+# --------------------------------------------------------------------------
+# Interpolation and the generic, type-driven validator.
+# --------------------------------------------------------------------------
+
+_ENV_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+def interpolate(s: str, env: typing.Mapping[str, str], path: str, errors: list[str]) -> str:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; an unset variable without a default is an error."""
+    if "$" not in s:
+        return s
+
+    def rep(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name, default = m.group(1), m.group(2)
+        val = env.get(name)
+        if val is None or (val == "" and default is not None):
+            if default is not None:
+                return default
+            errors.append(f"{path}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+            return ""
+        return val
+
+    return _ENV_RE.sub(rep, s)
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (dict, list)):
+        return f"a {'mapping' if isinstance(v, dict) else 'list'}"
+    return repr(v)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, data: Any, path: str, errors: list[str], env: typing.Mapping[str, str]) -> Any:
+    where = path or "(top level)"
+    if not isinstance(data, dict):
+        errors.append(f"{where}: must be a mapping, got {_describe(data)}")
+        return None
+    hints = _hints(cls)
+    flds = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key in data:
+        if not isinstance(key, str) or key not in flds:
+            known = ", ".join(flds)
+            errors.append(f"{_join(path, str(key))}: unknown key (known keys here: {known})")
+    for name, f in flds.items():
+        p = _join(path, name)
+        if name not in data or data[name] is None:
+            if f.metadata.get("required"):
+                errors.append(f"{p}: required")
+            continue
+        ok, val = _coerce(hints[name], data[name], p, errors, env, f.metadata)
+        if ok:
+            kwargs[name] = val
+    try:
+        return cls(**kwargs)
+    except TypeError:  # pragma: no cover - a required field missing; already reported
+        return None
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _coerce(tp: Any, v: Any, path: str, errors: list[str], env: typing.Mapping[str, str],
+            meta: typing.Mapping[str, Any] | None = None) -> tuple[bool, Any]:
+    """(ok, value) of ``v`` as type ``tp``; problems are appended to ``errors`` with their key path."""
+    meta = meta or {}
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return _coerce_union(typing.get_args(tp), v, path, errors, env, meta)
+    if origin is Literal:
+        return _coerce_literal(typing.get_args(tp), v, path, errors, env)
+    if origin is list:
+        return _coerce_list(typing.get_args(tp), v, path, errors, env)
+    if origin is dict:
+        return _coerce_dict(typing.get_args(tp), v, path, errors, env)
+    if dataclasses.is_dataclass(tp):
+        # Keep a partly invalid section (its bad fields at their defaults) so the
+        # cross-field checks still run on the rest; the errors are already listed.
+        obj = _build(tp, v, path, errors, env)
+        return obj is not None, obj
+    if tp is bool:
+        return _coerce_bool(v, path, errors, env)
+    if tp is int or tp is float:
+        return _coerce_number(tp, v, path, errors, env, meta)
+    if tp is str:
+        if isinstance(v, bool) or isinstance(v, (dict, list)) or v is None:
+            errors.append(f"{path}: must be a string, got {_describe(v)}")
+            return False, None
+        if isinstance(v, (int, float)):
+            v = str(v)
+        return True, interpolate(v, env, path, errors)
+    if tp is Any:
+        return True, v
+    raise TypeError(f"config: unsupported field type {tp!r} at {path}")  # pragma: no cover
+
+
+def _coerce_union(args: tuple, v: Any, path: str, errors: list[str], env: typing.Mapping[str, str],
+                  meta: typing.Mapping[str, Any]) -> tuple[bool, Any]:
+    non_none = [a for a in args if a is not type(None)]
+    if v is None:
+        return True, None
+    if len(non_none) == 1:
+        return _coerce(non_none[0], v, path, errors, env, meta)
+    # int | str (time bounds): accept either, interpolate strings
+    if isinstance(v, str):
+        v = interpolate(v, env, path, errors)
+        if "time_window" in path:
+            try:
+                parse_time_bound(v, path)
+            except ConfigError as e:
+                errors.append(str(e.args[0]))
+                return False, None
+        return True, v
+    if isinstance(v, int) and not isinstance(v, bool) and int in non_none:
+        return True, v
+    errors.append(f"{path}: must be {' or '.join(_type_name(a) for a in non_none)}, got {_describe(v)}")
+    return False, None
+
+
+def _coerce_literal(args: tuple, v: Any, path: str, errors: list[str],
+                    env: typing.Mapping[str, str]) -> tuple[bool, Any]:
+    if isinstance(v, str):
+        v = interpolate(v, env, path, errors)
+    if v not in args:
+        errors.append(f"{path}: must be one of {', '.join(map(str, args))}; got {_describe(v)}")
+        return False, None
+    return True, v
+
+
+def _coerce_list(args: tuple, v: Any, path: str, errors: list[str],
+                 env: typing.Mapping[str, str]) -> tuple[bool, Any]:
+    if not isinstance(v, list):
+        if isinstance(v, str) and args and args[0] is str:
+            v = [v]  # a single name where a list is expected
+        else:
+            errors.append(f"{path}: must be a list, got {_describe(v)}")
+            return False, None
+    out, ok = [], True
+    for i, item in enumerate(v):
+        good, x = _coerce(args[0] if args else Any, item, f"{path}[{i}]", errors, env)
+        ok &= good
+        out.append(x)
+    return ok, out
+
+
+def _coerce_dict(args: tuple, v: Any, path: str, errors: list[str],
+                 env: typing.Mapping[str, str]) -> tuple[bool, Any]:
+    if not isinstance(v, dict):
+        errors.append(f"{path}: must be a mapping, got {_describe(v)}")
+        return False, None
+    out, ok = {}, True
+    for k, item in v.items():
+        if not isinstance(k, str):
+            errors.append(f"{path}: keys must be strings, got {_describe(k)}")
+            ok = False
+            continue
+        good, x = _coerce(args[1] if args else Any, item, f"{path}.{k}", errors, env)
+        ok &= good
+        out[k] = x
+    return ok, out
+
+
+def _coerce_bool(v: Any, path: str, errors: list[str], env: typing.Mapping[str, str]) -> tuple[bool, Any]:
+    if isinstance(v, str):
+        s = interpolate(v, env, path, errors).strip().lower()
+        if s in ("true", "yes", "on", "1"):
+            return True, True
+        if s in ("false", "no", "off", "0"):
+            return True, False
+    if not isinstance(v, bool):
+        errors.append(f"{path}: must be true or false, got {_describe(v)}")
+        return False, None
+    return True, v
+
+
+def _coerce_number(tp: type, v: Any, path: str, errors: list[str], env: typing.Mapping[str, str],
+                   meta: typing.Mapping[str, Any]) -> tuple[bool, Any]:
+    if isinstance(v, str):
+        s = interpolate(v, env, path, errors).strip()
+        try:
+            v = int(s) if tp is int else float(s)
+        except ValueError:
+            pass
+    good = (isinstance(v, int) and not isinstance(v, bool)) or (tp is float and isinstance(v, float))
+    lo, hi = meta.get("min"), meta.get("max")
+    if good and ((lo is not None and v < lo) or (hi is not None and v > hi)):
+        good = False
+    if not good:
+        kind = "an integer" if tp is int else "a number"
+        rng = ""
+        if lo is not None and hi is not None:
+            rng = f" {lo:g}-{hi:g}" if tp is int else f" from {lo:g} to {hi:g}"
+        elif lo is not None:
+            rng = f" >= {lo:g}"
+        errors.append(f"{path}: must be {kind}{rng}, got {_describe(v)}")
+        return False, None
+    return True, (float(v) if tp is float else v)
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", str: "a string", float: "a number", bool: "true or false"}.get(tp, str(tp))
+
+
+def _check_url(url: str, schemes: tuple[str, ...], path: str, errors: list[str]) -> None:
+    try:
+        p = urlsplit(url)
+        p.port  # noqa: B018 - raises on a bad port
+    except ValueError as e:
+        errors.append(f"{path}: not a valid URL ({e}): {mask_url(url)!r}")
+        return
+    if p.scheme not in schemes or not p.hostname:
+        errors.append(f"{path}: must be a {'/'.join(s + '://' for s in schemes)} URL with a host, got {mask_url(url)!r}")
+
+
+def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None:
+    _check_url(c.amqp_url, ("amqp", "amqps"), f"{path}.amqp_url", errors)
+    _check_url(c.management_url, ("http", "https"), f"{path}.management_url", errors)
+    for name in ("ca_cert", "client_cert", "client_key"):
+        v = getattr(c.tls, name)
+        if v and not os.path.isfile(v):
+            errors.append(f"{path}.tls.{name}: file not found: {v!r}")
+    if bool(c.tls.client_cert) != bool(c.tls.client_key):
+        errors.append(f"{path}.tls: client_cert and client_key go together (one is missing)")
+
+
+def _check_config(cfg: Config, errors: list[str]) -> None:
+    from ..keys import check_backup_id, normalize_prefix
+
+    if cfg.backup_id is not None:
+        try:
+            check_backup_id(cfg.backup_id)
+        except ConfigError as e:
+            errors.append(e.args[0])
+    if cfg.mode == "restore" and not cfg.backup_id:
+        errors.append("backup_id: required when mode is restore")
+    if cfg.mode == "backup" and cfg.source is None:
+        errors.append("source: required when mode is backup")
+    if cfg.mode == "restore" and cfg.target is None:
+        errors.append("target: required when mode is restore")
+    if cfg.source is not None:
+        _check_connection(cfg.source, "source", errors)
+    if cfg.target is not None:
+        _check_connection(cfg.target, "target", errors)
+    st = cfg.storage
+    if st.backend == "filesystem" and not st.path:
+        errors.append("storage.path: required when storage.backend is filesystem")
+    if st.backend == "s3" and not st.bucket:
+        errors.append("storage.bucket: required when storage.backend is s3")
+    if st.backend in ("azure", "gcs"):
+        errors.append(f"storage.backend: {st.backend} is not supported yet; use s3 or filesystem")
+    if st.sse_kms_key_id and st.sse != "aws:kms":
+        errors.append("storage.sse_kms_key_id: only used with sse: aws:kms")
+    if st.object_lock_mode and st.backend != "s3":
+        errors.append("storage.object_lock_mode: only for the s3 backend")
+    if st.object_lock_mode and not st.object_lock_retain_days:
+        errors.append("storage.object_lock_retain_days: required (> 0) with object_lock_mode")
+    if cfg.encryption.enabled and not cfg.encryption.key_id:
+        errors.append("encryption.key_id: required when encryption.enabled is true")
+    if bool(st.access_key_id) != bool(st.secret_access_key):
+        errors.append("storage: access_key_id and secret_access_key go together (one is missing)")
+    try:
+        normalize_prefix(st.prefix)
+    except ConfigError as e:
+        errors.append(e.args[0])
+    try:
+        start, end = cfg.restore.window_ms()
+        if start is not None and end is not None and start > end:
+            errors.append(f"restore.time_window_start: {start} is after time_window_end {end}")
+    except ConfigError as e:
+        errors.append(e.args[0])
+    if not cfg.metrics.path.startswith("/"):
+        errors.append(f"metrics.path: must start with '/', got {cfg.metrics.path!r}")
+    for sel_path, sel in (("source.queues", cfg.source.queues if cfg.source else None),
+                          ("target.queues", cfg.target.queues if cfg.target else None)):
+        if sel is not None and not sel.types:
+            errors.append(f"{sel_path}.types: must list at least one of classic, quorum, stream")
