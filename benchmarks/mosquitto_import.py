@@ -22,8 +22,8 @@ import shutil
 import tempfile
 import time
 
-from rbak.offline.mosquitto_db import ClientChunk, ClientMsgChunk, Direction, MsgState, MsgStoreChunk, read_db, write_db
-from rbak.offline.mosquitto_import import import_mosquitto_db
+from rbak.offline.mosquitto import ClientChunk, ClientMsgChunk, Direction, MsgState, MsgStoreChunk, read_db, write_db
+from rbak.offline.mosquitto import import_mosquitto_db
 
 
 def best(fn, repeat: int) -> float:

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
 
 
 def cmd_import_mosquitto(args: argparse.Namespace) -> int:
-    from ..offline.mosquitto_import import import_mosquitto_db
+    from ..offline.mosquitto import import_mosquitto_db
 
     summary = import_mosquitto_db(
         args.file,

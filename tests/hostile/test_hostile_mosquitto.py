@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rbak.catalog import load_manifest
-from rbak.offline.mosquitto_db import ClientChunk, ClientMsgChunk, MsgStoreChunk, SubChunk, write_db
+from rbak.offline.mosquitto import ClientChunk, ClientMsgChunk, MsgStoreChunk, SubChunk, write_db
 from rbak.storage import open_storage
 from support.rss import BOUND_MIB, rbak_measured
 

@@ -64,7 +64,7 @@ def test_a_queue_named_127_e_acute_is_backed_up_and_restored(broker, vhost, tmp_
 
 def test_control_characters_in_names_are_escaped_in_log_lines(tmp_path):
     """The importer logs each queue it writes: a client id full of control bytes stays one escaped line."""
-    from rbak.offline.mosquitto_db import ClientChunk, ClientMsgChunk, MsgStoreChunk, write_db
+    from rbak.offline.mosquitto import ClientChunk, ClientMsgChunk, MsgStoreChunk, write_db
 
     cid = "evil\x1b[2J\nFAKE LOG LINE\x07"
     db = tmp_path / "mosquitto.db"

@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from rbak.errors import ImportFormatError
-from rbak.offline.mosquitto_db import (
+from rbak.offline.mosquitto import (
     CfgChunk,
     ClientChunk,
     ClientMsgChunk,

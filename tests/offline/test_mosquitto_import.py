@@ -19,9 +19,9 @@ from rbak.errors import ConfigError, ImportFormatError  # noqa: E402
 from rbak.format.compression import Compression  # noqa: E402
 from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp  # noqa: E402
 from rbak.format.segment import decode_segment  # noqa: E402
-from rbak.offline.mosquitto_db import read_db  # noqa: E402
-from rbak.offline.mosquitto_import import import_mosquitto_db  # noqa: E402
-from rbak.offline.mqtt_mapping import mqtt_to_amqp, subscription_queue, topic_matches  # noqa: E402
+from rbak.offline.mosquitto import read_db  # noqa: E402
+from rbak.offline.mosquitto import import_mosquitto_db  # noqa: E402
+from rbak.offline.mosquitto.mapping import mqtt_to_amqp, subscription_queue, topic_matches  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 from rbak.validate import validate_backup  # noqa: E402
 
@@ -236,7 +236,7 @@ def test_failed_import_leaves_no_segments(real_db):
 
 def test_many_segments_keep_order(tmp_path):
     """A queue larger than one segment: rotation, sequence numbers and order survive."""
-    from rbak.offline.mosquitto_db import ClientChunk, ClientMsgChunk, MsgStoreChunk, write_db
+    from rbak.offline.mosquitto import ClientChunk, ClientMsgChunk, MsgStoreChunk, write_db
 
     n = 1500
     chunks = [MsgStoreChunk(i + 1, f"t/{i % 7}", i.to_bytes(4, "big") * 50, 1, False) for i in range(n)]

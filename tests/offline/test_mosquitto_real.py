@@ -30,7 +30,7 @@ from mosquitto_broker import (  # noqa: E402
     write_sample_db,
 )
 
-from rbak.offline.mosquitto_db import (  # noqa: E402
+from rbak.offline.mosquitto import (  # noqa: E402
     ClientChunk,
     ClientMsgChunk,
     CfgChunk,
@@ -186,7 +186,7 @@ def test_real_file_half_acknowledged_flows_are_exported_by_state(tmp_path, mosqu
     """In-flight states from a real broker: unacked QoS 1 out, QoS 2 out past PUBREC, QoS 2 in before PUBREL."""
     from mosquitto_broker import RawMqtt
 
-    from rbak.offline.mqtt_mapping import MappingStats, iter_records
+    from rbak.offline.mosquitto.mapping import MappingStats, iter_records
 
     b = MosquittoBroker(tmp_path, command=mosquitto_cmd).start()
     try:

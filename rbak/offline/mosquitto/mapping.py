@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
 
-from ..format.record import (
+from ...format.record import (
     Array,
     BackupProperties,
     BackupRecord,
@@ -58,14 +58,14 @@ from ..format.record import (
     Short,
     Timestamp,
 )
-from .mosquitto_db import (
+from .chunks import (
     ClientMsgChunk,
     Direction,
     MosquittoDb,
     MsgState,
     MsgStoreChunk,
 )
-from .mqtt_topic import mqtt_to_amqp
+from ..mqtt_topic import mqtt_to_amqp
 
 EXCHANGE = "amq.topic"
 RETAINED_QUEUE = "mosquitto-retained"

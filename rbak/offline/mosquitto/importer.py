@@ -16,14 +16,15 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
-from ..format.compression import Compression
-from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES
-from ..keys import BackupLayout
-from ..storage.base import Storage
-from .mosquitto_db import DamagedRegion, read_db
-from .mqtt_mapping import MappingStats, iter_records
-from .writer import write_backup
+from ...errors import ConfigError
+from ...format.compression import Compression
+from ...format.segment import DEFAULT_SEGMENT_MAX_BYTES
+from ...keys import BackupLayout
+from ...storage.base import Storage
+from .chunks import DamagedRegion
+from .reader import read_db
+from .mapping import MappingStats, iter_records
+from ..writer import write_backup
 
 log = logging.getLogger(__name__)
 
