@@ -57,9 +57,9 @@ import zstandard
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "offline"))
+sys.path.insert(0, str(REPO / "tests"))
 
-from rabbitmq_private import PrivateNode  # noqa: E402
+from support.private_node import PrivateNode  # noqa: E402
 
 from rbak.format.batch import encode_records  # noqa: E402
 from rbak.format.compression import DEFAULT_ZSTD_LEVEL  # noqa: E402

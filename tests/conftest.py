@@ -19,12 +19,9 @@ by skipping.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes ``import support`` work everywhere
 
 from support.brokers import BROKERS, Broker, unique_name  # noqa: E402
 from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket  # noqa: E402

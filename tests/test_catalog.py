@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import orjson
 
 from rbak.catalog import latest_complete, latest_validation
 from rbak.storage import open_storage
 from rbak.validate import store_report
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark"))
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,8 +13,6 @@ import yaml
 from rbak.format.manifest import BackupManifest
 from rbak.keys import BackupLayout
 from rbak.storage import open_storage
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark"))
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 
 QUEUES = [QueueSpec("/", "orders", 300, 200), QueueSpec("staging", "a/b ..%", 120, 100)]

@@ -17,7 +17,7 @@ from rbak.format.compression import decompress, Compression
 from rbak.format.record import Bool, Bytes, Double, Long, LongString, Table, Array, Timestamp, Void, Float, Short
 from rbak.storage import open_storage
 
-from _backup_helpers import backup_config, drain, fast_publish, load, records
+from support.backups import backup_config, drain, fast_publish, load, records
 
 HEADERS = {
     "str": "héllo", "int": 7, "big": 2**40, "neg": -5, "bool": True, "bytes": b"\x00\xff",

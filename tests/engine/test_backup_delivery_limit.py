@@ -9,7 +9,7 @@ import pytest
 
 from rbak.backup import BackupEngine, BackupError
 
-from _backup_helpers import backup_config, drain, fast_publish, load
+from support.backups import backup_config, drain, fast_publish, load
 
 
 def test_repeated_backups_never_drop_messages(broker, vhost, tmp_path):

@@ -18,7 +18,7 @@ from rbak.backup import BackupEngine, BackupError
 from rbak.keys import guard_key
 from rbak.storage import open_storage
 
-from _backup_helpers import backup_config, drain, fast_publish, load, records
+from support.backups import backup_config, drain, fast_publish, load, records
 
 
 def nack_returns(broker) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _backup_helpers import drain, fast_publish, load, records
+from support.backups import drain, fast_publish, load, records
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from rbak.backup import BackupEngine, BackupError, queue_reader
 from rbak.backup.engine import effective_delivery_limit
 from rbak.backup.management import QueueInfo
 
-from _backup_helpers import backup_config, drain, fast_publish, load, records
+from support.backups import backup_config, drain, fast_publish, load, records
 
 N_DEEP = 50_000
 

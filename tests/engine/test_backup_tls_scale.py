@@ -9,7 +9,7 @@ from rbak.backup.amqp import connect
 from rbak.config import Config
 from rbak.errors import AmqpError, ManagementApiError
 
-from _backup_helpers import backup_config, load, records
+from support.backups import backup_config, load, records
 
 
 def _tls_config(b, vhost, tmp_path, ca, client=None, backup_id="tls1"):

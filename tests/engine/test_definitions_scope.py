@@ -3,14 +3,10 @@ strict refusal, and the automatic rollback of a failed import."""
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pika
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import options_for  # noqa: E402
+from support.restores import options_for  # noqa: E402
 
 from rbak.backup.definitions import scope_definitions  # noqa: E402
 from rbak.config import QueueSelection  # noqa: E402
@@ -194,7 +190,7 @@ def test_transient_queues_declared_durable_or_skipped_with_their_messages(broker
     import dataclasses
     import json
 
-    from _restore_helpers import build_backup, make_records, storage_for
+    from support.restores import build_backup, make_records, storage_for
 
     from rbak.format.compression import Compression, compress
     from rbak.format.manifest import DefinitionsBackup

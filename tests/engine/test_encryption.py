@@ -19,10 +19,8 @@ from rbak.config import Config
 from rbak.crypto import MAGIC
 from rbak.storage import open_storage
 
-from _backup_helpers import fast_publish
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import consume_all  # noqa: E402
+from support.backups import fast_publish
+from support.restores import consume_all  # noqa: E402
 
 K1, K2 = os.urandom(32), os.urandom(32)
 

@@ -16,7 +16,7 @@ from rbak.immutable import delete_backup, retained_until
 from rbak.storage import open_storage
 from rbak.validate import validate_backup
 
-from _backup_helpers import fast_publish
+from support.backups import fast_publish
 from support.s3 import S3Bucket, s3_client
 
 

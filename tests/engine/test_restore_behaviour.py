@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import build_backup, consume_all, declare, make_records, options_for, storage_for  # noqa: E402
+from support.restores import build_backup, consume_all, declare, make_records, options_for, storage_for  # noqa: E402
 
 from rbak.errors import ManagementApiError  # noqa: E402
 from rbak.format.compression import Compression, compress, decompress  # noqa: E402

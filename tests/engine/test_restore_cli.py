@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import yaml
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
+from support.restores import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
 
 from rbak.format.compression import Compression, decompress  # noqa: E402
 

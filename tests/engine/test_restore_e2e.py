@@ -4,11 +4,8 @@ restore definitions and messages -> consumers see what was there before, in orde
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import (  # noqa: E402
+from support.restores import (  # noqa: E402
     EVERY_HEADER, EVERY_PROPERTY, STREAM_HEADERS, STREAM_PROPERTY, consume_all, expected_after_restore,
     headers_equal,
 )

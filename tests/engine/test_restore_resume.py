@@ -12,9 +12,7 @@ import time
 
 import pytest
 import yaml
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
+from support.restores import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
 
 N = 12_000
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import (  # noqa: E402
+from support.restores import (  # noqa: E402
     HOSTILE_NAMES, build_backup, consume_all, declare, expected_after_restore, headers_equal, make_records, options_for,
     storage_for,
 )

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from rbak.catalog import load_manifest
 from rbak.format.manifest import QueueStatus
 from rbak.storage import open_storage
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _restore_helpers import build_backup, make_records  # noqa: E402
+from support.restores import build_backup, make_records  # noqa: E402
 
 
 def _cli(*args, cwd):

@@ -23,8 +23,6 @@ from rbak.format.compression import Compression, compress
 from rbak.format.manifest import BackupManifest, DefinitionsBackup
 from rbak.keys import BackupLayout
 from rbak.storage import open_storage
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 
 

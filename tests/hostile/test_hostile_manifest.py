@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import struct
-from pathlib import Path
 
 import pytest
 import zstandard
@@ -22,11 +20,8 @@ from rbak.format.compression import Compression
 from rbak.keys import BackupLayout
 from rbak.storage import open_storage
 from support.rss import BOUND_MIB, rbak_measured
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
-from test_hostile_segment import GIB, frame, replace_segment, zstd_zeros  # noqa: E402
+from support.bombs import GIB, frame, replace_segment, zstd_zeros  # noqa: E402
 
 
 def restore(broker, url, *extra, backup_id="b1"):

@@ -11,13 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from rbak.backup import BackupEngine
 from rbak.keys import MAX_COMPONENT, BackupLayout, decode_name, encode_name, encode_vhost
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from _backup_helpers import backup_config, load  # noqa: E402
+from support.backups import backup_config, load  # noqa: E402
 
 LONG = "é" * 127
 

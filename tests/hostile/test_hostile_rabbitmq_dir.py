@@ -11,12 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "offline"))
-from test_import_rabbitmq import qdir, scenario, shared_root  # noqa: E402,F401
-from rabbitmq_scenarios import VHOST2  # noqa: E402
+from support.node_dirs import qdir, scenario, shared_root  # noqa: E402,F401
+from support.node_scenarios import VHOST2  # noqa: E402
 
 from rbak.offline.rabbitmq_dir import vhost_dir_name  # noqa: E402
 from support.rss import BOUND_MIB, rbak_measured  # noqa: E402

@@ -15,9 +15,7 @@ The decoder itself is checked on truncated and garbage input.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,10 +23,7 @@ from pathlib import Path
 import pika
 import pytest
 from support.require import require, require_that  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
-from rabbitmq_private import CHROOT, PrivateNode, chroot_ready  # noqa: E402
+from support.private_node import CHROOT, PrivateNode, chroot_ready  # noqa: E402
 
 from rbak.errors import ImportFormatError  # noqa: E402
 from rbak.format.manifest import BackupManifest  # noqa: E402
@@ -49,7 +44,7 @@ class MqttNode(PrivateNode):
     """A private node with rabbitmq_mqtt enabled from boot (PrivateNode writes an empty plugin list)."""
 
     def __init__(self, base: Path):
-        from rabbitmq_private import free_port
+        from support.private_node import free_port
 
         self.mqtt_port = free_port()
         super().__init__("4.0", base, conf=[f"mqtt.listeners.tcp.default = {self.mqtt_port}"])
@@ -143,7 +138,7 @@ def node_dir(tmp_path_factory):
     """(data dir copy, live 0-9-1 deliveries of LIVE, node)."""
     require_that(chroot_ready())
     require("proton", "python-qpid-proton")
-    from _restore_helpers import consume_all
+    from support.restores import consume_all
     from proton.utils import BlockingConnection
 
     import paho.mqtt.client as mqtt
@@ -247,7 +242,7 @@ def test_stored_form_is_mc_amqp_v1(node_dir):
 
 @pytest.mark.broker
 def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, vhost_factory):
-    from _restore_helpers import consume_all, declare, options_for
+    from support.restores import consume_all, declare, options_for
 
     from rbak.restore import run_restore
 

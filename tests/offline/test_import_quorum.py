@@ -12,25 +12,21 @@ order is not compared), then restore into a live broker alike.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from support.require import require_that
-
-sys.path.insert(0, os.path.dirname(__file__))
-from rabbitmq_private import chroot_ready  # noqa: E402
-from rabbitmq_qs_scenarios import _body  # noqa: E402
-from rabbitmq_scenarios import get_scenario  # noqa: E402
+from support.private_node import chroot_ready  # noqa: E402
+from support.node_qs_scenarios import _body  # noqa: E402
+from support.node_scenarios import get_scenario  # noqa: E402
 
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
 from rbak.offline.rabbitmq import ra_log  # noqa: E402
 from rbak.offline.rabbitmq.quorum import erlang_binary_literal  # noqa: E402
 from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
-from test_import_rabbitmq import read_backup, shared_root, snapshot  # noqa: E402,F401
+from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
 
 DELIVERY_HEADERS = {"x-delivery-count", "x-acquired-count"}
 
@@ -108,8 +104,7 @@ def test_quorum_wal_cut_short_and_damaged(shared_root, tmp_path):
 @pytest.mark.broker
 @pytest.mark.parametrize("name", ["qs-4.0", "qs-4.3"])
 def test_imported_quorum_queue_restores_into_a_live_broker(name, shared_root, tmp_path, broker, vhost):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
-    from _restore_helpers import consume_all, declare, expected_after_restore, headers_equal, options_for
+    from support.restores import consume_all, declare, expected_after_restore, headers_equal, options_for
 
     from rbak.restore import run_restore
     from rbak.storage import open_storage

@@ -10,21 +10,16 @@ and must not change a byte of the node's directory.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pika
 import pytest
-from support.require import require_that  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-from rabbitmq_private import chroot_ready, raw_field_values  # noqa: E402
-from rabbitmq_scenarios import ALL_HEADERS_EXP, ALL_HEADERS_PUB, VHOST2, Msg, get_scenario  # noqa: E402
+from support.private_node import raw_field_values  # noqa: E402
+from support.node_dirs import qdir, read_backup, scenario, shared_root, snapshot  # noqa: E402,F401 - shared_root is a fixture
+from support.node_scenarios import ALL_HEADERS_EXP, ALL_HEADERS_PUB, VHOST2, Msg  # noqa: E402
 
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
@@ -32,54 +27,15 @@ from rbak.format.manifest import BackupManifest  # noqa: E402
 from rbak.format.record import (  # noqa: E402
     Array, BackupProperties, Bool, Long, LongString, Table, Timestamp,
 )
-from rbak.format.segment import decode_segment  # noqa: E402
 from rbak.offline import amqp_props, cqv1, erlang_terms  # noqa: E402
 from rbak.offline.damage import ImportContext  # noqa: E402
 from rbak.offline.rabbitmq_dir import import_rabbitmq_dir, queue_dir_name, vhost_dir_name  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 
 
-
 # --------------------------------------------------------------------------
 # Fixtures: one data dir per scenario per test run.
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def shared_root(tmp_path_factory) -> Path:
-    # Under xdist the parent of basetemp is shared by all workers of one run.
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def scenario(name: str, shared_root: Path):
-    if name == "main-4.0":
-        require_that(chroot_ready())
-    return get_scenario(name, shared_root)
-
-
-def qdir(data_dir: Path, vhost: str, queue: str) -> Path:
-    return data_dir / "msg_stores" / "vhosts" / vhost_dir_name(vhost) / "queues" / queue_dir_name(vhost, queue)
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            st = os.stat(p)
-            out[p] = (st.st_size, st.st_mtime_ns, hashlib.sha256(Path(p).read_bytes()).hexdigest())
-    return out
-
-
-def read_backup(url: str, backup_id: str) -> tuple[BackupManifest, dict]:
-    st = open_storage(url)
-    m = BackupManifest.from_json(st.get(f"{backup_id}/manifest.json"))
-    got = {}
-    for q in m.queues:
-        recs = [r for s in q.segments for r in decode_segment(st.get(s.key), s.key).records]
-        got[(q.vhost, q.name)] = recs
-    return m, got
 
 
 def as_msgs(recs) -> list[Msg]:
@@ -432,8 +388,7 @@ def test_not_a_data_dir(tmp_path):
 @pytest.mark.broker
 @pytest.mark.parametrize("name", ["main-3.10", "main-4.0"])
 def test_imported_backup_restores_into_a_live_broker(name, shared_root, tmp_path, broker, vhost):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
-    from _restore_helpers import consume_all, declare, expected_after_restore, headers_equal, options_for
+    from support.restores import consume_all, declare, expected_after_restore, headers_equal, options_for
 
     from rbak.restore import run_restore
 

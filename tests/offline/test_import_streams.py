@@ -9,24 +9,20 @@ restore appends them to a stream of a live broker that delivers them alike.
 
 from __future__ import annotations
 
-import os
 import shutil
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 from support.require import require_that
-
-sys.path.insert(0, os.path.dirname(__file__))
-from rabbitmq_private import chroot_ready  # noqa: E402
-from rabbitmq_scenarios import get_scenario  # noqa: E402
+from support.private_node import chroot_ready  # noqa: E402
+from support.node_scenarios import get_scenario  # noqa: E402
 
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
 from rbak.offline.rabbitmq import osiris  # noqa: E402
 from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
-from test_import_rabbitmq import read_backup, shared_root, snapshot  # noqa: E402,F401
+from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
 
 VERSIONS = ["4.0", "4.3", "3.10"]
 
@@ -147,8 +143,7 @@ def test_cut_tail_is_dropped_as_osiris_recovery_does(shared_root, tmp_path):
 @pytest.mark.broker
 @pytest.mark.parametrize("version", ["4.0", "4.3"])
 def test_imported_streams_restore_into_a_live_broker(version, shared_root, tmp_path, broker, vhost):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
-    from _restore_helpers import consume_all, declare, expected_after_restore, headers_equal, options_for
+    from support.restores import consume_all, declare, expected_after_restore, headers_equal, options_for
 
     from rbak.restore import run_restore
     from rbak.storage import open_storage

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from support.require import require, require_that  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-from mosquitto_broker import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # noqa: E402
+from support.mosquitto import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # noqa: E402
 
 from rbak.catalog import load_manifest  # noqa: E402
 from rbak.cli import main as rbak_main  # noqa: E402

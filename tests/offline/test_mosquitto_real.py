@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from support.require import require, require_that, unavailable  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-from mosquitto_broker import (  # noqa: E402
+from support.mosquitto import (  # noqa: E402
     CORR,
     MOSQUITTO,
     V5_PAYLOAD,
@@ -184,7 +181,7 @@ def test_our_file_is_loaded_by_mosquitto_and_served(tmp_path, mosquitto_cmd):
 
 def test_real_file_half_acknowledged_flows_are_exported_by_state(tmp_path, mosquitto_cmd):
     """In-flight states from a real broker: unacked QoS 1 out, QoS 2 out past PUBREC, QoS 2 in before PUBREL."""
-    from mosquitto_broker import RawMqtt
+    from support.mosquitto import RawMqtt
 
     from rbak.offline.mosquitto.mapping import MappingStats, iter_records
 

@@ -17,7 +17,7 @@ from rbak.crypto import DEFAULT_KEYS_ENV
 from rbak.errors import ConfigError
 from rbak_operator import bodies, crds, rbakconfig
 
-from test_logic_bodies import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, URL_SPEC
+from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, URL_SPEC
 
 ENC = {"keyId": "2026-11", "keysSecretRef": {"name": "rbak-keys"},
        "serverSide": {"mode": "aws:kms", "kmsKeyId": "arn:aws:kms:eu-west-1:1:key/x"}}

@@ -108,10 +108,7 @@ def test_every_dashboard_query_parses_and_names_exported_metrics():
 
 
 def test_the_chart_renders_the_rules_and_the_dashboard():
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests" / "ship"))
-    from ship_support import find, manifests, render_chart
+    from support.ship import find, manifests, render_chart
 
     objs = manifests(render_chart({"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "p"}},
                                                "grafanaDashboard": {"enabled": True}}}))

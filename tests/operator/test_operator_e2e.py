@@ -22,8 +22,8 @@ from rbak_operator.api_calls import used_api_calls
 from rbak_operator.naming import manual_run_name
 from support.brokers import unique_name
 
-import sparkcrd
-from opcluster import Emulator, Http, Operator, PodRunner, wait_for
+import support.sparkcrd as sparkcrd
+from support.opcluster import Emulator, Http, Operator, PodRunner, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -8,8 +8,8 @@ import os
 import pytest
 import yaml
 
-from ship_dockerfile import parse
-from ship_support import (CHART, ROOT, KUBE_VERSION, canonical_json, find, k8s_validate, load_crds,
+from support.dockerfile import parse
+from support.ship import (CHART, ROOT, KUBE_VERSION, canonical_json, find, k8s_validate, load_crds,
                           manifests, render_chart)
 
 VALUE_SETS = {

@@ -9,12 +9,11 @@ argparse parsers of the programs the image runs.
 from __future__ import annotations
 
 import ast
-import sys
 
 import pytest
 
-from ship_dockerfile import parse
-from ship_support import ROOT, find, manifests, render_chart
+from support.dockerfile import parse
+from support.ship import ROOT, find, manifests, render_chart
 
 OWNER = {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQBackup",
          "metadata": {"name": "nightly", "namespace": "messaging", "uid": "0b7a2c8e-1111-2222-3333-444455556666"}}
@@ -169,7 +168,6 @@ def test_spark_application_scripts_exist_in_the_spark_image_and_accept_the_argum
 
     df = parse(ROOT / "Dockerfile")
     assert f"spark/ {bodies.SPARK_FILES}/" in [i.value for i in df.stages["spark"].all("COPY")]
-    sys.path.insert(0, str(ROOT / "spark"))
     parsers = {}
     from rbak_spark import restore_job, validate_job
     parsers["restore.py"], parsers["validate.py"] = restore_job.parse_args, validate_job.parse_args

@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from ship_support import ROOT, crd_problems, k8s_validate, load_crds, manifests, render_chart, tool
+from support.ship import ROOT, crd_problems, k8s_validate, load_crds, manifests, render_chart, tool
 
 EXAMPLES = ROOT / "examples"
 EXAMPLE_FILES = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "kustomization.yaml")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ship_dockerfile import parse
-from ship_support import ROOT, tool
+from support.dockerfile import parse
+from support.ship import ROOT, tool
 
 sys.path.insert(0, str(ROOT / "requirements"))
 import freeze  # noqa: E402  (requirements/freeze.py)
@@ -236,7 +236,7 @@ def test_entrypoint_driver_role_runs_a_pyspark_job(tmp_path):
 
 
 def test_build_context_is_small_and_complete(tmp_path):
-    from ship_dockerfile import build_context
+    from support.dockerfile import build_context
 
     sent = build_context(ROOT, tmp_path)
     assert "Dockerfile" in sent and "docker/rbak-entrypoint" in sent
@@ -249,7 +249,7 @@ def test_build_context_is_small_and_complete(tmp_path):
 def test_the_image_python_layer_builds_from_the_docker_context(tmp_path):
     """What the build stage's `pip install .` does, on the exact build context: the
     package builds, includes rbak_operator, compiles the C speedup, installs `rbak`."""
-    from ship_dockerfile import build_context
+    from support.dockerfile import build_context
 
     ctx, prefix = tmp_path / "ctx", tmp_path / "install"
     build_context(ROOT, ctx)

@@ -13,15 +13,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 import requests
 
-from ship_support import ROOT, find, granted, manifests, render_chart
-
-sys.path.insert(0, str(ROOT / "tests" / "operator"))
-from opcluster import Emulator, Http, wait_for  # noqa: E402
+from support.ship import ROOT, find, granted, manifests, render_chart
+from support.opcluster import Emulator, Http, wait_for  # noqa: E402
 
 
 def list_namespaces_fix(monkeypatch) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ship_support import find, granted, manifests, render_chart
+from support.ship import find, granted, manifests, render_chart
 
 PEERING = {("kopf.dev", "clusterkopfpeerings"), ("kopf.dev", "kopfpeerings")}
 

@@ -8,14 +8,12 @@ fixed when the session starts.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_DIR = REPO / "spark"
-sys.path.insert(0, str(SPARK_DIR))
 # Local-mode Python workers and the scripts' subprocesses import rbak from this
 # checkout even where it is not pip-installed.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 
 import pytest
 
@@ -12,9 +10,7 @@ from rbak.backup import BackupEngine
 from rbak.errors import ManifestError
 from rbak.restore.options import RestoreOptions, TargetConnection
 from rbak_spark.restore_job import run_restore_job, summary_lines
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "engine"))
-from _backup_helpers import backup_config  # noqa: E402
+from support.backups import backup_config  # noqa: E402
 
 STREAM = {"x-queue-type": "stream"}
 

@@ -23,7 +23,7 @@ from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
 from rbak.offline.rabbitmq_dir import queue_dir_name, vhost_dir_name
-from rabbitmq_private import PrivateNode, chroot_for, raw, raw_bytes, raw_field_values
+from support.private_node import PrivateNode, chroot_for, raw, raw_bytes, raw_field_values
 
 VHOST2 = "imp-vh-ü"
 
@@ -316,7 +316,7 @@ def _register_qs() -> None:
     """Quorum queue and stream scenarios (rabbitmq_qs_scenarios.py, imported when built: it imports this module)."""
 
     def build_qs(*args):
-        from rabbitmq_qs_scenarios import build
+        from support.node_qs_scenarios import build
 
         return build(*args)
 

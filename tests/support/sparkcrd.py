@@ -18,7 +18,7 @@ import jsonschema
 
 from support.crds import cel_failures
 
-SCHEMA_FILE = Path(__file__).with_name("data") / "sparkapplication-v1beta2.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "operator" / "data" / "sparkapplication-v1beta2.schema.json"
 
 
 @functools.cache

@@ -17,8 +17,8 @@ from pathlib import Path
 import pika
 
 import rbak.backup.convert as convert  # keeps each delivery's raw property bytes (exact header types)
-from rabbitmq_private import PrivateNode, raw_field_values
-from rabbitmq_scenarios import ALL_HEADERS_PUB, VHOST2, pattern
+from support.private_node import PrivateNode, raw_field_values
+from support.node_scenarios import ALL_HEADERS_PUB, VHOST2, pattern
 
 #: Decimal headers make 4.x's 0-9-1 -> AMQP 1.0 conversion close the connection; leave them out.
 STREAM_HEADERS_PUB = {k: v for k, v in ALL_HEADERS_PUB.items() if k != "D"}
