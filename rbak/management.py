@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote
 
 import requests
 
@@ -82,16 +82,6 @@ class ManagementClient:
         return cls(conn.management_url, conn.mgmt_username, conn.mgmt_password,
                    timeout=conn.connection_timeout_secs, tls_enabled=conn.use_tls, ca_cert=tls.ca_cert,
                    client_cert=tls.client_cert, client_key=tls.client_key, verify=tls.verify, role=role)
-
-    @classmethod
-    def for_target(cls, target: Any) -> "ManagementClient":
-        """From ``rbak.restore.options.TargetConnection`` (credentials default to the AMQP URL's)."""
-        url = urlsplit(target.amqp_url)
-        user = target.management_username or (unquote(url.username) if url.username else "guest")
-        password = target.management_password or (unquote(url.password) if url.password else "guest")
-        return cls(target.management_url, user, password, timeout=target.connection_timeout_secs,
-                   tls_enabled=target.tls_enabled, ca_cert=target.ca_cert, client_cert=target.client_cert,
-                   client_key=target.client_key, verify=target.verify, role="target")
 
     def close(self) -> None:
         self._s.close()

@@ -37,7 +37,7 @@ from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, Qu
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
-from .amqp import connect
+from ..amqp import connect
 from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore

@@ -70,8 +70,8 @@ def run_export(args: Any) -> int:
 def run_import(args: Any) -> int:
     from ..config import load_config
     from ..restore.definitions import apply_definitions, parse_definitions, rollback_timestamp
-    from ..restore.options import (DefinitionsFilter, QueueFilter, RestoreOptions, options_from_config,
-                                   target_from_connection)
+    from ..config import QueueSelection
+    from ..restore.options import RestoreOptions, options_from_config
 
     cfg = load_config(args.config)
     if cfg.target is None:
@@ -85,14 +85,12 @@ def run_import(args: Any) -> int:
         options = options_from_config(cfg, definitions_dry_run=args.dry_run or None)
     else:
         r = cfg.restore
-        options = RestoreOptions(backup_id="definitions-import", target=target_from_connection(cfg.target),
+        options = RestoreOptions(backup_id="definitions-import", target=cfg.target,
                                  definitions_dry_run=args.dry_run or r.definitions_dry_run,
                                  vhost_mapping=tuple(sorted(r.vhost_mapping.items())),
                                  queue_mapping=tuple(sorted(r.queue_mapping.items())),
-                                 queues=QueueFilter(vhosts=tuple(r.queues.vhosts)),
-                                 definitions_selection=DefinitionsFilter(*(tuple(x) for x in (
-                                     r.definitions_selection.vhosts, r.definitions_selection.queues,
-                                     r.definitions_selection.exchanges))),
+                                 queues=QueueSelection(vhosts=list(r.queues.vhosts)),
+                                 definitions_selection=r.definitions_selection,
                                  overwrite_users=r.overwrite_users, definitions_strict=r.definitions_strict,
                                  transient_queues=r.transient_queues)
 

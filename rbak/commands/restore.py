@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ..errors import ConfigError, NotFoundError
-from ..restore.options import RestoreOptions, TargetConnection, options_from_config
+from ..restore.options import RestoreOptions, local_target, options_from_config
 
 log = logging.getLogger("rbak.restore")
 
@@ -89,11 +89,8 @@ def build(args: Any):
             raise NotFoundError(f"{storage.url}: no complete backup found; pass --backup-id or --path")
         backup_id = entry.backup_id
         print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}", file=sys.stderr)
-    target = TargetConnection(
-        amqp_url=url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL")
-        or TargetConnection.amqp_url,
-        management_url=args.management_url or TargetConnection.management_url,
-    )
+    target = local_target(url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL"),
+                          args.management_url)
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
     from ..crypto import load_keyring
 

@@ -213,8 +213,7 @@ class ConnectionConfig(_Section):
 
     @property
     def port(self) -> int:
-        p = self._url()
-        return p.port or (5671 if p.scheme == "amqps" else 5672)
+        return self._url().port or (5671 if self.use_tls else 5672)
 
     def amqp_url_for_vhost(self, vhost: str) -> str:
         """The AMQP URL with its vhost replaced (vhost percent-encoded, `/` as `%2f`)."""

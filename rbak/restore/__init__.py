@@ -9,10 +9,10 @@
 from ..errors import RestoreError
 from .engine import RestoreSummary, run_restore
 from .queue_restore import QueueResult, restore_queue_segments
-from .options import RestoreOptions, TargetConnection, options_from_config
+from .options import RestoreOptions, options_from_config
 from .plan import QueuePlan, plan_restore
 
 __all__ = [
-    "QueuePlan", "QueueResult", "RestoreError", "RestoreOptions", "RestoreSummary", "TargetConnection",
+    "QueuePlan", "QueueResult", "RestoreError", "RestoreOptions", "RestoreSummary",
     "options_from_config", "plan_restore", "restore_queue_segments", "run_restore",
 ]

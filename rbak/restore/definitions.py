@@ -49,7 +49,8 @@ from ..keys import BackupLayout
 from ..management import ManagementClient
 from ..storage.base import Storage
 from .compat import DefinitionChange, adapt_definitions, capabilities_of
-from .options import DefinitionsFilter, RestoreOptions
+from ..config import DefinitionsSelection
+from .options import RestoreOptions
 from .plan import map_queue, map_vhost
 from .rollback import rollback_import
 
@@ -108,7 +109,7 @@ def _glob(patterns: tuple[str, ...], name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else name == p for p in patterns)
 
 
-def transform_definitions(doc: dict[str, Any], selection: DefinitionsFilter, vhost_map: dict[str, str],
+def transform_definitions(doc: dict[str, Any], selection: DefinitionsSelection, vhost_map: dict[str, str],
                           queue_map: dict[str, str]) -> dict[str, Any]:
     """Select and remap a definitions document (a new document; the input is untouched).
 
@@ -141,12 +142,13 @@ def transform_definitions(doc: dict[str, Any], selection: DefinitionsFilter, vho
     return out
 
 
-def import_selection(options: RestoreOptions) -> DefinitionsFilter:
+def import_selection(options: RestoreOptions) -> DefinitionsSelection:
     """``definitions_selection``, its vhosts defaulting to ``restore.queues.vhosts``: a restore of
     some vhosts never touches the others."""
     sel = options.definitions_selection
     if not sel.vhosts and options.queues.vhosts:
-        return DefinitionsFilter(tuple(options.queues.vhosts), sel.queues, sel.exchanges)
+        return DefinitionsSelection(vhosts=list(options.queues.vhosts), queues=list(sel.queues),
+                                    exchanges=list(sel.exchanges))
     return sel
 
 
@@ -314,7 +316,7 @@ def import_definitions(storage: Storage, manifest: BackupManifest, options: Rest
         return store_restore_report(storage, layout, {"backup_id": options.backup_id, "definitions": res.to_json_obj()})
 
     own = client is None
-    client = client or ManagementClient.for_target(options.target)
+    client = client or ManagementClient.for_connection(options.target, "target")
     try:
         return apply_definitions(doc, key, options, client, write_rollback, write_report)
     finally:

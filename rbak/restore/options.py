@@ -3,7 +3,9 @@
 Built from a validated config (``options_from_config``) by the CLI and the
 operator, or directly by the Spark restore job, which ships it to executors:
 so it holds plain values only (no sockets, no SSL contexts, no storage
-objects). ``TargetConnection`` is the broker half.
+objects). The broker, the queue selection and the definitions selection are
+the config's own sections (``ConnectionConfig``, ``QueueSelection``,
+``DefinitionsSelection``): one name per concept.
 """
 
 from __future__ import annotations
@@ -11,69 +13,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..config import queue_selected
+from ..config import ConnectionConfig, DefinitionsSelection, QueueSelection
 from ..errors import ConfigError
 
 PublishMode = Literal["exchange", "queue"]
 
 
 @dataclass(frozen=True)
-class TargetConnection:
-    """Where to publish: the AMQP URL (its vhost is replaced per queue) and the management API."""
-
-    amqp_url: str = "amqp://guest:guest@localhost:5672/%2f"
-    management_url: str = "http://localhost:15672"
-    management_username: str | None = None
-    management_password: str | None = field(default=None, repr=False)
-    tls_enabled: bool = False
-    ca_cert: str | None = None
-    client_cert: str | None = None
-    client_key: str | None = None
-    verify: bool = True
-    server_name: str | None = None
-    heartbeat_secs: int = 60
-    connection_timeout_secs: float = 10.0
-
-    def __repr__(self) -> str:  # credentials never in logs
-        from ..config import mask_url
-
-        return f"TargetConnection(amqp_url={mask_url(self.amqp_url)!r}, management_url={self.management_url!r})"
-
-
-@dataclass(frozen=True)
-class DefinitionsFilter:
-    """Subset of the definitions to import; empty tuples mean everything."""
-
-    vhosts: tuple[str, ...] = ()
-    queues: tuple[str, ...] = ()
-    exchanges: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class QueueFilter:
-    """Which backed-up queues to restore (names as in the backup; globs allowed)."""
-
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    vhosts: tuple[str, ...] = ()
-    types: tuple[str, ...] = ()
-
-    def matches(self, vhost: str, name: str, queue_type: str | None = None) -> bool:
-        return queue_selected(vhost, name, queue_type, self.include, self.exclude, self.vhosts, self.types)
-
-
-@dataclass(frozen=True)
 class RestoreOptions:
     backup_id: str
     prefix: str = ""
-    target: TargetConnection = field(default_factory=TargetConnection)
+    target: ConnectionConfig = field(default_factory=lambda: local_target())
     window_start_ms: int | None = None
     window_end_ms: int | None = None
     restore_messages: bool = True
     restore_definitions: bool = False
     definitions_dry_run: bool = False
-    definitions_selection: DefinitionsFilter = field(default_factory=DefinitionsFilter)
-    queues: QueueFilter = field(default_factory=QueueFilter)
+    definitions_selection: DefinitionsSelection = field(default_factory=DefinitionsSelection)
+    queues: QueueSelection = field(default_factory=QueueSelection)
     publish_mode: PublishMode = "queue"
     publisher_confirms: bool = True
     max_concurrent_queues: int = 4
@@ -121,22 +78,13 @@ class RestoreOptions:
         return dict(self.queue_mapping)
 
 
-def target_from_connection(c: Any) -> TargetConnection:
-    """A ``TargetConnection`` from ``rbak.config.ConnectionConfig``."""
-    return TargetConnection(
-        amqp_url=c.amqp_url,
-        management_url=c.management_url,
-        management_username=c.mgmt_username,
-        management_password=c.mgmt_password,
-        tls_enabled=c.use_tls,
-        ca_cert=c.tls.ca_cert,
-        client_cert=c.tls.client_cert,
-        client_key=c.tls.client_key,
-        verify=c.tls.verify,
-        server_name=c.tls.server_name,
-        heartbeat_secs=c.heartbeat_secs,
-        connection_timeout_secs=c.connection_timeout_secs,
-    )
+DEFAULT_TARGET_URL = "amqp://guest:guest@localhost:5672/%2f"
+DEFAULT_MANAGEMENT_URL = "http://localhost:15672"
+
+
+def local_target(amqp_url: str | None = None, management_url: str | None = None) -> ConnectionConfig:
+    """The target broker when only URLs are given (CLI flags, the Spark job): the local one by default."""
+    return ConnectionConfig(amqp_url=amqp_url or DEFAULT_TARGET_URL, management_url=management_url or DEFAULT_MANAGEMENT_URL)
 
 
 def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
@@ -153,14 +101,14 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
     kwargs: dict[str, Any] = dict(
         backup_id=cfg.backup_id,
         prefix=cfg.storage.prefix or "",
-        target=target_from_connection(cfg.target) if cfg.target is not None else TargetConnection(),
+        target=cfg.target if cfg.target is not None else local_target(),
         window_start_ms=start,
         window_end_ms=end,
         restore_messages=getattr(r, "restore_messages", True),
         restore_definitions=r.restore_definitions,
         definitions_dry_run=r.definitions_dry_run,
-        definitions_selection=DefinitionsFilter(tuple(sel.vhosts), tuple(sel.queues), tuple(sel.exchanges)),
-        queues=QueueFilter(tuple(q.include), tuple(q.exclude), tuple(q.vhosts), tuple(q.types)),
+        definitions_selection=sel,
+        queues=q,
         publish_mode=r.publish_mode,
         publisher_confirms=r.publisher_confirms,
         max_concurrent_queues=r.max_concurrent_queues,

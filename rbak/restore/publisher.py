@@ -22,18 +22,15 @@ express every header variant) and handed to pika as finished bytes.
 from __future__ import annotations
 
 import logging
-import ssl
 import struct
 from collections import OrderedDict
 from typing import Any, Hashable
-from urllib.parse import quote
 
 import pika
 import pika.exceptions
 import pika.spec
 
-from ..errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError, RbakError
-from .options import TargetConnection
+from ..errors import AmqpError, RbakError
 
 log = logging.getLogger(__name__)
 
@@ -56,60 +53,6 @@ class RawBasicProperties(pika.spec.BasicProperties):
 
     def encode(self) -> list[bytes]:
         return [self._raw]
-
-
-def connection_parameters(target: TargetConnection, vhost: str) -> pika.ConnectionParameters:
-    """pika parameters for ``vhost`` on the target broker (TLS per the config, never a plaintext fallback)."""
-    from ..config import mask_url
-
-    url = target.amqp_url
-    try:
-        base = url.split("?", 1)[0]
-        scheme, rest = base.split("://", 1)
-        netloc = rest.split("/", 1)[0]
-        vurl = f"{scheme}://{netloc}/{quote(vhost, safe='')}"
-        if "?" in url:
-            vurl += "?" + url.split("?", 1)[1]
-        params = pika.URLParameters(vurl)
-    except Exception as e:  # noqa: BLE001 - pika raises assorted errors for bad URLs
-        raise AmqpError(f"target.amqp_url: cannot parse {mask_url(url)!r}: {e}") from None
-    params.heartbeat = target.heartbeat_secs
-    params.blocked_connection_timeout = 300
-    params.socket_timeout = target.connection_timeout_secs
-    params.connection_attempts = 1
-    use_tls = target.tls_enabled or scheme == "amqps"
-    if use_tls:
-        ctx = ssl.create_default_context(cafile=target.ca_cert)
-        if target.client_cert:
-            ctx.load_cert_chain(target.client_cert, target.client_key)
-        if not target.verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        params.ssl_options = pika.SSLOptions(ctx, target.server_name or params.host)
-        if scheme == "amqp" and params.port == 5672:
-            params.port = 5671
-    return params
-
-
-def connect(target: TargetConnection, vhost: str) -> pika.BlockingConnection:
-    """A blocking connection to ``vhost``; failures name the vhost and the (masked) URL."""
-    from ..config import mask_url
-
-    params = connection_parameters(target, vhost)
-    try:
-        return pika.BlockingConnection(params)
-    except pika.exceptions.ProbableAccessDeniedError as e:
-        raise AmqpAuthenticationError(
-            f"cannot open vhost {vhost!r} on {mask_url(target.amqp_url)}: access denied or the vhost does not exist ({e})"
-        ) from None
-    except pika.exceptions.ProbableAuthenticationError:
-        raise AmqpAuthenticationError(f"authentication failed for {mask_url(target.amqp_url)} (vhost {vhost!r})") from None
-    except ssl.SSLError as e:
-        raise AmqpConnectionError(f"TLS handshake with {params.host}:{params.port} failed: {e}") from None
-    except pika.exceptions.AMQPError as e:
-        raise AmqpConnectionError(
-            f"cannot connect to {mask_url(target.amqp_url)} (vhost {vhost!r}): {type(e).__name__} {e}"
-        ) from None
 
 
 class ConfirmingPublisher:

@@ -27,7 +27,8 @@ from ..storage.base import Storage
 from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
-from .publisher import ConfirmingPublisher, connect
+from ..amqp import connect
+from .publisher import ConfirmingPublisher
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ def restore_queue_segments(
         res.confirmed = state.confirmed
         return res
     own = connection is None
-    conn = connect(options.target, plan.target_vhost) if own else connection
+    conn = connect(options.target, plan.target_vhost, "target") if own else connection
     try:
         prepared = prepare_target(conn, plan, options, cp, state, res,
                                   lambda seq, idx: record_body_at(storage, plan, seq, idx, options, codec))

@@ -65,7 +65,7 @@ def build_options(args: argparse.Namespace):
     """(storage URL, RestoreOptions) exactly as ``rbak restore`` would build them, flags overriding the file."""
     from rbak.config import load_config, parse_time_bound
     from rbak.errors import ConfigError
-    from rbak.restore.options import RestoreOptions, TargetConnection, options_from_config
+    from rbak.restore.options import RestoreOptions, local_target, options_from_config
 
     start = parse_time_bound(args.time_window_start, "--time-window-start")
     end = parse_time_bound(args.time_window_end, "--time-window-end")
@@ -91,8 +91,7 @@ def build_options(args: argparse.Namespace):
         return url, opts
     if not args.path or not args.backup_id:
         raise ConfigError("give --config FILE, or --path URL and --backup-id ID")
-    target = TargetConnection(amqp_url=args.target_amqp_url or TargetConnection().amqp_url,
-                              management_url=args.target_management_url or TargetConnection().management_url)
+    target = local_target(args.target_amqp_url, args.target_management_url)
     opts = RestoreOptions(
         backup_id=args.backup_id, prefix=args.prefix or "", target=target,
         window_start_ms=start, window_end_ms=end, dry_run=args.dry_run,
@@ -207,7 +206,7 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
     from rbak.keys import BackupLayout
     from rbak.errors import RestoreError
     from rbak.restore.queue_restore import queue_depth
-    from rbak.restore.publisher import connect
+    from rbak.amqp import connect
 
     from .progress import queue_progress_prefix
 
@@ -222,7 +221,7 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
         seen.add((p.source_vhost, p.source_queue))
         if any(True for _ in storage.list(queue_progress_prefix(layout, progress_id, p.source_vhost, p.source_queue))):
             continue  # a resumed restore: the messages there are ours
-        conn = connect(options.target, p.target_vhost)
+        conn = connect(options.target, p.target_vhost, "target")
         try:
             depth = queue_depth(conn, p.target_queue)
         except RbakError:

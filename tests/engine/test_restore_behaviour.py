@@ -13,7 +13,7 @@ from rbak.format.compression import Compression, compress, decompress  # noqa: E
 from rbak.format.manifest import DefinitionsBackup  # noqa: E402
 from rbak.keys import BackupLayout  # noqa: E402
 from rbak.restore import run_restore  # noqa: E402
-from rbak.restore.options import DefinitionsFilter, TargetConnection  # noqa: E402
+from rbak.config import ConnectionConfig, DefinitionsSelection, TlsConfig  # noqa: E402
 
 T0 = 1_700_000_000_000
 
@@ -72,7 +72,7 @@ def test_dry_run_reports_per_queue_without_touching_a_broker(tmp_path):
     a = make_records("/", "a", _bodies(30), start_ts=T0, step_ms=1000, every_type=False)
     b = make_records("/", "b", _bodies(5), start_ts=T0, step_ms=1000, every_type=False)
     build_backup(storage, "dry", [("/", "a", "classic", a), ("/", "b", "classic", b)], max_bytes=500)
-    nowhere = TargetConnection(amqp_url="amqp://guest:guest@127.0.0.1:1/%2f", management_url="http://127.0.0.1:1")
+    nowhere = ConnectionConfig(amqp_url="amqp://guest:guest@127.0.0.1:1/%2f", management_url="http://127.0.0.1:1")
     from rbak.restore.options import RestoreOptions
 
     opts = RestoreOptions(backup_id="dry", target=nowhere, dry_run=True, window_start_ms=T0 + 10_000)
@@ -214,9 +214,9 @@ def test_tls_restore_and_a_wrong_ca_fails_clearly(rmq310, tls, tmp_path):
         declare(broker, vhost, "q")
 
         def opts(ca):
-            t = TargetConnection(amqp_url=broker.amqps_url("/"), management_url=broker.management_tls_url,
-                                 tls_enabled=True, ca_cert=str(ca), client_cert=str(tls.client_cert),
-                                 client_key=str(tls.client_key))
+            t = ConnectionConfig(amqp_url=broker.amqps_url("/"), management_url=broker.management_tls_url,
+                                 tls=TlsConfig(enabled=True, ca_cert=str(ca), client_cert=str(tls.client_cert),
+                                               client_key=str(tls.client_key)))
             return RestoreOptions(backup_id="tls", target=t, publish_mode="queue")
 
         bad = run_restore(storage, opts(tls.wrong_ca_cert))
@@ -248,7 +248,7 @@ def test_restore_from_s3_writes_the_rollback_snapshot_there(broker, vhost, s3_bu
     assert len(manifest.queues[0].segments) > 2
     _store_definitions(storage, manifest, "s3b", _definitions_doc("src"))
     opts = options_for(broker, "s3b", restore_definitions=True, publish_mode="exchange",
-                       vhost_mapping=(("src", vhost),), definitions_selection=DefinitionsFilter(vhosts=("src",)))
+                       vhost_mapping=(("src", vhost),), definitions_selection=DefinitionsSelection(vhosts=["src"]))
     summary = run_restore(storage, opts)
     assert summary.ok, summary.to_json_obj()
     assert f"{s3_bucket.prefix}/{summary.definitions.rollback_key}" in s3_bucket.keys()

@@ -15,7 +15,8 @@ from rbak.config import Config  # noqa: E402
 from rbak.format.record import Long  # noqa: E402
 from rbak.restore import run_restore  # noqa: E402
 from rbak.format.amqp091 import encode_basic_properties  # noqa: E402
-from rbak.restore.options import DefinitionsFilter, RestoreOptions, TargetConnection  # noqa: E402
+from rbak.config import ConnectionConfig, DefinitionsSelection  # noqa: E402
+from rbak.restore.options import RestoreOptions  # noqa: E402
 from rbak.restore.publisher import ConfirmingPublisher  # noqa: E402
 
 HOSTILE = "a/b c%d ünï 🐇"
@@ -77,9 +78,9 @@ def test_backup_delete_everything_restore_definitions_and_messages(broker, vhost
     broker.delete_vhost(vhost)  # delete everything
     assert not broker.vhost_exists(vhost)
 
-    target = TargetConnection(amqp_url=broker.amqp_url("/"), management_url=broker.management_url)
+    target = ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url)
     options = RestoreOptions(backup_id="e2e", target=target, restore_definitions=True, publish_mode="exchange",
-                             definitions_selection=DefinitionsFilter(vhosts=(vhost,)))
+                             definitions_selection=DefinitionsSelection(vhosts=[vhost]))
     storage = cfg.storage.open()
     result = run_restore(storage, options)
     assert result.ok, result.to_json_obj()

@@ -59,6 +59,6 @@ def test_options_from_the_config_file_sections():
     o = options_from_config(cfg, dry_run=True)
     assert (o.backup_id, o.prefix, o.window_start_ms, o.window_end_ms) == ("b1", "pre", 1_704_067_200_000, 1_800_000_000_000)
     assert (o.publish_mode, o.vhost_map, o.allow_non_empty, o.dry_run, o.produce_batch_size) == ("queue", {"/": "staging"}, True, True, 100)
-    assert o.definitions_selection.vhosts == ("/",)
-    assert (o.target.management_username, o.target.management_password) == ("u", "p")
+    assert list(o.definitions_selection.vhosts) == ["/"]
+    assert (o.target.mgmt_username, o.target.mgmt_password) == ("u", "p")
     assert "p@" not in repr(o.target)

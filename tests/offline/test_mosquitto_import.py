@@ -12,6 +12,7 @@ from support.mosquitto import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # no
 
 from rbak.catalog import load_manifest  # noqa: E402
 from rbak.cli import main as rbak_main  # noqa: E402
+from rbak.config import ConnectionConfig  # noqa: E402
 from rbak.errors import ConfigError, ImportFormatError  # noqa: E402
 from rbak.format.compression import Compression  # noqa: E402
 from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp  # noqa: E402
@@ -179,7 +180,7 @@ def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
         broker.declare_queue(vhost, q)
     opts = restore.RestoreOptions(
         backup_id="mq-restore",
-        target=restore.TargetConnection(amqp_url=broker.amqp_url(vhost), management_url=broker.management_url,
+        target=ConnectionConfig(amqp_url=broker.amqp_url(vhost), management_url=broker.management_url,
                                         management_username=broker.user, management_password=broker.password),
         publish_mode="queue",
         vhost_mapping=(("/", vhost),),

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from rbak.keys import BackupLayout
-from rbak.restore.options import RestoreOptions, TargetConnection
+from rbak.config import ConnectionConfig
+from rbak.restore.options import RestoreOptions
 from rbak.restore.plan import plan_queue
 from rbak.storage import open_storage
 from rbak_spark.restore_job import main as restore_main, run_restore_job, split_plan
@@ -37,7 +38,7 @@ def target(rmq310):
 
 def options(broker, vhost, **kw) -> RestoreOptions:
     kw.setdefault("vhost_mapping", (("/", vhost), ("prod", vhost)))
-    return RestoreOptions(target=TargetConnection(amqp_url=broker.amqp_url("/"), management_url=broker.management_url),
+    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url),
                           **kw)
 
 

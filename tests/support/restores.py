@@ -19,7 +19,8 @@ from rbak.format.record import (
 from rbak.format.segment import SegmentWriter
 from rbak.keys import BackupLayout
 from rbak.format.amqp091 import decode_basic_properties, header_equal, read_back
-from rbak.restore.options import RestoreOptions, TargetConnection
+from rbak.config import ConnectionConfig
+from rbak.restore.options import RestoreOptions
 
 EVERY_HEADER = (
     ("long-string", LongString("héllo wörld")),
@@ -126,7 +127,7 @@ def build_backup(storage, backup_id, queues, prefix="", compression=Compression.
 
 
 def options_for(broker, backup_id, **kw) -> RestoreOptions:
-    target = TargetConnection(amqp_url=broker.amqp_url("/"), management_url=broker.management_url,
+    target = ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url,
                               management_username=broker.user, management_password=broker.password)
     kw.setdefault("publish_mode", "queue")
     return RestoreOptions(backup_id=backup_id, target=target, **kw)

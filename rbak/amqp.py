@@ -1,8 +1,11 @@
-"""pika connections from a ``ConnectionConfig``: TLS done right, errors without secrets.
+"""The one way rbak opens AMQP connections (backup source, restore target, drills): pika
+connections from a ``ConnectionConfig``, TLS done right, errors without secrets.
 
 ``amqps://`` (or ``tls.enabled``) always means TLS with certificate checks
 unless ``tls.verify: false``; a handshake failure is an error, never a
-plaintext retry.
+plaintext retry. Failures are typed (``AmqpAuthenticationError``,
+``AmqpConnectionError``) so metrics and callers classify them without
+reading messages.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import ssl
 import pika
 import pika.exceptions
 
-from ..config import ConnectionConfig
-from ..errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError
+from .config import ConnectionConfig
+from .errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError
 
 log = logging.getLogger(__name__)
+CONNECTION_NAMES = {"source": "backup", "target": "restore"}  # what the broker's connection list shows
 
 
 def ssl_context(conn: ConnectionConfig) -> ssl.SSLContext:
@@ -30,13 +34,13 @@ def ssl_context(conn: ConnectionConfig) -> ssl.SSLContext:
     return ctx
 
 
-def connection_parameters(conn: ConnectionConfig, vhost: str) -> pika.ConnectionParameters:
+def connection_parameters(conn: ConnectionConfig, vhost: str, role: str = "source") -> pika.ConnectionParameters:
     kw = {}
     if conn.use_tls:
         try:
             ctx = ssl_context(conn)
         except (OSError, ssl.SSLError) as e:
-            raise AmqpError(f"cannot load TLS files from source.tls: {e}") from None
+            raise AmqpError(f"cannot load TLS files from {role}.tls: {e}") from None
         kw["ssl_options"] = pika.SSLOptions(ctx, conn.tls.server_name or conn.host)
     return pika.ConnectionParameters(
         host=conn.host,
@@ -48,15 +52,16 @@ def connection_parameters(conn: ConnectionConfig, vhost: str) -> pika.Connection
         connection_attempts=1,
         socket_timeout=conn.connection_timeout_secs,
         stack_timeout=conn.connection_timeout_secs + 5,
-        client_properties={"connection_name": f"rbak-backup {vhost}", "product": "rbak"},
+        client_properties={"connection_name": f"rbak-{CONNECTION_NAMES.get(role, role)} {vhost}", "product": "rbak"},
         **kw,
     )
 
 
-def connect(conn: ConnectionConfig, vhost: str) -> pika.BlockingConnection:
-    """Open a connection to ``vhost`` or raise an ``AmqpError`` naming host, port and vhost."""
+def connect(conn: ConnectionConfig, vhost: str, role: str = "source") -> pika.BlockingConnection:
+    """Open a connection to ``vhost`` or raise an ``AmqpError`` naming host, port and vhost
+    (``role``: the config section, ``source`` or ``target``)."""
     where = f"{'amqps' if conn.use_tls else 'amqp'}://{conn.host}:{conn.port} vhost {vhost!r}"
-    params = connection_parameters(conn, vhost)
+    params = connection_parameters(conn, vhost, role)
     try:
         return pika.BlockingConnection(params)
     except pika.exceptions.ProbableAuthenticationError:
