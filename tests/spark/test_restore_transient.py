@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import uuid
+from pathlib import Path
+
+import pika
+import pika.exceptions
 
 from rbak.format.compression import Compression, compress
 from rbak.format.manifest import DefinitionsBackup
@@ -15,6 +21,10 @@ from rbak.restore.options import RestoreOptions, TargetConnection
 from rbak.storage import open_storage
 from rbak_spark.restore_job import run_restore_job
 from rbak_spark.synthetic import QueueSpec, write_backup
+from support.require import require_that
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "offline"))
+from rabbitmq_private import chroot_ready, private_node  # noqa: E402
 
 
 def write_with_definitions(url: str, backup_id: str, vhost: str) -> None:
@@ -61,3 +71,27 @@ def test_spark_restore_skips_transient_queues_like_the_cli(spark, rmq310, vhost_
     by = {r["source_queue"]: r for r in out["runs"]}
     assert out["ok"] and by["tmp-q"]["status"] == "restored" and by["tmp-q"]["confirmed"] == 5
     assert rmq310.queue_info(vh, "tmp-q")["durable"] is True
+
+
+def test_spark_restore_into_a_43_node_that_denies_transient_queues(spark, tmp_path):
+    """No override: a private 4.3.6 node with deprecated_features.permit.transient_nonexcl_queues = false."""
+    require_that(chroot_ready("4.3"))
+    url = f"file://{tmp_path}"
+    vh = f"tr-{uuid.uuid4().hex[:6]}"
+    write_with_definitions(url, "tr", vh)
+    with private_node("4.3", conf=["deprecated_features.permit.transient_nonexcl_queues = false"],
+                      plugins=("rabbitmq_management",)) as node:
+        target = TargetConnection(amqp_url=f"amqp://guest:guest@127.0.0.1:{node.port}/%2F",
+                                  management_url=f"http://127.0.0.1:{node.management_port}")
+        out = run_restore_job(spark, url, RestoreOptions(target=target, backup_id="tr", restore_definitions=True,
+                                                         transient_queues="skip"))
+        assert out["ok"], out
+        by = {r["source_queue"]: r for r in out["runs"]}
+        assert by["tmp-q"]["status"] == "skipped" and by["keep-q"]["confirmed"] == 3
+        with node.connect(vh) as conn:
+            assert conn.channel().queue_declare("keep-q", passive=True).method.message_count == 3
+            try:
+                conn.channel().queue_declare("tmp-q", passive=True)
+                raise AssertionError("tmp-q was declared on the target")
+            except pika.exceptions.ChannelClosedByBroker as e:
+                assert e.reply_code == 404
