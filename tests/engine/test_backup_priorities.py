@@ -104,6 +104,43 @@ def test_live_priority_queue_is_refused_before_reading(broker, vhost, tmp_path):
         assert sum(1 for x in got if x[2]) == 1
 
 
+def test_a_publish_during_the_read_is_what_reorders(broker, vhost):
+    """The measurement behind the refusal: rbak's own read (nack on 4.3, channel close before),
+    with two priority-9 messages published while it holds the queue. 4.x serves the returned
+    messages first, so the new ones come after held lower-priority ones (a control queue fed the
+    same messages without a backup delivers them first); 3.10 quorum queues are FIFO: no change."""
+    from rbak.backup.queue_reader import CLOSE, NACK, read_queue
+
+    _publish(broker, vhost, "held")
+    _publish(broker, vhost, "control")
+    new = [b"new-high-0", b"new-high-1"]
+
+    def publish_new(queue: str) -> None:
+        with broker.connect(vhost) as c:
+            ch = c.channel()
+            ch.confirm_delivery()
+            for body in new:
+                ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, priority=9))
+
+    taken = []
+
+    def sink(method, props, body) -> None:
+        taken.append(body)
+        if len(taken) == N:  # everything held: a producer publishes now
+            publish_new("held")
+
+    with broker.connect(vhost) as conn:
+        read_queue(conn, vhost, "held", "quorum", N, sink, return_mode=NACK if broker.name == "rmq43" else CLOSE)
+    publish_new("control")
+    after = [x[0] for x in drain(broker, vhost, "held")]
+    without_backup = [x[0] for x in drain(broker, vhost, "control")]
+    if broker.name == "rmq310":
+        assert after == without_backup == taken + new
+    else:
+        assert after == taken + new  # the held messages first, whatever their priority
+        assert without_backup.index(b"new-high-0") < N  # ...where without the backup the new ones go ahead
+
+
 def test_refusal_decision():
     assert refuse_live_priorities("4.3.6", {"0": 3, "9": 1}, consumers=0) is None
     assert refuse_live_priorities("4.3.6", {"4": 30}, consumers=2) is None
