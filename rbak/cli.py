@@ -49,14 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    from .logsafe import install
+    from .logsafe import configure
 
-    install()  # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
+    # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
+    configure(logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO, stream=sys.stderr)
     # pika logs every dropped socket with a traceback at ERROR; rbak reports
     # connection failures itself, naming the queue, so keep pika quiet unless -vv.
     logging.getLogger("pika").setLevel(logging.DEBUG if args.verbose >= 2 else logging.CRITICAL)

@@ -1,6 +1,10 @@
 """What may reach a log line: no credentials, no raw control characters.
 
-Installed on the root handlers by the CLI (``install``). At ``-vv`` botocore
+Installed by every entry point through ``configure`` (the CLI, the operator's
+startup, the Spark jobs' drivers; ``install`` alone in Spark executors' workers):
+the filter on the root handlers, and the same rendering in the log-record factory,
+so handlers added later (kopf's event poster) and Python's last-resort handler
+never see a raw record either. At ``-vv`` botocore
 and urllib3 log request headers (``Authorization: AWS4-HMAC-SHA256
 Credential=..., Signature=...``, ``X-Amz-Security-Token``) and URLs may carry
 ``user:password@``; queue and vhost names may hold NUL, ESC or newlines that
@@ -37,20 +41,47 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
 
 
+def sanitize(record: logging.LogRecord) -> logging.LogRecord:
+    """Render ``record`` once, redacted and escaped (idempotent: a clean line stays as it is)."""
+    try:
+        msg = record.getMessage()
+    except Exception:  # noqa: BLE001 - a broken format string: log it as it is
+        return record
+    record.msg = escape_controls(redact(msg))
+    record.args = None
+    return record
+
+
 class SafeLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken format string: log it as it is
-            return True
-        record.msg = escape_controls(redact(msg))
-        record.args = None
+        sanitize(record)
         return True
 
 
+def _safe_factory(previous):
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        return sanitize(previous(*args, **kwargs))
+
+    factory.rbak_safe = True  # type: ignore[attr-defined]
+    return factory
+
+
 def install(logger: logging.Logger | None = None) -> None:
-    """Add the filter to every handler of ``logger`` (the root by default)."""
+    """Add the filter to every handler of ``logger`` (the root by default), and make every
+    log record of this process sanitized where it is created (once per process)."""
     lg = logger or logging.getLogger()
     for h in lg.handlers:
         if not any(isinstance(f, SafeLogFilter) for f in h.filters):
             h.addFilter(SafeLogFilter())
+    current = logging.getLogRecordFactory()
+    if not getattr(current, "rbak_safe", False):
+        logging.setLogRecordFactory(_safe_factory(current))
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure(level: int | str = logging.INFO, stream=None) -> None:
+    """The one logging set-up of rbak's entry points: root handler and format, then ``install``."""
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=stream)
+    install()

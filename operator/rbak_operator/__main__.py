@@ -8,7 +8,6 @@ RBAK_OPERATOR_TICK_SECONDS, RBAK_METRICS_PORT, RBAK_IMAGE: see handlers/metrics/
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -16,8 +15,10 @@ import kopf
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rbak.logsafe import configure
+
+    # the CLI's log filter: no credentials (botocore at DEBUG, URL passwords), no raw control bytes
+    configure(os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"))
     from . import handlers  # noqa: F401  registers the handlers
 
     namespaces = [n for n in os.environ.get("RBAK_OPERATOR_NAMESPACES", "").split(",") if n]

@@ -43,7 +43,7 @@ from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
-from .preflight import NackSupport, PolicyCache, QueueSkipped
+from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped
 from .queue_backup import backup_queue
 from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
@@ -381,7 +381,7 @@ class BackupEngine(StreamBackup):
                     except QueueSkipped as e:
                         qs.status, qs.error = "skipped", str(e)
                         self._skip(q.vhost, q.name, str(e).split(": ", 2)[-1])
-                    except DeliveryLimitError as e:
+                    except (DeliveryLimitError, QueueRefused) as e:  # decided before taking anything
                         qs.status, qs.error = "refused", str(e)
                         metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                         log.error("%s", e)

@@ -25,6 +25,7 @@ from ..errors import RbakError
 from .convert import delivery_count
 from .limits import QueueSettings, resolve_settings, version_tuple
 from .management import ManagementClient, QueueInfo
+from .priorities import priorities_matter, priority_levels, refuse_live_priorities
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,33 @@ def quorum_settings(q: QueueInfo, client: ManagementClient, policies: PolicyCach
                 "yet, so its delivery limit is unknown (give the user the policymaker tag, or retry)")
     return resolve_settings(info.arguments, info.name, info.queue_type, pol, op, version,
                             info.policy, info.operator_policy)
+
+
+def live_priorities(q: QueueInfo, client: ManagementClient, version: str | None, consumers: int, depth: int,
+                    wait_secs: float = ARGUMENTS_WAIT_SECS, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Refuse a 4.x quorum queue whose priorities are in live use (``priorities``), before reading.
+
+    Waits (bounded) for the management API to report ready messages per priority level,
+    which lags a publish by a statistics interval or more."""
+    if not (priorities_matter(version, q.queue_type) and consumers and depth):
+        return
+    info: QueueInfo | None = q
+    deadline = time.monotonic() + wait_secs
+    while True:
+        levels = priority_levels(info.priority_stats) if info is not None else None
+        if levels:  # reported, and holding something: the counts have caught up with the queue
+            break
+        if time.monotonic() > deadline:
+            levels = None  # never reported, or reported empty while the queue holds messages: unknown
+            break
+        sleep(0.5)
+        info = client.queue(q.vhost, q.name)
+        if info is None:
+            raise QueueSkipped(f"queue {q.name!r} in vhost {q.vhost!r}: deleted before the backup read it")
+    why = refuse_live_priorities(version, levels, consumers)
+    if why:
+        raise QueueRefused(f"queue {q.name!r} in vhost {q.vhost!r}: refused before reading: {why}. Back it up "
+                           "while no consumer is attached, or exclude it (source.queues.exclude)")
 
 
 def skip_reason(q: QueueInfo, consumers: int | None, skip_with_consumers: bool) -> str | None:

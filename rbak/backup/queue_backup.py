@@ -27,7 +27,7 @@ from .convert import delivery_count, encode_delivery
 from .guard_store import merge
 from .limits import refuse_delayed_retry
 from .management import QueueInfo
-from .preflight import QueueRefused, QueueSkipped, quorum_settings, skip_reason
+from .preflight import QueueRefused, QueueSkipped, live_priorities, quorum_settings, skip_reason
 from .queue_reader import CLOSE, NACK, DeliveryLimitError, describe_message, read_queue
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
         if why:
             raise QueueRefused(f"{where}: refused before reading: {why}. Back it up when delayed retries are "
                                f"off for it, or exclude it (source.queues.exclude)")
+        live_priorities(q, eng.client, version, consumers, depth)
     guard_now = _guard(eng, ckpt, cluster, vhost, name) if quorum else None
     if quorum and depth == 0:
         _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains

@@ -69,19 +69,25 @@ class IndexEntry:
     pub: Pub
 
 
-def iter_index(qdir: str, segment_entry_count: int, ctx: ImportContext) -> Iterator[IndexEntry]:
+def iter_index(qdir: str, segment_entry_count: int, ctx: ImportContext,
+               expected: dict[int, int] | None = None) -> Iterator[IndexEntry]:
     """Every unacked persistent message of a v1 queue directory, in SeqId order.
 
     One segment file is in memory at a time (plus the journal), so a large
     queue does not need its whole index in memory. The entries point into
     the file they came from: use them before asking for the next one.
+
+    ``expected``: unacked entries per segment from the recovery terms of a clean
+    shutdown (``recovery_terms``); a segment holding another number was cut (on a
+    record boundary, which parses cleanly) or damaged, and is reported before any
+    of its entries is used.
     """
     jfiles: list[MappedFile] = []
     try:
         journal = _read_journal(os.path.join(qdir, JOURNAL), segment_entry_count, ctx, jfiles)
         segs = {int(m.group(1)) for n in os.listdir(qdir) if (m := _IDX_RE.match(n))}
         transient = 0
-        for seg in sorted(segs | set(journal)):
+        for seg in sorted(segs | set(journal) | set(expected or ())):
             entries: dict[int, Entry] = {}
             files: list[MappedFile] = []
             if seg in segs:
@@ -97,6 +103,8 @@ def iter_index(qdir: str, segment_entry_count: int, ctx: ImportContext) -> Itera
                     e.delivered = True
                 else:
                     e.acked = True
+            if expected is not None:
+                _check_count(qdir, seg, entries, expected.get(seg, 0), seg in segs, bool(journal.get(seg)), ctx)
             base = seg * segment_entry_count
             for rel in sorted(entries):
                 e = entries[rel]
@@ -113,6 +121,28 @@ def iter_index(qdir: str, segment_entry_count: int, ctx: ImportContext) -> Itera
     finally:
         for f in jfiles:
             f.close()
+
+
+def _check_count(qdir: str, seg: int, entries: dict[int, Entry], want: int, has_file: bool, in_journal: bool,
+                 ctx: ImportContext) -> None:
+    """Compare a segment's unacked entries (persistent or not) with the recovery terms' count."""
+    have = sum(1 for e in entries.values() if e.pub is not None and not e.acked)
+    if have == want:
+        return
+    seg_path = os.path.join(qdir, f"{seg}.idx")
+    files = [f"{seg}.idx" if has_file else f"{seg}.idx (missing)"] + ([JOURNAL] if in_journal else [])
+    path = seg_path if has_file or not in_journal else os.path.join(qdir, JOURNAL)
+    offset = os.path.getsize(path) if os.path.exists(path) else None
+    if have < want:
+        what = f"{want - have} message(s) lost"
+    elif ctx.skip_damaged:  # which entries lost their ack is unknown: exporting them could resurrect consumed messages
+        what = f"{have - want} ack(s) gone, so the segment is skipped: {want} message(s) lost"
+    else:
+        what = f"{have - want} ack(s) gone: consumed messages would come back"
+    ctx.damaged(path, offset, f"index truncated: segment {seg} ({' + '.join(files)}) holds {have} unacked "
+                f"entr{'y' if have == 1 else 'ies'}, the recovery terms of the last clean shutdown say {want}: {what}")
+    if have > want:
+        entries.clear()
 
 
 def _parse_pub(mv: memoryview, pos: int, n: int, persistent: bool, f: MappedFile) -> Pub | str:
@@ -214,9 +244,10 @@ def load_message(e: IndexEntry, store: MessageStore, ctx: ImportContext, where: 
 
 
 def iter_messages(
-    qdir: str, segment_entry_count: int, store: MessageStore, ctx: ImportContext, where: str
+    qdir: str, segment_entry_count: int, store: MessageStore, ctx: ImportContext, where: str,
+    expected: dict[int, int] | None = None,
 ) -> Iterator[tuple[int, StoredMessage]]:
-    for e in iter_index(qdir, segment_entry_count, ctx):
+    for e in iter_index(qdir, segment_entry_count, ctx, expected):
         m = load_message(e, store, ctx, where)
         if m is not None:
             yield e.seq_id, m

@@ -28,6 +28,7 @@ from ..format.record import BackupRecord
 from . import cqv1, cqv2
 from .damage import ImportContext
 from .msg_store import MessageStore
+from .recovery_terms import QueueTerms, read_recovery_terms
 from .stored_message import StoredMessage, to_record
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class VhostDir:
     name: str | None
     segment_entry_count: int
     queues: list[QueueDir] = field(default_factory=list)
+    recovery: dict[str, QueueTerms] = field(default_factory=dict)  # by queue dir name (clean shutdown only)
 
 
 def _read_small(path: str) -> bytes | None:
@@ -154,6 +156,9 @@ def scan(path: str, ctx: ImportContext) -> tuple[str, list[VhostDir]]:
             ctx.damaged(os.path.join(vpath, ".config"), None, f"segment_entry_count {count} out of range")
             count = cqv1.LEGACY_SEGMENT_ENTRY_COUNT
         v = VhostDir(vpath, vname, count)
+        v.recovery, why = read_recovery_terms(vpath)
+        if why:
+            ctx.note(why)
         qroot = os.path.join(vpath, "queues")
         if os.path.isdir(qroot):
             for qd in sorted(os.listdir(qroot)):
@@ -225,7 +230,8 @@ def _iter_queue(v: VhostDir, q: QueueDir, store: MessageStore, ctx: ImportContex
         if any(n.endswith(".idx") or n == cqv1.JOURNAL for n in os.listdir(q.path)):
             ctx.note(f"{q.path}: holds both v1 and v2 index files (an interrupted conversion); reading the v2 files")
         return cqv2.iter_messages(q.path, store, ctx, where)
-    return cqv1.iter_messages(q.path, v.segment_entry_count, store, ctx, where)
+    terms = v.recovery.get(os.path.basename(q.path))
+    return cqv1.iter_messages(q.path, v.segment_entry_count, store, ctx, where, terms.segments if terms else None)
 
 
 @dataclass

@@ -186,17 +186,22 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
                 r.status, r.error = "failed", str(e)
                 return r
 
-        skipped = set(summary.definitions.skipped_queues) if summary.definitions is not None else set()
         with ThreadPoolExecutor(max_workers=options.max_concurrent_queues, thread_name_prefix="rbak-restore") as ex:
-            summary.queues = list(ex.map(lambda p: _skipped_transient(p) if (p.target_vhost, p.target_queue) in skipped
-                                         else work(p), plans))
+            summary.queues = list(ex.map(lambda p: skipped_by_definitions(p, summary.definitions) or work(p), plans))
     finally:
         cp.close()
     summary.duration_secs = time.monotonic() - t0
     return summary
 
 
-def _skipped_transient(p: QueuePlan) -> QueueResult:
+def skipped_by_definitions(p: QueuePlan, definitions: Any) -> QueueResult | None:
+    """The result of a queue the definitions import left out (a transient queue the target denies,
+    with ``restore.transient_queues: skip``: its messages have nowhere to go), else None.
+
+    The one decision for every restore path (CLI engine, Spark driver)."""
+    skipped = getattr(definitions, "skipped_queues", None) or ()
+    if (p.target_vhost, p.target_queue) not in {tuple(x) for x in skipped}:
+        return None
     return QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="skipped",
                        error="transient queue not declared on this target (restore.transient_queues: skip)")
 

@@ -15,8 +15,10 @@ _storages: dict = {}
 
 def storage_for(url: str):
     """The worker's storage for ``url``, opened on first use."""
+    from rbak.logsafe import install
     from rbak.storage import open_storage
 
+    install()  # this worker's records (botocore's headers at DEBUG, queue names) filtered like the driver's
     with _lock:
         s = _storages.get(url)
         if s is None:

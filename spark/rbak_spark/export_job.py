@@ -45,8 +45,9 @@ def parse_args(argv):
 def main(argv=None) -> int:
     from rbak.errors import RbakError
 
-    from .session import get_session
+    from .session import get_session, setup_logging
 
+    setup_logging()
     args = parse_args(argv)
     cols = [c.strip() for c in args.partition_by.split(",") if c.strip()]
     try:

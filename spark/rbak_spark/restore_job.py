@@ -237,7 +237,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
                     reset: bool = False, log=print) -> dict:
     """The whole Spark restore; returns the summary (also stored next to the progress)."""
     from rbak.keys import BackupLayout
-    from rbak.restore.engine import load_complete_manifest, run_restore
+    from rbak.restore.engine import load_complete_manifest, run_restore, skipped_by_definitions
     from rbak.restore.plan import plan_restore
     from rbak.storage import open_storage
 
@@ -261,12 +261,14 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         out = summary.to_json_obj()
         out.update(engine="spark", ordering=ordering)
         return out
-    plans = plan_restore(manifest, options)
+    plans = all_plans = plan_restore(manifest, options)
     definitions = None
     if options.restore_definitions or options.definitions_dry_run:
         from rbak.restore.definitions import import_definitions
 
         definitions = import_definitions(storage, manifest, options)
+    skipped = [r for r in (skipped_by_definitions(p, definitions) for p in plans) if r is not None]
+    plans = [p for p in plans if skipped_by_definitions(p, definitions) is None]
     if spark.conf.get("spark.speculation", "false").lower() == "true":
         from rbak.errors import ConfigError
 
@@ -282,12 +284,13 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         log(n)
     if any(not u.whole_queue for u in units):
         _check_split_targets(storage, options, units, progress_id)
-    results: list[dict] = []
+    results: list[dict] = [dict(dataclasses.asdict(r), run=0, runs=1, segments=0, first_sequence=None, seconds=0.0)
+                           for r in skipped]
     if units:
         sc.setJobDescription(f"rbak restore {options.backup_id}: {len(units)} run(s)")
-        results = sc.parallelize(units, len(units)).mapPartitions(
+        results += sc.parallelize(units, len(units)).mapPartitions(
             lambda it: run_units(url, options, progress_id, it)).collect()
-    order = {(p.source_vhost, p.source_queue): i for i, p in enumerate(plans)}
+    order = {(p.source_vhost, p.source_queue): i for i, p in enumerate(all_plans)}
     results.sort(key=lambda r: (order[(r["source_vhost"], r["source_queue"])], r["run"]))
     for r in results:
         r["chain"] = chains.get((r["source_vhost"], r["source_queue"]), [])
@@ -364,8 +367,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from rbak.errors import RbakError
 
-    from .session import get_session
+    from .session import get_session, setup_logging
 
+    setup_logging()
     args = parse_args(argv)
     try:
         url, options = build_options(args)

@@ -24,6 +24,14 @@ SQL_CONF = {
 }
 
 
+def setup_logging() -> None:
+    """The CLI's logging on a job's driver: level from ``$RBAK_LOG_LEVEL`` (default WARNING),
+    records filtered of credentials and control characters (``rbak.logsafe``)."""
+    from rbak.logsafe import configure
+
+    configure(os.environ.get("RBAK_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr)
+
+
 def _zip_package() -> str:
     tmp = tempfile.mkdtemp(prefix="rbak_spark-")
     path = os.path.join(tmp, "rbak_spark.zip")

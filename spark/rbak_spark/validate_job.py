@@ -165,8 +165,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from rbak.errors import RbakError
 
-    from .session import get_session
+    from .session import get_session, setup_logging
 
+    setup_logging()
     args = parse_args(argv)
     try:
         spark = get_session(f"rbak-validate-{args.backup_id}", args.master)

@@ -60,7 +60,8 @@ def chroot_ready(version: str = "4.0") -> str | None:
 
 
 class PrivateNode:
-    def __init__(self, version: str, base: Path, conf: list[str] = (), advanced: str | None = None):
+    def __init__(self, version: str, base: Path, conf: list[str] = (), advanced: str | None = None,
+                 plugins: tuple[str, ...] = ()):
         self.version = version
         self.chroot = chroot_for(version)
         self.in_chroot = self.chroot is not None
@@ -71,6 +72,8 @@ class PrivateNode:
         self.dist_port = free_port()
         self.conf = list(conf)
         self.advanced = advanced
+        self.plugins = tuple(plugins)  # e.g. ("rabbitmq_management",): then management_port is listened on
+        self.management_port = free_port() if "rabbitmq_management" in self.plugins else 0
         self.started = False
         self.pid = 0
 
@@ -120,8 +123,10 @@ class PrivateNode:
         b = self.base
         for d in ("home", "log", "mnesia"):
             (b / d).mkdir(parents=True, exist_ok=True)
-        (b / "enabled_plugins").write_text("[].\n")
+        (b / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         lines = [f"listeners.tcp.default = {self.port}", "loopback_users = none", *self.conf]
+        if self.management_port:
+            lines += [f"management.tcp.port = {self.management_port}", "management.tcp.ip = 127.0.0.1"]
         (b / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
         (b / "advanced.config").write_text(self.advanced or "[].\n")
         subprocess.run(self._cmd("rabbitmq-server", "-detached"), check=True, timeout=60,
@@ -192,6 +197,20 @@ class PrivateNode:
     def add_vhost(self, vhost: str) -> None:
         self.ctl("add_vhost", vhost)
         self.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+
+
+@contextmanager
+def private_node(version: str, conf: list[str] = (), plugins: tuple[str, ...] = ()):
+    """A started private node (inside its chroot for 4.x), removed afterwards with its files."""
+    chroot = chroot_for(version)
+    root = (chroot / "tmp") if chroot is not None else Path(os.environ.get("TMPDIR", "/tmp"))
+    base = root / f"rbak-private-{uuid.uuid4().hex[:8]}"
+    node = PrivateNode(version, base, conf=conf, plugins=plugins)
+    try:
+        yield node.start()
+    finally:
+        node.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------
