@@ -1,0 +1,125 @@
+"""Private 4.0.5 / 4.3.6 nodes whose quorum queue Ra compacted into a snapshot.
+
+Small WAL and segments (``raft.*`` on 4.0, the quorum system's
+``quorum_queue.*`` on 4.3) and a few thousand settled messages make Ra take
+a snapshot and drop the log before it. Then, on top of the snapshot, a
+consumer acks, returns and leaves unacked messages with priorities and
+properties; a live consumer reads the queue without acking (the reference)
+and the node is stopped cleanly or killed with SIGKILL.
+
+On 4.3 a first consumer holds messages checked out across the snapshot (the
+state refers to them; their bodies stay in the compacted segments). 4.0 only
+promotes a checkpoint to a snapshot once every message before it is settled,
+so there that consumer settles what it holds first.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pika
+
+from rabbitmq_private import PrivateNode
+from rabbitmq_qs_scenarios import QsScenario, _body, _publish, reference
+from rabbitmq_scenarios import BUILDERS, VERSIONS
+
+QUEUE = "qq-snap"
+CONF = {
+    "4.0": ["raft.wal_max_size_bytes = 262144", "raft.segment_max_entries = 256"],
+    "4.3": ["raft.wal_max_size_bytes = 262144", "quorum_queue.wal_max_size_bytes = 262144",
+            "quorum_queue.segment_max_entries = 256"],
+}
+
+
+#: 4.0's Ra takes a checkpoint (which it later promotes to a snapshot) only every 8192 indexes
+#: (rabbit_quorum_queue's ?MIN_CHECKPOINT_INTERVAL); rabbit_fifo asks after 4096. Lowered so a few
+#: thousand messages do; 4.3 snapshots on reclaimable bytes scaled by how full the WAL is.
+ADVANCED = {"4.0": "[{rabbit, [{quorum_min_checkpoint_interval, 1024}]}].\n", "4.3": None}
+
+
+def _take(ch, n: int) -> list[int]:
+    tags = []
+    for method, _p, _b in ch.consume(QUEUE, inactivity_timeout=5):
+        assert method is not None, "consumer got too few messages"
+        tags.append(method.delivery_tag)
+        if len(tags) == n:
+            break
+    return tags
+
+
+def _churn(node: PrivateNode, n: int) -> None:
+    """Publish and settle ``n`` messages: settled data is what lets Ra snapshot and compact."""
+    conn = node.connect("/")
+    pub = conn.channel()
+    pub.confirm_delivery()
+    c = node.connect("/")
+    ch = c.channel()
+    ch.basic_qos(prefetch_count=500)
+    blob = b"c" * 1000
+    for i in range(n):
+        pub.basic_publish("", QUEUE, blob + str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    got = 0
+    for method, _p, body in ch.consume(QUEUE, inactivity_timeout=5):
+        assert method is not None, "churn consumer got too few messages"
+        got += 1
+        if got % 100 == 0 or got == n:
+            ch.basic_ack(method.delivery_tag, multiple=True)
+        if got == n:
+            break
+    c.close()
+    conn.close()
+
+
+def build(name: str, version: str, base: Path, kill: bool) -> QsScenario:
+    node = PrivateNode(version, base, conf=CONF[version[:3]], advanced=ADVANCED[version[:3]]).start()
+    sc = QsScenario(name, version, node.data_dir, killed=kill)
+    hold = version.startswith("4.3")
+    try:
+        conn = node.connect("/")
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        _publish(ch, QUEUE, 40, "k")
+        # Consumer A takes every early message, cancels, acks 10; on 4.3 it keeps the rest across the snapshot.
+        a = node.connect("/")
+        ach = a.channel()
+        ach.basic_qos(prefetch_count=40)
+        tags = _take(ach, 40)
+        ach.cancel()  # a cancelled consumer keeps what it holds and takes nothing new
+        ach.basic_ack(tags[39 if not hold else 9], multiple=True)
+        for n in (2600, 2600, 300):
+            _churn(node, n)
+            # rabbit_fifo's checkpoint / snapshot checks run on its tick; 4.0 takes a checkpoint, then
+            # promotes it to a snapshot once the smallest live index has moved past it (the last round).
+            time.sleep(6)
+        # On top of the snapshot: a consumer acks 5, returns 5 and leaves 10 unacked; more publishes.
+        _publish(ch, QUEUE, 60, "r")
+        c = node.connect("/")
+        cch = c.channel()
+        cch.basic_qos(prefetch_count=20)
+        tags = _take(cch, 20)
+        cch.basic_ack(tags[4], multiple=True)
+        for t in tags[5:10]:
+            cch.basic_nack(t, requeue=True)
+        c.close()
+        a.close()  # A's held messages (4.3) go back to the queue
+        _publish(ch, QUEUE, 20, "t")
+        conn.close()
+        sc.quorum[("/", QUEUE)] = reference(node, "/", QUEUE, False)
+        time.sleep(1)
+        if kill:
+            node.kill()
+        else:
+            node.stop()
+    except BaseException:
+        node.cleanup()
+        raise
+    return sc
+
+
+for _name, _version, _kill in (("qsnap-4.0", "4.0", False), ("qsnap-kill-4.0", "4.0", True),
+                               ("qsnap-4.3", "4.3", False), ("qsnap-kill-4.3", "4.3", True)):
+    BUILDERS[_name] = lambda base, n=_name, v=_version, k=_kill: build(n, v, base, k)
+    VERSIONS[_name] = _version
+_ = _body

@@ -1,0 +1,122 @@
+"""Quorum queues Ra compacted into a snapshot import exactly what a live consumer read (4.0.5, 4.3.6).
+
+The scenarios (rabbitmq_snap_scenarios.py) make real nodes take a Ra snapshot
+and drop the log before it, then ack, return and hold messages on top of it;
+the node is stopped cleanly or killed. Each test first checks that the data
+directory really holds a snapshot and that the log alone could not rebuild
+the queue (entries before the snapshot are gone), so none can pass by
+replaying a complete log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rabbitmq_snap_scenarios  # noqa: E402,F401 - registers the qsnap-* scenarios
+from test_import_quorum import DELIVERY_HEADERS, _same, scenario  # noqa: E402
+from test_import_rabbitmq import read_backup, shared_root, snapshot  # noqa: E402,F401
+
+from rbak.cli import main as rbak_main  # noqa: E402
+from rbak.errors import ImportFormatError  # noqa: E402
+from rbak.offline.damage import ImportContext  # noqa: E402
+from rbak.offline.rabbitmq import ra_log  # noqa: E402
+from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+
+KEY = ("/", "qq-snap")
+
+
+def server_dir(data_dir: Path) -> Path:
+    """The qq-snap Ra server directory (its config names the queue)."""
+    for sysdir in (data_dir / "quorum").iterdir():
+        for d in sysdir.iterdir():
+            if (d / "config").is_file() and b"qq-snap" in (d / "config").read_bytes():
+                return d
+    raise AssertionError(f"no Ra server for qq-snap under {data_dir}")
+
+
+def assert_compacted(data_dir: Path) -> ra_log.Snapshot:
+    sdir = server_dir(data_dir)
+    snap = ra_log.latest_snapshot(str(sdir), ImportContext())
+    assert snap is not None and snap.index > 1000, f"no Ra snapshot in {sdir}"
+    logs = ra_log.read_server_logs(str(sdir.parent), ImportContext())
+    before = [i for i in logs[sdir.name].entries if i <= snap.index]
+    assert len(before) < snap.index // 2, "the log before the snapshot is still there: not compacted"
+    return snap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qsnap-4.0", "qsnap-kill-4.0", "qsnap-4.3", "qsnap-kill-4.3"])
+def test_snapshotted_quorum_queue_imports_what_a_consumer_read(name, shared_root, tmp_path, capsys):
+    sc = scenario(name, shared_root)
+    snap = assert_compacted(sc.data_dir)
+    assert snap.machine_version == (8 if sc.version.startswith("4.3") else 5)
+    before = snapshot(sc.data_dir)
+    url = f"file://{tmp_path}/b"
+    rc = rbak_main(["import", "rabbitmq-dir", str(sc.data_dir), "--to", url, "--backup-id", "s1",
+                    "--types", "quorum"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert snapshot(sc.data_dir) == before, "the importer changed the node's files"
+    _m, got = read_backup(url, "s1")
+    refs = sc.quorum[KEY]
+    assert len(refs) == 55 + 20 + (30 if sc.version.startswith("4.3") else 0)
+    _same(got[KEY], refs, KEY)
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.parametrize("name", ["qsnap-4.0", "qsnap-kill-4.3"])
+def test_snapshotted_quorum_queue_restores_into_a_live_broker(name, shared_root, tmp_path, broker, vhost):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine"))
+    from _restore_helpers import consume_all, declare, expected_after_restore, headers_equal, options_for
+
+    from rbak.restore import run_restore
+    from rbak.storage import open_storage
+
+    sc = scenario(name, shared_root)
+    assert_compacted(sc.data_dir)
+    url = f"file://{tmp_path}/b"
+    assert rbak_main(["import", "rabbitmq-dir", str(sc.data_dir), "--to", url, "--backup-id", "e2e",
+                      "--types", "quorum", "--vhost", "/", "--queue", KEY[1]]) == 0
+    declare(broker, vhost, KEY[1], "classic")  # FIFO target: the backup's order is what comes out
+    summary = run_restore(open_storage(url), options_for(broker, "e2e", vhost_mapping=(("/", vhost),)))
+    assert summary.ok, summary.to_json_obj()
+    refs = sc.quorum[KEY]
+    got = consume_all(broker, vhost, KEY[1], len(refs))
+    assert [d.body for d in got] == [r.body for r in refs]
+    for d, r in zip(got, refs):
+        assert d.properties == r.properties
+        want = tuple((k, v) for k, v in r.headers if k not in DELIVERY_HEADERS)
+        assert headers_equal(d.headers, expected_after_restore(want)), (d.headers, r.headers)
+
+
+@pytest.mark.slow
+def test_damaged_snapshot_names_file_and_offset(shared_root, tmp_path):
+    sc = scenario("qsnap-4.3", shared_root)
+    copy = tmp_path / "node"
+    shutil.copytree(sc.data_dir, copy)
+    snap = assert_compacted(copy)
+    data = Path(snap.path).read_bytes()
+    cases = {
+        "flip": data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0x40]) + data[len(data) // 2 + 1:],
+        "cut": data[: len(data) - 7],
+        "header": data[:10],
+        "version": data[:4] + b"\x07" + data[5:],
+    }
+    for i, (what, bad) in enumerate(cases.items()):
+        Path(snap.path).write_bytes(bad)
+        with pytest.raises(ImportFormatError) as e:
+            import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", f"d{i}", types={"quorum"})
+        assert snap.path in str(e.value) and "byte" in str(e.value), (what, str(e.value))
+        res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", f"s{i}", types={"quorum"},
+                                  skip_damaged=True)
+        assert [s.path for s in res.ctx.skipped] == [snap.path], (what, res.ctx.skipped)
+        assert any("qq-snap" in n and "snapshot is damaged" in n for n in res.ctx.notes), res.ctx.notes
+        _m, got = read_backup(f"file://{tmp_path}/b", f"s{i}")
+        assert KEY not in got or not got[KEY]
