@@ -26,6 +26,7 @@ from rabbitmq_scenarios import BUILDERS, VERSIONS
 
 QUEUE = "qq-snap"
 CONF = {
+    "3.1": ["raft.wal_max_size_bytes = 262144", "raft.segment_max_entries = 256"],
     "4.0": ["raft.wal_max_size_bytes = 262144", "raft.segment_max_entries = 256"],
     "4.3": ["raft.wal_max_size_bytes = 262144", "quorum_queue.wal_max_size_bytes = 262144",
             "quorum_queue.segment_max_entries = 256"],
@@ -35,7 +36,7 @@ CONF = {
 #: 4.0's Ra takes a checkpoint (which it later promotes to a snapshot) only every 8192 indexes
 #: (rabbit_quorum_queue's ?MIN_CHECKPOINT_INTERVAL); rabbit_fifo asks after 4096. Lowered so a few
 #: thousand messages do; 4.3 snapshots on reclaimable bytes scaled by how full the WAL is.
-ADVANCED = {"4.0": "[{rabbit, [{quorum_min_checkpoint_interval, 1024}]}].\n", "4.3": None}
+ADVANCED = {"3.1": "[{rabbit, [{quorum_snapshot_interval, 1024}]}].\n", "4.0": "[{rabbit, [{quorum_min_checkpoint_interval, 1024}]}].\n", "4.3": None}
 
 
 def _take(ch, n: int) -> list[int]:
@@ -118,7 +119,8 @@ def build(name: str, version: str, base: Path, kill: bool) -> QsScenario:
     return sc
 
 
-for _name, _version, _kill in (("qsnap-4.0", "4.0", False), ("qsnap-kill-4.0", "4.0", True),
+for _name, _version, _kill in (("qsnap-3.10", "3.10", False),
+                               ("qsnap-4.0", "4.0", False), ("qsnap-kill-4.0", "4.0", True),
                                ("qsnap-4.3", "4.3", False), ("qsnap-kill-4.3", "4.3", True)):
     BUILDERS[_name] = lambda base, n=_name, v=_version, k=_kill: build(n, v, base, k)
     VERSIONS[_name] = _version

@@ -51,11 +51,12 @@ def assert_compacted(data_dir: Path) -> ra_log.Snapshot:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qsnap-4.0", "qsnap-kill-4.0", "qsnap-4.3", "qsnap-kill-4.3"])
+@pytest.mark.parametrize("name", ["qsnap-3.10", "qsnap-4.0", "qsnap-kill-4.0", "qsnap-4.3",
+                                  "qsnap-kill-4.3"])
 def test_snapshotted_quorum_queue_imports_what_a_consumer_read(name, shared_root, tmp_path, capsys):
     sc = scenario(name, shared_root)
     snap = assert_compacted(sc.data_dir)
-    assert snap.machine_version == (8 if sc.version.startswith("4.3") else 5)
+    assert snap.machine_version == {"3.10": 2, "4.0": 5, "4.3": 8}[sc.version]
     before = snapshot(sc.data_dir)
     url = f"file://{tmp_path}/b"
     rc = rbak_main(["import", "rabbitmq-dir", str(sc.data_dir), "--to", url, "--backup-id", "s1",

@@ -13,13 +13,16 @@ Record layouts read here (field positions, tag at 0):
 - ``#rabbit_fifo``: cfg 1, messages 2, returns 4, consumers 9,
   service_queue 10, waiting_consumers 14; version 8 also delayed 17.
 - ``#cfg``: delivery_limit 10, msg_ttl 12.
-- messages: ``{rabbit_fifo_q, Hi, No, Len, DequeueCounter}`` (versions 4-7,
+- messages: an ``lqueue`` (versions 2-3: 3.10-3.13, FIFO),
+  ``{rabbit_fifo_q, Hi, No, Len, DequeueCounter}`` (versions 4-7,
   ``Hi``/``No`` are ``{In, Out}``) or ``{pq, #{31 - Priority => {Count, In,
   Out}}, Len, Bitmap}`` (version 8+). A queue's order is ``Out ++ reverse(In)``.
 - returns: ``lqueue`` ``{Len, In, Out}`` (older ``{Len, {In, Out}}``).
 - ``#consumer{cfg, status, next_msg_id, checked_out, credit, ...}`` with
   ``#consumer_cfg{meta, pid, tag, credit_mode, lifetime, priority, ...}``;
-  ``checked_out`` maps msg id to a message (version 8+: ``{LockExpiry, Msg}``).
+  ``checked_out`` maps msg id to a message (version 8+: ``{LockExpiry, Msg}``);
+  ``credit_mode`` is ``{simple_prefetch, Max}`` (4.x) or the bare atom
+  (versions 2-3, where the consumer key is its ``{Tag, Pid}``).
 - service_queue: ``priority_queue`` ``{queue, In, Out, Len}`` or
   ``{pqueue, [{-Priority, Queue}]}``.
 """
@@ -83,6 +86,12 @@ def msg_ref(m: Any, what: str) -> tuple[int, int]:
 
 def _ready(messages: Any, mv: int) -> Ready:
     ready = Ready(mv)
+    if mv < 4 and isinstance(messages, tuple) and messages and isinstance(messages[0], int):
+        ready.mode = "fifo"  # versions 2-3 (3.10-3.13): one lqueue
+        for m in _lqueue_items(messages, "messages"):
+            idx, failed = msg_ref(m, "messages")
+            ready.push(Msg(idx, idx, 4, failed), 0)
+        return ready
     if isinstance(messages, tuple) and len(messages) == 5 and _is(messages[0], "rabbit_fifo_q"):
         ready.mode = "q"
         for level, half in ((1, messages[1]), (0, messages[2])):
@@ -113,6 +122,8 @@ def _consumer(key: Any, c: Any, mv: int) -> Consumer:
     mode = cfg[4]
     prefetch = mode[1] if isinstance(mode, tuple) and len(mode) == 2 and _is(mode[0], "simple_prefetch") \
         else None
+    if _is(mode, "simple_prefetch") and isinstance(credit, int) and isinstance(checked, dict):
+        prefetch = credit + len(checked)  # versions 2-3: credit is refilled on each settle
     prio = cfg[6] if isinstance(cfg[6], int) else 0
     con = Consumer(key, (cfg[3], cfg[2]), prio, credit if isinstance(credit, int) else 0, prefetch)
     con.next_msg_id = next_id if isinstance(next_id, int) else 0
