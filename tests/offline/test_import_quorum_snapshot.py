@@ -121,3 +121,43 @@ def test_damaged_snapshot_names_file_and_offset(shared_root, tmp_path):
         assert any("qq-snap" in n and "snapshot is damaged" in n for n in res.ctx.notes), res.ctx.notes
         _m, got = read_backup(f"file://{tmp_path}/b", f"s{i}")
         assert KEY not in got or not got[KEY]
+
+
+def _v8_state(buckets: dict, returns: list, consumers: dict) -> tuple:
+    from rbak.offline.erlang_terms import Atom as A
+
+    state = [A("rabbit_fifo"), (A("cfg"),) + (A("undefined"),) * 9 + (3, A("undefined"), A("undefined")),
+             (A("pq"), buckets, 0, 0), 0, (len(returns), [], returns)] + [0] * 4
+    state += [consumers, (A("queue"), [], [], 0), None, 0, 0, [], 0, A("undefined"),
+              (A("delayed"), (0, A("nil")), A("undefined"), {})]
+    return tuple(state)
+
+
+def test_snapshot_state_v8_order_packed_refs_and_held_messages():
+    """4.3's state: buckets 31 - priority, packed refs, returns first, then what a cancelled consumer held."""
+    from rbak.offline.erlang_terms import Atom as A
+    from rbak.offline.erlang_terms import ImproperList
+    from rbak.offline.rabbitmq.fifo_snapshot import load_state
+
+    def packed(idx: int, size: int) -> int:
+        return idx ^ (size << 44)
+
+    buckets = {31 - 4: (2, [packed(12, 50)], [packed(10, 7)]), 31 - 9: (1, [], [packed(11, 300)])}
+    cfg = (A("consumer_cfg"), {}, "pid", b"ctag", (A("simple_prefetch"), 5), A("auto"), 0, 1000)
+    held = {3: (99, ImproperList([5], {A("size"): 1, A("delivery_count"): 2})), 1: (99, packed(4, 1))}
+    con = (A("consumer"), cfg, A("cancelled"), 4, held, 0, 0, A("false"), [])
+    replay, notes = load_state(_v8_state(buckets, [packed(7, 1)], {40: con}), 8, None, lambda i, m: 4)
+    assert replay.delivery_limit == 3 and not notes
+    assert replay.consumers[40].checked_out[3].failed == 2 and replay.consumers[40].credit == 0
+    assert [m.idx for m in replay.remaining()] == [7, 4, 5, 11, 10, 12]
+
+
+def test_snapshot_state_refuses_what_it_does_not_know():
+    from rbak.offline.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.fifo_snapshot import SnapshotStateError, load_state
+
+    with pytest.raises(SnapshotStateError):
+        load_state((A("rabbit_fifo"), 1, 2), 8, None, lambda i, m: 4)
+    bad = _v8_state({27: (1, [], [(A("not"), A("a"), A("ref"))])}, [], {})
+    with pytest.raises(SnapshotStateError, match="messages"):
+        load_state(bad, 8, None, lambda i, m: 4)
