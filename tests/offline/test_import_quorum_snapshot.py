@@ -161,3 +161,23 @@ def test_snapshot_state_refuses_what_it_does_not_know():
     bad = _v8_state({27: (1, [], [(A("not"), A("a"), A("ref"))])}, [], {})
     with pytest.raises(SnapshotStateError, match="messages"):
         load_state(bad, 8, None, lambda i, m: 4)
+
+
+@pytest.mark.slow
+def test_half_written_newer_snapshot_falls_back_as_ra_does(shared_root, tmp_path):
+    """A node killed while writing a snapshot leaves a newer directory that does not validate: Ra
+    recovers from the older one (its log is still there), and so does the import."""
+    sc = scenario("qsnap-kill-4.3", shared_root)
+    copy = tmp_path / "node"
+    shutil.copytree(sc.data_dir, copy)
+    snap = assert_compacted(copy)
+    data = Path(snap.path).read_bytes()
+    term_hex, idx_hex = Path(snap.path).parent.name.split("_")
+    newer = Path(snap.path).parent.parent / f"{term_hex}_{int(idx_hex, 16) + 5:0{len(idx_hex)}X}"
+    newer.mkdir()
+    (newer / "snapshot.dat").write_bytes(data[: len(data) // 2])
+    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "f1", types={"quorum"})
+    assert not res.ctx.skipped
+    assert any("recovered from the older snapshot" in n and str(newer) in n for n in res.ctx.notes), res.ctx.notes
+    _m, got = read_backup(f"file://{tmp_path}/b", "f1")
+    _same(got[KEY], sc.quorum[KEY], KEY)

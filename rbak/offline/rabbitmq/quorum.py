@@ -203,12 +203,9 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
     ctx.queue = f"quorum queue {s.name!r} in vhost {s.vhost!r}"
     try:
         entries = log.entries
-        snap = None
-        if ra_log.has_snapshot(s.path):
-            snap = ra_log.latest_snapshot(s.path, ctx)
-            if snap is None:  # damaged, and --skip-damaged recorded it
-                ctx.note(f"{ctx.queue}: skipped (its newest Ra snapshot is damaged)")
-                return
+        snap, usable = _pick_snapshot(s, entries, ctx)
+        if not usable:
+            return
         if not entries and snap is None:
             return
         start = snap.index + 1 if snap else 1
@@ -272,6 +269,37 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             yield to_record(sm, s.vhost, s.name, m.idx, backed_up_at)
     finally:
         ctx.queue = None
+
+
+def _follows(entries: dict, idx: int) -> bool:
+    """Whether the log holds every entry after ``idx`` (none at all counts)."""
+    after = sorted(i for i in entries if i > idx)
+    return not after or (after[0] == idx + 1 and after[-1] - after[0] + 1 == len(after))
+
+
+def _pick_snapshot(s: QuorumServer, entries: dict, ctx: ImportContext) -> tuple[ra_log.Snapshot | None, bool]:
+    """The snapshot to start from, as ``ra_snapshot:find_snapshots`` picks it: the newest that
+    validates. An older one stands in only while the log after it is complete (a node killed while
+    writing a new snapshot: Ra drops the log only once the new one is written). Else the newest's
+    damage is reported; ``(None, False)``: skip the queue."""
+    files = ra_log.snapshot_files(s.path)
+    problem = None
+    for i, f in enumerate(files):
+        probe = ImportContext(skip_damaged=True)
+        snap = ra_log.read_snapshot(f, probe)
+        if snap is None:
+            problem = problem or probe.skipped[0]
+            continue
+        if i and not _follows(entries, snap.index):
+            break
+        if problem is not None:
+            ctx.note(f"{ctx.queue}: {problem}; recovered from the older snapshot {f}, as Ra's recovery does")
+        return snap, True
+    if problem is None:
+        return None, True
+    ctx.damaged(problem.path, problem.offset, problem.reason)
+    ctx.note(f"{ctx.queue}: skipped (its newest Ra snapshot is damaged)")
+    return None, False
 
 
 def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ctx: ImportContext) -> FifoReplay | None:

@@ -240,34 +240,21 @@ def _atom(name: str):
     return Atom(name)
 
 
-def _snapshot_dir_index(name: str) -> int:
-    """``<term hex>_<index hex>`` (``ra_snapshot:make_snapshot_dir``) -> index; -1 when not that shape."""
-    t, _, i = name.partition("_")
-    try:
-        int(t, 16)
-        return int(i, 16)
-    except ValueError:
-        return -1
+def snapshot_files(server_dir: str) -> list[str]:
+    """The server's ``snapshots/<term hex>_<index hex>/snapshot.dat`` files, in the order Ra's
+    recovery tries them (``ra_snapshot:find_snapshots``: names reverse-sorted, newest first)."""
+    root = os.path.join(server_dir, "snapshots")
+    if not os.path.isdir(root):
+        return []
+    names = sorted((d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "snapshot.dat"))),
+                   reverse=True)
+    return [os.path.join(root, d, "snapshot.dat") for d in names]
 
 
 def latest_snapshot(server_dir: str, ctx: ImportContext) -> Snapshot | None:
-    """The server's newest snapshot (``snapshots/<term>_<index>/snapshot.dat``), the one Ra recovers
-    from. A damaged one is reported (``ctx.damaged``) and None returned: an older snapshot is not
-    a substitute, as the log before the newest one may be gone."""
-    root = os.path.join(server_dir, "snapshots")
-    if not os.path.isdir(root):
-        return None
-    dirs = [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "snapshot.dat"))]
-    if not dirs:
-        return None
-    newest = max(dirs, key=lambda d: (_snapshot_dir_index(d), d))
-    return read_snapshot(os.path.join(root, newest, "snapshot.dat"), ctx)
-
-
-def has_snapshot(server_dir: str) -> bool:
-    root = os.path.join(server_dir, "snapshots")
-    return os.path.isdir(root) and any(os.path.isfile(os.path.join(root, d, "snapshot.dat"))
-                                       for d in os.listdir(root))
+    """The newest snapshot, read (a damaged one is reported through ``ctx`` and None returned)."""
+    files = snapshot_files(server_dir)
+    return read_snapshot(files[0], ctx) if files else None
 
 
 def wal_files(system_dir: str) -> list[str]:
