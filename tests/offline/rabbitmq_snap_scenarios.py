@@ -50,24 +50,29 @@ def _take(ch, n: int) -> list[int]:
 
 
 def _churn(node: PrivateNode, n: int) -> None:
-    """Publish and settle ``n`` messages: settled data is what lets Ra snapshot and compact."""
+    """Publish and settle ``n`` messages in batches, a consumer attached throughout (so a snapshot
+    taken meanwhile holds it with messages checked out, settled by msg id after the snapshot).
+    Settled data is what lets Ra snapshot and compact."""
     conn = node.connect("/")
     pub = conn.channel()
     pub.confirm_delivery()
     c = node.connect("/")
     ch = c.channel()
-    ch.basic_qos(prefetch_count=500)
+    ch.basic_qos(prefetch_count=300)
+    deliveries = ch.consume(QUEUE, inactivity_timeout=5)
     blob = b"c" * 1000
-    for i in range(n):
-        pub.basic_publish("", QUEUE, blob + str(i).encode(), pika.BasicProperties(delivery_mode=2))
     got = 0
-    for method, _p, body in ch.consume(QUEUE, inactivity_timeout=5):
-        assert method is not None, "churn consumer got too few messages"
-        got += 1
-        if got % 100 == 0 or got == n:
-            ch.basic_ack(method.delivery_tag, multiple=True)
-        if got == n:
-            break
+    for start in range(0, n, 500):
+        end = min(n, start + 500)
+        for i in range(start, end):
+            pub.basic_publish("", QUEUE, blob + str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        while got < end:
+            method, _p, _b = next(deliveries)
+            assert method is not None, "churn consumer got too few messages"
+            got += 1
+            if got % 100 == 0 or got == n:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+    ch.cancel()
     c.close()
     conn.close()
 
