@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pika
 
-from rabbitmq_private import PrivateNode
+from rabbitmq_private import PrivateNode, raw_field_values
 from rabbitmq_qs_scenarios import QsScenario, _body, _publish, reference
 from rabbitmq_scenarios import BUILDERS, VERSIONS
 
@@ -130,3 +130,44 @@ for _name, _version, _kill in (("qsnap-3.10", "3.10", False),
     BUILDERS[_name] = lambda base, n=_name, v=_version, k=_kill: build(n, v, base, k)
     VERSIONS[_name] = _version
 _ = _body
+
+
+def build_ttl(name: str, version: str, base: Path) -> QsScenario:
+    """Quorum queues where messages expired while the node ran (provable from the log: rabbit_fifo
+    drops an expired message when a later command's checkout reaches it) and others that had not."""
+    node = PrivateNode(version, base).start()
+    sc = QsScenario(name, version, node.data_dir)
+    try:
+        conn = node.connect("/")
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("qq-ttl", durable=True, arguments={"x-queue-type": "quorum", "x-message-ttl": 10_000})
+        ch.queue_declare("qq-exp", durable=True, arguments={"x-queue-type": "quorum"})
+        with raw_field_values():
+            for i in range(10):
+                ch.basic_publish("", "qq-ttl", f"gone-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+            # Per-message TTL: only a message at the head is expired; a live one in front shields the rest.
+            for i, exp in enumerate(["1500", None, "1500", "1500", "600000", "1500"]):
+                ch.basic_publish("", "qq-exp", f"e-{i}".encode(),
+                                 pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"e{i}"))
+        time.sleep(11)
+        # The survivors' TTL outlasts the reference read (3 s idle), whose closing returns them: had
+        # they expired by then, the broker would drop them on that return, and the queue at stop
+        # would no longer be what the reference saw.
+        for i in range(5):
+            ch.basic_publish("", "qq-ttl", f"kept-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        ch.basic_publish("", "qq-exp", b"e-late", pika.BasicProperties(delivery_mode=2, message_id="late"))
+        conn.close()
+        for q in ("qq-ttl", "qq-exp"):
+            sc.quorum[("/", q)] = reference(node, "/", q, False)
+        time.sleep(1)
+        node.stop()
+    except BaseException:
+        node.cleanup()
+        raise
+    return sc
+
+
+for _version in ("3.10", "4.0", "4.3"):
+    BUILDERS[f"qttl-{_version}"] = lambda base, n=f"qttl-{_version}", v=_version: build_ttl(n, v, base)
+    VERSIONS[f"qttl-{_version}"] = _version

@@ -70,18 +70,25 @@ def _pqueue_items(q: Any) -> list:
     raise SnapshotStateError("service_queue: not a priority_queue")
 
 
-def msg_ref(m: Any, what: str) -> tuple[int, int]:
-    """A state's message -> (raft index, failed deliveries so far)."""
+def msg_ref(m: Any, what: str, priority: int = 4) -> Msg:
+    """A state's message -> Msg (raft index, failed deliveries so far, expiry)."""
     if isinstance(m, int) and not isinstance(m, bool):
-        return m & PACKED_IDX_MAX, 0
+        return Msg(m & PACKED_IDX_MAX, m & PACKED_IDX_MAX, priority)
+    expiry = None
     if isinstance(m, ImproperList) and m.items and isinstance(m.items[0], int):
-        idx, header = m.items[0], (m.tail if len(m.items) == 1 else None)  # [Idx, Size | Expiry]
+        idx, header = m.items[0], m.tail
+        if len(m.items) == 2:  # [Idx, Size | Expiry]
+            header, expiry = None, m.tail
     elif isinstance(m, list) and m and isinstance(m[0], int):
         idx, header = m[0], None
     else:
         raise SnapshotStateError(f"{what}: not a message reference {m!r:.80}")
-    failed = header.get(Atom("delivery_count"), 0) if isinstance(header, dict) else 0
-    return idx, failed if isinstance(failed, int) else 0
+    failed = 0
+    if isinstance(header, dict):
+        failed = header.get(Atom("delivery_count"), 0)
+        expiry = header.get(Atom("expiry"))
+    return Msg(idx, idx, priority, failed if isinstance(failed, int) else 0,
+               expiry if isinstance(expiry, int) else None)
 
 
 def _ready(messages: Any, mv: int) -> Ready:
@@ -89,15 +96,13 @@ def _ready(messages: Any, mv: int) -> Ready:
     if mv < 4 and isinstance(messages, tuple) and messages and isinstance(messages[0], int):
         ready.mode = "fifo"  # versions 2-3 (3.10-3.13): one lqueue
         for m in _lqueue_items(messages, "messages"):
-            idx, failed = msg_ref(m, "messages")
-            ready.push(Msg(idx, idx, 4, failed), 0)
+            ready.push(msg_ref(m, "messages"), 0)
         return ready
     if isinstance(messages, tuple) and len(messages) == 5 and _is(messages[0], "rabbit_fifo_q"):
         ready.mode = "q"
         for level, half in ((1, messages[1]), (0, messages[2])):
             for m in _queue_items(half, "messages"):
-                idx, failed = msg_ref(m, "messages")
-                ready.push(Msg(idx, idx, 9 if level else 4, failed), level)
+                ready.push(msg_ref(m, "messages", 9 if level else 4), level)
         ready.counter = messages[4] if isinstance(messages[4], int) else 0
         return ready
     if isinstance(messages, tuple) and len(messages) == 4 and _is(messages[0], "pq") \
@@ -108,8 +113,7 @@ def _ready(messages: Any, mv: int) -> Ready:
             if not (isinstance(key, int) and 0 <= key <= 31 and isinstance(b, tuple) and len(b) == 3):
                 raise SnapshotStateError(f"messages: bucket {key!r} is not {{Count, In, Out}}")
             for m in _queue_items((b[1], b[2]), "messages"):
-                idx, failed = msg_ref(m, "messages")
-                ready.push(Msg(idx, idx, 31 - key, failed), 31 - key)
+                ready.push(msg_ref(m, "messages", 31 - key), 31 - key)
         return ready
     raise SnapshotStateError("messages: neither a rabbit_fifo_q nor a rabbit_fifo_pq state")
 
@@ -134,8 +138,7 @@ def _consumer(key: Any, c: Any, mv: int) -> Consumer:
         m = checked[mid]
         if mv >= 8 and isinstance(m, tuple) and len(m) == 2:
             m = m[1]  # {LockExpiry, Msg}
-        idx, failed = msg_ref(m, "checked_out")
-        con.checked_out[mid] = Msg(idx, idx, 4, failed)
+        con.checked_out[mid] = msg_ref(m, "checked_out")
     base = status[1] if isinstance(status, tuple) and len(status) == 2 else status
     if _is(base, "cancelled"):  # as a cancel in the replay: keeps what it holds, takes nothing new
         con.credit, con.prefetch = 0, None
@@ -151,9 +154,8 @@ def _delayed(d: Any) -> list[Msg]:
     def walk(node: Any) -> None:
         if isinstance(node, tuple) and len(node) == 4:
             walk(node[2])
-            idx, failed = msg_ref(node[1], "delayed")
-            k = node[0]
-            out.append(((k.items[0], k.tail) if isinstance(k, ImproperList) else (0, idx), Msg(idx, idx, 4, failed)))
+            m, k = msg_ref(node[1], "delayed"), node[0]
+            out.append(((k.items[0], k.tail) if isinstance(k, ImproperList) else (0, m.idx), m))
             walk(node[3])
 
     tree = d[1]
@@ -166,20 +168,21 @@ def _key_order(k: Any) -> tuple:
     return (0, k, "") if isinstance(k, int) else (1, 0, repr(k))
 
 
-def load_state(state: Any, machine_version: int, delivery_limit: int | None, priority_of) -> tuple[FifoReplay, list[str]]:
+def load_state(state: Any, machine_version: int, delivery_limit: int | None, priority_of,
+               ttl_of=None) -> tuple[FifoReplay, list[str]]:
     """A replay positioned at the snapshot, plus notes on what the state held that is not exported."""
     if not (isinstance(state, tuple) and len(state) >= 15 and _is(state[0], "rabbit_fifo")):
         raise SnapshotStateError("machine state is not a #rabbit_fifo{} record")
     if machine_version < 2:
         raise SnapshotStateError(f"machine version {machine_version} snapshots (message bodies inside the "
                                  "state) are not supported")
-    cfg = state[1]
-    if isinstance(cfg, tuple) and len(cfg) > 10 and _is(cfg[0], "cfg") and isinstance(cfg[10], int):
-        delivery_limit = cfg[10]
-    replay = FifoReplay(machine_version, priority_of, delivery_limit)
+    cfg, msg_ttl = state[1], None
+    if isinstance(cfg, tuple) and len(cfg) > 12 and _is(cfg[0], "cfg"):
+        delivery_limit = cfg[10] if isinstance(cfg[10], int) else delivery_limit
+        msg_ttl = cfg[12] if isinstance(cfg[12], int) else None
+    replay = FifoReplay(machine_version, priority_of, delivery_limit, ttl_of, msg_ttl)
     replay.ready = _ready(state[2], machine_version)
-    replay.returns = deque(Msg(i, i, 4, f) for i, f in (msg_ref(m, "returns")
-                                                         for m in _lqueue_items(state[4], "returns")))
+    replay.returns = deque(msg_ref(m, "returns") for m in _lqueue_items(state[4], "returns"))
     consumers = state[9]
     if not isinstance(consumers, dict):
         raise SnapshotStateError("consumers: not a map")

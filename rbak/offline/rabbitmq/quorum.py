@@ -32,6 +32,7 @@ from .rabbit_fifo import FifoReplay
 
 _RESOURCE = re.compile(rb"queue_resource\s*=>\s*\{resource,\s*(<<.*?>>),\s*queue,\s*(<<.*?>>)\s*\}", re.S)
 _MACVER = re.compile(rb"initial_machine_version\s*=>\s*(\d+)")
+_TTL = re.compile(rb"msg_ttl\s*=>\s*(\d+|undefined)")
 _LIMIT = re.compile(rb"delivery_limit\s*=>\s*(\d+|undefined)")
 _MEMBERS = re.compile(rb"initial_members\s*=>\s*\[(.*?)\]", re.S)
 _ID = re.compile(rb"\bid\s*=>\s*(\{[^}]*\})")
@@ -79,6 +80,7 @@ class QuorumServer:
     name: str | None = None
     machine_version: int = 0
     delivery_limit: int | None = None
+    msg_ttl: int | None = None
     members: int = 1
     self_id: bytes = b""
 
@@ -99,6 +101,9 @@ def read_config(path: str, s: QuorumServer) -> None:
     lim = _LIMIT.search(text)
     if lim is not None and lim.group(1) != b"undefined":
         s.delivery_limit = int(lim.group(1))
+    ttl = _TTL.search(text)
+    if ttl is not None and ttl.group(1) != b"undefined":
+        s.msg_ttl = int(ttl.group(1))
     mem = _MEMBERS.search(text)
     if mem is not None:
         s.members = max(1, mem.group(1).count(b"{"))
@@ -238,7 +243,12 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             p = m.properties.priority if m else None
             return p if isinstance(p, int) else 4
 
-        replay = _start(s, snap, priority, ctx)
+        def ttl(idx: int, msg: Any) -> int | None:
+            m = decoded(idx, msg)
+            e = m.properties.expiration if m else None
+            return int(e) if isinstance(e, str) and e.isdigit() else None
+
+        replay = _start(s, snap, priority, ttl, ctx)
         if replay is None:
             return
         bodies: dict[int, Any] = {}
@@ -302,13 +312,13 @@ def _pick_snapshot(s: QuorumServer, entries: dict, ctx: ImportContext) -> tuple[
     return None, False
 
 
-def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ctx: ImportContext) -> FifoReplay | None:
+def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ttl, ctx: ImportContext) -> FifoReplay | None:
     """A replay at the log's start, or at the snapshot with its machine state loaded."""
     if snap is None:
-        return FifoReplay(s.machine_version, priority, s.delivery_limit)
+        return FifoReplay(s.machine_version, priority, s.delivery_limit, ttl, s.msg_ttl)
     try:
         state = binary_to_term(snap.state_bytes)
-        replay, notes = load_state(state, snap.machine_version, s.delivery_limit, priority)
+        replay, notes = load_state(state, snap.machine_version, s.delivery_limit, priority, ttl)
     except TermError as e:
         ctx.damaged(snap.path, snap.state_at + e.offset, f"snapshot machine state: {e}; queue skipped")
         return None
