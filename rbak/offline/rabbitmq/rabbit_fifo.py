@@ -21,8 +21,12 @@ msg ids count up per consumer, which is how settles name messages.
 At stop every message not settled or discarded is still the queue's:
 messages checked out by consumers that were alive go back when those
 consumers are found dead on restart (in consumer, then msg id, order).
-Message TTL, length limits and dead-letter targets are not evaluated
-(messages past them are still exported); delivery-limit drops are.
+Expiry is replayed as ``expire_msgs`` applies it: each message's expiry is
+its enqueue command's ``ts`` plus min(queue ``msg_ttl``, its own TTL), and
+the next message to deliver is dropped at each checkout round once the
+current command's ``ts`` reaches it. Length limits and dead-letter targets
+are not evaluated (messages past them are still exported); delivery-limit
+drops are.
 """
 
 from __future__ import annotations
