@@ -223,6 +223,7 @@ class FifoReplay:
                     self.service.remove(c.key)
             return
         if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
+            self._expire()  # a basic.get goes through checkout_one, which expires first
             m = self._take()
             if m is not None and isinstance(spec[1:2], tuple) and len(spec) > 1 and _is(spec[1], "unsettled"):
                 c = self._consumer(cid) or self._add_consumer(cid, idx, 0, None, 0)
