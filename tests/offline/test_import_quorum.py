@@ -16,10 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.require import require_that
-from support.private_node import chroot_ready  # noqa: E402
 from support.node_qs_scenarios import _body  # noqa: E402
-from support.node_scenarios import get_scenario  # noqa: E402
 
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
@@ -28,23 +25,9 @@ from rbak.offline.rabbitmq.quorum import erlang_binary_literal  # noqa: E402
 from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
 
-DELIVERY_HEADERS = {"x-delivery-count", "x-acquired-count"}
-
-
-def scenario(name: str, root: Path):
-    version = name.rsplit("-", 1)[1]
-    if version.startswith("4"):
-        require_that(chroot_ready(version))
-    return get_scenario(name, root)
-
-
-def _same(recs, refs, key):
-    assert [r.body for r in recs] == [f.body for f in refs], key
-    for i, (r, f) in enumerate(zip(recs, refs)):
-        assert (r.exchange, r.routing_key) == (f.exchange, f.routing_key), (key, i)
-        assert r.properties == f.properties, (key, i, r.properties, f.properties)
-        assert dict(r.headers) == {k: v for k, v in f.headers if k not in DELIVERY_HEADERS}, (key, i)
-        assert (r.source_vhost, r.source_queue) == key and not r.redelivered
+from support.node_qs_scenarios import DELIVERY_HEADERS  # noqa: E402,F401
+from support.node_qs_scenarios import assert_same_records as _same  # noqa: E402
+from support.node_qs_scenarios import versioned_scenario as scenario  # noqa: E402
 
 
 @pytest.mark.slow

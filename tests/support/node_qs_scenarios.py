@@ -17,8 +17,9 @@ from pathlib import Path
 import pika
 
 import rbak.backup.convert as convert  # keeps each delivery's raw property bytes (exact header types)
-from support.private_node import PrivateNode, raw_field_values
-from support.node_scenarios import ALL_HEADERS_PUB, VHOST2, pattern
+from support.require import require_that
+from support.private_node import PrivateNode, chroot_ready, raw_field_values
+from support.node_scenarios import ALL_HEADERS_PUB, VHOST2, get_scenario, pattern
 
 #: Decimal headers make 4.x's 0-9-1 -> AMQP 1.0 conversion close the connection; leave them out.
 STREAM_HEADERS_PUB = {k: v for k, v in ALL_HEADERS_PUB.items() if k != "D"}
@@ -174,3 +175,24 @@ def build(name: str, version: str, base: Path, kill: bool = False) -> QsScenario
         node.cleanup()
         raise
     return sc
+
+
+DELIVERY_HEADERS = {"x-delivery-count", "x-acquired-count"}
+
+
+def versioned_scenario(name: str, root: Path):
+    """A quorum/stream scenario; a 4.x one needs its chroot."""
+    version = name.rsplit("-", 1)[1]
+    if version.startswith("4"):
+        require_that(chroot_ready(version))
+    return get_scenario(name, root)
+
+
+def assert_same_records(recs, refs, key):
+    """Imported records equal a live consumer's reference (delivery-count headers aside)."""
+    assert [r.body for r in recs] == [f.body for f in refs], key
+    for i, (r, f) in enumerate(zip(recs, refs)):
+        assert (r.exchange, r.routing_key) == (f.exchange, f.routing_key), (key, i)
+        assert r.properties == f.properties, (key, i, r.properties, f.properties)
+        assert dict(r.headers) == {k: v for k, v in f.headers if k not in DELIVERY_HEADERS}, (key, i)
+        assert (r.source_vhost, r.source_queue) == key and not r.redelivered

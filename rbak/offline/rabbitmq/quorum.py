@@ -7,11 +7,12 @@ the Ra server config as text), else from the ``update_config`` command in its
 log. ``meta.dets`` keeps each server's current term, vote and last applied
 index (one ``{UId, Term, VotedFor, LastApplied}`` term per server).
 
-The content is rebuilt by replaying the log from its first entry
-(``rabbit_fifo.FifoReplay``). A log Ra has compacted into a snapshot no
-longer holds the commands from its start; the machine state in the snapshot
-is not decoded yet, so such a queue is reported (``--skip-damaged`` lists and
-skips it) instead of being exported wrong.
+The content is rebuilt as Ra recovers a server: from the newest snapshot
+(its ``rabbit_fifo`` state decoded by ``fifo_snapshot``) or else the log's
+first entry, then replaying every later entry (``rabbit_fifo.FifoReplay``).
+A snapshot's messages are references; their bodies are read from the
+entries at those indexes (Ra keeps them). A damaged newest snapshot is
+reported with file and offset (``--skip-damaged`` skips the queue).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from ..damage import ImportContext
 from ..erlang_terms import Atom, TermError, binary_to_term, decode
 from ..stored_message import MessageFormatError, message_from_term, to_record
 from . import ra_log
+from .fifo_snapshot import SnapshotStateError, load_state
 from .rabbit_fifo import FifoReplay
 
 _RESOURCE = re.compile(rb"queue_resource\s*=>\s*\{resource,\s*(<<.*?>>),\s*queue,\s*(<<.*?>>)\s*\}", re.S)
 _MACVER = re.compile(rb"initial_machine_version\s*=>\s*(\d+)")
+_TTL = re.compile(rb"msg_ttl\s*=>\s*(\d+|undefined)")
 _LIMIT = re.compile(rb"delivery_limit\s*=>\s*(\d+|undefined)")
 _MEMBERS = re.compile(rb"initial_members\s*=>\s*\[(.*?)\]", re.S)
 _ID = re.compile(rb"\bid\s*=>\s*(\{[^}]*\})")
@@ -77,6 +80,7 @@ class QuorumServer:
     name: str | None = None
     machine_version: int = 0
     delivery_limit: int | None = None
+    msg_ttl: int | None = None
     members: int = 1
     self_id: bytes = b""
 
@@ -97,6 +101,9 @@ def read_config(path: str, s: QuorumServer) -> None:
     lim = _LIMIT.search(text)
     if lim is not None and lim.group(1) != b"undefined":
         s.delivery_limit = int(lim.group(1))
+    ttl = _TTL.search(text)
+    if ttl is not None and ttl.group(1) != b"undefined":
+        s.msg_ttl = int(ttl.group(1))
     mem = _MEMBERS.search(text)
     if mem is not None:
         s.members = max(1, mem.group(1).count(b"{"))
@@ -201,16 +208,17 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
     ctx.queue = f"quorum queue {s.name!r} in vhost {s.vhost!r}"
     try:
         entries = log.entries
-        if not entries:
+        snap, usable = _pick_snapshot(s, entries, ctx)
+        if not usable:
             return
-        idxs = sorted(entries)
-        first = idxs[0]
-        if first > 1:
-            snap = ra_log.latest_snapshot(s.path, ctx)
+        if not entries and snap is None:
+            return
+        start = snap.index + 1 if snap else 1
+        idxs = sorted(i for i in entries if i >= start)
+        if (idxs[0] if idxs else start) > start:
             where = snap.path if snap else s.path
-            ctx.damaged(where, None, f"the log starts at index {first}: Ra compacted it into a snapshot"
-                        f"{f' (index {snap.index})' if snap else ''}, and reading rabbit_fifo snapshots is not "
-                        "supported yet; queue skipped")
+            ctx.damaged(where, None, f"the log starts at index {idxs[0]}, not {start} (after "
+                        f"{'the snapshot' if snap else 'the beginning'}): entries are missing; queue skipped")
             return
         gaps = [b for a, b in zip(idxs, idxs[1:]) if b != a + 1]
         if gaps:
@@ -235,7 +243,14 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             p = m.properties.priority if m else None
             return p if isinstance(p, int) else 4
 
-        replay = FifoReplay(s.machine_version, priority, s.delivery_limit)
+        def ttl(idx: int, msg: Any) -> int | None:
+            m = decoded(idx, msg)
+            e = m.properties.expiration if m else None
+            return int(e) if isinstance(e, str) and e.isdigit() else None
+
+        replay = _start(s, snap, priority, ttl, ctx)
+        if replay is None:
+            return
         bodies: dict[int, Any] = {}
         for idx in idxs:
             _term, data, path, pos = entries[idx]
@@ -252,13 +267,86 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             ctx.note(f"{ctx.queue}: commands not replayed: "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(replay.unknown.items())))
         for m in replay.remaining():
-            sm = decoded(m.body_idx, bodies.get(m.body_idx))
+            body = bodies.get(m.body_idx)
+            if body is None:  # a message the snapshot refers to: its body is a live entry before it
+                body = _body_before(m.body_idx, entries, snap, ctx)
+                if body is None:
+                    continue
+            sm = decoded(m.body_idx, body)
             if not sm:
                 continue
             iq.exported += 1
             yield to_record(sm, s.vhost, s.name, m.idx, backed_up_at)
     finally:
         ctx.queue = None
+
+
+def _follows(entries: dict, idx: int) -> bool:
+    """Whether the log holds every entry after ``idx`` (none at all counts)."""
+    after = sorted(i for i in entries if i > idx)
+    return not after or (after[0] == idx + 1 and after[-1] - after[0] + 1 == len(after))
+
+
+def _pick_snapshot(s: QuorumServer, entries: dict, ctx: ImportContext) -> tuple[ra_log.Snapshot | None, bool]:
+    """The snapshot to start from, as ``ra_snapshot:find_snapshots`` picks it: the newest that
+    validates. An older one stands in only while the log after it is complete (a node killed while
+    writing a new snapshot: Ra drops the log only once the new one is written). Else the newest's
+    damage is reported; ``(None, False)``: skip the queue."""
+    files = ra_log.snapshot_files(s.path)
+    problem = None
+    for i, f in enumerate(files):
+        probe = ImportContext(skip_damaged=True)
+        snap = ra_log.read_snapshot(f, probe)
+        if snap is None:
+            problem = problem or probe.skipped[0]
+            continue
+        if i and not _follows(entries, snap.index):
+            break
+        if problem is not None:
+            ctx.note(f"{ctx.queue}: {problem}; recovered from the older snapshot {f}, as Ra's recovery does")
+        return snap, True
+    if problem is None:
+        return None, True
+    ctx.damaged(problem.path, problem.offset, problem.reason)
+    ctx.note(f"{ctx.queue}: skipped (its newest Ra snapshot is damaged)")
+    return None, False
+
+
+def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ttl, ctx: ImportContext) -> FifoReplay | None:
+    """A replay at the log's start, or at the snapshot with its machine state loaded."""
+    if snap is None:
+        return FifoReplay(s.machine_version, priority, s.delivery_limit, ttl, s.msg_ttl)
+    try:
+        state = binary_to_term(snap.state_bytes)
+        replay, notes = load_state(state, snap.machine_version, s.delivery_limit, priority, ttl)
+    except TermError as e:
+        ctx.damaged(snap.path, snap.state_at + e.offset, f"snapshot machine state: {e}; queue skipped")
+        return None
+    except SnapshotStateError as e:
+        ctx.damaged(snap.path, snap.state_at, f"snapshot machine state (machine version "
+                    f"{snap.machine_version}): {e}; queue skipped")
+        return None
+    for n in notes:
+        ctx.note(f"{ctx.queue}: {n}")
+    return replay
+
+
+def _body_before(idx: int, entries: dict, snap: ra_log.Snapshot | None, ctx: ImportContext) -> Any:
+    e = entries.get(idx)
+    if e is None:
+        ctx.damaged(snap.path if snap else "", None, f"index {idx}: a message the snapshot holds, but no "
+                    "segment or WAL file has its entry; message skipped")
+        return None
+    _t, data, path, pos = e
+    try:
+        body = _message_of(binary_to_term(data))
+    except TermError as err:
+        ctx.damaged(path, pos, f"index {idx}: not an Erlang term ({err}); message skipped")
+        return None
+    if body is None:
+        ctx.damaged(path, pos, f"index {idx}: the snapshot names it as a message, but the entry is no "
+                    "enqueue; message skipped")
+    return body
 
 
 def _message_of(cmd: Any) -> Any:

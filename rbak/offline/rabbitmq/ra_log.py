@@ -18,8 +18,14 @@ command):
   offset u32, length u32, crc32 u32; v2: offset u64), then the data. An all
   zero index record ends the index; an index going backwards drops the
   entries above it (a rewritten tail).
-- snapshot (``<server dir>/snapshots/<name>/snapshot.dat``): ``"RASN"``,
-  version 1, crc32 of the rest, meta size u32, meta term, machine state term.
+- snapshot (``<server dir>/snapshots/<term hex>_<index hex>/snapshot.dat``,
+  ``ra_log_snapshot.erl``): ``"RASN"``, version u8 = 1, crc32 u32 of
+  everything after it, meta size u32, meta (``term_to_binary`` of ``#{index,
+  term, cluster, machine_version}``), then ``term_to_binary`` of the machine
+  state. ``checkpoints/`` holds the same format (Ra promotes one to a
+  snapshot); recovery starts from the newest snapshot and replays the log
+  after it, so checkpoints are not needed here. Ra 3.x (4.3) writes an
+  ``indexes`` file beside it: the live indexes compaction keeps.
 
 A later write of an index replaces an earlier one (a new leader may rewrite
 a follower's tail), so the newest WAL file wins over segments and older WAL
@@ -38,6 +44,7 @@ from ..damage import ImportContext
 WAL_MAGIC = b"RAWA"
 SEG_MAGIC = b"RASG"
 SNAP_MAGIC = b"RASN"
+SNAP_VERSION = 1
 _WAL_FIRST = struct.Struct(">IH")
 _WAL_TAIL = struct.Struct(">IIQQ")  # adler32, length, idx, term
 _SEG_IDX = {1: struct.Struct(">QQIII"), 2: struct.Struct(">QQQII")}
@@ -184,33 +191,47 @@ class Snapshot:
     term: int
     meta: dict
     state_bytes: bytes  # term_to_binary of the machine state
+    state_at: int = 0  # byte offset of the state in the file
+    machine_version: int = 0
 
 
 def read_snapshot(path: str, ctx: ImportContext) -> Snapshot | None:
+    """One ``snapshot.dat``: every check Ra's own ``ra_log_snapshot`` makes (magic, version, CRC32 of
+    the rest, meta size), each failure reported with the file and byte offset."""
     from ..erlang_terms import TermError, binary_to_term
 
     with open(path, "rb") as f:
         data = f.read()
-    if data[:4] != SNAP_MAGIC or len(data) < 13:
+    if data[:4] != SNAP_MAGIC:
         ctx.damaged(path, 0, "not a Ra snapshot (no RASN header)")
         return None
-    (crc,) = struct.unpack_from(">I", data, 5)
-    if zlib.crc32(memoryview(data)[9:]) != crc:
-        ctx.damaged(path, 5, "snapshot fails its CRC32")
+    if len(data) < 13:
+        ctx.damaged(path, len(data), "snapshot header cut short (a truncated file)")
         return None
+    if data[4] != SNAP_VERSION:
+        ctx.damaged(path, 4, f"unknown Ra snapshot version {data[4]}")
+        return None
+    (crc,) = struct.unpack_from(">I", data, 5)
     (msize,) = struct.unpack_from(">I", data, 9)
+    if 13 + msize > len(data):
+        ctx.damaged(path, 13, f"snapshot meta of {msize} bytes runs past the end of the file (truncated)")
+        return None
+    if zlib.crc32(memoryview(data)[9:]) != crc:
+        ctx.damaged(path, 5, f"snapshot fails its CRC32 (file of {len(data)} bytes: truncated or damaged)")
+        return None
     try:
         meta = binary_to_term(data[13: 13 + msize])
     except TermError as e:
-        ctx.damaged(path, 13, f"snapshot meta: {e}")
+        ctx.damaged(path, 13 + e.offset, f"snapshot meta: {e}")
         return None
     if not isinstance(meta, dict):
         ctx.damaged(path, 13, "snapshot meta is not a map")
         return None
     idx = meta.get(_atom("index"))
     term = meta.get(_atom("term"))
+    mv = meta.get(_atom("machine_version"))
     return Snapshot(path, idx if isinstance(idx, int) else 0, term if isinstance(term, int) else 0, meta,
-                    data[13 + msize:])
+                    data[13 + msize:], 13 + msize, mv if isinstance(mv, int) else 0)
 
 
 def _atom(name: str):
@@ -219,19 +240,21 @@ def _atom(name: str):
     return Atom(name)
 
 
-def latest_snapshot(server_dir: str, ctx: ImportContext) -> Snapshot | None:
-    """The newest readable snapshot of a server (its ``snapshots/*/snapshot.dat``)."""
-    best = None
+def snapshot_files(server_dir: str) -> list[str]:
+    """The server's ``snapshots/<term hex>_<index hex>/snapshot.dat`` files, in the order Ra's
+    recovery tries them (``ra_snapshot:find_snapshots``: names reverse-sorted, newest first)."""
     root = os.path.join(server_dir, "snapshots")
     if not os.path.isdir(root):
-        return None
-    for d in sorted(os.listdir(root)):
-        p = os.path.join(root, d, "snapshot.dat")
-        if os.path.isfile(p):
-            s = read_snapshot(p, ctx)
-            if s is not None and (best is None or s.index > best.index):
-                best = s
-    return best
+        return []
+    names = sorted((d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "snapshot.dat"))),
+                   reverse=True)
+    return [os.path.join(root, d, "snapshot.dat") for d in names]
+
+
+def latest_snapshot(server_dir: str, ctx: ImportContext) -> Snapshot | None:
+    """The newest snapshot, read (a damaged one is reported through ``ctx`` and None returned)."""
+    files = snapshot_files(server_dir)
+    return read_snapshot(files[0], ctx) if files else None
 
 
 def wal_files(system_dir: str) -> list[str]:

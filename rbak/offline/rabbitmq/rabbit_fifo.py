@@ -21,8 +21,12 @@ msg ids count up per consumer, which is how settles name messages.
 At stop every message not settled or discarded is still the queue's:
 messages checked out by consumers that were alive go back when those
 consumers are found dead on restart (in consumer, then msg id, order).
-Message TTL, length limits and dead-letter targets are not evaluated
-(messages past them are still exported); delivery-limit drops are.
+Expiry is replayed as ``expire_msgs`` applies it: each message's expiry is
+its enqueue command's ``ts`` plus min(queue ``msg_ttl``, its own TTL), and
+the next message to deliver is dropped at each checkout round once the
+current command's ``ts`` reaches it. Length limits and dead-letter targets
+are not evaluated (messages past them are still exported); delivery-limit
+drops are.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Msg:
     body_idx: int  # raft index whose command holds the message body
     priority: int
     failed: int = 0  # delivery failures, for the delivery limit
+    expiry: int | None = None  # absolute ms: enqueue time + min(queue msg_ttl, message TTL)
 
 
 @dataclass(slots=True)
@@ -75,6 +80,18 @@ class Ready:
     def __len__(self) -> int:
         return sum(len(q) for q in self.buckets.values())
 
+    def peek(self) -> Msg | None:
+        """What ``pop`` would take, leaving the queue (and ``rabbit_fifo_q``'s counter) as it is."""
+        live = [p for p, q in self.buckets.items() if q]
+        if not live:
+            return None
+        if self.mode == "q":
+            hi, no = self.buckets.get(1), self.buckets.get(0)
+            if hi and no and self.counter == 2:
+                return hi[0] if hi[0].idx < no[0].idx else no[0]
+            return (hi or no)[0]
+        return self.buckets[max(live)][0]
+
     def pop(self) -> Msg | None:
         live = [p for p, q in self.buckets.items() if q]
         if not live:
@@ -95,8 +112,8 @@ class Ready:
 
 
 #: Commands that do not change which messages the queue holds or their order.
-_NO_EFFECT = frozenset({"register_enqueuer", "update_config", "garbage_collection", "nodeup", "nodedown",
-                        "purge_nodes", "eval_consumer_timeouts", "timeout", "consumer_timeout"})
+_NO_EFFECT = frozenset({"register_enqueuer", "garbage_collection", "nodeup", "nodedown",
+                        "purge_nodes", "eval_consumer_timeouts", "consumer_timeout"})
 
 
 def _is(x: Any, name: str) -> bool:
@@ -106,7 +123,8 @@ def _is(x: Any, name: str) -> bool:
 class FifoReplay:
     """Apply commands in log order; ``remaining()`` is the queue at the end, in delivery order."""
 
-    def __init__(self, machine_version: int, priority_of: Callable[[int, Any], int], delivery_limit: int | None):
+    def __init__(self, machine_version: int, priority_of: Callable[[int, Any], int], delivery_limit: int | None,
+                 ttl_of: Callable[[int, Any], int | None] | None = None, msg_ttl: int | None = None):
         self.mv = machine_version
         self.priority_of = priority_of  # (raft index, message term) -> priority
         self.delivery_limit = delivery_limit
@@ -116,6 +134,10 @@ class FifoReplay:
         self.by_cid: dict[Any, Any] = {}
         self.service: list[Any] = []  # consumer keys waiting for messages
         self.dropped = 0
+        self.expired = 0
+        self.ttl_of = ttl_of  # (raft index, message term) -> the message's own TTL in ms, or None
+        self.msg_ttl = msg_ttl  # the queue's x-message-ttl
+        self.ts = 0  # the current command's timestamp (the '$usr' meta's ts), as rabbit_fifo's RaCmdTs
         self.unknown: dict[str, int] = {}
 
     def set_version(self, mv: int) -> None:
@@ -134,6 +156,8 @@ class FifoReplay:
             return
         if not (isinstance(cmd, tuple) and len(cmd) >= 3 and _is(cmd[0], "$usr")):
             return  # Ra's own commands ('$ra_cluster_change', ...)
+        if isinstance(cmd[1], dict) and isinstance(ts := cmd[1].get(Atom("ts")), int):
+            self.ts = ts
         cmd = cmd[2]
         if not (isinstance(cmd, tuple) and cmd and isinstance(cmd[0], Atom)):
             return
@@ -148,7 +172,26 @@ class FifoReplay:
         self._checkout()
 
     def _enqueue_msg(self, idx: int, msg: Any) -> None:
-        self.ready.push(Msg(idx, idx, self.priority_of(idx, msg)))
+        self.ready.push(Msg(idx, idx, self.priority_of(idx, msg), expiry=self._expiry(idx, msg)))
+
+    def _expiry(self, idx: int, msg: Any) -> int | None:
+        """``maybe_set_msg_ttl``: min of the queue's and the message's TTL from the enqueue's time (0 -> +1 ms)."""
+        ttls = [t for t in (self.msg_ttl, self.ttl_of(idx, msg) if self.ttl_of else None) if t is not None]
+        if not ttls or not self.ts:
+            return None
+        return self.ts + (min(ttls) or 1)
+
+    def _c_update_config(self, idx: int, cmd: tuple) -> None:
+        conf = cmd[1] if len(cmd) > 1 and isinstance(cmd[1], dict) else {}
+        if Atom("msg_ttl") in conf:
+            t = conf[Atom("msg_ttl")]
+            self.msg_ttl = t if isinstance(t, int) else None
+        if Atom("delivery_limit") in conf:
+            d = conf[Atom("delivery_limit")]
+            self.delivery_limit = d if isinstance(d, int) and d >= 0 else None
+
+    def _c_timeout(self, idx: int, cmd: tuple) -> None:
+        """``{timeout, expire_msgs}`` and the like: only the checkout after it (which expires) matters."""
 
     def _c_enqueue(self, idx: int, cmd: tuple) -> None:
         if len(cmd) == 4:
@@ -180,6 +223,7 @@ class FifoReplay:
                     self.service.remove(c.key)
             return
         if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
+            self._expire()  # a basic.get goes through checkout_one, which expires first
             m = self._take()
             if m is not None and isinstance(spec[1:2], tuple) and len(spec) > 1 and _is(spec[1], "unsettled"):
                 c = self._consumer(cid) or self._add_consumer(cid, idx, 0, None, 0)
@@ -289,7 +333,7 @@ class FifoReplay:
         if c.prefetch is not None:
             c.credit += 1
         # Back into the ready queue at the requeue's own index, default priority (the body is in this command).
-        self.ready.push(Msg(idx, idx, 4, m.failed), self.ready.level(4))
+        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry), self.ready.level(4))
         self._serve(c)
 
     def _c_credit(self, idx: int, cmd: tuple) -> None:
@@ -314,8 +358,20 @@ class FifoReplay:
             return self.returns.popleft()
         return self.ready.pop()
 
+    def _expire(self) -> None:
+        """``expire_msgs``: drop the next message(s) to deliver whose expiry the command's time has reached."""
+        while True:
+            m = self.returns[0] if self.returns else self.ready.peek()
+            if m is None or m.expiry is None or self.ts < m.expiry:
+                return
+            self._take()
+            self.expired += 1
+
     def _checkout(self) -> None:
-        while self.service and (self.returns or len(self.ready)):
+        while True:
+            self._expire()  # checkout_one expires first, on every round
+            if not (self.service and (self.returns or len(self.ready))):
+                return
             key = self.service.pop(0)
             c = self.consumers.get(key)
             if c is None or c.credit <= 0:
