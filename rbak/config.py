@@ -31,6 +31,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from .errors import ConfigError
 
 MASK = "***"
+SCRATCH_VHOST_PREFIX = "rbak-drill"
 
 
 def doc_field(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None,
@@ -416,10 +417,26 @@ class EncryptionConfig(_Section):
 
 
 @dataclass(repr=False)
+class DrillConfig(_Section):
+    """Restore drills (`rbak drill`): restore a backup (default the newest complete one) into a fresh
+    scratch vhost, compare per-queue message counts and record hashes with the backup, delete the vhost."""
+
+    target: Optional[ConnectionConfig] = doc_field(None, "Broker the scratch vhost is created on; default "
+                                                   "`source` (else `target`). Its user needs the administrator tag.")
+    scratch_vhost_prefix: str = doc_field(SCRATCH_VHOST_PREFIX, "Scratch vhosts are named "
+                                          "`<prefix>-<backup id>-<random>` (letters, digits, `.`, `_`, `-`).")
+    read_timeout_secs: float = doc_field(10.0, "Reading messages back from a scratch queue stops after this long "
+                                         "without a delivery.", min=0.1, max=3600)
+    store_report: bool = doc_field(True, "Store the report next to the backup (`drills/<time>-<id>.json`, "
+                                   "a new object per drill).")
+
+
+@dataclass(repr=False)
 class Config(_Section):
     """A whole rbak configuration file."""
 
-    mode: Literal["backup", "restore"] = doc_field(None, "`backup` or `restore`.", required=True)
+    mode: Literal["backup", "restore", "drill"] = doc_field(None, "`backup`, `restore` or `drill` "
+                                                            "(`rbak drill` reads a config of any mode).", required=True)
     backup_id: Optional[str] = doc_field(None, "Backup id (letters, digits, `.`, `_`, `-`). Required for restore; "
                                          "a backup without one gets `backup-<UTC timestamp>`.")
     source: Optional[ConnectionConfig] = doc_field(None, "Broker to back up (required when `mode: backup`).")
@@ -431,6 +448,7 @@ class Config(_Section):
     metrics: MetricsConfig = doc_field(doc="Prometheus metrics.", factory=MetricsConfig)
     encryption: EncryptionConfig = doc_field(doc="Client-side encryption (rbak's extension of the format).",
                                              factory=EncryptionConfig)
+    drill: DrillConfig = doc_field(doc="Restore drills (`rbak drill`).", factory=DrillConfig)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -811,6 +829,13 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append("source: required when mode is backup")
     if cfg.mode == "restore" and cfg.target is None:
         errors.append("target: required when mode is restore")
+    if cfg.mode == "drill" and cfg.source is None and cfg.target is None and cfg.drill.target is None:
+        errors.append("drill.target: required when mode is drill and there is no source or target")
+    if cfg.drill.target is not None:
+        _check_connection(cfg.drill.target, "drill.target", errors)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", cfg.drill.scratch_vhost_prefix or ""):
+        errors.append(f"drill.scratch_vhost_prefix: {cfg.drill.scratch_vhost_prefix!r} must be 1-64 letters, digits, "
+                      "'.', '_' or '-', starting with a letter or digit")
     if cfg.source is not None:
         _check_connection(cfg.source, "source", errors)
     if cfg.target is not None:

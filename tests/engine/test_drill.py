@@ -1,0 +1,213 @@
+"""``rbak drill``: restore the newest complete backup into a scratch vhost, compare, always remove the vhost.
+
+Real backups made with ``rbak backup`` from a test vhost on each broker; the
+drill runs as a user would run it (``python -m rbak drill --config``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pika
+import pytest
+import yaml
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _backup_helpers import fast_publish  # noqa: E402
+from support.brokers import wait_until  # noqa: E402
+
+from rbak.keys import BackupLayout  # noqa: E402
+from rbak.storage import open_storage  # noqa: E402
+
+QUEUES = {"orders": "classic", "payments": "quorum", "events": "stream"}
+
+
+def rbak(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "rbak", *args], capture_output=True, text=True, timeout=300, **kw)
+    if check:
+        assert p.returncode == 0, p.stderr + p.stdout
+    return p
+
+
+def _config(broker, vhost: str, store, backup_id: str | None = None, **drill) -> dict:
+    cfg = {
+        "mode": "backup",
+        "source": {"amqp_url": broker.amqp_url(vhost), "management_url": broker.management_url,
+                   "queues": {"vhosts": [vhost]}},
+        "storage": {"backend": "filesystem", "path": str(store)},
+        "backup": {"include_definitions": False},
+        "offset_storage": {"path": str(store) + "-state/offsets.db", "sync_interval_secs": 0},
+    }
+    if backup_id:
+        cfg["backup_id"] = backup_id
+    if drill:
+        cfg["drill"] = drill
+    return cfg
+
+
+def _write(tmp_path, cfg: dict, name: str = "rbak.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _fill(broker, vhost: str, n: int = 40) -> dict[str, int]:
+    counts = {}
+    for q, qtype in QUEUES.items():
+        props = pika.BasicProperties(delivery_mode=2, content_type="text/plain", message_id=f"{q}-id",
+                                     correlation_id="c-1")
+        broker.publish(vhost, q, [f"{q}-{i}".encode() * (1 + i % 3) for i in range(n)], properties=props,
+                       declare={"x-queue-type": qtype})
+        counts[q] = n
+    return counts
+
+
+def _counts(broker, vhost: str) -> dict[str, int]:
+    return {q["name"]: broker.message_count(vhost, q["name"]) if q.get("type") != "stream" else -1
+            for q in broker.list_queues(vhost)}
+
+
+def _drill_vhosts(broker) -> set[str]:
+    return {v["name"] for v in broker.api("GET", "/api/vhosts") if v["name"].startswith("rbak-drill-")}
+
+
+def _backup(broker, vhost, tmp_path, backup_id: str) -> str:
+    store = tmp_path / "store"
+    cfg = _write(tmp_path, _config(broker, vhost, store, backup_id), f"backup-{backup_id}.yaml")
+    rbak("backup", "--config", cfg)
+    return str(store)
+
+
+def test_drill_passes_on_a_good_backup_and_leaves_no_scratch_vhost(broker, vhost, tmp_path):
+    _fill(broker, vhost)
+    before = _counts(broker, vhost)
+    store = _backup(broker, vhost, tmp_path, "b1")
+    _backup(broker, vhost, tmp_path, "b2")  # the newest complete one is drilled
+    cfg = _write(tmp_path, _config(broker, vhost, store))
+    existing = _drill_vhosts(broker)
+    p = rbak("drill", "--config", cfg, "--json")
+    rep = json.loads(p.stdout)
+    assert rep["passed"] is True and rep["result"] == "Passed" and rep["backup_id"] == "b2", rep
+    by = {q["queue"]: q for q in rep["queues"]}
+    assert set(by) == set(QUEUES)
+    for name, q in by.items():
+        assert q["expected_count"] == q["actual_count"] == 40 and q["hash_match"], q
+        assert q["queue_type"] == QUEUES[name]
+    assert rep["scratch_vhost"].startswith("rbak-drill-b2-") and rep["scratch_vhost"] != vhost
+    assert rep["scratch_vhost_removed"] and not broker.vhost_exists(rep["scratch_vhost"])
+    assert _drill_vhosts(broker) <= existing
+    assert _counts(broker, vhost) == before  # the source vhost is untouched
+    assert len(broker.read_stream(vhost, "events")) == 40
+    # the report is stored next to the backup, a new object per drill
+    st = open_storage(store)
+    rbak("drill", "--config", cfg, "--backup-id", "b1")
+    keys = sorted(st.list(BackupLayout("b2").drills_dir))
+    assert keys == [rep["report_key"]]
+    stored = orjson.loads(st.get(keys[0]))
+    assert stored["passed"] and stored["drill_id"] == rep["drill_id"]
+    assert len(list(st.list(BackupLayout("b1").drills_dir))) == 1
+
+
+def _manifest_path(store: str, backup_id: str):
+    from pathlib import Path
+
+    return Path(store) / backup_id / "manifest.json"
+
+
+def test_drill_finds_a_damaged_segment_and_names_the_queue(broker, vhost, tmp_path):
+    _fill(broker, vhost, 20)
+    store = _backup(broker, vhost, tmp_path, "dmg")
+    man = json.loads(_manifest_path(store, "dmg").read_text())
+    q = next(q for q in man["queues"] if q["name"] == "payments")
+    seg = _manifest_path(store, "dmg").parent.parent / q["segments"][0]["key"]
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    cfg = _write(tmp_path, _config(broker, vhost, store))
+    existing = _drill_vhosts(broker)
+    p = rbak("drill", "--config", cfg, "--backup-id", "dmg", "--json", check=False)
+    assert p.returncode == 1, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["passed"] is False and "'payments'" in rep["reason"] and "dmg" in rep["reason"]
+    by = {q["queue"]: q for q in rep["queues"]}
+    assert by["orders"]["passed"] and by["events"]["passed"] and not by["payments"]["passed"]
+    assert "payments" in p.stderr.strip().splitlines()[-1]
+    assert not broker.vhost_exists(rep["scratch_vhost"]) and _drill_vhosts(broker) <= existing
+
+
+def test_drill_finds_a_manifest_count_that_lies(broker, vhost, tmp_path):
+    _fill(broker, vhost, 15)
+    store = _backup(broker, vhost, tmp_path, "lie")
+    path = _manifest_path(store, "lie")
+    man = json.loads(path.read_text())
+    q = next(q for q in man["queues"] if q["name"] == "orders")
+    q["message_count"] += 1
+    man["total_messages"] += 1
+    path.write_text(json.dumps(man))
+    p = rbak("drill", "--config", _write(tmp_path, _config(broker, vhost, store)), "--json", check=False)
+    assert p.returncode == 1
+    rep = json.loads(p.stdout)
+    bad = [q for q in rep["queues"] if not q["passed"]]
+    assert [q["queue"] for q in bad] == ["orders"] and bad[0]["expected_count"] == 16, rep
+    assert "'orders'" in rep["reason"] and not broker.vhost_exists(rep["scratch_vhost"])
+
+
+def test_drill_failing_half_way_still_removes_the_scratch_vhost(broker, vhost, tmp_path):
+    """The management API answers (the vhost is created) but AMQP is unreachable: the drill fails, the vhost goes."""
+    _fill(broker, vhost, 5)
+    before = _counts(broker, vhost)
+    store = _backup(broker, vhost, tmp_path, "half")
+    cfg = _config(broker, vhost, store)
+    cfg["drill"] = {"target": {"amqp_url": "amqp://guest:guest@127.0.0.1:1/%2f",
+                               "management_url": broker.management_url, "connection_timeout_secs": 2}}
+    existing = _drill_vhosts(broker)
+    p = rbak("drill", "--config", _write(tmp_path, cfg), "--json", check=False)
+    assert p.returncode == 1
+    rep = json.loads(p.stdout)
+    assert rep["scratch_vhost"] and rep["scratch_vhost_removed"] and "half" in rep["reason"]
+    assert not broker.vhost_exists(rep["scratch_vhost"]) and _drill_vhosts(broker) <= existing
+    assert _counts(broker, vhost) == before
+
+
+def test_sigterm_during_a_drill_removes_the_scratch_vhost(rmq310, vhost_factory, tmp_path):
+    vhost = vhost_factory(rmq310)
+    fast_publish(rmq310, vhost, "big", (b"x" * 2000 for _ in range(20000)), declare={"x-queue-type": "classic"})
+    store = _backup(rmq310, vhost, tmp_path, "term")
+    existing = _drill_vhosts(rmq310)
+    cfg = _write(tmp_path, _config(rmq310, vhost, store, read_timeout_secs=60))
+    proc = subprocess.Popen([sys.executable, "-m", "rbak", "drill", "--config", cfg, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        made = wait_until(lambda: _drill_vhosts(rmq310) - existing, timeout=60, interval=0.05, what="scratch vhost")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out
+    assert not any(rmq310.vhost_exists(v) for v in made)
+    assert rmq310.message_count(vhost, "big") == 20000
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("scratch_vhost_prefix", "bad prefix!", "drill.scratch_vhost_prefix"),
+    ("read_timeout_secs", 0, "drill.read_timeout_secs"),
+    ("bogus", 1, "drill.bogus"),
+])
+def test_bad_drill_fields_are_named(tmp_path, field, value, needle):
+    cfg = {"mode": "drill", "storage": {"backend": "filesystem", "path": str(tmp_path / "s")},
+           "drill": {"target": {"amqp_url": "amqp://guest:guest@localhost:5672/%2f",
+                                "management_url": "http://localhost:15672"}, field: value}}
+    p = rbak("drill", "--config", _write(tmp_path, cfg), check=False)
+    assert p.returncode == 2 and needle in p.stderr, p.stderr
+
+
+def test_drill_mode_needs_a_broker(tmp_path):
+    cfg = {"mode": "drill", "storage": {"backend": "filesystem", "path": str(tmp_path / "s")}}
+    p = rbak("drill", "--config", _write(tmp_path, cfg), check=False)
+    assert p.returncode == 2 and "drill.target" in p.stderr, p.stderr
