@@ -211,3 +211,44 @@ def test_drill_mode_needs_a_broker(tmp_path):
     cfg = {"mode": "drill", "storage": {"backend": "filesystem", "path": str(tmp_path / "s")}}
     p = rbak("drill", "--config", _write(tmp_path, cfg), check=False)
     assert p.returncode == 2 and "drill.target" in p.stderr, p.stderr
+
+
+def test_drill_of_an_encrypted_backup_in_an_object_lock_bucket_writes_each_report_once(rmq310, vhost_factory,
+                                                                                       moto_s3, tmp_path):
+    """Write-once storage: each drill's report is a new locked object; nothing is rewritten. The drill
+    opens the encrypted segments with the configured keyring; without it, it fails naming the key id."""
+    import base64
+    import uuid
+
+    from support.s3 import S3Bucket, s3_client
+
+    vhost = vhost_factory(rmq310)
+    fast_publish(rmq310, vhost, "orders", [b"secret-%d" % i for i in range(50)], declare={})
+    bucket = S3Bucket(moto_s3, f"lock-{uuid.uuid4().hex[:12]}")
+    s3_client(moto_s3).create_bucket(Bucket=bucket.bucket, ObjectLockEnabledForBucket=True)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"k1: {base64.b64encode(os.urandom(32)).decode()}\n")
+    cfg = _config(rmq310, vhost, tmp_path / "unused", "enc-lock")
+    cfg["storage"] = {"backend": "s3", "bucket": bucket.bucket, "prefix": "locked", "endpoint": bucket.endpoint,
+                      "path_style": True, "region": "us-east-1", "object_lock_mode": "GOVERNANCE",
+                      "object_lock_retain_days": 1}
+    cfg["encryption"] = {"enabled": True, "key_id": "k1", "keys_file": str(keys)}
+    env = {k: v for k, v in os.environ.items() if k != "RBAK_ENCRYPTION_KEYS"}
+    rbak("backup", "--config", _write(tmp_path, cfg, "backup.yaml"), env=env)
+    del cfg["backup_id"]
+    path = _write(tmp_path, cfg)
+    reps = [json.loads(rbak("drill", "--config", path, "--json", env=env).stdout) for _ in range(2)]
+    assert all(r["passed"] and r["queues"][0]["actual_count"] == 50 and r["queues"][0]["hash_match"] for r in reps)
+    c = bucket.client()
+    vs = c.list_object_versions(Bucket=bucket.bucket, Prefix="locked/")
+    keys_written = [v["Key"] for v in vs.get("Versions", [])]
+    assert len(keys_written) == len(set(keys_written)) and not vs.get("DeleteMarkers")  # nothing rewritten
+    drills = sorted(k for k in keys_written if "/drills/" in k)
+    assert drills == sorted(r["report_key"] for r in reps) and len(drills) == 2
+    for k in drills:
+        assert c.head_object(Bucket=bucket.bucket, Key=k)["ObjectLockMode"] == "GOVERNANCE"
+    nokey = dict(cfg, encryption={})
+    p = rbak("drill", "--config", _write(tmp_path, nokey, "nokey.yaml"), "--json", env=env, check=False)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 1 and "k1" in rep["reason"] and "'orders'" in rep["reason"], rep
+    assert not rmq310.vhost_exists(rep["scratch_vhost"])
