@@ -29,14 +29,15 @@ import logging
 import secrets
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from .config import SCRATCH_VHOST_PREFIX
-from .errors import ConfigError, ManagementApiError, NotFoundError, RbakError
+from .errors import ConfigError, NotFoundError, RbakError
 from .format.manifest import BackupManifest, QueueBackup
 from .keys import DRILLS_DIR, BackupLayout, check_backup_id
 from .restore.options import RestoreOptions, TargetConnection
@@ -262,11 +263,17 @@ def _amqp_user(target: TargetConnection) -> str:
     return unquote(u.username) if u.username else (target.management_username or "guest")
 
 
-def _create_scratch(client: Any, name: str, avoid: set[str], options: DrillOptions) -> None:
+def _create_scratch(client: Any, name: str, avoid: set[str], options: DrillOptions,
+                    attempted: Callable[[], None]) -> None:
+    """Create the scratch vhost (never an existing or a source vhost) and let the run's users in.
+
+    ``attempted`` is called just before the PUT: from then on the vhost may exist (a signal may cut the
+    request after the broker made it), so the caller deletes it whatever happens next."""
     from .management import q
 
     if name in avoid or client.exists(f"vhosts/{q(name)}") is not None:
         raise DrillError(f"scratch vhost {name!r} already exists; refusing to use it")
+    attempted()
     client.request("PUT", f"vhosts/{q(name)}", {"description": "rbak restore drill (deleted when the drill ends)"})
     perm = {"configure": ".*", "write": ".*", "read": ".*"}
     for user in {client.username, _amqp_user(options.target)}:
@@ -277,7 +284,7 @@ def run_drill(storage: Storage, options: DrillOptions,
               on_scratch_created: Callable[[str], None] | None = None) -> DrillReport:
     """Restore a backup into a scratch vhost, compare it, delete the vhost; never raises for a failed
     check (the report says why), raises only for what stops the drill before a vhost exists."""
-    from .management import ManagementClient, q
+    from .management import ManagementClient
 
     t0 = time.monotonic()
     drill_id = options.drill_id or new_drill_id()
@@ -285,7 +292,7 @@ def run_drill(storage: Storage, options: DrillOptions,
     report = DrillReport(drill_id, backup_id, options.target.management_url,
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     client = ManagementClient.for_target(options.target)
-    created = False
+    created: list[bool] = []  # non-empty once the vhost PUT was sent
     try:
         ropts = RestoreOptions(backup_id=backup_id, prefix=options.prefix, target=options.target,
                                produce_batch_size=options.produce_batch_size, keys=options.keys)
@@ -294,8 +301,7 @@ def run_drill(storage: Storage, options: DrillOptions,
         manifest = load_complete_manifest(storage, ropts)
         sources = {qb.vhost for qb in manifest.queues}
         report.scratch_vhost = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
-        _create_scratch(client, report.scratch_vhost, sources, options)
-        created = True
+        _create_scratch(client, report.scratch_vhost, sources, options, lambda: created.append(True))
         if on_scratch_created is not None:
             on_scratch_created(report.scratch_vhost)
         _drill_queues(storage, manifest, ropts, options, report)
@@ -308,19 +314,34 @@ def run_drill(storage: Storage, options: DrillOptions,
         report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
     finally:
         if created:
-            try:
-                client.delete(f"vhosts/{q(report.scratch_vhost)}")
-            except ManagementApiError as e:
-                report.scratch_vhost_removed = False
-                report.passed = False
-                report.reason = (report.reason + "; " if report.reason else "") + (
-                    f"could not delete scratch vhost {report.scratch_vhost!r}: {e.args[0]}")
-                log.error("%s", report.reason)
+            _remove_scratch(client, report)  # a 404 (the PUT never landed) counts as removed
         client.close()
         report.duration_secs = time.monotonic() - t0
     if options.store_report:
         store_drill_report(storage, report, options.prefix)
     return report
+
+
+def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None:
+    """Delete the scratch vhost (its queues go with it); retried, and any failure recorded as the drill's."""
+    from .management import q
+
+    err: RbakError | None = None
+    path = f"vhosts/{q(report.scratch_vhost)}"
+    for _ in range(attempts):
+        try:
+            client.delete(path)
+            if client.exists(path) is None:  # an interrupted PUT may still land after the DELETE
+                return
+            err = DrillError("it still exists after DELETE")
+            time.sleep(0.2)
+        except RbakError as e:  # a management error, or a signal turned into one mid-request: try again
+            err = e
+    report.scratch_vhost_removed = False
+    report.passed = False
+    report.reason = (report.reason + "; " if report.reason else "") + (
+        f"could not delete scratch vhost {report.scratch_vhost!r}: {err.args[0] if err and err.args else err}")
+    log.error("%s", report.reason)
 
 
 def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOptions, options: DrillOptions,

@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
 
 
 def _raise_on_sigterm(signum: int, _frame: Any) -> None:
-    raise Terminated("terminated by SIGTERM; the scratch vhost was removed")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not interrupt the cleanup
+    raise Terminated("terminated by SIGTERM")
 
 
 def run(args: argparse.Namespace) -> int:

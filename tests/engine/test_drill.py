@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import orjson
 import pika
@@ -18,11 +17,11 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _backup_helpers import fast_publish  # noqa: E402
-from support.brokers import wait_until  # noqa: E402
+from _backup_helpers import fast_publish
+from support.brokers import wait_until
 
-from rbak.keys import BackupLayout  # noqa: E402
-from rbak.storage import open_storage  # noqa: E402
+from rbak.keys import BackupLayout
+from rbak.storage import open_storage
 
 QUEUES = {"orders": "classic", "payments": "quorum", "events": "stream"}
 
@@ -189,7 +188,9 @@ def test_sigterm_during_a_drill_removes_the_scratch_vhost(rmq310, vhost_factory,
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0, out
+    assert proc.returncode == 1, (out, err)
+    rep = json.loads(out)
+    assert "SIGTERM" in rep["reason"] and rep["scratch_vhost_removed"] and {rep["scratch_vhost"]} == made, rep
     assert not any(rmq310.vhost_exists(v) for v in made)
     assert rmq310.message_count(vhost, "big") == 20000
 

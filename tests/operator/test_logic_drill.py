@@ -10,13 +10,13 @@ from datetime import datetime, timedelta, timezone
 import kubernetes_validate
 import pytest
 import yaml
+from rbak_operator import bodies, drill
+from rbak_operator import resource_metrics as rm
+from rbak_operator.status import RunState
+from test_logic_bodies import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
 from rbak.config import Config
 from rbak.drill import options_from_config
-from rbak_operator import bodies, drill, resource_metrics as rm
-from rbak_operator.status import RunState
-
-from test_logic_bodies import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC  # noqa: E402
 
 DRILL_TARGET = {"amqpUrl": "amqp://staging.example.com:5672/%2f", "managementUrl": "http://staging.example.com:15672",
                 "credentialsSecretRef": {"name": "staging-admin"}}

@@ -11,13 +11,17 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-
+from opcluster import wait_for
 from rbak_operator.naming import manual_run_name
 from support.s3 import free_port
-
-from opcluster import wait_for
-from test_operator_e2e import Cluster, _damage_a_segment, create_backup, trigger, wait_run
-from test_operator_e2e import env  # noqa: F401 - the fixture
+from test_operator_e2e import (
+    Cluster,
+    _damage_a_segment,
+    create_backup,
+    env,  # noqa: F401 - the fixture
+    trigger,
+    wait_run,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
