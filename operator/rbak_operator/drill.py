@@ -153,6 +153,8 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, name = meta["namespace"], meta["name"]
     old = dict((body.get("status") or {}).get("restoreDrill") or {})
+    if not old and drill_spec(spec) is None:
+        return None  # drills never configured: not even a Job list per pass
     cur = dict(old)
     jobs = kube.list_jobs(ns, {bodies.L_DRILLS: naming.label_value(name)})
     states = {j["metadata"]["name"]: job_state(j) for j in jobs}

@@ -172,3 +172,36 @@ def test_reconcile_without_any_backup_skips_the_slot(monkeypatch):
     kube = _FakeKube()
     cur = drill.reconcile(kube, body, datetime(2026, 11, 22, 4, 5, 3, tzinfo=timezone.utc), lambda *a: None)
     assert not kube.created and (cur["result"], cur["reason"]) == ("Skipped", "NoBackup")
+
+
+def test_reconcile_records_a_finished_drill_once_and_then_stops_patching(monkeypatch):
+    body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    job = drill.drill_job(body, "nightly-drill-20261122-0400", "b1", [], SLOT)
+    job["status"] = {"startTime": "2026-11-22T04:00:01Z", "completionTime": "2026-11-22T04:00:20Z",
+                     "conditions": [{"type": "Complete", "status": "True"}]}
+    body["status"] = {"restoreDrill": {"active": "nightly-drill-20261122-0400",
+                                       "lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    report = {"passed": False, "reason": "backup 'b1': queue 'q' in vhost '/': expected 3 message(s), the scratch "
+              "queue gave back 2", "queues": [{"vhost": "/", "queue": "q", "passed": False, "actual_count": 2}]}
+    monkeypatch.setattr(drill, "_read_report", lambda kube, b, bid, jname: report if (bid, jname) == (
+        "b1", "nightly-drill-20261122-0400") else None)
+    events: list[tuple] = []
+    kube = _FakeKube([job])
+    now = datetime(2026, 11, 22, 4, 1, tzinfo=timezone.utc)
+    cur = drill.reconcile(kube, body, now, lambda *a: events.append(a[1:]))
+    assert cur["result"] == "Failed" and cur["reason"] == "DrillFailed" and "queue 'q'" in cur["message"]
+    assert cur["active"] is None  # cleared by the merge patch
+    assert events == [("Warning", "RestoreDrillFailed",
+                       "restore drill nightly-drill-20261122-0400 of backup b1 failed: " + report["reason"])]
+    body["status"]["restoreDrill"] = {k: v for k, v in cur.items() if v is not None}
+    again = drill.reconcile(kube, body, now + timedelta(seconds=10), lambda *a: events.append(a[1:]))
+    assert again == body["status"]["restoreDrill"] and len(events) == 1  # recorded once, nothing to patch
+
+
+def test_reconcile_without_drills_lists_nothing():
+    class _NoCalls:
+        def __getattr__(self, name):
+            raise AssertionError(f"unexpected API call {name}")
+
+    assert drill.reconcile(_NoCalls(), _owner(URL_SPEC), SLOT, lambda *a: None) is None
