@@ -51,5 +51,6 @@ def restore_drill_status_schema() -> dict[str, Any]:
             "lastScheduleTime": _s("last drill slot acted on", format="date-time"),
             "nextRunTime": _s("next drill slot", format="date-time"),
             "recordedJobs": _strlist("drill Jobs already recorded (newest last)"),
+            "lastManualTrigger": _s("value of the rbak.io/drill-now annotation last run"),
         },
     )

@@ -26,6 +26,7 @@ from .status import RunState, job_state
 log = logging.getLogger("rbak_operator")
 
 FIELD = "spec.verify.restoreDrill"
+TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill now
 KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
 
 
@@ -42,6 +43,12 @@ def drill_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
 def drill_run_name(backup_name: str, slot: datetime) -> str:
     """Job name == ConfigMap name == drill id of one slot (a second create of the slot gets 409)."""
     return naming.dns_label(f"{backup_name}-drill-{naming.slot_stamp(slot)}")
+
+
+def manual_run_name(backup_name: str, trigger_value: str) -> str:
+    import hashlib
+
+    return naming.dns_label(f"{backup_name}-drill-manual-{hashlib.sha256(trigger_value.encode()).hexdigest()[:8]}")
 
 
 def drill_labels(backup_name: str) -> dict[str, str]:
@@ -158,7 +165,10 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
     cur = dict(old)
     jobs = kube.list_jobs(ns, {bodies.L_DRILLS: naming.label_value(name)})
     states = {j["metadata"]["name"]: job_state(j) for j in jobs}
-    for j in sorted(jobs, key=lambda j: j["metadata"]["name"]):
+    def ended(n: str) -> tuple[str, str]:
+        return (fmt(states[n].end) or "~", n)  # by end time (manual and scheduled names do not sort by time)
+
+    for j in sorted(jobs, key=lambda j: ended(j["metadata"]["name"])):
         jname, st = j["metadata"]["name"], states[j["metadata"]["name"]]
         if not st.finished or jname in (cur.get("recordedJobs") or []):
             continue
@@ -172,7 +182,7 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
             event(body, "Normal", "RestoreDrillPassed", f"restore drill {jname} of backup {bid}: {res['message']}")
         else:
             event(body, "Warning", "RestoreDrillFailed", f"restore drill {jname} of backup {bid} failed: {res['message']}")
-    finished = sorted(n for n, s in states.items() if s.finished and n in (cur.get("recordedJobs") or []))
+    finished = sorted((n for n, s in states.items() if s.finished and n in (cur.get("recordedJobs") or [])), key=ended)
     for victim in finished[:-KEEP_JOBS]:
         kube.delete_job(ns, victim)
         kube.delete_configmap(ns, victim)
@@ -184,6 +194,10 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
     else:
         try:
             _schedule(kube, body, d, cur, now, active, event)
+            trigger = (meta.get("annotations") or {}).get(TRIGGER_ANNOTATION)
+            if trigger and trigger != cur.get("lastManualTrigger") and not cur.get("active"):
+                cur["lastManualTrigger"] = trigger
+                _start(kube, body, d, cur, manual_run_name(name, trigger), now, now, event)
         except RbakError as e:
             cur.update(result="Failed", reason="InvalidSpec", message=str(e)[:1000], lastRunTime=fmt(now))
     # None clears a field (merge patch) only where the status has it: an unchanged status is not re-patched
@@ -193,8 +207,6 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
 
 def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], now: datetime,
               active: list[str], event) -> None:
-    from .credentials import resolve_broker
-
     meta, spec = body["metadata"], body.get("spec") or {}
     sched = schedule.parse_schedule(d["schedule"], spec.get("timeZone"), f"{FIELD}.schedule")
     last = parse_time(cur["lastScheduleTime"]) if cur.get("lastScheduleTime") else None
@@ -210,16 +222,24 @@ def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str,
     if dec.action != "run":
         return
     cur["lastScheduleTime"] = fmt(dec.slot)
+    _start(kube, body, d, cur, drill_run_name(meta["name"], dec.slot), dec.slot, now, event)
+
+
+def _start(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], run: str, slot: datetime,
+           now: datetime, event) -> None:
+    """ConfigMap + Job of one drill (same name for the same slot or trigger: a second create is a no-op)."""
+    from .credentials import resolve_broker
+
+    meta, spec = body["metadata"], body.get("spec") or {}
     backup_id = _pick_backup(kube, body, body.get("status") or {})
     if not backup_id:
         cur.update(result="Skipped", reason="NoBackup", message="no complete backup to drill yet",
                    lastRunTime=fmt(now))
         return
-    run = drill_run_name(meta["name"], dec.slot)
     target = d.get("target") or spec.get("broker")
     resolved = resolve_broker(kube, target, meta["namespace"], f"{FIELD}.target" if d.get("target") else "spec.broker")
     cfg, env = drill_config(spec, meta["namespace"], backup_id, resolved)
     kube.create_configmap(bodies.configmap_body(run, meta["namespace"], body, cfg, drill_labels(meta["name"])))
-    if kube.create_job(drill_job(body, run, backup_id, env, dec.slot)):
+    if kube.create_job(drill_job(body, run, backup_id, env, slot)):
         cur["active"] = run
         event(body, "Normal", "RestoreDrillStarted", f"restore drill {run} of backup {backup_id} started")

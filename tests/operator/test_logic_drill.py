@@ -205,3 +205,23 @@ def test_reconcile_without_drills_lists_nothing():
             raise AssertionError(f"unexpected API call {name}")
 
     assert drill.reconcile(_NoCalls(), _owner(URL_SPEC), SLOT, lambda *a: None) is None
+
+
+def test_drill_now_annotation_runs_one_drill_per_value(monkeypatch):
+    body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    body["metadata"]["annotations"] = {drill.TRIGGER_ANNOTATION: "now-1"}
+    body["status"] = {"restoreDrill": {"lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    monkeypatch.setattr(drill, "_pick_backup", lambda *a: "b1")
+    kube = _FakeKube()
+    now = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
+    cur = drill.reconcile(kube, body, now, lambda *a: None)
+    assert [j["metadata"]["name"] for j in kube.created] == [drill.manual_run_name("nightly", "now-1")]
+    assert cur["lastManualTrigger"] == "now-1" and cur["active"] == kube.created[0]["metadata"]["name"]
+    job = kube.created[0]
+    kubernetes_validate.validate(job, K8S, strict=True)
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    kube.jobs = [job]
+    body["status"]["restoreDrill"] = cur
+    drill.reconcile(kube, body, now + timedelta(seconds=30), lambda *a: None)
+    assert len(kube.created) == 1  # the same value never runs twice

@@ -51,14 +51,20 @@ def _drill_gauge(cluster, name: str) -> dict:
             if k[0] == "rbak_backup_restore_drill_failed" and ("backup", name) in k[1]}
 
 
-def _backup_then_drill(cluster, env, name: str, damage: str | None = None) -> tuple[str, dict]:
+def _backup_then_drill(cluster, env, name: str, damage: str | None = None, on_demand: bool = False
+                       ) -> tuple[str, dict]:
     create_backup(cluster, env, name, verify={"restoreDrill": {"schedule": "*/5 * * * *"}})
     trigger(cluster, name, "1")
     job = manual_run_name(name, "1")
     wait_run(cluster, name, job=job, phase="Succeeded")
     if damage:
         _damage_a_segment(env, job, damage)
-    slot = cluster.next_slot()
+    if on_demand:  # kubectl annotate rbak NAME rbak.io/drill-now=...
+        cluster.http.patch("rbak.io/v1alpha1", "rabbitmqbackups", name,
+                           {"metadata": {"annotations": {"rbak.io/drill-now": "1"}}})
+        slot = "rbak.io/drill-now=1"
+    else:
+        slot = cluster.next_slot()
     drill = wait_for(lambda: (d := cluster.status(name).get("restoreDrill") or {}).get("result")
                      and d.get("lastJob") and not d.get("active") and d, 180,
                      what=f"{name} drill of slot {slot}", diag=cluster.logs)
@@ -98,7 +104,7 @@ def test_a_drill_finds_a_damaged_backup_and_names_the_queue(cluster, env):
     _fill(env)
     before, existing = _counts(env), _drill_vhosts(env.broker)
     name = f"{env.tag}-dmg"
-    job, d = _backup_then_drill(cluster, env, name, damage="payments")
+    job, d = _backup_then_drill(cluster, env, name, damage="payments", on_demand=True)
     assert d["result"] == "Failed" and d["reason"] == "DrillFailed", (d, cluster.logs())
     assert d["failedQueues"] == [f"{env.vhost}/payments"] and "'payments'" in d["message"] and job in d["message"]
     assert not env.broker.vhost_exists(d["scratchVhost"]) and _drill_vhosts(env.broker) <= existing
@@ -109,6 +115,7 @@ def test_a_drill_finds_a_damaged_backup_and_names_the_queue(cluster, env):
     assert wait_for(lambda: _drill_gauge(cluster, name) == {"DrillFailed": 1.0}, 20, what="drill gauge 1",
                     diag=cluster.logs)
     st = cluster.status(name)
+    assert d["lastJob"].startswith(f"{name}-drill-manual-") and d["lastManualTrigger"] == "1"
     assert st["lastRun"]["phase"] == "Succeeded"  # the backup run itself is not rewritten by its drill
 
 
