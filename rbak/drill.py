@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import orjson
+import pika.exceptions
 
 from .config import SCRATCH_VHOST_PREFIX
 from .errors import ConfigError, NotFoundError, RbakError
@@ -312,6 +313,9 @@ def run_drill(storage: Storage, options: DrillOptions,
                 f" (and {len(failed) - 1} more queue(s))" if len(failed) > 1 else "")
     except RbakError as e:
         report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
+    except Exception as e:  # noqa: BLE001 - a drill reports every failure, and still cleans up
+        log.exception("restore drill %s of backup %r", drill_id, backup_id)
+        report.passed, report.reason = False, f"backup {backup_id!r}: {type(e).__name__}: {e}"
     finally:
         if created:
             _remove_scratch(client, report)  # a 404 (the PUT never landed) counts as removed
@@ -371,8 +375,9 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
                 got = read_back(conn, check.scratch_queue, check.records_count, options.read_timeout_secs,
                                 stream=qb.queue_type == "stream")
                 check.actual_count, check.actual_hash = got.count, got.hexdigest()
-            except RbakError as e:
-                check.error = f"queue {qb.name!r} in vhost {qb.vhost!r}: {e.args[0] if e.args else e}"
+            except (RbakError, pika.exceptions.AMQPError) as e:
+                msg = e.args[0] if isinstance(e, RbakError) and e.args else f"{type(e).__name__} {e}"
+                check.error = f"queue {qb.name!r} in vhost {qb.vhost!r}: {msg}"
             judge(check)
             if not conn.is_open:
                 conn = connect(options.target, report.scratch_vhost)
@@ -392,11 +397,15 @@ def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "") 
     """Write the report as a new object next to the backup; a storage failure is logged, not fatal."""
     from .validate import utc_stamp
 
-    if not report.backup_id:
+    layout = BackupLayout(report.backup_id, prefix) if report.backup_id else None
+    if layout is None:
         return None
-    key = BackupLayout(report.backup_id, prefix).drill_report(utc_stamp(), report.drill_id)
+    key = layout.drill_report(utc_stamp(), report.drill_id)
     report.report_key = key
     try:
+        if not storage.exists(layout.manifest):
+            report.report_key = None
+            return None  # no such backup: never start a folder for it
         storage.put(key, orjson.dumps(report.to_json_obj(), option=orjson.OPT_INDENT_2))
     except RbakError as e:
         log.warning("could not store the drill report %s: %s", key, e)

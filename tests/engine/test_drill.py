@@ -253,3 +253,17 @@ def test_drill_of_an_encrypted_backup_in_an_object_lock_bucket_writes_each_repor
     rep = json.loads(p.stdout)
     assert p.returncode == 1 and "k1" in rep["reason"] and "'orders'" in rep["reason"], rep
     assert not rmq310.vhost_exists(rep["scratch_vhost"])
+
+
+def test_drill_of_a_missing_backup_names_it_and_writes_nothing(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    cfg = {"mode": "drill", "storage": {"backend": "filesystem", "path": str(store)},
+           "drill": {"target": {"amqp_url": "amqp://guest:guest@127.0.0.1:1/%2f",
+                                "management_url": "http://127.0.0.1:1"}}}
+    path = _write(tmp_path, cfg)
+    p = rbak("drill", "--config", path, "--backup-id", "nope", "--json", check=False)
+    assert p.returncode == 1 and "'nope'" in p.stderr.strip().splitlines()[-1], p.stderr
+    assert json.loads(p.stdout)["scratch_vhost"] is None and list(store.iterdir()) == []
+    p = rbak("drill", "--config", path, check=False)  # no backup at all: no newest complete one
+    assert p.returncode != 0 and "no complete backup" in p.stderr, p.stderr
