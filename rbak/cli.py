@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "backup",           # backup
     "restore",          # restore
     "prune",            # prune (retention)
+    "drill",            # drill (restore drill into a scratch vhost)
     "definitions",      # definitions-export, definitions-import
     "import_rabbitmq",  # import rabbitmq-dir
     "import_mosquitto", # import mosquitto-db

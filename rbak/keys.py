@@ -32,6 +32,7 @@ QUEUES_DIR = "queues"
 OFFSETS_DB = "offsets.db"
 VALIDATION_DIR = "validation"
 RESTORE_DIR = "restore"
+DRILLS_DIR = "drills"
 GUARDS_DIR = "_guards"  # beside the backups; never a backup id (ids start with a letter or digit)
 
 _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
@@ -157,6 +158,14 @@ class BackupLayout:
     def restore_report(self, timestamp: str) -> str:
         """``restore/report-<ts>.json``: what a restore changed to fit the target, and its outcome."""
         return f"{self.root}/{RESTORE_DIR}/report-{timestamp}.json"
+
+    @property
+    def drills_dir(self) -> str:
+        return f"{self.root}/{DRILLS_DIR}/"
+
+    def drill_report(self, timestamp: str, drill_id: str) -> str:
+        """``drills/<ts>-<drill id>.json``: one restore drill's report, a new key per drill (write-once)."""
+        return f"{self.root}/{DRILLS_DIR}/{timestamp}-{check_backup_id(drill_id, 'drill id')}.json"
 
 
 def rebase_key(key: str, layout: "BackupLayout") -> str:

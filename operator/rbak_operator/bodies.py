@@ -29,6 +29,7 @@ L_BACKUP = "rbak.io/backup"
 L_RESTORE = "rbak.io/restore"
 L_TRIGGER = "rbak.io/trigger"
 L_VALIDATES = "rbak.io/validates"
+L_DRILLS = "rbak.io/drills"  # a restore drill Job of this RabbitMQBackup (never L_BACKUP: not a backup run)
 A_BACKUP_ID = "rbak.io/backup-id"
 A_SLOT = "rbak.io/scheduled-time"
 A_TRIGGER_VALUE = "rbak.io/trigger-value"

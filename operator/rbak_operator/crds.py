@@ -269,6 +269,8 @@ def run_summary_schema(desc: str) -> dict[str, Any]:
 
 
 def backup_crd() -> dict[str, Any]:
+    from .crds_verify import restore_drill_status_schema, verify_schema  # it builds on this module's helpers
+
     spec = _obj(
         "What to back up, where, and when.",
         {
@@ -341,6 +343,7 @@ def backup_crd() -> dict[str, Any]:
                     ),
                 },
             ),
+            "verify": verify_schema(),
             "spark": spark_schema(),
             "encryption": encryption_schema(backup=True),
             "objectLock": _obj(
@@ -382,6 +385,7 @@ def backup_crd() -> dict[str, Any]:
                 "what the retention policy deleted",
                 {"deletedTotal": _i("backups deleted so far"), "lastDeleted": _strlist("ids deleted last time")},
             ),
+            "restoreDrill": restore_drill_status_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
     )
@@ -401,6 +405,7 @@ def backup_crd() -> dict[str, Any]:
             ("Next Run", "date", ".status.nextScheduleTime", 0),
             ("Messages", "integer", ".status.lastRun.messages", 0),
             ("Size", "string", ".status.lastRun.size", 0),
+            ("Last Drill", "string", ".status.restoreDrill.result", 1),
             ("Age", "date", ".metadata.creationTimestamp", 0),
         ],
     )

@@ -26,7 +26,7 @@ import kopf
 
 from rbak.errors import RbakError
 
-from . import bodies, metrics, naming, policy, rbakconfig, schedule
+from . import bodies, drill, metrics, naming, policy, rbakconfig, schedule
 from .clock import fmt, now as clock_now, parse_time
 from .credentials import MissingSecret, resolve_broker
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
@@ -346,6 +346,11 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
                         patch["missedSchedules"] = int(status.get("missedSchedules") or 0) + d.missed
     else:
         patch["nextScheduleTime"] = None
+
+    # 5b. Restore drills: their own schedule, Jobs and status.restoreDrill (operator/rbak_operator/drill.py).
+    restore_drill = drill.reconcile(kube, body, now, _event)
+    if restore_drill is not None:
+        patch["restoreDrill"] = restore_drill
 
     # 6. Phase and conditions.
     active = sorted(set(active))

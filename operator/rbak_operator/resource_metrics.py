@@ -30,6 +30,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rbak_backup_last_run_failed": ("1 when the last finished backup run failed (label reason), else 0", B + ("reason",)),
     "rbak_backup_validation_failed": ("1 when the last run's validation failed, 0 when it passed", B),
     "rbak_backup_schedule_period_seconds": ("Seconds between the schedule's next two slots", B),
+    "rbak_backup_restore_drill_failed": ("1 when the last restore drill failed (label reason), 0 when it passed",
+                                         B + ("reason",)),
+    "rbak_backup_restore_drill_last_run_timestamp_seconds": ("End time of the last restore drill", B),
     "rbak_restore_last_success_timestamp_seconds": ("Completion time of a succeeded restore", R),
     "rbak_restore_last_duration_seconds": ("Wall time of a finished restore", R),
     "rbak_restore_messages": ("Messages restored", R),
@@ -79,6 +82,13 @@ def samples(kind: str, obj: dict[str, Any], now: datetime | None = None) -> list
                         1.0 if failed else 0.0))
             if run.get("validation") in ("Passed", "Failed"):
                 out.append(("rbak_backup_validation_failed", lab, 1.0 if run["validation"] == "Failed" else 0.0))
+        drill = st.get("restoreDrill") or {}
+        if drill.get("result") in ("Passed", "Failed"):
+            failed = drill["result"] == "Failed"
+            out.append(("rbak_backup_restore_drill_failed",
+                        {**lab, "reason": (drill.get("reason") or "") if failed else ""}, 1.0 if failed else 0.0))
+            if (t := _ts(drill.get("lastRunTime"))) is not None:
+                out.append(("rbak_backup_restore_drill_last_run_timestamp_seconds", lab, t))
         if (p := schedule_period(spec, now or datetime.now(timezone.utc))) is not None:
             out.append(("rbak_backup_schedule_period_seconds", lab, p))
     else:

@@ -33,6 +33,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from ..errors import ConfigError
 
 MASK = "***"
+SCRATCH_VHOST_PREFIX = "rbak-drill"
 
 
 def doc_field(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None,
@@ -417,10 +418,26 @@ class EncryptionConfig(_Section):
 
 
 @dataclass(repr=False)
+class DrillConfig(_Section):
+    """Restore drills (`rbak drill`): restore a backup (default the newest complete one) into a fresh
+    scratch vhost, compare per-queue message counts and record hashes with the backup, delete the vhost."""
+
+    target: Optional[ConnectionConfig] = doc_field(None, "Broker the scratch vhost is created on; default "
+                                                   "`source` (else `target`). Its user needs the administrator tag.")
+    scratch_vhost_prefix: str = doc_field(SCRATCH_VHOST_PREFIX, "Scratch vhosts are named "
+                                          "`<prefix>-<backup id>-<random>` (letters, digits, `.`, `_`, `-`).")
+    read_timeout_secs: float = doc_field(10.0, "Reading messages back from a scratch queue stops after this long "
+                                         "without a delivery.", min=0.1, max=3600)
+    store_report: bool = doc_field(True, "Store the report next to the backup (`drills/<time>-<id>.json`, "
+                                   "a new object per drill).")
+
+
+@dataclass(repr=False)
 class Config(_Section):
     """A whole rbak configuration file."""
 
-    mode: Literal["backup", "restore"] = doc_field(None, "`backup` or `restore`.", required=True)
+    mode: Literal["backup", "restore", "drill"] = doc_field(None, "`backup`, `restore` or `drill` "
+                                                            "(`rbak drill` reads a config of any mode).", required=True)
     backup_id: Optional[str] = doc_field(None, "Backup id (letters, digits, `.`, `_`, `-`). Required for restore; "
                                          "a backup without one gets `backup-<UTC timestamp>`.")
     source: Optional[ConnectionConfig] = doc_field(None, "Broker to back up (required when `mode: backup`).")
@@ -432,6 +449,7 @@ class Config(_Section):
     metrics: MetricsConfig = doc_field(doc="Prometheus metrics.", factory=MetricsConfig)
     encryption: EncryptionConfig = doc_field(doc="Client-side encryption (rbak's extension of the format).",
                                              factory=EncryptionConfig)
+    drill: DrillConfig = doc_field(doc="Restore drills (`rbak drill`).", factory=DrillConfig)
 
     # -- construction -------------------------------------------------------
     @classmethod

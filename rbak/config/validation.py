@@ -295,6 +295,13 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append("source: required when mode is backup")
     if cfg.mode == "restore" and cfg.target is None:
         errors.append("target: required when mode is restore")
+    if cfg.mode == "drill" and cfg.source is None and cfg.target is None and cfg.drill.target is None:
+        errors.append("drill.target: required when mode is drill and there is no source or target")
+    if cfg.drill.target is not None:
+        _check_connection(cfg.drill.target, "drill.target", errors)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", cfg.drill.scratch_vhost_prefix or ""):
+        errors.append(f"drill.scratch_vhost_prefix: {cfg.drill.scratch_vhost_prefix!r} must be 1-64 letters, digits, "
+                      "'.', '_' or '-', starting with a letter or digit")
     if cfg.source is not None:
         _check_connection(cfg.source, "source", errors)
     if cfg.target is not None:

@@ -128,6 +128,11 @@ BAD_BACKUPS = [
     ("spec.queues.types", ["classic", "lazy"], "'lazy' is not one of"),
     ("spec.timeZone", "Europe Berlin", "does not match"),
     ("spec.validate.sparkThresholdBytes", -5, "less than the minimum"),
+    ("spec.verify.restoreDrill.schedule", "0 30 2 * * *", "6-field values with a leading seconds field"),
+    ("spec.verify.restoreDrill.schedule", _DEL, "'schedule' is a required property"),
+    ("spec.verify.restoreDrill.readTimeoutSeconds", 0, "0 is less than the minimum of 1"),
+    ("spec.verify.restoreDrill.target", {"amqpUrl": "amqp://h:5672/%2f"},
+     "broker.amqpUrl needs broker.managementUrl and broker.credentialsSecretRef"),
     ("spec.suspend", "yes", "'yes' is not of type 'boolean'"),
 ]
 

@@ -1,0 +1,245 @@
+"""Scheduled restore drills of a RabbitMQBackup (``spec.verify.restoreDrill``).
+
+On the drill's own cron schedule the operator picks the newest complete
+backup it can see (else ``status.lastBackupId``) and starts a Job running
+``rbak drill`` against the drill target (default: the backed-up broker). The
+Job restores into a scratch vhost, compares, deletes the vhost and stores its
+report next to the backup (``drills/<ts>-<job name>.json``); when the Job
+ends the operator reads that report, writes ``status.restoreDrill``, posts an
+event, and the per-resource gauges follow from the status. Pure functions
+decide the config, the Job and the result; ``reconcile`` applies them.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from rbak.errors import RbakError
+
+from . import bodies, naming, rbakconfig, schedule
+from .clock import fmt, parse_time
+from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker
+from .status import RunState, job_state
+
+log = logging.getLogger("rbak_operator")
+
+FIELD = "spec.verify.restoreDrill"
+TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill now
+KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
+
+
+# --------------------------------------------------------------------------
+# Pure decisions.
+# --------------------------------------------------------------------------
+
+def drill_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The drill settings when drills are on, else None."""
+    d = ((spec.get("verify") or {}).get("restoreDrill")) or {}
+    return d if d.get("enabled", True) and d.get("schedule") else None
+
+
+def drill_run_name(backup_name: str, slot: datetime) -> str:
+    """Job name == ConfigMap name == drill id of one slot (a second create of the slot gets 409)."""
+    return naming.dns_label(f"{backup_name}-drill-{naming.slot_stamp(slot)}")
+
+
+def manual_run_name(backup_name: str, trigger_value: str) -> str:
+    import hashlib
+
+    return naming.dns_label(f"{backup_name}-drill-manual-{hashlib.sha256(trigger_value.encode()).hexdigest()[:8]}")
+
+
+def drill_labels(backup_name: str) -> dict[str, str]:
+    return {**bodies.common_labels("drill"), bodies.L_DRILLS: naming.label_value(backup_name)}
+
+
+def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
+                 resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[rbakconfig.SecretEnv]]:
+    """Config for ``rbak drill``: storage as the backup's, target the drill's (default the backup's broker)."""
+    d = drill_spec(spec) or {}
+    target_field = f"{FIELD}.target" if d.get("target") else "spec.broker"
+    target, env1 = rbakconfig.broker_connection(d.get("target") or spec.get("broker"), namespace, target_field,
+                                                resolved)
+    storage, env2 = rbakconfig.storage_section(spec.get("storage"))
+    lock = spec.get("objectLock") or {}
+    if lock and storage.get("backend") == "s3":  # the report is one more locked object, written once
+        storage["object_lock_mode"] = lock.get("mode")
+        storage["object_lock_retain_days"] = lock.get("retainDays")
+    drill: dict[str, Any] = {"target": target}
+    if d.get("readTimeoutSeconds"):
+        drill["read_timeout_secs"] = float(d["readTimeoutSeconds"])
+    cfg = {"mode": "drill", "backup_id": backup_id, "storage": storage, "drill": drill}
+    env3 = rbakconfig.encryption_env(spec.get("encryption"))
+    seen: dict[str, rbakconfig.SecretEnv] = {}
+    for e in env1 + env2 + env3:
+        seen.setdefault(e.env, e)
+    return cfg, list(seen.values())
+
+
+def drill_args(backup_id: str, drill_id: str) -> list[str]:
+    return ["drill", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--backup-id", backup_id, "--drill-id", drill_id,
+            "--json"]
+
+
+def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: list[rbakconfig.SecretEnv],
+              slot: datetime) -> dict[str, Any]:
+    spec = owner.get("spec") or {}
+    meta = owner["metadata"]
+    d = drill_spec(spec) or {}
+    pod = {**spec, **{k: d[k] for k in ("resources", "activeDeadlineSeconds") if d.get(k)}}
+    return bodies.job_body(name=run_name, namespace=meta["namespace"], owner=owner, spec=pod,
+                           storage=spec.get("storage") or {}, secret_env=secret_env,
+                           args=drill_args(backup_id, run_name), labels=drill_labels(meta["name"]),
+                           annotations={bodies.A_BACKUP_ID: backup_id, bodies.A_SLOT: fmt(slot)})
+
+
+def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str, job_name: str) -> dict[str, Any]:
+    """``status.restoreDrill`` fields of a finished drill Job (its stored report first, the Job's own cause else)."""
+    out: dict[str, Any] = {"lastJob": job_name, "backupId": backup_id, "lastRunTime": fmt(state.end or state.start)}
+    if state.duration is not None:
+        out["durationSeconds"] = round(state.duration, 3)
+    if report is not None:
+        passed = bool(report.get("passed"))
+        queues = report.get("queues") or []
+        out.update(result="Passed" if passed else "Failed",
+                   reason="DrillPassed" if passed else "DrillFailed",
+                   message=(f"{len(queues)} queue(s) restored into a scratch vhost and matched the backup" if passed
+                            else str(report.get("reason") or "the drill failed"))[:1000],
+                   scratchVhost=report.get("scratch_vhost"), queues=len(queues),
+                   failedQueues=[f"{q.get('vhost')}/{q.get('queue')}" for q in queues if not q.get("passed")][:20],
+                   messages=sum(int(q.get("actual_count") or 0) for q in queues))
+        return out
+    out.update(result="Failed", reason=state.reason or "DrillJobFailed",
+               message=(state.message or "the drill Job ended without storing a report")[:1000])
+    return out
+
+
+# --------------------------------------------------------------------------
+# Applying them.
+# --------------------------------------------------------------------------
+
+def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str) -> dict[str, Any] | None:
+    from rbak.drill import find_drill_report
+
+    from .handlers import open_backup_storage
+
+    spec = body.get("spec") or {}
+    try:
+        st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
+        if st is None:
+            return None
+        found = find_drill_report(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")), drill_id)
+    except RbakError as e:
+        log.warning("cannot read the drill report of %s: %s", backup_id, e)
+        return None
+    return found[1] if found else None
+
+
+def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """The newest complete backup in storage (what a restore would take), else the last successful run's."""
+    from rbak.catalog import latest_complete
+
+    from .handlers import open_backup_storage
+
+    spec = body.get("spec") or {}
+    try:
+        st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
+        entry = latest_complete(st, rbakconfig.storage_prefix(spec.get("storage"))) if st is not None else None
+        if entry is not None:
+            return entry.backup_id
+    except RbakError as e:
+        log.warning("cannot list the backups of %s: %s", body["metadata"]["name"], e)
+    return status.get("lastBackupId")
+
+
+def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str, Any] | None:
+    """One pass: record a finished drill Job, start a due one. Returns the new ``status.restoreDrill``
+    (None: drills off and nothing recorded)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    ns, name = meta["namespace"], meta["name"]
+    old = dict((body.get("status") or {}).get("restoreDrill") or {})
+    if not old and drill_spec(spec) is None:
+        return None  # drills never configured: not even a Job list per pass
+    cur = dict(old)
+    jobs = kube.list_jobs(ns, {bodies.L_DRILLS: naming.label_value(name)})
+    states = {j["metadata"]["name"]: job_state(j) for j in jobs}
+    def ended(n: str) -> tuple[str, str]:
+        return (fmt(states[n].end) or "~", n)  # by end time (manual and scheduled names do not sort by time)
+
+    for j in sorted(jobs, key=lambda j: ended(j["metadata"]["name"])):
+        jname, st = j["metadata"]["name"], states[j["metadata"]["name"]]
+        if not st.finished or jname in (cur.get("recordedJobs") or []):
+            continue
+        if st.phase == "Failed":
+            st = job_state(j, kube.job_pods(ns, jname))
+        bid = (j["metadata"].get("annotations") or {}).get(bodies.A_BACKUP_ID, "")
+        res = drill_result(st, _read_report(kube, body, bid, jname), bid, jname)
+        cur.update(res)
+        cur["recordedJobs"] = ((cur.get("recordedJobs") or []) + [jname])[-10:]
+        if res["result"] == "Passed":
+            event(body, "Normal", "RestoreDrillPassed", f"restore drill {jname} of backup {bid}: {res['message']}")
+        else:
+            event(body, "Warning", "RestoreDrillFailed", f"restore drill {jname} of backup {bid} failed: {res['message']}")
+    finished = sorted((n for n, s in states.items() if s.finished and n in (cur.get("recordedJobs") or [])), key=ended)
+    for victim in finished[:-KEEP_JOBS]:
+        kube.delete_job(ns, victim)
+        kube.delete_configmap(ns, victim)
+    active = sorted(n for n, s in states.items() if not s.finished)
+    cur["active"] = active[0] if active else None
+    d = drill_spec(spec)
+    if d is None:
+        cur["nextRunTime"] = None
+    else:
+        try:
+            _schedule(kube, body, d, cur, now, active, event)
+            trigger = (meta.get("annotations") or {}).get(TRIGGER_ANNOTATION)
+            if trigger and trigger != cur.get("lastManualTrigger") and not cur.get("active"):
+                cur["lastManualTrigger"] = trigger
+                _start(kube, body, d, cur, manual_run_name(name, trigger), now, now, event)
+        except RbakError as e:
+            cur.update(result="Failed", reason="InvalidSpec", message=str(e)[:1000], lastRunTime=fmt(now))
+    # None clears a field (merge patch) only where the status has it: an unchanged status is not re-patched
+    cur = {k: v for k, v in cur.items() if v is not None or k in old}
+    return cur if (cur or old) else None
+
+
+def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], now: datetime,
+              active: list[str], event) -> None:
+    meta, spec = body["metadata"], body.get("spec") or {}
+    sched = schedule.parse_schedule(d["schedule"], spec.get("timeZone"), f"{FIELD}.schedule")
+    last = parse_time(cur["lastScheduleTime"]) if cur.get("lastScheduleTime") else None
+    created = parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else None
+    if created is None and last is None:
+        cur["lastScheduleTime"] = fmt(now)  # the emulator sets no creationTimestamp: count from first sight
+        last = now.replace(microsecond=0)
+    dec = schedule.decide(sched, last, created, now, d.get("startingDeadlineSeconds"))
+    cur["nextRunTime"] = fmt(dec.next_time)
+    if dec.action == "missed" or (dec.action == "run" and (active or spec.get("suspend"))):
+        cur["lastScheduleTime"] = fmt(dec.slot)
+        return
+    if dec.action != "run":
+        return
+    cur["lastScheduleTime"] = fmt(dec.slot)
+    _start(kube, body, d, cur, drill_run_name(meta["name"], dec.slot), dec.slot, now, event)
+
+
+def _start(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], run: str, slot: datetime,
+           now: datetime, event) -> None:
+    """ConfigMap + Job of one drill (same name for the same slot or trigger: a second create is a no-op)."""
+    from .credentials import resolve_broker
+
+    meta, spec = body["metadata"], body.get("spec") or {}
+    backup_id = _pick_backup(kube, body, body.get("status") or {})
+    if not backup_id:
+        cur.update(result="Skipped", reason="NoBackup", message="no complete backup to drill yet",
+                   lastRunTime=fmt(now))
+        return
+    target = d.get("target") or spec.get("broker")
+    resolved = resolve_broker(kube, target, meta["namespace"], f"{FIELD}.target" if d.get("target") else "spec.broker")
+    cfg, env = drill_config(spec, meta["namespace"], backup_id, resolved)
+    kube.create_configmap(bodies.configmap_body(run, meta["namespace"], body, cfg, drill_labels(meta["name"])))
+    if kube.create_job(drill_job(body, run, backup_id, env, slot)):
+        cur["active"] = run
+        event(body, "Normal", "RestoreDrillStarted", f"restore drill {run} of backup {backup_id} started")

@@ -1,0 +1,429 @@
+"""Restore drills: prove a backup restores, without touching anything but a scratch vhost.
+
+A drill takes the newest complete backup (or a given one), creates ONE fresh
+vhost on the target (``rbak-drill-<backup>-<random>``, never an existing one,
+never a source vhost), declares every backed-up queue in it with its type
+(``x-queue-type`` only: TTLs, length limits and priorities belong to policies
+and would make the count differ from what the backup holds), publishes each
+queue's records through the restore engine (``restore_queue_segments``, the
+same confirmed path ``rbak restore`` uses), then reads every message back and
+compares, per queue, with the backup:
+
+- expected: the manifest's ``message_count`` and a SHA-256 over the records
+  decoded from the queue's segments (each segment checked against the
+  manifest's size and SHA-256 on the way);
+- actual: the messages the broker hands back from the scratch queue, counted
+  and hashed the same way (body, content type, message id, correlation id,
+  in order).
+
+The scratch vhost is deleted in a ``finally`` (a failure half-way, or SIGTERM
+turned into an exception by the CLI, still removes it). The report is stored
+next to the backup under a new key per drill (``drills/<ts>-<id>.json``), so
+the write-once (Object Lock) mode holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import orjson
+import pika.exceptions
+
+from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
+from .errors import ConfigError, NotFoundError, RbakError
+from .format.manifest import BackupManifest, QueueBackup
+from .keys import DRILLS_DIR, BackupLayout, check_backup_id
+from .restore.options import RestoreOptions
+from .storage.base import Storage
+
+log = logging.getLogger(__name__)
+
+
+
+class DrillError(RbakError):
+    prefix = "Restore drill"
+
+
+# --------------------------------------------------------------------------
+# On-wire structures.
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class QueueCheck:
+    """One backed-up queue: what the backup says and what the scratch vhost gave back."""
+
+    vhost: str
+    queue: str
+    queue_type: str
+    scratch_queue: str
+    expected_count: int
+    actual_count: int | None = None
+    records_count: int | None = None  # records decoded from the segments (should equal expected_count)
+    expected_hash: str | None = None
+    actual_hash: str | None = None
+    passed: bool = False
+    error: str | None = None
+
+    @property
+    def hash_match(self) -> bool:
+        return self.expected_hash is not None and self.expected_hash == self.actual_hash
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {**asdict(self), "hash_match": self.hash_match}
+
+
+@dataclass
+class DrillReport:
+    drill_id: str
+    backup_id: str | None
+    target: str  # the target's management URL (no credentials)
+    scratch_vhost: str | None = None
+    started_at: str = ""
+    duration_secs: float = 0.0
+    passed: bool = False
+    reason: str = ""
+    scratch_vhost_removed: bool = True
+    queues: list[QueueCheck] = field(default_factory=list)
+    report_key: str | None = None
+
+    @property
+    def failed_queues(self) -> list[QueueCheck]:
+        return [q for q in self.queues if not q.passed]
+
+    def to_json_obj(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "queues"}
+        d["duration_secs"] = round(self.duration_secs, 3)
+        d["result"] = "Passed" if self.passed else "Failed"
+        d["queues"] = [q.to_json_obj() for q in self.queues]
+        return d
+
+    def lines(self) -> list[str]:
+        out = []
+        for q in self.queues:
+            state = "ok" if q.passed else f"FAILED: {q.error}"
+            out.append(f"{q.vhost}/{q.queue} ({q.queue_type}): expected {q.expected_count}, restored and read back "
+                       f"{q.actual_count if q.actual_count is not None else '-'}, hash "
+                       f"{'match' if q.hash_match else 'MISMATCH' if q.actual_hash else '-'}; {state}")
+        verdict = "PASSED" if self.passed else f"FAILED: {self.reason}"
+        out.append(f"drill {self.drill_id} of backup {self.backup_id}: {len(self.queues)} queue(s) in scratch vhost "
+                   f"{self.scratch_vhost!r} ({'removed' if self.scratch_vhost_removed else 'NOT removed'}), "
+                   f"{self.duration_secs:.1f} s: {verdict}")
+        return out
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    target: ConnectionConfig
+    prefix: str = ""
+    backup_id: str | None = None  # None: the newest complete backup
+    drill_id: str = ""  # "" : a random one
+    scratch_prefix: str = SCRATCH_VHOST_PREFIX
+    read_timeout_secs: float = 10.0
+    produce_batch_size: int = 500
+    store_report: bool = True
+    keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+
+
+def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | None = None) -> DrillOptions:
+    """From a validated ``rbak.config.Config`` of any mode: target ``drill.target``, else ``source``, else ``target``."""
+    conn = cfg.drill.target or cfg.source or cfg.target
+    if conn is None:
+        raise ConfigError("drill.target: required (the config has no source or target either)")
+    keys = tuple(sorted(cfg.encryption.keyring().items()))
+    return DrillOptions(target=conn, prefix=cfg.storage.prefix or "",
+                        backup_id=backup_id or (cfg.backup_id if cfg.mode != "backup" else None),
+                        drill_id=drill_id or "", scratch_prefix=cfg.drill.scratch_vhost_prefix,
+                        read_timeout_secs=cfg.drill.read_timeout_secs,
+                        produce_batch_size=cfg.restore.produce_batch_size, store_report=cfg.drill.store_report,
+                        keys=keys)
+
+
+# --------------------------------------------------------------------------
+# Pure decisions.
+# --------------------------------------------------------------------------
+
+
+def new_drill_id() -> str:
+    return secrets.token_hex(4)
+
+
+def scratch_vhost_name(backup_id: str, drill_id: str, prefix: str = SCRATCH_VHOST_PREFIX) -> str:
+    return f"{prefix}-{backup_id}-{drill_id}"
+
+
+def scratch_queue_names(queues: list[QueueBackup]) -> dict[tuple[str, str], str]:
+    """Queue names in the one scratch vhost: the backed-up name, or ``<vhost>/<name>`` where two
+    source vhosts hold a queue of the same name (so they cannot collide)."""
+    seen: dict[str, int] = {}
+    for q in queues:
+        seen[q.name] = seen.get(q.name, 0) + 1
+    return {(q.vhost, q.name): q.name if seen[q.name] == 1 else f"{q.vhost}/{q.name}" for q in queues}
+
+
+class RecordHash:
+    """SHA-256 over messages in order: each field length-prefixed, so no two sequences collide."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.count = 0
+
+    def add(self, body: bytes, content_type: str | None, message_id: str | None, correlation_id: str | None) -> None:
+        for part in (bytes(body), *((s or "").encode("utf-8") for s in (content_type, message_id, correlation_id))):
+            self._h.update(struct.pack(">I", len(part)))
+            self._h.update(part)
+        self.count += 1
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def judge(check: QueueCheck) -> QueueCheck:
+    """Set ``passed``/``error`` from the counts and hashes (an earlier error stands)."""
+    where = f"queue {check.queue!r} in vhost {check.vhost!r}"
+    if check.error is None:
+        if check.records_count is not None and check.records_count != check.expected_count:
+            check.error = (f"{where}: the manifest says {check.expected_count} message(s), its segments hold "
+                           f"{check.records_count}")
+        elif check.actual_count != check.expected_count:
+            check.error = (f"{where}: expected {check.expected_count} message(s), the scratch queue gave back "
+                           f"{check.actual_count}")
+        elif not check.hash_match:
+            check.error = f"{where}: record hash of the restored messages differs from the backup's"
+    check.passed = check.error is None
+    return check
+
+
+# --------------------------------------------------------------------------
+# The drill.
+# --------------------------------------------------------------------------
+
+
+def choose_backup(storage: Storage, options: DrillOptions) -> str:
+    from .catalog import latest_complete
+
+    if options.backup_id:
+        return check_backup_id(options.backup_id)
+    entry = latest_complete(storage, options.prefix)
+    if entry is None:
+        raise NotFoundError(f"{storage.url}: no complete backup to drill")
+    return entry.backup_id
+
+
+def expected_hash(storage: Storage, manifest: BackupManifest, q: QueueBackup, keyring: dict[str, bytes]) -> RecordHash:
+    """Hash of a queue's records as the backup holds them (size and SHA-256 of every segment checked)."""
+    from .crypto import codec_for
+    from .format.reader import read_segment
+
+    codec = codec_for(manifest.backup_id, manifest.encryption, keyring) if manifest.encryption else None
+    h = RecordHash()
+    for seg in q.segments:
+        for _, r in read_segment(storage, seg, True, codec=codec):
+            p = r.properties
+            h.add(r.body, p.content_type, p.message_id, p.correlation_id)
+    return h
+
+
+def read_back(conn: Any, queue: str, expected: int, idle_secs: float, stream: bool = False) -> RecordHash:
+    """Consume every message of a scratch queue (it is thrown away afterwards), in order.
+
+    Stops ``idle_secs`` after the last delivery, or half a second after the
+    expected count arrived (so extra messages are still seen)."""
+    h = RecordHash()
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=500)
+    last = [time.monotonic()]
+
+    def on_message(channel: Any, method: Any, props: Any, body: bytes) -> None:
+        h.add(body, props.content_type, props.message_id, props.correlation_id)
+        channel.basic_ack(method.delivery_tag)
+        last[0] = time.monotonic()
+
+    ch.basic_consume(queue, on_message, arguments={"x-stream-offset": "first"} if stream else None)
+    while True:
+        conn.process_data_events(time_limit=0.1)
+        idle = time.monotonic() - last[0]
+        if idle > idle_secs or (h.count >= expected and idle > 0.5):
+            break
+    ch.close()
+    return h
+
+
+def _amqp_user(target: ConnectionConfig) -> str:
+    return target.username
+
+
+def _create_scratch(client: Any, name: str, avoid: set[str], options: DrillOptions,
+                    attempted: Callable[[], None]) -> None:
+    """Create the scratch vhost (never an existing or a source vhost) and let the run's users in.
+
+    ``attempted`` is called just before the PUT: from then on the vhost may exist (a signal may cut the
+    request after the broker made it), so the caller deletes it whatever happens next."""
+    from .management import q
+
+    if name in avoid or client.exists(f"vhosts/{q(name)}") is not None:
+        raise DrillError(f"scratch vhost {name!r} already exists; refusing to use it")
+    attempted()
+    client.request("PUT", f"vhosts/{q(name)}", {"description": "rbak restore drill (deleted when the drill ends)"})
+    perm = {"configure": ".*", "write": ".*", "read": ".*"}
+    for user in {client.username, _amqp_user(options.target)}:
+        client.request("PUT", f"permissions/{q(name)}/{q(user)}", perm)
+
+
+def run_drill(storage: Storage, options: DrillOptions,
+              on_scratch_created: Callable[[str], None] | None = None) -> DrillReport:
+    """Restore a backup into a scratch vhost, compare it, delete the vhost; never raises for a failed
+    check (the report says why), raises only for what stops the drill before a vhost exists."""
+    from .management import ManagementClient
+
+    t0 = time.monotonic()
+    drill_id = options.drill_id or new_drill_id()
+    backup_id = choose_backup(storage, options)
+    report = DrillReport(drill_id, backup_id, options.target.management_url,
+                         started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    client = ManagementClient.for_connection(options.target, "target")
+    created: list[bool] = []  # non-empty once the vhost PUT was sent
+    try:
+        ropts = RestoreOptions(backup_id=backup_id, prefix=options.prefix, target=options.target,
+                               produce_batch_size=options.produce_batch_size, keys=options.keys)
+        from .restore.engine import load_complete_manifest
+
+        manifest = load_complete_manifest(storage, ropts)
+        sources = {qb.vhost for qb in manifest.queues}
+        report.scratch_vhost = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
+        _create_scratch(client, report.scratch_vhost, sources, options, lambda: created.append(True))
+        if on_scratch_created is not None:
+            on_scratch_created(report.scratch_vhost)
+        _drill_queues(storage, manifest, ropts, options, report)
+        failed = report.failed_queues
+        report.passed = not failed
+        if failed:
+            report.reason = f"backup {backup_id!r}: " + failed[0].error + (
+                f" (and {len(failed) - 1} more queue(s))" if len(failed) > 1 else "")
+    except RbakError as e:
+        report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
+    except Exception as e:  # noqa: BLE001 - a drill reports every failure, and still cleans up
+        log.exception("restore drill %s of backup %r", drill_id, backup_id)
+        report.passed, report.reason = False, f"backup {backup_id!r}: {type(e).__name__}: {e}"
+    finally:
+        if created:
+            _remove_scratch(client, report)  # a 404 (the PUT never landed) counts as removed
+        client.close()
+        report.duration_secs = time.monotonic() - t0
+    if options.store_report:
+        store_drill_report(storage, report, options.prefix)
+    return report
+
+
+def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None:
+    """Delete the scratch vhost (its queues go with it); retried, and any failure recorded as the drill's."""
+    from .management import q
+
+    err: RbakError | None = None
+    path = f"vhosts/{q(report.scratch_vhost)}"
+    for _ in range(attempts):
+        try:
+            client.delete(path)
+            if client.exists(path) is None:  # an interrupted PUT may still land after the DELETE
+                return
+            err = DrillError("it still exists after DELETE")
+            time.sleep(0.2)
+        except RbakError as e:  # a management error, or a signal turned into one mid-request: try again
+            err = e
+    report.scratch_vhost_removed = False
+    report.passed = False
+    report.reason = (report.reason + "; " if report.reason else "") + (
+        f"could not delete scratch vhost {report.scratch_vhost!r}: {err.args[0] if err and err.args else err}")
+    log.error("%s", report.reason)
+
+
+def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOptions, options: DrillOptions,
+                  report: DrillReport) -> None:
+    from .restore.queue_restore import restore_queue_segments
+    from .restore.plan import plan_restore
+    from .amqp import connect
+
+    names = scratch_queue_names(manifest.queues)
+    vmap = tuple(sorted({(qb.vhost, report.scratch_vhost) for qb in manifest.queues}))
+    qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
+    ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap)
+    plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
+    keyring = ropts.keyring() if manifest.encryption is not None else {}
+    conn = connect(options.target, report.scratch_vhost, "target")
+    try:
+        for qb in manifest.queues:
+            check = QueueCheck(qb.vhost, qb.name, qb.queue_type, names[(qb.vhost, qb.name)], qb.message_count)
+            report.queues.append(check)
+            try:
+                h = expected_hash(storage, manifest, qb, keyring)
+                check.records_count, check.expected_hash = h.count, h.hexdigest()
+                ch = conn.channel()
+                ch.queue_declare(check.scratch_queue, durable=True, arguments={"x-queue-type": qb.queue_type})
+                ch.close()
+                restore_queue_segments(storage, plans[(qb.vhost, qb.name)], ropts, None, connection=conn)
+                got = read_back(conn, check.scratch_queue, check.records_count, options.read_timeout_secs,
+                                stream=qb.queue_type == "stream")
+                check.actual_count, check.actual_hash = got.count, got.hexdigest()
+            except (RbakError, pika.exceptions.AMQPError) as e:
+                msg = e.args[0] if isinstance(e, RbakError) and e.args else f"{type(e).__name__} {e}"
+                check.error = f"queue {qb.name!r} in vhost {qb.vhost!r}: {msg}"
+            judge(check)
+            if not conn.is_open:
+                conn = connect(options.target, report.scratch_vhost, "target")
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# --------------------------------------------------------------------------
+# Reports in storage.
+# --------------------------------------------------------------------------
+
+
+def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "") -> str | None:
+    """Write the report as a new object next to the backup; a storage failure is logged, not fatal."""
+    from .validate import utc_stamp
+
+    layout = BackupLayout(report.backup_id, prefix) if report.backup_id else None
+    if layout is None:
+        return None
+    key = layout.drill_report(utc_stamp(), report.drill_id)
+    report.report_key = key
+    try:
+        if not storage.exists(layout.manifest):
+            report.report_key = None
+            return None  # no such backup: never start a folder for it
+        storage.put(key, orjson.dumps(report.to_json_obj(), option=orjson.OPT_INDENT_2))
+    except RbakError as e:
+        log.warning("could not store the drill report %s: %s", key, e)
+        report.report_key = None
+    return report.report_key
+
+
+def find_drill_report(storage: Storage, backup_id: str, prefix: str = "", drill_id: str | None = None
+                      ) -> tuple[str, dict[str, Any]] | None:
+    """(key, report) of the newest drill report of a backup (of ``drill_id`` when given), or None."""
+    folder = BackupLayout(backup_id, prefix).drills_dir
+    keys = sorted(k for k in storage.list(folder) if k.endswith(".json")
+                  and (drill_id is None or k.rsplit("/", 1)[-1].endswith(f"-{drill_id}.json")))
+    if not keys:
+        return None
+    try:
+        doc = orjson.loads(storage.get(keys[-1]))
+    except (ValueError, NotFoundError) as e:
+        return keys[-1], {"passed": False, "result": "Failed", "reason": f"unreadable drill report: {e}"}
+    return keys[-1], doc if isinstance(doc, dict) else {"passed": False, "result": "Failed",
+                                                         "reason": "drill report is not a JSON object"}
+
+
+__all__ = ["DRILLS_DIR", "DrillError", "DrillOptions", "DrillReport", "QueueCheck", "RecordHash", "find_drill_report",
+           "judge", "run_drill", "scratch_queue_names", "scratch_vhost_name", "store_drill_report"]

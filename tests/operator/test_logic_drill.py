@@ -1,0 +1,227 @@
+"""Restore drills in the operator: the config and Job a drill slot gets (validated strictly with
+kubernetes-validate and loaded by rbak's own config loader), the status a finished Job gives, the
+schedule decisions, and the gauge the chart's alert reads."""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+
+import kubernetes_validate
+import pytest
+import yaml
+from rbak_operator import bodies, drill
+from rbak_operator import resource_metrics as rm
+from rbak_operator.status import RunState
+from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
+
+from rbak.config import Config
+from rbak.drill import options_from_config
+
+DRILL_TARGET = {"amqpUrl": "amqp://staging.example.com:5672/%2f", "managementUrl": "http://staging.example.com:15672",
+                "credentialsSecretRef": {"name": "staging-admin"}}
+
+
+def _owner(spec: dict) -> dict:
+    o = copy.deepcopy(OWNER)
+    o["spec"] = spec
+    return o
+
+
+def _with_drill(spec: dict, **d) -> dict:
+    return {**spec, "verify": {"restoreDrill": {"schedule": "0 4 * * 0", **d}}}
+
+
+@pytest.mark.parametrize("spec", [CLUSTER_SPEC, URL_SPEC], ids=["cluster", "url"])
+def test_drill_job_is_valid_kubernetes_and_its_config_loads(spec):
+    spec = _with_drill(spec)
+    cfg, env = drill.drill_config(spec, "prod", "nightly-20261122-2300")
+    run = drill.drill_run_name("nightly", SLOT)
+    job = drill.drill_job(_owner(spec), run, "nightly-20261122-2300", env, SLOT)
+    kubernetes_validate.validate(job, K8S, strict=True)
+    cm = bodies.configmap_body(run, "prod", _owner(spec), cfg, drill.drill_labels("nightly"))
+    kubernetes_validate.validate(cm, K8S, strict=True)
+    assert bodies.L_BACKUP not in job["metadata"]["labels"]  # never mistaken for a backup run
+    assert job["metadata"]["labels"][bodies.L_DRILLS] == "nightly"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:1] == ["drill"] and args[args.index("--backup-id") + 1] == "nightly-20261122-2300"
+    assert args[args.index("--drill-id") + 1] == run
+    loaded = Config.from_dict(yaml.safe_load(cm["data"]["config.yaml"]), env=SECRET_ENV)
+    assert loaded.mode == "drill" and loaded.drill.target is not None
+    opts = options_from_config(loaded, drill_id=run)
+    assert opts.backup_id == "nightly-20261122-2300" and opts.drill_id == run
+    assert "management_password: ${RBAK_BROKER_PASSWORD}" in cm["data"]["config.yaml"]  # a reference, no secret
+
+
+def test_drill_target_defaults_to_the_backed_up_broker_and_can_be_another():
+    own, _ = drill.drill_config(_with_drill(URL_SPEC), "prod", "b1")
+    assert own["drill"]["target"]["amqp_url"] == "amqps://rmq.example.com:5671/%2f"
+    other, env = drill.drill_config(_with_drill(URL_SPEC, target=DRILL_TARGET), "prod", "b1")
+    assert other["drill"]["target"]["amqp_url"] == "amqp://staging.example.com:5672/%2f"
+    assert {e.secret for e in env if e.env.startswith("RBAK_BROKER")} == {"staging-admin"}
+
+
+def test_a_bad_drill_target_is_named():
+    from rbak.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"spec.verify.restoreDrill.target"):
+        drill.drill_config(_with_drill(URL_SPEC, target={"amqpUrl": "amqp://x:5672/%2f"}), "prod", "b1")
+
+
+def test_drill_spec_off_without_a_schedule_or_when_disabled():
+    assert drill.drill_spec(URL_SPEC) is None
+    assert drill.drill_spec(_with_drill(URL_SPEC, enabled=False)) is None
+    assert drill.drill_spec(_with_drill(URL_SPEC))["schedule"] == "0 4 * * 0"
+
+
+def _state(phase: str, **kw) -> RunState:
+    t = datetime(2026, 11, 22, 4, 0, tzinfo=timezone.utc)
+    return RunState(phase, start=t, end=t + timedelta(seconds=12), **kw)
+
+
+def test_result_from_the_stored_report():
+    good = {"passed": True, "scratch_vhost": "rbak-drill-b1-x",
+            "queues": [{"vhost": "/", "queue": "q", "passed": True, "actual_count": 5}]}
+    r = drill.drill_result(_state("Succeeded"), good, "b1", "nightly-drill-1")
+    assert (r["result"], r["reason"], r["queues"], r["messages"], r["failedQueues"]) == ("Passed", "DrillPassed", 1, 5, [])
+    assert r["durationSeconds"] == 12 and r["backupId"] == "b1"
+    bad = {"passed": False, "reason": "backup 'b1': queue 'q' in vhost '/': expected 5 message(s), got 4",
+           "queues": [{"vhost": "/", "queue": "q", "passed": False, "actual_count": 4}]}
+    r = drill.drill_result(_state("Failed"), bad, "b1", "nightly-drill-1")
+    assert r["result"] == "Failed" and "queue 'q'" in r["message"] and r["failedQueues"] == ["//q"]
+
+
+def test_result_without_a_report_names_the_jobs_cause():
+    r = drill.drill_result(_state("Failed", reason="BackoffLimitExceeded", message="rbak: no complete backup"),
+                           None, "b1", "j")
+    assert r["result"] == "Failed" and r["reason"] == "BackoffLimitExceeded" and "no complete backup" in r["message"]
+
+
+def test_drill_gauge_follows_the_status_and_the_alert_reads_it():
+    now = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+    obj = {"metadata": {"namespace": "messaging", "name": "nightly"}, "spec": {},
+           "status": {"restoreDrill": {"result": "Failed", "reason": "DrillFailed",
+                                       "lastRunTime": "2026-11-24T04:00:12Z"}}}
+    got = {(m, tuple(sorted(lab.items()))): v for m, lab, v in rm.samples("backup", obj, now)}
+    lab = (("backup", "nightly"), ("rbak_namespace", "messaging"))
+    assert got[("rbak_backup_restore_drill_failed", tuple(sorted(lab + (("reason", "DrillFailed"),))))] == 1
+    assert got[("rbak_backup_restore_drill_last_run_timestamp_seconds", lab)] > 0
+    obj["status"]["restoreDrill"]["result"] = "Passed"
+    got = {(m, tuple(sorted(lab.items()))): v for m, lab, v in rm.samples("backup", obj, now)}
+    assert got[("rbak_backup_restore_drill_failed", tuple(sorted(lab + (("reason", ""),))))] == 0
+    from test_metrics_rules import RULES
+
+    rule = next(r for r in RULES if r["alert"] == "RbakRestoreDrillFailed")
+    assert "rbak_backup_restore_drill_failed" in rule["expr"]
+
+
+class _FakeKube:
+    def __init__(self, jobs=()):
+        self.jobs = list(jobs)
+        self.created: list[dict] = []
+        self.configmaps: list[dict] = []
+        self.deleted: list[str] = []
+
+    def list_jobs(self, ns, labels):
+        return [j for j in self.jobs if all(j["metadata"]["labels"].get(k) == v for k, v in labels.items())]
+
+    def job_pods(self, ns, name):
+        return []
+
+    def create_configmap(self, body):
+        self.configmaps.append(body)
+        return True
+
+    def create_job(self, body):
+        self.created.append(body)
+        return True
+
+    def delete_job(self, ns, name):
+        self.deleted.append(name)
+
+    def delete_configmap(self, ns, name):
+        pass
+
+    def secret_values(self, ns, name):
+        return None
+
+
+def test_reconcile_starts_a_due_drill_once_per_slot(monkeypatch):
+    spec = _with_drill(URL_SPEC, schedule="*/5 * * * *")
+    body = _owner(spec)
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    body["status"] = {"lastBackupId": "nightly-20261122-0400"}
+    monkeypatch.setattr(drill, "_pick_backup", lambda kube, b, st: st.get("lastBackupId"))
+    events: list[tuple] = []
+    kube = _FakeKube()
+    now = datetime(2026, 11, 22, 4, 5, 3, tzinfo=timezone.utc)
+    cur = drill.reconcile(kube, body, now, lambda *a: events.append(a[1:3]))
+    assert [j["metadata"]["name"] for j in kube.created] == ["nightly-drill-20261122-0405"]
+    assert cur["active"] == "nightly-drill-20261122-0405" and cur["lastScheduleTime"] == "2026-11-22T04:05:00Z"
+    assert cur["nextRunTime"] == "2026-11-22T04:10:00Z" and events == [("Normal", "RestoreDrillStarted")]
+    body["status"]["restoreDrill"] = cur
+    kube.jobs = [dict(kube.created[0], status={"active": 1})]
+    again = drill.reconcile(kube, body, now + timedelta(seconds=10), lambda *a: events.append(a[1:3]))
+    assert len(kube.created) == 1 and again["active"] == "nightly-drill-20261122-0405"
+
+
+def test_reconcile_without_any_backup_skips_the_slot(monkeypatch):
+    body = _owner(_with_drill(URL_SPEC, schedule="*/5 * * * *"))
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    monkeypatch.setattr(drill, "_pick_backup", lambda *a: None)
+    kube = _FakeKube()
+    cur = drill.reconcile(kube, body, datetime(2026, 11, 22, 4, 5, 3, tzinfo=timezone.utc), lambda *a: None)
+    assert not kube.created and (cur["result"], cur["reason"]) == ("Skipped", "NoBackup")
+
+
+def test_reconcile_records_a_finished_drill_once_and_then_stops_patching(monkeypatch):
+    body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    job = drill.drill_job(body, "nightly-drill-20261122-0400", "b1", [], SLOT)
+    job["status"] = {"startTime": "2026-11-22T04:00:01Z", "completionTime": "2026-11-22T04:00:20Z",
+                     "conditions": [{"type": "Complete", "status": "True"}]}
+    body["status"] = {"restoreDrill": {"active": "nightly-drill-20261122-0400",
+                                       "lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    report = {"passed": False, "reason": "backup 'b1': queue 'q' in vhost '/': expected 3 message(s), the scratch "
+              "queue gave back 2", "queues": [{"vhost": "/", "queue": "q", "passed": False, "actual_count": 2}]}
+    monkeypatch.setattr(drill, "_read_report", lambda kube, b, bid, jname: report if (bid, jname) == (
+        "b1", "nightly-drill-20261122-0400") else None)
+    events: list[tuple] = []
+    kube = _FakeKube([job])
+    now = datetime(2026, 11, 22, 4, 1, tzinfo=timezone.utc)
+    cur = drill.reconcile(kube, body, now, lambda *a: events.append(a[1:]))
+    assert cur["result"] == "Failed" and cur["reason"] == "DrillFailed" and "queue 'q'" in cur["message"]
+    assert cur["active"] is None  # cleared by the merge patch
+    assert events == [("Warning", "RestoreDrillFailed",
+                       "restore drill nightly-drill-20261122-0400 of backup b1 failed: " + report["reason"])]
+    body["status"]["restoreDrill"] = {k: v for k, v in cur.items() if v is not None}
+    again = drill.reconcile(kube, body, now + timedelta(seconds=10), lambda *a: events.append(a[1:]))
+    assert again == body["status"]["restoreDrill"] and len(events) == 1  # recorded once, nothing to patch
+
+
+def test_reconcile_without_drills_lists_nothing():
+    class _NoCalls:
+        def __getattr__(self, name):
+            raise AssertionError(f"unexpected API call {name}")
+
+    assert drill.reconcile(_NoCalls(), _owner(URL_SPEC), SLOT, lambda *a: None) is None
+
+
+def test_drill_now_annotation_runs_one_drill_per_value(monkeypatch):
+    body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    body["metadata"]["annotations"] = {drill.TRIGGER_ANNOTATION: "now-1"}
+    body["status"] = {"restoreDrill": {"lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    monkeypatch.setattr(drill, "_pick_backup", lambda *a: "b1")
+    kube = _FakeKube()
+    now = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)
+    cur = drill.reconcile(kube, body, now, lambda *a: None)
+    assert [j["metadata"]["name"] for j in kube.created] == [drill.manual_run_name("nightly", "now-1")]
+    assert cur["lastManualTrigger"] == "now-1" and cur["active"] == kube.created[0]["metadata"]["name"]
+    job = kube.created[0]
+    kubernetes_validate.validate(job, K8S, strict=True)
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    kube.jobs = [job]
+    body["status"]["restoreDrill"] = cur
+    drill.reconcile(kube, body, now + timedelta(seconds=30), lambda *a: None)
+    assert len(kube.created) == 1  # the same value never runs twice
