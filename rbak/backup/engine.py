@@ -113,7 +113,8 @@ class BackupSummary:
 
 
 Progress = Callable[..., None]
-"""``progress(event, **kw)``: ``start`` (vhost, queue, total), ``advance`` (vhost, queue, n), ``done`` (summary)."""
+"""``progress(event, **kw)``: ``plan`` (queues, records or None), ``start`` (vhost, queue, total),
+``advance`` (vhost, queue, n, bytes), ``done`` (vhost, queue, summary); see ``rbak.progress.backup_events``."""
 
 
 def _noop(event: str, **kw: Any) -> None:
@@ -366,6 +367,8 @@ class BackupEngine(StreamBackup):
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()
+        streams = any(q.queue_type == "stream" for q in queues)  # a stream's depth is not what a run reads
+        self.progress("plan", queues=len(queues), records=None if streams else sum(q.messages or 0 for q in queues))
         try:
             with ThreadPoolExecutor(max_workers=self.cfg.backup.max_concurrent_queues,
                                     thread_name_prefix="rbak-backup") as pool:

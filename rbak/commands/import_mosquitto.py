@@ -24,20 +24,28 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
     p.add_argument("--skip-damaged", action="store_true",
                    help="export what can be read from a damaged file and report what was skipped")
     p.add_argument("--vhost", default="/", help="vhost recorded for the messages (default /)")
+    from .. import progress
+
+    progress.add_arguments(p)
     p.set_defaults(handler=cmd_import_mosquitto)
 
 
 def cmd_import_mosquitto(args: argparse.Namespace) -> int:
     from ..offline.mosquitto_import import import_mosquitto_db
+    from .. import progress
+    from ..storage import open_storage
 
-    summary = import_mosquitto_db(
-        args.file,
-        args.to,
-        args.backup_id,
-        prefix=args.prefix,
-        compression=args.compression,
-        skip_damaged=args.skip_damaged,
-        vhost=args.vhost,
-    )
+    with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),
+                              prefix=args.prefix) as ps:
+        summary = import_mosquitto_db(
+            args.file,
+            args.to,
+            args.backup_id,
+            prefix=args.prefix,
+            compression=args.compression,
+            skip_damaged=args.skip_damaged,
+            vhost=args.vhost,
+            progress=ps.tracker,
+        )
     print("\n".join(summary.lines()))
     return 0

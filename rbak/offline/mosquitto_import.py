@@ -83,6 +83,7 @@ def import_mosquitto_db(
     vhost: str = "/",
     now_ms: int | None = None,
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
+    progress=None,
 ) -> MosquittoImportSummary:
     layout = BackupLayout(backup_id, prefix)
     comp = Compression.parse(compression, "--compression")
@@ -96,7 +97,7 @@ def import_mosquitto_db(
     records = iter_records(db, vhost=vhost, now_ms=now, stats=stats)  # grouped by queue
     queues = ((vhost, name, "classic", recs)
               for name, recs in itertools.groupby(records, key=lambda r: r.source_queue))
-    manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp,
+    manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp, progress=progress,
                             segment_max_bytes=segment_max_bytes,
                             source_cluster=f"mosquitto:{os.path.abspath(src)}")
     summary.segments = manifest.total_segments

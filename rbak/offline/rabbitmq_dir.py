@@ -355,6 +355,7 @@ def import_rabbitmq_dir(
     queues: set[str] | None = None,
     types: set[str] | None = None,
     from_offset: int | None = None,
+    progress=None,
 ) -> ImportResult:
     """Read a stopped node's data directory into a new RBAK backup.
 
@@ -401,7 +402,7 @@ def import_rabbitmq_dir(
 
     manifest = write_backup(
         storage_url, backup_id, gen(), prefix=prefix, compression=compression,
-        source_cluster=os.path.basename(node_dir) or None,
+        source_cluster=os.path.basename(node_dir) or None, progress=progress,
     )
     return ImportResult(manifest, done, ctx)
 

@@ -58,8 +58,15 @@ def write_backup(
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
     source_cluster: str | None = None,
     rabbitmq_version: str | None = None,
+    progress=None,
 ) -> BackupManifest:
-    """Store every queue's records as segments, then the manifest; returns the manifest."""
+    """Store every queue's records as segments, then the manifest; returns the manifest.
+
+    ``progress`` (an ``rbak.progress.Tracker``) counts queues, records and body bytes as they are read."""
+    if progress is not None:
+        from ..progress import counted
+
+        queues = counted(progress, queues, lambda r: len(r.body or b""))
     if isinstance(compression, str):
         compression = Compression.parse(compression)
     layout = BackupLayout(backup_id, prefix)
