@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from .progress_status import printer_columns, progress_schema
+
 GROUP = "rbak.io"
 VERSION = "v1alpha1"
 BACKUP_PLURAL = "rabbitmqbackups"
@@ -382,6 +384,7 @@ def backup_crd() -> dict[str, Any]:
                 "what the retention policy deleted",
                 {"deletedTotal": _i("backups deleted so far"), "lastDeleted": _strlist("ids deleted last time")},
             ),
+            "progress": progress_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
     )
@@ -401,6 +404,7 @@ def backup_crd() -> dict[str, Any]:
             ("Next Run", "date", ".status.nextScheduleTime", 0),
             ("Messages", "integer", ".status.lastRun.messages", 0),
             ("Size", "string", ".status.lastRun.size", 0),
+            *printer_columns("backup"),
             ("Age", "date", ".metadata.creationTimestamp", 0),
         ],
     )
@@ -486,6 +490,7 @@ def restore_crd() -> dict[str, Any]:
             "size": _s("stored size, human readable"),
             "reason": _s("why it ended so"),
             "message": _s("details"),
+            "progress": progress_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
     )
@@ -502,6 +507,7 @@ def restore_crd() -> dict[str, Any]:
             ("Engine", "string", ".status.engine", 0),
             ("Messages", "integer", ".status.messages", 0),
             ("Size", "string", ".status.size", 0),
+            *printer_columns("restore"),
             ("Age", "date", ".metadata.creationTimestamp", 0),
         ],
         spec_required=True,
