@@ -367,8 +367,8 @@ class BackupEngine(StreamBackup):
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()
-        streams = any(q.queue_type == "stream" for q in queues)  # a stream's depth is not what a run reads
-        self.progress("plan", queues=len(queues), records=None if streams else sum(q.messages or 0 for q in queues))
+        # No records total: the management API's depths lag, and a stream's length is not what a run reads.
+        self.progress("plan", queues=len(queues), records=None)
         try:
             with ThreadPoolExecutor(max_workers=self.cfg.backup.max_concurrent_queues,
                                     thread_name_prefix="rbak-backup") as pool:

@@ -64,7 +64,7 @@ def test_backup_progress_in_status_while_the_job_runs_then_cleared(cluster, env,
     obj = wait_for(shown, 30, what="progress in the status", diag=cluster.logs)
     p = obj["status"]["progress"]
     assert obj["status"]["active"] == [job] and p["runName"] == job and p["state"] == "Running"
-    assert (p["queuesTotal"], p["messagesTotal"]) == (2, 70)
+    assert p["queuesTotal"] == 2 and "messagesTotal" not in p  # a backup's total is only known queue by queue
     assert 30 <= p["messages"] <= 70 and p["bytes"] > 0 and p["rate"].endswith("msg/s")
     assert p["currentQueue"] in (f"{env.vhost}/a", f"{env.vhost}/b")
     # kubectl get rabbitmqbackups: the columns resolve on the object
@@ -78,7 +78,7 @@ def test_backup_progress_in_status_while_the_job_runs_then_cleared(cluster, env,
     gate.touch()
     run = wait_run(cluster, name, job=job, phase="Succeeded")
     assert run["messages"] == 70
-    st = wait_for(lambda: (s := cluster.status(name)) if "progress" not in s and not s.get("active") else None, 30,
+    st = wait_for(lambda: s if "progress" not in (s := cluster.status(name)) and not s.get("active") else None, 30,
                   what="progress cleared", diag=cluster.logs)
     assert column("RabbitMQBackup", "Progress", {"status": st}) is None
     storage = s3(env)
