@@ -181,7 +181,8 @@ class PlainLines:
         self.log.info("progress %s", rec.line())
 
     def close(self, rec: ProgressRecord) -> None:
-        self.log.info("progress %s", rec.line())
+        if rec.state == FINISHED:  # a failed run says why in its one error line, nothing else
+            self.log.info("progress %s", rec.line())
 
 
 class RichBar:

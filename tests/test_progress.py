@@ -179,10 +179,15 @@ def test_session_feeds_sinks_and_final_state_follows_the_outcome():
     assert bad.final.state == FAILED
 
 
-def test_plain_lines_log_the_snapshot(caplog):
+def test_plain_lines_log_the_snapshot_and_a_failed_run_ends_silently(caplog):
     caplog.set_level(logging.INFO, "rbak.progress")
     PlainLines(1).update(record(queues_total=2, queues_done=1, records=10))
     assert "1/2 queues, 10 records" in caplog.text
+    caplog.clear()
+    PlainLines(1).close(record(state=FAILED))  # the error line says it: a bad input stays one line
+    assert caplog.text == ""
+    PlainLines(1).close(record(state=FINISHED, records=12))
+    assert "12 records" in caplog.text and "[finished" in caplog.text
 
 
 def test_cli_session_picks_the_display_and_the_reporter(monkeypatch):

@@ -686,8 +686,9 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
     if not st.finished:
         return None
     end = st.end or now
+    # progress: None even if this pass read none (a timer tick may have written one since)
     patch = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end),
-             **progress_status.cleared(status, False)}
+             "progress": None}
     started = parse_time(status["startTime"]) if status.get("startTime") else None
     if started:
         patch["durationSeconds"] = round(max(0.0, (end - started).total_seconds()), 3)

@@ -40,24 +40,31 @@ log = logging.getLogger("rbak_operator.progress")
 # the timers
 # --------------------------------------------------------------------------
 
-_storages: dict[tuple[str, str, str], Any] = {}
+_storages: dict[tuple[str, str], tuple[float, Any]] = {}
 _lock = threading.Lock()
+STORAGE_TTL = 300.0  # re-read the credentials Secret now and then: rotated keys are picked up
 
 
 def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
-    """The object's storage, opened once per spec (a Secret read and an S3 client per tick would not be cheap)."""
+    """The object's storage, opened once per spec for a few minutes (a Secret read and a new S3 client
+    on every tick would not be cheap)."""
     import json
+    import time
 
     from .handlers import open_backup_storage
 
-    key = (namespace, json.dumps(storage_spec, sort_keys=True), "")
+    key = (namespace, json.dumps(storage_spec, sort_keys=True))
+    now = time.monotonic()
     with _lock:
-        st = _storages.get(key)
-    if st is None:
-        st = open_backup_storage(kube, namespace, storage_spec)
-        if st is not None:
-            with _lock:
-                _storages[key] = st
+        hit = _storages.get(key)
+    if hit is not None and now - hit[0] < STORAGE_TTL:
+        return hit[1]
+    st = open_backup_storage(kube, namespace, storage_spec)
+    with _lock:
+        if st is None:
+            _storages.pop(key, None)
+        else:
+            _storages[key] = (now, st)
     return st
 
 
