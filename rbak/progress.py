@@ -400,9 +400,14 @@ def counted(tracker: Tracker, queues: Iterable[tuple], size: Callable[[Any], int
         tracker.start_queue(label)
 
         def each(recs=recs, label=label):
+            n = b = 0
             for r in recs:
-                tracker.advance(label, 1, size(r))
+                n, b = n + 1, b + size(r)
+                if n == 256:  # in steps: a lock per record would cost the importer's throughput
+                    tracker.advance(label, n, b)
+                    n = b = 0
                 yield r
+            tracker.advance(label, n, b)
             tracker.finish_queue(label)
 
         yield vhost, name, qtype, each()

@@ -249,8 +249,9 @@ def test_adapters_map_each_engine_to_the_same_counts():
     assert (s.queues_done, s.queues_total, s.records, s.records_total, s.bytes) == (2, 2, 7, 7, 70)
 
     t = Tracker("import", "i")
-    qs = counted(t, [("/", "a", "classic", iter([b"x", b"yy"])), ("/", "b", "classic", iter([]))], len)
+    qs = counted(t, [("/", "a", "classic", iter([b"x", b"yy"])), ("/", "b", "classic", iter([])),
+                     ("/", "c", "classic", iter([b"zzz"] * 600))], len)
     for _, _, _, recs in qs:
         list(recs)
     s = t.snapshot()
-    assert (s.queues_done, s.records, s.bytes) == (2, 2, 3)
+    assert (s.queues_done, s.records, s.bytes) == (3, 602, 1803)
