@@ -13,7 +13,7 @@ import time
 from rbak.backup import BackupEngine
 from rbak.catalog import list_backups
 from rbak.progress import (
-    FINISHED, RUNNING, ProgressSession, StorageReporter, Tracker, backup_events, latest_progress, restore_events,
+    FINISHED, RUNNING, ProgressRecord, ProgressSession, StorageReporter, Tracker, backup_events, latest_progress, restore_events,
 )
 from rbak.restore import run_restore
 from rbak.storage.base import Storage
@@ -154,3 +154,20 @@ def test_cli_backup_stores_progress_on_write_once_storage(rmq310, vhost_factory,
     assert (last.state, last.queues_done, last.queues_total, last.records) == (FINISHED, 1, 1, 600)
     assert [b.backup_id for b in list_backups(storage, "locked")] == ["wo-1"]
     assert validate_backup(storage, "wo-1", "locked").ok
+    # rbak restore --store-progress RUN_ID into the same bucket: its own run id, its totals from the manifest
+    r = subprocess.run([sys.executable, "-m", "rbak", "restore", "--path", lock_bucket.url_with_prefix(""),
+                        "--prefix", "locked", "--backup-id", "wo-1", "--management-url", rmq310.management_url,
+                        "--publish-mode", "queue", "--allow-non-empty", "--json", "--store-progress", "restore-wo-1",
+                        "--progress-interval", "0.05"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "RBAK_TARGET_URL": rmq310.amqp_url(vh)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["confirmed"] == 600
+    # a storage URL does not say Object Lock: the run removed its records (delete markers on this bucket)
+    assert latest_progress(storage, "locked", "restore", "restore-wo-1") is None
+    c = lock_bucket.client()
+    vs = c.list_object_versions(Bucket=lock_bucket.bucket, Prefix="locked/_progress/restore/restore-wo-1/")["Versions"]
+    newest = max(vs, key=lambda v: v["Key"])
+    body = c.get_object(Bucket=lock_bucket.bucket, Key=newest["Key"], VersionId=newest["VersionId"])["Body"].read()
+    last = ProgressRecord.from_json(body, newest["Key"])
+    assert (last.state, last.queues_done, last.queues_total, last.records, last.records_total) == (FINISHED, 1, 1, 600, 600)
+    assert rmq310.message_count(vh, "orders") == 1200  # the source's 600 plus the restored 600
