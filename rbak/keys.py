@@ -34,6 +34,8 @@ VALIDATION_DIR = "validation"
 RESTORE_DIR = "restore"
 DRILLS_DIR = "drills"
 GUARDS_DIR = "_guards"  # beside the backups; never a backup id (ids start with a letter or digit)
+PROGRESS_DIR = "_progress"  # live progress records of running jobs; beside the backups, never backup content
+PROGRESS_KINDS = ("backup", "restore", "import", "validate")
 
 _SAFE = "-._~"  # quote() keeps ASCII letters and digits, plus these
 BACKUP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -118,6 +120,23 @@ def guard_key(prefix: str | None, source_cluster: str, vhost: str, queue: str) -
     p = normalize_prefix(prefix)
     key = f"{GUARDS_DIR}/{encode_name(source_cluster)}/{encode_vhost(vhost)}/{encode_name(queue)}.json"
     return f"{p}/{key}" if p else key
+
+
+def progress_prefix(prefix: str | None, kind: str, run_id: str) -> str:
+    """``{prefix}/_progress/{kind}/{run_id}/``: where one run's progress records go (one new key per
+    update, so write-once storage is never asked to rewrite one). Outside every backup's folder, so
+    list, retention and validate never see them."""
+    if kind not in PROGRESS_KINDS:
+        raise ConfigError(f"progress kind: {kind!r} is not one of {', '.join(PROGRESS_KINDS)}")
+    check_backup_id(run_id, "progress run id")
+    p = normalize_prefix(prefix)
+    key = f"{PROGRESS_DIR}/{kind}/{run_id}/"
+    return f"{p}/{key}" if p else key
+
+
+def progress_key(prefix: str | None, kind: str, run_id: str, time_ms: int, seq: int) -> str:
+    """One progress record: named by time then sequence, so the newest sorts last (reruns included)."""
+    return f"{progress_prefix(prefix, kind, run_id)}{time_ms:013d}-{seq:06d}.json"
 
 
 class BackupLayout:

@@ -122,15 +122,19 @@ def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str
              secret_env: list[SecretEnv], args: list[str], labels: dict[str, str],
              annotations: dict[str, str] | None = None,
              validate_args: list[str] | None = None, config_name: str | None = None,
-             with_config: bool = True) -> dict[str, Any]:
+             with_config: bool = True, progress_id: str | None = None) -> dict[str, Any]:
     """A run's Job; with ``validate_args`` the run is an init container and validation the main one.
+
+    ``progress_id``: the run stores progress records under that id in the storage (``RBAK_PROGRESS_ID``),
+    which the operator shows in the status while the Job runs.
 
     ``with_config=False`` (a validation Job, whose command takes flags only)
     mounts no ConfigMap, so it cannot hang on a run's ConfigMap that the
     Job history limit already deleted."""
     vols, mounts = _volumes((config_name or name) if with_config else None, storage)
     env = _env(secret_env)
-    main = _container("rbak", spec, args, env, mounts)
+    run_env = env + progress_env(progress_id) if progress_id else env
+    main = _container("rbak", spec, args, run_env, mounts)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
@@ -161,6 +165,12 @@ def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str
         },
         "spec": job_spec,
     }
+
+
+def progress_env(run_id: str) -> list[dict[str, Any]]:
+    from .progress_status import INTERVAL, RUN_ID_ENV, INTERVAL_ENV
+
+    return [{"name": RUN_ID_ENV, "value": run_id}, {"name": INTERVAL_ENV, "value": f"{INTERVAL:g}"}]
 
 
 def backup_args(config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}") -> list[str]:

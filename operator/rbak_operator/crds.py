@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from .progress_status import printer_columns, progress_schema
+
 GROUP = "rbak.io"
 VERSION = "v1alpha1"
 BACKUP_PLURAL = "rabbitmqbackups"
@@ -386,6 +388,7 @@ def backup_crd() -> dict[str, Any]:
                 {"deletedTotal": _i("backups deleted so far"), "lastDeleted": _strlist("ids deleted last time")},
             ),
             "restoreDrill": restore_drill_status_schema(),
+            "progress": progress_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
     )
@@ -406,6 +409,7 @@ def backup_crd() -> dict[str, Any]:
             ("Messages", "integer", ".status.lastRun.messages", 0),
             ("Size", "string", ".status.lastRun.size", 0),
             ("Last Drill", "string", ".status.restoreDrill.result", 1),
+            *printer_columns("backup"),
             ("Age", "date", ".metadata.creationTimestamp", 0),
         ],
     )
@@ -491,6 +495,7 @@ def restore_crd() -> dict[str, Any]:
             "size": _s("stored size, human readable"),
             "reason": _s("why it ended so"),
             "message": _s("details"),
+            "progress": progress_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
     )
@@ -507,6 +512,7 @@ def restore_crd() -> dict[str, Any]:
             ("Engine", "string", ".status.engine", 0),
             ("Messages", "integer", ".status.messages", 0),
             ("Size", "string", ".status.size", 0),
+            *printer_columns("restore"),
             ("Age", "date", ".metadata.creationTimestamp", 0),
         ],
         spec_required=True,

@@ -26,7 +26,7 @@ import kopf
 
 from rbak.errors import RbakError
 
-from . import bodies, drill, metrics, naming, policy, rbakconfig, schedule
+from . import bodies, drill, metrics, naming, policy, progress, progress_status, rbakconfig, resource_metrics, schedule
 from .clock import fmt, now as clock_now, parse_time
 from .credentials import MissingSecret, resolve_broker
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
@@ -145,7 +145,7 @@ def _start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: 
     kube.create_configmap(bodies.configmap_body(run_name, ns, body, cfg, labels))
     job = bodies.job_body(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
                           secret_env=secret_env, args=bodies.backup_args(), labels=labels,
-                          annotations=annotations, validate_args=vargs)
+                          annotations=annotations, validate_args=vargs, progress_id=run_name)
     created = kube.create_job(job)
     if created:
         metrics.STARTED.labels("backup", trigger).inc()
@@ -366,6 +366,7 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
         conditions = set_condition(conditions, "Ready", "True", "Configured", "waiting for the first run", now, generation)
     patch["phase"] = phase
     patch["conditions"] = conditions
+    patch.update(progress_status.cleared(status, bool(active)))  # the run ended: its counts are in lastRun
     if generation is not None:
         patch["observedGeneration"] = generation
     changed = {k: v for k, v in patch.items() if status.get(k) != v}
@@ -669,7 +670,8 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
         else:
             created = kube.create_job(bodies.job_body(
                 name=run, namespace=namespace, owner=body, spec=spec, storage=storage, secret_env=secret_env,
-                args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id}))
+                args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id},
+                progress_id=run))
         if created:
             metrics.STARTED.labels("restore", "manual").inc()
             _event(body, "Normal", "RestoreStarted", f"restoring backup {backup_id} with {engine} {run}")
@@ -689,7 +691,9 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
     if not st.finished:
         return None
     end = st.end or now
-    patch = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end)}
+    # progress: None even if this pass read none (a timer tick may have written one since)
+    patch = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end),
+             "progress": None}
     started = parse_time(status["startTime"]) if status.get("startTime") else None
     if started:
         patch["durationSeconds"] = round(max(0.0, (end - started).total_seconds()), 3)
@@ -723,6 +727,22 @@ def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str
 @kopf.daemon(GROUP, VERSION, RESTORE_PLURAL, initial_delay=0.2, cancellation_timeout=10)
 async def restore_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
     await _loop(reconcile_restore, "RabbitMQRestore", name, namespace, stopped, logger)
+
+
+@kopf.on.event(GROUP, VERSION, BACKUP_PLURAL)
+def backup_gone(type: str, name: str, namespace: str, **_: Any) -> None:  # noqa: A002 - kopf's keyword
+    """A deleted RabbitMQBackup's per-resource gauges go with it (every labelled series)."""
+    if type == "DELETED":
+        resource_metrics.forget(BACKUP_PLURAL, namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, RESTORE_PLURAL)
+def restore_gone(type: str, name: str, namespace: str, **_: Any) -> None:  # noqa: A002
+    if type == "DELETED":
+        resource_metrics.forget(RESTORE_PLURAL, namespace, name)
+
+
+assert progress.backup_progress and progress.restore_progress  # registered (timers) before the loop below
 
 
 def _daemons_without_finalizer() -> None:

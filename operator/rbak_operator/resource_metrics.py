@@ -132,11 +132,24 @@ def observe(plural: str, obj: dict[str, Any] | None) -> None:
         log.exception("cannot update metrics of %s", plural)
 
 
-def forget(plural: str, namespace: str, name: str) -> None:
-    """Drop a deleted object's series."""
+def forget(plural: str, namespace: str, name: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Drop every series of a deleted object (whatever reason label it carried, seen by this process
+    or not); returns the (metric, labels) removed."""
     kind = "backup" if plural == "rabbitmqbackups" else "restore"
-    for metric, labels in _seen.pop((kind, namespace, name), []):
-        try:
-            _GAUGES[metric].remove(*labels)
-        except KeyError:
-            pass
+    _seen.pop((kind, namespace, name), None)
+    removed = []
+    for metric, (_doc, labelnames) in METRICS.items():
+        if labelnames[1] != kind:
+            continue
+        gauge = _GAUGES[metric]
+        for fam in gauge.collect():
+            for sample in fam.samples:
+                lab = sample.labels
+                if lab.get("rbak_namespace") == namespace and lab.get(kind) == name:
+                    values = tuple(lab[n] for n in labelnames)
+                    try:
+                        gauge.remove(*values)
+                        removed.append((metric, values))
+                    except KeyError:
+                        pass
+    return removed

@@ -113,7 +113,8 @@ class BackupSummary:
 
 
 Progress = Callable[..., None]
-"""``progress(event, **kw)``: ``start`` (vhost, queue, total), ``advance`` (vhost, queue, n), ``done`` (summary)."""
+"""``progress(event, **kw)``: ``plan`` (queues, records or None), ``start`` (vhost, queue, total),
+``advance`` (vhost, queue, n, bytes), ``done`` (vhost, queue, summary); see ``rbak.progress.backup_events``."""
 
 
 def _noop(event: str, **kw: Any) -> None:
@@ -366,6 +367,8 @@ class BackupEngine(StreamBackup):
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()
+        # No records total: the management API's depths lag, and a stream's length is not what a run reads.
+        self.progress("plan", queues=len(queues), records=None)
         try:
             with ThreadPoolExecutor(max_workers=self.cfg.backup.max_concurrent_queues,
                                     thread_name_prefix="rbak-backup") as pool:

@@ -110,8 +110,8 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
         if state["n"] % 500 == 0:  # metrics and progress in steps: a lock per message costs throughput
             read_c.inc(500)
             bytes_c.inc(state["b"])
+            progress("advance", vhost=vhost, queue=name, n=500, bytes=state["b"])
             state["b"] = 0
-            progress("advance", vhost=vhost, queue=name, n=500)
 
     try:
         read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit, return_mode=mode,
@@ -133,7 +133,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     segments = writer.close()
     read_c.inc(state["n"] % 500)
     bytes_c.inc(state["b"])
-    progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
+    progress("advance", vhost=vhost, queue=name, n=state["n"] % 500, bytes=state["b"])
     qb = QueueBackup(vhost, name, qtype)
     for s in segments:
         qb.add_segment(s)

@@ -2,7 +2,7 @@
 
 With no config, the embedded default backs up the local broker
 (amqp://guest:guest@localhost:5672, management on 15672) to ``./rbak-backups``.
-Progress: rich bars per queue on a terminal, plain log lines otherwise;
+Progress (``rbak.progress``): a rich bar on a terminal, plain periodic log lines otherwise;
 ``--json`` prints the summary as JSON on stdout.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-from typing import Any
 
 log = logging.getLogger("rbak.backup")
 
@@ -26,7 +24,9 @@ def register(sub, import_sub) -> None:
     p.add_argument("--vhost", action="append", metavar="VHOST",
                    help="back up only this vhost (repeatable; overrides source.queues.vhosts)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-progress", action="store_true", help="plain log lines even on a terminal")
+    from .. import progress
+
+    progress.add_arguments(p)
     p.set_defaults(handler=run)
 
     r = sub.add_parser("config-reference", help="print the configuration reference (Markdown) or --json-schema")
@@ -92,43 +92,8 @@ def _apply_path(cfg, path: str) -> None:
         raise ConfigError(f"--path: unsupported storage URL {path!r} (a directory, file://, s3:// or memory://)")
 
 
-class _RichProgress:
-    def __init__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          transient=False)
-        self.tasks: dict[tuple[str, str], Any] = {}
-
-    def __enter__(self):
-        self.p.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.p.stop()
-
-    def __call__(self, event: str, **kw: Any) -> None:
-        key = (kw.get("vhost"), kw.get("queue"))
-        if event == "start":
-            self.tasks[key] = self.p.add_task(f"{key[0]}/{key[1]}", total=kw.get("total"))
-        elif event == "advance" and key in self.tasks:
-            self.p.advance(self.tasks[key], kw.get("n", 0))
-        elif event == "done" and key in self.tasks:
-            s = kw["summary"]
-            self.p.update(self.tasks[key], completed=s.messages, total=max(s.messages, 1) if s.status not in ("failed", "refused") else None,
-                          description=f"{key[0]}/{key[1]} [{s.status}]")
-
-
-def _plain_progress(event: str, **kw: Any) -> None:
-    if event == "done":
-        s = kw["summary"]
-        if s.status in ("failed", "refused"):
-            return  # the engine logs the error itself
-        log.info("%s/%s (%s): %d messages, %d segments [%s]", s.vhost, s.name, s.queue_type, s.messages,
-                 s.segments, s.status)
-
-
 def run(args) -> int:
+    from .. import progress
     from ..backup import BackupEngine, BackupError
     from .. import metrics as bmetrics
 
@@ -136,14 +101,11 @@ def run(args) -> int:
         logging.getLogger("pika").setLevel(logging.WARNING)  # pika's INFO is one line per socket event
     cfg = build_config(args)
     server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None
-    use_rich = sys.stderr.isatty() and not args.json and not args.no_progress
     log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, cfg.storage.storage_url())
     try:
-        if use_rich:
-            with _RichProgress() as prog:
-                summary = BackupEngine(cfg, progress=prog).run()
-        else:
-            summary = BackupEngine(cfg, progress=_plain_progress).run()
+        storage = cfg.storage.open()
+        with progress.cli_session("backup", cfg.backup_id, args, storage=storage, prefix=cfg.storage.prefix) as ps:
+            summary = BackupEngine(cfg, storage=storage, progress=progress.backup_events(ps.tracker)).run()
     except BackupError as e:
         s = getattr(e, "summary", None)
         if args.json and s is not None:

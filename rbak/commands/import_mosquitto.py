@@ -26,21 +26,30 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
                    help="export what can be read from a damaged file and report what was skipped")
     p.add_argument("--vhost", default="/", help="vhost recorded for the messages (default /)")
     add_encryption_args(p)
+    from .. import progress
+
+    progress.add_arguments(p)
     p.set_defaults(handler=cmd_import_mosquitto)
 
 
 def cmd_import_mosquitto(args: argparse.Namespace) -> int:
+    from .. import progress
     from ..offline.mosquitto import import_mosquitto_db
+    from ..storage import open_storage
 
-    summary = import_mosquitto_db(
-        args.file,
-        args.to,
-        args.backup_id,
-        prefix=args.prefix,
-        compression=args.compression,
-        skip_damaged=args.skip_damaged,
-        vhost=args.vhost,
-        codec=import_codec_from(args, args.backup_id),
-    )
+    codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else
+    with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),
+                              prefix=args.prefix) as ps:
+        summary = import_mosquitto_db(
+            args.file,
+            args.to,
+            args.backup_id,
+            prefix=args.prefix,
+            compression=args.compression,
+            skip_damaged=args.skip_damaged,
+            vhost=args.vhost,
+            codec=codec,
+            progress=ps.tracker,
+        )
     print("\n".join(summary.lines()))
     return 0

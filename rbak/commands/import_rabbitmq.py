@@ -36,21 +36,30 @@ def register(subparsers, import_subparsers) -> None:
     p.add_argument("--from-offset", type=int, default=None, metavar="N",
                    help="start every stream at this offset instead of the first one present")
     add_encryption_args(p)
+    from .. import progress
+
+    progress.add_arguments(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..offline.rabbitmq_dir import import_rabbitmq_dir
+    from .. import progress
+    from ..storage import open_storage
 
-    res = import_rabbitmq_dir(
-        args.path, args.to, args.backup_id, prefix=args.prefix, compression=args.compression,
-        skip_damaged=args.skip_damaged,
-        vhosts=set(args.vhost) if args.vhost else None,
-        queues=set(args.queue) if args.queue else None,
-        types={t.strip() for t in args.types.split(",") if t.strip()},
-        from_offset=args.from_offset,
-        codec=import_codec_from(args, args.backup_id),
-    )
+    codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else
+    with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),
+                              prefix=args.prefix) as ps:
+        res = import_rabbitmq_dir(
+            args.path, args.to, args.backup_id, prefix=args.prefix, compression=args.compression,
+            skip_damaged=args.skip_damaged,
+            vhosts=set(args.vhost) if args.vhost else None,
+            queues=set(args.queue) if args.queue else None,
+            types={t.strip() for t in args.types.split(",") if t.strip()},
+            from_offset=args.from_offset,
+            codec=codec,
+            progress=ps.tracker,
+        )
     m = res.manifest
     out = sys.stdout
     counts: dict[str, list[int]] = {}

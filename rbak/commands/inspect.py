@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
     p.add_argument("--write-report", action="store_true",
                    help="store the report next to the backup (validation/report-<ts>.json); a backup whose newest "
                         "report failed is skipped when a restore picks the latest backup")
+    from .. import progress
+
+    progress.add_arguments(p)
     p.set_defaults(handler=cmd_validate)
 
 
@@ -197,23 +200,15 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    storage = open_storage(args.path)
-    progress = None
-    bar = None
-    if args.deep and args.format == "text" and sys.stderr.isatty():
-        from rich.progress import Progress
+    from .. import progress
 
-        m = load_manifest(storage, args.backup_id, args.prefix)
-        bar = Progress(transient=True)
-        task = bar.add_task("validating", total=m.total_segments)
-        bar.start()
-        progress = lambda _c: bar.advance(task)  # noqa: E731
-    try:
-        report = validate_backup(storage, args.backup_id, args.prefix, deep=args.deep,
-                                 workers=args.workers, progress=progress, keyring=load_keyring(args.keys_file))
-    finally:
-        if bar is not None:
-            bar.stop()
+    storage = open_storage(args.path)
+    m = load_manifest(storage, args.backup_id, args.prefix)
+    with progress.cli_session("validate", args.backup_id, args, storage=storage, prefix=args.prefix,
+                              display=args.format == "text") as ps:
+        report = validate_backup(storage, args.backup_id, args.prefix, deep=args.deep, workers=args.workers,
+                                 progress=progress.validate_events(ps.tracker, m),
+                                 keyring=load_keyring(args.keys_file))
     report_key = None
     if args.write_report:
         obj = report.to_json_obj()

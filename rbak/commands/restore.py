@@ -46,6 +46,9 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--keys-file", default=None, help="encryption keyring for encrypted backups (a file or a mounted "
                    "Secret directory; RBAK_ENCRYPTION_KEYS is also read; without --config)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from .. import progress
+
+    progress.add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -106,27 +109,12 @@ def run(args: Any) -> int:
         from ..metrics import serve  # the same endpoint and path handling as `rbak backup`
 
         serve(metrics_cfg)
-    progress = None
-    on_progress: Any = None
-    if not args.json and sys.stderr.isatty() and not options.dry_run:
-        from rich.progress import Progress
+    from .. import progress
 
-        progress = Progress(transient=False)
-        tasks: dict[tuple[str, str], Any] = {}
-
-        def show(r):  # called from worker threads; rich's Progress is thread-safe
-            key = (r.source_vhost, r.source_queue)
-            if key not in tasks:
-                tasks[key] = progress.add_task(f"{r.source_vhost}/{r.source_queue}", total=r.planned or None)
-            progress.update(tasks[key], completed=r.confirmed)
-
-        on_progress = show
-        progress.start()
-    try:
-        summary = run_restore(storage, options, on_progress=on_progress)
-    finally:
-        if progress is not None:
-            progress.stop()
+    with progress.cli_session("restore", options.backup_id, args, storage=storage, prefix=options.prefix,
+                              display=not options.dry_run) as ps:
+        on_plan, on_progress = progress.restore_events(ps.tracker)
+        summary = run_restore(storage, options, on_progress=on_progress, on_plan=on_plan)
     if args.json:
         print(json.dumps(summary.to_json_obj(), indent=2))
     else:

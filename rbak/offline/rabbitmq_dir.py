@@ -362,6 +362,7 @@ def import_rabbitmq_dir(
     types: set[str] | None = None,
     from_offset: int | None = None,
     codec=None,
+    progress=None,
 ) -> ImportResult:
     """Read a stopped node's data directory into a new RBAK backup.
 
@@ -408,7 +409,7 @@ def import_rabbitmq_dir(
 
     manifest = write_backup(
         storage_url, backup_id, gen(), prefix=prefix, compression=compression,
-        source_cluster=os.path.basename(node_dir) or None, codec=codec,
+        source_cluster=os.path.basename(node_dir) or None, codec=codec, progress=progress,
     )
     return ImportResult(manifest, done, ctx)
 

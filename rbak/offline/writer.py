@@ -60,12 +60,18 @@ def write_backup(
     source_cluster: str | None = None,
     rabbitmq_version: str | None = None,
     codec: ObjectCodec | None = None,
+    progress=None,
 ) -> BackupManifest:
     """Store every queue's records as segments, then the manifest; returns the manifest.
 
     ``codec`` (``crypto.import_codec``) seals every segment like an encrypted backup's; the manifest
-    stays plaintext and names the key id."""
+    stays plaintext and names the key id. ``progress`` (an ``rbak.progress.Tracker``) counts queues,
+    records and body bytes as they are read."""
     codec = codec or ObjectCodec(backup_id)
+    if progress is not None:
+        from ..progress import counted
+
+        queues = counted(progress, queues, lambda r: len(r.body or b""))
     if isinstance(compression, str):
         compression = Compression.parse(compression)
     layout = BackupLayout(backup_id, prefix)

@@ -142,13 +142,19 @@ def check_before_publishing(storage: Storage, manifest: BackupManifest, plans: l
 
 
 def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable[[QueueResult], None] | None = None,
-                manifest: BackupManifest | None = None) -> RestoreSummary:
-    """Definitions (if asked), then every selected queue; a failed definitions import stops here."""
+                manifest: BackupManifest | None = None,
+                on_plan: Callable[[list[QueuePlan]], None] | None = None) -> RestoreSummary:
+    """Definitions (if asked), then every selected queue; a failed definitions import stops here.
+
+    ``on_plan`` gets the queue plans before any publish; ``on_progress`` each queue's result as its
+    confirms grow and once more when it ended (its final status)."""
     t0 = time.monotonic()
     dry = options.dry_run or options.definitions_dry_run  # a dry run of either part writes nothing anywhere
     summary = RestoreSummary(options.backup_id, dry)
     manifest = manifest or load_complete_manifest(storage, options, summary.warnings)
     plans = plan_restore(manifest, options)  # config errors before touching the broker
+    if on_plan is not None:
+        on_plan(plans)
     chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
     if options.restore_messages:
         check_before_publishing(storage, manifest, plans, options)
@@ -175,6 +181,8 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
             try:
                 r = restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
                 r.chain = list(chains.get((p.source_vhost, p.source_queue), ()))
+                if on_progress is not None:
+                    on_progress(r)
                 return r
             except RbakError as e:
                 metrics.errors().labels(error_type=metrics.error_type(e)).inc()
@@ -184,10 +192,20 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
                     r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
                     r.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
                 r.status, r.error = "failed", str(e)
+                if on_progress is not None:
+                    on_progress(r)
                 return r
 
         with ThreadPoolExecutor(max_workers=options.max_concurrent_queues, thread_name_prefix="rbak-restore") as ex:
-            summary.queues = list(ex.map(lambda p: skipped_by_definitions(p, summary.definitions) or work(p), plans))
+            def skip_or_work(p: QueuePlan) -> QueueResult:
+                r = skipped_by_definitions(p, summary.definitions)
+                if r is None:
+                    return work(p)
+                if on_progress is not None:
+                    on_progress(r)
+                return r
+
+            summary.queues = list(ex.map(skip_or_work, plans))
     finally:
         cp.close()
     summary.duration_secs = time.monotonic() - t0

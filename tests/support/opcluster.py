@@ -9,6 +9,8 @@ containers (same command and args, ``python`` being this interpreter), creates
 a Pod object carrying the termination message, and writes the Job's status.
 A failing init container fails the pod; the containers after it never run.
 
+``PodRunner.extra_env`` adds variables to every pod (``PYTHONPATH`` is
+prepended), e.g. a ``sitecustomize`` that holds a run at a chosen point.
 Tests may register ``PodRunner.hooks``: ``hook(run_name, container_name)``
 is called just before a container (or a SparkApplication's driver,
 ``spark-kubernetes-driver``) starts, e.g. to damage storage between a
@@ -203,6 +205,7 @@ class PodRunner:
         self._running: dict[str, threading.Thread] = {}
         self.errors: list[str] = []
         self.hooks: list[Callable[[str, str], None]] = []
+        self.extra_env: dict[str, str] = {}  # added to every pod (PYTHONPATH: prepended), like a mutating webhook
 
     def _before(self, run: str, container: str) -> None:
         for hook in list(self.hooks):
@@ -260,6 +263,8 @@ class PodRunner:
                 if ref["key"] not in data:
                     raise LookupError(f'couldn\'t find key {ref["key"]} in Secret {self.ns}/{ref["name"]}')
                 env[e["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        for k, v in self.extra_env.items():
+            env[k] = v + os.pathsep + env[k] if k == "PYTHONPATH" else v
         return env
 
     def _mounts(self, pod_spec: dict, workdir: Path) -> dict[str, str]:
@@ -402,6 +407,7 @@ class Operator:
             "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),
             "RBAK_OPERATOR_STANDALONE": "1",
             "RBAK_OPERATOR_TICK_SECONDS": "1",
+            "RBAK_OPERATOR_PROGRESS_SECONDS": "0.5",  # Jobs store progress and the operator reads it this often
             "RBAK_OPERATOR_CLOCK_FILE": str(self.clock_file),
             "RBAK_METRICS_PORT": "0",
             "RBAK_IMAGE": "rbak:test",

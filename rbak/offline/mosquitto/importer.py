@@ -85,6 +85,7 @@ def import_mosquitto_db(
     now_ms: int | None = None,
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
     codec=None,
+    progress=None,
 ) -> MosquittoImportSummary:
     layout = BackupLayout(backup_id, prefix)
     comp = Compression.parse(compression, "--compression")
@@ -98,7 +99,7 @@ def import_mosquitto_db(
     records = iter_records(db, vhost=vhost, now_ms=now, stats=stats)  # grouped by queue
     queues = ((vhost, name, "classic", recs)
               for name, recs in itertools.groupby(records, key=lambda r: r.source_queue))
-    manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp,
+    manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp, progress=progress,
                             segment_max_bytes=segment_max_bytes,
                             source_cluster=f"mosquitto:{os.path.abspath(src)}", codec=codec)
     summary.segments = manifest.total_segments

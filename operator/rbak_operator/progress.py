@@ -1,0 +1,123 @@
+"""Live progress of running backup/restore Jobs in the resources' status.
+
+Why storage: the Job's pod gets no Kubernetes API rights at all (no RBAC on
+custom resources, not even on its own pod), and pod logs or termination
+messages are either unreadable while it runs or only its last words. The CLI
+already writes to the backup storage, so it stores a small progress record
+every few seconds under ``{prefix}/_progress/{backup|restore}/{run}/`` (one
+new key per update: Object Lock mode is never asked to rewrite an object;
+outside it the Job deletes its old records as it goes). The operator already
+reads that storage for manifests, retention and reports.
+
+One kopf timer per RabbitMQBackup / RabbitMQRestore, filtered to objects
+with a running Job (``status.active`` / ``phase: Running``): kopf starts it
+when a run starts and stops it when the status says the run ended, so an
+idle object costs nothing. Each tick is one storage LIST + one GET and a
+status patch only when something changed. The reconcile loop clears
+``status.progress`` when the run ends (its counts then come from the
+manifest, as before).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from rbak.errors import RbakError
+from rbak.progress import latest_progress
+
+from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
+from .progress_status import INTERVAL, progress_patch, watched_run
+
+log = logging.getLogger("rbak_operator.progress")
+
+
+
+# --------------------------------------------------------------------------
+# the timers
+# --------------------------------------------------------------------------
+
+_storages: dict[tuple[str, str], tuple[float, Any]] = {}
+_lock = threading.Lock()
+STORAGE_TTL = 300.0  # re-read the credentials Secret now and then: rotated keys are picked up
+
+
+def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
+    """The object's storage, opened once per spec for a few minutes (a Secret read and a new S3 client
+    on every tick would not be cheap)."""
+    import json
+    import time
+
+    from .handlers import open_backup_storage
+
+    key = (namespace, json.dumps(storage_spec, sort_keys=True))
+    now = time.monotonic()
+    with _lock:
+        hit = _storages.get(key)
+    if hit is not None and now - hit[0] < STORAGE_TTL:
+        return hit[1]
+    st = open_backup_storage(kube, namespace, storage_spec)
+    with _lock:
+        if st is None:
+            _storages.pop(key, None)
+        else:
+            _storages[key] = (now, st)
+    return st
+
+
+def poll(kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """One tick: read the newest record of the object's running Job and patch the status if it changed."""
+    from . import rbakconfig
+
+    plural = BACKUP_PLURAL if kind == "backup" else RESTORE_PLURAL
+    body = kube.get_cr(plural, namespace, name)  # fresh: the run may have ended since kopf's last event
+    if body is None:
+        return None
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    run = watched_run(kind, status)
+    if run is None:
+        return None
+    storage_spec = spec.get("storage")
+    if kind == "restore" and spec.get("backupRef"):
+        backup = kube.get_backup(namespace, spec["backupRef"]["name"]) or {}
+        storage_spec = (backup.get("spec") or {}).get("storage")
+    if not storage_spec:
+        return None
+    st = _storage(kube, namespace, storage_spec)
+    if st is None:  # a PVC the operator does not mount
+        return None
+    rec = latest_progress(st, rbakconfig.storage_prefix(storage_spec), kind, run)
+    patch = progress_patch(status, run, rec)
+    if patch:
+        kube.patch_status(plural, namespace, name, patch)
+    return patch
+
+
+def _safe_poll(kind: str, namespace: str, name: str, logger) -> None:
+    from .k8s import ApiError, Kube
+
+    try:
+        poll(Kube(), kind, namespace, name)
+    except (RbakError, ApiError) as e:  # progress is best effort; the next tick tries again
+        logger.debug("progress of %s %s/%s: %s", kind, namespace, name, e)
+
+
+def _backup_running(status: dict[str, Any], **_: Any) -> bool:
+    return watched_run("backup", status) is not None
+
+
+def _restore_running(status: dict[str, Any], **_: Any) -> bool:
+    return watched_run("restore", status) is not None
+
+
+@kopf.timer(GROUP, VERSION, BACKUP_PLURAL, interval=INTERVAL, when=_backup_running)
+def backup_progress(name: str, namespace: str, logger, **_: Any) -> None:
+    _safe_poll("backup", namespace, name, logger)
+
+
+@kopf.timer(GROUP, VERSION, RESTORE_PLURAL, interval=INTERVAL, when=_restore_running)
+def restore_progress(name: str, namespace: str, logger, **_: Any) -> None:
+    _safe_poll("restore", namespace, name, logger)
