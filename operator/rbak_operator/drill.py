@@ -123,7 +123,7 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
 def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str) -> dict[str, Any] | None:
     from rbak.drill import find_drill_report
 
-    from .handlers import open_backup_storage
+    from .storage_access import open_backup_storage
 
     spec = body.get("spec") or {}
     try:
@@ -141,7 +141,7 @@ def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str
     """The newest complete backup in storage (what a restore would take), else the last successful run's."""
     from rbak.catalog import latest_complete
 
-    from .handlers import open_backup_storage
+    from .storage_access import open_backup_storage
 
     spec = body.get("spec") or {}
     try:

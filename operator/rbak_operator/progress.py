@@ -51,7 +51,7 @@ def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
     import json
     import time
 
-    from .handlers import open_backup_storage
+    from .storage_access import open_backup_storage
 
     key = (namespace, json.dumps(storage_spec, sort_keys=True))
     now = time.monotonic()

@@ -17,6 +17,8 @@ from .clock import fmt, parse_time
 
 SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}
 
+GONE = "gone"  # what a reconcile returns when its object is gone or finished: its loop ends
+
 
 @dataclass(frozen=True, slots=True)
 class RunState:

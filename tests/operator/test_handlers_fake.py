@@ -13,6 +13,7 @@ import pytest
 from rbak.catalog import list_backups
 from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 from rbak.storage.url import open_storage
+from rbak_operator import clock as op_clock
 from rbak_operator import handlers
 
 NS = "ns"
@@ -109,7 +110,7 @@ def pvc(tmp_path, monkeypatch):
 @pytest.fixture
 def clock(monkeypatch):
     box = {"now": t("2030-01-01T00:00:30Z")}
-    monkeypatch.setattr(handlers, "clock_now", lambda: box["now"])
+    monkeypatch.setattr(op_clock, "now", lambda: box["now"])
     return box
 
 

@@ -341,6 +341,6 @@ def test_backup_claims_are_mounted_where_the_operator_looks_for_them():
     root = env["RBAK_OPERATOR_PVC_ROOT"]
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
-    # handlers.open_backup_storage reads <RBAK_OPERATOR_PVC_ROOT>/<claimName>/<path>
+    # storage_access.open_backup_storage reads <RBAK_OPERATOR_PVC_ROOT>/<claimName>/<path>
     assert {mounts[n] for n in claims} == {f"{root}/rabbit-backups"}
     assert "RBAK_OPERATOR_PVC_ROOT" not in operator_env(manifests(render_chart({})))

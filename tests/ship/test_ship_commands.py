@@ -138,13 +138,13 @@ def literal_args(elts: list[ast.expr]) -> list[str]:
 def spark_restore_arguments() -> list[list[str]]:
     """The `arguments` the operator's handlers pass to spark_application_body, read from its source.
 
-    They are built inline in handlers.py (not in a pure builder), so read the
+    They are built inline in the reconcilers (not in a pure builder), so read the
     list literal assigned to the name passed as arguments=; expressions become
     placeholder values, flags stay as written.
     """
-    tree = ast.parse((ROOT / "operator" / "rbak_operator" / "handlers.py").read_text())
+    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "operator" / "rbak_operator").glob("*.py"))]
     found = []
-    for fn in ast.walk(tree):
+    for fn in (node for tree in trees for node in ast.walk(tree)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         assigns = {t.id: node.value for node in ast.walk(fn) if isinstance(node, ast.Assign)

@@ -1,0 +1,183 @@
+"""One pass over a RabbitMQRestore: start its run once (a Job, or a SparkApplication above the
+size threshold), then follow it to the end and write the outcome with the manifest's counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rbak.errors import RbakError
+
+from . import bodies, clock, events, metrics, naming, policy, rbakconfig
+from .clock import fmt, parse_time
+from .credentials import resolve_broker
+from .crds import RESTORE_PLURAL
+from .k8s import Kube
+from .status import GONE, RunState, job_state, manifest_counts, set_condition, spark_state
+from .storage_access import load_manifest_safe, open_backup_storage
+
+
+class RestoreSpecError(RbakError):
+    prefix = "Restore spec error"
+
+
+def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dict, str, int | None, dict]:
+    """(target broker, storage, backup id, stored bytes, backup's spark settings) of a restore."""
+    from rbak.catalog import latest_complete, load_manifest
+
+    meta, spec = body["metadata"], body.get("spec") or {}
+    ns = meta["namespace"]
+    ref = spec.get("backupRef")
+    if ref:
+        backup = kube.get_backup(ns, ref["name"])
+        if backup is None:
+            raise RestoreSpecError(f"spec.backupRef.name: RabbitMQBackup {ns}/{ref['name']} not found")
+        bspec = backup.get("spec") or {}
+        storage, target = bspec.get("storage"), spec.get("target") or bspec.get("broker")
+        backup_id = ref.get("backupId")
+    else:
+        storage, target, backup_id = spec.get("storage"), spec.get("target"), spec.get("backupId")
+    if not target:
+        raise RestoreSpecError("spec.target: required when restoring from spec.storage")
+    st = open_backup_storage(kube, ns, storage)
+    prefix = rbakconfig.storage_prefix(storage)
+    nbytes = None
+    if st is not None:
+        if not backup_id:
+            entry = latest_complete(st, prefix)
+            if entry is None:
+                raise RestoreSpecError("no complete backup found in the storage to restore (set backupId?)")
+            backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes
+        else:
+            m = load_manifest(st, backup_id, prefix)
+            if not m.is_complete:
+                raise RestoreSpecError(f"backup {backup_id!r} is incomplete (manifest has no completed_at)")
+            nbytes = m.total_bytes
+    elif not backup_id:
+        raise RestoreSpecError("backupId: required when the operator cannot read the storage (PVC)")
+    return target, storage, backup_id, nbytes, spec.get("spark") or {}
+
+
+def with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+    """A restore's spec with the referenced RabbitMQBackup's keys when it names none itself."""
+    spec = body.get("spec") or {}
+    ref = spec.get("backupRef")
+    if spec.get("encryption") or not ref:
+        return spec
+    backup = kube.get_backup(body["metadata"]["namespace"], ref["name"]) or {}
+    enc = (backup.get("spec") or {}).get("encryption") or {}
+    return {**spec, "encryption": {"keysSecretRef": enc["keysSecretRef"]}} if enc.get("keysSecretRef") else spec
+
+
+def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
+    """One pass over a RabbitMQRestore: the status patch, None (still running) or GONE (nothing left to do)."""
+    body = kube.get_restore(namespace, name)
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return GONE
+    status = dict(body.get("status") or {})
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return GONE
+    if not status.get("engine"):
+        return start_restore(kube, body, status, logger)
+    st = run_state(kube, namespace, status)
+    if not st.finished:
+        return None
+    return finish_restore(kube, body, status, st, logger)
+
+
+def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logger) -> dict[str, Any]:
+    """Resolve the spec and start the run (Failed/InvalidSpec when the spec cannot be resolved)."""
+    now = clock.now()
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, name, gen = meta["namespace"], meta["name"], meta.get("generation")
+    try:
+        target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
+        engine = policy.restore_engine(spec.get("engine"), nbytes, spec.get("sparkThresholdBytes"))
+        run = naming.restore_run_name(name)
+        resolved = resolve_broker(kube, target, namespace, "spec.target")
+        cfg, secret_env = rbakconfig.restore_config(with_backup_keys(kube, body), namespace, backup_id, target,
+                                                    storage, resolved)
+    except RbakError as e:
+        patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
+                 "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}
+        kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
+        events.post(body, "Warning", "RestoreFailed", str(e))
+        metrics.RUNS.labels("restore", "failed").inc()
+        return patch
+    start = {"phase": "Running", "backupId": backup_id, "engine": engine, "startTime": fmt(now),
+             "observedGeneration": gen,
+             "conditions": set_condition(status.get("conditions"), "Progressing", "True", "Started",
+                                         f"restoring {backup_id} with {engine}", now, gen)}
+    if nbytes is not None:
+        start["bytes"] = nbytes
+    start["sparkApplicationName" if engine == "spark" else "jobName"] = run
+    kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None})
+    labels = bodies.restore_labels(name)
+    kube.create_configmap(bodies.configmap_body(run, namespace, body, cfg, labels))
+    if engine == "spark":
+        prefix = rbakconfig.storage_prefix(storage)
+        args = ["--path", rbakconfig.storage_url(storage), "--backup-id", backup_id,
+                *(["--prefix", prefix] if prefix else []),
+                "--config", f"{rbakconfig.CONFIG_DIR}/{rbakconfig.CONFIG_FILE}"]
+        created = kube.create_spark_app(bodies.spark_application_body(
+            name=run, namespace=namespace, owner=body, spark=spark, script="restore.py", arguments=args,
+            secret_env=secret_env, config_name=run, labels=labels))
+    else:
+        created = kube.create_job(bodies.job_body(
+            name=run, namespace=namespace, owner=body, spec=spec, storage=storage, secret_env=secret_env,
+            args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id},
+            progress_id=run))
+    if created:
+        metrics.STARTED.labels("restore", "manual").inc()
+        events.post(body, "Normal", "RestoreStarted", f"restoring backup {backup_id} with {engine} {run}")
+    return start
+
+
+def run_state(kube: Kube, namespace: str, status: dict[str, Any]) -> RunState:
+    """The state of the restore's Job or SparkApplication (a vanished one has failed)."""
+    if status.get("engine") == "spark":
+        app = kube.get_spark_app(namespace, status.get("sparkApplicationName", ""))
+        return spark_state(app) if app else RunState("Failed", "SparkApplicationMissing", "the SparkApplication disappeared")
+    job = kube.get_job(namespace, status.get("jobName", ""))
+    if job is None:
+        return RunState("Failed", "JobMissing", f"Job {status.get('jobName')} disappeared")
+    st = job_state(job)
+    if st.phase == "Failed":
+        st = job_state(job, kube.job_pods(namespace, job["metadata"]["name"]))
+    return st
+
+
+def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st: RunState, logger) -> dict[str, Any]:
+    """The finished run's outcome, duration and the backup's counts."""
+    now = clock.now()
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, name, gen = meta["namespace"], meta["name"], meta.get("generation")
+    end = st.end or now
+    # progress: None even if this pass read none (a timer tick may have written one since)
+    patch = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end),
+             "progress": None}
+    started = parse_time(status["startTime"]) if status.get("startTime") else None
+    if started:
+        patch["durationSeconds"] = round(max(0.0, (end - started).total_seconds()), 3)
+    ref = spec.get("backupRef")
+    storage = spec.get("storage")
+    if ref:
+        b = kube.get_backup(namespace, ref["name"]) or {}
+        storage = (b.get("spec") or {}).get("storage")
+    m = load_manifest_safe(kube, namespace, storage, status.get("backupId", ""), logger) if storage else None
+    if m is not None:
+        c = manifest_counts(m)
+        patch.update(messages=c["messages"], bytes=c["bytes"], size=c["size"])
+    ok = st.phase == "Succeeded"
+    conds = set_condition(status.get("conditions"), "Progressing", "False", "Finished", "run finished", now, gen)
+    patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",
+                                        "RestoreSucceeded" if ok else "RestoreFailed",
+                                        st.message or st.reason or st.phase, now, gen)
+    kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
+    metrics.RUNS.labels("restore", st.phase.lower()).inc()
+    if started:
+        metrics.DURATION.labels("restore").observe(patch.get("durationSeconds", 0))
+    if ok:
+        events.post(body, "Normal", "RestoreSucceeded", f"restored backup {status.get('backupId')}")
+    else:
+        events.post(body, "Warning", "RestoreFailed", f"restore of {status.get('backupId')} failed: {st.message or st.reason}")
+    return patch
