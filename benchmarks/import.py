@@ -65,8 +65,8 @@ from rbak.format.batch import encode_records  # noqa: E402
 from rbak.format.compression import DEFAULT_ZSTD_LEVEL  # noqa: E402
 from rbak.format.record import encode_record  # noqa: E402
 from rbak.format.segment import DEFAULT_SEGMENT_MAX_BYTES  # noqa: E402
-from rbak.offline.damage import ImportContext  # noqa: E402
-from rbak.offline.rabbitmq_dir import import_rabbitmq_dir, iter_queues  # noqa: E402
+from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, iter_queues  # noqa: E402
 
 BIG = 64 * 1024
 SMALL = 1024

@@ -43,7 +43,7 @@ def register(subparsers, import_subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..offline.rabbitmq_dir import import_rabbitmq_dir
+    from ..offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
     from .. import progress
     from ..storage import open_storage
 

@@ -24,8 +24,8 @@ from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, ShortString,
     Table, Timestamp,
 )
-from rbak.offline import amqp_props
-from rbak.offline.erlang_terms import Atom
+from rbak.offline.rabbitmq import amqp_props
+from rbak.offline.rabbitmq.erlang_terms import Atom
 
 from .strategies import header_values, properties, text
 

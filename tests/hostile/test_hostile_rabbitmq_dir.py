@@ -17,7 +17,7 @@ import pytest
 from support.node_dirs import qdir, scenario, shared_root  # noqa: E402,F401
 from support.node_scenarios import VHOST2  # noqa: E402
 
-from rbak.offline.rabbitmq_dir import vhost_dir_name  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import vhost_dir_name  # noqa: E402
 from support.rss import BOUND_MIB, rbak_measured  # noqa: E402
 
 
@@ -132,8 +132,8 @@ def test_a_v1_idx_cut_on_a_record_boundary_is_an_error_or_a_counted_skip(how, sh
 
 def test_an_intact_v1_queue_matches_its_recovery_terms(shared_root, tmp_path):
     """The cross-check is silent on the untouched files (and sees the clean stop's terms)."""
-    from rbak.offline.rabbitmq_dir import queue_dir_name
-    from rbak.offline.recovery_terms import read_recovery_terms
+    from rbak.offline.rabbitmq.rabbitmq_dir import queue_dir_name
+    from rbak.offline.rabbitmq.recovery_terms import read_recovery_terms
 
     sc, copy = copy_of(shared_root, tmp_path)
     terms, why = read_recovery_terms(str(copy / "msg_stores" / "vhosts" / vhost_dir_name(VHOST2)))

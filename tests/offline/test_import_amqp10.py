@@ -31,9 +31,9 @@ from rbak.format.record import (  # noqa: E402
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
 from rbak.format.segment import decode_segment  # noqa: E402
-from rbak.offline import amqp10, mc_amqp  # noqa: E402
-from rbak.offline.amqp10 import Amqp10Error, Value, decode_bare_message, decode_value  # noqa: E402
-from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+from rbak.offline.rabbitmq import amqp10, mc_amqp  # noqa: E402
+from rbak.offline.rabbitmq.amqp10 import Amqp10Error, Value, decode_bare_message, decode_value  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 
 MAIN, LIVE, ODD, BAD = "a10-main", "a10-live", "a10-odd", "a10-bad"
@@ -216,7 +216,7 @@ def _read_backup(url: str, backup_id: str) -> dict:
 def test_stored_form_is_mc_amqp_v1(node_dir):
     """The facts the decoders rely on, read from the real files: {mc, mc_amqp, #v1{}, Anns} and
     {mc, mc_mqtt, #mqtt_msg{}, Anns}."""
-    from rbak.offline.erlang_terms import decode
+    from rbak.offline.rabbitmq.erlang_terms import decode
 
     data_dir, _ = node_dir
     seen = set()
@@ -415,8 +415,8 @@ def test_recorded_positions_must_agree():
 
 def test_stored_message_errors_are_message_format_errors():
     """A garbage mc_amqp term is a MessageFormatError (reported with file and offset by the readers)."""
-    from rbak.offline.erlang_terms import Atom
-    from rbak.offline.stored_message import MessageFormatError, message_from_term
+    from rbak.offline.rabbitmq.erlang_terms import Atom
+    from rbak.offline.rabbitmq.stored_message import MessageFormatError, message_from_term
 
     A = Atom
     good = (A("v1"), [], _bare(PROPS, DATA1), 0, [], len(PROPS), 0x75)
@@ -434,7 +434,7 @@ def test_stored_message_errors_are_message_format_errors():
 
 def test_mapping_of_values_rabbitmq_cannot_deliver():
     """rbak's documented choices where RabbitMQ 4.0.5's own 0-9-1 conversion has no clause."""
-    from rbak.offline.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
 
     described = mc_amqp.from_erlang((A("described"), (A("symbol"), b"my:desc"), (A("utf8"), b"inner")))
     assert mc_amqp.to_091(described, "x") == LongString("inner")
@@ -456,8 +456,8 @@ NULL_V = amqp10.NULL
 
 
 def test_mqtt_state_errors():
-    from rbak.offline import mc_mqtt
-    from rbak.offline.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq import mc_mqtt
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
 
     ok = (A("mqtt_msg"), A("false"), 1, b"t/x", A("false"), 1, [b"a", [98, b"c"]], {}, A("undefined"))
     props, headers, body = mc_mqtt.convert(ok)

@@ -22,7 +22,7 @@ from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
 from rbak.offline.rabbitmq import ra_log  # noqa: E402
 from rbak.offline.rabbitmq.quorum import erlang_binary_literal  # noqa: E402
-from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
 
 from support.node_qs_scenarios import DELIVERY_HEADERS  # noqa: E402,F401
@@ -68,7 +68,7 @@ def test_quorum_wal_cut_short_and_damaged(shared_root, tmp_path):
     res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w1", types={"quorum"})
     assert any("stopped mid-write" in n or "cut short" in n for n in res.ctx.notes), res.ctx.notes
     # One flipped byte in the middle of the WAL: named with file and offset; --skip-damaged goes on.
-    from rbak.offline.damage import ImportContext
+    from rbak.offline.rabbitmq.damage import ImportContext
 
     logs = ra_log.read_server_logs(str(sysdir), ImportContext())
     entries = [e for log in logs.values() for e in log.entries.values() if e[2] == wal and len(e[1]) > 100]

@@ -22,9 +22,9 @@ from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F
 
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
-from rbak.offline.damage import ImportContext  # noqa: E402
+from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
 from rbak.offline.rabbitmq import ra_log  # noqa: E402
-from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 
 KEY = ("/", "qq-snap")
 
@@ -121,7 +121,7 @@ def test_damaged_snapshot_names_file_and_offset(shared_root, tmp_path):
 
 
 def _v8_state(buckets: dict, returns: list, consumers: dict) -> tuple:
-    from rbak.offline.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
 
     state = [A("rabbit_fifo"), (A("cfg"),) + (A("undefined"),) * 9 + (3, A("undefined"), A("undefined")),
              (A("pq"), buckets, 0, 0), 0, (len(returns), [], returns)] + [0] * 4
@@ -132,8 +132,8 @@ def _v8_state(buckets: dict, returns: list, consumers: dict) -> tuple:
 
 def test_snapshot_state_v8_order_packed_refs_and_held_messages():
     """4.3's state: buckets 31 - priority, packed refs, returns first, then what a cancelled consumer held."""
-    from rbak.offline.erlang_terms import Atom as A
-    from rbak.offline.erlang_terms import ImproperList
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.erlang_terms import ImproperList
     from rbak.offline.rabbitmq.fifo_snapshot import load_state
 
     def packed(idx: int, size: int) -> int:
@@ -150,7 +150,7 @@ def test_snapshot_state_v8_order_packed_refs_and_held_messages():
 
 
 def test_snapshot_state_refuses_what_it_does_not_know():
-    from rbak.offline.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
     from rbak.offline.rabbitmq.fifo_snapshot import SnapshotStateError, load_state
 
     with pytest.raises(SnapshotStateError):

@@ -27,9 +27,9 @@ from rbak.format.manifest import BackupManifest  # noqa: E402
 from rbak.format.record import (  # noqa: E402
     Array, BackupProperties, Bool, Long, LongString, Table, Timestamp,
 )
-from rbak.offline import amqp_props, cqv1, erlang_terms  # noqa: E402
-from rbak.offline.damage import ImportContext  # noqa: E402
-from rbak.offline.rabbitmq_dir import import_rabbitmq_dir, queue_dir_name, vhost_dir_name  # noqa: E402
+from rbak.offline.rabbitmq import amqp_props, cqv1, erlang_terms  # noqa: E402
+from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, queue_dir_name, vhost_dir_name  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 
 
@@ -434,9 +434,9 @@ def test_journal_stops_at_an_all_zero_entry(shared_root, tmp_path):
 @pytest.mark.parametrize("name", ["main-3.10", "main-4.0"])
 def test_fast_path_equals_general_decoder(name, shared_root):
     """Every stored message term of a real node: the fast reader and the general decoder agree."""
-    from rbak.offline.erlang_terms import decode
-    from rbak.offline.msg_store import HEADER, MessageStore
-    from rbak.offline.stored_message import fast_decode, message_from_term
+    from rbak.offline.rabbitmq.erlang_terms import decode
+    from rbak.offline.rabbitmq.msg_store import HEADER, MessageStore
+    from rbak.offline.rabbitmq.stored_message import fast_decode, message_from_term
 
     sc = scenario(name, shared_root)
     seen = 0

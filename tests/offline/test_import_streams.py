@@ -21,7 +21,7 @@ from support.node_scenarios import get_scenario  # noqa: E402
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
 from rbak.offline.rabbitmq import osiris  # noqa: E402
-from rbak.offline.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
 
 VERSIONS = ["4.0", "4.3", "3.10"]
@@ -103,7 +103,7 @@ def test_damaged_chunk_named_and_skippable(shared_root, tmp_path):
     sdir = copy / "stream" / _stream_dir(sc).name
     seg = osiris.segment_files(str(sdir))[0]
     data = bytearray(Path(seg).read_bytes())
-    h = next(osiris.iter_chunks(seg, bytes(data), __import__("rbak.offline.damage", fromlist=["x"]).ImportContext(),
+    h = next(osiris.iter_chunks(seg, bytes(data), __import__("rbak.offline.rabbitmq.damage", fromlist=["x"]).ImportContext(),
                                 False))
     h2 = osiris.parse_chunk_header(bytes(data), h.end)
     data[h2.data_pos + 5] ^= 0xFF  # one byte of the second chunk's data

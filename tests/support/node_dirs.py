@@ -10,7 +10,7 @@ import pytest
 
 from rbak.format.manifest import BackupManifest
 from rbak.format.segment import decode_segment
-from rbak.offline.rabbitmq_dir import queue_dir_name, vhost_dir_name
+from rbak.offline.rabbitmq.rabbitmq_dir import queue_dir_name, vhost_dir_name
 from rbak.storage import open_storage
 from support.node_scenarios import get_scenario
 from support.private_node import chroot_ready

@@ -22,7 +22,7 @@ import pika
 from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
-from rbak.offline.rabbitmq_dir import queue_dir_name, vhost_dir_name
+from rbak.offline.rabbitmq.rabbitmq_dir import queue_dir_name, vhost_dir_name
 from support.private_node import PrivateNode, chroot_for, raw, raw_bytes, raw_field_values
 
 VHOST2 = "imp-vh-ü"

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..erlang_terms import Atom, ImproperList
+from .erlang_terms import Atom, ImproperList
 from .rabbit_fifo import Consumer, FifoReplay, Msg, Ready
 
 PACKED_IDX_MAX = (1 << 44) - 1

@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..damage import ImportContext
+from .damage import ImportContext
 
 LOG_MAGIC = b"OSIL"
 IDX_MAGIC = b"OSII"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ...format.record import BackupRecord
-from ..damage import ImportContext
-from ..erlang_terms import Atom, TermError, binary_to_term, decode
-from ..stored_message import MessageFormatError, message_from_term, to_record
+from .damage import ImportContext
+from .erlang_terms import Atom, TermError, binary_to_term, decode
+from .stored_message import MessageFormatError, message_from_term, to_record
 from . import ra_log
 from .fifo_snapshot import SnapshotStateError, load_state
 from .rabbit_fifo import FifoReplay

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..erlang_terms import Atom, ImproperList
+from .erlang_terms import Atom, ImproperList
 
 
 @dataclass(slots=True)

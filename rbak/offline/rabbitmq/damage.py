@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from ..errors import ImportFormatError
+from ...errors import ImportFormatError
 
 log = logging.getLogger(__name__)
 

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..format.record import BackupProperties, Bytes, HeaderValue, LongString
+from ...format.record import BackupProperties, Bytes, HeaderValue, LongString
 from .erlang_terms import Atom
 from .mc_amqp import usort_headers, valid_short_string
-from .mqtt_topic import mqtt_to_amqp
+from ..mqtt_topic import mqtt_to_amqp
 
 
 class MqttMappingError(ValueError):

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..format.record import (
+from ...format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Long, LongString, Short, Table,
     Timestamp,
 )

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..errors import ImportFormatError
-from ..format.manifest import BackupManifest
-from ..format.record import BackupRecord
+from ...errors import ImportFormatError
+from ...format.manifest import BackupManifest
+from ...format.record import BackupRecord
 from . import cqv1, cqv2
 from .damage import ImportContext
 from .msg_store import MessageStore
@@ -120,7 +120,7 @@ def mnesia_resources(node_dir: str) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     if not os.path.isdir(node_dir):
         return found
-    from .rabbitmq.names import queue_resources_in
+    from .names import queue_resources_in
 
     for name in os.listdir(node_dir):
         if not name.endswith((".DCD", ".DCL", ".LOG", ".DAT")):
@@ -368,8 +368,8 @@ def import_rabbitmq_dir(
 
     ``types`` picks among classic queues, quorum queues and streams (default
     all); ``from_offset`` starts every stream there instead of at its first offset."""
-    from .rabbitmq import streams
-    from .writer import now_ms, write_backup
+    from . import streams
+    from ..writer import now_ms, write_backup
 
     types = set(QUEUE_TYPES) if not types else set(types)
     bad = types - set(QUEUE_TYPES)
@@ -393,7 +393,7 @@ def import_rabbitmq_dir(
                 done.append(iq)
                 yield iq.vhost, iq.name, "classic", recs
         if "quorum" in types:
-            from .rabbitmq import quorum
+            from . import quorum
 
             for qq, recs in quorum.iter_quorum_queues(node_dir, ctx, started):
                 if wanted(qq.vhost, qq.name):
@@ -415,7 +415,7 @@ def import_rabbitmq_dir(
 
 
 def _stream_records(iq: ImportedQueue, sd, ctx: ImportContext, started: int, from_offset: int | None):
-    from .rabbitmq.streams import stream_records
+    from .streams import stream_records
 
     yield from stream_records(sd, ctx, started, from_offset)
     iq.exported = sd.exported

@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ..format.record import (
+from ...format.record import (
     Array, BackupProperties, BackupRecord, Bool, HeaderValue, Headers, Long, LongString, Table, Timestamp,
 )
 from . import mc_amqp, mc_mqtt

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..format.amqp091 import (  # noqa: F401 - the importer's names for the codec
+from ...format.amqp091 import (  # noqa: F401 - the importer's names for the codec
     PROPERTY_FIELDS, VARIANT_OF_RABBIT_TYPE, PropertiesError, decimal_text, decode_basic_properties,
     parse_table,
 )
-from ..format.record import (
+from ...format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Headers, LongString, Table,
 )
 from .erlang_terms import Atom
