@@ -199,155 +199,164 @@ def _term(data: bytes, n: int, pos: int, depth: int) -> tuple[Any, int]:
     if pos >= n:
         raise _short(n, pos, 1, "term tag")
     tag = data[pos]
-    p = pos + 1
-    if tag == 109:  # BINARY_EXT
-        if p + 4 > n:
-            raise _short(n, p, 4, "binary length")
-        ln = _u32(data, p)[0]
-        p += 4
-        if p + ln > n:
-            raise _short(n, p, ln, "binary")
-        return data[p : p + ln], p + ln
-    if tag == 104:  # SMALL_TUPLE_EXT
-        if p >= n:
-            raise _short(n, p, 1, "tuple arity")
-        arity = data[p]
-        p += 1
-        if p + arity > n:  # each element is >= 1 byte
-            raise _short(n, p, arity, "tuple elements")
-        items, p = _items(data, n, p, arity, depth + 1)
-        return tuple(items), p
-    if tag == 100 or tag == 118:  # ATOM_EXT (Latin-1), ATOM_UTF8_EXT
-        if p + 2 > n:
-            raise _short(n, p, 2, "atom length")
-        ln = _u16(data, p)[0]
-        p += 2
-        if p + ln > n:
-            raise _short(n, p, ln, "atom")
-        return _atom(data[p : p + ln], tag == 100, pos), p + ln
-    if tag == 115 or tag == 119:  # SMALL_ATOM_EXT (Latin-1), SMALL_ATOM_UTF8_EXT
-        if p >= n:
-            raise _short(n, p, 1, "atom length")
-        ln = data[p]
-        p += 1
-        if p + ln > n:
-            raise _short(n, p, ln, "atom")
-        return _atom(data[p : p + ln], tag == 115, pos), p + ln
-    if tag == 97:  # SMALL_INTEGER_EXT
-        if p >= n:
-            raise _short(n, p, 1, "small integer")
+    decode = _DECODERS.get(tag)
+    if decode is None:
+        raise TermError(f"unsupported term tag {tag}", pos)
+    return decode(data, n, pos + 1, depth, tag)
+
+
+def _length(data: bytes, n: int, p: int, size: int, what: str) -> tuple[int, int]:
+    """A u8/u16/u32 length at ``p`` and the position after it."""
+    if p + size > n:
+        raise _short(n, p, size, what)
+    if size == 1:
         return data[p], p + 1
-    if tag == 106:  # NIL_EXT
-        return [], p
-    if tag == 108:  # LIST_EXT
-        if p + 4 > n:
-            raise _short(n, p, 4, "list length")
-        ln = _u32(data, p)[0]
-        p += 4
-        if p + ln + 1 > n:
-            raise _short(n, p, ln + 1, "list elements")
-        items, p = _items(data, n, p, ln, depth + 1)
-        tail, p = _term(data, n, p, depth + 1)
-        if type(tail) is list and not tail:
-            return items, p
-        return ImproperList(items, tail), p
-    if tag == 98:  # INTEGER_EXT
-        if p + 4 > n:
-            raise _short(n, p, 4, "integer")
-        return _i32(data, p)[0], p + 4
-    if tag == 116:  # MAP_EXT
-        if p + 4 > n:
-            raise _short(n, p, 4, "map arity")
-        arity = _u32(data, p)[0]
-        p += 4
-        if p + 2 * arity > n:
-            raise _short(n, p, 2 * arity, "map entries")
-        out: dict[Any, Any] = {}
-        d = depth + 1
-        for _ in range(arity):
-            k, p = _term(data, n, p, d)
-            v, p = _term(data, n, p, d)
-            try:
-                out[k] = v
-            except TypeError:  # unhashable key (a list or map): keep it as a tuple of pairs
-                out[_freeze(k)] = v
-        return out, p
-    if tag == 107:  # STRING_EXT: a list of small integers
-        if p + 2 > n:
-            raise _short(n, p, 2, "string length")
-        ln = _u16(data, p)[0]
-        p += 2
-        if p + ln > n:
-            raise _short(n, p, ln, "string")
-        return list(data[p : p + ln]), p + ln
-    if tag == 105:  # LARGE_TUPLE_EXT
-        if p + 4 > n:
-            raise _short(n, p, 4, "tuple arity")
-        arity = _u32(data, p)[0]
-        p += 4
-        if p + arity > n:
-            raise _short(n, p, arity, "tuple elements")
-        items = []
-        for _ in range(arity):
-            x, p = _term(data, n, p, depth + 1)
-            items.append(x)
-        return tuple(items), p
-    if tag == 70:  # NEW_FLOAT_EXT
-        if p + 8 > n:
-            raise _short(n, p, 8, "float")
-        return _f64(data, p)[0], p + 8
-    if tag == 99:  # FLOAT_EXT: 31 bytes of printf text
-        if p + 31 > n:
-            raise _short(n, p, 31, "float")
-        txt = data[p : p + 31].split(b"\x00", 1)[0]
+    return (_u16(data, p)[0] if size == 2 else _u32(data, p)[0]), p + size
+
+
+def _bytes(data: bytes, n: int, p: int, ln: int, what: str) -> bytes:
+    if p + ln > n:
+        raise _short(n, p, ln, what)
+    return data[p : p + ln]
+
+
+def _binary(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # BINARY_EXT
+    ln, p = _length(data, n, p, 4, "binary length")
+    return _bytes(data, n, p, ln, "binary"), p + ln
+
+
+def _small_tuple(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # SMALL_TUPLE_EXT
+    arity, p = _length(data, n, p, 1, "tuple arity")
+    if p + arity > n:  # each element is >= 1 byte
+        raise _short(n, p, arity, "tuple elements")
+    items, p = _items(data, n, p, arity, depth + 1)
+    return tuple(items), p
+
+
+def _large_tuple(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # LARGE_TUPLE_EXT
+    arity, p = _length(data, n, p, 4, "tuple arity")
+    if p + arity > n:
+        raise _short(n, p, arity, "tuple elements")
+    items = []
+    for _ in range(arity):
+        x, p = _term(data, n, p, depth + 1)
+        items.append(x)
+    return tuple(items), p
+
+
+def _atom_ext(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:
+    """ATOM_EXT / SMALL_ATOM_EXT (Latin-1), ATOM_UTF8_EXT / SMALL_ATOM_UTF8_EXT."""
+    small = tag in (115, 119)
+    ln, q = _length(data, n, p, 1 if small else 2, "atom length")
+    return _atom(_bytes(data, n, q, ln, "atom"), tag in (100, 115), p - 1), q + ln
+
+
+def _small_integer(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # SMALL_INTEGER_EXT
+    if p >= n:
+        raise _short(n, p, 1, "small integer")
+    return data[p], p + 1
+
+
+def _integer(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # INTEGER_EXT
+    if p + 4 > n:
+        raise _short(n, p, 4, "integer")
+    return _i32(data, p)[0], p + 4
+
+
+def _nil(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # NIL_EXT
+    return [], p
+
+
+def _list(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # LIST_EXT
+    ln, p = _length(data, n, p, 4, "list length")
+    if p + ln + 1 > n:
+        raise _short(n, p, ln + 1, "list elements")
+    items, p = _items(data, n, p, ln, depth + 1)
+    tail, p = _term(data, n, p, depth + 1)
+    if type(tail) is list and not tail:
+        return items, p
+    return ImproperList(items, tail), p
+
+
+def _string(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # STRING_EXT: small integers
+    ln, p = _length(data, n, p, 2, "string length")
+    return list(_bytes(data, n, p, ln, "string")), p + ln
+
+
+def _map(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # MAP_EXT
+    arity, p = _length(data, n, p, 4, "map arity")
+    if p + 2 * arity > n:
+        raise _short(n, p, 2 * arity, "map entries")
+    out: dict[Any, Any] = {}
+    d = depth + 1
+    for _ in range(arity):
+        k, p = _term(data, n, p, d)
+        v, p = _term(data, n, p, d)
         try:
-            return float(txt), p + 31
-        except ValueError:
-            raise TermError(f"bad float text {txt!r}", p) from None
-    if tag == 110 or tag == 111:  # SMALL_BIG_EXT, LARGE_BIG_EXT
-        if tag == 110:
-            if p >= n:
-                raise _short(n, p, 1, "bignum length")
-            ln = data[p]
-            p += 1
-        else:
-            if p + 4 > n:
-                raise _short(n, p, 4, "bignum length")
-            ln = _u32(data, p)[0]
-            p += 4
-        if p + ln + 1 > n:
-            raise _short(n, p, ln + 1, "bignum")
-        sign = data[p]
-        v = int.from_bytes(data[p + 1 : p + 1 + ln], "little")
-        return (-v if sign else v), p + 1 + ln
-    if tag == 77:  # BIT_BINARY_EXT
-        if p + 5 > n:
-            raise _short(n, p, 5, "bit binary header")
-        ln = _u32(data, p)[0]
-        bits = data[p + 4]
-        p += 5
-        if p + ln > n:
-            raise _short(n, p, ln, "bit binary")
-        return BitBinary(data[p : p + ln], bits), p + ln
-    if tag in _OPAQUE:  # pids, ports, references: kept as an opaque id (the node atom + the raw bytes)
-        if tag == 90 or tag == 114:  # NEWER_REFERENCE_EXT / NEW_REFERENCE_EXT: id count u16, node, creation, ids
-            if p + 2 > n:
-                raise _short(n, p, 2, "reference length")
-            ln = _u16(data, p)[0]
-            node, q = _term(data, n, p + 2, depth + 1)
-            end = q + (4 if tag == 90 else 1) + 4 * ln
-        else:
-            node, q = _term(data, n, p, depth + 1)
-            end = q + _OPAQUE[tag]
-        if end > n:
-            raise _short(n, q, end - q, "pid/port/reference")
-        return Opaque(tag, node, data[q:end]), end
-    raise TermError(f"unsupported term tag {tag}", pos)
+            out[k] = v
+        except TypeError:  # unhashable key (a list or map): keep it as a tuple of pairs
+            out[_freeze(k)] = v
+    return out, p
+
+
+def _new_float(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # NEW_FLOAT_EXT
+    if p + 8 > n:
+        raise _short(n, p, 8, "float")
+    return _f64(data, p)[0], p + 8
+
+
+def _old_float(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # FLOAT_EXT: printf text
+    txt = _bytes(data, n, p, 31, "float").split(b"\x00", 1)[0]
+    try:
+        return float(txt), p + 31
+    except ValueError:
+        raise TermError(f"bad float text {txt!r}", p) from None
+
+
+def _bignum(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # SMALL_BIG_EXT, LARGE_BIG_EXT
+    ln, p = _length(data, n, p, 1 if tag == 110 else 4, "bignum length")
+    if p + ln + 1 > n:
+        raise _short(n, p, ln + 1, "bignum")
+    sign = data[p]
+    v = int.from_bytes(data[p + 1 : p + 1 + ln], "little")
+    return (-v if sign else v), p + 1 + ln
+
+
+def _bit_binary(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:  # BIT_BINARY_EXT
+    if p + 5 > n:
+        raise _short(n, p, 5, "bit binary header")
+    ln = _u32(data, p)[0]
+    bits = data[p + 4]
+    p += 5
+    return BitBinary(_bytes(data, n, p, ln, "bit binary"), bits), p + ln
+
+
+def _opaque(data: bytes, n: int, p: int, depth: int, tag: int) -> tuple[Any, int]:
+    """Pids, ports, references: kept as an opaque id (the node atom + the raw bytes)."""
+    if tag == 90 or tag == 114:  # NEWER_REFERENCE_EXT / NEW_REFERENCE_EXT: id count u16, node, creation, ids
+        if p + 2 > n:
+            raise _short(n, p, 2, "reference length")
+        ln = _u16(data, p)[0]
+        node, q = _term(data, n, p + 2, depth + 1)
+        end = q + (4 if tag == 90 else 1) + 4 * ln
+    else:
+        node, q = _term(data, n, p, depth + 1)
+        end = q + _OPAQUE[tag]
+    if end > n:
+        raise _short(n, q, end - q, "pid/port/reference")
+    return Opaque(tag, node, data[q:end]), end
 
 
 #: Tag -> bytes after the node atom: NEW_PID_EXT, PID_EXT, NEW_PORT_EXT, PORT_EXT, V4_PORT_EXT; references
 #: (90, 114) have a length first.
 _OPAQUE = {88: 12, 103: 9, 89: 8, 102: 5, 120: 12, 90: 0, 114: 0}
+
+_DECODERS = {
+    109: _binary, 104: _small_tuple, 105: _large_tuple, 100: _atom_ext, 118: _atom_ext, 115: _atom_ext,
+    119: _atom_ext, 97: _small_integer, 98: _integer, 106: _nil, 108: _list, 107: _string, 116: _map,
+    70: _new_float, 99: _old_float, 110: _bignum, 111: _bignum, 77: _bit_binary,
+    **{t: _opaque for t in _OPAQUE},
+}
 
 
 @dataclass(frozen=True, slots=True)
