@@ -21,12 +21,10 @@ Strings may use ``${VAR}`` and ``${VAR:-default}`` (environment variables);
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import os
-import re
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Sequence, Union
 from urllib.parse import quote, urlsplit, urlunsplit
 
