@@ -77,61 +77,76 @@ def write_backup(
     layout = BackupLayout(backup_id, prefix)
     storage = open_storage(storage_url) if isinstance(storage_url, str) else storage_url
     own_storage = isinstance(storage_url, str)
-    written: list[str] = []
     # Decoding (Python) runs here; compressing, hashing and storing in the pipeline's threads.
-    pipeline = SegmentPipeline(workers=PIPELINE_WORKERS, max_inflight=PIPELINE_WORKERS)
+    run = _ImportRun(storage, layout, compression, level, segment_max_bytes, codec,
+                     SegmentPipeline(workers=PIPELINE_WORKERS, max_inflight=PIPELINE_WORKERS))
     try:
         if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
             raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
-        manifest = BackupManifest(
-            backup_id=backup_id,
-            created_at=now_ms(),
-            source_cluster=source_cluster,
-            rabbitmq_version=rabbitmq_version,
-            backup_tool_version=__version__,
-            encryption=codec.info,
-        )
+        manifest = BackupManifest(backup_id=backup_id, created_at=now_ms(), source_cluster=source_cluster,
+                                  rabbitmq_version=rabbitmq_version, backup_tool_version=__version__,
+                                  encryption=codec.info)
         seen: set[tuple[str, str]] = set()
-        writers: list[tuple[QueueBackup, SegmentWriter]] = []
         for vhost, name, queue_type, records in queues:
             if (vhost, name) in seen:
                 raise ConfigError(f"queue {name!r} in vhost {vhost!r} appears twice in the import")
             seen.add((vhost, name))
-            qb = QueueBackup(vhost=vhost, name=name, queue_type=queue_type)
-
-            def sink(seq: int, data: memoryview, _v: str = vhost, _q: str = name) -> str | tuple[str, bytes]:
-                key = layout.segment(_v, _q, seq, compression)
-                stored = codec.put(storage, key, data)
-                written.append(key)  # runs in the pipeline's thread; read only after abort()/close()
-                return (key, stored) if codec.encrypted else key
-
-            w = SegmentWriter(sink, compression, level, max_bytes=segment_max_bytes, max_interval_ms=2**62,
-                              pipeline=pipeline)
-            for batch in _batches(records, _BATCH):  # batches take the codec's fast path
-                w.append_many(batch)
-            w.flush()
-            writers.append((qb, w))
-            manifest.queues.append(qb)
-        pipeline.close()  # every segment stored; raises the writer thread's error unchanged
-        for qb, w in writers:
-            for meta in w.written:
-                qb.add_segment(meta)
-            log.info("queue %r in vhost %r: %d message(s) in %d segment(s)",
-                     qb.name, qb.vhost, qb.message_count, len(qb.segments))
+            manifest.queues.append(run.write_queue(vhost, name, queue_type, records))
+        run.finish()  # every segment stored; raises the writer thread's error unchanged
         manifest.recompute_totals()
         manifest.completed_at = now_ms()
         storage.put(layout.manifest, manifest.to_json())
         return manifest
     except BaseException:
-        pipeline.abort()  # the thread is idle from here on: nothing is written after the cleanup
-        if written:
-            log.warning("import failed; deleting %d segment(s) already written", len(written))
-            for key in written:
-                try:
-                    storage.delete(key)
-                except RbakError:  # pragma: no cover - best effort cleanup
-                    log.error("could not delete %s", key)
+        run.abort()
         raise
     finally:
         if own_storage:
             storage.close()
+
+
+class _ImportRun:
+    """The segments of one import: written through the pipeline, described in the manifest once all are
+    stored, deleted again if the import fails (the manifest is never written then)."""
+
+    def __init__(self, storage: Storage, layout: BackupLayout, compression: Compression, level: int | None,
+                 segment_max_bytes: int, codec: ObjectCodec, pipeline: SegmentPipeline):
+        self.storage, self.layout, self.compression, self.level = storage, layout, compression, level
+        self.segment_max_bytes, self.codec, self.pipeline = segment_max_bytes, codec, pipeline
+        self.written: list[str] = []  # appended in the pipeline's thread; read only after abort()/finish()
+        self.writers: list[tuple[QueueBackup, SegmentWriter]] = []
+
+    def write_queue(self, vhost: str, name: str, queue_type: str, records: Iterable[BackupRecord]) -> QueueBackup:
+        qb = QueueBackup(vhost=vhost, name=name, queue_type=queue_type)
+
+        def sink(seq: int, data: memoryview) -> str | tuple[str, bytes]:
+            key = self.layout.segment(vhost, name, seq, self.compression)
+            stored = self.codec.put(self.storage, key, data)
+            self.written.append(key)
+            return (key, stored) if self.codec.encrypted else key
+
+        w = SegmentWriter(sink, self.compression, self.level, max_bytes=self.segment_max_bytes,
+                          max_interval_ms=2**62, pipeline=self.pipeline)
+        for batch in _batches(records, _BATCH):  # batches take the codec's fast path
+            w.append_many(batch)
+        w.flush()
+        self.writers.append((qb, w))
+        return qb
+
+    def finish(self) -> None:
+        self.pipeline.close()
+        for qb, w in self.writers:
+            for meta in w.written:
+                qb.add_segment(meta)
+            log.info("queue %r in vhost %r: %d message(s) in %d segment(s)",
+                     qb.name, qb.vhost, qb.message_count, len(qb.segments))
+
+    def abort(self) -> None:
+        self.pipeline.abort()  # the thread is idle from here on: nothing is written after the cleanup
+        if self.written:
+            log.warning("import failed; deleting %d segment(s) already written", len(self.written))
+            for key in self.written:
+                try:
+                    self.storage.delete(key)
+                except RbakError:  # pragma: no cover - best effort cleanup
+                    log.error("could not delete %s", key)
