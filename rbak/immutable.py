@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from .keys import BackupLayout
+from .keys import BackupLayout, progress_prefix
 from .storage.base import Storage
 
 
@@ -42,4 +42,10 @@ def delete_backup(storage: Storage, backup_id: str, prefix: str | None = "",
     remove(layout.manifest)
     for key in list(storage.list(layout.root + "/")):
         remove(key)
+    # its live progress records beside it (kept on write-once storage, or left by a killed run);
+    # one locked a moment longer than the manifest is left for the bucket's lifecycle rule
+    for key in list(storage.list(progress_prefix(prefix, "backup", backup_id))):
+        lock = storage.locked_until(key)
+        if lock is None or lock <= now:
+            remove(key)
     return None

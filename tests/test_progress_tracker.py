@@ -255,3 +255,26 @@ def test_adapters_map_each_engine_to_the_same_counts():
         list(recs)
     s = t.snapshot()
     assert (s.queues_done, s.records, s.bytes) == (3, 602, 1803)
+
+
+def test_deleting_a_backup_takes_its_progress_records_but_no_other_runs():
+    import datetime as dt
+
+    from rbak.immutable import delete_backup
+
+    class Locked(MemoryStorage):
+        def locked_until(self, key):
+            return dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc) if key.endswith("-000002.json") else None
+
+    st = Locked()
+    st.put("p/b-1/manifest.json", b"{}")
+    for seq in (1, 2):  # left by a killed run (or kept by write-once storage)
+        st.put(progress_key("p", "backup", "b-1", seq, seq), record(run_id="b-1").to_json())
+    st.put(progress_key("p", "backup", "b-10", 1, 1), record(run_id="b-10").to_json())
+    st.put(progress_key("p", "restore", "b-1", 1, 1), record(kind="restore", run_id="b-1").to_json())
+    assert delete_backup(st, "b-1", "p") is None
+    assert list(st.list("p/")) == [
+        progress_key("p", "backup", "b-1", 2, 2),  # still object-locked: left to the lifecycle rule
+        progress_key("p", "backup", "b-10", 1, 1),
+        progress_key("p", "restore", "b-1", 1, 1),
+    ]

@@ -130,7 +130,7 @@ def restore_gone(type: str, name: str, namespace: str, **_: Any) -> None:  # noq
         resource_metrics.forget(RESTORE_PLURAL, namespace, name)
 
 
-assert progress.backup_progress and progress.restore_progress  # registered (timers) before the loop below
+_PROGRESS_TIMERS = (progress.backup_progress, progress.restore_progress)  # registered before the loop below
 
 
 def _daemons_without_finalizer() -> None:

@@ -189,12 +189,7 @@ def read_queue(
         return res
     except pika.exceptions.ChannelClosedByBroker as e:
         error = e
-        hint = ""
-        if e.reply_code == 406 and "timeout" in (e.reply_text or "").lower():
-            hint = (" (the broker's consumer_timeout: raise it for this queue, e.g. the x-consumer-timeout "
-                    "argument or policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout)")
-        raise AmqpError(f"{where}: the broker closed the channel after {res.records} of {depth} messages: "
-                        f"{e.reply_code} {e.reply_text}{hint}; every unacked message returned to the queue") from None
+        raise _channel_closed_error(e, where, res.records, depth) from None
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         error = e
         raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
@@ -204,6 +199,15 @@ def read_queue(
         raise
     finally:
         _return_in_order(channels, where, nack, quiet=error is not None)
+
+
+def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, records: int, depth: int) -> AmqpError:
+    hint = ""
+    if e.reply_code == 406 and "timeout" in (e.reply_text or "").lower():
+        hint = (" (the broker's consumer_timeout: raise it for this queue, e.g. the x-consumer-timeout "
+                "argument or policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout)")
+    return AmqpError(f"{where}: the broker closed the channel after {records} of {depth} messages: "
+                     f"{e.reply_code} {e.reply_text}{hint}; every unacked message returned to the queue")
 
 
 def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int, sink: Sink,

@@ -123,6 +123,45 @@ def test_progress_records_during_a_real_backup_and_restore(broker, vhost, tmp_pa
     assert broker.message_count(vhost, "a") == BIG and broker.message_count(vhost, "b") == SMALL
 
 
+def cli_backup_write_once(broker, vh, bucket, tmp_path, backup_id: str, days: float) -> subprocess.CompletedProcess:
+    cfg = tmp_path / f"{backup_id}.yaml"
+    cfg.write_text(json.dumps({
+        "mode": "backup", "backup_id": backup_id,
+        "source": {"amqp_url": broker.amqp_url(vh), "management_url": broker.management_url, "queues": {"vhosts": [vh]}},
+        "storage": {"backend": "s3", "bucket": bucket.bucket, "prefix": "locked", "endpoint": bucket.endpoint,
+                    "path_style": True, "region": "us-east-1", "object_lock_mode": "GOVERNANCE",
+                    "object_lock_retain_days": days},
+        "backup": {"include_definitions": False},
+        "offset_storage": {"path": str(tmp_path / f"{backup_id}.db")},
+    }))
+    return subprocess.run([sys.executable, "-m", "rbak", "backup", "--config", str(cfg), "--store-progress",
+                           "--progress-interval", "0.05"], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ), timeout=120)
+
+
+def test_retention_removes_a_write_once_backups_progress_records_once_unlocked(rmq310, vhost_factory, lock_bucket,
+                                                                              tmp_path):
+    import datetime as dt
+
+    from rbak.immutable import delete_backup
+    from rbak.storage import open_storage
+
+    vh = vhost_factory(rmq310)
+    fast_publish(rmq310, vh, "orders", [b"o-%d" % i for i in range(100)], declare={})
+    r = cli_backup_write_once(rmq310, vh, lock_bucket, tmp_path, "short-1", days=2 / 86400)
+    assert r.returncode == 0, r.stderr
+    storage = open_storage(lock_bucket.url_with_prefix(""))
+    keys = list(storage.list("locked/_progress/backup/short-1/"))
+    assert keys
+    until = max(storage.locked_until(k) for k in keys)
+    while dt.datetime.now(dt.timezone.utc) <= until:  # S3 refuses earlier: wait for the 2-second locks
+        time.sleep(0.3)
+    assert delete_backup(storage, "short-1", "locked") is None
+    c = lock_bucket.client()
+    left = c.list_object_versions(Bucket=lock_bucket.bucket, Prefix="locked/")
+    assert not left.get("Versions") and not left.get("DeleteMarkers"), left.get("Versions")
+
+
 def test_cli_backup_stores_progress_on_write_once_storage(rmq310, vhost_factory, lock_bucket, tmp_path):
     """--store-progress on an S3 Object Lock bucket: every record is a new key (nothing rewritten), the
     records stay (they cannot be deleted) and list/validate/retention never take them for a backup."""
@@ -130,19 +169,7 @@ def test_cli_backup_stores_progress_on_write_once_storage(rmq310, vhost_factory,
 
     vh = vhost_factory(rmq310)
     fast_publish(rmq310, vh, "orders", [b"o-%d" % i for i in range(600)], declare={})
-    cfg = tmp_path / "backup.yaml"
-    cfg.write_text(json.dumps({
-        "mode": "backup", "backup_id": "wo-1",
-        "source": {"amqp_url": rmq310.amqp_url(vh), "management_url": rmq310.management_url, "queues": {"vhosts": [vh]}},
-        "storage": {"backend": "s3", "bucket": lock_bucket.bucket, "prefix": "locked", "endpoint": lock_bucket.endpoint,
-                    "path_style": True, "region": "us-east-1", "object_lock_mode": "GOVERNANCE",
-                    "object_lock_retain_days": 1},
-        "backup": {"include_definitions": False},
-        "offset_storage": {"path": str(tmp_path / "state.db")},
-    }))
-    r = subprocess.run([sys.executable, "-m", "rbak", "backup", "--config", str(cfg), "--store-progress",
-                        "--progress-interval", "0.05"], capture_output=True, text=True, cwd=tmp_path,
-                       env=dict(os.environ), timeout=120)
+    r = cli_backup_write_once(rmq310, vh, lock_bucket, tmp_path, "wo-1", days=1)
     assert r.returncode == 0, r.stderr
     assert "progress backup wo-1: 1/1 queues, 600 records" in r.stderr  # the plain final line (no terminal)
     storage = open_storage(lock_bucket.url_with_prefix(""))
