@@ -73,17 +73,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
     quorum = qtype == "quorum"
-    limit: int | None = None
-    mode = CLOSE
-    if quorum:
-        settings = quorum_settings(q, eng.client, eng.policies, version)
-        limit = settings.delivery_limit.value if settings.delivery_limit else None
-        mode = NACK if eng.nack.supported(conn, vhost) else CLOSE
-        why = refuse_delayed_retry(settings.delayed_retry, mode == NACK)
-        if why:
-            raise QueueRefused(f"{where}: refused before reading: {why}. Back it up when delayed retries are "
-                               f"off for it, or exclude it (source.queues.exclude)")
-        live_priorities(q, eng.client, version, consumers, depth)
+    limit, mode = quorum_preflight(eng, q, conn, version, consumers, depth) if quorum else (None, CLOSE)
     guard_now = _guard(eng, ckpt, cluster, vhost, name) if quorum else None
     if quorum and depth == 0:
         _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
@@ -139,6 +129,22 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
         qb.add_segment(s)
     ckpt.save(QueueProgress(vhost, name, qtype, depth, qb.message_count, writer.next_sequence, segments, True))
     return qb
+
+
+def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | None, consumers: int | None,
+                     depth: int) -> tuple[int | None, str]:
+    """(delivery limit, how messages go back) of a quorum queue, or ``QueueRefused`` before anything is
+    taken: delayed retries a return would trigger, or priorities a return would reorder for live consumers."""
+    where = f"queue {q.name!r} in vhost {q.vhost!r}"
+    settings = quorum_settings(q, eng.client, eng.policies, version)
+    limit = settings.delivery_limit.value if settings.delivery_limit else None
+    mode = NACK if eng.nack.supported(conn, q.vhost) else CLOSE
+    why = refuse_delayed_retry(settings.delayed_retry, mode == NACK)
+    if why:
+        raise QueueRefused(f"{where}: refused before reading: {why}. Back it up when delayed retries are "
+                           f"off for it, or exclude it (source.queues.exclude)")
+    live_priorities(q, eng.client, version, consumers, depth)
+    return limit, mode
 
 
 def _guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:

@@ -269,10 +269,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         definitions = import_definitions(storage, manifest, options)
     skipped = [r for r in (skipped_by_definitions(p, definitions) for p in plans) if r is not None]
     plans = [p for p in plans if skipped_by_definitions(p, definitions) is None]
-    if spark.conf.get("spark.speculation", "false").lower() == "true":
-        from rbak.errors import ConfigError
-
-        raise ConfigError("spark.speculation is on: a speculative copy of a task would publish messages twice; turn it off")
+    _refuse_speculation(spark)
     progress_id = progress_id or default_progress_id(options)
     layout = BackupLayout(options.backup_id, options.prefix)
     if reset:
@@ -294,11 +291,28 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     results.sort(key=lambda r: (order[(r["source_vhost"], r["source_queue"])], r["run"]))
     for r in results:
         r["chain"] = chains.get((r["source_vhost"], r["source_queue"]), [])
+    out = _summary(options, sc.master, ordering, notes, warnings, progress_id, results, definitions, t0)
+    key = layout.state(f"{PROGRESS_DIR}/{progress_id}/summary.json")
+    storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    out["summary_key"] = key
+    return out
+
+
+def _refuse_speculation(spark) -> None:
+    if spark.conf.get("spark.speculation", "false").lower() == "true":
+        from rbak.errors import ConfigError
+
+        raise ConfigError("spark.speculation is on: a speculative copy of a task would publish messages twice; turn it off")
+
+
+def _summary(options, master: str, ordering: str, notes: list[str], warnings: list[str], progress_id: str,
+             results: list[dict], definitions, t0: float) -> dict:
+    """The restore's summary (stored next to its progress and printed)."""
     ok = all(r["status"] != "failed" for r in results) and (definitions is None or getattr(definitions, "ok", True))
     out = {
         "backup_id": options.backup_id,
         "engine": "spark",
-        "master": sc.master,
+        "master": master,
         "ordering": ordering,
         "notes": notes,
         "warnings": warnings,
@@ -311,9 +325,6 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         "definitions": definitions.to_json_obj() if definitions is not None else None,
         "runs": results,
     }
-    key = layout.state(f"{PROGRESS_DIR}/{progress_id}/summary.json")
-    storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
-    out["summary_key"] = key
     return out
 
 
