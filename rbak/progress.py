@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from .units import human_bytes
 from .errors import RbakError, StorageError
 from .keys import progress_key, progress_prefix
 
@@ -96,15 +97,6 @@ class ProgressRecord:
         cur = f", at {self.current_queue}" if self.current_queue and self.state == RUNNING else ""
         return (f"{self.kind} {self.run_id}: {q} queues, {recs} records, {human_bytes(self.bytes)}, "
                 f"{self.rate:.0f} rec/s{cur} [{self.state}, {self.elapsed:.0f}s]")
-
-
-def human_bytes(n: int) -> str:
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 class Tracker:

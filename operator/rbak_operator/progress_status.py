@@ -7,7 +7,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from rbak.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord, human_bytes
+from rbak.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
+from rbak.units import human_bytes
 
 from .clock import fmt
 

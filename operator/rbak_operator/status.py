@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rbak.units import human_bytes
 from rbak.format.manifest import BackupManifest
 
 from .clock import fmt, parse_time
@@ -117,21 +118,12 @@ def spark_state(app: dict[str, Any]) -> RunState:
     return RunState(phase, state or "PENDING", msg, _t(st.get("lastSubmissionAttemptTime")), _t(st.get("terminationTime")))
 
 
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
 def manifest_counts(m: BackupManifest) -> dict[str, Any]:
     """messages/bytes/segments/queues of a backup, from its manifest."""
     messages = m.total_messages or sum(q.message_count for q in m.queues)
     nbytes = m.total_bytes or sum(q.size_bytes for q in m.queues)
     segments = m.total_segments or sum(len(q.segments) for q in m.queues)
-    out: dict[str, Any] = {"messages": messages, "bytes": nbytes, "size": human_size(nbytes), "segments": segments,
+    out: dict[str, Any] = {"messages": messages, "bytes": nbytes, "size": human_bytes(nbytes), "segments": segments,
                            "queues": len(m.queues)}
     if m.state != "complete":  # said only when it is news: partial (or incomplete)
         out["backupState"] = m.state

@@ -7,6 +7,7 @@ import json
 import sys
 from datetime import datetime, timezone
 
+from ..units import human_bytes
 from ..catalog import list_backups, load_manifest
 from ..crypto import load_keyring
 from ..format.manifest import BackupManifest
@@ -53,15 +54,6 @@ def fmt_ts(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def _console():
     from rich.console import Console
 
@@ -101,7 +93,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         t.add_row(
             e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
             str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
-            fmt_bytes(m.total_bytes) if m else "-", _notes(m) if m else "",
+            human_bytes(m.total_bytes) if m else "-", _notes(m) if m else "",
         )
     _console().print(t)
     return 0
@@ -175,7 +167,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     c.print(f"  source     {m.source_cluster or '-'} (RabbitMQ {m.rabbitmq_version or '?'})")
     if m.encryption:
         c.print(f"  encryption {m.encryption.algorithm}, key id {m.encryption.key_id}")
-    c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {fmt_bytes(m.total_bytes)}")
+    c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {human_bytes(m.total_bytes)}")
     if m.definitions:
         d = m.definitions
         c.print(f"  definitions {d.vhost_count} vhosts, {d.queue_count} queues, "
@@ -183,7 +175,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     t = Table("VHOST", "QUEUE", "TYPE", "MESSAGES", "SEGMENTS", "SIZE", "FIRST", "LAST", box=None, pad_edge=False)
     for q in m.queues:
         t.add_row(q.vhost, q.name, q.queue_type, str(q.message_count), str(len(q.segments)),
-                  fmt_bytes(q.size_bytes), fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp))
+                  human_bytes(q.size_bytes), fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp))
     c.print(t)
     for s in m.queue_status:
         c.print(f"  [bold]{s.status}[/bold] {s.vhost}/{s.name}: {s.reason}", markup=True)

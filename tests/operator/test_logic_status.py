@@ -9,7 +9,8 @@ import pytest
 from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 from rbak_operator import policy
-from rbak_operator.status import (RunState, human_size, in_pod_validation, job_state, manifest_counts, push_history,
+from rbak.units import human_bytes as human_size
+from rbak_operator.status import (RunState, in_pod_validation, job_state, manifest_counts, push_history,
                                   run_summary, set_condition, spark_state)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
