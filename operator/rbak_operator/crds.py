@@ -15,6 +15,10 @@ from typing import Any
 
 import yaml
 
+from .crds_parts import (CRON_MESSAGE, CRON_RE, DURATION_RE, TIME_RE, _b, _i, _name, _obj, _s, _strlist, broker_schema,
+                         condition_schema, encryption_schema, pod_overrides, run_summary_schema, spark_schema,
+                         storage_schema)
+from .crds_verify import restore_drill_status_schema, verify_schema
 from .progress_status import printer_columns, progress_schema
 
 GROUP = "rbak.io"
@@ -26,254 +30,33 @@ RABBITMQ_GROUP = "rabbitmq.com"
 RABBITMQ_VERSION = "v1beta1"
 RABBITMQ_CLUSTERS = "rabbitmqclusters"
 
-# A standard 5-field cron or a macro. Six fields (seconds first, as in
-# CloudNativePG) is refused: it silently means something else.
-CRON_RE = r"^\s*(@(yearly|annually|monthly|weekly|daily|hourly)|\S+(\s+\S+){4})\s*$"
-CRON_MESSAGE = (
-    "schedule must be a standard 5-field cron expression 'minute hour day-of-month month day-of-week' "
-    "(or @hourly/@daily/@weekly/@monthly/@yearly); 6-field values with a leading seconds field are not supported"
-)
-DURATION_RE = r"^[0-9]+(s|m|h|d|w)$"
-TIME_RE = r"^([0-9]{1,15}|[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))$"
-K8S_NAME_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-
-def _s(desc: str, **kw: Any) -> dict[str, Any]:
-    return {"type": "string", "description": desc, **kw}
-
-
-def _i(desc: str, **kw: Any) -> dict[str, Any]:
-    return {"type": "integer", "description": desc, **kw}
-
-
-def _b(desc: str, **kw: Any) -> dict[str, Any]:
-    return {"type": "boolean", "description": desc, **kw}
-
-
-def _obj(desc: str, props: dict[str, Any], required: list[str] | None = None, **kw: Any) -> dict[str, Any]:
-    o: dict[str, Any] = {"type": "object", "description": desc, "properties": props}
-    if required:
-        o["required"] = required
-    o.update(kw)
-    return o
-
-
-def _strlist(desc: str, **item: Any) -> dict[str, Any]:
-    return {"type": "array", "description": desc, "items": {"type": "string", **item}}
-
-
-def _name(desc: str) -> dict[str, Any]:
-    return _s(desc, minLength=1, maxLength=253, pattern=K8S_NAME_RE)
-
-
-def broker_schema(desc: str) -> dict[str, Any]:
-    return _obj(
-        desc,
-        {
-            "rabbitmqClusterReference": _obj(
-                "A RabbitmqCluster of the RabbitMQ cluster operator (by name: its default-user Secret, named in "
-                "status.defaultUser.secretReference, else '<name>-default-user', gives username, password, host "
-                "and port), or, as the messaging-topology-operator takes it, a connectionSecret holding the keys "
-                "uri (management API URL), username and password. Set exactly one of name or connectionSecret.",
-                {
-                    "name": _name("RabbitmqCluster name"),
-                    "namespace": _name("its namespace (default: this object's)"),
-                    "connectionSecret": _obj("Secret with keys uri, username, password",
-                                             {"name": _name("Secret name")}, ["name"]),
-                    "managementPort": _i("management API port (by name)", minimum=1, maximum=65535, default=15672),
-                    "managementScheme": _s("http or https (by name)", enum=["http", "https"], default="http"),
-                    "amqpPort": _i("AMQP port on the uri's host (connectionSecret)", minimum=1, maximum=65535,
-                                   default=5672),
-                },
-                **{"x-kubernetes-validations": [{
-                    "rule": "has(self.name) != has(self.connectionSecret)",
-                    "message": "set exactly one of rabbitmqClusterReference.name or rabbitmqClusterReference.connectionSecret",
-                }]},
-            ),
-            "amqpUrl": _s(
-                "AMQP URL without credentials, e.g. amqp://rabbitmq.ns.svc:5672/%2f",
-                pattern=r"^amqps?://[^@\s]+$",
-            ),
-            "managementUrl": _s("management API base URL, e.g. http://rabbitmq.ns.svc:15672", pattern=r"^https?://\S+$"),
-            "credentialsSecretRef": _obj(
-                "Secret holding the broker user; the values reach the pod as env vars, never the spec or a ConfigMap.",
-                {
-                    "name": _name("Secret name"),
-                    "usernameKey": _s("key of the username", default="username", minLength=1),
-                    "passwordKey": _s("key of the password", default="password", minLength=1),
-                },
-                ["name"],
-            ),
-        },
-        **{
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.rabbitmqClusterReference) != has(self.amqpUrl)",
-                    "message": "set exactly one of broker.rabbitmqClusterReference or broker.amqpUrl",
-                },
-                {
-                    "rule": "!has(self.amqpUrl) || (has(self.managementUrl) && has(self.credentialsSecretRef))",
-                    "message": "broker.amqpUrl needs broker.managementUrl and broker.credentialsSecretRef",
-                },
-            ]
-        },
-    )
-
-
-def storage_schema() -> dict[str, Any]:
-    return _obj(
-        "Where backups are stored: S3 (or compatible) or a PersistentVolumeClaim.",
-        {
-            "s3": _obj(
-                "S3 bucket",
-                {
-                    "bucket": _s("bucket name", minLength=3, maxLength=63),
-                    "prefix": _s("key prefix inside the bucket", default="", pattern=r"^[^\s]*$"),
-                    "region": _s("region", default="us-east-1"),
-                    "endpoint": _s("endpoint URL for S3-compatible stores", pattern=r"^https?://\S+$"),
-                    "pathStyle": _b("path-style addressing (MinIO, Ceph)", default=False),
-                    "credentialsSecretRef": _obj(
-                        "Secret with the access key; omit to use the pod's identity (IRSA, instance role)",
-                        {
-                            "name": _name("Secret name"),
-                            "accessKeyIdKey": _s("key of the access key id", default="AWS_ACCESS_KEY_ID"),
-                            "secretAccessKeyKey": _s("key of the secret key", default="AWS_SECRET_ACCESS_KEY"),
-                        },
-                        ["name"],
-                    ),
-                },
-                ["bucket"],
-            ),
-            "pvc": _obj(
-                "PersistentVolumeClaim mounted into the run's pod",
-                {
-                    "claimName": _name("claim name"),
-                    "path": _s("directory inside the volume", default="backups", pattern=r"^[^\s]*$"),
-                },
-                ["claimName"],
-            ),
-        },
-        **{
-            "x-kubernetes-validations": [
-                {"rule": "has(self.s3) != has(self.pvc)", "message": "set exactly one of storage.s3 or storage.pvc"}
-            ]
-        },
-    )
-
-
-def encryption_schema(backup: bool) -> dict[str, Any]:
-    """spec.encryption: client-side AES-256-GCM keys from a Secret (and, for backups, S3 SSE)."""
-    props: dict[str, Any] = {
-        "keysSecretRef": _obj(
-            "Secret holding the keyring: YAML {key id: base64 32-byte key}, old ids kept so old backups stay readable",
-            {"name": _name("Secret name (same namespace)"), "key": _s("data key of the keyring (default keyring)")},
-            ["name"],
-        ),
-    }
-    if backup:
-        props["keyId"] = _s("key id new backups are encrypted with (recorded in each manifest)", minLength=1,
-                            maxLength=255)
-        props["serverSide"] = _obj(
-            "S3 server-side encryption of every object put",
-            {"mode": _s("SSE-S3 (AES256) or SSE-KMS (aws:kms)", enum=["AES256", "aws:kms"]),
-             "kmsKeyId": _s("KMS key id or ARN (aws:kms only)")},
-            ["mode"],
-        )
-        desc = ("client-side encryption (rbak's extension of the format): set keyId and keysSecretRef to encrypt; "
-                "serverSide alone only asks S3 to encrypt")
-    else:
-        desc = "keys of an encrypted backup (default: the referenced RabbitMQBackup's keysSecretRef)"
-    return _obj(desc, props)
-
-
-def pod_overrides() -> dict[str, Any]:
-    return {
-        "image": _s("container image running rbak (default: the operator's RBAK_IMAGE)", minLength=1),
-        "imagePullPolicy": _s("image pull policy", enum=["Always", "IfNotPresent", "Never"]),
-        "serviceAccountName": _name("service account of the run's pod"),
-        "resources": {
-            "type": "object",
-            "description": "container resources (requests/limits)",
-            "properties": {
-                "requests": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
-                "limits": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
-            },
-        },
-        "activeDeadlineSeconds": _i("kill a run after this many seconds", minimum=1),
-    }
-
-
-def spark_schema() -> dict[str, Any]:
-    return _obj(
-        "SparkApplication settings (spark-operator, sparkoperator.k8s.io/v1beta2)",
-        {
-            "image": _s("Spark image with rbak and spark/ installed"),
-            "sparkVersion": _s("Spark version", default="4.0.0"),
-            "serviceAccount": _name("driver service account"),
-            "executorInstances": _i("executors", minimum=1, default=2),
-            "executorCores": _i("cores per executor", minimum=1, default=1),
-            "executorMemory": _s("executor memory", default="1g", pattern=r"^[0-9]+[kmgtKMGT]?$"),
-            "driverMemory": _s("driver memory", default="1g", pattern=r"^[0-9]+[kmgtKMGT]?$"),
-        },
-    )
-
-
-def condition_schema() -> dict[str, Any]:
-    return {
-        "type": "array",
-        "description": "metav1.Condition-style conditions",
-        "items": _obj(
-            "condition",
-            {
-                "type": _s("Ready, Progressing, Completed, ..."),
-                "status": _s("True, False or Unknown", enum=["True", "False", "Unknown"]),
-                "reason": _s("CamelCase reason"),
-                "message": _s("human message"),
-                "lastTransitionTime": _s("when status last changed", format="date-time"),
-                "observedGeneration": _i("generation this condition was set for"),
-            },
-            ["type", "status"],
-        ),
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-    }
-
-
-def run_summary_schema(desc: str) -> dict[str, Any]:
-    return _obj(
-        desc,
-        {
-            "backupId": _s("backup id (the storage folder)"),
-            "jobName": _s("Job running it"),
-            "trigger": _s("schedule or manual", enum=["schedule", "manual"]),
-            "phase": _s("Running, Succeeded or Failed", enum=["Running", "Succeeded", "Failed"]),
-            "reason": _s("why it ended so"),
-            "message": _s("details"),
-            "scheduledTime": _s("slot time", format="date-time"),
-            "startTime": _s("start", format="date-time"),
-            "completionTime": _s("end", format="date-time"),
-            "durationSeconds": {"type": "number", "description": "wall time"},
-            "messages": _i("messages in the backup (from manifest.json)"),
-            "bytes": _i("stored bytes (from manifest.json)"),
-            "size": _s("stored size, human readable"),
-            "segments": _i("segments (from manifest.json)"),
-            "queues": _i("queues (from manifest.json)"),
-            "backupState": _s("complete, or partial when some queue was refused, failed or skipped (manifest.json)",
-                              enum=["complete", "partial", "incomplete"]),
-            "partialQueues": _strlist("queues not backed up, each 'vhost/name (status): reason'"),
-            "gapMessages": _i("stream messages removed by the stream's retention before this backup read them"),
-            "gaps": _strlist("stream gaps: 'vhost/name offsets A..B (N messages)'"),
-            "validation": _s("validation outcome", enum=["Skipped", "Passed", "Failed", "Pending"]),
-            "validationRun": _s("Job or SparkApplication validating this backup after the run"),
-            "validationEngine": _s("job or spark", enum=["job", "spark"]),
-        },
-    )
-
 
 def backup_crd() -> dict[str, Any]:
-    from .crds_verify import restore_drill_status_schema, verify_schema  # it builds on this module's helpers
+    return _crd(
+        kind="RabbitMQBackup",
+        plural=BACKUP_PLURAL,
+        singular="rabbitmqbackup",
+        short=["rbak"],
+        spec=backup_spec_schema(),
+        status=backup_status_schema(),
+        columns=[
+            ("Phase", "string", ".status.phase", 0),
+            ("Schedule", "string", ".spec.schedule", 0),
+            ("Suspend", "boolean", ".spec.suspend", 1),
+            ("Last Backup", "string", ".status.lastBackupId", 0),
+            ("Last Success", "date", ".status.lastSuccessfulTime", 1),
+            ("Next Run", "date", ".status.nextScheduleTime", 0),
+            ("Messages", "integer", ".status.lastRun.messages", 0),
+            ("Size", "string", ".status.lastRun.size", 0),
+            ("Last Drill", "string", ".status.restoreDrill.result", 1),
+            *printer_columns("backup"),
+            ("Age", "date", ".metadata.creationTimestamp", 0),
+        ],
+    )
 
-    spec = _obj(
+
+def backup_spec_schema() -> dict[str, Any]:
+    return _obj(
         "What to back up, where, and when.",
         {
             "broker": broker_schema("The RabbitMQ to back up."),
@@ -297,39 +80,8 @@ def backup_crd() -> dict[str, Any]:
             "segmentMaxBytes": _i("rotate a segment after this many uncompressed bytes", minimum=1024),
             "segmentMaxIntervalMs": _i("rotate a segment after this many ms", minimum=1000),
             "includeDefinitions": _b("also store the broker definitions", default=True),
-            "schedule": _s(
-                CRON_MESSAGE.replace("must be", "is"),
-                minLength=1,
-                maxLength=128,
-                **{"x-kubernetes-validations": [{"rule": f"self.matches('{CRON_RE}')", "message": CRON_MESSAGE}]},
-            ),
-            "timeZone": _s(
-                "IANA time zone of the schedule (default UTC), e.g. Europe/Berlin",
-                pattern=r"^[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*$",
-                maxLength=64,
-            ),
-            "suspend": _b("stop scheduling new runs (running ones finish; on-demand still works)", default=False),
-            "concurrencyPolicy": _s(
-                "a due run while one is active: Forbid skips it, Allow runs both, Replace stops the old one",
-                enum=["Forbid", "Allow", "Replace"],
-                default="Forbid",
-            ),
-            "startingDeadlineSeconds": _i(
-                "a slot missed by more than this (operator down) is recorded as missed, not run", minimum=0
-            ),
-            "successfulJobsHistoryLimit": _i("finished successful Jobs kept", minimum=0, maximum=100, default=3),
-            "failedJobsHistoryLimit": _i("finished failed Jobs kept", minimum=0, maximum=100, default=3),
-            "retention": _obj(
-                "Which old complete backups this policy deletes (whole backups only; never one a kept backup's "
-                "incremental streams continue, never an incomplete one). Unset: keep all.",
-                {
-                    "keepLast": _i("keep the newest N complete backups", minimum=1),
-                    "keepDaily": _i("keep the newest backup of each of the last N days that have one (UTC)", minimum=0),
-                    "keepWeekly": _i("keep the newest backup of each of the last N ISO weeks that have one", minimum=0),
-                    "keepMonthly": _i("keep the newest backup of each of the last N months that have one", minimum=0),
-                    "maxAge": _s("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
-                },
-            ),
+            **schedule_fields(),
+            "retention": retention_schema(),
             "deletionPolicy": _s(
                 "on deleting this object: retain (default) keeps stored backups; delete removes the ones it made",
                 enum=["retain", "delete"],
@@ -348,19 +100,15 @@ def backup_crd() -> dict[str, Any]:
             "verify": verify_schema(),
             "spark": spark_schema(),
             "encryption": encryption_schema(backup=True),
-            "objectLock": _obj(
-                "S3 Object Lock (bucket created with it): every object written once and locked; retention deletes "
-                "a backup only after its lock expired",
-                {"mode": _s("lock mode", enum=["GOVERNANCE", "COMPLIANCE"]),
-                 "retainDays": {"type": "number", "minimum": 0,
-                                "description": "days each object stays locked"}},
-                ["mode", "retainDays"],
-            ),
+            "objectLock": object_lock_schema(),
             **pod_overrides(),
         },
         ["broker", "storage"],
     )
-    status = _obj(
+
+
+def backup_status_schema() -> dict[str, Any]:
+    return _obj(
         "Observed state, read from Jobs and manifest.json.",
         {
             "phase": _s("Pending, Scheduled, Running, Succeeded, Failed, Suspended", enum=[
@@ -392,31 +140,84 @@ def backup_crd() -> dict[str, Any]:
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
     )
-    return _crd(
-        kind="RabbitMQBackup",
-        plural=BACKUP_PLURAL,
-        singular="rabbitmqbackup",
-        short=["rbak"],
-        spec=spec,
-        status=status,
-        columns=[
-            ("Phase", "string", ".status.phase", 0),
-            ("Schedule", "string", ".spec.schedule", 0),
-            ("Suspend", "boolean", ".spec.suspend", 1),
-            ("Last Backup", "string", ".status.lastBackupId", 0),
-            ("Last Success", "date", ".status.lastSuccessfulTime", 1),
-            ("Next Run", "date", ".status.nextScheduleTime", 0),
-            ("Messages", "integer", ".status.lastRun.messages", 0),
-            ("Size", "string", ".status.lastRun.size", 0),
-            ("Last Drill", "string", ".status.restoreDrill.result", 1),
-            *printer_columns("backup"),
-            ("Age", "date", ".metadata.creationTimestamp", 0),
-        ],
+
+
+def schedule_fields() -> dict[str, Any]:
+    """When runs start: the cron, its time zone, suspension, concurrency and Job history limits."""
+    return {
+        "schedule": _s(
+            CRON_MESSAGE.replace("must be", "is"),
+            minLength=1,
+            maxLength=128,
+            **{"x-kubernetes-validations": [{"rule": f"self.matches('{CRON_RE}')", "message": CRON_MESSAGE}]},
+        ),
+        "timeZone": _s(
+            "IANA time zone of the schedule (default UTC), e.g. Europe/Berlin",
+            pattern=r"^[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*$",
+            maxLength=64,
+        ),
+        "suspend": _b("stop scheduling new runs (running ones finish; on-demand still works)", default=False),
+        "concurrencyPolicy": _s(
+            "a due run while one is active: Forbid skips it, Allow runs both, Replace stops the old one",
+            enum=["Forbid", "Allow", "Replace"],
+            default="Forbid",
+        ),
+        "startingDeadlineSeconds": _i(
+            "a slot missed by more than this (operator down) is recorded as missed, not run", minimum=0
+        ),
+        "successfulJobsHistoryLimit": _i("finished successful Jobs kept", minimum=0, maximum=100, default=3),
+        "failedJobsHistoryLimit": _i("finished failed Jobs kept", minimum=0, maximum=100, default=3),
+    }
+
+
+def retention_schema() -> dict[str, Any]:
+    return _obj(
+        "Which old complete backups this policy deletes (whole backups only; never one a kept backup's "
+        "incremental streams continue, never an incomplete one). Unset: keep all.",
+        {
+            "keepLast": _i("keep the newest N complete backups", minimum=1),
+            "keepDaily": _i("keep the newest backup of each of the last N days that have one (UTC)", minimum=0),
+            "keepWeekly": _i("keep the newest backup of each of the last N ISO weeks that have one", minimum=0),
+            "keepMonthly": _i("keep the newest backup of each of the last N months that have one", minimum=0),
+            "maxAge": _s("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
+        },
+    )
+
+
+def object_lock_schema() -> dict[str, Any]:
+    return _obj(
+        "S3 Object Lock (bucket created with it): every object written once and locked; retention deletes "
+        "a backup only after its lock expired",
+        {"mode": _s("lock mode", enum=["GOVERNANCE", "COMPLIANCE"]),
+         "retainDays": {"type": "number", "minimum": 0,
+                        "description": "days each object stays locked"}},
+        ["mode", "retainDays"],
     )
 
 
 def restore_crd() -> dict[str, Any]:
-    spec = _obj(
+    return _crd(
+        kind="RabbitMQRestore",
+        plural=RESTORE_PLURAL,
+        singular="rabbitmqrestore",
+        short=["rbakr"],
+        spec=restore_spec_schema(),
+        status=restore_status_schema(),
+        columns=[
+            ("Phase", "string", ".status.phase", 0),
+            ("Backup", "string", ".status.backupId", 0),
+            ("Engine", "string", ".status.engine", 0),
+            ("Messages", "integer", ".status.messages", 0),
+            ("Size", "string", ".status.size", 0),
+            *printer_columns("restore"),
+            ("Age", "date", ".metadata.creationTimestamp", 0),
+        ],
+        spec_required=True,
+    )
+
+
+def restore_spec_schema() -> dict[str, Any]:
+    return _obj(
         "What to restore, from where, into which broker.",
         {
             "backupRef": _obj(
@@ -477,7 +278,10 @@ def restore_crd() -> dict[str, Any]:
             ]
         },
     )
-    status = _obj(
+
+
+def restore_status_schema() -> dict[str, Any]:
+    return _obj(
         "Observed state of the restore",
         {
             "phase": _s("Pending, Running, Succeeded, Failed", enum=["Pending", "Running", "Succeeded", "Failed"]),
@@ -498,24 +302,6 @@ def restore_crd() -> dict[str, Any]:
             "progress": progress_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },
-    )
-    return _crd(
-        kind="RabbitMQRestore",
-        plural=RESTORE_PLURAL,
-        singular="rabbitmqrestore",
-        short=["rbakr"],
-        spec=spec,
-        status=status,
-        columns=[
-            ("Phase", "string", ".status.phase", 0),
-            ("Backup", "string", ".status.backupId", 0),
-            ("Engine", "string", ".status.engine", 0),
-            ("Messages", "integer", ".status.messages", 0),
-            ("Size", "string", ".status.size", 0),
-            *printer_columns("restore"),
-            ("Age", "date", ".metadata.creationTimestamp", 0),
-        ],
-        spec_required=True,
     )
 
 
