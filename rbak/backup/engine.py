@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pika.exceptions
@@ -33,7 +32,7 @@ from ..config import Config
 from ..crypto import codec_for, writer_codec
 from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
-from ..format.manifest import BackupManifest, DefinitionsBackup, QueueBackup, QueueStatus, SegmentMetadata
+from ..format.manifest import BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
@@ -49,6 +48,7 @@ from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
 from .stream_backup import StreamBackup
 from .stream_chain import StreamBase, stream_bases
+from .summary import BackupSummary, QueueSummary
 
 log = logging.getLogger(__name__)
 
@@ -57,59 +57,6 @@ class BackupError(RbakError):
     """Some queues failed; the manifest stays incomplete so a rerun resumes them."""
 
     prefix = "Backup error"
-
-
-@dataclass(slots=True)
-class QueueSummary:
-    vhost: str
-    name: str
-    queue_type: str
-    messages: int = 0
-    segments: int = 0
-    bytes: int = 0
-    status: str = "done"  # done | resumed | failed | skipped
-    error: str | None = None
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return {"vhost": self.vhost, "name": self.name, "queue_type": self.queue_type, "messages": self.messages,
-                "segments": self.segments, "bytes": self.bytes, "status": self.status, "error": self.error}
-
-
-@dataclass(slots=True)
-class BackupSummary:
-    backup_id: str
-    storage: str
-    manifest_key: str
-    queues: list[QueueSummary] = field(default_factory=list)
-    definitions: DefinitionsBackup | None = None
-    completed: bool = False
-    duration_secs: float = 0.0
-    rabbitmq_version: str | None = None
-    source_cluster: str | None = None
-    partial: bool = False
-
-    @property
-    def total_messages(self) -> int:
-        return sum(q.messages for q in self.queues)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(q.bytes for q in self.queues)
-
-    @property
-    def failed(self) -> list[QueueSummary]:
-        return [q for q in self.queues if q.status in ("failed", "refused")]
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "backup_id": self.backup_id, "storage": self.storage, "manifest": self.manifest_key,
-            "completed": self.completed, "partial": self.partial, "source_cluster": self.source_cluster,
-            "rabbitmq_version": self.rabbitmq_version, "duration_secs": round(self.duration_secs, 3),
-            "total_messages": self.total_messages, "total_bytes": self.total_bytes,
-            "total_segments": sum(q.segments for q in self.queues),
-            "definitions": self.definitions.to_json_obj() if self.definitions else None,
-            "queues": [q.to_json_obj() for q in self.queues],
-        }
 
 
 Progress = Callable[..., None]
