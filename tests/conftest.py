@@ -7,6 +7,7 @@
   ``vhost_factory``: ``make(broker)`` for more vhosts or vhosts on a chosen broker.
 - ``moto_s3``: endpoint URL of a moto S3 server (one per xdist worker); fake AWS
   credentials are exported in ``os.environ`` for the whole session.
+- ``lock_bucket``: a fresh bucket with S3 Object Lock enabled (no prefix).
 - ``s3_bucket``: a fresh bucket; the fixture value is its storage URL (``str``) with
   ``.bucket``, ``.endpoint``, ``.prefix``, ``.keys()``, ``.get(key)``.
 - ``tls``: ``support.tls.TlsFiles`` with the CI certificate paths.
@@ -111,6 +112,12 @@ def moto_s3():
 @pytest.fixture
 def s3_bucket(moto_s3: str) -> S3Bucket:
     return create_bucket(moto_s3, unique_name("bucket"), prefix="backups")
+
+
+@pytest.fixture
+def lock_bucket(moto_s3: str) -> S3Bucket:
+    """A fresh bucket created with S3 Object Lock enabled (no prefix)."""
+    return create_bucket(moto_s3, unique_name("lock"), object_lock=True)
 
 
 @pytest.fixture(scope="session")

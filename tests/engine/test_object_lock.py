@@ -17,7 +17,7 @@ from rbak.storage import open_storage
 from rbak.validate import validate_backup
 
 from support.backups import fast_publish
-from support.s3 import S3Bucket, s3_client
+from support.s3 import S3Bucket
 
 
 def lock_config(broker, vhost, bucket: S3Bucket, backup_id, state, days: float) -> Config:
@@ -32,14 +32,6 @@ def lock_config(broker, vhost, bucket: S3Bucket, backup_id, state, days: float) 
         "offset_storage": {"path": str(state), "sync_interval_secs": 0.05},  # would rewrite state often
     }, env={})
 
-
-@pytest.fixture
-def lock_bucket(moto_s3, request):
-    import uuid
-
-    name = f"lock-{uuid.uuid4().hex[:12]}"
-    s3_client(moto_s3).create_bucket(Bucket=name, ObjectLockEnabledForBucket=True)
-    return S3Bucket(moto_s3, name)
 
 
 def versions(bucket: S3Bucket, prefix: str):

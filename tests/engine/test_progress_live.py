@@ -21,7 +21,6 @@ from rbak.validate import validate_backup
 
 from support.backups import backup_config, fast_publish
 from support.restores import options_for, storage_for
-from test_object_lock import lock_bucket  # noqa: F401 - fixture (a bucket created with Object Lock)
 
 BIG, SMALL = 1200, 50  # the backup reports every 500 messages of a queue
 

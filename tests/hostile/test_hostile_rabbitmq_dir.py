@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from support.node_dirs import qdir, scenario, shared_root  # noqa: E402,F401

@@ -109,9 +109,9 @@ def test_drill_gauge_follows_the_status_and_the_alert_reads_it():
     obj["status"]["restoreDrill"]["result"] = "Passed"
     got = {(m, tuple(sorted(lab.items()))): v for m, lab, v in rm.samples("backup", obj, now)}
     assert got[("rbak_backup_restore_drill_failed", tuple(sorted(lab + (("reason", ""),))))] == 0
-    from test_metrics_rules import RULES
+    from support.ship import prometheus_rules
 
-    rule = next(r for r in RULES if r["alert"] == "RbakRestoreDrillFailed")
+    rule = next(r for r in prometheus_rules() if r["alert"] == "RbakRestoreDrillFailed")
     assert "rbak_backup_restore_drill_failed" in rule["expr"]
 
 

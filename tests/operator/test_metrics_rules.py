@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client import REGISTRY
 
 from rbak_operator import resource_metrics as rm
 from support.require import require
+from support.ship import prometheus_rules
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = yaml.safe_load((ROOT / "charts/rbak/files/prometheus-rules.yaml").read_text())
+RULES = prometheus_rules()
 DASHBOARD = json.loads((ROOT / "charts/rbak/files/grafana-dashboard.json").read_text())
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 

@@ -14,11 +14,10 @@ import pytest
 from support.opcluster import wait_for
 from rbak_operator.naming import manual_run_name
 from support.s3 import free_port
-from test_operator_e2e import (
+from support.op_e2e import (
     Cluster,
-    _damage_a_segment,
+    damage_a_segment as _damage_a_segment,
     create_backup,
-    env,  # noqa: F401 - the fixture
     trigger,
     wait_run,
 )

@@ -11,8 +11,7 @@ import json
 import os
 import threading
 import time
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
 
@@ -20,151 +19,13 @@ from rbak.catalog import list_backups, load_manifest
 from rbak.storage.url import open_storage
 from rbak_operator.api_calls import used_api_calls
 from rbak_operator.naming import manual_run_name
-from support.brokers import unique_name
 
 import support.sparkcrd as sparkcrd
-from support.opcluster import Emulator, Http, Operator, PodRunner, wait_for
+from support.op_e2e import (API, bucket_root as _bucket_root, create_backup,
+                             damage_a_segment as _damage_a_segment, fmt as _fmt, s3, trigger, wait_run)
+from support.opcluster import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
-
-API = "rbak.io/v1alpha1"
-START = datetime(2030, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
-
-
-def _fmt(dt: datetime) -> str:
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class Cluster:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.emu = Emulator().start()
-        self.http = Http(self.emu.url)
-        self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
-        self.clock_file = tmp / "clock"
-        self.now = START
-        self.clock_file.write_text(_fmt(self.now))
-        self.runner = PodRunner(self.http).start()
-        self.operators: list[Operator] = []
-        self.operator = self.start_operator()
-
-    def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
-        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
-                      extra_env).start()
-        self.operators.append(op)
-        return op
-
-    def set_clock(self, dt: datetime) -> None:
-        assert dt >= self.now
-        self.now = dt
-        tmp = self.clock_file.with_suffix(".tmp")
-        tmp.write_text(_fmt(dt))
-        tmp.replace(self.clock_file)  # atomic: the operator never reads a half-written clock
-
-    def next_slot(self, minutes: int = 5) -> datetime:
-        """Move the clock 2 s past the next multiple of ``minutes``; return that slot."""
-        base = self.now.replace(second=0) + timedelta(minutes=1)
-        while base.minute % minutes:
-            base += timedelta(minutes=1)
-        self.set_clock(base + timedelta(seconds=2))
-        return base
-
-    def backup(self, name: str) -> dict:
-        return self.http.get(API, "rabbitmqbackups", name) or {}
-
-    def status(self, name: str) -> dict:
-        return self.backup(name).get("status") or {}
-
-    def jobs(self, prefix: str) -> list[str]:
-        return sorted(j["metadata"]["name"] for j in self.http.items("batch/v1", "jobs") if j["metadata"]["name"].startswith(prefix + "-"))
-
-    def events(self, name: str) -> list[dict]:
-        return [e for e in self.http.items("v1", "events") if (e.get("involvedObject") or {}).get("name") == name]
-
-    def logs(self) -> str:
-        out = []
-        for op in self.operators:
-            out.append(f"--- {op.log_path.name}\n" + op.log()[-6000:])
-        out.append("--- runner\n" + "\n".join(f"{k}:\n{v[-3000:]}" for k, v in self.runner.outputs.items()))
-        return "\n".join(out)
-
-    def close(self) -> None:
-        for op in self.operators:
-            op.stop()
-        self.runner.stop()
-        self.emu.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3):
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        yield c
-    finally:
-        calls = c.emu.api_calls()
-        dump = os.environ.get("RBAK_OPERATOR_API_CALLS_DUMP")
-        if dump:
-            Path(dump).write_text(json.dumps(sorted(calls), indent=1))
-        c.close()
-
-
-@pytest.fixture
-def env(cluster, rmq310, moto_s3, s3_bucket):
-    """A fresh vhost with a queue, a bucket, and the Secrets a backup needs."""
-    vhost = unique_name("test-op")
-    rmq310.create_vhost(vhost)
-    tag = unique_name("e2e")
-    http = cluster.http
-    http.secret(f"{tag}-s3", {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
-    http.secret(f"{tag}-rmq", {"username": rmq310.user, "password": rmq310.password})
-    http.secret(f"{tag}-bad", {"username": rmq310.user, "password": "definitely-wrong"})
-    http.secret(f"{tag}-cluster-default-user", {"username": rmq310.user, "password": rmq310.password,
-                                                "host": rmq310.host, "port": str(rmq310.amqp_port)})
-    e = type("Env", (), {})()
-    e.vhost, e.tag, e.broker, e.bucket = vhost, tag, rmq310, s3_bucket
-    e.storage = {"s3": {"bucket": s3_bucket.bucket, "prefix": s3_bucket.prefix, "endpoint": s3_bucket.endpoint,
-                        "pathStyle": True, "region": "us-east-1", "credentialsSecretRef": {"name": f"{tag}-s3"}}}
-    e.url_broker = {"amqpUrl": f"amqp://{rmq310.host}:{rmq310.amqp_port}/%2f", "managementUrl": rmq310.management_url,
-                    "credentialsSecretRef": {"name": f"{tag}-rmq"}}
-    e.cluster_broker = {"rabbitmqClusterReference": {"name": f"{tag}-cluster"}}
-    try:
-        yield e
-    finally:
-        # Delete this test's objects so their reconcile loops end and the emulator stays small.
-        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs"),
-                            ("sparkoperator.k8s.io/v1beta2", "sparkapplications")):
-            for o in http.items(api, plural):
-                if o["metadata"]["name"].startswith(tag):
-                    http.patch(api, plural, o["metadata"]["name"], {"metadata": {"finalizers": None}})
-                    http.delete(api, plural, o["metadata"]["name"])
-        rmq310.delete_vhost(vhost)
-
-
-def create_backup(cluster: Cluster, env, name: str, **spec) -> dict:
-    body = {"apiVersion": API, "kind": "RabbitMQBackup",
-            "metadata": {"name": name, "creationTimestamp": _fmt(cluster.now)},
-            "spec": {"broker": env.url_broker, "storage": env.storage, "queues": {"vhosts": [env.vhost]},
-                     "validate": {"enabled": False}, **spec}}  # validation in one test only: pods cost seconds
-    return cluster.http.create(API, "rabbitmqbackups", body)
-
-
-def trigger(cluster: Cluster, name: str, value: str) -> None:
-    cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/backup-now": value}}})
-
-
-def wait_run(cluster: Cluster, name: str, job: str | None = None, phase: str | None = None, timeout: float = 90) -> dict:
-    def done():
-        lr = cluster.status(name).get("lastRun") or {}
-        if job is not None and lr.get("jobName") != job:
-            return None
-        if phase is not None and lr.get("phase") != phase:
-            return None
-        return lr or None
-    return wait_for(done, timeout, what=f"{name} run {job or ''} {phase or ''}", diag=cluster.logs)
-
-
-def s3(env):
-    return open_storage(str(env.bucket))
 
 
 def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
@@ -292,21 +153,6 @@ def test_failing_backup_reports_the_cause(cluster, env):
     wait_for(lambda: any(e["reason"] == "BackupFailed" and e.get("type") == "Warning" for e in cluster.events(name)), 20,
              what="warning event")
     assert [b for b in list_backups(s3(env)) if b.complete] == []
-
-
-def _bucket_root(env):
-    """The backup storage as the runs see it: the bucket root, keys carrying the prefix."""
-    return open_storage(env.bucket.url_with_prefix(""))
-
-
-def _damage_a_segment(env, backup_id: str, queue: str) -> str:
-    """Flip one byte in the middle of ``queue``'s first segment, behind rbak's back; returns its key."""
-    m = load_manifest(_bucket_root(env), backup_id, env.bucket.prefix)
-    key = next(q for q in m.queues if q.name == queue).segments[0].key
-    data = bytearray(env.bucket.get(key))
-    data[len(data) // 2] ^= 0xFF
-    env.bucket.client().put_object(Bucket=env.bucket.bucket, Key=key, Body=bytes(data))
-    return key
 
 
 class _Hook:
@@ -599,7 +445,6 @@ def test_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster
     assert env.broker.read_bodies(env.vhost, "pii") == bodies
 
 
-
 def test_per_resource_gauges_outlive_the_job(cluster, env):
     """The operator's /metrics carries the last run of each RabbitMQBackup (from the status it wrote),
     labelled rbak_namespace/backup, after the Job is gone; a failed run's reason too."""
@@ -633,7 +478,6 @@ def test_per_resource_gauges_outlive_the_job(cluster, env):
     assert got[("rbak_backup_last_success_timestamp_seconds", lab)] > 0
     failed = [(k, v) for k, v in got.items() if k[0] == "rbak_backup_last_run_failed" and ("backup", bad) in k[1]]
     assert len(failed) == 1 and failed[0][1] == 1 and dict(failed[0][0][1])["reason"], failed
-
 
 
 def test_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):

@@ -18,7 +18,7 @@ from rbak.catalog import list_backups
 from rbak_operator import crds
 
 from support.opcluster import wait_for
-from test_operator_e2e import API, cluster, create_backup, env, s3, trigger, wait_run  # noqa: F401 - fixtures
+from support.op_e2e import API, create_backup, s3, trigger, wait_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

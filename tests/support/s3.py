@@ -105,8 +105,9 @@ def storage_url(endpoint: str, bucket: str, prefix: str = "") -> str:
     return f"s3://{bucket}{path}?endpoint={quote(endpoint, safe='')}&path_style=true&region=us-east-1"
 
 
-def create_bucket(endpoint: str, bucket: str, prefix: str = "") -> S3Bucket:
-    s3_client(endpoint).create_bucket(Bucket=bucket)
+def create_bucket(endpoint: str, bucket: str, prefix: str = "", object_lock: bool = False) -> S3Bucket:
+    kw = {"ObjectLockEnabledForBucket": True} if object_lock else {}
+    s3_client(endpoint).create_bucket(Bucket=bucket, **kw)
     return S3Bucket(endpoint, bucket, prefix)
 
 

@@ -180,3 +180,8 @@ def granted(objs: list[dict], sa: str = "rbak-operator") -> tuple[set, dict[str,
                         None if b["roleRef"]["kind"] == "ClusterRole" else ns)[0]
             per_ns.setdefault(ns, set()).update(flatten(role["rules"]))
     return cluster, per_ns
+
+
+def prometheus_rules() -> list[dict[str, Any]]:
+    """The chart's PrometheusRule alerts (charts/rbak/files/prometheus-rules.yaml)."""
+    return yaml.safe_load((ROOT / "charts/rbak/files/prometheus-rules.yaml").read_text())

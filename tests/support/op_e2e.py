@@ -1,0 +1,123 @@
+"""The operator end to end: a kmock emulator, the local kubelet/spark-operator runner and real operator
+processes, with the helpers the e2e test modules share (fixtures: tests/operator/conftest.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from rbak.catalog import load_manifest
+from rbak.storage.url import open_storage
+from support.opcluster import Emulator, Http, Operator, PodRunner, wait_for
+
+
+API = "rbak.io/v1alpha1"
+
+
+START = datetime(2030, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
+
+
+def fmt(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.emu = Emulator().start()
+        self.http = Http(self.emu.url)
+        self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
+        self.clock_file = tmp / "clock"
+        self.now = START
+        self.clock_file.write_text(fmt(self.now))
+        self.runner = PodRunner(self.http).start()
+        self.operators: list[Operator] = []
+        self.operator = self.start_operator()
+
+    def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
+        op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
+                      extra_env).start()
+        self.operators.append(op)
+        return op
+
+    def set_clock(self, dt: datetime) -> None:
+        assert dt >= self.now
+        self.now = dt
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(fmt(dt))
+        tmp.replace(self.clock_file)  # atomic: the operator never reads a half-written clock
+
+    def next_slot(self, minutes: int = 5) -> datetime:
+        """Move the clock 2 s past the next multiple of ``minutes``; return that slot."""
+        base = self.now.replace(second=0) + timedelta(minutes=1)
+        while base.minute % minutes:
+            base += timedelta(minutes=1)
+        self.set_clock(base + timedelta(seconds=2))
+        return base
+
+    def backup(self, name: str) -> dict:
+        return self.http.get(API, "rabbitmqbackups", name) or {}
+
+    def status(self, name: str) -> dict:
+        return self.backup(name).get("status") or {}
+
+    def jobs(self, prefix: str) -> list[str]:
+        return sorted(j["metadata"]["name"] for j in self.http.items("batch/v1", "jobs") if j["metadata"]["name"].startswith(prefix + "-"))
+
+    def events(self, name: str) -> list[dict]:
+        return [e for e in self.http.items("v1", "events") if (e.get("involvedObject") or {}).get("name") == name]
+
+    def logs(self) -> str:
+        out = []
+        for op in self.operators:
+            out.append(f"--- {op.log_path.name}\n" + op.log()[-6000:])
+        out.append("--- runner\n" + "\n".join(f"{k}:\n{v[-3000:]}" for k, v in self.runner.outputs.items()))
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for op in self.operators:
+            op.stop()
+        self.runner.stop()
+        self.emu.stop()
+
+
+def create_backup(cluster: Cluster, env, name: str, **spec) -> dict:
+    body = {"apiVersion": API, "kind": "RabbitMQBackup",
+            "metadata": {"name": name, "creationTimestamp": fmt(cluster.now)},
+            "spec": {"broker": env.url_broker, "storage": env.storage, "queues": {"vhosts": [env.vhost]},
+                     "validate": {"enabled": False}, **spec}}  # validation in one test only: pods cost seconds
+    return cluster.http.create(API, "rabbitmqbackups", body)
+
+
+def trigger(cluster: Cluster, name: str, value: str) -> None:
+    cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/backup-now": value}}})
+
+
+def wait_run(cluster: Cluster, name: str, job: str | None = None, phase: str | None = None, timeout: float = 90) -> dict:
+    def done():
+        lr = cluster.status(name).get("lastRun") or {}
+        if job is not None and lr.get("jobName") != job:
+            return None
+        if phase is not None and lr.get("phase") != phase:
+            return None
+        return lr or None
+    return wait_for(done, timeout, what=f"{name} run {job or ''} {phase or ''}", diag=cluster.logs)
+
+
+def s3(env):
+    return open_storage(str(env.bucket))
+
+
+def bucket_root(env):
+    """The backup storage as the runs see it: the bucket root, keys carrying the prefix."""
+    return open_storage(env.bucket.url_with_prefix(""))
+
+
+def damage_a_segment(env, backup_id: str, queue: str) -> str:
+    """Flip one byte in the middle of ``queue``'s first segment, behind rbak's back; returns its key."""
+    m = load_manifest(bucket_root(env), backup_id, env.bucket.prefix)
+    key = next(q for q in m.queues if q.name == queue).segments[0].key
+    data = bytearray(env.bucket.get(key))
+    data[len(data) // 2] ^= 0xFF
+    env.bucket.client().put_object(Bucket=env.bucket.bucket, Key=key, Body=bytes(data))
+    return key
