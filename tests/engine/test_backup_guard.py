@@ -239,9 +239,8 @@ def test_delayed_retry_on_43(rmq43, vhost_factory, tmp_path, retry, where):
 
 
 def test_consumer_timeout_on_43(rmq43, vhost_factory, tmp_path):
-    """4.3 cancels a consumer whose message outlives x-consumer-timeout (no channel close) and
-    returns its messages (not counted): the read fails naming the queue and the timeout when the
-    cancel arrives before the messages go back; nothing is lost, delayed or reordered."""
+    """4.3 cancels a consumer whose message outlives x-consumer-timeout (no channel close) and returns
+    its messages: the backup's own consumer timeout prevents it; nothing is lost, delayed or reordered."""
     vhost = vhost_factory(rmq43)
     bodies = [b"ct-%02d" % i for i in range(30)]
     fast_publish(rmq43, vhost, "ctq", bodies, declare={"x-queue-type": "quorum", "x-consumer-timeout": 1000})
@@ -251,14 +250,12 @@ def test_consumer_timeout_on_43(rmq43, vhost_factory, tmp_path):
             time.sleep(10)
 
     cfg = backup_config(rmq43, vhost, tmp_path / "store", "ct", tmp_path / "st.db")
-    try:
-        s = BackupEngine(cfg, throttle=stall).run()
-        # the broker's timer had not fired before the read ended: every message was already here
-        assert [r.body for r in records(tmp_path / "store", load(tmp_path / "store", "ct"), vhost, "ctq")] == bodies
-        assert s.completed
-    except BackupError as e:
-        msg = str(e)
-        assert f"{vhost}/ctq" in msg and "cancelled the backup's consumer" in msg and "consumer timeout" in msg
-    # either way: nothing lost, counted, delayed or reordered
+    # The backup's consumers carry their own x-consumer-timeout (it overrides the queue's): the broker's
+    # timer never takes messages back early, so the read completes. Before, it cancelled the consumer and
+    # returned the timed-out messages ahead of the rest about 1 run in 7 (ct-00 came back behind ct-04).
+    s = BackupEngine(cfg, throttle=stall).run()
+    assert [r.body for r in records(tmp_path / "store", load(tmp_path / "store", "ct"), vhost, "ctq")] == bodies
+    assert s.completed
+    # nothing lost, counted, delayed or reordered
     got = assert_source(rmq43, vhost, "ctq", bodies)
     assert {(x[1].headers or {}).get("x-delivery-count", 0) for x in got} == {0}
