@@ -75,11 +75,15 @@ def fill(broker: Broker, vh: str, queues: list[str], n: int, args: dict | None =
         for q in queues:
             ch.queue_declare(q, durable=True, arguments=args or {})
         impl = ch._impl
-        state = {"acked": 0}
+        state: dict = {"open": set()}
 
         def on_ack(frame):
+            # confirms for different queues come out of order: count the acked tags, never a watermark
             m = frame.method
-            state["acked"] = m.delivery_tag if m.multiple else max(state["acked"], m.delivery_tag)
+            if m.multiple:
+                state["open"] = {t for t in state["open"] if t > m.delivery_tag}
+            else:
+                state["open"].discard(m.delivery_tag)
 
         done = []
         impl.confirm_delivery(on_ack, callback=lambda _f: done.append(1))
@@ -91,9 +95,10 @@ def fill(broker: Broker, vh: str, queues: list[str], n: int, args: dict | None =
             for _ in range(n):
                 impl.basic_publish("", q, body, props)
                 sent += 1
-                while sent - state["acked"] >= 2000:
+                state["open"].add(sent)
+                while len(state["open"]) >= 2000:
                     conn.process_data_events(0.01)
-        while state["acked"] < sent:
+        while state["open"]:
             conn.process_data_events(0.05)
 
 
