@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_common import Broker, fill, load, peak_rss_mib, rbak_backup, verdict  # noqa: E402
+from bench_common import Broker, fill, load, peak_rss_mib, rbak_backup, verdict
 
 
 def _major_minor(v: str) -> tuple[int, int]:
@@ -84,11 +84,10 @@ def bare_stream_read(broker: Broker, vh: str, queue: str, n: int) -> float:
     with pika.BlockingConnection(broker.params(vh)) as conn:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=1000)
-        got = unacked = 0
-        for method, _p, _b in ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": "first"},
-                                         inactivity_timeout=30):
+        unacked = 0
+        for got, (method, _p, _b) in enumerate(ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": "first"},
+                                                          inactivity_timeout=30), 1):
             assert method is not None, "bare stream reader starved"
-            got += 1
             unacked += 1
             if unacked >= 500:
                 ch.basic_ack(method.delivery_tag, multiple=True)

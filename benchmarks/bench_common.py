@@ -56,7 +56,8 @@ class Broker:
 
 
 def load() -> str:
-    return "load %.2f %.2f %.2f" % os.getloadavg()
+    a, b, c = os.getloadavg()
+    return f"load {a:.2f} {b:.2f} {c:.2f}"
 
 
 def verdict(name: str, ratio: float, target: float, *, at_most: bool = False, detail: str = "") -> str:
