@@ -103,14 +103,14 @@ def phase_pika_pipelined(a) -> dict:
 
 def phase_rbak(a) -> dict:
     from rbak.restore import run_restore
-    from rbak.restore.options import RestoreOptions, TargetConnection
+    from rbak.restore.options import RestoreOptions, local_target
     from rbak.storage import open_storage
 
     storage = open_storage(f"file://{a.store}")
     opts = RestoreOptions(backup_id=a.backup_id, publish_mode="queue", produce_batch_size=500,
                           checkpoint_state=os.path.join(a.store, f"cp-{uuid.uuid4().hex}.db"),
                           queue_mapping=(("bench", a.queue),), vhost_mapping=(("/", a.vhost),),
-                          target=TargetConnection(amqp_url=a.amqp_url, management_url=a.management_url))
+                          target=local_target(a.amqp_url, a.management_url))
     t = time.perf_counter()
     s = run_restore(storage, opts)
     secs = time.perf_counter() - t

@@ -1,0 +1,231 @@
+"""Backup speed and scale against baselines measured in the same run (issue 20).
+
+    python benchmarks/backup_scale.py quorum  --broker rmq43 [--messages 20000]
+    python benchmarks/backup_scale.py stream  --broker rmq310 [--messages 50000]
+    python benchmarks/backup_scale.py many    [--queues 100 --per-queue 100]      (issue: 1000 x 100)
+    python benchmarks/backup_scale.py workers [--per-queue 5000]                  (issue: 8 x 50000)
+    python benchmarks/backup_scale.py memory  [--messages 10000]                  (issue: 100,000 vs 1,000,000)
+
+- quorum: baseline is a bare pika client doing the same non-destructive read of the
+  same quorum queue: channels with a prefetch of exactly the messages they take
+  (at most 65535 each), then on 4.3+ cancel and ``basic.nack(multiple, requeue)``
+  per channel in order, on older brokers close the channels in order. Target >= 0.8.
+- stream: baseline is a bare AMQP 0-9-1 consumer with ``x-stream-offset: first``,
+  prefetch 1000, acking every 500, stopping at the known count. rbak reads until
+  the stream is idle for 1 s (it cannot know the end over AMQP), which is inside
+  its figure. Target >= 0.8.
+- many: N queues of M messages vs one queue of N x M, both by rbak with defaults.
+  Ratio time(N queues) / time(one queue), target <= 1.5.
+- workers: 8 queues of M, rbak with ``max_concurrent_queues`` 1 vs 8.
+  Ratio time(1) / time(8), target >= 1.5 (both cores used).
+- memory: peak RSS (VmHWM) of a backup subprocess (default 128 MiB segments) of a
+  queue of 10 x N vs N messages of 1 KiB. Ratio big/small, target <= 1.3.
+
+Each repeats ``--repeat`` times in back-to-back pairs and reports the median ratio,
+with the load average (the machine is shared: only ratios mean anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pika
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from bench_common import Broker, fill, load, peak_rss_mib, rbak_backup, verdict
+
+
+def _major_minor(v: str) -> tuple[int, int]:
+    p = (v.split(".") + ["0", "0"])[:2]
+    return int(p[0]), int(p[1])
+
+
+def bare_quorum_read(broker: Broker, vh: str, queue: str, n: int, nack: bool) -> float:
+    """Read n messages of a quorum queue unacked and give them all back in order; wall seconds."""
+    t0 = time.perf_counter()
+    with pika.BlockingConnection(broker.params(vh)) as conn:
+        chans = []
+        got = 0
+        while got < n:
+            want = min(65535, n - got)
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=want)
+            taken = 0
+            for method, _p, _b in ch.consume(queue, auto_ack=False, inactivity_timeout=30):
+                assert method is not None, "bare quorum reader starved"
+                taken += 1
+                if taken == want:
+                    break
+            chans.append((ch, method.delivery_tag))
+            got += taken
+        if nack:
+            for ch, _tag in chans:
+                ch.cancel()
+            for ch, tag in chans:
+                ch.basic_nack(tag, multiple=True, requeue=True)
+        for ch, _tag in chans:
+            ch.close()
+    return time.perf_counter() - t0
+
+
+def bare_stream_read(broker: Broker, vh: str, queue: str, n: int) -> float:
+    t0 = time.perf_counter()
+    with pika.BlockingConnection(broker.params(vh)) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1000)
+        unacked = 0
+        for got, (method, _p, _b) in enumerate(ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": "first"},
+                                                          inactivity_timeout=30), 1):
+            assert method is not None, "bare stream reader starved"
+            unacked += 1
+            if unacked >= 500:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+                unacked = 0
+            if got == n:
+                break
+        ch.close()
+    return time.perf_counter() - t0
+
+
+def paired(name: str, repeat: int, baseline, candidate, target: float, at_most: bool = False,
+           ratio=lambda b, c: b / c, label=("baseline", "rbak"), n: int | None = None) -> str:
+    ratios = []
+    for i in range(repeat):
+        b = baseline()
+        c = candidate()
+        r = ratio(b, c)
+        ratios.append(r)
+        rate = (lambda s: f" ({n / s:,.0f} msg/s)") if n else (lambda s: "")
+        print(f"  run {i + 1}: {label[0]} {b:.2f}s{rate(b)}, {label[1]} {c:.2f}s{rate(c)} -> ratio {r:.2f}  [{load()}]",
+              flush=True)
+    return verdict(name, statistics.median(ratios), target, at_most=at_most,
+                   detail="runs " + ", ".join(f"{r:.2f}" for r in ratios))
+
+
+def cmd_quorum(a, broker: Broker) -> None:
+    ver = broker.version()
+    nack = _major_minor(ver) >= (4, 3)
+    n = a.messages
+    with broker.vhost() as vh, tempfile.TemporaryDirectory(prefix="rbak-bench-") as tmp:
+        fill(broker, vh, ["qq"], n, {"x-queue-type": "quorum"})
+        print(f"quorum queue of {n} x 1 KiB on {broker.id} {ver} (return by {'nack' if nack else 'channel close'})")
+        runs = iter(range(1000))
+
+        def rbak():
+            secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"))
+            assert got == n, (got, n)
+            return secs
+
+        paired(f"backup quorum {broker.id}", a.repeat, lambda: bare_quorum_read(broker, vh, "qq", n, nack), rbak,
+               0.8, label=("bare pika", "rbak"), n=n)
+
+
+def cmd_stream(a, broker: Broker) -> None:
+    n = a.messages
+    with broker.vhost() as vh, tempfile.TemporaryDirectory(prefix="rbak-bench-") as tmp:
+        fill(broker, vh, ["st"], n, {"x-queue-type": "stream"})
+        print(f"stream of {n} x 1 KiB on {broker.id} {broker.version()} (rbak's figure includes its 1 s idle end)")
+        runs = iter(range(1000))
+
+        def rbak():
+            secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"), stream_incremental=False)
+            assert got == n, (got, n)
+            return secs
+
+        paired(f"backup stream {broker.id}", a.repeat, lambda: bare_stream_read(broker, vh, "st", n), rbak, 0.8,
+               label=("bare x-stream-offset consumer", "rbak"), n=n)
+
+
+def cmd_many(a, broker: Broker) -> None:
+    nq, m = a.queues, a.per_queue
+    with broker.vhost() as many, broker.vhost() as one, tempfile.TemporaryDirectory(prefix="rbak-bench-") as tmp:
+        fill(broker, many, [f"q{i:04d}" for i in range(nq)], m)
+        fill(broker, one, ["all"], nq * m)
+        print(f"{nq} queues of {m} vs one queue of {nq * m} (1 KiB) on {broker.id} {broker.version()}")
+        runs = iter(range(1000))
+
+        def backup(vh):
+            secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"))
+            assert got == nq * m, (got, nq * m)
+            return secs
+
+        paired(f"backup many queues {nq}x{m} {broker.id}", a.repeat, lambda: backup(one), lambda: backup(many),
+               1.5, at_most=True, ratio=lambda b, c: c / b, label=("one queue", f"{nq} queues"))
+
+
+def cmd_workers(a, broker: Broker) -> None:
+    m = a.per_queue
+    with broker.vhost() as vh, tempfile.TemporaryDirectory(prefix="rbak-bench-") as tmp:
+        fill(broker, vh, [f"q{i}" for i in range(8)], m)
+        print(f"8 queues of {m} (1 KiB) on {broker.id} {broker.version()}: max_concurrent_queues 1 vs 8 "
+              f"({os.cpu_count()} cores)")
+        runs = iter(range(1000))
+
+        def backup(workers):
+            secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"),
+                                          max_concurrent_queues=workers)
+            assert got == 8 * m, (got, 8 * m)
+            return secs
+
+        paired(f"backup 8 queues, 8 workers vs 1 {broker.id}", a.repeat, lambda: backup(1), lambda: backup(8), 1.5,
+               label=("1 worker", "8 workers"), n=8 * m)
+
+
+def cmd_memory(a, broker: Broker) -> None:
+    small = a.messages
+    peaks = {}
+    for count in (small, small * 10):
+        with broker.vhost() as vh, tempfile.TemporaryDirectory(prefix="rbak-rss-") as tmp:
+            fill(broker, vh, ["rss"], count)
+            out = subprocess.run([sys.executable, __file__, "_rss_child", "--broker", broker.id, "--vhost", vh,
+                                  "--store", tmp], check=True, capture_output=True, text=True).stdout
+            d = json.loads(out.strip().splitlines()[-1])
+            assert d["messages"] == count, (d, count)
+            peaks[count] = d["rss_mib"]
+            print(f"  queue of {count:>8} x 1 KiB ({count / 1024:.0f} MiB): peak RSS {d['rss_mib']:.1f} MiB "
+                  f"({d['secs']:.1f}s)  [{load()}]", flush=True)
+    verdict(f"backup memory {small * 10} vs {small} msgs {broker.id}", peaks[small * 10] / peaks[small], 1.3,
+            at_most=True, detail=f"{peaks[small]:.0f} -> {peaks[small * 10]:.0f} MiB")
+
+
+def rss_child(a, broker: Broker) -> None:
+    secs, n, _cpu = rbak_backup(broker, a.vhost, a.store)
+    print(json.dumps({"messages": n, "secs": secs, "rss_mib": peak_rss_mib()}))
+
+
+COMMANDS = {"quorum": cmd_quorum, "stream": cmd_stream, "many": cmd_many, "workers": cmd_workers,
+            "memory": cmd_memory, "_rss_child": rss_child}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=sorted(COMMANDS))
+    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"])
+    ap.add_argument("--messages", type=int, help="quorum 20000, stream 50000, memory 10000 (the small queue)")
+    ap.add_argument("--queues", type=int, default=100)
+    ap.add_argument("--per-queue", type=int)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--vhost", help=argparse.SUPPRESS)
+    ap.add_argument("--store", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.messages is None:
+        a.messages = {"quorum": 20_000, "stream": 50_000, "memory": 10_000}.get(a.command, 10_000)
+    if a.per_queue is None:
+        a.per_queue = 100 if a.command == "many" else 5_000
+    COMMANDS[a.command](a, Broker(a.broker))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

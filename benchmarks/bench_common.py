@@ -1,0 +1,126 @@
+"""Helpers shared by the scale benchmarks: brokers, throwaway vhosts, confirmed fills, rbak backups, ratios.
+
+Every benchmark prints a ratio against a baseline measured in the same run,
+the target, PASS/BELOW, and the load average (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from contextlib import contextmanager
+
+import pika
+import requests
+
+AUTH = ("guest", "guest")
+BODY = 1024
+BROKERS = {  # id -> (AMQP port, management port), as in the CI broker table
+    "rmq310": (5672, 15672),
+    "rmq40": (5673, 15673),
+    "rmq43": (5674, 15674),
+}
+
+
+class Broker:
+    def __init__(self, bid: str):
+        self.id = bid
+        self.amqp_port, self.mgmt_port = BROKERS[bid]
+        self.api = f"http://localhost:{self.mgmt_port}/api"
+
+    def params(self, vh: str) -> pika.ConnectionParameters:
+        return pika.ConnectionParameters("localhost", self.amqp_port, vh, pika.PlainCredentials(*AUTH),
+                                         heartbeat=0)
+
+    def amqp_url(self, vh: str = "") -> str:
+        return f"amqp://guest:guest@localhost:{self.amqp_port}/{vh}"
+
+    @property
+    def mgmt_url(self) -> str:
+        return f"http://localhost:{self.mgmt_port}"
+
+    def version(self) -> str:
+        return requests.get(f"{self.api}/overview", auth=AUTH, timeout=30).json().get("rabbitmq_version", "?")
+
+    @contextmanager
+    def vhost(self):
+        vh = "bench-" + uuid.uuid4().hex[:8]
+        requests.put(f"{self.api}/vhosts/{vh}", auth=AUTH, timeout=30).raise_for_status()
+        requests.put(f"{self.api}/permissions/{vh}/guest", auth=AUTH, timeout=30,
+                     json={"configure": ".*", "write": ".*", "read": ".*"}).raise_for_status()
+        try:
+            yield vh
+        finally:
+            requests.delete(f"{self.api}/vhosts/{vh}", auth=AUTH, timeout=120)
+
+
+def load() -> str:
+    a, b, c = os.getloadavg()
+    return f"load {a:.2f} {b:.2f} {c:.2f}"
+
+
+def verdict(name: str, ratio: float, target: float, *, at_most: bool = False, detail: str = "") -> str:
+    ok = ratio <= target if at_most else ratio >= target
+    line = (f"RESULT {name}: ratio {ratio:.2f} (target {'<=' if at_most else '>='} {target}) "
+            f"{'PASS' if ok else 'BELOW' if not at_most else 'ABOVE'}  [{load()}]" + (f"  {detail}" if detail else ""))
+    print(line, flush=True)
+    return line
+
+
+def fill(broker: Broker, vh: str, queues: list[str], n: int, args: dict | None = None) -> None:
+    """Declare each queue (durable, ``args``) and publish n persistent 1 KiB messages into each, confirmed."""
+    body = os.urandom(BODY // 2).hex().encode()
+    with pika.BlockingConnection(broker.params(vh)) as conn:
+        ch = conn.channel()
+        for q in queues:
+            ch.queue_declare(q, durable=True, arguments=args or {})
+        impl = ch._impl
+        state: dict = {"open": set()}
+
+        def on_ack(frame):
+            # confirms for different queues come out of order: count the acked tags, never a watermark
+            m = frame.method
+            if m.multiple:
+                state["open"] = {t for t in state["open"] if t > m.delivery_tag}
+            else:
+                state["open"].discard(m.delivery_tag)
+
+        done = []
+        impl.confirm_delivery(on_ack, callback=lambda _f: done.append(1))
+        while not done:
+            conn.process_data_events(0.05)
+        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream")
+        sent = 0
+        for q in queues:
+            for _ in range(n):
+                impl.basic_publish("", q, body, props)
+                sent += 1
+                state["open"].add(sent)
+                while len(state["open"]) >= 2000:
+                    conn.process_data_events(0.01)
+        while state["open"]:
+            conn.process_data_events(0.05)
+
+
+def rbak_backup(broker: Broker, vh: str, store: str, **backup) -> tuple[float, int, float]:
+    """One rbak backup of every queue of ``vh`` into ``store``: (wall s, messages, CPU s)."""
+    from rbak.backup import BackupEngine
+    from rbak.config import Config
+
+    cfg = Config.from_dict({
+        "mode": "backup", "backup_id": "b-" + uuid.uuid4().hex[:8],
+        "source": {"amqp_url": broker.amqp_url(vh), "management_url": broker.mgmt_url, "queues": {"vhosts": [vh]}},
+        "storage": {"backend": "filesystem", "path": store},
+        "backup": {"include_definitions": False, **backup},
+        "offset_storage": {"path": os.path.join(store, "state.db"), "sync_interval_secs": 0},
+    }, env={})
+    t0, c0 = time.perf_counter(), time.process_time()
+    s = BackupEngine(cfg).run()
+    return time.perf_counter() - t0, s.total_messages, time.process_time() - c0
+
+
+def peak_rss_mib() -> float:
+    """VmHWM of this process image (not inherited across exec, unlike ru_maxrss)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
