@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import orjson
 
@@ -73,16 +74,11 @@ def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]
     return entries
 
 
-def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "") -> tuple[str, dict] | None:
-    """(key, report) of the newest validation report stored next to a backup, or None.
-
-    Reports are written by ``rbak validate --write-report`` (the operator's
-    in-pod validation) and the Spark validation job, as
-    ``validation/report-<utc stamp>.json``; the stamp sorts as text. An
-    unreadable report counts as a failed validation (``ok`` false).
-    """
-    folder = f"{BackupLayout(backup_id, prefix).root}/{VALIDATION_DIR}/"
-    keys = sorted(k for k in storage.list(folder) if k.rsplit("/", 1)[-1].startswith("report-") and k.endswith(".json"))
+def newest_report(storage: Storage, folder: str, accept: Callable[[str], bool]) -> tuple[str, dict | str] | None:
+    """(key, report) of the newest JSON report in ``folder`` whose file name ``accept`` takes, or
+    (key, why it is unreadable), or None when there is none. Report names start with a UTC stamp
+    that sorts as text (validation reports, drill reports)."""
+    keys = sorted(k for k in storage.list(folder) if k.endswith(".json") and accept(k.rsplit("/", 1)[-1]))
     if not keys:
         return None
     try:
@@ -90,8 +86,26 @@ def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "")
         if not isinstance(report, dict):
             raise ValueError("not a JSON object")
     except (ValueError, NotFoundError) as e:
-        return keys[-1], {"ok": False, "all_problems": [f"unreadable validation report: {e}"]}
+        return keys[-1], str(e)
     return keys[-1], report
+
+
+def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "") -> tuple[str, dict] | None:
+    """(key, report) of the newest validation report stored next to a backup, or None.
+
+    Reports are written by ``rbak validate --write-report`` (the operator's
+    in-pod validation) and the Spark validation job, as
+    ``validation/report-<utc stamp>.json``. An unreadable report counts as a
+    failed validation (``ok`` false).
+    """
+    found = newest_report(storage, f"{BackupLayout(backup_id, prefix).root}/{VALIDATION_DIR}/",
+                          lambda name: name.startswith("report-"))
+    if found is None:
+        return None
+    key, report = found
+    if isinstance(report, str):
+        return key, {"ok": False, "all_problems": [f"unreadable validation report: {report}"]}
+    return key, report
 
 
 def latest_complete(storage: Storage, prefix: str | None = "") -> BackupEntry | None:

@@ -411,18 +411,18 @@ def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "") 
 
 def find_drill_report(storage: Storage, backup_id: str, prefix: str = "", drill_id: str | None = None
                       ) -> tuple[str, dict[str, Any]] | None:
-    """(key, report) of the newest drill report of a backup (of ``drill_id`` when given), or None."""
-    folder = BackupLayout(backup_id, prefix).drills_dir
-    keys = sorted(k for k in storage.list(folder) if k.endswith(".json")
-                  and (drill_id is None or k.rsplit("/", 1)[-1].endswith(f"-{drill_id}.json")))
-    if not keys:
+    """(key, report) of the newest drill report of a backup (of ``drill_id`` when given), or None; an
+    unreadable one counts as a failed drill."""
+    from .catalog import newest_report
+
+    found = newest_report(storage, BackupLayout(backup_id, prefix).drills_dir,
+                          lambda name: drill_id is None or name.endswith(f"-{drill_id}.json"))
+    if found is None:
         return None
-    try:
-        doc = orjson.loads(storage.get(keys[-1]))
-    except (ValueError, NotFoundError) as e:
-        return keys[-1], {"passed": False, "result": "Failed", "reason": f"unreadable drill report: {e}"}
-    return keys[-1], doc if isinstance(doc, dict) else {"passed": False, "result": "Failed",
-                                                         "reason": "drill report is not a JSON object"}
+    key, report = found
+    if isinstance(report, str):
+        return key, {"passed": False, "result": "Failed", "reason": f"unreadable drill report: {report}"}
+    return key, report
 
 
 __all__ = ["DRILLS_DIR", "DrillError", "DrillOptions", "DrillReport", "QueueCheck", "RecordHash", "find_drill_report",
