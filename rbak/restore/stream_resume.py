@@ -26,9 +26,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import pika
-import pika.exceptions
 
-from ..errors import AmqpError, CheckpointError, RestoreError
+from ..backup.stream_reader import read_stream
+from ..errors import CheckpointError, RestoreError
 
 _PREFETCH = 256
 
@@ -48,46 +48,20 @@ class LandedTail:
         return len(self.digests)
 
 
-class _Stop(Exception):
-    pass
-
-
 def _read_offsets(conn: pika.BlockingConnection, vhost: str, queue: str, first: int | str, sink,
                   idle_secs: float) -> None:
-    """``sink(offset, body)`` for each message from ``first`` (a chunk may start earlier: the sink
-    sees those too). Stops after ``idle_secs`` without a delivery, or when the sink raises ``_Stop``."""
+    """``sink(offset, body)`` for each message from ``first`` (the backup's stream reader: acks only
+    return credit), ending after ``idle_secs`` without a delivery. A message without an offset means the
+    queue is not a stream: the read stops before anything was acked (its deliveries return)."""
     where = f"stream {queue!r} in vhost {vhost!r}"
-    ch = conn.channel()
-    try:
-        ch.basic_qos(prefetch_count=_PREFETCH)
-        unacked, last_tag = 0, 0
-        for method, props, body in ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": first},
-                                              inactivity_timeout=idle_secs):
-            if method is None:
-                break
-            off = (props.headers or {}).get("x-stream-offset")
-            if not isinstance(off, int) or isinstance(off, bool):
-                raise RestoreError(f"{where} is not a stream (its messages carry no x-stream-offset); "
-                                   f"the backup restores a stream into it")
-            try:
-                sink(off, body)
-            except _Stop:
-                break
-            last_tag, unacked = method.delivery_tag, unacked + 1
-            if unacked >= _PREFETCH // 2:  # acks on a stream only return credit
-                ch.basic_ack(last_tag, multiple=True)
-                unacked = 0
-        if unacked and ch.is_open:
-            ch.basic_ack(last_tag, multiple=True)
-    except pika.exceptions.ChannelClosedByBroker as e:
-        raise AmqpError(f"{where}: the broker closed the channel while reading it back: "
-                        f"{e.reply_code} {e.reply_text}") from None
-    finally:
-        try:
-            if ch.is_open:
-                ch.close()
-        except Exception:  # noqa: BLE001 - closing after a broker error
-            pass
+
+    def check(_method, _props, body: bytes, off: int) -> None:
+        if off < 0:
+            raise RestoreError(f"{where} is not a stream (its messages carry no x-stream-offset); "
+                               f"the backup restores a stream into it")
+        sink(off, body)
+
+    read_stream(conn, vhost, queue, first, check, prefetch=_PREFETCH, idle_secs=idle_secs)
 
 
 def stream_next_offset(conn: pika.BlockingConnection, vhost: str, queue: str, idle_secs: float = 1.0) -> int:
