@@ -22,7 +22,8 @@ from rbak_operator.naming import manual_run_name
 
 import support.sparkcrd as sparkcrd
 from support.op_e2e import (API, bucket_root as _bucket_root, create_backup,
-                             damage_a_segment as _damage_a_segment, fmt as _fmt, s3, trigger, wait_run)
+                             damage_a_segment as _damage_a_segment, fmt as _fmt, good_and_failed_run,
+                             metric_samples, restart_with_metrics, s3, trigger, wait_run)
 from support.opcluster import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -448,27 +449,11 @@ def test_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster
 def test_per_resource_gauges_outlive_the_job(cluster, env):
     """The operator's /metrics carries the last run of each RabbitMQBackup (from the status it wrote),
     labelled rbak_namespace/backup, after the Job is gone; a failed run's reason too."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-    from support.s3 import free_port
-
-    port = free_port()
-    cluster.operator.kill()
-    cluster.operator = cluster.start_operator({"RBAK_METRICS_PORT": str(port), "RBAK_METRICS_BIND": "127.0.0.1"})
-    env.broker.publish_n(env.vhost, "q", 3, declare={})
-    name, bad = f"{env.tag}-met", f"{env.tag}-metbad"
-    create_backup(cluster, env, name, schedule="0 3 * * *")
-    create_backup(cluster, env, bad, broker=dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"}))
-    trigger(cluster, name, "1")
-    trigger(cluster, bad, "1")
-    wait_run(cluster, name, phase="Succeeded")
-    wait_run(cluster, bad, phase="Failed")
+    port = restart_with_metrics(cluster)
+    name, bad = good_and_failed_run(cluster, env, "met")
 
     def scrape() -> dict:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return {(n, tuple(sorted(labels.items()))): v for n, labels, v in metric_samples(port)}
 
     lab = (("backup", name), ("rbak_namespace", "default"))  # opcluster.NS
     got = wait_for(lambda: (m := scrape()).get(("rbak_backup_last_messages", lab)) == 3 and m, 30, what="gauges",

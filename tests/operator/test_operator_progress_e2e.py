@@ -9,7 +9,6 @@ credentials at all: the progress reaches the status through the storage.
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,8 @@ from rbak.catalog import list_backups
 from rbak_operator import crds
 
 from support.opcluster import wait_for
-from support.op_e2e import API, create_backup, s3, trigger, wait_run
+from support.op_e2e import (API, create_backup, good_and_failed_run, metric_samples, restart_with_metrics, s3,
+                            trigger, wait_run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -123,29 +123,15 @@ def test_restore_progress_in_status_while_the_job_runs_then_cleared(cluster, env
 
 
 def test_gauges_of_deleted_resources_are_dropped(cluster, env):
-    from prometheus_client.parser import text_string_to_metric_families
-    from support.s3 import free_port
-
-    port = free_port()
-    cluster.operator.kill()
-    cluster.operator = cluster.start_operator({"RBAK_METRICS_PORT": str(port), "RBAK_METRICS_BIND": "127.0.0.1"})
-    env.broker.publish_n(env.vhost, "q", 3, declare={})
-    name, bad = f"{env.tag}-gone", f"{env.tag}-gonebad"
-    create_backup(cluster, env, name, schedule="0 3 * * *")
-    create_backup(cluster, env, bad, broker=dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"}))
-    trigger(cluster, name, "1")
-    trigger(cluster, bad, "1")
-    wait_run(cluster, name, phase="Succeeded")
-    wait_run(cluster, bad, phase="Failed")
+    port = restart_with_metrics(cluster)
+    name, bad = good_and_failed_run(cluster, env, "gone")
     env.broker.drain_queue(env.vhost, "q")
     rname = f"{env.tag}-gone-r"
     cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
                                                   "metadata": {"name": rname}, "spec": {"backupRef": {"name": name}}})
 
     def series(key: str, value: str) -> list:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        return [(s.name, s.labels) for fam in text_string_to_metric_families(text) for s in fam.samples
-                if s.labels.get(key) == value]
+        return [(n, labels) for n, labels, _v in metric_samples(port) if labels.get(key) == value]
 
     wait_for(lambda: len(series("restore", rname)) >= 4, 120, what="restore gauges", diag=cluster.logs)
     wait_for(lambda: len(series("backup", bad)) >= 1, 30, what="failed backup gauges", diag=cluster.logs)

@@ -121,3 +121,37 @@ def damage_a_segment(env, backup_id: str, queue: str) -> str:
     data[len(data) // 2] ^= 0xFF
     env.bucket.client().put_object(Bucket=env.bucket.bucket, Key=key, Body=bytes(data))
     return key
+
+
+def restart_with_metrics(cluster: Cluster) -> int:
+    """Restart the operator exporting its metrics on a free local port; returns the port."""
+    from support.s3 import free_port
+
+    port = free_port()
+    cluster.operator.kill()
+    cluster.operator = cluster.start_operator({"RBAK_METRICS_PORT": str(port), "RBAK_METRICS_BIND": "127.0.0.1"})
+    return port
+
+
+def good_and_failed_run(cluster: Cluster, env, stem: str) -> tuple[str, str]:
+    """Two RabbitMQBackups run once on demand: ``<tag>-<stem>`` succeeds (3 messages, a daily schedule),
+    ``<tag>-<stem>bad`` fails (wrong credentials). Returns their names once both runs ended."""
+    env.broker.publish_n(env.vhost, "q", 3, declare={})
+    name, bad = f"{env.tag}-{stem}", f"{env.tag}-{stem}bad"
+    create_backup(cluster, env, name, schedule="0 3 * * *")
+    create_backup(cluster, env, bad, broker=dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"}))
+    trigger(cluster, name, "1")
+    trigger(cluster, bad, "1")
+    wait_run(cluster, name, phase="Succeeded")
+    wait_run(cluster, bad, phase="Failed")
+    return name, bad
+
+
+def metric_samples(port: int) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample the operator's /metrics serves now."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
