@@ -33,6 +33,7 @@ class RestoreOptions:
     queues: QueueSelection = field(default_factory=QueueSelection)
     publish_mode: PublishMode = "queue"
     publisher_confirms: bool = True
+    protocol: str = "auto"  # auto | amqp091 | amqp10 (see record_publisher)
     max_concurrent_queues: int = 4
     produce_batch_size: int = 500
     dry_run: bool = False
@@ -59,6 +60,8 @@ class RestoreOptions:
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
             raise ConfigError(f"restore.publish_mode: must be exchange or queue, got {self.publish_mode!r}")
+        if self.protocol not in ("auto", "amqp091", "amqp10"):
+            raise ConfigError(f"restore.protocol: must be auto, amqp091 or amqp10, got {self.protocol!r}")
         if self.produce_batch_size < 1:
             raise ConfigError("restore.produce_batch_size: must be at least 1")
         if self.transient_queues not in ("durable", "skip"):
@@ -111,6 +114,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         queues=q,
         publish_mode=r.publish_mode,
         publisher_confirms=r.publisher_confirms,
+        protocol=r.protocol,
         max_concurrent_queues=r.max_concurrent_queues,
         produce_batch_size=r.produce_batch_size,
         dry_run=r.dry_run,

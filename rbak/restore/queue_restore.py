@@ -28,7 +28,7 @@ from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..amqp import connect
-from .publisher import ConfirmingPublisher
+from .record_publisher import RecordPublisher
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class QueueResult:
     reconciled: int = 0  # in-flight records found already enqueued on resume
     bytes: int = 0
     error: str | None = None
+    protocol: str = ""  # amqp091 | amqp10 | amqp10+amqp091 (switched for a record 1.0 cannot carry exactly)
 
 
 
@@ -246,8 +247,8 @@ def restore_queue_segments(
         resume = state.resume_point()
         if state.initial_depth is not None or state.segments:
             res.resumed_from = resume
-        pub = ConfirmingPublisher(conn, f"{plan.label} -> {plan.target_label}", options.produce_batch_size,
-                                  options.publisher_confirms)
+        pub = RecordPublisher(conn, plan, options, f"{plan.label} -> {plan.target_label}",
+                              _PropertiesCache(plan.label))
         progress = _Progress(plan, options, cp, res, pub, state.confirmed, on_progress)
         try:
             _publish(storage, plan, options, codec, pub, progress, resume, skip_extra, landed)
@@ -263,6 +264,7 @@ def restore_queue_segments(
             err.queue_result = res  # what the broker confirmed before the failure, for the summary
             raise
         finally:
+            res.protocol = pub.protocol
             pub.close()
         cp.finish_queue(plan.source_vhost, plan.source_queue)
         res.status = "restored"
@@ -280,7 +282,7 @@ class _Progress:
     the metrics and the caller's ``on_progress``."""
 
     def __init__(self, plan: QueuePlan, options: RestoreOptions, cp: RestoreCheckpoint | NullCheckpoint,
-                 res: QueueResult, pub: ConfirmingPublisher, confirmed_base: int,
+                 res: QueueResult, pub: RecordPublisher, confirmed_base: int,
                  on_progress: Callable[[QueueResult], None] | None):
         self.plan, self.options, self.cp, self.res, self.pub = plan, options, cp, res, pub
         self.confirmed_base = confirmed_base
@@ -296,8 +298,7 @@ class _Progress:
 
     def count_landed(self, token: tuple[int, int, int]) -> None:
         self.landed += 1
-        self.pub._last_done_token = token  # noqa: SLF001 - the publisher's confirmed prefix ends here
-        self.pub._advanced = True  # noqa: SLF001
+        self.pub.mark_landed(token)
 
     def commit(self, force: bool = False) -> None:
         pub, plan = self.pub, self.plan
@@ -324,7 +325,7 @@ class _Progress:
 
 
 def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
-             pub: ConfirmingPublisher, progress: _Progress, resume: tuple[int, int], skip_extra: int,
+             pub: RecordPublisher, progress: _Progress, resume: tuple[int, int], skip_extra: int,
              landed: LandedTail | None) -> None:
     """Every record of the plan after ``resume`` inside the window, in order; the first ``skip_extra``
     of them were enqueued by a killed run (for a stream, ``landed`` holds their digests to check)."""
@@ -332,7 +333,6 @@ def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: 
     resume_seq, resume_idx = resume
     s, e = options.window_start_ms, options.window_end_ms
     queue_mode = options.publish_mode == "queue"
-    props_of = _PropertiesCache(plan.label)
     for seg in plan.segments:
         if seg.sequence < resume_seq:
             continue
@@ -352,7 +352,7 @@ def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: 
                 continue
             exchange, rk = (("", plan.target_queue) if queue_mode or not r.exchange
                             else (r.exchange, r.routing_key))  # plan.publish_address, inlined
-            pub.publish(exchange, rk, props_of(r, i, seg.key), r.body, (seg.sequence, i + 1, n))
+            pub.publish(exchange, rk, r, i, seg.key, (seg.sequence, i + 1, n))
             res.bytes += len(r.body)
             if pub.published % 256 == 0:
                 progress.commit()

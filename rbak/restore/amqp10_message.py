@@ -1,0 +1,302 @@
+"""A backed-up AMQP 0-9-1 message as AMQP 1.0 sections, when 1.0 can carry it exactly.
+
+RabbitMQ 4.x stores a message published over AMQP 1.0 as 1.0 and converts it
+for AMQP 0-9-1 consumers (``mc_amqpl:convert_from(mc_amqp, ...)``). A record
+goes over 1.0 only when that conversion gives back exactly the properties and
+headers a 0-9-1 publish of the same record would give, so a restore is the same
+whichever protocol carried it (the round trip is tested against 4.0.5 and 4.3.6).
+Everything else returns ``None`` and is published over 0-9-1. What rules a
+record out, and why:
+
+- ``delivery_mode`` other than 1 or 2, or ``None`` together with a priority or
+  expiration: durability, priority and TTL must sit in the 1.0 header (the
+  queue reads them there), and a header's ``durable`` always converts to 1 or 2;
+  ``None`` alone only from 4.2 on (4.0 and 4.1 give a message without a header
+  ``durable = true``, so a 0-9-1 consumer would read 2, measured on 4.0.5);
+- an expiration that is not a canonical decimal of at most 32 bits (it travels
+  as the header's ``ttl`` integer and comes back as its decimal text);
+- ``cluster_id`` (no 1.0 field); a content type or encoding that is not ASCII
+  (1.0 symbols); a ``reply_to`` starting ``/queues/`` (4.1+ decode it as an
+  address) or ``amq.rabbitmq.reply-to`` (0-9-1 refuses it without a direct
+  reply-to consumer, 1.0 would take it); ids, ``user_id``, ``app_id`` or ``type`` that are not UTF-8 or
+  longer than a short string (they would move into headers or be dropped);
+- headers of type ``x`` (binary comes back as a long string), tables and
+  arrays (not allowed in application properties), names that are not UTF-8,
+  repeated names, ``CC``/``BCC`` (0-9-1 routes them) and the ``x-`` names the
+  broker reserves or rewrites; and an ``x-`` header after a plain one (the
+  broker lists ``x-`` headers first, so the order would change).
+"""
+
+from __future__ import annotations
+
+import struct
+from ..format.record import (
+    BackupProperties,
+    BackupRecord,
+    Bool,
+    Double,
+    Float,
+    HeaderValue,
+    Headers,
+    Long,
+    LongString,
+    Short,
+    ShortString,
+    Timestamp,
+    Void,
+)
+
+_HEADER, _ANNOTATIONS, _PROPERTIES, _APP_PROPERTIES, _DATA = 0x70, 0x72, 0x73, 0x74, 0x75
+_RESERVED_X = frozenset({"x-routing-key", "x-exchange", "x-death", "x-cc", "x-opt-deaths",
+                         "x-opt-rabbitmq-received-time"})
+_ROUTING = frozenset({"CC", "BCC"})
+_MAX_TTL = 0xFFFFFFFF
+_MAX_TS_SECONDS = (2**63 - 1) // 1000
+
+
+class _NotExact(Exception):
+    """This record cannot be carried over 1.0 exactly (internal: becomes ``None``)."""
+
+
+# -- primitive encoders (AMQP 1.0 part 1, section 1.6) ----------------------
+def _null() -> bytes:
+    return b"\x40"
+
+
+def _bool(v: bool) -> bytes:
+    return b"\x41" if v else b"\x42"
+
+
+def _ubyte(v: int) -> bytes:
+    return b"\x50" + struct.pack(">B", v)
+
+
+def _uint(v: int) -> bytes:
+    return b"\x70" + struct.pack(">I", v)
+
+
+def _short(v: int) -> bytes:
+    return b"\x61" + struct.pack(">h", v)
+
+
+def _long(v: int) -> bytes:
+    return b"\x81" + struct.pack(">q", v)
+
+
+def _float(v: float) -> bytes:
+    return b"\x72" + struct.pack(">f", v)
+
+
+def _double(v: float) -> bytes:
+    return b"\x82" + struct.pack(">d", v)
+
+
+def _timestamp_ms(v: int) -> bytes:
+    return b"\x83" + struct.pack(">q", v)
+
+
+def _vbin(code8: int, code32: int, data: bytes) -> bytes:
+    n = len(data)
+    if n < 256:
+        return bytes((code8, n)) + data
+    return bytes((code32,)) + struct.pack(">I", n) + data
+
+
+def _binary(b: bytes) -> bytes:
+    return _vbin(0xA0, 0xB0, b)
+
+
+def _utf8(s: str) -> bytes:
+    return _vbin(0xA1, 0xB1, s.encode("utf-8"))
+
+
+def _symbol(s: str) -> bytes:
+    return _vbin(0xA3, 0xB3, s.encode("ascii"))
+
+
+def _compound(code8: int, code32: int, count: int, items: bytes) -> bytes:
+    if len(items) + 1 < 256 and count < 256:
+        return bytes((code8, len(items) + 1, count)) + items
+    return bytes((code32,)) + struct.pack(">II", len(items) + 4, count) + items
+
+
+def _described(code: int, value: bytes) -> bytes:
+    return b"\x00\x53" + bytes((code,)) + value
+
+
+def _list_section(code: int, fields: list[bytes | None]) -> bytes:
+    while fields and fields[-1] is None:
+        fields.pop()  # trailing nulls may be omitted
+    body = b"".join(_null() if f is None else f for f in fields)
+    return _described(code, _compound(0xC0, 0xD0, len(fields), body))
+
+
+def _map_section(code: int, pairs: list[tuple[bytes, bytes]]) -> bytes:
+    return _described(code, _compound(0xC1, 0xD1, 2 * len(pairs), b"".join(k + v for k, v in pairs)))
+
+
+def data_section(body: bytes) -> bytes:
+    """The body as one ``data`` section (what a 0-9-1 consumer gets back byte for byte)."""
+    n = len(body)
+    if n < 256:
+        return b"\x00\x53\x75\xa0" + bytes((n,)) + body
+    return b"\x00\x53\x75\xb0" + struct.pack(">I", n) + body
+
+
+# -- the checks and the mapping ---------------------------------------------
+def _short_text(v: str | None) -> str | None:
+    """A shortstr property that 1.0 carries as utf8 and converts back unchanged."""
+    if v is None:
+        return None
+    try:
+        b = v.encode("utf-8")  # surrogate escapes (non-UTF-8 bytes) raise here
+    except UnicodeEncodeError:
+        raise _NotExact from None
+    if len(b) > 255:
+        raise _NotExact
+    return v
+
+
+def _ascii(v: str | None) -> str | None:
+    if v is not None and not v.isascii():
+        raise _NotExact
+    return v
+
+
+def _value(v: HeaderValue) -> bytes:
+    t = type(v)
+    if t is LongString or t is ShortString:
+        try:
+            return _utf8(v.value)
+        except UnicodeEncodeError:  # non-UTF-8 bytes kept as surrogates: binary converts back to longstr
+            return _binary(v.value.encode("utf-8", "surrogateescape"))
+    if t is Long:
+        return _long(v.value)
+    if t is Short:
+        return _short(v.value)
+    if t is Bool:
+        return _bool(v.value)
+    if t is Timestamp:
+        if not 0 <= v.value <= _MAX_TS_SECONDS:
+            raise _NotExact
+        return _timestamp_ms(v.value * 1000)
+    if t is Float:
+        return _float(v.value)
+    if t is Double:
+        return _double(v.value)
+    if t is Void:
+        return _null()
+    raise _NotExact  # Bytes, Table, Array
+
+
+def _headers(headers: Headers) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    annotations: list[tuple[bytes, bytes]] = []
+    app: list[tuple[bytes, bytes]] = []
+    seen: set[str] = set()
+    for name, value in headers:
+        if name in seen or name in _ROUTING:
+            raise _NotExact
+        seen.add(name)
+        _short_text(name)
+        if name.startswith("x-"):
+            if app or not name.isascii() or name.startswith("x-basic-") or name in _RESERVED_X:
+                raise _NotExact
+            annotations.append((_symbol(name), _value(value)))
+        else:
+            app.append((_utf8(name), _value(value)))
+    return annotations, app
+
+
+def _header_section(p: BackupProperties, header_optional: bool) -> bytes | None:
+    if p.delivery_mode is None:
+        if not header_optional or p.priority is not None or p.expiration is not None:
+            raise _NotExact
+        return None
+    if p.delivery_mode not in (1, 2):
+        raise _NotExact
+    ttl = None
+    if p.expiration is not None:
+        e = p.expiration
+        if not (e.isascii() and e.isdigit()) or str(int(e)) != e or int(e) > _MAX_TTL:
+            raise _NotExact
+        ttl = _uint(int(e))
+    priority = None
+    if p.priority is not None:
+        if not 0 <= p.priority <= 255:
+            raise _NotExact
+        priority = _ubyte(p.priority)
+    return _list_section(_HEADER, [_bool(p.delivery_mode == 2), priority, ttl])
+
+
+def _properties_section(p: BackupProperties) -> bytes | None:
+    if p.reply_to is not None and p.reply_to.startswith(("/queues/", "amq.rabbitmq.reply-to")):
+        raise _NotExact
+    if p.timestamp is not None and not 0 <= p.timestamp <= _MAX_TS_SECONDS:
+        raise _NotExact
+    mid, uid, rto, cid = (_short_text(p.message_id), _short_text(p.user_id), _short_text(p.reply_to),
+                          _short_text(p.correlation_id))
+    app_id = _short_text(p.app_id)
+    ct, ce = _ascii(p.content_type), _ascii(p.content_encoding)
+    fields: list[bytes | None] = [
+        None if mid is None else _utf8(mid),
+        None if uid is None else _binary(uid.encode("utf-8")),
+        None,  # to: the link's target address says where
+        None,  # subject
+        None if rto is None else _utf8(rto),
+        None if cid is None else _utf8(cid),
+        None if ct is None else _symbol(ct),
+        None if ce is None else _symbol(ce),
+        None,  # absolute-expiry-time
+        None if p.timestamp is None else _timestamp_ms(p.timestamp * 1000),
+        None if app_id is None else _utf8(app_id),
+    ]
+    if all(f is None for f in fields):
+        return None
+    return _list_section(_PROPERTIES, fields)
+
+
+def encode_sections(p: BackupProperties, headers: Headers, header_optional: bool = True) -> bytes | None:
+    """Every section before the body, or ``None`` when 1.0 cannot carry this record exactly.
+
+    ``header_optional``: the target (4.2+) leaves a message without a header non-durable."""
+    try:
+        if p.cluster_id is not None:
+            raise _NotExact
+        header = _header_section(p, header_optional)
+        annotations, app = _headers(headers)
+        if p.type_field is not None:
+            annotations.append((_symbol("x-basic-type"), _utf8(_short_text(p.type_field))))
+        props = _properties_section(p)
+    except _NotExact:
+        return None
+    parts = [header or b""]
+    if annotations:
+        parts.append(_map_section(_ANNOTATIONS, annotations))
+    parts.append(props or b"")
+    if app:
+        parts.append(_map_section(_APP_PROPERTIES, app))
+    return b"".join(parts)
+
+
+class SectionsCache:
+    """``encode_sections`` by value: consecutive records usually share properties and headers."""
+
+    def __init__(self, header_optional: bool = True) -> None:
+        self.header_optional = header_optional
+        self._cache: dict[tuple, bytes | None] = {}
+
+    def __call__(self, r: BackupRecord) -> bytes | None:
+        p = r.properties
+        key = (p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
+               p.reply_to, p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id,
+               p.app_id, p.cluster_id, r.headers)
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        sections = encode_sections(p, r.headers, self.header_optional)
+        if len(self._cache) >= 4096:
+            self._cache.clear()
+        self._cache[key] = sections
+        return sections
+
