@@ -11,8 +11,13 @@ RSS is per phase), into a fresh queue of a throwaway vhost:
 - ``pika-pipelined``: bare pika with up to 500 unconfirmed messages in flight
   (``basic_publish`` on the underlying channel, confirms counted in a callback),
   same bodies: the fastest plain-pika publisher with confirms we know;
+- ``proton``: a bare Qpid Proton AMQP 1.0 sender (RabbitMQ 4.x only), up to
+  500 unsettled messages, same bodies: the faster publisher path the issue
+  asked to measure against pika;
 - ``rbak``: ``run_restore`` (reads and decodes segments, encodes properties,
-  confirms, checkpoint) at N/10 and N messages to show RSS against queue size.
+  confirms, checkpoint) at N/10 and N messages to show RSS against queue size,
+  with ``restore.protocol: auto`` (AMQP 1.0 on 4.x, 0-9-1 on 3.x), and once
+  more with ``amqp091`` on 4.x (``rbak-amqp091``).
 
 Prints msgs/s per phase, the ratios rbak / baseline (target >= 0.8) and peak
 RSS beside the queue's byte size.
@@ -101,13 +106,52 @@ def phase_pika_pipelined(a) -> dict:
     return {"secs": secs, "messages": sent}
 
 
+def phase_proton(a) -> dict:
+    from collections import deque
+    from urllib.parse import urlsplit
+
+    from proton import Delivery
+    from proton.utils import BlockingConnection
+
+    from rbak.restore.amqp10_message import data_section, encode_sections
+    from rbak.format.record import BackupProperties
+
+    u = urlsplit(a.amqp_url)
+    conn = BlockingConnection(f"amqp://{u.hostname}:{u.port}", timeout=30, virtual_host="vhost:" + a.vhost,
+                              user="guest", password="guest", allowed_mechs="PLAIN")
+    link = conn.create_sender("/queues/" + quote(a.queue, safe="")).link
+    head = encode_sections(BackupProperties(delivery_mode=2), ())
+    inflight: deque = deque()
+    t = time.perf_counter()
+    sent = 0
+    for b in bodies(a.messages, a.size):
+        while link.credit <= 0 or len(inflight) >= 500:
+            conn.container.timeout = 0.05
+            conn.container.process()
+            while inflight and inflight[0].remote_state:
+                assert inflight.popleft().remote_state == Delivery.ACCEPTED
+        sent += 1
+        d = link.delivery(b"%x" % sent)
+        link.stream(head + data_section(b))
+        link.advance()
+        inflight.append(d)
+    while inflight:
+        conn.container.timeout = 0.05
+        conn.container.process()
+        while inflight and inflight[0].remote_state:
+            assert inflight.popleft().remote_state == Delivery.ACCEPTED
+    secs = time.perf_counter() - t
+    conn.close()
+    return {"secs": secs, "messages": sent}
+
+
 def phase_rbak(a) -> dict:
     from rbak.restore import run_restore
     from rbak.restore.options import RestoreOptions, local_target
     from rbak.storage import open_storage
 
     storage = open_storage(f"file://{a.store}")
-    opts = RestoreOptions(backup_id=a.backup_id, publish_mode="queue", produce_batch_size=500,
+    opts = RestoreOptions(backup_id=a.backup_id, publish_mode="queue", produce_batch_size=500, protocol=a.protocol,
                           checkpoint_state=os.path.join(a.store, f"cp-{uuid.uuid4().hex}.db"),
                           queue_mapping=(("bench", a.queue),), vhost_mapping=(("/", a.vhost),),
                           target=local_target(a.amqp_url, a.management_url))
@@ -115,10 +159,11 @@ def phase_rbak(a) -> dict:
     s = run_restore(storage, opts)
     secs = time.perf_counter() - t
     assert s.ok, s.to_json_obj()
-    return {"secs": secs, "messages": s.confirmed}
+    return {"secs": secs, "messages": s.confirmed, "protocol": s.queues[0].protocol}
 
 
-PHASES = {"pika-sync": phase_pika_sync, "pika-pipelined": phase_pika_pipelined, "rbak": phase_rbak}
+PHASES = {"pika-sync": phase_pika_sync, "pika-pipelined": phase_pika_pipelined, "proton": phase_proton,
+          "rbak": phase_rbak}
 
 
 # --------------------------------------------------------------------------- driver
@@ -170,6 +215,7 @@ def main() -> int:
     p.add_argument("--vhost", help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
     p.add_argument("--backup-id", help=argparse.SUPPRESS)
+    p.add_argument("--protocol", default="auto", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.phase:
         out = PHASES[a.phase](a)
@@ -196,13 +242,13 @@ def main() -> int:
             build_backup(os.path.join(tmp, "small"), "small", small, a.size)
             print(f"built backups of {a.messages} and {small} x {a.size} B in {time.perf_counter() - t:.1f} s", flush=True)
 
-            def run(phase, n, store=None, backup_id=None):
+            def run(phase, n, store=None, backup_id=None, protocol="auto"):
                 queue = f"q-{phase}-{n}"
                 with pika.BlockingConnection(pika.URLParameters(vhost_url)) as c:
                     c.channel().queue_declare(queue, durable=True)
                 cmd = [sys.executable, __file__, "--phase", phase, "--messages", str(n), "--size", str(a.size),
                        "--vhost-url", vhost_url, "--queue", queue, "--vhost", vhost, "--amqp-url", vhost_url,
-                       "--management-url", a.management_url]
+                       "--management-url", a.management_url, "--protocol", protocol]
                 if store:
                     cmd += ["--store", store, "--backup-id", backup_id]
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -214,8 +260,10 @@ def main() -> int:
                     c.channel().queue_delete(queue)
                 assert depth == res["messages"] == n, (phase, depth, res)
                 res["rate"] = n / res["secs"]
-                print(f"{phase:15s} {n:>7d} msgs  {res['secs']:7.2f} s  {res['rate']:9.0f} msg/s  "
-                      f"peak RSS {res['rss_mib']:7.1f} MiB  (queue {n * a.size / 2**20:.0f} MiB of bodies)", flush=True)
+                label = phase if protocol == "auto" else f"{phase}-{protocol}"
+                print(f"{label:15s} {n:>7d} msgs  {res['secs']:7.2f} s  {res['rate']:9.0f} msg/s  "
+                      f"peak RSS {res['rss_mib']:7.1f} MiB  (queue {n * a.size / 2**20:.0f} MiB of bodies)"
+                      f"{'  over ' + res['protocol'] if 'protocol' in res else ''}", flush=True)
                 return res
 
             results["pika-sync"] = run("pika-sync", a.sync_messages)
@@ -223,11 +271,23 @@ def main() -> int:
             results["rbak-small"] = run("rbak", small, os.path.join(tmp, "small"), "small")
             results["rbak"] = run("rbak", a.messages, os.path.join(tmp, "full"), "full")
             results["pika-pipelined-2"] = run("pika-pipelined", a.messages)
+            with pika.BlockingConnection(pika.URLParameters(vhost_url)) as c:
+                v = c._impl.server_properties.get("version", b"0")
+                v4 = (v.decode() if isinstance(v, bytes) else v) >= "4"
+            if v4:
+                results["proton"] = run("proton", a.messages)
+                results["rbak-amqp091"] = run("rbak", a.messages, os.path.join(tmp, "full"), "full", "amqp091")
     finally:
         requests.delete(f"{api}/api/vhosts/{quote(vhost, safe='')}", auth=auth, timeout=60)
     pipelined = (results["pika-pipelined"]["rate"] + results["pika-pipelined-2"]["rate"]) / 2
     r = results["rbak"]["rate"]
     print(f"ratio rbak / pika-pipelined (mean of the runs before and after): {r / pipelined:.2f}  (target >= 0.8)")
+    if "proton" in results:
+        print(f"ratio proton / pika-pipelined (bare AMQP 1.0 vs bare 0-9-1):    {results['proton']['rate'] / pipelined:.2f}")
+        print(f"ratio rbak over 0-9-1 (restore.protocol: amqp091) / pika-pipelined: "
+              f"{results['rbak-amqp091']['rate'] / pipelined:.2f}")
+        print(f"ratio rbak (auto: {results['rbak']['protocol']}) / rbak over 0-9-1: "
+              f"{r / results['rbak-amqp091']['rate']:.2f}")
     print(f"ratio rbak / pika-sync:                                           {r / results['pika-sync']['rate']:.2f}")
     print(f"peak RSS rbak: {results['rbak-small']['rss_mib']:.0f} MiB at {a.messages // 10} msgs, "
           f"{results['rbak']['rss_mib']:.0f} MiB at {a.messages} msgs")

@@ -8,11 +8,10 @@ whichever protocol carried it (the round trip is tested against 4.0.5 and 4.3.6)
 Everything else returns ``None`` and is published over 0-9-1. What rules a
 record out, and why:
 
-- ``delivery_mode`` other than 1 or 2, or ``None`` together with a priority or
-  expiration: durability, priority and TTL must sit in the 1.0 header (the
-  queue reads them there), and a header's ``durable`` always converts to 1 or 2;
-  ``None`` alone only from 4.2 on (4.0 and 4.1 give a message without a header
-  ``durable = true``, so a 0-9-1 consumer would read 2, measured on 4.0.5);
+- ``delivery_mode`` 1 (or anything but 2 or unset): a 1.0 header's ``durable =
+  false`` reads back as no delivery mode at all (4.0.5 and 4.3.6 alike), so
+  unset maps to ``durable = false`` and only 2 to ``true``. The header is
+  always sent: 4.0 and 4.1 take a message without one as durable;
 - an expiration that is not a canonical decimal of at most 32 bits (it travels
   as the header's ``ttl`` integer and comes back as its decimal text);
 - ``cluster_id`` (no 1.0 field); a content type or encoding that is not ASCII
@@ -207,12 +206,8 @@ def _headers(headers: Headers) -> tuple[list[tuple[bytes, bytes]], list[tuple[by
     return annotations, app
 
 
-def _header_section(p: BackupProperties, header_optional: bool) -> bytes | None:
-    if p.delivery_mode is None:
-        if not header_optional or p.priority is not None or p.expiration is not None:
-            raise _NotExact
-        return None
-    if p.delivery_mode not in (1, 2):
+def _header_section(p: BackupProperties) -> bytes:
+    if p.delivery_mode not in (None, 2):
         raise _NotExact
     ttl = None
     if p.expiration is not None:
@@ -255,21 +250,19 @@ def _properties_section(p: BackupProperties) -> bytes | None:
     return _list_section(_PROPERTIES, fields)
 
 
-def encode_sections(p: BackupProperties, headers: Headers, header_optional: bool = True) -> bytes | None:
-    """Every section before the body, or ``None`` when 1.0 cannot carry this record exactly.
-
-    ``header_optional``: the target (4.2+) leaves a message without a header non-durable."""
+def encode_sections(p: BackupProperties, headers: Headers) -> bytes | None:
+    """Every section before the body, or ``None`` when 1.0 cannot carry this record exactly."""
     try:
         if p.cluster_id is not None:
             raise _NotExact
-        header = _header_section(p, header_optional)
+        header = _header_section(p)
         annotations, app = _headers(headers)
         if p.type_field is not None:
             annotations.append((_symbol("x-basic-type"), _utf8(_short_text(p.type_field))))
         props = _properties_section(p)
     except _NotExact:
         return None
-    parts = [header or b""]
+    parts = [header]
     if annotations:
         parts.append(_map_section(_ANNOTATIONS, annotations))
     parts.append(props or b"")
@@ -281,8 +274,7 @@ def encode_sections(p: BackupProperties, headers: Headers, header_optional: bool
 class SectionsCache:
     """``encode_sections`` by value: consecutive records usually share properties and headers."""
 
-    def __init__(self, header_optional: bool = True) -> None:
-        self.header_optional = header_optional
+    def __init__(self) -> None:
         self._cache: dict[tuple, bytes | None] = {}
 
     def __call__(self, r: BackupRecord) -> bytes | None:
@@ -294,7 +286,7 @@ class SectionsCache:
             return self._cache[key]
         except KeyError:
             pass
-        sections = encode_sections(p, r.headers, self.header_optional)
+        sections = encode_sections(p, r.headers)
         if len(self._cache) >= 4096:
             self._cache.clear()
         self._cache[key] = sections

@@ -76,7 +76,7 @@ def protocol_for(options: Any, plan: Any, connection: Any) -> str:
                              lambda: _flag_enabled(t.management_url, t.mgmt_username, t.mgmt_password,
                                                    t.connection_timeout_secs))
     if chosen == "amqp10" and setting == "amqp10":
-        check_amqp10_supported(t)
+        check_amqp10_supported(t, version_of(connection))
     return chosen
 
 
@@ -90,7 +90,7 @@ class RecordPublisher:
         self._conn, self._options = connection, options
         self._p10 = None
         self._p091: ConfirmingPublisher | None = None
-        self._sections = SectionsCache(header_optional=version_of(connection) >= (4, 2))
+        self._sections = SectionsCache()
         self.protocol = protocol_for(options, plan, connection)
         if self.protocol == "amqp10":
             from .amqp10_publisher import Amqp10Publisher
