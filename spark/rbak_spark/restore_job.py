@@ -8,7 +8,8 @@ once), then hands each *run* to an executor, which calls
 in sequence order, checkpointed after each batch of confirms).
 
 * ``--ordering strict`` (default): a run is a whole queue, so a queue's
-  segments are published in order by one task; queues spread over executors.
+  segments are published in order by one thread; queues spread over executors,
+  ``--publishers-per-task`` of them per task (each on its own thread and channel).
 * ``--ordering relaxed``: when there are fewer queues than task slots, a large
   queue is cut into contiguous runs of segments published concurrently; the
   job prints which queues were split, since their messages then interleave.
