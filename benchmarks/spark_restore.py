@@ -42,8 +42,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "spark"))
 sys.path.insert(0, str(HERE))
 
-from bench_common import Broker, load, verdict  # noqa: E402
-from restore_scale import build_backup, declare  # noqa: E402
+from bench_common import Broker, load, verdict
+from restore_scale import build_backup, declare
 
 QUEUES = [f"sq{i}" for i in range(8)]
 
@@ -199,7 +199,7 @@ def main() -> int:
                     check_and_delete(broker, vh, n)
                     declare(broker, vh, QUEUES)
                     sp, ssplit = measure("spark", broker,
-                                         lambda k=k: spark_restore(spark, broker, vh, store, "b8", k))
+                                         lambda k=k, s=spark: spark_restore(s, broker, vh, store, "b8", k))
                     check_and_delete(broker, vh, n)
                     results[f"{m} x{k}"].append((cli, sp))
                     print(f"  run {i + 1}: CLI {cli:.2f}s ({8 * n / cli:,.0f} msg/s; its own duration {own:.2f}s; "
