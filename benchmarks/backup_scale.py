@@ -113,6 +113,14 @@ def paired(name: str, repeat: int, baseline, candidate, target: float, at_most: 
                    detail="runs " + ", ".join(f"{r:.2f}" for r in ratios))
 
 
+def print_cpu(cpu: dict[str, list]) -> None:
+    """Where the 2 cores went in each run: rbak's process and the broker's beam.smp."""
+    for label, runs in cpu.items():
+        for wall, rbak, beam in runs:
+            print(f"  CPU {label}: wall {wall:.2f}s, rbak {rbak:.2f}s ({rbak / wall:.2f} cores), broker {beam:.2f}s "
+                  f"({beam / wall:.2f} cores), together {(rbak + beam) / wall:.2f} of {os.cpu_count()} cores")
+
+
 def cmd_quorum(a, broker: Broker) -> None:
     ver = broker.version()
     nack = _major_minor(ver) >= (4, 3)
@@ -154,14 +162,17 @@ def cmd_many(a, broker: Broker) -> None:
         fill(broker, one, ["all"], nq * m)
         print(f"{nq} queues of {m} vs one queue of {nq * m} (1 KiB) on {broker.id} {broker.version()}")
         runs = iter(range(1000))
+        cpu: dict[str, list] = {"one queue": [], f"{nq} queues": []}
 
-        def backup(vh):
-            secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"))
+        def backup(vh, label):
+            secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"), cpu_log=cpu[label])
             assert got == nq * m, (got, nq * m)
             return secs
 
-        paired(f"backup many queues {nq}x{m} {broker.id}", a.repeat, lambda: backup(one), lambda: backup(many),
-               1.5, at_most=True, ratio=lambda b, c: c / b, label=("one queue", f"{nq} queues"))
+        paired(f"backup many queues {nq}x{m} {broker.id}", a.repeat, lambda: backup(one, "one queue"),
+               lambda: backup(many, f"{nq} queues"), 1.5, at_most=True, ratio=lambda b, c: c / b,
+               label=("one queue", f"{nq} queues"))
+        print_cpu(cpu)
 
 
 def cmd_workers(a, broker: Broker) -> None:
@@ -171,15 +182,18 @@ def cmd_workers(a, broker: Broker) -> None:
         print(f"8 queues of {m} (1 KiB) on {broker.id} {broker.version()}: max_concurrent_queues 1 vs 8 "
               f"({os.cpu_count()} cores)")
         runs = iter(range(1000))
+        cpu: dict[str, list] = {"1 worker": [], "8 workers": []}
 
         def backup(workers):
             secs, got, _cpu = rbak_backup(broker, vh, os.path.join(tmp, f"s{next(runs)}"),
+                                          cpu_log=cpu[f"{workers} worker" + ("s" if workers > 1 else "")],
                                           max_concurrent_queues=workers)
             assert got == 8 * m, (got, 8 * m)
             return secs
 
         paired(f"backup 8 queues, 8 workers vs 1 {broker.id}", a.repeat, lambda: backup(1), lambda: backup(8), 1.5,
                label=("1 worker", "8 workers"), n=8 * m)
+        print_cpu(cpu)
 
 
 def cmd_memory(a, broker: Broker) -> None:

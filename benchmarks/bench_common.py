@@ -55,6 +55,33 @@ class Broker:
             requests.delete(f"{self.api}/vhosts/{vh}", auth=AUTH, timeout=120)
 
 
+def broker_pid(broker: Broker) -> int | None:
+    """The beam.smp serving the broker's AMQP port (``ss -ltnp``), or None."""
+    port = f":{broker.amqp_port} "
+    try:
+        import subprocess
+
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:
+        return None
+    for line in out.splitlines():
+        if port in line and "pid=" in line:
+            return int(line.split("pid=")[1].split(",")[0])
+    return None
+
+
+def cpu_secs(pid: int | None) -> float:
+    """User+system CPU seconds of a process from /proc (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load() -> str:
     a, b, c = os.getloadavg()
     return f"load {a:.2f} {b:.2f} {c:.2f}"
@@ -103,8 +130,11 @@ def fill(broker: Broker, vh: str, queues: list[str], n: int, args: dict | None =
             conn.process_data_events(0.05)
 
 
-def rbak_backup(broker: Broker, vh: str, store: str, **backup) -> tuple[float, int, float]:
-    """One rbak backup of every queue of ``vh`` into ``store``: (wall s, messages, CPU s)."""
+def rbak_backup(broker: Broker, vh: str, store: str, cpu_log: list | None = None,
+                **backup) -> tuple[float, int, float]:
+    """One rbak backup of every queue of ``vh`` into ``store``: (wall s, messages, CPU s).
+
+    ``cpu_log`` gets (wall, rbak CPU, broker CPU) seconds of the run appended."""
     from rbak.backup import BackupEngine
     from rbak.config import Config
 
@@ -115,9 +145,14 @@ def rbak_backup(broker: Broker, vh: str, store: str, **backup) -> tuple[float, i
         "backup": {"include_definitions": False, **backup},
         "offset_storage": {"path": os.path.join(store, "state.db"), "sync_interval_secs": 0},
     }, env={})
+    bpid = broker_pid(broker) if cpu_log is not None else None
+    b0 = cpu_secs(bpid)
     t0, c0 = time.perf_counter(), time.process_time()
     s = BackupEngine(cfg).run()
-    return time.perf_counter() - t0, s.total_messages, time.process_time() - c0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if cpu_log is not None:
+        cpu_log.append((wall, cpu, cpu_secs(bpid) - b0))
+    return wall, s.total_messages, cpu
 
 
 def peak_rss_mib() -> float:

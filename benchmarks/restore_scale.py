@@ -39,8 +39,8 @@ from bench_common import Broker, load, verdict
 RESTORE_BENCH = str(HERE / "restore.py")
 
 
-def build_backup(store: str, backup_id: str, queues: list[str], n: int, size: int) -> None:
-    """A backup of vhost ``/`` with ``n`` messages in each of ``queues`` (core SegmentWriter, zstd)."""
+def build_backup(store: str, backup_id: str, queues: list[str], n: int, size: int, vhost: str = "/") -> None:
+    """A backup of ``vhost`` with ``n`` messages in each of ``queues`` (core SegmentWriter, zstd)."""
     from restore import bodies  # benchmarks/restore.py
 
     from rbak.format.compression import Compression
@@ -56,8 +56,8 @@ def build_backup(store: str, backup_id: str, queues: list[str], n: int, size: in
     props = BackupProperties(delivery_mode=2)
     qbs = []
     for q in queues:
-        qb = QueueBackup(vhost="/", name=q)
-        w = SegmentWriter(lambda seq, data, q=q: _put(storage, layout.segment("/", q, seq, Compression.ZSTD), data),
+        qb = QueueBackup(vhost=vhost, name=q)
+        w = SegmentWriter(lambda seq, data, q=q: _put(storage, layout.segment(vhost, q, seq, Compression.ZSTD), data),
                           Compression.ZSTD)
         for i, b in enumerate(bodies(n, size)):
             m = w.append(BackupRecord(body=b, properties=props, routing_key=q, backed_up_at=now + i // 1000,

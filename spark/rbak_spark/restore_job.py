@@ -8,7 +8,8 @@ once), then hands each *run* to an executor, which calls
 in sequence order, checkpointed after each batch of confirms).
 
 * ``--ordering strict`` (default): a run is a whole queue, so a queue's
-  segments are published in order by one task; queues spread over executors.
+  segments are published in order by one thread; queues spread over executors,
+  ``--publishers-per-task`` of them per task (each on its own thread and channel).
 * ``--ordering relaxed``: when there are fewer queues than task slots, a large
   queue is cut into contiguous runs of segments published concurrently; the
   job prints which queues were split, since their messages then interleave.
@@ -30,6 +31,11 @@ import time
 from typing import Iterable, Iterator
 
 import orjson
+
+
+# Runs published concurrently by one task. A publisher waits on confirms most of the
+# time; 4 per slot reached the 2-core ceiling with 8 queues on local[2] (docs/spark.md, Speed).
+PUBLISHERS_PER_TASK = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,39 +166,70 @@ def plan_units(plans: list, ordering: str, slots: int) -> tuple[list[RestoreUnit
 # --------------------------------------------------------------------------
 
 
-def run_units(url: str, options, progress_id: str, units: Iterable[RestoreUnit]) -> Iterator[dict]:
-    """Executor side: publish each run with the engine; one result dict per run."""
+def group_units(units: list[RestoreUnit], per_task: int) -> list[list[RestoreUnit]]:
+    """Runs into tasks of at most ``per_task`` runs each, balanced by record count (largest first).
+
+    A run's publisher mostly waits for confirms (in a CLI restore of 8 queues the
+    broker used ~3x rbak's CPU), so one task slot can keep several publishers busy;
+    each run stays on its own channel and thread, so a queue's order is kept.
+    """
+    per_task = max(1, per_task)
+    count = -(-len(units) // per_task)
+    tasks: list[list[RestoreUnit]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for u in sorted(units, key=lambda u: -u.plan.candidate_records):
+        i = min((j for j in range(count) if len(tasks[j]) < per_task), key=lambda j: loads[j])
+        tasks[i].append(u)
+        loads[i] += u.plan.candidate_records
+    tasks.sort(key=lambda t: -sum(u.plan.candidate_records for u in t))  # largest first: they start early
+    return tasks
+
+
+def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> dict:
+    """Executor side: publish one run with the engine; its result dict."""
     from rbak.errors import RbakError
     from rbak.keys import BackupLayout
     from rbak.restore.engine import checkpoint_fingerprint
     from rbak.restore.queue_restore import QueueResult, restore_queue_segments
 
-    from .executor import storage_for
     from .progress import StorageProgress
 
-    storage = storage_for(url)
     layout = BackupLayout(options.backup_id, options.prefix)
     fingerprint = orjson.loads(orjson.dumps(checkpoint_fingerprint(options)))
-    for u in units:
-        p = u.plan
-        cp = StorageProgress(storage, layout, progress_id, p.source_vhost, p.source_queue,
-                             [s.sequence for s in p.segments], u.whole_queue, fingerprint)
-        opts = options if u.whole_queue else dataclasses.replace(options, allow_non_empty=True)  # checked by the driver
-        t0 = time.perf_counter()
+    p = u.plan
+    cp = StorageProgress(storage, layout, progress_id, p.source_vhost, p.source_queue,
+                         [s.sequence for s in p.segments], u.whole_queue, fingerprint)
+    opts = options if u.whole_queue else dataclasses.replace(options, allow_non_empty=True)  # checked by the driver
+    t0 = time.perf_counter()
+    try:
+        res = restore_queue_segments(storage, p, opts, cp)
+    except RbakError as e:
+        res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
+                          status="failed", error=str(e))
         try:
-            res = restore_queue_segments(storage, p, opts, cp)
-        except RbakError as e:
-            res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
-                              status="failed", error=str(e))
-            try:
-                res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
-            except RbakError:
-                pass
-        out = dataclasses.asdict(res)
-        out.update(run=u.run_index, runs=u.runs, segments=len(p.segments),
-                   first_sequence=p.segments[0].sequence if p.segments else None,
-                   seconds=round(time.perf_counter() - t0, 3))
-        yield out
+            res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+        except RbakError:
+            pass
+    out = dataclasses.asdict(res)
+    out.update(run=u.run_index, runs=u.runs, segments=len(p.segments),
+               first_sequence=p.segments[0].sequence if p.segments else None,
+               seconds=round(time.perf_counter() - t0, 3))
+    return out
+
+
+def run_units(url: str, options, progress_id: str, tasks: Iterable[list[RestoreUnit]]) -> Iterator[dict]:
+    """Executor side: each task's runs published concurrently (one thread and channel each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .executor import storage_for
+
+    storage = storage_for(url)
+    for task in tasks:
+        if len(task) == 1:
+            yield run_unit(storage, url, options, progress_id, task[0])
+            continue
+        with ThreadPoolExecutor(max_workers=len(task), thread_name_prefix="rbak-spark-restore") as ex:
+            yield from ex.map(lambda u: run_unit(storage, url, options, progress_id, u), task)
 
 
 # --------------------------------------------------------------------------
@@ -234,8 +271,11 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
 
 
 def run_restore_job(spark, url: str, options, ordering: str = "strict", progress_id: str | None = None,
-                    reset: bool = False, log=print) -> dict:
-    """The whole Spark restore; returns the summary (also stored next to the progress)."""
+                    reset: bool = False, log=print, publishers_per_task: int = PUBLISHERS_PER_TASK) -> dict:
+    """The whole Spark restore; returns the summary (also stored next to the progress).
+
+    ``publishers_per_task`` runs (queues) share one task, each publishing on its own thread.
+    """
     from rbak.keys import BackupLayout
     from rbak.restore.engine import load_complete_manifest, run_restore, skipped_by_definitions
     from rbak.restore.plan import plan_restore
@@ -284,8 +324,9 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     results: list[dict] = [dict(dataclasses.asdict(r), run=0, runs=1, segments=0, first_sequence=None, seconds=0.0)
                            for r in skipped]
     if units:
-        sc.setJobDescription(f"rbak restore {options.backup_id}: {len(units)} run(s)")
-        results += sc.parallelize(units, len(units)).mapPartitions(
+        tasks = group_units(units, publishers_per_task)
+        sc.setJobDescription(f"rbak restore {options.backup_id}: {len(units)} run(s) in {len(tasks)} task(s)")
+        results += sc.parallelize(tasks, len(tasks)).mapPartitions(
             lambda it: run_units(url, options, progress_id, it)).collect()
     order = {(p.source_vhost, p.source_queue): i for i, p in enumerate(all_plans)}
     results.sort(key=lambda r: (order[(r["source_vhost"], r["source_queue"])], r["run"]))
@@ -371,8 +412,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=None, help="unconfirmed messages in flight per run")
     ap.add_argument("--progress-id", help="name of the stored progress (default: a hash of the restore's settings)")
     ap.add_argument("--reset-progress", action="store_true", help="forget stored progress and publish everything")
+    ap.add_argument("--publishers-per-task", type=int, default=PUBLISHERS_PER_TASK,
+                    help=f"queues (runs) one task publishes concurrently, one thread each (default {PUBLISHERS_PER_TASK})")
     ap.add_argument("--master", default=None, help="Spark master when run with plain python (default local[*])")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.publishers_per_task < 1:
+        ap.error("--publishers-per-task: must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url, options = build_options(args)
         spark = get_session(f"rbak-restore-{options.backup_id}", args.master)
-        out = run_restore_job(spark, url, options, args.ordering, args.progress_id, args.reset_progress)
+        out = run_restore_job(spark, url, options, args.ordering, args.progress_id, args.reset_progress,
+                              publishers_per_task=args.publishers_per_task)
     except RbakError as e:
         print(str(e), file=sys.stderr)
         return e.exit_code

@@ -17,7 +17,7 @@ from rbak.config import ConnectionConfig
 from rbak.restore.options import RestoreOptions
 from rbak.restore.plan import plan_queue
 from rbak.storage import open_storage
-from rbak_spark.restore_job import main as restore_main, run_restore_job, split_plan
+from rbak_spark.restore_job import RestoreUnit, group_units, main as restore_main, parse_args, run_restore_job, split_plan
 from rbak_spark.synthetic import QueueSpec, write_backup
 from support.brokers import unique_name
 
@@ -162,3 +162,37 @@ def test_config_file_drives_the_spark_restore(spark, target, tmp_path):
     assert restore_main(["--config", str(cfg), "--time-window-start", str(START + 10_000)]) == 0
     assert ids(broker.drain_queue(vh, "orders")) == [f"orders-{i}" for i in range(10, 40)]
     assert restore_main(["--config", str(cfg), "--vhost-map", "nope"]) == 2  # a bad flag is a config error
+
+
+def test_runs_are_grouped_into_tasks_of_at_most_n_balanced_by_records():
+    """Several runs share a task (one publisher thread each): every run once, at most N per task,
+    the biggest runs in different tasks."""
+    from types import SimpleNamespace
+
+    sizes = [900, 800, 100, 100, 50, 50, 40, 10]
+    units = [RestoreUnit(SimpleNamespace(candidate_records=n, label=f"q{i}"), True, 0, 1) for i, n in enumerate(sizes)]
+    tasks = group_units(units, 3)
+    assert len(tasks) == 3 and all(1 <= len(t) <= 3 for t in tasks)
+    assert sorted(u.plan.label for t in tasks for u in t) == sorted(f"q{i}" for i in range(8))
+    assert not any({"q0", "q1"} <= {u.plan.label for u in t} for t in tasks)
+    assert [[u.plan.label] for u in units] == [[u.plan.label for u in t] for t in group_units(units, 1)]
+    assert group_units([], 4) == []
+    assert parse_args(["--publishers-per-task", "2"]).publishers_per_task == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--publishers-per-task", "0"])
+
+
+def test_one_publisher_per_task_still_restores_in_order(spark, target, tmp_path):
+    """``--publishers-per-task 1`` (one task per queue) and the default (queues share a task) give the same queues."""
+    broker, vh = target
+    url = f"file://{tmp_path}"
+    queues = [QueueSpec("/", f"p{i}", 300, 16) for i in range(5)]
+    write_backup(open_storage(url), "b6", queues, segment_max_bytes=2_000)
+    for per_task in (1, 3):
+        for q in queues:
+            broker.declare_queue(vh, q.name)
+        out = run_restore_job(spark, url, options(broker, vh, backup_id="b6"), progress_id=f"pt{per_task}",
+                              publishers_per_task=per_task)
+        assert out["ok"] and out["confirmed"] == 1500
+        for q in queues:
+            assert ids(broker.drain_queue(vh, q.name)) == [f"{q.name}-{i}" for i in range(300)]
