@@ -129,7 +129,9 @@ def phase_proton(a) -> dict:
             conn.container.timeout = 0.05
             conn.container.process()
             while inflight and inflight[0].remote_state:
-                assert inflight.popleft().remote_state == Delivery.ACCEPTED
+                d = inflight.popleft()
+                assert d.remote_state == Delivery.ACCEPTED
+                d.settle()  # frees the delivery in the engine
         sent += 1
         d = link.delivery(b"%x" % sent)
         link.stream(head + data_section(b))
@@ -139,7 +141,9 @@ def phase_proton(a) -> dict:
         conn.container.timeout = 0.05
         conn.container.process()
         while inflight and inflight[0].remote_state:
-            assert inflight.popleft().remote_state == Delivery.ACCEPTED
+            d = inflight.popleft()
+            assert d.remote_state == Delivery.ACCEPTED
+            d.settle()
     secs = time.perf_counter() - t
     conn.close()
     return {"secs": secs, "messages": sent}
