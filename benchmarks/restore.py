@@ -113,8 +113,8 @@ def phase_proton(a) -> dict:
     from proton import Delivery
     from proton.utils import BlockingConnection
 
-    from rbak.restore.amqp10_message import data_section, encode_sections
     from rbak.format.record import BackupProperties
+    from rbak.restore.amqp10_message import data_section, encode_sections
 
     u = urlsplit(a.amqp_url)
     conn = BlockingConnection(f"amqp://{u.hostname}:{u.port}", timeout=30, virtual_host="vhost:" + a.vhost,

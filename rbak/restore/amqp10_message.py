@@ -29,14 +29,15 @@ record out, and why:
 from __future__ import annotations
 
 import struct
+
 from ..format.record import (
     BackupProperties,
     BackupRecord,
     Bool,
     Double,
     Float,
-    HeaderValue,
     Headers,
+    HeaderValue,
     Long,
     LongString,
     Short,

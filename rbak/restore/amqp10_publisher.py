@@ -16,7 +16,8 @@ from __future__ import annotations
 import select
 import time
 from collections import deque
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 from urllib.parse import quote
 
 from ..config import ConnectionConfig
@@ -29,7 +30,7 @@ STALL_SECS = 300.0  # no credit this long: the broker is blocking publishers (al
 
 def proton_available() -> bool:
     try:
-        import proton  # noqa: F401
+        import proton
         import proton.utils  # noqa: F401
     except ImportError:
         return False

@@ -18,8 +18,9 @@ message is accepted first, so the queue's order holds.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Hashable
 from functools import lru_cache
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from ..errors import AmqpError
 from ..format.record import BackupRecord

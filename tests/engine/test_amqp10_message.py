@@ -7,7 +7,19 @@ from dataclasses import replace
 import pytest
 
 from rbak.format.record import (
-    VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, ShortString, Table, Timestamp,
+    VOID,
+    Array,
+    BackupProperties,
+    Bool,
+    Bytes,
+    Double,
+    Float,
+    Long,
+    LongString,
+    Short,
+    ShortString,
+    Table,
+    Timestamp,
 )
 from rbak.offline.rabbitmq.amqp10 import decode_all, decode_bare_message
 from rbak.restore.amqp10_message import SectionsCache, data_section, encode_sections
@@ -93,7 +105,7 @@ def test_records_1_0_cannot_carry_exactly_are_left_to_0_9_1(props, headers, why)
 
 def test_non_utf8_header_value_travels_as_binary():
     s = _sections(h=(("raw", LongString("caf\udce9")),))
-    (k, v), = s[0x74].value
+    ((_, v),) = s[0x74].value
     assert (v.type, v.value) == ("binary", b"caf\xe9")  # RabbitMQ converts binary to a 0-9-1 long string
 
 
