@@ -77,6 +77,7 @@ class _Conn:
 
     def __init__(self, host: str, port: int, timeout: float, tls=None):
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # tune + open go out back to back
         if tls is not None:
             ctx, server_name = tls
             self.sock = ctx.wrap_socket(self.sock, server_hostname=server_name)
