@@ -118,3 +118,27 @@ def test_a_stream_port_that_cannot_answer_falls_back_to_the_quiet_end(broker, vh
         BackupEngine(cfg).run()
     assert END_LOG in caplog.text
     assert [r.body for r in records(store, load(store, "f1"), vhost, "st")] == bodies
+
+
+def test_a_read_stopped_at_the_end_leaves_the_connection_usable(broker, vhost):
+    """Deliveries past the end are in flight when the read stops: they are released by closing the
+    channel, never rejected (a stream refuses basic.reject; 3.10 closes the whole connection)."""
+    from rbak.backup.stream_reader import read_stream
+
+    broker.publish(vhost, "st", [b"a-%d" % i for i in range(2000)], declare=STREAM)
+    end = stream_end(broker.host, broker.stream_port, vhost, "st", "guest", "guest").last_offset
+    broker.publish(vhost, "st", [b"b-%d" % i for i in range(2000)])  # published after the "backup" started
+    with broker.connect(vhost) as conn:
+        for _ in range(2):  # the second read runs on the same connection
+            got: list[tuple[int, bytes]] = []
+            res = read_stream(conn, vhost, "st", 0, lambda _m, _p, body, off: got.append((off, body)),
+                              prefetch=1000, end_offset=end)
+            assert [o for o, _ in got] == list(range(end + 1)) and res.last_offset == end == 1999
+            assert [b for _, b in got] == [b"a-%d" % i for i in range(2000)]
+        assert conn.is_open
+        ch = conn.channel()
+        assert ch.queue_declare("st", passive=True).method.queue == "st"
+        ch.close()
+    # nothing past the end and nothing before the start: no read at all
+    with broker.connect(vhost) as conn:
+        assert read_stream(conn, vhost, "st", end + 1, lambda *_: None, end_offset=end).records == 0
