@@ -70,8 +70,9 @@ def read_stream(
                                               inactivity_timeout=idle_secs if end_offset is None else stall_secs):
             if method is None:
                 if end_offset is not None:
-                    raise AmqpError(f"{where}: no delivery for {stall_secs:g} s at offset {res.last_offset} "
-                                    f"before the stream's end {end_offset} when the backup started")
+                    at = res.last_offset if res.last_offset is not None else start_offset
+                    raise AmqpError(f"{where}: no delivery for {stall_secs:g} s after offset {at}, before the "
+                                    f"stream's end when the backup started ({end_offset}); nothing was removed")
                 break
             off = stream_offset(props)
             last_tag = method.delivery_tag
@@ -101,6 +102,9 @@ def read_stream(
                         f"{e.reply_code} {e.reply_text}") from None
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} messages ({e!r})") from None
+    except BaseException:
+        early = True  # a failed sink or a stall: deliveries may be in flight too
+        raise
     finally:
         _close(ch, release=early)
 
