@@ -21,6 +21,7 @@ BROKERS = {  # id -> (AMQP port, management port), as in the CI broker table
     "rmq40": (5673, 15673),
     "rmq43": (5674, 15674),
 }
+STREAM_PORTS = {"rmq310": 5552, "rmq40": 5553, "rmq43": 5554}
 
 
 class Broker:
@@ -28,6 +29,7 @@ class Broker:
         self.id = bid
         self.amqp_port, self.mgmt_port = BROKERS[bid]
         self.api = f"http://localhost:{self.mgmt_port}/api"
+        self.stream_port = STREAM_PORTS[bid]
 
     def params(self, vh: str) -> pika.ConnectionParameters:
         return pika.ConnectionParameters("localhost", self.amqp_port, vh, pika.PlainCredentials(*AUTH),
@@ -140,7 +142,8 @@ def rbak_backup(broker: Broker, vh: str, store: str, cpu_log: list | None = None
 
     cfg = Config.from_dict({
         "mode": "backup", "backup_id": "b-" + uuid.uuid4().hex[:8],
-        "source": {"amqp_url": broker.amqp_url(vh), "management_url": broker.mgmt_url, "queues": {"vhosts": [vh]}},
+        "source": {"amqp_url": broker.amqp_url(vh), "management_url": broker.mgmt_url,
+                   "stream_port": broker.stream_port, "queues": {"vhosts": [vh]}},
         "storage": {"backend": "filesystem", "path": store},
         "backup": {"include_definitions": False, **backup},
         "offset_storage": {"path": os.path.join(store, "state.db"), "sync_interval_secs": 0},

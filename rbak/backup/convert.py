@@ -42,7 +42,10 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
     """One delivery as a record. ``stream_offset``: for stream queues the spec's ``delivery_tag``
     is the message's stream offset, not the channel's delivery tag."""
     raw = getattr(props, "_rbak_raw", None)
-    if raw is not None and (props.headers is not None or getattr(props, "_rbak_pika_failed", False)):
+    h = props.headers
+    if h is not None and drop_headers and not getattr(props, "_rbak_pika_failed", False) and h.keys() <= drop_headers:
+        h = None  # only the broker's own headers (a stream's offset): nothing of the message's to keep typed
+    if raw is not None and (h is not None or getattr(props, "_rbak_pika_failed", False)):
         p, headers = decode_basic_properties(raw)
         hdrs = tuple(headers or ())
         if drop_headers:

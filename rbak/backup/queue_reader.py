@@ -188,8 +188,10 @@ def read_queue(
         # a read over several channels waits for one (a cancelled earlier channel's messages could
         # reach a later one twice); one channel holds every message it took, so what is already here
         # is enough, and the 50 ms wait per queue was most of a many-queue backup's time (issue 20)
+        # With the nack return every consumer holds HOLD_ARGUMENTS (a day's consumer timeout), so no
+        # timeout cancel can be late: what is already here is checked without the wait.
         _check_cancelled(conn, channels, cancelled, where, res.records, depth,
-                         wait=0.05 if len(channels) > 1 else 0.0)
+                         wait=0.05 if len(channels) > 1 and not nack else 0.0)
         if len(channels) > 1:
             # an earlier channel closed by the broker (consumer_timeout) gave its messages back
             # while later channels were reading: they may hold those again (duplicates)

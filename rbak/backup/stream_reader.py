@@ -2,9 +2,12 @@
 
 Acks on a stream only move the consumer's credit; the log is untouched. The
 read starts at ``start_offset`` (the offset after the last one a previous
-backup stored, or the first) and ends once no message arrives for
-``idle_secs`` (streams have no exact depth over AMQP: a passive declare
-reports 0 on 3.10 and a sampled figure on 4.0), or at the deadline.
+backup stored, or the first) and ends at ``end_offset``, the stream's last
+offset when the backup started (``stream_end`` asks the stream protocol for
+it): records published later are left for the next backup. Without a known
+end (streams have no exact depth over AMQP: a passive declare reports 0 on
+3.10 and a sampled figure on 4.x) it ends once no message arrives for
+``idle_secs``; either way at the deadline.
 """
 
 from __future__ import annotations
@@ -43,33 +46,53 @@ def read_stream(
     prefetch: int = 1000,
     idle_secs: float = 1.0,
     deadline: float | None = None,
+    end_offset: int | None = None,
+    stall_secs: float = 60.0,
 ) -> StreamReadResult:
-    """``sink(method, props, body, offset)`` for every message at or after ``start_offset``."""
+    """``sink(method, props, body, offset)`` for every message at or after ``start_offset`` (and at
+    or before ``end_offset`` when given: the read then stops there, without an idle wait; a stream
+    that goes quiet for ``stall_secs`` before reaching it is an error)."""
     res = StreamReadResult()
     where = f"stream {queue!r} in vhost {vhost!r}"
+    if end_offset is not None and isinstance(start_offset, int) and start_offset > end_offset:
+        return res  # nothing at or after the start was committed when the backup began
     ch = conn.channel()
+    early = False
     try:
         ch.basic_qos(prefetch_count=prefetch)
         first = start_offset if isinstance(start_offset, str) else int(start_offset)
         min_offset = start_offset if isinstance(start_offset, int) else -1
+        max_offset = end_offset if end_offset is not None else float("inf")
+        ack_every = max(1, prefetch // 2)
         unacked = 0
         last_tag = 0
         for method, props, body in ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": first},
-                                              inactivity_timeout=idle_secs):
+                                              inactivity_timeout=idle_secs if end_offset is None else stall_secs):
             if method is None:
+                if end_offset is not None:
+                    at = res.last_offset if res.last_offset is not None else start_offset
+                    raise AmqpError(f"{where}: no delivery for {stall_secs:g} s after offset {at}, before the "
+                                    f"stream's end when the backup started ({end_offset}); nothing was removed")
                 break
             off = stream_offset(props)
             last_tag = method.delivery_tag
             unacked += 1
+            if off is not None and off > max_offset:  # published after the backup started
+                early = True
+                break
             if off is None or off >= min_offset:  # a chunk may start before the requested offset
                 sink(method, props, body, off if off is not None else -1)
                 res.records += 1
                 if off is not None:
                     res.last_offset = off
-            if unacked >= max(1, prefetch // 2):
+                    if off >= max_offset:
+                        early = True
+                        break
+            if unacked >= ack_every:
                 ch.basic_ack(last_tag, multiple=True)
                 unacked = 0
             if deadline is not None and time.monotonic() > deadline:
+                early = True
                 break
         if unacked and ch.is_open:
             ch.basic_ack(last_tag, multiple=True)
@@ -79,12 +102,25 @@ def read_stream(
                         f"{e.reply_code} {e.reply_text}") from None
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} messages ({e!r})") from None
+    except BaseException:
+        early = True  # a failed sink or a stall: deliveries may be in flight too
+        raise
     finally:
-        try:
-            if ch.is_open:
-                ch.close()
-        except Exception:  # noqa: BLE001
-            pass
+        _close(ch, release=early)
+
+
+def _close(ch, release: bool) -> None:
+    """Close the reading channel. ``release``: the read stopped with deliveries possibly still in
+    flight; pika's consumer cancel would ``basic.reject`` them, which a stream refuses (3.10 closes
+    the connection), so the consumer is left to the channel close, which just releases them."""
+    try:
+        if ch.is_open:
+            if release:
+                ch._queue_consumer_generator = None  # pika's own bookkeeping: skip its rejecting cancel
+                ch._consumer_infos.clear()
+            ch.close()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 @dataclass(frozen=True, slots=True)

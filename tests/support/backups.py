@@ -20,7 +20,7 @@ def backup_config(broker, vhost: str, store: Path | str, backup_id: str, state: 
         "mode": "backup",
         "backup_id": backup_id,
         "source": {"amqp_url": broker.amqp_url(vhost), "management_url": broker.management_url,
-                   "queues": {"vhosts": [vhost]}},
+                   "stream_port": broker.stream_port, "queues": {"vhosts": [vhost]}},
         "storage": {"backend": "filesystem", "path": str(store)},
         "backup": {"include_definitions": False, **backup},
         "offset_storage": {"path": str(state), "sync_interval_secs": 0},

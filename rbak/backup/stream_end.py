@@ -1,0 +1,186 @@
+"""Where a stream ends, asked over the RabbitMQ stream protocol before a backup reads it.
+
+Over AMQP 0-9-1 a stream has no end a consumer can see (a passive declare
+reports 0 on 3.10 and a sampled figure on 4.x), so without this the read can
+only stop after a quiet second. The stream protocol delivers whole chunks
+with their header: subscribing at ``last`` delivers the newest committed
+chunk, whose ``first offset + record count - 1`` is the stream's last offset
+at that moment, exactly. Works on 3.10 (which lacks ``StreamStats``) and 4.x.
+
+Only the handshake, one subscription with one chunk of credit, an
+unsubscribe and a close are spoken; no message is decoded. The broker sends
+the ``last`` chunk while it handles the subscribe, before it answers the
+unsubscribe that follows, so no delivery by then means it found no chunk.
+That answer (an empty stream) is never trusted alone: the caller then falls
+back to the quiet-period end, as it does whenever this probe cannot run (no
+stream listener on ``source.stream_port``, another broker on that port).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+_PEER_PROPERTIES, _SASL_HANDSHAKE, _SASL_AUTHENTICATE, _TUNE, _OPEN, _CLOSE = 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
+_SUBSCRIBE, _DELIVER, _UNSUBSCRIBE, _HEARTBEAT = 0x07, 0x08, 0x0C, 0x17
+_RESPONSE = 0x8000
+_OK = 1
+_OFFSET_LAST = 2
+_CHUNK_HEADER = struct.Struct(">bbHIqQQiIII")  # osiris chunk header, after the subscription id
+
+
+class StreamProtocolError(Exception):
+    """The probe could not answer (the caller falls back to the quiet-period end)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """The newest committed chunk: its first offset and its last one (the stream's end)."""
+
+    chunk_first: int
+    last_offset: int
+
+
+def _string(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def _map(d: dict[str, str]) -> bytes:
+    return struct.pack(">i", len(d)) + b"".join(_string(k) + _string(v) for k, v in d.items())
+
+
+def _read_map(buf: bytes, pos: int) -> tuple[dict[str, str], int]:
+    (n,), pos = struct.unpack_from(">i", buf, pos), pos + 4
+    out = {}
+    for _ in range(max(n, 0)):
+        k, pos = _read_string(buf, pos)
+        v, pos = _read_string(buf, pos)
+        out[k] = v
+    return out, pos
+
+
+def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from(">h", buf, pos)
+    pos += 2
+    if n < 0:
+        return "", pos
+    return buf[pos:pos + n].decode(errors="replace"), pos + n
+
+
+class _Conn:
+    """A blocking stream-protocol connection: frames out, frames in, correlation ids."""
+
+    def __init__(self, host: str, port: int, timeout: float, tls=None):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # tune + open go out back to back
+        if tls is not None:
+            ctx, server_name = tls
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=server_name)
+        self.sock.settimeout(timeout)
+        self.corr = 0
+        self.buf = bytearray()
+
+    def send(self, key: int, body: bytes, version: int = 1) -> None:
+        frame = struct.pack(">HH", key, version) + body
+        self.sock.sendall(struct.pack(">I", len(frame)) + frame)
+
+    def request(self, key: int, body: bytes) -> int:
+        self.corr += 1
+        self.send(key, struct.pack(">I", self.corr) + body)
+        return self.corr
+
+    def frame(self) -> tuple[int, bytes]:
+        while True:
+            if len(self.buf) >= 4:
+                (size,) = struct.unpack_from(">I", self.buf)
+                if len(self.buf) >= 4 + size:
+                    data = bytes(self.buf[4:4 + size])
+                    del self.buf[:4 + size]
+                    (key,) = struct.unpack_from(">H", data)
+                    return key, data[4:]
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise StreamProtocolError("the broker closed the stream connection")
+            self.buf += chunk
+
+    def response(self, key: int, corr: int, on_other=None) -> bytes:
+        """The response to request ``corr`` (after its code is checked); other frames go to ``on_other``."""
+        while True:
+            k, body = self.frame()
+            if k == (key | _RESPONSE) and struct.unpack_from(">I", body)[0] == corr:
+                (code,) = struct.unpack_from(">H", body, 4)
+                if code != _OK:
+                    raise StreamProtocolError(f"command 0x{key:02x} answered with response code {code}")
+                return body[6:]
+            if k == _HEARTBEAT:
+                continue
+            if on_other is not None:
+                on_other(k, body)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _open(host: str, port: int, vhost: str, user: str, password: str, timeout: float,
+          tls=None) -> tuple[_Conn, dict[str, str]]:
+    """A connection opened on ``vhost``, with the server's peer properties (its cluster name)."""
+    c = _Conn(host, port, timeout, tls)
+    try:
+        body = c.response(_PEER_PROPERTIES, c.request(_PEER_PROPERTIES, _map({"product": "rbak"})))
+        props, _ = _read_map(body, 0)
+        c.response(_SASL_HANDSHAKE, c.request(_SASL_HANDSHAKE, b""))
+        auth = f"\0{user}\0{password}".encode()
+        c.response(_SASL_AUTHENTICATE, c.request(_SASL_AUTHENTICATE, _string("PLAIN") + struct.pack(">i", len(auth)) + auth))
+        while True:  # the server's tune comes before open; echo it (no heartbeats: the probe lasts ms)
+            k, body = c.frame()
+            if k == _TUNE:
+                c.send(_TUNE, struct.pack(">II", struct.unpack_from(">I", body)[0], 0))
+                break
+        c.response(_OPEN, c.request(_OPEN, _string(vhost)))
+        return c, props
+    except BaseException:
+        c.close()
+        raise
+
+
+def stream_end(host: str, port: int, vhost: str, stream: str, user: str, password: str, *,
+               cluster_name: str | None = None, timeout: float = 10.0, tls=None) -> StreamEnd | None:
+    """The stream's newest committed chunk, or None when the broker delivered none (empty, as far as
+    this probe can tell: the caller must not rely on it). ``cluster_name``: the AMQP connection's;
+    a stream listener of another cluster on this port is refused (``StreamProtocolError``).
+    ``tls``: ``(SSLContext, server name)`` for a TLS stream listener."""
+    try:
+        c, props = _open(host, port, vhost, user, password, timeout, tls)
+    except (OSError, struct.error) as e:
+        raise StreamProtocolError(f"cannot open a stream connection to {host}:{port} ({e})") from None
+    try:
+        if cluster_name is not None and props.get("cluster_name") not in (None, cluster_name):
+            raise StreamProtocolError(f"{host}:{port} belongs to cluster {props.get('cluster_name')!r}, "
+                                      f"not {cluster_name!r}")
+        chunks: list[StreamEnd] = []
+
+        def on_frame(key: int, body: bytes) -> None:
+            if key == _DELIVER and body[:1] == b"\x01":
+                _magic, _type, _entries, records, _ts, _epoch, first, *_ = _CHUNK_HEADER.unpack_from(body, 1)
+                chunks.append(StreamEnd(first, first + records - 1))
+
+        c.response(_SUBSCRIBE, c.request(_SUBSCRIBE, b"\x01" + _string(stream) + struct.pack(">HH", _OFFSET_LAST, 1)
+                                          + _map({})), on_frame)
+        c.response(_UNSUBSCRIBE, c.request(_UNSUBSCRIBE, b"\x01"), on_frame)
+        try:
+            c.request(_CLOSE, struct.pack(">H", 1) + _string("rbak: done"))
+        except OSError:
+            pass
+        return max(chunks, key=lambda e: e.last_offset) if chunks else None
+    except (OSError, struct.error) as e:
+        raise StreamProtocolError(f"stream connection to {host}:{port} failed ({e})") from None
+    finally:
+        c.close()
