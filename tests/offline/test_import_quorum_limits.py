@@ -14,7 +14,12 @@ from __future__ import annotations
 import pytest
 import support.node_limit_scenarios  # noqa: F401 - registers the qlim-* scenarios
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
-from support.node_limit_scenarios import DLX_REJECTED
+from support.node_limit_scenarios import (
+    DLX_REJECTED,
+    SNAP_DLX_PENDING,
+    SNAP_DLX_QUEUE,
+    SNAP_LIMIT_QUEUE,
+)
 from support.node_qs_scenarios import assert_same_records as _same
 from support.node_qs_scenarios import versioned_scenario as scenario
 
@@ -50,3 +55,38 @@ def test_limits_and_dead_letters_import_what_a_consumer_read(name, shared_root, 
     assert f"'qq-dlx' in vhost '/': {DLX_REJECTED} message(s) awaiting at-least-once dead-lettering" in notes, notes
     assert "'qq-maxlen' in vhost '/': 18 message(s) had been dropped from the head" in notes, notes
     assert "'qq-policy' in vhost '/': 15 message(s) had been dropped from the head" in notes, notes
+
+
+def _compacted(data_dir, queue: str):
+    """The queue's newest Ra snapshot, after checking the log before it is gone (only the snapshot knows)."""
+    from rbak.offline.rabbitmq import ra_log
+    from rbak.offline.rabbitmq.damage import ImportContext
+
+    sdir = next(d for s in (data_dir / "quorum").iterdir() for d in s.iterdir()
+                if (d / "config").is_file() and queue.encode() in (d / "config").read_bytes())
+    snap = ra_log.latest_snapshot(str(sdir), ImportContext())
+    assert snap is not None and snap.index > 1000, f"no Ra snapshot for {queue}"
+    entries = ra_log.read_server_logs(str(sdir.parent), ImportContext())[sdir.name].entries
+    assert len([i for i in entries if i <= snap.index]) < snap.index // 2, f"{queue}: log not compacted"
+    assert b"max_length => undefined" in (sdir / "config").read_bytes() or queue != SNAP_LIMIT_QUEUE
+    return snap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qlimsnap-3.10", "qlimsnap-4.0", "qlimsnap-4.3"])
+def test_limits_and_dead_letters_from_a_snapshot(name, shared_root, tmp_path):
+    """The policy's limit lives only in the snapshot's #cfg; on 4.3 dead letters pending across it too."""
+    sc = scenario(name, shared_root)
+    _compacted(sc.data_dir, SNAP_LIMIT_QUEUE)
+    url = f"file://{tmp_path}/b"
+    res = import_rabbitmq_dir(str(sc.data_dir), url, "s1", types={"quorum"})
+    _m, got = read_backup(url, "s1")
+    for key, refs in sc.quorum.items():
+        _same(got.get(key, []), refs, key)
+    refs = _bodies(sc, SNAP_LIMIT_QUEUE)
+    assert len(refs) == 100 and refs[-33:] == [f"after-{i}".encode() for i in range(33)]
+    if ("/", SNAP_DLX_QUEUE) in sc.quorum:
+        _compacted(sc.data_dir, SNAP_DLX_QUEUE)
+        notes = "\n".join(res.ctx.notes)
+        assert f"'{SNAP_DLX_QUEUE}' in vhost '/': {SNAP_DLX_PENDING} message(s) awaiting at-least-once" in notes, notes
+        assert len(_bodies(sc, SNAP_DLX_QUEUE)) == 10 - SNAP_DLX_PENDING

@@ -151,3 +151,91 @@ def build_limits(name: str, version: str, base: Path) -> QsScenario:
 for _version in ("3.10", "4.0", "4.3"):
     BUILDERS[f"qlim-{_version}"] = lambda base, n=f"qlim-{_version}", v=_version: build_limits(n, v, base)
     VERSIONS[f"qlim-{_version}"] = _version
+
+
+SNAP_LIMIT_QUEUE, SNAP_DLX_QUEUE = "qq-snap-limit", "qq-snap-dlx"
+SNAP_DLX_PENDING = 5  # rejected into at-least-once dead-lettering: 3 before the snapshot, 2 after
+
+
+def _flood(node: PrivateNode, queue: str, n: int, settle: bool) -> None:
+    """Publish ``n`` 1 kB messages in batches (settled by a consumer when ``settle``): log for Ra to compact."""
+    conn = node.connect("/")
+    pub = conn.channel()
+    pub.confirm_delivery()
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=300)
+    deliveries = ch.consume(queue, inactivity_timeout=5) if settle else None
+    for start in range(0, n, 500):
+        for i in range(start, min(n, start + 500)):
+            _pub(pub, queue, b"f" * 1000 + str(i).encode())
+        while deliveries is not None:
+            method, _p, _b = next(deliveries)
+            assert method is not None, f"{queue}: flood consumer got too few messages"
+            ch.basic_ack(method.delivery_tag)
+            if method.delivery_tag == min(n, start + 500):
+                break
+    conn.close()
+
+
+def _reject_some(node: PrivateNode, queue: str, n: int) -> None:
+    conn, cch, tags = _take(node, queue, n)
+    for t in tags:
+        cch.basic_reject(t, requeue=False)
+    conn.close()
+
+
+def build_limit_snapshot(name: str, version: str, base: Path) -> QsScenario:
+    """A limit set by policy, then compacted into a Ra snapshot by a drop-head flood (the config file
+    has no limit: only the snapshot's ``#cfg`` has it); on 4.3 also at-least-once dead letters
+    pending across a snapshot."""
+    from support.node_snap_scenarios import ADVANCED, CONF
+
+    node = PrivateNode(version, base, conf=CONF[version[:3]], advanced=ADVANCED[version[:3]]).start()
+    sc = QsScenario(name, version, node.data_dir)
+    dlx = version.startswith("4.3")
+    try:
+        conn = node.connect("/")
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(SNAP_LIMIT_QUEUE, durable=True, arguments=QQ)
+        node.ctl("set_policy", "-p", "/", "--apply-to", "queues", "qlim", f"^{SNAP_LIMIT_QUEUE}$",
+                 '{"max-length": 100}')
+        time.sleep(2)
+        if dlx:
+            ch.queue_declare(SNAP_DLX_QUEUE, durable=True, arguments=dict(QQ, **{
+                "x-dead-letter-exchange": "dlx-never-declared", "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish"}))
+            for i in range(3):  # rejected into the dead-letter state; the floods below settle around them
+                _pub(ch, SNAP_DLX_QUEUE, f"sd-gone-{i}".encode())
+            _reject_some(node, SNAP_DLX_QUEUE, 3)
+        for _round in range(3):
+            _flood(node, SNAP_LIMIT_QUEUE, 2600, settle=False)
+            if dlx:
+                _flood(node, SNAP_DLX_QUEUE, 2600, settle=True)
+            time.sleep(6)  # rabbit_fifo's checkpoint / snapshot checks run on its tick
+        for i in range(30):
+            _pub(ch, SNAP_LIMIT_QUEUE, f"after-{i}".encode())
+        conn2, _cch, _tags = _take(node, SNAP_LIMIT_QUEUE, 5)
+        conn2.close()  # five returned to the head, then dropped by the next publishes
+        for i in range(30, 33):
+            _pub(ch, SNAP_LIMIT_QUEUE, f"after-{i}".encode())
+        if dlx:
+            for i in range(7):
+                _pub(ch, SNAP_DLX_QUEUE, f"sd-{i}".encode())
+            _reject_some(node, SNAP_DLX_QUEUE, 2)
+        conn.close()
+        time.sleep(2)
+        for q in (SNAP_LIMIT_QUEUE, SNAP_DLX_QUEUE) if dlx else (SNAP_LIMIT_QUEUE,):
+            sc.quorum[("/", q)] = reference(node, "/", q, False)
+        time.sleep(1)
+        node.stop()
+    except BaseException:
+        node.cleanup()
+        raise
+    return sc
+
+
+for _version in ("3.10", "4.0", "4.3"):
+    BUILDERS[f"qlimsnap-{_version}"] = lambda base, n=f"qlimsnap-{_version}", v=_version: \
+        build_limit_snapshot(n, v, base)
+    VERSIONS[f"qlimsnap-{_version}"] = _version

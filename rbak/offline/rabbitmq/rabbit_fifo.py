@@ -24,9 +24,9 @@ consumers are found dead on restart (in consumer, then msg id, order).
 Expiry is replayed as ``expire_msgs`` applies it: each message's expiry is
 its enqueue command's ``ts`` plus min(queue ``msg_ttl``, its own TTL), and
 the next message to deliver is dropped at each checkout round once the
-current command's ``ts`` reaches it. Length limits and dead-letter targets
-are not evaluated (messages past them are still exported); delivery-limit
-drops are.
+current command's ``ts`` reaches it. Delivery-limit drops, length limits
+(drop-head after each command's deliveries) and at-least-once dead-letter
+state are replayed too (``fifo_limits``).
 """
 
 from __future__ import annotations
