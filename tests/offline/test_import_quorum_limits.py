@@ -90,3 +90,73 @@ def test_limits_and_dead_letters_from_a_snapshot(name, shared_root, tmp_path):
         notes = "\n".join(res.ctx.notes)
         assert f"'{SNAP_DLX_QUEUE}' in vhost '/': {SNAP_DLX_PENDING} message(s) awaiting at-least-once" in notes, notes
         assert len(_bodies(sc, SNAP_DLX_QUEUE)) == 10 - SNAP_DLX_PENDING
+
+
+def _usr(cmd, ts=1):
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+
+    return (A("$usr"), {A("ts"): ts}, cmd, A("noreply"))
+
+
+def test_replay_drop_head_by_bytes_and_v8_metadata_size():
+    """Pure replay: 4.x enqueue sizes ``{Meta, Body}`` weigh the body before machine version 8, both from 8."""
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.fifo_limits import Limits
+    from rbak.offline.rabbitmq.rabbit_fifo import FifoReplay
+
+    for mv, kept in ((5, [3, 4, 5]), (8, [5])):
+        r = FifoReplay(mv, lambda i, m: 4, None, limits=Limits(max_bytes=300))
+        for idx in range(1, 6):
+            r.apply(idx, _usr((A("e"), idx, b"m", (60, 100))))
+        assert [m.idx for m in r.remaining()] == kept and r.maxlen_dropped == 5 - len(kept), mv
+
+
+def test_replay_reject_publish_keeps_and_policy_change_drops():
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.fifo_limits import Limits
+    from rbak.offline.rabbitmq.rabbit_fifo import FifoReplay
+
+    r = FifoReplay(5, lambda i, m: 4, None, limits=Limits(max_length=2, overflow="reject_publish"))
+    for idx in range(1, 6):
+        r.apply(idx, _usr((A("e"), idx, b"m", (0, 1))))
+    r.apply(6, _usr((A("update_config"), {A("max_length"): 3, A("overflow_strategy"): A("drop_head")})))
+    assert [m.idx for m in r.remaining()] == [3, 4, 5] and r.maxlen_dropped == 2
+
+
+def test_replay_at_least_once_dead_letters_until_the_worker_settles():
+    """Rejected messages go to the dead-letter state (not the queue); a new worker takes back what the old held."""
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.fifo_limits import Limits
+    from rbak.offline.rabbitmq.rabbit_fifo import FifoReplay
+
+    r = FifoReplay(5, lambda i, m: 4, None, limits=Limits(overflow="reject_publish", dlh="at_least_once"))
+    for idx in range(1, 6):
+        r.apply(idx, _usr((A("e"), idx, b"m", (0, 1))))
+    r.apply(6, _usr((A("checkout"), (b"tag", "pid"), (A("auto"), (A("simple_prefetch"), 3)), {})))
+    r.apply(7, _usr((A("discard"), 6, [0, 1, 2])))
+    r.apply(8, _usr((A("dlx"), (A("checkout"), "worker", 2))))
+    assert sorted(r.dlx.checked) == [0, 1] and len(r.dlx.discards) == 1
+    r.apply(9, _usr((A("dlx"), (A("settle"), [0]))))
+    r.apply(10, _usr((A("dlx"), (A("checkout"), "worker2", 1))))
+    assert [m.idx for m in r.dlx.pending()] == [2, 3] and r.dlx.stat() == (2, 2)
+    assert [m.idx for m in r.remaining()] == [4, 5]
+    r.apply(11, _usr((A("update_config"), {A("dead_letter_handler"): A("undefined")})))
+    assert r.dlx_lost == 2 and not r.dlx.pending()
+
+
+def test_snapshot_cfg_limits_and_dead_letter_state():
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.erlang_terms import ImproperList
+    from rbak.offline.rabbitmq.fifo_snapshot import load_state
+
+    cfg = (A("cfg"), A("n"), None, A("nil"), A("at_least_once"), None, A("reject_publish"), 10, 4096,
+           A("competing"), A("undefined"), A("undefined"), A("undefined"))
+    dlx_con = (A("dlx_consumer"), "pid", 32, {0: ImproperList([A("rejected"), 7], 50)}, 1)
+    dlx = (A("rabbit_fifo_dlx"), dlx_con, (1, [], [ImproperList([A("expired"), 9], 20)]), A("nil"), 20, 50)
+    state = [A("rabbit_fifo"), cfg, (A("rabbit_fifo_q"), ([], []), ([], [ImproperList([11], 5)]), 1, 0), 1,
+             (0, [], []), 0, {}, 0, 0, {}, (A("queue"), [], [], 0), dlx, 5, 0, [], 0, A("undefined")]
+    replay, _notes = load_state(tuple(state), 5, None, lambda i, m: 4)
+    assert (replay.limits.max_length, replay.limits.max_bytes, replay.limits.overflow,
+            replay.limits.dlh) == (10, 4096, "reject_publish", "at_least_once")
+    assert [m.idx for m in replay.dlx.pending()] == [7, 9] and replay.dlx.stat() == (2, 70)
+    assert [(m.idx, m.size) for m in replay.remaining()] == [(11, 5)]
