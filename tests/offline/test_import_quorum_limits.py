@@ -69,7 +69,7 @@ def _compacted(data_dir, queue: str):
     entries = ra_log.read_server_logs(str(sdir.parent), ImportContext())[sdir.name].entries
     assert len([i for i in entries if i <= snap.index]) < snap.index // 2, f"{queue}: log not compacted"
     assert b"max_length => undefined" in (sdir / "config").read_bytes() or queue != SNAP_LIMIT_QUEUE
-    return snap
+    return len([i for i in entries if i > snap.index])
 
 
 @pytest.mark.slow
@@ -77,7 +77,9 @@ def _compacted(data_dir, queue: str):
 def test_limits_and_dead_letters_from_a_snapshot(name, shared_root, tmp_path):
     """The policy's limit lives only in the snapshot's #cfg; on 4.3 dead letters pending across it too."""
     sc = scenario(name, shared_root)
-    _compacted(sc.data_dir, SNAP_LIMIT_QUEUE)
+    after = _compacted(sc.data_dir, SNAP_LIMIT_QUEUE)
+    if not sc.version.startswith("4.3"):  # 4.3's Ra snapshotted after the last publishes (only the state is tested)
+        assert after > 100, "the publishes past the limit should be replayed after the snapshot"
     url = f"file://{tmp_path}/b"
     res = import_rabbitmq_dir(str(sc.data_dir), url, "s1", types={"quorum"})
     _m, got = read_backup(url, "s1")

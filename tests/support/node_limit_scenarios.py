@@ -154,7 +154,7 @@ for _version in ("3.10", "4.0", "4.3"):
 
 
 SNAP_LIMIT_QUEUE, SNAP_DLX_QUEUE = "qq-snap-limit", "qq-snap-dlx"
-SNAP_DLX_PENDING = 5  # rejected into at-least-once dead-lettering: 3 before the snapshot, 2 after
+SNAP_DLX_PENDING = 5  # rejected into at-least-once dead-lettering: 3 before the floods, 2 after
 
 
 def _flood(node: PrivateNode, queue: str, n: int, settle: bool) -> None:
