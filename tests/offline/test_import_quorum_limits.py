@@ -55,6 +55,8 @@ def test_limits_and_dead_letters_import_what_a_consumer_read(name, shared_root, 
     assert f"'qq-dlx' in vhost '/': {DLX_REJECTED} message(s) awaiting at-least-once dead-lettering" in notes, notes
     assert "'qq-maxlen' in vhost '/': 18 message(s) had been dropped from the head" in notes, notes
     assert "'qq-policy' in vhost '/': 15 message(s) had been dropped from the head" in notes, notes
+    assert "'qq-drop-dlx' in vhost '/': 5 message(s) had left it for exchange '' with routing key 'qq-dead'" \
+        in notes, notes
 
 
 def _compacted(data_dir, queue: str):
@@ -121,8 +123,12 @@ def test_replay_reject_publish_keeps_and_policy_change_drops():
     r = FifoReplay(5, lambda i, m: 4, None, limits=Limits(max_length=2, overflow="reject_publish"))
     for idx in range(1, 6):
         r.apply(idx, _usr((A("e"), idx, b"m", (0, 1))))
-    r.apply(6, _usr((A("update_config"), {A("max_length"): 3, A("overflow_strategy"): A("drop_head")})))
-    assert [m.idx for m in r.remaining()] == [3, 4, 5] and r.maxlen_dropped == 2
+    dlh = (A("at_most_once"), (A("rabbit_quorum_queue"), A("dead_letter_publish"),
+                               [(A("resource"), b"/", A("exchange"), b"dlx"), b"rk", None]))
+    r.apply(6, _usr((A("update_config"), {A("max_length"): 3, A("overflow_strategy"): A("drop_head"),
+                                          A("dead_letter_handler"): dlh})))
+    assert [m.idx for m in r.remaining()] == [3, 4, 5] and r.maxlen_dropped == 2 and r.dead_lettered == 2
+    assert r.limits.describe() == "exchange 'dlx' with routing key 'rk'"
 
 
 def test_replay_at_least_once_dead_letters_until_the_worker_settles():

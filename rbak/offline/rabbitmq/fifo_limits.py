@@ -45,11 +45,21 @@ def _dlh(v: Any) -> tuple[str | None, str]:
         return AT_LEAST_ONCE, ""
     if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], Atom) and v[0] == AT_MOST_ONCE:
         # {at_most_once, {rabbit_quorum_queue, dead_letter_publish, [Exchange, RoutingKey, QName]}}
+        # the exchange as its #resource{}; the routing key a binary or undefined (the message's own)
         mfa = v[1]
         args = mfa[2] if isinstance(mfa, tuple) and len(mfa) == 3 and isinstance(mfa[2], list) else []
-        names = [a.decode("utf-8", "replace") for a in args[:2] if isinstance(a, bytes)]
-        return AT_MOST_ONCE, "/".join(names)
+        x = args[0] if args else None
+        x = x[3] if isinstance(x, tuple) and len(x) == 4 else x
+        rk = args[1] if len(args) > 1 else None
+        return AT_MOST_ONCE, dlx_target(x if isinstance(x, bytes) else None, rk if isinstance(rk, bytes) else None)
     return None, ""
+
+
+def dlx_target(exchange: bytes | None, routing_key: bytes | None) -> str:
+    if exchange is None:
+        return ""
+    out = f"exchange '{exchange.decode('utf-8', 'replace')}'"
+    return out + (f" with routing key '{routing_key.decode('utf-8', 'replace')}'" if routing_key is not None else "")
 
 
 @dataclass
@@ -99,7 +109,7 @@ class Limits:
             (self.max_bytes is not None and nbytes > self.max_bytes)
 
     def describe(self) -> str:
-        return "the queue's dead-letter exchange" if not self.dlx_target else f"dead-letter target {self.dlx_target}"
+        return self.dlx_target or "the queue's dead-letter exchange"
 
 
 class SizedDeque(deque):

@@ -27,7 +27,7 @@ from .damage import ImportContext
 from .erlang_terms import Atom, TermError, binary_to_term, decode
 from .stored_message import MessageFormatError, message_from_term, to_record
 from . import ra_log
-from .fifo_limits import Limits
+from .fifo_limits import Limits, dlx_target
 from .fifo_snapshot import SnapshotStateError, load_state
 from .rabbit_fifo import FifoReplay
 
@@ -37,6 +37,8 @@ _TTL = re.compile(rb"msg_ttl\s*=>\s*(\d+|undefined)")
 _LIMIT = re.compile(rb"delivery_limit\s*=>\s*(\d+|undefined)")
 _MEMBERS = re.compile(rb"initial_members\s*=>\s*\[(.*?)\]", re.S)
 _ID = re.compile(rb"\bid\s*=>\s*(\{[^}]*\})")
+_DLX_PUBLISH = re.compile(rb"dead_letter_publish,\s*\[\s*(?:\{resource,\s*<<.*?>>,\s*exchange,\s*(<<.*?>>)\s*\}|(<<.*?>>))"
+                          rb",\s*(?:(<<.*?>>)|undefined)", re.S)
 
 
 def erlang_binary_literal(lit: bytes) -> bytes | None:
@@ -107,6 +109,9 @@ def read_config(path: str, s: QuorumServer) -> None:
     if ttl is not None and ttl.group(1) != b"undefined":
         s.msg_ttl = int(ttl.group(1))
     s.limits = Limits.from_config_text(text)
+    if (d := _DLX_PUBLISH.search(text)) is not None:  # at-most-once: where dropped messages went
+        x = erlang_binary_literal(d.group(1) or d.group(2))
+        s.limits.dlx_target = dlx_target(x, erlang_binary_literal(d.group(3)) if d.group(3) else None)
     mem = _MEMBERS.search(text)
     if mem is not None:
         s.members = max(1, mem.group(1).count(b"{"))
@@ -331,6 +336,9 @@ def _limit_notes(replay: FifoReplay, ctx: ImportContext) -> None:
     if replay.maxlen_dropped:
         ctx.note(f"{ctx.queue}: {replay.maxlen_dropped} message(s) had been dropped from the head by its length "
                  "limit (x-max-length / x-max-length-bytes, drop-head) and are not exported")
+    if replay.dead_lettered:
+        ctx.note(f"{ctx.queue}: {replay.dead_lettered} message(s) had left it for {replay.limits.describe()} "
+                 "(at-most-once dead-lettering: the broker published them there) and are not exported")
     if replay.dlx_lost:
         ctx.note(f"{ctx.queue}: {replay.dlx_lost} message(s) awaiting at-least-once dead-lettering were deleted "
                  "when its dead-letter strategy changed (as the broker deletes them)")
