@@ -115,6 +115,19 @@ def test_replay_drop_head_by_bytes_and_v8_metadata_size():
         assert [m.idx for m in r.remaining()] == kept and r.maxlen_dropped == 5 - len(kept), mv
 
 
+def test_replay_messages_held_at_stop_come_back_under_the_limit():
+    """A killed node's consumers hold messages; the restarted queue returns them and drops its head."""
+    from rbak.offline.rabbitmq.erlang_terms import Atom as A
+    from rbak.offline.rabbitmq.fifo_limits import Limits
+    from rbak.offline.rabbitmq.rabbit_fifo import FifoReplay
+
+    r = FifoReplay(5, lambda i, m: 4, None, limits=Limits(max_length=2))
+    r.apply(1, _usr((A("checkout"), (b"tag", "pid"), (A("auto"), (A("simple_prefetch"), 2)), {})))
+    for idx in range(2, 5):
+        r.apply(idx, _usr((A("e"), idx, b"m", (0, 1))))
+    assert [m.idx for m in r.remaining()] == [3, 4] and r.maxlen_dropped == 1
+
+
 def test_replay_reject_publish_keeps_and_policy_change_drops():
     from rbak.offline.rabbitmq.erlang_terms import Atom as A
     from rbak.offline.rabbitmq.fifo_limits import Limits

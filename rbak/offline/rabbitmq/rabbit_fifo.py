@@ -449,6 +449,7 @@ class FifoReplay:
         finds them down), then the ready messages."""
         for c in list(self.consumers.values()):
             self._remove_consumer(c)
+        self._evaluate_limit()  # what they return is over a length limit: the restarted queue drops it
         out = list(self.returns)
         self.returns.clear()
         while (m := self.ready.pop()) is not None:
