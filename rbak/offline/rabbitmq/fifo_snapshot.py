@@ -12,7 +12,12 @@ Record layouts read here (field positions, tag at 0):
 
 - ``#rabbit_fifo``: cfg 1, messages 2, returns 4, consumers 9,
   service_queue 10, waiting_consumers 14; version 8 also delayed 17.
-- ``#cfg``: delivery_limit 10, msg_ttl 12.
+- ``#cfg``: dead_letter_handler 4, overflow_strategy 6, max_length 7,
+  max_bytes 8, delivery_limit 10, msg_ttl 12 (``fifo_limits.Limits``).
+- dlx 11: ``#rabbit_fifo_dlx{consumer, discards, _, msg_bytes,
+  msg_bytes_checkout}``, ``consumer`` a ``#dlx_consumer{pid, prefetch,
+  checked_out, next_msg_id}``; each entry ``{Reason, Msg}`` (3.x) or
+  ``[Reason | Msg]`` (4.x): messages awaiting at-least-once dead-lettering.
 - messages: an ``lqueue`` (versions 2-3: 3.10-3.13, FIFO),
   ``{rabbit_fifo_q, Hi, No, Len, DequeueCounter}`` (versions 4-7,
   ``Hi``/``No`` are ``{In, Out}``) or ``{pq, #{31 - Priority => {Count, In,
@@ -29,10 +34,10 @@ Record layouts read here (field positions, tag at 0):
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_limits import DeadLetters, Limits, SizedDeque
 from .rabbit_fifo import Consumer, FifoReplay, Msg, Ready
 
 PACKED_IDX_MAX = (1 << 44) - 1
@@ -73,12 +78,14 @@ def _pqueue_items(q: Any) -> list:
 def msg_ref(m: Any, what: str, priority: int = 4) -> Msg:
     """A state's message -> Msg (raft index, failed deliveries so far, expiry)."""
     if isinstance(m, int) and not isinstance(m, bool):
-        return Msg(m & PACKED_IDX_MAX, m & PACKED_IDX_MAX, priority)
-    expiry = None
+        return Msg(m & PACKED_IDX_MAX, m & PACKED_IDX_MAX, priority, size=m >> 44)
+    expiry, size = None, 0
     if isinstance(m, ImproperList) and m.items and isinstance(m.items[0], int):
         idx, header = m.items[0], m.tail
+        if isinstance(header, int):
+            size = header
         if len(m.items) == 2:  # [Idx, Size | Expiry]
-            header, expiry = None, m.tail
+            header, expiry, size = None, m.tail, m.items[1]
     elif isinstance(m, list) and m and isinstance(m[0], int):
         idx, header = m[0], None
     else:
@@ -87,8 +94,32 @@ def msg_ref(m: Any, what: str, priority: int = 4) -> Msg:
     if isinstance(header, dict):
         failed = header.get(Atom("delivery_count"), 0)
         expiry = header.get(Atom("expiry"))
+        size = header.get(Atom("size"), 0)
     return Msg(idx, idx, priority, failed if isinstance(failed, int) else 0,
-               expiry if isinstance(expiry, int) else None)
+               expiry if isinstance(expiry, int) else None, size if isinstance(size, int) else 0)
+
+
+def _dlx_msg(e: Any) -> Msg:
+    """A dead-letter entry ``{Reason, Msg}`` (3.x) or ``[Reason | Msg]`` (4.x) -> its Msg."""
+    if isinstance(e, tuple) and len(e) == 2:
+        return msg_ref(e[1], "dlx")
+    if isinstance(e, ImproperList) and e.items:
+        return msg_ref(ImproperList(e.items[1:], e.tail) if len(e.items) > 1 else e.tail, "dlx")
+    raise SnapshotStateError(f"dlx: not a dead-letter entry {e!r:.80}")
+
+
+def _dead_letters(d: Any) -> DeadLetters:
+    """``#rabbit_fifo_dlx{}`` -> the messages it holds (discards, and those checked out to the worker)."""
+    out = DeadLetters()
+    if not (isinstance(d, tuple) and len(d) >= 3 and _is(d[0], "rabbit_fifo_dlx")):
+        return out
+    out.discards = SizedDeque(_dlx_msg(e) for e in _lqueue_items(d[2], "dlx discards"))
+    con = d[1]
+    if isinstance(con, tuple) and len(con) >= 5 and _is(con[0], "dlx_consumer") and isinstance(con[3], dict):
+        out.prefetch = con[2] if isinstance(con[2], int) else 0
+        out.next_id = con[4] if isinstance(con[4], int) else 0
+        out.checked = {k: _dlx_msg(v) for k, v in sorted(con[3].items()) if isinstance(k, int)}
+    return out
 
 
 def _ready(messages: Any, mv: int) -> Ready:
@@ -169,7 +200,7 @@ def _key_order(k: Any) -> tuple:
 
 
 def load_state(state: Any, machine_version: int, delivery_limit: int | None, priority_of,
-               ttl_of=None) -> tuple[FifoReplay, list[str]]:
+               ttl_of=None, size_of=None) -> tuple[FifoReplay, list[str]]:
     """A replay positioned at the snapshot, plus notes on what the state held that is not exported."""
     if not (isinstance(state, tuple) and len(state) >= 15 and _is(state[0], "rabbit_fifo")):
         raise SnapshotStateError("machine state is not a #rabbit_fifo{} record")
@@ -180,9 +211,10 @@ def load_state(state: Any, machine_version: int, delivery_limit: int | None, pri
     if isinstance(cfg, tuple) and len(cfg) > 12 and _is(cfg[0], "cfg"):
         delivery_limit = cfg[10] if isinstance(cfg[10], int) else delivery_limit
         msg_ttl = cfg[12] if isinstance(cfg[12], int) else None
-    replay = FifoReplay(machine_version, priority_of, delivery_limit, ttl_of, msg_ttl)
+    replay = FifoReplay(machine_version, priority_of, delivery_limit, ttl_of, msg_ttl, Limits.from_cfg(cfg), size_of)
     replay.ready = _ready(state[2], machine_version)
-    replay.returns = deque(msg_ref(m, "returns") for m in _lqueue_items(state[4], "returns"))
+    replay.returns = SizedDeque(msg_ref(m, "returns") for m in _lqueue_items(state[4], "returns"))
+    replay.dlx = _dead_letters(state[11])
     consumers = state[9]
     if not isinstance(consumers, dict):
         raise SnapshotStateError("consumers: not a map")

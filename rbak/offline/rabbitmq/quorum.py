@@ -27,6 +27,7 @@ from .damage import ImportContext
 from .erlang_terms import Atom, TermError, binary_to_term, decode
 from .stored_message import MessageFormatError, message_from_term, to_record
 from . import ra_log
+from .fifo_limits import Limits, dlx_target
 from .fifo_snapshot import SnapshotStateError, load_state
 from .rabbit_fifo import FifoReplay
 
@@ -36,6 +37,8 @@ _TTL = re.compile(rb"msg_ttl\s*=>\s*(\d+|undefined)")
 _LIMIT = re.compile(rb"delivery_limit\s*=>\s*(\d+|undefined)")
 _MEMBERS = re.compile(rb"initial_members\s*=>\s*\[(.*?)\]", re.S)
 _ID = re.compile(rb"\bid\s*=>\s*(\{[^}]*\})")
+_DLX_PUBLISH = re.compile(rb"dead_letter_publish,\s*\[\s*(?:\{resource,\s*<<.*?>>,\s*exchange,\s*(<<.*?>>)\s*\}|(<<.*?>>))"
+                          rb",\s*(?:(<<.*?>>)|undefined)", re.S)
 
 
 def erlang_binary_literal(lit: bytes) -> bytes | None:
@@ -83,6 +86,7 @@ class QuorumServer:
     msg_ttl: int | None = None
     members: int = 1
     self_id: bytes = b""
+    limits: Limits | None = None  # x-max-length(-bytes), overflow, dead-letter strategy at creation
 
 
 def read_config(path: str, s: QuorumServer) -> None:
@@ -104,6 +108,10 @@ def read_config(path: str, s: QuorumServer) -> None:
     ttl = _TTL.search(text)
     if ttl is not None and ttl.group(1) != b"undefined":
         s.msg_ttl = int(ttl.group(1))
+    s.limits = Limits.from_config_text(text)
+    if (d := _DLX_PUBLISH.search(text)) is not None:  # at-most-once: where dropped messages went
+        x = erlang_binary_literal(d.group(1) or d.group(2))
+        s.limits.dlx_target = dlx_target(x, erlang_binary_literal(d.group(3)) if d.group(3) else None)
     mem = _MEMBERS.search(text)
     if mem is not None:
         s.members = max(1, mem.group(1).count(b"{"))
@@ -243,12 +251,16 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             p = m.properties.priority if m else None
             return p if isinstance(p, int) else 4
 
+        def size(idx: int, msg: Any) -> int:
+            m = decoded(idx, msg)
+            return len(m.body) if m else 0
+
         def ttl(idx: int, msg: Any) -> int | None:
             m = decoded(idx, msg)
             e = m.properties.expiration if m else None
             return int(e) if isinstance(e, str) and e.isdigit() else None
 
-        replay = _start(s, snap, priority, ttl, ctx)
+        replay = _start(s, snap, priority, ttl, size, ctx)
         if replay is None:
             return
         bodies: dict[int, Any] = {}
@@ -266,6 +278,7 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
         if replay.unknown:
             ctx.note(f"{ctx.queue}: commands not replayed: "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(replay.unknown.items())))
+        _limit_notes(replay, ctx)
         for m in replay.remaining():
             body = bodies.get(m.body_idx)
             if body is None:  # a message the snapshot refers to: its body is a live entry before it
@@ -312,13 +325,33 @@ def _pick_snapshot(s: QuorumServer, entries: dict, ctx: ImportContext) -> tuple[
     return None, False
 
 
-def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ttl, ctx: ImportContext) -> FifoReplay | None:
+def _limit_notes(replay: FifoReplay, ctx: ImportContext) -> None:
+    """What the queue's limits and dead-lettering took out of it, said per queue."""
+    pending = replay.dlx.pending()
+    if pending:
+        ctx.note(f"{ctx.queue}: {len(pending)} message(s) awaiting at-least-once dead-lettering to "
+                 f"{replay.limits.describe()} were not exported (the source queue no longer delivers them; "
+                 f"the restarted node's dead-letter worker would publish them); Raft indexes "
+                 + ", ".join(str(m.idx) for m in pending[:10]) + (" ..." if len(pending) > 10 else ""))
+    if replay.maxlen_dropped:
+        ctx.note(f"{ctx.queue}: {replay.maxlen_dropped} message(s) had been dropped from the head by its length "
+                 "limit (x-max-length / x-max-length-bytes, drop-head) and are not exported")
+    if replay.dead_lettered:
+        ctx.note(f"{ctx.queue}: {replay.dead_lettered} message(s) had left it for {replay.limits.describe()} "
+                 "(at-most-once dead-lettering: the broker published them there) and are not exported")
+    if replay.dlx_lost:
+        ctx.note(f"{ctx.queue}: {replay.dlx_lost} message(s) awaiting at-least-once dead-lettering were deleted "
+                 "when its dead-letter strategy changed (as the broker deletes them)")
+
+
+def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ttl, size,
+           ctx: ImportContext) -> FifoReplay | None:
     """A replay at the log's start, or at the snapshot with its machine state loaded."""
     if snap is None:
-        return FifoReplay(s.machine_version, priority, s.delivery_limit, ttl, s.msg_ttl)
+        return FifoReplay(s.machine_version, priority, s.delivery_limit, ttl, s.msg_ttl, s.limits, size)
     try:
         state = binary_to_term(snap.state_bytes)
-        replay, notes = load_state(state, snap.machine_version, s.delivery_limit, priority, ttl)
+        replay, notes = load_state(state, snap.machine_version, s.delivery_limit, priority, ttl, size)
     except TermError as e:
         ctx.damaged(snap.path, snap.state_at + e.offset, f"snapshot machine state: {e}; queue skipped")
         return None

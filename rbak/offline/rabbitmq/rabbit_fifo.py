@@ -24,9 +24,9 @@ consumers are found dead on restart (in consumer, then msg id, order).
 Expiry is replayed as ``expire_msgs`` applies it: each message's expiry is
 its enqueue command's ``ts`` plus min(queue ``msg_ttl``, its own TTL), and
 the next message to deliver is dropped at each checkout round once the
-current command's ``ts`` reaches it. Length limits and dead-letter targets
-are not evaluated (messages past them are still exported); delivery-limit
-drops are.
+current command's ``ts`` reaches it. Delivery-limit drops, length limits
+(drop-head after each command's deliveries) and at-least-once dead-letter
+state are replayed too (``fifo_limits``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class Msg:
     priority: int
     failed: int = 0  # delivery failures, for the delivery limit
     expiry: int | None = None  # absolute ms: enqueue time + min(queue msg_ttl, message TTL)
+    size: int = 0  # the header's size, for x-max-length-bytes
 
 
 @dataclass(slots=True)
@@ -66,6 +68,7 @@ class Ready:
         self.mode = "fifo" if machine_version < 4 else ("q" if machine_version < 8 else "pq")
         self.buckets: dict[int, deque[Msg]] = {}
         self.counter = 0  # rabbit_fifo_q's dequeue_counter
+        self.bytes = 0  # sum of the messages' sizes
 
     def level(self, priority: int) -> int:
         if self.mode == "fifo":
@@ -76,6 +79,7 @@ class Ready:
 
     def push(self, m: Msg, level: int | None = None) -> None:
         self.buckets.setdefault(self.level(m.priority) if level is None else level, deque()).append(m)
+        self.bytes += m.size
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.buckets.values())
@@ -100,14 +104,16 @@ class Ready:
             hi, no = self.buckets.get(1), self.buckets.get(0)
             c0 = self.counter
             self.counter = 0 if c0 == 2 else c0 + 1
-            if hi and no and c0 == 2:
-                return (hi if hi[0].idx < no[0].idx else no).popleft()
-            return (hi or no).popleft()
-        return self.buckets[max(live)].popleft()
+            m = (hi if hi[0].idx < no[0].idx else no).popleft() if hi and no and c0 == 2 else (hi or no).popleft()
+        else:
+            m = self.buckets[max(live)].popleft()
+        self.bytes -= m.size
+        return m
 
     def clear(self) -> list[Msg]:
         out = [m for q in self.buckets.values() for m in q]
         self.buckets.clear()
+        self.bytes = 0
         return out
 
 
@@ -124,12 +130,13 @@ class FifoReplay:
     """Apply commands in log order; ``remaining()`` is the queue at the end, in delivery order."""
 
     def __init__(self, machine_version: int, priority_of: Callable[[int, Any], int], delivery_limit: int | None,
-                 ttl_of: Callable[[int, Any], int | None] | None = None, msg_ttl: int | None = None):
+                 ttl_of: Callable[[int, Any], int | None] | None = None, msg_ttl: int | None = None,
+                 limits: Limits | None = None, size_of: Callable[[int, Any], int] | None = None):
         self.mv = machine_version
         self.priority_of = priority_of  # (raft index, message term) -> priority
         self.delivery_limit = delivery_limit
         self.ready = Ready(machine_version)
-        self.returns: deque[Msg] = deque()
+        self.returns: SizedDeque = SizedDeque()
         self.consumers: dict[Any, Consumer] = {}
         self.by_cid: dict[Any, Any] = {}
         self.service: list[Any] = []  # consumer keys waiting for messages
@@ -139,6 +146,12 @@ class FifoReplay:
         self.msg_ttl = msg_ttl  # the queue's x-message-ttl
         self.ts = 0  # the current command's timestamp (the '$usr' meta's ts), as rabbit_fifo's RaCmdTs
         self.unknown: dict[str, int] = {}
+        self.limits = limits or Limits()
+        self.size_of = size_of  # (raft index, message term) -> its size when the command does not say
+        self.dlx = DeadLetters()  # at-least-once dead-lettering in progress
+        self.maxlen_dropped = 0
+        self.dead_lettered = 0  # handed to an at-most-once dead-letter exchange (gone from the queue)
+        self.dlx_lost = 0  # at-least-once ones deleted by a switch to another dead-letter strategy
 
     def set_version(self, mv: int) -> None:
         if mv == self.mv:
@@ -170,9 +183,47 @@ class FifoReplay:
             return
         handler(idx, cmd)
         self._checkout()
+        if self.limits.dlh == AT_LEAST_ONCE:
+            self.dlx.checkout()
+        self._evaluate_limit()
 
-    def _enqueue_msg(self, idx: int, msg: Any) -> None:
-        self.ready.push(Msg(idx, idx, self.priority_of(idx, msg), expiry=self._expiry(idx, msg)))
+    def _enqueue_msg(self, idx: int, msg: Any, size: Any = None) -> None:
+        self.ready.push(Msg(idx, idx, self.priority_of(idx, msg), expiry=self._expiry(idx, msg),
+                            size=self._size(idx, msg, size)))
+
+    def _size(self, idx: int, msg: Any, size: Any) -> int:
+        """The header size: the enqueue's ``{MetaSize, BodySize}`` (4.x: body only before machine version 8,
+        both from 8), else the message's body size (3.x: ``message_size/1`` of the payload)."""
+        if isinstance(size, tuple) and len(size) == 2 and all(isinstance(x, int) for x in size):
+            return size[0] + size[1] if self.mv >= 8 else size[1]
+        if isinstance(size, int):
+            return size
+        return self.size_of(idx, msg) if self.size_of else 0
+
+    def _evaluate_limit(self) -> None:
+        """``evaluate_limit`` with ``drop_head``: drop the next message to deliver while over a limit."""
+        if not self.limits.drops_head:
+            return
+        n_dlx, b_dlx = self.dlx.stat()
+        while self.limits.over(len(self.returns) + len(self.ready) + n_dlx,
+                               self.returns.bytes + self.ready.bytes + b_dlx):
+            m = self._take()
+            if m is None:
+                return
+            self.maxlen_dropped += 1
+            if self.limits.dlh is not None:  # at_most_once (at_least_once never comes with drop_head)
+                self.dead_lettered += 1
+
+    def _dead_letter(self, m: Msg) -> None:
+        """A message rejected, expired or over the delivery limit leaves the queue; at-least-once keeps it."""
+        if self.limits.dlh == AT_LEAST_ONCE:
+            self.dlx.discards.append(m)
+        elif self.limits.dlh is not None:
+            self.dead_lettered += 1
+
+    def _c_dlx(self, idx: int, cmd: tuple) -> None:
+        if self.limits.dlh == AT_LEAST_ONCE and len(cmd) == 2:
+            self.dlx.apply(cmd[1])
 
     def _expiry(self, idx: int, msg: Any) -> int | None:
         """``maybe_set_msg_ttl``: min of the queue's and the message's TTL from the enqueue's time (0 -> +1 ms)."""
@@ -189,6 +240,12 @@ class FifoReplay:
         if Atom("delivery_limit") in conf:
             d = conf[Atom("delivery_limit")]
             self.delivery_limit = d if isinstance(d, int) and d >= 0 else None
+        new = Limits.from_conf(conf)
+        if new.dlh != self.limits.dlh:  # rabbit_fifo_dlx:update_config: a switch starts an empty state
+            if self.limits.dlh == AT_LEAST_ONCE:
+                self.dlx_lost += self.dlx.stat()[0]
+            self.dlx = DeadLetters()
+        self.limits = new
 
     def _c_timeout(self, idx: int, cmd: tuple) -> None:
         """``{timeout, expire_msgs}`` and the like: only the checkout after it (which expires) matters."""
@@ -199,7 +256,7 @@ class FifoReplay:
 
     def _c_e(self, idx: int, cmd: tuple) -> None:
         if len(cmd) >= 3:
-            self._enqueue_msg(idx, cmd[2])
+            self._enqueue_msg(idx, cmd[2], cmd[3] if len(cmd) > 3 else None)
 
     def _consumer(self, key: Any) -> Consumer | None:
         c = self.consumers.get(key)
@@ -299,6 +356,7 @@ class FifoReplay:
                 self._return_one(m, failed)
             elif what == "discard":
                 self.dropped += 1
+                self._dead_letter(m)
         self._serve(c)
 
     def _return_one(self, m: Msg, failed: bool) -> None:
@@ -306,6 +364,7 @@ class FifoReplay:
             m.failed += 1
         if self.delivery_limit is not None and m.failed > self.delivery_limit:
             self.dropped += 1
+            self._dead_letter(m)
             return
         self.returns.append(m)
 
@@ -333,7 +392,7 @@ class FifoReplay:
         if c.prefetch is not None:
             c.credit += 1
         # Back into the ready queue at the requeue's own index, default priority (the body is in this command).
-        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry), self.ready.level(4))
+        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry, m.size), self.ready.level(4))
         self._serve(c)
 
     def _c_credit(self, idx: int, cmd: tuple) -> None:
@@ -343,7 +402,9 @@ class FifoReplay:
             self._serve(c)
 
     def _c_purge(self, idx: int, cmd: tuple) -> None:
-        self.dropped += len(self.ready.clear())
+        """Ready and returned messages go (no dead-lettering); checked-out ones stay."""
+        self.dropped += len(self.ready.clear()) + len(self.returns)
+        self.returns.clear()
 
     def _c_down(self, idx: int, cmd: tuple) -> None:
         if len(cmd) < 3 or _is(cmd[2], "noconnection"):
@@ -364,7 +425,7 @@ class FifoReplay:
             m = self.returns[0] if self.returns else self.ready.peek()
             if m is None or m.expiry is None or self.ts < m.expiry:
                 return
-            self._take()
+            self._dead_letter(self._take())
             self.expired += 1
 
     def _checkout(self) -> None:
@@ -388,6 +449,7 @@ class FifoReplay:
         finds them down), then the ready messages."""
         for c in list(self.consumers.values()):
             self._remove_consumer(c)
+        self._evaluate_limit()  # what they return is over a length limit: the restarted queue drops it
         out = list(self.returns)
         self.returns.clear()
         while (m := self.ready.pop()) is not None:
