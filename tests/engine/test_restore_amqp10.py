@@ -33,6 +33,9 @@ from rbak.format.record import (
 )
 from rbak.restore import run_restore
 
+ON_4X = pytest.mark.parametrize("broker", ["rmq40", "rmq43"], indirect=True)  # native AMQP 1.0
+ON_3X = pytest.mark.parametrize("broker", ["rmq310"], indirect=True)
+
 FULL = BackupProperties(content_type="application/json", content_encoding="gzip", delivery_mode=2, priority=3,
                         correlation_id="c-1", reply_to="replies", expiration="3600000", message_id="m-1",
                         timestamp=1_700_000_123, type_field="order.created", user_id="guest", app_id="shop")
@@ -82,10 +85,9 @@ def _restore_both_ways(broker, vhost, tmp_path, qtype, records):
     return results, got10
 
 
+@ON_4X
 @pytest.mark.parametrize("qtype", ["classic", "quorum"])
 def test_amqp10_restore_reads_back_like_the_0_9_1_restore(broker, vhost, tmp_path, qtype):
-    if broker.version < "4":
-        pytest.skip("AMQP 1.0 restores need RabbitMQ 4.x (3.10 is covered by the refusal test)")
     records = _records(vhost, 1500)
     results, got = _restore_both_ways(broker, vhost, tmp_path, qtype, records)
     assert results["amqp10"].protocol == "amqp10" and results["amqp091"].protocol == "amqp091"
@@ -97,9 +99,8 @@ def test_amqp10_restore_reads_back_like_the_0_9_1_restore(broker, vhost, tmp_pat
     assert (seqs if qtype == "classic" else sorted(seqs)) == live
 
 
+@ON_4X
 def test_a_record_1_0_cannot_carry_switches_the_rest_of_the_queue_to_0_9_1_in_order(broker, vhost, tmp_path):
-    if broker.version < "4":
-        pytest.skip("AMQP 1.0 restores need RabbitMQ 4.x")
     records = _records(vhost, 900, odd_one_at=437)
     results, got = _restore_both_ways(broker, vhost, tmp_path, "classic", records)
     assert results["amqp10"].protocol == "amqp10+amqp091"
@@ -107,10 +108,9 @@ def test_a_record_1_0_cannot_carry_switches_the_rest_of_the_queue_to_0_9_1_in_or
     assert seqs == sorted(seqs)  # one order across the switch
 
 
+@ON_4X
 def test_delivery_mode_1_switches_to_0_9_1_and_reads_back_as_1(broker, vhost, tmp_path):
     """1.0 cannot say "delivery mode 1" (durable=false reads back unset), so such records go over 0-9-1."""
-    if broker.version < "4":
-        pytest.skip("AMQP 1.0 restores need RabbitMQ 4.x")
     records = [BackupRecord(body=b"%d" % i, properties=BackupProperties(delivery_mode=1 if i >= 100 else None),
                             routing_key="q", backed_up_at=1_700_000_000_000 + i, source_queue="q", source_vhost=vhost)
                for i in range(200)]
@@ -131,9 +131,8 @@ def test_auto_uses_1_0_on_4_x_and_0_9_1_on_3_x(broker, vhost, tmp_path):
     assert len(consume_all(broker, vhost, "q", 40)) == 40  # 10 carry a TTL of 0
 
 
+@ON_3X
 def test_explicit_amqp10_on_3_x_fails_naming_the_field(broker, vhost, tmp_path):
-    if broker.version >= "4":
-        pytest.skip("the refusal is for 3.x targets")
     storage = storage_for(tmp_path)
     build_backup(storage, "b", [(vhost, "q", "classic", _records(vhost, 5))])
     declare(broker, vhost, "q")
@@ -143,9 +142,8 @@ def test_explicit_amqp10_on_3_x_fails_naming_the_field(broker, vhost, tmp_path):
     assert consume_all(broker, vhost, "q", 0) == []
 
 
+@ON_4X
 def test_missing_target_queue_over_1_0_fails_naming_it(broker, vhost):
-    if broker.version < "4":
-        pytest.skip("AMQP 1.0 restores need RabbitMQ 4.x")
     from rbak.restore.amqp10_publisher import Amqp10Publisher
     from rbak.restore.publisher import PublishError
 
@@ -156,10 +154,9 @@ def test_missing_target_queue_over_1_0_fails_naming_it(broker, vhost):
     assert "amqp:not-found" in str(e.value) if broker.version >= "4.3" else "refused the AMQP 1.0 link" in str(e.value)
 
 
+@ON_4X
 def test_cli_restore_killed_over_1_0_resumes_exactly_once(broker, vhost, tmp_path):
     """SIGKILL mid-way through an AMQP 1.0 restore, rerun: each message once, in order."""
-    if broker.version < "4":
-        pytest.skip("AMQP 1.0 restores need RabbitMQ 4.x")
     import os
     import signal
     import sqlite3
