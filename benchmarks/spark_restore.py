@@ -42,35 +42,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "spark"))
 sys.path.insert(0, str(HERE))
 
-from bench_common import Broker, load, verdict
+from bench_common import Broker, broker_pid, cpu_secs, load, verdict
 from restore_scale import build_backup, declare
 
 QUEUES = [f"sq{i}" for i in range(8)]
-
-
-def broker_pid(broker: Broker) -> int | None:
-    """The beam.smp serving the broker's AMQP port (for its CPU time), or None."""
-    port = f":{broker.amqp_port} "
-    try:
-        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=False).stdout
-    except FileNotFoundError:
-        return None
-    for line in out.splitlines():
-        if port in line and "pid=" in line:
-            return int(line.split("pid=")[1].split(",")[0])
-    return None
-
-
-def cpu_secs(pid: int | None) -> float:
-    """User+system CPU seconds of a process (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu() -> float:
