@@ -181,6 +181,7 @@ class _Wire:
         """Write what the engine has, then read what arrives within ``wait`` seconds."""
         t = self.transport
         try:
+            t.tick(time.monotonic())  # Proton sends the empty frames the broker's idle-time-out asks for
             while True:
                 n = t.pending()
                 if n < 0:
