@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
+import threading
 import time
 import zlib
 from collections import deque
@@ -287,6 +288,15 @@ class SegmentBuffer:
         return True
 
 
+#: Segments at least this big are hashed in a helper thread while the sink stores them (both release
+#: the GIL); an encrypted backup's sink stores other bytes, which are then hashed after it.
+PARALLEL_HASH_BYTES = 4 << 20
+
+
+def _sha256_into(out: list[str], data: memoryview) -> None:
+    out.append(sha256_hex(data))
+
+
 def store_segment(
     seg: SegmentBuffer, sequence: int, compression: Compression, level: int | None, sink: SegmentSink,
 ) -> SegmentMetadata:
@@ -297,11 +307,21 @@ def store_segment(
     """
     uncompressed = seg.payload_bytes
     data = seg.frame(compression, level)
+    hashed: list[str] = []
+    helper = None
+    if len(data) >= PARALLEL_HASH_BYTES:  # SHA-256 on another core while the sink writes the same bytes
+        helper = threading.Thread(target=_sha256_into, args=(hashed, data), name="rbak-segment-sha")
+        helper.start()
     try:
-        key = sink(sequence, data)
+        try:
+            key = sink(sequence, data)
+        finally:
+            if helper is not None:
+                helper.join()
         stored = data
         if not isinstance(key, str):  # (key, the bytes actually stored): an encrypted backup's sealed object
             key, stored = key
+        checksum = hashed[0] if hashed and stored is data else sha256_hex(stored)
         return SegmentMetadata(
             key=key,
             sequence=sequence,
@@ -310,7 +330,7 @@ def store_segment(
             uncompressed_bytes=uncompressed,
             first_timestamp=seg.first_ts,
             last_timestamp=seg.last_ts,
-            checksum=sha256_hex(stored),
+            checksum=checksum,
         )
     finally:
         del data  # never release(): the sink may have kept this very view; recycle() checks

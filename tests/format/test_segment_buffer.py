@@ -159,3 +159,30 @@ def test_pipeline_error_surfaces_unchanged_and_stops_nothing_half_done():
     pipe.abort()
     assert e.value.args == ("segment 3: injected failure",)  # the thread's exception itself
     assert 3 not in stored and len(w.written) <= 2
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_big_segments_hashed_beside_the_sink_describe_the_stored_bytes(sealed):
+    """Segments past PARALLEL_HASH_BYTES are hashed in a helper thread while the sink stores them;
+    the checksum is still that of the bytes stored (the sealed ones when the sink seals), and the
+    buffer is reused afterwards (the helper kept no view)."""
+    from rbak.format.segment import PARALLEL_HASH_BYTES, store_segment
+
+    stored = {}
+
+    def sink(seq, data):
+        blob = b"sealed:" + bytes(data) if sealed else bytes(data)
+        stored[seq] = blob
+        return (f"k{seq}", blob) if sealed else f"k{seq}"
+
+    seg = SegmentBuffer(64 << 20)
+    records = recs(PARALLEL_HASH_BYTES // 70_000 * 5 + 10)
+    for r in records:
+        seg.add(encode_record(r), r.backed_up_at)
+    meta = store_segment(seg, 1, Compression.NONE, None, sink)
+    assert len(stored[1]) >= PARALLEL_HASH_BYTES
+    assert meta.checksum == hashlib.sha256(stored[1]).hexdigest()
+    assert meta.size_bytes == len(stored[1])
+    assert [r.delivery_tag for r in decode_segment(stored[1][7:] if sealed else stored[1], "k1").records] \
+        == [r.delivery_tag for r in records]
+    assert seg.recycle()
