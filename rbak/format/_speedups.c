@@ -923,6 +923,10 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* _erlterm.c: the Erlang term decoder's fast path (rbak/offline/rabbitmq/erlang_terms.py). */
+PyObject *rbak_erl_decode(PyObject *self, PyObject *args);
+PyObject *rbak_erl_configure(PyObject *self, PyObject *args);
+
 static PyMethodDef methods[] = {
     {"split_record", split_record, METH_O, "Split a canonical record into (body, rest JSON) or None."},
     {"join_record", join_record, METH_VARARGS, "Compact record JSON from a body and the rest's JSON object."},
@@ -932,6 +936,8 @@ static PyMethodDef methods[] = {
     {"encode_record", encode_record, METH_O, "One record's JSON, None when orjson must do it."},
     {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
     {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
+    {"erl_decode", rbak_erl_decode, METH_VARARGS, "(term, end) of the bare Erlang term at pos, or None (see _erlterm.c)."},
+    {"erl_configure", rbak_erl_configure, METH_VARARGS, "Give erl_decode erlang_terms' classes and atom caches."},
     {NULL, NULL, 0, NULL},
 };
 
