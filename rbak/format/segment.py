@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..errors import CompressionError, SegmentError, SerializationError
 from .compression import Compression, check_level, compress, decompress
 from .manifest import SegmentMetadata
+from .backend import speedups as _speedups
 from .batch import decode_payload_records, decode_records, encode_payload, encode_records
 from .record import BackupRecord, encode_record
 
@@ -34,6 +35,7 @@ MIN_SEGMENT_SIZE = HEADER_SIZE + FOOTER_SIZE
 _HEADER = struct.Struct("<4sBBxxQqq")
 _FOOTER = struct.Struct("<I4s")
 _LEN = struct.Struct("<I")
+_append_payload = getattr(_speedups, "append_payload", None)  # None: pure Python (RBAK_SPEEDUPS=0, no C helper)
 
 DEFAULT_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_INTERVAL_MS = 60_000
@@ -251,6 +253,25 @@ class SegmentBuffer:
         self.count += 1
         return end - HEADER_SIZE
 
+    def add_from(self, records: Sequence[BackupRecord], start: int, max_bytes: int) -> int:
+        """Append ``records[start:]`` until the payload reaches ``max_bytes`` (the record that gets
+        it there included, as with ``add``); returns the index of the first record not appended
+        (at least one is). The C helper writes them straight into the buffer, the bodies with the
+        GIL released; without it, or for a record only orjson encodes, one record via ``add``.
+        Same bytes either way."""
+        if _append_payload is not None:
+            nxt, end = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes)
+            if nxt > start:
+                if self.count == 0:
+                    self.first_ts = records[start].backed_up_at
+                self.last_ts = records[nxt - 1].backed_up_at
+                self.count += nxt - start
+                self.end = end
+                return nxt
+        r = records[start]
+        self.add(encode_records([r])[0], r.backed_up_at)
+        return start + 1
+
     def frame(self, compression: Compression, level: int | None = None) -> memoryview:
         """Finish the file in place (header, compressed payload, CRC32, end magic); a view of it."""
         n = self.end
@@ -466,6 +487,20 @@ class SegmentWriter:
             if meta is not None:
                 done.append(meta)
         return done
+
+    def append_from(self, records: Sequence[BackupRecord], start: int = 0) -> int:
+        """Append ``records[start:]`` until the segment is full (``SegmentBuffer.add_from``), then
+        finish it; returns the index of the first record not appended. For writers without an age
+        limit (offline imports): the age is checked per call, not per record. The same segments as
+        ``append_many``, and the bodies are written without the GIL, so a thread of its own running
+        this overlaps with the thread decoding the records."""
+        seg = self._seg
+        if seg.count == 0:
+            self._started = self._clock()
+        nxt = seg.add_from(records, start, self.max_bytes)
+        if seg.payload_bytes >= self.max_bytes or self.interval_elapsed():
+            self.flush()
+        return nxt
 
     def append_encoded(self, record_json: bytes, backed_up_at: int) -> SegmentMetadata | None:
         seg = self._seg

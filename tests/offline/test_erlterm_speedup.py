@@ -17,7 +17,7 @@ import pytest
 
 from rbak.format import backend
 from rbak.offline.rabbitmq import erlang_terms as et
-from tests.support.require import unavailable
+from support.require import unavailable
 
 A = et.Atom
 
