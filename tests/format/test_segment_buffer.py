@@ -186,3 +186,34 @@ def test_big_segments_hashed_beside_the_sink_describe_the_stored_bytes(sealed):
     assert [r.delivery_tag for r in decode_segment(stored[1][7:] if sealed else stored[1], "k1").records] \
         == [r.delivery_tag for r in records]
     assert seg.recycle()
+
+
+@pytest.mark.parametrize("limit", [1, 5_000, 200_000, 10 << 20])
+def test_append_from_writes_the_segments_append_many_writes(limit):
+    """``append_from`` (the importer's encoder thread: C writes straight into the buffer) gives the
+    same files and metadata as ``append_many``, rotation included, with records only orjson
+    encodes (a Double header, a Table) in between, which it hands to the Python path."""
+    from rbak.format.record import Double, LongString, Table
+
+    records = recs(40)
+    for i in (3, 17, 18, 39):
+        records[i].headers = (("d", Double(1.5)), ("t", Table((("k", LongString("v")),))))
+
+    def run(use_from: bool):
+        files = {}
+        w = SegmentWriter(lambda s, d: files.setdefault(s, bytes(d)) and f"k{s}", Compression.NONE,
+                          max_bytes=limit, max_interval_ms=2**62)
+        for chunk in (records[:7], records[7:30], records[30:]):
+            if use_from:
+                i = 0
+                while i < len(chunk):
+                    i = w.append_from(chunk, i)
+            else:
+                w.append_many(chunk)
+        w.flush()
+        return files, w.written
+
+    files_from, metas_from = run(True)
+    files_many, metas_many = run(False)
+    assert files_from == files_many and metas_from == metas_many
+    assert sum(m.record_count for m in metas_from) == len(records)
