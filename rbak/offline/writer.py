@@ -14,7 +14,6 @@ JSON with the GIL released, so it overlaps with the decoding), and the
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import deque
@@ -45,9 +44,19 @@ ENCODE_AHEAD = 2
 PIPELINE_WORKERS = 2
 
 
-def _batches(records: Iterable[BackupRecord], size: int) -> Iterable[list[BackupRecord]]:
-    it = iter(records)
-    while batch := list(itertools.islice(it, size)):
+def _batches(records: Iterable[BackupRecord], size: int, max_body_bytes: int = 4 << 20
+             ) -> Iterable[list[BackupRecord]]:
+    """Up to ``size`` records, fewer once their bodies reach ``max_body_bytes`` (so the encoder's
+    last batch, which runs after the decoding ends, stays short)."""
+    batch: list[BackupRecord] = []
+    body = 0
+    for r in records:
+        batch.append(r)
+        body += len(r.body or b"")
+        if len(batch) >= size or body >= max_body_bytes:
+            yield batch
+            batch, body = [], 0
+    if batch:
         yield batch
 
 
