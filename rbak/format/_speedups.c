@@ -20,6 +20,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* _crc32.c: CRC-32 as zlib computes it, and combining two CRCs. */
+uint32_t rbak_crc32(uint32_t crc, const unsigned char *p, size_t n);
+PyObject *rbak_crc32_py(PyObject *self, PyObject *args);
+PyObject *rbak_crc32_combine_py(PyObject *self, PyObject *args);
+
 static const char OPEN[] = "{\"body\":[";
 static const char NUL[] = "{\"body\":null";
 
@@ -878,7 +883,7 @@ static PyObject *encode_payload(PyObject *self, PyObject *seq) {
     return out_close(&o, rc);
 }
 
-/* append_payload(buf, end, records, start, limit) -> (next, new_end)
+/* append_payload(buf, end, records, start, limit[, crc]) -> (next, new_end, crc)
  *
  * Appends [u32 LE length][record JSON] for records[start:] to the bytearray
  * ``buf`` at ``end`` (a SegmentBuffer's payload), the same bytes as
@@ -889,7 +894,8 @@ static PyObject *encode_payload(PyObject *self, PyObject *seq) {
  * digits, most of the bytes, are written with it released, all records at
  * once (so a writer thread overlaps with the decoding thread). ``buf`` grows
  * as needed (8 spare bytes past the new end) and cannot be resized by anyone
- * while the GIL is released (this call holds a buffer export).
+ * while the GIL is released (this call holds a buffer export). ``crc`` is
+ * continued over the bytes written (zlib.crc32(written, crc)).
  */
 typedef struct {
     PyObject *body; /* bytes, borrowed from the record via a new reference */
@@ -900,7 +906,10 @@ typedef struct {
 static PyObject *append_payload(PyObject *self, PyObject *args) {
     PyObject *buf, *seq;
     Py_ssize_t end, start, limit;
-    if (!PyArg_ParseTuple(args, "O!nOnn", &PyByteArray_Type, &buf, &end, &seq, &start, &limit)) return NULL;
+    unsigned long crc_in = 0;
+    if (!PyArg_ParseTuple(args, "O!nOnn|k", &PyByteArray_Type, &buf, &end, &seq, &start, &limit, &crc_in))
+        return NULL;
+    uint32_t crc = (uint32_t)crc_in;
     if (!check_configured()) return NULL;
     PyObject *fast = PySequence_Fast(seq, "append_payload takes a sequence of records");
     if (!fast) return NULL;
@@ -971,11 +980,12 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
                 memcpy(d, PyBytes_AS_STRING(pc[j].rest), rlen); /* ,"properties":...} */
                 d += rlen;
             }
+            crc = rbak_crc32(crc, (const unsigned char *)view.buf + end, (size_t)(new_end - end));
             Py_END_ALLOW_THREADS
             PyBuffer_Release(&view);
         }
     }
-    if (!failed) result = Py_BuildValue("nn", k, new_end);
+    if (!failed) result = Py_BuildValue("nnk", k, new_end, (unsigned long)crc);
     for (Py_ssize_t j = 0; j < np; j++) {
         Py_XDECREF(pc[j].body);
         Py_XDECREF(pc[j].rest);
@@ -1054,6 +1064,8 @@ static PyMethodDef methods[] = {
     {"erl_decode", rbak_erl_decode, METH_VARARGS, "(term, end) of the bare Erlang term at pos, or None (see _erlterm.c)."},
     {"amqp_value", rbak_amqp_value, METH_VARARGS, "(Value, end) of the AMQP 1.0 value at pos, or None (see _amqp10.c)."},
     {"amqp_configure", rbak_amqp_configure, METH_VARARGS, "Give amqp_value amqp10's Value class and constants."},
+    {"crc32", rbak_crc32_py, METH_VARARGS, "zlib.crc32's value (the GIL released)."},
+    {"crc32_combine", rbak_crc32_combine_py, METH_VARARGS, "CRC-32 of A || B from CRC(A), CRC(B), len(B)."},
     {"erl_configure", rbak_erl_configure, METH_VARARGS, "Give erl_decode erlang_terms' classes and atom caches."},
     {NULL, NULL, 0, NULL},
 };

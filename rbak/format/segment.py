@@ -36,6 +36,9 @@ _HEADER = struct.Struct("<4sBBxxQqq")
 _FOOTER = struct.Struct("<I4s")
 _LEN = struct.Struct("<I")
 _append_payload = getattr(_speedups, "append_payload", None)  # None: pure Python (RBAK_SPEEDUPS=0, no C helper)
+_crc32_combine = getattr(_speedups, "crc32_combine", None)
+if _crc32_combine is None:
+    _append_payload = None  # an older helper: the running CRC needs both
 
 DEFAULT_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_INTERVAL_MS = 60_000
@@ -222,7 +225,7 @@ class SegmentBuffer:
     ``data`` never sees it change.
     """
 
-    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit")
+    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit", "_payload_crc")
 
     def __init__(self, max_bytes: int):
         self._limit = HEADER_SIZE + max_bytes + FOOTER_SIZE
@@ -231,6 +234,7 @@ class SegmentBuffer:
         self.count = 0
         self.first_ts = 0
         self.last_ts = 0
+        self._payload_crc: int | None = 0  # CRC-32 of the payload so far when only add_from wrote it
 
     @property
     def payload_bytes(self) -> int:
@@ -247,6 +251,7 @@ class SegmentBuffer:
         buf[pos:start] = _LEN.pack(len(record_json))
         buf[start:end] = record_json
         self.end = end
+        self._payload_crc = None  # frame() computes it
         if self.count == 0:
             self.first_ts = backed_up_at
         self.last_ts = backed_up_at
@@ -260,8 +265,11 @@ class SegmentBuffer:
         GIL released; without it, or for a record only orjson encodes, one record via ``add``.
         Same bytes either way."""
         if _append_payload is not None:
-            nxt, end = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes)
+            crc = self._payload_crc
+            nxt, end, crc = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes, crc or 0)
             if nxt > start:
+                if self._payload_crc is not None:
+                    self._payload_crc = crc  # written and checksummed in the same GIL-free pass
                 if self.count == 0:
                     self.first_ts = records[start].backed_up_at
                 self.last_ts = records[nxt - 1].backed_up_at
@@ -284,8 +292,12 @@ class SegmentBuffer:
             del packed
         buf = self._buf
         _HEADER.pack_into(buf, 0, MAGIC, VERSION, int(compression), self.count, self.first_ts, self.last_ts)
-        with memoryview(buf) as mv, mv[:n] as body:
-            crc = zlib.crc32(body)
+        if compression is Compression.NONE and self._payload_crc is not None:
+            # the payload's CRC was taken as add_from wrote it: join the header's to it
+            crc = _crc32_combine(zlib.crc32(buf[:HEADER_SIZE]), self._payload_crc, n - HEADER_SIZE)
+        else:
+            with memoryview(buf) as mv, mv[:n] as body:
+                crc = zlib.crc32(body)
         buf[n : n + FOOTER_SIZE] = _FOOTER.pack(crc, END_MAGIC)  # no view alive: may grow
         with memoryview(buf) as mv:
             return mv[: n + FOOTER_SIZE]
@@ -306,6 +318,7 @@ class SegmentBuffer:
         buf.append(0)  # back to the same size: no reallocation (minor resizes keep the block)
         self.end = HEADER_SIZE
         self.count = 0
+        self._payload_crc = 0
         return True
 
 
