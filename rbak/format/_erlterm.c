@@ -1,6 +1,6 @@
 /* Optional C fast path of rbak/offline/rabbitmq/erlang_terms.py (Erlang external term format).
  *
- * erl_decode(data: bytes, pos: int) -> (term, end) | None decodes one bare term
+ * erl_decode(data: bytes-like, pos: int) -> (term, end) | None decodes one bare term
  * (no version byte) at pos into exactly the values the pure-Python decoder
  * builds (Atom, bytes, int, float, tuple, list, ImproperList, dict, BitBinary,
  * Opaque). It never raises for bad input: anything it does not handle the
@@ -262,14 +262,16 @@ static PyObject *term(Src *s, Py_ssize_t *pp, int depth) {
 PyObject *rbak_erl_decode(PyObject *self, PyObject *args) {
     PyObject *data;
     Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "O!n", &PyBytes_Type, &data, &pos)) return NULL;
+    if (!PyArg_ParseTuple(args, "On", &data, &pos)) return NULL;
     if (!AtomT) {
         PyErr_SetString(PyExc_RuntimeError, "erl_decode: erl_configure was not called");
         return NULL;
     }
-    Src s = {(const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)};
-    if (pos < 0) Py_RETURN_NONE;
-    PyObject *t = term(&s, &pos, 0);
+    Py_buffer view; /* bytes, or a memoryview of a log file's bytes (no copy of the entry first) */
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Src s = {(const unsigned char *)view.buf, view.len};
+    PyObject *t = pos < 0 ? NULL : term(&s, &pos, 0);
+    PyBuffer_Release(&view);
     if (!t) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;

@@ -94,6 +94,11 @@ def _atom(raw: bytes, latin1: bool, pos: int) -> Atom:
 
 def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
     """Decode one versioned term starting at ``pos``; returns (term, end offset)."""
+    if _fast is not None and type(data) is memoryview and pos + 1 < len(data) and data[pos] == VERSION \
+            and data[pos + 1] != 80:
+        r = _fast(data, pos + 1)  # straight from the view (a Ra log entry): no copy first
+        if r is not None:
+            return r
     mv = data if type(data) is bytes else bytes(data)
     if pos >= len(mv):
         raise TermError("no term: empty input", pos)
