@@ -174,3 +174,19 @@ def test_terms_real_erlang_writes_with_pids_refs_and_compression():
         for cut in range(1, len(data)):
             check(data[:cut])
     assert same(et.binary_to_term(blobs[2])[2], et.binary_to_term(blobs[1])[2])  # the ref differs per call
+
+
+def test_a_memoryview_decodes_like_bytes():
+    """Ra log entries are views into the file's bytes: decoding one gives what its bytes give,
+    errors (with their offsets) included."""
+    for raw in HAND_MADE:
+        for data in (b"\x83" + raw, b"\x83" + raw[:-1]):
+            try:
+                want = et.decode(data)
+            except et.TermError as e:
+                with pytest.raises(et.TermError) as got:
+                    et.decode(memoryview(b"xx" + data)[2:])
+                assert str(got.value) == str(e)
+                continue
+            got = et.decode(memoryview(b"xx" + data)[2:])
+            assert got[1] == want[1] and same(got[0], want[0])
