@@ -37,6 +37,7 @@ run; the target is import >= 0.8x that floor.
 
     python benchmarks/import.py [--size-mb 1024] [--keep DIR] [--reuse DIR] [--repeat N]
                                 [--kinds classic,quorum,stream] [--qs-size-mb 128] [--qs-reuse DIR]
+                                [--qs-keep DIR]
 """
 
 from __future__ import annotations
@@ -149,7 +150,10 @@ def kind_section(a, tmp: Path) -> None:
     kinds = [k for k in ("quorum", "stream") if k in a.kinds]
     if not kinds:
         return
-    data_dir = Path(a.qs_reuse) if a.qs_reuse else generate_qs(tmp / "qs-node", a.qs_size_mb)
+    if a.qs_reuse:
+        data_dir = Path(a.qs_reuse)
+    else:
+        data_dir = generate_qs(Path(a.qs_keep) if a.qs_keep else tmp / "qs-node", a.qs_size_mb)
     print(f"\nquorum/stream data dir {data_dir}")
     print(f"{'kind':8} {'broker MB':>10} {'floor (ii) s':>13} {'import s':>9} {'import/floor':>13}  target >= 0.8")
     for kind in kinds:
@@ -285,6 +289,7 @@ def main() -> int:
     ap.add_argument("--kinds", default="classic,quorum,stream", help="queue kinds to measure")
     ap.add_argument("--qs-size-mb", type=int, default=128, help="size of the quorum queue + stream data")
     ap.add_argument("--qs-reuse", help="an existing node data dir with quorum queues/streams")
+    ap.add_argument("--qs-keep", help="generate the quorum/stream node into this dir and keep it")
     a = ap.parse_args()
     a.kinds = {k.strip() for k in a.kinds.split(",")}
 

@@ -20,6 +20,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* _crc32.c: CRC-32 as zlib computes it, and combining two CRCs. */
+uint32_t rbak_crc32(uint32_t crc, const unsigned char *p, size_t n);
+PyObject *rbak_crc32_py(PyObject *self, PyObject *args);
+PyObject *rbak_crc32_combine_py(PyObject *self, PyObject *args);
+
 static const char OPEN[] = "{\"body\":[";
 static const char NUL[] = "{\"body\":null";
 
@@ -778,7 +783,19 @@ static int out_headers(Out *o, PyObject *headers) {
     return rc < 0 ? -1 : OUT_LIT(o, "]");
 }
 
-/* One record's JSON, or Py_None (new reference) when it needs orjson. */
+/* Everything of a record's JSON after its body ("properties" on, with the closing brace). */
+static int encode_rest_into(Out *o, PyObject *rec) {
+    for (int k = 1; k < N_REC; k++) {
+        if (out_raw(o, REC_KEYS[k], strlen(REC_KEYS[k])) < 0) return -1;
+        PyObject *v = slot(RecordSlots[k], rec);
+        if (!v) return -1;
+        int rc = k == 1 ? out_properties(o, v) : k == 2 ? out_headers(o, v) : out_scalar(o, v);
+        Py_DECREF(v);
+        if (rc < 0) return -1;
+    }
+    return OUT_LIT(o, "}");
+}
+
 /* Appends one record's JSON to o; -1 with o->fallback set when orjson must
  * do it, -1 with an exception on a Python error. */
 static int encode_into(Out *o, PyObject *rec) {
@@ -801,15 +818,7 @@ static int encode_into(Out *o, PyObject *rec) {
         o->d += 12;
     }
     Py_DECREF(body);
-    for (int k = 1; k < N_REC; k++) {
-        if (out_raw(o, REC_KEYS[k], strlen(REC_KEYS[k])) < 0) return -1;
-        PyObject *v = slot(RecordSlots[k], rec);
-        if (!v) return -1;
-        int rc = k == 1 ? out_properties(o, v) : k == 2 ? out_headers(o, v) : out_scalar(o, v);
-        Py_DECREF(v);
-        if (rc < 0) return -1;
-    }
-    return OUT_LIT(o, "}");
+    return encode_rest_into(o, rec);
 }
 
 static int out_open(Out *o, Py_ssize_t cap) {
@@ -874,6 +883,118 @@ static PyObject *encode_payload(PyObject *self, PyObject *seq) {
     return out_close(&o, rc);
 }
 
+/* append_payload(buf, end, records, start, limit[, crc]) -> (next, new_end, crc)
+ *
+ * Appends [u32 LE length][record JSON] for records[start:] to the bytearray
+ * ``buf`` at ``end`` (a SegmentBuffer's payload), the same bytes as
+ * encode_record, stopping after the record that takes the end to ``limit`` or
+ * past it (the writer's rotation rule) and before any record orjson must
+ * encode (``next`` is then that record; ``next == start`` hands it back).
+ * The small parts of each record are encoded with the GIL; the bodies'
+ * digits, most of the bytes, are written with it released, all records at
+ * once (so a writer thread overlaps with the decoding thread). ``buf`` grows
+ * as needed (8 spare bytes past the new end) and cannot be resized by anyone
+ * while the GIL is released (this call holds a buffer export). ``crc`` is
+ * continued over the bytes written (zlib.crc32(written, crc)).
+ */
+typedef struct {
+    PyObject *body; /* bytes, borrowed from the record via a new reference */
+    PyObject *rest; /* bytes: the JSON after the body (,"properties":...}) */
+    Py_ssize_t chars; /* digits and commas of the body */
+} Piece;
+
+static PyObject *append_payload(PyObject *self, PyObject *args) {
+    PyObject *buf, *seq;
+    Py_ssize_t end, start, limit;
+    unsigned long crc_in = 0;
+    if (!PyArg_ParseTuple(args, "O!nOnn|k", &PyByteArray_Type, &buf, &end, &seq, &start, &limit, &crc_in))
+        return NULL;
+    uint32_t crc = (uint32_t)crc_in;
+    if (!check_configured()) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "append_payload takes a sequence of records");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (start < 0 || start > n || end < 0 || end > PyByteArray_GET_SIZE(buf)) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "append_payload: start or end out of range");
+        return NULL;
+    }
+    Piece *pc = PyMem_Calloc(n - start + 1, sizeof(Piece));
+    if (!pc) { Py_DECREF(fast); return PyErr_NoMemory(); }
+    Py_ssize_t k = start, np = 0, new_end = end;
+    PyObject *result = NULL;
+    int failed = 0;
+    while (k < n && new_end < limit) {
+        PyObject *rec = PySequence_Fast_GET_ITEM(fast, k);
+        if (Py_TYPE(rec) != RecordT) break;
+        PyObject *body = slot(RecordSlots[0], rec);
+        if (!body) { failed = 1; break; }
+        if (!PyBytes_CheckExact(body)) { Py_DECREF(body); break; }
+        Out o;
+        if (out_open(&o, 512) < 0) { Py_DECREF(body); failed = 1; break; }
+        PyObject *rest = out_close(&o, encode_rest_into(&o, rec));
+        if (!rest) { Py_DECREF(body); failed = 1; break; }
+        if (rest == Py_None) { Py_DECREF(rest); Py_DECREF(body); break; } /* orjson's record */
+        Py_ssize_t blen = PyBytes_GET_SIZE(body), chars = 0;
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
+        for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
+        Py_ssize_t json = (blen ? 9 + chars : 12) + PyBytes_GET_SIZE(rest);
+        if (json > 0xFFFFFFFFLL) {
+            Py_DECREF(rest); Py_DECREF(body);
+            PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB");
+            failed = 1;
+            break;
+        }
+        pc[np].body = body;
+        pc[np].rest = rest;
+        pc[np].chars = chars;
+        np++;
+        new_end += 4 + json;
+        k++;
+    }
+    if (!failed && np > 0) {
+        Py_ssize_t need = new_end + 8; /* write_digits' spill */
+        if (PyByteArray_GET_SIZE(buf) < need && PyByteArray_Resize(buf, need) < 0) failed = 1;
+    }
+    if (!failed && np > 0) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) {
+            failed = 1;
+        } else {
+            char *d = (char *)view.buf + end;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t j = 0; j < np; j++) {
+                Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body), rlen = PyBytes_GET_SIZE(pc[j].rest);
+                uint32_t le = (uint32_t)((blen ? 9 + pc[j].chars : 12) + rlen);
+                unsigned char *lp = (unsigned char *)d;
+                lp[0] = le & 0xFF; lp[1] = (le >> 8) & 0xFF; lp[2] = (le >> 16) & 0xFF; lp[3] = le >> 24;
+                d += 4;
+                if (blen) {
+                    memcpy(d, "{\"body\":[", 9);
+                    d = write_digits(d + 9, (const unsigned char *)PyBytes_AS_STRING(pc[j].body), blen);
+                    d[-1] = ']';
+                } else {
+                    memcpy(d, "{\"body\":null", 12);
+                    d += 12;
+                }
+                memcpy(d, PyBytes_AS_STRING(pc[j].rest), rlen); /* ,"properties":...} */
+                d += rlen;
+            }
+            crc = rbak_crc32(crc, (const unsigned char *)view.buf + end, (size_t)(new_end - end));
+            Py_END_ALLOW_THREADS
+            PyBuffer_Release(&view);
+        }
+    }
+    if (!failed) result = Py_BuildValue("nnk", k, new_end, (unsigned long)crc);
+    for (Py_ssize_t j = 0; j < np; j++) {
+        Py_XDECREF(pc[j].body);
+        Py_XDECREF(pc[j].rest);
+    }
+    PyMem_Free(pc);
+    Py_DECREF(fast);
+    return result;
+}
+
 static int take_slots(PyObject *cls, PyObject *names, PyObject **dst, Py_ssize_t want) {
     if (!PyType_Check(cls) || !PyTuple_Check(names) || PyTuple_GET_SIZE(names) != want) {
         PyErr_SetString(PyExc_TypeError, "configure: a class and a tuple of its field names");
@@ -923,6 +1044,13 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* _erlterm.c: the Erlang term decoder's fast path (rbak/offline/rabbitmq/erlang_terms.py). */
+PyObject *rbak_erl_decode(PyObject *self, PyObject *args);
+PyObject *rbak_erl_configure(PyObject *self, PyObject *args);
+/* _amqp10.c: the AMQP 1.0 value decoder's fast path (rbak/offline/rabbitmq/amqp10.py). */
+PyObject *rbak_amqp_value(PyObject *self, PyObject *args);
+PyObject *rbak_amqp_configure(PyObject *self, PyObject *args);
+
 static PyMethodDef methods[] = {
     {"split_record", split_record, METH_O, "Split a canonical record into (body, rest JSON) or None."},
     {"join_record", join_record, METH_VARARGS, "Compact record JSON from a body and the rest's JSON object."},
@@ -932,6 +1060,13 @@ static PyMethodDef methods[] = {
     {"encode_record", encode_record, METH_O, "One record's JSON, None when orjson must do it."},
     {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
     {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
+    {"append_payload", append_payload, METH_VARARGS, "Records' [length][JSON] appended to a segment buffer (see C)."},
+    {"erl_decode", rbak_erl_decode, METH_VARARGS, "(term, end) of the bare Erlang term at pos, or None (see _erlterm.c)."},
+    {"amqp_value", rbak_amqp_value, METH_VARARGS, "(Value, end) of the AMQP 1.0 value at pos, or None (see _amqp10.c)."},
+    {"amqp_configure", rbak_amqp_configure, METH_VARARGS, "Give amqp_value amqp10's Value class and constants."},
+    {"crc32", rbak_crc32_py, METH_VARARGS, "zlib.crc32's value (the GIL released)."},
+    {"crc32_combine", rbak_crc32_combine_py, METH_VARARGS, "CRC-32 of A || B from CRC(A), CRC(B), len(B)."},
+    {"erl_configure", rbak_erl_configure, METH_VARARGS, "Give erl_decode erlang_terms' classes and atom caches."},
     {NULL, NULL, 0, NULL},
 };
 

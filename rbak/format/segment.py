@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
+import threading
 import time
 import zlib
 from collections import deque
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..errors import CompressionError, SegmentError, SerializationError
 from .compression import Compression, check_level, compress, decompress
 from .manifest import SegmentMetadata
+from .backend import speedups as _speedups
 from .batch import decode_payload_records, decode_records, encode_payload, encode_records
 from .record import BackupRecord, encode_record
 
@@ -33,6 +35,10 @@ MIN_SEGMENT_SIZE = HEADER_SIZE + FOOTER_SIZE
 _HEADER = struct.Struct("<4sBBxxQqq")
 _FOOTER = struct.Struct("<I4s")
 _LEN = struct.Struct("<I")
+_append_payload = getattr(_speedups, "append_payload", None)  # None: pure Python (RBAK_SPEEDUPS=0, no C helper)
+_crc32_combine = getattr(_speedups, "crc32_combine", None)
+if _crc32_combine is None:
+    _append_payload = None  # an older helper: the running CRC needs both
 
 DEFAULT_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_INTERVAL_MS = 60_000
@@ -219,7 +225,7 @@ class SegmentBuffer:
     ``data`` never sees it change.
     """
 
-    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit")
+    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit", "_payload_crc")
 
     def __init__(self, max_bytes: int):
         self._limit = HEADER_SIZE + max_bytes + FOOTER_SIZE
@@ -228,6 +234,7 @@ class SegmentBuffer:
         self.count = 0
         self.first_ts = 0
         self.last_ts = 0
+        self._payload_crc: int | None = 0  # CRC-32 of the payload so far when only add_from wrote it
 
     @property
     def payload_bytes(self) -> int:
@@ -244,11 +251,34 @@ class SegmentBuffer:
         buf[pos:start] = _LEN.pack(len(record_json))
         buf[start:end] = record_json
         self.end = end
+        self._payload_crc = None  # frame() computes it
         if self.count == 0:
             self.first_ts = backed_up_at
         self.last_ts = backed_up_at
         self.count += 1
         return end - HEADER_SIZE
+
+    def add_from(self, records: Sequence[BackupRecord], start: int, max_bytes: int) -> int:
+        """Append ``records[start:]`` until the payload reaches ``max_bytes`` (the record that gets
+        it there included, as with ``add``); returns the index of the first record not appended
+        (at least one is). The C helper writes them straight into the buffer, the bodies with the
+        GIL released; without it, or for a record only orjson encodes, one record via ``add``.
+        Same bytes either way."""
+        if _append_payload is not None:
+            crc = self._payload_crc
+            nxt, end, crc = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes, crc or 0)
+            if nxt > start:
+                if self._payload_crc is not None:
+                    self._payload_crc = crc  # written and checksummed in the same GIL-free pass
+                if self.count == 0:
+                    self.first_ts = records[start].backed_up_at
+                self.last_ts = records[nxt - 1].backed_up_at
+                self.count += nxt - start
+                self.end = end
+                return nxt
+        r = records[start]
+        self.add(encode_records([r])[0], r.backed_up_at)
+        return start + 1
 
     def frame(self, compression: Compression, level: int | None = None) -> memoryview:
         """Finish the file in place (header, compressed payload, CRC32, end magic); a view of it."""
@@ -262,8 +292,12 @@ class SegmentBuffer:
             del packed
         buf = self._buf
         _HEADER.pack_into(buf, 0, MAGIC, VERSION, int(compression), self.count, self.first_ts, self.last_ts)
-        with memoryview(buf) as mv, mv[:n] as body:
-            crc = zlib.crc32(body)
+        if compression is Compression.NONE and self._payload_crc is not None:
+            # the payload's CRC was taken as add_from wrote it: join the header's to it
+            crc = _crc32_combine(zlib.crc32(buf[:HEADER_SIZE]), self._payload_crc, n - HEADER_SIZE)
+        else:
+            with memoryview(buf) as mv, mv[:n] as body:
+                crc = zlib.crc32(body)
         buf[n : n + FOOTER_SIZE] = _FOOTER.pack(crc, END_MAGIC)  # no view alive: may grow
         with memoryview(buf) as mv:
             return mv[: n + FOOTER_SIZE]
@@ -284,7 +318,17 @@ class SegmentBuffer:
         buf.append(0)  # back to the same size: no reallocation (minor resizes keep the block)
         self.end = HEADER_SIZE
         self.count = 0
+        self._payload_crc = 0
         return True
+
+
+#: Segments at least this big are hashed in a helper thread while the sink stores them (both release
+#: the GIL); an encrypted backup's sink stores other bytes, which are then hashed after it.
+PARALLEL_HASH_BYTES = 4 << 20
+
+
+def _sha256_into(out: list[str], data: memoryview) -> None:
+    out.append(sha256_hex(data))
 
 
 def store_segment(
@@ -297,11 +341,21 @@ def store_segment(
     """
     uncompressed = seg.payload_bytes
     data = seg.frame(compression, level)
+    hashed: list[str] = []
+    helper = None
+    if len(data) >= PARALLEL_HASH_BYTES:  # SHA-256 on another core while the sink writes the same bytes
+        helper = threading.Thread(target=_sha256_into, args=(hashed, data), name="rbak-segment-sha")
+        helper.start()
     try:
-        key = sink(sequence, data)
+        try:
+            key = sink(sequence, data)
+        finally:
+            if helper is not None:
+                helper.join()
         stored = data
         if not isinstance(key, str):  # (key, the bytes actually stored): an encrypted backup's sealed object
             key, stored = key
+        checksum = hashed[0] if hashed and stored is data else sha256_hex(stored)
         return SegmentMetadata(
             key=key,
             sequence=sequence,
@@ -310,7 +364,7 @@ def store_segment(
             uncompressed_bytes=uncompressed,
             first_timestamp=seg.first_ts,
             last_timestamp=seg.last_ts,
-            checksum=sha256_hex(stored),
+            checksum=checksum,
         )
     finally:
         del data  # never release(): the sink may have kept this very view; recycle() checks
@@ -446,6 +500,20 @@ class SegmentWriter:
             if meta is not None:
                 done.append(meta)
         return done
+
+    def append_from(self, records: Sequence[BackupRecord], start: int = 0) -> int:
+        """Append ``records[start:]`` until the segment is full (``SegmentBuffer.add_from``), then
+        finish it; returns the index of the first record not appended. For writers without an age
+        limit (offline imports): the age is checked per call, not per record. The same segments as
+        ``append_many``, and the bodies are written without the GIL, so a thread of its own running
+        this overlaps with the thread decoding the records."""
+        seg = self._seg
+        if seg.count == 0:
+            self._started = self._clock()
+        nxt = seg.add_from(records, start, self.max_bytes)
+        if seg.payload_bytes >= self.max_bytes or self.interval_elapsed():
+            self.flush()
+        return nxt
 
     def append_encoded(self, record_json: bytes, backed_up_at: int) -> SegmentMetadata | None:
         seg = self._seg

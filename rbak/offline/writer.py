@@ -5,17 +5,20 @@ online backup, so ``rbak restore``/``validate`` need nothing special. An
 existing backup id is refused (never overwritten); if writing fails the
 segments already stored are deleted again, so no half backup is left.
 
-Records are decoded and encoded in the caller's thread while one background
-thread (``SegmentPipeline``) compresses, hashes and stores the finished
-segments: those steps release the GIL, so on two cores the two overlap.
+Records are decoded in the caller's thread; one encoder thread writes them
+into segments (``SegmentWriter.append_from``: the C helper writes the bodies'
+JSON with the GIL released, so it overlaps with the decoding), and the
+``SegmentPipeline``'s threads compress, hash and store the finished segments
+(GIL-free too). The output is the same as encoding in the caller's thread.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import itertools
-from typing import Iterable
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterable, Sequence
 
 from .. import __version__
 from ..errors import ConfigError, RbakError
@@ -33,15 +36,27 @@ QueueRecords = tuple[str, str, str, Iterable[BackupRecord]]  # vhost, queue, que
 
 
 _BATCH = 512
+#: Batches decoded ahead of the encoder thread (memory: this many batches of records).
+ENCODE_AHEAD = 2
 #: Threads compressing/hashing/storing segments beside the decoding thread. Segments are
 #: independent, so two compress at once (zstd import 1.6x faster than one thread on two
 #: cores); memory is ``PIPELINE_WORKERS + 1`` segment buffers (one more queued measured no faster).
 PIPELINE_WORKERS = 2
 
 
-def _batches(records: Iterable[BackupRecord], size: int) -> Iterable[list[BackupRecord]]:
-    it = iter(records)
-    while batch := list(itertools.islice(it, size)):
+def _batches(records: Iterable[BackupRecord], size: int, max_body_bytes: int = 4 << 20
+             ) -> Iterable[list[BackupRecord]]:
+    """Up to ``size`` records, fewer once their bodies reach ``max_body_bytes`` (so the encoder's
+    last batch, which runs after the decoding ends, stays short)."""
+    batch: list[BackupRecord] = []
+    body = 0
+    for r in records:
+        batch.append(r)
+        body += len(r.body or b"")
+        if len(batch) >= size or body >= max_body_bytes:
+            yield batch
+            batch, body = [], 0
+    if batch:
         yield batch
 
 
@@ -79,7 +94,7 @@ def write_backup(
     own_storage = isinstance(storage_url, str)
     # Decoding (Python) runs here; compressing, hashing and storing in the pipeline's threads.
     run = _ImportRun(storage, layout, compression, level, segment_max_bytes, codec,
-                     SegmentPipeline(workers=PIPELINE_WORKERS, max_inflight=PIPELINE_WORKERS))
+                     SegmentPipeline(workers=PIPELINE_WORKERS, max_inflight=PIPELINE_WORKERS), _Encoder())
     try:
         if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
             raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
@@ -110,9 +125,10 @@ class _ImportRun:
     stored, deleted again if the import fails (the manifest is never written then)."""
 
     def __init__(self, storage: Storage, layout: BackupLayout, compression: Compression, level: int | None,
-                 segment_max_bytes: int, codec: ObjectCodec, pipeline: SegmentPipeline):
+                 segment_max_bytes: int, codec: ObjectCodec, pipeline: SegmentPipeline, encoder: "_Encoder"):
         self.storage, self.layout, self.compression, self.level = storage, layout, compression, level
         self.segment_max_bytes, self.codec, self.pipeline = segment_max_bytes, codec, pipeline
+        self.encoder = encoder
         self.written: list[str] = []  # appended in the pipeline's thread; read only after abort()/finish()
         self.writers: list[tuple[QueueBackup, SegmentWriter]] = []
 
@@ -127,13 +143,14 @@ class _ImportRun:
 
         w = SegmentWriter(sink, self.compression, self.level, max_bytes=self.segment_max_bytes,
                           max_interval_ms=2**62, pipeline=self.pipeline)
-        for batch in _batches(records, _BATCH):  # batches take the codec's fast path
-            w.append_many(batch)
-        w.flush()
         self.writers.append((qb, w))
+        for batch in _batches(records, _BATCH):  # decoded here, encoded in the encoder thread
+            self.encoder.submit(_append_all, w, batch)
+        self.encoder.submit(w.flush)
         return qb
 
     def finish(self) -> None:
+        self.encoder.close()  # every record in a segment; raises the encoder thread's error unchanged
         self.pipeline.close()
         for qb, w in self.writers:
             for meta in w.written:
@@ -142,6 +159,7 @@ class _ImportRun:
                      qb.name, qb.vhost, qb.message_count, len(qb.segments))
 
     def abort(self) -> None:
+        self.encoder.abort()
         self.pipeline.abort()  # the thread is idle from here on: nothing is written after the cleanup
         if self.written:
             log.warning("import failed; deleting %d segment(s) already written", len(self.written))
@@ -150,3 +168,40 @@ class _ImportRun:
                     self.storage.delete(key)
                 except RbakError:  # pragma: no cover - best effort cleanup
                     log.error("could not delete %s", key)
+
+
+def _append_all(w: SegmentWriter, batch: Sequence[BackupRecord]) -> None:
+    i = 0
+    while i < len(batch):
+        i = w.append_from(batch, i)
+
+
+class _Encoder:
+    """The one thread that appends decoded batches to their segments, in submission order.
+
+    At most ``ENCODE_AHEAD`` batches wait; ``submit`` and ``close`` re-raise the thread's first
+    error unchanged (nothing after it runs). Only this thread touches the segment writers and
+    submits to the pipeline until ``close`` returns."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rbak-import-encode")
+        self._pending: deque[Future] = deque()
+
+    def submit(self, fn, *args) -> None:
+        self._pending.append(self._pool.submit(fn, *args))
+        while self._pending and (len(self._pending) > ENCODE_AHEAD or self._pending[0].done()):
+            self._pending.popleft().result()
+
+    def close(self) -> None:
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop batches not started; returns once the thread is idle (the caller cleans up)."""
+        for f in self._pending:
+            f.cancel()
+        self._pending.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -98,23 +98,38 @@ _VAR8 = {0xA0: "binary", 0xA1: "utf8", 0xA3: "symbol"}
 _DECIMALS = {0x74: ("decimal32", 4), 0x84: ("decimal64", 8), 0x94: ("decimal128", 16)}
 _U32 = struct.Struct(">I")
 MAX_DEPTH = 200
+#: Elements of one array whose constructor takes no bytes per element (null, true, 0, ...): the
+#: only count its size does not bound, so a damaged one could ask for billions.
+MAX_ZERO_WIDTH_ELEMENTS = 1 << 20
 
 
 def decode_value(data: bytes, pos: int = 0, end: int | None = None) -> tuple[Value, int]:
     """Decode one value at ``pos``; returns (value, offset after it)."""
-    return _Decoder(data, len(data) if end is None else end).value(pos, 0)
+    return _value(data, pos, len(data) if end is None else end)
 
 
 def decode_all(data: bytes) -> list[tuple[int, Value]]:
     """Every top-level value of ``data`` as (offset, value), which must end exactly at its end."""
-    d = _Decoder(data, len(data))
     out = []
-    pos = 0
-    while pos < len(data):
-        v, e = d.value(pos, 0)
+    pos, n = 0, len(data)
+    while pos < n:
+        v, e = _value(data, pos, n)
         out.append((pos, v))
         pos = e
     return out
+
+
+def _value(data: bytes, pos: int, end: int) -> tuple[Value, int]:
+    """The C helper's decoding when it takes the value; else (and for every error, so messages and
+    offsets are this module's) the Python decoder's. Both give equal values."""
+    if _fast is not None:
+        r = _fast(data, pos, end)
+        if r is not None:
+            return r
+    try:
+        return _Decoder(data, end).value(pos, 0)
+    except RecursionError:  # Python's own stack ends before MAX_DEPTH: the same verdict
+        raise Amqp10Error("value nested too deeply", pos) from None
 
 
 class _Decoder:
@@ -225,6 +240,9 @@ class _Decoder:
             q += 1
             if ccode == 0x00:
                 raise Amqp10Error("nested descriptor in an array constructor", ccode_at)
+            if ccode in _CONSTANTS and count > MAX_ZERO_WIDTH_ELEMENTS:  # no bytes bound them: a bad count
+                raise Amqp10Error(f"array of {count} zero-width elements (at most {MAX_ZERO_WIDTH_ELEMENTS} "
+                                  "are accepted)", p)
             for _ in range(count):
                 if ccode in _CONSTANTS:  # zero-width elements
                     item = _CONSTANTS[ccode]
@@ -246,6 +264,21 @@ class _Decoder:
                 raise Amqp10Error(f"map has an odd element count {count}", at)
             return Value("map", tuple(zip(items[0::2], items[1::2]))), body_end
         return Value(kind, tuple(items)), body_end
+
+
+def _load_fast():
+    """``amqp_value`` of the optional C helper (``rbak/format/_amqp10.c``), given this module's
+    ``Value`` and constants; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
+    from ...format.backend import speedups
+
+    fn = getattr(speedups, "amqp_value", None)
+    if fn is None:
+        return None
+    speedups.amqp_configure(Value, dict(_CONSTANTS))
+    return fn
+
+
+_fast = _load_fast()
 
 
 # --------------------------------------------------------------------------

@@ -28,9 +28,26 @@ def _text(raw: bytes) -> str:
 
 
 def decode_properties(data: bytes | memoryview) -> tuple[BackupProperties, Headers]:
-    """Decode a basic-class property binary (flags + fields); no headers is ``()``."""
-    props, headers = decode_basic_properties(data)
-    return props, headers or ()
+    """Decode a basic-class property binary (flags + fields); no headers is ``()``.
+
+    Messages of one publisher mostly carry the same property bytes, so the last few hundred
+    decoded are kept (the result depends on the bytes alone); each caller gets its own
+    ``BackupProperties`` (callers adjust them), the header values are shared (immutable)."""
+    key = data if type(data) is bytes else bytes(data)
+    hit = _CACHE.get(key)
+    if hit is None:
+        props, headers = decode_basic_properties(key)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.clear()
+        hit = _CACHE[key] = (props, headers or ())
+    p, headers = hit
+    return BackupProperties(p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
+                            p.reply_to, p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id,
+                            p.app_id, p.cluster_id), headers
+
+
+_CACHE: dict[bytes, tuple[BackupProperties, Headers]] = {}
+_CACHE_SIZE = 512
 
 
 # --------------------------------------------------------------------------

@@ -94,6 +94,11 @@ def _atom(raw: bytes, latin1: bool, pos: int) -> Atom:
 
 def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
     """Decode one versioned term starting at ``pos``; returns (term, end offset)."""
+    if _fast is not None and type(data) is memoryview and pos + 1 < len(data) and data[pos] == VERSION \
+            and data[pos + 1] != 80:
+        r = _fast(data, pos + 1)  # straight from the view (a Ra log entry): no copy first
+        if r is not None:
+            return r
     mv = data if type(data) is bytes else bytes(data)
     if pos >= len(mv):
         raise TermError("no term: empty input", pos)
@@ -115,12 +120,25 @@ def decode(data: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
         if end != usize:
             raise TermError("trailing bytes inside compressed term", pos + 6 + end)
         return term, pos + 6 + consumed
-    return _term(mv, len(mv), pos + 1, 0)
+    return _bare(mv, pos + 1)
 
 
 def decode_bare(data: bytes | memoryview, pos: int) -> tuple[Any, int]:
     """Decode a term without the version byte (one embedded in a larger term)."""
     return _Decoder(data).term(pos, 0)
+
+
+def _bare(data: bytes, pos: int) -> tuple[Any, int]:
+    """The term at ``pos``: the C helper's result when it handles the term, else (and for every
+    error, so messages and offsets are this module's) the Python decoder's; both give equal values."""
+    if _fast is not None:
+        r = _fast(data, pos)
+        if r is not None:
+            return r
+    try:
+        return _term(data, len(data), pos, 0)
+    except RecursionError:  # Python's own stack ends before MAX_DEPTH: the same verdict
+        raise TermError("term nested too deeply", pos) from None
 
 
 def binary_to_term(data: bytes | memoryview) -> Any:
@@ -141,6 +159,8 @@ class _Decoder:
         self.n = len(self.data)
 
     def term(self, pos: int, depth: int) -> tuple[Any, int]:
+        if depth == 0:
+            return _bare(self.data, pos)
         return _term(self.data, self.n, pos, depth)
 
 
@@ -374,3 +394,18 @@ def _freeze(x: Any) -> Any:
     if isinstance(x, dict):
         return tuple((_freeze(k), _freeze(v)) for k, v in x.items())
     return x
+
+
+def _load_fast():
+    """``erl_decode`` of the optional C helper (``rbak/format/_erlterm.c``), configured with this
+    module's classes and atom caches; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
+    from ...format.backend import speedups
+
+    fn = getattr(speedups, "erl_decode", None)
+    if fn is None:
+        return None
+    speedups.erl_configure(Atom, ImproperList, BitBinary, Opaque, _LATIN1_ATOMS, _UTF8_ATOMS)
+    return fn
+
+
+_fast = _load_fast()

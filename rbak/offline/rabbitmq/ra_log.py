@@ -56,14 +56,17 @@ def adler32(data: bytes | memoryview) -> int:
 
 @dataclass
 class ServerLog:
-    """Every entry one Ra server (a UId) has in the files read: idx -> (term, data, file, offset)."""
+    """Every entry one Ra server (a UId) has in the files read: idx -> (term, data, file, offset).
+
+    ``data`` is a read-only memoryview into the file's bytes (entries are decoded straight from
+    it; ``bytes(data)`` for a copy)."""
 
     uid: str
-    entries: dict[int, tuple[int, bytes, str, int]] = field(default_factory=dict)
+    entries: dict[int, tuple[int, memoryview, str, int]] = field(default_factory=dict)
 
     last: int = -1
 
-    def put(self, idx: int, term: int, data: bytes, path: str, pos: int) -> None:
+    def put(self, idx: int, term: int, data: memoryview, path: str, pos: int) -> None:
         if idx <= self.last:
             # A rewrite of idx drops everything after it (Ra's mem table does the same).
             for k in [k for k in self.entries if k > idx]:
@@ -102,12 +105,13 @@ def read_segment(path: str, log: ServerLog, ctx: ImportContext) -> None:
         seen[idx] = (term, off, length, crc, pos)
         last = idx
         pos += rec.size
+    view = memoryview(data)
     for idx in sorted(seen):
         term, off, length, crc, ipos = seen[idx]
         if off + length > len(data):
             ctx.damaged(path, ipos, f"index {idx}: entry at byte {off} of {length} bytes runs past the end of the file")
             continue
-        entry = data[off: off + length]
+        entry = view[off: off + length]
         if crc and zlib.crc32(entry) != crc:
             ctx.damaged(path, off, f"index {idx}: entry fails its CRC32")
             continue
@@ -126,6 +130,7 @@ def read_wal(path: str, logs: dict[str, ServerLog], ctx: ImportContext, last_fil
         ctx.damaged(path, 4, f"unknown Ra WAL version {data[4]}")
         return
     refs: dict[int, str] = {}
+    view = memoryview(data)
     pos, n = 5, len(data)
     while pos < n:
         if n - pos < 3:
@@ -153,8 +158,8 @@ def read_wal(path: str, logs: dict[str, ServerLog], ctx: ImportContext, last_fil
         if body_at + length > n:
             _tail(path, data, pos, ctx, last_file, f"index {idx}: an entry of {length} bytes cut short")
             return
-        entry = data[body_at: body_at + length]
-        if cks and adler32(memoryview(data)[p + 8: body_at + length]) != cks:
+        entry = view[body_at: body_at + length]
+        if cks and adler32(view[p + 8: body_at + length]) != cks:
             if not data[body_at + length:].strip(b"\0"):
                 ctx.note(f"{path}: the last record (byte {pos}) fails its checksum: a write cut short; "
                          "dropped as Ra's WAL recovery drops it")
