@@ -164,6 +164,8 @@ class _Wire:
         except OSError as e:
             raise AmqpConnectionError(f"{self.where}: cannot connect ({e})") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.poller = select.poll()  # not select(): it fails on descriptors past 1024 (many queues at once)
+        self.poller.register(self.sock, select.POLLIN)
         self.conn = Connection()
         self.conn.container = f"rbak-restore {vhost}"
         self.conn.hostname = "vhost:" + vhost  # RabbitMQ 4.x takes the vhost from the open frame's hostname
@@ -189,7 +191,7 @@ class _Wire:
                 if n == 0:
                     break
                 t.pop(self.sock.send(t.peek(n)))
-            if select.select([self.sock], [], [], wait)[0]:
+            if self.poller.poll(wait * 1000):
                 data = self.sock.recv(max(t.capacity(), 4096))
                 if not data:
                     t.close_tail()
