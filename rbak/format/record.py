@@ -138,6 +138,13 @@ class BackupProperties:
 PROPERTY_NAMES: tuple[str, ...] = tuple(f.name for f in fields(BackupProperties))
 
 
+def properties_key(p: BackupProperties, headers: "Headers") -> tuple:
+    """A hashable value of a record's properties and headers (``BackupProperties`` is mutable):
+    the key of the restore's per-queue caches of encoded properties."""
+    return (p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id, p.reply_to,
+            p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id, p.app_id, p.cluster_id, headers)
+
+
 @dataclass(slots=True)
 class BackupRecord:
     """One captured message; ``backed_up_at`` drives PITR."""

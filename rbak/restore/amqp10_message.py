@@ -44,6 +44,7 @@ from ..format.record import (
     ShortString,
     Timestamp,
     Void,
+    properties_key,
 )
 
 _HEADER, _ANNOTATIONS, _PROPERTIES, _APP_PROPERTIES, _DATA = 0x70, 0x72, 0x73, 0x74, 0x75
@@ -280,9 +281,7 @@ class SectionsCache:
 
     def __call__(self, r: BackupRecord) -> bytes | None:
         p = r.properties
-        key = (p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
-               p.reply_to, p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id,
-               p.app_id, p.cluster_id, r.headers)
+        key = properties_key(p, r.headers)
         try:
             return self._cache[key]
         except KeyError:

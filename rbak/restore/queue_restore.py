@@ -22,7 +22,7 @@ from ..errors import AmqpError, CheckpointError, RbakError, RestoreError, Serial
 from ..format.amqp091 import encode_basic_properties
 from ..format.manifest import SegmentMetadata
 from ..format.reader import read_segment
-from ..format.record import BackupRecord
+from ..format.record import BackupRecord, properties_key
 from ..storage.base import Storage
 from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
 from .options import RestoreOptions
@@ -368,9 +368,7 @@ class _PropertiesCache:
 
     def __call__(self, r: BackupRecord, index: int, segment_key: str) -> bytes:
         p = r.properties
-        key = (p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
-               p.reply_to, p.expiration, p.message_id, p.timestamp, p.type_field, p.user_id,
-               p.app_id, p.cluster_id, r.headers)
+        key = properties_key(p, r.headers)
         props = self._cache.get(key)
         if props is None:
             try:
