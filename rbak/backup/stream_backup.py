@@ -21,8 +21,7 @@ from .checkpoint import Checkpoint, QueueProgress
 from .convert import BROKER_HEADERS, encode_delivery
 from .management import QueueInfo
 from .stream_chain import ChainDecision, decide
-from ..amqp import ssl_context
-from .stream_end import StreamProtocolError, stream_end
+from .stream_end import probe_end
 from .stream_reader import chunk_timestamp, probe_offset, read_stream
 
 log = logging.getLogger(__name__)
@@ -89,7 +88,7 @@ class StreamBackup:
 
         try:
             read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
-                        deadline=self._deadline(), end_offset=self._stream_end(conn, vhost, name))
+                        deadline=self._deadline(), end_offset=probe_end(self.cfg.source, conn, vhost, name))
         except BaseException:
             writer.abort()
             raise
@@ -120,23 +119,6 @@ class StreamBackup:
             changed = True
         if changed:
             ckpt.save_chain(vhost, name, decision.to_json_obj())
-
-    def _stream_end(self, conn, vhost: str, name: str) -> int | None:
-        """The stream's last offset now, from the stream protocol; None (read until quiet) when it
-        cannot be asked or found no chunk (an empty stream is never concluded from it alone)."""
-        src = self.cfg.source
-        try:
-            ctx = (ssl_context(src), src.tls.server_name or src.host) if src.use_tls else None
-            cluster = (conn._impl.server_properties or {}).get("cluster_name")
-            if isinstance(cluster, bytes):
-                cluster = cluster.decode(errors="replace")
-            end = stream_end(src.host, src.stream_port, vhost, name, src.username, src.password,
-                             cluster_name=cluster, timeout=src.connection_timeout_secs, tls=ctx)
-        except (StreamProtocolError, OSError) as e:
-            log.info("stream %r in vhost %r: the end is found by a quiet period (stream protocol on port %d: %s)",
-                     name, vhost, src.stream_port, e)
-            return None
-        return end.last_offset if end is not None else None
 
     def _decide_stream(self, conn, vhost: str, name: str) -> ChainDecision:
         if not self.cfg.backup.stream_incremental:

@@ -11,9 +11,11 @@ Only the handshake, one subscription with one chunk of credit, an
 unsubscribe and a close are spoken; no message is decoded. The broker sends
 the ``last`` chunk while it handles the subscribe, before it answers the
 unsubscribe that follows, so no delivery by then means it found no chunk.
-That answer (an empty stream) is never trusted alone: the caller then falls
-back to the quiet-period end, as it does whenever this probe cannot run (no
-stream listener on ``source.stream_port``, another broker on that port).
+That answer alone is not trusted (a chunk written but not yet committed is
+not delivered): on 3.11+ ``StreamStats`` confirms it (no chunk written, none
+committed), and on 3.10, which lacks it, the caller falls back to the
+quiet-period end, as it does whenever this probe cannot run (no stream
+listener on ``stream_port``, another broker on that port).
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ import logging
 import socket
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import ConnectionConfig
 
 log = logging.getLogger(__name__)
 
 _PEER_PROPERTIES, _SASL_HANDSHAKE, _SASL_AUTHENTICATE, _TUNE, _OPEN, _CLOSE = 0x11, 0x12, 0x13, 0x14, 0x15, 0x16
-_SUBSCRIBE, _DELIVER, _UNSUBSCRIBE, _HEARTBEAT = 0x07, 0x08, 0x0C, 0x17
+_SUBSCRIBE, _DELIVER, _UNSUBSCRIBE, _HEARTBEAT, _STREAM_STATS = 0x07, 0x08, 0x0C, 0x17, 0x1C
 _RESPONSE = 0x8000
 _OK = 1
 _OFFSET_LAST = 2
@@ -42,7 +48,15 @@ class StreamEnd:
     """The newest committed chunk: its first offset and its last one (the stream's end)."""
 
     chunk_first: int
-    last_offset: int
+    last_offset: int  # -1: the stream is empty (confirmed by StreamStats)
+
+    @property
+    def empty(self) -> bool:
+        return self.last_offset < 0
+
+
+EMPTY = StreamEnd(-1, -1)
+STATS_SINCE = (3, 11)  # the first RabbitMQ with the StreamStats command
 
 
 def _string(s: str) -> bytes:
@@ -151,12 +165,34 @@ def _open(host: str, port: int, vhost: str, user: str, password: str, timeout: f
         raise
 
 
+def _version(v: str) -> tuple[int, ...]:
+    """``"4.3.6"`` -> (4, 3, 6); anything unparsable -> () (older than every release)."""
+    parts = []
+    for p in v.split("."):
+        if not p.isdigit():
+            break
+        parts.append(int(p))
+    return tuple(parts)
+
+
+def _stats(body: bytes) -> dict[str, int]:
+    (n,), pos = struct.unpack_from(">i", body, 0), 4
+    out = {}
+    for _ in range(max(n, 0)):
+        k, pos = _read_string(body, pos)
+        (out[k],), pos = struct.unpack_from(">q", body, pos), pos + 8
+    return out
+
+
 def stream_end(host: str, port: int, vhost: str, stream: str, user: str, password: str, *,
-               cluster_name: str | None = None, timeout: float = 10.0, tls=None) -> StreamEnd | None:
-    """The stream's newest committed chunk, or None when the broker delivered none (empty, as far as
-    this probe can tell: the caller must not rely on it). ``cluster_name``: the AMQP connection's;
+               cluster_name: str | None = None, timeout: float = 10.0, tls=None,
+               settled: bool = False) -> StreamEnd | None:
+    """The stream's newest committed chunk, ``EMPTY`` when the broker confirmed it holds none, or None
+    when it delivered none and could not confirm that (3.10): the caller must not rely on that. ``cluster_name``: the AMQP connection's;
     a stream listener of another cluster on this port is refused (``StreamProtocolError``).
-    ``tls``: ``(SSLContext, server name)`` for a TLS stream listener."""
+    ``tls``: ``(SSLContext, server name)`` for a TLS stream listener. ``settled``: only an end no
+    written-but-uncommitted chunk can still extend (confirmed by StreamStats, so None on 3.10): a
+    restore resuming into the stream must see every message a killed run left there."""
     try:
         c, props = _open(host, port, vhost, user, password, timeout, tls)
     except (OSError, struct.error) as e:
@@ -175,12 +211,41 @@ def stream_end(host: str, port: int, vhost: str, stream: str, user: str, passwor
         c.response(_SUBSCRIBE, c.request(_SUBSCRIBE, b"\x01" + _string(stream) + struct.pack(">HH", _OFFSET_LAST, 1)
                                           + _map({})), on_frame)
         c.response(_UNSUBSCRIBE, c.request(_UNSUBSCRIBE, b"\x01"), on_frame)
+        end = max(chunks, key=lambda e: e.last_offset) if chunks else None
+        if (end is None or settled) and _version(props.get("version", "")) >= STATS_SINCE:
+            stats = _stats(c.response(_STREAM_STATS, c.request(_STREAM_STATS, _string(stream))))
+            committed, written = stats.get("committed_chunk_id"), stats.get("last_chunk_id")
+            if end is None and committed == -1 and written == -1:
+                end = EMPTY  # nothing written, nothing committed
+            elif settled and (end is None or committed != written or committed != end.chunk_first):
+                end = None  # a chunk is written but not yet committed: the end is still moving
+        elif settled:
+            end = None  # 3.10: no StreamStats to confirm nothing is in flight
         try:
             c.request(_CLOSE, struct.pack(">H", 1) + _string("rbak: done"))
         except OSError:
             pass
-        return max(chunks, key=lambda e: e.last_offset) if chunks else None
+        return end
     except (OSError, struct.error) as e:
         raise StreamProtocolError(f"stream connection to {host}:{port} failed ({e})") from None
     finally:
         c.close()
+
+
+def probe_end(cfg: "ConnectionConfig", conn, vhost: str, stream: str, settled: bool = False) -> int | None:
+    """The stream's last offset (-1: empty) for broker ``cfg`` whose AMQP connection is ``conn``;
+    None when the stream protocol cannot say (the caller reads until a quiet period)."""
+    from ..amqp import ssl_context
+
+    try:
+        ctx = (ssl_context(cfg), cfg.tls.server_name or cfg.host) if cfg.use_tls else None
+        cluster = (conn._impl.server_properties or {}).get("cluster_name")
+        if isinstance(cluster, bytes):
+            cluster = cluster.decode(errors="replace")
+        end = stream_end(cfg.host, cfg.stream_port, vhost, stream, cfg.username, cfg.password,
+                         cluster_name=cluster, timeout=cfg.connection_timeout_secs, tls=ctx, settled=settled)
+    except (StreamProtocolError, OSError) as e:
+        log.info("stream %r in vhost %r: the end is found by a quiet period (stream protocol on port %d: %s)",
+                 stream, vhost, cfg.stream_port, e)
+        return None
+    return end.last_offset if end is not None else None

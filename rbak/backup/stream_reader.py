@@ -54,8 +54,8 @@ def read_stream(
     that goes quiet for ``stall_secs`` before reaching it is an error)."""
     res = StreamReadResult()
     where = f"stream {queue!r} in vhost {vhost!r}"
-    if end_offset is not None and isinstance(start_offset, int) and start_offset > end_offset:
-        return res  # nothing at or after the start was committed when the backup began
+    if end_offset is not None and (end_offset < 0 or isinstance(start_offset, int) and start_offset > end_offset):
+        return res  # nothing at or after the start was committed when the backup began (or ever)
     ch = conn.channel()
     early = False
     try:

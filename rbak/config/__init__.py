@@ -106,7 +106,8 @@ class ConnectionConfig(_Section):
     management_username: Optional[str] = doc_field(None, "Management API user; defaults to the AMQP URL's user.")
     management_password: Optional[str] = doc_field(None, "Management API password; defaults to the AMQP URL's password.", secret=True)
     stream_port: int = doc_field(5552, "RabbitMQ stream protocol port. A backup asks each stream's last offset there "
-                                 "(with `tls`) and stops reading at it; when it cannot, the read ends after a quiet second.",
+                                 "(with `tls`) and stops reading at it, and a restore asks where a target stream ends "
+                                 "(3.11+); when it cannot, the read ends after a quiet second.",
                                  min=1, max=65535)
     tls: TlsConfig = doc_field(doc="TLS settings.", factory=TlsConfig)
     queues: QueueSelection = doc_field(doc="Queue selection.", factory=QueueSelection)

@@ -177,7 +177,8 @@ def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: Rest
         if depth is None and options.publish_mode == "queue":
             raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
                                f"it is the target of {plan.label}")
-        next_offset = stream_next_offset(conn, plan.target_vhost, plan.target_queue) if stream and depth is not None else None
+        next_offset = (stream_next_offset(conn, plan.target_vhost, plan.target_queue, target=options.target)
+                       if stream and depth is not None else None)
         held = f"{depth} message(s)" if depth else f"messages (its next offset is {next_offset})"
         if depth or next_offset:
             if options.skip_existing:
@@ -194,7 +195,7 @@ def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: Rest
         seq, idx = state.resume_point()
         last_confirmed = body_at(seq, idx - 1) if state.confirmed and idx > 0 else None
         landed = landed_tail(conn, plan.target_vhost, plan.target_queue, state.initial_offset, state.confirmed,
-                             in_flight_limit(options), last_confirmed)
+                             in_flight_limit(options), last_confirmed, target=options.target)
         res.reconciled = len(landed)
         return len(landed), landed
     depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None

@@ -22,14 +22,18 @@ unacked deliveries return to the queue when the channel closes).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 import pika
 
+from ..backup.stream_end import probe_end
 from ..backup.stream_reader import read_stream
+from ..config import ConnectionConfig
 from ..errors import CheckpointError, RestoreError
 
+log = logging.getLogger(__name__)
 _PREFETCH = 256
 
 
@@ -49,10 +53,11 @@ class LandedTail:
 
 
 def _read_offsets(conn: pika.BlockingConnection, vhost: str, queue: str, first: int | str, sink,
-                  idle_secs: float) -> None:
+                  idle_secs: float, end: int | None = None) -> None:
     """``sink(offset, body)`` for each message from ``first`` (the backup's stream reader: acks only
-    return credit), ending after ``idle_secs`` without a delivery. A message without an offset means the
-    queue is not a stream: the read stops before anything was acked (its deliveries return)."""
+    return credit), ending at offset ``end`` when known, else after ``idle_secs`` without a delivery. A
+    message without an offset means the queue is not a stream: the read stops before anything was
+    acked (its deliveries return)."""
     where = f"stream {queue!r} in vhost {vhost!r}"
 
     def check(_method, _props, body: bytes, off: int) -> None:
@@ -61,14 +66,28 @@ def _read_offsets(conn: pika.BlockingConnection, vhost: str, queue: str, first: 
                                f"the backup restores a stream into it")
         sink(off, body)
 
-    read_stream(conn, vhost, queue, first, check, prefetch=_PREFETCH, idle_secs=idle_secs)
+    read_stream(conn, vhost, queue, first, check, prefetch=_PREFETCH, idle_secs=idle_secs, end_offset=end)
 
 
-def stream_next_offset(conn: pika.BlockingConnection, vhost: str, queue: str, idle_secs: float = 1.0) -> int:
+def settled_end(target: ConnectionConfig | None, conn: pika.BlockingConnection, vhost: str, queue: str) -> int | None:
+    """The stream's last offset (-1: empty) from the stream protocol, only when no written chunk is
+    still uncommitted (3.11+); None: find the end by reading until a quiet period instead."""
+    end = probe_end(target, conn, vhost, queue, settled=True) if target is not None else None
+    if end is None:
+        log.info("stream %r in vhost %r: its end is found by a quiet period", queue, vhost)
+    return end
+
+
+def stream_next_offset(conn: pika.BlockingConnection, vhost: str, queue: str, idle_secs: float = 1.0,
+                       target: ConnectionConfig | None = None) -> int:
     """The offset the next message published to the stream will get; 0 for an empty stream.
 
-    Attaches at ``last`` (the start of the newest chunk) and reads that chunk to its end.
+    Asks the stream protocol on ``target`` first; else attaches at ``last`` (the start of the
+    newest chunk) and reads that chunk until ``idle_secs`` pass without a delivery.
     """
+    end = settled_end(target, conn, vhost, queue)
+    if end is not None:
+        return end + 1
     last = -1
 
     def sink(off: int, _body: bytes) -> None:
@@ -80,7 +99,8 @@ def stream_next_offset(conn: pika.BlockingConnection, vhost: str, queue: str, id
 
 
 def landed_tail(conn: pika.BlockingConnection, vhost: str, queue: str, initial_offset: int, confirmed: int,
-                limit: int, last_confirmed: bytes | None = None, idle_secs: float = 1.0) -> LandedTail:
+                limit: int, last_confirmed: bytes | None = None, idle_secs: float = 1.0,
+                target: ConnectionConfig | None = None) -> LandedTail:
     """The messages a killed run left after its checkpoint, checked against the checkpoint.
 
     The stream must hold the checkpoint's last confirmed record at offset ``start - 1`` (its
@@ -119,7 +139,7 @@ def landed_tail(conn: pika.BlockingConnection, vhost: str, queue: str, initial_o
         tail.digests.append(body_digest(body))
         expected = off + 1
 
-    _read_offsets(conn, vhost, queue, max(start - 1, 0), sink, idle_secs)
+    _read_offsets(conn, vhost, queue, max(start - 1, 0), sink, idle_secs, settled_end(target, conn, vhost, queue))
     if not seen_previous:
         raise CheckpointError(
             f"{where} ends before offset {start - 1}, which this restore's checkpoint says the broker confirmed: "

@@ -9,7 +9,7 @@ import logging
 import threading
 
 from rbak.backup import BackupEngine
-from rbak.backup.stream_end import stream_end
+from rbak.backup.stream_end import EMPTY, stream_end
 
 from support.backups import backup_config, load, records
 
@@ -27,7 +27,37 @@ def test_stream_end_probe_gives_the_last_offset(broker, vhost):
     end = stream_end(broker.host, broker.stream_port, vhost, "st", "guest", "guest")
     assert end is not None and end.last_offset == _offsets(broker, vhost, "st")[-1] == 699
     assert end.chunk_first <= end.last_offset
-    assert stream_end(broker.host, broker.stream_port, vhost, "empty", "guest", "guest") is None
+    empty = stream_end(broker.host, broker.stream_port, vhost, "empty", "guest", "guest")
+    # 3.11+ confirm an empty stream with StreamStats; 3.10 cannot, and the caller reads until quiet
+    assert empty == (EMPTY if _has_stats(broker) else None)
+    settled = stream_end(broker.host, broker.stream_port, vhost, "st", "guest", "guest", settled=True)
+    assert settled == (end if _has_stats(broker) else None)
+
+
+def _has_stats(broker) -> bool:
+    return tuple(int(p) for p in broker.version.split(".")[:2]) >= (3, 11)
+
+
+def test_restore_finds_a_stream_end_without_a_quiet_period(broker, vhost, caplog):
+    """A restore asks where the target stream ends (its next offset; a resume's landed tail) over the
+    stream protocol on 3.11+, with the same answers as reading the stream until it goes quiet."""
+    from rbak.restore.stream_resume import landed_tail, stream_next_offset
+
+    from support.restores import options_for
+
+    target = options_for(broker, "x").target
+    broker.declare_queue(vhost, "empty", arguments=STREAM)
+    broker.publish(vhost, "st", [b"a-%d" % i for i in range(700)], declare=STREAM)
+    with broker.connect(vhost) as conn:
+        with caplog.at_level(logging.INFO, logger="rbak"):
+            caplog.clear()
+            probed = [stream_next_offset(conn, vhost, q, target=target) for q in ("empty", "st")]
+            tail = landed_tail(conn, vhost, "st", 600, 50, 1000, b"a-649", target=target)
+            quiet_log = "its end is found by a quiet period" in caplog.text
+        assert probed == [stream_next_offset(conn, vhost, q) for q in ("empty", "st")] == [0, 700]
+        assert tail.start == 650 and len(tail) == 50
+        assert list(tail.digests) == list(landed_tail(conn, vhost, "st", 600, 50, 1000, b"a-649").digests)
+    assert quiet_log == (not _has_stats(broker))
 
 
 def test_records_published_during_the_backup_are_left_for_the_next(broker, vhost, tmp_path, caplog):
