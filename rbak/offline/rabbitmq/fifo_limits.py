@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_delayed import RetryConfig
 
 AT_LEAST_ONCE = "at_least_once"
 AT_MOST_ONCE = "at_most_once"
@@ -69,6 +70,9 @@ class Limits:
     overflow: str = DROP_HEAD
     dlh: str | None = None  # None (no dead-lettering), at_most_once or at_least_once
     dlx_target: str = ""  # at_most_once: "exchange/routing key"
+    delayed_retry: RetryConfig | None = None  # 4.3: {all|failed|returned, Min, Max}
+    single_active: bool = False  # consumer_strategy single_active (x-single-active-consumer)
+    expires: int | None = None  # x-expires: ms unused before the queue deletes itself
 
     @classmethod
     def from_conf(cls, conf: dict) -> Limits:
@@ -76,16 +80,21 @@ class Limits:
         kind, target = _dlh(conf.get(Atom("dead_letter_handler")))
         ovf = conf.get(Atom("overflow_strategy"))
         return cls(_int_or_none(conf.get(Atom("max_length"))), _int_or_none(conf.get(Atom("max_bytes"))),
-                   str(ovf) if isinstance(ovf, Atom) else DROP_HEAD, kind, target)
+                   str(ovf) if isinstance(ovf, Atom) else DROP_HEAD, kind, target,
+                   RetryConfig.from_term(conf.get(Atom("delayed_retry"))),
+                   conf.get(Atom("single_active_consumer_on")) == "true", _int_or_none(conf.get(Atom("expires"))))
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> Limits:
-        """A snapshot's ``#cfg{}`` record (dead_letter_handler 4, overflow_strategy 6, max_length 7, max_bytes 8)."""
+        """A snapshot's ``#cfg{}`` record (dead_letter_handler 4, overflow_strategy 6, max_length 7, max_bytes 8,
+        consumer_strategy 9, expires 11, delayed_retry 14 on 4.3)."""
         if not (isinstance(cfg, tuple) and len(cfg) > 8):
             return cls()
         kind, target = _dlh(cfg[4])
         return cls(_int_or_none(cfg[7]), _int_or_none(cfg[8]),
-                   str(cfg[6]) if isinstance(cfg[6], Atom) else DROP_HEAD, kind, target)
+                   str(cfg[6]) if isinstance(cfg[6], Atom) else DROP_HEAD, kind, target,
+                   RetryConfig.from_term(cfg[14]) if len(cfg) > 14 else None,
+                   cfg[9] == "single_active", _int_or_none(cfg[11]) if len(cfg) > 11 else None)
 
     @classmethod
     def from_config_text(cls, text: bytes) -> Limits:
@@ -97,7 +106,11 @@ class Limits:
         ovf = re.search(rb"\boverflow_strategy\s*=>\s*([a-z_]+)", text)
         dlh = re.search(rb"\bdead_letter_handler\s*=>\s*(\{\s*at_most_once|at_least_once)", text)
         kind = None if dlh is None else (AT_LEAST_ONCE if dlh.group(1) == b"at_least_once" else AT_MOST_ONCE)
-        return cls(num(b"max_length"), num(b"max_bytes"), ovf.group(1).decode() if ovf else DROP_HEAD, kind)
+        dr = re.search(rb"\bdelayed_retry\s*=>\s*\{\s*(all|failed|returned)\s*,\s*(\d+)\s*,\s*(\d+)\s*\}", text)
+        sac = re.search(rb"\bsingle_active_consumer_on\s*=>\s*true\b", text)
+        return cls(num(b"max_length"), num(b"max_bytes"), ovf.group(1).decode() if ovf else DROP_HEAD, kind,
+                   delayed_retry=RetryConfig(dr.group(1).decode(), int(dr.group(2)), int(dr.group(3))) if dr else None,
+                   single_active=sac is not None, expires=num(b"expires"))
 
     @property
     def drops_head(self) -> bool:

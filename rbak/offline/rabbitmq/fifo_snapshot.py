@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_delayed import load_tree
 from .fifo_limits import DeadLetters, Limits, SizedDeque
 from .rabbit_fifo import Consumer, FifoReplay, Msg, Ready
 
@@ -90,13 +91,15 @@ def msg_ref(m: Any, what: str, priority: int = 4) -> Msg:
         idx, header = m[0], None
     else:
         raise SnapshotStateError(f"{what}: not a message reference {m!r:.80}")
-    failed = 0
+    failed = acquired = 0
     if isinstance(header, dict):
         failed = header.get(Atom("delivery_count"), 0)
+        acquired = header.get(Atom("acquired_count"), 0)
         expiry = header.get(Atom("expiry"))
         size = header.get(Atom("size"), 0)
     return Msg(idx, idx, priority, failed if isinstance(failed, int) else 0,
-               expiry if isinstance(expiry, int) else None, size if isinstance(size, int) else 0)
+               expiry if isinstance(expiry, int) else None, size if isinstance(size, int) else 0,
+               acquired if isinstance(acquired, int) else 0)
 
 
 def _dlx_msg(e: Any) -> Msg:
@@ -172,27 +175,8 @@ def _consumer(key: Any, c: Any, mv: int) -> Consumer:
         con.checked_out[mid] = msg_ref(m, "checked_out")
     base = status[1] if isinstance(status, tuple) and len(status) == 2 else status
     if _is(base, "cancelled"):  # as a cancel in the replay: keeps what it holds, takes nothing new
-        con.credit, con.prefetch = 0, None
+        con.credit, con.prefetch, con.cancelled = 0, None, True
     return con
-
-
-def _delayed(d: Any) -> list[Msg]:
-    """Version 8's delayed-retry messages (a gb_tree keyed ``[ReadyAt | Idx]``), in the order they come due."""
-    if not (isinstance(d, tuple) and len(d) == 4 and _is(d[0], "delayed")):
-        return []
-    out: list[tuple[Any, Msg]] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, tuple) and len(node) == 4:
-            walk(node[2])
-            m, k = msg_ref(node[1], "delayed"), node[0]
-            out.append(((k.items[0], k.tail) if isinstance(k, ImproperList) else (0, m.idx), m))
-            walk(node[3])
-
-    tree = d[1]
-    if isinstance(tree, tuple) and len(tree) == 2:
-        walk(tree[1])
-    return [m for _k, m in sorted(out, key=lambda x: x[0])]
 
 
 def _key_order(k: Any) -> tuple:
@@ -225,10 +209,9 @@ def load_state(state: Any, machine_version: int, delivery_limit: int | None, pri
     replay.service = [k for k in _pqueue_items(state[10]) if k in replay.consumers]
     notes = []
     if machine_version >= 8 and len(state) > 17:
-        delayed = _delayed(state[17])
-        if delayed:
-            replay.returns.extend(delayed)
-            notes.append(f"{len(delayed)} delayed-retry message(s) exported after the returned ones")
+        replay.delayed = load_tree(state[17], msg_ref)
+        if isinstance(state[7], int):  # last_command_time: the restart's stand-in when no command follows
+            replay.ts = state[7]
     waiting = state[14]
     if isinstance(waiting, list) and waiting:
         notes.append(f"{len(waiting)} waiting single-active consumer(s) in the snapshot (they hold no messages)")

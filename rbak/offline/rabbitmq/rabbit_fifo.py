@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_delayed import DEFERRAL_TOKEN, Delayed, ready_at
 from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque
 
 
@@ -47,6 +48,7 @@ class Msg:
     failed: int = 0  # delivery failures, for the delivery limit
     expiry: int | None = None  # absolute ms: enqueue time + min(queue msg_ttl, message TTL)
     size: int = 0  # the header's size, for x-max-length-bytes
+    acquired: int = 0  # every return counts (acquired_count: the delivery limit on machine versions 4-7)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,7 @@ class Consumer:
     checked_out: dict[int, Msg] = field(default_factory=dict)
     next_msg_id: int = 0
     once: bool = False
+    cancelled: bool = False  # status cancelled: keeps what it holds, takes nothing new
 
 
 class Ready:
@@ -152,6 +155,7 @@ class FifoReplay:
         self.maxlen_dropped = 0
         self.dead_lettered = 0  # handed to an at-most-once dead-letter exchange (gone from the queue)
         self.dlx_lost = 0  # at-least-once ones deleted by a switch to another dead-letter strategy
+        self.delayed = Delayed()  # 4.3's delayed-retry messages (fifo_delayed)
 
     def set_version(self, mv: int) -> None:
         if mv == self.mv:
@@ -205,6 +209,7 @@ class FifoReplay:
         if not self.limits.drops_head:
             return
         n_dlx, b_dlx = self.dlx.stat()
+        n_dlx, b_dlx = n_dlx + len(self.delayed), b_dlx + self.delayed.bytes  # messages_ready_plus_delayed
         while self.limits.over(len(self.returns) + len(self.ready) + n_dlx,
                                self.returns.bytes + self.ready.bytes + b_dlx):
             m = self._take()
@@ -248,7 +253,32 @@ class FifoReplay:
         self.limits = new
 
     def _c_timeout(self, idx: int, cmd: tuple) -> None:
-        """``{timeout, expire_msgs}`` and the like: only the checkout after it (which expires) matters."""
+        """``{timeout, expire_msgs}``: on 4.3 the delayed messages due by now join the returns (``expire_shallow``);
+        the checkout after it expires. Other timeouts change nothing here."""
+        what = cmd[1] if len(cmd) > 1 else None
+        if _is(what, "expire_msgs") or (isinstance(what, tuple) and what and _is(what[0], "expire_msgs")):
+            self.returns.extend(self.delayed.take_due(self.ts))
+
+    def _c_delayed_cmd(self, idx: int, cmd: tuple) -> None:
+        """``{retry, all | N}``: the first delayed ones join the returns; ``{assign_deferred, Key, Tokens}``:
+        the named ones go straight to that consumer (if up and with credit for all of them)."""
+        op = cmd[1] if len(cmd) > 1 else None
+        if not (isinstance(op, tuple) and op and isinstance(op[0], Atom)):
+            return
+        if op[0] == "retry" and len(op) == 2:
+            n = None if _is(op[1], "all") else op[1] if isinstance(op[1], int) else 0
+            self.returns.extend(self.delayed.take_first(n))
+        elif op[0] == "assign_deferred" and len(op) == 3 and isinstance(op[2], list):
+            c = self._consumer(op[1])
+            if c is None or c.cancelled:
+                return
+            tokens = [t for t in op[2] if t in self.delayed.tokens]
+            if len(tokens) > c.credit:
+                return
+            for m in self.delayed.take_tokens(tokens):
+                c.checked_out[c.next_msg_id] = m
+                c.next_msg_id += 1
+                c.credit -= 1
 
     def _c_enqueue(self, idx: int, cmd: tuple) -> None:
         if len(cmd) == 4:
@@ -276,6 +306,7 @@ class FifoReplay:
             elif c is not None:  # cancelled: keeps what it holds until it settles or goes down
                 c.credit = 0
                 c.prefetch = None
+                c.cancelled = True
                 if c.key in self.service:
                     self.service.remove(c.key)
             return
@@ -327,9 +358,10 @@ class FifoReplay:
                 i -= 1
             self.service.insert(i, c.key)
 
-    def _remove_consumer(self, c: Consumer) -> None:
+    def _remove_consumer(self, c: Consumer, down: bool = False) -> None:
+        """``cancel_consumer0``: what it holds goes back in msg id order, a failed delivery when it went down."""
         for mid in sorted(c.checked_out):
-            self._return_one(c.checked_out[mid], False)
+            self._return_one(c.checked_out[mid], down)
         c.checked_out.clear()
         self.consumers.pop(c.key, None)
         self.by_cid.pop(c.cid, None)
@@ -342,7 +374,7 @@ class FifoReplay:
             ids = ids.items
         return [i for i in ids if isinstance(i, int)] if isinstance(ids, list) else []
 
-    def _settle_like(self, cmd: tuple, what: str, failed: bool = False) -> None:
+    def _settle_like(self, cmd: tuple, what: str, failed: bool = False, anns: Any = None) -> None:
         c = self._consumer(cmd[1]) if len(cmd) > 1 else None
         if c is None:
             return
@@ -353,19 +385,30 @@ class FifoReplay:
             if c.prefetch is not None:
                 c.credit += 1
             if what == "return":
-                self._return_one(m, failed)
+                self._return_one(m, failed, anns)
             elif what == "discard":
                 self.dropped += 1
                 self._dead_letter(m)
         self._serve(c)
 
-    def _return_one(self, m: Msg, failed: bool) -> None:
-        if failed:
+    def _return_one(self, m: Msg, failed: bool, anns: Any = None) -> None:
+        """``return_one``: count the attempt (``incr_msg``), drop past the delivery limit (machine versions
+        4-7 count every acquisition, the others failed deliveries), else back to ``returns`` or, on 4.3,
+        delayed when its delayed-retry setting or an ``x-opt-delivery-time`` says so."""
+        m.acquired += 1
+        if failed or self.mv < 4:  # 3.x counts every return as a delivery attempt
             m.failed += 1
-        if self.delivery_limit is not None and m.failed > self.delivery_limit:
+        count = m.acquired if 4 <= self.mv < 8 else m.failed
+        if self.delivery_limit is not None and count > self.delivery_limit:
             self.dropped += 1
             self._dead_letter(m)
             return
+        if self.mv >= 8:
+            anns = anns if isinstance(anns, dict) else None
+            at = ready_at(self.limits.delayed_retry, failed, self.ts, m.failed, anns)
+            if at is not None:
+                self.delayed.add(at, m, (anns or {}).get(DEFERRAL_TOKEN))
+                return
         self.returns.append(m)
 
     def _c_settle(self, idx: int, cmd: tuple) -> None:
@@ -380,7 +423,8 @@ class FifoReplay:
     def _c_modify(self, idx: int, cmd: tuple) -> None:
         failed = len(cmd) > 3 and _is(cmd[3], "true")
         undeliverable = len(cmd) > 4 and _is(cmd[4], "true")
-        self._settle_like(cmd, "discard" if undeliverable else "return", failed=failed)
+        self._settle_like(cmd, "discard" if undeliverable else "return", failed=failed,
+                          anns=cmd[5] if len(cmd) > 5 else None)
 
     def _c_requeue(self, idx: int, cmd: tuple) -> None:
         c = self._consumer(cmd[1]) if len(cmd) > 1 else None
@@ -392,7 +436,7 @@ class FifoReplay:
         if c.prefetch is not None:
             c.credit += 1
         # Back into the ready queue at the requeue's own index, default priority (the body is in this command).
-        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry, m.size), self.ready.level(4))
+        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry, m.size, m.acquired), self.ready.level(4))
         self._serve(c)
 
     def _c_credit(self, idx: int, cmd: tuple) -> None:
@@ -403,15 +447,16 @@ class FifoReplay:
 
     def _c_purge(self, idx: int, cmd: tuple) -> None:
         """Ready and returned messages go (no dead-lettering); checked-out ones stay."""
-        self.dropped += len(self.ready.clear()) + len(self.returns)
+        self.dropped += len(self.ready.clear()) + len(self.returns) + len(self.delayed.clear())
         self.returns.clear()
 
     def _c_down(self, idx: int, cmd: tuple) -> None:
         if len(cmd) < 3 or _is(cmd[2], "noconnection"):
             return  # suspected down: its messages stay checked out
         pid = cmd[1]
-        for c in [c for c in self.consumers.values() if isinstance(c.cid, tuple) and c.cid[-1] == pid]:
-            self._remove_consumer(c)
+        for c in sorted((c for c in self.consumers.values() if isinstance(c.cid, tuple) and c.cid[-1] == pid),
+                        key=lambda c: _key_order(c.key)):
+            self._remove_consumer(c, down=True)
 
     # ------------------------------------------------------------------ delivery
     def _take(self) -> Msg | None:
@@ -444,14 +489,41 @@ class FifoReplay:
             self._serve(c)
 
     def remaining(self) -> list[Msg]:
-        """The queue at stop, in the order a consumer attaching after a restart would get it: the
-        returned messages, then what the dead consumers held (returned when the restarted queue
-        finds them down), then the ready messages."""
-        for c in list(self.consumers.values()):
-            self._remove_consumer(c)
-        self._evaluate_limit()  # what they return is over a length limit: the restarted queue drops it
+        """The queue at stop, in the order a consumer attaching after a restart would get it.
+
+        The restarted leader monitors every consumer pid (``state_enter(leader)``, ``lists:usort``
+        order); each is found dead and its ``{down, Pid, noproc}`` returns what its consumers held
+        (consumer key order, then msg id: a failed delivery, so it counts toward the delivery
+        limit and, on 4.3, may be delayed), each followed by a checkout (expiry) and the length
+        limit. The files cannot say when the restart happens: it is taken to be at the last
+        command's time or, on 4.3, once every delay set before the stop has come due, whichever is
+        later. Then, with no consumer attached, the timer moves 4.3's delayed messages to the
+        returns as they come due (``fifo_delayed``): returns, delayed, ready."""
+        if (latest := self.delayed.latest()) is not None:  # restarted once every delay set before is due
+            self.ts = max(self.ts, latest)
+        by_pid: dict[Any, list[Consumer]] = {}
+        for c in self.consumers.values():
+            by_pid.setdefault(c.cid[-1] if isinstance(c.cid, tuple) else c.cid, []).append(c)
+        for pid in sorted(by_pid, key=_pid_order):
+            for c in sorted(by_pid[pid], key=lambda c: _key_order(c.key)):
+                self._remove_consumer(c, down=True)
+            self._expire()
+            self._evaluate_limit()
+        self.returns.extend(self.delayed.drain())
+        self._evaluate_limit()
         out = list(self.returns)
         self.returns.clear()
         while (m := self.ready.pop()) is not None:
             out.append(m)
         return out
+
+
+def _key_order(k: Any) -> tuple:
+    """Erlang term order for consumer keys: Raft indexes (4.x) before ``{Tag, Pid}`` ids (3.x)."""
+    return (0, k, b"") if isinstance(k, int) else (1, 0, repr(k).encode())
+
+
+def _pid_order(p: Any) -> tuple:
+    """Pids of one node sort by their id then serial (the bytes after the node atom, big-endian)."""
+    return (str(getattr(p, "node", "")), getattr(p, "data", b"") if isinstance(getattr(p, "data", None), bytes)
+            else repr(p).encode())
