@@ -28,9 +28,17 @@ def _bodies(sc, q):
 @pytest.mark.slow
 def test_delayed_retry_after_a_kill_imports_what_the_restarted_node_delivers(shared_root, tmp_path):
     sc = scenario("qdelay-4.3", shared_root)
-    res, got = _import(sc, tmp_path)
+    _res, got = _import(sc, tmp_path)
     for key, refs in sc.quorum.items():
         _same(got.get(key, []), refs, key)
+    # Not the order the consumers held them in (what returning each one's messages in turn would give).
+    spare = _bodies(sc, "qq-spare")
+    assert sorted(spare) == sorted(f"spare-{i}" for i in range(6)) and spare != [f"spare-{i}" for i in range(6)]
+    sac = _bodies(sc, "qq-sac")
+    assert len(sac) == 11 and sac[:4] != [f"sac-{i}" for i in range(1, 5)], sac
+    if ("/", "qq-credit") in sc.quorum:
+        credit = _bodies(sc, "qq-credit")
+        assert len(credit) == 8 and credit[:3] != [f"credit-{i}" for i in range(3)], credit
     # The broker really reordered them, so an import ignoring the delays could not pass:
     # returned: the dead consumer's five come back at once (failed deliveries), then the two nacked
     # ones delayed before the stop, the first nacked first (the timer's cached next) though its index is higher.
@@ -41,3 +49,15 @@ def test_delayed_retry_after_a_kill_imports_what_the_restarted_node_delivers(sha
     assert _bodies(sc, "qq-dr-failed")[:3] == ["failed-0", "failed-1", "failed-2"], _bodies(sc, "qq-dr-failed")
     # delivery limit 0: the dead consumer's messages are failed deliveries past it at the restart.
     assert _bodies(sc, "qq-dr-limit") == [f"limit-{i}" for i in range(4, 12)] + ["late-100"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qcons-3.10", "qcons-4.0", "qcons-4.3"])
+def test_consumers_alive_at_the_kill_import_what_the_restarted_node_delivers(name, shared_root, tmp_path):
+    """Competing consumers with credit left, single active consumers waiting (with priorities on 4.x) and an
+    AMQP 1.0 credited receiver: the restarted queue hands returned messages to consumers it has not yet
+    found dead; the import replays that."""
+    sc = scenario(name, shared_root)
+    _res, got = _import(sc, tmp_path)
+    for key, refs in sc.quorum.items():
+        _same(got.get(key, []), refs, key)

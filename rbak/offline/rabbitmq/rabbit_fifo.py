@@ -32,10 +32,11 @@ state are replayed too (``fifo_limits``).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_consumers import Consumer, ConsumerRules, _pid, pid_order
 from .fifo_delayed import DEFERRAL_TOKEN, Delayed, ready_at
 from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque
 
@@ -49,19 +50,6 @@ class Msg:
     expiry: int | None = None  # absolute ms: enqueue time + min(queue msg_ttl, message TTL)
     size: int = 0  # the header's size, for x-max-length-bytes
     acquired: int = 0  # every return counts (acquired_count: the delivery limit on machine versions 4-7)
-
-
-@dataclass(slots=True)
-class Consumer:
-    key: Any
-    cid: Any
-    priority: int = 0
-    credit: int = 0
-    prefetch: int | None = None  # simple_prefetch; None: credited
-    checked_out: dict[int, Msg] = field(default_factory=dict)
-    next_msg_id: int = 0
-    once: bool = False
-    cancelled: bool = False  # status cancelled: keeps what it holds, takes nothing new
 
 
 class Ready:
@@ -125,11 +113,15 @@ _NO_EFFECT = frozenset({"register_enqueuer", "garbage_collection", "nodeup", "no
                         "purge_nodes", "eval_consumer_timeouts", "consumer_timeout"})
 
 
+#: Commands after which ``activate_next_consumer`` runs.
+_ACTIVATES = frozenset({"checkout", "settle", "return", "discard", "modify", "requeue", "down", "timeout"})
+
+
 def _is(x: Any, name: str) -> bool:
     return isinstance(x, Atom) and x == name
 
 
-class FifoReplay:
+class FifoReplay(ConsumerRules):
     """Apply commands in log order; ``remaining()`` is the queue at the end, in delivery order."""
 
     def __init__(self, machine_version: int, priority_of: Callable[[int, Any], int], delivery_limit: int | None,
@@ -143,6 +135,7 @@ class FifoReplay:
         self.consumers: dict[Any, Consumer] = {}
         self.by_cid: dict[Any, Any] = {}
         self.service: list[Any] = []  # consumer keys waiting for messages
+        self.waiting: list[Consumer] = []  # single active consumer: the waiting list (fifo_consumers)
         self.dropped = 0
         self.expired = 0
         self.ttl_of = ttl_of  # (raft index, message term) -> the message's own TTL in ms, or None
@@ -186,6 +179,13 @@ class FifoReplay:
             self.unknown[name] = self.unknown.get(name, 0) + 1
             return
         handler(idx, cmd)
+        self._after(name in _ACTIVATES)
+
+    def _after(self, activate: bool) -> None:
+        """What ``rabbit_fifo`` does after a command: single active consumer's activation, the checkout
+        (expiry first), the dead-letter worker's checkout, the length limit."""
+        if activate:
+            self._activate_next()
         self._checkout()
         if self.limits.dlh == AT_LEAST_ONCE:
             self.dlx.checkout()
@@ -276,9 +276,7 @@ class FifoReplay:
             if len(tokens) > c.credit:
                 return
             for m in self.delayed.take_tokens(tokens):
-                c.checked_out[c.next_msg_id] = m
-                c.next_msg_id += 1
-                c.credit -= 1
+                c.delivered(m)
 
     def _c_enqueue(self, idx: int, cmd: tuple) -> None:
         if len(cmd) == 4:
@@ -287,86 +285,6 @@ class FifoReplay:
     def _c_e(self, idx: int, cmd: tuple) -> None:
         if len(cmd) >= 3:
             self._enqueue_msg(idx, cmd[2], cmd[3] if len(cmd) > 3 else None)
-
-    def _consumer(self, key: Any) -> Consumer | None:
-        c = self.consumers.get(key)
-        if c is None and key in self.by_cid:
-            c = self.consumers.get(self.by_cid[key])
-        return c
-
-    def _c_checkout(self, idx: int, cmd: tuple) -> None:
-        if len(cmd) < 3:
-            return
-        cid, spec = cmd[1], cmd[2]
-        meta = cmd[3] if len(cmd) > 3 and isinstance(cmd[3], dict) else {}
-        if _is(spec, "cancel") or _is(spec, "remove"):
-            c = self._consumer(cid)
-            if c is not None and (_is(spec, "remove") or not c.checked_out):
-                self._remove_consumer(c)
-            elif c is not None:  # cancelled: keeps what it holds until it settles or goes down
-                c.credit = 0
-                c.prefetch = None
-                c.cancelled = True
-                if c.key in self.service:
-                    self.service.remove(c.key)
-            return
-        if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
-            self._expire()  # a basic.get goes through checkout_one, which expires first
-            m = self._take()
-            if m is not None and isinstance(spec[1:2], tuple) and len(spec) > 1 and _is(spec[1], "unsettled"):
-                c = self._consumer(cid) or self._add_consumer(cid, idx, 0, None, 0)
-                c.checked_out[c.next_msg_id] = m
-                c.next_msg_id += 1
-            return
-        life, mode, prefetch = self._spec(spec)
-        c = self._consumer(cid)
-        if c is None:
-            key = idx if self.mv >= 4 else cid
-            prio = meta.get(Atom("priority"), 0) if isinstance(meta, dict) else 0
-            c = self._add_consumer(cid, key, prefetch if mode == "simple_prefetch" else 0,
-                                   prefetch if mode == "simple_prefetch" else None,
-                                   prio if isinstance(prio, int) else 0)
-        elif mode == "simple_prefetch":
-            c.credit = max(0, prefetch - len(c.checked_out))
-            c.prefetch = prefetch
-        c.once = life == "once"
-        self._serve(c)
-
-    @staticmethod
-    def _spec(spec: Any) -> tuple[str, str, int]:
-        # {auto|once, {simple_prefetch, N}} | {auto, credited} (v4+); {auto|once, N, simple_prefetch|credited}
-        if isinstance(spec, tuple) and len(spec) == 2:
-            life, inner = spec
-            if isinstance(inner, tuple) and len(inner) == 2 and _is(inner[0], "simple_prefetch"):
-                return str(life), "simple_prefetch", int(inner[1])
-            return str(life), "credited", 0
-        if isinstance(spec, tuple) and len(spec) == 3:
-            return str(spec[0]), str(spec[2]), int(spec[1]) if isinstance(spec[1], int) else 0
-        return "auto", "credited", 0
-
-    def _add_consumer(self, cid: Any, key: Any, credit: int, prefetch: int | None, prio: int) -> Consumer:
-        c = Consumer(key, cid, prio, credit, prefetch)
-        self.consumers[key] = c
-        self.by_cid[cid] = key
-        return c
-
-    def _serve(self, c: Consumer) -> None:
-        if c.credit > 0 and c.key not in self.service and c.key in self.consumers:
-            # priority_queue: higher consumer priority first, FIFO within one priority
-            i = len(self.service)
-            while i > 0 and self.consumers[self.service[i - 1]].priority < c.priority:
-                i -= 1
-            self.service.insert(i, c.key)
-
-    def _remove_consumer(self, c: Consumer, down: bool = False) -> None:
-        """``cancel_consumer0``: what it holds goes back in msg id order, a failed delivery when it went down."""
-        for mid in sorted(c.checked_out):
-            self._return_one(c.checked_out[mid], down)
-        c.checked_out.clear()
-        self.consumers.pop(c.key, None)
-        self.by_cid.pop(c.cid, None)
-        if c.key in self.service:
-            self.service.remove(c.key)
 
     def _msgs(self, cmd: tuple, at: int) -> list[int]:
         ids = cmd[at] if len(cmd) > at else []
@@ -382,13 +300,13 @@ class FifoReplay:
             m = c.checked_out.pop(mid, None)
             if m is None:
                 continue
-            if c.prefetch is not None:
-                c.credit += 1
+            c.give_back(1)
             if what == "return":
                 self._return_one(m, failed, anns)
             elif what == "discard":
                 self.dropped += 1
                 self._dead_letter(m)
+        self._update_or_remove(c)
         self._serve(c)
 
     def _return_one(self, m: Msg, failed: bool, anns: Any = None) -> None:
@@ -433,30 +351,15 @@ class FifoReplay:
         m = c.checked_out.pop(cmd[2], None)
         if m is None:
             return
-        if c.prefetch is not None:
-            c.credit += 1
+        c.give_back(1)
         # Back into the ready queue at the requeue's own index, default priority (the body is in this command).
         self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry, m.size, m.acquired), self.ready.level(4))
         self._serve(c)
-
-    def _c_credit(self, idx: int, cmd: tuple) -> None:
-        c = self._consumer(cmd[1]) if len(cmd) > 1 else None
-        if c is not None and len(cmd) > 2 and isinstance(cmd[2], int):
-            c.credit = cmd[2]
-            self._serve(c)
 
     def _c_purge(self, idx: int, cmd: tuple) -> None:
         """Ready and returned messages go (no dead-lettering); checked-out ones stay."""
         self.dropped += len(self.ready.clear()) + len(self.returns) + len(self.delayed.clear())
         self.returns.clear()
-
-    def _c_down(self, idx: int, cmd: tuple) -> None:
-        if len(cmd) < 3 or _is(cmd[2], "noconnection"):
-            return  # suspected down: its messages stay checked out
-        pid = cmd[1]
-        for c in sorted((c for c in self.consumers.values() if isinstance(c.cid, tuple) and c.cid[-1] == pid),
-                        key=lambda c: _key_order(c.key)):
-            self._remove_consumer(c, down=True)
 
     # ------------------------------------------------------------------ delivery
     def _take(self) -> Msg | None:
@@ -480,35 +383,32 @@ class FifoReplay:
                 return
             key = self.service.pop(0)
             c = self.consumers.get(key)
-            if c is None or c.credit <= 0:
+            if c is None or c.credit <= 0 or c.cancelled or c.quiescing:
                 continue
-            m = self._take()
-            c.checked_out[c.next_msg_id] = m
-            c.next_msg_id += 1
-            c.credit -= 1
+            c.delivered(self._take())
             self._serve(c)
 
     def remaining(self) -> list[Msg]:
         """The queue at stop, in the order a consumer attaching after a restart would get it.
 
         The restarted leader monitors every consumer pid (``state_enter(leader)``, ``lists:usort``
-        order); each is found dead and its ``{down, Pid, noproc}`` returns what its consumers held
-        (consumer key order, then msg id: a failed delivery, so it counts toward the delivery
-        limit and, on 4.3, may be delayed), each followed by a checkout (expiry) and the length
-        limit. The files cannot say when the restart happens: it is taken to be at the last
-        command's time or, on 4.3, once every delay set before the stop has come due, whichever is
-        later. Then, with no consumer attached, the timer moves 4.3's delayed messages to the
-        returns as they come due (``fifo_delayed``): returns, delayed, ready."""
-        if (latest := self.delayed.latest()) is not None:  # restarted once every delay set before is due
+        order); each is found dead and its ``{down, Pid, noproc}`` is applied like any command:
+        its waiting consumers leave, its consumers return what they held (key, then msg id order;
+        a failed delivery: it counts toward the delivery limit and, on 4.3, may be delayed), a
+        waiting single active consumer (whose own pid is not processed yet) is activated, and
+        consumers not yet found dead take messages with the credit they had (returned again
+        when their turn comes), then expiry and the length limit. The files cannot say when the
+        restart happens: it is taken to be at the last command's time or, on 4.3, once every
+        delay set before the stop has come due, whichever is later. Then, with no consumer
+        attached, the timer moves 4.3's delayed messages to the returns as they come due
+        (``fifo_delayed``): returns, delayed, ready."""
+        if (latest := self.delayed.latest()) is not None:
             self.ts = max(self.ts, latest)
-        by_pid: dict[Any, list[Consumer]] = {}
-        for c in self.consumers.values():
-            by_pid.setdefault(c.cid[-1] if isinstance(c.cid, tuple) else c.cid, []).append(c)
-        for pid in sorted(by_pid, key=_pid_order):
-            for c in sorted(by_pid[pid], key=lambda c: _key_order(c.key)):
-                self._remove_consumer(c, down=True)
-            self._expire()
-            self._evaluate_limit()
+        pids = {pid_order(p): p for p in (_pid(c) for c in [*self.consumers.values(), *self.waiting])}
+        for k in sorted(pids):
+            self._down(pids[k])
+            self._after(True)
+        self._time_out_ghosts()
         self.returns.extend(self.delayed.drain())
         self._evaluate_limit()
         out = list(self.returns)
@@ -516,14 +416,3 @@ class FifoReplay:
         while (m := self.ready.pop()) is not None:
             out.append(m)
         return out
-
-
-def _key_order(k: Any) -> tuple:
-    """Erlang term order for consumer keys: Raft indexes (4.x) before ``{Tag, Pid}`` ids (3.x)."""
-    return (0, k, b"") if isinstance(k, int) else (1, 0, repr(k).encode())
-
-
-def _pid_order(p: Any) -> tuple:
-    """Pids of one node sort by their id then serial (the bytes after the node atom, big-endian)."""
-    return (str(getattr(p, "node", "")), getattr(p, "data", b"") if isinstance(getattr(p, "data", None), bytes)
-            else repr(p).encode())
