@@ -61,3 +61,19 @@ def test_consumers_alive_at_the_kill_import_what_the_restarted_node_delivers(nam
     _res, got = _import(sc, tmp_path)
     for key, refs in sc.quorum.items():
         _same(got.get(key, []), refs, key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qexpire-3.10", "qexpire-4.0", "qexpire-4.3"])
+def test_x_expires_queue_is_exported_with_a_note_saying_when_a_restart_deletes_it(name, shared_root, tmp_path):
+    """A restarted node deletes a queue unused for longer than its x-expires, messages and all. When the
+    restart happens the files cannot say: the import keeps the messages and says from when a restart deletes it."""
+    sc = scenario(name, shared_root)
+    res, got = _import(sc, tmp_path)
+    assert sc.gone == ["qq-expires"]  # the real restart deleted it (and kept the other queue)
+    assert [r.body for r in got[("/", "qq-expires")]] == [f"exp-{i}".encode() for i in range(5)]
+    _same(got[("/", "qq-keep")], sc.quorum[("/", "qq-keep")], ("/", "qq-keep"))
+    notes = "\n".join(res.ctx.notes)
+    assert ("'qq-expires' in vhost '/': x-expires 20000 ms: exported, but RabbitMQ deletes the queue with its "
+            "messages at the first tick of a restart after ") in notes, notes
+    assert "'qq-keep' in vhost '/': x-expires" not in notes

@@ -22,6 +22,8 @@ passed (every delay due) a live consumer reads each queue without acking (the re
   (it quiesces). On 4.3 the restart leaves that quiescing consumer active though dead (its last
   return puts it back in the waiting list after its down was processed): the consumer timeout
   (10 s here) gives its messages back.
+- ``qexpire-*``: ``qq-expires`` (x-expires 20 s, five messages, never consumed) is stopped cleanly
+  before it expires, restarted after: the restarted node deletes it (``sc.gone``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import time
 from pathlib import Path
 
 import pika
+import pika.exceptions
 
 from support.node_qs_scenarios import QsScenario, reference
 from support.node_scenarios import BUILDERS, VERSIONS
@@ -41,6 +44,7 @@ QQ = {"x-queue-type": "quorum"}
 #: Ra registers a new queue's server in names.dets, which reaches the disk later: a queue created just
 #: before a SIGKILL is restarted by the broker as a new, empty member (the import still reads its files).
 DETS_SYNC = 5
+EXPIRES = 20_000
 
 
 def publish(ch, queue: str, n: int, tag: str, start: int = 0) -> None:
@@ -163,6 +167,32 @@ def _credited(node: PrivateNode, queue: str, n: int, credit: int) -> _Held:
     return _Held(conn)
 
 
+def _expiring(node: PrivateNode) -> tuple[list[str], list]:
+    """``qq-expires`` (x-expires 20 s, no consumer) is stopped before it expires and restarted after."""
+    conn = node.connect("/")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qq-expires", durable=True, arguments=dict(QQ, **{"x-expires": EXPIRES}))
+    ch.queue_declare("qq-keep", durable=True, arguments=QQ)
+    time.sleep(DETS_SYNC)
+    publish(ch, "qq-expires", 5, "exp")
+    publish(ch, "qq-keep", 5, "keep")
+    conn.close()
+    return ["qq-expires", "qq-keep"], []
+
+
+def _exists(node: PrivateNode, queue: str) -> bool:
+    conn = node.connect("/")
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 def build_restart(name: str, version: str, base: Path, setup, settle: float, kill: bool = True,
                   conf: tuple[str, ...] = ()) -> QsScenario:
     node = PrivateNode(version, base, conf=list(conf)).start()
@@ -179,8 +209,10 @@ def build_restart(name: str, version: str, base: Path, setup, settle: float, kil
         time.sleep(settle)  # every delay set before the stop has come due before the restart
         node.start()
         time.sleep(settle)  # and those the restart sets
+        sc.gone = [q for q in queues if not _exists(node, q)]
         for q in queues:
-            sc.quorum[("/", q)] = reference(node, "/", q, False)
+            if q not in sc.gone:
+                sc.quorum[("/", q)] = reference(node, "/", q, False)
         node.stop()
         sc.data_dir = copy
     except BaseException:
@@ -196,6 +228,10 @@ for _version in ("3.10", "4.0", "4.3"):
         f"qcons-{v}", v, base, _consumers, 14 if v == "4.3" else 2,
         conf=("consumer_timeout = 10000",) if v == "4.3" else ())
     VERSIONS[f"qcons-{_version}"] = _version
+
+    BUILDERS[f"qexpire-{_version}"] = lambda base, v=_version: build_restart(
+        f"qexpire-{v}", v, base, _expiring, EXPIRES / 1000 - DETS_SYNC + 4, kill=False)
+    VERSIONS[f"qexpire-{_version}"] = _version
 
 BUILDERS["qdelay-4.3"] = lambda base: build_restart("qdelay-4.3", "4.3", base, _delayed_retry, 7)
 VERSIONS["qdelay-4.3"] = "4.3"

@@ -146,6 +146,7 @@ class ConsumerRules:
             self._cancel(cid, _is(spec, "remove"))
             return
         if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
+            self.last_active = self.ts  # a dequeue always counts as activity (x-expires)
             self._expire()  # a basic.get goes through checkout_one, which expires first
             m = self._take()
             if m is not None and len(spec) > 1 and _is(spec[1], "unsettled"):
@@ -228,6 +229,7 @@ class ConsumerRules:
             self._return_one(c.checked_out[mid], down)
         c.checked_out.clear()
         self.consumers.pop(c.key, None)
+        self.last_active = self.ts
         if c.key in self.service:
             self.service.remove(c.key)
         if quiescing:
@@ -244,6 +246,7 @@ class ConsumerRules:
         if c.once and c.credit == 0:
             self.consumers.pop(c.key)
             self.by_cid.pop(c.cid, None)
+            self.last_active = self.ts
         elif c.quiescing:
             self.consumers.pop(c.key)
             c.quiescing = False
@@ -268,6 +271,7 @@ class ConsumerRules:
     def _c_down(self, idx: int, cmd: tuple) -> None:
         """``handle_down``: the pid's waiting consumers leave, then its consumers go (key order)."""
         if len(cmd) < 3 or _is(cmd[2], "noconnection"):
+            self.last_active = self.ts
             return  # suspected down: its messages stay checked out
         self._down(cmd[1])
 

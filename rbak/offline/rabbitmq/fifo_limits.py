@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,7 @@ class Limits:
     delayed_retry: RetryConfig | None = None  # 4.3: {all|failed|returned, Min, Max}
     single_active: bool = False  # consumer_strategy single_active (x-single-active-consumer)
     expires: int | None = None  # x-expires: ms unused before the queue deletes itself
+    created: int | None = None  # the machine config's creation time: the first last_active
 
     @classmethod
     def from_conf(cls, conf: dict) -> Limits:
@@ -110,7 +112,7 @@ class Limits:
         sac = re.search(rb"\bsingle_active_consumer_on\s*=>\s*true\b", text)
         return cls(num(b"max_length"), num(b"max_bytes"), ovf.group(1).decode() if ovf else DROP_HEAD, kind,
                    delayed_retry=RetryConfig(dr.group(1).decode(), int(dr.group(2)), int(dr.group(3))) if dr else None,
-                   single_active=sac is not None, expires=num(b"expires"))
+                   single_active=sac is not None, expires=num(b"expires"), created=num(b"created"))
 
     @property
     def drops_head(self) -> bool:
@@ -123,6 +125,29 @@ class Limits:
 
     def describe(self) -> str:
         return self.dlx_target or "the queue's dead-letter exchange"
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace("000Z", "Z")
+
+
+def expiry_note(expires: int | None, last_active: int | None, stop_ts: int, had_consumers: bool) -> str | None:
+    """x-expires (``is_expired``, checked on each tick: no consumer and now > last_active + expires, then the
+    queue deletes itself with its messages). The files cannot say when a node would be restarted, so the
+    import exports the messages and says when a restart would delete the queue."""
+    if expires is None:
+        return None
+    what = f"x-expires {expires} ms: exported, but RabbitMQ deletes the queue with its messages"
+    if had_consumers:
+        return (f"{what} {expires} ms after a restart unless a consumer attaches (the consumers it had at the "
+                "stop are found dead then, which counts as activity)")
+    if last_active is None:
+        return f"{what} {expires} ms after its last use (not in these files) once restarted without a consumer"
+    at = last_active + expires
+    if stop_ts > at:
+        return (f"{what} at the first tick of any restart: unused since {_utc(last_active)}, it had expired "
+                f"at {_utc(at)}, before the node stopped (last command at {_utc(stop_ts)})")
+    return f"{what} at the first tick of a restart after {_utc(at)} (unused since {_utc(last_active)})"
 
 
 class SizedDeque(deque):

@@ -173,9 +173,12 @@ def _consumer(key: Any, c: Any, mv: int) -> Consumer:
         if mv >= 8 and isinstance(m, tuple) and len(m) == 2:
             m = m[1]  # {LockExpiry, Msg}
         con.checked_out[mid] = msg_ref(m, "checked_out")
+    if len(c) > 6 and isinstance(c[6], int):
+        con.delivery_count = c[6]
     base = status[1] if isinstance(status, tuple) and len(status) == 2 else status
     if _is(base, "cancelled"):  # as a cancel in the replay: keeps what it holds, takes nothing new
-        con.credit, con.prefetch, con.cancelled = 0, None, True
+        con.credit, con.once, con.cancelled = 0, True, True
+    con.quiescing = _is(base, "quiescing")
     return con
 
 
@@ -207,12 +210,19 @@ def load_state(state: Any, machine_version: int, delivery_limit: int | None, pri
         replay.consumers[key] = c
         replay.by_cid[c.cid] = key
     replay.service = [k for k in _pqueue_items(state[10]) if k in replay.consumers]
+    if isinstance(state[15], int):
+        replay.last_active = state[15]
     notes = []
     if machine_version >= 8 and len(state) > 17:
         replay.delayed = load_tree(state[17], msg_ref)
         if isinstance(state[7], int):  # last_command_time: the restart's stand-in when no command follows
             replay.ts = state[7]
     waiting = state[14]
-    if isinstance(waiting, list) and waiting:
-        notes.append(f"{len(waiting)} waiting single-active consumer(s) in the snapshot (they hold no messages)")
+    if not isinstance(waiting, list):
+        raise SnapshotStateError("waiting_consumers: not a list")
+    for w in waiting:  # single active consumer's waiting list, kept in its order
+        if not (isinstance(w, tuple) and len(w) == 2):
+            raise SnapshotStateError(f"waiting_consumers: not {{Key, Consumer}}: {w!r:.60}")
+        replay.waiting.append(_consumer(w[0], w[1], machine_version))
+        replay.by_cid[replay.waiting[-1].cid] = w[0]
     return replay, notes

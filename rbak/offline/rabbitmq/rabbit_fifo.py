@@ -38,7 +38,7 @@ from typing import Any, Callable
 from .erlang_terms import Atom, ImproperList
 from .fifo_consumers import Consumer, ConsumerRules, _pid, pid_order
 from .fifo_delayed import DEFERRAL_TOKEN, Delayed, ready_at
-from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque
+from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque, expiry_note
 
 
 @dataclass(slots=True)
@@ -149,6 +149,8 @@ class FifoReplay(ConsumerRules):
         self.dead_lettered = 0  # handed to an at-most-once dead-letter exchange (gone from the queue)
         self.dlx_lost = 0  # at-least-once ones deleted by a switch to another dead-letter strategy
         self.delayed = Delayed()  # 4.3's delayed-retry messages (fifo_delayed)
+        self.last_active = self.limits.created  # x-expires: the queue's last activity (ms)
+        self.consumers_at_stop = False
 
     def set_version(self, mv: int) -> None:
         if mv == self.mv:
@@ -388,6 +390,10 @@ class FifoReplay(ConsumerRules):
             c.delivered(self._take())
             self._serve(c)
 
+    def expiry_note(self) -> str | None:
+        """What x-expires does to the queue (after ``remaining``): see ``fifo_limits.expiry_note``."""
+        return expiry_note(self.limits.expires, self.last_active, self.ts, self.consumers_at_stop)
+
     def remaining(self) -> list[Msg]:
         """The queue at stop, in the order a consumer attaching after a restart would get it.
 
@@ -405,6 +411,7 @@ class FifoReplay(ConsumerRules):
         if (latest := self.delayed.latest()) is not None:
             self.ts = max(self.ts, latest)
         pids = {pid_order(p): p for p in (_pid(c) for c in [*self.consumers.values(), *self.waiting])}
+        self.consumers_at_stop = bool(pids)
         for k in sorted(pids):
             self._down(pids[k])
             self._after(True)
