@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from .erlang_terms import Atom, ImproperList
@@ -128,7 +128,7 @@ class Limits:
 
 
 def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ").replace("000Z", "Z")
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def expiry_note(expires: int | None, last_active: int | None, stop_ts: int, had_consumers: bool) -> str | None:
