@@ -160,3 +160,22 @@ def test_expiry_note_cases():
     assert "first tick of any restart" in expiry_note(1000, 0, 5000, False)
     assert "restart after 1970-01-01T00:00:01.000Z (unused since 1970-01-01T00:00:00.000Z)" in expiry_note(1000, 0, 500, False)
     assert "1000 ms after a restart unless a consumer attaches" in expiry_note(1000, 0, 500, True)
+
+
+def test_4_3_consumer_timeout_returns_expired_locks_and_pauses_the_consumer():
+    """``{timeout, evaluate_consumer_timeout}``: messages held past the consumer's timeout (checkout meta) go
+    back, not as failures; the consumer gets nothing until it has settled those ids."""
+    r = _replay(mv=8)
+    _fill(r, 4)
+    r.apply(10, _usr((A("checkout"), (b"a", _pid(1)), _prefetch(2), {A("timeout"): 500}), 1000))
+    r.apply(11, _usr((A("checkout"), (b"b", _pid(2)), _prefetch(1), {}), 1000))
+    r.apply(12, _usr((A("timeout"), A("evaluate_consumer_timeout")), 1400))  # not yet
+    assert len(r.consumers[10].checked_out) == 2
+    r.apply(13, _usr((A("timeout"), A("evaluate_consumer_timeout")), 1500))
+    a = r.consumers[10]
+    assert not a.checked_out and a.timed_out == {0, 1} and [m.idx for m in r.returns] == [1, 2]
+    assert [m.failed for m in r.returns] == [0, 0]
+    r.apply(14, _usr((A("settle"), 11, [0]), 1600))  # b takes the first returned one, not a
+    assert [m.idx for m in r.consumers[11].checked_out.values()] == [1] and not a.checked_out
+    r.apply(15, _usr((A("settle"), 10, [0, 1]), 1700))  # late acks of the timed-out ids: a is up again
+    assert a.up and [m.idx for m in a.checked_out.values()] == [2, 4]

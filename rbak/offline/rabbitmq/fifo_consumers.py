@@ -30,6 +30,7 @@ from typing import Any
 from .erlang_terms import Atom
 
 _SERIAL = 1 << 32
+DEFAULT_CONSUMER_TIMEOUT = 1_800_000  # rabbit_fifo's ?DEFAULT_CONSUMER_TIMEOUT_MS
 
 
 def _is(x: Any, name: str) -> bool:
@@ -49,6 +50,13 @@ class Consumer:
     cancelled: bool = False  # status cancelled: keeps what it holds, takes nothing new
     quiescing: bool = False  # SAC: a higher-priority consumer waits for this one to hold nothing
     delivery_count: int = 0  # the sender's AMQP delivery count
+    timeout: int = DEFAULT_CONSUMER_TIMEOUT  # 4.3: ms a message may stay checked out (checkout meta's timeout)
+    locks: dict = field(default_factory=dict)  # 4.3: msg id -> lock expiry (delivery time + timeout)
+    timed_out: set = field(default_factory=set)  # 4.3: msg ids returned by a timeout, not yet settled by it
+
+    @property
+    def up(self) -> bool:
+        return not (self.cancelled or self.quiescing or self.timed_out)
 
     def give_back(self, n: int) -> None:
         """``increase_credit``: settles and returns restore a simple_prefetch consumer's credit."""
@@ -64,7 +72,8 @@ class Consumer:
         self.delivery_count = (self.delivery_count + self.credit) % _SERIAL
         self.credit = 0
 
-    def delivered(self, m: Any) -> None:
+    def delivered(self, m: Any, ts: int = 0) -> None:
+        self.locks[self.next_msg_id] = ts + self.timeout
         self.checked_out[self.next_msg_id] = m
         self.next_msg_id += 1
         self.credit -= 1
@@ -88,7 +97,7 @@ def parse_spec(spec: Any) -> tuple[str, str, int, int]:
 
 def _waiting_le(a: Consumer, b: Consumer) -> bool:
     """``sort_waiting``'s order (4.x): a before b."""
-    a_up, b_up = not (a.cancelled or a.quiescing), not (b.cancelled or b.quiescing)
+    a_up, b_up = a.up, b.up
     if a_up and b_up:
         if a.priority != b.priority:
             return b.priority <= a.priority
@@ -127,7 +136,7 @@ class ConsumerRules:
         """``active_consumer``: the first consumer by key that is up or quiescing (3.x: up)."""
         for k in sorted(self.consumers, key=_key_order):
             c = self.consumers[k]
-            if not c.cancelled and (self.mv >= 4 or not c.quiescing):
+            if not c.cancelled and not c.timed_out:
                 return c
         return None
 
@@ -157,6 +166,7 @@ class ConsumerRules:
         parsed = parse_spec(spec)
         prio = meta.get(Atom("priority"), 0) if isinstance(meta, dict) else 0
         prio = prio if isinstance(prio, int) else 0
+        timeout = meta.get(Atom("timeout")) if isinstance(meta, dict) else None
         c = self._consumer(cid)
         if self.limits.single_active:
             active = self._active()
@@ -165,23 +175,24 @@ class ConsumerRules:
             else:
                 w = self._waiting_one(cid)
                 key = w.key if w is not None else (c.key if c is not None else (idx if self.mv >= 4 else cid))
-                self._add_waiting(self._make(cid, key, parsed, prio))
+                self._add_waiting(self._make(cid, key, parsed, prio, timeout))
                 self.by_cid[cid] = key
             return
         if c is None:
-            c = self._new_consumer(cid, idx if self.mv >= 4 else cid, parsed, prio)
+            c = self._new_consumer(cid, idx if self.mv >= 4 else cid, parsed, prio, timeout)
         else:
             self._merge(c, parsed, prio)
         self._serve(c)
 
     @staticmethod
-    def _make(cid: Any, key: Any, parsed: tuple, prio: int) -> Consumer:
+    def _make(cid: Any, key: Any, parsed: tuple, prio: int, timeout: Any = None) -> Consumer:
         life, mode, credit, dc = parsed
         return Consumer(key, cid, prio, credit, credit if mode == "simple_prefetch" else None,
-                        once=life == "once", delivery_count=dc)
+                        once=life == "once", delivery_count=dc,
+                        timeout=timeout if isinstance(timeout, int) else DEFAULT_CONSUMER_TIMEOUT)
 
-    def _new_consumer(self, cid: Any, key: Any, parsed: tuple, prio: int) -> Consumer:
-        c = self._make(cid, key, parsed, prio)
+    def _new_consumer(self, cid: Any, key: Any, parsed: tuple, prio: int, timeout: Any = None) -> Consumer:
+        c = self._make(cid, key, parsed, prio, timeout)
         self.consumers[key] = c
         self.by_cid[cid] = key
         return c
@@ -195,7 +206,7 @@ class ConsumerRules:
         self._serve(c)
 
     def _serve(self, c: Consumer) -> None:
-        if c.credit > 0 and not c.cancelled and c.key not in self.service and c.key in self.consumers:
+        if c.credit > 0 and c.up and c.key not in self.service and c.key in self.consumers:
             # priority_queue: higher consumer priority first, FIFO within one priority
             i = len(self.service)
             while i > 0 and self.consumers[self.service[i - 1]].priority < c.priority:
@@ -256,6 +267,31 @@ class ConsumerRules:
         if c.key in self.service:
             self.service.remove(c.key)
 
+    def _time_out(self) -> None:
+        """``{timeout, evaluate_consumer_timeout}`` (4.3): each consumer's messages whose lock has expired go
+        back (msg id order, not failures) and it takes nothing more until it settles those ids; a single
+        active consumer left holding nothing goes back to the waiting list."""
+        for c in sorted(self.consumers.values(), key=lambda c: _key_order(c.key)):
+            due = sorted(mid for mid in c.checked_out if self.ts >= c.locks.get(mid, self.ts + 1))
+            if not due:
+                continue
+            c.timed_out.update(due)
+            if c.key in self.service:
+                self.service.remove(c.key)
+            for mid in due:
+                c.give_back(1)
+                self._return_one(c.checked_out.pop(mid), False)
+        if self.limits.single_active:
+            for c in sorted(self.consumers.values(), key=lambda c: _key_order(c.key)):
+                if c.timed_out and not c.checked_out:
+                    self.consumers.pop(c.key)
+                    self._add_waiting(c)
+
+    def _untimeout(self, c: Consumer, mids: list) -> None:
+        """``maybe_untimeout``: once it has settled every timed-out id the consumer is up again."""
+        if c.timed_out:
+            c.timed_out.difference_update(mids)
+
     def _time_out_ghosts(self) -> None:
         """Consumers left after every pid was found dead (a single active consumer that went back to waiting,
         then was activated after its own down): the consumer timeout returns what they hold, msg id order,
@@ -303,8 +339,7 @@ class ConsumerRules:
         """``activate_next_consumer`` for a single-active-consumer queue."""
         if not self.limits.single_active:
             return
-        nxt = self.waiting[0] if self.waiting and not (self.waiting[0].cancelled or self.waiting[0].quiescing) \
-            else None
+        nxt = self.waiting[0] if self.waiting and self.waiting[0].up else None
         active = self._active()
         if nxt is None:
             return

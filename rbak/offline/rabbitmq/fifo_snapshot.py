@@ -171,8 +171,14 @@ def _consumer(key: Any, c: Any, mv: int) -> Consumer:
     for mid in sorted(checked):
         m = checked[mid]
         if mv >= 8 and isinstance(m, tuple) and len(m) == 2:
+            if isinstance(m[0], int):
+                con.locks[mid] = m[0]
             m = m[1]  # {LockExpiry, Msg}
         con.checked_out[mid] = msg_ref(m, "checked_out")
+    if len(cfg) > 7 and isinstance(cfg[7], int):
+        con.timeout = cfg[7]
+    if len(c) > 8 and isinstance(c[8], list) and isinstance(status, tuple) and _is(status[0], "timeout"):
+        con.timed_out = {i for i in c[8] if isinstance(i, int)}
     if len(c) > 6 and isinstance(c[6], int):
         con.delivery_count = c[6]
     base = status[1] if isinstance(status, tuple) and len(status) == 2 else status

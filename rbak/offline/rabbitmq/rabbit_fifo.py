@@ -260,6 +260,8 @@ class FifoReplay(ConsumerRules):
         what = cmd[1] if len(cmd) > 1 else None
         if _is(what, "expire_msgs") or (isinstance(what, tuple) and what and _is(what[0], "expire_msgs")):
             self.returns.extend(self.delayed.take_due(self.ts))
+        elif _is(what, "evaluate_consumer_timeout") and self.mv >= 8:
+            self._time_out()
 
     def _c_delayed_cmd(self, idx: int, cmd: tuple) -> None:
         """``{retry, all | N}``: the first delayed ones join the returns; ``{assign_deferred, Key, Tokens}``:
@@ -278,7 +280,7 @@ class FifoReplay(ConsumerRules):
             if len(tokens) > c.credit:
                 return
             for m in self.delayed.take_tokens(tokens):
-                c.delivered(m)
+                c.delivered(m, self.ts)
 
     def _c_enqueue(self, idx: int, cmd: tuple) -> None:
         if len(cmd) == 4:
@@ -298,6 +300,7 @@ class FifoReplay(ConsumerRules):
         c = self._consumer(cmd[1]) if len(cmd) > 1 else None
         if c is None:
             return
+        self._untimeout(c, self._msgs(cmd, 2))
         for mid in self._msgs(cmd, 2):
             m = c.checked_out.pop(mid, None)
             if m is None:
@@ -385,9 +388,9 @@ class FifoReplay(ConsumerRules):
                 return
             key = self.service.pop(0)
             c = self.consumers.get(key)
-            if c is None or c.credit <= 0 or c.cancelled or c.quiescing:
+            if c is None or c.credit <= 0 or not c.up:
                 continue
-            c.delivered(self._take())
+            c.delivered(self._take(), self.ts)
             self._serve(c)
 
     def expiry_note(self) -> str | None:
