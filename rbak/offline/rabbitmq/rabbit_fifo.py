@@ -32,8 +32,9 @@ state are replayed too (``fifo_limits``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .erlang_terms import Atom, ImproperList
 from .fifo_consumers import Consumer, ConsumerRules, _pid, pid_order
