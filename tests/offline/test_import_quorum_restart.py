@@ -28,7 +28,9 @@ def _bodies(sc, q):
 @pytest.mark.slow
 def test_delayed_retry_after_a_kill_imports_what_the_restarted_node_delivers(shared_root, tmp_path):
     sc = scenario("qdelay-4.3", shared_root)
-    _res, got = _import(sc, tmp_path)
+    res, got = _import(sc, tmp_path)
+    notes = "\n".join(res.ctx.notes)
+    assert "'qq-dr-returned' in vhost '/': 2 delayed-retry message(s) held back at the stop" in notes, notes
     for key, refs in sc.quorum.items():
         _same(got.get(key, []), refs, key)
     # Not the order the consumers held them in (what returning each one's messages in turn would give).

@@ -340,6 +340,9 @@ def _limit_notes(replay: FifoReplay, ctx: ImportContext) -> None:
     if replay.dead_lettered:
         ctx.note(f"{ctx.queue}: {replay.dead_lettered} message(s) had left it for {replay.limits.describe()} "
                  "(at-most-once dead-lettering: the broker published them there) and are not exported")
+    if replay.delayed_at_stop:
+        ctx.note(f"{ctx.queue}: {replay.delayed_at_stop} delayed-retry message(s) held back at the stop are exported "
+                 "after the returned ones, in the order they come due")
     if (expiry := replay.expiry_note()) is not None:
         ctx.note(f"{ctx.queue}: {expiry}")
     if replay.dlx_lost:

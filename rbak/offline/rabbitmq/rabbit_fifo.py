@@ -152,6 +152,7 @@ class FifoReplay(ConsumerRules):
         self.delayed = Delayed()  # 4.3's delayed-retry messages (fifo_delayed)
         self.last_active = self.limits.created  # x-expires: the queue's last activity (ms)
         self.consumers_at_stop = False
+        self.delayed_at_stop = 0
 
     def set_version(self, mv: int) -> None:
         if mv == self.mv:
@@ -412,6 +413,7 @@ class FifoReplay(ConsumerRules):
         delay set before the stop has come due, whichever is later. Then, with no consumer
         attached, the timer moves 4.3's delayed messages to the returns as they come due
         (``fifo_delayed``): returns, delayed, ready."""
+        self.delayed_at_stop = len(self.delayed)
         if (latest := self.delayed.latest()) is not None:
             self.ts = max(self.ts, latest)
         pids = {pid_order(p): p for p in (_pid(c) for c in [*self.consumers.values(), *self.waiting])}
