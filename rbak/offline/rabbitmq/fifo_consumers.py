@@ -155,6 +155,8 @@ class ConsumerRules:
             self._cancel(cid, _is(spec, "remove"))
             return
         if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
+            if self.limits.single_active:
+                return  # {error, {unsupported, single_active_consumer}}: nothing changes
             self.last_active = self.ts  # a dequeue always counts as activity (x-expires)
             self._expire()  # a basic.get goes through checkout_one, which expires first
             m = self._take()
