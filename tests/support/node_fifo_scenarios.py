@@ -17,8 +17,8 @@ passed (every delay due) a live consumer reads each queue without acking (the re
 - ``qcons-3.10`` / ``-4.0`` / ``-4.3``: ``qq-spare``: one consumer holds five, another one with credit
   left (it takes the first one's back at the restart, then returns all behind its own); ``qq-sac``
   (single active consumer): the active one holds four, two wait (unlimited prefetch, then prefetch
-  2). On 4.x also ``qq-credit``: an AMQP 1.0 receiver (credited) with credit left behind a 0-9-1
-  consumer, and ``qq-sac-prio``: a priority-5 consumer arrives while the active one holds three
+  2). ``qq-credit``: an AMQP 1.0 receiver (credited; 3.10: the rabbitmq_amqp1_0 plugin) with credit
+  left behind a 0-9-1 consumer. On 4.x also ``qq-sac-prio``: a priority-5 consumer arrives while the active one holds three
   (it quiesces). On 4.3 the restart leaves that quiescing consumer active though dead (its last
   return puts it back in the waiting list after its down was processed): the consumer timeout
   (10 s here) gives its messages back.
@@ -112,7 +112,8 @@ def _consumers(node: PrivateNode) -> tuple[list[str], list]:
     conn = node.connect("/")
     ch = conn.channel()
     ch.confirm_delivery()
-    held, queues = [], ["qq-spare", "qq-sac"] + (["qq-credit", "qq-sac-prio"] if node.version.startswith("4") else [])
+    v4 = node.version.startswith("4")
+    held, queues = [], ["qq-spare", "qq-sac", "qq-credit"] + (["qq-sac-prio"] if v4 else [])
     sac = dict(QQ, **{"x-single-active-consumer": True})
     for q in queues:
         ch.queue_declare(q, durable=True, arguments=sac if q.startswith("qq-sac") else QQ)
@@ -132,10 +133,11 @@ def _consumers(node: PrivateNode) -> tuple[list[str], list]:
     ch3.basic_qos(prefetch_count=2)
     ch3.basic_consume("qq-sac", lambda *a: None)  # waits, prefetch 2
     held.append(c3)
-    if node.version.startswith("4"):
-        publish(ch, "qq-credit", 8, "credit")
-        held.append(take(node, "qq-credit", 3)[0])  # 0-2
-        held.append(_credited(node, "qq-credit", 2, 10))  # 3-4 over AMQP 1.0, credit left
+    publish(ch, "qq-credit", 8, "credit")
+    held.append(take(node, "qq-credit", 3)[0])  # 0-2
+    # 3-7 over AMQP 1.0 (3.10: the rabbitmq_amqp1_0 plugin, credited mode), credit left
+    held.append(_credited(node, "/queues/qq-credit" if v4 else "/amq/queue/qq-credit", 2, 10))
+    if v4:
         publish(ch, "qq-sac-prio", 10, "prio")
         held.append(take(node, "qq-sac-prio", 3)[0])  # active, priority 0, holds 0-2
         c4 = node.connect("/")
@@ -157,11 +159,11 @@ class _Held:
         self.conn.close()
 
 
-def _credited(node: PrivateNode, queue: str, n: int, credit: int) -> _Held:
+def _credited(node: PrivateNode, address: str, n: int, credit: int) -> _Held:
     from proton.utils import BlockingConnection
 
     conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", allowed_mechs="PLAIN", timeout=30)
-    rcv = conn.create_receiver(f"/queues/{queue}", credit=credit)
+    rcv = conn.create_receiver(address, credit=credit)
     for _ in range(n):
         rcv.receive(timeout=10)  # unsettled (the link's default is to settle on accept, which never comes)
     return _Held(conn)
@@ -194,8 +196,8 @@ def _exists(node: PrivateNode, queue: str) -> bool:
 
 
 def build_restart(name: str, version: str, base: Path, setup, settle: float, kill: bool = True,
-                  conf: tuple[str, ...] = ()) -> QsScenario:
-    node = PrivateNode(version, base, conf=list(conf)).start()
+                  conf: tuple[str, ...] = (), plugins: tuple[str, ...] = ()) -> QsScenario:
+    node = PrivateNode(version, base, conf=list(conf), plugins=plugins).start()
     sc = QsScenario(name, version, node.data_dir, killed=kill)
     try:
         queues, held = setup(node)
@@ -226,7 +228,8 @@ for _version in ("3.10", "4.0", "4.3"):
     # consumer timeout (its 30 min default shortened; the scenario's consumers hold theirs for less).
     BUILDERS[f"qcons-{_version}"] = lambda base, v=_version: build_restart(
         f"qcons-{v}", v, base, _consumers, 14 if v == "4.3" else 2,
-        conf=("consumer_timeout = 10000",) if v == "4.3" else ())
+        conf=("consumer_timeout = 10000",) if v == "4.3" else (),
+        plugins=("rabbitmq_amqp1_0",) if v == "3.10" else ())
     VERSIONS[f"qcons-{_version}"] = _version
 
     BUILDERS[f"qexpire-{_version}"] = lambda base, v=_version: build_restart(
