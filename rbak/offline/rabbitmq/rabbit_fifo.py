@@ -18,9 +18,10 @@ levels (``rabbit_fifo_pq``, version 8+: 4.3). Consumers are served in turn
 (highest consumer priority first), each taking messages while it has credit;
 msg ids count up per consumer, which is how settles name messages.
 
-At stop every message not settled or discarded is still the queue's:
-messages checked out by consumers that were alive go back when those
-consumers are found dead on restart (in consumer, then msg id, order).
+At stop every message not settled or discarded is still the queue's;
+``remaining`` replays the restart (each dead pid's ``down`` in turn, see
+there). Credit and single active consumer: ``fifo_consumers``; 4.3's
+delayed retry: ``fifo_delayed``.
 Expiry is replayed as ``expire_msgs`` applies it: each message's expiry is
 its enqueue command's ``ts`` plus min(queue ``msg_ttl``, its own TTL), and
 the next message to deliver is dropped at each checkout round once the
