@@ -141,8 +141,12 @@ class ConsumerRules:
         return None
 
     def _add_waiting(self, c: Consumer) -> None:
-        self.waiting = [w for w in self.waiting if w.key != c.key]
-        self.waiting.append(c)
+        """``add_waiting``: ``lists:keystore`` (replaced in place, else appended), sorted on 4.x."""
+        at = next((i for i, w in enumerate(self.waiting) if w.key == c.key), None)
+        if at is None:
+            self.waiting.append(c)
+        else:
+            self.waiting[at] = c
         if self.mv >= 4:
             self.waiting.sort(key=functools.cmp_to_key(_cmp))
 
