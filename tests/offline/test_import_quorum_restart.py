@@ -31,6 +31,8 @@ def test_delayed_retry_after_a_kill_imports_what_the_restarted_node_delivers(sha
     res, got = _import(sc, tmp_path)
     notes = "\n".join(res.ctx.notes)
     assert "'qq-dr-returned' in vhost '/': 2 delayed-retry message(s) held back at the stop" in notes, notes
+    assert "'qq-dr-limit' in vhost '/': 2 message(s) consumers held at the stop are past the delivery limit" \
+        in notes, notes
     for key, refs in sc.quorum.items():
         _same(got.get(key, []), refs, key)
     # The broker really reordered them, so an import ignoring the delays could not pass:

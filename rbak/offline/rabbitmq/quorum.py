@@ -340,6 +340,10 @@ def _limit_notes(replay: FifoReplay, ctx: ImportContext) -> None:
     if replay.dead_lettered:
         ctx.note(f"{ctx.queue}: {replay.dead_lettered} message(s) had left it for {replay.limits.describe()} "
                  "(at-most-once dead-lettering: the broker published them there) and are not exported")
+    if replay.restart_dropped:
+        ctx.note(f"{ctx.queue}: {replay.restart_dropped} message(s) consumers held at the stop are past the delivery "
+                 "limit once a restart returns them (a dead consumer's messages count as failed deliveries) and "
+                 "are not exported")
     if replay.delayed_at_stop:
         ctx.note(f"{ctx.queue}: {replay.delayed_at_stop} delayed-retry message(s) held back at the stop are exported "
                  "after the returned ones, in the order they come due")

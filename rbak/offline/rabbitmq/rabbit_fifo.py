@@ -154,6 +154,7 @@ class FifoReplay(ConsumerRules):
         self.last_active = self.limits.created  # x-expires: the queue's last activity (ms)
         self.consumers_at_stop = False
         self.delayed_at_stop = 0
+        self.restart_dropped = 0  # past the delivery limit when the restart returns them
 
     def set_version(self, mv: int) -> None:
         if mv == self.mv:
@@ -414,7 +415,7 @@ class FifoReplay(ConsumerRules):
         delay set before the stop has come due, whichever is later. Then, with no consumer
         attached, the timer moves 4.3's delayed messages to the returns as they come due
         (``fifo_delayed``): returns, delayed, ready."""
-        self.delayed_at_stop = len(self.delayed)
+        self.delayed_at_stop, dropped = len(self.delayed), self.dropped
         if (latest := self.delayed.latest()) is not None:
             self.ts = max(self.ts, latest)
         pids = {pid_order(p): p for p in (_pid(c) for c in [*self.consumers.values(), *self.waiting])}
@@ -423,6 +424,7 @@ class FifoReplay(ConsumerRules):
             self._down(pids[k])
             self._after(True)
         self._time_out_ghosts()
+        self.restart_dropped = self.dropped - dropped
         self.returns.extend(self.delayed.drain())
         self._evaluate_limit()
         out = list(self.returns)
