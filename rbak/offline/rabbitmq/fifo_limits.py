@@ -26,9 +26,11 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_delayed import RetryConfig
 
 AT_LEAST_ONCE = "at_least_once"
 AT_MOST_ONCE = "at_most_once"
@@ -69,6 +71,10 @@ class Limits:
     overflow: str = DROP_HEAD
     dlh: str | None = None  # None (no dead-lettering), at_most_once or at_least_once
     dlx_target: str = ""  # at_most_once: "exchange/routing key"
+    delayed_retry: RetryConfig | None = None  # 4.3: {all|failed|returned, Min, Max}
+    single_active: bool = False  # consumer_strategy single_active (x-single-active-consumer)
+    expires: int | None = None  # x-expires: ms unused before the queue deletes itself
+    created: int | None = None  # the machine config's creation time: the first last_active
 
     @classmethod
     def from_conf(cls, conf: dict) -> Limits:
@@ -76,16 +82,21 @@ class Limits:
         kind, target = _dlh(conf.get(Atom("dead_letter_handler")))
         ovf = conf.get(Atom("overflow_strategy"))
         return cls(_int_or_none(conf.get(Atom("max_length"))), _int_or_none(conf.get(Atom("max_bytes"))),
-                   str(ovf) if isinstance(ovf, Atom) else DROP_HEAD, kind, target)
+                   str(ovf) if isinstance(ovf, Atom) else DROP_HEAD, kind, target,
+                   RetryConfig.from_term(conf.get(Atom("delayed_retry"))),
+                   conf.get(Atom("single_active_consumer_on")) == "true", _int_or_none(conf.get(Atom("expires"))))
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> Limits:
-        """A snapshot's ``#cfg{}`` record (dead_letter_handler 4, overflow_strategy 6, max_length 7, max_bytes 8)."""
+        """A snapshot's ``#cfg{}`` record (dead_letter_handler 4, overflow_strategy 6, max_length 7, max_bytes 8,
+        consumer_strategy 9, expires 11, delayed_retry 14 on 4.3)."""
         if not (isinstance(cfg, tuple) and len(cfg) > 8):
             return cls()
         kind, target = _dlh(cfg[4])
         return cls(_int_or_none(cfg[7]), _int_or_none(cfg[8]),
-                   str(cfg[6]) if isinstance(cfg[6], Atom) else DROP_HEAD, kind, target)
+                   str(cfg[6]) if isinstance(cfg[6], Atom) else DROP_HEAD, kind, target,
+                   RetryConfig.from_term(cfg[14]) if len(cfg) > 14 else None,
+                   cfg[9] == "single_active", _int_or_none(cfg[11]) if len(cfg) > 11 else None)
 
     @classmethod
     def from_config_text(cls, text: bytes) -> Limits:
@@ -97,7 +108,11 @@ class Limits:
         ovf = re.search(rb"\boverflow_strategy\s*=>\s*([a-z_]+)", text)
         dlh = re.search(rb"\bdead_letter_handler\s*=>\s*(\{\s*at_most_once|at_least_once)", text)
         kind = None if dlh is None else (AT_LEAST_ONCE if dlh.group(1) == b"at_least_once" else AT_MOST_ONCE)
-        return cls(num(b"max_length"), num(b"max_bytes"), ovf.group(1).decode() if ovf else DROP_HEAD, kind)
+        dr = re.search(rb"\bdelayed_retry\s*=>\s*\{\s*(all|failed|returned)\s*,\s*(\d+)\s*,\s*(\d+)\s*\}", text)
+        sac = re.search(rb"\bsingle_active_consumer_on\s*=>\s*true\b", text)
+        return cls(num(b"max_length"), num(b"max_bytes"), ovf.group(1).decode() if ovf else DROP_HEAD, kind,
+                   delayed_retry=RetryConfig(dr.group(1).decode(), int(dr.group(2)), int(dr.group(3))) if dr else None,
+                   single_active=sac is not None, expires=num(b"expires"), created=num(b"created"))
 
     @property
     def drops_head(self) -> bool:
@@ -110,6 +125,29 @@ class Limits:
 
     def describe(self) -> str:
         return self.dlx_target or "the queue's dead-letter exchange"
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def expiry_note(expires: int | None, last_active: int | None, stop_ts: int, had_consumers: bool) -> str | None:
+    """x-expires (``is_expired``, checked on each tick: no consumer and now > last_active + expires, then the
+    queue deletes itself with its messages). The files cannot say when a node would be restarted, so the
+    import exports the messages and says when a restart would delete the queue."""
+    if expires is None:
+        return None
+    what = f"x-expires {expires} ms: exported, but RabbitMQ deletes the queue with its messages"
+    if had_consumers:
+        return (f"{what} {expires} ms after a restart unless a consumer attaches (the consumers it had at the "
+                "stop are found dead then, which counts as activity)")
+    if last_active is None:
+        return f"{what} {expires} ms after its last use (not in these files) once restarted without a consumer"
+    at = last_active + expires
+    if stop_ts > at:
+        return (f"{what} at the first tick of any restart: unused since {_utc(last_active)}, it had expired "
+                f"at {_utc(at)}, before the node stopped (last command at {_utc(stop_ts)})")
+    return f"{what} at the first tick of a restart after {_utc(at)} (unused since {_utc(last_active)})"
 
 
 class SizedDeque(deque):

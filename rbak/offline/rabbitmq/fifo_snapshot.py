@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from .erlang_terms import Atom, ImproperList
+from .fifo_delayed import load_tree
 from .fifo_limits import DeadLetters, Limits, SizedDeque
 from .rabbit_fifo import Consumer, FifoReplay, Msg, Ready
 
@@ -90,13 +91,15 @@ def msg_ref(m: Any, what: str, priority: int = 4) -> Msg:
         idx, header = m[0], None
     else:
         raise SnapshotStateError(f"{what}: not a message reference {m!r:.80}")
-    failed = 0
+    failed = acquired = 0
     if isinstance(header, dict):
         failed = header.get(Atom("delivery_count"), 0)
+        acquired = header.get(Atom("acquired_count"), 0)
         expiry = header.get(Atom("expiry"))
         size = header.get(Atom("size"), 0)
     return Msg(idx, idx, priority, failed if isinstance(failed, int) else 0,
-               expiry if isinstance(expiry, int) else None, size if isinstance(size, int) else 0)
+               expiry if isinstance(expiry, int) else None, size if isinstance(size, int) else 0,
+               acquired if isinstance(acquired, int) else 0)
 
 
 def _dlx_msg(e: Any) -> Msg:
@@ -168,31 +171,21 @@ def _consumer(key: Any, c: Any, mv: int) -> Consumer:
     for mid in sorted(checked):
         m = checked[mid]
         if mv >= 8 and isinstance(m, tuple) and len(m) == 2:
+            if isinstance(m[0], int):
+                con.locks[mid] = m[0]
             m = m[1]  # {LockExpiry, Msg}
         con.checked_out[mid] = msg_ref(m, "checked_out")
+    if len(cfg) > 7 and isinstance(cfg[7], int):
+        con.timeout = cfg[7]
+    if len(c) > 8 and isinstance(c[8], list) and isinstance(status, tuple) and _is(status[0], "timeout"):
+        con.timed_out = {i for i in c[8] if isinstance(i, int)}
+    if len(c) > 6 and isinstance(c[6], int):
+        con.delivery_count = c[6]
     base = status[1] if isinstance(status, tuple) and len(status) == 2 else status
     if _is(base, "cancelled"):  # as a cancel in the replay: keeps what it holds, takes nothing new
-        con.credit, con.prefetch = 0, None
+        con.credit, con.once, con.cancelled = 0, True, True
+    con.quiescing = _is(base, "quiescing")
     return con
-
-
-def _delayed(d: Any) -> list[Msg]:
-    """Version 8's delayed-retry messages (a gb_tree keyed ``[ReadyAt | Idx]``), in the order they come due."""
-    if not (isinstance(d, tuple) and len(d) == 4 and _is(d[0], "delayed")):
-        return []
-    out: list[tuple[Any, Msg]] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, tuple) and len(node) == 4:
-            walk(node[2])
-            m, k = msg_ref(node[1], "delayed"), node[0]
-            out.append(((k.items[0], k.tail) if isinstance(k, ImproperList) else (0, m.idx), m))
-            walk(node[3])
-
-    tree = d[1]
-    if isinstance(tree, tuple) and len(tree) == 2:
-        walk(tree[1])
-    return [m for _k, m in sorted(out, key=lambda x: x[0])]
 
 
 def _key_order(k: Any) -> tuple:
@@ -223,13 +216,19 @@ def load_state(state: Any, machine_version: int, delivery_limit: int | None, pri
         replay.consumers[key] = c
         replay.by_cid[c.cid] = key
     replay.service = [k for k in _pqueue_items(state[10]) if k in replay.consumers]
+    if isinstance(state[15], int):
+        replay.last_active = state[15]
     notes = []
     if machine_version >= 8 and len(state) > 17:
-        delayed = _delayed(state[17])
-        if delayed:
-            replay.returns.extend(delayed)
-            notes.append(f"{len(delayed)} delayed-retry message(s) exported after the returned ones")
+        replay.delayed = load_tree(state[17], msg_ref)
+        if isinstance(state[7], int):  # last_command_time: the restart's stand-in when no command follows
+            replay.ts = state[7]
     waiting = state[14]
-    if isinstance(waiting, list) and waiting:
-        notes.append(f"{len(waiting)} waiting single-active consumer(s) in the snapshot (they hold no messages)")
+    if not isinstance(waiting, list):
+        raise SnapshotStateError("waiting_consumers: not a list")
+    for w in waiting:  # single active consumer's waiting list, kept in its order
+        if not (isinstance(w, tuple) and len(w) == 2):
+            raise SnapshotStateError(f"waiting_consumers: not {{Key, Consumer}}: {w!r:.60}")
+        replay.waiting.append(_consumer(w[0], w[1], machine_version))
+        replay.by_cid[replay.waiting[-1].cid] = w[0]
     return replay, notes

@@ -278,8 +278,9 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
         if replay.unknown:
             ctx.note(f"{ctx.queue}: commands not replayed: "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(replay.unknown.items())))
+        rest = replay.remaining()  # the restart replay may drop more (limits): note after it
         _limit_notes(replay, ctx)
-        for m in replay.remaining():
+        for m in rest:
             body = bodies.get(m.body_idx)
             if body is None:  # a message the snapshot refers to: its body is a live entry before it
                 body = _body_before(m.body_idx, entries, snap, ctx)
@@ -339,6 +340,15 @@ def _limit_notes(replay: FifoReplay, ctx: ImportContext) -> None:
     if replay.dead_lettered:
         ctx.note(f"{ctx.queue}: {replay.dead_lettered} message(s) had left it for {replay.limits.describe()} "
                  "(at-most-once dead-lettering: the broker published them there) and are not exported")
+    if replay.restart_dropped:
+        ctx.note(f"{ctx.queue}: {replay.restart_dropped} message(s) consumers held at the stop are past the delivery "
+                 "limit once a restart returns them (a dead consumer's messages count as failed deliveries) and "
+                 "are not exported")
+    if replay.delayed_at_stop:
+        ctx.note(f"{ctx.queue}: {replay.delayed_at_stop} delayed-retry message(s) held back at the stop are exported "
+                 "after the returned ones, in the order they come due")
+    if (expiry := replay.expiry_note()) is not None:
+        ctx.note(f"{ctx.queue}: {expiry}")
     if replay.dlx_lost:
         ctx.note(f"{ctx.queue}: {replay.dlx_lost} message(s) awaiting at-least-once dead-lettering were deleted "
                  "when its dead-letter strategy changed (as the broker deletes them)")

@@ -18,9 +18,10 @@ levels (``rabbit_fifo_pq``, version 8+: 4.3). Consumers are served in turn
 (highest consumer priority first), each taking messages while it has credit;
 msg ids count up per consumer, which is how settles name messages.
 
-At stop every message not settled or discarded is still the queue's:
-messages checked out by consumers that were alive go back when those
-consumers are found dead on restart (in consumer, then msg id, order).
+At stop every message not settled or discarded is still the queue's;
+``remaining`` replays the restart (each dead pid's ``down`` in turn, see
+there). Credit and single active consumer: ``fifo_consumers``; 4.3's
+delayed retry: ``fifo_delayed``.
 Expiry is replayed as ``expire_msgs`` applies it: each message's expiry is
 its enqueue command's ``ts`` plus min(queue ``msg_ttl``, its own TTL), and
 the next message to deliver is dropped at each checkout round once the
@@ -32,11 +33,14 @@ state are replayed too (``fifo_limits``).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .erlang_terms import Atom, ImproperList
-from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque
+from .fifo_consumers import Consumer, ConsumerRules, _pid, pid_order
+from .fifo_delayed import DEFERRAL_TOKEN, Delayed, ready_at
+from .fifo_limits import AT_LEAST_ONCE, DeadLetters, Limits, SizedDeque, expiry_note
 
 
 @dataclass(slots=True)
@@ -47,18 +51,7 @@ class Msg:
     failed: int = 0  # delivery failures, for the delivery limit
     expiry: int | None = None  # absolute ms: enqueue time + min(queue msg_ttl, message TTL)
     size: int = 0  # the header's size, for x-max-length-bytes
-
-
-@dataclass(slots=True)
-class Consumer:
-    key: Any
-    cid: Any
-    priority: int = 0
-    credit: int = 0
-    prefetch: int | None = None  # simple_prefetch; None: credited
-    checked_out: dict[int, Msg] = field(default_factory=dict)
-    next_msg_id: int = 0
-    once: bool = False
+    acquired: int = 0  # every return counts (acquired_count: the delivery limit on machine versions 4-7)
 
 
 class Ready:
@@ -122,11 +115,15 @@ _NO_EFFECT = frozenset({"register_enqueuer", "garbage_collection", "nodeup", "no
                         "purge_nodes", "eval_consumer_timeouts", "consumer_timeout"})
 
 
+#: Commands after which ``activate_next_consumer`` runs.
+_ACTIVATES = frozenset({"checkout", "settle", "return", "discard", "modify", "requeue", "down", "timeout"})
+
+
 def _is(x: Any, name: str) -> bool:
     return isinstance(x, Atom) and x == name
 
 
-class FifoReplay:
+class FifoReplay(ConsumerRules):
     """Apply commands in log order; ``remaining()`` is the queue at the end, in delivery order."""
 
     def __init__(self, machine_version: int, priority_of: Callable[[int, Any], int], delivery_limit: int | None,
@@ -140,6 +137,7 @@ class FifoReplay:
         self.consumers: dict[Any, Consumer] = {}
         self.by_cid: dict[Any, Any] = {}
         self.service: list[Any] = []  # consumer keys waiting for messages
+        self.waiting: list[Consumer] = []  # single active consumer: the waiting list (fifo_consumers)
         self.dropped = 0
         self.expired = 0
         self.ttl_of = ttl_of  # (raft index, message term) -> the message's own TTL in ms, or None
@@ -152,6 +150,11 @@ class FifoReplay:
         self.maxlen_dropped = 0
         self.dead_lettered = 0  # handed to an at-most-once dead-letter exchange (gone from the queue)
         self.dlx_lost = 0  # at-least-once ones deleted by a switch to another dead-letter strategy
+        self.delayed = Delayed()  # 4.3's delayed-retry messages (fifo_delayed)
+        self.last_active = self.limits.created  # x-expires: the queue's last activity (ms)
+        self.consumers_at_stop = False
+        self.delayed_at_stop = 0
+        self.restart_dropped = 0  # past the delivery limit when the restart returns them
 
     def set_version(self, mv: int) -> None:
         if mv == self.mv:
@@ -182,6 +185,13 @@ class FifoReplay:
             self.unknown[name] = self.unknown.get(name, 0) + 1
             return
         handler(idx, cmd)
+        self._after(name in _ACTIVATES)
+
+    def _after(self, activate: bool) -> None:
+        """What ``rabbit_fifo`` does after a command: single active consumer's activation, the checkout
+        (expiry first), the dead-letter worker's checkout, the length limit."""
+        if activate:
+            self._activate_next()
         self._checkout()
         if self.limits.dlh == AT_LEAST_ONCE:
             self.dlx.checkout()
@@ -205,6 +215,7 @@ class FifoReplay:
         if not self.limits.drops_head:
             return
         n_dlx, b_dlx = self.dlx.stat()
+        n_dlx, b_dlx = n_dlx + len(self.delayed), b_dlx + self.delayed.bytes  # messages_ready_plus_delayed
         while self.limits.over(len(self.returns) + len(self.ready) + n_dlx,
                                self.returns.bytes + self.ready.bytes + b_dlx):
             m = self._take()
@@ -248,7 +259,32 @@ class FifoReplay:
         self.limits = new
 
     def _c_timeout(self, idx: int, cmd: tuple) -> None:
-        """``{timeout, expire_msgs}`` and the like: only the checkout after it (which expires) matters."""
+        """``{timeout, expire_msgs}``: on 4.3 the delayed messages due by now join the returns (``expire_shallow``);
+        the checkout after it expires. Other timeouts change nothing here."""
+        what = cmd[1] if len(cmd) > 1 else None
+        if _is(what, "expire_msgs") or (isinstance(what, tuple) and what and _is(what[0], "expire_msgs")):
+            self.returns.extend(self.delayed.take_due(self.ts))
+        elif _is(what, "evaluate_consumer_timeout") and self.mv >= 8:
+            self._time_out()
+
+    def _c_delayed_cmd(self, idx: int, cmd: tuple) -> None:
+        """``{retry, all | N}``: the first delayed ones join the returns; ``{assign_deferred, Key, Tokens}``:
+        the named ones go straight to that consumer (if up and with credit for all of them)."""
+        op = cmd[1] if len(cmd) > 1 else None
+        if not (isinstance(op, tuple) and op and isinstance(op[0], Atom)):
+            return
+        if op[0] == "retry" and len(op) == 2:
+            n = None if _is(op[1], "all") else op[1] if isinstance(op[1], int) else 0
+            self.returns.extend(self.delayed.take_first(n))
+        elif op[0] == "assign_deferred" and len(op) == 3 and isinstance(op[2], list):
+            c = self._consumer(op[1])
+            if c is None or c.cancelled:
+                return
+            tokens = [t for t in op[2] if t in self.delayed.tokens]
+            if len(tokens) > c.credit:
+                return
+            for m in self.delayed.take_tokens(tokens):
+                c.delivered(m, self.ts)
 
     def _c_enqueue(self, idx: int, cmd: tuple) -> None:
         if len(cmd) == 4:
@@ -258,114 +294,48 @@ class FifoReplay:
         if len(cmd) >= 3:
             self._enqueue_msg(idx, cmd[2], cmd[3] if len(cmd) > 3 else None)
 
-    def _consumer(self, key: Any) -> Consumer | None:
-        c = self.consumers.get(key)
-        if c is None and key in self.by_cid:
-            c = self.consumers.get(self.by_cid[key])
-        return c
-
-    def _c_checkout(self, idx: int, cmd: tuple) -> None:
-        if len(cmd) < 3:
-            return
-        cid, spec = cmd[1], cmd[2]
-        meta = cmd[3] if len(cmd) > 3 and isinstance(cmd[3], dict) else {}
-        if _is(spec, "cancel") or _is(spec, "remove"):
-            c = self._consumer(cid)
-            if c is not None and (_is(spec, "remove") or not c.checked_out):
-                self._remove_consumer(c)
-            elif c is not None:  # cancelled: keeps what it holds until it settles or goes down
-                c.credit = 0
-                c.prefetch = None
-                if c.key in self.service:
-                    self.service.remove(c.key)
-            return
-        if isinstance(spec, tuple) and spec and _is(spec[0], "dequeue"):
-            self._expire()  # a basic.get goes through checkout_one, which expires first
-            m = self._take()
-            if m is not None and isinstance(spec[1:2], tuple) and len(spec) > 1 and _is(spec[1], "unsettled"):
-                c = self._consumer(cid) or self._add_consumer(cid, idx, 0, None, 0)
-                c.checked_out[c.next_msg_id] = m
-                c.next_msg_id += 1
-            return
-        life, mode, prefetch = self._spec(spec)
-        c = self._consumer(cid)
-        if c is None:
-            key = idx if self.mv >= 4 else cid
-            prio = meta.get(Atom("priority"), 0) if isinstance(meta, dict) else 0
-            c = self._add_consumer(cid, key, prefetch if mode == "simple_prefetch" else 0,
-                                   prefetch if mode == "simple_prefetch" else None,
-                                   prio if isinstance(prio, int) else 0)
-        elif mode == "simple_prefetch":
-            c.credit = max(0, prefetch - len(c.checked_out))
-            c.prefetch = prefetch
-        c.once = life == "once"
-        self._serve(c)
-
-    @staticmethod
-    def _spec(spec: Any) -> tuple[str, str, int]:
-        # {auto|once, {simple_prefetch, N}} | {auto, credited} (v4+); {auto|once, N, simple_prefetch|credited}
-        if isinstance(spec, tuple) and len(spec) == 2:
-            life, inner = spec
-            if isinstance(inner, tuple) and len(inner) == 2 and _is(inner[0], "simple_prefetch"):
-                return str(life), "simple_prefetch", int(inner[1])
-            return str(life), "credited", 0
-        if isinstance(spec, tuple) and len(spec) == 3:
-            return str(spec[0]), str(spec[2]), int(spec[1]) if isinstance(spec[1], int) else 0
-        return "auto", "credited", 0
-
-    def _add_consumer(self, cid: Any, key: Any, credit: int, prefetch: int | None, prio: int) -> Consumer:
-        c = Consumer(key, cid, prio, credit, prefetch)
-        self.consumers[key] = c
-        self.by_cid[cid] = key
-        return c
-
-    def _serve(self, c: Consumer) -> None:
-        if c.credit > 0 and c.key not in self.service and c.key in self.consumers:
-            # priority_queue: higher consumer priority first, FIFO within one priority
-            i = len(self.service)
-            while i > 0 and self.consumers[self.service[i - 1]].priority < c.priority:
-                i -= 1
-            self.service.insert(i, c.key)
-
-    def _remove_consumer(self, c: Consumer) -> None:
-        for mid in sorted(c.checked_out):
-            self._return_one(c.checked_out[mid], False)
-        c.checked_out.clear()
-        self.consumers.pop(c.key, None)
-        self.by_cid.pop(c.cid, None)
-        if c.key in self.service:
-            self.service.remove(c.key)
-
     def _msgs(self, cmd: tuple, at: int) -> list[int]:
         ids = cmd[at] if len(cmd) > at else []
         if isinstance(ids, ImproperList):
             ids = ids.items
         return [i for i in ids if isinstance(i, int)] if isinstance(ids, list) else []
 
-    def _settle_like(self, cmd: tuple, what: str, failed: bool = False) -> None:
+    def _settle_like(self, cmd: tuple, what: str, failed: bool = False, anns: Any = None) -> None:
         c = self._consumer(cmd[1]) if len(cmd) > 1 else None
         if c is None:
             return
+        self._untimeout(c, self._msgs(cmd, 2))
         for mid in self._msgs(cmd, 2):
             m = c.checked_out.pop(mid, None)
             if m is None:
                 continue
-            if c.prefetch is not None:
-                c.credit += 1
+            c.give_back(1)
             if what == "return":
-                self._return_one(m, failed)
+                self._return_one(m, failed, anns)
             elif what == "discard":
                 self.dropped += 1
                 self._dead_letter(m)
+        self._update_or_remove(c)
         self._serve(c)
 
-    def _return_one(self, m: Msg, failed: bool) -> None:
-        if failed:
+    def _return_one(self, m: Msg, failed: bool, anns: Any = None) -> None:
+        """``return_one``: count the attempt (``incr_msg``), drop past the delivery limit (machine versions
+        4-7 count every acquisition, the others failed deliveries), else back to ``returns`` or, on 4.3,
+        delayed when its delayed-retry setting or an ``x-opt-delivery-time`` says so."""
+        m.acquired += 1
+        if failed or self.mv < 4:  # 3.x counts every return as a delivery attempt
             m.failed += 1
-        if self.delivery_limit is not None and m.failed > self.delivery_limit:
+        count = m.acquired if 4 <= self.mv < 8 else m.failed
+        if self.delivery_limit is not None and count > self.delivery_limit:
             self.dropped += 1
             self._dead_letter(m)
             return
+        if self.mv >= 8:
+            anns = anns if isinstance(anns, dict) else None
+            at = ready_at(self.limits.delayed_retry, failed, self.ts, m.failed, anns)
+            if at is not None:
+                self.delayed.add(at, m, (anns or {}).get(DEFERRAL_TOKEN))
+                return
         self.returns.append(m)
 
     def _c_settle(self, idx: int, cmd: tuple) -> None:
@@ -380,7 +350,8 @@ class FifoReplay:
     def _c_modify(self, idx: int, cmd: tuple) -> None:
         failed = len(cmd) > 3 and _is(cmd[3], "true")
         undeliverable = len(cmd) > 4 and _is(cmd[4], "true")
-        self._settle_like(cmd, "discard" if undeliverable else "return", failed=failed)
+        self._settle_like(cmd, "discard" if undeliverable else "return", failed=failed,
+                          anns=cmd[5] if len(cmd) > 5 else None)
 
     def _c_requeue(self, idx: int, cmd: tuple) -> None:
         c = self._consumer(cmd[1]) if len(cmd) > 1 else None
@@ -389,29 +360,15 @@ class FifoReplay:
         m = c.checked_out.pop(cmd[2], None)
         if m is None:
             return
-        if c.prefetch is not None:
-            c.credit += 1
+        c.give_back(1)
         # Back into the ready queue at the requeue's own index, default priority (the body is in this command).
-        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry, m.size), self.ready.level(4))
+        self.ready.push(Msg(idx, idx, 4, m.failed, m.expiry, m.size, m.acquired), self.ready.level(4))
         self._serve(c)
-
-    def _c_credit(self, idx: int, cmd: tuple) -> None:
-        c = self._consumer(cmd[1]) if len(cmd) > 1 else None
-        if c is not None and len(cmd) > 2 and isinstance(cmd[2], int):
-            c.credit = cmd[2]
-            self._serve(c)
 
     def _c_purge(self, idx: int, cmd: tuple) -> None:
         """Ready and returned messages go (no dead-lettering); checked-out ones stay."""
-        self.dropped += len(self.ready.clear()) + len(self.returns)
+        self.dropped += len(self.ready.clear()) + len(self.returns) + len(self.delayed.clear())
         self.returns.clear()
-
-    def _c_down(self, idx: int, cmd: tuple) -> None:
-        if len(cmd) < 3 or _is(cmd[2], "noconnection"):
-            return  # suspected down: its messages stay checked out
-        pid = cmd[1]
-        for c in [c for c in self.consumers.values() if isinstance(c.cid, tuple) and c.cid[-1] == pid]:
-            self._remove_consumer(c)
 
     # ------------------------------------------------------------------ delivery
     def _take(self) -> Msg | None:
@@ -435,21 +392,41 @@ class FifoReplay:
                 return
             key = self.service.pop(0)
             c = self.consumers.get(key)
-            if c is None or c.credit <= 0:
+            if c is None or c.credit <= 0 or not c.up:
                 continue
-            m = self._take()
-            c.checked_out[c.next_msg_id] = m
-            c.next_msg_id += 1
-            c.credit -= 1
+            c.delivered(self._take(), self.ts)
             self._serve(c)
 
+    def expiry_note(self) -> str | None:
+        """What x-expires does to the queue (after ``remaining``): see ``fifo_limits.expiry_note``."""
+        return expiry_note(self.limits.expires, self.last_active, self.ts, self.consumers_at_stop)
+
     def remaining(self) -> list[Msg]:
-        """The queue at stop, in the order a consumer attaching after a restart would get it: the
-        returned messages, then what the dead consumers held (returned when the restarted queue
-        finds them down), then the ready messages."""
-        for c in list(self.consumers.values()):
-            self._remove_consumer(c)
-        self._evaluate_limit()  # what they return is over a length limit: the restarted queue drops it
+        """The queue at stop, in the order a consumer attaching after a restart would get it.
+
+        The restarted leader monitors every consumer pid (``state_enter(leader)``, ``lists:usort``
+        order); each is found dead and its ``{down, Pid, noproc}`` is applied like any command:
+        its waiting consumers leave, its consumers return what they held (key, then msg id order;
+        a failed delivery: it counts toward the delivery limit and, on 4.3, may be delayed), a
+        waiting single active consumer (whose own pid is not processed yet) is activated, and
+        consumers not yet found dead take messages with the credit they had (returned again
+        when their turn comes), then expiry and the length limit. The files cannot say when the
+        restart happens: it is taken to be at the last command's time or, on 4.3, once every
+        delay set before the stop has come due, whichever is later. Then, with no consumer
+        attached, the timer moves 4.3's delayed messages to the returns as they come due
+        (``fifo_delayed``): returns, delayed, ready."""
+        self.delayed_at_stop, dropped = len(self.delayed), self.dropped
+        if (latest := self.delayed.latest()) is not None:
+            self.ts = max(self.ts, latest)
+        pids = {pid_order(p): p for p in (_pid(c) for c in [*self.consumers.values(), *self.waiting])}
+        self.consumers_at_stop = bool(pids)
+        for k in sorted(pids):
+            self._down(pids[k])
+            self._after(True)
+        self._time_out_ghosts()
+        self.restart_dropped = self.dropped - dropped
+        self.returns.extend(self.delayed.drain())
+        self._evaluate_limit()
         out = list(self.returns)
         self.returns.clear()
         while (m := self.ready.pop()) is not None:
