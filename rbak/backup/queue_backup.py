@@ -23,12 +23,13 @@ from ..errors import AmqpError
 from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
-from .convert import delivery_count, encode_delivery
+from .convert import delivery_count, to_record
 from .guard_store import merge
 from .limits import refuse_delayed_retry
 from .management import QueueInfo
 from .preflight import QueueRefused, QueueSkipped, live_priorities, quorum_settings, skip_reason
 from .queue_reader import CLOSE, NACK, DeliveryLimitError, describe_message, read_queue
+from .record_thread import RecordThread
 
 if TYPE_CHECKING:
     from .engine import BackupEngine
@@ -95,7 +96,10 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     eng.progress("start", vhost=vhost, queue=name, total=depth)
     read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type=qtype)
     bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type=qtype)
-    writer = eng._writer(vhost, name, qtype, 1)
+    # records are built and encoded on an encoder thread (record_thread): the reading thread only queues them
+    writer = RecordThread(eng._writer(vhost, name, qtype, 1),
+                          lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3]))
+    put = writer.put
     progress = eng.progress
     state = {"n": 0, "b": 0, "max": 0, "nearest": "", "stopped": 0}
 
@@ -104,8 +108,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             c = delivery_count(props)
             if c > state["max"] or not state["nearest"]:
                 state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
-        now = int(time.time() * 1000)
-        writer.append_encoded(encode_delivery(method, props, body, vhost, name, now), now)
+        put((method, props, body, int(time.time() * 1000)))
         state["b"] += len(body)
         state["n"] += 1
         if state["n"] % 500 == 0:  # metrics and progress in steps: a lock per message costs throughput

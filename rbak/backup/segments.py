@@ -12,11 +12,13 @@ rotation rules are ``SegmentWriter``'s (size and age).
 
 from __future__ import annotations
 
+import bisect
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..format.compression import Compression, check_level
 from ..format.manifest import SegmentMetadata
+from ..format.record import BackupRecord
 from ..format.segment import SegmentBuffer, SegmentPipeline, store_segment
 
 
@@ -61,6 +63,31 @@ class AsyncSegmentWriter:
         self._tag = tag
         if seg.add(data, backed_up_at) >= self.max_bytes or (time.monotonic() - self._started) * 1000 >= self.max_interval_ms:
             self._submit()
+
+    def append_records(self, records: Sequence[BackupRecord], arrivals: Sequence[float],
+                       tags: Sequence[Any]) -> None:
+        """``append_encoded`` for a batch of records: the same segments, the bodies written by C with
+        the GIL released (``SegmentBuffer.add_from``). ``arrivals[i]``: ``time.monotonic()`` when record
+        i was taken, which the age rule uses as ``append_encoded`` used the time of its call (the
+        record that brings the segment to its age or size is its last one)."""
+        n = len(records)
+        i = 0
+        while i < n:
+            seg = self._seg
+            if seg.count == 0:
+                self._started = arrivals[i]
+            started = self._started
+            # the first record old enough to end the segment (arrivals only grow): records after it
+            # belong to the next segment
+            cut = n
+            if (arrivals[n - 1] - started) * 1000 >= self.max_interval_ms:
+                cut = bisect.bisect_left(arrivals, True, i, n,
+                                         key=lambda a: (a - started) * 1000 >= self.max_interval_ms) + 1
+            nxt = seg.add_from(records if cut == n else records[:cut], i, self.max_bytes)
+            self._tag = tags[nxt - 1]
+            if seg.payload_bytes >= self.max_bytes or (arrivals[nxt - 1] - started) * 1000 >= self.max_interval_ms:
+                self._submit()
+            i = nxt
 
     def _submit(self) -> None:
         seg = self._seg

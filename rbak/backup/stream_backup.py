@@ -18,8 +18,9 @@ from ..errors import RbakError
 from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
 from .. import metrics
 from .checkpoint import Checkpoint, QueueProgress
-from .convert import BROKER_HEADERS, encode_delivery
+from .convert import BROKER_HEADERS, to_record
 from .management import QueueInfo
+from .record_thread import RecordThread
 from .stream_chain import ChainDecision, decide
 from .stream_end import probe_end
 from .stream_reader import chunk_timestamp, probe_offset, read_stream
@@ -67,14 +68,16 @@ class StreamBackup:
             prog.stream_last_offset = last_offset
             ckpt.save(prog)
 
-        writer = self._writer(vhost, name, "stream", prog.next_sequence, durable)
+        # records are built and encoded on an encoder thread (record_thread); a segment's tag is its last offset
+        writer = RecordThread(self._writer(vhost, name, "stream", prog.next_sequence, durable),
+                              lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3], BROKER_HEADERS,
+                                                  stream_offset=d[4]))
+        put = writer.put
 
         def sink(method, props, body, offset: int) -> None:
             if state["n"] == 0:
                 self._first_record(ckpt, vhost, name, decision, start, offset)
-            now = int(time.time() * 1000)
-            record = encode_delivery(method, props, body, vhost, name, now, BROKER_HEADERS, stream_offset=offset)
-            writer.append_encoded(record, now, offset)
+            put((method, props, body, int(time.time() * 1000), offset), offset)
             state["b"] += len(body)
             state["n"] += 1
             state["last"] = (body, props)
