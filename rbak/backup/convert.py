@@ -37,6 +37,17 @@ if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
     pika.spec.BasicProperties.decode = _keep_raw  # type: ignore[method-assign]
 
 
+# The typed decode of a content header, by its raw bytes: a pure function of them, and the messages
+# of a queue mostly carry the same header bytes (the broker's x-delivery-count / x-acquired-count on a
+# quorum queue read before, the publisher's fixed properties), so the Python decoder (~5 us) runs once
+# per distinct header instead of once per message. Bounded; cleared when full (unique headers, e.g. a
+# message_id each, then cost one dict insert per message). Records share the decoded objects, which
+# nothing mutates: a record built here is encoded and dropped. Raw bytes that fail to decode raise
+# each time, never cached.
+DECODED_CACHE = 512
+_DECODED: dict[tuple[bytes, frozenset], tuple[BackupProperties, tuple]] = {}
+
+
 def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | None = None,
               drop_headers: frozenset[str] = frozenset(), stream_offset: int | None = None) -> BackupRecord:
     """One delivery as a record. ``stream_offset``: for stream queues the spec's ``delivery_tag``
@@ -46,10 +57,17 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
     if h is not None and drop_headers and not getattr(props, "_rbak_pika_failed", False) and h.keys() <= drop_headers:
         h = None  # only the broker's own headers (a stream's offset): nothing of the message's to keep typed
     if raw is not None and (h is not None or getattr(props, "_rbak_pika_failed", False)):
-        p, headers = decode_basic_properties(raw)
-        hdrs = tuple(headers or ())
-        if drop_headers:
-            hdrs = tuple(kv for kv in hdrs if kv[0] not in drop_headers)
+        key = (raw, drop_headers)
+        hit = _DECODED.get(key)
+        if hit is None:
+            p, headers = decode_basic_properties(raw)
+            hdrs = tuple(headers or ())
+            if drop_headers:
+                hdrs = tuple(kv for kv in hdrs if kv[0] not in drop_headers)
+            if len(_DECODED) >= DECODED_CACHE:
+                _DECODED.clear()
+            _DECODED[key] = hit = (p, hdrs)
+        p, hdrs = hit
     else:
         p = BackupProperties(
             content_type=props.content_type,

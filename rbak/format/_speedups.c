@@ -891,8 +891,8 @@ static PyObject *encode_payload(PyObject *self, PyObject *seq) {
  * past it (the writer's rotation rule) and before any record orjson must
  * encode (``next`` is then that record; ``next == start`` hands it back).
  * The small parts of each record are encoded with the GIL; the bodies'
- * digits, most of the bytes, are written with it released, all records at
- * once (so a writer thread overlaps with the decoding thread). ``buf`` grows
+ * digits, most of the bytes, are counted and then written with it released,
+ * all records at once (so a writer thread overlaps with the decoding thread). ``buf`` grows
  * as needed (8 spare bytes past the new end) and cannot be resized by anyone
  * while the GIL is released (this call holds a buffer export). ``crc`` is
  * continued over the bytes written (zlib.crc32(written, crc)).
@@ -921,10 +921,13 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
     }
     Piece *pc = PyMem_Calloc(n - start + 1, sizeof(Piece));
     if (!pc) { Py_DECREF(fast); return PyErr_NoMemory(); }
-    Py_ssize_t k = start, np = 0, new_end = end;
+    /* 1. with the GIL: each candidate's body and the JSON after it, until a record orjson must
+     * encode or until a LOWER bound of the end (every body byte at least "0,") reaches the limit:
+     * the record that really takes the end there is then among the candidates. */
+    Py_ssize_t k = start, np = 0, low_end = end;
     PyObject *result = NULL;
     int failed = 0;
-    while (k < n && new_end < limit) {
+    while (k < n && low_end < limit) {
         PyObject *rec = PySequence_Fast_GET_ITEM(fast, k);
         if (Py_TYPE(rec) != RecordT) break;
         PyObject *body = slot(RecordSlots[0], rec);
@@ -935,35 +938,54 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
         PyObject *rest = out_close(&o, encode_rest_into(&o, rec));
         if (!rest) { Py_DECREF(body); failed = 1; break; }
         if (rest == Py_None) { Py_DECREF(rest); Py_DECREF(body); break; } /* orjson's record */
-        Py_ssize_t blen = PyBytes_GET_SIZE(body), chars = 0;
-        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(body);
-        for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
-        Py_ssize_t json = (blen ? 9 + chars : 12) + PyBytes_GET_SIZE(rest);
-        if (json > 0xFFFFFFFFLL) {
-            Py_DECREF(rest); Py_DECREF(body);
-            PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB");
-            failed = 1;
-            break;
-        }
+        Py_ssize_t blen = PyBytes_GET_SIZE(body);
         pc[np].body = body;
         pc[np].rest = rest;
-        pc[np].chars = chars;
         np++;
-        new_end += 4 + json;
+        low_end += 4 + (blen ? 9 + 2 * blen : 12) + PyBytes_GET_SIZE(rest);
         k++;
     }
+    /* 2. without the GIL (the bodies are immutable bytes we hold references to): each body's
+     * digits and commas, then the records that fit: taken while the end is below the limit, so
+     * the last one is the record that takes it there (the writer's rotation rule). */
+    Py_ssize_t used = 0, new_end = end;
     if (!failed && np > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < np; j++) {
+            Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body), chars = 0;
+            const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(pc[j].body);
+            for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
+            pc[j].chars = chars;
+        }
+        while (used < np && new_end < limit) {
+            Py_ssize_t blen = PyBytes_GET_SIZE(pc[used].body);
+            new_end += 4 + (blen ? 9 + pc[used].chars : 12) + PyBytes_GET_SIZE(pc[used].rest);
+            used++;
+        }
+        Py_END_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < used; j++) {
+            Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body);
+            if ((blen ? 9 + pc[j].chars : 12) + PyBytes_GET_SIZE(pc[j].rest) > 0xFFFFFFFFLL) {
+                PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB");
+                failed = 1;
+                break;
+            }
+        }
+        k = start + used;
+    }
+    if (!failed && used > 0) {
         Py_ssize_t need = new_end + 8; /* write_digits' spill */
         if (PyByteArray_GET_SIZE(buf) < need && PyByteArray_Resize(buf, need) < 0) failed = 1;
     }
-    if (!failed && np > 0) {
+    /* 3. without the GIL: the records written (first touch of fresh segment memory included) */
+    if (!failed && used > 0) {
         Py_buffer view;
         if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) {
             failed = 1;
         } else {
             char *d = (char *)view.buf + end;
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t j = 0; j < np; j++) {
+            for (Py_ssize_t j = 0; j < used; j++) {
                 Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body), rlen = PyBytes_GET_SIZE(pc[j].rest);
                 uint32_t le = (uint32_t)((blen ? 9 + pc[j].chars : 12) + rlen);
                 unsigned char *lp = (unsigned char *)d;

@@ -43,3 +43,34 @@ def test_typed_headers_survive_pika():
     props.decode(raw)
     rec = decode_record(encode_delivery(pika.spec.Basic.Deliver("c", 1, False, "", "q"), props, b"x", "/", "q", 1))
     assert rec.headers == (("f", Float(2.5)), ("n", Long(-(2**62))))
+
+
+def test_header_decode_memo_gives_each_message_its_own_decoding():
+    """Deliveries with the same header bytes share one typed decode; different bytes (another value,
+    another header set dropped) never get a cached one that is not theirs, and a full memo is cleared."""
+    from rbak.backup import convert
+    from rbak.format.amqp091 import encode_basic_properties
+    from rbak.format.record import BackupProperties, Short
+
+    def delivered(headers, **kw):
+        props = pika.spec.BasicProperties()
+        props.decode(encode_basic_properties(BackupProperties(**kw), headers))
+        return props
+
+    m = pika.spec.Basic.Deliver("c", 1, False, "", "q")
+    convert._DECODED.clear()
+    a1 = to_record(m, delivered((("x-delivery-count", Long(1)),), delivery_mode=2), b"a", "/", "q", 1)
+    a2 = to_record(m, delivered((("x-delivery-count", Long(1)),), delivery_mode=2), b"b", "/", "q", 2)
+    b = to_record(m, delivered((("x-delivery-count", Long(2)),), delivery_mode=2), b"c", "/", "q", 3)
+    c = to_record(m, delivered((("x-delivery-count", Short(2)),), delivery_mode=1), b"d", "/", "q", 4)
+    s = to_record(m, delivered((("x-stream-offset", Long(7)), ("k", Long(2))),), b"e", "/", "q", 5,
+                  drop_headers=frozenset({"x-stream-offset"}))
+    s2 = to_record(m, delivered((("x-stream-offset", Long(7)), ("k", Long(2))),), b"e", "/", "q", 5)
+    assert a1.headers == a2.headers == (("x-delivery-count", Long(1)),)
+    assert b.headers == (("x-delivery-count", Long(2)),)
+    assert c.headers == (("x-delivery-count", Short(2)),) and c.properties.delivery_mode == 1
+    assert s.headers == (("k", Long(2)),) and s2.headers == (("x-stream-offset", Long(7)), ("k", Long(2)))
+    for i in range(convert.DECODED_CACHE + 5):
+        r = to_record(m, delivered((("n", Long(i)),)), b"", "/", "q", 1)
+        assert r.headers == (("n", Long(i)),)
+    assert len(convert._DECODED) <= convert.DECODED_CACHE
