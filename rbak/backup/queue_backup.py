@@ -108,7 +108,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             c = delivery_count(props)
             if c > state["max"] or not state["nearest"]:
                 state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
-        put((method, props, body, int(time.time() * 1000)))
+        put((method, props, body, int(time.time() * 1000)), None, len(body))
         state["b"] += len(body)
         state["n"] += 1
         if state["n"] % 500 == 0:  # metrics and progress in steps: a lock per message costs throughput

@@ -14,8 +14,8 @@ Nothing about what is written changes: the records are built by the same
 ``build`` in the same order, ``add_from`` writes the same bytes as
 ``encode_record`` + ``add`` (the format tests check that), and segments rotate on
 the same rules (size after each record, age measured when the reading thread
-took the record). At most ``max_batches`` batches of ``batch`` deliveries wait,
-so memory stays bounded; a full queue makes the reader wait, which is TCP
+took the record). At most ``max_batches`` batches of ``batch`` deliveries (or
+``batch_bytes`` of bodies) wait, so memory stays bounded; a full queue makes the reader wait, which is TCP
 back-pressure on the broker, not a loss. A short queue (fewer than ``batch``
 messages) never starts the thread: it is encoded at ``close`` on the caller's
 thread, so a many-queue backup pays no thread per queue.
@@ -39,7 +39,10 @@ from .segments import AsyncSegmentWriter
 #: Deliveries per hand-off: a few ms of pika's work, so the encoder thread takes the GIL once per
 #: batch, not per message (Python hands the GIL over only when the holder blocks or every 5 ms).
 BATCH = 256
-#: Batches that may wait for the encoder thread (memory bound: BATCH * MAX_BATCHES deliveries).
+#: ... or fewer when their bodies reach this many bytes (large messages).
+BATCH_BYTES = 2 << 20
+#: Batches that may wait for the encoder thread. Memory bound: MAX_BATCHES + 2 batches (those queued,
+#: the one being encoded, the one filling) of at most BATCH deliveries or BATCH_BYTES (+ one message).
 MAX_BATCHES = 8
 
 Build = Callable[[tuple], Any]  # one queued delivery -> BackupRecord
@@ -52,10 +55,12 @@ class RecordThread:
     ``on_durable`` as with ``AsyncSegmentWriter.append_encoded``."""
 
     def __init__(self, writer: AsyncSegmentWriter, build: Build, batch: int = BATCH,
-                 max_batches: int = MAX_BATCHES):
+                 max_batches: int = MAX_BATCHES, batch_bytes: int = BATCH_BYTES):
         self.writer = writer
         self._build = build
         self._batch_size = max(1, batch)
+        self._batch_bytes = batch_bytes
+        self._bytes = 0
         self._items: list[tuple] = []
         self._arrivals: list[float] = []
         self._tags: list[Any] = []
@@ -68,12 +73,14 @@ class RecordThread:
     def next_sequence(self) -> int:
         return self.writer.next_sequence
 
-    def put(self, item: tuple, tag: Any = None) -> None:
-        """Queue one delivery (the reading thread). Raises the encoder thread's error, if any."""
+    def put(self, item: tuple, tag: Any = None, size: int = 0) -> None:
+        """Queue one delivery of ``size`` body bytes (the reading thread). Raises the encoder thread's
+        error, if any."""
         self._items.append(item)
         self._arrivals.append(time.monotonic())
         self._tags.append(tag)
-        if len(self._items) >= self._batch_size:
+        self._bytes += size
+        if len(self._items) >= self._batch_size or self._bytes >= self._batch_bytes:
             self._hand_off()
 
     def _hand_off(self) -> None:
@@ -81,6 +88,7 @@ class RecordThread:
             raise self._error
         batch = (self._items, self._arrivals, self._tags)
         self._items, self._arrivals, self._tags = [], [], []
+        self._bytes = 0
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="rbak-encode", daemon=True)
             self._thread.start()

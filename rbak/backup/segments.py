@@ -72,6 +72,7 @@ class AsyncSegmentWriter:
         record that brings the segment to its age or size is its last one)."""
         n = len(records)
         i = 0
+        crc = self.compression is Compression.NONE  # a compressed segment's CRC is taken after compression
         while i < n:
             seg = self._seg
             if seg.count == 0:
@@ -83,7 +84,7 @@ class AsyncSegmentWriter:
             if (arrivals[n - 1] - started) * 1000 >= self.max_interval_ms:
                 cut = bisect.bisect_left(arrivals, True, i, n,
                                          key=lambda a: (a - started) * 1000 >= self.max_interval_ms) + 1
-            nxt = seg.add_from(records if cut == n else records[:cut], i, self.max_bytes)
+            nxt = seg.add_from(records if cut == n else records[:cut], i, self.max_bytes, crc)
             self._tag = tags[nxt - 1]
             if seg.payload_bytes >= self.max_bytes or (arrivals[nxt - 1] - started) * 1000 >= self.max_interval_ms:
                 self._submit()

@@ -77,7 +77,7 @@ class StreamBackup:
         def sink(method, props, body, offset: int) -> None:
             if state["n"] == 0:
                 self._first_record(ckpt, vhost, name, decision, start, offset)
-            put((method, props, body, int(time.time() * 1000), offset), offset)
+            put((method, props, body, int(time.time() * 1000), offset), offset, len(body))
             state["b"] += len(body)
             state["n"] += 1
             state["last"] = (body, props)

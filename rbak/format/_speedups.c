@@ -883,7 +883,7 @@ static PyObject *encode_payload(PyObject *self, PyObject *seq) {
     return out_close(&o, rc);
 }
 
-/* append_payload(buf, end, records, start, limit[, crc]) -> (next, new_end, crc)
+/* append_payload(buf, end, records, start, limit[, crc[, want_crc]]) -> (next, new_end, crc)
  *
  * Appends [u32 LE length][record JSON] for records[start:] to the bytearray
  * ``buf`` at ``end`` (a SegmentBuffer's payload), the same bytes as
@@ -895,7 +895,9 @@ static PyObject *encode_payload(PyObject *self, PyObject *seq) {
  * all records at once (so a writer thread overlaps with the decoding thread). ``buf`` grows
  * as needed (8 spare bytes past the new end) and cannot be resized by anyone
  * while the GIL is released (this call holds a buffer export). ``crc`` is
- * continued over the bytes written (zlib.crc32(written, crc)).
+ * continued over the bytes written (zlib.crc32(written, crc)), unless
+ * ``want_crc`` is false (a compressed segment's CRC covers the compressed
+ * bytes: the payload's would be thrown away); ``crc`` then comes back as is.
  */
 typedef struct {
     PyObject *body; /* bytes, borrowed from the record via a new reference */
@@ -907,7 +909,9 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
     PyObject *buf, *seq;
     Py_ssize_t end, start, limit;
     unsigned long crc_in = 0;
-    if (!PyArg_ParseTuple(args, "O!nOnn|k", &PyByteArray_Type, &buf, &end, &seq, &start, &limit, &crc_in))
+    int want_crc = 1;
+    if (!PyArg_ParseTuple(args, "O!nOnn|kp", &PyByteArray_Type, &buf, &end, &seq, &start, &limit, &crc_in,
+                          &want_crc))
         return NULL;
     uint32_t crc = (uint32_t)crc_in;
     if (!check_configured()) return NULL;
@@ -923,8 +927,10 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
     if (!pc) { Py_DECREF(fast); return PyErr_NoMemory(); }
     /* 1. with the GIL: each candidate's body and the JSON after it, until a record orjson must
      * encode or until a LOWER bound of the end (every body byte at least "0,") reaches the limit:
-     * the record that really takes the end there is then among the candidates. */
-    Py_ssize_t k = start, np = 0, low_end = end;
+     * the record that really takes the end there is then among the candidates. The buffer is
+     * grown to an UPPER bound of their end (every byte at most "255,"), so the GIL-free part
+     * below can count and write without coming back for it. */
+    Py_ssize_t k = start, np = 0, low_end = end, high_end = end;
     PyObject *result = NULL;
     int failed = 0;
     while (k < n && low_end < limit) {
@@ -938,74 +944,68 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
         PyObject *rest = out_close(&o, encode_rest_into(&o, rec));
         if (!rest) { Py_DECREF(body); failed = 1; break; }
         if (rest == Py_None) { Py_DECREF(rest); Py_DECREF(body); break; } /* orjson's record */
-        Py_ssize_t blen = PyBytes_GET_SIZE(body);
+        Py_ssize_t blen = PyBytes_GET_SIZE(body), rlen = PyBytes_GET_SIZE(rest);
+        if ((blen ? 9 + 2 * blen : 12) + rlen > 0xFFFFFFFFLL) { /* even at its shortest */
+            Py_DECREF(rest); Py_DECREF(body);
+            PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB");
+            failed = 1;
+            break;
+        }
         pc[np].body = body;
         pc[np].rest = rest;
         np++;
-        low_end += 4 + (blen ? 9 + 2 * blen : 12) + PyBytes_GET_SIZE(rest);
+        low_end += 4 + (blen ? 9 + 2 * blen : 12) + rlen;
+        high_end += 4 + (blen ? 9 + 4 * blen : 12) + rlen;
         k++;
     }
-    /* 2. without the GIL (the bodies are immutable bytes we hold references to): each body's
-     * digits and commas, then the records that fit: taken while the end is below the limit, so
-     * the last one is the record that takes it there (the writer's rotation rule). */
-    Py_ssize_t used = 0, new_end = end;
     if (!failed && np > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < np; j++) {
-            Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body), chars = 0;
-            const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(pc[j].body);
-            for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
-            pc[j].chars = chars;
-        }
-        while (used < np && new_end < limit) {
-            Py_ssize_t blen = PyBytes_GET_SIZE(pc[used].body);
-            new_end += 4 + (blen ? 9 + pc[used].chars : 12) + PyBytes_GET_SIZE(pc[used].rest);
-            used++;
-        }
-        Py_END_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < used; j++) {
-            Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body);
-            if ((blen ? 9 + pc[j].chars : 12) + PyBytes_GET_SIZE(pc[j].rest) > 0xFFFFFFFFLL) {
-                PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB");
-                failed = 1;
-                break;
-            }
-        }
-        k = start + used;
-    }
-    if (!failed && used > 0) {
-        Py_ssize_t need = new_end + 8; /* write_digits' spill */
+        Py_ssize_t need = high_end + 8; /* write_digits' spill */
         if (PyByteArray_GET_SIZE(buf) < need && PyByteArray_Resize(buf, need) < 0) failed = 1;
     }
-    /* 3. without the GIL: the records written (first touch of fresh segment memory included) */
-    if (!failed && used > 0) {
+    /* 2. without the GIL (the bodies are immutable bytes we hold references to): per record, its
+     * digits counted, then written (first touch of fresh segment memory included), while the end
+     * is below the limit, so the last one is the record that takes it there (the rotation rule). */
+    Py_ssize_t used = 0, new_end = end;
+    int too_big = 0;
+    if (!failed && np > 0) {
         Py_buffer view;
         if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) {
             failed = 1;
         } else {
             char *d = (char *)view.buf + end;
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t j = 0; j < used; j++) {
-                Py_ssize_t blen = PyBytes_GET_SIZE(pc[j].body), rlen = PyBytes_GET_SIZE(pc[j].rest);
-                uint32_t le = (uint32_t)((blen ? 9 + pc[j].chars : 12) + rlen);
+            while (used < np && new_end < limit) {
+                Py_ssize_t blen = PyBytes_GET_SIZE(pc[used].body), rlen = PyBytes_GET_SIZE(pc[used].rest), chars = 0;
+                const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(pc[used].body);
+                for (Py_ssize_t i = 0; i < blen; i++) chars += DIGITS_COMMA_LEN[b[i]];
+                Py_ssize_t json = (blen ? 9 + chars : 12) + rlen;
+                if (json > 0xFFFFFFFFLL) { too_big = 1; break; }
+                uint32_t le = (uint32_t)json;
                 unsigned char *lp = (unsigned char *)d;
                 lp[0] = le & 0xFF; lp[1] = (le >> 8) & 0xFF; lp[2] = (le >> 16) & 0xFF; lp[3] = le >> 24;
                 d += 4;
                 if (blen) {
                     memcpy(d, "{\"body\":[", 9);
-                    d = write_digits(d + 9, (const unsigned char *)PyBytes_AS_STRING(pc[j].body), blen);
+                    d = write_digits(d + 9, b, blen);
                     d[-1] = ']';
                 } else {
                     memcpy(d, "{\"body\":null", 12);
                     d += 12;
                 }
-                memcpy(d, PyBytes_AS_STRING(pc[j].rest), rlen); /* ,"properties":...} */
+                memcpy(d, PyBytes_AS_STRING(pc[used].rest), rlen); /* ,"properties":...} */
                 d += rlen;
+                new_end += 4 + json;
+                used++;
             }
-            crc = rbak_crc32(crc, (const unsigned char *)view.buf + end, (size_t)(new_end - end));
+            if (want_crc) crc = rbak_crc32(crc, (const unsigned char *)view.buf + end, (size_t)(new_end - end));
             Py_END_ALLOW_THREADS
             PyBuffer_Release(&view);
+            if (too_big && used == 0) {
+                PyErr_SetString(PyExc_OverflowError, "record larger than 4 GiB");
+                failed = 1;
+            }
         }
+        k = start + used;
     }
     if (!failed) result = Py_BuildValue("nnk", k, new_end, (unsigned long)crc);
     for (Py_ssize_t j = 0; j < np; j++) {

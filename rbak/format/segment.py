@@ -258,18 +258,22 @@ class SegmentBuffer:
         self.count += 1
         return end - HEADER_SIZE
 
-    def add_from(self, records: Sequence[BackupRecord], start: int, max_bytes: int) -> int:
+    def add_from(self, records: Sequence[BackupRecord], start: int, max_bytes: int, crc: bool = True) -> int:
         """Append ``records[start:]`` until the payload reaches ``max_bytes`` (the record that gets
         it there included, as with ``add``); returns the index of the first record not appended
         (at least one is). The C helper writes them straight into the buffer, the bodies with the
         GIL released; without it, or for a record only orjson encodes, one record via ``add``.
-        Same bytes either way."""
+        Same bytes either way. ``crc`` False: a segment that will be compressed, whose CRC covers
+        the compressed bytes, so the payload's running CRC (~1 GB/s, as long as the writing) is skipped."""
         if _append_payload is not None:
-            crc = self._payload_crc
-            nxt, end, crc = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes, crc or 0)
+            if not crc:
+                self._payload_crc = None  # frame() checksums what it writes
+            pcrc = self._payload_crc
+            nxt, end, pcrc = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes,
+                                             pcrc or 0, pcrc is not None)
             if nxt > start:
                 if self._payload_crc is not None:
-                    self._payload_crc = crc  # written and checksummed in the same GIL-free pass
+                    self._payload_crc = pcrc  # written and checksummed in the same GIL-free pass
                 if self.count == 0:
                     self.first_ts = records[start].backed_up_at
                 self.last_ts = records[nxt - 1].backed_up_at

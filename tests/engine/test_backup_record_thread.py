@@ -35,25 +35,28 @@ class Store:
         self.tags.append((meta.sequence, tag))
 
 
-def writer(store: Store, max_bytes: int, interval_ms: int = 60_000) -> AsyncSegmentWriter:
-    return AsyncSegmentWriter(store.sink, Compression.ZSTD, None, max_bytes, interval_ms, 1, store.durable)
+def writer(store: Store, max_bytes: int, interval_ms: int = 60_000,
+           comp: Compression = Compression.ZSTD) -> AsyncSegmentWriter:
+    return AsyncSegmentWriter(store.sink, comp, None, max_bytes, interval_ms, 1, store.durable)
 
 
-def reference(records, max_bytes):
+def reference(records, max_bytes, comp=Compression.ZSTD):
     store = Store()
-    w = writer(store, max_bytes)
+    w = writer(store, max_bytes, comp=comp)
     for r in records:
         w.append_encoded(encode_record(r), r.backed_up_at, r.delivery_tag)
     metas = w.close()
     return store, metas
 
 
+@pytest.mark.parametrize("comp", list(Compression))
 @pytest.mark.parametrize("batch", [1, 7, 256])
-def test_same_segments_bytes_and_tags_as_encoding_in_the_reader(batch):
+def test_same_segments_bytes_and_tags_as_encoding_in_the_reader(batch, comp):
+    """Compressed or not (the payload's running CRC is only taken for uncompressed segments)."""
     records = make_records(700)
-    ref_store, ref_metas = reference(records, 64 * 1024)
+    ref_store, ref_metas = reference(records, 64 * 1024, comp)
     store = Store()
-    rt = RecordThread(writer(store, 64 * 1024), lambda item: item[0], batch=batch, max_batches=2)
+    rt = RecordThread(writer(store, 64 * 1024, comp=comp), lambda item: item[0], batch=batch, max_batches=2)
     for r in records:
         rt.put((r,), r.delivery_tag)
     metas = rt.close()
@@ -161,3 +164,17 @@ def test_headers_records_through_the_thread_match():
 
 def test_defaults_bound_memory():
     assert record_thread.BATCH * record_thread.MAX_BATCHES <= 4096
+
+
+def test_large_bodies_hand_off_by_bytes():
+    """Batches are bounded by their bodies' bytes too, so big messages cannot pile up BATCH deep."""
+    store = Store()
+    rt = RecordThread(writer(store, 1 << 30), lambda item: item[0], batch=1000, max_batches=1, batch_bytes=10_000)
+    records = [BackupRecord(body=os.urandom(6_000), delivery_tag=i, backed_up_at=i) for i in range(3)]
+    rt.put((records[0],), None, 6_000)
+    assert rt._thread is None and len(rt._items) == 1
+    rt.put((records[1],), None, 6_000)  # 12,000 bytes >= 10,000: handed to the thread
+    assert rt._thread is not None and rt._items == []
+    rt.put((records[2],), None, 6_000)
+    metas = rt.close()
+    assert decode_segment(store.files[1]).records == records and metas[0].record_count == 3
