@@ -43,6 +43,7 @@ import pika
 import pika.exceptions
 
 from ..errors import AmqpConnectionError, AmqpError, RbakError
+from . import pika_fast
 from .convert import delivery_count
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ def read_queue(
     channels: list = []
     cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
+    pika_fast.install(conn)
     try:
         if use_get:
             ch = conn.channel()

@@ -20,6 +20,7 @@ import pika
 import pika.exceptions
 
 from ..errors import AmqpConnectionError, AmqpError
+from . import pika_fast
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ def read_stream(
     where = f"stream {queue!r} in vhost {vhost!r}"
     if end_offset is not None and (end_offset < 0 or isinstance(start_offset, int) and start_offset > end_offset):
         return res  # nothing at or after the start was committed when the backup began (or ever)
+    pika_fast.install(conn)
     ch = conn.channel()
     early = False
     try:
