@@ -43,9 +43,10 @@ if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
 # per distinct header instead of once per message. Bounded; cleared when full (unique headers, e.g. a
 # message_id each, then cost one dict insert per message). Records share the decoded objects, which
 # nothing mutates: a record built here is encoded and dropped. Raw bytes that fail to decode raise
-# each time, never cached.
+# each time, never cached. Header-less properties are memoised the same way (key (raw, None)): the
+# 13-field construction from pika's values was ~0.7 us a message.
 DECODED_CACHE = 512
-_DECODED: dict[tuple[bytes, frozenset], tuple[BackupProperties, tuple]] = {}
+_DECODED: dict[tuple[bytes, frozenset | None], tuple[BackupProperties, tuple]] = {}
 
 
 def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | None = None,
@@ -69,6 +70,13 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
             _DECODED[key] = hit = (p, hdrs)
         p, hdrs = hit
     else:
+        # no headers at all: the same raw bytes always give the same fields (pika decoded them), so
+        # the properties object is shared too; a stream's dropped headers (an offset each) are not memoised
+        key = (raw, None) if raw is not None and props.headers is None else None
+        hit = _DECODED.get(key) if key is not None else None
+        if hit is not None:
+            p, hdrs = hit
+            return _record(method, body, p, hdrs, vhost, queue, now_ms, stream_offset)
         p = BackupProperties(
             content_type=props.content_type,
             content_encoding=props.content_encoding,
@@ -85,6 +93,15 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
             cluster_id=props.cluster_id,
         )
         hdrs = ()
+        if key is not None:
+            if len(_DECODED) >= DECODED_CACHE:
+                _DECODED.clear()
+            _DECODED[key] = (p, hdrs)
+    return _record(method, body, p, hdrs, vhost, queue, now_ms, stream_offset)
+
+
+def _record(method, body: bytes, p: BackupProperties, hdrs: tuple, vhost: str, queue: str, now_ms: int | None,
+            stream_offset: int | None) -> BackupRecord:
     return BackupRecord(
         body=bytes(body) if body else b"",
         properties=p,

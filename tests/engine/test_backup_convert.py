@@ -74,3 +74,31 @@ def test_header_decode_memo_gives_each_message_its_own_decoding():
         r = to_record(m, delivered((("n", Long(i)),)), b"", "/", "q", 1)
         assert r.headers == (("n", Long(i)),)
     assert len(convert._DECODED) <= convert.DECODED_CACHE
+
+
+def test_headerless_memo_equals_pika_fields():
+    """Header-less deliveries: the memoised properties are exactly those built from pika's fields,
+    distinct raw bytes never share, and a stream's dropped headers are never memoised."""
+    from rbak.backup import convert
+    from rbak.format.amqp091 import encode_basic_properties
+    from rbak.format.record import BackupProperties
+
+    def delivered(headers=None, **kw):
+        props = pika.spec.BasicProperties()
+        props.decode(encode_basic_properties(BackupProperties(**kw), headers))
+        return props
+
+    m = pika.spec.Basic.Deliver("c", 7, True, "ex", "rk")
+    convert._DECODED.clear()
+    kws = [dict(content_type="text/plain", delivery_mode=2), dict(content_type="text/plain", delivery_mode=1),
+           dict(message_id="m-1", priority=3, timestamp=1_700_000_000), dict()]
+    for kw in kws * 2:
+        rec = to_record(m, delivered(**kw), b"x", "/", "q", 5)
+        assert rec.properties == BackupProperties(**kw) and rec.headers == ()
+        assert (rec.delivery_tag, rec.redelivered, rec.exchange, rec.routing_key) == (7, True, "ex", "rk")
+    assert len(convert._DECODED) == len(kws)
+    convert._DECODED.clear()
+    s = to_record(m, delivered((("x-stream-offset", Long(9)),), delivery_mode=2), b"x", "/", "q", 5,
+                  drop_headers=frozenset({"x-stream-offset"}), stream_offset=9)
+    assert s.headers == () and s.delivery_tag == 9 and s.properties == BackupProperties(delivery_mode=2)
+    assert len(convert._DECODED) == 0
