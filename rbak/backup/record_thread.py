@@ -36,14 +36,17 @@ from typing import Any, Callable
 from ..format.manifest import SegmentMetadata
 from .segments import AsyncSegmentWriter
 
-#: Deliveries per hand-off: a few ms of pika's work, so the encoder thread takes the GIL once per
-#: batch, not per message (Python hands the GIL over only when the holder blocks or every 5 ms).
-BATCH = 256
+#: Deliveries per hand-off: ~50 ms of pika's work, so the encoder thread needs the GIL a few times
+#: per batch, not per message. Every time it takes the GIL, the reading thread, which gives the GIL
+#: up at each socket read, has to get it back, and on a loaded machine each such hand-over waits for
+#: the scheduler too (256 per batch was measurably slower than reading and encoding on one thread for
+#: streams on 3.10.8 at load 4-5, 16:16 UTC).
+BATCH = 2048
 #: ... or fewer when their bodies reach this many bytes (large messages).
-BATCH_BYTES = 2 << 20
+BATCH_BYTES = 4 << 20
 #: Batches that may wait for the encoder thread. Memory bound: MAX_BATCHES + 2 batches (those queued,
 #: the one being encoded, the one filling) of at most BATCH deliveries or BATCH_BYTES (+ one message).
-MAX_BATCHES = 8
+MAX_BATCHES = 2
 
 Build = Callable[[tuple], Any]  # one queued delivery -> BackupRecord
 _STOP = None
