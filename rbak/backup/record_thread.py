@@ -47,6 +47,8 @@ BATCH_BYTES = 4 << 20
 #: Batches that may wait for the encoder thread. Memory bound: MAX_BATCHES + 2 batches (those queued,
 #: the one being encoded, the one filling) of at most BATCH deliveries or BATCH_BYTES (+ one message).
 MAX_BATCHES = 2
+#: Encode on a thread of its own (False: the same batches, encoded on the reading thread).
+THREADED = True
 
 Build = Callable[[tuple], Any]  # one queued delivery -> BackupRecord
 _STOP = None
@@ -58,7 +60,7 @@ class RecordThread:
     ``on_durable`` as with ``AsyncSegmentWriter.append_encoded``."""
 
     def __init__(self, writer: AsyncSegmentWriter, build: Build, batch: int = BATCH,
-                 max_batches: int = MAX_BATCHES, batch_bytes: int = BATCH_BYTES):
+                 max_batches: int = MAX_BATCHES, batch_bytes: int = BATCH_BYTES, threaded: bool | None = None):
         self.writer = writer
         self._build = build
         self._batch_size = max(1, batch)
@@ -71,6 +73,7 @@ class RecordThread:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._dropping = False  # abort(): batches still queued are thrown away
+        self._threaded = THREADED if threaded is None else threaded
 
     @property
     def next_sequence(self) -> int:
@@ -92,6 +95,9 @@ class RecordThread:
         batch = (self._items, self._arrivals, self._tags)
         self._items, self._arrivals, self._tags = [], [], []
         self._bytes = 0
+        if not self._threaded:
+            self._encode(batch)  # on the reading thread, a batch at a time
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="rbak-encode", daemon=True)
             self._thread.start()

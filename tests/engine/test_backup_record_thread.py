@@ -49,14 +49,17 @@ def reference(records, max_bytes, comp=Compression.ZSTD):
     return store, metas
 
 
+@pytest.mark.parametrize("threaded", [True, False])
 @pytest.mark.parametrize("comp", list(Compression))
 @pytest.mark.parametrize("batch", [1, 7, 256])
-def test_same_segments_bytes_and_tags_as_encoding_in_the_reader(batch, comp):
-    """Compressed or not (the payload's running CRC is only taken for uncompressed segments)."""
+def test_same_segments_bytes_and_tags_as_encoding_in_the_reader(batch, comp, threaded):
+    """Compressed or not (the payload's running CRC is only taken for uncompressed segments), on the
+    encoder thread or batch by batch on the reading thread (``threaded=False``)."""
     records = make_records(700)
     ref_store, ref_metas = reference(records, 64 * 1024, comp)
     store = Store()
-    rt = RecordThread(writer(store, 64 * 1024, comp=comp), lambda item: item[0], batch=batch, max_batches=2)
+    rt = RecordThread(writer(store, 64 * 1024, comp=comp), lambda item: item[0], batch=batch, max_batches=2,
+                      threaded=threaded)
     for r in records:
         rt.put((r,), r.delivery_tag)
     metas = rt.close()
