@@ -43,7 +43,8 @@ from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped
-from .queue_backup import backup_queue
+from .queue_backup import backup_queue, clear_previous
+from . import reader_process
 from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
 from .stream_backup import StreamBackup
@@ -143,6 +144,9 @@ class BackupEngine(StreamBackup):
         self.skipped: list[tuple[str, str, str]] = []  # (vhost, queue, reason), noted in the manifest
         self.codec = writer_codec(cfg.backup_id, cfg.encryption)
         self.write_once = self.storage.write_once  # S3 Object Lock: no object is ever put twice
+        self._readers: reader_process.ReaderProcesses | None = None
+        self._child_connections = 0
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------
     def run(self) -> BackupSummary:
@@ -311,6 +315,9 @@ class BackupEngine(StreamBackup):
                   summary: BackupSummary) -> list[QueueBackup]:
         conns = _Connections(self.cfg)
         results: list[QueueBackup] = []
+        if self._use_processes(queues):
+            self._readers = reader_process.ReaderProcesses(
+                self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues))
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()
@@ -346,9 +353,12 @@ class BackupEngine(StreamBackup):
                     summary.queues.append(qs)
                     self.progress("done", vhost=q.vhost, queue=q.name, summary=qs)
         finally:
+            if self._readers is not None:
+                self._readers.close()
+                self._readers = None
             stop_sync.set()
             syncer.join()
-            self.connections_opened = conns.opened
+            self.connections_opened = conns.opened + self._child_connections
             conns.close_all()
         for vhost, name, reason in self.skipped:
             if not any(x.vhost == vhost and x.name == name for x in summary.queues):
@@ -386,6 +396,8 @@ class BackupEngine(StreamBackup):
             if prog.queue_type == "stream":
                 qb.stream = self._stream_info(ckpt, q.vhost, q.name, prog, None)
             return qb, True
+        if self._readers is not None and q.queue_type == "classic":
+            return self._in_child(q, ckpt, cluster, version, prog), False
         for attempt in (1, 2):
             try:
                 conn = conns.get(q.vhost)
@@ -402,6 +414,54 @@ class BackupEngine(StreamBackup):
                 conns.drop(q.vhost)
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _use_processes(self, queues: list[QueueInfo]) -> bool:
+        """Classic queues go to reader processes when several are read at once and a child can
+        open the same storage itself (not a storage object handed in, e.g. memory or a test's)."""
+        b = self.cfg.backup
+        if not b.reader_processes or b.max_concurrent_queues < 2 or self.throttle is not None:
+            return False
+        if sum(1 for q in queues if q.queue_type == "classic") < 2 or not reader_process.available():
+            return False
+        return self._storage_reopenable()
+
+    def _storage_reopenable(self) -> bool:
+        import os
+        from pathlib import Path
+
+        from ..storage.fs import FilesystemStorage
+
+        st, sc = self.storage, self.cfg.storage
+        if sc.backend == "filesystem" and type(st) is FilesystemStorage:
+            return st.root == Path(os.path.expanduser(sc.path or ".")).resolve()
+        if sc.backend == "s3" and type(st).__name__ == "S3Storage" and type(st).__module__ == "rbak.storage.s3":
+            return getattr(st, "bucket", None) == sc.bucket
+        return False
+
+    def _in_child(self, q: QueueInfo, ckpt: Checkpoint, cluster: str, version: str | None,
+                  prog: QueueProgress | None) -> QueueBackup:
+        """One classic queue read by a reader process; its checkpoint rows, metrics and progress land here."""
+        assert self._readers is not None
+        clear_previous(self, ckpt, q.vhost, q.name, prog)
+        labels = dict(vhost=q.vhost, queue=q.name, queue_type=q.queue_type)
+
+        def on_event(event: str, kw: dict[str, Any]) -> None:
+            if event == "advance":
+                metrics.messages_read().labels(**labels).inc(kw.get("n", 0))
+                metrics.bytes_read().labels(**labels).inc(kw.get("bytes", 0))
+            self.progress(event, **kw)
+
+        res = self._readers.read(q, cluster, version, on_event)
+        with self._lock:
+            self._child_connections += res.connections
+        for vhost, name in res.resets:
+            ckpt.reset(vhost, name)
+        for p in res.saved:  # after its segments are durable, as in the thread
+            ckpt.save(p)
+        segs = res.backup.segments
+        metrics.segments_written().labels(**labels).inc(len(segs))
+        metrics.segment_bytes().labels(**labels).inc(sum(s.size_bytes for s in segs))
+        return res.backup
 
     def _kept_progress(self, ckpt: Checkpoint, q: QueueInfo) -> QueueProgress | None:
         """This storage's progress for a queue, if every segment it keeps is still here (else read it again)."""

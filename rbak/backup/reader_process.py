@@ -1,0 +1,269 @@
+"""Classic queues read in worker processes, so a backup's reads use every core (issue 20).
+
+pika decodes every frame in Python holding the GIL, and each queue costs a few ms of
+channel and consumer round trips: as threads of one process, the reads of a backup never
+used more than one core (8 workers reached 1.2-1.3x one worker on 2 cores) and a backup of
+1,000 small queues spent its time switching the GIL between threads. Here each engine
+worker thread borrows a child process, sends it one classic queue, and relays what comes
+back; the child runs the same per-queue code (``BackupEngine._one_queue``: passive declare,
+one channel, messages returned by closing it, segments stored atomically by its own
+segment thread) with its own AMQP connection per vhost.
+
+What stays in the parent, so every guarantee keeps one owner: the checkpoint (the child's
+``save`` is replayed there once its segments are durable, exactly as the thread did), the
+manifest, the delivery guard (quorum queues and streams never go to a child), the summary,
+metrics and progress (the child's events come back on the same pipe, in order, before its
+result), and the decision of which queues to read and what a failure means.
+
+A child never outlives its parent: it dies with the forkserver (``PR_SET_PDEATHSIG``), which
+exits as soon as the parent is gone, and a watchdog thread checks its parent once a second;
+a dead child closes its connection, so the broker returns every message it held, and the
+queue is recorded as failed (a rerun reads it again). Children are forked from one
+forkserver that imports rbak once (no per-child import cost) and are reused across queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import RbakError
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..format.manifest import QueueBackup
+    from ..management import QueueInfo
+    from .checkpoint import QueueProgress
+
+log = logging.getLogger(__name__)
+
+PRELOAD = ["rbak.backup.reader_process", "rbak.backup.engine"]
+
+
+class ReaderProcessError(RbakError):
+    """A reader process died or could not be started (its connection closed: the broker returned its messages)."""
+
+    prefix = "Backup error"
+
+
+def available() -> bool:
+    """Processes need the forkserver start method (Linux, macOS); elsewhere the reads stay threads."""
+    import multiprocessing
+
+    return "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def process_count(workers: int) -> int:
+    """At most one child per worker, and no more than twice the cores (each child is a Python process)."""
+    return max(1, min(workers, 2 * (os.cpu_count() or 1)))
+
+
+@dataclass(slots=True)
+class ChildResult:
+    backup: "QueueBackup"
+    saved: list["QueueProgress"] = field(default_factory=list)  # checkpoint rows to replay, in order
+    resets: list[tuple[str, str]] = field(default_factory=list)
+    connections: int = 0  # AMQP connections the child opened for this queue
+
+
+# ---------------------------------------------------------------------- parent side
+class _Child:
+    def __init__(self, ctx, cfg: "Config"):
+        self.conn, child_end = ctx.Pipe()
+        level = logging.getLogger().getEffectiveLevel()
+        self.proc = ctx.Process(target=_child_main, args=(child_end, cfg, level), daemon=True, name="rbak-reader")
+        self.proc.start()
+        child_end.close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout)
+        self.conn.close()
+
+
+class ReaderProcesses:
+    """A bounded set of child processes lent to the engine's worker threads, one queue at a time."""
+
+    def __init__(self, cfg: "Config", limit: int):
+        import multiprocessing
+
+        self.cfg = cfg
+        self.limit = limit
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(PRELOAD)
+        self._idle: queue.LifoQueue[_Child] = queue.LifoQueue()
+        self._lock = threading.Lock()
+        self._all: list[_Child] = []
+        self._closed = False
+
+    def _borrow(self) -> _Child:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if self._closed:
+                raise ReaderProcessError("the backup is stopping: no reader process")
+            start = len(self._all) < self.limit
+            if start:
+                child = _Child(self._ctx, self.cfg)
+                self._all.append(child)
+        return child if start else self._idle.get()
+
+    def read(self, q: "QueueInfo", cluster: str, version: str | None,
+             on_event: Callable[[str, dict[str, Any]], None]) -> ChildResult:
+        """Back ``q`` up in a child; ``on_event(event, kw)`` gets its progress events in order."""
+        child = self._borrow()
+        healthy = False
+        try:
+            try:
+                child.conn.send(("read", q, cluster, version))
+            except (OSError, ValueError) as e:
+                raise ReaderProcessError(f"queue {q.name!r} in vhost {q.vhost!r}: cannot reach its reader "
+                                         f"process: {e!r}") from None
+            while True:
+                try:
+                    kind, *rest = child.conn.recv()
+                except (EOFError, OSError):
+                    child.proc.join(1.0)
+                    raise ReaderProcessError(
+                        f"queue {q.name!r} in vhost {q.vhost!r}: its reader process died (exit code "
+                        f"{child.proc.exitcode}); its connection closed, so the broker returned every message it "
+                        f"held: rerun the backup to read the queue again") from None
+                if kind == "event":
+                    on_event(rest[0], rest[1])
+                elif kind == "log":
+                    logging.getLogger(rest[0]).log(rest[1], "%s", rest[2])
+                elif kind == "ok":
+                    healthy = True
+                    return rest[0]
+                elif kind == "error":
+                    healthy = True
+                    raise rest[0]
+        finally:
+            if healthy:
+                self._idle.put(child)
+            else:
+                with self._lock:
+                    if child in self._all:
+                        self._all.remove(child)
+                child.stop(timeout=1.0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            children, self._all = self._all, []
+        for c in children:
+            c.stop()
+
+
+# ---------------------------------------------------------------------- child side
+class _RecordingCheckpoint:
+    """The child's checkpoint: nothing is kept here; the parent replays the rows once the queue is done."""
+
+    def __init__(self) -> None:
+        self.saved: list = []
+        self.resets: list[tuple[str, str]] = []
+
+    def load(self, vhost: str, queue: str) -> None:
+        return None  # the parent decided what to keep before sending the queue
+
+    def save(self, p) -> None:
+        self.saved.append(p)
+
+    def reset(self, vhost: str, queue: str) -> None:
+        self.resets.append((vhost, queue))
+
+
+def _die_with_parent() -> None:
+    parent = os.getppid()
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # pragma: no cover - the parent went before the prctl took effect
+        os._exit(70)
+
+    def watch() -> None:
+        import time
+
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(70)
+
+    threading.Thread(target=watch, name="rbak-reader-watchdog", daemon=True).start()
+
+
+class _PipeLog(logging.Handler):
+    def __init__(self, send: Callable[[tuple], None]):
+        super().__init__(logging.DEBUG)
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                msg += "\n" + logging.Formatter().formatException(record.exc_info)
+            self._send(("log", record.name, record.levelno, msg))
+        except Exception:  # noqa: BLE001 - logging must never fail a read
+            pass
+
+
+def _child_main(conn, cfg: "Config", level: int) -> None:
+    _die_with_parent()
+    from .engine import BackupEngine, _Connections
+
+    lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        with lock:
+            conn.send(msg)
+
+    from ..logsafe import install
+
+    root = logging.getLogger()  # every record goes to the parent, which logs it through its own handlers
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(_PipeLog(send))
+    root.setLevel(level)
+    install()
+
+    eng = BackupEngine(cfg, progress=lambda event, **kw: send(("event", event, kw)))
+    conns = _Connections(cfg)
+    try:
+        while True:
+            try:
+                task = conn.recv()
+            except (EOFError, OSError):
+                return
+            if task is None:
+                return
+            _, q, cluster, version = task
+            ckpt = _RecordingCheckpoint()
+            before = conns.opened
+            try:
+                qb, _resumed = eng._one_queue(q, ckpt, conns, cluster, version)
+                send(("ok", ChildResult(qb, ckpt.saved, ckpt.resets, conns.opened - before)))
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent as it was
+                try:
+                    send(("error", e))
+                except Exception:  # noqa: BLE001 - an exception that does not pickle
+                    send(("error", RbakError(f"queue {q.name!r} in vhost {q.vhost!r}: {type(e).__name__}: {e}")))
+                if not isinstance(e, Exception):
+                    raise
+    finally:
+        conns.close_all()
