@@ -20,6 +20,7 @@ Order of a run (and why):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -146,6 +147,8 @@ class BackupEngine(StreamBackup):
         self.write_once = self.storage.write_once  # S3 Object Lock: no object is ever put twice
         self._readers: reader_process.ReaderProcesses | None = None
         self._child_connections = 0
+        self._readers_failed = False
+        self.reader_cpu_secs = 0.0  # CPU seconds of the reader processes (not in this process's own times)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------
@@ -317,7 +320,8 @@ class BackupEngine(StreamBackup):
         results: list[QueueBackup] = []
         if self._use_processes(queues):
             self._readers = reader_process.ReaderProcesses(
-                self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues))
+                self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues),
+                os.path.dirname(os.path.abspath(self.cfg.offset_storage.path)))
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()
@@ -355,6 +359,7 @@ class BackupEngine(StreamBackup):
         finally:
             if self._readers is not None:
                 self._readers.close()
+                self.reader_cpu_secs = self._readers.cpu_secs
                 self._readers = None
             stop_sync.set()
             syncer.join()
@@ -396,8 +401,14 @@ class BackupEngine(StreamBackup):
             if prog.queue_type == "stream":
                 qb.stream = self._stream_info(ckpt, q.vhost, q.name, prog, None)
             return qb, True
-        if self._readers is not None and q.queue_type == "classic":
-            return self._in_child(q, ckpt, cluster, version, prog), False
+        if self._readers is not None and not self._readers_failed and q.queue_type == "classic":
+            try:
+                return self._in_child(q, ckpt, cluster, version, prog), False
+            except reader_process.NoReaderProcess as e:  # decided before a child saw the queue
+                if not self._readers_failed:
+                    self._readers_failed = True
+                    log.warning("%s: classic queues are read by threads in this process", e)
+                prog = None  # cleared above
         for attempt in (1, 2):
             try:
                 conn = conns.get(q.vhost)
@@ -426,7 +437,6 @@ class BackupEngine(StreamBackup):
         return self._storage_reopenable()
 
     def _storage_reopenable(self) -> bool:
-        import os
         from pathlib import Path
 
         from ..storage.fs import FilesystemStorage

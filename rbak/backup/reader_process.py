@@ -45,9 +45,13 @@ PRELOAD = ["rbak.backup.reader_process", "rbak.backup.engine"]
 
 
 class ReaderProcessError(RbakError):
-    """A reader process died or could not be started (its connection closed: the broker returned its messages)."""
+    """A reader process died (its connection closed: the broker returned its messages)."""
 
     prefix = "Backup error"
+
+
+class NoReaderProcess(RbakError):
+    """No child could be started (nothing was sent to one): the queue is read by the thread instead."""
 
 
 def available() -> bool:
@@ -72,31 +76,53 @@ class ChildResult:
 
 # ---------------------------------------------------------------------- parent side
 class _Child:
-    def __init__(self, ctx, cfg: "Config"):
+    def __init__(self, ctx, cfg: "Config", ready_timeout: float = 120.0):
         self.conn, child_end = ctx.Pipe()
         level = logging.getLogger().getEffectiveLevel()
         self.proc = ctx.Process(target=_child_main, args=(child_end, cfg, level), daemon=True, name="rbak-reader")
-        self.proc.start()
-        child_end.close()
+        try:
+            self.proc.start()
+        finally:
+            child_end.close()
+        # nothing is sent to a child before it says it is ready: one that cannot start costs no queue
+        try:
+            ok = self.conn.poll(ready_timeout) and self.conn.recv() == ("ready",)
+        except (EOFError, OSError):
+            ok = False
+        if not ok:
+            self.stop(timeout=1.0)
+            raise OSError(f"the reader process did not start (exit code {self.proc.exitcode})")
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> float:
+        """End the child; its CPU seconds (user + system) when it said goodbye, else 0."""
+        cpu = 0.0
         try:
             self.conn.send(None)
-        except (OSError, ValueError):
+            if self.conn.poll(timeout):
+                kind, *rest = self.conn.recv()
+                cpu = rest[0] if kind == "bye" else 0.0
+        except (OSError, ValueError, EOFError):
             pass
         self.proc.join(timeout)
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(timeout)
         self.conn.close()
+        return cpu
 
 
 class ReaderProcesses:
     """A bounded set of child processes lent to the engine's worker threads, one queue at a time."""
 
-    def __init__(self, cfg: "Config", limit: int):
+    def __init__(self, cfg: "Config", limit: int, spare_dir: str | None = None):
         import multiprocessing
+        import tempfile
 
+        try:  # the forkserver's socket lives in a temporary directory
+            tempfile.gettempdir()
+        except FileNotFoundError:  # read-only root filesystem (the operator's Job): use the writable state dir
+            if spare_dir:
+                tempfile.tempdir = spare_dir
         self.cfg = cfg
         self.limit = limit
         self._ctx = multiprocessing.get_context("forkserver")
@@ -105,20 +131,30 @@ class ReaderProcesses:
         self._lock = threading.Lock()
         self._all: list[_Child] = []
         self._closed = False
+        self.cpu_secs = 0.0  # the children's CPU, known once they are stopped (benchmarks)
 
     def _borrow(self) -> _Child:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            if self._closed:
-                raise ReaderProcessError("the backup is stopping: no reader process")
-            start = len(self._all) < self.limit
-            if start:
-                child = _Child(self._ctx, self.cfg)
-                self._all.append(child)
-        return child if start else self._idle.get()
+        """An idle child, a new one while under the limit, else wait for one (None in the queue: one died)."""
+        while True:
+            try:
+                child = self._idle.get_nowait()
+            except queue.Empty:
+                child = None
+            if child is not None:
+                return child
+            with self._lock:
+                if self._closed:
+                    raise NoReaderProcess("the backup is stopping: no reader process")
+                if len(self._all) < self.limit:
+                    try:
+                        child = _Child(self._ctx, self.cfg)
+                    except Exception as e:  # noqa: BLE001 - no temp dir, no fork, resource limits...
+                        raise NoReaderProcess(f"cannot start a reader process: {type(e).__name__}: {e}") from None
+                    self._all.append(child)
+                    return child
+            child = self._idle.get()
+            if child is not None:
+                return child
 
     def read(self, q: "QueueInfo", cluster: str, version: str | None,
              on_event: Callable[[str, dict[str, Any]], None]) -> ChildResult:
@@ -140,6 +176,9 @@ class ReaderProcesses:
                         f"queue {q.name!r} in vhost {q.vhost!r}: its reader process died (exit code "
                         f"{child.proc.exitcode}); its connection closed, so the broker returned every message it "
                         f"held: rerun the backup to read the queue again") from None
+                except Exception as e:  # noqa: BLE001 - a reply that does not unpickle (the child is then stopped)
+                    raise ReaderProcessError(f"queue {q.name!r} in vhost {q.vhost!r}: unreadable reply from its "
+                                             f"reader process: {type(e).__name__}: {e}") from None
                 if kind == "event":
                     on_event(rest[0], rest[1])
                 elif kind == "log":
@@ -158,13 +197,14 @@ class ReaderProcesses:
                     if child in self._all:
                         self._all.remove(child)
                 child.stop(timeout=1.0)
+                self._idle.put(None)  # a worker waiting for a child may start a new one
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             children, self._all = self._all, []
         for c in children:
-            c.stop()
+            self.cpu_secs += c.stop()
 
 
 # ---------------------------------------------------------------------- child side
@@ -244,6 +284,7 @@ def _child_main(conn, cfg: "Config", level: int) -> None:
 
     eng = BackupEngine(cfg, progress=lambda event, **kw: send(("event", event, kw)))
     conns = _Connections(cfg)
+    send(("ready",))
     try:
         while True:
             try:
@@ -251,6 +292,8 @@ def _child_main(conn, cfg: "Config", level: int) -> None:
             except (EOFError, OSError):
                 return
             if task is None:
+                t = os.times()
+                send(("bye", t.user + t.system))
                 return
             _, q, cluster, version = task
             ckpt = _RecordingCheckpoint()
