@@ -321,7 +321,7 @@ class BackupEngine(StreamBackup):
         if self._use_processes(queues):
             self._readers = reader_process.ReaderProcesses(
                 self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues),
-                os.path.dirname(os.path.abspath(self.cfg.offset_storage.path)))
+                os.path.dirname(os.path.abspath(self.cfg.offset_storage.path)), self.codec)
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()

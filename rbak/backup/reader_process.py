@@ -76,10 +76,12 @@ class ChildResult:
 
 # ---------------------------------------------------------------------- parent side
 class _Child:
-    def __init__(self, ctx, cfg: "Config", ready_timeout: float = 120.0):
+    def __init__(self, ctx, cfg: "Config", codec, ready_timeout: float = 120.0):
         self.conn, child_end = ctx.Pipe()
         level = logging.getLogger().getEffectiveLevel()
-        self.proc = ctx.Process(target=_child_main, args=(child_end, cfg, level), daemon=True, name="rbak-reader")
+        # the forkserver keeps the environment of its start: this run's (storage credentials) goes along
+        args = (child_end, cfg, level, dict(os.environ), codec)
+        self.proc = ctx.Process(target=_child_main, args=args, daemon=True, name="rbak-reader")
         try:
             self.proc.start()
         finally:
@@ -114,7 +116,7 @@ class _Child:
 class ReaderProcesses:
     """A bounded set of child processes lent to the engine's worker threads, one queue at a time."""
 
-    def __init__(self, cfg: "Config", limit: int, spare_dir: str | None = None):
+    def __init__(self, cfg: "Config", limit: int, spare_dir: str | None = None, codec=None):
         import multiprocessing
         import tempfile
 
@@ -124,6 +126,7 @@ class ReaderProcesses:
             if spare_dir:
                 tempfile.tempdir = spare_dir
         self.cfg = cfg
+        self.codec = codec  # the parent's (encryption key included): every segment sealed as the manifest says
         self.limit = limit
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
@@ -147,7 +150,7 @@ class ReaderProcesses:
                     raise NoReaderProcess("the backup is stopping: no reader process")
                 if len(self._all) < self.limit:
                     try:
-                        child = _Child(self._ctx, self.cfg)
+                        child = _Child(self._ctx, self.cfg, self.codec)
                     except Exception as e:  # noqa: BLE001 - no temp dir, no fork, resource limits...
                         raise NoReaderProcess(f"cannot start a reader process: {type(e).__name__}: {e}") from None
                     self._all.append(child)
@@ -263,8 +266,10 @@ class _PipeLog(logging.Handler):
             pass
 
 
-def _child_main(conn, cfg: "Config", level: int) -> None:
+def _child_main(conn, cfg: "Config", level: int, env: dict[str, str], codec) -> None:
     _die_with_parent()
+    os.environ.clear()
+    os.environ.update(env)
     from .engine import BackupEngine, _Connections
 
     lock = threading.Lock()
@@ -283,6 +288,8 @@ def _child_main(conn, cfg: "Config", level: int) -> None:
     install()
 
     eng = BackupEngine(cfg, progress=lambda event, **kw: send(("event", event, kw)))
+    if codec is not None:
+        eng.codec = codec
     conns = _Connections(cfg)
     send(("ready",))
     try:
