@@ -401,7 +401,7 @@ class BackupEngine(StreamBackup):
             if prog.queue_type == "stream":
                 qb.stream = self._stream_info(ckpt, q.vhost, q.name, prog, None)
             return qb, True
-        if self._readers is not None and not self._readers_failed and q.queue_type == "classic":
+        if self._readers is not None and not self._readers_failed and reader_process.worth_a_child(q):
             try:
                 return self._in_child(q, ckpt, cluster, version, prog), False
             except reader_process.NoReaderProcess as e:  # decided before a child saw the queue
@@ -432,7 +432,7 @@ class BackupEngine(StreamBackup):
         b = self.cfg.backup
         if not b.reader_processes or b.max_concurrent_queues < 2 or self.throttle is not None:
             return False
-        if sum(1 for q in queues if q.queue_type == "classic") < 2 or not reader_process.available():
+        if sum(1 for q in queues if reader_process.worth_a_child(q)) < 2 or not reader_process.available():
             return False
         return self._storage_reopenable()
 

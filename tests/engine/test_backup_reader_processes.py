@@ -17,6 +17,7 @@ import pytest
 from rbak.backup import BackupEngine
 from rbak.backup import reader_process
 from support.backups import backup_config, drain, fast_publish, load, records, wait_count
+from support.brokers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,8 +33,14 @@ def _fill(broker, vhost: str, queues: int, n: int) -> dict[str, list[bytes]]:
     return out
 
 
-def test_processes_back_up_what_threads_do(broker, vhost, tmp_path):
+def test_processes_back_up_what_threads_do(broker, vhost, tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_process, "MIN_MESSAGES", 300)  # from the listing's depths (stats lag ~1 s)
     queues = _fill(broker, vhost, 5, 300)
+    small = [b"small-%d" % i for i in range(5)]
+    fast_publish(broker, vhost, "small", small, declare={})  # below MIN_MESSAGES: read by a thread
+    wait_until(lambda: sum((q.get("messages") or 0) >= 300 for q in broker.list_queues(vhost)) == 5,
+               what="management stats of the filled queues")
+    queues["small"] = small
     summaries, engines = {}, {}
     for mode in (True, False):
         store = tmp_path / f"store-{mode}"
@@ -44,24 +51,26 @@ def test_processes_back_up_what_threads_do(broker, vhost, tmp_path):
     assert engines[False]._child_connections == 0
     got = {}
     for mode, s in summaries.items():
-        assert s.completed and not s.failed and s.total_messages == 5 * 300
+        assert s.completed and not s.failed and s.total_messages == 5 * 300 + 5
         m = load(tmp_path / f"store-{mode}", "rp")
         for name, bodies in queues.items():
             recs = records(tmp_path / f"store-{mode}", m, vhost, name)
             assert [r.body for r in recs] == bodies  # queue order, nothing missing or doubled
-            assert len(m.find_queue(vhost, name).segments) > 1  # several durable segments per queue
+            assert len(m.find_queue(vhost, name).segments) > (name != "small")  # several durable segments
             got[mode, name] = [(r.body, r.headers, r.properties) for r in recs]
     for name in queues:
         assert got[True, name] == got[False, name]  # the same records, properties and typed headers
-        assert dict(got[True, name][0][1])["tag"] is not None
-    assert engines[True].connections_opened <= 3 + 1  # children's connections are counted too
+        assert name == "small" or dict(got[True, name][0][1])["tag"] is not None
+    assert engines[True].connections_opened <= 3 + 1  # children's (one per worker at most) and the thread's
     for name, bodies in queues.items():
-        assert broker.message_count(vhost, name) == 300  # every message back in its queue
+        assert broker.message_count(vhost, name) == len(bodies)  # every message back in its queue
     assert [b for b, *_ in drain(broker, vhost, "rp-002")] == queues["rp-002"]
 
 
 def test_no_child_falls_back_to_threads(broker, vhost, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(reader_process, "MIN_MESSAGES", 1)
     queues = _fill(broker, vhost, 3, 50)
+    wait_until(lambda: sum((q.get("messages") or 0) >= 50 for q in broker.list_queues(vhost)) == 3, what="stats")
 
     def no_fork(*a, **k):
         raise OSError("No usable temporary directory")
@@ -108,7 +117,8 @@ def _alive(pid: int) -> bool:
 def test_sigkill_parent_kills_readers_then_resume(rmq310, vhost_factory, tmp_path):
     broker = rmq310
     vhost = vhost_factory(broker)
-    queues = _fill(broker, vhost, 120, 40)
+    queues = _fill(broker, vhost, 24, 1000)  # reader_process.MIN_MESSAGES: big enough for a child
+    wait_until(lambda: sum((q.get("messages") or 0) >= 1000 for q in broker.list_queues(vhost)) == 24, what="stats")
     store = tmp_path / "store"
     cfg = tmp_path / "backup.yaml"
     cfg.write_text(f"""
@@ -119,7 +129,7 @@ source:
   management_url: {broker.management_url}
   queues: {{vhosts: ["{vhost}"]}}
 storage: {{backend: filesystem, path: "{store}"}}
-backup: {{include_definitions: false, max_concurrent_queues: 4}}
+backup: {{include_definitions: false, max_concurrent_queues: 4, segment_max_bytes: 16384}}
 offset_storage: {{path: "{tmp_path / 'state' / 'offsets.db'}", sync_interval_secs: 0.5}}
 """)
     cmd = [sys.executable, "-m", "rbak", "backup", "--config", str(cfg)]
@@ -127,7 +137,7 @@ offset_storage: {{path: "{tmp_path / 'state' / 'offsets.db'}", sync_interval_sec
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
     qdir = store / "killed" / "queues" / vhost
     deadline = time.time() + 120
-    while len(list(qdir.glob("*/segment-*"))) < 10 if qdir.is_dir() else True:
+    while len(list(qdir.glob("*/segment-*"))) < 20 if qdir.is_dir() else True:
         assert proc.poll() is None, f"backup ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
         assert time.time() < deadline, "the backup wrote no segments"
         time.sleep(0.01)
@@ -140,9 +150,9 @@ offset_storage: {{path: "{tmp_path / 'state' / 'offsets.db'}", sync_interval_sec
         time.sleep(0.05)
     assert not [p for p in family if _alive(p)], "a reader process outlived its killed parent"
     assert load(store, "killed").completed_at is None
-    assert len(list(qdir.glob("*/segment-*"))) < len(queues)  # really killed mid-run
+    assert len(list(qdir.glob("*/segment-*"))) < len(queues) * 1000 * 3600 // 16384  # really killed mid-run
     for name in queues:
-        wait_count(broker, vhost, name, 40)  # every message went back
+        wait_count(broker, vhost, name, 1000)  # every message went back
 
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
