@@ -7,7 +7,9 @@ Order of a run (and why):
 2. Management API: cluster name and version, the queue list; definitions.
 3. A bounded pool of ``max_concurrent_queues`` workers; each worker keeps one
    AMQP connection per vhost and reads one queue at a time on fresh
-   channels, so 1,000 queues need ``max_concurrent_queues`` connections.
+   channels, so 1,000 queues need ``max_concurrent_queues`` connections. Classic queues of
+   1,000+ messages go to reader processes instead (``reader_process``: the reads use every
+   core); this process keeps the checkpoint, progress and everything below.
 4. Per queue, an ``AsyncSegmentWriter`` (compress + store in a background thread) rotating on size/age (memory is bounded by
    ``segment_max_bytes`` per worker, never by queue depth).
 5. The checkpoint is synced to ``state/offsets.db``; every segment the

@@ -160,3 +160,34 @@ offset_storage: {{path: "{tmp_path / 'state' / 'offsets.db'}", sync_interval_sec
     assert m.completed_at is not None and len(m.queues) == len(queues)
     for name, bodies in queues.items():
         assert [x.body for x in records(store, m, vhost, name)] == bodies
+
+
+def test_processes_store_into_s3(rmq310, vhost_factory, s3_bucket, tmp_path, monkeypatch):
+    """A child opens the same S3 storage from the configuration (credentials from the run's environment)."""
+    from rbak.catalog import load_manifest
+    from rbak.config import Config
+    from rbak.storage import open_storage
+    from rbak.validate import validate_backup
+
+    monkeypatch.setattr(reader_process, "MIN_MESSAGES", 100)
+    broker = rmq310
+    vhost = vhost_factory(broker)
+    queues = _fill(broker, vhost, 3, 200)
+    wait_until(lambda: sum((q.get("messages") or 0) >= 200 for q in broker.list_queues(vhost)) == 3, what="stats")
+    cfg = Config.from_dict({
+        "mode": "backup", "backup_id": "rp-s3",
+        "source": {"amqp_url": broker.amqp_url(vhost), "management_url": broker.management_url,
+                   "queues": {"vhosts": [vhost]}},
+        "storage": {"backend": "s3", "bucket": s3_bucket.bucket, "prefix": "rp", "endpoint": s3_bucket.endpoint,
+                    "path_style": True, "region": "us-east-1"},
+        "backup": {"include_definitions": False, "segment_max_bytes": 8192, "max_concurrent_queues": 3},
+        "offset_storage": {"path": str(tmp_path / "st.db"), "sync_interval_secs": 0},
+    }, env={})
+    eng = BackupEngine(cfg)
+    s = eng.run()
+    assert s.completed and s.total_messages == 600
+    assert eng._child_connections > 0 and not eng._readers_failed
+    storage = open_storage(s3_bucket.url_with_prefix(""))
+    m = load_manifest(storage, "rp-s3", "rp")
+    assert m.is_complete and {q.name: q.message_count for q in m.queues} == {n: 200 for n in queues}
+    assert validate_backup(storage, "rp-s3", "rp", deep=True).ok
