@@ -7,7 +7,9 @@ Order of a run (and why):
 2. Management API: cluster name and version, the queue list; definitions.
 3. A bounded pool of ``max_concurrent_queues`` workers; each worker keeps one
    AMQP connection per vhost and reads one queue at a time on fresh
-   channels, so 1,000 queues need ``max_concurrent_queues`` connections.
+   channels, so 1,000 queues need ``max_concurrent_queues`` connections. Classic queues of
+   1,000+ messages go to reader processes instead (``reader_process``: the reads use every
+   core); this process keeps the checkpoint, progress and everything below.
 4. Per queue, an ``AsyncSegmentWriter`` (compress + store in a background thread) rotating on size/age (memory is bounded by
    ``segment_max_bytes`` per worker, never by queue depth).
 5. The checkpoint is synced to ``state/offsets.db``; every segment the
@@ -20,6 +22,7 @@ Order of a run (and why):
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -43,7 +46,8 @@ from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped
-from .queue_backup import backup_queue
+from .queue_backup import backup_queue, clear_previous
+from . import reader_process
 from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
 from .stream_backup import StreamBackup
@@ -143,6 +147,11 @@ class BackupEngine(StreamBackup):
         self.skipped: list[tuple[str, str, str]] = []  # (vhost, queue, reason), noted in the manifest
         self.codec = writer_codec(cfg.backup_id, cfg.encryption)
         self.write_once = self.storage.write_once  # S3 Object Lock: no object is ever put twice
+        self._readers: reader_process.ReaderProcesses | None = None
+        self._child_connections = 0
+        self._readers_failed = False
+        self.reader_cpu_secs = 0.0  # CPU seconds of the reader processes (not in this process's own times)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------
     def run(self) -> BackupSummary:
@@ -311,6 +320,10 @@ class BackupEngine(StreamBackup):
                   summary: BackupSummary) -> list[QueueBackup]:
         conns = _Connections(self.cfg)
         results: list[QueueBackup] = []
+        if self._use_processes(queues):
+            self._readers = reader_process.ReaderProcesses(
+                self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues),
+                os.path.dirname(os.path.abspath(self.cfg.offset_storage.path)), self.codec)
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
         syncer.start()
@@ -346,9 +359,13 @@ class BackupEngine(StreamBackup):
                     summary.queues.append(qs)
                     self.progress("done", vhost=q.vhost, queue=q.name, summary=qs)
         finally:
+            if self._readers is not None:
+                self._readers.close()
+                self.reader_cpu_secs = self._readers.cpu_secs
+                self._readers = None
             stop_sync.set()
             syncer.join()
-            self.connections_opened = conns.opened
+            self.connections_opened = conns.opened + self._child_connections
             conns.close_all()
         for vhost, name, reason in self.skipped:
             if not any(x.vhost == vhost and x.name == name for x in summary.queues):
@@ -386,6 +403,14 @@ class BackupEngine(StreamBackup):
             if prog.queue_type == "stream":
                 qb.stream = self._stream_info(ckpt, q.vhost, q.name, prog, None)
             return qb, True
+        if self._readers is not None and not self._readers_failed and reader_process.worth_a_child(q):
+            try:
+                return self._in_child(q, ckpt, cluster, version, prog), False
+            except reader_process.NoReaderProcess as e:  # decided before a child saw the queue
+                if not self._readers_failed:
+                    self._readers_failed = True
+                    log.warning("%s: classic queues are read by threads in this process", e)
+                prog = None  # cleared above
         for attempt in (1, 2):
             try:
                 conn = conns.get(q.vhost)
@@ -402,6 +427,53 @@ class BackupEngine(StreamBackup):
                 conns.drop(q.vhost)
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _use_processes(self, queues: list[QueueInfo]) -> bool:
+        """Classic queues go to reader processes when several are read at once and a child can
+        open the same storage itself (not a storage object handed in, e.g. memory or a test's)."""
+        b = self.cfg.backup
+        if not b.reader_processes or b.max_concurrent_queues < 2 or self.throttle is not None:
+            return False
+        if sum(1 for q in queues if reader_process.worth_a_child(q)) < 2 or not reader_process.available():
+            return False
+        return self._storage_reopenable()
+
+    def _storage_reopenable(self) -> bool:
+        from pathlib import Path
+
+        from ..storage.fs import FilesystemStorage
+
+        st, sc = self.storage, self.cfg.storage
+        if sc.backend == "filesystem" and type(st) is FilesystemStorage:
+            return st.root == Path(os.path.expanduser(sc.path or ".")).resolve()
+        if sc.backend == "s3" and type(st).__name__ == "S3Storage" and type(st).__module__ == "rbak.storage.s3":
+            return getattr(st, "bucket", None) == sc.bucket
+        return False
+
+    def _in_child(self, q: QueueInfo, ckpt: Checkpoint, cluster: str, version: str | None,
+                  prog: QueueProgress | None) -> QueueBackup:
+        """One classic queue read by a reader process; its checkpoint rows, metrics and progress land here."""
+        assert self._readers is not None
+        clear_previous(self, ckpt, q.vhost, q.name, prog)
+        labels = dict(vhost=q.vhost, queue=q.name, queue_type=q.queue_type)
+
+        def on_event(event: str, kw: dict[str, Any]) -> None:
+            if event == "advance":
+                metrics.messages_read().labels(**labels).inc(kw.get("n", 0))
+                metrics.bytes_read().labels(**labels).inc(kw.get("bytes", 0))
+            self.progress(event, **kw)
+
+        res = self._readers.read(q, cluster, version, on_event)
+        with self._lock:
+            self._child_connections += res.connections
+        for vhost, name in res.resets:
+            ckpt.reset(vhost, name)
+        for p in res.saved:  # after its segments are durable, as in the thread
+            ckpt.save(p)
+        segs = res.backup.segments
+        metrics.segments_written().labels(**labels).inc(len(segs))
+        metrics.segment_bytes().labels(**labels).inc(sum(s.size_bytes for s in segs))
+        return res.backup
 
     def _kept_progress(self, ckpt: Checkpoint, q: QueueInfo) -> QueueProgress | None:
         """This storage's progress for a queue, if every segment it keeps is still here (else read it again)."""

@@ -69,14 +69,19 @@ def passive_info(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple
         raise AmqpError(f"queue {queue!r} in vhost {vhost!r}: {e.reply_code} {e.reply_text}") from None
 
 
+def clear_previous(eng: "BackupEngine", ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress | None) -> None:
+    """An interrupted earlier read of this queue is dropped (its messages went back): read from the head."""
+    if prog is not None or eng.storage.exists(eng.layout.segment(vhost, name, 1, eng.compression)):
+        eng.storage.delete_prefix(eng.layout.queue_dir(vhost, name) + "/")
+        ckpt.reset(vhost, name)
+
+
 def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, version: str | None,
                  prog: QueueProgress | None) -> QueueBackup:
     """Classic / quorum: all or nothing per run (an interrupted read is redone from the head)."""
     vhost, name, qtype = q.vhost, q.name, q.queue_type
     where = f"queue {name!r} in vhost {vhost!r}"
-    if prog is not None or eng.storage.exists(eng.layout.segment(vhost, name, 1, eng.compression)):
-        eng.storage.delete_prefix(eng.layout.queue_dir(vhost, name) + "/")
-        ckpt.reset(vhost, name)
+    clear_previous(eng, ckpt, vhost, name, prog)
     reason = skip_reason(q, None, False)  # exclusive (the listing said so)
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
