@@ -995,6 +995,18 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* reserve(buf, n): grow the bytearray ``buf`` to at least ``n`` bytes without writing them (the
+ * new bytes are undefined: the caller writes them before they are read). A segment streamed to
+ * its file while it is built needs its whole size up front: a bytearray cannot grow while a
+ * writer thread holds a view of it, and zero-filling 128 MiB would touch every page first. */
+static PyObject *reserve(PyObject *self, PyObject *args) {
+    PyObject *buf;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!n", &PyByteArray_Type, &buf, &n)) return NULL;
+    if (PyByteArray_GET_SIZE(buf) < n && PyByteArray_Resize(buf, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static int take_slots(PyObject *cls, PyObject *names, PyObject **dst, Py_ssize_t want) {
     if (!PyType_Check(cls) || !PyTuple_Check(names) || PyTuple_GET_SIZE(names) != want) {
         PyErr_SetString(PyExc_TypeError, "configure: a class and a tuple of its field names");
@@ -1061,6 +1073,7 @@ static PyMethodDef methods[] = {
     {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
     {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
     {"append_payload", append_payload, METH_VARARGS, "Records' [length][JSON] appended to a segment buffer (see C)."},
+    {"reserve", reserve, METH_VARARGS, "Grow a bytearray to n bytes without writing them (see C)."},
     {"erl_decode", rbak_erl_decode, METH_VARARGS, "(term, end) of the bare Erlang term at pos, or None (see _erlterm.c)."},
     {"amqp_value", rbak_amqp_value, METH_VARARGS, "(Value, end) of the AMQP 1.0 value at pos, or None (see _amqp10.c)."},
     {"amqp_configure", rbak_amqp_configure, METH_VARARGS, "Give amqp_value amqp10's Value class and constants."},
