@@ -330,13 +330,18 @@ class SegmentBuffer:
 STREAM_CHUNK_BYTES = 8 << 20
 
 
-def _write_chunk(spool: Spool, view: memoryview, offset: int, sha: Any) -> None:
+def _write_chunk(spool: Spool, view: memoryview, offset: int) -> None:
     try:
         spool.write_at(view, offset)
-        if sha is not None:
-            sha.update(view)  # in order: one thread runs every stretch of a segment
     finally:
         view.release()  # the buffer may grow again once no chunk holds a view of it
+
+
+def _hash_chunk(sha: Any, view: memoryview) -> None:
+    try:
+        sha.update(view)  # in order: one thread hashes every stretch
+    finally:
+        view.release()
 
 
 class SegmentStream:
@@ -353,15 +358,15 @@ class SegmentStream:
     The SHA-256 of the file starts with its header, known only once the segment is complete. When
     the writer can tell what the header will be (``guess``: the rest of a queue whose importer
     knows its count, one timestamp, and the rest seems to fit), the stretches are hashed as they
-    are written; ``finish_hash`` uses that hash only if the real header is the guessed one, else
-    the segment is hashed whole as any other (``None``)."""
+    are written (by a second thread, beside the write); ``finish_hash`` uses that hash only if
+    the real header is the guessed one, else the segment is hashed whole as any other (``None``)."""
 
-    __slots__ = ("spool", "done", "_pool", "_jobs", "_guess", "_sha")
+    __slots__ = ("spool", "done", "_pool", "_hash_pool", "_jobs", "_guess", "_sha")
 
-    def __init__(self, spool: Spool, pool: ThreadPoolExecutor):
+    def __init__(self, spool: Spool, pool: ThreadPoolExecutor, hash_pool: ThreadPoolExecutor):
         self.spool = spool
         self.done = HEADER_SIZE  # payload bytes [HEADER_SIZE, done) handed to the spool
-        self._pool = pool
+        self._pool, self._hash_pool = pool, hash_pool  # one thread each: stretches stay in order
         self._jobs: deque[Future] = deque()
         self._guess: bytes | None = None  # the header this segment is expected to get
         self._sha: Any = None
@@ -376,8 +381,10 @@ class SegmentStream:
         """Hand the payload written since the last call to the file, once ``STREAM_CHUNK_BYTES`` have gathered."""
         if seg.end - self.done < STREAM_CHUNK_BYTES:
             return
-        view = memoryview(seg._buf)[self.done: seg.end]
-        self._jobs.append(self._pool.submit(_write_chunk, self.spool, view, self.done, self._sha))
+        with memoryview(seg._buf) as mv:
+            self._jobs.append(self._pool.submit(_write_chunk, self.spool, mv[self.done: seg.end], self.done))
+            if self._sha is not None:  # hashed beside the write, on another core
+                self._jobs.append(self._hash_pool.submit(_hash_chunk, self._sha, mv[self.done: seg.end]))
         self.done = seg.end
         while self._jobs and self._jobs[0].done():
             self._jobs.popleft().result()
@@ -479,18 +486,19 @@ class SegmentPipeline:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rbak-segment", initializer=initializer)
         self._inflight: deque[tuple[Future, Callable[[Any], None] | None]] = deque()
         self._free: deque[SegmentBuffer] = deque()
-        self._stream_pool: ThreadPoolExecutor | None = None
+        self._stream_pools: list[ThreadPoolExecutor] = []
 
-    def stream_pool(self) -> ThreadPoolExecutor:
-        """The one thread writing streamed segments' stretches (``SegmentStream``), in order."""
-        if self._stream_pool is None:
-            self._stream_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rbak-segment-stream")
-        return self._stream_pool
+    def stream_pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        """The thread writing streamed segments' stretches and the one hashing them (``SegmentStream``)."""
+        if not self._stream_pools:
+            self._stream_pools = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rbak-segment-{what}")
+                                  for what in ("stream", "stream-sha")]
+        return self._stream_pools[0], self._stream_pools[1]
 
     def _shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._stream_pool is not None:
-            self._stream_pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._stream_pools:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def take_buffer(self, max_bytes: int) -> SegmentBuffer:
         """A recycled buffer (pages already mapped) or a new one."""
@@ -641,7 +649,7 @@ class SegmentWriter:
             return
         # Room for a full segment (pages untouched until written): the buffer never grows under a view.
         _reserve(seg._buf, HEADER_SIZE + self.max_bytes + FOOTER_SIZE + (1 << 20))
-        seg.stream = SegmentStream(spool, self._pipeline.stream_pool())
+        seg.stream = SegmentStream(spool, *self._pipeline.stream_pools())
 
     def _guess_header(self, seg: SegmentBuffer, expect: int) -> None:
         """After a segment's first records: if the ``expect`` records left seem to fit in it (at the
