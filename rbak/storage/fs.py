@@ -149,10 +149,13 @@ class FileSpool(Spool):
             raise StorageError(f"{self.storage.url}: key {self.key!r}: write to a closed spool")
         try:
             self._pwrite(data, offset)
-            if _FADV_DONTNEED is not None:
-                os.posix_fadvise(self._fd, offset, len(data), _FADV_DONTNEED)
         except OSError as e:
             raise self._error(e) from e
+        if _FADV_DONTNEED is not None:
+            try:
+                os.posix_fadvise(self._fd, offset, len(data), _FADV_DONTNEED)
+            except OSError:
+                pass  # only a hint (a filesystem may not take it): the commit's fsync still waits for all
 
     def commit(self, data: bytes | bytearray | memoryview, written: tuple[int, int]) -> None:
         if self._fd < 0:
