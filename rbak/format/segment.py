@@ -626,7 +626,7 @@ class SegmentWriter:
         fresh = seg.count == 0
         if fresh:
             self._started = self._clock()
-            if self._spool is not None:
+            if self._spool is not None and seg.stream is None:
                 self._start_stream(seg)
         try:
             nxt = seg.add_from(records, start, self.max_bytes)
