@@ -995,15 +995,28 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* reserve(buf, n): grow the bytearray ``buf`` to at least ``n`` bytes without writing them (the
- * new bytes are undefined: the caller writes them before they are read). A segment streamed to
+/* reserve(buf, n[, touch]): grow the bytearray ``buf`` to at least ``n`` bytes without writing them
+ * (the new bytes are undefined: the caller writes them before they are read), or with ``touch``
+ * zero them with the GIL released, which maps their pages on this thread (page faults cost about
+ * as much as writing the bytes: an idle thread can take them off the writer's path). A segment streamed to
  * its file while it is built needs its whole size up front: a bytearray cannot grow while a
  * writer thread holds a view of it, and zero-filling 128 MiB would touch every page first. */
 static PyObject *reserve(PyObject *self, PyObject *args) {
     PyObject *buf;
     Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "O!n", &PyByteArray_Type, &buf, &n)) return NULL;
-    if (PyByteArray_GET_SIZE(buf) < n && PyByteArray_Resize(buf, n) < 0) return NULL;
+    int touch = 0;
+    if (!PyArg_ParseTuple(args, "O!n|p", &PyByteArray_Type, &buf, &n, &touch)) return NULL;
+    Py_ssize_t had = PyByteArray_GET_SIZE(buf);
+    if (had >= n) Py_RETURN_NONE;
+    if (PyByteArray_Resize(buf, n) < 0) return NULL;
+    if (touch) { /* map the new pages now (GIL released; the view keeps the buffer from moving) */
+        Py_buffer view;
+        if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) return NULL;
+        Py_BEGIN_ALLOW_THREADS
+        memset((char *)view.buf + had, 0, (size_t)(n - had));
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&view);
+    }
     Py_RETURN_NONE;
 }
 

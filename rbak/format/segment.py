@@ -643,12 +643,23 @@ class SegmentWriter:
             self.flush()
         return nxt
 
+    def _stream_room(self) -> int:
+        return HEADER_SIZE + self.max_bytes + FOOTER_SIZE + (1 << 20)
+
+    def warm(self) -> None:
+        """Map the pages of the segment buffer a streamed segment will fill (zeroed, GIL-free), for a
+        thread that would otherwise wait (the import's encoder while the first records are decoded):
+        faulting in 128 MiB costs about as much as writing it. Nothing for a buffer already warm."""
+        seg = self._seg
+        if self._spool is not None and seg.count == 0 and seg.stream is None and len(seg._buf) < self._stream_room():
+            _reserve(seg._buf, self._stream_room(), True)
+
     def _start_stream(self, seg: SegmentBuffer) -> None:
         spool = self._spool(self.next_sequence)
         if spool is None:
             return
         # Room for a full segment (pages untouched until written): the buffer never grows under a view.
-        _reserve(seg._buf, HEADER_SIZE + self.max_bytes + FOOTER_SIZE + (1 << 20))
+        _reserve(seg._buf, self._stream_room())
         seg.stream = SegmentStream(spool, *self._pipeline.stream_pools())
 
     def _guess_header(self, seg: SegmentBuffer, expect: int) -> None:
