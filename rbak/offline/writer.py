@@ -157,8 +157,9 @@ class _ImportRun:
         w = SegmentWriter(sink, self.compression, self.level, max_bytes=self.segment_max_bytes,
                           max_interval_ms=2**62, pipeline=self.pipeline, spool=spool)
         self.writers.append((qb, w))
-        self.encoder.submit(w.warm)  # while the first records are decoded (a replay may take a while)
         it = iter(records)
+        if operator.length_hint(it, -1) >= 0:  # a source that will know its count: it decodes first
+            self.encoder.submit(w.warm)  # while the first records are decoded (a replay may take a while)
         for batch in _batches(it, _BATCH):  # decoded here, encoded in the encoder thread
             left = operator.length_hint(it, -1)  # an importer that knows its count says how many are left
             self.encoder.submit(_append_all, w, batch, len(batch) + left if left >= 0 else None)
