@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -391,18 +392,41 @@ def counted(tracker: Tracker, queues: Iterable[tuple], size: Callable[[Any], int
         label = f"{vhost}/{name}"
         tracker.start_queue(label)
 
-        def each(recs=recs, label=label):
-            n = b = 0
-            for r in recs:
-                n, b = n + 1, b + size(r)
-                if n == 256:  # in steps: a lock per record would cost the importer's throughput
-                    tracker.advance(label, n, b)
-                    n = b = 0
-                yield r
-            tracker.advance(label, n, b)
-            tracker.finish_queue(label)
+        yield vhost, name, qtype, _Counted(tracker, label, recs, size)
 
-        yield vhost, name, qtype, each()
+
+class _Counted:
+    """One queue's records, counted in steps as they pass (a lock per record would cost the
+    importer's throughput); keeps the source's ``__length_hint__`` (the writer uses it)."""
+
+    __slots__ = ("_tracker", "_label", "_it", "_size", "_n", "_b", "_done")
+
+    def __init__(self, tracker: Tracker, label: str, recs: Iterable[Any], size: Callable[[Any], int]):
+        self._tracker, self._label, self._it, self._size = tracker, label, iter(recs), size
+        self._n = self._b = 0
+        self._done = False
+
+    def __iter__(self) -> "_Counted":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            r = next(self._it)
+        except StopIteration:
+            if not self._done:
+                self._done = True
+                self._tracker.advance(self._label, self._n, self._b)
+                self._tracker.finish_queue(self._label)
+            raise
+        self._n, self._b = self._n + 1, self._b + self._size(r)
+        if self._n == 256:
+            self._tracker.advance(self._label, self._n, self._b)
+            self._n = self._b = 0
+        return r
+
+    def __length_hint__(self) -> int:
+        left = operator.length_hint(self._it, -1)
+        return left if left >= 0 else NotImplemented  # no hint from the source: none made up
 
 
 # --------------------------------------------------------------------------

@@ -257,6 +257,21 @@ def test_adapters_map_each_engine_to_the_same_counts():
     assert (s.queues_done, s.records, s.bytes) == (3, 602, 1803)
 
 
+def test_counted_records_keep_their_sources_length_hint():
+    """The offline writer reads ``operator.length_hint`` of a queue's records (a quorum queue's count,
+    known once its replay ran): the counting wrapper passes it on as the records go by."""
+    import operator
+
+    t = Tracker("import", "i")
+    [(_, _, _, recs)] = counted(t, [("/", "a", "classic", iter([b"x"] * 5))], len)
+    assert operator.length_hint(recs, -1) == 5
+    next(recs), next(recs)
+    assert operator.length_hint(recs, -1) == 3 and list(recs) == [b"x"] * 3
+    assert operator.length_hint(recs, -1) == 0 and t.snapshot().records == 5
+    [(_, _, _, gen)] = counted(t, [("/", "b", "classic", (r for r in [b"y"]))], len)
+    assert operator.length_hint(gen, -1) == -1  # a generator tells nothing: none made up
+
+
 def test_deleting_a_backup_takes_its_progress_records_but_no_other_runs():
     import datetime as dt
 

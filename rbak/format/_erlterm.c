@@ -34,7 +34,49 @@ static uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* The atoms met last, by a hash of their bytes: a Ra log repeats a few dozen atoms in every entry
+ * (record names, 'undefined', the node name), so a hit costs a memcmp instead of a bytes key and a
+ * dict lookup. The same Atom objects as the dict caches hold (the value is the same either way). */
+#define RECENT_ATOMS 256
+#define RECENT_ATOM_MAX 48
+typedef struct {
+    PyObject *atom;
+    unsigned char len, latin1;
+    unsigned char raw[RECENT_ATOM_MAX];
+} RecentAtom;
+static RecentAtom Recent[RECENT_ATOMS];
+
+static unsigned recent_slot(const unsigned char *b, Py_ssize_t len, int latin1) {
+    uint32_t h = 2166136261u ^ (uint32_t)latin1;
+    for (Py_ssize_t i = 0; i < len; i++) h = (h ^ b[i]) * 16777619u;
+    return (h ^ (h >> 16)) & (RECENT_ATOMS - 1);
+}
+
+static void forget_recent(void) {
+    for (int i = 0; i < RECENT_ATOMS; i++) Py_CLEAR(Recent[i].atom);
+}
+
+static PyObject *dict_atom(const unsigned char *b, Py_ssize_t len, int latin1);
+
 static PyObject *atom(const unsigned char *b, Py_ssize_t len, int latin1) {
+    if (len > RECENT_ATOM_MAX) return dict_atom(b, len, latin1);
+    RecentAtom *r = &Recent[recent_slot(b, len, latin1)];
+    if (r->atom && r->len == len && r->latin1 == latin1 && memcmp(r->raw, b, (size_t)len) == 0) {
+        Py_INCREF(r->atom);
+        return r->atom;
+    }
+    PyObject *a = dict_atom(b, len, latin1);
+    if (a) {
+        Py_INCREF(a);
+        Py_XSETREF(r->atom, a);
+        r->len = (unsigned char)len;
+        r->latin1 = (unsigned char)latin1;
+        memcpy(r->raw, b, (size_t)len);
+    }
+    return a;
+}
+
+static PyObject *dict_atom(const unsigned char *b, Py_ssize_t len, int latin1) {
     PyObject *cache = latin1 ? Latin1Cache : Utf8Cache;
     PyObject *key = PyBytes_FromStringAndSize((const char *)b, len);
     if (!key) return NULL;
@@ -72,6 +114,14 @@ static PyObject *items(Src *s, Py_ssize_t *pp, Py_ssize_t count, int depth, int 
     return out;
 }
 
+/* The last pid/port/reference decoded: an enqueuer's pid repeats in each of its commands, and an
+ * Opaque is immutable, so an equal one (tag, node, bytes) is the same value shared. */
+#define LAST_OPAQUE_MAX 32
+static PyObject *LastOpaque, *LastNode;
+static int LastTag;
+static Py_ssize_t LastLen;
+static unsigned char LastRaw[LAST_OPAQUE_MAX];
+
 static PyObject *opaque(Src *s, Py_ssize_t *pp, int tag, int depth) {
     Py_ssize_t p = *pp, q, end;
     PyObject *node;
@@ -88,10 +138,26 @@ static PyObject *opaque(Src *s, Py_ssize_t *pp, int tag, int depth) {
         end = q + extra;
     }
     if (end > s->n) { Py_DECREF(node); return NULL; }
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)s->d + q, end - q);
+    Py_ssize_t ln = end - q;
+    if (LastOpaque && tag == LastTag && node == LastNode && ln == LastLen && memcmp(LastRaw, s->d + q, (size_t)ln) == 0) {
+        Py_DECREF(node);
+        Py_INCREF(LastOpaque);
+        *pp = end;
+        return LastOpaque;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)s->d + q, ln);
     PyObject *r = raw ? PyObject_CallFunction(OpaqueT, "iOO", tag, node, raw) : NULL;
     Py_XDECREF(raw);
-    Py_DECREF(node);
+    if (r && ln <= LAST_OPAQUE_MAX) {
+        Py_INCREF(r);
+        Py_XSETREF(LastOpaque, r);
+        Py_XSETREF(LastNode, node); /* takes this reference */
+        LastTag = tag;
+        LastLen = ln;
+        memcpy(LastRaw, s->d + q, (size_t)ln);
+    } else {
+        Py_DECREF(node);
+    }
     if (r) *pp = end;
     return r;
 }
@@ -293,5 +359,8 @@ PyObject *rbak_erl_configure(PyObject *self, PyObject *args) {
     Py_INCREF(op); Py_XSETREF(OpaqueT, op);
     Py_INCREF(c1); Py_XSETREF(Latin1Cache, c1);
     Py_INCREF(c2); Py_XSETREF(Utf8Cache, c2);
+    forget_recent(); /* atoms and opaques of the classes configured before */
+    Py_CLEAR(LastOpaque);
+    Py_CLEAR(LastNode);
     Py_RETURN_NONE;
 }

@@ -1017,6 +1017,31 @@ static PyObject *append_payload(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* reserve(buf, n[, touch]): grow the bytearray ``buf`` to at least ``n`` bytes without writing them
+ * (the new bytes are undefined: the caller writes them before they are read), or with ``touch``
+ * zero them with the GIL released, which maps their pages on this thread (page faults cost about
+ * as much as writing the bytes: an idle thread can take them off the writer's path). A segment streamed to
+ * its file while it is built needs its whole size up front: a bytearray cannot grow while a
+ * writer thread holds a view of it, and zero-filling 128 MiB would touch every page first. */
+static PyObject *reserve(PyObject *self, PyObject *args) {
+    PyObject *buf;
+    Py_ssize_t n;
+    int touch = 0;
+    if (!PyArg_ParseTuple(args, "O!n|p", &PyByteArray_Type, &buf, &n, &touch)) return NULL;
+    Py_ssize_t had = PyByteArray_GET_SIZE(buf);
+    if (had >= n) Py_RETURN_NONE;
+    if (PyByteArray_Resize(buf, n) < 0) return NULL;
+    if (touch) { /* map the new pages now (GIL released; the view keeps the buffer from moving) */
+        Py_buffer view;
+        if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) return NULL;
+        Py_BEGIN_ALLOW_THREADS
+        memset((char *)view.buf + had, 0, (size_t)(n - had));
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&view);
+    }
+    Py_RETURN_NONE;
+}
+
 static int take_slots(PyObject *cls, PyObject *names, PyObject **dst, Py_ssize_t want) {
     if (!PyType_Check(cls) || !PyTuple_Check(names) || PyTuple_GET_SIZE(names) != want) {
         PyErr_SetString(PyExc_TypeError, "configure: a class and a tuple of its field names");
@@ -1083,6 +1108,7 @@ static PyMethodDef methods[] = {
     {"encode_many", encode_many, METH_O, "Each record's JSON, None where orjson must do it (see batch.py)."},
     {"configure", configure, METH_VARARGS, "Give the decoder record.py's classes and field names."},
     {"append_payload", append_payload, METH_VARARGS, "Records' [length][JSON] appended to a segment buffer (see C)."},
+    {"reserve", reserve, METH_VARARGS, "Grow a bytearray to n bytes without writing them (see C)."},
     {"erl_decode", rbak_erl_decode, METH_VARARGS, "(term, end) of the bare Erlang term at pos, or None (see _erlterm.c)."},
     {"amqp_value", rbak_amqp_value, METH_VARARGS, "(Value, end) of the AMQP 1.0 value at pos, or None (see _amqp10.c)."},
     {"amqp_configure", rbak_amqp_configure, METH_VARARGS, "Give amqp_value amqp10's Value class and constants."},

@@ -15,6 +15,7 @@ JSON with the GIL released, so it overlaps with the decoding), and the
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +30,7 @@ from ..format.record import BackupRecord
 from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
 from ..keys import BackupLayout
 from ..storage import Storage, open_storage
+from ..storage.base import Spool
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,7 @@ class _ImportRun:
         self.segment_max_bytes, self.codec, self.pipeline = segment_max_bytes, codec, pipeline
         self.encoder = encoder
         self.written: list[str] = []  # appended in the pipeline's thread; read only after abort()/finish()
+        self.spools: list[Spool] = []  # segments written as they are built (``SegmentStream``)
         self.writers: list[tuple[QueueBackup, SegmentWriter]] = []
 
     def write_queue(self, vhost: str, name: str, queue_type: str, records: Iterable[BackupRecord]) -> QueueBackup:
@@ -141,11 +144,25 @@ class _ImportRun:
             self.written.append(key)
             return (key, stored) if self.codec.encrypted else key
 
+        def spool(seq: int) -> Spool | None:
+            # Unencrypted segments go to their files as they are built where the storage can (a local
+            # directory): the same bytes, stored by the spool's commit instead of ``put``.
+            if self.codec.encrypted:
+                return None
+            sp = self.storage.open_spool(self.layout.segment(vhost, name, seq, self.compression))
+            if sp is not None:
+                self.spools.append(sp)
+            return sp
+
         w = SegmentWriter(sink, self.compression, self.level, max_bytes=self.segment_max_bytes,
-                          max_interval_ms=2**62, pipeline=self.pipeline)
+                          max_interval_ms=2**62, pipeline=self.pipeline, spool=spool)
         self.writers.append((qb, w))
-        for batch in _batches(records, _BATCH):  # decoded here, encoded in the encoder thread
-            self.encoder.submit(_append_all, w, batch)
+        it = iter(records)
+        if operator.length_hint(it, -1) >= 0:  # a source that will know its count: it decodes first
+            self.encoder.submit(w.warm)  # while the first records are decoded (a replay may take a while)
+        for batch in _batches(it, _BATCH):  # decoded here, encoded in the encoder thread
+            left = operator.length_hint(it, -1)  # an importer that knows its count says how many are left
+            self.encoder.submit(_append_all, w, batch, len(batch) + left if left >= 0 else None)
         self.encoder.submit(w.flush)
         return qb
 
@@ -161,6 +178,10 @@ class _ImportRun:
     def abort(self) -> None:
         self.encoder.abort()
         self.pipeline.abort()  # the thread is idle from here on: nothing is written after the cleanup
+        for sp in self.spools:
+            sp.discard()  # an uncommitted one leaves nothing; a committed one is deleted with the rest
+            if sp.key not in self.written:
+                self.written.append(sp.key)
         if self.written:
             log.warning("import failed; deleting %d segment(s) already written", len(self.written))
             for key in self.written:
@@ -170,10 +191,11 @@ class _ImportRun:
                     log.error("could not delete %s", key)
 
 
-def _append_all(w: SegmentWriter, batch: Sequence[BackupRecord]) -> None:
+def _append_all(w: SegmentWriter, batch: Sequence[BackupRecord], expect: int | None = None) -> None:
+    """``expect``: the records left in the queue from this batch on (``SegmentWriter.append_from``)."""
     i = 0
     while i < len(batch):
-        i = w.append_from(batch, i)
+        i = w.append_from(batch, i, expect - i if expect is not None else None)
 
 
 class _Encoder:

@@ -13,6 +13,28 @@ from typing import Iterator
 from ..errors import StorageError
 
 
+class Spool(abc.ABC):
+    """An object written piece by piece before it is stored whole under its key (``Storage.open_spool``).
+
+    ``write_at`` may run in another thread than the caller's, one call at a time; nothing is visible
+    under ``key`` before ``commit``, and ``discard`` removes every trace of an uncommitted spool."""
+
+    key: str
+
+    @abc.abstractmethod
+    def write_at(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write ``data`` at ``offset`` of the object (the bytes the commit's ``data`` has there)."""
+
+    @abc.abstractmethod
+    def commit(self, data: bytes | bytearray | memoryview, written: tuple[int, int]) -> None:
+        """Store the object, which is ``data``: ``data[written[0]:written[1]]`` came through ``write_at``
+        already, the rest is written here; atomic and durable as ``put``."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """Drop an uncommitted spool (no error if already committed or discarded)."""
+
+
 class Storage(abc.ABC):
     url: str = ""
     write_once: bool = False  # S3 Object Lock: every key is put at most once and nothing is overwritten
@@ -29,6 +51,11 @@ class Storage(abc.ABC):
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` (any bytes-like) atomically. It is only valid during the call (segment
         writers reuse their buffers): a backend that keeps it must keep a copy."""
+
+    def open_spool(self, key: str) -> Spool | None:
+        """A ``Spool`` for ``key`` where the backend can write an object in pieces (a local file),
+        else None: the caller then ``put``s it whole (the default)."""
+        return None
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes:

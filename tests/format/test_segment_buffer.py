@@ -217,3 +217,23 @@ def test_append_from_writes_the_segments_append_many_writes(limit):
     files_many, metas_many = run(False)
     assert files_from == files_many and metas_from == metas_many
     assert sum(m.record_count for m in metas_from) == len(records)
+
+
+def test_the_c_helpers_crc32_is_zlibs_at_every_length_offset_and_seed():
+    """The segment CRC the C helper takes as it writes (carry-less multiplication folding where the
+    CPU has it, tables elsewhere) must be zlib.crc32's: short, odd, unaligned and long inputs."""
+    import random
+    import zlib
+
+    from rbak.format.backend import speedups
+
+    if speedups is None or not hasattr(speedups, "crc32"):
+        pytest.skip("no C helper (RBAK_SPEEDUPS=0 or not built)")
+    rnd = random.Random(18)
+    blob = os.urandom(1 << 20)
+    cases = [(0, n) for n in range(0, 200)] + [(rnd.randint(0, 31), rnd.randint(0, 70_000)) for _ in range(400)]
+    cases += [(3, len(blob) - 3), (0, len(blob))]
+    for off, n in cases:
+        view = memoryview(blob)[off: off + n]
+        for seed in (0, 0xFFFFFFFF, rnd.getrandbits(32)):
+            assert speedups.crc32(view, seed) == zlib.crc32(view, seed), (off, n, seed)

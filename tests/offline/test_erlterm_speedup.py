@@ -190,3 +190,23 @@ def test_a_memoryview_decodes_like_bytes():
                 continue
             got = et.decode(memoryview(b"xx" + data)[2:])
             assert got[1] == want[1] and same(got[0], want[0])
+
+
+def test_the_recent_atom_and_pid_caches_never_mix_up_values():
+    """The C decoder reuses the atoms and the pid it met last: same bytes under another atom tag (Latin-1
+    vs UTF-8), hash neighbours, and pids differing in one byte or node must still decode as Python does."""
+    node2 = b"w\x0crabbit@host2"
+    pid2 = b"X" + node2 + PID[1 + len(_node()):]
+    pid_other = PID[:-1] + b"\x02"
+    seq = [PID, PID, pid_other, PID, pid2, PID, REF, REF, OLD_PID, OLD_PID,
+           b"d\x00\x02\xc3\xa9", b"v\x00\x02\xc3\xa9", b"d\x00\x02\xc3\xa9", b"s\x02\xc3\xa9", b"w\x02\xc3\xa9"]
+    rnd = random.Random(7)
+    names = [bytes(rnd.choice(b"abcdefgh_") for _ in range(rnd.randint(1, 50))) for _ in range(2000)]
+    for name in names + names[::-1]:  # more atoms than cache slots, each twice, some longer than cached
+        tag = rnd.choice([b"d\x00" + bytes([len(name)]), b"v\x00" + bytes([len(name)]), b"s" + bytes([len(name)]),
+                          b"w" + bytes([len(name)])])
+        seq.append(tag + name)
+    for t in seq:
+        assert check(b"\x83" + t)
+    a, b = et._fast(b"\x83" + PID, 1)[0], et._fast(b"\x83" + pid_other, 1)[0]
+    assert a != b and a.data != b.data and et._fast(b"\x83" + pid2, 1)[0].node == "rabbit@host2"

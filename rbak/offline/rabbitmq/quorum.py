@@ -208,11 +208,37 @@ def iter_quorum_queues(node_dir: str, ctx: ImportContext, backed_up_at: int
         iq = ImportedQuorum(s.vhost, s.name, 0, s.path)
         last = m[2] if m else (max(log.entries) if log.entries else 0)
         iq.detail = f"{_role(s, m)}, last applied index {last}"
-        yield iq, _records(iq, s, log, ctx, backed_up_at)
+        recs = QueueRecords()
+        recs.source = _records(iq, s, log, ctx, backed_up_at, recs)
+        yield iq, recs
+
+
+class QueueRecords:
+    """A quorum queue's records, which can tell how many are left (``__length_hint__``) once the
+    replay has run (before the first record): the writer then hashes the queue's last segment as
+    it writes it. The hint counts messages whose body may still turn out damaged (skipped), so it
+    is an upper bound; a wrong one only costs that speed-up."""
+
+    __slots__ = ("source", "left")
+
+    def __init__(self):
+        self.source: Iterator[BackupRecord] = iter(())
+        self.left = 0
+
+    def __iter__(self) -> "QueueRecords":
+        return self
+
+    def __next__(self) -> BackupRecord:
+        r = next(self.source)
+        self.left -= 1
+        return r
+
+    def __length_hint__(self) -> int:
+        return max(self.left, 0)
 
 
 def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: ImportContext,
-             backed_up_at: int) -> Iterator[BackupRecord]:
+             backed_up_at: int, counter: QueueRecords | None = None) -> Iterator[BackupRecord]:
     ctx.queue = f"quorum queue {s.name!r} in vhost {s.vhost!r}"
     try:
         entries = log.entries
@@ -280,6 +306,8 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
                      + ", ".join(f"{k} x{v}" for k, v in sorted(replay.unknown.items())))
         rest = replay.remaining()  # the restart replay may drop more (limits): note after it
         _limit_notes(replay, ctx)
+        if counter is not None:
+            counter.left = len(rest)
         for m in rest:
             body = bodies.get(m.body_idx)
             if body is None:  # a message the snapshot refers to: its body is a live entry before it
