@@ -42,7 +42,7 @@ class FilesystemStorage(Storage):
                 raise
             _fsync_dir(path.parent)
         except OSError as e:
-            raise StorageError(f"{self.url}: cannot write key {key!r}: {e.strerror or e}") from e
+            raise write_error(self.url, key, e) from e
 
     def open_spool(self, key: str) -> "FileSpool | None":
         if type(self).put is not FilesystemStorage.put:
@@ -52,7 +52,7 @@ class FilesystemStorage(Storage):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
         except OSError as e:
-            raise StorageError(f"{self.url}: cannot write key {key!r}: {e.strerror or e}") from e
+            raise write_error(self.url, key, e) from e
         return FileSpool(self, key, path, fd, tmp)
 
     def get(self, key: str) -> bytes:
@@ -136,7 +136,7 @@ class FileSpool(Spool):
         self.storage, self.key, self.path, self._fd, self._tmp = storage, key, path, fd, tmp
 
     def _error(self, e: OSError) -> StorageError:
-        return StorageError(f"{self.storage.url}: cannot write key {self.key!r}: {e.strerror or e}")
+        return write_error(self.storage.url, self.key, e)
 
     def _pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         with memoryview(data) as mv, mv.cast("B") as view:
@@ -196,6 +196,11 @@ class FileSpool(Spool):
 
 
 _FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
+
+
+def write_error(url: str, key: str, e: OSError) -> StorageError:
+    """The one wording of a failed write (``put``, a spool's open and its writes)."""
+    return StorageError(f"{url}: cannot write key {key!r}: {e.strerror or e}")
 
 
 def _fsync_dir(path: Path) -> None:
