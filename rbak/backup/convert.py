@@ -14,7 +14,7 @@ import time
 
 import pika.spec
 
-from ..format.record import BackupProperties, BackupRecord, encode_record
+from ..format.record import BackupProperties, BackupRecord
 from ..format.amqp091 import decode_basic_properties
 
 # Headers the broker adds on delivery and that are not part of the message.
@@ -127,10 +127,3 @@ def delivery_count(props) -> int:
     except (TypeError, ValueError):
         return 0
 
-
-def encode_delivery(method, props, body: bytes, vhost: str, queue: str, now_ms: int,
-                    drop_headers: frozenset[str] = frozenset(), stream_offset: int | None = None) -> bytes:
-    """The record JSON of one delivery (the backup's hot path). The C codec
-    writes it straight from the record's slots: measured 4.6 us against 5.8 us
-    for the orjson dict this used to build for header-less messages."""
-    return encode_record(to_record(method, props, body, vhost, queue, now_ms, drop_headers, stream_offset))
