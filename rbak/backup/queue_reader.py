@@ -45,6 +45,7 @@ import pika.exceptions
 from ..errors import AmqpConnectionError, AmqpError, RbakError
 from . import pika_fast
 from .convert import delivery_count
+from .fast_consume import FastConsume, to_delivery
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -161,6 +162,7 @@ def read_queue(
     cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
     pika_fast.install(conn)
+    fc = None if use_get else FastConsume.install(conn)  # None: pika's consumer generator
     try:
         if use_get:
             ch = conn.channel()
@@ -178,14 +180,15 @@ def read_queue(
             # a later channel and come back out of order. classic: prefetch 0, one channel.
             ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
-            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
-                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None)
+            fill = _fill if fc is None else _fill_fast
+            filled, depth = fill(fc or conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
+                                 read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None)
             if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
             # nothing): if a delivery times out on 4.3 the broker then cancels it and releases the
             # messages uncounted, where a consumer we had cancelled would get its channel closed (406)
-            _check_cancelled(conn, channels, cancelled, where, res.records, depth)
+            _check_cancelled(conn, channels, cancelled, where, res.records, depth, fc=fc)
         # once per read: a cancel the broker sent while we were taking what had already arrived. Only
         # a read over several channels waits for one (a cancelled earlier channel's messages could
         # reach a later one twice); one channel holds every message it took, so what is already here
@@ -193,7 +196,7 @@ def read_queue(
         # With the nack return every consumer holds HOLD_ARGUMENTS (a day's consumer timeout), so no
         # timeout cancel can be late: what is already here is checked without the wait.
         _check_cancelled(conn, channels, cancelled, where, res.records, depth,
-                         wait=0.05 if len(channels) > 1 and not nack else 0.0)
+                         wait=0.05 if len(channels) > 1 and not nack else 0.0, fc=fc)
         if len(channels) > 1:
             # an earlier channel closed by the broker (consumer_timeout) gave its messages back
             # while later channels were reading: they may hold those again (duplicates)
@@ -211,7 +214,11 @@ def read_queue(
         error = e
         raise
     finally:
-        _return_in_order(channels, where, nack, quiet=error is not None)
+        try:
+            _return_in_order(channels, where, nack, quiet=error is not None)
+        finally:
+            if fc is not None:
+                fc.uninstall()
 
 
 def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, records: int, depth: int) -> AmqpError:
@@ -249,6 +256,45 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
     return False, depth
 
 
+def _fill_fast(fc: FastConsume, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int,
+               sink: Sink, quorum: bool, limit: int | None, read_timeout: float, throttle, deadline,
+               arguments: dict | None = None) -> tuple[bool, int]:
+    """``_fill`` on the fast path (``fast_consume``): the same checks, in the same order, per delivery."""
+    fc.consume(ch, queue, arguments)
+    taken = 0
+    num = ch.channel_number
+    while True:
+        batch = fc.take()
+        if not batch:
+            if fc.error is not None:
+                raise AmqpError(f"{where}: {fc.error} after {res.records} of {depth} messages; every message "
+                                "was returned to the queue")
+            if ch.is_closed:
+                reason = getattr(ch, "_closing_reason", None)
+                if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                    raise reason
+                raise pika.exceptions.ChannelClosedByBroker(0, repr(reason))
+            if num in fc.cancelled:
+                return False, depth
+            if not fc.wait(ch, read_timeout):
+                if passive_depth(fc.conn, vhost, queue) == 0:
+                    log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
+                                "backing up those", where, res.records, depth)
+                    return True, res.records
+                raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
+                                f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
+            continue
+        for item in batch:
+            method, props, body = to_delivery(item)
+            _take(res, where, sink, method, props, body, quorum, limit)
+            taken += 1
+            if throttle is not None:
+                throttle(res.records)
+            _check_deadline(deadline, where, res.records, depth)
+            if taken >= want or res.records >= depth:
+                return True, depth
+
+
 def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:
     """Check one delivered message against the limit BEFORE it counts as taken, then hand it on."""
     c = delivery_count(props) if quorum else 0
@@ -269,7 +315,7 @@ def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: 
 
 
 def _check_cancelled(conn, channels: list, cancelled: list, where: str, records: int, depth: int,
-                     wait: float = 0.0) -> None:
+                     wait: float = 0.0, fc: FastConsume | None = None) -> None:
     """4.3 cancels a consumer whose delivery outlived its consumer timeout and returns those messages
     at once: a later channel could then receive them again, so the read fails (nothing is lost).
 
@@ -281,6 +327,8 @@ def _check_cancelled(conn, channels: list, cancelled: list, where: str, records:
         for ch in channels:
             gen = getattr(ch, "_queue_consumer_generator", None)
             if gen is not None and any(type(e).__name__ == "_ConsumerCancellationEvt" for e in gen.pending_events):
+                cancelled.append(ch)
+            elif fc is not None and ch.channel_number in fc.cancelled:
                 cancelled.append(ch)
     if cancelled:
         raise AmqpError(
@@ -332,6 +380,8 @@ def _return_in_order(channels: list, where: str, nack: bool, quiet: bool) -> Non
             if ch.is_open and nack:
                 if getattr(ch, "_queue_consumer_generator", None) is not None:
                     ch.cancel()
+                for tag in list(getattr(ch, "_consumer_infos", None) or ()):  # the fast path's basic_consume
+                    ch.basic_cancel(tag)
                 ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
             if ch.is_open:
                 ch.close()

@@ -1097,6 +1097,8 @@ PyObject *rbak_erl_configure(PyObject *self, PyObject *args);
 /* _amqp10.c: the AMQP 1.0 value decoder's fast path (rbak/offline/rabbitmq/amqp10.py). */
 PyObject *rbak_amqp_value(PyObject *self, PyObject *args);
 PyObject *rbak_amqp_configure(PyObject *self, PyObject *args);
+/* _amqp091.c: Basic.Deliver messages parsed off an AMQP 0-9-1 byte stream (rbak/backup/fast_consume.py). */
+PyObject *rbak_scan_deliveries(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"split_record", split_record, METH_O, "Split a canonical record into (body, rest JSON) or None."},
@@ -1112,6 +1114,7 @@ static PyMethodDef methods[] = {
     {"erl_decode", rbak_erl_decode, METH_VARARGS, "(term, end) of the bare Erlang term at pos, or None (see _erlterm.c)."},
     {"amqp_value", rbak_amqp_value, METH_VARARGS, "(Value, end) of the AMQP 1.0 value at pos, or None (see _amqp10.c)."},
     {"amqp_configure", rbak_amqp_configure, METH_VARARGS, "Give amqp_value amqp10's Value class and constants."},
+    {"scan_deliveries", rbak_scan_deliveries, METH_VARARGS, "(end, deliveries, status) of one channel (see _amqp091.c)."},
     {"crc32", rbak_crc32_py, METH_VARARGS, "zlib.crc32's value (the GIL released)."},
     {"crc32_combine", rbak_crc32_combine_py, METH_VARARGS, "CRC-32 of A || B from CRC(A), CRC(B), len(B)."},
     {"erl_configure", rbak_erl_configure, METH_VARARGS, "Give erl_decode erlang_terms' classes and atom caches."},

@@ -1,0 +1,190 @@
+"""Deliveries taken straight off the reading connection's bytes, before pika decodes them (issue 20).
+
+pika spends 22-25 us of the reading thread per 1 KiB delivery: it copies its frame
+buffer once per frame (quadratic in the bytes of one socket read, which it keeps at
+4 KiB for that reason), decodes each frame into objects and dispatches the message
+through three layers of callbacks and a generator. The bare pika readers the
+benchmarks compare with pay the same; rbak paid it and its own record work on top.
+
+While a read runs, ``FastConsume`` takes the connection's received bytes first:
+complete ``Basic.Deliver`` messages of the one channel being read are parsed by
+``scan_deliveries`` (C, or its pure-Python twin) and queued as tuples; every other
+frame goes to pika's own frame processing, one at a time and in order, so pika still
+sees every method, close, cancel and heartbeat. A delivery is therefore never seen
+by both, and never by neither: the parser only takes whole messages and stops at
+the first frame that is not one. Frames of a delivery interleaved with another
+frame (RabbitMQ never writes them so) stop the fast path with an error: the read
+fails and every message goes back, as on any other read error.
+
+Only the reading connection of one read has it, for the read's duration
+(``install`` ... ``uninstall``): never pika's classes, never other connections.
+If pika's internals are not those this was written against, ``install`` returns
+None and the read uses pika's consumer generator as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pika.spec
+
+from ..format.amqp091_frames import BROKEN, INCOMPLETE, scan_deliveries
+
+log = logging.getLogger(__name__)
+
+try:
+    from pika.adapters.blocking_connection import _IoloopTimerContext
+except ImportError:  # pragma: no cover - a pika without it: the generator path
+    _IoloopTimerContext = None  # type: ignore[assignment,misc]
+
+#: Use the fast path where pika's internals allow it (False, or RBAK_FAST_CONSUME=0 in the environment:
+#: pika's consumer generator, to compare).
+ENABLED = os.environ.get("RBAK_FAST_CONSUME", "1").strip() != "0"
+#: Bytes per socket read while installed: pika's 4 KiB is ~4 messages of 1 KiB per read and callback.
+RECV_BYTES = 128 * 1024
+#: Properties objects kept by raw bytes (a queue's messages mostly carry the same few).
+PROPS_CACHE = 512
+
+_IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_trim_frame_buffer", "_process_frame",
+               "bytes_received", "_transport")
+
+
+class Deliver:
+    """What the backup reads of a ``Basic.Deliver`` (``to_record`` and the queue reader's checks)."""
+
+    __slots__ = ("delivery_tag", "redelivered", "exchange", "routing_key")
+
+    def __init__(self, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str):
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
+
+
+_PROPS: dict[bytes, pika.spec.BasicProperties] = {}
+
+
+def properties(raw: bytes) -> pika.spec.BasicProperties:
+    """pika's properties of these raw content-header bytes, decoded once per distinct bytes.
+
+    Decoded by pika's ``BasicProperties.decode`` as pika itself would (which, with
+    ``rbak.backup.convert`` imported, also keeps the raw bytes for rbak's typed decode).
+    Shared objects: nothing mutates a delivery's properties.
+    """
+    p = _PROPS.get(raw)
+    if p is None:
+        p = pika.spec.BasicProperties()
+        p.decode(raw)
+        if len(_PROPS) >= PROPS_CACHE:
+            _PROPS.clear()
+        _PROPS[raw] = p
+    return p
+
+
+class FastConsume:
+    """The fast path on one BlockingConnection for one read: ``install``, ``consume`` / ``wait`` /
+    ``take``, then ``uninstall`` (always, in a ``finally``)."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self.impl = conn._impl
+        self.channel = 0  # the channel whose deliveries are parsed here (0: none)
+        self.pending: list[tuple] = []
+        self.error: str | None = None
+        self.cancelled: set[int] = set()  # channels whose consumer the broker cancelled
+
+    @classmethod
+    def install(cls, conn: Any) -> "FastConsume | None":
+        impl = getattr(conn, "_impl", None)
+        if not ENABLED or _IoloopTimerContext is None or impl is None or not hasattr(conn, "_flush_output") \
+                or any(not hasattr(impl, a) for a in _IMPL_ATTRS) or "_on_data_available" in impl.__dict__:
+            return None
+        fc = cls(conn)
+        impl._on_data_available = fc._on_data
+        if impl._transport is not None and hasattr(impl._transport, "_MAX_RECV_BYTES"):
+            impl._transport._MAX_RECV_BYTES = RECV_BYTES
+        return fc
+
+    def uninstall(self) -> None:
+        """pika's own data path again (bytes already buffered stay in pika's frame buffer)."""
+        self.channel = 0
+        impl = self.impl
+        impl.__dict__.pop("_on_data_available", None)
+        t = impl._transport
+        if t is not None:
+            t.__dict__.pop("_MAX_RECV_BYTES", None)
+        self.pending = []
+
+    # -- the data path -------------------------------------------------------------------------
+    def _on_data(self, data_in: bytes) -> None:
+        """pika's ``_on_data_available`` with the fast parse in front of it."""
+        impl = self.impl
+        buf = impl._frame_buffer
+        buf = buf + data_in if buf else data_in
+        pos, n = 0, len(buf)
+        while pos < n:
+            ch = self.channel
+            if ch:
+                end, got, status = scan_deliveries(buf, pos, ch)
+                if got:
+                    self.pending.extend(got)
+                    impl.bytes_received += end - pos  # pika's heartbeat checker watches this
+                    pos = end
+                if status == INCOMPLETE:
+                    break
+                if status == BROKEN:
+                    self.error = (f"channel {ch}: a delivery's frames were interleaved with another frame "
+                                  "(malformed AMQP 0-9-1 from the broker)")
+                    self.channel = 0
+                if pos >= n:
+                    break
+            # one frame for pika, exactly as its own loop processes it
+            impl._frame_buffer = buf[pos:] if pos else buf
+            consumed, frame_value = impl._read_frame()
+            if not frame_value:
+                return
+            impl._trim_frame_buffer(consumed)
+            impl._process_frame(frame_value)
+            buf = impl._frame_buffer
+            pos, n = 0, len(buf)
+        impl._frame_buffer = buf[pos:] if pos else buf
+
+    # -- the read's side -----------------------------------------------------------------------
+    def consume(self, ch: Any, queue: str, arguments: dict | None = None) -> str:
+        """Start a consumer on ``ch`` whose deliveries are parsed here (from its first one)."""
+        num = ch.channel_number
+        self.channel = num  # before Basic.Consume is sent: no delivery can precede its Consume-Ok
+        ch._impl.add_on_cancel_callback(lambda _frame: self.cancelled.add(num))
+        # pika sees a delivery of this channel only once the fast path has stopped with an error
+        return ch.basic_consume(queue, _ignore, auto_ack=False, arguments=arguments)
+
+    def take(self) -> list[tuple]:
+        got = self.pending
+        if got:
+            self.pending = []
+        return got
+
+    def wait(self, ch: Any, timeout: float) -> bool:
+        """Process I/O until deliveries are pending, the consumer or channel is gone, or an error;
+        False when ``timeout`` seconds passed with none of them."""
+        def ready() -> bool:
+            return bool(self.pending) or self.error is not None or ch.channel_number in self.cancelled \
+                or ch.is_closed
+
+        if ready():
+            return True
+        with _IoloopTimerContext(timeout, self.impl) as timer:
+            self.conn._flush_output(timer.is_ready, ready)
+        return ready()
+
+
+def _ignore(*_args: Any) -> None:
+    """The pika consumer callback: deliveries reach it only after the fast path stopped (self.error)."""
+
+
+def to_delivery(item: tuple) -> tuple[Deliver, pika.spec.BasicProperties, bytes]:
+    """(method, properties, body) of one ``scan_deliveries`` tuple, as the queue reader's sink takes them."""
+    tag, redelivered, exchange, routing_key, raw, body = item
+    return Deliver(tag, redelivered, exchange, routing_key), properties(raw), body
