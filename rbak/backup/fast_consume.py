@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
+import pika.exceptions
 import pika.spec
 
+from ..errors import AmqpError
 from ..format.amqp091_frames import BROKEN, INCOMPLETE, scan_deliveries
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,32 @@ class FastConsume:
         ch._impl.add_on_cancel_callback(lambda _frame: self.cancelled.add(num))
         # pika sees a delivery of this channel only once the fast path has stopped with an error
         return ch.basic_consume(queue, _ignore, auto_ack=False, arguments=arguments)
+
+    def messages(self, ch: Any, queue: str, inactivity_timeout: float,
+                 arguments: dict | None = None) -> Iterator[tuple[Any, Any, Any]]:
+        """``BlockingChannel.consume``'s contract on the fast path: ``(method, properties, body)`` per
+        delivery, in order; ``(None, None, None)`` after ``inactivity_timeout`` s without one; the end
+        once the broker cancelled the consumer (after what had arrived). Raises pika's
+        ``ChannelClosedByBroker`` when the broker closes the channel, and pika's connection errors."""
+        self.consume(ch, queue, arguments)
+        num = ch.channel_number
+        while True:
+            batch = self.take()
+            if batch:
+                for item in batch:
+                    yield to_delivery(item)
+                continue
+            if self.error is not None:
+                raise AmqpError(f"queue {queue!r}: {self.error}")
+            if ch.is_closed:
+                reason = getattr(ch, "_closing_reason", None)
+                if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                    raise reason
+                raise pika.exceptions.ChannelClosedByBroker(0, repr(reason))
+            if num in self.cancelled:
+                return
+            if not self.wait(ch, inactivity_timeout):
+                yield None, None, None
 
     def take(self) -> list[tuple]:
         got = self.pending

@@ -45,7 +45,7 @@ import pika.exceptions
 from ..errors import AmqpConnectionError, AmqpError, RbakError
 from . import pika_fast
 from .convert import delivery_count
-from .fast_consume import FastConsume, to_delivery
+from .fast_consume import FastConsume
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -180,9 +180,8 @@ def read_queue(
             # a later channel and come back out of order. classic: prefetch 0, one channel.
             ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
-            fill = _fill if fc is None else _fill_fast
-            filled, depth = fill(fc or conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
-                                 read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None)
+            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
+                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc)
             if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
@@ -232,13 +231,17 @@ def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, 
 
 def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int, sink: Sink,
           quorum: bool, limit: int | None, read_timeout: float, throttle, deadline,
-          arguments: dict | None = None) -> tuple[bool, int]:
+          arguments: dict | None = None, fc: FastConsume | None = None) -> tuple[bool, int]:
     """Take up to ``want`` messages on channel ``ch``: (False if the broker cancelled the consumer, depth).
 
-    The depth shrinks when the queue runs dry early (another consumer holds the rest)."""
+    The depth shrinks when the queue runs dry early (another consumer holds the rest). ``fc``: the
+    deliveries come from the fast path (``fast_consume``) instead of pika's consumer generator."""
     taken = 0
-    for method, props, body in ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout,
-                                          arguments=arguments):
+    if fc is not None:
+        deliveries = fc.messages(ch, queue, read_timeout, arguments)
+    else:
+        deliveries = ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout, arguments=arguments)
+    for method, props, body in deliveries:
         if method is None:
             if passive_depth(conn, vhost, queue) == 0:
                 log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
@@ -254,45 +257,6 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
         if taken >= want or res.records >= depth:
             return True, depth
     return False, depth
-
-
-def _fill_fast(fc: FastConsume, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int,
-               sink: Sink, quorum: bool, limit: int | None, read_timeout: float, throttle, deadline,
-               arguments: dict | None = None) -> tuple[bool, int]:
-    """``_fill`` on the fast path (``fast_consume``): the same checks, in the same order, per delivery."""
-    fc.consume(ch, queue, arguments)
-    taken = 0
-    num = ch.channel_number
-    while True:
-        batch = fc.take()
-        if not batch:
-            if fc.error is not None:
-                raise AmqpError(f"{where}: {fc.error} after {res.records} of {depth} messages; every message "
-                                "was returned to the queue")
-            if ch.is_closed:
-                reason = getattr(ch, "_closing_reason", None)
-                if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
-                    raise reason
-                raise pika.exceptions.ChannelClosedByBroker(0, repr(reason))
-            if num in fc.cancelled:
-                return False, depth
-            if not fc.wait(ch, read_timeout):
-                if passive_depth(fc.conn, vhost, queue) == 0:
-                    log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
-                                "backing up those", where, res.records, depth)
-                    return True, res.records
-                raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
-                                f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
-            continue
-        for item in batch:
-            method, props, body = to_delivery(item)
-            _take(res, where, sink, method, props, body, quorum, limit)
-            taken += 1
-            if throttle is not None:
-                throttle(res.records)
-            _check_deadline(deadline, where, res.records, depth)
-            if taken >= want or res.records >= depth:
-                return True, depth
 
 
 def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:

@@ -21,6 +21,7 @@ import pika.exceptions
 
 from ..errors import AmqpConnectionError, AmqpError
 from . import pika_fast
+from .fast_consume import FastConsume
 
 
 @dataclass(slots=True)
@@ -58,7 +59,13 @@ def read_stream(
     if end_offset is not None and (end_offset < 0 or isinstance(start_offset, int) and start_offset > end_offset):
         return res  # nothing at or after the start was committed when the backup began (or ever)
     pika_fast.install(conn)
-    ch = conn.channel()
+    fc = FastConsume.install(conn)  # None: pika's consumer generator
+    try:
+        ch = conn.channel()
+    except BaseException:
+        if fc is not None:
+            fc.uninstall()
+        raise
     early = False
     try:
         ch.basic_qos(prefetch_count=prefetch)
@@ -68,8 +75,13 @@ def read_stream(
         ack_every = max(1, prefetch // 2)
         unacked = 0
         last_tag = 0
-        for method, props, body in ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": first},
-                                              inactivity_timeout=idle_secs if end_offset is None else stall_secs):
+        arguments = {"x-stream-offset": first}
+        timeout = idle_secs if end_offset is None else stall_secs
+        if fc is not None:
+            deliveries = fc.messages(ch, queue, timeout, arguments)
+        else:
+            deliveries = ch.consume(queue, auto_ack=False, arguments=arguments, inactivity_timeout=timeout)
+        for method, props, body in deliveries:
             if method is None:
                 if end_offset is not None:
                     at = res.last_offset if res.last_offset is not None else start_offset
@@ -108,7 +120,11 @@ def read_stream(
         early = True  # a failed sink or a stall: deliveries may be in flight too
         raise
     finally:
-        _close(ch, release=early)
+        try:
+            _close(ch, release=early)
+        finally:
+            if fc is not None:
+                fc.uninstall()
 
 
 def _close(ch, release: bool) -> None:
