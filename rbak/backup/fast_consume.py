@@ -158,7 +158,11 @@ class FastConsume:
         """Start a consumer on ``ch`` whose deliveries are parsed here (from its first one)."""
         num = ch.channel_number
         self.channel = num  # before Basic.Consume is sent: no delivery can precede its Consume-Ok
-        ch._impl.add_on_cancel_callback(lambda _frame: self.cancelled.add(num))
+        # one cancel callback per channel (a shared reading channel serves many reads): it tells
+        # whichever read is consuming on the channel now
+        if getattr(ch, "_rbak_fast", None) is None:
+            ch._impl.add_on_cancel_callback(lambda _frame: ch._rbak_fast.cancelled.add(num))
+        ch._rbak_fast = self
         # pika sees a delivery of this channel only once the fast path has stopped with an error
         return ch.basic_consume(queue, _ignore, auto_ack=False, arguments=arguments)
 

@@ -163,6 +163,8 @@ def read_queue(
     error: BaseException | None = None
     pika_fast.install(conn)
     fc = None if use_get else FastConsume.install(conn)  # None: pika's consumer generator
+    # classic reads on the fast path share one channel per connection (reading_channel)
+    shared = fc is not None and not quorum
     try:
         if use_get:
             ch = conn.channel()
@@ -173,12 +175,16 @@ def read_queue(
             if quorum:
                 window = next_window(window, res.max_delivery_count, window_limit, depth - res.records, len(channels))
             want = window if quorum else depth - res.records
-            ch = conn.channel()
-            channels.append(ch)
-            # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
-            # credit: otherwise messages returned by an earlier channel would be redelivered to
-            # a later channel and come back out of order. classic: prefetch 0, one channel.
-            ch.basic_qos(prefetch_count=want if quorum else 0)
+            if shared:
+                ch = reading_channel(conn)
+                channels.append(ch)
+            else:
+                ch = conn.channel()
+                channels.append(ch)
+                # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
+                # credit: otherwise messages returned by an earlier channel would be redelivered to
+                # a later channel and come back out of order. classic: prefetch 0, one channel.
+                ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
             filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
                                   read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc)
@@ -214,10 +220,44 @@ def read_queue(
         raise
     finally:
         try:
-            _return_in_order(channels, where, nack, quiet=error is not None)
+            if not (shared and error is None and _give_back(channels, where)):
+                _return_in_order(channels, where, nack, quiet=error is not None)
         finally:
             if fc is not None:
                 fc.uninstall()
+
+
+def reading_channel(conn: pika.BlockingConnection):
+    """The connection's channel for classic reads on the fast path, kept open across queues.
+
+    A channel per queue cost three round trips (open, qos, close) and the broker's channel
+    processes on every queue: most of a many-queue backup (issue 20: 1,000 x 100). A read
+    gives its messages back by cancelling its consumer and ``basic.nack(multiple, requeue)``,
+    which requeues a classic queue's messages exactly as a channel close does (the same
+    requeue, to their original positions). A failed read closes the channel instead, and
+    the next read opens a fresh one.
+    """
+    ch = getattr(conn, "_rbak_read_channel", None)
+    if ch is None or not ch.is_open:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=0)  # explicit: a broker's default_consumer_prefetch would cap the read
+        conn._rbak_read_channel = ch
+    return ch
+
+
+def _give_back(channels: list, where: str) -> bool:
+    """Return a shared reading channel's messages and keep it (True), or False: close it instead."""
+    if len(channels) != 1 or not channels[0].is_open:
+        return False
+    ch = channels[0]
+    try:
+        for tag in list(getattr(ch, "_consumer_infos", None) or ()):
+            ch.basic_cancel(tag)  # first: a consumer still there would receive what the nack requeues
+        ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+        return True
+    except Exception as e:  # noqa: BLE001 - closing gives everything back too
+        log.debug("%s: returning the shared channel's messages: %r", where, e)
+        return False
 
 
 def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, records: int, depth: int) -> AmqpError:
