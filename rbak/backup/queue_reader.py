@@ -220,7 +220,7 @@ def read_queue(
         raise
     finally:
         try:
-            if not (shared and error is None and _give_back(channels, where)):
+            if not (shared and error is None and _give_back(channels, queue, where)):
                 _return_in_order(channels, where, nack, quiet=error is not None)
         finally:
             if fc is not None:
@@ -245,8 +245,14 @@ def reading_channel(conn: pika.BlockingConnection):
     return ch
 
 
-def _give_back(channels: list, where: str) -> bool:
-    """Return a shared reading channel's messages and keep it (True), or False: close it instead."""
+def _give_back(channels: list, queue: str, where: str) -> bool:
+    """Return a shared reading channel's messages and keep it (True), or False: close it instead.
+
+    ``basic.nack`` has no reply, and the queue requeues asynchronously: a backup started right
+    after this one could find the queue short of what is still being requeued. The passive
+    declare that follows on the same channel asks the queue process itself for its depth, and
+    Erlang delivers the channel's requeue to it first, so once the reply arrives every message
+    is back (a channel close waits for the same thing)."""
     if len(channels) != 1 or not channels[0].is_open:
         return False
     ch = channels[0]
@@ -254,6 +260,7 @@ def _give_back(channels: list, where: str) -> bool:
         for tag in list(getattr(ch, "_consumer_infos", None) or ()):
             ch.basic_cancel(tag)  # first: a consumer still there would receive what the nack requeues
         ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+        ch.queue_declare(queue, passive=True)
         return True
     except Exception as e:  # noqa: BLE001 - closing gives everything back too
         log.debug("%s: returning the shared channel's messages: %r", where, e)
