@@ -23,6 +23,7 @@ class Impl:
 
     _read_frame = pika.connection.Connection._read_frame
     _trim_frame_buffer = pika.connection.Connection._trim_frame_buffer
+    is_closed = False
 
     def __init__(self):
         self._frame_buffer = b""
@@ -57,19 +58,20 @@ OTHERS = [pika.frame.Heartbeat().marshal(), pika.frame.Method(1, pika.spec.Basic
 
 @st.composite
 def streams(draw):
-    """(frames in order, each with whether it belongs to a delivery of channel 1; the deliveries' bodies)."""
+    """(frames in order, each with the number of the channel-1 delivery it belongs to (1, 2, ...) or 0;
+    those deliveries' bodies)."""
     frames, bodies = [], []
     for tag in range(1, draw(st.integers(0, 10)) + 1):
         kind = draw(st.integers(0, 3))
         if kind == 0:
-            frames.append((draw(st.sampled_from(OTHERS)), False))
+            frames.append((draw(st.sampled_from(OTHERS)), 0))
         else:
             ch = 1 if kind < 3 else 2
             body = draw(st.binary(max_size=300))
             fs = deliver(ch, tag, body, step=draw(st.integers(1, 400)), message_id=f"m{tag}")
-            frames += [(f, ch == 1) for f in fs]
             if ch == 1:
                 bodies.append(body)
+            frames += [(f, len(bodies) if ch == 1 else 0) for f in fs]
     return frames, bodies
 
 
@@ -112,6 +114,62 @@ def test_without_a_channel_everything_is_pikas(stream, sizes):
     assert fc.take() == []
     assert [f.marshal() for f in conn._impl.frames] == [f for f, _ in frames]
     assert conn._impl.bytes_received == len(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.lists(st.integers(1, 700), min_size=1, max_size=5), st.integers(0, 30), st.binary(max_size=20))
+def test_install_and_uninstall_mid_stream_hand_over_every_byte(stream, sizes, switch, prefix_cut):
+    """pika's partial frame at install, the fast path's unfinished bytes at uninstall: each side
+    carries on from the other's bytes, every frame reaches exactly one of them once."""
+    frames, bodies = stream
+    data = b"".join(f for f, _ in frames)
+    k = len(prefix_cut) % 8  # pika already holds the first k bytes (part of a frame) when the read starts
+    conn = Conn()
+    impl = conn._impl
+    impl._on_data_available(data[:k])
+    fc = FastConsume.install(conn)
+    fc.channel = 1
+    rest = data[k:]
+    chunks = [rest[i:i + sizes[0]] for i in range(0, len(rest), sizes[0])]
+    for c in chunks[:switch]:
+        impl._on_data_available(c)
+    fast = [t[5] for t in fc.take()]
+    fc.uninstall()
+    assert "_on_data_available" not in impl.__dict__
+    for c in chunks[switch:]:
+        impl._on_data_available(c)  # pika's own path from here
+    # the fast path took the first deliveries of channel 1, whole; pika every other frame, in order, once
+    assert fast == bodies[:len(fast)]
+    assert [f.marshal() for f in impl.frames] == [f for f, d in frames if not 0 < d <= len(fast)]
+    assert impl.bytes_received == len(data) and impl._frame_buffer == b""
+
+
+def test_a_large_delivery_shows_activity_while_it_arrives():
+    """pika's heartbeat checker watches bytes_received: it must grow with every socket read, also
+    while the parser waits for the rest of a large delivery (pika counts each 128 KiB frame)."""
+    body = bytes(range(256)) * (4 * 4096)  # 4 MiB: 33 body frames
+    data = b"".join(deliver(1, 1, body) + deliver(1, 2, b"after"))
+    conn = Conn()
+    fc = FastConsume.install(conn)
+    fc.channel = 1
+    counts, buffers = [], set()
+    scan = fast_consume.scan_deliveries
+
+    def spy(buf, pos, ch):
+        buffers.add(id(buf) if isinstance(buf, bytearray) else None)
+        return scan(buf, pos, ch)
+
+    fast_consume.scan_deliveries, saved = spy, fast_consume.scan_deliveries
+    try:
+        for i in range(0, len(data), 128 * 1024):
+            conn._impl._on_data_available(data[i:i + 128 * 1024])
+            counts.append(conn._impl.bytes_received)
+    finally:
+        fast_consume.scan_deliveries = saved
+    assert [t[5] for t in fc.take()] == [body, b"after"]
+    assert counts == sorted(set(counts)) and counts[-1] == len(data)  # up with every read
+    # the unfinished delivery waits in one buffer each read appends to (no copy of it per read)
+    assert len(buffers - {None}) == 1
 
 
 def test_an_interleaved_delivery_stops_the_fast_path_and_pika_gets_the_rest():
