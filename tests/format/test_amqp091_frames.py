@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from rbak.format import backend
 from rbak.format.amqp091_frames import BROKEN, INCOMPLETE, OTHER, Delivery, scan_deliveries, scan_deliveries_py
+
 from support.require import unavailable
 
 FRAME_MAX = 131072  # RabbitMQ's and pika's default: a body frame carries at most FRAME_MAX - 8 bytes
@@ -141,7 +142,7 @@ def test_messages_are_parsed_as_pika_decodes_them(name):
 
 
 def test_properties_are_the_raw_bytes_pika_decodes_back():
-    end, got, status = both(message(3, 9, b"b", PROPS), 0, 3)
+    _end, got, _status = both(message(3, 9, b"b", PROPS), 0, 3)
     p = props_of(got[0][4])
     assert (p.content_type, p.message_id, p.priority, p.timestamp, p.cluster_id) == ("application/json", "m-1", 9,
                                                                                     1_700_000_000, "cl")
