@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from typing import Any, Iterator
 
 import pika.exceptions
@@ -49,8 +50,9 @@ RECV_BYTES = 128 * 1024
 #: Properties objects kept by raw bytes (a queue's messages mostly carry the same few).
 PROPS_CACHE = 512
 
-_IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_trim_frame_buffer", "_process_frame",
-               "bytes_received", "_transport")
+_IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_process_frame", "bytes_received",
+               "_transport", "is_closed")
+_SIZE = struct.Struct(">I")
 
 
 class Deliver:
@@ -96,6 +98,7 @@ class FastConsume:
         self.pending: list[tuple] = []
         self.error: str | None = None
         self.cancelled: set[int] = set()  # channels whose consumer the broker cancelled
+        self._held = bytearray()  # bytes neither side has taken yet (an incomplete frame or delivery)
 
     @classmethod
     def install(cls, conn: Any) -> "FastConsume | None":
@@ -104,54 +107,85 @@ class FastConsume:
                 or any(not hasattr(impl, a) for a in _IMPL_ATTRS) or "_on_data_available" in impl.__dict__:
             return None
         fc = cls(conn)
+        if impl._frame_buffer:  # a partial frame pika holds (not counted by it yet): ours now, counted
+            fc._held += impl._frame_buffer
+            impl.bytes_received += len(impl._frame_buffer)
+            impl._frame_buffer = b""
         impl._on_data_available = fc._on_data
         if impl._transport is not None and hasattr(impl._transport, "_MAX_RECV_BYTES"):
             impl._transport._MAX_RECV_BYTES = RECV_BYTES
         return fc
 
     def uninstall(self) -> None:
-        """pika's own data path again (bytes already buffered stay in pika's frame buffer)."""
+        """pika's own data path again (bytes not taken yet go back to pika's frame buffer)."""
         self.channel = 0
         impl = self.impl
         impl.__dict__.pop("_on_data_available", None)
         t = impl._transport
         if t is not None:
             t.__dict__.pop("_MAX_RECV_BYTES", None)
+        held, self._held = self._held, bytearray()
+        if held and not impl.is_closed:
+            impl._frame_buffer = bytes(held) + impl._frame_buffer
+            impl.bytes_received -= len(held)  # pika counts them again as it takes their frames
         self.pending = []
 
     # -- the data path -------------------------------------------------------------------------
     def _on_data(self, data_in: bytes) -> None:
-        """pika's ``_on_data_available`` with the fast parse in front of it."""
+        """pika's ``_on_data_available`` with the fast parse in front of it.
+
+        Bytes that neither side can take yet wait in ``_held``, a bytearray the next reads are
+        appended to: a delivery arriving over many socket reads is not copied once per read
+        (concatenating bytes did, quadratic: 66 s of CPU for a 128 MiB message, pika's path 0.13 s).
+        ``bytes_received`` counts bytes as they arrive, where pika counts each frame it takes:
+        the parser takes a delivery only once it is whole, and pika's heartbeat checker must see
+        activity while a large one arrives slowly.
+        """
         impl = self.impl
-        buf = impl._frame_buffer
-        buf = buf + data_in if buf else data_in
+        impl.bytes_received += len(data_in)
+        held = self._held
+        if held:
+            held += data_in
+            buf = held
+        else:
+            buf = data_in
         pos, n = 0, len(buf)
-        while pos < n:
-            ch = self.channel
-            if ch:
-                end, got, status = scan_deliveries(buf, pos, ch)
-                if got:
-                    self.pending.extend(got)
-                    impl.bytes_received += end - pos  # pika's heartbeat checker watches this
-                    pos = end
-                if status == INCOMPLETE:
+        try:
+            while pos < n:
+                ch = self.channel
+                if ch:
+                    end, got, status = scan_deliveries(buf, pos, ch)
+                    if got:
+                        self.pending.extend(got)
+                        pos = end
+                    if status == INCOMPLETE:
+                        break
+                    if status == BROKEN:
+                        self.error = (f"channel {ch}: a delivery's frames were interleaved with another frame "
+                                      "(malformed AMQP 0-9-1 from the broker)")
+                        self.channel = 0
+                    if pos >= n:
+                        break
+                # one whole frame for pika, decoded and processed as its own loop does it
+                if n - pos < 7:
                     break
-                if status == BROKEN:
-                    self.error = (f"channel {ch}: a delivery's frames were interleaved with another frame "
-                                  "(malformed AMQP 0-9-1 from the broker)")
-                    self.channel = 0
-                if pos >= n:
+                size = 8 + _SIZE.unpack_from(buf, pos + 3)[0]
+                if n - pos < size:
                     break
-            # one frame for pika, exactly as its own loop processes it
-            impl._frame_buffer = buf[pos:] if pos else buf
-            consumed, frame_value = impl._read_frame()
-            if not frame_value:
-                return
-            impl._trim_frame_buffer(consumed)
-            impl._process_frame(frame_value)
-            buf = impl._frame_buffer
-            pos, n = 0, len(buf)
-        impl._frame_buffer = buf[pos:] if pos else buf
+                impl._frame_buffer = bytes(buf[pos:pos + size])
+                consumed, frame_value = impl._read_frame()  # pika's decoder (raises on a bad frame end)
+                impl._frame_buffer = b""
+                if not frame_value:  # pragma: no cover - a whole frame always decodes or raises
+                    break
+                pos += consumed
+                impl._process_frame(frame_value)
+                if impl.is_closed:  # the stream ended while processing it: pika drops what it had buffered
+                    pos = n
+        finally:
+            if buf is held:
+                del held[:pos]  # from the front: CPython moves no bytes
+            elif pos < n:
+                held += memoryview(buf)[pos:]
 
     # -- the read's side -----------------------------------------------------------------------
     def consume(self, ch: Any, queue: str, arguments: dict | None = None) -> str:

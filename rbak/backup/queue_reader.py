@@ -343,9 +343,9 @@ def _check_cancelled(conn, channels: list, cancelled: list, where: str, records:
                 cancelled.append(ch)
     if cancelled:
         raise AmqpError(
-            f"{where}: the broker cancelled the backup's consumer after {records} of {depth} messages (RabbitMQ "
-            "4.3 does this when a delivery outlives the consumer timeout: raise x-consumer-timeout / the "
-            "consumer-timeout policy key for this queue, or rabbitmq.conf consumer_timeout); every message was "
+            f"{where}: the broker cancelled the backup's consumer after {records} of {depth} messages (the queue "
+            "was deleted, or RabbitMQ 4.3 saw a delivery outlive the consumer timeout: raise x-consumer-timeout / "
+            "the consumer-timeout policy key for this queue, or rabbitmq.conf consumer_timeout); every message was "
             "returned to the queue")
 
 
