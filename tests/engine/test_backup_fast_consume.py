@@ -294,3 +294,22 @@ def test_heartbeats_during_a_long_fast_read(broker, vhost, monkeypatch):
         assert checker._idle_byte_intervals == 0
         conn.process_data_events(0)
     assert take_all(broker, vhost, "hb", n) == bodies
+
+
+def test_back_to_back_backups_each_take_the_whole_queue(broker, vhost, tmp_path):
+    """The shared reading channel gives messages back by basic.nack, which has no reply: the read must
+    still end only once the queue holds them again, or a backup started right after finds it short."""
+    from support.backups import fast_publish
+
+    n = 30_000
+    fast_publish(broker, vhost, "again", (b"%06d" % i for i in range(n)), declare={"durable": True})
+    params = pika.URLParameters(broker.amqp_url(vhost))
+    for run in range(3):
+        s = BackupEngine(backup_config(broker, vhost, tmp_path / f"s{run}", f"again-{run}",
+                                       tmp_path / f"st{run}.db")).run()
+        assert s.completed and s.total_messages == n, (run, s.total_messages)
+        conn = pika.BlockingConnection(params)  # at once: no wait for the broker to settle
+        try:
+            assert conn.channel().queue_declare("again", passive=True).method.message_count == n, run
+        finally:
+            conn.close()

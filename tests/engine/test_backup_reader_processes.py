@@ -76,7 +76,7 @@ def test_no_child_falls_back_to_threads(broker, vhost, tmp_path, monkeypatch, ca
         raise OSError("No usable temporary directory")
 
     monkeypatch.setattr(reader_process, "_Child", no_fork)
-    eng = BackupEngine(backup_config(broker, vhost, tmp_path / "store", "fb", tmp_path / "st.db"))
+    eng = BackupEngine(backup_config(broker, vhost, tmp_path / "store", "fb", tmp_path / "st.db", reader_processes=True))
     with caplog.at_level(logging.WARNING):
         s = eng.run()
     assert s.completed and not s.failed and s.total_messages == 150
@@ -129,7 +129,7 @@ source:
   management_url: {broker.management_url}
   queues: {{vhosts: ["{vhost}"]}}
 storage: {{backend: filesystem, path: "{store}"}}
-backup: {{include_definitions: false, max_concurrent_queues: 4, segment_max_bytes: 16384}}
+backup: {{include_definitions: false, max_concurrent_queues: 4, segment_max_bytes: 16384, reader_processes: true}}
 offset_storage: {{path: "{tmp_path / 'state' / 'offsets.db'}", sync_interval_secs: 0.5}}
 """)
     cmd = [sys.executable, "-m", "rbak", "backup", "--config", str(cfg)]
@@ -180,7 +180,8 @@ def test_processes_store_into_s3(rmq310, vhost_factory, s3_bucket, tmp_path, mon
                    "queues": {"vhosts": [vhost]}},
         "storage": {"backend": "s3", "bucket": s3_bucket.bucket, "prefix": "rp", "endpoint": s3_bucket.endpoint,
                     "path_style": True, "region": "us-east-1"},
-        "backup": {"include_definitions": False, "segment_max_bytes": 8192, "max_concurrent_queues": 3},
+        "backup": {"include_definitions": False, "segment_max_bytes": 8192, "max_concurrent_queues": 3,
+                   "reader_processes": True},
         "offset_storage": {"path": str(tmp_path / "st.db"), "sync_interval_secs": 0},
     }, env={})
     eng = BackupEngine(cfg)
