@@ -192,6 +192,7 @@ class FastConsume:
         """Start a consumer on ``ch`` whose deliveries are parsed here (from its first one)."""
         num = ch.channel_number
         self.channel = num  # before Basic.Consume is sent: no delivery can precede its Consume-Ok
+        self.pending = []  # anything an earlier channel of the read left is never this consumer's
         # one cancel callback per channel (a shared reading channel serves many reads): it tells
         # whichever read is consuming on the channel now
         if getattr(ch, "_rbak_fast", None) is None:

@@ -232,3 +232,24 @@ def test_the_environment_switch(value, enabled):
     out = subprocess.run([sys.executable, "-c", "import rbak.backup.fast_consume as f; print(f.ENABLED)"],
                          capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.stdout.split() == [str(enabled)], out.stderr
+
+
+def test_a_new_consumer_never_sees_what_an_earlier_channel_left():
+    """A quorum read opens a channel per window on one FastConsume: deliveries parsed for an earlier
+    channel and not taken must not be handed to the next channel's consumer."""
+    fc = FastConsume.install(Conn())
+    fc.channel = 1
+    feed(fc, b"".join(deliver(1, 1, b"old")), [4096])
+    assert [d[5] for d in fc.pending] == [b"old"]
+
+    class Channel:
+        channel_number = 2
+        _rbak_fast = object()  # a cancel callback is already registered
+
+        def basic_consume(self, *a, **k):
+            return "ctag"
+
+    assert fc.consume(Channel(), "q") == "ctag"
+    assert fc.pending == [] and fc.channel == 2
+    feed(fc, b"".join(deliver(2, 1, b"new")), [4096])
+    assert [d[5] for d in fc.take()] == [b"new"]
