@@ -297,19 +297,23 @@ def test_heartbeats_during_a_long_fast_read(broker, vhost, monkeypatch):
 
 
 def test_back_to_back_backups_each_take_the_whole_queue(broker, vhost, tmp_path):
-    """The shared reading channel gives messages back by basic.nack, which has no reply: the read must
-    still end only once the queue holds them again, or a backup started right after finds it short."""
+    """Run after run, each backup takes every message, and right after it another connection finds
+    them all back: a big queue (a fresh channel, returned by close) and a small one (the shared
+    reading channel, returned by basic.nack, which has no reply: the read ends only after a passive
+    declare on that channel, which the queue answers once it has requeued them)."""
     from support.backups import fast_publish
 
-    n = 30_000
-    fast_publish(broker, vhost, "again", (b"%06d" % i for i in range(n)), declare={"durable": True})
+    sizes = {"again": 30_000, "small": 200}
+    for q, n in sizes.items():
+        fast_publish(broker, vhost, q, (b"%06d" % i for i in range(n)), declare={"durable": True})
     params = pika.URLParameters(broker.amqp_url(vhost))
     for run in range(3):
         s = BackupEngine(backup_config(broker, vhost, tmp_path / f"s{run}", f"again-{run}",
                                        tmp_path / f"st{run}.db")).run()
-        assert s.completed and s.total_messages == n, (run, s.total_messages)
+        assert s.completed and s.total_messages == sum(sizes.values()), (run, s.total_messages)
         conn = pika.BlockingConnection(params)  # at once: no wait for the broker to settle
         try:
-            assert conn.channel().queue_declare("again", passive=True).method.message_count == n, run
+            ch = conn.channel()
+            assert {q: ch.queue_declare(q, passive=True).method.message_count for q in sizes} == sizes, run
         finally:
             conn.close()
