@@ -180,12 +180,9 @@ def read_queue(
             if quorum:
                 window = next_window(window, res.max_delivery_count, window_limit, depth - res.records, len(channels))
             want = window if quorum else depth - res.records
-            if shared:
-                ch = reading_channel(conn)
-                channels.append(ch)
-            else:
-                ch = conn.channel()
-                channels.append(ch)
+            ch = reading_channel(conn) if shared else conn.channel()
+            channels.append(ch)
+            if not shared:
                 # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
                 # credit: otherwise messages returned by an earlier channel would be redelivered to
                 # a later channel and come back out of order. classic: prefetch 0, one channel.
@@ -264,14 +261,21 @@ def _give_back(channels: list, queue: str, where: str) -> bool:
         return False
     ch = channels[0]
     try:
-        for tag in list(getattr(ch, "_consumer_infos", None) or ()):
-            ch.basic_cancel(tag)  # first: a consumer still there would receive what the nack requeues
+        _cancel_consumers(ch)  # first: a consumer still there would receive what the nack requeues
         ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
         ch.queue_declare(queue, passive=True)
         return True
     except Exception as e:  # noqa: BLE001 - closing gives everything back too
         log.debug("%s: returning the shared channel's messages: %r", where, e)
         return False
+
+
+def _cancel_consumers(ch) -> None:
+    """Cancel the channel's consumer, pika's generator or the fast path's ``basic_consume``."""
+    if getattr(ch, "_queue_consumer_generator", None) is not None:
+        ch.cancel()
+    for tag in list(getattr(ch, "_consumer_infos", None) or ()):
+        ch.basic_cancel(tag)
 
 
 def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, records: int, depth: int) -> AmqpError:
@@ -396,10 +400,7 @@ def _return_in_order(channels: list, where: str, nack: bool, quiet: bool) -> Non
     for ch in channels:
         try:
             if ch.is_open and nack:
-                if getattr(ch, "_queue_consumer_generator", None) is not None:
-                    ch.cancel()
-                for tag in list(getattr(ch, "_consumer_infos", None) or ()):  # the fast path's basic_consume
-                    ch.basic_cancel(tag)
+                _cancel_consumers(ch)
                 ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
             if ch.is_open:
                 ch.close()
