@@ -247,6 +247,15 @@ class FastConsume:
         return ready()
 
 
+def deliveries(fc: "FastConsume | None", ch: Any, queue: str, inactivity_timeout: float,
+               arguments: dict | None = None) -> Iterator[tuple[Any, Any, Any]]:
+    """A read's deliveries: from the fast path when ``fc`` is installed, else pika's consumer generator
+    (the same contract: ``(None, None, None)`` after ``inactivity_timeout`` s without one)."""
+    if fc is not None:
+        return fc.messages(ch, queue, inactivity_timeout, arguments)
+    return ch.consume(queue, auto_ack=False, inactivity_timeout=inactivity_timeout, arguments=arguments)
+
+
 def _ignore(*_args: Any) -> None:
     """The pika consumer callback: deliveries reach it only after the fast path stopped (self.error)."""
 

@@ -45,7 +45,7 @@ import pika.exceptions
 from ..errors import AmqpConnectionError, AmqpError, RbakError
 from . import pika_fast
 from .convert import delivery_count
-from .fast_consume import FastConsume
+from .fast_consume import FastConsume, deliveries
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -295,11 +295,7 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
     The depth shrinks when the queue runs dry early (another consumer holds the rest). ``fc``: the
     deliveries come from the fast path (``fast_consume``) instead of pika's consumer generator."""
     taken = 0
-    if fc is not None:
-        deliveries = fc.messages(ch, queue, read_timeout, arguments)
-    else:
-        deliveries = ch.consume(queue, auto_ack=False, inactivity_timeout=read_timeout, arguments=arguments)
-    for method, props, body in deliveries:
+    for method, props, body in deliveries(fc, ch, queue, read_timeout, arguments):
         if method is None:
             if passive_depth(conn, vhost, queue) == 0:
                 log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "

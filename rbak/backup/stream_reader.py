@@ -21,7 +21,7 @@ import pika.exceptions
 
 from ..errors import AmqpConnectionError, AmqpError
 from . import pika_fast
-from .fast_consume import FastConsume
+from .fast_consume import FastConsume, deliveries
 
 
 @dataclass(slots=True)
@@ -59,13 +59,8 @@ def read_stream(
     if end_offset is not None and (end_offset < 0 or isinstance(start_offset, int) and start_offset > end_offset):
         return res  # nothing at or after the start was committed when the backup began (or ever)
     pika_fast.install(conn)
+    ch = conn.channel()
     fc = FastConsume.install(conn)  # None: pika's consumer generator
-    try:
-        ch = conn.channel()
-    except BaseException:
-        if fc is not None:
-            fc.uninstall()
-        raise
     early = False
     try:
         ch.basic_qos(prefetch_count=prefetch)
@@ -75,13 +70,8 @@ def read_stream(
         ack_every = max(1, prefetch // 2)
         unacked = 0
         last_tag = 0
-        arguments = {"x-stream-offset": first}
-        timeout = idle_secs if end_offset is None else stall_secs
-        if fc is not None:
-            deliveries = fc.messages(ch, queue, timeout, arguments)
-        else:
-            deliveries = ch.consume(queue, auto_ack=False, arguments=arguments, inactivity_timeout=timeout)
-        for method, props, body in deliveries:
+        for method, props, body in deliveries(fc, ch, queue, idle_secs if end_offset is None else stall_secs,
+                                              {"x-stream-offset": first}):
             if method is None:
                 if end_offset is not None:
                     at = res.last_offset if res.last_offset is not None else start_offset
