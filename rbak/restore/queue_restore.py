@@ -162,6 +162,27 @@ def record_body_at(storage: Storage, plan: QueuePlan, sequence: int, index: int,
     return None
 
 
+def target_contents(conn: pika.BlockingConnection, plan: QueuePlan,
+                    options: RestoreOptions) -> tuple[int | None, int | None]:
+    """(messages in the target, and for a stream target its next offset); depth None: no such queue.
+
+    A stream's count is not asked of the broker: its declare-ok figure is sampled metrics kept
+    by queue name, so right after a delete and re-declare it can still be the deleted stream's
+    (seen on 4.0.5). The stream's next offset is exact, and 0 means empty.
+    """
+    depth = queue_depth(conn, plan.target_queue)
+    if depth is None or plan.queue_type != "stream" or options.publish_mode != "queue":
+        return depth, None
+    return 0, stream_next_offset(conn, plan.target_vhost, plan.target_queue, target=options.target)
+
+
+def held_description(depth: int | None, next_offset: int | None) -> str | None:
+    """What a non-empty target holds, for the refusal; None when it is empty."""
+    if depth:
+        return f"{depth} message(s)"
+    return f"messages (its next offset is {next_offset})" if next_offset else None
+
+
 def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: RestoreOptions,
                    cp: RestoreCheckpoint | NullCheckpoint, state: QueueState, res: QueueResult,
                    body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
@@ -173,14 +194,12 @@ def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: Rest
     target = plan.target_label
     stream = plan.queue_type == "stream" and options.publish_mode == "queue"
     if state.initial_depth is None and not state.segments:  # fresh
-        depth = queue_depth(conn, plan.target_queue)
+        depth, next_offset = target_contents(conn, plan, options)
         if depth is None and options.publish_mode == "queue":
             raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
                                f"it is the target of {plan.label}")
-        next_offset = (stream_next_offset(conn, plan.target_vhost, plan.target_queue, target=options.target)
-                       if stream and depth is not None else None)
-        held = f"{depth} message(s)" if depth else f"messages (its next offset is {next_offset})"
-        if depth or next_offset:
+        held = held_description(depth, next_offset)
+        if held:
             if options.skip_existing:
                 res.status = "skipped"
                 res.error = f"{target} already holds {held}"

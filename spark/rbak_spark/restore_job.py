@@ -239,10 +239,9 @@ def run_units(url: str, options, progress_id: str, tasks: Iterable[list[RestoreU
 
 def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id: str) -> None:
     """Split queues skip the engine's empty-target check (runs overlap), so do it here, once."""
-    from rbak.errors import RbakError
     from rbak.keys import BackupLayout
     from rbak.errors import RestoreError
-    from rbak.restore.queue_restore import queue_depth
+    from rbak.restore.queue_restore import held_description, target_contents
     from rbak.amqp import connect
 
     from .progress import queue_progress_prefix
@@ -260,13 +259,11 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
             continue  # a resumed restore: the messages there are ours
         conn = connect(options.target, p.target_vhost, "target")
         try:
-            depth = queue_depth(conn, p.target_queue)
-        except RbakError:
-            raise
+            held = held_description(*target_contents(conn, p, options))
         finally:
             conn.close()
-        if depth:
-            raise RestoreError(f"queue {p.target_queue!r} in vhost {p.target_vhost!r} already holds {depth} message(s); "
+        if held:
+            raise RestoreError(f"{p.target_label} already holds {held}; "
                                f"refusing to publish into a non-empty queue (set restore.allow_non_empty: true)")
 
 

@@ -62,3 +62,23 @@ def test_options_from_the_config_file_sections():
     assert list(o.definitions_selection.vhosts) == ["/"]
     assert (o.target.mgmt_username, o.target.mgmt_password) == ("u", "p")
     assert "p@" not in repr(o.target)
+
+
+def test_a_stream_target_is_judged_by_its_next_offset_not_its_sampled_count(monkeypatch):
+    """4.0.5 answered a passive declare of a just re-declared stream with the deleted one's 21 messages."""
+    from rbak.restore import queue_restore as qr
+    from rbak.restore.plan import QueuePlan
+
+    next_offset = {"value": 0}
+    monkeypatch.setattr(qr, "queue_depth", lambda conn, queue: 21)
+    monkeypatch.setattr(qr, "stream_next_offset", lambda conn, vhost, queue, target=None: next_offset["value"])
+    stream = QueuePlan("v", "s", "stream", "v", "s", (), 0, 0)
+    opts = RestoreOptions("b")
+    assert qr.target_contents(None, stream, opts) == (0, 0)
+    assert qr.held_description(*qr.target_contents(None, stream, opts)) is None
+    next_offset["value"] = 7
+    assert qr.held_description(*qr.target_contents(None, stream, opts)) == "messages (its next offset is 7)"
+    classic = QueuePlan("v", "q", "classic", "v", "q", (), 0, 0)
+    assert qr.held_description(*qr.target_contents(None, classic, opts)) == "21 message(s)"
+    monkeypatch.setattr(qr, "queue_depth", lambda conn, queue: None)
+    assert qr.target_contents(None, stream, opts) == (None, None)  # no such queue: the caller names it
