@@ -20,16 +20,27 @@ Only the reading connection of one read has it, for the read's duration
 (``install`` ... ``uninstall``): never pika's classes, never other connections.
 If pika's internals are not those this was written against, ``install`` returns
 None and the read uses pika's consumer generator as before.
+
+Small reads pay per queue for their AMQP methods more than for their messages: pika's
+blocking RPC layer cost ~0.45 ms of the GIL per call, four calls a queue (issue 20,
+1,000 x 100). ``call`` sends methods as marshalled frames and takes its awaited reply
+off the wire the same way deliveries are taken; ``consume(raw=True)`` starts a consumer
+pika does not know (``nowait``), whose broker-sent cancel is taken here too, since
+pika's blocking channel fails on a cancel of a consumer it does not know.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import select
 import struct
+import time
 from typing import Any, Iterator
 
 import pika.exceptions
+import pika.frame
 import pika.spec
 
 from ..errors import AmqpError
@@ -41,6 +52,10 @@ try:
     from pika.adapters.blocking_connection import _IoloopTimerContext
 except ImportError:  # pragma: no cover - a pika without it: the generator path
     _IoloopTimerContext = None  # type: ignore[assignment,misc]
+try:
+    from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
+except ImportError:  # pragma: no cover - a pika without it: pika's I/O loop for every wait
+    _AsyncPlaintextTransport = None  # type: ignore[assignment,misc]
 
 #: Use the fast path where pika's internals allow it (False, or RBAK_FAST_CONSUME=0 in the environment:
 #: pika's consumer generator, to compare).
@@ -49,10 +64,19 @@ ENABLED = os.environ.get("RBAK_FAST_CONSUME", "1").strip() != "0"
 RECV_BYTES = 128 * 1024
 #: Properties objects kept by raw bytes (a queue's messages mostly carry the same few).
 PROPS_CACHE = 512
+#: Seconds between runs of pika's timers (heartbeats) while ``pump`` waits instead of pika's I/O loop.
+TIMERS_EVERY = 0.1
 
 _IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_process_frame", "bytes_received",
                "_transport", "is_closed")
 _SIZE = struct.Struct(">I")
+_METHOD_ID = struct.Struct(">HH")  # class id, method id: the start of a method frame's payload
+_COUNTS = struct.Struct(">II")
+# the replies rbak awaits itself, and the broker's cancel of a consumer pika does not know (class, method)
+DECLARE_OK = (pika.spec.Queue.DeclareOk.INDEX >> 16, pika.spec.Queue.DeclareOk.INDEX & 0xFFFF)
+CANCEL_OK = (pika.spec.Basic.CancelOk.INDEX >> 16, pika.spec.Basic.CancelOk.INDEX & 0xFFFF)
+BROKER_CANCEL = (pika.spec.Basic.Cancel.INDEX >> 16, pika.spec.Basic.Cancel.INDEX & 0xFFFF)
+_TAGS = itertools.count(1)
 
 
 class Deliver:
@@ -98,7 +122,12 @@ class FastConsume:
         self.pending: list[tuple] = []
         self.error: str | None = None
         self.cancelled: set[int] = set()  # channels whose consumer the broker cancelled
+        self.awaiting: dict[int, tuple[int, int]] = {}  # channel -> the (class, method) reply ``call`` awaits
+        self.replies: dict[int, bytes] = {}  # channel -> that reply's arguments, once it arrived
+        self.raw_tags: dict[int, bytes] = {}  # channel -> the tag of its ``raw`` consumer (pika does not know it)
         self._held = bytearray()  # bytes neither side has taken yet (an incomplete frame or delivery)
+        self._poll: Any = None  # select.poll on the socket, for ``pump``
+        self._timers_at = 0.0
 
     @classmethod
     def install(cls, conn: Any) -> "FastConsume | None":
@@ -172,6 +201,9 @@ class FastConsume:
                 size = 8 + _SIZE.unpack_from(buf, pos + 3)[0]
                 if n - pos < size:
                     break
+                if buf[pos] == 1 and (self.awaiting or self.raw_tags) and self._took_method(buf, pos, size):
+                    pos += size
+                    continue
                 impl._frame_buffer = bytes(buf[pos:pos + size])
                 consumed, frame_value = impl._read_frame()  # pika's decoder (raises on a bad frame end)
                 impl._frame_buffer = b""
@@ -187,12 +219,75 @@ class FastConsume:
             elif pos < n:
                 held += memoryview(buf)[pos:]
 
+    def _took_method(self, buf, pos: int, size: int) -> bool:
+        """Take a method frame that is ours: an awaited reply, or the broker's cancel of a raw consumer."""
+        num = (buf[pos + 1] << 8) | buf[pos + 2]
+        which = _METHOD_ID.unpack_from(buf, pos + 7)
+        if self.awaiting.get(num) == which:
+            del self.awaiting[num]
+            self.replies[num] = bytes(buf[pos + 11:pos + size - 1])
+            return True
+        tag = self.raw_tags.get(num)
+        if tag is not None and which == BROKER_CANCEL and bytes(buf[pos + 12:pos + 12 + buf[pos + 11]]) == tag:
+            self.cancelled.add(num)  # the queue was deleted, or 4.3's consumer timeout; no reply (nowait)
+            return True
+        return False
+
+    # -- methods without pika's RPC layer ---------------------------------------------------------
+    def send(self, ch: Any, *methods: Any) -> None:
+        """Write ``methods`` on channel ``ch`` (no reply is awaited: nowait methods, basic.nack)."""
+        if not ch.is_open:
+            ch._impl._raise_if_not_open()
+        num = ch.channel_number
+        self.impl._output_marshaled_frames([pika.frame.Method(num, m).marshal() for m in methods])
+
+    def call(self, ch: Any, reply: tuple[int, int], *methods: Any) -> bytes:
+        """Send ``methods`` on ``ch`` and wait for the ``reply`` (class, method) on it; its argument bytes.
+
+        Waits as pika's blocking RPCs do, until the reply, the channel's close (the broker's raises
+        its ``ChannelClosedByBroker``) or the connection's loss (pika's error)."""
+        num = ch.channel_number
+        self.replies.pop(num, None)
+        self.awaiting[num] = reply
+        try:
+            self.send(ch, *methods)
+            self.pump(ch, lambda: num in self.replies)
+        finally:
+            self.awaiting.pop(num, None)
+        got = self.replies.pop(num, None)
+        if got is None:  # the channel was closed (pika raises a lost connection itself)
+            reason = getattr(ch, "_closing_reason", None)
+            if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                raise reason
+            raise pika.exceptions.ChannelClosed(0, f"channel {num} closed before its reply ({reason!r})")
+        return got
+
+    def declare_passive(self, ch: Any, queue: str) -> tuple[int, int]:
+        """(ready messages, consumers) of ``queue``: a passive ``queue.declare`` on ``ch``."""
+        args = self.call(ch, DECLARE_OK, pika.spec.Queue.Declare(queue=queue, passive=True))
+        return _COUNTS.unpack_from(args, 1 + args[0])
+
+    def cancel(self, ch: Any) -> None:
+        """Cancel ``ch``'s raw consumer and wait for the broker's Cancel-Ok (nothing is delivered after it)."""
+        tag = self.raw_tags.get(ch.channel_number)
+        if tag is not None:
+            self.call(ch, CANCEL_OK, pika.spec.Basic.Cancel(consumer_tag=tag.decode()))
+            self.raw_tags.pop(ch.channel_number, None)
+
     # -- the read's side -----------------------------------------------------------------------
-    def consume(self, ch: Any, queue: str, arguments: dict | None = None) -> str:
-        """Start a consumer on ``ch`` whose deliveries are parsed here (from its first one)."""
+    def consume(self, ch: Any, queue: str, arguments: dict | None = None, raw: bool = False) -> str:
+        """Start a consumer on ``ch`` whose deliveries are parsed here (from its first one).
+
+        ``raw``: a ``nowait`` Basic.Consume pika does not know; ``cancel`` ends it (pika's own
+        ``basic_cancel`` does not know its tag)."""
         num = ch.channel_number
         self.channel = num  # before Basic.Consume is sent: no delivery can precede its Consume-Ok
         self.pending = []  # anything an earlier channel of the read left is never this consumer's
+        if raw:
+            tag = f"rbak.{num}.{next(_TAGS)}"
+            self.raw_tags[num] = tag.encode()
+            self.send(ch, pika.spec.Basic.Consume(queue=queue, consumer_tag=tag, nowait=True, arguments=arguments))
+            return tag
         # one cancel callback per channel (a shared reading channel serves many reads): it tells
         # whichever read is consuming on the channel now
         if getattr(ch, "_rbak_fast", None) is None:
@@ -202,12 +297,12 @@ class FastConsume:
         return ch.basic_consume(queue, _ignore, auto_ack=False, arguments=arguments)
 
     def messages(self, ch: Any, queue: str, inactivity_timeout: float,
-                 arguments: dict | None = None) -> Iterator[tuple[Any, Any, Any]]:
+                 arguments: dict | None = None, raw: bool = False) -> Iterator[tuple[Any, Any, Any]]:
         """``BlockingChannel.consume``'s contract on the fast path: ``(method, properties, body)`` per
         delivery, in order; ``(None, None, None)`` after ``inactivity_timeout`` s without one; the end
         once the broker cancelled the consumer (after what had arrived). Raises pika's
         ``ChannelClosedByBroker`` when the broker closes the channel, and pika's connection errors."""
-        self.consume(ch, queue, arguments)
+        self.consume(ch, queue, arguments, raw)
         num = ch.channel_number
         while True:
             batch = self.take()
@@ -242,17 +337,79 @@ class FastConsume:
 
         if ready():
             return True
-        with _IoloopTimerContext(timeout, self.impl) as timer:
-            self.conn._flush_output(timer.is_ready, ready)
+        return self.pump(ch, ready, timeout)
+
+    def _read(self, t: Any) -> None:
+        """One socket read into ``_on_data``, as pika's ``_on_socket_readable`` does it; an end of
+        file or a socket error is left to that handler itself (it reads them again, and aborts
+        the transport as pika would), and a failure to process the bytes aborts it too."""
+        try:
+            data = t._sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            t._on_socket_readable()
+            return
+        try:
+            self._on_data(data)
+        except Exception as e:  # noqa: BLE001 - pika's transport aborts the connection on this too
+            log.exception("processing received AMQP data failed: %r", e)
+            t._initiate_abort(e)
+
+    def pump(self, ch: Any, ready: Any, timeout: float | None = None) -> bool:
+        """Take received bytes until ``ready()`` (True) or ``timeout`` seconds pass (False).
+
+        pika's I/O loop cost ~0.1 ms of the GIL per turn in layers (poller, dispatch, timers, a
+        write turn before every read), several turns per method a small queue's read awaits
+        (issue 20). On a plain TCP connection with nothing left to write, this polls the socket
+        itself, reads it into ``_on_data`` (``_read``), writes what ``send`` buffered with pika's
+        ``_on_socket_writable``, and runs pika's timers every ``TIMERS_EVERY`` s (heartbeats). Anything else (TLS, a write the socket would not take,
+        an ended transport, a closed channel) goes on in pika's loop, which raises what pika
+        raises for it."""
+        impl = self.impl
+        t = impl._transport
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if _AsyncPlaintextTransport is not None and type(t) is _AsyncPlaintextTransport:
+            if t._tx_buffers:
+                t._on_socket_writable()
+            if self._poll is None:
+                self._poll = select.poll()
+                self._poll.register(t._sock.fileno(), select.POLLIN | select.POLLPRI)
+            active = t._STATE_ACTIVE
+            while not t._tx_buffers and t._state == active and not ch.is_closed and not ready():
+                now = time.monotonic()
+                if now - self._timers_at >= TIMERS_EVERY:
+                    self._timers_at = now
+                    impl.ioloop.process_timeouts()
+                    continue  # a timer may have written (a heartbeat) or closed something
+                wait = TIMERS_EVERY if deadline is None else min(TIMERS_EVERY, deadline - now)
+                if wait <= 0:
+                    return False
+                if self._poll.poll(wait * 1000):
+                    self._read(t)
+        def closed() -> bool:
+            return ch.is_closed
+
+        if not ready() and not ch.is_closed:
+            if deadline is None:
+                self.conn._flush_output(closed, ready)
+            elif (left := deadline - time.monotonic()) > 0:
+                with _IoloopTimerContext(left, impl) as timer:
+                    self.conn._flush_output(timer.is_ready, closed, ready)
+        elif t is not None and t.get_write_buffer_size():
+            self.conn._flush_output()  # what pika wrote meanwhile (a Close-Ok, a heartbeat)
         return ready()
 
 
 def deliveries(fc: "FastConsume | None", ch: Any, queue: str, inactivity_timeout: float,
-               arguments: dict | None = None) -> Iterator[tuple[Any, Any, Any]]:
+               arguments: dict | None = None, raw: bool = False) -> Iterator[tuple[Any, Any, Any]]:
     """A read's deliveries: from the fast path when ``fc`` is installed, else pika's consumer generator
-    (the same contract: ``(None, None, None)`` after ``inactivity_timeout`` s without one)."""
+    (the same contract: ``(None, None, None)`` after ``inactivity_timeout`` s without one). ``raw``:
+    see ``FastConsume.consume``."""
     if fc is not None:
-        return fc.messages(ch, queue, inactivity_timeout, arguments)
+        return fc.messages(ch, queue, inactivity_timeout, arguments, raw)
     return ch.consume(queue, auto_ack=False, inactivity_timeout=inactivity_timeout, arguments=arguments)
 
 
@@ -264,3 +421,15 @@ def to_delivery(item: tuple) -> tuple[Deliver, pika.spec.BasicProperties, bytes]
     """(method, properties, body) of one ``scan_deliveries`` tuple, as the queue reader's sink takes them."""
     tag, redelivered, exchange, routing_key, raw, body = item
     return Deliver(tag, redelivered, exchange, routing_key), properties(raw), body
+
+
+def passive_counts(conn: Any, ch: Any, queue: str) -> tuple[int, int] | None:
+    """(ready messages, consumers) of ``queue`` by a passive declare on ``ch`` without pika's RPC
+    layer; None when the fast path cannot install (the caller asks pika)."""
+    fc = FastConsume.install(conn)
+    if fc is None:
+        return None
+    try:
+        return fc.declare_passive(ch, queue)
+    finally:
+        fc.uninstall()

@@ -24,6 +24,7 @@ from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import delivery_count, to_record
+from .fast_consume import passive_counts
 from .guard_store import merge
 from .limits import refuse_delayed_retry
 from .management import QueueInfo
@@ -58,8 +59,11 @@ def passive_info(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple
     except pika.exceptions.AMQPError as e:
         raise AmqpError(f"vhost {vhost!r}: cannot open a channel: {e!r}") from None
     try:
-        ok = ch.queue_declare(queue, passive=True).method
-        return ok.message_count, ok.consumer_count
+        counts = passive_counts(conn, ch, queue)  # without pika's RPC layer: most of a small queue's cost
+        if counts is None:
+            ok = ch.queue_declare(queue, passive=True).method
+            counts = ok.message_count, ok.consumer_count
+        return counts
     except pika.exceptions.ChannelClosedByBroker as e:
         if e.reply_code == 405:
             raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: exclusive queue: only its owning connection "

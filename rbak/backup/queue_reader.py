@@ -41,11 +41,12 @@ from typing import Callable
 
 import pika
 import pika.exceptions
+import pika.spec
 
 from ..errors import AmqpConnectionError, AmqpError, RbakError
 from . import pika_fast
 from .convert import delivery_count
-from .fast_consume import FastConsume, deliveries
+from .fast_consume import DECLARE_OK, FastConsume, deliveries
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -189,7 +190,7 @@ def read_queue(
                 ch.basic_qos(prefetch_count=want if quorum else 0)
             _check_open(channels, where, res.records, depth)
             filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
-                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc)
+                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc, shared)
             if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
@@ -222,7 +223,7 @@ def read_queue(
         raise
     finally:
         try:
-            if not (shared and error is None and _give_back(channels, queue, where)):
+            if not (shared and error is None and _give_back(fc, channels, queue, where)):
                 _return_in_order(channels, where, nack, quiet=error is not None)
         finally:
             if fc is not None:
@@ -247,7 +248,7 @@ def reading_channel(conn: pika.BlockingConnection):
     return ch
 
 
-def _give_back(channels: list, queue: str, where: str) -> bool:
+def _give_back(fc: FastConsume, channels: list, queue: str, where: str) -> bool:
     """Return a shared reading channel's messages and keep it (True), or False: close it instead.
 
     ``basic.nack`` has no reply, and the queue requeues asynchronously: a passive declare from
@@ -256,14 +257,18 @@ def _give_back(channels: list, queue: str, where: str) -> bool:
     channel asks the queue process itself for its depth, and Erlang delivers the channel's requeue
     to it first, so once the reply arrives every message is back. (A channel close reaches the
     queue ahead of any later reader's declare too: one 1 ms after a close of 100,000 waited for
-    the requeue and saw them all.)"""
+    the requeue and saw them all.)
+
+    The cancel is awaited before the nack is sent: deliveries the queue sent before it took the
+    cancel reach the channel before the Cancel-Ok, so the nack covers them. Sent together, the nack
+    could overtake them and leave them held by this channel."""
     if len(channels) != 1 or not channels[0].is_open:
         return False
     ch = channels[0]
     try:
-        _cancel_consumers(ch)  # first: a consumer still there would receive what the nack requeues
-        ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
-        ch.queue_declare(queue, passive=True)
+        fc.cancel(ch)  # first: a consumer still there would receive what the nack requeues
+        fc.call(ch, DECLARE_OK, pika.spec.Basic.Nack(delivery_tag=0, multiple=True, requeue=True),
+                pika.spec.Queue.Declare(queue=queue, passive=True))
         return True
     except Exception as e:  # noqa: BLE001 - closing gives everything back too
         log.debug("%s: returning the shared channel's messages: %r", where, e)
@@ -289,13 +294,14 @@ def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, 
 
 def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int, sink: Sink,
           quorum: bool, limit: int | None, read_timeout: float, throttle, deadline,
-          arguments: dict | None = None, fc: FastConsume | None = None) -> tuple[bool, int]:
+          arguments: dict | None = None, fc: FastConsume | None = None, raw: bool = False) -> tuple[bool, int]:
     """Take up to ``want`` messages on channel ``ch``: (False if the broker cancelled the consumer, depth).
 
     The depth shrinks when the queue runs dry early (another consumer holds the rest). ``fc``: the
-    deliveries come from the fast path (``fast_consume``) instead of pika's consumer generator."""
+    deliveries come from the fast path (``fast_consume``) instead of pika's consumer generator;
+    ``raw``: by a consumer pika does not know (``FastConsume.consume``)."""
     taken = 0
-    for method, props, body in deliveries(fc, ch, queue, read_timeout, arguments):
+    for method, props, body in deliveries(fc, ch, queue, read_timeout, arguments, raw):
         if method is None:
             if passive_depth(conn, vhost, queue) == 0:
                 log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "

@@ -253,3 +253,43 @@ def test_a_new_consumer_never_sees_what_an_earlier_channel_left():
     assert fc.pending == [] and fc.channel == 2
     feed(fc, b"".join(deliver(2, 1, b"new")), [4096])
     assert [d[5] for d in fc.take()] == [b"new"]
+
+
+def _method(channel: int, method) -> bytes:
+    return pika.frame.Method(channel, method).marshal()
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.lists(st.integers(1, 700), max_size=5), st.lists(st.integers(0, 12), min_size=6, max_size=6))
+def test_awaited_replies_and_raw_cancels_are_taken_and_nothing_else(stream, sizes, spots):
+    """``call``'s reply and the broker's cancel of a raw consumer never reach pika (its blocking channel
+    fails on a cancel of a consumer it does not know); look-alikes on other channels, with other tags
+    or of other methods still do, in order."""
+    frames, bodies = stream
+    units: list[list] = []  # a channel-1 delivery's frames stay together (the broker never splits them)
+    for f, ours in frames:
+        if ours and units and units[-1][0][1] == ours:
+            units[-1].append((f, ours))
+        else:
+            units.append([(f, ours)])
+    reply = _method(3, pika.spec.Queue.DeclareOk("q", 7, 2))
+    extra = [(reply, -1), (_method(1, pika.spec.Basic.Cancel("rbak.1.9")), -1),
+             (_method(4, pika.spec.Queue.DeclareOk("q", 1, 1)), 0),  # a channel that awaits nothing
+             (_method(3, pika.spec.Basic.CancelOk("x")), 0),  # channel 3 awaits a Declare-Ok, not this
+             (_method(1, pika.spec.Basic.Cancel("rbak.1.99")), 0),  # not the raw consumer's tag
+             (_method(2, pika.spec.Basic.Cancel("rbak.1.9")), 0)]  # the tag, on another channel
+    for spot, unit in zip(spots, extra):
+        units.insert(min(spot, len(units)), [unit])
+    mixed = [fo for u in units for fo in u]
+    conn = Conn()
+    fc = FastConsume.install(conn)
+    fc.channel = 1
+    fc.awaiting[3] = fast_consume.DECLARE_OK
+    fc.raw_tags[1] = b"rbak.1.9"
+    data = b"".join(f for f, _ in mixed)
+    feed(fc, data, sizes)
+    assert [b for _m, _p, b in (to_delivery(t) for t in fc.take())] == bodies and fc.error is None
+    assert [f.marshal() for f in conn._impl.frames] == [f for f, ours in mixed if ours == 0]
+    assert fc.replies == {3: reply[11:-1]} and fc.awaiting == {} and fc.cancelled == {1}
+    assert fast_consume._COUNTS.unpack_from(fc.replies[3], 1 + fc.replies[3][0]) == (7, 2)
+    assert conn._impl.bytes_received == len(data)
