@@ -177,6 +177,27 @@ rmq310_configure() {
         rabbitmq-plugins --offline enable rabbitmq_management rabbitmq_stream >/dev/null
         echo changed
     fi
+    nofile_configure ""
+}
+
+# Debian's systemd unit gives RabbitMQ 65536 open files (LimitNOFILE). Started by
+# `rabbitmq-server -detached`, which runs the node through `su rabbitmq`, it got a soft
+# limit of 1024 here: 4.3.6 filling 1,000 classic queues ran out (emfile in
+# rabbit_classic_queue_store_v2), crashed those queue processes and left the management API
+# answering 500. su's pam_limits applies this file; it can only give up to our own hard
+# limit (20000 in this sandbox, where even root may not raise it), and a value above it
+# is ignored whole, so the file asks for the smaller of the two.
+nofile_configure() { # nofile_configure ROOT: prints "changed" when the limits file was (re)written
+    local f="$1/etc/security/limits.d/rbak-rabbitmq.conf" n want
+    n=$(ulimit -Hn)
+    if [ "$n" = unlimited ] || [ "$n" -gt 65536 ]; then n=65536; fi
+    want="# Written by rbak .ci/setup: up to what Debian's systemd unit gives RabbitMQ (LimitNOFILE 65536).
+rabbitmq - nofile $n"
+    if [ "$(cat "$f" 2>/dev/null)" != "$want" ]; then
+        install -d "$(dirname "$f")"
+        printf '%s\n' "$want" >"$f"
+        echo changed
+    fi
 }
 
 rmq310_start() {
@@ -283,8 +304,9 @@ chroot_create() { # chroot_create NAME: debootstrap the broker's suite with rabb
     mv "$tmp" "$root"
 }
 
-cb_config_files() { # prints the three files cb_configure writes
-    cat "$CB_ROOT"/etc/rabbitmq/{rabbitmq-env.conf,rabbitmq.conf,enabled_plugins} 2>/dev/null
+cb_config_files() { # prints the files cb_configure writes
+    cat "$CB_ROOT"/etc/rabbitmq/{rabbitmq-env.conf,rabbitmq.conf,enabled_plugins} \
+        "$CB_ROOT"/etc/security/limits.d/rbak-rabbitmq.conf 2>/dev/null
 }
 
 cb_configure() { # prints "changed" when the config differs from before
@@ -305,6 +327,7 @@ stream.advertised_port = $CB_STREAM
 collect_statistics_interval = 1000
 EOF
     printf '[rabbitmq_management,rabbitmq_stream].\n' >"$r/etc/rabbitmq/enabled_plugins"
+    nofile_configure "$r" >/dev/null
     [ "$before" = "$(cb_config_files)" ] || echo changed
 }
 
