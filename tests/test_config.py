@@ -241,3 +241,19 @@ def test_credentials_outside_the_url_may_hold_any_character(broker, vhost, monke
 def cfg_dict_with_url(broker) -> dict:
     return {"mode": "backup", "source": {"amqp_url": f"amqp://guest:guest@127.0.0.1:{broker.amqp_port}/%2f",
                                          "management_username": "someone-else", "management_password": "x"}}
+
+
+def test_max_connections_still_loads_but_says_it_is_not_used(tmp_path, caplog):
+    """A field rbak documented but never used: configurations that set it load, and the backup says so."""
+    from rbak.backup import BackupEngine
+
+    def cfg(**backup):
+        return Config.from_dict({"mode": "backup", "backup_id": "b", "source": {"amqp_url": "amqp://localhost/"},
+                                 "storage": {"backend": "filesystem", "path": str(tmp_path)}, "backup": backup}, env={})
+
+    BackupEngine(cfg())
+    assert "max_connections" not in caplog.text
+    BackupEngine(cfg(max_connections=2, max_concurrent_queues=3))
+    assert "backup.max_connections: not used" in caplog.text and "(3) per vhost" in caplog.text
+    with pytest.raises(ConfigError, match="backup.max_connections"):
+        cfg(max_connections=0)

@@ -134,6 +134,10 @@ class BackupEngine(StreamBackup):
             raise ConfigError(f"mode: this is a {cfg.mode!r} configuration; rbak backup needs mode: backup")
         if cfg.source is None:
             raise ConfigError("source: required for a backup")
+        if cfg.backup.max_connections is not None:
+            log.warning("backup.max_connections: not used; each worker opens its own connection per vhost, so at most "
+                        "backup.max_concurrent_queues (%d) per vhost: lower that to open fewer",
+                        cfg.backup.max_concurrent_queues)
         self.cfg = cfg
         self.layout: BackupLayout = cfg.layout()
         self.storage = storage or cfg.storage.open()

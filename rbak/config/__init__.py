@@ -256,7 +256,9 @@ class BackupOptions(_Section):
                                        "parse deliveries without pika's decoding, threads use the cores better (8 x 50,000: "
                                        "1.44-1.46x one worker with threads, 1.06-1.12x with processes). Quorum queues, streams "
                                        "and small queues are always read by threads.")
-    max_connections: int = doc_field(2, "AMQP connections per vhost shared by the pool (channels are multiplexed on them).", min=1, max=64)
+    max_connections: Optional[int] = doc_field(None, "Not used, and never was: each worker opens its own AMQP connection per vhost "
+                                                 "(so at most `max_concurrent_queues` per vhost). Accepted so configurations "
+                                                 "that set it still load; a backup that sets it logs a warning.", min=1, max=64)
     prefetch_count: int = doc_field(1000, "Prefetch for stream reads (classic/quorum reads use the broker's own limits).", min=1, max=65535)
     include_definitions: bool = doc_field(True, "Export `/api/definitions` into `definitions/definitions.json<ext>`.")
     checkpoint_interval_secs: float = doc_field(5.0, "How often progress is written to the local checkpoint database.", min=0)
