@@ -257,3 +257,20 @@ def test_max_connections_still_loads_but_says_it_is_not_used(tmp_path, caplog):
     assert "backup.max_connections: not used" in caplog.text and "(3) per vhost" in caplog.text
     with pytest.raises(ConfigError, match="backup.max_connections"):
         cfg(max_connections=0)
+
+
+def test_a_queue_selection_under_target_is_refused_not_ignored():
+    """target.queues and drill.target.queues select nothing: a restore that silently ignored them would
+    publish every queue of the backup. Unset (or all defaults) they load."""
+    base = {"mode": "restore", "backup_id": "b", "target": {"amqp_url": "amqp://h/"},
+            "storage": {"backend": "filesystem", "path": "/tmp/x"}}
+    Config.from_dict(base, env={})
+    Config.from_dict({**base, "target": {"amqp_url": "amqp://h/", "queues": {"min_messages": 0}}}, env={})
+    with pytest.raises(ConfigError, match=r"target\.queues: not used.*restore\.queues"):
+        Config.from_dict({**base, "target": {"amqp_url": "amqp://h/", "queues": {"include": ["orders"]}}}, env={})
+    with pytest.raises(ConfigError, match=r"drill\.target\.queues: not used"):
+        Config.from_dict({**base, "mode": "drill", "drill": {"target": {"amqp_url": "amqp://h/",
+                                                                      "queues": {"vhosts": ["v"]}}}}, env={})
+    ok = Config.from_dict({**base, "restore": {"queues": {"include": ["orders"], "min_messages": 3}}}, env={})
+    assert ok.restore.queues.matches("/", "orders", "classic", 3) and not ok.restore.queues.matches("/", "orders", "classic", 2)
+    assert ok.restore.queues.matches("/", "orders", "stream", 0)  # streams are never skipped by it

@@ -312,8 +312,6 @@ class BackupEngine(StreamBackup):
             if q.queue_type not in ("classic", "quorum", "stream"):
                 log.warning("skipping %s/%s: queue type %r is not supported", q.vhost, q.name, q.queue_type)
                 continue
-            if q.queue_type != "stream" and sel.min_messages and q.messages is not None and q.messages < sel.min_messages:
-                continue
             if q.exclusive:  # only its owning connection can read it (405 RESOURCE_LOCKED)
                 self._skip(q.vhost, q.name, "exclusive queue: only its owning connection can read it")
                 continue

@@ -91,6 +91,9 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
         raise QueueSkipped(f"{where}: {reason}")
     depth, consumers = passive_info(conn, vhost, name)
     reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers)
+    sel = eng.cfg.source.queues
+    if not reason and sel.too_few(qtype, depth):  # exact here; the listing's figure can be seconds old
+        reason = f"held {depth} message(s), fewer than source.queues.min_messages ({sel.min_messages})"
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
     quorum = qtype == "quorum"

@@ -64,11 +64,20 @@ class QueueSelection(_Section):
     vhosts: list[str] = doc_field(doc="Vhosts to cover (exact names, `/` is the default vhost). Empty: every vhost.", factory=list)
     types: list[QueueType] = doc_field(doc="Queue types to cover: `classic`, `quorum`, `stream`.",
                                        factory=lambda: ["classic", "quorum", "stream"])
-    min_messages: int = doc_field(0, "Skip queues holding fewer messages than this (streams are never skipped by it).", min=0)
+    min_messages: int = doc_field(0, "Skip queues holding fewer messages than this (streams are never skipped by it). "
+                                  "A backup counts exactly, by a passive declare just before the read (the management "
+                                  "API's figure can be seconds old), and lists each queue it skips in the manifest's "
+                                  "`queue_status`; a restore goes by the backup's count.", min=0)
 
-    def matches(self, vhost: str, name: str, queue_type: str | None = None) -> bool:
-        """Whether a queue is covered by this selection."""
+    def matches(self, vhost: str, name: str, queue_type: str | None = None, messages: int | None = None) -> bool:
+        """Whether a queue is covered by this selection; ``messages``: its exact count, when known."""
+        if messages is not None and self.too_few(queue_type, messages):
+            return False
         return queue_selected(vhost, name, queue_type, self.include, self.exclude, self.vhosts, self.types)
+
+    def too_few(self, queue_type: str | None, messages: int) -> bool:
+        """Whether ``min_messages`` skips a queue holding ``messages`` (never a stream)."""
+        return queue_type != "stream" and messages < self.min_messages
 
 
 def queue_selected(vhost: str, name: str, queue_type: str | None, include: Sequence[str],
@@ -110,7 +119,10 @@ class ConnectionConfig(_Section):
                                  "(3.11+); when it cannot, the read ends after a quiet second.",
                                  min=1, max=65535)
     tls: TlsConfig = doc_field(doc="TLS settings.", factory=TlsConfig)
-    queues: QueueSelection = doc_field(doc="Queue selection.", factory=QueueSelection)
+    queues: QueueSelection = doc_field(doc="Queue selection of a backup (`source.queues`). Under `target` and "
+                                       "`drill.target` it is not used and must stay unset: a restore selects with "
+                                       "`restore.queues`, a drill covers every queue of the backup.",
+                                       factory=QueueSelection)
     heartbeat_secs: int = doc_field(60, "AMQP heartbeat interval in seconds (0 disables).", min=0)
     connection_timeout_secs: float = doc_field(10.0, "Socket connect / management request timeout in seconds.", min=0.1)
 

@@ -335,6 +335,12 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append(e.args[0])
     if not cfg.metrics.path.startswith("/"):
         errors.append(f"metrics.path: must start with '/', got {cfg.metrics.path!r}")
+    from . import QueueSelection
+
+    for sel_path, conn in (("target.queues", cfg.target), ("drill.target.queues", cfg.drill.target)):
+        if conn is not None and conn.queues != QueueSelection():
+            errors.append(f"{sel_path}: not used, so it would select nothing: a restore selects queues with "
+                          f"restore.queues, and a drill covers every queue of the backup; move it or remove it")
     for sel_path, sel in (("source.queues", cfg.source.queues if cfg.source else None),
                           ("target.queues", cfg.target.queues if cfg.target else None)):
         if sel is not None and not sel.types:

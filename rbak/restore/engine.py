@@ -116,7 +116,7 @@ def load_complete_manifest(storage: Storage, options: RestoreOptions,
         raise ManifestError(f"backup {options.backup_id!r} is incomplete (completed_at is null): refusing to restore "
                             f"from it; rerun the backup to finish it")
     sel = dataclasses.replace(manifest, queues=[q for q in manifest.queues
-                                                if options.queues.matches(q.vhost, q.name, q.queue_type)])
+                                                if options.queues.matches(q.vhost, q.name, q.queue_type, q.message_count)])
     expanded, notes = expand_chains(sel, lambda bid: load_manifest(storage, bid, options.prefix),
                                     follow=not options.increment_only, size_of=storage.size)
     by_key = {(q.vhost, q.name): q for q in expanded.queues}

@@ -121,7 +121,8 @@ def plan_restore(manifest: BackupManifest, options: RestoreOptions) -> list[Queu
     Two backed-up queues mapped onto the same target queue would interleave
     unpredictably under concurrency, so that is a configuration error.
     """
-    plans = [plan_queue(q, options, manifest.encryption) for q in manifest.queues if options.queues.matches(q.vhost, q.name, q.queue_type)]
+    plans = [plan_queue(q, options, manifest.encryption) for q in manifest.queues
+             if options.queues.matches(q.vhost, q.name, q.queue_type, q.message_count)]
     seen: dict[tuple[str, str], QueuePlan] = {}
     for p in plans:
         key = (p.target_vhost, p.target_queue)

@@ -241,3 +241,42 @@ def test_cli_embedded_default(rmq310, vhost_factory, tmp_path):
     m = load(tmp_path / "rbak-backups", bid)
     assert m.is_complete and [r.body for r in records(tmp_path / "rbak-backups", m, vhost, "dq")] == [b"d1", b"d2"]
     assert (tmp_path / ".rbak-state" / "offsets.db").is_file()
+
+
+def test_min_messages_counts_exactly_and_lists_what_it_skips(broker, vhost, tmp_path):
+    """source.queues.min_messages goes by the count just before the read, not the management API's
+    sampled figure: a queue filled right before the backup (its listing may still say 0) is taken
+    whole, a smaller one is skipped and named in the manifest. A restore's min_messages goes by the
+    backup's count."""
+    from rbak.config import Config
+    from rbak.restore.engine import run_restore
+    from rbak.restore.options import options_from_config
+
+    broker.publish(vhost, "small", [b"s-%d" % i for i in range(3)], declare={})
+    broker.publish(vhost, "big", [b"b-%d" % i for i in range(10)], declare={})
+    broker.declare_queue(vhost, "late")
+    broker.declare_queue(vhost, "sq", arguments={"x-queue-type": "quorum"})
+    broker.publish(vhost, "sq", [b"q-%d" % i for i in range(4)])
+    listed = {q["name"]: q.get("messages") for q in broker.list_queues(vhost)}
+    broker.publish(vhost, "late", [b"l-%d" % i for i in range(7)])  # after the listing's last sample
+    cfg = backup_config(broker, vhost, tmp_path / "store", "mm", tmp_path / "st.db")
+    cfg.source.queues.min_messages = 5
+    BackupEngine(cfg).run()
+    m = load(tmp_path / "store", "mm")
+    assert sorted(q.name for q in m.queues) == ["big", "late"], listed
+    assert [r.body for r in records(tmp_path / "store", m, vhost, "late")] == [b"l-%d" % i for i in range(7)]
+    skipped = {s.name: s for s in m.queue_status}
+    assert set(skipped) == {"small", "sq"} and all(s.status == "skipped" for s in skipped.values())
+    assert "held 3 message(s), fewer than source.queues.min_messages (5)" in skipped["small"].reason
+    assert [b for b, _p, _r in drain(broker, vhost, "small")] == [b"s-%d" % i for i in range(3)]  # kept whole
+
+    for q in ("big", "late"):
+        broker.delete_queue(vhost, q)
+        broker.declare_queue(vhost, q)
+    rcfg = Config.from_dict({"mode": "restore", "backup_id": "mm",
+                             "target": {"amqp_url": broker.amqp_url(vhost), "management_url": broker.management_url},
+                             "storage": {"backend": "filesystem", "path": str(tmp_path / "store")},
+                             "restore": {"queues": {"min_messages": 8}}}, env={})
+    run_restore(rcfg.storage.open(), options_from_config(rcfg))
+    assert [b for b, _p, _r in drain(broker, vhost, "big")] == [b"b-%d" % i for i in range(10)]
+    assert drain(broker, vhost, "late") == []  # 7 backed-up messages: fewer than 8
