@@ -75,6 +75,7 @@ _COUNTS = struct.Struct(">II")
 # the replies rbak awaits itself, and the broker's cancel of a consumer pika does not know (class, method)
 DECLARE_OK = (pika.spec.Queue.DeclareOk.INDEX >> 16, pika.spec.Queue.DeclareOk.INDEX & 0xFFFF)
 CANCEL_OK = (pika.spec.Basic.CancelOk.INDEX >> 16, pika.spec.Basic.CancelOk.INDEX & 0xFFFF)
+QOS_OK = (pika.spec.Basic.QosOk.INDEX >> 16, pika.spec.Basic.QosOk.INDEX & 0xFFFF)
 BROKER_CANCEL = (pika.spec.Basic.Cancel.INDEX >> 16, pika.spec.Basic.Cancel.INDEX & 0xFFFF)
 _TAGS = itertools.count(1)
 

@@ -46,7 +46,7 @@ import pika.spec
 from ..errors import AmqpConnectionError, AmqpError, RbakError
 from . import pika_fast
 from .convert import delivery_count
-from .fast_consume import DECLARE_OK, FastConsume, deliveries
+from .fast_consume import DECLARE_OK, QOS_OK, FastConsume, deliveries
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -187,10 +187,15 @@ def read_queue(
                 # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
                 # credit: otherwise messages returned by an earlier channel would be redelivered to
                 # a later channel and come back out of order. classic: prefetch 0, one channel.
-                ch.basic_qos(prefetch_count=want if quorum else 0)
+                qos = pika.spec.Basic.Qos(prefetch_count=want if quorum else 0)
+                if fc is not None:
+                    fc.call(ch, QOS_OK, qos)
+                else:
+                    ch.basic_qos(prefetch_count=qos.prefetch_count)
             _check_open(channels, where, res.records, depth)
             filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
-                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc, shared)
+                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc,
+                                  raw=fc is not None)
             if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
@@ -224,7 +229,7 @@ def read_queue(
     finally:
         try:
             if not (shared and error is None and _give_back(fc, channels, queue, where)):
-                _return_in_order(channels, where, nack, quiet=error is not None)
+                _return_in_order(channels, where, nack, quiet=error is not None, fc=fc)
         finally:
             if fc is not None:
                 fc.uninstall()
@@ -276,7 +281,7 @@ def _give_back(fc: FastConsume, channels: list, queue: str, where: str) -> bool:
 
 
 def _cancel_consumers(ch) -> None:
-    """Cancel the channel's consumer, pika's generator or the fast path's ``basic_consume``."""
+    """Cancel the channel's consumer on pika's path (its generator, or a ``basic_consume`` it knows)."""
     if getattr(ch, "_queue_consumer_generator", None) is not None:
         ch.cancel()
     for tag in list(getattr(ch, "_consumer_infos", None) or ()):
@@ -393,17 +398,22 @@ def _check_open(channels: list, where: str, records: int, depth: int) -> None:
                 "policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout); every unacked message returned to the queue")
 
 
-def _return_in_order(channels: list, where: str, nack: bool, quiet: bool) -> None:
+def _return_in_order(channels: list, where: str, nack: bool, quiet: bool, fc: FastConsume | None = None) -> None:
     """Give every message back, first-opened channel first: that is what keeps a quorum queue's order.
 
     NACK: cancel the channel's consumer if it still has one (so it cannot receive what is
-    returned), ``basic.nack(multiple, requeue)`` everything it holds, then close.
+    returned), ``basic.nack(multiple, requeue)`` everything it holds, then close. ``fc``: the
+    read's consumers were started raw (``FastConsume.consume``), so they are cancelled there.
     """
     for ch in channels:
         try:
             if ch.is_open and nack:
-                _cancel_consumers(ch)
-                ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+                if fc is not None:
+                    fc.cancel(ch)
+                    fc.send(ch, pika.spec.Basic.Nack(delivery_tag=0, multiple=True, requeue=True))
+                else:
+                    _cancel_consumers(ch)
+                    ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
             if ch.is_open:
                 ch.close()
         except Exception as e:  # noqa: BLE001 - the connection may be gone; the broker requeues anyway
