@@ -385,10 +385,10 @@ class FastConsume:
         pika's I/O loop cost ~0.1 ms of the GIL per turn in layers (poller, dispatch, timers, a
         write turn before every read), several turns per method a small queue's read awaits
         (issue 20). On a plain TCP connection with nothing left to write, this polls the socket
-        itself, reads it into ``_on_data`` (``_read``), writes what ``send`` buffered with pika's
-        ``_on_socket_writable``, and runs pika's timers every ``TIMERS_EVERY`` s (heartbeats). Anything else (TLS, a write the socket would not take,
-        an ended transport, a closed channel) goes on in pika's loop, which raises what pika
-        raises for it."""
+        itself, reads it into ``_on_data`` (``_read``), writes what ``send`` buffered with
+        pika's ``_on_socket_writable``, and runs pika's timers every ``TIMERS_EVERY`` s
+        (heartbeats). Anything else (TLS, a write the socket would not take, an ended
+        transport, a closed channel) goes on in pika's loop, which raises what pika raises."""
         impl = self.impl
         t = impl._transport
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -410,6 +410,7 @@ class FastConsume:
                     return False
                 if self._poll.poll(wait * 1000):
                     self._read(t)
+
         def closed() -> bool:
             return ch.is_closed
 
