@@ -110,10 +110,24 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
                    scratchVhost=report.get("scratch_vhost"), queues=len(queues),
                    failedQueues=[f"{q.get('vhost')}/{q.get('queue')}" for q in queues if not q.get("passed")][:20],
                    messages=sum(int(q.get("actual_count") or 0) for q in queues))
+        if report.get("signature") is not None:
+            out.update(evidence_status(report))
         return out
     out.update(result="Failed", reason=state.reason or "DrillJobFailed",
                message=(state.message or "the drill Job ended without storing a report")[:1000])
     return out
+
+
+def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
+    """``signer`` (the key fingerprint) of a signed report that verifies against its embedded key; a
+    signed report that does not verify fails the drill (its evidence was changed after signing)."""
+    from rbak.errors import EvidenceError
+    from rbak.evidence import verify
+
+    try:
+        return {"signer": verify(report, where="drill report").fingerprint}
+    except EvidenceError as e:
+        return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000]}
 
 
 # --------------------------------------------------------------------------

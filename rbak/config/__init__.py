@@ -399,6 +399,9 @@ class DrillConfig(_Section):
                                          "without a delivery.", min=0.1, max=3600)
     store_report: bool = doc_field(True, "Store the report next to the backup (`drills/<time>-<id>.json`, "
                                    "a new object per drill).")
+    signing_key_file: Optional[str] = doc_field(None, "Ed25519 private key (PEM, PKCS#8, unencrypted) that signs "
+                                                "each drill report; check one with `rbak drill verify REPORT "
+                                                "--public-key PUB.pem`.")
 
 
 @dataclass(repr=False)

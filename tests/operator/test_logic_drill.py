@@ -91,6 +91,23 @@ def test_result_from_the_stored_report():
     assert r["result"] == "Failed" and "queue 'q'" in r["message"] and r["failedQueues"] == ["//q"]
 
 
+def test_a_signed_report_shows_its_signer_and_a_changed_one_fails_the_drill():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rbak.evidence import fingerprint, sign
+
+    key = Ed25519PrivateKey.generate()
+    report = {"passed": True, "scratch_vhost": "rbak-drill-b1-x", "backup_id": "b1",
+              "queues": [{"vhost": "/", "queue": "q", "passed": True, "actual_count": 5}]}
+    report["signature"] = sign(report, key)
+    r = drill.drill_result(_state("Succeeded"), report, "b1", "nightly-drill-1")
+    assert (r["result"], r["signer"]) == ("Passed", fingerprint(key.public_key()))
+    report["queues"][0]["actual_count"] = 6
+    r = drill.drill_result(_state("Succeeded"), report, "b1", "nightly-drill-1")
+    assert (r["result"], r["reason"]) == ("Failed", "DrillEvidenceInvalid") and "signer" not in r
+    assert "field queues[0].actual_count was changed after signing: signed 5, the report shows 6" in r["message"]
+
+
 def test_result_without_a_report_names_the_jobs_cause():
     r = drill.drill_result(_state("Failed", reason="BackoffLimitExceeded", message="rbak: no complete backup"),
                            None, "b1", "j")
