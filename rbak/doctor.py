@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -320,7 +320,7 @@ def check_s3(storage: Any, policy: RetentionPolicy | None) -> list[Finding]:
     if pab is not False:
         out.append(judge_public_access((pab or {}).get("PublicAccessBlockConfiguration")))
     out.extend(probe_s3(storage))
-    return out
+    return [replace(f, fix=f.fix.replace("--bucket BUCKET", f"--bucket {bucket}")) for f in out]
 
 
 def probe_s3(storage: Any) -> list[Finding]:

@@ -131,6 +131,8 @@ class DrillReport:
         out.append(f"drill {self.drill_id} of backup {self.backup_id}: {len(self.queues)} queue(s) in scratch vhost "
                    f"{self.scratch_vhost!r} ({'removed' if self.scratch_vhost_removed else 'NOT removed'}), "
                    f"{self.duration_secs:.1f} s: {verdict}")
+        if self.signature is not None:
+            out.append(f"report {self.report_key or '(not stored)'} signed by key {self.signature['key_fingerprint']}")
         return out
 
 
@@ -170,6 +172,16 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
 # --------------------------------------------------------------------------
 # Pure decisions.
 # --------------------------------------------------------------------------
+
+
+def without_credentials(url: str) -> str:
+    """A URL without its ``user:password@`` (the report is stored, and signed, next to the backup)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url or "")
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[1], parts.path, parts.query, parts.fragment))
 
 
 def new_drill_id() -> str:
@@ -307,7 +319,7 @@ def run_drill(storage: Storage, options: DrillOptions,
     t0 = time.monotonic()
     drill_id = options.drill_id or new_drill_id()
     backup_id = choose_backup(storage, options)
-    report = DrillReport(drill_id, backup_id, options.target.management_url,
+    report = DrillReport(drill_id, backup_id, without_credentials(options.target.management_url),
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     client = ManagementClient.for_connection(options.target, "target")
     created: list[bool] = []  # non-empty once the vhost PUT was sent

@@ -207,3 +207,10 @@ def test_a_bad_signing_key_file_is_named_before_any_drill(tmp_path):
                "drill": {"signing_key_file": path}}
         p = rbak("drill", "--config", write_config(tmp_path, cfg, "c.yaml"))
         assert p.returncode != 0 and needle in p.stderr and "Ed25519" not in p.stdout, (path, p.stderr)
+
+
+def test_the_report_names_the_target_without_its_credentials():
+    from rbak.drill import without_credentials
+
+    assert without_credentials("http://admin:s3cret@rabbit:15672/api") == "http://rabbit:15672/api"
+    assert without_credentials("https://rabbit:15671") == "https://rabbit:15671"
