@@ -285,11 +285,12 @@ def check_s3(storage: Any, policy: RetentionPolicy | None) -> list[Finding]:
     errs = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
     out: list[Finding] = []
     sent = time.time()
-    try:
-        head = c.head_bucket(Bucket=bucket)
+    try:  # a list, as every rbak run starts with (HeadBucket needs the same s3:ListBucket right)
+        head = c.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
     except errs as e:
-        return [Finding("error", "bucket", f"s3://{bucket}: cannot be reached ({_code(e)})",
-                        "check the bucket name, region/endpoint and credentials (s3:ListBucket on the bucket)")]
+        return [Finding("error", "bucket", f"s3://{bucket}: cannot be listed ({_code(e)})",
+                        f"check the bucket name, region/endpoint and credentials; grant s3:ListBucket on "
+                        f"arn:aws:s3:::{bucket}")]
     out.append(judge_clock(head["ResponseMetadata"].get("HTTPHeaders", {}).get("date"), sent, time.time()))
 
     def read(call, missing: tuple[str, ...], what: str):
@@ -352,7 +353,7 @@ def probe_s3(storage: Any) -> list[Finding]:
         out.append(Finding("error", "rights", f"get s3://{bucket}/{key} returned other bytes than were put",
                            "check for a proxy or gateway rewriting objects"))
     listed = step("s3:ListBucket", "list",
-                  lambda: c.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents", []))
+                  lambda: c.list_objects_v2(Bucket=bucket, Prefix=key.rpartition("/")[0]).get("Contents", []))
     if listed is not None and not any(o["Key"] == key for o in listed):
         out.append(Finding("error", "rights", f"list does not show s3://{bucket}/{key} just put",
                            "rbak finds backups by listing: the storage must list what it holds"))
