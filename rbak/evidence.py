@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -135,13 +135,13 @@ def verify(report: Any, public_key: Ed25519PublicKey | None = None, where: str =
     try:
         payload = base64.b64decode(sig.get("payload") or "", validate=True)
         value = base64.b64decode(sig.get("value") or "", validate=True)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise EvidenceError(f"{where}: signature.payload/value is not base64 ({e})") from None
     stated = sig.get("key_fingerprint")
     if public_key is None:
         try:
             key = serialization.load_pem_public_key(str(sig.get("public_key") or "").encode())
-        except ValueError as e:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as e:
             raise EvidenceError(f"{where}: signature.public_key is not a PEM public key ({e})") from None
         if not isinstance(key, Ed25519PublicKey) or fingerprint(key) != stated:
             raise EvidenceError(f"{where}: signature.public_key does not match signature.key_fingerprint {stated}")
@@ -154,7 +154,10 @@ def verify(report: Any, public_key: Ed25519PublicKey | None = None, where: str =
     except InvalidSignature:
         raise EvidenceError(f"{where}: signature.value does not verify: the signed payload was altered, or "
                             f"key {fingerprint(key)} did not sign it") from None
-    signed = orjson.loads(payload)
+    try:
+        signed = orjson.loads(payload)
+    except orjson.JSONDecodeError as e:
+        raise EvidenceError(f"{where}: signature.payload is not JSON ({e})") from None
     visible = {k: v for k, v in report.items() if k != FIELD}
     diff = first_difference(signed, visible)
     if diff is not None:
