@@ -161,6 +161,10 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
         from .evidence import load_signing_key
 
         signing_key = load_signing_key(cfg.drill.signing_key_file)  # before the drill: a bad key fails fast
+    elif cfg.drill.signing_key_env:
+        from .evidence import signing_key_from_env
+
+        signing_key = signing_key_from_env(cfg.drill.signing_key_env)
     return DrillOptions(target=conn, prefix=cfg.storage.prefix or "",
                         backup_id=backup_id or (cfg.backup_id if cfg.mode != "backup" else None),
                         drill_id=drill_id or "", scratch_prefix=cfg.drill.scratch_vhost_prefix,

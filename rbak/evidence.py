@@ -44,12 +44,27 @@ def load_signing_key(path: str, field: str = "drill.signing_key_file") -> Ed2551
         data = Path(path).read_bytes()
     except OSError as e:
         raise EvidenceError(f"{field}: cannot read {path}: {e.strerror or e}") from None
+    return signing_key_from_pem(data, f"{field}: {path}")
+
+
+def signing_key_from_env(name: str, env: Any = None, field: str = "drill.signing_key_env") -> Ed25519PrivateKey:
+    """The Ed25519 private key whose PEM is in an environment variable (the operator's Secret)."""
+    import os
+
+    data = (os.environ if env is None else env).get(name)
+    if not data:
+        raise EvidenceError(f"{field}: environment variable {name} is not set (or empty)")
+    return signing_key_from_pem(data.encode(), f"{field}: ${name}")
+
+
+def signing_key_from_pem(data: bytes, where: str) -> Ed25519PrivateKey:
+    """An Ed25519 private key from PEM bytes; ``where`` (field and file or variable) starts each error."""
     try:
         key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as e:
-        raise EvidenceError(f"{field}: {path} is not an unencrypted PEM private key ({e})") from None
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise EvidenceError(f"{where} is not an unencrypted PEM private key ({e})") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise EvidenceError(f"{field}: {path} holds a {type(key).__name__.lstrip('_')}, not an Ed25519 key")
+        raise EvidenceError(f"{where} holds a {type(key).__name__.lstrip('_')}, not an Ed25519 key")
     return key
 
 

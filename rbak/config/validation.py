@@ -302,6 +302,8 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", cfg.drill.scratch_vhost_prefix or ""):
         errors.append(f"drill.scratch_vhost_prefix: {cfg.drill.scratch_vhost_prefix!r} must be 1-64 letters, digits, "
                       "'.', '_' or '-', starting with a letter or digit")
+    if cfg.drill.signing_key_file is not None and cfg.drill.signing_key_env is not None:
+        errors.append("drill.signing_key_env: give either it or drill.signing_key_file, not both")
     if cfg.drill.signing_key_file is not None and not Path(cfg.drill.signing_key_file).is_file():
         errors.append(f"drill.signing_key_file: {cfg.drill.signing_key_file!r} is not a readable file")
     if cfg.source is not None:

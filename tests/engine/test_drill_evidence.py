@@ -214,3 +214,32 @@ def test_the_report_names_the_target_without_its_credentials():
 
     assert without_credentials("http://admin:s3cret@rabbit:15672/api") == "http://rabbit:15672/api"
     assert without_credentials("https://rabbit:15671") == "https://rabbit:15671"
+
+
+def test_a_drill_signs_with_a_key_from_an_environment_variable(rmq310, vhost_factory, tmp_path):
+    """How the operator passes the key from a Secret: drill.signing_key_env names the variable."""
+    import os
+
+    import pika
+
+    vhost = vhost_factory(rmq310)
+    rmq310.publish(vhost, "orders", [b"a", b"b", b"c"], properties=pika.BasicProperties(delivery_mode=2),
+                   declare={"x-queue-type": "classic"})
+    store = tmp_path / "store"
+    assert rbak("backup", "--config", write_config(tmp_path, config(rmq310, vhost, store), "b.yaml")).returncode == 0
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    cfg = write_config(tmp_path, config(rmq310, vhost, store, signing_key_env="DRILL_KEY"), "d.yaml")
+    p = subprocess.run([sys.executable, "-m", "rbak", "drill", "--config", cfg, "--json"], capture_output=True,
+                       text=True, timeout=300, check=False, env={**os.environ, "DRILL_KEY": pem})
+    assert p.returncode == 0, p.stderr
+    report_file = store / json.loads(p.stdout)["report_key"]
+    v = rbak("drill", "verify", str(report_file), "--public-key", str(write_public(tmp_path / "pub.pem", key)))
+    assert v.returncode == 0 and f"valid Ed25519 signature by key {fingerprint(key)}" in v.stdout, v.stderr
+    # without the variable: refused before any drill, naming it; both ways at once: a config error
+    p = rbak("drill", "--config", cfg)
+    assert p.returncode != 0 and "drill.signing_key_env: environment variable DRILL_KEY is not set" in p.stderr
+    both = config(rmq310, vhost, store, signing_key_env="DRILL_KEY", signing_key_file=str(tmp_path / "pub.pem"))
+    p = rbak("drill", "--config", write_config(tmp_path, both, "both.yaml"))
+    assert p.returncode == 2 and "drill.signing_key_env: give either it or drill.signing_key_file" in p.stderr
