@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "restore",          # restore
     "prune",            # prune (retention)
     "drill",            # drill (restore drill into a scratch vhost)
+    "doctor",           # doctor (storage settings and rights that can lose or expose backups)
     "definitions",      # definitions-export, definitions-import
     "import_rabbitmq",  # import rabbitmq-dir
     "import_mosquitto", # import mosquitto-db

@@ -19,7 +19,9 @@ compares, per queue, with the backup:
 The scratch vhost is deleted in a ``finally`` (a failure half-way, or SIGTERM
 turned into an exception by the CLI, still removes it). The report is stored
 next to the backup under a new key per drill (``drills/<ts>-<id>.json``), so
-the write-once (Object Lock) mode holds.
+the write-once (Object Lock) mode holds. With ``drill.signing_key_file`` the report is
+signed (Ed25519, ``rbak.evidence``) before it is stored: evidence an auditor can check
+with ``rbak drill verify`` and the public key.
 """
 
 from __future__ import annotations
@@ -93,17 +95,30 @@ class DrillReport:
     scratch_vhost_removed: bool = True
     queues: list[QueueCheck] = field(default_factory=list)
     report_key: str | None = None
+    manifest_sha256: str | None = None  # of manifest.json as stored: which backup exactly was drilled
+    broker_version: str | None = None  # the drill target's RabbitMQ version
+    finished_at: str = ""
+    signature: dict[str, Any] | None = None  # rbak.evidence.sign over the rest (only when a key is configured)
 
     @property
     def failed_queues(self) -> list[QueueCheck]:
         return [q for q in self.queues if not q.passed]
 
     def to_json_obj(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k != "queues"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("queues", "signature")}
         d["duration_secs"] = round(self.duration_secs, 3)
         d["result"] = "Passed" if self.passed else "Failed"
         d["queues"] = [q.to_json_obj() for q in self.queues]
+        if self.signature is not None:
+            d["signature"] = self.signature
         return d
+
+    def sign(self, key: Any) -> None:
+        """Sign the report as it is now (call again after any change: the signature covers every field)."""
+        from .evidence import sign
+
+        self.signature = None
+        self.signature = sign(self.to_json_obj(), key)
 
     def lines(self) -> list[str]:
         out = []
@@ -116,6 +131,8 @@ class DrillReport:
         out.append(f"drill {self.drill_id} of backup {self.backup_id}: {len(self.queues)} queue(s) in scratch vhost "
                    f"{self.scratch_vhost!r} ({'removed' if self.scratch_vhost_removed else 'NOT removed'}), "
                    f"{self.duration_secs:.1f} s: {verdict}")
+        if self.signature is not None:
+            out.append(f"report {self.report_key or '(not stored)'} signed by key {self.signature['key_fingerprint']}")
         return out
 
 
@@ -130,6 +147,7 @@ class DrillOptions:
     produce_batch_size: int = 500
     store_report: bool = True
     keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
+    signing_key: Any = field(default=None, repr=False)  # Ed25519PrivateKey: sign the report
 
 
 def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | None = None) -> DrillOptions:
@@ -138,17 +156,36 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
     if conn is None:
         raise ConfigError("drill.target: required (the config has no source or target either)")
     keys = tuple(sorted(cfg.encryption.keyring().items()))
+    signing_key = None
+    if cfg.drill.signing_key_file:
+        from .evidence import load_signing_key
+
+        signing_key = load_signing_key(cfg.drill.signing_key_file)  # before the drill: a bad key fails fast
+    elif cfg.drill.signing_key_env:
+        from .evidence import signing_key_from_env
+
+        signing_key = signing_key_from_env(cfg.drill.signing_key_env)
     return DrillOptions(target=conn, prefix=cfg.storage.prefix or "",
                         backup_id=backup_id or (cfg.backup_id if cfg.mode != "backup" else None),
                         drill_id=drill_id or "", scratch_prefix=cfg.drill.scratch_vhost_prefix,
                         read_timeout_secs=cfg.drill.read_timeout_secs,
                         produce_batch_size=cfg.restore.produce_batch_size, store_report=cfg.drill.store_report,
-                        keys=keys)
+                        keys=keys, signing_key=signing_key)
 
 
 # --------------------------------------------------------------------------
 # Pure decisions.
 # --------------------------------------------------------------------------
+
+
+def without_credentials(url: str) -> str:
+    """A URL without its ``user:password@`` (the report is stored, and signed, next to the backup)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url or "")
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[1], parts.path, parts.query, parts.fragment))
 
 
 def new_drill_id() -> str:
@@ -286,7 +323,7 @@ def run_drill(storage: Storage, options: DrillOptions,
     t0 = time.monotonic()
     drill_id = options.drill_id or new_drill_id()
     backup_id = choose_backup(storage, options)
-    report = DrillReport(drill_id, backup_id, options.target.management_url,
+    report = DrillReport(drill_id, backup_id, without_credentials(options.target.management_url),
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     client = ManagementClient.for_connection(options.target, "target")
     created: list[bool] = []  # non-empty once the vhost PUT was sent
@@ -296,6 +333,9 @@ def run_drill(storage: Storage, options: DrillOptions,
         from .restore.engine import load_complete_manifest
 
         manifest = load_complete_manifest(storage, ropts)
+        report.manifest_sha256 = hashlib.sha256(storage.get(BackupLayout(backup_id, options.prefix).manifest)
+                                                ).hexdigest()
+        report.broker_version = str(client.overview().get("rabbitmq_version") or "") or None
         sources = {qb.vhost for qb in manifest.queues}
         report.scratch_vhost = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
         _create_scratch(client, report.scratch_vhost, sources, options, lambda: created.append(True))
@@ -317,8 +357,11 @@ def run_drill(storage: Storage, options: DrillOptions,
             _remove_scratch(client, report)  # a 404 (the PUT never landed) counts as removed
         client.close()
         report.duration_secs = time.monotonic() - t0
+        report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if options.store_report:
-        store_drill_report(storage, report, options.prefix)
+        store_drill_report(storage, report, options.prefix, options.signing_key)
+    elif options.signing_key is not None:
+        report.sign(options.signing_key)
     return report
 
 
@@ -389,23 +432,33 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
 # --------------------------------------------------------------------------
 
 
-def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "") -> str | None:
-    """Write the report as a new object next to the backup; a storage failure is logged, not fatal."""
+def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "", signing_key: Any = None
+                       ) -> str | None:
+    """Write the report (signed when a key is given) as a new object next to the backup; a storage
+    failure is logged, not fatal."""
     from .validate import utc_stamp
+
+    def unstored() -> None:
+        report.report_key = None
+        if signing_key is not None:
+            report.sign(signing_key)  # what is printed is signed as it is
 
     layout = BackupLayout(report.backup_id, prefix) if report.backup_id else None
     if layout is None:
+        unstored()
         return None
     key = layout.drill_report(utc_stamp(), report.drill_id)
     report.report_key = key
+    if signing_key is not None:
+        report.sign(signing_key)  # the key it is stored under is part of the evidence
     try:
         if not storage.exists(layout.manifest):
-            report.report_key = None
+            unstored()
             return None  # no such backup: never start a folder for it
         storage.put(key, orjson.dumps(report.to_json_obj(), option=orjson.OPT_INDENT_2))
     except RbakError as e:
         log.warning("could not store the drill report %s: %s", key, e)
-        report.report_key = None
+        unstored()
     return report.report_key
 
 

@@ -103,3 +103,9 @@ class ImportFormatError(RbakError):
     """A broker's on-disk file could not be read; names the file and offset."""
 
     prefix = "Import error"
+
+
+class EvidenceError(RbakError):
+    """A signed drill report that does not verify, or a signing key that cannot be used."""
+
+    prefix = "Drill evidence"

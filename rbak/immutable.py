@@ -2,7 +2,8 @@
 
 With ``storage.object_lock_mode`` every object of a backup is locked for
 ``object_lock_retain_days`` from when it was put; the manifest is put last,
-so its lock is the backup's latest. Retention asks ``retained_until`` first
+so its lock is the backup's latest but for drill reports, put later with their own locks.
+Retention asks ``retained_until`` first
 and leaves a still-locked backup alone (it is deleted by a later pass once
 the lock has expired) instead of trying deletes S3 would refuse or hide
 behind delete markers.
@@ -17,14 +18,17 @@ from .storage.base import Storage
 
 
 def retained_until(storage: Storage, backup_id: str, prefix: str | None = "") -> _dt.datetime | None:
-    """When the last object lock of a backup expires (its manifest's), or None if nothing is locked."""
+    """When the last object lock of a backup expires (its manifest's, or a later drill report's), or
+    None if nothing is locked."""
     layout = BackupLayout(backup_id, prefix)
     until = storage.locked_until(layout.manifest)
     if until is None and not storage.exists(layout.manifest):
         # no manifest (a failed write-once run): the newest lock among its objects
         locks = [storage.locked_until(k) for k in storage.list(layout.root + "/")]
-        until = max((u for u in locks if u is not None), default=None)
-    return until
+        return max((u for u in locks if u is not None), default=None)
+    # drill reports are put after the manifest, each with its own (later) lock
+    locks = [until] + [storage.locked_until(k) for k in storage.list(layout.drills_dir)]
+    return max((u for u in locks if u is not None), default=None)
 
 
 def delete_backup(storage: Storage, backup_id: str, prefix: str | None = "",

@@ -28,6 +28,8 @@ log = logging.getLogger("rbak_operator")
 FIELD = "spec.verify.restoreDrill"
 TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill now
 KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
+SIGNING_KEY_ENV = "RBAK_DRILL_SIGNING_KEY"  # drill.signing_key_env of the Job's config
+SIGNING_KEY_KEY = "signing.pem"  # default key in spec.verify.restoreDrill.signingKeySecretRef
 
 
 # --------------------------------------------------------------------------
@@ -72,6 +74,12 @@ def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
         drill["read_timeout_secs"] = float(d["readTimeoutSeconds"])
     cfg = {"mode": "drill", "backup_id": backup_id, "storage": storage, "drill": drill}
     env3 = rbakconfig.encryption_env(spec.get("encryption"))
+    ref = d.get("signingKeySecretRef")
+    if ref is not None:  # the key's PEM from a Secret (no RBAC: the kubelet fills the env var)
+        if not ref.get("name"):
+            raise RbakError(f"{FIELD}.signingKeySecretRef.name: required")
+        drill["signing_key_env"] = SIGNING_KEY_ENV
+        env3 = env3 + [rbakconfig.SecretEnv(SIGNING_KEY_ENV, ref["name"], ref.get("key") or SIGNING_KEY_KEY)]
     seen: dict[str, rbakconfig.SecretEnv] = {}
     for e in env1 + env2 + env3:
         seen.setdefault(e.env, e)
@@ -110,10 +118,24 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
                    scratchVhost=report.get("scratch_vhost"), queues=len(queues),
                    failedQueues=[f"{q.get('vhost')}/{q.get('queue')}" for q in queues if not q.get("passed")][:20],
                    messages=sum(int(q.get("actual_count") or 0) for q in queues))
+        if report.get("signature") is not None:
+            out.update(evidence_status(report))
         return out
     out.update(result="Failed", reason=state.reason or "DrillJobFailed",
                message=(state.message or "the drill Job ended without storing a report")[:1000])
     return out
+
+
+def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
+    """``signer`` (the key fingerprint) of a signed report that verifies against its embedded key; a
+    signed report that does not verify fails the drill (its evidence was changed after signing)."""
+    from rbak.errors import EvidenceError
+    from rbak.evidence import verify
+
+    try:
+        return {"signer": verify(report, where="drill report").fingerprint}
+    except EvidenceError as e:
+        return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000]}
 
 
 # --------------------------------------------------------------------------

@@ -5,6 +5,10 @@ the config's ``source`` (the cluster that was backed up), else its ``target``.
 Without ``--backup-id`` the newest complete backup is drilled. The source
 vhosts are never touched; the scratch vhost is deleted also when the drill
 fails half-way or gets SIGTERM. Exit 0 only when every queue matched.
+
+``rbak drill verify REPORT`` checks a signed report (``drill.signing_key_file``): its Ed25519
+signature, and that every field it shows is the signed one. REPORT is a file, or the report's
+storage URL (``s3://bucket/prefix/<backup>/drills/<name>.json?endpoint=...``, ``file:///...``).
 """
 
 from __future__ import annotations
@@ -26,12 +30,26 @@ class Terminated(RbakError):
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
     p = sub.add_parser("drill", help="restore drill: restore into a scratch vhost, compare, delete it",
                        description=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--config", "-c", required=True, help="YAML config file (storage, and drill.target or source)")
+    p.add_argument("--config", "-c", help="YAML config file (storage, and drill.target or source); required "
+                                           "to run a drill")
     p.add_argument("--backup-id", help="backup to drill (default: the newest complete one)")
     p.add_argument("--drill-id", help="id of this drill (letters, digits, '.', '_', '-'; default random): "
                                       "in the scratch vhost's name and the report's key")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run)
+    vsub = p.add_subparsers(dest="drill_action", metavar="ACTION", required=False)
+    v = vsub.add_parser("verify", help="check a signed drill report and print what it proves",
+                        description="Check a signed drill report: its Ed25519 signature, and that each field it "
+                                    "shows is the one signed. Exit 0 only when both hold (and the key matches "
+                                    "--public-key when given); a changed field is named.")
+    v.add_argument("report", metavar="REPORT",
+                   help="the report: a file, or its storage URL (s3://bucket/prefix/<backup>/drills/<name>.json"
+                        "?endpoint=..., file:///...)")
+    v.add_argument("--public-key", metavar="FILE",
+                   help="PEM public key of the signer (without it only the key embedded in the report is used: "
+                        "integrity, not who signed)")
+    v.add_argument("--json", action="store_true", help="print the verified report and the signer as JSON")
+    v.set_defaults(handler=verify)
 
 
 def _raise_on_sigterm(signum: int, _frame: Any) -> None:
@@ -44,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from ..drill import options_from_config, run_drill
     from ..keys import check_backup_id
 
+    if not args.config:
+        from ..errors import ConfigError
+
+        raise ConfigError("rbak drill: --config is required to run a drill (or: rbak drill verify REPORT)")
     cfg = load_config(args.config)
     if args.drill_id:
         check_backup_id(args.drill_id, "--drill-id")
@@ -66,3 +88,48 @@ def run(args: argparse.Namespace) -> int:
         return 1
     return 0
 
+
+
+def read_report(where: str) -> bytes:
+    """The bytes of a report given as a file path or a storage URL of the object."""
+    from ..errors import EvidenceError, StorageError
+
+    if "://" not in where:
+        try:
+            with open(where, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise EvidenceError(f"REPORT {where}: {e.strerror or e}") from None
+    from urllib.parse import urlsplit, urlunsplit
+
+    from ..storage.url import open_storage
+
+    parts = urlsplit(where)
+    folder, _, name = parts.path.rstrip("/").rpartition("/")
+    if not name:
+        raise StorageError(f"REPORT {where!r}: no object name in the URL")
+    storage = open_storage(urlunsplit((parts.scheme, parts.netloc, folder or "/", parts.query, "")))
+    return storage.get(name)
+
+
+def verify(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..errors import EvidenceError
+    from ..evidence import load_public_key
+    from ..evidence import verify as check
+
+    data = read_report(args.report)
+    try:
+        report = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise EvidenceError(f"{args.report}: not JSON ({e})") from None
+    key = load_public_key(args.public_key) if args.public_key else None
+    ok = check(report, key, where=args.report)
+    if args.json:
+        print(json.dumps({"verified": True, "signer": ok.fingerprint, "authenticated": ok.authenticated,
+                          "report": ok.report}, indent=2))
+    else:
+        for line in ok.lines():
+            print(line)
+    return 0

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from ..catalog import list_backups
 from ..errors import ConfigError, RbakError
-from ..immutable import delete_backup
+from ..immutable import delete_backup, retained_until
 from ..retention import RetentionPolicy, parse_duration, plan_retention, stored_backups
 from ..storage import open_storage
 
@@ -38,29 +38,36 @@ def cmd_prune(args: argparse.Namespace) -> int:
     entries = list_backups(storage, args.prefix)
     plan = plan_retention(stored_backups(entries), policy, datetime.now(timezone.utc))
     deleted, failed, locked = [], [], {}
-    if not args.dry_run:
-        for bid in plan.delete:
-            try:
-                until = delete_backup(storage, bid, args.prefix)
-            except RbakError as e:
-                failed.append(f"{bid}: {e}")
-                continue
-            if until is None:
-                deleted.append(bid)
-            else:  # S3 Object Lock: kept until the lock expires; a later prune deletes it
-                locked[bid] = until.isoformat()
+    now = datetime.now(timezone.utc)
+    for bid in plan.delete:
+        try:
+            # a dry run asks the locks too: an object-locked backup is listed as retained, not deleted
+            until = retained_until(storage, bid, args.prefix) if args.dry_run else delete_backup(
+                storage, bid, args.prefix)
+        except RbakError as e:
+            failed.append(f"{bid}: {e}")
+            continue
+        if until is not None and until > now:  # S3 Object Lock: kept until the lock expires
+            locked[bid] = until.isoformat()
+        elif not args.dry_run:
+            deleted.append(bid)
     if args.format == "json":
         print(json.dumps({"dry_run": args.dry_run, "keep": plan.keep, "delete": plan.delete, "deleted": deleted,
-                          "locked_until": locked, "failed": failed, "verdicts": [{"backup_id": v.backup_id, "keep": v.keep,
-                                                          "reasons": v.reasons} for v in plan.verdicts]}, indent=2))
+                          "retained_until": locked, "locked_until": locked, "failed": failed,
+                          "verdicts": [{"backup_id": v.backup_id, "keep": v.keep, "reasons": v.reasons,
+                                        **({"retained_until": locked[v.backup_id]} if v.backup_id in locked else {})}
+                                       for v in plan.verdicts]}, indent=2))
     else:
-        for line in plan.lines():
-            print(line)
+        for v in plan.verdicts:
+            if v.backup_id in locked:
+                print(f"retain {v.backup_id}: retained until {locked[v.backup_id]} (S3 Object Lock; a later prune "
+                      f"deletes it); {'; '.join(v.reasons)}")
+            else:
+                print(f"{'keep  ' if v.keep else 'delete'} {v.backup_id}: {'; '.join(v.reasons)}")
         verb = "would delete" if args.dry_run else "deleted"
-        n = len(plan.delete) if args.dry_run else len(deleted)
-        for bid, until in locked.items():
-            print(f"{bid}: object-locked until {until}; a later prune deletes it")
-        print(f"{verb} {n} backup(s), kept {len(plan.keep)}")
+        n = len([b for b in plan.delete if b not in locked]) - len(failed) if args.dry_run else len(deleted)
+        print(f"{verb} {n} backup(s), kept {len(plan.keep)}"
+              + (f", {len(locked)} retained by Object Lock" if locked else ""))
     for f in failed:
         print(f"rbak: cannot delete {f}", file=sys.stderr)
     return 1 if failed else 0

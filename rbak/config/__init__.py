@@ -399,6 +399,12 @@ class DrillConfig(_Section):
                                          "without a delivery.", min=0.1, max=3600)
     store_report: bool = doc_field(True, "Store the report next to the backup (`drills/<time>-<id>.json`, "
                                    "a new object per drill).")
+    signing_key_file: Optional[str] = doc_field(None, "Ed25519 private key (PEM, PKCS#8, unencrypted) that signs "
+                                                "each drill report; check one with `rbak drill verify REPORT "
+                                                "--public-key PUB.pem`.")
+    signing_key_env: Optional[str] = doc_field(None, "Name of an environment variable holding that key's PEM "
+                                               "instead (how the operator passes it from a Secret); not with "
+                                               "`signing_key_file`.")
 
 
 @dataclass(repr=False)

@@ -9,8 +9,8 @@ import os
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, Union
-
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
@@ -302,6 +302,10 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", cfg.drill.scratch_vhost_prefix or ""):
         errors.append(f"drill.scratch_vhost_prefix: {cfg.drill.scratch_vhost_prefix!r} must be 1-64 letters, digits, "
                       "'.', '_' or '-', starting with a letter or digit")
+    if cfg.drill.signing_key_file is not None and cfg.drill.signing_key_env is not None:
+        errors.append("drill.signing_key_env: give either it or drill.signing_key_file, not both")
+    if cfg.drill.signing_key_file is not None and not Path(cfg.drill.signing_key_file).is_file():
+        errors.append(f"drill.signing_key_file: {cfg.drill.signing_key_file!r} is not a readable file")
     if cfg.source is not None:
         _check_connection(cfg.source, "source", errors)
     if cfg.target is not None:

@@ -102,6 +102,15 @@ class S3Storage(Storage):
             multipart_threshold=multipart_threshold, multipart_chunksize=MULTIPART_CHUNK, use_threads=True
         )
 
+    @property
+    def client(self):
+        """The boto3 S3 client (``rbak doctor`` reads the bucket's settings with it)."""
+        return self._client
+
+    def full_key(self, key: str) -> str:
+        """The object key in the bucket (the storage prefix included)."""
+        return self._k(key)
+
     def _k(self, key: str) -> str:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key

@@ -17,6 +17,7 @@ from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, U
 
 from rbak.config import Config
 from rbak.drill import options_from_config
+from rbak.errors import RbakError
 
 DRILL_TARGET = {"amqpUrl": "amqp://staging.example.com:5672/%2f", "managementUrl": "http://staging.example.com:15672",
                 "credentialsSecretRef": {"name": "staging-admin"}}
@@ -51,6 +52,38 @@ def test_drill_job_is_valid_kubernetes_and_its_config_loads(spec):
     opts = options_from_config(loaded, drill_id=run)
     assert opts.backup_id == "nightly-20261122-2300" and opts.drill_id == run
     assert "management_password: ${RBAK_BROKER_PASSWORD}" in cm["data"]["config.yaml"]  # a reference, no secret
+
+
+def test_a_signing_key_secret_reaches_the_drill_as_an_env_var_the_config_names(monkeypatch):
+    """spec.verify.restoreDrill.signingKeySecretRef (the CRD has yet to declare it) -> the Secret's PEM as
+    RBAK_DRILL_SIGNING_KEY (a secretKeyRef, no RBAC), and drill.signing_key_env names it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rbak.evidence import fingerprint
+
+    spec = _with_drill(URL_SPEC, signingKeySecretRef={"name": "drill-signing"})
+    cfg, env = drill.drill_config(spec, "prod", "b1")
+    run = drill.drill_run_name("nightly", SLOT)
+    job = drill.drill_job(_owner(spec), run, "b1", env, SLOT)
+    kubernetes_validate.validate(job, K8S, strict=True)
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+            if "valueFrom" in e}
+    assert refs["RBAK_DRILL_SIGNING_KEY"] == {"name": "drill-signing", "key": "signing.pem"}
+    cm = bodies.configmap_body(run, "prod", _owner(spec), cfg, drill.drill_labels("nightly"))
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    loaded = Config.from_dict(yaml.safe_load(cm["data"]["config.yaml"]), env=SECRET_ENV)
+    assert loaded.drill.signing_key_env == "RBAK_DRILL_SIGNING_KEY" and "PRIVATE KEY" not in cm["data"]["config.yaml"]
+    monkeypatch.setenv("RBAK_DRILL_SIGNING_KEY", pem)  # as the kubelet fills it
+    opts = options_from_config(loaded, drill_id=run)
+    monkeypatch.delenv("RBAK_DRILL_SIGNING_KEY")
+    assert fingerprint(opts.signing_key.public_key()) == fingerprint(key.public_key())
+    with pytest.raises(RbakError, match="drill.signing_key_env: environment variable RBAK_DRILL_SIGNING_KEY is not"):
+        options_from_config(loaded, drill_id=run)
+    with pytest.raises(RbakError, match=r"spec.verify.restoreDrill.signingKeySecretRef.name: required"):
+        drill.drill_config(_with_drill(URL_SPEC, signingKeySecretRef={}), "prod", "b1")
 
 
 def test_drill_target_defaults_to_the_backed_up_broker_and_can_be_another():
@@ -89,6 +122,23 @@ def test_result_from_the_stored_report():
            "queues": [{"vhost": "/", "queue": "q", "passed": False, "actual_count": 4}]}
     r = drill.drill_result(_state("Failed"), bad, "b1", "nightly-drill-1")
     assert r["result"] == "Failed" and "queue 'q'" in r["message"] and r["failedQueues"] == ["//q"]
+
+
+def test_a_signed_report_shows_its_signer_and_a_changed_one_fails_the_drill():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rbak.evidence import fingerprint, sign
+
+    key = Ed25519PrivateKey.generate()
+    report = {"passed": True, "scratch_vhost": "rbak-drill-b1-x", "backup_id": "b1",
+              "queues": [{"vhost": "/", "queue": "q", "passed": True, "actual_count": 5}]}
+    report["signature"] = sign(report, key)
+    r = drill.drill_result(_state("Succeeded"), report, "b1", "nightly-drill-1")
+    assert (r["result"], r["signer"]) == ("Passed", fingerprint(key.public_key()))
+    report["queues"][0]["actual_count"] = 6
+    r = drill.drill_result(_state("Succeeded"), report, "b1", "nightly-drill-1")
+    assert (r["result"], r["reason"]) == ("Failed", "DrillEvidenceInvalid") and "signer" not in r
+    assert "field queues[0].actual_count was changed after signing: signed 5, the report shows 6" in r["message"]
 
 
 def test_result_without_a_report_names_the_jobs_cause():
