@@ -33,9 +33,9 @@ import pika.exceptions
 from .. import __version__
 from ..config import Config
 from ..crypto import codec_for, writer_codec
-from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
+from ..errors import PARTIAL_EXIT_CODE, AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
-from ..format.manifest import BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
+from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
@@ -46,7 +46,7 @@ from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped
-from .queue_backup import backup_queue, clear_previous
+from .queue_backup import ShortRead, backup_queue, clear_previous
 from . import reader_process
 from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
@@ -61,6 +61,13 @@ class BackupError(RbakError):
     """Some queues failed; the manifest stays incomplete so a rerun resumes them."""
 
     prefix = "Backup error"
+
+
+class PartialBackupError(BackupError):
+    """The run completed and wrote its manifest, but some queue is not (fully) in it: a distinct exit code."""
+
+    prefix = "Backup partial"
+    exit_code = PARTIAL_EXIT_CODE
 
 
 Progress = Callable[..., None]
@@ -193,8 +200,10 @@ class BackupEngine(StreamBackup):
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
                 manifest.queues = sorted(results, key=lambda qb: (qb.vhost, qb.name))
                 manifest.recompute_totals()
-                manifest.queue_status = [QueueStatus(q.vhost, q.name, q.status, q.error or "")
-                                         for q in summary.queues if q.status in ("refused", "failed")]
+                manifest.queue_status = [
+                    QueueStatus(q.vhost, q.name, q.status, q.error or "", q.expected if q.status == "partial" else None,
+                                q.messages if q.status == "partial" else None)
+                    for q in summary.queues if q.status in PARTIAL_STATUSES]
                 manifest.queue_status += [QueueStatus(vhost, name, "skipped", reason)
                                           for vhost, name, reason in self.skipped]
                 manifest.queue_status.sort(key=lambda x: (x.vhost, x.name))
@@ -210,9 +219,10 @@ class BackupEngine(StreamBackup):
                     summary.partial = True
                     summary.duration_secs = time.monotonic() - t0
                     lines = "\n  - ".join(f"{q.vhost}/{q.name} ({q.status}): {q.error}" for q in failed)
-                    err = BackupError(f"{len(failed)} of {len(summary.queues)} queue(s) failed or were refused; backup "
-                                      f"{cfg.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same "
-                                      f"backup_id to retry them):\n  - {lines}")
+                    err = PartialBackupError(
+                        f"{len(failed)} of {len(summary.queues)} queue(s) failed, were refused or read short; backup "
+                        f"{cfg.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same backup_id to retry "
+                        f"them):\n  - {lines}")
                     err.summary = summary  # type: ignore[attr-defined]
                     raise err
             finally:
@@ -342,7 +352,13 @@ class BackupEngine(StreamBackup):
                         qb, resumed = fut.result()
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
-                        qs.status = "resumed" if resumed else "done"
+                        qs.status, qs.expected = "resumed" if resumed else "done", qb.expected_messages
+                    except ShortRead as e:  # what was read is kept; the queue is partial, never complete
+                        qb = e.backup
+                        results.append(qb)
+                        qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
+                        qs.status, qs.error, qs.expected = "partial", e.reason, qb.expected_messages
+                        metrics.errors().labels(error_type="partial").inc()
                     except QueueSkipped as e:
                         qs.status, qs.error = "skipped", str(e)
                         self._skip(q.vhost, q.name, str(e).split(": ", 2)[-1])
@@ -399,7 +415,8 @@ class BackupEngine(StreamBackup):
                    version: str | None) -> tuple[QueueBackup, bool]:
         prog = self._kept_progress(ckpt, q)
         if prog is not None and prog.completed:
-            qb = QueueBackup(q.vhost, q.name, prog.queue_type)
+            qb = QueueBackup(q.vhost, q.name, prog.queue_type,
+                             expected_messages=prog.target_count if prog.queue_type != "stream" else None)
             for s in prog.segments:
                 qb.add_segment(s)
             if prog.queue_type == "stream":
