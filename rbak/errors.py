@@ -110,3 +110,10 @@ class ImportFormatError(RbakError):
     """A broker's on-disk file could not be read; names the file and offset."""
 
     prefix = "Import error"
+
+
+class BackupLeaseError(RbakError):
+    """Another backup of the same source (vhost) holds its lease; nothing was written."""
+
+    prefix = "Backup lease"
+    exit_code = LEASE_EXIT_CODE

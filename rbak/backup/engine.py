@@ -45,7 +45,9 @@ from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
-from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped
+from .lease import LEASE_QUEUE, Lease
+from .lease import acquire as acquire_lease
+from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped, check_read_permissions
 from .queue_backup import ShortRead, backup_queue, clear_previous
 from . import reader_process
 from .queue_reader import DeliveryLimitError
@@ -168,10 +170,14 @@ class BackupEngine(StreamBackup):
     def run(self) -> BackupSummary:
         cfg, layout, storage = self.cfg, self.layout, self.storage
         t0 = time.monotonic()
-        created_at = self._check_existing()
         client = ManagementClient.for_connection(cfg.source, "source")
+        lease: Lease | None = None
         try:
-            ov = client.overview()
+            # nothing is written (or deleted) before the source has answered on every port with these
+            # credentials, every vhost exists, and this run holds the lease on every vhost it reads
+            ov, queues, lease = self._preflight(client)
+            created_at = self._check_existing()
+            log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, storage.url)
             cluster = ov.get("cluster_name") or ov.get("node") or cfg.source.host
             version = ov.get("rabbitmq_version")
             summary = BackupSummary(cfg.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
@@ -189,7 +195,6 @@ class BackupEngine(StreamBackup):
                 if self._fresh:
                     ckpt.reset_all()
                 self._seed_checkpoint(ckpt, cluster)
-                queues = self._select_queues(client)
                 streams = {(q.vhost, q.name) for q in queues if q.queue_type == "stream"}
                 if streams and cfg.backup.stream_incremental:
                     self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id, streams)
@@ -228,9 +233,35 @@ class BackupEngine(StreamBackup):
             finally:
                 ckpt.close()
         finally:
+            if lease is not None:
+                lease.release()  # after the manifest: a next backup of this source may start now
             client.close()
         summary.duration_secs = time.monotonic() - t0
         return summary
+
+    def _preflight(self, client: ManagementClient) -> tuple[dict[str, Any], list[QueueInfo], Lease | None]:
+        """Checks that touch nothing: the management API (URL, credentials), that every named vhost
+        exists, the queue selection, the user's read permission where the API tells it, then the lease
+        (whose AMQP connections prove the port, credentials and vhost access). Errors are one line."""
+        cfg, sel = self.cfg, self.cfg.source.queues
+        ov = client.overview()
+        known = client.vhosts()
+        missing = [v for v in sel.vhosts if v not in known]
+        if missing:
+            raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
+                              f"{cfg.source.management_url} (vhosts user {cfg.source.mgmt_username!r} can see: "
+                              f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
+        queues = self._select_queues(client)
+        vhosts = sorted({q.vhost for q in queues} | set(sel.vhosts))
+        if not vhosts:  # nothing selected: still prove the AMQP side of the configuration
+            url_vhost = cfg.source.url_vhost
+            vhosts = [url_vhost] if url_vhost in known else []
+        check_read_permissions(client, cfg.source.username, queues)
+        if not cfg.backup.lease:
+            for v in vhosts:  # no lease: the AMQP port, credentials and vhost access are still proven
+                connect(cfg.source, v).close()
+            return ov, queues, None
+        return ov, queues, acquire_lease(cfg, client, vhosts, lambda v, name: connect(cfg.source, v, name=name))
 
     # ------------------------------------------------------------------
     def _keyring(self) -> dict[str, bytes]:
@@ -315,6 +346,8 @@ class BackupEngine(StreamBackup):
             infos = client.queues()
         out = []
         for q in infos:
+            if q.name == LEASE_QUEUE:  # a backup's lease (this run's or another's), never data
+                continue
             if not sel.matches(q.vhost, q.name, q.queue_type):
                 continue
             if q.queue_type == "stream" and not self.cfg.backup.stream_enabled:

@@ -99,7 +99,6 @@ def run(args) -> int:
 
     cfg = build_config(args)
     server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None
-    log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, cfg.storage.storage_url())
     try:
         storage = cfg.storage.open()
         with progress.cli_session("backup", cfg.backup_id, args, storage=storage, prefix=cfg.storage.prefix) as ps:

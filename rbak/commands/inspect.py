@@ -60,8 +60,21 @@ def _console():
     return Console(highlight=False, soft_wrap=True)
 
 
+def _existing_storage(path: str):
+    """The storage at ``--path``; a directory that does not exist is an error, never "no backups"
+    (a typo must not look like an empty storage)."""
+    from ..errors import NotFoundError
+    from ..storage.fs import FilesystemStorage
+
+    st = open_storage(path)
+    if isinstance(st, FilesystemStorage) and not st.root.is_dir():
+        what = "is not a directory" if st.root.exists() else "does not exist"
+        raise NotFoundError(f"--path: {path!r} {what} ({st.root})")
+    return st
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    entries = list_backups(open_storage(args.path), args.prefix)
+    entries = list_backups(_existing_storage(args.path), args.prefix)
     if args.format == "json":
         out = []
         for e in entries:
@@ -154,7 +167,7 @@ def describe_obj(m: BackupManifest) -> dict:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    m = load_manifest(open_storage(args.path), args.backup_id, args.prefix)
+    m = load_manifest(_existing_storage(args.path), args.backup_id, args.prefix)
     obj = describe_obj(m)
     if args.format == "json":
         print(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -201,7 +214,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .. import progress
 
-    storage = open_storage(args.path)
+    storage = _existing_storage(args.path)
     m = load_manifest(storage, args.backup_id, args.prefix)
     with progress.cli_session("validate", args.backup_id, args, storage=storage, prefix=args.prefix,
                               display=args.format == "text") as ps:
