@@ -47,7 +47,7 @@ from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .lease import LEASE_QUEUE, Lease
 from .lease import acquire as acquire_lease
-from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped, check_read_permissions
+from .preflight import PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, QueueRefused, QueueSkipped, check_read_permissions
 from .queue_backup import ShortRead, backup_queue, clear_previous
 from . import reader_process
 from .queue_reader import DeliveryLimitError
@@ -261,7 +261,15 @@ class BackupEngine(StreamBackup):
             for v in vhosts:  # no lease: the AMQP port, credentials and vhost access are still proven
                 connect(cfg.source, v).close()
             return ov, queues, None
-        return ov, queues, acquire_lease(cfg, client, vhosts, lambda v, name: connect(cfg.source, v, name=name))
+        lease = acquire_lease(cfg, client, vhosts, lambda v, name: connect(cfg.source, v, name=name))
+        if lease.waited:  # the other backup ran meanwhile: what the source holds now
+            try:
+                self.skipped.clear()
+                queues = self._select_queues(client)
+            except BaseException:
+                lease.release()
+                raise
+        return ov, queues, lease
 
     # ------------------------------------------------------------------
     def _keyring(self) -> dict[str, bytes]:
@@ -346,7 +354,7 @@ class BackupEngine(StreamBackup):
             infos = client.queues()
         out = []
         for q in infos:
-            if q.name == LEASE_QUEUE:  # a backup's lease (this run's or another's), never data
+            if q.name == LEASE_QUEUE or q.name.startswith(PROBE_QUEUE_PREFIX):  # rbak's own, never data
                 continue
             if not sel.matches(q.vhost, q.name, q.queue_type):
                 continue

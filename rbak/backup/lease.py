@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 LEASE_QUEUE = "rbak.lease"
 """Reserved: the exclusive queue that is a backup's lease on a vhost (never backed up)."""
 POLL_SECS = 1.0
+HOLDER_WAIT_SECS = 5.0  # how long the management API may take to report the lease's owner
 
 
 def holder_name(backup_id: str) -> str:
@@ -52,6 +53,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: list[str] = []
+        self.waited = False  # another backup held a lease first
 
     def start(self) -> None:
         if self.connections and self._thread is None:
@@ -99,9 +101,12 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
             lease.connections[vhost] = conn
             waited = False
             while True:
-                holder = _declare(conn, vhost, client, cfg)
-                if holder is None:
+                held, holder = _declare(conn, vhost, client, cfg)
+                if not held:
                     break
+                lease.waited = True
+                if holder is None:
+                    continue  # released while we asked who held it
                 if time.monotonic() >= deadline:
                     how = f" (waited {cfg.backup.lease_wait_secs:g}s, backup.lease_wait_secs)" if waited else ""
                     raise BackupLeaseError(
@@ -120,17 +125,19 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
     return lease
 
 
-def _declare(conn: pika.BlockingConnection, vhost: str, client: ManagementClient, cfg: Config) -> str | None:
-    """Declare the lease queue: None when this connection now owns it, else who holds it."""
+def _declare(conn: pika.BlockingConnection, vhost: str, client: ManagementClient,
+             cfg: Config) -> tuple[bool, str | None]:
+    """Declare the lease queue: (False, None) when this connection now owns it, else (True, who
+    holds it, or None when it went meanwhile)."""
     ch = conn.channel()
     try:
         ch.queue_declare(LEASE_QUEUE, exclusive=True, durable=False, auto_delete=False,
                          arguments={"x-queue-type": "classic"})
         ch.close()
-        return None
+        return False, None
     except pika.exceptions.ChannelClosedByBroker as e:
         if e.reply_code == 405:
-            return _holder(client, vhost)
+            return True, _holder(client, vhost)
         if e.reply_code == 403:
             raise ConfigError(
                 f"backup.lease: user {cfg.source.username!r} may not declare the lease queue {LEASE_QUEUE!r} in "
@@ -142,17 +149,26 @@ def _declare(conn: pika.BlockingConnection, vhost: str, client: ManagementClient
                           f"{e.reply_code} {e.reply_text}") from None
 
 
-def _holder(client: ManagementClient, vhost: str) -> str:
-    """The holder's connection name, as the management API reports the lease queue's owner."""
-    try:
-        info = client.request("GET", f"queues/{q(vhost)}/{q(LEASE_QUEUE)}") or {}
-        owner = (info.get("owner_pid_details") or {}).get("name")
-        if not owner:
-            return "another connection"
-        conn = client.request("GET", f"connections/{q(owner)}") or {}
-        props = conn.get("client_properties") or {}
-        named = props.get("connection_name") or conn.get("user_provided_name")
-        return f"{named!r} (connection {owner}, user {conn.get('user', '?')!r})" if named else f"connection {owner}"
-    except ManagementApiError as e:
-        log.debug("vhost %r: cannot name the lease holder: %s", vhost, e)
-        return "another connection"
+def _holder(client: ManagementClient, vhost: str, wait_secs: float = HOLDER_WAIT_SECS,
+            sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """The holder's connection name, as the management API reports the lease queue's owner
+    (its ``owner_pid_details`` appear a statistics interval after the declare: waited for, bounded);
+    None when the lease queue is gone meanwhile."""
+    deadline = time.monotonic() + wait_secs
+    while True:
+        try:
+            info = client.request("GET", f"queues/{q(vhost)}/{q(LEASE_QUEUE)}") or {}
+            owner = (info.get("owner_pid_details") or {}).get("name")
+            if owner:
+                conn = client.request("GET", f"connections/{q(owner)}") or {}
+                props = conn.get("client_properties") or {}
+                named = props.get("connection_name") or conn.get("user_provided_name")
+                if named:
+                    return f"{named!r} (connection {owner}, user {conn.get('user', '?')!r})"
+        except ManagementApiError as e:
+            if e.status == 404 and "connections/" not in str(e):
+                return None  # the lease queue is gone: its holder has finished (declare again)
+            log.debug("vhost %r: cannot name the lease holder yet: %s", vhost, e)
+        if time.monotonic() >= deadline:
+            return "another connection (the management API does not name it)"
+        sleep(0.5)
