@@ -297,8 +297,9 @@ class BackupOptions(_Section):
                             "manifest is: the exclusive queue `rbak.lease` (reserved, never backed up), declared on a "
                             "connection named after the backup, so a second backup of the same vhost waits or is refused "
                             "naming the holder (exit code 4), across processes and pods; it ends with the connection, so a "
-                            "crashed backup frees it. Needs configure permission on `rbak.lease`; `false` runs without "
-                            "(overlapping backups then read short and are recorded as partial).")
+                            "crashed backup frees it. Needs configure permission on `rbak.lease`; `false` runs without: "
+                            "overlapping backups then miss what the other holds (a read cut short is recorded as partial, "
+                            "but messages the other already held when a read started are not in its expected count).")
     lease_wait_secs: float = doc_field(0.0, "How long a backup waits for another backup's lease on the same vhost before it "
                                        "gives up (0: refuse at once).", min=0)
 
