@@ -128,3 +128,17 @@ def test_cli_exit_code_3_and_json_summary_for_a_partial_backup(broker, vhost, tm
     d = json.loads(_cli("describe", "--path", "store", "--backup-id", "p-3", "--format", "json", cwd=tmp_path).stdout)
     assert d["status"] == "partial" and [x["name"] for x in d["queue_status"]] == ["secret-q"]
     assert broker.message_count(vhost, "secret-q") == 3 and broker.message_count(vhost, "ok-q") == 5
+
+
+def test_a_short_read_crosses_from_a_reader_process():
+    """Reader processes send failures back pickled: a short read keeps its segments and reason."""
+    import pickle
+
+    from rbak.backup.queue_backup import ShortRead
+    from rbak.format.manifest import QueueBackup, SegmentMetadata
+
+    qb = QueueBackup("/", "q", "classic", expected_messages=9)
+    qb.add_segment(SegmentMetadata("k", 1, 7, 10, 20, 1, 2, "c"))
+    e = pickle.loads(pickle.dumps(ShortRead(qb, "read 7 of the 9 messages")))
+    assert (e.backup.message_count, e.backup.expected_messages, e.reason) == (7, 9, "read 7 of the 9 messages")
+    assert str(e) == "Partial: queue 'q' in vhost '/': read 7 of the 9 messages"
