@@ -116,3 +116,20 @@ def test_list_of_a_missing_path_is_an_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "rbak", "list", "--path", str(tmp_path / "empty")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "no backups" in r.stdout
+
+
+def test_wrong_management_password_or_port_writes_nothing(broker, vhost, tmp_path):
+    _seed(broker, vhost)
+    cfg = json.loads(_config(tmp_path, broker.amqp_url(vhost), broker.management_url, [vhost]).read_text())
+    cfg["source"]["management_password"] = "wrong-mgmt-pw"
+    (tmp_path / "backup.yaml").write_text(json.dumps(cfg))
+    r = _backup(tmp_path / "backup.yaml")
+    line = _one_line(r)
+    assert r.returncode == 1 and "401 Unauthorized for user 'guest'" in line and "wrong-mgmt-pw" not in line, line
+    _nothing_stored(tmp_path)
+    cfg["source"].update(management_password="guest", management_url=f"http://{broker.host}:1")
+    (tmp_path / "backup.yaml").write_text(json.dumps(cfg))
+    r = _backup(tmp_path / "backup.yaml")
+    line = _one_line(r)
+    assert r.returncode == 1 and f"{broker.host}:1/api/overview" in line and "Connection refused" in line, line
+    _nothing_stored(tmp_path)
