@@ -34,7 +34,9 @@ def ssl_context(conn: ConnectionConfig) -> ssl.SSLContext:
     return ctx
 
 
-def connection_parameters(conn: ConnectionConfig, vhost: str, role: str = "source") -> pika.ConnectionParameters:
+def connection_parameters(conn: ConnectionConfig, vhost: str, role: str = "source",
+                          name: str | None = None) -> pika.ConnectionParameters:
+    """``name``: the ``connection_name`` the broker shows (default ``rbak-backup VHOST`` / ``rbak-restore VHOST``)."""
     kw = {}
     if conn.use_tls:
         try:
@@ -52,16 +54,17 @@ def connection_parameters(conn: ConnectionConfig, vhost: str, role: str = "sourc
         connection_attempts=1,
         socket_timeout=conn.connection_timeout_secs,
         stack_timeout=conn.connection_timeout_secs + 5,
-        client_properties={"connection_name": f"rbak-{CONNECTION_NAMES.get(role, role)} {vhost}", "product": "rbak"},
+        client_properties={"connection_name": name or f"rbak-{CONNECTION_NAMES.get(role, role)} {vhost}",
+                           "product": "rbak"},
         **kw,
     )
 
 
-def connect(conn: ConnectionConfig, vhost: str, role: str = "source") -> pika.BlockingConnection:
+def connect(conn: ConnectionConfig, vhost: str, role: str = "source", name: str | None = None) -> pika.BlockingConnection:
     """Open a connection to ``vhost`` or raise an ``AmqpError`` naming host, port and vhost
     (``role``: the config section, ``source`` or ``target``)."""
     where = f"{'amqps' if conn.use_tls else 'amqp'}://{conn.host}:{conn.port} vhost {vhost!r}"
-    params = connection_parameters(conn, vhost, role)
+    params = connection_parameters(conn, vhost, role, name)
     try:
         return pika.BlockingConnection(params)
     except pika.exceptions.ProbableAuthenticationError:
@@ -80,8 +83,9 @@ def _cause(e: BaseException) -> str:
     cur: BaseException | None = e
     while cur is not None and len(seen) < 8:
         seen.append(cur)
-        nxt = None
-        for a in getattr(cur, "args", ()):
+        inner = getattr(cur, "exception", None)  # pika's connector errors keep the socket's error here
+        nxt = inner if isinstance(inner, BaseException) else None
+        for a in () if nxt is not None else getattr(cur, "args", ()):
             if isinstance(a, BaseException):
                 nxt = a
                 break

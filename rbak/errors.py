@@ -9,6 +9,13 @@ The prefixes follow the Rust tool's error messages.
 from __future__ import annotations
 
 
+PARTIAL_EXIT_CODE = 3
+"""``rbak backup``: the run completed and wrote its manifest, but the backup is partial (a queue refused,
+failed or read short of its depth); 1 is a run that wrote no complete manifest, 2 a configuration error."""
+LEASE_EXIT_CODE = 4
+"""``rbak backup``: another backup of the same source holds its lease; nothing was written."""
+
+
 class RbakError(Exception):
     """Base of every error rbak raises deliberately."""
 
@@ -109,3 +116,10 @@ class EvidenceError(RbakError):
     """A signed drill report that does not verify, or a signing key that cannot be used."""
 
     prefix = "Drill evidence"
+
+
+class BackupLeaseError(RbakError):
+    """Another backup of the same source (vhost) holds its lease; nothing was written."""
+
+    prefix = "Backup lease"
+    exit_code = LEASE_EXIT_CODE

@@ -305,6 +305,16 @@ def run_slot(p: BackupPass, d: schedule.SlotDecision) -> None:
             p.kube.delete_job(p.namespace, a)
             events.post(p.body, "Normal", "RunReplaced", f"stopped run {a} (concurrencyPolicy Replace)")
         p.active = []
+    busy = other_runs_on_source(p)
+    if busy:
+        p.patch["lastScheduleTime"] = fmt(d.slot)
+        p.patch["missedSchedules"] = int(p.status.get("missedSchedules") or 0) + 1
+        p.patch["lastMissedTime"] = fmt(d.slot)
+        metrics.MISSED.labels("source-busy").inc()
+        events.post(p.body, "Warning", "ScheduleSkipped",
+                    f"slot {fmt(d.slot)} skipped: {', '.join(busy)} of another RabbitMQBackup is backing up the same "
+                    "source (broker and vhosts)")
+        return
     run_name = naming.scheduled_run_name(p.name, d.slot)
     # Persist the slot BEFORE creating the Job: a restart sees it and never runs it twice.
     p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastScheduleTime": fmt(d.slot), "lastScheduledRun": run_name})
@@ -313,6 +323,26 @@ def run_slot(p: BackupPass, d: schedule.SlotDecision) -> None:
         p.active.append(run_name)
     if d.missed:
         p.patch["missedSchedules"] = int(p.status.get("missedSchedules") or 0) + d.missed
+
+
+def other_runs_on_source(p: BackupPass) -> list[str]:
+    """Active backup runs of the other RabbitMQBackups in this namespace that read this one's source."""
+    mine = policy.source_of(p.spec, p.namespace)
+    others: dict[str, list[str]] = {}
+    for j in p.kube.list_jobs(p.namespace, bodies.common_labels("backup")):
+        meta = j.get("metadata") or {}
+        owner = next((o.get("name") for o in meta.get("ownerReferences") or []
+                      if o.get("kind") == "RabbitMQBackup"), None)
+        if not owner or owner == p.name or bodies.L_BACKUP not in (meta.get("labels") or {}):
+            continue
+        if not job_state(j).finished:
+            others.setdefault(owner, []).append(meta["name"])
+    found = []
+    for owner, runs in others.items():
+        body = p.kube.get_backup(p.namespace, owner)
+        if body is not None:
+            found.append((owner, policy.source_of(body.get("spec") or {}, p.namespace), runs))
+    return policy.busy_source(mine, found)
 
 
 def write_status(p: BackupPass) -> dict[str, Any]:

@@ -238,7 +238,7 @@ def run_summary_schema(desc: str) -> dict[str, Any]:
             "size": _s("stored size, human readable"),
             "segments": _i("segments (from manifest.json)"),
             "queues": _i("queues (from manifest.json)"),
-            "backupState": _s("complete, or partial when some queue was refused, failed or skipped (manifest.json)",
+            "backupState": _s("complete, or partial when some queue was refused, failed or read short of its depth (manifest.json)",
                               enum=["complete", "partial", "incomplete"]),
             "partialQueues": _strlist("queues not backed up, each 'vhost/name (status): reason'"),
             "gapMessages": _i("stream messages removed by the stream's retention before this backup read them"),

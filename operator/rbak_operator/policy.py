@@ -118,3 +118,36 @@ def epoch_ms(value: Any, field: str) -> int:
         return int(parse_time(s).timestamp() * 1000)
     except ValueError:
         raise ConfigError(f"{field}: {value!r} is neither epoch milliseconds nor an RFC 3339 time") from None
+
+
+def source_of(spec: dict[str, Any], namespace: str) -> tuple[str, frozenset[str]]:
+    """A RabbitMQBackup's source: (the broker it reads, its vhosts; empty: every vhost).
+
+    The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port;
+    the URL's vhost does not matter (``queues.vhosts`` selects what is read)."""
+    from urllib.parse import urlsplit
+
+    broker = spec.get("broker") or {}
+    ref = broker.get("rabbitmqClusterReference") or {}
+    if ref.get("name"):
+        who = f"cluster:{ref.get('namespace') or namespace}/{ref['name']}"
+    else:
+        u = urlsplit(broker.get("amqpUrl") or "")
+        port = u.port or (5671 if u.scheme == "amqps" else 5672)
+        who = f"amqp:{(u.hostname or '').lower()}:{port}"
+    vhosts = (spec.get("queues") or {}).get("vhosts") or []
+    return who, frozenset(vhosts)
+
+
+def same_source(a: tuple[str, frozenset[str]], b: tuple[str, frozenset[str]]) -> bool:
+    """Whether two backups read a vhost in common (every vhost overlaps every selection)."""
+    return a[0] == b[0] and (not a[1] or not b[1] or bool(a[1] & b[1]))
+
+
+def busy_source(mine: tuple[str, frozenset[str]],
+                others: Iterable[tuple[str, tuple[str, frozenset[str]], list[str]]]) -> list[str]:
+    """The active runs of OTHER RabbitMQBackups on this backup's source, as ``backup/run`` (a scheduled
+    run waits for them: two backups of one vhost would each read short; rbak's lease refuses the second).
+
+    ``others``: (RabbitMQBackup name, its ``source_of``, its active run names)."""
+    return sorted(f"{name}/{run}" for name, src, runs in others if same_source(mine, src) for run in runs)

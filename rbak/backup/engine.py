@@ -33,9 +33,9 @@ import pika.exceptions
 from .. import __version__
 from ..config import Config
 from ..crypto import codec_for, writer_codec
-from ..errors import AmqpError, ConfigError, NotFoundError, RbakError
+from ..errors import PARTIAL_EXIT_CODE, AmqpError, ConfigError, NotFoundError, RbakError
 from ..format.compression import Compression
-from ..format.manifest import BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
+from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
@@ -45,8 +45,10 @@ from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
-from .preflight import NackSupport, PolicyCache, QueueRefused, QueueSkipped
-from .queue_backup import backup_queue, clear_previous
+from .lease import LEASE_QUEUE, Lease
+from .lease import acquire as acquire_lease
+from .preflight import PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, QueueRefused, QueueSkipped, check_read_permissions
+from .queue_backup import ShortRead, backup_queue, clear_previous
 from . import reader_process
 from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
@@ -61,6 +63,13 @@ class BackupError(RbakError):
     """Some queues failed; the manifest stays incomplete so a rerun resumes them."""
 
     prefix = "Backup error"
+
+
+class PartialBackupError(BackupError):
+    """The run completed and wrote its manifest, but some queue is not (fully) in it: a distinct exit code."""
+
+    prefix = "Backup partial"
+    exit_code = PARTIAL_EXIT_CODE
 
 
 Progress = Callable[..., None]
@@ -161,10 +170,14 @@ class BackupEngine(StreamBackup):
     def run(self) -> BackupSummary:
         cfg, layout, storage = self.cfg, self.layout, self.storage
         t0 = time.monotonic()
-        created_at = self._check_existing()
         client = ManagementClient.for_connection(cfg.source, "source")
+        lease: Lease | None = None
         try:
-            ov = client.overview()
+            # nothing is written (or deleted) before the source has answered on every port with these
+            # credentials, every vhost exists, and this run holds the lease on every vhost it reads
+            ov, queues, lease = self._preflight(client)
+            created_at = self._check_existing()
+            log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, storage.url)
             cluster = ov.get("cluster_name") or ov.get("node") or cfg.source.host
             version = ov.get("rabbitmq_version")
             summary = BackupSummary(cfg.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
@@ -182,7 +195,6 @@ class BackupEngine(StreamBackup):
                 if self._fresh:
                     ckpt.reset_all()
                 self._seed_checkpoint(ckpt, cluster)
-                queues = self._select_queues(client)
                 streams = {(q.vhost, q.name) for q in queues if q.queue_type == "stream"}
                 if streams and cfg.backup.stream_incremental:
                     self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id, streams)
@@ -193,8 +205,10 @@ class BackupEngine(StreamBackup):
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
                 manifest.queues = sorted(results, key=lambda qb: (qb.vhost, qb.name))
                 manifest.recompute_totals()
-                manifest.queue_status = [QueueStatus(q.vhost, q.name, q.status, q.error or "")
-                                         for q in summary.queues if q.status in ("refused", "failed")]
+                manifest.queue_status = [
+                    QueueStatus(q.vhost, q.name, q.status, q.error or "", q.expected if q.status == "partial" else None,
+                                q.messages if q.status == "partial" else None)
+                    for q in summary.queues if q.status in PARTIAL_STATUSES]
                 manifest.queue_status += [QueueStatus(vhost, name, "skipped", reason)
                                           for vhost, name, reason in self.skipped]
                 manifest.queue_status.sort(key=lambda x: (x.vhost, x.name))
@@ -210,17 +224,52 @@ class BackupEngine(StreamBackup):
                     summary.partial = True
                     summary.duration_secs = time.monotonic() - t0
                     lines = "\n  - ".join(f"{q.vhost}/{q.name} ({q.status}): {q.error}" for q in failed)
-                    err = BackupError(f"{len(failed)} of {len(summary.queues)} queue(s) failed or were refused; backup "
-                                      f"{cfg.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same "
-                                      f"backup_id to retry them):\n  - {lines}")
+                    err = PartialBackupError(
+                        f"{len(failed)} of {len(summary.queues)} queue(s) failed, were refused or read short; backup "
+                        f"{cfg.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same backup_id to retry "
+                        f"them):\n  - {lines}")
                     err.summary = summary  # type: ignore[attr-defined]
                     raise err
             finally:
                 ckpt.close()
         finally:
+            if lease is not None:
+                lease.release()  # after the manifest: a next backup of this source may start now
             client.close()
         summary.duration_secs = time.monotonic() - t0
         return summary
+
+    def _preflight(self, client: ManagementClient) -> tuple[dict[str, Any], list[QueueInfo], Lease | None]:
+        """Checks that touch nothing: the management API (URL, credentials), that every named vhost
+        exists, the queue selection, the user's read permission where the API tells it, then the lease
+        (whose AMQP connections prove the port, credentials and vhost access). Errors are one line."""
+        cfg, sel = self.cfg, self.cfg.source.queues
+        ov = client.overview()
+        known = client.vhosts()
+        missing = [v for v in sel.vhosts if v not in known]
+        if missing:
+            raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
+                              f"{cfg.source.management_url} (vhosts user {cfg.source.mgmt_username!r} can see: "
+                              f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
+        queues = self._select_queues(client)
+        vhosts = sorted({q.vhost for q in queues} | set(sel.vhosts))
+        if not vhosts:  # nothing selected: still prove the AMQP side of the configuration
+            url_vhost = cfg.source.url_vhost
+            vhosts = [url_vhost] if url_vhost in known else []
+        check_read_permissions(client, cfg.source.username, queues)
+        if not cfg.backup.lease:
+            for v in vhosts:  # no lease: the AMQP port, credentials and vhost access are still proven
+                connect(cfg.source, v).close()
+            return ov, queues, None
+        lease = acquire_lease(cfg, client, vhosts, lambda v, name: connect(cfg.source, v, name=name))
+        if lease.waited:  # the other backup ran meanwhile: what the source holds now
+            try:
+                self.skipped.clear()
+                queues = self._select_queues(client)
+            except BaseException:
+                lease.release()
+                raise
+        return ov, queues, lease
 
     # ------------------------------------------------------------------
     def _keyring(self) -> dict[str, bytes]:
@@ -305,6 +354,8 @@ class BackupEngine(StreamBackup):
             infos = client.queues()
         out = []
         for q in infos:
+            if q.name == LEASE_QUEUE or q.name.startswith(PROBE_QUEUE_PREFIX):  # rbak's own, never data
+                continue
             if not sel.matches(q.vhost, q.name, q.queue_type):
                 continue
             if q.queue_type == "stream" and not self.cfg.backup.stream_enabled:
@@ -342,7 +393,13 @@ class BackupEngine(StreamBackup):
                         qb, resumed = fut.result()
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
-                        qs.status = "resumed" if resumed else "done"
+                        qs.status, qs.expected = "resumed" if resumed else "done", qb.expected_messages
+                    except ShortRead as e:  # what was read is kept; the queue is partial, never complete
+                        qb = e.backup
+                        results.append(qb)
+                        qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
+                        qs.status, qs.error, qs.expected = "partial", e.reason, qb.expected_messages
+                        metrics.errors().labels(error_type="partial").inc()
                     except QueueSkipped as e:
                         qs.status, qs.error = "skipped", str(e)
                         self._skip(q.vhost, q.name, str(e).split(": ", 2)[-1])
@@ -399,7 +456,8 @@ class BackupEngine(StreamBackup):
                    version: str | None) -> tuple[QueueBackup, bool]:
         prog = self._kept_progress(ckpt, q)
         if prog is not None and prog.completed:
-            qb = QueueBackup(q.vhost, q.name, prog.queue_type)
+            qb = QueueBackup(q.vhost, q.name, prog.queue_type,
+                             expected_messages=prog.target_count if prog.queue_type != "stream" else None)
             for s in prog.segments:
                 qb.add_segment(s)
             if prog.queue_type == "stream":

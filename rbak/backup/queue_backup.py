@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pika
 import pika.exceptions
 
-from ..errors import AmqpError
+from ..errors import AmqpError, RbakError
 from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
@@ -36,6 +36,21 @@ if TYPE_CHECKING:
     from .engine import BackupEngine
 
 log = logging.getLogger(__name__)
+
+
+class ShortRead(RbakError):
+    """A read that ended before the depth the queue had when it started: ``backup`` holds what was read
+    (kept in the manifest, the queue recorded as partial; not checkpointed, so a rerun reads it again)."""
+
+    prefix = "Partial"
+
+    def __init__(self, backup: QueueBackup, reason: str):
+        self.backup = backup
+        self.reason = reason
+        super().__init__(f"queue {backup.name!r} in vhost {backup.vhost!r}: {reason}")
+
+    def __reduce__(self):  # crosses from a reader process
+        return (ShortRead, (self.backup, self.reason))
 
 
 def control_channel(conn: pika.BlockingConnection):
@@ -130,9 +145,9 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             state["b"] = 0
 
     try:
-        read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit, return_mode=mode,
-                            use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
-                            deadline=eng._deadline(), throttle=eng.throttle)
+        res = read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit, return_mode=mode,
+                         use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
+                         deadline=eng._deadline(), throttle=eng.throttle)
     except BaseException as e:
         writer.abort()
         if quorum and isinstance(e, DeliveryLimitError):
@@ -150,9 +165,12 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     read_c.inc(state["n"] % 500)
     bytes_c.inc(state["b"])
     progress("advance", vhost=vhost, queue=name, n=state["n"] % 500, bytes=state["b"])
-    qb = QueueBackup(vhost, name, qtype)
+    qb = QueueBackup(vhost, name, qtype, expected_messages=depth)
     for s in segments:
         qb.add_segment(s)
+    if qb.message_count < depth:
+        raise ShortRead(qb, res.short or f"read {qb.message_count} of the {depth} messages the queue held when the "
+                        "read started")
     ckpt.save(QueueProgress(vhost, name, qtype, depth, qb.message_count, writer.next_sequence, segments, True))
     return qb
 

@@ -82,6 +82,7 @@ class ReadResult:
     max_delivery_count: int = 0
     nearest: str = ""  # the message with the highest x-delivery-count
     channels: int = 0
+    short: str = ""  # why the read ended before the depth it was asked for (empty: it did not)
 
 
 Sink = Callable[[object, object, bytes], None]
@@ -309,8 +310,8 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
     for method, props, body in deliveries(fc, ch, queue, read_timeout, arguments, raw):
         if method is None:
             if passive_depth(conn, vhost, queue) == 0:
-                log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
-                            "backing up those", where, res.records, depth)
+                res.short = _short(where, res.records, depth, f"no message arrived for {read_timeout:g}s and the "
+                                   "queue has none ready")
                 return True, res.records
             raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
                             f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
@@ -322,6 +323,14 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
         if taken >= want or res.records >= depth:
             return True, depth
     return False, depth
+
+
+def _short(where: str, records: int, depth: int, how: str) -> str:
+    """The reason a read fell short (the queue is recorded as partial, never as complete)."""
+    why = (f"read {records} of the {depth} messages the queue held when the read started: {how} (another "
+           "consumer, or another backup, holds the rest unacked)")
+    log.warning("%s: %s; the backup is PARTIAL", where, why)
+    return why
 
 
 def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:
@@ -379,8 +388,7 @@ def _read_by_get(ch, queue: str, res: ReadResult, where: str, depth: int, sink: 
     while res.records < depth:
         method, props, body = ch.basic_get(queue, auto_ack=False)
         if method is None:
-            log.warning("%s: only %d of %d messages could be read (another consumer holds the rest); "
-                        "backing up those", where, res.records, depth)
+            res.short = _short(where, res.records, depth, "basic.get found the queue empty")
             return res.records
         _take(res, where, sink, method, props, body, quorum, limit)
         if throttle is not None:

@@ -16,12 +16,14 @@ class QueueSummary:
     messages: int = 0
     segments: int = 0
     bytes: int = 0
-    status: str = "done"  # done | resumed | failed | skipped
+    status: str = "done"  # done | resumed | partial (read short) | refused | failed | skipped
     error: str | None = None
+    expected: int | None = None  # classic/quorum: the depth when the read started
 
     def to_json_obj(self) -> dict[str, Any]:
         return {"vhost": self.vhost, "name": self.name, "queue_type": self.queue_type, "messages": self.messages,
-                "segments": self.segments, "bytes": self.bytes, "status": self.status, "error": self.error}
+                "expected": self.expected, "segments": self.segments, "bytes": self.bytes, "status": self.status,
+                "error": self.error}
 
 
 @dataclass(slots=True)
@@ -47,7 +49,8 @@ class BackupSummary:
 
     @property
     def failed(self) -> list[QueueSummary]:
-        return [q for q in self.queues if q.status in ("failed", "refused")]
+        """The queues that make the backup partial: refused, failed, or read short."""
+        return [q for q in self.queues if q.status in ("failed", "refused", "partial")]
 
     def to_json_obj(self) -> dict[str, Any]:
         return {

@@ -97,11 +97,8 @@ def run(args) -> int:
     from ..backup import BackupEngine, BackupError
     from .. import metrics as bmetrics
 
-    if getattr(args, "verbose", 0) < 2:
-        logging.getLogger("pika").setLevel(logging.WARNING)  # pika's INFO is one line per socket event
     cfg = build_config(args)
     server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None
-    log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, cfg.storage.storage_url())
     try:
         storage = cfg.storage.open()
         with progress.cli_session("backup", cfg.backup_id, args, storage=storage, prefix=cfg.storage.prefix) as ps:

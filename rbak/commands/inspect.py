@@ -60,8 +60,21 @@ def _console():
     return Console(highlight=False, soft_wrap=True)
 
 
+def _existing_storage(path: str):
+    """The storage at ``--path``; a directory that does not exist is an error, never "no backups"
+    (a typo must not look like an empty storage)."""
+    from ..errors import NotFoundError
+    from ..storage.fs import FilesystemStorage
+
+    st = open_storage(path)
+    if isinstance(st, FilesystemStorage) and not st.root.is_dir():
+        what = "is not a directory" if st.root.exists() else "does not exist"
+        raise NotFoundError(f"--path: {path!r} {what} ({st.root})")
+    return st
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    entries = list_backups(open_storage(args.path), args.prefix)
+    entries = list_backups(_existing_storage(args.path), args.prefix)
     if args.format == "json":
         out = []
         for e in entries:
@@ -102,8 +115,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _notes(m: BackupManifest) -> str:
     """What ``list`` says beside the status: not-backed-up queues, gaps, the chain."""
     out = []
-    if m.queue_status:
-        out.append(f"{len(m.queue_status)} queue(s) not backed up")
+    short = [s for s in m.queue_status if s.status == "partial"]
+    if short:
+        out.append(", ".join(f"{s.vhost}/{s.name} read {s.read} of {s.expected}" for s in short[:3])
+                   + (f" (+{len(short) - 3} more)" if len(short) > 3 else ""))
+    rest = len(m.queue_status) - len(short)
+    if rest:
+        out.append(f"{rest} queue(s) not backed up")
     gaps = sum(g.count for _, g in m.gaps)
     if gaps:
         out.append(f"gaps: {gaps} message(s)")
@@ -133,6 +151,7 @@ def describe_obj(m: BackupManifest) -> dict:
                 "vhost": q.vhost,
                 "queue_type": q.queue_type,
                 "message_count": q.message_count,
+                **({"expected_messages": q.expected_messages} if q.expected_messages is not None else {}),
                 "first_message_timestamp": q.first_message_timestamp,
                 "last_message_timestamp": q.last_message_timestamp,
                 "segments": len(q.segments),
@@ -148,7 +167,7 @@ def describe_obj(m: BackupManifest) -> dict:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    m = load_manifest(open_storage(args.path), args.backup_id, args.prefix)
+    m = load_manifest(_existing_storage(args.path), args.backup_id, args.prefix)
     obj = describe_obj(m)
     if args.format == "json":
         print(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -178,7 +197,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
                   human_bytes(q.size_bytes), fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp))
     c.print(t)
     for s in m.queue_status:
-        c.print(f"  [bold]{s.status}[/bold] {s.vhost}/{s.name}: {s.reason}", markup=True)
+        counts = f" (read {s.read} of {s.expected})" if s.status == "partial" else ""
+        c.print(f"  [bold]{s.status}[/bold] {s.vhost}/{s.name}{counts}: {s.reason}", markup=True)
     for q, g in m.gaps:
         c.print(f"  gap {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed by "
                 f"the stream's retention before this backup; in no backup")
@@ -194,7 +214,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .. import progress
 
-    storage = open_storage(args.path)
+    storage = _existing_storage(args.path)
     m = load_manifest(storage, args.backup_id, args.prefix)
     with progress.cli_session("validate", args.backup_id, args, storage=storage, prefix=args.prefix,
                               display=args.format == "text") as ps:

@@ -181,6 +181,14 @@ class ConnectionConfig(_Section):
         return urlunsplit((scheme, p.netloc, "/" + quote(vhost, safe=""), p.query, ""))
 
     @property
+    def url_vhost(self) -> str:
+        """The vhost named in ``amqp_url`` (``/`` when it names none)."""
+        from urllib.parse import unquote
+
+        path = self._url().path
+        return unquote(path[1:]) if len(path) > 1 else "/"
+
+    @property
     def safe_amqp_url(self) -> str:
         return mask_url(self.amqp_url) or ""
 
@@ -285,6 +293,15 @@ class BackupOptions(_Section):
                                                  "`queue_status`, status `skipped`); by default they are read, and their consumers "
                                                  "receive nothing while the backup holds the messages.")
     overwrite: bool = doc_field(False, "Allow reusing the id of a COMPLETED backup (its files are deleted first). Off by default.")
+    lease: bool = doc_field(True, "Hold a lease on every vhost the backup reads, from before anything is written until the "
+                            "manifest is: the exclusive queue `rbak.lease` (reserved, never backed up), declared on a "
+                            "connection named after the backup, so a second backup of the same vhost waits or is refused "
+                            "naming the holder (exit code 4), across processes and pods; it ends with the connection, so a "
+                            "crashed backup frees it. Needs configure permission on `rbak.lease`; `false` runs without: "
+                            "overlapping backups then miss what the other holds (a read cut short is recorded as partial, "
+                            "but messages the other already held when a read started are not in its expected count).")
+    lease_wait_secs: float = doc_field(0.0, "How long a backup waits for another backup's lease on the same vhost before it "
+                                       "gives up (0: refuse at once).", min=0)
 
 
 @dataclass(repr=False)

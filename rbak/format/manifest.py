@@ -130,11 +130,12 @@ class StreamInfo:
         )
 
 
-QUEUE_STATUSES = ("refused", "failed", "skipped")
+QUEUE_STATUSES = ("refused", "failed", "partial", "skipped")
 """Per-queue outcomes recorded in ``queue_status``."""
-PARTIAL_STATUSES = ("refused", "failed")
-"""The outcomes that make a backup partial; ``skipped`` is a note (a queue left out on purpose,
-e.g. exclusive, or with consumers under ``backup.skip_queues_with_consumers``)."""
+PARTIAL_STATUSES = ("refused", "failed", "partial")
+"""The outcomes that make a backup partial (``partial``: the read fell short of the depth the queue
+had when it started, the entry carries ``expected`` and ``read``); ``skipped`` is a note (a queue left
+out on purpose, e.g. exclusive, or with consumers under ``backup.skip_queues_with_consumers``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +146,14 @@ class QueueStatus:
     name: str
     status: str  # one of QUEUE_STATUSES
     reason: str
+    expected: int | None = None  # partial: the depth when the read started (passive declare)
+    read: int | None = None  # partial: the messages the backup holds
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"vhost": self.vhost, "name": self.name, "status": self.status, "reason": self.reason}
+        out: dict[str, Any] = {"vhost": self.vhost, "name": self.name, "status": self.status, "reason": self.reason}
+        if self.expected is not None:
+            out["expected"], out["read"] = self.expected, self.read
+        return out
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "queue_status") -> "QueueStatus":
@@ -155,7 +161,7 @@ class QueueStatus:
         if status not in QUEUE_STATUSES:
             raise ManifestError(f"{where}: status {status!r} is not one of {', '.join(QUEUE_STATUSES)}")
         return cls(_req(d, "vhost", str, where), _req(d, "name", str, where), status,
-                   _opt(d, "reason", str, where) or "")
+                   _opt(d, "reason", str, where) or "", _opt(d, "expected", int, where), _opt(d, "read", int, where))
 
 
 @dataclass(slots=True)
@@ -168,6 +174,8 @@ class QueueBackup:
     first_message_timestamp: int | None = None
     last_message_timestamp: int | None = None
     stream: StreamInfo | None = None  # rbak extension, written only for streams
+    # rbak extension (classic/quorum): the exact depth when the read started; message_count is what was read
+    expected_messages: int | None = None
     chain: tuple[str, ...] = ()  # restore-time only, never written: backups whose segments this entry holds
 
     def add_segment(self, seg: SegmentMetadata) -> None:
@@ -196,7 +204,9 @@ class QueueBackup:
             "first_message_timestamp": self.first_message_timestamp,
             "last_message_timestamp": self.last_message_timestamp,
         }
-        if self.stream is not None:  # extra fields last, only when present: the spec's bytes otherwise
+        if self.expected_messages is not None:  # extra fields last, only when present: the spec's bytes otherwise
+            out["expected_messages"] = self.expected_messages
+        if self.stream is not None:
             out["stream"] = self.stream.to_json_obj()
         return out
 
@@ -218,6 +228,7 @@ class QueueBackup:
             first_message_timestamp=_opt(d, "first_message_timestamp", int, here),
             last_message_timestamp=_opt(d, "last_message_timestamp", int, here),
             stream=StreamInfo.from_json_obj(d["stream"], f"{here} stream") if d.get("stream") is not None else None,
+            expected_messages=_opt(d, "expected_messages", int, here),
         )
 
 
@@ -282,7 +293,7 @@ class BackupManifest:
         """complete | partial | incomplete: what ``list``, ``describe`` and the operator show."""
         if not self.is_complete:
             return "incomplete"
-        return "partial" if self.queue_status else "complete"
+        return "partial" if self.is_partial else "complete"
 
     @property
     def gaps(self) -> list[tuple[QueueBackup, StreamGap]]:

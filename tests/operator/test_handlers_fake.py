@@ -432,3 +432,62 @@ def test_partial_backup_shows_in_status(clock, pvc):
     assert last["partialQueues"] == ["//limited (refused): its delivery limit is 2"] and last["messages"] == 7
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "BackupPartial" and "limited" in ready["message"]
+
+
+def test_short_read_backup_shows_as_partial(clock, pvc):
+    """Issue 27: a queue read short of its depth (status partial, expected/read) makes the run partial:
+    Ready condition, lastRun and the last-run-failed metric say so, with both numbers."""
+    from rbak.format.manifest import QueueStatus
+    from rbak_operator import resource_metrics as rm
+
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "s"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    run = next(c[1] for c in k.calls if c[0] == "create_job")
+    write_backup(pvc, run, 180, 700)
+    m = BackupManifest.from_json(pvc.get(f"{run}/manifest.json"))
+    m.queue_status = [QueueStatus("/", "q", "partial", "read 180 of the 190 messages ...", 190, 180)]
+    pvc.put(f"{run}/manifest.json", m.to_json())
+    k.finish_job(run, ok=False)  # rbak backup exits 3: completed, but partial
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    st = k.objs[("backup", "b")]["status"]
+    last = st["lastRun"]
+    assert (last["phase"], last["reason"], last["backupState"]) == ("Failed", "PartiallyFailed", "partial")
+    assert last["partialQueues"] == ["//q (partial): read 180 of the 190 messages ..."]
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "BackupPartial" and "read 180 of the 190" in ready["message"]
+    got = {(name, labels.get("reason")): v for name, labels, v in rm.samples("backup", k.objs[("backup", "b")])}
+    assert got[("rbak_backup_last_run_failed", "PartiallyFailed")] == 1
+
+
+def test_a_slot_waits_while_another_backup_reads_the_same_source(clock):
+    """Two RabbitMQBackups of one broker and vhost: the second's slot is skipped while the first runs
+    (rbak's lease would refuse it anyway); another vhost, or another broker, runs. A backup of every
+    vhost overlaps any vhost."""
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj(queues={"vhosts": ["orders"]})
+    k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
+    handlers.reconcile_backup(k, NS, "b", LOG)
+    (first,) = [c[1] for c in k.calls if c[0] == "create_job"]
+    for name, spec in (("same", {}), ("other-vhost", {"queues": {"vhosts": ["billing"]}}),
+                       ("other-host", {"broker": {"amqpUrl": "amqp://elsewhere:5672/%2f", "managementUrl": "http://e:15672",
+                                                  "credentialsSecretRef": {"name": "c"}}})):
+        o = backup_obj(schedule="*/5 * * * *", **spec)
+        o["metadata"].update(name=name, uid=f"u-{name}")
+        k.objs[("backup", name)] = o
+    clock["now"] = t("2030-01-01T00:05:03Z")
+    for name in ("same", "other-vhost", "other-host"):
+        handlers.reconcile_backup(k, NS, name, LOG)
+    created = [c[1] for c in k.calls if c[0] == "create_job"]
+    assert created == [first, "other-vhost-20300101-0005", "other-host-20300101-0005"]
+    st = k.objs[("backup", "same")]["status"]
+    assert st["missedSchedules"] == 1 and st["lastScheduleTime"] == "2030-01-01T00:05:00Z"
+    k.finish_job(first)
+    clock["now"] = t("2030-01-01T00:10:03Z")
+    handlers.reconcile_backup(k, NS, "same", LOG)  # every vhost: other-vhost's run (billing) overlaps it
+    assert ("create_job", "same-20300101-0010") not in k.calls
+    k.finish_job("other-vhost-20300101-0005")
+    clock["now"] = t("2030-01-01T00:15:03Z")
+    handlers.reconcile_backup(k, NS, "same", LOG)
+    assert ("create_job", "same-20300101-0015") in k.calls

@@ -506,3 +506,44 @@ def test_api_calls_are_within_the_declared_rbac(cluster):
                  ("rbak.io", "rabbitmqbackups", "watch"), ("", "events", "create"), ("", "secrets", "get")]:
         assert call in made, (call, sorted(made))
 
+
+
+def test_two_backups_of_one_source_never_both_read_at_once(cluster, env):
+    """Issue 27: two RabbitMQBackups of one cluster and vhost on the same schedule. The operator
+    holds back the second while the first's run is active (ScheduleSkipped); if both Jobs start
+    anyway, rbak's lease refuses one (exit 4, naming the holder). Never a success with less."""
+    n = 2000
+    env.broker.publish_n(env.vhost, "pair", n, declare={})
+    names = [f"{env.tag}-pair-a", f"{env.tag}-pair-b"]
+    for name in names:
+        create_backup(cluster, env, name, schedule="*/5 * * * *", broker=env.cluster_broker)
+    for name in names:
+        wait_for(lambda name=name: cluster.status(name).get("nextScheduleTime"), 30, what="scheduled", diag=cluster.logs)
+    slot = cluster.next_slot()
+    outcome = {}
+
+    def settled(name):
+        st = cluster.status(name)
+        job = f"{name}-{slot:%Y%m%d-%H%M}"
+        run = st.get("lastRun") or {}
+        if run.get("jobName") == job and run.get("phase") in ("Succeeded", "Failed"):
+            return ("run", run)
+        if st.get("lastMissedTime") == _fmt(slot) and not cluster.jobs(name):
+            return ("skipped", st)
+        return None
+
+    for name in names:
+        outcome[name] = wait_for(lambda name=name: settled(name), 120, what=f"{name} slot settled", diag=cluster.logs)
+    succeeded = [name for name, (kind, run) in outcome.items() if kind == "run" and run["phase"] == "Succeeded"]
+    assert succeeded, outcome
+    for name, (kind, info) in outcome.items():
+        if kind == "run" and info["phase"] == "Succeeded":
+            assert info["messages"] == n and "backupState" not in info, info
+            assert load_manifest(s3(env), info["backupId"]).total_messages == n
+        elif kind == "run":  # both Jobs started: the lease refused this one before it wrote anything
+            assert "Backup lease" in (info.get("message") or ""), info
+        else:
+            other = next(x for x in names if x != name)
+            reasons = [e.get("message") or "" for e in cluster.events(name) if e.get("reason") == "ScheduleSkipped"]
+            assert any(other in m and "same source" in m for m in reasons), reasons
+    assert env.broker.message_count(env.vhost, "pair") == n

@@ -1,0 +1,174 @@
+"""One backup per source at a time: a lease the broker itself holds.
+
+Two backups of the same queues at once each hold part of them unacked, so each reads short
+(issue 27: 0 / 13,180 of 20,000). Before anything is written to storage a backup declares the
+exclusive queue ``rbak.lease`` in every vhost it reads, on a connection of its own named after the
+backup (``connection_name``: backup id, host, pid). The broker allows one owner per exclusive
+queue: a second declare gets ``405 RESOURCE_LOCKED``, and the queue dies with its connection, so
+a crashed holder (killed process, lost pod) frees it as soon as the broker sees the connection
+go (at once for a closed socket, within two heartbeats for a silent peer). Nothing is stored
+anywhere, so it works across processes, machines and pods, whatever the storage.
+
+The lease queue is never backed up (``LEASE_QUEUE`` is left out of the queue selection) and
+RabbitMQ leaves exclusive queues out of its definitions export. It holds no messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+import pika
+import pika.exceptions
+
+from ..config import Config
+from ..errors import BackupLeaseError, ConfigError, ManagementApiError
+from ..management import ManagementClient, q
+
+log = logging.getLogger(__name__)
+
+LEASE_QUEUE = "rbak.lease"
+"""Reserved: the exclusive queue that is a backup's lease on a vhost (never backed up)."""
+POLL_SECS = 1.0
+HOLDER_WAIT_SECS = 5.0  # how long the management API may take to report the lease's owner
+
+
+def holder_name(backup_id: str) -> str:
+    """The connection name the broker shows for a lease (and the error of a second backup quotes)."""
+    return f"rbak-backup {backup_id} lease (pid {os.getpid()} on {socket.gethostname()})"
+
+
+class Lease:
+    """The leases of one run, one connection per vhost; ``release`` (or the process ending) frees them.
+
+    pika's blocking connection answers the broker's heartbeats only while something drives its I/O,
+    so a keeper thread does that for all lease connections (no other thread uses them)."""
+
+    def __init__(self) -> None:
+        self.connections: dict[str, pika.BlockingConnection] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: list[str] = []
+        self.waited = False  # another backup held a lease first
+
+    def start(self) -> None:
+        if self.connections and self._thread is None:
+            self._thread = threading.Thread(target=self._keep, name="rbak-lease", daemon=True)
+            self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stop.is_set():
+            for vhost, conn in list(self.connections.items()):
+                try:
+                    conn.process_data_events(0)
+                except Exception as e:  # noqa: BLE001 - a lost lease is reported, the run goes on
+                    if vhost not in self.lost:
+                        self.lost.append(vhost)
+                        log.warning("the backup lease on vhost %r was lost (%r): another backup could start now",
+                                    vhost, e)
+            self._stop.wait(POLL_SECS)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for conn in self.connections.values():
+            try:
+                if conn.is_open:
+                    conn.close()
+            except Exception as e:  # noqa: BLE001 - closing the socket frees the lease anyway
+                log.debug("closing a lease connection: %r", e)
+        self.connections.clear()
+
+
+def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
+            connect: Callable[[str, str], pika.BlockingConnection],
+            sleep: Callable[[float], None] = time.sleep) -> Lease:
+    """Take the lease on every vhost, waiting up to ``backup.lease_wait_secs`` for a holder to finish.
+
+    ``connect(vhost, connection_name)`` opens the lease connection (it also proves the AMQP port,
+    credentials and vhost access before anything is written)."""
+    lease = Lease()
+    name = holder_name(cfg.backup_id)
+    deadline = time.monotonic() + cfg.backup.lease_wait_secs
+    try:
+        for vhost in vhosts:
+            conn = connect(vhost, name)
+            lease.connections[vhost] = conn
+            waited = False
+            while True:
+                held, holder = _declare(conn, vhost, client, cfg)
+                if not held:
+                    break
+                lease.waited = True
+                if holder is None:
+                    continue  # released while we asked who held it
+                if time.monotonic() >= deadline:
+                    how = f" (waited {cfg.backup.lease_wait_secs:g}s, backup.lease_wait_secs)" if waited else ""
+                    raise BackupLeaseError(
+                        f"vhost {vhost!r}: another backup of this source is running: {holder} holds its lease "
+                        f"(exclusive queue {LEASE_QUEUE!r}){how}; nothing was written. Retry when it has finished, "
+                        "or set backup.lease_wait_secs to wait for it")
+                if not waited:
+                    log.warning("vhost %r: waiting up to %gs for %s to finish (backup.lease_wait_secs)", vhost,
+                                cfg.backup.lease_wait_secs, holder)
+                    waited = True
+                sleep(POLL_SECS)
+    except BaseException:
+        lease.release()
+        raise
+    lease.start()
+    return lease
+
+
+def _declare(conn: pika.BlockingConnection, vhost: str, client: ManagementClient,
+             cfg: Config) -> tuple[bool, str | None]:
+    """Declare the lease queue: (False, None) when this connection now owns it, else (True, who
+    holds it, or None when it went meanwhile)."""
+    ch = conn.channel()
+    try:
+        ch.queue_declare(LEASE_QUEUE, exclusive=True, durable=False, auto_delete=False,
+                         arguments={"x-queue-type": "classic"})
+        ch.close()
+        return False, None
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 405:
+            return True, _holder(client, vhost)
+        if e.reply_code == 403:
+            raise ConfigError(
+                f"backup.lease: user {cfg.source.username!r} may not declare the lease queue {LEASE_QUEUE!r} in "
+                f"vhost {vhost!r} ({e.reply_code} {e.reply_text}): grant it configure permission on "
+                f"'^rbak\\.lease$' (e.g. rabbitmqctl set_permissions -p VHOST USER '^rbak\\.lease$' '' '.*'), "
+                "or set backup.lease: false to run without a lease (backups of one source may then overlap "
+                "and read short)") from None
+        raise ConfigError(f"backup.lease: vhost {vhost!r}: declaring the lease queue {LEASE_QUEUE!r} failed: "
+                          f"{e.reply_code} {e.reply_text}") from None
+
+
+def _holder(client: ManagementClient, vhost: str, wait_secs: float = HOLDER_WAIT_SECS,
+            sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """The holder's connection name, as the management API reports the lease queue's owner
+    (its ``owner_pid_details`` appear a statistics interval after the declare: waited for, bounded);
+    None when the lease queue is gone meanwhile."""
+    deadline = time.monotonic() + wait_secs
+    while True:
+        try:
+            info = client.request("GET", f"queues/{q(vhost)}/{q(LEASE_QUEUE)}") or {}
+            owner = (info.get("owner_pid_details") or {}).get("name")
+            if owner:
+                conn = client.request("GET", f"connections/{q(owner)}") or {}
+                props = conn.get("client_properties") or {}
+                named = props.get("connection_name") or conn.get("user_provided_name")
+                if named:
+                    return f"{named!r} (connection {owner}, user {conn.get('user', '?')!r})"
+        except ManagementApiError as e:
+            if e.status == 404 and "connections/" not in str(e):
+                return None  # the lease queue is gone: its holder has finished (declare again)
+            log.debug("vhost %r: cannot name the lease holder yet: %s", vhost, e)
+        if time.monotonic() >= deadline:
+            return "another connection (the management API does not name it)"
+        sleep(0.5)
