@@ -85,3 +85,49 @@ def test_operator_calls_work_with_requests_ca_bundle_set(kube_api):
     login = out["login"]
     assert login["server"] == kube_api.server and login["scheme"] == "Bearer" and login["token"] == kube_api.token
     assert login["ca"] == Path(kube_api.ca_file).read_text()
+
+
+def test_operator_makes_an_on_demand_job_with_requests_ca_bundle_set(kube_api, tmp_path):
+    """The whole operator (kopf's watches through its login, the reconciler's calls through k8s.py) on the
+    real server with both variables set: an on-demand RabbitMQBackup gets its ConfigMap, Job and status.
+    No kubelet here, so the Job never runs; the broker and bucket are never contacted."""
+    from rbak_operator.naming import manual_run_name
+    from support.opcluster import wait_for
+
+    kube_api.kubectl("apply", "-f", str(ROOT / "crds"))
+    kube_api.kubectl("wait", "--for=condition=Established", "crd/rabbitmqbackups.rbak.io", "--timeout=60s")
+    ns = f"k8sclient-{uuid.uuid4().hex[:8]}"
+    kube_api.kubectl("create", "namespace", ns)
+    for secret, data in (("s3", ("AWS_ACCESS_KEY_ID=a", "AWS_SECRET_ACCESS_KEY=b")), ("rmq", ("username=u", "password=p"))):
+        kube_api.kubectl("-n", ns, "create", "secret", "generic", secret, *(f"--from-literal={d}" for d in data))
+    backup = {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQBackup",
+              "metadata": {"name": "nightly", "namespace": ns, "annotations": {"rbak.io/backup-now": "1"}},
+              "spec": {"broker": {"amqpUrl": "amqp://rabbit.invalid:5672/%2f",
+                                  "managementUrl": "http://rabbit.invalid:15672",
+                                  "credentialsSecretRef": {"name": "rmq"}},
+                       "storage": {"s3": {"bucket": "backups", "region": "us-east-1", "credentialsSecretRef": {"name": "s3"}}},
+                       "validate": {"enabled": False}}}
+    kube_api.kubectl("apply", "-f", "-", input=json.dumps(backup))
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST",)}
+    env.update(KUBECONFIG=str(kube_api.kubeconfig), REQUESTS_CA_BUNDLE=SYSTEM_BUNDLE, CURL_CA_BUNDLE=SYSTEM_BUNDLE,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "operator"), str(ROOT)]), RBAK_OPERATOR_NAMESPACES=ns,
+               RBAK_OPERATOR_STANDALONE="1", RBAK_OPERATOR_TICK_SECONDS="1", RBAK_METRICS_PORT="0",
+               RBAK_IMAGE="rbak:test")
+    log = tmp_path / "operator.log"
+    run = manual_run_name("nightly", "1")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rbak_operator"], env=env, cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
+        try:
+            def made():
+                r = kube_api.kubectl("-n", ns, "get", "job", run, "-o", "json", check=False)
+                return json.loads(r.stdout) if r.returncode == 0 else None
+            job = wait_for(made, 120, 1, what=f"Job {run}", diag=lambda: log.read_text(errors="replace")[-4000:])
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert job["metadata"]["ownerReferences"][0]["name"] == "nightly"
+    assert kube_api.kubectl("-n", ns, "get", "configmap", run, check=False).returncode == 0
+    status = json.loads(kube_api.kubectl("-n", ns, "get", "rabbitmqbackup", "nightly", "-o", "json").stdout)["status"]
+    assert status.get("lastManualTrigger") == "1", status
+    assert "CERTIFICATE_VERIFY_FAILED" not in log.read_text(errors="replace")
