@@ -58,7 +58,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
-    """In-cluster service account or kubeconfig, read by our own small client (see k8s.py)."""
+    """In-cluster service account or kubeconfig (exec/OIDC plugins too), as the kubernetes client reads them
+    for the operator's own calls (k8s.py): one configuration for both."""
     return connection_info()
 
 

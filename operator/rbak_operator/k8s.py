@@ -1,32 +1,46 @@
-"""A small synchronous Kubernetes REST client for the handlers (``requests``).
+"""The operator's Kubernetes API calls, through the official ``kubernetes`` client.
 
-Why not kubernetes-client: importing its generated models costs seconds of
-start-up, and the handlers only need a dozen JSON calls (listed in
-``api_calls.USED_API_CALLS``). Connection settings come from the in-cluster
-service account or a kubeconfig (``KUBECONFIG`` or ``~/.kube/config``); the
-same settings log kopf in (``connection_info``). Label selectors are sent (a
-real API server filters) and applied again here (the test emulator ignores
-them).
+Connection: the in-cluster service account, else the kubeconfig's current
+context (``KUBECONFIG`` or ``~/.kube/config``), both read by the client's own
+loaders, so ``exec`` and OIDC credential plugins (EKS, GKE, AKS), token files
+and client certificates work, and tokens are refreshed when they expire. The
+same configuration logs kopf in (``connection_info``). TLS is urllib3's with
+the CA of that configuration and nothing else: ``REQUESTS_CA_BUNDLE`` and
+``CURL_CA_BUNDLE`` (which ``requests`` lets replace a session's CA) play no part.
+
+The calls go through ``ApiClient``'s generic request methods with plain JSON,
+so none of the client's generated models is imported (start-up time), and
+every method below maps to one entry of ``api_calls.USED_API_CALLS``. Label
+selectors are the server's to apply.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import requests
-import yaml
+from .crds import (
+    BACKUP_PLURAL,
+    GROUP,
+    RABBITMQ_CLUSTERS,
+    RABBITMQ_GROUP,
+    RABBITMQ_VERSION,
+    RESTORE_PLURAL,
+    VERSION,
+)
 
-from .crds import (BACKUP_PLURAL, GROUP, RABBITMQ_CLUSTERS, RABBITMQ_GROUP, RABBITMQ_VERSION, RESTORE_PLURAL,
-                   VERSION)
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, Configuration
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TIMEOUT = float(os.environ.get("RBAK_OPERATOR_API_TIMEOUT", "30"))
+USER_AGENT = "rbak-operator"
 
 
 class ApiError(Exception):
@@ -37,59 +51,40 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Connection:
-    server: str
-    token: str | None = None
-    token_file: str | None = None
-    ca_file: str | None = None
-    insecure: bool = False
-    cert_file: str | None = None
-    key_file: str | None = None
-    username: str | None = None
-    password: str | None = None
-    namespace: str | None = None
+    """A loaded client configuration and the namespace of its context (kopf's default namespace)."""
 
-
-def _data_file(data: str, suffix: str) -> str:
-    fd, path = tempfile.mkstemp(prefix="rbak-kube-", suffix=suffix)
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
-    return path
+    config: Configuration
+    namespace: str | None
 
 
 def load_connection() -> Connection:
     """In-cluster service account, else the kubeconfig's current context."""
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if host and os.path.exists(f"{SA_DIR}/token"):
-        h = f"[{host}]" if ":" in host else host
-        ns = open(f"{SA_DIR}/namespace").read().strip() if os.path.exists(f"{SA_DIR}/namespace") else None
-        return Connection(server=f"https://{h}:{port}", token_file=f"{SA_DIR}/token", ca_file=f"{SA_DIR}/ca.crt",
-                          namespace=ns)
-    path = (os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")).split(os.pathsep)[0]
+    from kubernetes import config as kconfig
+    from kubernetes.client import Configuration
+
+    cfg = Configuration()
     try:
-        cfg = yaml.safe_load(open(path, encoding="utf-8")) or {}
-    except OSError as e:
-        raise RuntimeError(f"no in-cluster service account and no kubeconfig at {path}: {e}") from None
-    ctx_name = cfg.get("current-context")
-    ctx = next((c["context"] for c in cfg.get("contexts") or [] if c.get("name") == ctx_name), None)
-    if ctx is None:
-        raise RuntimeError(f"{path}: current-context {ctx_name!r} not found")
-    cluster = next((c["cluster"] for c in cfg.get("clusters") or [] if c.get("name") == ctx.get("cluster")), {})
-    user = next((u["user"] for u in cfg.get("users") or [] if u.get("name") == ctx.get("user")), {}) or {}
-    if not cluster.get("server"):
-        raise RuntimeError(f"{path}: cluster {ctx.get('cluster')!r} has no server")
-    ca = cluster.get("certificate-authority") or (
-        _data_file(cluster["certificate-authority-data"], ".crt") if cluster.get("certificate-authority-data") else None)
-    cert = user.get("client-certificate") or (
-        _data_file(user["client-certificate-data"], ".crt") if user.get("client-certificate-data") else None)
-    key = user.get("client-key") or (_data_file(user["client-key-data"], ".key") if user.get("client-key-data") else None)
-    return Connection(server=cluster["server"].rstrip("/"), token=user.get("token"), token_file=user.get("tokenFile"),
-                      ca_file=ca, insecure=bool(cluster.get("insecure-skip-tls-verify")), cert_file=cert, key_file=key,
-                      username=user.get("username"), password=user.get("password"), namespace=ctx.get("namespace"))
+        kconfig.load_incluster_config(client_configuration=cfg)
+    except kconfig.ConfigException as not_in_cluster:
+        try:
+            kconfig.load_kube_config(client_configuration=cfg)
+            _, active = kconfig.list_kube_config_contexts()
+        except (kconfig.ConfigException, OSError, ValueError) as e:
+            where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise RuntimeError(f"cannot reach Kubernetes: not in a cluster ({not_in_cluster}) "
+                               f"and the kubeconfig {where} is unusable: {e}") from None
+        namespace = ((active or {}).get("context") or {}).get("namespace")
+    else:
+        namespace = Path(SA_NAMESPACE).read_text().strip() if os.path.exists(SA_NAMESPACE) else None
+    # GETs retry on 429/5xx answers that carry Retry-After, as client-go does; connection
+    # errors get urllib3's default retries.
+    cfg.client_go_retries = True
+    return Connection(cfg, namespace)
 
 
 _lock = threading.Lock()
 _conn: Connection | None = None
-_local = threading.local()
+_api: ApiClient | None = None
 
 
 def connection() -> Connection:
@@ -100,35 +95,21 @@ def connection() -> Connection:
         return _conn
 
 
-def _session() -> requests.Session:
-    s = getattr(_local, "session", None)
-    if s is None:
-        c = connection()
-        s = requests.Session()
-        s.verify = False if c.insecure else (c.ca_file or True)
-        if c.cert_file and c.key_file:
-            s.cert = (c.cert_file, c.key_file)
-        if c.username and c.password:
-            s.auth = (c.username, c.password)
-        s.headers["User-Agent"] = "rbak-operator"
-        _local.session = s
-    return s
+def _client() -> ApiClient:
+    """One ApiClient for every thread (urllib3's pool manager is thread-safe)."""
+    global _api
+    conn = connection()
+    with _lock:
+        if _api is None:
+            from kubernetes.client import ApiClient
 
-
-def _token() -> str | None:
-    c = connection()
-    if c.token_file:  # re-read: projected tokens rotate
-        return open(c.token_file, encoding="utf-8").read().strip()
-    return c.token
+            _api = ApiClient(conn.config)
+            _api.user_agent = USER_AGENT
+        return _api
 
 
 def _sel(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
-
-
-def _match(obj: dict[str, Any], labels: dict[str, str]) -> bool:
-    have = (obj.get("metadata") or {}).get("labels") or {}
-    return all(have.get(k) == v for k, v in labels.items())
 
 
 def _path(group: str, version: str, plural: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -146,25 +127,33 @@ class Kube:
 
     def _call(self, method: str, path: str, body: Any = None, params: dict | None = None,
               content_type: str = "application/json", ok_missing: bool = False, ok_conflict: bool = False):
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        api = _client()
         headers = {"Accept": "application/json"}
-        tok = _token()
-        if tok:
-            headers["Authorization"] = f"Bearer {tok}"
         if body is not None:
             headers["Content-Type"] = content_type
-        r = _session().request(method, connection().server + path, json=body, params=params, headers=headers,
-                               timeout=TIMEOUT)
-        if r.status_code == 404 and ok_missing:
+        request = api.param_serialize(method, path, query_params=list((params or {}).items()) or None,
+                                      header_params=headers, body=body, auth_settings=["BearerToken"])
+        try:
+            r = api.call_api(*request, _request_timeout=TIMEOUT)
+        except ApiException as e:  # a TLS failure, status 0
+            raise ApiError(e.status or 0, str(e.reason)[:300], method, path) from None
+        except urllib3.exceptions.HTTPError as e:  # unreachable after urllib3's retries
+            raise ApiError(0, str(e)[:300], method, path) from None
+        data = r.read()
+        if r.status == 404 and ok_missing:
             return None
-        if r.status_code == 409 and ok_conflict:
+        if r.status == 409 and ok_conflict:
             return False
-        if r.status_code >= 400:
+        if r.status >= 400:
             try:
-                reason = r.json().get("message") or r.reason
-            except ValueError:
+                reason = json.loads(data).get("message") or r.reason
+            except (ValueError, AttributeError):
                 reason = r.reason
-            raise ApiError(r.status_code, str(reason)[:300], method, path)
-        return r.json() if r.content else {}
+            raise ApiError(r.status, str(reason)[:300], method, path)
+        return json.loads(data) if data else {}
 
     # -- our custom resources -------------------------------------------------
     def get_cr(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -186,7 +175,7 @@ class Kube:
     # -- jobs, pods, configmaps, secrets -------------------------------------
     def list_jobs(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         res = self._call("GET", _path("batch", "v1", "jobs", namespace), params={"labelSelector": _sel(labels)})
-        return [j for j in res.get("items") or [] if _match(j, labels)]
+        return res.get("items") or []
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call("GET", _path("batch", "v1", "jobs", namespace, name), ok_missing=True)
@@ -201,9 +190,8 @@ class Kube:
                    {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}, ok_missing=True)
 
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        labels = {"job-name": job_name}
-        res = self._call("GET", _path("", "v1", "pods", namespace), params={"labelSelector": _sel(labels)})
-        return [p for p in res.get("items") or [] if _match(p, labels)]
+        res = self._call("GET", _path("", "v1", "pods", namespace), params={"labelSelector": _sel({"job-name": job_name})})
+        return res.get("items") or []
 
     def create_configmap(self, body: dict[str, Any]) -> bool:
         res = self._call("POST", _path("", "v1", "configmaps", body["metadata"]["namespace"]), body, ok_conflict=True)
@@ -239,11 +227,23 @@ class Kube:
 
 
 def connection_info():
-    """The same connection as a ``kopf.ConnectionInfo`` (used by the login handler)."""
+    """The same connection as a ``kopf.ConnectionInfo`` (the login handler's answer).
+
+    kopf calls its login handlers again when the server answers 401, so an
+    expired exec-plugin or service-account token is read afresh here (the
+    client's refresh hook runs inside ``get_api_key_with_prefix``).
+    """
     import kopf
 
-    c = connection()
+    conn = connection()
+    cfg = conn.config
+    header = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
+    scheme, _, token = (header or "").partition(" ")
+    if not token:  # a bare token without a scheme
+        scheme, token = "", scheme
     return kopf.ConnectionInfo(
-        server=c.server, ca_path=c.ca_file, insecure=c.insecure, token=_token(), certificate_path=c.cert_file,
-        private_key_path=c.key_file, username=c.username, password=c.password, default_namespace=c.namespace,
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, ca_data=cfg.ca_cert_data, insecure=not cfg.verify_ssl,
+        scheme=scheme or None, token=token or None, username=cfg.username or None, password=cfg.password or None,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file, proxy_url=cfg.proxy or None,
+        default_namespace=conn.namespace,
     )

@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+import aiohttp.web
 import kmock
 import yaml
 
@@ -43,14 +44,35 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _selector(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (the only form the operator sends); anything else is refused, not ignored."""
+    out = {}
+    for term in filter(None, text.split(",")):
+        key, eq, value = term.partition("=")
+        if not eq or key.endswith("!") or value.startswith("="):
+            raise ValueError(f"emulator: unsupported label selector term {term!r}")
+        out[key] = value
+    return out
+
+
 class _Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus ``metadata.generateName`` (kopf names its Events so)."""
+    """kmock's emulator plus ``metadata.generateName`` (kopf names its Events so) and
+    equality label selectors on lists (kmock ignores ``labelSelector``; a real server
+    filters, and the operator relies on it)."""
 
     async def _handle(self, request):
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+        if request.action == kmock.action.LIST and request.params.get("labelSelector"):
+            want = _selector(request.params["labelSelector"])
+            items = [obj.raw for key, obj in list(self.objects.items())
+                     if key[0] == request.resource and (request.namespace is None or key[1] == request.namespace)
+                     and not obj.deleted
+                     and all(((obj.raw.get("metadata") or {}).get("labels") or {}).get(k) == v
+                             for k, v in want.items())]
+            return aiohttp.web.json_response({"metadata": {"resourceVersion": "..."}, "items": items})
         return await super()._handle(request)
 
 
