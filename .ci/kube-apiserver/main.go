@@ -374,24 +374,26 @@ func versionLess(a, b string) bool {
 }
 
 func main() {
-	var etcd, bind, certDir, tokenFile string
+	var etcd, bind, certDir, tokenFile, auditLog, auditPolicy string
 	var port int
 	flag.StringVar(&etcd, "etcd-servers", "http://127.0.0.1:2379", "etcd client URL")
 	flag.StringVar(&bind, "bind-address", "127.0.0.1", "address to listen on")
 	flag.IntVar(&port, "secure-port", 6443, "HTTPS port")
 	flag.StringVar(&certDir, "cert-dir", "", "where the self-signed serving certificate is written (apiserver.crt, apiserver.key)")
 	flag.StringVar(&tokenFile, "token-file", "", "file holding the one bearer token accepted (user admin, group system:masters)")
+	flag.StringVar(&auditLog, "audit-log-path", "", "write audit events (JSON lines) here: which client made which call")
+	flag.StringVar(&auditPolicy, "audit-policy-file", "", "audit policy (needed with --audit-log-path)")
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	flag.Parse()
 	_ = klogFlags.Set("v", "1")
-	if err := run(etcd, bind, port, certDir, tokenFile); err != nil {
+	if err := run(etcd, bind, port, certDir, tokenFile, auditLog, auditPolicy); err != nil {
 		fmt.Fprintln(os.Stderr, "rbak-kube-apiserver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(etcd, bind string, port int, certDir, tokenFile string) error {
+func run(etcd, bind string, port int, certDir, tokenFile, auditLog, auditPolicy string) error {
 	gvs := buildScheme()
 	tokenBytes, err := os.ReadFile(tokenFile)
 	if err != nil {
@@ -410,6 +412,8 @@ func run(etcd, bind string, port int, certDir, tokenFile string) error {
 	ro.CoreAPI = nil
 	ro.Admission = nil
 	ro.Features.EnablePriorityAndFairness = false
+	ro.Audit.LogOptions.Path = auditLog
+	ro.Audit.PolicyFile = auditPolicy
 	if err := ro.SecureServing.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{netutils.ParseIPSloppy("127.0.0.1")}); err != nil {
 		return err
 	}

@@ -26,6 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / ".ci" / "kube-apiserver" / "main.go"
 BINARIES = ("etcd", "rbak-kube-apiserver", "kubectl")
+# Every request once, when its response is complete: who (user agent) made which call.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted, Panic]
+rules:
+- level: Metadata
+"""
 
 
 def kube_dir() -> Path:
@@ -66,6 +73,7 @@ class KubeApi:
     def __post_init__(self) -> None:
         self.kubeconfig = self.workdir / "kubeconfig"
         self.ca_file = self.workdir / "pki" / "apiserver.crt"
+        self.audit_log = self.workdir / "audit.log"
 
     # ------------------------------------------------------------------ running
     @classmethod
@@ -102,10 +110,12 @@ class KubeApi:
             urllib.request.urlopen(f"{etcd_url}/health", timeout=5).read()).get("health") == "true")
         (self.workdir / "pki").mkdir(exist_ok=True)
         (self.workdir / "token").write_text(self.token + "\n")
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         self._spawn("apiserver", [
             str(self.bin_dir / "rbak-kube-apiserver"), "--etcd-servers", etcd_url,
             "--secure-port", str(port), "--cert-dir", str(self.workdir / "pki"),
             "--token-file", str(self.workdir / "token"),
+            "--audit-log-path", str(self.audit_log), "--audit-policy-file", str(self.workdir / "audit-policy.yaml"),
         ])
         self.server = f"https://127.0.0.1:{port}"
         self._wait(deadline, "the serving certificate", self.ca_file.exists)
@@ -171,6 +181,12 @@ class KubeApi:
         req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {self.token}"})
         body = urllib.request.urlopen(req, context=ctx, timeout=10).read()
         return body if raw else json.loads(body)
+
+    def audit_events(self) -> list[dict]:
+        """The audit events so far (``verb``, ``objectRef``, ``userAgent``, ``responseStatus``, ...)."""
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
 
     @property
     def env(self) -> dict[str, str]:
