@@ -32,8 +32,7 @@ def kube(kube_api: KubeApi) -> KubeApi:
     """The server with crds/ and the chart's crds/ applied as shipped (and established)."""
     kube_api.kubectl("apply", "-f", str(CRDS))
     kube_api.kubectl("apply", "-f", str(CHART_CRDS))
-    kube_api.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{BACKUP_CRD}",
-                     f"crd/{RESTORE_CRD}", "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+    kube_api.wait_established(BACKUP_CRD, RESTORE_CRD, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
     return kube_api
 
 

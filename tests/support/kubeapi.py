@@ -26,10 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / ".ci" / "kube-apiserver" / "main.go"
 BINARIES = ("etcd", "rbak-kube-apiserver", "kubectl")
-# Every request once, when its response is complete: who (user agent) made which call.
+# Every request when it completes (a watch also when it starts): who (user agent) made which call.
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [RequestReceived, ResponseStarted, Panic]
+omitStages: [RequestReceived]
 rules:
 - level: Metadata
 """
@@ -181,6 +181,22 @@ class KubeApi:
         req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {self.token}"})
         body = urllib.request.urlopen(req, context=ctx, timeout=10).read()
         return body if raw else json.loads(body)
+
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Until every named CRD is Established (``kubectl wait`` errors while a new CRD has no
+        conditions yet)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.kubectl("get", "crd", *crds, "-o", "json", check=False)
+            items = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+            ok = {i["metadata"]["name"] for i in items
+                  if any(c["type"] == "Established" and c["status"] == "True"
+                         for c in (i.get("status") or {}).get("conditions") or [])}
+            if ok >= set(crds):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs not Established after {timeout}s: {sorted(set(crds) - ok)}")
+            time.sleep(0.2)
 
     def audit_events(self) -> list[dict]:
         """The audit events so far (``verb``, ``objectRef``, ``userAgent``, ``responseStatus``, ...)."""
