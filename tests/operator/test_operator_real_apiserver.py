@@ -21,6 +21,25 @@ from rbak.catalog import list_backups
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
+# The emulator module's tests that need no fake-clock schedule slot, run again here on the real
+# server (pytest collects them in this module, with this module's ``cluster``). Not here yet:
+# test_deletion_policy_delete_removes_backups_and_never_hangs: it passed alone on the real
+# server, but in a whole-module run under load the object was still there 30 s after kopf
+# reported "Deletion is processed" (to be investigated before it joins).
+from test_operator_e2e import (  # noqa: F401
+    test_credentials_as_the_rabbitmq_operators_publish_them,
+    test_deletion_retain_has_no_finalizer_and_keeps_backups,
+    test_encrypted_backup_validates_and_restores_with_keys_from_a_secret,
+    test_failing_backup_reports_the_cause,
+    test_job_validation_fails_on_a_damaged_segment,
+    test_on_demand_trigger_runs_once_per_value,
+    test_restore_from_latest_backup_puts_messages_back,
+    test_restore_with_the_spark_engine,
+    test_retention_deletes_the_oldest_backup,
+    test_running_status_is_reconciled_from_the_job_after_a_crash,
+    test_spark_validation_passes_then_names_a_damaged_segment,
+)
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, moto_s3, kube_api):
