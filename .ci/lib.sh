@@ -381,3 +381,94 @@ rmq43_stop() { chroot_broker_stop rmq43; }
 broker_mgmt_port() { # broker_mgmt_port NAME
     if [ "$1" = rmq310 ]; then echo 15672; else cb "$1"; echo "$CB_MGMT"; fi
 }
+
+# ---------------------------------------------------------------- Kubernetes API server (envtest-style)
+# Debian sid packages etcd 3.5, kubectl and the upstream apiserver Go sources, but not
+# kube-apiserver: .ci/kube-apiserver/main.go is a small server around those packages
+# (see its header). It is built in its own sid chroot (never the broker chroots) in
+# GOPATH mode, and the three binaries are cached in $RBAK_CI_KUBE_DIR/<key>/, key = a
+# hash of the Go source and the packages' versions; $RBAK_CI_KUBE_DIR/current points at
+# the newest build. tests/support/kubeapi.py runs them from there.
+RBAK_CI_KUBE_CHROOT=${RBAK_CI_KUBE_CHROOT:-$RBAK_CI_DIR/kube-sid}
+RBAK_CI_KUBE_DIR=${RBAK_CI_KUBE_DIR:-$RBAK_CI_DIR/kube}
+KUBE_PACKAGES=(golang-go golang-k8s-apiextensions-apiserver-dev etcd-server kubectl)
+
+kube_chroot_create() {
+    local root=$RBAK_CI_KUBE_CHROOT tmp m mirror t0
+    if [ -f "$root/.rbak-ci-complete" ]; then
+        log "chroot $root already exists"
+        return 0
+    fi
+    tmp=$root.tmp
+    for m in proc dev; do mountpoint -q "$tmp/$m" 2>/dev/null && umount "$tmp/$m"; done
+    rm -rf "$tmp"
+    mirror=$(mirror_url)
+    t0=$(date +%s)
+    log "debootstrap sid from $mirror into $tmp"
+    debootstrap --variant=minbase sid "$tmp" "$mirror" >"$RBAK_CI_DIR/debootstrap-kube-sid.log" 2>&1 ||
+        { tail -n 30 "$RBAK_CI_DIR/debootstrap-kube-sid.log" >&2; return 1; }
+    log "debootstrap: $(($(date +%s) - t0))s"
+    # sid's Release file may be past its Valid-Until on the mirror.
+    echo 'Acquire::Check-Valid-Until "false";' >"$tmp/etc/apt/apt.conf.d/99rbak-no-valid-until"
+    chroot_mounts "$tmp"
+    t0=$(date +%s)
+    if ! { in_chroot "$tmp" apt-get update -q && in_chroot "$tmp" apt-get install -y -q \
+        --no-install-recommends "${KUBE_PACKAGES[@]}" </dev/null; } >"$RBAK_CI_DIR/apt-kube-sid.log" 2>&1; then
+        tail -n 30 "$RBAK_CI_DIR/apt-kube-sid.log" >&2
+        return 1
+    fi
+    log "apt-get install ${KUBE_PACKAGES[*]}: $(($(date +%s) - t0))s"
+    for m in proc dev; do mountpoint -q "$tmp/$m" && umount "$tmp/$m"; done
+    touch "$tmp/.rbak-ci-complete"
+    rm -rf "$root"
+    mv "$tmp" "$root"
+}
+
+kube_key() { # prints the cache key: the Go source and the versions of every package it builds from
+    {
+        sha256sum <"$REPO/.ci/kube-apiserver/main.go"
+        # shellcheck disable=SC2016 # dpkg-query's own ${...} format
+        in_chroot "$RBAK_CI_KUBE_CHROOT" dpkg-query -W -f '${Package} ${Version}\n' |
+            grep -E '^(golang-|etcd-server |kubectl )'
+    } | sha256sum | cut -c1-16
+}
+
+kube_cached() { # kube_cached DIR: DIR holds three binaries that run on this machine
+    [ -x "$1/rbak-kube-apiserver" ] && [ -x "$1/etcd" ] && [ -x "$1/kubectl" ] &&
+        "$1/etcd" --version >/dev/null 2>&1 && "$1/kubectl" version --client >/dev/null 2>&1
+}
+
+kube_build() {
+    local root=$RBAK_CI_KUBE_CHROOT key dir tmp t0
+    kube_chroot_create
+    chroot_mounts "$root"
+    key=$(kube_key)
+    dir=$RBAK_CI_KUBE_DIR/$key
+    if kube_cached "$dir"; then
+        log "kube binaries for key $key are cached in $dir"
+    else
+        t0=$(date +%s)
+        log "building rbak-kube-apiserver (key $key; a cold build is several minutes)"
+        rm -rf "$root/build" && install -d "$root/build"
+        cp "$REPO/.ci/kube-apiserver/main.go" "$root/build/"
+        # GOCACHE stays in the chroot: a changed main.go rebuilds in seconds.
+        in_chroot "$root" sh -c 'cd /build && GOPATH=/usr/share/gocode GO111MODULE=off CGO_ENABLED=0 \
+            GOCACHE=/var/cache/go-build go build -o rbak-kube-apiserver main.go' \
+            >"$RBAK_CI_DIR/kube-build.log" 2>&1 || { tail -n 40 "$RBAK_CI_DIR/kube-build.log" >&2; return 1; }
+        log "go build: $(($(date +%s) - t0))s"
+        tmp=$(mktemp -d "$RBAK_CI_KUBE_DIR.XXXXXX")
+        cp "$root/build/rbak-kube-apiserver" "$root/usr/bin/etcd" "$root/usr/bin/kubectl" "$tmp/"
+        { sha256sum <"$REPO/.ci/kube-apiserver/main.go" | cut -d' ' -f1; } >"$tmp/SOURCE_SHA256"
+        # shellcheck disable=SC2016 # dpkg-query's own ${...} format
+        in_chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' "${KUBE_PACKAGES[@]}" >"$tmp/VERSIONS"
+        chmod 0755 "$tmp"
+        kube_cached "$tmp" || { rm -rf "$tmp"; log "the built binaries do not run on this machine"; return 1; }
+        install -d "$RBAK_CI_KUBE_DIR"
+        rm -rf "$dir"
+        mv "$tmp" "$dir"
+    fi
+    ln -sfn "$key" "$RBAK_CI_KUBE_DIR/current"
+    # older builds (about 220 MB each) are never used again
+    find "$RBAK_CI_KUBE_DIR" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
+    log "kube binaries: $RBAK_CI_KUBE_DIR/current -> $key ($(tr '\n' ' ' <"$dir/VERSIONS"))"
+}

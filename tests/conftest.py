@@ -11,6 +11,9 @@
 - ``s3_bucket``: a fresh bucket; the fixture value is its storage URL (``str``) with
   ``.bucket``, ``.endpoint``, ``.prefix``, ``.keys()``, ``.get(key)``.
 - ``tls``: ``support.tls.TlsFiles`` with the CI certificate paths.
+- ``kube_api``: a real Kubernetes API server (etcd + rbak-kube-apiserver, one per xdist
+  worker): ``support.kubeapi.KubeApi`` with ``.kubeconfig``, ``.server``, ``.ca_file``,
+  ``.token`` and ``.kubectl(*args, input=None, check=True)``.
 
 An unreachable broker, missing TLS material or a missing package FAILS the test
 when CI=true and skips it otherwise (``support.require``), so CI can never pass
@@ -22,12 +25,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from support.brokers import BROKERS, Broker, unique_name
+from support.kubeapi import KubeApi, binaries_problem
+from support.require import require_that, unavailable
+from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket
+from support.tls import TlsFiles, tls_files
 
-
-from support.brokers import BROKERS, Broker, unique_name  # noqa: E402
-from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket  # noqa: E402
-from support.require import unavailable  # noqa: E402
-from support.tls import TlsFiles, tls_files  # noqa: E402
 # A test that runs `pip install --prefix X .` would otherwise UNINSTALL the editable rbak
 # from site-packages (pip replaces an installed distribution of the same name), breaking
 # every later `python -m rbak` in this and concurrent runs. Inherited by subprocesses.
@@ -127,3 +130,13 @@ def tls() -> TlsFiles:
     if missing:
         unavailable(f"TLS material missing: {', '.join(map(str, missing))}; run .ci/setup")
     return files
+
+
+@pytest.fixture(scope="session")
+def kube_api(tmp_path_factory) -> KubeApi:
+    require_that(binaries_problem())
+    api = KubeApi.start(tmp_path_factory.mktemp("kube-api"))
+    try:
+        yield api
+    finally:
+        api.stop()

@@ -45,7 +45,8 @@ def backup_crd() -> dict[str, Any]:
             ("Suspend", "boolean", ".spec.suspend", 1),
             ("Last Backup", "string", ".status.lastBackupId", 0),
             ("Last Success", "date", ".status.lastSuccessfulTime", 1),
-            ("Next Run", "date", ".status.nextScheduleTime", 0),
+            # a future time: `date` columns show the age since the value (`<invalid>` ahead of now)
+            ("Next Run", "string", ".status.nextScheduleTime", 0),
             ("Messages", "integer", ".status.lastRun.messages", 0),
             ("Size", "string", ".status.lastRun.size", 0),
             ("Last Drill", "string", ".status.restoreDrill.result", 1),

@@ -7,8 +7,11 @@ from typing import Any
 
 
 # A standard 5-field cron or a macro. Six fields (seconds first, as in
-# CloudNativePG) is refused: it silently means something else.
-CRON_RE = r"^\s*(@(yearly|annually|monthly|weekly|daily|hourly)|\S+(\s+\S+){4})\s*$"
+# CloudNativePG) is refused: it silently means something else. The CEL rule puts
+# this regex inside a single-quoted CEL string, where `\s`/`\S` are invalid escapes
+# (the API server refuses the whole CRD): blanks are spaces or tabs, and `\t` is an
+# escape both CEL and Python's re read as a tab.
+CRON_RE = r"^[ \t]*(@(yearly|annually|monthly|weekly|daily|hourly)|[^ \t]+([ \t]+[^ \t]+){4})[ \t]*$"
 CRON_MESSAGE = (
     "schedule must be a standard 5-field cron expression 'minute hour day-of-month month day-of-week' "
     "(or @hourly/@daily/@weekly/@monthly/@yearly); 6-field values with a leading seconds field are not supported"

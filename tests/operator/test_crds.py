@@ -4,6 +4,7 @@ cel-python for the x-kubernetes-validations rules, as the API server would)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jsonschema
@@ -183,3 +184,31 @@ def test_restore_needs_exactly_one_source_and_a_target_for_storage():
 def test_epoch_ms_accepted_as_int_or_string():
     for v in (1795341600000, "1795341600000", "2026-11-22T10:00:00.5+02:00"):
         assert check(_set(_restore(), "spec.pitr.start", v)) == []
+
+
+def _rules(schema: dict, path: str = ""):
+    for r in schema.get("x-kubernetes-validations") or []:
+        yield path or ".", r["rule"]
+    for key, sub in (schema.get("properties") or {}).items():
+        yield from _rules(sub, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from _rules(schema[key], f"{path}[]")
+
+
+# CEL's escapes in a quoted (non-raw) string literal; anything else after a backslash is a
+# syntax error for the API server ("token recognition error"), which refuses the whole CRD.
+_CEL_STRING = re.compile(r"""(?<![rR])('(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""")
+_CEL_ESCAPE = re.compile(r"""\\([\\'"`?abfnrtv]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-3][0-7]{2})""")
+
+
+@pytest.mark.parametrize("kind", ["RabbitMQBackup", "RabbitMQRestore"])
+def test_cel_string_literals_use_only_valid_escapes(kind):
+    """Offline guard for what the real server checks (tests/kube): `\\s` in a CEL string is refused."""
+    bad = []
+    for path, rule in _rules(_schema(kind)):
+        for lit in _CEL_STRING.findall(rule):
+            rest = _CEL_ESCAPE.sub("", lit)
+            if "\\" in rest:
+                bad.append(f"{path}: {rule}")
+    assert bad == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rbak.catalog import load_manifest
 from rbak.storage.url import open_storage
-from support.opcluster import Emulator, Http, Operator, PodRunner, wait_for
+from support.opcluster import Emulator, Http, KubeHttp, Operator, PodRunner, RealServer, wait_for
 
 
 API = "rbak.io/v1alpha1"
@@ -22,10 +22,18 @@ def fmt(dt: datetime) -> str:
 
 
 class Cluster:
-    def __init__(self, tmp: Path) -> None:
+    """The operator, the local kubelet and an API server: kmock's emulator, or with ``kube``
+    (a ``support.kubeapi.KubeApi``) the real one."""
+
+    def __init__(self, tmp: Path, kube=None, operator_drop_env: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
-        self.emu = Emulator().start()
-        self.http = Http(self.emu.url)
+        self.operator_drop_env = operator_drop_env
+        if kube is None:
+            self.emu = Emulator().start()
+            self.http = Http(self.emu.url)
+        else:
+            self.emu = RealServer(kube)
+            self.http = KubeHttp(kube)
         self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
         self.clock_file = tmp / "clock"
         self.now = START
@@ -36,7 +44,7 @@ class Cluster:
 
     def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
         op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
-                      extra_env).start()
+                      extra_env, self.operator_drop_env).start()
         self.operators.append(op)
         return op
 

@@ -1,5 +1,6 @@
-"""A fake cluster for the operator tests: kmock's KubernetesEmulator over HTTP,
-plus a local "kubelet" that runs each Job's pod command as a local process.
+"""A cluster for the operator tests: kmock's KubernetesEmulator over HTTP, or a real API server
+(``RealServer`` over ``support.kubeapi.KubeApi``), plus a local "kubelet" that runs each Job's pod
+command as a local process.
 
 The emulator stores objects and streams watches but runs nothing; the
 ``PodRunner`` here plays kubelet + Job controller: for a new Job it resolves
@@ -213,6 +214,98 @@ class Http:
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
 
 
+class KubeHttp(Http):
+    """The same client for a real API server (``support.kubeapi.KubeApi``): its CA, its token, and
+    no made-up metadata (the server sets uid, resourceVersion, creationTimestamp and generation)."""
+
+    def __init__(self, kube) -> None:
+        super().__init__(kube.server)
+        self.s.trust_env = False  # else REQUESTS_CA_BUNDLE replaces the session's CA (requests' rule)
+        self.s.verify = str(kube.ca_file)
+        self.s.headers["Authorization"] = f"Bearer {kube.token}"
+
+    def create(self, api, plural, body, ns=NS):
+        body.setdefault("metadata", {}).setdefault("namespace", ns)
+        r = self.s.post(self.base + self.path(api, plural, ns), json=body)
+        if not r.ok:
+            raise AssertionError(f"create {plural}: {r.status_code} {r.text}")
+        return r.json()
+
+
+# CRDs of the other operators the rbak operator reads or creates objects of. spark-operator's
+# is its real schema (the server validates our SparkApplications as a cluster would); the
+# RabbitMQ cluster operator's is reduced to what we read (status.defaultUser).
+_SPARK_SCHEMA = REPO / "tests" / "operator" / "data" / "sparkapplication-v1beta2.schema.json"
+
+
+def _crd(group: str, version: str, kind: str, plural: str, short: list[str], schema: dict) -> dict:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        # *.k8s.io groups need it (spark-operator's own CRD carries its approval PR)
+        "metadata": {"name": f"{plural}.{group}", "annotations": {
+            "api-approved.kubernetes.io": "unapproved, a test copy of another project's CRD"}},
+        "spec": {"group": group, "scope": "Namespaced",
+                 "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "shortNames": short,
+                           "listKind": f"{kind}List"},
+                 "versions": [{"name": version, "served": True, "storage": True, "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": schema}}]},
+    }
+
+
+def foreign_crds() -> list[dict]:
+    import json
+
+    free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    spark = json.loads(_SPARK_SCHEMA.read_text())["openAPIV3Schema"]
+    return [
+        _crd("rabbitmq.com", "v1beta1", "RabbitmqCluster", "rabbitmqclusters", ["rmq"],
+             {"type": "object", "properties": {"spec": free, "status": free}}),
+        _crd("sparkoperator.k8s.io", "v1beta2", "SparkApplication", "sparkapplications", ["sparkapp"], spark),
+    ]
+
+
+class RealServer:
+    """What ``Cluster`` needs of its API server, from a real one (``kube_api``): the CRDs
+    installed as shipped, and ``api_calls`` from the server's audit log."""
+
+    def __init__(self, kube) -> None:
+        import json
+
+        self.kube = kube
+        self.url = kube.server
+        self.since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        kube.kubectl("apply", "-f", str(REPO / "crds"))
+        kube.kubectl("apply", "-f", str(REPO / "charts" / "rbak" / "crds"))
+        kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                          "items": foreign_crds()}))
+        kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", "kopfpeerings.kopf.dev",
+                              "clusterkopfpeerings.kopf.dev", *(c["metadata"]["name"] for c in foreign_crds()))
+
+    def kubeconfig(self, path: Path) -> Path:
+        shutil.copyfile(self.kube.kubeconfig, path)
+        return path
+
+    def api_calls(self, exclude_agent: str = "python-requests") -> set[tuple[str, str, str]]:
+        """(group, resource[/subresource], verb) of the requests since this cluster started, except
+        the test's own (``requests``' default User-Agent, kubectl) and the server's own."""
+        out = set()
+        for ev in self.kube.audit_events():
+            agent = ev.get("userAgent", "")
+            if agent.startswith((exclude_agent, "kubectl/")) or ev["requestReceivedTimestamp"] < self.since:
+                continue
+            if (ev.get("user") or {}).get("username") == "system:apiserver":  # the server's own controllers
+                continue
+            ref = ev.get("objectRef") or {}
+            if not ref.get("resource"):
+                continue
+            plural = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            out.add((ref.get("apiGroup", ""), plural, ev["verb"]))
+        return out
+
+    def stop(self) -> None:
+        pass
+
+
 class PodRunner:
     """Plays kubelet and the Job controller for Jobs in the emulator."""
 
@@ -416,14 +509,16 @@ PodRunner._run_spark = _run_spark_app  # type: ignore[attr-defined]
 class Operator:
     """The real operator: ``python -m rbak_operator`` as a subprocess."""
 
-    def __init__(self, kubeconfig: Path, clock_file: Path, log_path: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, kubeconfig: Path, clock_file: Path, log_path: Path, extra_env: dict[str, str] | None = None,
+                 drop_env: tuple[str, ...] = ()):
         self.kubeconfig, self.clock_file, self.log_path = kubeconfig, clock_file, log_path
         self.extra_env = extra_env or {}
+        self.drop_env = drop_env
         self.proc: subprocess.Popen | None = None
         self._log = None
 
     def start(self) -> "Operator":
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
         env.update({
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),

@@ -1,0 +1,110 @@
+"""The real operator process (kopf) against a real Kubernetes API server (``kube_api``), with the
+local kubelet (``PodRunner``) running each Job's pod against the real RabbitMQ 3.10 and moto S3.
+
+Unlike kmock's emulator the server validates what the operator writes (schemas, CEL rules,
+spark-operator's CRD schema for SparkApplications), sets creationTimestamp, uid and
+resourceVersion itself, keeps status apart behind /status and filters label selectors. The
+runs here are on-demand ones: the fake clock the emulator tests step across schedule slots
+cannot move the server's own creationTimestamp.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rbak_operator.api_calls import used_api_calls
+from support.op_e2e import API, Cluster, create_backup, s3, trigger, wait_run
+from support.opcluster import wait_for
+
+from rbak.catalog import list_backups
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+# The emulator module's tests that need no fake-clock schedule slot, run again here on the real
+# server (pytest collects them in this module, with this module's ``cluster``). Not here yet:
+# test_deletion_policy_delete_removes_backups_and_never_hangs: it passed alone on the real
+# server, but in a whole-module run under load the object was still there 30 s after kopf
+# reported "Deletion is processed" (to be investigated before it joins).
+from test_operator_e2e import (  # noqa: F401
+    test_credentials_as_the_rabbitmq_operators_publish_them,
+    test_deletion_retain_has_no_finalizer_and_keeps_backups,
+    test_encrypted_backup_validates_and_restores_with_keys_from_a_secret,
+    test_failing_backup_reports_the_cause,
+    test_job_validation_fails_on_a_damaged_segment,
+    test_on_demand_trigger_runs_once_per_value,
+    test_restore_from_latest_backup_puts_messages_back,
+    test_restore_with_the_spark_engine,
+    test_retention_deletes_the_oldest_backup,
+    test_running_status_is_reconciled_from_the_job_after_a_crash,
+    test_spark_validation_passes_then_names_a_damaged_segment,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, moto_s3, kube_api):
+    """This module's cluster: the real server (tests/operator/conftest.py's ``env`` uses it)."""
+    # The operator's hand-written requests client loses the cluster CA when REQUESTS_CA_BUNDLE or
+    # CURL_CA_BUNDLE is set (issue #28, defect 3; set on this machine): they are kept from the
+    # operator until its client is replaced by the `kubernetes` library. Remove this then.
+    c = Cluster(tmp_path_factory.mktemp("cluster-real"), kube=kube_api,
+                operator_drop_env=("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_on_demand_backup_end_to_end(cluster, env, kube_api):
+    env.broker.publish_n(env.vhost, "q1", 3, declare={})
+    name = f"{env.tag}-manual"
+    created = create_backup(cluster, env, name)
+    assert created["metadata"]["uid"].count("-") == 4  # a server-made uid, not the emulator's
+    trigger(cluster, name, "first")
+    run = wait_run(cluster, name, phase="Succeeded", timeout=120)
+    assert run["trigger"] == "manual" and run["messages"] == 3
+    st = cluster.status(name)
+    assert st["lastManualTrigger"] == "first" and st["phase"] == "Succeeded", st
+    [backup] = [b for b in list_backups(s3(env)) if b.complete]
+    assert st["lastBackupId"] == backup.backup_id
+    jobs = [j for j in cluster.http.items("batch/v1", "jobs") if j["metadata"]["name"].startswith(name + "-")]
+    assert len(jobs) == 1
+    owner = jobs[0]["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("RabbitMQBackup", name, created["metadata"]["uid"])
+    reasons = wait_for(lambda: {e["reason"] for e in cluster.events(name)} >= {"BackupStarted", "BackupSucceeded"}
+                       and {e["reason"] for e in cluster.events(name)}, 30, what="events", diag=cluster.logs)
+    assert "BackupFailed" not in reasons
+    # what a user sees
+    out = kube_api.kubectl("get", "rabbitmqbackups", name, "-o", "wide").stdout
+    assert "<invalid>" not in out and "Succeeded" in out and backup.backup_id in out, out
+
+
+def test_failed_run_reports_the_broker_refusal(cluster, env):
+    name = f"{env.tag}-bad"
+    create_backup(cluster, env, name, broker=dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"}))
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Failed", timeout=120)
+    assert run["phase"] == "Failed"
+    assert cluster.status(name)["phase"] == "Failed"
+    assert "BackupFailed" in {e["reason"] for e in wait_for(lambda: cluster.events(name), 30, what="events")}
+
+
+def test_invalid_backup_never_reaches_the_operator(cluster, env):
+    """The server refuses it: the operator sees nothing and creates nothing."""
+    body = {"apiVersion": API, "kind": "RabbitMQBackup", "metadata": {"name": f"{env.tag}-six"},
+            "spec": {"broker": env.url_broker, "storage": env.storage, "schedule": "0 0 2 * * *"}}
+    with pytest.raises(AssertionError, match="6-field values with a leading seconds field are not supported"):
+        cluster.http.create(API, "rabbitmqbackups", body)
+    assert cluster.backup(f"{env.tag}-six") == {}
+
+
+def test_api_calls_are_within_the_declared_rbac(cluster):
+    """From the server's audit log: every call the operator process made (kopf's and ours) is in
+    api_calls.USED_API_CALLS, the list the Helm chart's RBAC is checked against."""
+    made = cluster.emu.api_calls()
+    unexpected = made - used_api_calls()
+    assert not unexpected, f"operator used calls missing from api_calls.USED_API_CALLS: {sorted(unexpected)}"
+    for call in [("batch", "jobs", "create"), ("rbak.io", "rabbitmqbackups/status", "patch"),
+                 ("", "configmaps", "create"), ("rbak.io", "rabbitmqbackups", "watch"), ("", "events", "create"),
+                 ("", "secrets", "get")]:
+        assert call in made, (call, json.dumps(sorted(made)))
