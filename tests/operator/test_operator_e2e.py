@@ -3,6 +3,10 @@ KubernetesEmulator over HTTP, with a local kubelet (``cluster.PodRunner``)
 running each Job's pod command against the real RabbitMQ 3.10 and a moto S3
 server. The operator's clock is a file the test steps across schedule slots
 (``RBAK_OPERATOR_CLOCK_FILE``), so no test waits for wall-clock minutes.
+
+Only tests that need that clock (a real server sets creationTimestamp itself) or a fault the
+real server will not produce run here; the ``e2e_*`` functions run on the real API server
+(test_operator_real_apiserver.py).
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
     assert cluster.jobs(name) == [job]
 
 
-def test_on_demand_trigger_runs_once_per_value(cluster, env):
+def e2e_on_demand_trigger_runs_once_per_value(cluster, env):
     env.broker.publish_n(env.vhost, "q1", 3, declare={})
     name = f"{env.tag}-manual"
     create_backup(cluster, env, name)
@@ -117,7 +121,7 @@ def test_operator_killed_across_a_slot_runs_it_exactly_once(cluster, env):
     assert cluster.runner.started.count(job) == 1
 
 
-def test_running_status_is_reconciled_from_the_job_after_a_crash(cluster, env):
+def e2e_running_status_is_reconciled_from_the_job_after_a_crash(cluster, env):
     env.broker.publish_n(env.vhost, "q", 4, declare={})
     name = f"{env.tag}-crash"
     create_backup(cluster, env, name)
@@ -134,7 +138,7 @@ def test_running_status_is_reconciled_from_the_job_after_a_crash(cluster, env):
     assert run["messages"] == 4
 
 
-def test_failing_backup_reports_the_cause(cluster, env):
+def e2e_failing_backup_reports_the_cause(cluster, env):
     env.broker.publish_n(env.vhost, "q", 1, declare={})
     name = f"{env.tag}-fail"
     broker = dict(env.url_broker, credentialsSecretRef={"name": f"{env.tag}-bad"})
@@ -182,7 +186,7 @@ class _Hook:
         assert self.error is None, self.error
 
 
-def test_job_validation_fails_on_a_damaged_segment(cluster, env):
+def e2e_job_validation_fails_on_a_damaged_segment(cluster, env):
     """Validation in the run's pod: a segment damaged after the backup container wrote it and
     before the validation container starts fails the run, naming the key."""
     env.broker.publish_n(env.vhost, "good", 5, declare={})
@@ -229,7 +233,7 @@ def _reports(env, backup_id: str) -> list[dict]:
     return [dict(json.loads(root.get(k)), _key=k) for k in keys]
 
 
-def test_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
+def e2e_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     """validate.sparkThresholdBytes: 0 -> every finished run is validated by a SparkApplication running
     spark/validate.py (Spark in local mode here); its JSON report lands next to the backup."""
     env.broker.publish_n(env.vhost, "alpha", 6, declare={})
@@ -300,7 +304,7 @@ def test_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     assert next(h for h in cluster.status(name)["history"] if h["jobName"] == job)["validation"] == "Passed"
 
 
-def test_retention_deletes_the_oldest_backup(cluster, env):
+def e2e_retention_deletes_the_oldest_backup(cluster, env):
     env.broker.publish_n(env.vhost, "q", 2, declare={})
     name = f"{env.tag}-ret"
     create_backup(cluster, env, name, retention={"keepLast": 2})
@@ -319,7 +323,7 @@ def test_retention_deletes_the_oldest_backup(cluster, env):
     assert cluster.status(name)["retention"]["lastDeleted"] == [oldest]
 
 
-def test_restore_from_latest_backup_puts_messages_back(cluster, env):
+def e2e_restore_from_latest_backup_puts_messages_back(cluster, env):
     bodies = [f"m{i}".encode() for i in range(10)]
     for b in bodies:
         env.broker.publish(env.vhost, "orders", [b], declare={})
@@ -340,7 +344,7 @@ def test_restore_from_latest_backup_puts_messages_back(cluster, env):
     assert env.broker.read_bodies(env.vhost, "orders") == bodies
 
 
-def test_restore_with_the_spark_engine(cluster, env):
+def e2e_restore_with_the_spark_engine(cluster, env):
     """engine: spark -> a SparkApplication running spark/restore.py (Spark in local mode here)."""
     bodies = [f"s{i}".encode() for i in range(5)]
     env.broker.publish(env.vhost, "events", bodies, declare={})
@@ -380,7 +384,7 @@ def test_two_operators_one_slot_one_run(cluster, env):
         second.stop()
 
 
-def test_deletion_retain_has_no_finalizer_and_keeps_backups(cluster, env):
+def e2e_deletion_retain_has_no_finalizer_and_keeps_backups(cluster, env):
     env.broker.publish_n(env.vhost, "q", 1, declare={})
     name = f"{env.tag}-keep"
     create_backup(cluster, env, name)
@@ -413,7 +417,7 @@ def test_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
     wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name2) is None, 30, what="object gone", diag=cluster.logs)
     assert any(e["reason"] == "BackupsKept" for e in cluster.events(name2))
 
-def test_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster, env):
+def e2e_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster, env):
     """spec.encryption: the Job pods get the keyring from a Secret (secretKeyRef, no RBAC); every stored
     object but the manifest is sealed; in-pod deep validation opens them; a backupRef restore inherits the keys."""
     import base64
@@ -466,7 +470,7 @@ def test_per_resource_gauges_outlive_the_job(cluster, env):
     assert len(failed) == 1 and failed[0][1] == 1 and dict(failed[0][0][1])["reason"], failed
 
 
-def test_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
+def e2e_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     """A RabbitmqCluster whose status names its default-user Secret (a decoy <name>-default-user with a wrong
     password is ignored), and a messaging-topology-operator connectionSecret (uri, username, password)."""
     b, http, tag = env.broker, cluster.http, env.tag

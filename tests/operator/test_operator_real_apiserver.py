@@ -21,34 +21,33 @@ from rbak.catalog import list_backups
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-# The emulator module's tests that need no fake-clock schedule slot, run again here on the real
-# server (pytest collects them in this module, with this module's ``cluster``). Not here yet:
+# The tests that need no fake-clock schedule slot and no fault the server will not produce run
+# here only, on the real server (defined in test_operator_e2e.py as ``e2e_*`` so that module's
+# emulator does not run them again). Not here yet:
 # test_deletion_policy_delete_removes_backups_and_never_hangs: it passed alone on the real
 # server, but in a whole-module run under load the object was still there 30 s after kopf
 # reported "Deletion is processed" (to be investigated before it joins).
-from test_operator_e2e import (  # noqa: F401
-    test_credentials_as_the_rabbitmq_operators_publish_them,
-    test_deletion_retain_has_no_finalizer_and_keeps_backups,
-    test_encrypted_backup_validates_and_restores_with_keys_from_a_secret,
-    test_failing_backup_reports_the_cause,
-    test_job_validation_fails_on_a_damaged_segment,
-    test_on_demand_trigger_runs_once_per_value,
-    test_restore_from_latest_backup_puts_messages_back,
-    test_restore_with_the_spark_engine,
-    test_retention_deletes_the_oldest_backup,
-    test_running_status_is_reconciled_from_the_job_after_a_crash,
-    test_spark_validation_passes_then_names_a_damaged_segment,
+from test_operator_e2e import (  # noqa: E402,F401 (collected by pytest)
+    e2e_credentials_as_the_rabbitmq_operators_publish_them as test_credentials_as_the_rabbitmq_operators_publish_them,
+    e2e_deletion_retain_has_no_finalizer_and_keeps_backups as test_deletion_retain_has_no_finalizer_and_keeps_backups,
+    e2e_encrypted_backup_validates_and_restores_with_keys_from_a_secret as test_encrypted_backup_validates_and_restores_with_keys_from_a_secret,
+    e2e_failing_backup_reports_the_cause as test_failing_backup_reports_the_cause,
+    e2e_job_validation_fails_on_a_damaged_segment as test_job_validation_fails_on_a_damaged_segment,
+    e2e_on_demand_trigger_runs_once_per_value as test_on_demand_trigger_runs_once_per_value,
+    e2e_restore_from_latest_backup_puts_messages_back as test_restore_from_latest_backup_puts_messages_back,
+    e2e_restore_with_the_spark_engine as test_restore_with_the_spark_engine,
+    e2e_retention_deletes_the_oldest_backup as test_retention_deletes_the_oldest_backup,
+    e2e_running_status_is_reconciled_from_the_job_after_a_crash as test_running_status_is_reconciled_from_the_job_after_a_crash,
+    e2e_spark_validation_passes_then_names_a_damaged_segment as test_spark_validation_passes_then_names_a_damaged_segment,
 )
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, moto_s3, kube_api):
     """This module's cluster: the real server (tests/operator/conftest.py's ``env`` uses it)."""
-    # The operator's hand-written requests client loses the cluster CA when REQUESTS_CA_BUNDLE or
-    # CURL_CA_BUNDLE is set (issue #28, defect 3; set on this machine): they are kept from the
-    # operator until its client is replaced by the `kubernetes` library. Remove this then.
-    c = Cluster(tmp_path_factory.mktemp("cluster-real"), kube=kube_api,
-                operator_drop_env=("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"))
+    # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE stay in the operator's environment as this machine sets
+    # them: the kubernetes client keeps the kubeconfig's CA regardless (issue #28, defect 3).
+    c = Cluster(tmp_path_factory.mktemp("cluster-real"), kube=kube_api)
     try:
         yield c
     finally:

@@ -25,9 +25,8 @@ class Cluster:
     """The operator, the local kubelet and an API server: kmock's emulator, or with ``kube``
     (a ``support.kubeapi.KubeApi``) the real one."""
 
-    def __init__(self, tmp: Path, kube=None, operator_drop_env: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, kube=None) -> None:
         self.tmp = tmp
-        self.operator_drop_env = operator_drop_env
         if kube is None:
             self.emu = Emulator().start()
             self.http = Http(self.emu.url)
@@ -44,7 +43,7 @@ class Cluster:
 
     def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
         op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
-                      extra_env, self.operator_drop_env).start()
+                      extra_env).start()
         self.operators.append(op)
         return op
 

@@ -509,16 +509,14 @@ PodRunner._run_spark = _run_spark_app  # type: ignore[attr-defined]
 class Operator:
     """The real operator: ``python -m rbak_operator`` as a subprocess."""
 
-    def __init__(self, kubeconfig: Path, clock_file: Path, log_path: Path, extra_env: dict[str, str] | None = None,
-                 drop_env: tuple[str, ...] = ()):
+    def __init__(self, kubeconfig: Path, clock_file: Path, log_path: Path, extra_env: dict[str, str] | None = None):
         self.kubeconfig, self.clock_file, self.log_path = kubeconfig, clock_file, log_path
         self.extra_env = extra_env or {}
-        self.drop_env = drop_env
         self.proc: subprocess.Popen | None = None
         self._log = None
 
     def start(self) -> "Operator":
-        env = {k: v for k, v in os.environ.items() if k not in self.drop_env}
+        env = dict(os.environ)
         env.update({
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),
