@@ -230,15 +230,25 @@ def refuse_lossy_targets(storage: Storage, plans: list[QueuePlan], options: Rest
     by_vhost: dict[str, list[QueuePlan]] = {}
     for p in plans:
         by_vhost.setdefault(p.target_vhost, []).append(p)
-    with ManagementClient.for_connection(options.target, "target") as client:
+    try:
+        client = ManagementClient.for_connection(options.target, "target")
+    except RbakError:
+        return  # each queue's run fails on it with its own clear error
+    with client:
         for vhost, ps in by_vhost.items():
-            conn = connect(options.target, vhost, "target")
+            try:
+                conn = connect(options.target, vhost, "target")
+            except RbakError:
+                continue  # a missing vhost, refused credentials, TLS: the queues' runs name it
             try:
                 for p in ps:
                     state = state_of(p)
                     if state is None or state.done:
                         continue
-                    reasons, _ = target_problems(conn, client, storage, p, options, plan_codec(p, options), state)
+                    try:
+                        reasons, _ = target_problems(conn, client, storage, p, options, plan_codec(p, options), state)
+                    except RbakError:
+                        continue  # the queue's run reports it
                     if reasons:
                         problems.append(refusal(p.target_label, reasons))
             finally:

@@ -61,6 +61,7 @@ class QueueResult:
     expected_depth: int | None = None  # the target's depth the confirms account for, checked after publishing
     found_depth: int | None = None  # what it held then (None: not checked: consumers, a stream, exchange mode)
     depth_check: str = ""  # why the depth was not checked, when it was not
+    with_expiration: int = 0  # published records carrying a per-message TTL (properties.expiration)
 
 
 
@@ -334,7 +335,13 @@ def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options:
         res.depth_check = f"not checked: {consumers} consumer(s) attached to the target"
         return
     res.found_depth = found
+    ttl_note = (f"; {res.with_expiration} of the published records carry a per-message expiration "
+                f"(properties.expiration), which the broker counts from when they are published"
+                if res.with_expiration else "")
     if found == expected:
+        if res.with_expiration:
+            res.depth_check = (f"{res.with_expiration} record(s) carry a per-message expiration: the broker may "
+                               f"still drop them (a classic queue drops an expired message when it reaches the head)")
         return
     if found is None:
         held, why = "is gone", "the queue was deleted with every restored message (an expires, or a delete)"
@@ -347,7 +354,7 @@ def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options:
                f"restore cannot be verified")
     lossy = f" (settings: {'; '.join(res.lossy_settings)})" if res.lossy_settings else ""
     raise RestoreError(f"{plan.target_label} {held} after the restore, expected {expected} "
-                       f"({initial_depth} before + {res.confirmed} confirmed): {why}{lossy}")
+                       f"({initial_depth} before + {res.confirmed} confirmed): {why}{lossy}{ttl_note}")
 
 
 def _depth_and_consumers(conn: pika.BlockingConnection, queue: str) -> tuple[int | None, int]:
@@ -518,6 +525,8 @@ def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: 
                             else (r.exchange, r.routing_key))  # plan.publish_address, inlined
             pub.publish(exchange, rk, r, i, seg.key, (seg.sequence, i + 1, n))
             res.bytes += len(r.body)
+            if r.properties.expiration is not None:
+                res.with_expiration += 1
             if pub.published % 256 == 0:
                 progress.commit()
         progress.commit()
