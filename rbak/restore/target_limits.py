@@ -132,14 +132,9 @@ def effective_limits(queue_type: str, arguments: dict[str, Any], policy: dict[st
 
 def read_limits(client: Any, vhost: str, queue: str, queue_type: str | None = None) -> tuple[TargetLimits, dict[str, Any]] | None:
     """The effective limits of a target queue and its management record; None when it does not exist."""
-    from ..management import q
-
-    try:
-        info = client.request("GET", f"queues/{q(vhost)}/{q(queue)}") or {}
-    except ManagementApiError as e:
-        if e.status == 404:
-            return None
-        raise
+    info = _queue_record(client, vhost, queue)
+    if info is None:
+        return None
     qtype = info.get("type") or queue_type or "classic"
     args = info.get("arguments") or {}
     if "effective_policy_definition" in info:  # the broker's own merge of policy and operator policy
@@ -156,6 +151,29 @@ def read_limits(client: Any, vhost: str, queue: str, queue_type: str | None = No
     pol, pol_name = matching_definition(policies, queue, qtype)
     op, op_name = matching_definition(operator, queue, qtype)
     return effective_limits(qtype, args, pol, pol_name, op, op_name), info
+
+
+def _queue_record(client: Any, vhost: str, queue: str) -> dict[str, Any] | None:
+    """``GET /api/queues/{vhost}/{name}``; a name the URL cannot carry (``.``, ``..``: HTTP clients resolve
+    dot segments) is found in the vhost's listing instead."""
+    from ..management import q
+
+    if queue not in (".", ".."):
+        try:
+            info = client.request("GET", f"queues/{q(vhost)}/{q(queue)}")
+        except ManagementApiError as e:
+            if e.status == 404:
+                return None
+            raise
+        if isinstance(info, dict) and info.get("name") == queue:
+            return info
+    try:
+        listing = client.request("GET", f"queues/{q(vhost)}") or []
+    except ManagementApiError as e:
+        if e.status == 404:
+            return None
+        raise
+    return next((d for d in listing if isinstance(d, dict) and d.get("name") == queue), None)
 
 
 def _dlx(limits: TargetLimits) -> str:
