@@ -213,3 +213,37 @@ def test_expires_target_and_an_unknown_backlog(broker, vhost, tmp_path):
     r, out = restore(broker, tmp_path)
     assert r.returncode == 0 and out["queues"][0]["found_depth"] == N
     assert contents(broker, vhost, "q") == BODIES
+
+
+def test_queues_declared_by_the_definitions_import_are_judged_too(broker, vhost, vhost_factory, tmp_path):
+    """A real backup with definitions: a capped queue holding what fits (not lossy) and a TTL queue. The
+    restore declares both in a fresh vhost from the backup's definitions, then refuses before publishing,
+    naming only the TTL queue; allowed, both are restored and verified, the TTL queue's setting listed."""
+    from support.backups import backup_config
+
+    from rbak.backup import BackupEngine
+
+    declare(broker, vhost, "capped", "classic", {"x-max-length": 10})
+    declare(broker, vhost, "ttl", "classic", {"x-message-ttl": 600_000})
+    broker.publish(vhost, "capped", [b"c-%d" % i for i in range(15)])  # keeps the newest 10
+    broker.publish(vhost, "ttl", [b"t-%d" % i for i in range(5)])
+    summary = BackupEngine(backup_config(broker, vhost, tmp_path / "store", "b1", tmp_path / "state.db",
+                                         include_definitions=True)).run()
+    assert summary.completed
+    target = vhost_factory(broker)
+    r, out = restore(broker, tmp_path, restore_definitions=True, vhost_mapping={vhost: target})
+    assert r.returncode == 1 and out is None, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"rbak: Restore error: queue 'ttl' in vhost '{target}' may drop, expire or dead-letter "
+                           "restored messages: message-ttl 600000 (queue argument x-message-ttl)"), line
+    assert "capped" not in line
+    assert (broker.message_count(target, "capped"), broker.message_count(target, "ttl")) == (0, 0)  # declared, empty
+    r, out = restore(broker, tmp_path, restore_definitions=True, vhost_mapping={vhost: target}, allow_lossy_target=True)
+    assert r.returncode == 0 and out["ok"], r.stderr
+    by = {q["target_queue"]: q for q in out["queues"]}
+    assert (by["capped"]["status"], by["capped"]["expected_depth"], by["capped"]["found_depth"]) == ("restored", 10, 10)
+    assert by["capped"]["lossy_settings"] == []
+    assert (by["ttl"]["status"], by["ttl"]["found_depth"]) == ("restored", 5)
+    assert by["ttl"]["lossy_settings"][0].startswith("message-ttl 600000 (queue argument x-message-ttl)")
+    assert contents(broker, target, "capped") == [b"c-%d" % i for i in range(5, 15)]
+    assert contents(broker, target, "ttl") == [b"t-%d" % i for i in range(5)]
