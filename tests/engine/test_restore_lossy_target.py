@@ -247,3 +247,20 @@ def test_queues_declared_by_the_definitions_import_are_judged_too(broker, vhost,
     assert by["ttl"]["lossy_settings"][0].startswith("message-ttl 600000 (queue argument x-message-ttl)")
     assert contents(broker, target, "capped") == [b"c-%d" % i for i in range(5, 15)]
     assert contents(broker, target, "ttl") == [b"t-%d" % i for i in range(5)]
+
+
+def test_a_target_with_a_consumer_is_not_depth_checked_and_says_so(broker, vhost, tmp_path):
+    """A consumer takes messages while the restore runs, so the depth proves nothing: the summary says why
+    it was not checked, instead of failing or claiming it was verified."""
+    backup(tmp_path, vhost)
+    declare(broker, vhost, "q", "classic")
+    with broker.connect(vhost) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1)
+        ch.basic_consume("q", lambda *a: None)  # attached, holds one unacked message, never acks
+        r, out = restore(broker, tmp_path)
+        assert r.returncode == 0 and out["ok"], r.stderr
+        (q,) = out["queues"]
+        assert (q["status"], q["confirmed"], q["found_depth"]) == ("restored", N, None)
+        assert q["depth_check"] == "not checked: 1 consumer(s) attached to the target"
+    assert contents(broker, vhost, "q") == BODIES  # the unacked one went back at the head
