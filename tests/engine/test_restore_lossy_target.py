@@ -264,3 +264,21 @@ def test_a_target_with_a_consumer_is_not_depth_checked_and_says_so(broker, vhost
         assert (q["status"], q["confirmed"], q["found_depth"]) == ("restored", N, None)
         assert q["depth_check"] == "not checked: 1 consumer(s) attached to the target"
     assert contents(broker, vhost, "q") == BODIES  # the unacked one went back at the head
+
+
+def test_a_rerun_with_the_checkpoint_reports_the_loss_again(broker, vhost, tmp_path):
+    """The checkpoint does not mark a queue whose depth check failed as done: resuming publishes nothing
+    more (every record was confirmed) and fails again with the same numbers, never ``already-done``."""
+    from support.restores import options_for
+
+    from rbak.restore import run_restore
+
+    backup(tmp_path, vhost)
+    declare(broker, vhost, "q", "classic", {"x-max-length": 10})
+    opts = options_for(broker, "b1", allow_lossy_target=True, checkpoint_state=str(tmp_path / "cp.db"))
+    for _ in range(2):
+        s = run_restore(storage_for(tmp_path), opts)
+        (q,) = s.queues
+        assert not s.ok and (q.status, q.confirmed, q.expected_depth, q.found_depth) == ("failed", N, N, 10)
+    assert q.published == 0 and q.resumed_from is not None
+    assert contents(broker, vhost, "q") == BODIES[-10:]
