@@ -207,12 +207,14 @@ def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> di
     try:
         res = restore_queue_segments(storage, p, opts, cp)
     except RbakError as e:
-        res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
-                          status="failed", error=str(e))
-        try:
-            res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
-        except RbakError:
-            pass
+        res = getattr(e, "queue_result", None)  # what the broker confirmed and the depth check found
+        if res is None:
+            res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
+            try:
+                res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+            except RbakError:
+                pass
+        res.status, res.error = "failed", str(e)
     out = dataclasses.asdict(res)
     out.update(run=u.run_index, runs=u.runs, segments=len(p.segments),
                first_sequence=p.segments[0].sequence if p.segments else None,
