@@ -39,6 +39,9 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--definitions-dry-run", action="store_true", default=None, help="report what the definitions import would change")
     p.add_argument("--publish-mode", choices=("exchange", "queue"), default=None)
     p.add_argument("--allow-non-empty", action="store_true", default=None, help="publish into queues that already hold messages")
+    p.add_argument("--allow-lossy-target", action="store_true", default=None,
+                   help="publish into queues whose max-length, message TTL or expiry may drop restored messages "
+                        "(refused by default; the restore still fails if a target holds fewer than were confirmed)")
     p.add_argument("--increment-only", action="store_true", default=None,
                    help="a stream from an incremental backup: restore that backup's own offsets only, not the "
                         "earlier backups of its chain (the default restores base through the chosen backup)")
@@ -59,6 +62,7 @@ def _overrides(args: Any) -> dict[str, Any]:
         "definitions_dry_run": args.definitions_dry_run,
         "publish_mode": args.publish_mode,
         "allow_non_empty": args.allow_non_empty,
+        "allow_lossy_target": args.allow_lossy_target,
         "checkpoint_state": args.checkpoint_state,
         "increment_only": args.increment_only,
     }

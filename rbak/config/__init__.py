@@ -346,6 +346,11 @@ class RestoreOptions(_Section):
     queue_mapping: dict[str, str] = doc_field(doc="Rename queues: key `vhost/queue` or `queue`, value the new queue name.", factory=dict)
     allow_non_empty: bool = doc_field(False, "Publish into queues that already hold messages (refused by default).")
     skip_existing: bool = doc_field(False, "Skip (instead of failing on) target queues that already hold messages.")
+    allow_lossy_target: bool = doc_field(
+        False, "Publish into target queues whose arguments or policies may drop, expire or dead-letter restored "
+        "messages (a max-length/max-length-bytes without room for them, a message-ttl, an expires); refused "
+        "before anything is published by default. Either way a restore fails when a target holds fewer "
+        "messages afterwards than the broker confirmed.")
     overwrite_users: bool = doc_field(False, "Let the definitions import replace an existing user's password hash, tags "
                                       "and permissions (by default the target's users and permissions are kept).")
     definitions_strict: bool = doc_field(False, "Refuse definitions the target would reject (e.g. 3.x `ha-*` policies, "

@@ -32,8 +32,8 @@ t     bool (octet, 0 false)   Bool                         Bool as t 0/1
 T     timestamp (u64 s)       Timestamp                    Timestamp as T
 f     float (f32)             Float                        Float as f
 d     double (f64)            Double                       Double as d
-D     decimal (u8 scale,      LongString of its exact      (none)
-      u32 unsigned value)     text, e.g. ``"123.45"``
+D     decimal (u8 scale,      Table ``{"rbak:decimal":     Table of that one
+      i32 value)              [Short scale, Long value]}``  shape as D
 V     void                    Void                         Void as V
 F     table                   Table (order and repeated    Table as F
                               keys kept)
@@ -41,9 +41,11 @@ A     array                   Array                        Array as A
 ====  ======================  ===========================  ==================
 
 What does not survive a backup and restore unchanged: ShortString (RabbitMQ
-has no short-string field type) and ``D`` come back as LongString, the
-integer widths ``b B u I i L`` come back as ``s`` or ``l``, a ``t`` octet
-other than 0/1 comes back as 1.
+has no short-string field type) comes back as LongString, the integer widths
+``b B u I i L`` come back as ``s`` or ``l``, a ``t`` octet other than 0/1
+comes back as 1. A decimal ``D`` comes back as the same bytes: the format has
+no decimal variant, so it is stored as a one-entry table (``record.decimal_header``);
+its value is signed, as the Java client and pika read it.
 
 Decoding is strict, like RabbitMQ's parser (which every stored or delivered
 message has passed, since the broker decodes properties on publish): any
@@ -60,11 +62,11 @@ from __future__ import annotations
 
 import math
 import struct
-from decimal import Decimal
 from typing import Any
 
 from ..errors import SerializationError
 from .record import (
+    DECIMAL_KEY,
     VOID,
     Array,
     BackupProperties,
@@ -81,6 +83,8 @@ from .record import (
     Table,
     Timestamp,
     Void,
+    decimal_header,
+    decimal_parts,
 )
 
 
@@ -103,6 +107,7 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
 _U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _F32 = struct.Struct(">f")
@@ -167,11 +172,6 @@ PROPERTY_FIELDS = (
 )
 
 
-def decimal_text(scale: int, value: int) -> str:
-    """A ``D`` value's exact text: ``(2, 12345)`` -> ``"123.45"``."""
-    return str(Decimal(value).scaleb(-scale))
-
-
 # --------------------------------------------------------------------------
 # Decoding.
 # --------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def _value(data: bytes, pos: int, end: int) -> tuple[HeaderValue, int]:
     if t == _D:
         if p + 5 > end:
             raise _Bad(f"truncated 'D' value: needs 5 bytes, {end - p} left", pos)
-        return LongString(decimal_text(data[p], _U32.unpack_from(data, p + 1)[0])), p + 5
+        return decimal_header(data[p], _I32.unpack_from(data, p + 1)[0]), p + 5
     if t == _V:
         return VOID, p
     raise _Bad(f"unknown field type {_type_name(t)}", pos)
@@ -403,6 +403,12 @@ def _encode_value(out: bytearray, v: HeaderValue, where: str) -> None:
     elif t is Void:
         out += b"V"
     elif t is Table:
+        dec = decimal_parts(v) if len(v.value) == 1 and v.value[0][0] == DECIMAL_KEY else None
+        if dec is not None:
+            out += b"D"
+            out += _U8.pack(dec[0])
+            out += _I32.pack(dec[1])
+            return
         out += b"F"
         _encode_table(out, v.value, where)
     elif t is Array:

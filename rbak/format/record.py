@@ -110,6 +110,31 @@ Headers = tuple[tuple[str, HeaderValue], ...]
 
 VOID = Void()
 
+# An AMQP 0-9-1 decimal (``D``: u8 scale, 32-bit value) has no variant of its own in the RBAK format,
+# and a new variant would make the Rust tool's readers fail on the whole segment. It is stored as a
+# one-entry table the spec's readers all accept, ``{"rbak:decimal": [Short scale, Long value]}``, which
+# rbak's encoder turns back into the same ``D`` bytes. The value is signed, as the Java client and pika
+# write and read it: ``Decimal("-0.001")`` is scale 3, value -1 (bytes ``ff ff ff ff``).
+DECIMAL_KEY = "rbak:decimal"
+
+
+def decimal_header(scale: int, value: int) -> "Table":
+    """The stored form of a ``D`` value (``value`` as a signed 32-bit integer)."""
+    return Table(((DECIMAL_KEY, Array((Short(scale), Long(value)))),))
+
+
+def decimal_parts(v: Any) -> tuple[int, int] | None:
+    """(scale, signed value) when ``v`` is a stored decimal, else None."""
+    if type(v) is not Table or len(v.value) != 1:
+        return None
+    k, a = v.value[0]
+    if k != DECIMAL_KEY or type(a) is not Array or len(a.value) != 2:
+        return None
+    s, n = a.value
+    if type(s) is not Short or type(n) is not Long or not 0 <= s.value <= 255 or not -(2**31) <= n.value < 2**31:
+        return None
+    return s.value, n.value
+
 
 # --------------------------------------------------------------------------
 # Properties and record.

@@ -17,16 +17,17 @@ from typing import Any, Callable
 
 
 from ..catalog import load_manifest
-from ..errors import ManifestError, RbakError
+from ..errors import ManifestError, RbakError, RestoreError
 from ..format.manifest import BackupManifest
 from ..format.reader import read_segment
 from ..storage.base import Storage
 from .. import metrics
 from .chain import expand_chains
-from .checkpoint import open_checkpoint
+from .checkpoint import QueueState, open_checkpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
 from .queue_restore import QueueResult, plan_codec, restore_queue_segments
+from .target_limits import refusal
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
         return summary
     cp = open_checkpoint(options.checkpoint_state, checkpoint_fingerprint(options))
     try:
+        refuse_lossy_targets(storage, [p for p in plans if skipped_by_definitions(p, summary.definitions) is None],
+                             options, lambda p: cp.load(p.source_vhost, p.source_queue))
         def work(p: QueuePlan) -> QueueResult:
             try:
                 r = restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
@@ -210,6 +213,54 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
         cp.close()
     summary.duration_secs = time.monotonic() - t0
     return summary
+
+
+def refuse_lossy_targets(storage: Storage, plans: list[QueuePlan], options: RestoreOptions,
+                         state_of: Callable[[QueuePlan], QueueState | None]) -> None:
+    """Every target judged before the first publish of the whole restore (``target_limits``): one
+    lossy target refuses the restore, naming each such queue and setting. ``state_of`` gives a queue's
+    checkpoint (None: leave it to its own run). Each queue's run checks its target again."""
+    if options.allow_lossy_target or not plans:
+        return
+    from ..amqp import connect
+    from ..management import ManagementClient
+    from .queue_restore import target_problems
+
+    problems: list[str] = []
+    by_vhost: dict[str, list[QueuePlan]] = {}
+    for p in plans:
+        by_vhost.setdefault(p.target_vhost, []).append(p)
+    try:
+        client = ManagementClient.for_connection(options.target, "target")
+    except RbakError:
+        return  # each queue's run fails on it with its own clear error
+    with client:
+        for vhost, ps in by_vhost.items():
+            try:
+                conn = connect(options.target, vhost, "target")
+            except RbakError:
+                continue  # a missing vhost, refused credentials, TLS: the queues' runs name it
+            try:
+                for p in ps:
+                    state = state_of(p)
+                    if state is None or state.done:
+                        continue
+                    try:
+                        reasons, _ = target_problems(conn, client, storage, p, options, plan_codec(p, options), state)
+                    except RbakError:
+                        continue  # the queue's run reports it
+                    if reasons:
+                        problems.append(refusal(p.target_label, reasons))
+            finally:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001
+                    pass
+    if problems:
+        more = f" (and {len(problems) - 1} more target(s) like it)" if len(problems) > 1 else ""
+        for msg in problems:
+            log.error("%s", msg)
+        raise RestoreError(problems[0] + more)
 
 
 def skipped_by_definitions(p: QueuePlan, definitions: Any) -> QueueResult | None:

@@ -42,6 +42,8 @@ class RestoreOptions:
     queue_mapping: tuple[tuple[str, str], ...] = ()
     allow_non_empty: bool = False
     skip_existing: bool = False
+    allow_lossy_target: bool = False  # publish into a queue whose limits may drop what is restored (see target_limits)
+    verify_target_depth: bool = True  # compare the target's depth with the confirms after publishing (queue mode)
     verify_checksums: bool = True
     overwrite_users: bool = False
     definitions_strict: bool = False
@@ -123,6 +125,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         queue_mapping=tuple(sorted(r.queue_mapping.items())),
         allow_non_empty=r.allow_non_empty,
         skip_existing=getattr(r, "skip_existing", False),
+        allow_lossy_target=getattr(r, "allow_lossy_target", False),
         overwrite_users=r.overwrite_users,
         definitions_strict=r.definitions_strict,
         transient_queues=r.transient_queues,

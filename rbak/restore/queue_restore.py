@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pika
 import pika.exceptions
@@ -30,6 +30,7 @@ from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..amqp import connect
 from .record_publisher import RecordPublisher
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
+from .target_limits import TargetLimits, lossy_reasons, read_limits, refusal
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,12 @@ class QueueResult:
     bytes: int = 0
     error: str | None = None
     protocol: str = ""  # amqp091 | amqp10 | amqp10+amqp091 (switched for a record 1.0 cannot carry exactly)
+    initial_depth: int | None = None  # what the target held before this restore published (queue mode)
+    lossy_settings: list[str] = field(default_factory=list)  # accepted with allow_lossy_target (see target_limits)
+    expected_depth: int | None = None  # the target's depth the confirms account for, checked after publishing
+    found_depth: int | None = None  # what it held then (None: not checked: consumers, a stream, exchange mode)
+    depth_check: str = ""  # why the depth was not checked, when it was not
+    with_expiration: int = 0  # published records carrying a per-message TTL (properties.expiration)
 
 
 
@@ -209,7 +216,9 @@ def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: Rest
                                    f"non-empty queue (set restore.allow_non_empty: true to add to it)")
         cp.start_queue(plan.source_vhost, plan.source_queue, plan.target_vhost, plan.target_queue, depth or 0,
                        next_offset)
+        res.initial_depth = depth or 0
         return 0, None
+    res.initial_depth = state.initial_depth
     if stream and state.initial_offset is not None:
         seq, idx = state.resume_point()
         last_confirmed = body_at(seq, idx - 1) if state.confirmed and idx > 0 else None
@@ -220,6 +229,146 @@ def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: Rest
     depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None
     res.reconciled = reconcile_in_flight(plan, options, state.initial_depth, state.confirmed, depth_now)
     return res.reconciled, None
+
+
+def _incoming_body_bytes(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
+                         resume: tuple[int, int], skip: int) -> int:
+    """Body bytes of the records still to publish (after ``resume`` and the ``skip`` already landed), in the window."""
+    total = 0
+    s, e = options.window_start_ms, options.window_end_ms
+    for seg in plan.segments:
+        if seg.sequence < resume[0]:
+            continue
+        start = resume[1] if seg.sequence == resume[0] else 0
+        for _i, r in iter_segment_records(storage, seg, options.verify_checksums, start, codec=codec):
+            if record_in_window(r.backed_up_at, s, e):
+                if skip:
+                    skip -= 1
+                    continue
+                total += len(r.body)
+    return total
+
+
+def target_problems(conn: pika.BlockingConnection, client: Any, storage: Storage, plan: QueuePlan,
+                    options: RestoreOptions, codec: ObjectCodec | None, state: QueueState,
+                    skip_extra: int = 0) -> tuple[list[str], TargetLimits | None]:
+    """(why the target may drop, expire or dead-letter what is still to publish, its limits); both
+    empty when it does not exist yet or is a stream. Reads the management API (``target_limits``)."""
+    fresh = state.initial_depth is None and not state.segments
+    depth = queue_depth(conn, plan.target_queue)
+    if depth is None or plan.queue_type == "stream" or (fresh and depth and options.skip_existing):
+        return [], None
+    try:
+        found = read_limits(client, plan.target_vhost, plan.target_queue, plan.queue_type)
+    except RbakError as e:
+        raise RestoreError(f"{plan.target_label}: cannot read its arguments and policies, so whether it keeps "
+                           f"restored messages cannot be told ({e}); set restore.allow_lossy_target: true to "
+                           f"restore without this check") from None
+    if found is None:
+        return [], None
+    limits, info = found
+    incoming = max(0, plan.candidate_records - state.confirmed - skip_extra)
+    resume = state.resume_point()
+
+    def exact() -> int:
+        if fresh:
+            from .engine import count_selected
+
+            return count_selected(storage, plan, options)
+        return incoming
+
+    depth_bytes = 0 if depth == 0 else (info.get("message_bytes") if isinstance(info.get("message_bytes"), int) else None)
+    reasons = lossy_reasons(limits, depth, incoming, depth_bytes,
+                            lambda: _incoming_body_bytes(storage, plan, options, codec, resume, skip_extra), exact)
+    return reasons, limits
+
+
+def check_target_limits(conn: pika.BlockingConnection, storage: Storage, plan: QueuePlan, options: RestoreOptions,
+                        codec: ObjectCodec | None, state: QueueState, res: QueueResult, skip_extra: int) -> TargetLimits | None:
+    """Refuse a lossy target before publishing (unless ``allow_lossy_target``: then say so and go on)."""
+    from ..management import ManagementClient
+
+    try:
+        with ManagementClient.for_connection(options.target, "target") as client:
+            reasons, limits = target_problems(conn, client, storage, plan, options, codec, state, skip_extra)
+    except RestoreError as e:
+        if not options.allow_lossy_target:
+            raise
+        log.warning("%s", e)
+        res.lossy_settings = [f"not checked: {e}"]
+        return None
+    if reasons and not options.allow_lossy_target:
+        raise RestoreError(refusal(plan.target_label, reasons))
+    if reasons:
+        log.warning("%s may drop, expire or dead-letter restored messages (restore.allow_lossy_target: true): %s",
+                    plan.target_label, "; ".join(reasons))
+        res.lossy_settings = reasons
+    return limits
+
+
+def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options: RestoreOptions, res: QueueResult,
+                        limits: TargetLimits | None) -> None:
+    """After the last confirm: the target must hold what it held before plus every confirmed record.
+
+    Only where that is knowable: queue mode (every record goes to this queue), not a stream, no consumer
+    attached (the count comes with the passive declare). A message TTL below 5 s is waited out first, so
+    a queue that expires what it was given is seen empty, not full. Raises ``RestoreError`` naming the
+    queue, the expected and the found depth."""
+    initial_depth = res.initial_depth
+    if (not options.verify_target_depth or options.publish_mode != "queue" or plan.queue_type == "stream"
+            or initial_depth is None):
+        res.depth_check = "not checked: " + ("exchange mode" if options.publish_mode != "queue" else
+                                             "a stream" if plan.queue_type == "stream" else
+                                             "the depth before the restore is unknown" if initial_depth is None
+                                             else "a run of a split queue")
+        return
+    expected = initial_depth + res.confirmed
+    res.expected_depth = expected
+    ttl = limits.get("message-ttl") if limits is not None else None
+    if ttl is not None and 0 <= ttl.value < 5000:
+        conn.sleep(ttl.value / 1000 + 0.5)
+    found, consumers = _depth_and_consumers(conn, plan.target_queue)
+    if found is not None and found != expected and not consumers:
+        found = stable_depth(conn, plan.target_queue)  # drops (TTL, overflow) may still be landing
+        found, consumers = _depth_and_consumers(conn, plan.target_queue) if found is not None else (None, 0)
+    if consumers:
+        res.depth_check = f"not checked: {consumers} consumer(s) attached to the target"
+        return
+    res.found_depth = found
+    ttl_note = (f"; {res.with_expiration} of the published records carry a per-message expiration "
+                f"(properties.expiration), which the broker counts from when they are published"
+                if res.with_expiration else "")
+    if found == expected:
+        if res.with_expiration:
+            res.depth_check = (f"{res.with_expiration} record(s) carry a per-message expiration: the broker may "
+                               f"still drop them (a classic queue drops an expired message when it reaches the head)")
+        return
+    if found is None:
+        held, why = "is gone", "the queue was deleted with every restored message (an expires, or a delete)"
+    elif found < expected:
+        held = f"holds {found} message(s)"
+        why = f"{expected - found} restored message(s) are missing: the queue dropped, expired or dead-lettered them"
+    else:
+        held = f"holds {found} message(s)"
+        why = (f"{found - expected} more than the restore accounts for: something else published to it, so the "
+               f"restore cannot be verified")
+    lossy = f" (settings: {'; '.join(res.lossy_settings)})" if res.lossy_settings else ""
+    raise RestoreError(f"{plan.target_label} {held} after the restore, expected {expected} "
+                       f"({initial_depth} before + {res.confirmed} confirmed): {why}{lossy}{ttl_note}")
+
+
+def _depth_and_consumers(conn: pika.BlockingConnection, queue: str) -> tuple[int | None, int]:
+    ch = conn.channel()
+    try:
+        ok = ch.queue_declare(queue, passive=True).method
+        return ok.message_count, ok.consumer_count
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return None, 0
+        raise AmqpError(f"cannot inspect queue {queue!r}: {e.reply_code} {e.reply_text}") from None
+    finally:
+        if ch.is_open:
+            ch.close()
 
 
 def restore_queue_segments(
@@ -264,6 +413,7 @@ def restore_queue_segments(
         if prepared is None:
             return res  # skipped: the target already holds messages
         skip_extra, landed = prepared
+        limits = check_target_limits(conn, storage, plan, options, codec, state, res, skip_extra)
         resume = state.resume_point()
         if state.initial_depth is not None or state.segments:
             res.resumed_from = resume
@@ -274,6 +424,7 @@ def restore_queue_segments(
             _publish(storage, plan, options, codec, pub, progress, resume, skip_extra, landed)
             pub.drain()
             progress.commit(force=True)
+            verify_target_depth(conn, plan, options, res, limits)
         except RbakError as err:
             try:
                 pub.drain(timeout=5)
@@ -374,6 +525,8 @@ def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: 
                             else (r.exchange, r.routing_key))  # plan.publish_address, inlined
             pub.publish(exchange, rk, r, i, seg.key, (seg.sequence, i + 1, n))
             res.bytes += len(r.body)
+            if r.properties.expiration is not None:
+                res.with_expiration += 1
             if pub.published % 256 == 0:
                 progress.commit()
         progress.commit()

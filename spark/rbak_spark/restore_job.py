@@ -83,6 +83,7 @@ def build_options(args: argparse.Namespace):
             backup_id=args.backup_id, prefix=args.prefix, window_start_ms=start, window_end_ms=end,
             dry_run=True if args.dry_run else None, publish_mode=args.publish_mode,
             allow_non_empty=True if args.allow_non_empty else None, produce_batch_size=args.batch_size,
+            allow_lossy_target=True if args.allow_lossy_target else None,
             increment_only=True if getattr(args, "increment_only", False) else None,
         )
         opts = options_from_config(cfg, **overrides)
@@ -102,6 +103,7 @@ def build_options(args: argparse.Namespace):
         backup_id=args.backup_id, prefix=args.prefix or "", target=target,
         window_start_ms=start, window_end_ms=end, dry_run=args.dry_run,
         publish_mode=args.publish_mode or "queue", allow_non_empty=args.allow_non_empty,
+        allow_lossy_target=args.allow_lossy_target,
         produce_batch_size=args.batch_size or 500, increment_only=bool(getattr(args, "increment_only", False)),
         vhost_mapping=tuple(sorted(vmap.items())), queue_mapping=tuple(sorted(qmap.items())),
     )
@@ -199,17 +201,20 @@ def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> di
     p = u.plan
     cp = StorageProgress(storage, layout, progress_id, p.source_vhost, p.source_queue,
                          [s.sequence for s in p.segments], u.whole_queue, fingerprint)
-    opts = options if u.whole_queue else dataclasses.replace(options, allow_non_empty=True)  # checked by the driver
+    # a run of a split queue: the driver checked the target; the depth after it depends on the other runs
+    opts = options if u.whole_queue else dataclasses.replace(options, allow_non_empty=True, verify_target_depth=False)
     t0 = time.perf_counter()
     try:
         res = restore_queue_segments(storage, p, opts, cp)
     except RbakError as e:
-        res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type,
-                          status="failed", error=str(e))
-        try:
-            res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
-        except RbakError:
-            pass
+        res = getattr(e, "queue_result", None)  # what the broker confirmed and the depth check found
+        if res is None:
+            res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
+            try:
+                res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+            except RbakError:
+                pass
+        res.status, res.error = "failed", str(e)
     out = dataclasses.asdict(res)
     out.update(run=u.run_index, runs=u.runs, segments=len(p.segments),
                first_sequence=p.segments[0].sequence if p.segments else None,
@@ -267,6 +272,25 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
                                f"refusing to publish into a non-empty queue (set restore.allow_non_empty: true)")
 
 
+def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> None:
+    """Every target judged before any executor publishes (``rbak.restore.target_limits``), as ``rbak restore``
+    does; a queue with stored progress is left to its executor, which checks what is still to publish."""
+    from rbak.keys import BackupLayout
+    from rbak.restore.checkpoint import QueueState
+    from rbak.restore.engine import refuse_lossy_targets
+
+    from .progress import queue_progress_prefix
+
+    layout = BackupLayout(options.backup_id, options.prefix)
+
+    def state_of(p):
+        if any(True for _ in storage.list(queue_progress_prefix(layout, progress_id, p.source_vhost, p.source_queue))):
+            return None
+        return QueueState(None, 0, False, {})
+
+    refuse_lossy_targets(storage, plans, options, state_of)
+
+
 def run_restore_job(spark, url: str, options, ordering: str = "strict", progress_id: str | None = None,
                     reset: bool = False, log=print, publishers_per_task: int = PUBLISHERS_PER_TASK) -> dict:
     """The whole Spark restore; returns the summary (also stored next to the progress).
@@ -318,6 +342,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         log(n)
     if any(not u.whole_queue for u in units):
         _check_split_targets(storage, options, units, progress_id)
+    _refuse_lossy_targets(storage, options, plans, progress_id)
     results: list[dict] = [dict(dataclasses.asdict(r), run=0, runs=1, segments=0, first_sequence=None, seconds=0.0)
                            for r in skipped]
     if units:
@@ -404,6 +429,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--vhost-map", action="append", metavar="SRC=DST")
     ap.add_argument("--queue-map", action="append", metavar="[VHOST/]QUEUE=NEW")
     ap.add_argument("--allow-non-empty", action="store_true")
+    ap.add_argument("--allow-lossy-target", action="store_true",
+                    help="publish into queues whose max-length, message TTL or expiry may drop restored messages")
     ap.add_argument("--increment-only", action="store_true",
                     help="a stream from an incremental backup: its own offsets only (default: base through it)")
     ap.add_argument("--batch-size", type=int, default=None, help="unconfirmed messages in flight per run")

@@ -63,6 +63,15 @@ def _records(vhost, n, odd_one_at=None):
     return out
 
 
+def _dropped_ttl_0(q, records) -> bool:
+    """The restore's depth check saw the broker drop the records with a TTL of 0 as they were enqueued
+    (a 4.3.6 quorum queue does; classic queues and 4.0.5 drop them when they reach the head) and said so."""
+    live = sum(1 for r in records if r.properties.expiration != "0")
+    with_ttl = sum(1 for r in records if r.properties.expiration is not None)
+    return (q.status == "failed" and (q.expected_depth, q.found_depth, q.with_expiration) == (len(records), live, with_ttl)
+            and f"{with_ttl} of the published records carry a per-message expiration" in q.error)
+
+
 def _restore_both_ways(broker, vhost, tmp_path, qtype, records):
     storage = storage_for(tmp_path)
     build_backup(storage, "b", [(vhost, "q", qtype, records)], max_bytes=64 * 1024)
@@ -72,8 +81,8 @@ def _restore_both_ways(broker, vhost, tmp_path, qtype, records):
         opts = options_for(broker, "b", protocol=proto, produce_batch_size=100,
                            queue_mapping=((f"{vhost}/q", f"q-{proto}"),))
         summary = run_restore(storage, opts)
-        assert summary.ok, summary.to_json_obj()
         (results[proto],) = summary.queues
+        assert summary.ok or _dropped_ttl_0(results[proto], records), summary.to_json_obj()
     live = sum(1 for r in records if r.properties.expiration != "0")  # a TTL of 0 expires on enqueue
     got10 = consume_all(broker, vhost, "q-amqp10", live)
     got091 = consume_all(broker, vhost, "q-amqp091", live)
@@ -125,8 +134,8 @@ def test_auto_uses_1_0_on_4_x_and_0_9_1_on_3_x(broker, vhost, tmp_path):
     build_backup(storage, "b", [(vhost, "q", "quorum", records)])
     declare(broker, vhost, "q", "quorum")
     summary = run_restore(storage, options_for(broker, "b"))
-    assert summary.ok, summary.to_json_obj()
     (q,) = summary.queues
+    assert summary.ok or _dropped_ttl_0(q, records), summary.to_json_obj()
     assert q.protocol == ("amqp091" if broker.version < "4" else "amqp10")
     assert len(consume_all(broker, vhost, "q", 40)) == 40  # 10 carry a TTL of 0
 

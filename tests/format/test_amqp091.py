@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import re
 import struct
+from decimal import Decimal
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ from rbak.format.amqp091 import (
 )
 from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, ShortString,
-    Table, Timestamp,
+    Table, Timestamp, decimal_header,
 )
 from rbak.offline.rabbitmq import amqp_props
 from rbak.offline.rabbitmq.erlang_terms import Atom
@@ -61,9 +63,9 @@ WIRE_CASES = [
     (b"L" + b"\xff" * 8, Long(-1)),  # RabbitMQ reads L as signed too
     (b"f" + struct.pack(">f", 1.5), Float(1.5)),
     (b"d" + struct.pack(">d", -2.25), Double(-2.25)),
-    (b"D" + b"\x02" + struct.pack(">I", 12345), LongString("123.45")),
-    (b"D" + b"\x02" + b"\xff\xff\xff\xff", LongString("42949672.95")),  # unsigned, as RabbitMQ
-    (b"D" + b"\x00" + struct.pack(">I", 7), LongString("7")),
+    (b"D" + b"\x02" + struct.pack(">I", 12345), decimal_header(2, 12345)),
+    (b"D" + b"\x02" + b"\xff\xff\xff\xff", decimal_header(2, -1)),  # signed, as pika and the Java client
+    (b"D" + b"\x00" + struct.pack(">I", 7), decimal_header(0, 7)),
     (b"t\x00", Bool(False)),
     (b"t\x01", Bool(True)),
     (b"t\x02", Bool(True)),  # RabbitMQ: Value /= 0
@@ -189,7 +191,10 @@ def test_decoded_p_basic_terms_use_the_same_mapping_as_the_binary():
         v = 1.5 if variant in (Float, Double) else 7
         wire = letter.encode() + struct.pack(layout, v)
         assert amqp_props.table_from_terms([(b"k", Atom(atom), v)]) == decode_table(table(entry("k", wire)))
-    assert amqp_props.table_from_terms([(b"k", Atom("decimal"), (2, 12345))]) == (("k", LongString("123.45")),)
+    assert amqp_props.table_from_terms([(b"k", Atom("decimal"), (2, 12345))]) == (("k", decimal_header(2, 12345)),)
+    # RabbitMQ keeps the 32 bits unsigned in its terms; rbak reads them signed, as from the wire
+    assert (amqp_props.table_from_terms([(b"k", Atom("decimal"), (3, 2**32 - 1))])
+            == decode_table(table(entry("k", b"D\x03\xff\xff\xff\xff"))) == (("k", decimal_header(3, -1)),))
 
 
 def test_values_that_do_not_fit_fail_naming_the_header():
@@ -254,3 +259,40 @@ def test_header_equal_compares_floats_as_sent():
     assert header_equal(Double(math.nan), Double(math.nan))
     assert header_equal(Float(0.1), Float(float(struct.unpack(">f", struct.pack(">f", 0.1))[0])))
     assert not header_equal(Long(1), Short(1))
+
+
+@pytest.mark.parametrize("value", [
+    Decimal("-0.001"), Decimal("0.001"), Decimal(0), Decimal("-0"), Decimal("123.45"), Decimal(7),
+    Decimal(2**31 - 1), Decimal(-(2**31)), Decimal("-2147483648E-255"), Decimal("2147483647E-255"),
+    Decimal("1E-255"), Decimal("-1E-9"), Decimal("-21474.83648"),
+])
+def test_decimal_headers_keep_pika_s_bytes_and_value(value):
+    """A ``D`` header as pika writes it comes back as the same bytes and the same Decimal, through the
+    stored record (its JSON form uses the spec's variants only: a Table of a Short and a Long)."""
+    from pika.data import decode_table as pika_decode
+    from pika.data import encode_table as pika_encode
+
+    from rbak.format.record import decimal_parts, header_value_from_json, header_value_to_json
+
+    out: list[bytes] = []
+    pika_encode(out, {"d": value})
+    wire = b"".join(out)
+    headers = decode_table(wire)
+    ((_, stored),) = headers
+    parts = decimal_parts(stored)
+    assert parts is not None and parts[1] == int(value.scaleb(parts[0]))
+    as_json = orjson.loads(orjson.dumps(header_value_to_json(stored), option=orjson.OPT_SERIALIZE_NUMPY))
+    assert as_json == {"Table": [["rbak:decimal", {"Array": [{"Short": parts[0]}, {"Long": parts[1]}]}]]}
+    assert header_value_from_json(as_json) == stored
+    assert encode_table(headers) == wire
+    back, _ = pika_decode(encode_table(headers), 0)
+    assert back["d"] == value and back["d"].as_tuple().sign == (parts[1] < 0)
+
+
+def test_only_the_exact_decimal_shape_is_sent_as_d():
+    """A user's table that merely looks like one (wrong types, extra keys, value out of i32) stays a table."""
+    for v in (Table((("rbak:decimal", Array((Short(3), Long(2**31)))),)),
+              Table((("rbak:decimal", Array((Long(3), Long(1)))),)),
+              Table((("rbak:decimal", Array((Short(3), Long(1)))), ("x", Long(1)))),
+              Table((("rbak:decimal", Array((Short(256), Long(1)))),))):
+        assert encode_table((("k", v),))[4 + 2] == ord("F")

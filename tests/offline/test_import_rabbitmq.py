@@ -25,7 +25,7 @@ from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.errors import ImportFormatError  # noqa: E402
 from rbak.format.manifest import BackupManifest  # noqa: E402
 from rbak.format.record import (  # noqa: E402
-    Array, BackupProperties, Bool, Long, LongString, Table, Timestamp,
+    Array, BackupProperties, Bool, Long, LongString, Table, Timestamp, decimal_header,
 )
 from rbak.offline.rabbitmq import amqp_props, cqv1, erlang_terms  # noqa: E402
 from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
@@ -366,7 +366,7 @@ def test_amqp_properties_every_field_type():
     props, headers = amqp_props.from_p_basic(p_basic)
     assert props == BackupProperties(content_type="text/plain", delivery_mode=2, timestamp=7)
     assert headers == (("n", Long(5)), ("t", Table((("b", Bool(True)),))),
-                       ("a", Array((LongString("v"), LongString("123.45")))))
+                       ("a", Array((LongString("v"), decimal_header(2, 12345)))))
 
 
 def test_directory_names():

@@ -21,6 +21,7 @@ import pika
 
 from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
+    decimal_header,
 )
 from rbak.offline.rabbitmq.rabbitmq_dir import queue_dir_name, vhost_dir_name
 from support.private_node import PrivateNode, chroot_for, raw, raw_bytes, raw_field_values
@@ -62,7 +63,7 @@ ALL_TYPES = [
     ("L", raw("L", "q", 2**50), Long(2**50)),
     ("f", raw("f", "f", 1.5), Float(1.5)),
     ("d", raw("d", "d", -2.25), Double(-2.25)),
-    ("D", raw("D", "BI", 2, 12345), LongString("123.45")),
+    ("D", raw("D", "BI", 2, 12345), decimal_header(2, 12345)),
     ("t", True, Bool(True)),
     ("t0", False, Bool(False)),
     ("T", raw("T", "Q", 1_700_000_000), Timestamp(1_700_000_000)),

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...format.amqp091 import (  # noqa: F401 - the importer's names for the codec
-    PROPERTY_FIELDS, VARIANT_OF_RABBIT_TYPE, PropertiesError, decimal_text, decode_basic_properties,
+    PROPERTY_FIELDS, VARIANT_OF_RABBIT_TYPE, PropertiesError, decode_basic_properties,
     parse_table,
 )
 from ...format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Headers, LongString, Table,
+    decimal_header,
 )
 from .erlang_terms import Atom
 
@@ -126,7 +127,10 @@ def _typed_value(typ: Any, v: Any) -> HeaderValue:
     if typ == "decimal":
         if not (isinstance(v, tuple) and len(v) == 2):
             raise ValueError(f"decimal must be {{Scale, Value}}, got {_short_repr(v)}")
-        return LongString(decimal_text(_int(v[0], "decimal scale"), _int(v[1], "decimal value")))
+        scale, value = _int(v[0], "decimal scale"), _int(v[1], "decimal value")
+        if not 0 <= scale <= 255 or not -(2**31) <= value < 2**32:
+            raise ValueError(f"decimal {{Scale, Value}} out of range: {_short_repr(v)}")
+        return decimal_header(scale, value - 2**32 if value >= 2**31 else value)  # RabbitMQ keeps it unsigned
     if typ == "table":
         return Table(table_from_terms(v))
     if typ == "array":
