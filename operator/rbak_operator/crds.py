@@ -266,6 +266,10 @@ def restore_spec_schema() -> dict[str, Any]:
             "transientQueues": _s("transient non-exclusive queues on a target that denies them",
                                   enum=["durable", "skip"], default="durable"),
             "dryRun": _b("report what would be published, publish nothing", default=False),
+            "allowLossyTarget": _b("publish into target queues whose max-length, message TTL or expiry (argument "
+                                   "or policy) may drop, expire or dead-letter restored messages; the restore "
+                                   "still fails if a target holds fewer messages than were confirmed",
+                                   default=False),
             "engine": _s("job, spark, or auto (spark above sparkThresholdBytes)", enum=["job", "spark", "auto"], default="auto"),
             "sparkThresholdBytes": _i("auto picks spark when the backup is larger", minimum=0, default=10 * 1024**3),
             "spark": spark_schema(),

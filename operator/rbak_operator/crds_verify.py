@@ -26,6 +26,12 @@ def verify_schema() -> dict[str, Any]:
                                      minimum=1, maximum=3600),
             "startingDeadlineSeconds": _i("a drill slot missed by more than this is skipped", minimum=0),
             "activeDeadlineSeconds": _i("kill a drill Job after this many seconds", minimum=1),
+            "signingKeySecretRef": _obj(
+                "Ed25519 private key (PEM) that signs each drill report (rbak drill verify checks it)",
+                {"name": _s("Secret in the object's namespace", minLength=1),
+                 "key": _s("key in the Secret holding the PEM", default="signing.pem", minLength=1)},
+                ["name"],
+            ),
         },
         ["schedule"],
     )
@@ -52,5 +58,6 @@ def restore_drill_status_schema() -> dict[str, Any]:
             "nextRunTime": _s("next drill slot", format="date-time"),
             "recordedJobs": _strlist("drill Jobs already recorded (newest last)"),
             "lastManualTrigger": _s("value of the rbak.io/drill-now annotation last run"),
+            "signer": _s("SHA256:<hex> fingerprint of the key that signed the last drill report"),
         },
     )

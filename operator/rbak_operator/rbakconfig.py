@@ -284,7 +284,7 @@ def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target:
         "dry_run": bool(spec.get("dryRun", False)),
         "checkpoint_state": f"${{{ENV_STATE}}}/restore-checkpoint.db",
     }
-    if spec.get("allowLossyTarget"):  # needs the RabbitMQRestore CRD's spec.allowLossyTarget (boolean)
+    if spec.get("allowLossyTarget"):
         restore["allow_lossy_target"] = True
     pitr = spec.get("pitr") or {}
     if pitr.get("start") is not None:
