@@ -26,7 +26,7 @@ from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import delivery_count, to_record
 from .fast_consume import passive_counts
 from .guard_store import merge
-from .limits import refuse_delayed_retry
+from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
 from .preflight import QueueRefused, QueueSkipped, live_priorities, quorum_settings, skip_reason
 from .queue_reader import CLOSE, NACK, DeliveryLimitError, describe_message, read_queue
@@ -102,7 +102,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     if quorum and depth == 0:
         _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
     elif quorum and limit is not None and mode == CLOSE:
-        _check_guard(eng, guard_now, where, limit)
+        _check_guard(eng, guard_now, where, limit, version)
     # an auto-delete queue is deleted when its last consumer goes: read it without one
     use_get = q.auto_delete and not quorum
     eng.progress("start", vhost=vhost, queue=name, total=depth)
@@ -130,14 +130,15 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             state["b"] = 0
 
     try:
-        read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit, return_mode=mode,
+        read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
+                   margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
                             use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
                             deadline=eng._deadline(), throttle=eng.throttle)
     except BaseException as e:
         writer.abort()
         if quorum and isinstance(e, DeliveryLimitError):
             state["stopped"] = 1  # the message at its limit was taken too, and went back
-            state["max"] = max(state["max"], limit or 0)
+            state["max"] = max(state["max"], e.count)
             state["nearest"] = state["nearest"] or e.message_name
         raise
     finally:
@@ -183,12 +184,23 @@ def _set_guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, 
     eng.guards.save(vhost, name, g, eng.cfg.backup_id)
 
 
-def _check_guard(eng: "BackupEngine", g: Guard | None, where: str, limit: int) -> None:
+def _check_guard(eng: "BackupEngine", g: Guard | None, where: str, limit: int, version: str | None) -> None:
+    """Refuse before reading when one more backup would leave a message at ``limit - margin`` or more.
+
+    Without a guard the lowest count a message can have (0) is checked: a limit within the
+    margin of 1 is refused before any message is taken, because the very first return would
+    already use up the application's budget."""
     margin = eng.cfg.backup.delivery_limit_margin
-    if g is not None and g.max_count + margin > limit:
-        raise DeliveryLimitError(
-            f"{where}: refused before reading: its delivery limit is {limit} and an earlier backup left "
-            f"{g.message or 'a message'} at x-delivery-count {g.max_count}; one more backup (on this broker every "
-            f"read returns each message once, which counts as a delivery on quorum queues) could push it past the "
-            f"limit and drop or dead-letter it. Consume or move those messages, or raise the limit (policy "
-            f"delivery-limit / x-delivery-limit); rbak forgets this once it sees the queue empty")
+    ceiling = budget_ceiling(limit, margin)
+    count = g.max_count if g is not None else 0
+    if may_take(count, ceiling):
+        return
+    why = (f"an earlier backup left {g.message or 'a message'} at x-delivery-count {count}" if g is not None
+           else "even a message never delivered before")
+    raise DeliveryLimitError(
+        f"{where}: refused before reading: its delivery limit is {limit} and backup.delivery_limit_margin is "
+        f"{margin}, so a backup never leaves a message at x-delivery-count {ceiling} or more; {why} would go "
+        f"back at {count + 1} (on RabbitMQ {version or 'this version'} every return of a quorum message counts "
+        f"as a delivery; one at {limit + 1} is dropped or dead-lettered). Consume or move those messages, raise "
+        f"the limit (policy delivery-limit / x-delivery-limit), or lower the margin; rbak forgets this once it "
+        f"sees the queue empty")
