@@ -52,6 +52,7 @@ class Setting:
 class QueueSettings:
     delivery_limit: Setting | None  # value None: unlimited
     delayed_retry: Setting | None  # value: "all" | "failed" | "returned"; None: disabled
+    single_active: bool = False  # x-single-active-consumer: a read may use one consumer only
 
 
 def matching_policies(policies: Iterable[dict[str, Any]], name: str, queue_type: str) -> list[dict[str, Any]]:
@@ -159,7 +160,7 @@ def resolve_settings(arguments: dict[str, Any], name: str, queue_type: str, poli
     retry = None
     if queue_type == "quorum" and version_tuple(version) >= (4, 3):  # delayed retries are new in 4.3
         retry = resolve_delayed_retry(arguments, pol, op)
-    return QueueSettings(limit, retry)
+    return QueueSettings(limit, retry, arguments.get("x-single-active-consumer") is True)
 
 
 def refuse_delayed_retry(retry: Setting | None, nack_return: bool) -> str | None:

@@ -28,8 +28,9 @@ from .fast_consume import passive_counts
 from .guard_store import merge
 from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
-from .preflight import QueueRefused, QueueSkipped, live_priorities, quorum_settings, skip_reason
-from .queue_reader import CLOSE, NACK, DeliveryLimitError, describe_message, read_queue
+from .preflight import (QueueRefused, QueueSkipped, live_priorities, quorum_settings, single_active_reason,
+                        skip_reason)
+from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, DeliveryLimitError, describe_message, read_queue
 from .record_thread import RecordThread
 
 if TYPE_CHECKING:
@@ -90,14 +91,15 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
     depth, consumers = passive_info(conn, vhost, name)
-    reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers)
+    reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers) or \
+        single_active_reason(q, consumers, eng.client)
     sel = eng.cfg.source.queues
     if not reason and sel.too_few(qtype, depth):  # exact here; the listing's figure can be seconds old
         reason = f"held {depth} message(s), fewer than source.queues.min_messages ({sel.min_messages})"
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
     quorum = qtype == "quorum"
-    limit, mode = quorum_preflight(eng, q, conn, version, consumers, depth) if quorum else (None, CLOSE)
+    limit, mode, single = quorum_preflight(eng, q, conn, version, consumers, depth) if quorum else (None, CLOSE, False)
     guard_now = _guard(eng, ckpt, cluster, vhost, name) if quorum else None
     if quorum and depth == 0:
         _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
@@ -131,7 +133,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
 
     try:
         read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
-                   margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
+                   margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode, single_consumer=single,
                             use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
                             deadline=eng._deadline(), throttle=eng.throttle)
     except BaseException as e:
@@ -159,9 +161,11 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
 
 
 def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | None, consumers: int | None,
-                     depth: int) -> tuple[int | None, str]:
-    """(delivery limit, how messages go back) of a quorum queue, or ``QueueRefused`` before anything is
-    taken: delayed retries a return would trigger, or priorities a return would reorder for live consumers."""
+                     depth: int) -> tuple[int | None, str, bool]:
+    """(delivery limit, how messages go back, single active consumer) of a quorum queue, or
+    ``QueueRefused`` before anything is taken: delayed retries a return would trigger, priorities a
+    return would reorder for live consumers, or a single-active-consumer queue deeper than one
+    consumer can hold (its second consumer would wait behind the first and receive nothing)."""
     where = f"queue {q.name!r} in vhost {q.vhost!r}"
     settings = quorum_settings(q, eng.client, eng.policies, version)
     limit = settings.delivery_limit.value if settings.delivery_limit else None
@@ -171,7 +175,11 @@ def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | Non
         raise QueueRefused(f"{where}: refused before reading: {why}. Back it up when delayed retries are "
                            f"off for it, or exclude it (source.queues.exclude)")
     live_priorities(q, eng.client, version, consumers, depth)
-    return limit, mode
+    if settings.single_active and depth > QUORUM_PREFETCH:
+        raise QueueRefused(f"{where}: refused before reading: single active consumer queue "
+                           f"(x-single-active-consumer) holding {depth} messages: the broker delivers to one "
+                           f"consumer at a time, and one consumer can hold at most {QUORUM_PREFETCH}")
+    return limit, mode, settings.single_active
 
 
 def _guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:

@@ -151,6 +151,7 @@ def read_queue(
     delivery_limit: int | None = None,
     margin: int = 1,
     return_mode: str = CLOSE,
+    single_consumer: bool = False,
     use_get: bool = False,
     read_timeout: float = 30.0,
     deadline: float | None = None,
@@ -166,6 +167,8 @@ def read_queue(
     after the consumer is cancelled (4.3+: no delivery counted); CLOSE: by closing.
     ``margin``: ``backup.delivery_limit_margin``; the read stops at a message whose count
     would reach ``delivery_limit - margin`` once returned (``limits.may_take``).
+    ``single_consumer``: a single-active-consumer quorum queue, read by one consumer (a second
+    one would wait behind the first and receive nothing): no windows, at most QUORUM_PREFETCH.
     """
     res = ReadResult()
     where = f"queue {queue!r} in vhost {vhost!r}"
@@ -197,7 +200,8 @@ def read_queue(
         one_channel = quorum and fc is not None  # raw consumers: several may share a channel
         while res.records < depth and not use_get:
             if quorum:
-                window = next_window(window, res.max_delivery_count, window_limit, depth - res.records, windows)
+                window = min(depth, QUORUM_PREFETCH) if single_consumer else \
+                    next_window(window, res.max_delivery_count, window_limit, depth - res.records, windows)
                 windows += 1
             want = window if quorum else depth - res.records
             if one_channel and channels and on_channel < MAX_CONSUMERS_PER_CHANNEL:
