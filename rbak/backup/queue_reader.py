@@ -8,15 +8,22 @@ that shape this code (see docs/backup.md):
   channel requeues them in their original order.
 - quorum: a prefetch-0 consumer is capped at 2000 unacked; one consumer
   with ``basic.qos(65535)`` receives 65535 and returning them keeps the
-  order. Deeper queues use one channel after another, each with a prefetch
-  of exactly the messages it takes (so no consumer has spare credit to
-  receive messages an earlier channel returns: that is what scrambled the
-  order in our measurements), closed in the order they were opened.
-- quorum, 3.10 and 4.0: every return (channel close, nack, AMQP 1.0 ``released``
-  or ``modified``) adds 1 to ``x-delivery-count``; a message returned past its
-  delivery limit is dropped or dead-lettered. Reads with a limit therefore take
-  small windows first (``next_window``) and stop at a message already at its
-  limit, so a stop costs at most the at-limit messages of one window.
+  order. Deeper queues use one consumer (window) after another, each with a
+  prefetch of exactly the messages it takes (so no consumer has spare credit
+  to receive messages an earlier one returns: that is what scrambled the
+  order in our measurements), returned in the order they were started. On
+  the fast path the windows are consumers of ONE channel (up to
+  MAX_CONSUMERS_PER_CHANNEL): a connection the broker closes returns separate
+  channels in any order, one channel's consumers in order (issue 27).
+- quorum, 3.10 and 4.0: every return (channel close, nack, reject, AMQP 1.0
+  ``released`` or ``modified``) adds 1 to ``x-delivery-count``
+  (benchmarks/return_costs.py); a message returned past its delivery limit is
+  dropped or dead-lettered. Reads with a limit therefore take small windows
+  first (``next_window``) and stop at a message whose return would reach
+  ``limit - margin``, so a stop costs one delivery to at most one window.
+- every version: a returned message joins the tail of the queue's returns, so
+  a read cut off after an earlier complete backup leaves the queue rotated
+  ([not taken, taken]); nothing RabbitMQ offers returns a message to the head.
 - quorum, 4.3: ``basic.nack(requeue)`` is a plain return (``rabbit_fifo``
   ``#return{}``: ``x-acquired-count`` + 1, no delivery count); a channel close
   or ``basic.reject`` is a failed delivery and counts. With the consumer
