@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pika
-
 from bench_common import Broker
 
 RATE = 1500

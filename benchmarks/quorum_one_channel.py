@@ -23,7 +23,7 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_common import Broker  # noqa: E402
+from bench_common import Broker
 
 
 def fill(b: Broker, vh: str, q: str, n: int) -> None:

@@ -19,7 +19,6 @@ import time
 import uuid
 
 import pika
-
 from bench_common import Broker
 
 ROUNDS = 3
@@ -127,18 +126,20 @@ def main(ids: list[str]) -> None:
         version = b.version()
         with b.vhost() as vh:
             conn = pika.BlockingConnection(b.params(vh))
-            ways = [("0-9-1 channel close (basic.get)", lambda n: ret_close(conn, n)),
-                    ("0-9-1 cancel, then close", lambda n: ret_cancel_close(conn, n)),
-                    ("0-9-1 basic.nack requeue", lambda n: ret_nack(conn, n)),
-                    ("0-9-1 basic.reject requeue", lambda n: ret_reject(conn, n))]
+            ways = [("0-9-1 channel close (basic.get)", ret_close, None),
+                    ("0-9-1 cancel, then close", ret_cancel_close, None),
+                    ("0-9-1 basic.nack requeue", ret_nack, None),
+                    ("0-9-1 basic.reject requeue", ret_reject, None)]
             if not version.startswith("3."):
-                for o in ("released", "modified", "modified-failed", "detach"):
-                    ways.append((f"1.0 {o}", lambda n, o=o: _amqp10(b, vh, n, o)))
-            for label, fn in ways:
+                ways += [(f"1.0 {o}", None, o) for o in ("released", "modified", "modified-failed", "detach")]
+            for label, fn, outcome in ways:
                 name = _fresh(conn)
                 try:
                     for _ in range(ROUNDS):
-                        fn(name)
+                        if fn is not None:
+                            fn(conn, name)
+                        else:
+                            _amqp10(b, vh, name, outcome)
                     time.sleep(0.2)
                     dc, ac, left = _counts(conn, name)
                     print(f"{bid} {version}: {label:34s} x{ROUNDS}: x-delivery-count={dc} "
