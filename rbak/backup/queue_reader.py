@@ -98,6 +98,7 @@ class ReadResult:
     nearest: str = ""  # the message with the highest x-delivery-count
     channels: int = 0
     last_tag: int = 0  # the delivery tag of the last message taken (where a quorum window ends)
+    last_redelivered: bool = False  # it came from the queue's returns (an earlier backup or consumer)
 
 
 Sink = Callable[[object, object, bytes], None]
@@ -260,7 +261,8 @@ def read_queue(
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         error = e
         raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
-                        "the broker returns every unacked message to the queue") from None
+                        "the broker returns every unacked message to the queue"
+                        f"{_rotation_note(quorum, res, depth)}") from None
     except BaseException as e:
         error = e
         raise
@@ -271,6 +273,19 @@ def read_queue(
         finally:
             if fc is not None:
                 fc.uninstall()
+
+
+def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:
+    """What a cut does to a quorum queue whose messages were returned before (rabbit_fifo, every version).
+
+    Returns join the tail of the queue's returns. The last message taken was ``redelivered``,
+    so it came from the returns, and so may the ones not taken: those are delivered first now,
+    and the messages the backup had taken come back behind them."""
+    if not quorum or not res.last_redelivered or res.records >= depth:
+        return ""
+    return (f" BEHIND the ones it had not taken: the queue's messages had been returned before (an earlier "
+            f"backup), and RabbitMQ returns messages to the tail of its returns, so the queue is now rotated "
+            f"(its first {res.records} or more messages come after the rest; nothing lost)")
 
 
 def reading_channel(conn: pika.BlockingConnection):
@@ -391,6 +406,7 @@ def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: 
     sink(method, props, body)
     res.records += 1
     res.last_tag = method.delivery_tag
+    res.last_redelivered = method.redelivered
 
 
 def _check_cancelled(conn, channels: list, cancelled: list, where: str, records: int, depth: int,
