@@ -125,7 +125,9 @@ class FastConsume:
         self.cancelled: set[int] = set()  # channels whose consumer the broker cancelled
         self.awaiting: dict[int, tuple[int, int]] = {}  # channel -> the (class, method) reply ``call`` awaits
         self.replies: dict[int, bytes] = {}  # channel -> that reply's arguments, once it arrived
-        self.raw_tags: dict[int, bytes] = {}  # channel -> the tag of its ``raw`` consumer (pika does not know it)
+        # channel -> the tags of its ``raw`` consumers, oldest first (pika does not know them); a quorum
+        # read keeps several on one channel (queue_reader: one channel, so a cut returns them in order)
+        self.raw_tags: dict[int, list[bytes]] = {}
         self._held = bytearray()  # bytes neither side has taken yet (an incomplete frame or delivery)
         self._poll: Any = None  # select.poll on the socket, for ``pump``
         self._timers_at = 0.0
@@ -228,8 +230,8 @@ class FastConsume:
             del self.awaiting[num]
             self.replies[num] = bytes(buf[pos + 11:pos + size - 1])
             return True
-        tag = self.raw_tags.get(num)
-        if tag is not None and which == BROKER_CANCEL and bytes(buf[pos + 12:pos + 12 + buf[pos + 11]]) == tag:
+        tags = self.raw_tags.get(num)
+        if tags and which == BROKER_CANCEL and bytes(buf[pos + 12:pos + 12 + buf[pos + 11]]) in tags:
             self.cancelled.add(num)  # the queue was deleted, or 4.3's consumer timeout; no reply (nowait)
             return True
         return False
@@ -289,24 +291,28 @@ class FastConsume:
         return _COUNTS.unpack_from(args, 1 + args[0])
 
     def cancel(self, ch: Any) -> None:
-        """Cancel ``ch``'s raw consumer and wait for the broker's Cancel-Ok (nothing is delivered after it)."""
-        tag = self.raw_tags.get(ch.channel_number)
-        if tag is not None:
-            self.call(ch, CANCEL_OK, pika.spec.Basic.Cancel(consumer_tag=tag.decode()))
-            self.raw_tags.pop(ch.channel_number, None)
+        """Cancel ``ch``'s raw consumers, oldest first, each awaiting the broker's Cancel-Ok (nothing is
+        delivered to a consumer after it)."""
+        tags = self.raw_tags.get(ch.channel_number) or []
+        while tags:
+            self.call(ch, CANCEL_OK, pika.spec.Basic.Cancel(consumer_tag=tags[0].decode()))
+            tags.pop(0)
+        self.raw_tags.pop(ch.channel_number, None)
 
     # -- the read's side -----------------------------------------------------------------------
     def consume(self, ch: Any, queue: str, arguments: dict | None = None, raw: bool = False) -> str:
         """Start a consumer on ``ch`` whose deliveries are parsed here (from its first one).
 
         ``raw``: a ``nowait`` Basic.Consume pika does not know; ``cancel`` ends it (pika's own
-        ``basic_cancel`` does not know its tag)."""
+        ``basic_cancel`` does not know its tag). Raw tags are zero-padded so that they sort in the
+        order the consumers were started: RabbitMQ 3.10 keys a quorum queue's consumers by
+        (tag, channel) and returns a closed channel's consumers in key order."""
         num = ch.channel_number
         self.channel = num  # before Basic.Consume is sent: no delivery can precede its Consume-Ok
         self.pending = []  # anything an earlier channel of the read left is never this consumer's
         if raw:
-            tag = f"rbak.{num}.{next(_TAGS)}"
-            self.raw_tags[num] = tag.encode()
+            tag = f"rbak.{num}.{next(_TAGS):012d}"
+            self.raw_tags.setdefault(num, []).append(tag.encode())
             self.send(ch, pika.spec.Basic.Consume(queue=queue, consumer_tag=tag, nowait=True, arguments=arguments))
             return tag
         # one cancel callback per channel (a shared reading channel serves many reads): it tells

@@ -52,6 +52,7 @@ class Setting:
 class QueueSettings:
     delivery_limit: Setting | None  # value None: unlimited
     delayed_retry: Setting | None  # value: "all" | "failed" | "returned"; None: disabled
+    single_active: bool = False  # x-single-active-consumer: a read may use one consumer only
 
 
 def matching_policies(policies: Iterable[dict[str, Any]], name: str, queue_type: str) -> list[dict[str, Any]]:
@@ -159,7 +160,7 @@ def resolve_settings(arguments: dict[str, Any], name: str, queue_type: str, poli
     retry = None
     if queue_type == "quorum" and version_tuple(version) >= (4, 3):  # delayed retries are new in 4.3
         retry = resolve_delayed_retry(arguments, pol, op)
-    return QueueSettings(limit, retry)
+    return QueueSettings(limit, retry, arguments.get("x-single-active-consumer") is True)
 
 
 def refuse_delayed_retry(retry: Setting | None, nack_return: bool) -> str | None:
@@ -178,3 +179,20 @@ def refuse_delayed_retry(retry: Setting | None, nack_return: bool) -> str | None
         return (f"delayed retries are on (delayed-retry-type {kind!r}, from {retry.source}): every message a "
                 f"backup returns by {how} would be held back from your consumers for the retry delay")
     return None
+
+
+def budget_ceiling(limit: int | None, margin: int) -> int | None:
+    """The ``x-delivery-count`` no message may reach because of a backup: ``limit - margin``.
+
+    A backup that returns by channel close (every quorum return before 4.3, measured: 0-9-1
+    close, cancel, nack and reject, AMQP 1.0 ``released`` and ``modified`` on 4.0.5) adds one
+    delivery to each message it takes, so a message at count ``c`` may be taken only while
+    ``c + 1 < ceiling``: the application keeps ``margin`` deliveries below its limit (and the
+    one at the limit) for its own retries. None: no limit applies.
+    """
+    return None if limit is None else limit - margin
+
+
+def may_take(count: int, ceiling: int | None) -> bool:
+    """Whether a message at ``count`` may be taken (and given back with one more delivery)."""
+    return ceiling is None or count + 1 < ceiling

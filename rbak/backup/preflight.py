@@ -1,7 +1,8 @@
 """Decisions taken before a backup touches a classic or quorum queue.
 
 - which queues are skipped, and why (exclusive queues cannot be read by another
-  connection; ``backup.skip_queues_with_consumers``), recorded in the manifest;
+  connection; single-active-consumer queues while a consumer is attached;
+  ``backup.skip_queues_with_consumers``), recorded in the manifest;
 - the quorum settings the broker applies (delivery limit, delayed retries),
   resolved from arguments, policies and operator policies, waiting (bounded)
   for the management API to report a fresh queue's arguments;
@@ -140,6 +141,31 @@ def skip_reason(q: QueueInfo, consumers: int | None, skip_with_consumers: bool) 
     if skip_with_consumers and consumers:
         return f"{consumers} consumer(s) attached and backup.skip_queues_with_consumers is true"
     return None
+
+
+def single_active_reason(q: QueueInfo, consumers: int | None, client: ManagementClient,
+                         wait_secs: float = ARGUMENTS_WAIT_SECS, sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """Why a single-active-consumer queue cannot be read now, or None.
+
+    With ``x-single-active-consumer`` (a queue argument only; no policy sets it) the broker
+    delivers to one consumer at a time: while an application's consumer is active, a backup's
+    consumer receives nothing, and the read used to wait the whole ``read_timeout_secs`` and fail
+    without saying why. Decided from the passive declare's consumer count and the queue's
+    arguments, waiting (bounded) for the management API to report those of a fresh queue."""
+    if not consumers:
+        return None
+    info: QueueInfo | None = q
+    deadline = time.monotonic() + wait_secs
+    while info is not None and "arguments" not in info.reported and time.monotonic() < deadline:
+        sleep(0.5)
+        info = client.queue(q.vhost, q.name)
+    if info is None or "arguments" not in info.reported:
+        return None  # unknown: the read's own timeout still ends it, with its error
+    if info.arguments.get("x-single-active-consumer") is not True:
+        return None
+    return (f"single active consumer queue (x-single-active-consumer) with {consumers} consumer(s): the broker "
+            "delivers only to the active one, so a backup can read it only while no application consumer is "
+            "attached")
 
 
 class NackSupport:

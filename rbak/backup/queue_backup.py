@@ -26,10 +26,11 @@ from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import delivery_count, to_record
 from .fast_consume import passive_counts
 from .guard_store import merge
-from .limits import refuse_delayed_retry
+from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
-from .preflight import QueueRefused, QueueSkipped, live_priorities, quorum_settings, skip_reason
-from .queue_reader import CLOSE, NACK, DeliveryLimitError, describe_message, read_queue
+from .preflight import (QueueRefused, QueueSkipped, live_priorities, quorum_settings, single_active_reason,
+                        skip_reason)
+from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, DeliveryLimitError, describe_message, read_queue
 from .record_thread import RecordThread
 
 if TYPE_CHECKING:
@@ -105,19 +106,20 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
     depth, consumers = passive_info(conn, vhost, name)
-    reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers)
+    reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers) or \
+        single_active_reason(q, consumers, eng.client)
     sel = eng.cfg.source.queues
     if not reason and sel.too_few(qtype, depth):  # exact here; the listing's figure can be seconds old
         reason = f"held {depth} message(s), fewer than source.queues.min_messages ({sel.min_messages})"
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
     quorum = qtype == "quorum"
-    limit, mode = quorum_preflight(eng, q, conn, version, consumers, depth) if quorum else (None, CLOSE)
+    limit, mode, single = quorum_preflight(eng, q, conn, version, consumers, depth) if quorum else (None, CLOSE, False)
     guard_now = _guard(eng, ckpt, cluster, vhost, name) if quorum else None
     if quorum and depth == 0:
         _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
     elif quorum and limit is not None and mode == CLOSE:
-        _check_guard(eng, guard_now, where, limit)
+        _check_guard(eng, guard_now, where, limit, version)
     # an auto-delete queue is deleted when its last consumer goes: read it without one
     use_get = q.auto_delete and not quorum
     eng.progress("start", vhost=vhost, queue=name, total=depth)
@@ -145,14 +147,15 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             state["b"] = 0
 
     try:
-        res = read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit, return_mode=mode,
+        res = read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
+                         margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode, single_consumer=single,
                          use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
                          deadline=eng._deadline(), throttle=eng.throttle)
     except BaseException as e:
         writer.abort()
         if quorum and isinstance(e, DeliveryLimitError):
             state["stopped"] = 1  # the message at its limit was taken too, and went back
-            state["max"] = max(state["max"], limit or 0)
+            state["max"] = max(state["max"], e.count)
             state["nearest"] = state["nearest"] or e.message_name
         raise
     finally:
@@ -176,9 +179,11 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
 
 
 def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | None, consumers: int | None,
-                     depth: int) -> tuple[int | None, str]:
-    """(delivery limit, how messages go back) of a quorum queue, or ``QueueRefused`` before anything is
-    taken: delayed retries a return would trigger, or priorities a return would reorder for live consumers."""
+                     depth: int) -> tuple[int | None, str, bool]:
+    """(delivery limit, how messages go back, single active consumer) of a quorum queue, or
+    ``QueueRefused`` before anything is taken: delayed retries a return would trigger, priorities a
+    return would reorder for live consumers, or a single-active-consumer queue deeper than one
+    consumer can hold (its second consumer would wait behind the first and receive nothing)."""
     where = f"queue {q.name!r} in vhost {q.vhost!r}"
     settings = quorum_settings(q, eng.client, eng.policies, version)
     limit = settings.delivery_limit.value if settings.delivery_limit else None
@@ -188,7 +193,11 @@ def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | Non
         raise QueueRefused(f"{where}: refused before reading: {why}. Back it up when delayed retries are "
                            f"off for it, or exclude it (source.queues.exclude)")
     live_priorities(q, eng.client, version, consumers, depth)
-    return limit, mode
+    if settings.single_active and depth > QUORUM_PREFETCH:
+        raise QueueRefused(f"{where}: refused before reading: single active consumer queue "
+                           f"(x-single-active-consumer) holding {depth} messages: the broker delivers to one "
+                           f"consumer at a time, and one consumer can hold at most {QUORUM_PREFETCH}")
+    return limit, mode, settings.single_active
 
 
 def _guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:
@@ -201,12 +210,23 @@ def _set_guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, 
     eng.guards.save(vhost, name, g, eng.cfg.backup_id)
 
 
-def _check_guard(eng: "BackupEngine", g: Guard | None, where: str, limit: int) -> None:
+def _check_guard(eng: "BackupEngine", g: Guard | None, where: str, limit: int, version: str | None) -> None:
+    """Refuse before reading when one more backup would leave a message at ``limit - margin`` or more.
+
+    Without a guard the lowest count a message can have (0) is checked: a limit within the
+    margin of 1 is refused before any message is taken, because the very first return would
+    already use up the application's budget."""
     margin = eng.cfg.backup.delivery_limit_margin
-    if g is not None and g.max_count + margin > limit:
-        raise DeliveryLimitError(
-            f"{where}: refused before reading: its delivery limit is {limit} and an earlier backup left "
-            f"{g.message or 'a message'} at x-delivery-count {g.max_count}; one more backup (on this broker every "
-            f"read returns each message once, which counts as a delivery on quorum queues) could push it past the "
-            f"limit and drop or dead-letter it. Consume or move those messages, or raise the limit (policy "
-            f"delivery-limit / x-delivery-limit); rbak forgets this once it sees the queue empty")
+    ceiling = budget_ceiling(limit, margin)
+    count = g.max_count if g is not None else 0
+    if may_take(count, ceiling):
+        return
+    why = (f"an earlier backup left {g.message or 'a message'} at x-delivery-count {count}" if g is not None
+           else "even a message never delivered before")
+    raise DeliveryLimitError(
+        f"{where}: refused before reading: its delivery limit is {limit} and backup.delivery_limit_margin is "
+        f"{margin}, so a backup never leaves a message at x-delivery-count {ceiling} or more; {why} would go "
+        f"back at {count + 1} (on RabbitMQ {version or 'this version'} every return of a quorum message counts "
+        f"as a delivery; one at {limit + 1} is dropped or dead-lettered). Consume or move those messages, raise "
+        f"the limit (policy delivery-limit / x-delivery-limit), or lower the margin; rbak forgets this once it "
+        f"sees the queue empty")

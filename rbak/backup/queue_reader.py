@@ -8,15 +8,22 @@ that shape this code (see docs/backup.md):
   channel requeues them in their original order.
 - quorum: a prefetch-0 consumer is capped at 2000 unacked; one consumer
   with ``basic.qos(65535)`` receives 65535 and returning them keeps the
-  order. Deeper queues use one channel after another, each with a prefetch
-  of exactly the messages it takes (so no consumer has spare credit to
-  receive messages an earlier channel returns: that is what scrambled the
-  order in our measurements), closed in the order they were opened.
-- quorum, 3.10 and 4.0: every return (channel close, nack, AMQP 1.0 ``released``
-  or ``modified``) adds 1 to ``x-delivery-count``; a message returned past its
-  delivery limit is dropped or dead-lettered. Reads with a limit therefore take
-  small windows first (``next_window``) and stop at a message already at its
-  limit, so a stop costs at most the at-limit messages of one window.
+  order. Deeper queues use one consumer (window) after another, each with a
+  prefetch of exactly the messages it takes (so no consumer has spare credit
+  to receive messages an earlier one returns: that is what scrambled the
+  order in our measurements), returned in the order they were started. On
+  the fast path the windows are consumers of ONE channel (up to
+  MAX_CONSUMERS_PER_CHANNEL): a connection the broker closes returns separate
+  channels in any order, one channel's consumers in order (issue 27).
+- quorum, 3.10 and 4.0: every return (channel close, nack, reject, AMQP 1.0
+  ``released`` or ``modified``) adds 1 to ``x-delivery-count``
+  (benchmarks/return_costs.py); a message returned past its delivery limit is
+  dropped or dead-lettered. Reads with a limit therefore take small windows
+  first (``next_window``) and stop at a message whose return would reach
+  ``limit - margin``, so a stop costs one delivery to at most one window.
+- every version: a returned message joins the tail of the queue's returns, so
+  a read cut off after an earlier complete backup leaves the queue rotated
+  ([not taken, taken]); nothing RabbitMQ offers returns a message to the head.
 - quorum, 4.3: ``basic.nack(requeue)`` is a plain return (``rabbit_fifo``
   ``#return{}``: ``x-acquired-count`` + 1, no delivery count); a channel close
   or ``basic.reject`` is a failed delivery and counts. With the consumer
@@ -47,6 +54,7 @@ from ..errors import AmqpConnectionError, AmqpError, RbakError
 from . import pika_fast
 from .convert import delivery_count
 from .fast_consume import DECLARE_OK, QOS_OK, FastConsume, deliveries
+from .limits import budget_ceiling, may_take
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -58,7 +66,13 @@ HOLD_ARGUMENTS = {"x-consumer-timeout": 24 * 3600 * 1000}
 QUORUM_PREFETCH = 65535  # the largest basic.qos prefetch_count (16 bits)
 GROWTH = 4  # each quorum window this many times the previous one while counts leave headroom
 NEAR_LIMIT_WINDOW = 16  # the largest window once a message seen will be AT its limit after this read
-MAX_CHANNELS = 1000  # per read (servers allow 2047 per connection by default; the pool shares it)
+MAX_CHANNELS = 1000  # windows (consumers) per read; a channel per window on pika's path (servers allow 2047)
+# Quorum windows on the fast path are consumers on ONE channel, up to this many (then the next channel):
+# a connection the broker closes returns each channel's messages when that channel's process goes down,
+# in no particular order between channels (issue 27: [498, 499, 0, 1] at position 400), but all of one
+# channel's consumers in consumer order, which rabbit_fifo keeps for a small map only: with more than 32
+# consumers on one channel 3.10.8 and 4.0.5 returned them out of order even on a plain close (measured).
+MAX_CONSUMERS_PER_CHANNEL = 32
 # Classic reads of at most this many messages use the connection's shared reading channel. Giving
 # messages back on it waits for the queue to requeue them (~8 us a message: 0.8 s for 100,000 on
 # 3.10.8), where a channel close hands the requeue over in 1-3 ms, still ahead of any later reader;
@@ -74,6 +88,7 @@ class DeliveryLimitError(RbakError):
 
     prefix = "Delivery limit"
     message_name = ""  # the message that stopped a read, when one did
+    count = 0  # its x-delivery-count when the read took it
 
 
 @dataclass(slots=True)
@@ -83,6 +98,8 @@ class ReadResult:
     nearest: str = ""  # the message with the highest x-delivery-count
     channels: int = 0
     short: str = ""  # why the read ended before the depth it was asked for (empty: it did not)
+    last_tag: int = 0  # the delivery tag of the last message taken (where a quorum window ends)
+    last_redelivered: bool = False  # it came from the queue's returns (an earlier backup or consumer)
 
 
 Sink = Callable[[object, object, bytes], None]
@@ -141,7 +158,9 @@ def read_queue(
     sink: Sink,
     *,
     delivery_limit: int | None = None,
+    margin: int = 1,
     return_mode: str = CLOSE,
+    single_consumer: bool = False,
     use_get: bool = False,
     read_timeout: float = 30.0,
     deadline: float | None = None,
@@ -155,6 +174,10 @@ def read_queue(
     consumer (an auto-delete queue is deleted when its last consumer goes away).
     ``return_mode`` NACK: quorum messages go back by ``basic.nack(multiple, requeue)``
     after the consumer is cancelled (4.3+: no delivery counted); CLOSE: by closing.
+    ``margin``: ``backup.delivery_limit_margin``; the read stops at a message whose count
+    would reach ``delivery_limit - margin`` once returned (``limits.may_take``).
+    ``single_consumer``: a single-active-consumer quorum queue, read by one consumer (a second
+    one would wait behind the first and receive nothing): no windows, at most QUORUM_PREFETCH.
     """
     res = ReadResult()
     where = f"queue {queue!r} in vhost {vhost!r}"
@@ -162,10 +185,15 @@ def read_queue(
         return res
     quorum = queue_type == "quorum"
     nack = quorum and return_mode == NACK
-    limit = delivery_limit if quorum and not nack else None  # nack returns never reach a limit
-    # windows stay bounded by the limit with nack too: a lost connection returns by close, which counts
-    window_limit = delivery_limit if quorum else None
+    ceiling = budget_ceiling(delivery_limit, margin) if quorum else None
+    # nack returns never reach a limit
+    budget = None if nack or ceiling is None or delivery_limit is None else (ceiling, delivery_limit)
+    # windows stay bounded by the limit with nack too: a lost connection returns by close, which counts.
+    # next_window narrows once a message seen would be AT its bound after this read: the highest count
+    # a message may be taken at is ceiling - 2 (returned at ceiling - 1)
+    window_limit = None if ceiling is None else ceiling - 1
     channels: list = []
+    ends: dict[int, list[int]] = {}  # channel number -> the last delivery tag of each of its windows
     cancelled: list = []  # Basic.Cancel frames the broker sent (4.3: a consumer timeout)
     error: BaseException | None = None
     pika_fast.install(conn)
@@ -176,14 +204,23 @@ def read_queue(
         if use_get:
             ch = conn.channel()
             channels.append(ch)
-            depth = _read_by_get(ch, queue, res, where, depth, sink, quorum, limit, throttle, deadline)
-        window = 0
+            depth = _read_by_get(ch, queue, res, where, depth, sink, quorum, budget, throttle, deadline)
+        window = windows = on_channel = 0
+        one_channel = quorum and fc is not None  # raw consumers: several may share a channel
         while res.records < depth and not use_get:
             if quorum:
-                window = next_window(window, res.max_delivery_count, window_limit, depth - res.records, len(channels))
+                window = min(depth, QUORUM_PREFETCH) if single_consumer else \
+                    next_window(window, res.max_delivery_count, window_limit, depth - res.records, windows)
+                windows += 1
             want = window if quorum else depth - res.records
-            ch = reading_channel(conn) if shared else conn.channel()
-            channels.append(ch)
+            if one_channel and channels and on_channel < MAX_CONSUMERS_PER_CHANNEL:
+                ch = channels[-1]  # the next window is one more consumer there (its own basic.qos below)
+                on_channel += 1
+                _check_open(channels + [None], where, res.records, depth)  # e.g. 3.x/4.0's consumer_timeout
+            else:
+                ch = reading_channel(conn) if shared else conn.channel()
+                channels.append(ch)
+                on_channel = 1
             if not shared:
                 # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
                 # credit: otherwise messages returned by an earlier channel would be redelivered to
@@ -194,9 +231,11 @@ def read_queue(
                 else:
                     ch.basic_qos(prefetch_count=qos.prefetch_count)
             _check_open(channels, where, res.records, depth)
-            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, limit,
+            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, budget,
                                   read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None, fc,
                                   raw=fc is not None)
+            if one_channel:
+                ends.setdefault(ch.channel_number, []).append(res.last_tag)
             if not filled:
                 cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
@@ -223,17 +262,31 @@ def read_queue(
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         error = e
         raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
-                        "the broker returns every unacked message to the queue") from None
+                        "the broker returns every unacked message to the queue"
+                        f"{_rotation_note(quorum, res, depth)}") from None
     except BaseException as e:
         error = e
         raise
     finally:
         try:
             if not (shared and error is None and _give_back(fc, channels, queue, where)):
-                _return_in_order(channels, where, nack, quiet=error is not None, fc=fc)
+                _return_in_order(channels, where, nack, quiet=error is not None, fc=fc, ends=ends)
         finally:
             if fc is not None:
                 fc.uninstall()
+
+
+def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:
+    """What a cut does to a quorum queue whose messages were returned before (rabbit_fifo, every version).
+
+    Returns join the tail of the queue's returns. The last message taken was ``redelivered``,
+    so it came from the returns, and so may the ones not taken: those are delivered first now,
+    and the messages the backup had taken come back behind them."""
+    if not quorum or not res.last_redelivered or res.records >= depth:
+        return ""
+    return (f" BEHIND the ones it had not taken: the queue's messages had been returned before (an earlier "
+            f"backup), and RabbitMQ returns messages to the tail of its returns, so the queue is now rotated "
+            f"(its first {res.records} or more messages come after the rest; nothing lost)")
 
 
 def reading_channel(conn: pika.BlockingConnection):
@@ -299,7 +352,7 @@ def _channel_closed_error(e: pika.exceptions.ChannelClosedByBroker, where: str, 
 
 
 def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: int, depth: int, sink: Sink,
-          quorum: bool, limit: int | None, read_timeout: float, throttle, deadline,
+          quorum: bool, budget: tuple[int, int] | None, read_timeout: float, throttle, deadline,
           arguments: dict | None = None, fc: FastConsume | None = None, raw: bool = False) -> tuple[bool, int]:
     """Take up to ``want`` messages on channel ``ch``: (False if the broker cancelled the consumer, depth).
 
@@ -315,7 +368,7 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
                 return True, res.records
             raise AmqpError(f"{where}: no message arrived for {read_timeout:g}s after {res.records} of "
                             f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
-        _take(res, where, sink, method, props, body, quorum, limit)
+        _take(res, where, sink, method, props, body, quorum, budget)
         taken += 1
         if throttle is not None:
             throttle(res.records)
@@ -333,23 +386,36 @@ def _short(where: str, records: int, depth: int, how: str) -> str:
     return why
 
 
-def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool, limit: int | None) -> None:
-    """Check one delivered message against the limit BEFORE it counts as taken, then hand it on."""
+def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool,
+          budget: tuple[int, int] | None) -> None:
+    """Check one delivered message against the delivery budget BEFORE it counts as taken, then hand it on.
+
+    ``budget``: (ceiling, limit), the ceiling being ``limit - margin`` (``limits.budget_ceiling``);
+    None when returns cost nothing (4.3+ nack) or no limit applies."""
     c = delivery_count(props) if quorum else 0
     if c > res.max_delivery_count or not res.nearest:
         res.max_delivery_count = c
         res.nearest = describe_message(res.records + 1, props)
-    if limit is not None and c >= limit:
+    if budget is not None and not may_take(c, budget[0]):
+        ceiling, limit = budget
+        name = describe_message(res.records + 1, props)
+        if c + 1 <= limit:
+            fate = f"it goes back at x-delivery-count {c + 1}, within the limit"
+        else:
+            fate = ("it was at its limit before the backup started, and returning it (the only way back on this "
+                    "broker) drops or dead-letters it, so it may be beyond saving")
         err = DeliveryLimitError(
-            f"{where}: {describe_message(res.records + 1, props)} had already been delivered {c} times when this "
-            f"backup took it, and the queue's delivery limit is {limit}: it was at its limit before the backup "
-            f"started, and returning it (the only way back on this broker) drops or dead-letters it, so it may be "
-            f"beyond saving. The backup took nothing more; the {res.records} messages before it go back with one "
-            f"more delivery each")
-        err.message_name = describe_message(res.records + 1, props)
+            f"{where}: {name} had already been delivered {c} times when this backup took it; the queue's "
+            f"delivery limit is {limit} and backup.delivery_limit_margin {limit - ceiling}, so a backup never "
+            f"leaves a message at x-delivery-count {ceiling} or more: {fate}. The backup took nothing more; the "
+            f"{res.records} messages before it go back with one more delivery each")
+        err.message_name = name
+        err.count = c
         raise err
     sink(method, props, body)
     res.records += 1
+    res.last_tag = method.delivery_tag
+    res.last_redelivered = method.redelivered
 
 
 def _check_cancelled(conn, channels: list, cancelled: list, where: str, records: int, depth: int,
@@ -382,7 +448,8 @@ def _check_deadline(deadline: float | None, where: str, records: int, depth: int
                         f"{records} of {depth} messages; every message was returned to the queue")
 
 
-def _read_by_get(ch, queue: str, res: ReadResult, where: str, depth: int, sink: Sink, quorum: bool, limit: int | None,
+def _read_by_get(ch, queue: str, res: ReadResult, where: str, depth: int, sink: Sink, quorum: bool,
+                 budget: tuple[int, int] | None,
                  throttle, deadline) -> int:
     """basic.get one message at a time: no consumer is registered, so an auto-delete queue stays."""
     while res.records < depth:
@@ -390,7 +457,7 @@ def _read_by_get(ch, queue: str, res: ReadResult, where: str, depth: int, sink: 
         if method is None:
             res.short = _short(where, res.records, depth, "basic.get found the queue empty")
             return res.records
-        _take(res, where, sink, method, props, body, quorum, limit)
+        _take(res, where, sink, method, props, body, quorum, budget)
         if throttle is not None:
             throttle(res.records)
         _check_deadline(deadline, where, res.records, depth)
@@ -406,12 +473,14 @@ def _check_open(channels: list, where: str, records: int, depth: int) -> None:
                 "policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout); every unacked message returned to the queue")
 
 
-def _return_in_order(channels: list, where: str, nack: bool, quiet: bool, fc: FastConsume | None = None) -> None:
+def _return_in_order(channels: list, where: str, nack: bool, quiet: bool, fc: FastConsume | None = None,
+                     ends: dict[int, list[int]] | None = None) -> None:
     """Give every message back, first-opened channel first: that is what keeps a quorum queue's order.
 
-    NACK: cancel the channel's consumer if it still has one (so it cannot receive what is
-    returned), ``basic.nack(multiple, requeue)`` everything it holds, then close. ``fc``: the
-    read's consumers were started raw (``FastConsume.consume``), so they are cancelled there.
+    NACK: cancel the channel's consumers (so none can receive what is returned), then
+    ``basic.nack(multiple, requeue)`` up to the end of each window in turn (``ends``: one
+    consumer's messages after another, as they were taken), then everything left, then close.
+    ``fc``: the read's consumers were started raw (``FastConsume.consume``), cancelled there.
     """
     for ch in channels:
         try:
@@ -421,7 +490,12 @@ def _return_in_order(channels: list, where: str, nack: bool, quiet: bool, fc: Fa
                 # first two messages swapped, about 1 backup in 3 (test_five_runs_then_fresh_dir...)
                 fc.cancel(ch)
                 if nack:
-                    fc.send(ch, pika.spec.Basic.Nack(delivery_tag=0, multiple=True, requeue=True))
+                    tags = []
+                    for t in (ends or {}).get(ch.channel_number, []):
+                        if t > (tags[-1] if tags else 0):  # a window that took nothing has no end of its own
+                            tags.append(t)
+                    tags.append(0)  # what is left (messages the broker pushed that were not taken)
+                    fc.send(ch, *[pika.spec.Basic.Nack(delivery_tag=t, multiple=True, requeue=True) for t in tags])
             elif ch.is_open and nack:
                 _cancel_consumers(ch)
                 ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)

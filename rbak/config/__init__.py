@@ -286,8 +286,10 @@ class BackupOptions(_Section):
                                          "still reports more (every message is returned to it).", min=0.1)
     max_duration_secs: Optional[float] = doc_field(None, "Abort a queue's read (returning every message) after this long; default: "
                                                    "the broker's `consumer_timeout` minus a margin when known.", min=1)
-    delivery_limit_margin: int = doc_field(1, "Refuse a quorum queue whose messages are within this many deliveries of their "
-                                           "delivery limit (a backup adds one delivery per message on RabbitMQ < 4.0).", min=1)
+    delivery_limit_margin: int = doc_field(1, "Deliveries of a quorum message's delivery limit that backups never use: a "
+                                           "backup never leaves a message at `x-delivery-count` of the limit minus this "
+                                           "or more (every return counts before RabbitMQ 4.3; 4.3+ returns by "
+                                           "`basic.nack`, which costs nothing), and refuses the queue instead.", min=1)
     skip_queues_with_consumers: bool = doc_field(False, "Leave out classic and quorum queues that have consumers "
                                                  "when the backup reaches them (noted in the manifest's "
                                                  "`queue_status`, status `skipped`); by default they are read, and their consumers "

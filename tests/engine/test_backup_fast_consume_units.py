@@ -285,7 +285,7 @@ def test_awaited_replies_and_raw_cancels_are_taken_and_nothing_else(stream, size
     fc = FastConsume.install(conn)
     fc.channel = 1
     fc.awaiting[3] = fast_consume.DECLARE_OK
-    fc.raw_tags[1] = b"rbak.1.9"
+    fc.raw_tags[1] = [b"rbak.1.9"]
     data = b"".join(f for f, _ in mixed)
     feed(fc, data, sizes)
     assert [b for _m, _p, b in (to_delivery(t) for t in fc.take())] == bodies and fc.error is None
