@@ -71,9 +71,14 @@ def reference(node: PrivateNode, vhost: str, queue: str, stream: bool) -> list[R
         ch = conn.channel()
         ch.basic_qos(prefetch_count=10_000)
         args = {"x-stream-offset": "first"} if stream else {}
+        probe = None if stream else conn.channel()
         for method, props, body in ch.consume(queue, auto_ack=False, arguments=args, inactivity_timeout=3):
+            # 3 s without a delivery ends the read only once the queue has nothing ready left (a
+            # loaded machine may pause longer); a stream has no such count, so there it is the end.
             if method is None:
-                break
+                if probe is None or not probe.queue_declare(queue, passive=True).method.message_count:
+                    break
+                continue
             r = convert.to_record(method, props, body, vhost, queue, 0, NOT_STORED)
             off = (props.headers or {}).get("x-stream-offset")
             out.append(Ref(r.exchange, r.routing_key, r.properties, r.headers, r.body, off))

@@ -21,6 +21,7 @@ from pathlib import Path
 import pika
 
 from support.private_node import PrivateNode, raw_field_values
+from support.brokers import wait_until
 from support.node_qs_scenarios import QsScenario, _body, _publish, reference
 from support.node_scenarios import BUILDERS, VERSIONS
 
@@ -134,26 +135,33 @@ _ = _body
 
 def build_ttl(name: str, version: str, base: Path) -> QsScenario:
     """Quorum queues where messages expired while the node ran (provable from the log: rabbit_fifo
-    drops an expired message when a later command's checkout reaches it) and others that had not."""
+    drops an expired message when a later command's checkout reaches it) and others that had not.
+
+    No outcome hangs on how fast the machine is: what must expire has a 1-1.5 s TTL and the build
+    waits until the broker itself reports it gone; what must survive has a 1 h TTL (or none)."""
     node = PrivateNode(version, base).start()
     sc = QsScenario(name, version, node.data_dir)
     try:
+        # The queue's own x-message-ttl is 1 h; a policy lowers it to 1 s (the lower of the two
+        # applies) while the doomed messages are published, and is cleared before the survivors.
+        node.ctl("set_policy", "short-ttl", "^qq-ttl$", '{"message-ttl": 1000}', "--apply-to", "queues")
         conn = node.connect("/")
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare("qq-ttl", durable=True, arguments={"x-queue-type": "quorum", "x-message-ttl": 10_000})
+        ch.queue_declare("qq-ttl", durable=True, arguments={"x-queue-type": "quorum", "x-message-ttl": 3_600_000})
         ch.queue_declare("qq-exp", durable=True, arguments={"x-queue-type": "quorum"})
         with raw_field_values():
             for i in range(10):
                 ch.basic_publish("", "qq-ttl", f"gone-{i}".encode(), pika.BasicProperties(delivery_mode=2))
             # Per-message TTL: only a message at the head is expired; a live one in front shields the rest.
-            for i, exp in enumerate(["1500", None, "1500", "1500", "600000", "1500"]):
+            for i, exp in enumerate(["1500", None, "1500", "1500", "3600000", "1500"]):
                 ch.basic_publish("", "qq-exp", f"e-{i}".encode(),
                                  pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"e{i}"))
-        time.sleep(11)
-        # The survivors' TTL outlasts the reference read (3 s idle), whose closing returns them: had
-        # they expired by then, the broker would drop them on that return, and the queue at stop
-        # would no longer be what the reference saw.
+        # rabbit_fifo's expiry timer drops the expired head messages: every gone-*, and e-0 (e-1 shields the rest).
+        counts = lambda: tuple(ch.queue_declare(q, passive=True).method.message_count  # noqa: E731
+                               for q in ("qq-ttl", "qq-exp"))
+        wait_until(lambda: counts() == (0, 5), timeout=300, what="the broker to expire gone-* and e-0")
+        node.ctl("clear_policy", "short-ttl")
         for i in range(5):
             ch.basic_publish("", "qq-ttl", f"kept-{i}".encode(), pika.BasicProperties(delivery_mode=2))
         ch.basic_publish("", "qq-exp", b"e-late", pika.BasicProperties(delivery_mode=2, message_id="late"))
