@@ -63,9 +63,14 @@ def _body(tag: str, i: int) -> bytes:
     return pattern(f"{tag}{i}", 3000 + i % 500) if i % 11 == 0 else f"{tag}-{i}".encode()
 
 
-def reference(node: PrivateNode, vhost: str, queue: str, stream: bool) -> list[Ref]:
-    """Every message of the queue as a 0-9-1 consumer gets it, nothing acked (closing returns them)."""
+def reference(node: PrivateNode, vhost: str, queue: str, stream: bool, expect: int | None = None) -> list[Ref]:
+    """Every message of the queue as a 0-9-1 consumer gets it, nothing acked (closing returns them).
+
+    ``expect``: how many the read waits for (up to 5 min) when some arrive only later (a restarted
+    node's delayed retries, a consumer timeout): a condition, where a fixed sleep would race a slow
+    machine. Past it, the read goes on as without it, so a wrong count shows as a different result."""
     out = []
+    deadline = time.monotonic() + 300
     conn = node.connect(vhost)
     try:
         ch = conn.channel()
@@ -76,6 +81,8 @@ def reference(node: PrivateNode, vhost: str, queue: str, stream: bool) -> list[R
             # 3 s without a delivery ends the read only once the queue has nothing ready left (a
             # loaded machine may pause longer); a stream has no such count, so there it is the end.
             if method is None:
+                if expect is not None and len(out) < expect and time.monotonic() < deadline:
+                    continue
                 if probe is None or not probe.queue_declare(queue, passive=True).method.message_count:
                     break
                 continue

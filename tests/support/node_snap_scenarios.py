@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pika
 
-from support.private_node import PrivateNode, raw_field_values
 from support.brokers import wait_until
 from support.node_qs_scenarios import QsScenario, _body, _publish, reference
 from support.node_scenarios import BUILDERS, VERSIONS
+from support.private_node import PrivateNode, raw_field_values
 
 QUEUE = "qq-snap"
 CONF = {
@@ -158,7 +158,7 @@ def build_ttl(name: str, version: str, base: Path) -> QsScenario:
                 ch.basic_publish("", "qq-exp", f"e-{i}".encode(),
                                  pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"e{i}"))
         # rabbit_fifo's expiry timer drops the expired head messages: every gone-*, and e-0 (e-1 shields the rest).
-        counts = lambda: tuple(ch.queue_declare(q, passive=True).method.message_count  # noqa: E731
+        counts = lambda: tuple(ch.queue_declare(q, passive=True).method.message_count
                                for q in ("qq-ttl", "qq-exp"))
         wait_until(lambda: counts() == (0, 5), timeout=300, what="the broker to expire gone-* and e-0")
         node.ctl("clear_policy", "short-ttl")
