@@ -32,7 +32,12 @@ from support.tls import TlsFiles, tls_files  # noqa: E402
 # from site-packages (pip replaces an installed distribution of the same name), breaking
 # every later `python -m rbak` in this and concurrent runs. Inherited by subprocesses.
 os.environ["PIP_IGNORE_INSTALLED"] = "1"
-_BROKER_FIXTURES = {"broker", "vhost", "rmq310", "rmq40", "rmq43"}
+#: A test using any of these (directly or through another fixture) reaches a RabbitMQ: a CI broker or
+#: a private node it starts (``shared_root`` holds the private-node scenarios). It is marked ``broker``.
+BROKER_FIXTURES = {"broker", "vhost", "vhost_factory", "rmq310", "rmq40", "rmq43", "shared_root", "node_dir",
+                   "denying_node"}
+#: These start a JVM (Spark) or another heavy process: a test using one is marked ``slow``.
+SLOW_FIXTURES = {"spark"}
 _reachability: dict[str, str | None] = {}
 
 
@@ -46,9 +51,14 @@ def _usable(b: Broker) -> Broker:
 
 
 def pytest_collection_modifyitems(items):
+    """Mark by what a test uses, so the quick lane (``-m "not broker and not slow"``) needs no broker
+    and starts no JVM without anyone remembering a marker."""
     for item in items:
-        if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = set(getattr(item, "fixturenames", ()))
+        if BROKER_FIXTURES & used:
             item.add_marker(pytest.mark.broker)
+        if SLOW_FIXTURES & used:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=sorted(BROKERS), ids=str)
