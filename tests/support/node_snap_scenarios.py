@@ -81,12 +81,12 @@ def _churn(node: PrivateNode, n: int) -> None:
     conn.close()
 
 
-def compacted(data_dir: Path) -> bool:
-    """qq-snap's Ra server holds a snapshot past index 1000 and most of the log before it is gone
+def compacted(data_dir: Path, queue: str = QUEUE) -> bool:
+    """The queue's (qq-snap's) Ra server holds a snapshot past index 1000 and most of the log before it is gone
     (what test_import_quorum_snapshot.assert_compacted requires), read from the running node's files."""
     try:
         sdir = next(d for sysdir in (data_dir / "quorum").iterdir() for d in sysdir.iterdir()
-                    if (d / "config").is_file() and QUEUE.encode() in (d / "config").read_bytes())
+                    if (d / "config").is_file() and queue.encode() in (d / "config").read_bytes())
         snap = ra_log.latest_snapshot(str(sdir), ImportContext())
         if snap is None or snap.index <= 1000:
             return False
