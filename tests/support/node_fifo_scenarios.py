@@ -67,7 +67,7 @@ def take(node: PrivateNode, queue: str, n: int, prefetch: int | None = None, **c
     ch = conn.channel()
     ch.basic_qos(prefetch_count=prefetch or n)
     tags = []
-    for method, _p, _b in ch.consume(queue, inactivity_timeout=5, **consume_args):
+    for method, _p, _b in ch.consume(queue, inactivity_timeout=60, **consume_args):
         assert method is not None, f"{queue}: consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == n:
@@ -176,7 +176,7 @@ def _credited(node: PrivateNode, address: str, n: int, credit: int) -> _Held:
     conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", allowed_mechs="PLAIN", timeout=30)
     rcv = conn.create_receiver(address, credit=credit)
     for _ in range(n):
-        rcv.receive(timeout=10)  # unsettled (the link's default is to settle on accept, which never comes)
+        rcv.receive(timeout=60)  # unsettled (the link's default is to settle on accept, which never comes)
     return _Held(conn)
 
 

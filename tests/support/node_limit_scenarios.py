@@ -58,7 +58,7 @@ def _take(node: PrivateNode, queue: str, n: int):
     ch = conn.channel()
     ch.basic_qos(prefetch_count=n)
     tags = []
-    for method, _p, _b in ch.consume(queue, inactivity_timeout=5):
+    for method, _p, _b in ch.consume(queue, inactivity_timeout=60):
         assert method is not None, f"{queue}: consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == n:
@@ -166,7 +166,7 @@ def _flood(node: PrivateNode, queue: str, n: int, settle: bool) -> None:
     pub.confirm_delivery()
     ch = conn.channel()
     ch.basic_qos(prefetch_count=300)
-    deliveries = ch.consume(queue, inactivity_timeout=5) if settle else None
+    deliveries = ch.consume(queue, inactivity_timeout=60) if settle else None
     for start in range(0, n, 500):
         for i in range(start, min(n, start + 500)):
             _pub(pub, queue, b"f" * 1000 + str(i).encode())

@@ -135,7 +135,7 @@ def _quorum(node: PrivateNode, sc: QsScenario) -> None:
     cch = c2.channel()
     cch.basic_qos(prefetch_count=50)
     tags = []
-    for method, _p, _b in cch.consume("qq-orders", inactivity_timeout=5):
+    for method, _p, _b in cch.consume("qq-orders", inactivity_timeout=60):
         assert method is not None, "quorum consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == 50:
@@ -152,7 +152,7 @@ def _quorum(node: PrivateNode, sc: QsScenario) -> None:
         ch.basic_publish("", "qq-churn", blob + str(i).encode(), pika.BasicProperties(delivery_mode=2))
     ch.basic_qos(prefetch_count=500)
     got = 0
-    for method, _p, _b in ch.consume("qq-churn", inactivity_timeout=5):
+    for method, _p, _b in ch.consume("qq-churn", inactivity_timeout=60):
         assert method is not None
         got += 1
         if got % 100 == 0:

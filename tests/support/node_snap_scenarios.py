@@ -45,7 +45,7 @@ ADVANCED = {"3.1": "[{rabbit, [{quorum_snapshot_interval, 1024}]}].\n", "4.0": "
 
 def _take(ch, n: int) -> list[int]:
     tags = []
-    for method, _p, _b in ch.consume(QUEUE, inactivity_timeout=5):
+    for method, _p, _b in ch.consume(QUEUE, inactivity_timeout=60):
         assert method is not None, "consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == n:
@@ -63,7 +63,7 @@ def _churn(node: PrivateNode, n: int) -> None:
     c = node.connect("/")
     ch = c.channel()
     ch.basic_qos(prefetch_count=300)
-    deliveries = ch.consume(QUEUE, inactivity_timeout=5)
+    deliveries = ch.consume(QUEUE, inactivity_timeout=60)
     blob = b"c" * 1000
     got = 0
     for start in range(0, n, 500):
