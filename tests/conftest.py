@@ -35,7 +35,14 @@ from support.tls import TlsFiles, tls_files
 # from site-packages (pip replaces an installed distribution of the same name), breaking
 # every later `python -m rbak` in this and concurrent runs. Inherited by subprocesses.
 os.environ["PIP_IGNORE_INSTALLED"] = "1"
-_BROKER_FIXTURES = {"broker", "vhost", "rmq310", "rmq40", "rmq43"}
+#: A test using any of these (directly or through another fixture) reaches a RabbitMQ: a CI broker or
+#: a private node it starts (``shared_root`` holds the private-node scenarios). It is marked ``broker``.
+BROKER_FIXTURES = {"broker", "vhost", "vhost_factory", "rmq310", "rmq40", "rmq43", "shared_root", "node_dir",
+                   "denying_node"}
+#: Heavy module-scoped fixtures: their module's tests share one xdist worker.
+MODULE_FIXTURES = {"node_dir", "denying_node", "cluster", "real_db"}
+#: These start a JVM (Spark) or another heavy process: a test using one is marked ``slow``.
+SLOW_FIXTURES = {"spark"}
 _reachability: dict[str, str | None] = {}
 
 
@@ -48,10 +55,34 @@ def _usable(b: Broker) -> Broker:
     return b
 
 
+def pytest_configure(config):
+    """With -n and no --dist of its own, distribute with ``loadgroup``: tests marked xdist_group below
+    share a worker (not an addopts: without -n it would switch pytest-benchmark off with a warning)."""
+    dist = getattr(config.option, "dist", "no")
+    if dist == "load" and not any(str(a).startswith("--dist") for a in config.invocation_params.args):
+        config.option.dist = "loadgroup"
+
+
 def pytest_collection_modifyitems(items):
+    """Mark by what a test uses, so the quick lane (``-m "not broker and not slow"``) needs no broker
+    and starts no JVM without anyone remembering a marker."""
     for item in items:
-        if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = set(getattr(item, "fixturenames", ()))
+        if BROKER_FIXTURES & used:
             item.add_marker(pytest.mark.broker)
+        # With -n, --dist loadgroup (pytest_configure) keeps an xdist_group on one worker.
+        if "shared_root" in used:
+            # Private-node scenarios are built once per run (a file lock): all tests of one scenario
+            # on one worker, so no worker sits idle waiting for the one another is building.
+            name = getattr(item, "callspec", None) and item.callspec.params.get("name")
+            group = f"node-{name}" if isinstance(name, str) else f"node-{item.module.__name__}"
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif MODULE_FIXTURES & used:
+            # A heavy module-scoped fixture (a private node, the operator's cluster, a mosquitto
+            # file): built once, not once per worker that happens to run a test of the module.
+            item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
+        if SLOW_FIXTURES & used:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=sorted(BROKERS), ids=str)

@@ -243,7 +243,9 @@ def test_queue_deleted_during_its_read(broker, vhost, tmp_path, monkeypatch):
             if item[5] == q.encode() + b"-0" and q not in deleted:
                 broker.delete_queue(vhost, q)  # returns once the queue is gone
                 deleted.append(q)
-                time.sleep(0.3)  # the broker's Basic.Cancel is on its way to the reading connection
+                # the broker's Basic.Cancel is on its way to the reading connection (which holds every
+                # delivery already): a loaded broker gets 1.5 s to send it (0.3 s before)
+                time.sleep(1.5)
         return orig(item)
 
     monkeypatch.setattr(fast_consume, "to_delivery", delete_on_first)

@@ -9,6 +9,7 @@ from rbak.backup.engine import effective_delivery_limit
 from rbak.backup.management import QueueInfo
 
 from support.backups import backup_config, drain, fast_publish, load, records
+from support.brokers import wait_until
 
 N_DEEP = 50_000
 
@@ -48,7 +49,6 @@ def test_connection_killed_mid_read_fails_clearly_and_returns_everything(broker,
     (A quorum read whose messages all reached the client before the close simply completes:
     the backup holds them all and the broker returned them; a small prefetch makes this one
     need the connection again after the kill.)"""
-    import time
     from urllib.parse import quote
 
     monkeypatch.setattr(queue_reader, "QUORUM_PREFETCH", 500)
@@ -58,11 +58,9 @@ def test_connection_killed_mid_read_fails_clearly_and_returns_everything(broker,
 
     def kill_at_1000(n: int) -> None:
         if n == 1000 and not killed:
-            for _ in range(50):  # management lists the connection after its stats tick
-                conns = [c for c in broker.api("GET", "/api/connections") if c.get("vhost") == vhost]
-                if conns:
-                    break
-                time.sleep(0.1)
+            # management lists the connection after its stats tick (a loaded machine: seconds)
+            conns = wait_until(lambda: [c for c in broker.api("GET", "/api/connections") if c.get("vhost") == vhost],
+                               timeout=120, what="the backup's connection in the management API")
             for c in conns:
                 broker.api("DELETE", "/api/connections/" + quote(c["name"], safe=""), ok=(204, 404))
             killed.append(len(conns))
@@ -77,7 +75,8 @@ def test_connection_killed_mid_read_fails_clearly_and_returns_everything(broker,
     cut = load(store, "cut")  # the manifest says: partial, naming the queue and why
     assert cut.state == "partial" and [(q.name, q.status) for q in cut.queue_status] == [("cut", "failed")]
     assert "connection was lost" in cut.queue_status[0].reason and cut.find_queue(vhost, "cut") is None
-    time.sleep(0.5)
+    # the broker returns the killed connection's unacked messages as it closes it: wait for all of them
+    wait_until(lambda: broker.message_count(vhost, "cut") == len(bodies), timeout=120, what="every message back")
     after = [x[0] for x in drain(broker, vhost, "cut")]
     assert sorted(after) == bodies
     if qtype == "classic":
@@ -108,7 +107,10 @@ def test_real_consumer_timeout(rmq40, vhost_factory, tmp_path, monkeypatch):
     fast_publish(rmq40, vhost, "slow-q", bodies, declare={"x-queue-type": "quorum", "x-consumer-timeout": 1000})
     def stall(n: int) -> None:
         if n == 5:  # each queue's reader (two workers) stalls once, at the same time
-            time.sleep(63)  # a backup slower than the broker's consumer_timeout
+            # a backup slower than the broker's consumer_timeout: its check runs on the channel's 60 s
+            # tick, so 75 s leave a loaded broker 15 s for a late tick (the broker's close cannot be
+            # waited for here: the stalled reader's own connection would have to answer it)
+            time.sleep(75)
 
     store = tmp_path / "store"
     cfg = backup_config(rmq40, vhost, store, "ct", tmp_path / "st.db", max_concurrent_queues=2)

@@ -77,6 +77,6 @@ def test_x_expires_queue_is_exported_with_a_note_saying_when_a_restart_deletes_i
     assert [r.body for r in got[("/", "qq-expires")]] == [f"exp-{i}".encode() for i in range(5)]
     _same(got[("/", "qq-keep")], sc.quorum[("/", "qq-keep")], ("/", "qq-keep"))
     notes = "\n".join(res.ctx.notes)
-    assert ("'qq-expires' in vhost '/': x-expires 20000 ms: exported, but RabbitMQ deletes the queue with its "
+    assert ("'qq-expires' in vhost '/': x-expires 30000 ms: exported, but RabbitMQ deletes the queue with its "
             "messages at the first tick of a restart after ") in notes, notes
     assert "'qq-keep' in vhost '/': x-expires" not in notes

@@ -11,6 +11,7 @@ replaying a complete log.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,35 @@ def test_messages_the_broker_expired_stay_expired(name, shared_root, tmp_path):
     assert [r.body for r in sc.quorum[("/", "qq-ttl")]] == [f"kept-{i}".encode() for i in range(5)]
     exp = [r.body for r in sc.quorum[("/", "qq-exp")]]
     assert b"e-0" not in exp and b"e-1" in exp and b"e-late" in exp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qttl-4.3"])
+def test_expiry_does_not_depend_on_when_the_import_runs(name, shared_root, tmp_path):
+    """The import judges expiry by the log's own timestamps: run two days later (a subprocess whose wall
+    clock runs ahead), it exports exactly what it exports now, survivors with a 1 h TTL included."""
+    import os
+    import subprocess
+    import sys
+
+    sc = scenario(name, shared_root)
+    now = f"file://{tmp_path}/now"
+    import_rabbitmq_dir(str(sc.data_dir), now, "t1", types={"quorum"})
+    later = f"file://{tmp_path}/later"
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, RBAK_TEST_CLOCK_AHEAD=str(2 * 86400), PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).parent / "data" / "clock_ahead"), str(repo), os.environ.get("PYTHONPATH", "")]))
+    code = "import sys; from rbak.cli import main; sys.exit(main(sys.argv[1:]))"
+    p = subprocess.run([sys.executable, "-c", code, "import", "rabbitmq-dir", str(sc.data_dir), "--to", later,
+                        "--backup-id", "t1", "--types", "quorum"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    check = subprocess.run([sys.executable, "-c", "import time; print(time.time())"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert float(check.stdout) > time.time() + 86400, "the subprocess's clock is not ahead"
+    _m, got_now = read_backup(now, "t1")
+    _m, got_later = read_backup(later, "t1")
+    assert [r.body for r in got_later[("/", "qq-ttl")]] == [f"kept-{i}".encode() for i in range(5)]
+    for key in (("/", "qq-ttl"), ("/", "qq-exp")):
+        assert [(r.body, r.properties) for r in got_later[key]] == [(r.body, r.properties) for r in got_now[key]]
+

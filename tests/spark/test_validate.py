@@ -86,6 +86,7 @@ def test_every_bad_segment_found_on_s3(spark, s3_bucket):
     assert single.all_problems() == out["all_problems"]
 
 
+@pytest.mark.slow  # starts its own Spark (a JVM): not for the quick lane
 def test_script_exit_code_and_summary(tmp_path):
     """`python spark/validate.py` from another directory: non-zero exit, bad keys named."""
     url = f"file://{tmp_path / 'store'}"

@@ -331,12 +331,19 @@ def unique_name(prefix: str = "test") -> str:
 T = TypeVar("T")
 
 
+#: The shortest wait for a condition (support.brokers.wait_until, support.opcluster.wait_for): a
+#: positive wait costs nothing when the condition comes true, so its margin is generous.
+MIN_WAIT = 120.0
+
+
 def wait_until(probe: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> T:
     """Poll ``probe`` until it returns something truthy; return that, or fail after ``timeout``.
 
     For eventually-consistent facts only (management stats, consumers appearing);
-    the last value is shown in the failure.
+    the last value is shown in the failure. ``timeout`` is a margin, never what a test is about:
+    at least ``MIN_WAIT`` seconds, so a loaded machine (load 8 on 2 cores) does not fail a test.
     """
+    timeout = max(timeout, MIN_WAIT)
     deadline = time.monotonic() + timeout
     while True:
         value = probe()

@@ -3,11 +3,14 @@ recovers (consumers found dead, 4.3's delayed retries coming due) is the referen
 
 Each scenario runs ``setup(node)`` on a fresh node; consumers it leaves open still hold messages when
 the node is killed with SIGKILL (or stopped). The stopped data directory is copied (that copy is
-what the tests import), then the node is restarted on the original, and once ``settle`` seconds have
-passed (every delay due) a live consumer reads each queue without acking (the reference).
+what the tests import), then the node is restarted on the original (no earlier than the setup says:
+every delay set before the stop due, an x-expires passed), and a live consumer reads each queue without
+acking (the reference), waiting until it has every message the scenario leaves (``expect``): delays and
+consumer timeouts the restart sets come due when they do, so no fixed sleep races a slow machine.
 
-- ``qdelay-4.3`` (4.3.6): delayed retry by queue argument. ``qq-dr-returned`` (type returned, 4 s):
-  two nacked messages are delayed, a consumer holds three at the kill (a dead consumer's messages
+- ``qdelay-4.3`` (4.3.6): delayed retry by queue argument. ``qq-dr-returned`` (type returned, 15 s,
+  set up last, just before the kill, so the delay outlasts it): two nacked messages are delayed, a
+  consumer holds three at the kill (a dead consumer's messages
   are failed deliveries: back at once). ``qq-dr-all`` (type all, 3-6 s): nacks delayed and the dead
   consumer's messages delayed after the restart. ``qq-dr-failed`` (type failed, 2 s): nacks
   returned at once, the dead consumer's delayed. ``qq-dr-limit`` (type all, delivery limit 0): two
@@ -21,9 +24,10 @@ passed (every delay due) a live consumer reads each queue without acking (the re
   left behind a 0-9-1 consumer. On 4.x also ``qq-sac-prio``: a priority-5 consumer arrives while the active one holds three
   (it quiesces). On 4.3 the restart leaves that quiescing consumer active though dead (its last
   return puts it back in the waiting list after its down was processed): the consumer timeout
-  (10 s here) gives its messages back.
-- ``qexpire-*``: ``qq-expires`` (x-expires 20 s, five messages, never consumed) is stopped cleanly
-  before it expires, restarted after: the restarted node deletes it (``sc.gone``).
+  (20 s here: the setup's consumers must not reach it before the kill) gives its messages back.
+- ``qexpire-*``: ``qq-expires`` (x-expires 30 s, five messages, never consumed) is stopped cleanly
+  before it expires (a 30 s margin for a stop that normally begins 1 s after the declare),
+  restarted after: the restarted node deletes it (``sc.gone``, waited for).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
+from support.brokers import wait_until
 from support.node_qs_scenarios import QsScenario, reference
 from support.node_scenarios import BUILDERS, VERSIONS
 from support.private_node import PrivateNode
@@ -44,7 +49,10 @@ QQ = {"x-queue-type": "quorum"}
 #: Ra registers a new queue's server in names.dets, which reaches the disk later: a queue created just
 #: before a SIGKILL is restarted by the broker as a new, empty member (the import still reads its files).
 DETS_SYNC = 5
-EXPIRES = 20_000
+EXPIRES = 30_000
+CONSUMER_TIMEOUT_43 = 20_000
+#: Delayed retry of ``qq-dr-returned``: set up last, it must not come due before the kill.
+RETURNED_DELAY = 15_000
 
 
 def publish(ch, queue: str, n: int, tag: str, start: int = 0) -> None:
@@ -59,7 +67,7 @@ def take(node: PrivateNode, queue: str, n: int, prefetch: int | None = None, **c
     ch = conn.channel()
     ch.basic_qos(prefetch_count=prefetch or n)
     tags = []
-    for method, _p, _b in ch.consume(queue, inactivity_timeout=5, **consume_args):
+    for method, _p, _b in ch.consume(queue, inactivity_timeout=60, **consume_args):
         assert method is not None, f"{queue}: consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == n:
@@ -73,7 +81,7 @@ def _delayed_retry(node: PrivateNode) -> tuple[list[str], list]:
     ch.confirm_delivery()
     held = []
 
-    for q, kind, lo, hi, extra in (("qq-dr-returned", "returned", 4000, 4000, {}),
+    for q, kind, lo, hi, extra in (("qq-dr-returned", "returned", RETURNED_DELAY, RETURNED_DELAY, {}),
                                    ("qq-dr-all", "all", 3000, 6000, {}),
                                    ("qq-dr-failed", "failed", 2000, 2000, {}),
                                    ("qq-dr-limit", "all", 1000, 1000, {"x-delivery-limit": 0})):
@@ -82,11 +90,6 @@ def _delayed_retry(node: PrivateNode) -> tuple[list[str], list]:
     time.sleep(DETS_SYNC)
     for q in ("qq-dr-returned", "qq-dr-all", "qq-dr-failed", "qq-dr-limit"):
         publish(ch, q, 12, q[6:])
-    c, cch, tags = take(node, "qq-dr-returned", 5)
-    cch.basic_nack(tags[3], requeue=True)
-    cch.basic_nack(tags[1], requeue=True)
-    held.append(c)  # holds 0, 2, 4 and 5, 6 (the credit the nacks gave back) at the kill
-
     c, cch, tags = take(node, "qq-dr-all", 4)
     cch.basic_ack(tags[0])
     cch.basic_nack(tags[2], requeue=True)
@@ -102,8 +105,16 @@ def _delayed_retry(node: PrivateNode) -> tuple[list[str], list]:
     time.sleep(1)  # the consumer took 2 and 3 instead, held at the kill
     publish(ch, "qq-dr-limit", 1, "late", 100)
     held.append(c)
+
+    # Last, so its delay (longer than every other) is still running at the kill.
+    c, cch, tags = take(node, "qq-dr-returned", 5)
+    cch.basic_nack(tags[3], requeue=True)
+    cch.basic_nack(tags[1], requeue=True)
+    held.append(c)  # holds 0, 2, 4 and 5, 6 (the credit the nacks gave back) at the kill
     conn.close()
-    return ["qq-dr-returned", "qq-dr-all", "qq-dr-failed", "qq-dr-limit"], held
+    # Restart once every delay set before the kill is due (what the import assumes of a restart).
+    not_before = time.monotonic() + RETURNED_DELAY / 1000 + 2
+    return ["qq-dr-returned", "qq-dr-all", "qq-dr-failed", "qq-dr-limit"], held, not_before
 
 
 def _consumers(node: PrivateNode) -> tuple[list[str], list]:
@@ -146,7 +157,7 @@ def _consumers(node: PrivateNode) -> tuple[list[str], list]:
         ch4.basic_consume("qq-sac-prio", lambda *a: None, arguments={"x-priority": 5})  # quiesces the first
         held.append(c4)
     conn.close()
-    return queues, held
+    return queues, held, 0.0
 
 
 class _Held:
@@ -165,22 +176,23 @@ def _credited(node: PrivateNode, address: str, n: int, credit: int) -> _Held:
     conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", allowed_mechs="PLAIN", timeout=30)
     rcv = conn.create_receiver(address, credit=credit)
     for _ in range(n):
-        rcv.receive(timeout=10)  # unsettled (the link's default is to settle on accept, which never comes)
+        rcv.receive(timeout=60)  # unsettled (the link's default is to settle on accept, which never comes)
     return _Held(conn)
 
 
 def _expiring(node: PrivateNode) -> tuple[list[str], list]:
-    """``qq-expires`` (x-expires 20 s, no consumer) is stopped before it expires and restarted after."""
+    """``qq-expires`` (x-expires 30 s, no consumer) is stopped before it expires and restarted after.
+    No DETS_SYNC wait: the node is stopped cleanly (names.dets is closed), and the stop must come early."""
     conn = node.connect("/")
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("qq-expires", durable=True, arguments=dict(QQ, **{"x-expires": EXPIRES}))
+    declared = time.monotonic()  # after the declare: the queue's creation time is earlier
     ch.queue_declare("qq-keep", durable=True, arguments=QQ)
-    time.sleep(DETS_SYNC)
     publish(ch, "qq-expires", 5, "exp")
     publish(ch, "qq-keep", 5, "keep")
     conn.close()
-    return ["qq-expires", "qq-keep"], []
+    return ["qq-expires", "qq-keep"], [], declared + EXPIRES / 1000 + 2
 
 
 def _exists(node: PrivateNode, queue: str) -> bool:
@@ -195,12 +207,14 @@ def _exists(node: PrivateNode, queue: str) -> bool:
             conn.close()
 
 
-def build_restart(name: str, version: str, base: Path, setup, settle: float, kill: bool = True,
-                  conf: tuple[str, ...] = (), plugins: tuple[str, ...] = ()) -> QsScenario:
+def build_restart(name: str, version: str, base: Path, setup, expect: dict[str, int], kill: bool = True,
+                  conf: tuple[str, ...] = (), plugins: tuple[str, ...] = (), gone: tuple[str, ...] = ()) -> QsScenario:
+    """``setup(node) -> (queues, held connections, restart not before (monotonic))``; ``expect``: how
+    many messages each queue's reference read waits for; ``gone``: queues the restart deletes (waited for)."""
     node = PrivateNode(version, base, conf=list(conf), plugins=plugins).start()
     sc = QsScenario(name, version, node.data_dir, killed=kill)
     try:
-        queues, held = setup(node)
+        queues, held, not_before = setup(node)
         time.sleep(0.5)
         node.kill() if kill else node.stop()
         for c in held:
@@ -208,13 +222,16 @@ def build_restart(name: str, version: str, base: Path, setup, settle: float, kil
                 c.close()
         copy = base / "at-stop" / "mnesia" / node.data_dir.name
         shutil.copytree(node.data_dir, copy, symlinks=True)
-        time.sleep(settle)  # every delay set before the stop has come due before the restart
+        time.sleep(max(0.0, not_before - time.monotonic()))  # a lower bound: later is as good
         node.start()
-        time.sleep(settle)  # and those the restart sets
+        if gone:
+            with contextlib.suppress(AssertionError):  # still there after 2 min: the test says so
+                wait_until(lambda: not any(_exists(node, q) for q in gone), timeout=120,
+                           what=f"the restarted node to delete {gone}")
         sc.gone = [q for q in queues if not _exists(node, q)]
         for q in queues:
             if q not in sc.gone:
-                sc.quorum[("/", q)] = reference(node, "/", q, False)
+                sc.quorum[("/", q)] = reference(node, "/", q, False, expect=expect[q])
         node.stop()
         sc.data_dir = copy
     except BaseException:
@@ -227,14 +244,16 @@ for _version in ("3.10", "4.0", "4.3"):
     # 4.3: a consumer the restart leaves active though dead (qq-sac-prio) gives its messages back at the
     # consumer timeout (its 30 min default shortened; the scenario's consumers hold theirs for less).
     BUILDERS[f"qcons-{_version}"] = lambda base, v=_version: build_restart(
-        f"qcons-{v}", v, base, _consumers, 14 if v == "4.3" else 2,
-        conf=("consumer_timeout = 10000",) if v == "4.3" else (),
+        f"qcons-{v}", v, base, _consumers, {"qq-spare": 6, "qq-sac": 11, "qq-credit": 8, "qq-sac-prio": 10},
+        conf=(f"consumer_timeout = {CONSUMER_TIMEOUT_43}",) if v == "4.3" else (),
         plugins=("rabbitmq_amqp1_0",) if v == "3.10" else ())
     VERSIONS[f"qcons-{_version}"] = _version
 
     BUILDERS[f"qexpire-{_version}"] = lambda base, v=_version: build_restart(
-        f"qexpire-{v}", v, base, _expiring, EXPIRES / 1000 - DETS_SYNC + 4, kill=False)
+        f"qexpire-{v}", v, base, _expiring, {"qq-keep": 5}, kill=False, gone=("qq-expires",))
     VERSIONS[f"qexpire-{_version}"] = _version
 
-BUILDERS["qdelay-4.3"] = lambda base: build_restart("qdelay-4.3", "4.3", base, _delayed_retry, 7)
+BUILDERS["qdelay-4.3"] = lambda base: build_restart(
+    "qdelay-4.3", "4.3", base, _delayed_retry,
+    {"qq-dr-returned": 12, "qq-dr-all": 11, "qq-dr-failed": 12, "qq-dr-limit": 9})
 VERSIONS["qdelay-4.3"] = "4.3"

@@ -25,12 +25,14 @@ reference).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 import pika
 import pika.exceptions
 
+from support.brokers import wait_until
 from support.node_qs_scenarios import QsScenario, reference
 from support.node_scenarios import BUILDERS, VERSIONS
 from support.private_node import PrivateNode
@@ -56,7 +58,7 @@ def _take(node: PrivateNode, queue: str, n: int):
     ch = conn.channel()
     ch.basic_qos(prefetch_count=n)
     tags = []
-    for method, _p, _b in ch.consume(queue, inactivity_timeout=5):
+    for method, _p, _b in ch.consume(queue, inactivity_timeout=60):
         assert method is not None, f"{queue}: consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == n:
@@ -164,7 +166,7 @@ def _flood(node: PrivateNode, queue: str, n: int, settle: bool) -> None:
     pub.confirm_delivery()
     ch = conn.channel()
     ch.basic_qos(prefetch_count=300)
-    deliveries = ch.consume(queue, inactivity_timeout=5) if settle else None
+    deliveries = ch.consume(queue, inactivity_timeout=60) if settle else None
     for start in range(0, n, 500):
         for i in range(start, min(n, start + 500)):
             _pub(pub, queue, b"f" * 1000 + str(i).encode())
@@ -188,7 +190,7 @@ def build_limit_snapshot(name: str, version: str, base: Path) -> QsScenario:
     """A limit set by policy, then compacted into a Ra snapshot by a drop-head flood (the config file
     has no limit: only the snapshot's ``#cfg`` has it); on 4.3 also at-least-once dead letters
     pending across a snapshot."""
-    from support.node_snap_scenarios import ADVANCED, CONF
+    from support.node_snap_scenarios import ADVANCED, CONF, compacted
 
     node = PrivateNode(version, base, conf=CONF[version[:3]], advanced=ADVANCED[version[:3]]).start()
     sc = QsScenario(name, version, node.data_dir)
@@ -213,6 +215,10 @@ def build_limit_snapshot(name: str, version: str, base: Path) -> QsScenario:
             if dlx:
                 _flood(node, SNAP_DLX_QUEUE, 2600, settle=True)
             time.sleep(6)  # rabbit_fifo's checkpoint / snapshot checks run on its tick
+        # A loaded node ticks late: go on once the snapshot the test checks is there (at most 3 min;
+        # should it come only later, the test's own check says so).
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: compacted(node.data_dir, SNAP_LIMIT_QUEUE), timeout=180, what=f"{name}: a Ra snapshot")
         for i in range(30):
             _pub(ch, SNAP_LIMIT_QUEUE, f"after-{i}".encode())
         conn2, _cch, _tags = _take(node, SNAP_LIMIT_QUEUE, 5)

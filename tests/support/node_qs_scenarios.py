@@ -63,17 +63,29 @@ def _body(tag: str, i: int) -> bytes:
     return pattern(f"{tag}{i}", 3000 + i % 500) if i % 11 == 0 else f"{tag}-{i}".encode()
 
 
-def reference(node: PrivateNode, vhost: str, queue: str, stream: bool) -> list[Ref]:
-    """Every message of the queue as a 0-9-1 consumer gets it, nothing acked (closing returns them)."""
+def reference(node: PrivateNode, vhost: str, queue: str, stream: bool, expect: int | None = None) -> list[Ref]:
+    """Every message of the queue as a 0-9-1 consumer gets it, nothing acked (closing returns them).
+
+    ``expect``: how many the read waits for (up to 5 min) when some arrive only later (a restarted
+    node's delayed retries, a consumer timeout): a condition, where a fixed sleep would race a slow
+    machine. Past it, the read goes on as without it, so a wrong count shows as a different result."""
     out = []
+    deadline = time.monotonic() + 300
     conn = node.connect(vhost)
     try:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=10_000)
         args = {"x-stream-offset": "first"} if stream else {}
+        probe = None if stream else conn.channel()
         for method, props, body in ch.consume(queue, auto_ack=False, arguments=args, inactivity_timeout=3):
+            # 3 s without a delivery ends the read only once the queue has nothing ready left (a
+            # loaded machine may pause longer); a stream has no such count, so there it is the end.
             if method is None:
-                break
+                if expect is not None and len(out) < expect and time.monotonic() < deadline:
+                    continue
+                if probe is None or not probe.queue_declare(queue, passive=True).method.message_count:
+                    break
+                continue
             r = convert.to_record(method, props, body, vhost, queue, 0, NOT_STORED)
             off = (props.headers or {}).get("x-stream-offset")
             out.append(Ref(r.exchange, r.routing_key, r.properties, r.headers, r.body, off))
@@ -123,7 +135,7 @@ def _quorum(node: PrivateNode, sc: QsScenario) -> None:
     cch = c2.channel()
     cch.basic_qos(prefetch_count=50)
     tags = []
-    for method, _p, _b in cch.consume("qq-orders", inactivity_timeout=5):
+    for method, _p, _b in cch.consume("qq-orders", inactivity_timeout=60):
         assert method is not None, "quorum consumer got too few messages"
         tags.append(method.delivery_tag)
         if len(tags) == 50:
@@ -140,7 +152,7 @@ def _quorum(node: PrivateNode, sc: QsScenario) -> None:
         ch.basic_publish("", "qq-churn", blob + str(i).encode(), pika.BasicProperties(delivery_mode=2))
     ch.basic_qos(prefetch_count=500)
     got = 0
-    for method, _p, _b in ch.consume("qq-churn", inactivity_timeout=5):
+    for method, _p, _b in ch.consume("qq-churn", inactivity_timeout=60):
         assert method is not None
         got += 1
         if got % 100 == 0:

@@ -286,7 +286,19 @@ def build_crash(base: Path) -> Scenario:
             sc.expected[("/", q)] = msgs[100:]
             sc.published[("/", q)] = msgs
             sc.versions[("/", q)] = v
-        time.sleep(3)  # idle queues hibernate and write their journals out (acks are not confirmed)
+        # Idle queues hibernate and write their journals out (acks are not confirmed): at least 3 s, and
+        # until each queue's directory shows a write after the acks (a loaded node hibernates later).
+        acked = time.time()
+        time.sleep(3)
+        qdirs = [node.data_dir / "msg_stores" / "vhosts" / vhost_dir_name("/") / "queues" / queue_dir_name("/", f"v{v}-crash")
+                 for v in (1, 2)]
+
+        def written_after_acks() -> bool:
+            return all(any(f.stat().st_mtime > acked for f in d.rglob("*") if f.is_file()) for d in qdirs)
+
+        deadline = time.monotonic() + 60
+        while not written_after_acks() and time.monotonic() < deadline:  # no write at all: the test says so
+            time.sleep(0.5)
         for v in (1, 2):
             # Confirmed publishes right before the crash stay in the v1 journal.
             q = f"v{v}-crash"

@@ -558,6 +558,10 @@ class Operator:
 
 
 def wait_for(pred, timeout: float = 60, interval: float = 0.25, what: str = "condition", diag=None):
+    """Poll ``pred`` until truthy; ``timeout`` is a margin of at least ``brokers.MIN_WAIT`` seconds."""
+    from support.brokers import MIN_WAIT
+
+    timeout = max(timeout, MIN_WAIT)
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:

@@ -163,7 +163,10 @@ def typed_properties():
 
 def consume_all(broker, vhost, queue, expected: int, stream: bool = False, timeout: float = 60.0,
                 extra_wait: float = 0.5) -> list[Delivery]:
-    """Read every message of ``queue`` (acking: tests own their vhosts), waiting ``extra_wait`` for surplus."""
+    """Read every message of ``queue`` (acking: tests own their vhosts), waiting ``extra_wait`` for surplus.
+
+    The read ends only after ``extra_wait`` seconds without a delivery once ``expected`` have come (a
+    stream read from the first offset on a loaded machine may pause longer than the 0.2 s poll)."""
     out: list[Delivery] = []
     with typed_properties(), broker.connect(vhost) as conn:
         ch = conn.channel()
@@ -177,6 +180,8 @@ def consume_all(broker, vhost, queue, expected: int, stream: bool = False, timeo
                 if time.monotonic() > deadline or (len(out) >= expected and time.monotonic() > surplus_deadline):
                     break
                 continue
+            if len(out) >= expected:  # a surplus delivery: wait a full extra_wait of silence again
+                surplus_deadline = time.monotonic() + extra_wait
             p, h = props.rbak
             out.append(Delivery(body, p, h, method.exchange, method.routing_key))
             last_tag = method.delivery_tag
