@@ -180,8 +180,9 @@ def build_ttl(name: str, version: str, base: Path) -> QsScenario:
                 ch.basic_publish("", "qq-exp", f"e-{i}".encode(),
                                  pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"e{i}"))
         # rabbit_fifo's expiry timer drops the expired head messages: every gone-*, and e-0 (e-1 shields the rest).
-        counts = lambda: tuple(ch.queue_declare(q, passive=True).method.message_count
-                               for q in ("qq-ttl", "qq-exp"))
+        def counts() -> tuple[int, ...]:
+            return tuple(ch.queue_declare(q, passive=True).method.message_count for q in ("qq-ttl", "qq-exp"))
+
         wait_until(lambda: counts() == (0, 5), timeout=300, what="the broker to expire gone-* and e-0")
         node.ctl("clear_policy", "short-ttl")
         for i in range(5):
