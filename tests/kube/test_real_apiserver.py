@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.dotted import DEL, set_path
 from support.kubeapi import KubeApi
 from support.ship import manifests, render_chart
 
@@ -131,12 +132,6 @@ def _refused(kube: KubeApi, obj: dict) -> str:
     return r.stderr
 
 
-class _Deleted:
-    def __repr__(self) -> str:
-        return "<deleted>"
-
-
-_DEL = _Deleted()
 
 # (field, value, what the API server says): every kind of rule the schema claims.
 BAD_BACKUPS = [
@@ -152,7 +147,7 @@ BAD_BACKUPS = [
      "spec.compressionLevel: Invalid value: 23: spec.compressionLevel in body should be less than or equal to 22"),
     ("spec.startingDeadlineSeconds", -1, "should be greater than or equal to 0"),
     ("spec.retention.maxAge", "1 month", "spec.retention.maxAge in body should match"),
-    ("spec.storage", _DEL, "spec.storage: Required value"),
+    ("spec.storage", DEL, "spec.storage: Required value"),
     ("spec.broker.amqpUrl", "amqp://h:5672/%2f",
      "set exactly one of broker.rabbitmqClusterReference or broker.amqpUrl"),
     ("spec.timeZone", "Europe Berlin", "spec.timeZone in body should match"),
@@ -160,16 +155,6 @@ BAD_BACKUPS = [
 ]
 
 
-def _set(obj: dict, dotted: str, value) -> dict:
-    cur = obj
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        cur = cur.setdefault(k, {})
-    if value is _DEL:
-        cur.pop(keys[-1], None)
-    else:
-        cur[keys[-1]] = value
-    return obj
 
 
 @pytest.mark.parametrize("field, value, message", BAD_BACKUPS, ids=[f"{f}={v!r}"[:60] for f, v, _ in BAD_BACKUPS])
@@ -177,7 +162,7 @@ def test_server_refuses_bad_backup(kube: KubeApi, field: str, value, message: st
     obj = _backup("bad")
     if field.startswith("spec.verify."):
         obj["spec"]["verify"] = {"restoreDrill": {"schedule": "0 3 * * 0"}}
-    err = _refused(kube, _set(obj, field, value))
+    err = _refused(kube, set_path(obj, field, value))
     assert message in err, err
 
 

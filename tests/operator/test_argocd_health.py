@@ -17,6 +17,8 @@ from test_handlers_fake import (
     NS,
     FakeKube,
     backup_obj,
+    clock,  # noqa: F401 (fixture)
+    pvc,  # noqa: F401 (fixture)
     restore_obj,
     t,
     write_backup,
@@ -24,7 +26,6 @@ from test_handlers_fake import (
 from test_logic_status import POD_FAILED
 
 from rbak.format.manifest import BackupManifest, QueueStatus
-from rbak.storage.url import open_storage
 
 lupa = pytest.importorskip("lupa.lua51")
 
@@ -33,23 +34,6 @@ SCRIPTS = ROOT / "charts" / "rbak" / "files" / "argocd"
 REFUSED = "rbak: AMQP error: ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN"
 KEYS = {"resource.customizations.health.rbak.io_RabbitMQBackup": "rabbitmqbackup-health.lua",
         "resource.customizations.health.rbak.io_RabbitMQRestore": "rabbitmqrestore-health.lua"}
-
-
-@pytest.fixture
-def pvc(tmp_path, monkeypatch):
-    """The PVC storage as the operator reads it (as in test_handlers_fake)."""
-    monkeypatch.setenv("RBAK_OPERATOR_PVC_ROOT", str(tmp_path))
-    (tmp_path / "data" / "backups").mkdir(parents=True)
-    return open_storage("file://" + str(tmp_path / "data" / "backups"))
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    from rbak_operator import clock as op_clock
-
-    box = {"now": t("2030-01-01T00:00:30Z")}
-    monkeypatch.setattr(op_clock, "now", lambda: box["now"])
-    return box
 
 
 def health(script: str, obj: dict) -> tuple[str, str]:

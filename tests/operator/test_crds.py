@@ -11,9 +11,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from rbak_operator import crds
 from support.crds import cel_failures
+from support.dotted import DEL, set_path
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
@@ -88,26 +88,8 @@ def _restore() -> dict:
     return yaml.safe_load((REPO / "docs/examples/rabbitmqrestore-pitr.yaml").read_text())
 
 
-def _set(obj: dict, dotted: str, value):
-    cur = obj
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        cur = cur.setdefault(k, {})
-    if value is _DEL:
-        cur.pop(keys[-1], None)
-    else:
-        cur[keys[-1]] = value
-    return obj
 
 
-class _Deleted:
-    """Marks a field to delete; a stable repr keeps test ids equal on every xdist worker."""
-
-    def __repr__(self) -> str:
-        return "<deleted>"
-
-
-_DEL = _Deleted()
 
 BAD_BACKUPS = [
     ("spec.schedule", "0 30 2 * * *", "6-field values with a leading seconds field are not supported"),
@@ -120,17 +102,17 @@ BAD_BACKUPS = [
     ("spec.retention.keepLast", 0, "0 is less than the minimum of 1"),
     ("spec.retention.maxAge", "1 month", "does not match"),
     ("spec.deletionPolicy", "Delete", "'Delete' is not one of"),
-    ("spec.storage", _DEL, "'storage' is a required property"),
-    ("spec.broker", _DEL, "'broker' is a required property"),
+    ("spec.storage", DEL, "'storage' is a required property"),
+    ("spec.broker", DEL, "'broker' is a required property"),
     ("spec.storage.pvc", {"claimName": "x"}, "set exactly one of storage.s3 or storage.pvc"),
-    ("spec.storage.s3.bucket", _DEL, "'bucket' is a required property"),
+    ("spec.storage.s3.bucket", DEL, "'bucket' is a required property"),
     ("spec.broker.amqpUrl", "amqp://h:5672/%2f", "set exactly one of broker.rabbitmqClusterReference or broker.amqpUrl"),
     ("spec.broker.rabbitmqClusterReference.name", "Bad_Name", "does not match"),
     ("spec.queues.types", ["classic", "lazy"], "'lazy' is not one of"),
     ("spec.timeZone", "Europe Berlin", "does not match"),
     ("spec.validate.sparkThresholdBytes", -5, "less than the minimum"),
     ("spec.verify.restoreDrill.schedule", "0 30 2 * * *", "6-field values with a leading seconds field"),
-    ("spec.verify.restoreDrill.schedule", _DEL, "'schedule' is a required property"),
+    ("spec.verify.restoreDrill.schedule", DEL, "'schedule' is a required property"),
     ("spec.verify.restoreDrill.readTimeoutSeconds", 0, "0 is less than the minimum of 1"),
     ("spec.verify.restoreDrill.target", {"amqpUrl": "amqp://h:5672/%2f"},
      "broker.amqpUrl needs broker.managementUrl and broker.credentialsSecretRef"),
@@ -140,7 +122,7 @@ BAD_BACKUPS = [
 
 @pytest.mark.parametrize("field, value, message", BAD_BACKUPS, ids=[f"{f}={v!r}"[:60] for f, v, _ in BAD_BACKUPS])
 def test_bad_backups_are_rejected(field, value, message):
-    errors = check(_set(_backup(), field, value))
+    errors = check(set_path(_backup(), field, value))
     assert any(message in e for e in errors), errors
 
 
@@ -158,7 +140,7 @@ BAD_RESTORES = [
     ("spec.engine", "flink", "'flink' is not one of"),
     ("spec.pitr.end", "yesterday", "does not match"),
     ("spec.pitr.start", "2026-11-22T09:00:00", "does not match"),  # no zone
-    ("spec.backupRef.name", _DEL, "'name' is a required property"),
+    ("spec.backupRef.name", DEL, "'name' is a required property"),
     ("spec.backupRef.backupId", "../x", "does not match"),
     ("spec.sparkThresholdBytes", -1, "less than the minimum"),
     ("spec.vhostMapping", {"a": ""}, "should be non-empty"),
@@ -167,7 +149,7 @@ BAD_RESTORES = [
 
 @pytest.mark.parametrize("field, value, message", BAD_RESTORES, ids=[f"{f}={v!r}"[:60] for f, v, _ in BAD_RESTORES])
 def test_bad_restores_are_rejected(field, value, message):
-    errors = check(_set(_restore(), field, value))
+    errors = check(set_path(_restore(), field, value))
     assert any(message in e for e in errors), errors
 
 
@@ -183,7 +165,7 @@ def test_restore_needs_exactly_one_source_and_a_target_for_storage():
 
 def test_epoch_ms_accepted_as_int_or_string():
     for v in (1795341600000, "1795341600000", "2026-11-22T10:00:00.5+02:00"):
-        assert check(_set(_restore(), "spec.pitr.start", v)) == []
+        assert check(set_path(_restore(), "spec.pitr.start", v)) == []
 
 
 def _rules(schema: dict, path: str = ""):

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.brokers import unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_DIR = REPO / "spark"
@@ -34,3 +35,14 @@ def spark(moto_s3):
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def target(rmq310):
+    """(broker, a fresh vhost) deleted afterwards."""
+    name = unique_name("test-spark")
+    rmq310.create_vhost(name)
+    try:
+        yield rmq310, name
+    finally:
+        rmq310.delete_vhost(name)

@@ -19,21 +19,9 @@ from rbak.restore.plan import plan_queue
 from rbak.storage import open_storage
 from rbak_spark.restore_job import RestoreUnit, group_units, main as restore_main, parse_args, run_restore_job, split_plan
 from rbak_spark.synthetic import QueueSpec, write_backup
-from support.brokers import unique_name
 
 SPARK_DIR = Path(__file__).resolve().parents[2] / "spark"
 START = 1_700_000_000_000
-
-
-@pytest.fixture
-def target(rmq310):
-    """(broker, a fresh vhost) deleted afterwards."""
-    name = unique_name("test-spark")
-    rmq310.create_vhost(name)
-    try:
-        yield rmq310, name
-    finally:
-        rmq310.delete_vhost(name)
 
 
 def options(broker, vhost, **kw) -> RestoreOptions:

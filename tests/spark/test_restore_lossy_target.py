@@ -5,22 +5,11 @@ from __future__ import annotations
 import pytest
 from rbak_spark.restore_job import run_restore_job
 from rbak_spark.synthetic import QueueSpec, write_backup
-from support.brokers import unique_name
 
 from rbak.config import ConnectionConfig
 from rbak.errors import RestoreError
 from rbak.restore.options import RestoreOptions
 from rbak.storage import open_storage
-
-
-@pytest.fixture
-def target(rmq310):
-    name = unique_name("test-spark")
-    rmq310.create_vhost(name)
-    try:
-        yield rmq310, name
-    finally:
-        rmq310.delete_vhost(name)
 
 
 def options(broker, vhost, **kw) -> RestoreOptions:
