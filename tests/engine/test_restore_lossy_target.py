@@ -48,9 +48,11 @@ def contents(broker, vhost, queue):
     return [m.body for m in broker.drain_queue(vhost, queue)]
 
 
-def needs_protocol(broker, protocol):
-    if protocol == "amqp10" and broker.version.startswith("3."):
-        pytest.skip("AMQP 1.0 restores need RabbitMQ 4.x")
+# Every broker over AMQP 0-9-1, and the 4.x ones (native AMQP 1.0) over 1.0 too: pairs, not a skip.
+BROKER_PROTOCOLS = pytest.mark.parametrize(
+    ("broker", "protocol"),
+    [("rmq310", "amqp091"), ("rmq40", "amqp091"), ("rmq40", "amqp10"), ("rmq43", "amqp091"), ("rmq43", "amqp10")],
+    indirect=["broker"])
 
 
 def put_policy(broker, vhost, name, definition, pattern="^q$", operator=False):
@@ -84,10 +86,9 @@ def assert_reported(r, out, vhost, expected, found, *parts):
 
 
 @pytest.mark.parametrize("qtype", ["classic", "quorum"])
-@pytest.mark.parametrize("protocol", ["amqp091", "amqp10"])
+@BROKER_PROTOCOLS
 def test_drop_head_max_length_argument(broker, vhost, tmp_path, qtype, protocol):
     """x-max-length 10, drop-head, 100 to restore: refused; allowed, the restore fails: 10 of 100 kept."""
-    needs_protocol(broker, protocol)
     backup(tmp_path, vhost, qtype)
     declare(broker, vhost, "q", qtype, {"x-max-length": 10, "x-overflow": "drop-head"})
     r, out = restore(broker, tmp_path, protocol)
@@ -102,10 +103,9 @@ def test_drop_head_max_length_argument(broker, vhost, tmp_path, qtype, protocol)
 
 
 @pytest.mark.parametrize("qtype", ["classic", "quorum"])
-@pytest.mark.parametrize("protocol", ["amqp091", "amqp10"])
+@BROKER_PROTOCOLS
 def test_one_millisecond_message_ttl(broker, vhost, tmp_path, qtype, protocol):
     """x-message-ttl 1: refused; allowed, everything expires and the restore says so."""
-    needs_protocol(broker, protocol)
     backup(tmp_path, vhost, qtype)
     declare(broker, vhost, "q", qtype, {"x-message-ttl": 1})
     r, out = restore(broker, tmp_path, protocol)
@@ -184,11 +184,10 @@ def test_max_length_bytes(broker, vhost, tmp_path):
     assert contents(broker, vhost, "q") == BODIES
 
 
-@pytest.mark.parametrize("protocol", ["amqp091", "amqp10"])
+@BROKER_PROTOCOLS
 def test_limits_with_room_are_not_lossy(broker, vhost, tmp_path, protocol):
     """A max-length with room for what it holds plus every restored message, a dead-letter exchange and
     a delivery limit alone: restored, and the depth check confirms it."""
-    needs_protocol(broker, protocol)
     backup(tmp_path, vhost, "quorum")
     declare(broker, vhost, "q", "quorum", {"x-max-length": 105, "x-dead-letter-exchange": "dlx",
                                             "x-delivery-limit": 3})

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from rbak_operator import drill, handlers
 from rbak_operator.status import RunState
+from support.require import require
 from test_handlers_fake import (
     LOG,
     NS,
@@ -27,7 +28,7 @@ from test_logic_status import POD_FAILED
 
 from rbak.format.manifest import BackupManifest, QueueStatus
 
-lupa = pytest.importorskip("lupa.lua51")
+lupa = require("lupa.lua51", "lupa")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "charts" / "rbak" / "files" / "argocd"
