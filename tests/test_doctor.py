@@ -206,7 +206,7 @@ def test_missing_delete_right_is_an_error_naming_the_right(moto_s3):
         "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": "*", "Action": [
             "s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:GetBucket*", "s3:GetLifecycleConfiguration",
             "s3:GetEncryptionConfiguration", "s3:GetBucketObjectLockConfiguration", "s3:GetBucketVersioning",
-            "s3:ListBucketVersions", "s3:DeleteObjectVersion", "s3:GetBucketPublicAccessBlock",
+            "s3:ListBucketVersions", "s3:GetBucketPublicAccessBlock",
             "s3:GetPublicAccessBlock"]}]}))
     key = iam.create_access_key(UserName=user)["AccessKey"]
     env = {**__import__("os").environ, "AWS_ACCESS_KEY_ID": key["AccessKeyId"],

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import RbakError
+from ..management import ManagementClient
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -300,6 +301,9 @@ def _child_main(conn, cfg: "Config", level: int, env: dict[str, str], codec) -> 
     eng = BackupEngine(cfg, progress=lambda event, **kw: send(("event", event, kw)))
     if codec is not None:
         eng.codec = codec
+    # A queue's read may ask the management API (a single-active-consumer queue whose arguments
+    # the listing lacked); the parent's client stays in the parent.
+    eng.client = ManagementClient.for_connection(cfg.source, "source")
     conns = _Connections(cfg)
     send(("ready",))
     try:
@@ -327,3 +331,4 @@ def _child_main(conn, cfg: "Config", level: int, env: dict[str, str], codec) -> 
                     raise
     finally:
         conns.close_all()
+        eng.client.close()
