@@ -136,12 +136,16 @@ class Emulator:
         }))
         return path
 
-    def api_calls(self, exclude_agent: str = "python-requests") -> set[tuple[str, str, str]]:
-        """(group, resource[/subresource], verb) of the requests the emulator received,
-        except those of the test itself and its kubelet (``requests``' default User-Agent)."""
+    def request_count(self) -> int:
+        assert self.kmock is not None
+        return len(list(self.kmock))
+
+    def api_calls(self, exclude_agent: str = "python-requests", since: int = 0) -> set[tuple[str, str, str]]:
+        """(group, resource[/subresource], verb) of the requests the emulator received (from the
+        ``since``-th on), except those of the test itself and its kubelet (``requests``' User-Agent)."""
         out = set()
         assert self.kmock is not None
-        for req in list(self.kmock._requests):
+        for req in list(self.kmock)[since:]:  # every request the emulator received, in order
             headers = {k.lower(): v for k, v in dict(req.headers or {}).items()}
             if headers.get("user-agent", "").startswith(exclude_agent):
                 continue
