@@ -7,7 +7,7 @@ made no call outside this set (from the emulator's request log).
 
 from __future__ import annotations
 
-from .crds import BACKUP_PLURAL, GROUP, RABBITMQ_CLUSTERS, RABBITMQ_GROUP, RESTORE_PLURAL
+from .crds import BACKUP_PLURAL, GROUP, RABBITMQ_CLUSTERS, RABBITMQ_GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL
 
 # (apiGroup, resource, verbs); "" is the core group.
 USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -15,12 +15,12 @@ USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (GROUP, f"{BACKUP_PLURAL}/status", ("get", "patch")),
     (GROUP, RESTORE_PLURAL, ("get", "list", "watch", "patch")),
     (GROUP, f"{RESTORE_PLURAL}/status", ("get", "patch")),
-    ("batch", "jobs", ("get", "list", "create", "delete")),
+    ("batch", "jobs", ("get", "list", "watch", "create", "delete")),  # watched: a run's end wakes its owner
     ("", "pods", ("list",)),
     ("", "configmaps", ("get", "create", "delete")),
     ("", "secrets", ("get",)),
     ("", "events", ("create",)),
-    ("sparkoperator.k8s.io", "sparkapplications", ("get", "create", "delete")),
+    (SPARK_GROUP, SPARK_PLURAL, ("get", "list", "watch", "create", "delete")),
     # a rabbitmqClusterReference by name: the cluster's status names its default-user Secret
     (RABBITMQ_GROUP, RABBITMQ_CLUSTERS, ("get",)),
     # kopf itself: namespaces for cluster-wide watching, peering objects, CRD discovery.

@@ -18,7 +18,7 @@ from typing import Any
 
 from rbak.errors import RbakError
 
-from . import bodies, clock, drill, events, metrics, naming, policy, progress_status, rbakconfig, schedule
+from . import bodies, clock, drill, events, metrics, naming, policy, progress_status, rbakconfig, schedule, wake, wakeups
 from .clock import fmt, parse_time
 from .credentials import resolve_broker
 from .crds import BACKUP_PLURAL
@@ -50,6 +50,7 @@ class BackupPass:
     recorded: set[str] = field(default_factory=set)
     new_success: bool = False
     phase_hint: str | None = None
+    next_slot: datetime | None = None  # the cron's next slot, suspended or not (wake.py)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -81,9 +82,14 @@ class BackupPass:
 
 def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
     """One pass over a RabbitMQBackup: the status patch applied, or GONE."""
+    return backup_pass(kube, namespace, name, logger)[0]
+
+
+def backup_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[str, Any] | str, list[datetime | None]]:
+    """``reconcile_backup`` and the times its next pass is due for (wake.py)."""
     body = kube.get_backup(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return GONE
+        return GONE, []
     body = dict(body, status=dict(body.get("status") or {}))
     p = BackupPass(kube, body, clock.now(), logger)
     observe_runs(p)
@@ -92,11 +98,12 @@ def reconcile_backup(kube: Kube, namespace: str, name: str, logger) -> dict[str,
     retention_step(p)
     manual_trigger_step(p)
     if not schedule_step(p):
-        return p.patch  # an invalid schedule: the status says so, nothing else happens
+        return p.patch, []  # an invalid schedule: the status says so, nothing else happens until the spec changes
     restore_drill = drill.reconcile(kube, body, p.now, events.post)
     if restore_drill is not None:
         p.patch["restoreDrill"] = restore_drill
-    return write_status(p)
+    changed = write_status(p)
+    return changed, wake.backup_times({**p.status, **p.patch}, p.next_slot)
 
 
 def observe_runs(p: BackupPass) -> None:
@@ -258,6 +265,7 @@ def schedule_step(p: BackupPass) -> bool:
     deadline = p.spec.get("startingDeadlineSeconds")
     resume_pending_slot(p, last, deadline)
     d = schedule.decide(sched, last, created, p.now, deadline)
+    p.next_slot = d.next_time
     if p.spec.get("suspend"):
         p.patch["nextScheduleTime"] = None
         p.phase_hint = "Suspended"
@@ -326,8 +334,13 @@ def run_slot(p: BackupPass, d: schedule.SlotDecision) -> None:
 
 
 def other_runs_on_source(p: BackupPass) -> list[str]:
-    """Active backup runs of the other RabbitMQBackups in this namespace that read this one's source."""
+    """Active backup runs of the other RabbitMQBackups in this namespace that read this one's source.
+    When the watch has shown this namespace's RabbitMQBackups and none other shares the source, no
+    LIST is needed (a fleet of objects with one source each costs no namespace-wide LIST per slot)."""
     mine = policy.source_of(p.spec, p.namespace)
+    known = wakeups.sources_in(p.namespace)
+    if known is not None and not any(n != p.name and policy.same_source(mine, s) for n, s in known.items()):
+        return []
     others: dict[str, list[str]] = {}
     for j in p.kube.list_jobs(p.namespace, bodies.common_labels("backup")):
         meta = j.get("metadata") or {}

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from . import naming
-from .crds import BACKUP_PLURAL, GROUP, VERSION
+from .crds import BACKUP_PLURAL, GROUP, SPARK_GROUP, SPARK_VERSION, VERSION
 from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, SecretEnv
 
 DEFAULT_IMAGE = os.environ.get("RBAK_IMAGE", "ghcr.io/rbak/rbak:0.1.0")
@@ -199,7 +199,7 @@ def spark_application_body(*, name: str, namespace: str, owner: dict[str, Any], 
         mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
     pod = {"labels": dict(labels), "env": env, "volumeMounts": mounts}
     body: dict[str, Any] = {
-        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "apiVersion": f"{SPARK_GROUP}/{SPARK_VERSION}",
         "kind": "SparkApplication",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
                      "ownerReferences": [owner_reference(owner)]},

@@ -25,6 +25,11 @@ def now() -> datetime:
     return datetime.now(timezone.utc) + timedelta(seconds=offset)
 
 
+def is_fake() -> bool:
+    """True when "now" comes from RBAK_OPERATOR_CLOCK_FILE: it may jump, so sleepers re-read it often."""
+    return bool(os.environ.get("RBAK_OPERATOR_CLOCK_FILE"))
+
+
 def parse_time(text: str) -> datetime:
     """RFC 3339 or epoch seconds -> aware UTC datetime."""
     t = text.strip()

@@ -27,6 +27,7 @@ BACKUP_PLURAL = "rabbitmqbackups"
 RESTORE_PLURAL = "rabbitmqrestores"
 # The RabbitMQ cluster operator's RabbitmqCluster (read for status.defaultUser.secretReference).
 RABBITMQ_GROUP = "rabbitmq.com"
+SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"  # kubeflow spark-operator
 RABBITMQ_VERSION = "v1beta1"
 RABBITMQ_CLUSTERS = "rabbitmqclusters"
 

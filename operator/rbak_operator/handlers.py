@@ -1,9 +1,14 @@
 """kopf handlers: the glue between kopf and the reconcilers.
 
-A RabbitMQBackup or RabbitMQRestore gets a short reconcile loop (a kopf daemon) that calls
-``backup_reconciler.reconcile_backup`` / ``restore_reconciler.reconcile_restore`` every TICK on a
-thread pool until its object is gone or finished; deletion, metrics start-up, peering and login
-are here too. Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
+Each RabbitMQBackup or RabbitMQRestore has a kopf daemon that runs a pass
+(``backup_reconciler.backup_pass`` / ``restore_reconciler.reconcile_restore``) on a thread pool,
+then sleeps until something changes or a time comes due (``RBAK_OPERATOR_RECONCILE=events``, the
+default): the object's spec, annotations or deletion, an event of a Job or SparkApplication it
+owns (watched by label, mapped back by ownerReference), its next slot or drill (wake.py), or the
+safety resync (``RBAK_OPERATOR_RESYNC_SECONDS``, default 6 h). An idle object costs no API call
+between those. ``RBAK_OPERATOR_RECONCILE=poll`` keeps the former fixed tick (``TICK``) for
+comparison (benchmarks/operator_scale.py). Deletion, metrics start-up, peering and login are
+here too. Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import kopf
 
 from rbak.errors import RbakError
 
-from . import metrics, progress, resource_metrics
-from .backup_reconciler import reconcile_backup
-from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
+from datetime import timedelta
+
+from . import bodies, clock, metrics, policy, progress, resource_metrics, wake, wakeups
+from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
+from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
 from .events import post as _event
 from .k8s import ApiError, Kube, connection_info
 from .restore_reconciler import reconcile_restore
@@ -33,7 +40,11 @@ from .storage_access import delete_owned_backups
 
 log = logging.getLogger("rbak_operator")
 
-TICK = float(os.environ.get("RBAK_OPERATOR_TICK_SECONDS", "10"))
+TICK = float(os.environ.get("RBAK_OPERATOR_TICK_SECONDS", "10"))  # poll mode only
+MODE = os.environ.get("RBAK_OPERATOR_RECONCILE", "events")
+RESYNC = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", str(6 * 3600))))
+if MODE not in ("events", "poll"):
+    raise SystemExit(f"RBAK_OPERATOR_RECONCILE: expected 'events' or 'poll', got {MODE!r}")
 
 
 # --------------------------------------------------------------------------
@@ -49,8 +60,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # every pod draws its own. Even if both ran, a slot maps to one Job name.
     settings.peering.name = os.environ.get("RBAK_PEERING_NAME", "rbak-operator")
     settings.peering.priority = int(os.environ.get("RBAK_PEERING_PRIORITY") or random.randint(1, 1_000_000))
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    # A watch the server ends is resumed from its last resourceVersion (kopf), so no event is lost.
+    settings.watching.server_timeout = int(os.environ.get("RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS", "300"))  # an integer: the server refuses "3.0"
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    # Only our own Jobs and SparkApplications, filtered by the server: a cluster's other Jobs never reach us.
+    managed = f"{bodies.L_MANAGED}=rbak-operator"
+    settings.watching.label_selectors["batch/v1/jobs"] = managed
+    settings.watching.label_selectors[f"{SPARK_GROUP}/{SPARK_VERSION}/{SPARK_PLURAL}"] = managed
     port = metrics.serve()
     if port:
         log.info("metrics on :%d/metrics", port)
@@ -71,26 +87,48 @@ _POOL = concurrent.futures.ThreadPoolExecutor(
 
 
 async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger) -> None:
-    """Reconcile every TICK until stopped, or until the object is gone/finished (then exit)."""
+    """Run a pass, sleep until woken or due (wake.py), repeat until stopped or the object is gone/finished.
+
+    ``reconcile`` returns (result, the times the next pass is due for); result GONE ends the loop."""
     kube = Kube()
     loop = asyncio.get_running_loop()
-    log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
-    while not stopped:
-        ctx = contextvars.copy_context()  # kopf.event() finds its poster through context vars
-        try:
-            result = await loop.run_in_executor(_POOL, functools.partial(ctx.run, reconcile, kube, namespace, name, logger))
-            if result == GONE:
-                return
-        except ApiError as e:
-            logger.warning("%s %s/%s: API error %s %s; retrying", kind, namespace, name, e.status, e.reason)
-        except Exception:  # never let one bad object kill its loop
-            logger.exception("%s %s/%s: reconcile failed; retrying", kind, namespace, name)
-        await asyncio.sleep(TICK)
+    key = (kind, namespace, name)
+    wakeups.flag(key)  # from now on, watch events wake this loop
+    failures = 0
+    log.info("%s %s/%s: reconcile loop started (%s)", kind, namespace, name, MODE)
+    try:
+        while not stopped:
+            ctx = contextvars.copy_context()  # kopf.event() finds its poster through context vars
+            times: list = []
+            try:
+                result, times = await loop.run_in_executor(
+                    _POOL, functools.partial(ctx.run, reconcile, kube, namespace, name, logger))
+                if result == GONE:
+                    return
+                failures = 0
+            except ApiError as e:
+                failures += 1
+                logger.warning("%s %s/%s: API error %s %s; retrying", kind, namespace, name, e.status, e.reason)
+            except Exception:  # never let one bad object kill its loop
+                failures += 1
+                logger.exception("%s %s/%s: reconcile failed; retrying", kind, namespace, name)
+            if MODE == "poll":  # the former loop: a pass every TICK whatever happens (a baseline)
+                await stopped.wait(TICK)
+                continue
+            now = clock.now()
+            due = now + wake.backoff(failures) if failures else wake.next_wake(times, now, RESYNC)
+            await wakeups.sleep_until(key, due, stopped)
+    finally:
+        wakeups.forget(key)
+
+
+def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, dict[str, Any]]:
+    return reconcile_restore(kube, namespace, name, logger), []  # a restore waits on its run's events only
 
 
 @kopf.daemon(GROUP, VERSION, BACKUP_PLURAL, initial_delay=0.2, cancellation_timeout=10)
 async def backup_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
-    await _loop(reconcile_backup, "RabbitMQBackup", name, namespace, stopped, logger)
+    await _loop(backup_pass, "backup", name, namespace, stopped, logger)
 
 
 def _delete_policy(spec: dict, **_: Any) -> bool:
@@ -115,20 +153,46 @@ def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_
 
 @kopf.daemon(GROUP, VERSION, RESTORE_PLURAL, initial_delay=0.2, cancellation_timeout=10)
 async def restore_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
-    await _loop(reconcile_restore, "RabbitMQRestore", name, namespace, stopped, logger)
+    await _loop(_restore_pass, "restore", name, namespace, stopped, logger)
 
 
 @kopf.on.event(GROUP, VERSION, BACKUP_PLURAL)
-def backup_gone(type: str, name: str, namespace: str, **_: Any) -> None:  # noqa: A002 - kopf's keyword
-    """A deleted RabbitMQBackup's per-resource gauges go with it (every labelled series)."""
+async def backup_event(type: str, body: dict, name: str, namespace: str, **_: Any) -> None:  # noqa: A002 - kopf's keyword
+    """Wake the object's loop when its spec, annotations or deletion changed (not for our own status
+    patches); keep the index of sources; a deleted one's per-resource gauges go with it."""
+    key = ("backup", namespace, name)
     if type == "DELETED":
         resource_metrics.forget(BACKUP_PLURAL, namespace, name)
+        wakeups.poke(key)
+        wakeups.forget(key)
+        return
+    wakeups.remember_source(namespace, name, policy.source_of(body.get("spec") or {}, namespace))
+    if wakeups.object_changed(key, body):
+        wakeups.poke(key)
 
 
 @kopf.on.event(GROUP, VERSION, RESTORE_PLURAL)
-def restore_gone(type: str, name: str, namespace: str, **_: Any) -> None:  # noqa: A002
+async def restore_event(type: str, body: dict, name: str, namespace: str, **_: Any) -> None:  # noqa: A002
+    key = ("restore", namespace, name)
     if type == "DELETED":
         resource_metrics.forget(RESTORE_PLURAL, namespace, name)
+        wakeups.poke(key)
+        wakeups.forget(key)
+    elif wakeups.object_changed(key, body):
+        wakeups.poke(key)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})
+async def owned_job_event(body: dict, **_: Any) -> None:
+    """A Job of ours changed (started, finished, deleted): its owner runs a pass now."""
+    for key in wakeups.owners(body):
+        wakeups.poke(key)
+
+
+@kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, labels={bodies.L_MANAGED: "rbak-operator"})
+async def owned_spark_app_event(body: dict, **_: Any) -> None:
+    for key in wakeups.owners(body):
+        wakeups.poke(key)
 
 
 _PROGRESS_TIMERS = (progress.backup_progress, progress.restore_progress)  # registered before the loop below

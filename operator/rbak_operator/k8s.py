@@ -32,6 +32,9 @@ from .crds import (
     RABBITMQ_GROUP,
     RABBITMQ_VERSION,
     RESTORE_PLURAL,
+    SPARK_GROUP,
+    SPARK_PLURAL,
+    SPARK_VERSION,
     VERSION,
 )
 
@@ -217,12 +220,12 @@ class Kube:
 
     # -- spark-operator --------------------------------------------------------
     def create_spark_app(self, body: dict[str, Any]) -> bool:
-        res = self._call("POST", _path("sparkoperator.k8s.io", "v1beta2", "sparkapplications",
+        res = self._call("POST", _path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL,
                                        body["metadata"]["namespace"]), body, ok_conflict=True)
         return res is not False
 
     def get_spark_app(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path("sparkoperator.k8s.io", "v1beta2", "sparkapplications", namespace, name),
+        return self._call("GET", _path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, namespace, name),
                           ok_missing=True)
 
 

@@ -74,8 +74,9 @@ def _counts(env) -> dict:
     return {q: env.broker.message_count(env.vhost, q) for q in ("orders", "payments")}
 
 
-def _drill_vhosts(broker) -> set:
-    return {v["name"] for v in broker.api("GET", "/api/vhosts") if v["name"].startswith("rbak-drill-")}
+def _drill_vhosts(broker, job: str) -> set:
+    """The scratch vhosts of drills of backup ``job`` (other tests' drills may run meanwhile)."""
+    return {v["name"] for v in broker.api("GET", "/api/vhosts") if v["name"].startswith(f"rbak-drill-{job}-")}
 
 
 def _fill(env) -> None:
@@ -85,13 +86,13 @@ def _fill(env) -> None:
 
 def test_a_drill_passes_on_a_good_backup(cluster, env):
     _fill(env)
-    before, existing = _counts(env), _drill_vhosts(env.broker)
+    before = _counts(env)
     name = f"{env.tag}-drill"
     job, d = _backup_then_drill(cluster, env, name)
     assert d["result"] == "Passed" and d["reason"] == "DrillPassed", (d, cluster.logs())
     assert d["backupId"] == job and d["queues"] == 2 and d["messages"] == 15 and d["failedQueues"] == []
     assert d["scratchVhost"].startswith(f"rbak-drill-{job}-") and not env.broker.vhost_exists(d["scratchVhost"])
-    assert _drill_vhosts(env.broker) <= existing and _counts(env) == before
+    assert _drill_vhosts(env.broker, job) == set() and _counts(env) == before
     ev = wait_for(lambda: [e for e in cluster.events(name) if e["reason"] == "RestoreDrillPassed"], 20,
                   what="RestoreDrillPassed event", diag=cluster.logs)
     assert ev[0]["type"] == "Normal" and job in ev[0]["message"]
@@ -101,12 +102,12 @@ def test_a_drill_passes_on_a_good_backup(cluster, env):
 
 def test_a_drill_finds_a_damaged_backup_and_names_the_queue(cluster, env):
     _fill(env)
-    before, existing = _counts(env), _drill_vhosts(env.broker)
+    before = _counts(env)
     name = f"{env.tag}-dmg"
     job, d = _backup_then_drill(cluster, env, name, damage="payments", on_demand=True)
     assert d["result"] == "Failed" and d["reason"] == "DrillFailed", (d, cluster.logs())
     assert d["failedQueues"] == [f"{env.vhost}/payments"] and "'payments'" in d["message"] and job in d["message"]
-    assert not env.broker.vhost_exists(d["scratchVhost"]) and _drill_vhosts(env.broker) <= existing
+    assert not env.broker.vhost_exists(d["scratchVhost"]) and _drill_vhosts(env.broker, job) == set()
     assert _counts(env) == before
     ev = wait_for(lambda: [e for e in cluster.events(name) if e["reason"] == "RestoreDrillFailed"], 20,
                   what="RestoreDrillFailed event", diag=cluster.logs)

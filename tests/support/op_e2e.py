@@ -25,7 +25,7 @@ class Cluster:
     """The operator, the local kubelet and an API server: kmock's emulator, or with ``kube``
     (a ``support.kubeapi.KubeApi``) the real one."""
 
-    def __init__(self, tmp: Path, kube=None) -> None:
+    def __init__(self, tmp: Path, kube=None, start: datetime = START, operator_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         if kube is None:
             self.emu = Emulator().start()
@@ -35,15 +35,16 @@ class Cluster:
             self.http = KubeHttp(kube)
         self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
         self.clock_file = tmp / "clock"
-        self.now = START
+        self.now = start
         self.clock_file.write_text(fmt(self.now))
         self.runner = PodRunner(self.http).start()
         self.operators: list[Operator] = []
+        self.operator_env = dict(operator_env or {})
         self.operator = self.start_operator()
 
     def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
         op = Operator(self.kubeconfig, self.clock_file, self.tmp / f"operator-{len(self.operators)}.log",
-                      extra_env).start()
+                      {**self.operator_env, **(extra_env or {})}).start()
         self.operators.append(op)
         return op
 

@@ -1,0 +1,327 @@
+"""The operator at fleet scale, on a real Kubernetes API server (issue 30). A measurement.
+
+For each reconcile mode (``poll``: today's fixed 10 s loop, the baseline; ``events``: the
+event-driven default) in the same run, on a fresh etcd + API server (tests/support/kubeapi.py):
+
+- **idle**: N RabbitMQBackups with a daily schedule whose slot is hours away, spread over 10
+  namespaces; after the operator has settled, the requests it sends in a window (from the
+  server's audit log, watches excluded), per object per hour; the operator's RSS and CPU.
+  Targets: <= 1 request per object per hour, RSS <= 250 MiB at N = 1000, CPU < 2 % of a core.
+  The 6-hourly safety resync (2 requests per object) is outside a short window: it is added
+  to the figure as its hourly share.
+- **latency**: a run's Job is marked complete (as the Job controller would); the time until the
+  owner's ``status.lastRun`` says Succeeded. Median of 20. Target <= 2 s.
+- **burst**: N objects whose slots fall in the same minute: the time from the slot until every
+  Job exists, and that each slot has exactly one Job. Target <= 60 s for N = 1000.
+
+    python benchmarks/operator_scale.py [--n 100 1000] [--window 120] [--modes poll events]
+
+Needs the cached API server binaries (.ci/setup). No broker: the Jobs are never run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
+from rbak_operator.naming import manual_run_name, scheduled_run_name  # noqa: E402
+from support.kubeapi import KubeApi, binaries_problem  # noqa: E402
+
+NAMESPACES = 10
+RESYNC_HOURS = 6.0
+RESYNC_REQUESTS = 2  # a pass on an idle object: GET it, LIST its Jobs
+
+
+class Server:
+    """A fresh API server with our CRDs, and a small JSON client for it (user agent ``bench``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.kube = KubeApi.start(workdir)
+        self.kube.kubectl("apply", "-f", str(REPO / "crds"))
+        self.kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io")
+        self.ctx = ssl.create_default_context(cafile=str(self.kube.ca_file))
+        self._audit_pos = 0
+
+    def call(self, method: str, path: str, body: object = None, ctype: str = "application/json") -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.kube.server + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.kube.token}", "Content-Type": ctype, "User-Agent": "bench"})
+        return json.loads(urllib.request.urlopen(req, context=self.ctx, timeout=60).read())
+
+    def backups(self) -> list[dict]:
+        return self.call("GET", "/apis/rbak.io/v1alpha1/rabbitmqbackups")["items"]
+
+    def jobs(self) -> list[dict]:
+        return self.call("GET", "/apis/batch/v1/jobs")["items"]
+
+    def mark(self) -> None:
+        """Start counting requests from here."""
+        self._audit_pos = self.kube.audit_log.stat().st_size if self.kube.audit_log.exists() else 0
+
+    def operator_requests(self) -> int:
+        """Non-watch requests since mark() made by the operator (not by us, kubectl or the server)."""
+        with open(self.kube.audit_log, "rb") as f:
+            f.seek(self._audit_pos)
+            lines = f.read().splitlines()
+        n = 0
+        for line in lines:
+            ev = json.loads(line)
+            agent = ev.get("userAgent", "")
+            if ev.get("stage") != "ResponseComplete" or ev.get("verb") == "watch":
+                continue
+            if agent.startswith(("bench", "kubectl/")) or (ev.get("user") or {}).get("username") == "system:apiserver":
+                continue
+            n += 1
+        return n
+
+    def stop(self) -> None:
+        self.kube.stop()
+
+
+def backup_body(name: str, ns: str, schedule: str | None) -> dict:
+    spec: dict = {"broker": {"amqpUrl": f"amqp://{name}.{ns}.svc:5672/", "managementUrl": f"http://{name}.{ns}.svc:15672",
+                             "credentialsSecretRef": {"name": "rmq"}},
+                  "storage": {"pvc": {"claimName": "backups"}}, "validate": {"enabled": False}}
+    if schedule:
+        spec["schedule"] = schedule
+    return {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQBackup", "metadata": {"name": name, "namespace": ns},
+            "spec": spec}
+
+
+def create_fleet(srv: Server, n: int, schedule: str | None, prefix: str = "b") -> list[tuple[str, str]]:
+    names = []
+    for i in range(NAMESPACES):
+        ns = f"team-{i}"
+        try:
+            srv.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            srv.call("POST", f"/api/v1/namespaces/{ns}/secrets", {"apiVersion": "v1", "kind": "Secret",
+                     "metadata": {"name": "rmq"}, "stringData": {"username": "u", "password": "p"}})
+        except urllib.error.HTTPError as e:
+            if e.code != 409:
+                raise
+    for i in range(n):
+        ns, name = f"team-{i % NAMESPACES}", f"{prefix}-{i}"
+        srv.call("POST", f"/apis/rbak.io/v1alpha1/namespaces/{ns}/rabbitmqbackups", backup_body(name, ns, schedule))
+        names.append((ns, name))
+    return names
+
+
+class OperatorProc:
+    def __init__(self, srv: Server, mode: str, log: Path) -> None:
+        env = {**os.environ, "KUBECONFIG": str(srv.kube.kubeconfig),
+               "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),
+               "RBAK_OPERATOR_STANDALONE": "1", "RBAK_OPERATOR_RECONCILE": mode, "RBAK_METRICS_PORT": "0",
+               "RBAK_IMAGE": "rbak:bench", "RBAK_OPERATOR_LOG_LEVEL": "WARNING"}
+        for k in ("RBAK_OPERATOR_CLOCK_FILE", "RBAK_OPERATOR_TICK_SECONDS", "RBAK_OPERATOR_NOW_OFFSET"):
+            env.pop(k, None)
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "rbak_operator"], env=env, cwd=REPO,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def wait_until(pred, timeout: float, what: str, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def far_daily_schedule() -> str:
+    t = datetime.now(timezone.utc) + timedelta(hours=12)
+    return f"{t.minute} {t.hour} * * *"
+
+
+def idle(mode: str, n: int, window: float, work: Path) -> dict:
+    srv = Server(work / f"idle-{mode}-{n}")
+    op = None
+    try:
+        create_fleet(srv, n, far_daily_schedule())
+        op = OperatorProc(srv, mode, work / f"idle-{mode}-{n}.log")
+        wait_until(lambda: all((b.get("status") or {}).get("nextScheduleTime") for b in srv.backups()),
+                   max(120, n * 0.5), f"{n} objects scheduled", every=2)
+        time.sleep(10)  # the passes caused by the first passes' own status patches
+        srv.mark()
+        cpu0, t0 = op.cpu_seconds(), time.monotonic()
+        time.sleep(window)
+        elapsed = time.monotonic() - t0
+        reqs = srv.operator_requests()
+        per_hour = reqs / n / (elapsed / 3600)
+        resync = RESYNC_REQUESTS / RESYNC_HOURS if mode == "events" else 0.0
+        return {"requests": reqs, "window_s": round(elapsed), "per_object_hour": per_hour + resync,
+                "rss_mib": op.rss_mib(), "cpu_pct": 100 * (op.cpu_seconds() - cpu0) / elapsed}
+    finally:
+        if op:
+            op.stop()
+        srv.stop()
+
+
+def latency(mode: str, runs: int, work: Path, fleet: int = 100) -> dict:
+    srv = Server(work / f"latency-{mode}")
+    op = None
+    try:
+        names = create_fleet(srv, fleet, far_daily_schedule())
+        op = OperatorProc(srv, mode, work / f"latency-{mode}.log")
+        wait_until(lambda: all((b.get("status") or {}).get("nextScheduleTime") for b in srv.backups()),
+                   max(120, fleet * 0.5), "objects scheduled", every=2)
+        out = []
+        for i in range(runs):
+            ns, name = names[i]
+            srv.call("PATCH", f"/apis/rbak.io/v1alpha1/namespaces/{ns}/rabbitmqbackups/{name}",
+                     {"metadata": {"annotations": {"rbak.io/backup-now": f"lat-{i}"}}}, "application/merge-patch+json")
+            job = manual_run_name(name, f"lat-{i}")
+
+            def job_exists():
+                try:
+                    return srv.call("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/{job}")
+                except urllib.error.HTTPError:
+                    return None
+            wait_until(job_exists, 60, f"Job {job}", every=0.05)
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            t0 = time.monotonic()
+            srv.call("PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/{job}/status",
+                     {"status": {"active": 0, "succeeded": 1, "startTime": now, "completionTime": now,
+                                 "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": now}]}},
+                     "application/merge-patch+json")
+
+            def recorded():
+                st = srv.call("GET", f"/apis/rbak.io/v1alpha1/namespaces/{ns}/rabbitmqbackups/{name}").get("status") or {}
+                lr = st.get("lastRun") or {}
+                return lr.get("jobName") == job and lr.get("phase") == "Succeeded"
+            wait_until(recorded, 60, f"{name} status for {job}", every=0.05)
+            out.append(time.monotonic() - t0)
+        return {"median_s": statistics.median(out), "max_s": max(out), "runs": len(out)}
+    finally:
+        if op:
+            op.stop()
+        srv.stop()
+
+
+def burst(mode: str, n: int, work: Path) -> dict:
+    """N objects created with a slot 3 minutes ahead (the same minute for all); an operator restart halfway
+    through the burst in the events mode checks 'exactly once'."""
+    srv = Server(work / f"burst-{mode}-{n}")
+    op = None
+    try:
+        slot = (datetime.now(timezone.utc) + timedelta(minutes=3)).replace(second=0, microsecond=0)
+        create_fleet(srv, n, f"{slot.minute} {slot.hour} * * *")
+        op = OperatorProc(srv, mode, work / f"burst-{mode}-{n}.log")
+        left = (slot - datetime.now(timezone.utc)).total_seconds()
+        if left < 5:
+            raise RuntimeError(f"creating {n} objects took too long: the slot {slot:%H:%M} is {left:.0f}s away")
+        time.sleep(left)
+        t0 = time.monotonic()
+        restarted = False
+        want = {scheduled_run_name(f"b-{i}", slot) for i in range(n)}
+
+        def all_jobs():
+            nonlocal op, restarted
+            have = [j["metadata"]["name"] for j in srv.jobs()]
+            if not restarted and len(have) >= n // 2:  # kill the operator mid-burst, start a new one
+                op.proc.kill()
+                op.proc.wait()
+                op.log.close()
+                op = OperatorProc(srv, mode, work / f"burst-{mode}-{n}-2.log")
+                restarted = True
+            return have if set(have) >= want else None
+        try:
+            have = wait_until(all_jobs, 600, f"{n} Jobs", every=1)
+        except TimeoutError:
+            have = [j["metadata"]["name"] for j in srv.jobs()]
+        took = time.monotonic() - t0
+        return {"seconds": took, "jobs": len(have), "distinct": len(set(have)), "missing": len(want - set(have)),
+                "extra": len(set(have) - want), "restarted": restarted}
+    finally:
+        if op:
+            op.stop()
+        srv.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--window", type=float, default=120)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--modes", nargs="+", default=["poll", "events"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["idle", "latency", "burst"])
+    a = ap.parse_args()
+    problem = binaries_problem()
+    if problem:
+        print(problem)
+        return 2
+    res: dict = {}
+    with tempfile.TemporaryDirectory(prefix="rbak-opscale-") as tmp:
+        work = Path(tmp)
+        for mode in a.modes:
+            if "idle" not in a.skip:
+                for n in a.n:
+                    r = res[("idle", mode, n)] = idle(mode, n, a.window, work)
+                    print(f"idle     {mode:6} N={n:5}: {r['per_object_hour']:8.2f} req/object/hour "
+                          f"({r['requests']} in {r['window_s']}s), RSS {r['rss_mib']:.0f} MiB, CPU {r['cpu_pct']:.1f}%",
+                          flush=True)
+            if "latency" not in a.skip:
+                r = res[("latency", mode)] = latency(mode, a.runs, work)
+                print(f"latency  {mode:6}: median {r['median_s']:.2f}s, max {r['max_s']:.2f}s over {r['runs']} runs",
+                      flush=True)
+            if "burst" not in a.skip:
+                n = max(a.n)
+                r = res[("burst", mode, n)] = burst(mode, n, work)
+                print(f"burst    {mode:6} N={n:5}: {r['jobs']} Jobs ({r['missing']} missing, {r['extra']} extra, "
+                      f"{r['jobs'] - r['distinct']} duplicate) in {r['seconds']:.1f}s, operator restarted midway: "
+                      f"{r['restarted']}", flush=True)
+    print(f"\nload average: {os.getloadavg()}")
+    if "poll" in a.modes and "events" in a.modes:
+        for n in a.n:
+            if ("idle", "poll", n) in res:
+                p, e = res[("idle", "poll", n)], res[("idle", "events", n)]
+                ok = e["per_object_hour"] <= 1 and (n < 1000 or e["rss_mib"] <= 250) and e["cpu_pct"] < 2
+                print(f"idle N={n}: events/poll requests ratio {e['per_object_hour'] / max(p['per_object_hour'], 1e-9):.4f} "
+                      f"({e['per_object_hour']:.2f} vs {p['per_object_hour']:.1f} per object per hour); "
+                      f"target <= 1, RSS <= 250 MiB at 1000, CPU < 2%: {'PASS' if ok else 'BELOW'}")
+        if ("latency", "poll") in res:
+            p, e = res[("latency", "poll")], res[("latency", "events")]
+            print(f"latency: events/poll ratio {e['median_s'] / p['median_s']:.3f} ({e['median_s']:.2f}s vs "
+                  f"{p['median_s']:.2f}s); target <= 2 s: {'PASS' if e['median_s'] <= 2 else 'BELOW'}")
+        n = max(a.n)
+        if ("burst", "poll", n) in res:
+            p, e = res[("burst", "poll", n)], res[("burst", "events", n)]
+            ok = e["seconds"] <= 60 and e["missing"] == 0 and e["extra"] == 0
+            print(f"burst N={n}: events/poll time ratio {e['seconds'] / p['seconds']:.3f} ({e['seconds']:.1f}s vs "
+                  f"{p['seconds']:.1f}s); target <= 60 s, each slot once: {'PASS' if ok else 'BELOW'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

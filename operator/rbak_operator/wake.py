@@ -1,0 +1,34 @@
+"""When an object next needs a reconcile, from its status alone (pure).
+
+Event-driven reconciliation (handlers.py) runs a pass when something changes (the object's
+spec or annotations, one of its Jobs or SparkApplications) and otherwise sleeps until the
+time this module names: the next scheduled slot, the next restore drill, or the safety resync,
+whichever comes first. A failed pass retries with a capped exponential backoff.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+
+from .clock import parse_time
+
+MIN_DELAY = timedelta(seconds=1)  # a due time already past (clock skew, a slot the pass held back) never spins
+
+
+def next_wake(times: Iterable[datetime | None], now: datetime, resync: timedelta) -> datetime:
+    """The earliest of an object's timed duties (None: none) and ``now + resync``, never in the past."""
+    due = min([now + resync, *(t for t in times if t is not None)])
+    return max(due, now + MIN_DELAY)
+
+
+def backup_times(status: dict[str, Any], next_slot: datetime | None) -> list[datetime | None]:
+    """A RabbitMQBackup's timed duties: its next slot (also while suspended: a slot passing then is
+    recorded as skipped, so resuming never runs it) and its next restore drill."""
+    drill = status.get("restoreDrill") or {}
+    return [next_slot, parse_time(drill["nextRunTime"]) if drill.get("nextRunTime") else None]
+
+
+def backoff(failures: int, base: float = 2.0, cap: float = 300.0) -> timedelta:
+    """Retry delay after ``failures`` failed passes in a row: 2 s, 4 s, ... up to 5 min."""
+    return timedelta(seconds=min(cap, base * 2 ** max(0, failures - 1)))
