@@ -54,15 +54,24 @@ class Scene:
     vhost: str
     name: str  # backed up, drilled, restored
     idle: str  # never run
+    bad: str  # its run fails: wrong broker password
     storage: object
     bucket: object
     prefix: str
     backup: subprocess.CompletedProcess
+    failed: subprocess.CompletedProcess
     drill: subprocess.CompletedProcess
 
     def run(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(["kubectl-rbak", *args], env=env or self.env, capture_output=True, text=True,
                               timeout=300, check=False)
+
+    def run_all(self, *commands: list[str]) -> list[subprocess.CompletedProcess]:
+        """Independent commands at once (each is a process that mostly waits on its imports and the server)."""
+        procs = [subprocess.Popen(["kubectl-rbak", *c], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for c in commands]
+        done = [(p, *p.communicate(timeout=300)) for p in procs]
+        return [subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, o, e in done]
 
     def status(self, name: str) -> dict:
         return self.cluster.status(name)
@@ -84,12 +93,13 @@ def scene(tmp_path_factory, moto_s3, kube_api):
         http = cluster.http
         http.secret(f"{tag}-s3", {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
         http.secret(f"{tag}-rmq", {"username": broker.user, "password": broker.password})
+        http.secret(f"{tag}-bad", {"username": broker.user, "password": "definitely-wrong"})
         storage = {"s3": {"bucket": bucket.bucket, "prefix": bucket.prefix, "endpoint": bucket.endpoint,
                           "pathStyle": True, "region": "us-east-1", "credentialsSecretRef": {"name": f"{tag}-s3"}}}
         source = {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/%2f", "managementUrl": broker.management_url,
                   "credentialsSecretRef": {"name": f"{tag}-rmq"}}
         base = {"broker": source, "storage": storage, "queues": {"vhosts": [vhost]}, "validate": {"enabled": False}}
-        name, idle = f"{tag}-nightly", f"{tag}-idle"
+        name, idle, bad = f"{tag}-nightly", f"{tag}-idle", f"{tag}-bad"
         # Schedules whose slots before the operator's clock are past startingDeadlineSeconds: never run here.
         http.create(API, "rabbitmqbackups", {"apiVersion": API, "kind": "RabbitMQBackup", "metadata": {"name": name},
                                              "spec": {**base, "schedule": "0 3 * * *", "startingDeadlineSeconds": 60,
@@ -97,18 +107,26 @@ def scene(tmp_path_factory, moto_s3, kube_api):
                                                                                   "startingDeadlineSeconds": 60}}}})
         http.create(API, "rabbitmqbackups", {"apiVersion": API, "kind": "RabbitMQBackup", "metadata": {"name": idle},
                                              "spec": base})
+        http.create(API, "rabbitmqbackups", {"apiVersion": API, "kind": "RabbitMQBackup", "metadata": {"name": bad},
+                                             "spec": {**base, "broker": {**source, "credentialsSecretRef": {
+                                                 "name": f"{tag}-bad"}}}})
         broker.publish_n(vhost, "q1", 3, declare={})
         bin_dir = tmp / "bin"
         bin_dir.mkdir()
         console_script(bin_dir)
         env = {**kube_api.env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "operator")])}
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "operator")]),
+               "RBAK_KUBECTL_POLL_SECONDS": "0.3"}
         wait_for(lambda: cluster.status(name).get("nextScheduleTime") and cluster.status(idle).get("phase"),
                  60, what="the operator's first passes", diag=cluster.logs)
-        s = Scene(cluster, kube_api, env, bin_dir, vhost, name, idle, open_storage(bucket.url_with_prefix("")),
-                  bucket, bucket.prefix, None, None)
+        s = Scene(cluster, kube_api, env, bin_dir, vhost, name, idle, bad, open_storage(bucket.url_with_prefix("")),
+                  bucket, bucket.prefix, None, None, None)
+        failing = subprocess.Popen(["kubectl-rbak", "backup", bad], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)  # beside the good one: saves its time
         s.backup = s.run("backup", name)
         s.drill = s.run("drill", name)
+        fout, ferr = failing.communicate(timeout=300)
+        s.failed = subprocess.CompletedProcess(failing.args, failing.returncode, fout, ferr)
         yield s
     finally:
         cluster.close()
@@ -138,6 +156,15 @@ def test_backup_runs_now_and_follows_the_operators_job(scene):
     assert r.stderr == ""
 
 
+def test_backup_that_fails_exits_1_with_the_operators_cause(scene):
+    r = scene.failed
+    last = scene.status(scene.bad)["lastRun"]
+    assert last["phase"] == "Failed" and "401 Unauthorized" in last["message"], last
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert lines(r.stdout)[1] == f"job/{last['jobName']}"
+    assert lines(r.stdout)[-1] == f"job/{last['jobName']}: Failed: {last['message']}"
+
+
 def test_drill_runs_now_and_reports_the_operators_result(scene):
     r = scene.drill
     assert r.returncode == 0, (r.stdout, r.stderr, scene.cluster.logs())
@@ -156,18 +183,21 @@ def test_status_shows_every_object_in_one_table(scene):
     st = scene.status(scene.name)
     last = st["lastRun"]
     drill = st["restoreDrill"]
+    bad = scene.status(scene.bad)["lastRun"]
     r = scene.run("status")
     assert r.returncode == 0, r.stderr
     rows = [re.split(r"\s{3,}", line) for line in lines(r.stdout)]
     assert rows == [
         ["NAME", "PHASE", "LAST RUN", "RESULT", "MESSAGES", "SIZE", "FINISHED", "NEXT RUN", "DRILL"],
+        [scene.bad, "Failed", bad["backupId"], "Failed", "-", "-", bad["completionTime"], "on demand", "-"],
         [scene.idle, "Pending", "-", "-", "-", "-", "-", "on demand", "-"],
         [scene.name, "Succeeded", last["backupId"], "Succeeded", "3", last["size"], last["completionTime"],
          NEXT_BACKUP, f"Passed ({drill['lastRunTime']})"],
+        [f"{scene.bad}: last run {bad['jobName']}: {bad['message']}"],  # why it failed, under the table
     ]
     # one object, -n/--namespace before or after the command
     one = scene.run("-n", "default", "status", scene.name)
-    assert one.returncode == 0 and lines(one.stdout)[1:] == [lines(r.stdout)[2]]
+    assert one.returncode == 0 and lines(one.stdout)[1:] == [lines(r.stdout)[3]]
     other = scene.run("status", "--namespace", "kube-system")
     assert (other.returncode, other.stdout) == (0, "No RabbitMQBackups in namespace kube-system.\n")
 
@@ -184,13 +214,13 @@ def test_kubectl_finds_the_plugin_on_the_path(scene):
 def test_list_and_describe_read_the_objects_storage(scene):
     bid = scene.status(scene.name)["lastBackupId"]
     m = load_manifest(scene.storage, bid, scene.prefix)
-    r = scene.run("list", scene.name)
+    r, d, missing = scene.run_all(["list", scene.name], ["describe", scene.name, bid],
+                                  ["describe", scene.name, "no-such-backup"])
     assert r.returncode == 0, r.stderr
     assert [re.split(r"\s{3,}", line) for line in lines(r.stdout)] == [
         ["BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "OWN", "NOTES"],
         [bid, "complete", fmt_ts(m.created_at), "1", "3", human_bytes(m.total_bytes), "yes", "-"],
     ]
-    d = scene.run("describe", scene.name, bid)
     assert d.returncode == 0, d.stderr
     q = m.queues[0]
     head = [
@@ -211,7 +241,6 @@ def test_list_and_describe_read_the_objects_storage(scene):
         [scene.vhost, "q1", q.queue_type, "3", str(len(q.segments)), human_bytes(q.size_bytes),
          fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp)],
     ]
-    missing = scene.run("describe", scene.name, "no-such-backup")
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr.startswith(f"error: RabbitMQBackup default/{scene.name}: BACKUP_ID 'no-such-backup': ")
     assert "has no manifest" in missing.stderr and len(lines(missing.stderr)) == 1
@@ -265,9 +294,11 @@ def test_suspend_and_resume_set_spec_suspend(scene):
     assert scene.cluster.backup(idle)["spec"]["suspend"] is False
 
 
-@pytest.mark.parametrize("args, error", [
+BAD_INPUT = [  # (arguments, the start of the one error line)
     (["backup", "nope"], 'RabbitMQBackup "nope" not found in namespace "default"'),
     (["-n", "kube-system", "list", "{name}"], 'RabbitMQBackup "{name}" not found in namespace "kube-system"'),
+    (["suspend", "nope"], 'RabbitMQBackup "nope" not found in namespace "default"'),
+    (["status", "--kubeconfig", "/nonexistent/kc"], "--kubeconfig: /nonexistent/kc does not exist"),
     (["status", "--context", "nope"], "--context: no context 'nope' in the kubeconfig {kubeconfig} (it has: rbak-test)"),
     (["drill", "{idle}"], "RabbitMQBackup default/{idle}: spec.verify.restoreDrill is not enabled (it needs a "
                           "schedule): the operator runs no drill for it"),
@@ -276,15 +307,20 @@ def test_suspend_and_resume_set_spec_suspend(scene):
                                                    "default/{name}: "),
     (["restore", "{name}", "--backup-id", "{bid}", "--pitr", "yesterday.."],
      "--pitr start: must be epoch milliseconds or an RFC 3339 time, got 'yesterday'"),
+    (["restore", "{name}", "--backup-id", "{bid}", "--pitr", "1700000000000"],
+     "--pitr: '1700000000000' must be START..END, START.. or ..END"),
     (["restore", "{name}", "--backup-id", "{bid}", "--to-vhost", "elsewhere=x"],
      "--to-vhost elsewhere=x: backup {bid} has no vhost 'elsewhere' (it holds {vhost})"),
-])
-def test_bad_input_is_one_line_naming_it(scene, args, error):
+]
+
+
+def test_bad_input_is_one_line_naming_it(scene):
     fill = {"name": scene.name, "idle": scene.idle, "bid": scene.status(scene.name)["lastBackupId"],
             "vhost": scene.vhost, "kubeconfig": scene.kube.kubeconfig}
     before = scene.cluster.http.items(API, "rabbitmqrestores")
-    r = scene.run(*[a.format(**fill) for a in args])
-    assert r.returncode == 1 and r.stdout == "", r
-    [line] = lines(r.stderr)
-    assert line.startswith("error: " + error.format(**fill)), line
+    results = scene.run_all(*[[a.format(**fill) for a in args] for args, _ in BAD_INPUT])
+    for (args, error), r in zip(BAD_INPUT, results):
+        assert r.returncode == 1 and r.stdout == "", (args, r)
+        [line] = lines(r.stderr)
+        assert line.startswith("error: " + error.format(**fill)), (args, line)
     assert scene.cluster.http.items(API, "rabbitmqrestores") == before  # nothing created
