@@ -30,7 +30,9 @@ from rbak.commands.inspect import fmt_ts
 from rbak.storage.url import open_storage
 from rbak.units import human_bytes
 
-pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(400)]
+# One worker builds the scene (with -n, --dist loadgroup keeps an xdist_group together).
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(400),
+              pytest.mark.xdist_group("module-kubectl-plugin")]
 
 REPO = Path(__file__).resolve().parents[2]
 NEXT_BACKUP = "2030-01-01T03:00:00Z"  # the daily 03:00 slot after the operator's clock (support.op_e2e.START)
@@ -86,12 +88,11 @@ def scene(tmp_path_factory, moto_s3, kube_api):
         unavailable(reason)
     tmp = tmp_path_factory.mktemp("kplugin")
     cluster = Cluster(tmp, kube=kube_api)
-    vhost = unique_name("test-kplugin")
-    broker.create_vhost(vhost)
+    vhost, tag = unique_name("test-kplugin"), unique_name("kp")
+    http = cluster.http
     try:
+        broker.create_vhost(vhost)
         bucket = create_bucket(moto_s3, unique_name("bucket"), prefix="backups")
-        tag = unique_name("kp")
-        http = cluster.http
         http.secret(f"{tag}-s3", {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
         http.secret(f"{tag}-rmq", {"username": broker.user, "password": broker.password})
         http.secret(f"{tag}-bad", {"username": broker.user, "password": "definitely-wrong"})
@@ -130,6 +131,11 @@ def scene(tmp_path_factory, moto_s3, kube_api):
         s.failed = subprocess.CompletedProcess(failing.args, failing.returncode, fout, ferr)
         yield s
     finally:
+        # The server outlives this module: remove its objects so no later operator reconciles them.
+        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs")):
+            for o in http.items(api, plural):
+                if o["metadata"]["name"].startswith(tag):
+                    http.delete(api, plural, o["metadata"]["name"])
         cluster.close()
         broker.delete_vhost(vhost)
 
