@@ -233,7 +233,8 @@ def cmd_backup(c: Ctx) -> int:
     seen: dict[str, Any] = {}
 
     def step() -> int | None:
-        st = c.backup(name).get("status") or {}
+        body = c.backup(name)
+        st = body.get("status") or {}
         done = next((h for h in [st.get("lastRun") or {}] + list(st.get("history") or [])
                      if h.get("jobName") == run), None)
         if done and done.get("phase") in ("Succeeded", "Failed"):
@@ -241,13 +242,26 @@ def cmd_backup(c: Ctx) -> int:
         if run in (st.get("active") or []) and not seen.get("running"):
             seen["running"] = True
             out(f"job/{run}: running")
-        elif st.get("lastManualTrigger") != value and st.get("active") and not seen.get("queued"):
+        elif (st.get("lastManualTrigger") != value and not seen.get("queued")
+              and waits_for_active((body.get("spec") or {}).get("concurrencyPolicy"), st.get("active") or [])):
             seen["queued"] = True
-            out(f"job/{run}: waiting for {', '.join(st['active'])} to finish (spec.concurrencyPolicy)")
+            out(f"job/{run}: waiting for {', '.join(st['active'])} to finish (spec.concurrencyPolicy Forbid)")
         show_progress(run, st.get("progress"), seen)
         return None
 
     return c.wait(f"RabbitMQBackup {c.ns}/{name} run {run}", step)
+
+
+def waits_for_active(concurrency_policy: str | None, active: list[str]) -> bool:
+    """Whether the operator holds a trigger back until the active runs end (``policy.concurrency``)."""
+    from rbak.errors import ConfigError
+
+    from . import policy
+
+    try:
+        return policy.concurrency(concurrency_policy, active) == "skip"
+    except ConfigError:
+        return False
 
 
 def show_progress(run: str, prog: dict[str, Any] | None, seen: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ report. The commands themselves run against the real API server in test_kubectl_
 from __future__ import annotations
 
 import pytest
-from rbak_operator.kubectl_plugin import PluginError, parse_pitr, report_drill, status_row, table, vhost_mapping
+from rbak_operator.kubectl_plugin import (PluginError, parse_pitr, report_drill, status_row, table, vhost_mapping,
+                                         waits_for_active)
 
 
 @pytest.mark.parametrize("text, window", [
@@ -86,3 +87,9 @@ def test_failed_drill_exits_1_and_names_the_queues(capsys):
 def test_table_is_kubectls_layout():
     assert table(["NAME", "PHASE"], [["a-long-name", None], ["b", "Running"]]) == [
         "NAME          PHASE", "a-long-name   -", "b             Running"]
+
+
+def test_a_trigger_waits_only_under_forbid():
+    assert waits_for_active(None, ["nightly-20300101-0300"])  # Forbid is the default
+    assert waits_for_active("Forbid", ["a"]) and not waits_for_active("Forbid", [])
+    assert not waits_for_active("Allow", ["a"]) and not waits_for_active("Replace", ["a"])
