@@ -104,7 +104,8 @@ def scene(tmp_path_factory, moto_s3, kube_api):
         name, idle, bad = f"{tag}-nightly", f"{tag}-idle", f"{tag}-bad"
         # Schedules whose slots before the operator's clock are past startingDeadlineSeconds: never run here.
         http.create(API, "rabbitmqbackups", {"apiVersion": API, "kind": "RabbitMQBackup", "metadata": {"name": name},
-                                             "spec": {**base, "schedule": "0 3 * * *", "startingDeadlineSeconds": 60,
+                                             "spec": {**base, "validate": {"enabled": True},  # in the run's pod
+                                                      "schedule": "0 3 * * *", "startingDeadlineSeconds": 60,
                                                       "verify": {"restoreDrill": {"schedule": "0 4 * * *",
                                                                                   "startingDeadlineSeconds": 60}}}})
         http.create(API, "rabbitmqbackups", {"apiVersion": API, "kind": "RabbitMQBackup", "metadata": {"name": idle},
@@ -157,7 +158,8 @@ def test_backup_runs_now_and_follows_the_operators_job(scene):
     assert run in scene.cluster.runner.started  # the operator made the Job, the kubelet ran it
     m = load_manifest(scene.storage, run, scene.prefix)
     assert m.total_messages == 3 and m.is_complete
-    assert out[-1] == f"job/{run}: Succeeded: backup {run}: 3 messages, {human_bytes(m.total_bytes)}, 1 queues"
+    assert out[-1] == (f"job/{run}: Succeeded: backup {run}: 3 messages, {human_bytes(m.total_bytes)}, 1 queues "
+                       "(validation Passed)")
     for line in out[2:-1]:  # what it saw meanwhile (how much depends on timing): the run and its progress
         assert line == f"job/{run}: running" or line.startswith(f"job/{run}: ") and " queues, " in line, out
     assert r.stderr == ""
@@ -290,8 +292,13 @@ def test_logs_show_the_last_runs_pod(scene, tmp_path):
     finally:
         front.stop()
     assert r.returncode == 0, r.stderr
-    assert r.stdout == scene.cluster.runner.outputs[run].rstrip("\n") + "\n"
-    assert front.log_requests == [f"/api/v1/namespaces/default/pods/{run}-pod/log?container=rbak"]
+    # the backup (init container), then its validation: each under its header
+    assert front.log_requests == [f"/api/v1/namespaces/default/pods/{run}-pod/log?container={c}"
+                                  for c in ("rbak", "validate")]
+    head, backup, check = re.split(rf"^==> pod/{run}-pod container (?:rbak|validate) <==\n", r.stdout, flags=re.M)
+    assert head == ""
+    assert f"rbak.backup.engine: backup {run} of amqp://" in backup and "is valid" not in backup
+    assert f"backup {run} is valid" in check and "rbak.backup.engine" not in check
 
 
 def test_suspend_and_resume_set_spec_suspend(scene):
