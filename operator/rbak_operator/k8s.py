@@ -88,6 +88,15 @@ def load_connection() -> Connection:
 _lock = threading.Lock()
 _conn: Connection | None = None
 _api: ApiClient | None = None
+_agent = USER_AGENT
+
+
+def use_connection(conn: Connection, user_agent: str = USER_AGENT) -> None:
+    """Make ``conn`` the connection of every later call (the kubectl plugin's ``--kubeconfig``
+    and ``--context``; the operator itself never calls this)."""
+    global _conn, _api, _agent
+    with _lock:
+        _conn, _api, _agent = conn, None, user_agent
 
 
 def connection() -> Connection:
@@ -107,7 +116,7 @@ def _client() -> ApiClient:
             from kubernetes.client import ApiClient
 
             _api = ApiClient(conn.config)
-            _api.user_agent = USER_AGENT
+            _api.user_agent = _agent
         return _api
 
 
@@ -129,12 +138,14 @@ class Kube:
     """The operator's API calls; every method maps to one entry of USED_API_CALLS."""
 
     def _call(self, method: str, path: str, body: Any = None, params: dict | None = None,
-              content_type: str = "application/json", ok_missing: bool = False, ok_conflict: bool = False):
+              content_type: str = "application/json", ok_missing: bool = False, ok_conflict: bool = False,
+              raw: bool = False):
+        """The decoded JSON answer (``raw``: the bytes, e.g. a pod's log)."""
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
         api = _client()
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "*/*" if raw else "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
         request = api.param_serialize(method, path, query_params=list((params or {}).items()) or None,
@@ -156,6 +167,8 @@ class Kube:
             except (ValueError, AttributeError):
                 reason = r.reason
             raise ApiError(r.status, str(reason)[:300], method, path)
+        if raw:
+            return data
         return json.loads(data) if data else {}
 
     # -- our custom resources -------------------------------------------------

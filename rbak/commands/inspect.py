@@ -73,27 +73,32 @@ def _existing_storage(path: str):
     return st
 
 
+def list_obj(entries: list) -> list[dict]:
+    """The JSON of ``list`` (also ``kubectl rbak list -o json``)."""
+    out = []
+    for e in entries:
+        m = e.manifest
+        out.append({
+            "backup_id": e.backup_id,
+            "status": e.status,
+            "created_at": m.created_at if m else None,
+            "completed_at": m.completed_at if m else None,
+            "total_messages": m.total_messages if m else None,
+            "total_bytes": m.total_bytes if m else None,
+            "total_segments": m.total_segments if m else None,
+            "queues": len(m.queues) if m else None,
+            "queue_status": [x.to_json_obj() for x in m.queue_status] if m else [],
+            "gaps": sum(g.count for _, g in m.gaps) if m else 0,
+            "depends_on": sorted(m.depends_on) if m else [],
+            "error": e.error,
+        })
+    return out
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     entries = list_backups(_existing_storage(args.path), args.prefix)
     if args.format == "json":
-        out = []
-        for e in entries:
-            m = e.manifest
-            out.append({
-                "backup_id": e.backup_id,
-                "status": e.status,
-                "created_at": m.created_at if m else None,
-                "completed_at": m.completed_at if m else None,
-                "total_messages": m.total_messages if m else None,
-                "total_bytes": m.total_bytes if m else None,
-                "total_segments": m.total_segments if m else None,
-                "queues": len(m.queues) if m else None,
-                "queue_status": [x.to_json_obj() for x in m.queue_status] if m else [],
-                "gaps": sum(g.count for _, g in m.gaps) if m else 0,
-                "depends_on": sorted(m.depends_on) if m else [],
-                "error": e.error,
-            })
-        print(json.dumps(out, indent=2))
+        print(json.dumps(list_obj(entries), indent=2))
         return 0
     from rich.table import Table
 
@@ -106,13 +111,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         t.add_row(
             e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
             str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
-            human_bytes(m.total_bytes) if m else "-", _notes(m) if m else "",
+            human_bytes(m.total_bytes) if m else "-", list_notes(m) if m else "",
         )
     _console().print(t)
     return 0
 
 
-def _notes(m: BackupManifest) -> str:
+def list_notes(m: BackupManifest) -> str:
     """What ``list`` says beside the status: not-backed-up queues, gaps, the chain."""
     out = []
     short = [s for s in m.queue_status if s.status == "partial"]

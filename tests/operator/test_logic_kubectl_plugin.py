@@ -1,0 +1,95 @@
+"""``kubectl rbak``'s pure parts: the flags it turns into a RabbitMQRestore's spec, the status line
+of states the end-to-end tests do not reach (running, suspended, a failed drill) and the drill
+report. The commands themselves run against the real API server in test_kubectl_plugin.py."""
+
+from __future__ import annotations
+
+import pytest
+from rbak_operator.kubectl_plugin import (PluginError, parse_pitr, report_drill, status_row, table, vhost_mapping,
+                                         waits_for_active)
+
+
+@pytest.mark.parametrize("text, window", [
+    ("2026-01-01T00:00:00Z..2026-01-02T00:00:00+02:00",
+     {"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00+02:00"}),
+    ("..1767225600000", {"end": 1767225600000}),
+    ("1767225600000..", {"start": 1767225600000}),
+])
+def test_pitr_window(text, window):
+    assert parse_pitr(text) == window
+
+
+@pytest.mark.parametrize("text, error", [
+    ("2026-01-01T00:00:00Z", "--pitr: '2026-01-01T00:00:00Z' must be START..END, START.. or ..END"),
+    ("..", "--pitr: '..' must be START..END"),
+    ("2026-01-01T00:00:00..", "--pitr start: RFC 3339 time '2026-01-01T00:00:00' needs a time zone"),
+    ("..soon", "--pitr end: must be epoch milliseconds or an RFC 3339 time, got 'soon'"),
+])
+def test_pitr_refused(text, error):
+    with pytest.raises(PluginError) as e:
+        parse_pitr(text)
+    assert str(e.value).startswith(error)
+
+
+def test_to_vhost_maps_the_only_vhost_or_named_ones():
+    assert vhost_mapping(["copy"], ["shop"], "b1") == {"shop": "copy"}
+    assert vhost_mapping(["a=x", "b=y"], ["a", "b"], "b1") == {"a": "x", "b": "y"}
+    assert vhost_mapping(["a=x"], None, "b1") == {"a": "x"}  # storage not readable: taken as given
+    for values, vhosts, error in [
+        (["copy"], ["a", "b"], "--to-vhost copy: backup b1 holds vhosts a, b; give SOURCE=TARGET for each"),
+        (["copy"], None, "--to-vhost copy: give SOURCE=TARGET (the storage is not readable from here)"),
+        (["c=x"], ["a"], "--to-vhost c=x: backup b1 has no vhost 'c' (it holds a)"),
+        (["a="], ["a"], "--to-vhost 'a=': SOURCE and TARGET must not be empty"),
+    ]:
+        with pytest.raises(PluginError) as e:
+            vhost_mapping(values, vhosts, "b1")
+        assert str(e.value) == error
+
+
+def body(name="nightly", spec=None, status=None):
+    return {"metadata": {"name": name}, "spec": spec or {}, "status": status or {}}
+
+
+def test_status_row_of_a_running_suspended_and_failing_object():
+    running = status_row(body(spec={"schedule": "0 3 * * *"}, status={
+        "phase": "Running", "nextScheduleTime": "2030-01-01T03:00:00Z",
+        "progress": {"summary": "3/10 queues, 12000 msgs (40%)"},
+        "restoreDrill": {"active": "nightly-drill-x", "result": "Passed", "lastRunTime": "2029-12-31T04:00:10Z"}}))
+    assert (running["phase"], running["nextRun"], running["drill"], running["notes"]) == (
+        "Running (3/10 queues, 12000 msgs (40%))", "2030-01-01T03:00:00Z", "Running", [])
+    failing = status_row(body(spec={"schedule": "0 3 * * *", "suspend": True}, status={
+        "phase": "Suspended",
+        "lastRun": {"backupId": "b1", "jobName": "b1", "phase": "Succeeded", "validation": "Failed",
+                    "message": "validation failed: segment q/0 CRC mismatch"},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "ValidationFailed",
+                        "message": "backup b1 validation failed: segment q/0 CRC mismatch"}],
+        "restoreDrill": {"result": "Failed", "lastRunTime": "2029-12-31T04:00:10Z",
+                         "message": "orders: 3 restored, 4 in the backup"}}))
+    assert failing["result"] == "Succeeded, validation Failed" and failing["nextRun"] == "suspended"
+    assert failing["drill"] == "Failed (2029-12-31T04:00:10Z)"
+    assert failing["notes"] == ["last run b1: validation failed: segment q/0 CRC mismatch",
+                                "drill failed: orders: 3 restored, 4 in the backup"]
+    invalid = status_row(body(spec={"schedule": "61 * * * *"}, status={"phase": "Failed", "conditions": [
+        {"type": "Ready", "status": "False", "reason": "InvalidSchedule", "message": "spec.schedule: bad"}]}))
+    assert invalid["notes"] == ["InvalidSchedule: spec.schedule: bad"] and invalid["nextRun"] == "-"
+
+
+def test_failed_drill_exits_1_and_names_the_queues(capsys):
+    code = report_drill("nightly-drill-x", {"result": "Failed", "message": "1 queue(s) did not match",
+                                            "backupId": "b1", "messages": 7, "failedQueues": ["shop/orders"],
+                                            "signer": "ed25519:ab12"})
+    assert code == 1
+    assert capsys.readouterr().out == ("job/nightly-drill-x: Failed: 1 queue(s) did not match "
+                                       "(backup b1, 7 messages, signed by ed25519:ab12)\n"
+                                       "failed queues: shop/orders\n")
+
+
+def test_table_is_kubectls_layout():
+    assert table(["NAME", "PHASE"], [["a-long-name", None], ["b", "Running"]]) == [
+        "NAME          PHASE", "a-long-name   -", "b             Running"]
+
+
+def test_a_trigger_waits_only_under_forbid():
+    assert waits_for_active(None, ["nightly-20300101-0300"])  # Forbid is the default
+    assert waits_for_active("Forbid", ["a"]) and not waits_for_active("Forbid", [])
+    assert not waits_for_active("Allow", ["a"]) and not waits_for_active("Replace", ["a"])
