@@ -47,7 +47,7 @@ def free_port() -> int:
 def test_chart_env_starts_a_peering_operator_that_stays_inside_its_rbac(tmp_path, watch, monkeypatch):
     list_namespaces_fix(monkeypatch)
     health, metrics = free_port(), free_port()
-    values = {"operator": {"replicas": 2, "healthPort": health, "tickSeconds": 1}, "metrics": {"port": metrics},
+    values = {"operator": {"replicas": 2, "healthPort": health, "resyncSeconds": 60}, "metrics": {"port": metrics},
               "watchNamespaces": watch}
     objs = manifests(render_chart(values))
     container = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]

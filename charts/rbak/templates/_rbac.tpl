@@ -82,8 +82,8 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
   value: {{ printf "http://0.0.0.0:%d/healthz" (int .Values.operator.healthPort) | quote }}
 - name: RBAK_METRICS_PORT
   value: {{ ternary .Values.metrics.port 0 .Values.metrics.enabled | quote }}
-- name: RBAK_OPERATOR_TICK_SECONDS
-  value: {{ .Values.operator.tickSeconds | quote }}
+- name: RBAK_OPERATOR_RESYNC_SECONDS
+  value: {{ .Values.operator.resyncSeconds | quote }}
 {{- if .Values.operator.backupClaims }}
 - name: RBAK_OPERATOR_PVC_ROOT
   value: /var/lib/rbak-operator/pvc
