@@ -123,3 +123,11 @@ class BackupLeaseError(RbakError):
 
     prefix = "Backup lease"
     exit_code = LEASE_EXIT_CODE
+
+
+class DeliveryLimitError(RbakError):
+    """A quorum queue whose messages a backup could push past their delivery limit."""
+
+    prefix = "Delivery limit"
+    message_name = ""  # the message that stopped a read, when one did
+    count = 0  # its x-delivery-count when the read took it

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .units import human_bytes
 from .errors import RbakError, StorageError
-from .keys import progress_key, progress_prefix
+from .keys import check_backup_id, progress_key, progress_prefix
 
 log = logging.getLogger("rbak.progress")
 
@@ -484,8 +484,6 @@ def cli_session(kind: str, run_id: str, args: Any, *, storage: Any = None, prefi
         sinks.append(PlainLines(interval))
     tracker = Tracker(kind, run_id)
     if store is not None and storage is not None:
-        from .keys import check_backup_id
-
         if callable(storage):  # opened only when asked for (the importers open their own)
             storage = storage()
 

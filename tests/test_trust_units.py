@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rbak.backup.stream_chain import StreamBase, decide
-from rbak.backup.stream_reader import ProbedRecord
+from rbak.broker.stream_reader import ProbedRecord
 from rbak.format.manifest import BackupManifest, QueueBackup, QueueStatus, SegmentMetadata, StreamGap, StreamInfo
 from rbak.restore.chain import ChainError, expand_chains
 

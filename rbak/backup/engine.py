@@ -33,7 +33,7 @@ import pika.exceptions
 from .. import __version__
 from ..config import Config
 from ..crypto import codec_for, writer_codec
-from ..errors import PARTIAL_EXIT_CODE, AmqpError, ConfigError, NotFoundError, RbakError
+from ..errors import PARTIAL_EXIT_CODE, AmqpError, ConfigError, DeliveryLimitError, NotFoundError, RbakError
 from ..format.compression import Compression
 from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
@@ -50,7 +50,6 @@ from .lease import acquire as acquire_lease
 from .preflight import PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, QueueRefused, QueueSkipped, check_read_permissions
 from .queue_backup import ShortRead, backup_queue, clear_previous
 from . import reader_process
-from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
 from .stream_backup import StreamBackup
 from .stream_chain import StreamBase, stream_bases

@@ -24,13 +24,14 @@ from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import delivery_count, to_record
-from .fast_consume import passive_counts
+from ..broker.fast_consume import passive_counts
 from .guard_store import merge
 from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
 from .preflight import (QueueRefused, QueueSkipped, live_priorities, quorum_settings, single_active_reason,
                         skip_reason)
-from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, DeliveryLimitError, describe_message, read_queue
+from ..errors import DeliveryLimitError
+from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, describe_message, read_queue
 from .record_thread import RecordThread
 
 if TYPE_CHECKING:

@@ -405,7 +405,7 @@ class EncryptionConfig(_Section):
                                         "(`RBAK_ENCRYPTION_KEYS` is always read when set).")
 
     def keyring(self) -> dict[str, bytes]:
-        from ..crypto import load_keyring
+        from ..crypto import load_keyring  # here, not on top: `import rbak.config` stays light (no numpy/zstd)
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
 
@@ -506,7 +506,7 @@ class Config(_Section):
 
     def layout(self):
         """The ``BackupLayout`` of this config's backup id and storage prefix."""
-        from ..keys import BackupLayout
+        from ..keys import BackupLayout  # here, not on top: see keyring()
 
         if not self.backup_id:
             raise ConfigError("backup_id: required")

@@ -13,9 +13,10 @@ import pika.heartbeat
 import pika.spec
 import pytest
 
-from rbak.backup import BackupEngine, BackupError, fast_consume
+from rbak.backup import BackupEngine, BackupError
+from rbak.broker import fast_consume
 from rbak.backup.queue_reader import read_queue
-from rbak.backup.stream_reader import read_stream
+from rbak.broker.stream_reader import read_stream
 from rbak.errors import RbakError
 from rbak.format.record import LongString
 
