@@ -32,7 +32,7 @@ import os
 import struct
 from typing import Mapping
 
-from .errors import ConfigError, RbakError
+from .errors import ConfigError, EncryptionError
 from .format.manifest import EncryptionInfo  # the manifest field; rbak.crypto.EncryptionInfo still imports
 
 MAGIC = b"RBKE"
@@ -43,12 +43,6 @@ TAG_SIZE = 16
 KEY_SIZE = 32
 DEFAULT_KEYS_ENV = "RBAK_ENCRYPTION_KEYS"
 OBJECT_DIRS = ("queues", "definitions", "state")
-
-
-class EncryptionError(RbakError):
-    """A missing or wrong key, or a sealed object that is damaged."""
-
-    prefix = "Encryption error"
 
 
 # -- the cipher ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .units import human_bytes
-from .errors import RbakError, StorageError
+from .errors import ProgressError, RbakError, StorageError
 from .keys import check_backup_id, progress_key, progress_prefix
 
 log = logging.getLogger("rbak.progress")
@@ -32,10 +32,6 @@ log = logging.getLogger("rbak.progress")
 RUNNING, FINISHED, FAILED = "running", "finished", "failed"
 STATES = (RUNNING, FINISHED, FAILED)
 RATE_WINDOW_SECS = 30.0  # the rate shown is over the last half minute, not the whole run
-
-
-class ProgressError(RbakError):
-    prefix = "Progress error"
 
 
 @dataclass

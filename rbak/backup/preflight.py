@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pika
 import pika.exceptions
 
-from ..errors import RbakError
+from ..errors import QueueRefused, QueueSkipped, RbakError
 from .convert import delivery_count
 from .limits import QueueSettings, resolve_settings, version_tuple
 from .management import ManagementClient, QueueInfo
@@ -32,18 +32,6 @@ log = logging.getLogger(__name__)
 
 ARGUMENTS_WAIT_SECS = 15.0  # how long a fresh queue's arguments may take to show up in the management API
 PROBE_QUEUE_PREFIX = "rbak-probe-"
-
-
-class QueueRefused(RbakError):
-    """A queue the backup will not read, decided before taking any message (the backup is incomplete)."""
-
-    prefix = "Refused"
-
-
-class QueueSkipped(RbakError):
-    """A queue left out on purpose (noted in the manifest; the backup is complete without it)."""
-
-    prefix = "Skipped"
 
 
 class PolicyCache:

@@ -519,7 +519,6 @@ def default_backup_id(now: _dt.datetime | None = None) -> str:
 
 
 # The rest of the public API; these modules need the model above.
-from .loading import DuplicateKeyError as DuplicateKeyError  # noqa: E402
 from .loading import load_config as load_config  # noqa: E402
 from .loading import yaml_error_text as yaml_error_text  # noqa: E402
 from .reference import config_reference_markdown as config_reference_markdown  # noqa: E402

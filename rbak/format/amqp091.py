@@ -64,7 +64,7 @@ import math
 import struct
 from typing import Any
 
-from ..errors import SerializationError
+from ..errors import PropertiesError, SerializationError
 from .record import (
     DECIMAL_KEY,
     VOID,
@@ -86,21 +86,6 @@ from .record import (
     decimal_header,
     decimal_parts,
 )
-
-
-class PropertiesError(SerializationError):
-    """Malformed property or field-table bytes.
-
-    ``offset`` counts from the start of the decoded binary; ``field`` names
-    where it went wrong (``content_type``, ``headers['k'][2]``, ...).
-    """
-
-    def __init__(self, problem: str, offset: int, field: str = "", what: str = "properties"):
-        self.problem = problem
-        self.offset = offset
-        self.field = field
-        where = f" in {field}" if field else ""
-        super().__init__(f"{problem}{where} (at byte {offset} of the {what})")
 
 
 _U8 = struct.Struct(">B")

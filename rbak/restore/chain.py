@@ -17,14 +17,10 @@ import dataclasses
 import logging
 from typing import Callable
 
-from ..errors import ManifestError, NotFoundError
+from ..errors import ChainError, ManifestError, NotFoundError
 from ..format.manifest import BackupManifest, QueueBackup
 
 log = logging.getLogger(__name__)
-
-
-class ChainError(ManifestError):
-    prefix = "Broken backup chain"
 
 
 Loader = Callable[[str], BackupManifest]

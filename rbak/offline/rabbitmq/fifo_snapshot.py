@@ -40,12 +40,9 @@ from .erlang_terms import Atom, ImproperList
 from .fifo_delayed import load_tree
 from .fifo_limits import DeadLetters, Limits, SizedDeque
 from .rabbit_fifo import Consumer, FifoReplay, Msg, Ready
+from ...errors import SnapshotStateError
 
 PACKED_IDX_MAX = (1 << 44) - 1
-
-
-class SnapshotStateError(ValueError):
-    """The machine state is not a ``rabbit_fifo`` record laid out as this module knows."""
 
 
 def _is(x: Any, name: str) -> bool:

@@ -40,6 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from .damage import ImportContext
+from ...errors import TermError
 
 WAL_MAGIC = b"RAWA"
 SEG_MAGIC = b"RASG"
@@ -203,7 +204,7 @@ class Snapshot:
 def read_snapshot(path: str, ctx: ImportContext) -> Snapshot | None:
     """One ``snapshot.dat``: every check Ra's own ``ra_log_snapshot`` makes (magic, version, CRC32 of
     the rest, meta size), each failure reported with the file and byte offset."""
-    from .erlang_terms import TermError, binary_to_term
+    from .erlang_terms import binary_to_term
 
     with open(path, "rb") as f:
         data = f.read()
