@@ -14,6 +14,7 @@ reporter removes its older records as it goes and all of them at the end.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import operator
@@ -52,11 +53,11 @@ class ProgressRecord:
     current_queue: str | None = None
     seq: int = 0
 
-    def to_json(self) -> bytes:
+    def to_json(self) -> builtins.bytes:  # builtins: `bytes` here is the field
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, data: bytes | str, where: str) -> "ProgressRecord":
+    def from_json(cls, data: builtins.bytes | str, where: str) -> "ProgressRecord":
         """Parse a stored record; a one-line ``ProgressError`` naming ``where`` and the field if bad."""
         try:
             obj = json.loads(data)

@@ -23,7 +23,7 @@ BROKER_HEADERS = frozenset({"x-stream-offset", "x-stream-chunk-timestamp"})
 _orig_decode = pika.spec.BasicProperties.decode
 
 
-def _keep_raw(self, encoded, offset=0):  # type: ignore[no-untyped-def]
+def _keep_raw(self, encoded, offset=0):
     """pika's decode, plus the raw bytes; a table pika cannot decode no longer kills the connection."""
     self._rbak_raw = bytes(encoded[offset:])
     try:
@@ -34,7 +34,7 @@ def _keep_raw(self, encoded, offset=0):  # type: ignore[no-untyped-def]
 
 
 if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
-    pika.spec.BasicProperties.decode = _keep_raw  # type: ignore[method-assign]
+    pika.spec.BasicProperties.decode = _keep_raw
 
 
 # The typed decode of a content header, by its raw bytes: a pure function of them, and the messages

@@ -482,7 +482,7 @@ def _return_in_order(channels: list, where: str, nack: bool, quiet: bool, fc: Fa
                 # first two messages swapped, about 1 backup in 3 (test_five_runs_then_fresh_dir...)
                 fc.cancel(ch)
                 if nack:
-                    tags = []
+                    tags: list[int] = []
                     for t in (ends or {}).get(ch.channel_number, []):
                         if t > (tags[-1] if tags else 0):  # a window that took nothing has no end of its own
                             tags.append(t)

@@ -347,7 +347,7 @@ def _short_str(out: bytearray, s: str, where: str) -> None:
     out += raw
 
 
-def _encode_value(out: bytearray, v: HeaderValue, where: str) -> None:
+def _encode_value(out: bytearray, v: Any, where: str) -> None:  # v: a HeaderValue (Any: the dispatch on a saved type(v) is one a checker cannot follow)
     t = type(v)
     if t is LongString or t is ShortString:
         raw = _utf8(v.value, where)
@@ -455,7 +455,7 @@ def encode_basic_properties(p: BackupProperties, headers: Headers | None, where:
     return bytes(out)
 
 
-def read_back(v: HeaderValue) -> HeaderValue:
+def read_back(v: Any) -> HeaderValue:  # v: a HeaderValue (Any: the dispatch on a saved type(v) is one a checker cannot follow)
     """What ``v`` decodes as once encoded: ShortString travels as a long string."""
     t = type(v)
     if t is ShortString:

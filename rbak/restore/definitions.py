@@ -37,7 +37,7 @@ import fnmatch
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 
 from ..crypto import codec_for
@@ -99,7 +99,7 @@ def parse_definitions(data: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def _glob(patterns: tuple[str, ...], name: str) -> bool:
+def _glob(patterns: Sequence[str], name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else name == p for p in patterns)
 
 

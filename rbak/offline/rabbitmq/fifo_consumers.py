@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .erlang_terms import Atom
 
@@ -121,6 +121,22 @@ def _cmp(a: Consumer, b: Consumer) -> int:
 class ConsumerRules:
     """Mixed into ``FifoReplay``: it provides ``consumers``, ``by_cid``, ``service``, ``waiting``, ``mv``,
     ``limits``, ``_return_one``, ``_take`` and ``_expire``."""
+
+    # What FifoReplay provides, declared for the type checker (FifoReplay.__init__ sets them).
+    consumers: dict[Any, Consumer]
+    by_cid: dict[Any, Any]
+    service: list[Any]
+    waiting: list[Consumer]
+    mv: int
+    ts: int
+    last_active: int
+    limits: Any  # rabbit_fifo.Limits
+
+    if TYPE_CHECKING:
+        def _return_one(self, m: Any, failed: bool, anns: Any = None) -> None: ...
+        def _take(self) -> Any: ...
+        def _expire(self) -> None: ...
+        def _checkout(self) -> None: ...
 
     def _consumer(self, key: Any) -> Consumer | None:
         c = self.consumers.get(key)

@@ -215,7 +215,7 @@ def load_state(state: Any, machine_version: int, delivery_limit: int | None, pri
     replay.service = [k for k in _pqueue_items(state[10]) if k in replay.consumers]
     if isinstance(state[15], int):
         replay.last_active = state[15]
-    notes = []
+    notes: list[str] = []
     if machine_version >= 8 and len(state) > 17:
         replay.delayed = load_tree(state[17], msg_ref)
         if isinstance(state[7], int):  # last_command_time: the restart's stand-in when no command follows

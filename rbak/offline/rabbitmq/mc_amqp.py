@@ -346,7 +346,7 @@ def convert(state: Any) -> tuple[BackupProperties, tuple, bytes, BareMessage]:
         raise MappingError(str(e)) from None
     if (props_pos == 0) != (bare.properties is not None) or (props_pos != 0 and props_pos != []):
         raise MappingError(f"mc_amqp properties position {props_pos!r} does not match the bare message")
-    want_app = [] if bare.application_properties_pos is None else bare.application_properties_pos
+    want_app: Any = [] if bare.application_properties_pos is None else bare.application_properties_pos
     if app_pos != want_app:
         raise MappingError(f"mc_amqp application-properties position {app_pos!r} does not match the bare "
                            f"message ({want_app!r})")

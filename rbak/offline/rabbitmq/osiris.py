@@ -177,7 +177,7 @@ def _decompress(comp: int, payload: bytes, uncompressed_len: int) -> bytes:
 
 
 def _simple_entries(buf: bytes, count: int, base: int) -> list[tuple[int, bytes]]:
-    out = []
+    out: list[tuple[int, bytes]] = []
     p = 0
     for _ in range(count):
         if p + 4 > len(buf):
