@@ -11,6 +11,7 @@ already-decoded fields).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pika.spec
 
@@ -58,7 +59,7 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
     if h is not None and drop_headers and not getattr(props, "_rbak_pika_failed", False) and h.keys() <= drop_headers:
         h = None  # only the broker's own headers (a stream's offset): nothing of the message's to keep typed
     if raw is not None and (h is not None or getattr(props, "_rbak_pika_failed", False)):
-        key = (raw, drop_headers)
+        key: tuple[Any, Any] | None = (raw, drop_headers)
         hit = _DECODED.get(key)
         if hit is None:
             p, headers = decode_basic_properties(raw)

@@ -40,7 +40,7 @@ class PolicyCache:
     def __init__(self, client: ManagementClient):
         self.client = client
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._cache: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
 
     def get(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """(policies, operator policies); the latter None when this user may not list them."""

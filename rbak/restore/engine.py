@@ -170,10 +170,11 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
             except RbakError as e:
                 metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                 log.error("%s", e)
-                r = getattr(e, "queue_result", None)
-                if r is None:
-                    r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
-                    r.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+                failed: QueueResult | None = getattr(e, "queue_result", None)
+                if failed is None:
+                    failed = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
+                    failed.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+                r = failed
                 r.status, r.error = "failed", str(e)
                 if on_progress is not None:
                     on_progress(r)
