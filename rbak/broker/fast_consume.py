@@ -176,6 +176,7 @@ class FastConsume:
         impl = self.impl
         impl.bytes_received += len(data_in)
         held = self._held
+        buf: bytes | bytearray
         if held:
             held += data_in
             buf = held

@@ -181,9 +181,9 @@ class ConsumerRules:
             self._expire()  # a basic.get goes through checkout_one, which expires first
             m = self._take()
             if m is not None and len(spec) > 1 and _is(spec[1], "unsettled"):
-                c = self._consumer(cid) or self._new_consumer(cid, idx, ("once", "simple_prefetch", 0, 0), 0)
-                c.checked_out[c.next_msg_id] = m
-                c.next_msg_id += 1
+                once = self._consumer(cid) or self._new_consumer(cid, idx, ("once", "simple_prefetch", 0, 0), 0)
+                once.checked_out[once.next_msg_id] = m
+                once.next_msg_id += 1
             return
         parsed = parse_spec(spec)
         prio = meta.get(Atom("priority"), 0) if isinstance(meta, dict) else 0

@@ -169,11 +169,12 @@ def read_wal(path: str, logs: dict[str, ServerLog], ctx: ImportContext, last_fil
                         "(Ra refuses to recover such a WAL); the rest of the file is skipped")
             return
         if has_ref:
-            uid = refs.get(ref)
-            if uid is None:
+            named = refs.get(ref)
+            if named is None:
                 ctx.damaged(path, pos, f"record refers to writer #{ref}, which no earlier record named")
                 pos = body_at + length
                 continue
+            uid = named
         else:
             refs[ref] = uid
         log = logs.setdefault(uid, ServerLog(uid))
