@@ -79,7 +79,7 @@ def connect(conn: ConnectionConfig, vhost: str, role: str = "source", name: str 
 
 def _cause(e: BaseException) -> str:
     """Dig the root cause (e.g. the SSL verification error) out of pika's wrappers."""
-    seen = []
+    seen: list[BaseException] = []
     cur: BaseException | None = e
     while cur is not None and len(seen) < 8:
         seen.append(cur)

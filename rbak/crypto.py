@@ -30,48 +30,19 @@ import base64
 import binascii
 import os
 import struct
-from dataclasses import dataclass
 from typing import Mapping
 
-from .errors import ConfigError, RbakError
+from .errors import ConfigError, EncryptionError
+from .format.manifest import EncryptionInfo  # the manifest field; rbak.crypto.EncryptionInfo still imports
 
 MAGIC = b"RBKE"
 VERSION = 1
 ALG_AES_256_GCM = 1
-ALGORITHM = "AES-256-GCM"
 NONCE_SIZE = 12
 TAG_SIZE = 16
 KEY_SIZE = 32
 DEFAULT_KEYS_ENV = "RBAK_ENCRYPTION_KEYS"
 OBJECT_DIRS = ("queues", "definitions", "state")
-
-
-class EncryptionError(RbakError):
-    """A missing or wrong key, or a sealed object that is damaged."""
-
-    prefix = "Encryption error"
-
-
-@dataclass(frozen=True, slots=True)
-class EncryptionInfo:
-    """The manifest's ``encryption`` field: how the backup's objects are sealed."""
-
-    key_id: str
-    algorithm: str = ALGORITHM
-
-    def to_json_obj(self) -> dict:
-        return {"algorithm": self.algorithm, "key_id": self.key_id}
-
-    @classmethod
-    def from_json_obj(cls, d: object, where: str) -> "EncryptionInfo":
-        from .errors import ManifestError
-
-        if not isinstance(d, dict) or not isinstance(d.get("key_id"), str) or not d["key_id"]:
-            raise ManifestError(f"{where}: 'encryption' must be an object with a non-empty 'key_id'")
-        alg = d.get("algorithm", ALGORITHM)
-        if alg != ALGORITHM:
-            raise ManifestError(f"{where}: encryption algorithm {alg!r} is not supported (only {ALGORITHM})")
-        return cls(key_id=d["key_id"], algorithm=alg)
 
 
 # -- the cipher ---------------------------------------------------------------
@@ -278,19 +249,24 @@ def writer_codec(backup_id: str, enc) -> ObjectCodec:
     (``enc``: the config's ``encryption`` section)."""
     if not enc.enabled:
         return ObjectCodec(backup_id)
-    key = enc.keyring().get(enc.key_id)
+    return sealing_codec(backup_id, enc.key_id, enc.keyring())
+
+
+def sealing_codec(backup_id: str, key_id: str, keyring: Mapping[str, bytes]) -> ObjectCodec:
+    """The codec sealing with ``key_id`` from ``keyring`` (the keys are handed in: this module reads no config)."""
+    key = keyring.get(key_id)
     if key is None:
-        raise ConfigError(f"encryption.key_id: no key {enc.key_id!r} in the keyring (encryption.keys_file, "
+        raise ConfigError(f"encryption.key_id: no key {key_id!r} in the keyring (encryption.keys_file, "
                           f"encryption.keys_env or {DEFAULT_KEYS_ENV}); backup {backup_id!r} was not started")
-    return ObjectCodec(backup_id, EncryptionInfo(enc.key_id), key)
+    return ObjectCodec(backup_id, EncryptionInfo(key_id), key)
 
 
 def import_codec(backup_id: str, key_id: str | None, keys_file: str | None) -> ObjectCodec:
     """The codec of a backup written by an import (``--encrypt-key-id``, ``--keys-file``): the same
     rules as a backup's ``encryption`` section; no key id, no encryption."""
-    from .config import EncryptionConfig
-
-    return writer_codec(backup_id, EncryptionConfig(enabled=bool(key_id), key_id=key_id, keys_file=keys_file))
+    if not key_id:
+        return ObjectCodec(backup_id)
+    return sealing_codec(backup_id, key_id, load_keyring(keys_file, None, key_id))
 
 
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:

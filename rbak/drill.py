@@ -39,7 +39,7 @@ import orjson
 import pika.exceptions
 
 from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
-from .errors import ConfigError, NotFoundError, RbakError
+from .errors import ConfigError, DrillError, NotFoundError, RbakError
 from .format.manifest import BackupManifest, QueueBackup
 from .keys import DRILLS_DIR, BackupLayout, check_backup_id
 from .restore.options import RestoreOptions
@@ -47,10 +47,6 @@ from .storage.base import Storage
 
 log = logging.getLogger(__name__)
 
-
-
-class DrillError(RbakError):
-    prefix = "Restore drill"
 
 
 # --------------------------------------------------------------------------

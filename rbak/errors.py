@@ -3,10 +3,15 @@
 Callers (the CLI, the operator, the Spark jobs) catch ``RbakError`` and print
 ``str(err)``: every message names the thing that is wrong (storage key, config
 key path, queue, file and offset) so no traceback is needed to act on it.
-The prefixes follow the Rust tool's error messages.
+The prefixes follow the Rust tool's error messages. Every error class of rbak
+is here (the only others are a few private control-flow signals that never
+leave their module); ``DetailError`` marks the findings a caller wraps into its
+own message.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 PARTIAL_EXIT_CODE = 3
@@ -123,3 +128,181 @@ class BackupLeaseError(RbakError):
 
     prefix = "Backup lease"
     exit_code = LEASE_EXIT_CODE
+
+
+# -- backup ----------------------------------------------------------------------------------------
+
+
+class BackupError(RbakError):
+    """Some queues failed; the manifest stays incomplete so a rerun resumes them."""
+
+    prefix = "Backup error"
+
+
+class PartialBackupError(BackupError):
+    """The run completed and wrote its manifest, but some queue is not (fully) in it: a distinct exit code."""
+
+    prefix = "Backup partial"
+    exit_code = PARTIAL_EXIT_CODE
+
+
+class DeliveryLimitError(RbakError):
+    """A quorum queue whose messages a backup could push past their delivery limit."""
+
+    prefix = "Delivery limit"
+    message_name = ""  # the message that stopped a read, when one did
+    count = 0  # its x-delivery-count when the read took it
+
+
+class ShortRead(RbakError):
+    """A read that ended before the depth the queue had when it started: ``backup`` holds what was read
+    (kept in the manifest, the queue recorded as partial; not checkpointed, so a rerun reads it again)."""
+
+    prefix = "Partial"
+
+    def __init__(self, backup: Any, reason: str):  # backup: a format.manifest.QueueBackup
+        self.backup = backup
+        self.reason = reason
+        super().__init__(f"queue {backup.name!r} in vhost {backup.vhost!r}: {reason}")
+
+    def __reduce__(self):  # crosses from a reader process
+        return (ShortRead, (self.backup, self.reason))
+
+
+class QueueRefused(RbakError):
+    """A queue the backup will not read, decided before taking any message (the backup is incomplete)."""
+
+    prefix = "Refused"
+
+
+class QueueSkipped(RbakError):
+    """A queue left out on purpose (noted in the manifest; the backup is complete without it)."""
+
+    prefix = "Skipped"
+
+
+class ReaderProcessError(RbakError):
+    """A reader process died (its connection closed: the broker returned its messages)."""
+
+    prefix = "Backup error"
+
+
+class NoReaderProcess(RbakError):
+    """No child could be started (nothing was sent to one): the queue is read by the thread instead."""
+
+
+# -- restore ---------------------------------------------------------------------------------------
+
+
+class PublishError(AmqpError):
+    """A record was returned, nacked, or the channel died; names the queue."""
+
+
+class ChainError(ManifestError):
+    prefix = "Broken backup chain"
+
+
+class IncompatibleDefinitionsError(RbakError):
+    """``restore.definitions_strict``: the target would refuse part of the backup's definitions."""
+
+    prefix = "Definitions error"
+
+
+# -- drills, progress, encryption, properties ------------------------------------------------------
+
+
+class DrillError(RbakError):
+    prefix = "Restore drill"
+
+
+class Terminated(RbakError):
+    """``rbak drill`` stopped by SIGTERM: exit 143, as a shell reports it."""
+
+    prefix = "Restore drill"
+    exit_code = 143
+
+
+class ProgressError(RbakError):
+    prefix = "Progress error"
+
+
+class EncryptionError(RbakError):
+    """A missing or wrong key, or a sealed object that is damaged."""
+
+    prefix = "Encryption error"
+
+
+class PropertiesError(SerializationError):
+    """Malformed property or field-table bytes.
+
+    ``offset`` counts from the start of the decoded binary; ``field`` names
+    where it went wrong (``content_type``, ``headers['k'][2]``, ...).
+    """
+
+    def __init__(self, problem: str, offset: int, field: str = "", what: str = "properties"):
+        self.problem = problem
+        self.offset = offset
+        self.field = field
+        where = f" in {field}" if field else ""
+        super().__init__(f"{problem}{where} (at byte {offset} of the {what})")
+
+
+# -- details that callers wrap ---------------------------------------------------------------------
+
+
+class DetailError(RbakError):
+    """A finding deep inside one input (a term, an AMQP 1.0 section, a YAML mapping, a stream-protocol
+    answer) that its caller wraps or falls back from: ``str()`` is the bare problem, without a prefix,
+    because the caller's own message names the file, offset or queue. The decoders' errors are also
+    ``ValueError`` (what they were before they moved here; their callers still catch that)."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class DuplicateKeyError(DetailError):
+    """A key given twice in one YAML mapping (the later one would silently win)."""
+
+
+class StreamProtocolError(DetailError):
+    """The probe could not answer (the caller falls back to the quiet-period end)."""
+
+
+class ChunkError(DetailError, ValueError):
+    """An osiris chunk that cannot be read; ``pos`` is where it starts in its segment file."""
+
+    def __init__(self, message: str, pos: int):
+        super().__init__(message)
+        self.pos = pos
+
+
+class MappingError(DetailError, ValueError):
+    """The AMQP 1.0 message cannot be expressed in AMQP 0-9-1."""
+
+
+class MqttMappingError(DetailError, ValueError):
+    """The stored MQTT message is not in the shape RabbitMQ 4.0 writes."""
+
+
+class Amqp10Error(DetailError, ValueError):
+    """Malformed AMQP 1.0 bytes; ``offset`` is relative to the decoded buffer."""
+
+    def __init__(self, message: str, offset: int):
+        self.offset = offset
+        super().__init__(f"{message} (at byte {offset} of the AMQP 1.0 message)")
+
+
+class MessageFormatError(DetailError, ValueError):
+    """The stored term is not a message we understand."""
+
+
+class TermError(DetailError, ValueError):
+    """The bytes are not a term we can decode; ``offset`` is where it went wrong."""
+
+    def __init__(self, message: str, offset: int):
+        self.offset = offset
+        super().__init__(f"{message} (at byte {offset} of the term)")
+
+
+class SnapshotStateError(DetailError, ValueError):
+    """The machine state is not a ``rabbit_fifo`` record laid out as this module knows."""

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, make_wsgi_app
 
 from .config import MetricsConfig
 from .errors import (AmqpAuthenticationError, AmqpConnectionError, AmqpError, CheckpointError, ConfigError,
-                     ManagementApiError, SerializationError, StorageError)
+                     DeliveryLimitError, ManagementApiError, SerializationError, StorageError)
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -81,8 +81,6 @@ def errors():
 
 
 def error_type(e: BaseException) -> str:
-    from .backup.queue_reader import DeliveryLimitError
-
     if isinstance(e, DeliveryLimitError):
         return "delivery_limit"
     if isinstance(e, AmqpAuthenticationError):

@@ -14,6 +14,7 @@ reporter removes its older records as it goes and all of them at the end.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import operator
@@ -24,18 +25,14 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from .units import human_bytes
-from .errors import RbakError, StorageError
-from .keys import progress_key, progress_prefix
+from .errors import ProgressError, RbakError, StorageError
+from .keys import check_backup_id, progress_key, progress_prefix
 
 log = logging.getLogger("rbak.progress")
 
 RUNNING, FINISHED, FAILED = "running", "finished", "failed"
 STATES = (RUNNING, FINISHED, FAILED)
 RATE_WINDOW_SECS = 30.0  # the rate shown is over the last half minute, not the whole run
-
-
-class ProgressError(RbakError):
-    prefix = "Progress error"
 
 
 @dataclass
@@ -56,11 +53,11 @@ class ProgressRecord:
     current_queue: str | None = None
     seq: int = 0
 
-    def to_json(self) -> bytes:
+    def to_json(self) -> builtins.bytes:  # builtins: `bytes` here is the field
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, data: bytes | str, where: str) -> "ProgressRecord":
+    def from_json(cls, data: builtins.bytes | str, where: str) -> "ProgressRecord":
         """Parse a stored record; a one-line ``ProgressError`` naming ``where`` and the field if bad."""
         try:
             obj = json.loads(data)
@@ -484,8 +481,6 @@ def cli_session(kind: str, run_id: str, args: Any, *, storage: Any = None, prefi
         sinks.append(PlainLines(interval))
     tracker = Tracker(kind, run_id)
     if store is not None and storage is not None:
-        from .keys import check_backup_id
-
         if callable(storage):  # opened only when asked for (the importers open their own)
             storage = storage()
 

@@ -150,8 +150,8 @@ def plan_retention(backups: Iterable[StoredBackup], policy: RetentionPolicy, now
     stack = list(keep)
     while stack:
         bid = stack.pop()
-        b = by_id.get(bid)
-        for dep in sorted(b.depends_on if b else ()):
+        kept = by_id.get(bid)
+        for dep in sorted(kept.depends_on if kept else ()):
             if dep not in by_id:
                 continue  # already gone: nothing to keep (validate/restore name the broken link)
             why[dep].append(f"base of {bid} (its incremental streams continue it)")

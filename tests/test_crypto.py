@@ -7,11 +7,8 @@ import os
 
 import pytest
 
-from rbak.crypto import (
-    MAGIC, EncryptionError, EncryptionInfo, ObjectCodec, aad_for, codec_for, generate_key, load_keyring, open_,
-    parse_header, seal,
-)
-from rbak.errors import ConfigError, StorageError
+from rbak.crypto import (MAGIC, EncryptionInfo, ObjectCodec, aad_for, codec_for, generate_key, load_keyring, open_, parse_header, seal)
+from rbak.errors import ConfigError, EncryptionError, StorageError
 from rbak.format.manifest import BackupManifest
 from rbak.storage import open_storage
 from rbak.storage.s3 import sse_args

@@ -10,13 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from rbak.catalog import list_backups
-from rbak.errors import ConfigError
+from rbak.errors import ConfigError, ProgressError
 from rbak.keys import progress_key, progress_prefix
-from rbak.progress import (
-    FAILED, FINISHED, RUNNING, PlainLines, ProgressError, ProgressRecord, ProgressSession, RichBar,
-    StorageReporter, Tracker, backup_events, cli_session, counted, latest_progress, restore_events,
-    validate_events,
-)
+from rbak.progress import (FAILED, FINISHED, RUNNING, PlainLines, ProgressRecord, ProgressSession, RichBar, StorageReporter, Tracker, backup_events, cli_session, counted, latest_progress, restore_events, validate_events)
 from rbak.storage.memory import MemoryStorage
 
 

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from rbak.backup.stream_chain import StreamBase, decide
-from rbak.backup.stream_reader import ProbedRecord
+from rbak.broker.stream_reader import ProbedRecord
 from rbak.format.manifest import BackupManifest, QueueBackup, QueueStatus, SegmentMetadata, StreamGap, StreamInfo
-from rbak.restore.chain import ChainError, expand_chains
+from rbak.restore.chain import expand_chains
+from rbak.errors import ChainError
 
 SPEC_EXAMPLE = {
     "backup_id": "b", "created_at": 1, "completed_at": 2, "source_cluster": "rabbit@n", "rabbitmq_version": "3.13.2",

@@ -11,6 +11,7 @@ already-decoded fields).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pika.spec
 
@@ -23,7 +24,7 @@ BROKER_HEADERS = frozenset({"x-stream-offset", "x-stream-chunk-timestamp"})
 _orig_decode = pika.spec.BasicProperties.decode
 
 
-def _keep_raw(self, encoded, offset=0):  # type: ignore[no-untyped-def]
+def _keep_raw(self, encoded, offset=0):
     """pika's decode, plus the raw bytes; a table pika cannot decode no longer kills the connection."""
     self._rbak_raw = bytes(encoded[offset:])
     try:
@@ -34,7 +35,7 @@ def _keep_raw(self, encoded, offset=0):  # type: ignore[no-untyped-def]
 
 
 if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
-    pika.spec.BasicProperties.decode = _keep_raw  # type: ignore[method-assign]
+    pika.spec.BasicProperties.decode = _keep_raw
 
 
 # The typed decode of a content header, by its raw bytes: a pure function of them, and the messages
@@ -58,7 +59,7 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
     if h is not None and drop_headers and not getattr(props, "_rbak_pika_failed", False) and h.keys() <= drop_headers:
         h = None  # only the broker's own headers (a stream's offset): nothing of the message's to keep typed
     if raw is not None and (h is not None or getattr(props, "_rbak_pika_failed", False)):
-        key = (raw, drop_headers)
+        key: tuple[Any, Any] | None = (raw, drop_headers)
         hit = _DECODED.get(key)
         if hit is None:
             p, headers = decode_basic_properties(raw)

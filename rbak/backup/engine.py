@@ -33,7 +33,8 @@ import pika.exceptions
 from .. import __version__
 from ..config import Config
 from ..crypto import codec_for, writer_codec
-from ..errors import PARTIAL_EXIT_CODE, AmqpError, ConfigError, NotFoundError, RbakError
+from ..errors import (AmqpError, BackupError, ConfigError, DeliveryLimitError, NotFoundError,
+                      NoReaderProcess, PartialBackupError, QueueRefused, QueueSkipped, RbakError, ShortRead)
 from ..format.compression import Compression
 from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
 from ..keys import BackupLayout
@@ -47,29 +48,15 @@ from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .lease import LEASE_QUEUE, Lease
 from .lease import acquire as acquire_lease
-from .preflight import PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, QueueRefused, QueueSkipped, check_read_permissions
-from .queue_backup import ShortRead, backup_queue, clear_previous
+from .preflight import PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, check_read_permissions
+from .queue_backup import backup_queue, clear_previous
 from . import reader_process
-from .queue_reader import DeliveryLimitError
 from .segments import AsyncSegmentWriter
 from .stream_backup import StreamBackup
 from .stream_chain import StreamBase, stream_bases
 from .summary import BackupSummary, QueueSummary
 
 log = logging.getLogger(__name__)
-
-
-class BackupError(RbakError):
-    """Some queues failed; the manifest stays incomplete so a rerun resumes them."""
-
-    prefix = "Backup error"
-
-
-class PartialBackupError(BackupError):
-    """The run completed and wrote its manifest, but some queue is not (fully) in it: a distinct exit code."""
-
-    prefix = "Backup partial"
-    exit_code = PARTIAL_EXIT_CODE
 
 
 Progress = Callable[..., None]
@@ -466,7 +453,7 @@ class BackupEngine(StreamBackup):
         if self._readers is not None and not self._readers_failed and reader_process.worth_a_child(q):
             try:
                 return self._in_child(q, ckpt, cluster, version, prog), False
-            except reader_process.NoReaderProcess as e:  # decided before a child saw the queue
+            except NoReaderProcess as e:  # decided before a child saw the queue
                 if not self._readers_failed:
                     self._readers_failed = True
                     log.warning("%s: classic queues are read by threads in this process", e)

@@ -109,7 +109,7 @@ def resolve_delivery_limit(arguments: dict[str, Any], policies: list[dict[str, A
     arg = _int(arguments.get("x-delivery-limit"))
     if arg is not None and policy_val is not None:
         merged = _merge_limit(policy_val[0], arg, major)
-        found = (merged, policy_val[1] if merged == policy_val[0] else "queue argument x-delivery-limit")
+        found: tuple[int, str] | None = (merged, policy_val[1] if merged == policy_val[0] else "queue argument x-delivery-limit")
     elif arg is not None:
         found = (arg, "queue argument x-delivery-limit")
     else:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pika
 import pika.exceptions
 
-from ..errors import RbakError
+from ..errors import QueueRefused, QueueSkipped, RbakError
 from .convert import delivery_count
 from .limits import QueueSettings, resolve_settings, version_tuple
 from .management import ManagementClient, QueueInfo
@@ -34,25 +34,13 @@ ARGUMENTS_WAIT_SECS = 15.0  # how long a fresh queue's arguments may take to sho
 PROBE_QUEUE_PREFIX = "rbak-probe-"
 
 
-class QueueRefused(RbakError):
-    """A queue the backup will not read, decided before taking any message (the backup is incomplete)."""
-
-    prefix = "Refused"
-
-
-class QueueSkipped(RbakError):
-    """A queue left out on purpose (noted in the manifest; the backup is complete without it)."""
-
-    prefix = "Skipped"
-
-
 class PolicyCache:
     """Policies and operator policies per vhost, fetched once per run."""
 
     def __init__(self, client: ManagementClient):
         self.client = client
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._cache: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
 
     def get(self, vhost: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """(policies, operator policies); the latter None when this user may not list them."""

@@ -33,7 +33,7 @@ def priority_levels(reported: dict[str, Any]) -> dict[str, int] | None:
         return {str(k): int(v) for k, v in by.items() if int(v or 0) > 0}
     if "messages_ready_high" in reported or "messages_ready_normal" in reported:  # 4.0-4.2
         pairs = (("high (> 4)", reported.get("messages_ready_high")), ("normal (<= 4)", reported.get("messages_ready_normal")))
-        return {k: int(v) for k, v in pairs if int(v or 0) > 0}
+        return {k: int(v or 0) for k, v in pairs if int(v or 0) > 0}
     return None
 
 

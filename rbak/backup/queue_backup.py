@@ -19,39 +19,24 @@ from typing import TYPE_CHECKING
 import pika
 import pika.exceptions
 
-from ..errors import AmqpError, RbakError
+from ..errors import AmqpError, QueueRefused, QueueSkipped, ShortRead
 from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from .convert import delivery_count, to_record
-from .fast_consume import passive_counts
+from ..broker.fast_consume import passive_counts
 from .guard_store import merge
 from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
-from .preflight import (QueueRefused, QueueSkipped, live_priorities, quorum_settings, single_active_reason,
-                        skip_reason)
-from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, DeliveryLimitError, describe_message, read_queue
+from .preflight import (live_priorities, quorum_settings, single_active_reason, skip_reason)
+from ..errors import DeliveryLimitError
+from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, describe_message, read_queue
 from .record_thread import RecordThread
 
 if TYPE_CHECKING:
     from .engine import BackupEngine
 
 log = logging.getLogger(__name__)
-
-
-class ShortRead(RbakError):
-    """A read that ended before the depth the queue had when it started: ``backup`` holds what was read
-    (kept in the manifest, the queue recorded as partial; not checkpointed, so a rerun reads it again)."""
-
-    prefix = "Partial"
-
-    def __init__(self, backup: QueueBackup, reason: str):
-        self.backup = backup
-        self.reason = reason
-        super().__init__(f"queue {backup.name!r} in vhost {backup.vhost!r}: {reason}")
-
-    def __reduce__(self):  # crosses from a reader process
-        return (ShortRead, (self.backup, self.reason))
 
 
 def control_channel(conn: pika.BlockingConnection):

@@ -50,10 +50,10 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from ..errors import AmqpConnectionError, AmqpError, RbakError
-from . import pika_fast
+from ..errors import AmqpConnectionError, AmqpError, DeliveryLimitError
+from ..broker import pika_fast
 from .convert import delivery_count
-from .fast_consume import DECLARE_OK, QOS_OK, FastConsume, deliveries
+from ..broker.fast_consume import DECLARE_OK, QOS_OK, FastConsume, deliveries
 from .limits import budget_ceiling, may_take
 
 log = logging.getLogger(__name__)
@@ -81,14 +81,6 @@ SHARED_MAX_DEPTH = 256
 
 CLOSE = "close"  # return by closing the channels (every broker; counts as a delivery on quorum queues)
 NACK = "nack"  # cancel, then basic.nack(multiple, requeue): 4.3+ quorum queues count no delivery
-
-
-class DeliveryLimitError(RbakError):
-    """A quorum queue whose messages a backup could push past their delivery limit."""
-
-    prefix = "Delivery limit"
-    message_name = ""  # the message that stopped a read, when one did
-    count = 0  # its x-delivery-count when the read took it
 
 
 @dataclass(slots=True)
@@ -490,7 +482,7 @@ def _return_in_order(channels: list, where: str, nack: bool, quiet: bool, fc: Fa
                 # first two messages swapped, about 1 backup in 3 (test_five_runs_then_fresh_dir...)
                 fc.cancel(ch)
                 if nack:
-                    tags = []
+                    tags: list[int] = []
                     for t in (ends or {}).get(ch.channel_number, []):
                         if t > (tags[-1] if tags else 0):  # a window that took nothing has no end of its own
                             tags.append(t)

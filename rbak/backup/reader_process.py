@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import RbakError
+from ..errors import NoReaderProcess, RbakError, ReaderProcessError
 from ..management import ManagementClient
 
 if TYPE_CHECKING:
@@ -51,16 +51,6 @@ MIN_MESSAGES = 1000
 
 def worth_a_child(q: "QueueInfo") -> bool:
     return q.queue_type == "classic" and (q.messages or 0) >= MIN_MESSAGES
-
-
-class ReaderProcessError(RbakError):
-    """A reader process died (its connection closed: the broker returned its messages)."""
-
-    prefix = "Backup error"
-
-
-class NoReaderProcess(RbakError):
-    """No child could be started (nothing was sent to one): the queue is read by the thread instead."""
 
 
 def available() -> bool:

@@ -16,14 +16,15 @@ from typing import Any
 
 from ..errors import RbakError
 from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
+from ..format.reader import read_segment
 from .. import metrics
 from .checkpoint import Checkpoint, QueueProgress
 from .convert import BROKER_HEADERS, to_record
 from .management import QueueInfo
 from .record_thread import RecordThread
 from .stream_chain import ChainDecision, decide
-from .stream_end import probe_end
-from .stream_reader import chunk_timestamp, probe_offset, read_stream
+from ..broker.stream_end import probe_end
+from ..broker.stream_reader import chunk_timestamp, probe_offset, read_stream
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +144,8 @@ class StreamBackup:
             info.last_record_sha256 = hashlib.sha256(last[0]).hexdigest()
             info.last_chunk_timestamp = chunk_timestamp(last[1])
         elif prog.segments:  # resumed with nothing new after the kept segments: read the last one back
-            from ..restore.queue_restore import load_segment_records
-
             try:
-                records = load_segment_records(self.storage, prog.segments[-1])
+                records = [r for _, r in read_segment(self.storage, prog.segments[-1])]
                 if records:
                     info.last_record_sha256 = hashlib.sha256(records[-1].body).hexdigest()
             except RbakError as e:

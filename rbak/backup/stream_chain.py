@@ -25,7 +25,7 @@ from ..errors import NotFoundError, RbakError
 from ..format.manifest import StreamGap, StreamInfo
 from ..keys import BackupLayout
 from ..storage.base import Storage
-from .stream_reader import ProbedRecord
+from ..broker.stream_reader import ProbedRecord
 
 log = logging.getLogger(__name__)
 

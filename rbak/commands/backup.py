@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from ..errors import BackupError
 
 log = logging.getLogger("rbak.backup")
 
@@ -94,7 +95,7 @@ def _apply_path(cfg, path: str) -> None:
 
 def run(args) -> int:
     from .. import progress
-    from ..backup import BackupEngine, BackupError
+    from ..backup import BackupEngine
     from .. import metrics as bmetrics
 
     cfg = build_config(args)

@@ -19,12 +19,7 @@ import signal
 import sys
 from typing import Any
 
-from ..errors import RbakError
-
-
-class Terminated(RbakError):
-    prefix = "Restore drill"
-    exit_code = 143
+from ..errors import Terminated
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:

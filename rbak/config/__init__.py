@@ -405,7 +405,7 @@ class EncryptionConfig(_Section):
                                         "(`RBAK_ENCRYPTION_KEYS` is always read when set).")
 
     def keyring(self) -> dict[str, bytes]:
-        from ..crypto import load_keyring
+        from ..crypto import load_keyring  # here, not on top: `import rbak.config` stays light (no numpy/zstd)
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
 
@@ -506,7 +506,7 @@ class Config(_Section):
 
     def layout(self):
         """The ``BackupLayout`` of this config's backup id and storage prefix."""
-        from ..keys import BackupLayout
+        from ..keys import BackupLayout  # here, not on top: see keyring()
 
         if not self.backup_id:
             raise ConfigError("backup_id: required")
@@ -519,7 +519,6 @@ def default_backup_id(now: _dt.datetime | None = None) -> str:
 
 
 # The rest of the public API; these modules need the model above.
-from .loading import DuplicateKeyError as DuplicateKeyError  # noqa: E402
 from .loading import load_config as load_config  # noqa: E402
 from .loading import yaml_error_text as yaml_error_text  # noqa: E402
 from .reference import config_reference_markdown as config_reference_markdown  # noqa: E402

@@ -6,7 +6,7 @@ import os
 import re
 import typing
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DuplicateKeyError
 from . import Config
 
 
@@ -47,10 +47,6 @@ def _strict_loader():
 
     StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     return StrictLoader
-
-
-class DuplicateKeyError(Exception):
-    """A key given twice in one YAML mapping (the later one would silently win)."""
 
 
 def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:

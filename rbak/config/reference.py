@@ -42,8 +42,8 @@ def _field_type_str(tp: Any) -> str:
 def _default_str(f: dataclasses.Field) -> str:
     if f.metadata.get("required"):
         return "**required**"
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        v = f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        v = f.default_factory()
         if dataclasses.is_dataclass(v):
             return ""
         return f"`{v!r}`".replace("'", '"') if v else ("`[]`" if isinstance(v, list) else "`{}`")
@@ -76,7 +76,7 @@ def config_reference_markdown() -> str:
         title = f"`{path}`" if path else "Top level"
         lines.extend([f"### {title}", "", (cls.__doc__ or "").strip().replace("\n    ", " "), "",
                       "| Key | Type | Default | Description |", "|---|---|---|---|"])
-        subs = []
+        subs: list[Any] = []
         hints = _hints(cls)
         for f in dataclasses.fields(cls):
             tp = hints[f.name]

@@ -282,7 +282,7 @@ def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None
 
 
 def _check_config(cfg: Config, errors: list[str]) -> None:
-    from ..keys import check_backup_id, normalize_prefix
+    from ..keys import check_backup_id, normalize_prefix  # here: `import rbak.config` stays light (no numpy/zstd)
 
     if cfg.backup_id is not None:
         try:

@@ -1,5 +1,5 @@
 /* scan_deliveries: complete Basic.Deliver messages of one channel, parsed straight off an AMQP 0-9-1
- * byte stream (rbak/backup/fast_consume.py; pure-Python twin: rbak/format/amqp091_frames.py).
+ * byte stream (rbak/broker/fast_consume.py; pure-Python twin: rbak/format/amqp091_frames.py).
  *
  * pika decodes every frame into objects, slices its frame buffer once per frame (quadratic in the bytes
  * one socket read brings) and dispatches each delivery through three layers of callbacks: 22-25 us of

@@ -1097,7 +1097,7 @@ PyObject *rbak_erl_configure(PyObject *self, PyObject *args);
 /* _amqp10.c: the AMQP 1.0 value decoder's fast path (rbak/offline/rabbitmq/amqp10.py). */
 PyObject *rbak_amqp_value(PyObject *self, PyObject *args);
 PyObject *rbak_amqp_configure(PyObject *self, PyObject *args);
-/* _amqp091.c: Basic.Deliver messages parsed off an AMQP 0-9-1 byte stream (rbak/backup/fast_consume.py). */
+/* _amqp091.c: Basic.Deliver messages parsed off an AMQP 0-9-1 byte stream (rbak/broker/fast_consume.py). */
 PyObject *rbak_scan_deliveries(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {

@@ -64,7 +64,7 @@ import math
 import struct
 from typing import Any
 
-from ..errors import SerializationError
+from ..errors import PropertiesError, SerializationError
 from .record import (
     DECIMAL_KEY,
     VOID,
@@ -86,21 +86,6 @@ from .record import (
     decimal_header,
     decimal_parts,
 )
-
-
-class PropertiesError(SerializationError):
-    """Malformed property or field-table bytes.
-
-    ``offset`` counts from the start of the decoded binary; ``field`` names
-    where it went wrong (``content_type``, ``headers['k'][2]``, ...).
-    """
-
-    def __init__(self, problem: str, offset: int, field: str = "", what: str = "properties"):
-        self.problem = problem
-        self.offset = offset
-        self.field = field
-        where = f" in {field}" if field else ""
-        super().__init__(f"{problem}{where} (at byte {offset} of the {what})")
 
 
 _U8 = struct.Struct(">B")
@@ -362,7 +347,7 @@ def _short_str(out: bytearray, s: str, where: str) -> None:
     out += raw
 
 
-def _encode_value(out: bytearray, v: HeaderValue, where: str) -> None:
+def _encode_value(out: bytearray, v: Any, where: str) -> None:  # v: a HeaderValue (Any: the dispatch on a saved type(v) is one a checker cannot follow)
     t = type(v)
     if t is LongString or t is ShortString:
         raw = _utf8(v.value, where)
@@ -470,7 +455,7 @@ def encode_basic_properties(p: BackupProperties, headers: Headers | None, where:
     return bytes(out)
 
 
-def read_back(v: HeaderValue) -> HeaderValue:
+def read_back(v: Any) -> HeaderValue:  # v: a HeaderValue (Any: the dispatch on a saved type(v) is one a checker cannot follow)
     """What ``v`` decodes as once encoded: ShortString travels as a long string."""
     t = type(v)
     if t is ShortString:

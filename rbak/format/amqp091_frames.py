@@ -1,7 +1,7 @@
 """Complete ``Basic.Deliver`` messages of one channel, parsed straight off AMQP 0-9-1 bytes.
 
 The backup's reading connection hands its received bytes here before pika sees
-them (``rbak.backup.fast_consume``): per message a backup needs only the delivery
+them (``rbak.broker.fast_consume``): per message a backup needs only the delivery
 tag, the redelivered bit, exchange, routing key, the raw property bytes and the
 body, and pika's generic decoding of the same frames was most of the reading
 thread's time (issue 20). Whatever is not the start of a complete delivery on the

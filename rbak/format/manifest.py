@@ -11,8 +11,29 @@ from typing import Any
 
 import orjson
 
-from ..crypto import EncryptionInfo
 from ..errors import ManifestError
+
+ENCRYPTION_ALGORITHM = "AES-256-GCM"
+
+
+@dataclass(frozen=True, slots=True)
+class EncryptionInfo:
+    """The manifest's ``encryption`` field: how the backup's objects are sealed."""
+
+    key_id: str
+    algorithm: str = ENCRYPTION_ALGORITHM
+
+    def to_json_obj(self) -> dict:
+        return {"algorithm": self.algorithm, "key_id": self.key_id}
+
+    @classmethod
+    def from_json_obj(cls, d: object, where: str) -> "EncryptionInfo":
+        if not isinstance(d, dict) or not isinstance(d.get("key_id"), str) or not d["key_id"]:
+            raise ManifestError(f"{where}: 'encryption' must be an object with a non-empty 'key_id'")
+        alg = d.get("algorithm", ENCRYPTION_ALGORITHM)
+        if alg != ENCRYPTION_ALGORITHM:
+            raise ManifestError(f"{where}: encryption algorithm {alg!r} is not supported (only {ENCRYPTION_ALGORITHM})")
+        return cls(key_id=d["key_id"], algorithm=alg)
 
 
 @dataclass(slots=True)

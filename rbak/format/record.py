@@ -32,73 +32,70 @@ _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 # dataclass costs 2.4x more to construct, and decoding builds millions.
 # --------------------------------------------------------------------------
 
-_variant = dataclass(slots=True, unsafe_hash=True)
-
-
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class LongString:
     value: str
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class ShortString:
     value: str
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Long:
     """A 64-bit signed integer."""
 
     value: int
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Short:
     """A 16-bit signed integer."""
 
     value: int
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Bool:
     value: bool
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Bytes:
     value: bytes
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Timestamp:
     """An AMQP timestamp: seconds since the epoch."""
 
     value: int
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Float:
     """A 32-bit float; serialised with the shortest repr that round-trips f32."""
 
     value: float
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Double:
     value: float
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Void:
     pass
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Table:
     value: tuple[tuple[str, "HeaderValue"], ...]
 
 
-@_variant
+@dataclass(slots=True, unsafe_hash=True)
 class Array:
     value: tuple["HeaderValue", ...]
 
@@ -198,7 +195,7 @@ def _u8_view(data: bytes) -> Any:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def header_value_to_json(v: HeaderValue) -> Any:
+def header_value_to_json(v: Any) -> Any:  # v: a HeaderValue (Any: the dispatch on a saved type(v) is one a checker cannot follow)
     t = type(v)
     if t is LongString:
         return {"LongString": v.value}
@@ -335,7 +332,7 @@ def _headers_from_json(items: Any) -> Headers:
         return ()
     if isinstance(items, dict):  # lenient: a map instead of a list of pairs
         items = list(items.items())
-    out = []
+    out: list[tuple[str, HeaderValue]] = []
     append = out.append
     scalars = _SCALAR_VARIANTS
     for k, v in items:

@@ -29,6 +29,7 @@ record out, and why:
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from ..format.record import (
     BackupProperties,
@@ -37,7 +38,6 @@ from ..format.record import (
     Double,
     Float,
     Headers,
-    HeaderValue,
     Long,
     LongString,
     Short,
@@ -164,7 +164,7 @@ def _ascii(v: str | None) -> str | None:
     return v
 
 
-def _value(v: HeaderValue) -> bytes:
+def _value(v: Any) -> bytes:  # v: a HeaderValue (Any: the dispatch on a saved type(v) is one a checker cannot follow)
     t = type(v)
     if t is LongString or t is ShortString:
         try:

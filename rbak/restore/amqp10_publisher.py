@@ -21,9 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 from ..config import ConnectionConfig
-from ..errors import AmqpConnectionError, AmqpError
+from ..errors import AmqpConnectionError, AmqpError, PublishError
 from .amqp10_message import data_section
-from .publisher import PublishError
 
 STALL_SECS = 300.0  # no credit this long: the broker is blocking publishers (alarm), as pika's blocked timeout
 

@@ -17,14 +17,10 @@ import dataclasses
 import logging
 from typing import Callable
 
-from ..errors import ManifestError, NotFoundError
-from ..format.manifest import BackupManifest, QueueBackup
+from ..errors import ChainError, ManifestError, NotFoundError
+from ..format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 
 log = logging.getLogger(__name__)
-
-
-class ChainError(ManifestError):
-    prefix = "Broken backup chain"
 
 
 Loader = Callable[[str], BackupManifest]
@@ -112,7 +108,7 @@ def expand_chains(manifest: BackupManifest, load: Loader, follow: bool = True,
                                 f"the earlier ones are in backup {q.stream.previous_backup!r} and its chain")
             continue
         links = stream_chain(manifest, q, cached)
-        segs = []
+        segs: list[SegmentMetadata] = []
         for bid, lq in links:
             for s in sorted(lq.segments, key=lambda s: s.sequence):
                 if size_of is not None and bid != manifest.backup_id and size_of(s.key) != s.size_bytes:

@@ -37,12 +37,12 @@ import fnmatch
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 
 from ..crypto import codec_for
 from ..definitions_doc import KINDS, VHOST_KINDS, counts, identity, prune_bindings, scope_to_vhosts
-from ..errors import ManagementApiError, NotFoundError, RbakError, SerializationError
+from ..errors import IncompatibleDefinitionsError, ManagementApiError, NotFoundError, RbakError, SerializationError
 from ..format.compression import Compression, compress, decompress
 from ..format.manifest import BackupManifest
 from ..keys import BackupLayout
@@ -57,12 +57,6 @@ from .rollback import rollback_import
 log = logging.getLogger(__name__)
 
 __all__ = ["ManagementClient", "KINDS", "import_definitions", "apply_definitions", "transform_definitions"]
-
-
-class IncompatibleDefinitionsError(RbakError):
-    """``restore.definitions_strict``: the target would refuse part of the backup's definitions."""
-
-    prefix = "Definitions error"
 
 
 # --------------------------------------------------------------------------
@@ -105,7 +99,7 @@ def parse_definitions(data: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def _glob(patterns: tuple[str, ...], name: str) -> bool:
+def _glob(patterns: Sequence[str], name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else name == p for p in patterns)
 
 

@@ -19,14 +19,13 @@ from typing import Any, Callable
 from ..catalog import load_manifest
 from ..errors import ManifestError, RbakError, RestoreError
 from ..format.manifest import BackupManifest
-from ..format.reader import read_segment
 from ..storage.base import Storage
 from .. import metrics
 from .chain import expand_chains
 from .checkpoint import QueueState, open_checkpoint
 from .options import RestoreOptions
-from .plan import QueuePlan, plan_restore, record_in_window, segment_fully_inside
-from .queue_restore import QueueResult, plan_codec, restore_queue_segments
+from .plan import QueuePlan, plan_restore
+from .queue_restore import QueueResult, count_selected, plan_codec, restore_queue_segments, target_problems
 from .target_limits import refusal
 
 log = logging.getLogger(__name__)
@@ -69,25 +68,6 @@ class RestoreSummary:
             "warnings": self.warnings,
             "queues": [asdict(q) for q in self.queues],
         }
-
-
-# --------------------------------------------------------------------------
-# Counting for a dry run.
-# --------------------------------------------------------------------------
-
-
-def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
-    """Records of a plan inside the window; reads only the segments that straddle an edge."""
-    n = 0
-    s, e = options.window_start_ms, options.window_end_ms
-    codec = plan_codec(plan, options)
-    for seg in plan.segments:
-        if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
-            n += seg.record_count
-        else:
-            n += sum(1 for _, r in read_segment(storage, seg, options.verify_checksums, codec=codec)
-                     if record_in_window(r.backed_up_at, s, e))
-    return n
 
 
 # --------------------------------------------------------------------------
@@ -190,10 +170,11 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
             except RbakError as e:
                 metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                 log.error("%s", e)
-                r = getattr(e, "queue_result", None)
-                if r is None:
-                    r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
-                    r.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+                failed: QueueResult | None = getattr(e, "queue_result", None)
+                if failed is None:
+                    failed = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
+                    failed.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+                r = failed
                 r.status, r.error = "failed", str(e)
                 if on_progress is not None:
                     on_progress(r)
@@ -224,7 +205,6 @@ def refuse_lossy_targets(storage: Storage, plans: list[QueuePlan], options: Rest
         return
     from ..amqp import connect
     from ..management import ManagementClient
-    from .queue_restore import target_problems
 
     problems: list[str] = []
     by_vhost: dict[str, list[QueuePlan]] = {}

@@ -30,17 +30,13 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from ..errors import AmqpError, RbakError
+from ..errors import PublishError, RbakError
 
 log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct(">BHI")  # frame type, channel, payload size
 _CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size
 _FLUSH_BYTES = 256 * 1024
-
-
-class PublishError(AmqpError):
-    """A record was returned, nacked, or the channel died; names the queue."""
 
 
 class RawBasicProperties(pika.spec.BasicProperties):

@@ -91,6 +91,20 @@ def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
     return codec_for(options.backup_id, plan.encryption, options.keyring())
 
 
+def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
+    """Records of a plan inside the window; reads only the segments that straddle an edge."""
+    n = 0
+    s, e = options.window_start_ms, options.window_end_ms
+    codec = plan_codec(plan, options)
+    for seg in plan.segments:
+        if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
+            n += seg.record_count
+        else:
+            n += sum(1 for _, r in read_segment(storage, seg, options.verify_checksums, codec=codec)
+                     if record_in_window(r.backed_up_at, s, e))
+    return n
+
+
 # --------------------------------------------------------------------------
 # One queue.
 # --------------------------------------------------------------------------
@@ -272,8 +286,6 @@ def target_problems(conn: pika.BlockingConnection, client: Any, storage: Storage
 
     def exact() -> int:
         if fresh:
-            from .engine import count_selected
-
             return count_selected(storage, plan, options)
         return incoming
 

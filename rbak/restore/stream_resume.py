@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import pika
 
-from ..backup.stream_end import probe_end
-from ..backup.stream_reader import read_stream
+from ..broker.stream_end import probe_end
+from ..broker.stream_reader import read_stream
 from ..config import ConnectionConfig
 from ..errors import CheckpointError, RestoreError
 

@@ -8,6 +8,7 @@ half-written file under its final name.
 from __future__ import annotations
 
 import abc
+import builtins
 from typing import Iterator
 
 from ..errors import StorageError
@@ -90,7 +91,7 @@ class Storage(abc.ABC):
             n += 1
         return n
 
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:  # builtins: `list` here is the method
         """Immediate 'sub-folder' names below ``prefix`` (which ends with '/' or is '')."""
         seen: set[str] = set()
         for key in self.list(prefix):

@@ -133,7 +133,8 @@ class FileSpool(Spool):
     still comes from that fsync."""
 
     def __init__(self, storage: FilesystemStorage, key: str, path: Path, fd: int, tmp: str):
-        self.storage, self.key, self.path, self._fd, self._tmp = storage, key, path, fd, tmp
+        self.storage, self.key, self.path, self._fd = storage, key, path, fd
+        self._tmp: str | None = tmp  # None once renamed into place or removed
 
     def _error(self, e: OSError) -> StorageError:
         return write_error(self.storage.url, self.key, e)

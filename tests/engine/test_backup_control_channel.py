@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rbak.backup.preflight import QueueSkipped
 from rbak.backup.queue_backup import control_channel, passive_info
+from rbak.errors import QueueSkipped
 
 
 def test_passive_declares_share_a_channel_and_survive_refusals(broker, vhost):

@@ -14,9 +14,10 @@ from urllib.parse import quote
 
 import pytest
 
-from rbak.backup import BackupEngine, BackupError, queue_reader
+from rbak.backup import BackupEngine, queue_reader
 
 from support.backups import backup_config, drain, fast_publish, load
+from rbak.errors import BackupError
 
 N = 12_000
 WINDOW = 2_000

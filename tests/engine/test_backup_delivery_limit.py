@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from rbak.backup import BackupEngine, BackupError
+from rbak.backup import BackupEngine
 
 from support.backups import backup_config, drain, fast_publish, load
+from rbak.errors import BackupError
 
 
 def test_repeated_backups_never_drop_messages(broker, vhost, tmp_path):

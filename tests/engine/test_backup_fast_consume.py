@@ -13,10 +13,11 @@ import pika.heartbeat
 import pika.spec
 import pytest
 
-from rbak.backup import BackupEngine, BackupError, fast_consume
+from rbak.backup import BackupEngine
+from rbak.broker import fast_consume
 from rbak.backup.queue_reader import read_queue
-from rbak.backup.stream_reader import read_stream
-from rbak.errors import RbakError
+from rbak.broker.stream_reader import read_stream
+from rbak.errors import BackupError, RbakError
 from rbak.format.record import LongString
 
 from support.backups import backup_config, load, records

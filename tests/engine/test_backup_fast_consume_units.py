@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbak.backup import fast_consume
-from rbak.backup.fast_consume import FastConsume, to_delivery
+from rbak.broker import fast_consume
+from rbak.broker.fast_consume import FastConsume, to_delivery
 
 
 class Transport:
@@ -229,7 +229,7 @@ def test_the_environment_switch(value, enabled):
     env = {k: v for k, v in os.environ.items() if k != "RBAK_FAST_CONSUME"}
     if value is not None:
         env["RBAK_FAST_CONSUME"] = value
-    out = subprocess.run([sys.executable, "-c", "import rbak.backup.fast_consume as f; print(f.ENABLED)"],
+    out = subprocess.run([sys.executable, "-c", "import rbak.broker.fast_consume as f; print(f.ENABLED)"],
                          capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.stdout.split() == [str(enabled)], out.stderr
 

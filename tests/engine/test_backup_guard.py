@@ -14,11 +14,12 @@ import time
 import pika
 import pytest
 
-from rbak.backup import BackupEngine, BackupError
+from rbak.backup import BackupEngine
 from rbak.keys import guard_key
 from rbak.storage import open_storage
 
 from support.backups import backup_config, drain, fast_publish, load, records
+from rbak.errors import BackupError
 
 
 def nack_returns(broker) -> bool:

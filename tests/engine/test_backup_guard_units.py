@@ -9,9 +9,9 @@ from rbak.backup.guard_store import GuardStore, merge
 from rbak.backup.limits import (matching_policies, refuse_delayed_retry, resolve_delayed_retry,
                                 resolve_delivery_limit, resolve_settings)
 from rbak.backup.management import QueueInfo
-from rbak.backup.preflight import PolicyCache, QueueRefused, quorum_settings
+from rbak.backup.preflight import PolicyCache, quorum_settings
 from rbak.backup.queue_reader import NEAR_LIMIT_WINDOW, QUORUM_PREFETCH, next_window
-from rbak.errors import ManagementApiError, StorageError
+from rbak.errors import ManagementApiError, QueueRefused, StorageError
 from rbak.storage import open_storage
 
 

@@ -9,7 +9,7 @@ import pika.connection
 import pika.frame
 import pika.spec
 
-from rbak.backup import pika_fast
+from rbak.broker import pika_fast
 
 
 class FakeConnection:

@@ -15,11 +15,12 @@ import urllib.parse
 import pika
 import pytest
 
-from rbak.backup import BackupEngine, BackupError
+from rbak.backup import BackupEngine
 from rbak.backup.priorities import priority_levels, refuse_live_priorities
 
 from support.backups import backup_config, drain, load, records
 from support.brokers import wait_until
+from rbak.errors import BackupError
 
 N = 60
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rbak.backup import BackupEngine, BackupError, queue_reader
+from rbak.backup import BackupEngine, queue_reader
 from rbak.backup.engine import effective_delivery_limit
 from rbak.backup.management import QueueInfo
 
 from support.backups import backup_config, drain, fast_publish, load, records
 from support.brokers import wait_until
+from rbak.errors import BackupError
 
 N_DEEP = 50_000
 

@@ -10,10 +10,10 @@ from support.restores import options_for  # noqa: E402
 
 from rbak.backup.definitions import scope_definitions  # noqa: E402
 from rbak.config import QueueSelection  # noqa: E402
-from rbak.errors import ManagementApiError  # noqa: E402
+from rbak.errors import IncompatibleDefinitionsError, ManagementApiError  # noqa: E402
 from rbak.management import ManagementClient  # noqa: E402
 from rbak.restore.compat import TargetCapabilities, adapt_definitions, capabilities_of, detect_capabilities  # noqa: E402
-from rbak.restore.definitions import IncompatibleDefinitionsError, apply_definitions  # noqa: E402
+from rbak.restore.definitions import apply_definitions  # noqa: E402
 from support.brokers import unique_name  # noqa: E402
 
 FULL = {"queue": ".*", "configure": ".*", "write": ".*", "read": ".*"}

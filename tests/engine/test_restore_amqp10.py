@@ -32,6 +32,7 @@ from rbak.format.record import (
     Timestamp,
 )
 from rbak.restore import run_restore
+from rbak.errors import PublishError
 
 ON_4X = pytest.mark.parametrize("broker", ["rmq40", "rmq43"], indirect=True)  # native AMQP 1.0
 ON_3X = pytest.mark.parametrize("broker", ["rmq310"], indirect=True)
@@ -154,7 +155,6 @@ def test_explicit_amqp10_on_3_x_fails_naming_the_field(broker, vhost, tmp_path):
 @ON_4X
 def test_missing_target_queue_over_1_0_fails_naming_it(broker, vhost):
     from rbak.restore.amqp10_publisher import Amqp10Publisher
-    from rbak.restore.publisher import PublishError
 
     target = options_for(broker, "b").target
     with pytest.raises(PublishError, match="queue 'gone'") as e:

@@ -9,7 +9,7 @@ import logging
 import threading
 
 from rbak.backup import BackupEngine
-from rbak.backup.stream_end import EMPTY, stream_end
+from rbak.broker.stream_end import EMPTY, stream_end
 
 from support.backups import backup_config, load, records
 
@@ -153,7 +153,7 @@ def test_a_stream_port_that_cannot_answer_falls_back_to_the_quiet_end(broker, vh
 def test_a_read_stopped_at_the_end_leaves_the_connection_usable(broker, vhost):
     """Deliveries past the end are in flight when the read stops: they are released by closing the
     channel, never rejected (a stream refuses basic.reject; 3.10 closes the whole connection)."""
-    from rbak.backup.stream_reader import read_stream
+    from rbak.broker.stream_reader import read_stream
 
     broker.publish(vhost, "st", [b"a-%d" % i for i in range(2000)], declare=STREAM)
     end = stream_end(broker.host, broker.stream_port, vhost, "st", "guest", "guest").last_offset

@@ -16,8 +16,7 @@ import pika
 import pytest
 
 from rbak.backup import BackupEngine
-from rbak.backup.engine import PartialBackupError
-from rbak.errors import PARTIAL_EXIT_CODE
+from rbak.errors import PARTIAL_EXIT_CODE, PartialBackupError, ShortRead
 from support.backups import backup_config, fast_publish, load, records, wait_count
 
 N, HELD = 200, 10
@@ -134,7 +133,6 @@ def test_a_short_read_crosses_from_a_reader_process():
     """Reader processes send failures back pickled: a short read keeps its segments and reason."""
     import pickle
 
-    from rbak.backup.queue_backup import ShortRead
     from rbak.format.manifest import QueueBackup, SegmentMetadata
 
     qb = QueueBackup("/", "q", "classic", expected_messages=9)

@@ -16,12 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbak.errors import RbakError, SerializationError
+from rbak.errors import PropertiesError, RbakError, SerializationError
 from rbak.format import amqp091
-from rbak.format.amqp091 import (
-    FIELD_TYPES, PropertiesError, decode_basic_properties, decode_table, encode_basic_properties,
-    encode_table, header_equal, parse_table, read_back,
-)
+from rbak.format.amqp091 import (FIELD_TYPES, decode_basic_properties, decode_table, encode_basic_properties, encode_table, header_equal, parse_table, read_back)
 from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, ShortString,
     Table, Timestamp, decimal_header,

@@ -17,7 +17,8 @@ from support.require import unavailable
 
 from rbak.format import backend
 from rbak.offline.rabbitmq import amqp10
-from rbak.offline.rabbitmq.amqp10 import Amqp10Error, Value
+from rbak.offline.rabbitmq.amqp10 import Value
+from rbak.errors import Amqp10Error
 
 
 @pytest.fixture(autouse=True)

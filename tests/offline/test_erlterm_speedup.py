@@ -15,6 +15,7 @@ import struct
 import erlang
 import pytest
 
+from rbak.errors import TermError
 from rbak.format import backend
 from rbak.offline.rabbitmq import erlang_terms as et
 from support.require import unavailable
@@ -49,7 +50,7 @@ def check(data: bytes, pos: int = 1) -> bool:
     fast = et._fast(data, pos)
     try:
         want = python_decode(data, pos)
-    except et.TermError:
+    except TermError:
         assert fast is None, f"C decoded what Python rejects: {data[pos:pos + 60]!r}"
         return False
     if fast is not None:
@@ -111,7 +112,7 @@ def test_every_tag_decodes_alike_on_both_paths():
 def test_deep_nesting_is_left_to_python():
     deep = b"\x83" + b"l\x00\x00\x00\x01" * 1200 + b"j" * 1201
     assert et._fast(deep, 1) is None
-    with pytest.raises(et.TermError, match="nested too deeply"):
+    with pytest.raises(TermError, match="nested too deeply"):
         et.binary_to_term(deep)
     assert et._fast(b"\x83" + b"h\x01" * 300 + b"a\x01", 1) is None  # past C's limit: Python decides
     ok = b"\x83" + b"h\x01" * 150 + b"a\x01"
@@ -183,8 +184,8 @@ def test_a_memoryview_decodes_like_bytes():
         for data in (b"\x83" + raw, b"\x83" + raw[:-1]):
             try:
                 want = et.decode(data)
-            except et.TermError as e:
-                with pytest.raises(et.TermError) as got:
+            except TermError as e:
+                with pytest.raises(TermError) as got:
                     et.decode(memoryview(b"xx" + data)[2:])
                 assert str(got.value) == str(e)
                 continue

@@ -25,14 +25,14 @@ import pytest
 from support.require import require, require_that  # noqa: E402
 from support.private_node import CHROOT, PrivateNode, chroot_ready  # noqa: E402
 
-from rbak.errors import ImportFormatError  # noqa: E402
+from rbak.errors import Amqp10Error, ImportFormatError, MappingError, MessageFormatError, MqttMappingError  # noqa: E402
 from rbak.format.manifest import BackupManifest  # noqa: E402
 from rbak.format.record import (  # noqa: E402
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
 from rbak.format.segment import decode_segment  # noqa: E402
 from rbak.offline.rabbitmq import amqp10, mc_amqp  # noqa: E402
-from rbak.offline.rabbitmq.amqp10 import Amqp10Error, Value, decode_bare_message, decode_value  # noqa: E402
+from rbak.offline.rabbitmq.amqp10 import Value, decode_bare_message, decode_value  # noqa: E402
 from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 
@@ -409,14 +409,14 @@ def test_recorded_positions_must_agree():
         decode_bare_message(_bare(PROPS, DATA1), body_code=0x77)
     bare = _bare(PROPS, DATA1)
     v1 = ("v1", [], bare, [], [], len(PROPS), 0x75)  # properties present, position says omitted
-    with pytest.raises(mc_amqp.MappingError, match="properties position"):
+    with pytest.raises(MappingError, match="properties position"):
         mc_amqp.convert(v1)
 
 
 def test_stored_message_errors_are_message_format_errors():
     """A garbage mc_amqp term is a MessageFormatError (reported with file and offset by the readers)."""
     from rbak.offline.rabbitmq.erlang_terms import Atom
-    from rbak.offline.rabbitmq.stored_message import MessageFormatError, message_from_term
+    from rbak.offline.rabbitmq.stored_message import message_from_term
 
     A = Atom
     good = (A("v1"), [], _bare(PROPS, DATA1), 0, [], len(PROPS), 0x75)
@@ -444,11 +444,11 @@ def test_mapping_of_values_rabbitmq_cannot_deliver():
     # RabbitMQ stores NaN/infinity and decimals as {as_is, Code, Bytes}.
     nan = mc_amqp.from_erlang((A("as_is"), 0x82, b"\x7f\xf8" + bytes(6)))
     assert nan.type == "double" and nan.value != nan.value
-    with pytest.raises(mc_amqp.MappingError, match="decimal64 value has no AMQP 0-9-1 form"):
+    with pytest.raises(MappingError, match="decimal64 value has no AMQP 0-9-1 form"):
         mc_amqp.to_091(mc_amqp.from_erlang((A("as_is"), 0x84, bytes(8))), "x")
-    with pytest.raises(mc_amqp.MappingError, match="cannot be an AMQP 0-9-1 field-table name"):
+    with pytest.raises(MappingError, match="cannot be an AMQP 0-9-1 field-table name"):
         mc_amqp.to_091(Value("map", ((Value("ulong", 1), NULL_V),)), "x")
-    with pytest.raises(mc_amqp.MappingError, match="not an AMQP 1.0 value"):
+    with pytest.raises(MappingError, match="not an AMQP 1.0 value"):
         mc_amqp.from_erlang((A("utf8"), 5))
 
 
@@ -462,11 +462,11 @@ def test_mqtt_state_errors():
     ok = (A("mqtt_msg"), A("false"), 1, b"t/x", A("false"), 1, [b"a", [98, b"c"]], {}, A("undefined"))
     props, headers, body = mc_mqtt.convert(ok)
     assert body == b"abc" and props.delivery_mode == 2 and headers == ()
-    with pytest.raises(mc_mqtt.MqttMappingError, match="QoS 2"):
+    with pytest.raises(MqttMappingError, match="QoS 2"):
         mc_mqtt.convert(ok[:2] + (2,) + ok[3:])
-    with pytest.raises(mc_mqtt.MqttMappingError, match="not iodata"):
+    with pytest.raises(MqttMappingError, match="not iodata"):
         mc_mqtt.convert(ok[:6] + (A("x"),) + ok[7:])
-    with pytest.raises(mc_mqtt.MqttMappingError, match="#mqtt_msg"):
+    with pytest.raises(MqttMappingError, match="#mqtt_msg"):
         mc_mqtt.convert(ok[:5])
 
 
@@ -500,6 +500,6 @@ def test_decoder_never_fails_other_than_with_its_error():
             continue
         try:
             mc_amqp.map_message(b, [])
-        except mc_amqp.MappingError:
+        except MappingError:
             pass
     assert failed > len(bare) - 5

@@ -22,7 +22,7 @@ from support.node_qs_scenarios import versioned_scenario as scenario  # noqa: E4
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
 
 from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.errors import ImportFormatError  # noqa: E402
+from rbak.errors import ImportFormatError, SnapshotStateError  # noqa: E402
 from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
 from rbak.offline.rabbitmq import ra_log  # noqa: E402
 from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
@@ -152,7 +152,7 @@ def test_snapshot_state_v8_order_packed_refs_and_held_messages():
 
 def test_snapshot_state_refuses_what_it_does_not_know():
     from rbak.offline.rabbitmq.erlang_terms import Atom as A
-    from rbak.offline.rabbitmq.fifo_snapshot import SnapshotStateError, load_state
+    from rbak.offline.rabbitmq.fifo_snapshot import load_state
 
     with pytest.raises(SnapshotStateError):
         load_state((A("rabbit_fifo"), 1, 2), 8, None, lambda i, m: 4)

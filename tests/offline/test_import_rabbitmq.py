@@ -22,7 +22,7 @@ from support.node_dirs import qdir, read_backup, scenario, shared_root, snapshot
 from support.node_scenarios import ALL_HEADERS_EXP, ALL_HEADERS_PUB, VHOST2, Msg  # noqa: E402
 
 from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.errors import ImportFormatError  # noqa: E402
+from rbak.errors import ImportFormatError, PropertiesError, TermError  # noqa: E402
 from rbak.format.manifest import BackupManifest  # noqa: E402
 from rbak.format.record import (  # noqa: E402
     Array, BackupProperties, Bool, Long, LongString, Table, Timestamp, decimal_header,
@@ -337,9 +337,9 @@ def test_erlang_terms_match_real_erlang_both_atom_encodings():
     ref = erlang.binary_to_term(utf8)
     assert ref[2][0].value == b"rk" and ref[2][5] == 1 << 70
     # Strictness: truncated and trailing input fail with an offset.
-    with pytest.raises(erlang_terms.TermError, match="at byte"):
+    with pytest.raises(TermError, match="at byte"):
         erlang_terms.binary_to_term(utf8[:-3])
-    with pytest.raises(erlang_terms.TermError, match="unparsed"):
+    with pytest.raises(TermError, match="unparsed"):
         erlang_terms.binary_to_term(utf8 + b"\x00")
     assert erlang_terms.decode(utf8 + b"\x00\x00")[1] == len(utf8)
 
@@ -354,7 +354,7 @@ def test_amqp_properties_every_field_type():
                                      timestamp=5, cluster_id="c")
     assert headers == ALL_HEADERS_EXP
     raw_bin = b"".join(data) if isinstance(data, list) else data
-    with pytest.raises(amqp_props.PropertiesError, match="at byte"):
+    with pytest.raises(PropertiesError, match="at byte"):
         amqp_props.decode_properties(raw_bin[:-3])
     # The decoded 'P_basic' form (as a dead-lettered message on 3.10 is stored).
     A = erlang_terms.Atom

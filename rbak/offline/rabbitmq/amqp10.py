@@ -26,14 +26,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from typing import Any
-
-
-class Amqp10Error(ValueError):
-    """Malformed AMQP 1.0 bytes; ``offset`` is relative to the decoded buffer."""
-
-    def __init__(self, message: str, offset: int):
-        self.offset = offset
-        super().__init__(f"{message} (at byte {offset} of the AMQP 1.0 message)")
+from ...errors import Amqp10Error
 
 
 @dataclass(frozen=True, slots=True)

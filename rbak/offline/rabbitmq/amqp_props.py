@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...format.amqp091 import (  # noqa: F401 - the importer's names for the codec
-    PROPERTY_FIELDS, VARIANT_OF_RABBIT_TYPE, PropertiesError, decode_basic_properties,
-    parse_table,
+    PROPERTY_FIELDS, VARIANT_OF_RABBIT_TYPE, decode_basic_properties, parse_table,
 )
 from ...format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Headers, LongString, Table,

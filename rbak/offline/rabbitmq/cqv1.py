@@ -30,7 +30,8 @@ from typing import Iterator
 
 from .damage import ImportContext, MappedFile
 from .msg_store import MessageStore
-from .stored_message import MessageFormatError, StoredMessage, decode_stored_message
+from .stored_message import StoredMessage, decode_stored_message
+from ...errors import MessageFormatError
 
 PUB_BODY = 16 + 8 + 4  # MsgId, Expiry, Size
 PUB_TAIL = PUB_BODY + 4  # + EmbLen

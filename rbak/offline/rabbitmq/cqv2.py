@@ -24,9 +24,10 @@ import zlib
 from typing import Iterator
 
 from .damage import ImportContext, MappedFile
-from .erlang_terms import TermError, decode
+from .erlang_terms import decode
 from .msg_store import MessageStore
-from .stored_message import MessageFormatError, StoredMessage, fast_decode, message_from_term
+from .stored_message import StoredMessage, fast_decode, message_from_term
+from ...errors import MessageFormatError, TermError
 
 QI_MAGIC = 0x52435149
 QS_MAGIC = 0x52435153

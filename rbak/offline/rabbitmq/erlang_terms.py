@@ -28,6 +28,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from typing import Any
+from ...errors import TermError
 
 VERSION = 131
 
@@ -35,14 +36,6 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _F64 = struct.Struct(">d")
-
-
-class TermError(ValueError):
-    """The bytes are not a term we can decode; ``offset`` is where it went wrong."""
-
-    def __init__(self, message: str, offset: int):
-        self.offset = offset
-        super().__init__(f"{message} (at byte {offset} of the term)")
 
 
 class Atom(str):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .erlang_terms import Atom
 
@@ -122,6 +122,22 @@ class ConsumerRules:
     """Mixed into ``FifoReplay``: it provides ``consumers``, ``by_cid``, ``service``, ``waiting``, ``mv``,
     ``limits``, ``_return_one``, ``_take`` and ``_expire``."""
 
+    # What FifoReplay provides, declared for the type checker (FifoReplay.__init__ sets them).
+    consumers: dict[Any, Consumer]
+    by_cid: dict[Any, Any]
+    service: list[Any]
+    waiting: list[Consumer]
+    mv: int
+    ts: int
+    last_active: int
+    limits: Any  # rabbit_fifo.Limits
+
+    if TYPE_CHECKING:
+        def _return_one(self, m: Any, failed: bool, anns: Any = None) -> None: ...
+        def _take(self) -> Any: ...
+        def _expire(self) -> None: ...
+        def _checkout(self) -> None: ...
+
     def _consumer(self, key: Any) -> Consumer | None:
         c = self.consumers.get(key)
         if c is None and key in self.by_cid:
@@ -165,9 +181,9 @@ class ConsumerRules:
             self._expire()  # a basic.get goes through checkout_one, which expires first
             m = self._take()
             if m is not None and len(spec) > 1 and _is(spec[1], "unsettled"):
-                c = self._consumer(cid) or self._new_consumer(cid, idx, ("once", "simple_prefetch", 0, 0), 0)
-                c.checked_out[c.next_msg_id] = m
-                c.next_msg_id += 1
+                once = self._consumer(cid) or self._new_consumer(cid, idx, ("once", "simple_prefetch", 0, 0), 0)
+                once.checked_out[once.next_msg_id] = m
+                once.next_msg_id += 1
             return
         parsed = parse_spec(spec)
         prio = meta.get(Atom("priority"), 0) if isinstance(meta, dict) else 0

@@ -40,12 +40,9 @@ from .erlang_terms import Atom, ImproperList
 from .fifo_delayed import load_tree
 from .fifo_limits import DeadLetters, Limits, SizedDeque
 from .rabbit_fifo import Consumer, FifoReplay, Msg, Ready
+from ...errors import SnapshotStateError
 
 PACKED_IDX_MAX = (1 << 44) - 1
-
-
-class SnapshotStateError(ValueError):
-    """The machine state is not a ``rabbit_fifo`` record laid out as this module knows."""
 
 
 def _is(x: Any, name: str) -> bool:
@@ -218,7 +215,7 @@ def load_state(state: Any, machine_version: int, delivery_limit: int | None, pri
     replay.service = [k for k in _pqueue_items(state[10]) if k in replay.consumers]
     if isinstance(state[15], int):
         replay.last_active = state[15]
-    notes = []
+    notes: list[str] = []
     if machine_version >= 8 and len(state) > 17:
         replay.delayed = load_tree(state[17], msg_ref)
         if isinstance(state[7], int):  # last_command_time: the restart's stand-in when no command follows

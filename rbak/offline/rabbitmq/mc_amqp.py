@@ -63,7 +63,7 @@ Where RabbitMQ 4.0.5 itself fails (its conversion has no clause and the
 values become LongString ``urn:uuid:<hex>``, char values a one-character
 LongString, described values their value (descriptor dropped). A decimal
 value, a map key that is not a string, or a content type of 256+ bytes
-cannot be expressed: :class:`~rbak.offline.stored_message.MessageFormatError`,
+cannot be expressed: :class:`~rbak.errors.MessageFormatError`,
 which the importer reports with file and offset (``--skip-damaged`` skips
 and lists the message).
 """
@@ -76,14 +76,11 @@ from ...format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Long, LongString, Short, Table,
     Timestamp,
 )
-from .amqp10 import DATA, NULL, Amqp10Error, BareMessage, Value, decode_bare_message, decode_value
+from .amqp10 import DATA, NULL, BareMessage, Value, decode_bare_message, decode_value
 from .erlang_terms import Atom
+from ...errors import Amqp10Error, MappingError
 
 AMQP10_TYPE = "amqp-1.0"
-
-
-class MappingError(ValueError):
-    """The AMQP 1.0 message cannot be expressed in AMQP 0-9-1."""
 
 
 # --------------------------------------------------------------------------
@@ -349,7 +346,7 @@ def convert(state: Any) -> tuple[BackupProperties, tuple, bytes, BareMessage]:
         raise MappingError(str(e)) from None
     if (props_pos == 0) != (bare.properties is not None) or (props_pos != 0 and props_pos != []):
         raise MappingError(f"mc_amqp properties position {props_pos!r} does not match the bare message")
-    want_app = [] if bare.application_properties_pos is None else bare.application_properties_pos
+    want_app: Any = [] if bare.application_properties_pos is None else bare.application_properties_pos
     if app_pos != want_app:
         raise MappingError(f"mc_amqp application-properties position {app_pos!r} does not match the bare "
                            f"message ({want_app!r})")

@@ -46,10 +46,7 @@ from ...format.record import BackupProperties, Bytes, HeaderValue, LongString
 from .erlang_terms import Atom
 from .mc_amqp import usort_headers, valid_short_string
 from ..mqtt_topic import mqtt_to_amqp
-
-
-class MqttMappingError(ValueError):
-    """The stored MQTT message is not in the shape RabbitMQ 4.0 writes."""
+from ...errors import MqttMappingError
 
 
 def _kind(v: Any) -> str:

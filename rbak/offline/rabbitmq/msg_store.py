@@ -22,7 +22,8 @@ import struct
 from dataclasses import dataclass
 
 from .damage import WINDOW, ImportContext, MappedFile
-from .stored_message import MessageFormatError, StoredMessage, decode_stored_message
+from .stored_message import StoredMessage, decode_stored_message
+from ...errors import MessageFormatError
 
 _U64 = struct.Struct(">Q")
 _RDQ_RE = re.compile(r"^(\d+)\.rdq$")

@@ -20,7 +20,8 @@ import struct
 import unicodedata
 import zlib
 
-from .erlang_terms import TermError, decode_bare
+from .erlang_terms import decode_bare
+from ...errors import TermError
 
 _ALLOWED_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-=")
 _RESOURCE_PATS = [b"h\x04" + p for p in (b"d\x00\x08resource", b"w\x08resource", b"v\x00\x08resource",

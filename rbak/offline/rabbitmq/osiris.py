@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .damage import ImportContext
+from ...errors import ChunkError
 
 LOG_MAGIC = b"OSIL"
 IDX_MAGIC = b"OSII"
@@ -81,12 +82,6 @@ class StreamRecord:
     data: bytes
     path: str
     pos: int  # file offset of the record's entry
-
-
-class ChunkError(ValueError):
-    def __init__(self, message: str, pos: int):
-        super().__init__(message)
-        self.pos = pos
 
 
 def parse_chunk_header(data: bytes, pos: int) -> ChunkHeader:
@@ -182,7 +177,7 @@ def _decompress(comp: int, payload: bytes, uncompressed_len: int) -> bytes:
 
 
 def _simple_entries(buf: bytes, count: int, base: int) -> list[tuple[int, bytes]]:
-    out = []
+    out: list[tuple[int, bytes]] = []
     p = 0
     for _ in range(count):
         if p + 4 > len(buf):

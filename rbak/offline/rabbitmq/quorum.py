@@ -24,12 +24,13 @@ from typing import Any, Iterator
 
 from ...format.record import BackupRecord
 from .damage import ImportContext
-from .erlang_terms import Atom, TermError, binary_to_term, decode
-from .stored_message import MessageFormatError, message_from_term, to_record
+from .erlang_terms import Atom, binary_to_term, decode
+from .stored_message import message_from_term, to_record
 from . import ra_log
 from .fifo_limits import Limits, dlx_target
-from .fifo_snapshot import SnapshotStateError, load_state
+from .fifo_snapshot import load_state
 from .rabbit_fifo import FifoReplay
+from ...errors import MessageFormatError, SnapshotStateError, TermError
 
 _RESOURCE = re.compile(rb"queue_resource\s*=>\s*\{resource,\s*(<<.*?>>),\s*queue,\s*(<<.*?>>)\s*\}", re.S)
 _MACVER = re.compile(rb"initial_machine_version\s*=>\s*(\d+)")

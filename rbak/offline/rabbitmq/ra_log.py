@@ -40,6 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from .damage import ImportContext
+from ...errors import TermError
 
 WAL_MAGIC = b"RAWA"
 SEG_MAGIC = b"RASG"
@@ -168,11 +169,12 @@ def read_wal(path: str, logs: dict[str, ServerLog], ctx: ImportContext, last_fil
                         "(Ra refuses to recover such a WAL); the rest of the file is skipped")
             return
         if has_ref:
-            uid = refs.get(ref)
-            if uid is None:
+            named = refs.get(ref)
+            if named is None:
                 ctx.damaged(path, pos, f"record refers to writer #{ref}, which no earlier record named")
                 pos = body_at + length
                 continue
+            uid = named
         else:
             refs[ref] = uid
         log = logs.setdefault(uid, ServerLog(uid))
@@ -203,7 +205,7 @@ class Snapshot:
 def read_snapshot(path: str, ctx: ImportContext) -> Snapshot | None:
     """One ``snapshot.dat``: every check Ra's own ``ra_log_snapshot`` makes (magic, version, CRC32 of
     the rest, meta size), each failure reported with the file and byte offset."""
-    from .erlang_terms import TermError, binary_to_term
+    from .erlang_terms import binary_to_term
 
     with open(path, "rb") as f:
         data = f.read()

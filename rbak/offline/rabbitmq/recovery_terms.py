@@ -21,7 +21,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .erlang_terms import TermError, binary_to_term
+from .erlang_terms import binary_to_term
+from ...errors import TermError
 
 FILE = "recovery.dets"
 COOKIE = 0x00ABCDEF

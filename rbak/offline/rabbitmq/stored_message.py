@@ -34,12 +34,9 @@ from ...format.record import (
     Array, BackupProperties, BackupRecord, Bool, HeaderValue, Headers, Long, LongString, Table, Timestamp,
 )
 from . import mc_amqp, mc_mqtt
-from .amqp_props import PropertiesError, decode_properties, from_p_basic
-from .erlang_terms import Atom, TermError, decode, decode_bare
-
-
-class MessageFormatError(ValueError):
-    """The stored term is not a message we understand."""
+from .amqp_props import decode_properties, from_p_basic
+from .erlang_terms import Atom, decode, decode_bare
+from ...errors import MappingError, MessageFormatError, MqttMappingError, PropertiesError, TermError
 
 
 @dataclass(slots=True)
@@ -252,12 +249,12 @@ def _from_mc(t: tuple) -> StoredMessage:
     elif proto == "mc_amqp":
         try:
             props, headers, body, _ = mc_amqp.convert(data)
-        except mc_amqp.MappingError as e:
+        except MappingError as e:
             raise MessageFormatError(f"AMQP 1.0 message: {e}") from None
     elif proto == "mc_mqtt":
         try:
             props, headers, body = mc_mqtt.convert(data)
-        except mc_mqtt.MqttMappingError as e:
+        except MqttMappingError as e:
             raise MessageFormatError(f"MQTT message: {e}") from None
     else:
         raise MessageFormatError(

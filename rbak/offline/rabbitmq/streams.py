@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ...format.record import BackupRecord
-from .amqp10 import Amqp10Error
 from .damage import ImportContext
-from .mc_amqp import MappingError
 from .names import known_queue_names, name_stream_dir
 from .osiris import iter_stream, segment_files
 from .stream_message import decode_stream_message, decode_v3_stream_message, is_v3_message
+from ...errors import Amqp10Error, MappingError
 
 
 def message_containers(node_dir: str) -> bool | None:

@@ -25,6 +25,7 @@ import socket
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from ..errors import StreamProtocolError
 
 if TYPE_CHECKING:
     from ..config import ConnectionConfig
@@ -37,10 +38,6 @@ _RESPONSE = 0x8000
 _OK = 1
 _OFFSET_LAST = 2
 _CHUNK_HEADER = struct.Struct(">bbHIqQQiIII")  # osiris chunk header, after the subscription id
-
-
-class StreamProtocolError(Exception):
-    """The probe could not answer (the caller falls back to the quiet-period end)."""
 
 
 @dataclass(frozen=True, slots=True)

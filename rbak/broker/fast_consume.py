@@ -51,11 +51,11 @@ log = logging.getLogger(__name__)
 try:
     from pika.adapters.blocking_connection import _IoloopTimerContext
 except ImportError:  # pragma: no cover - a pika without it: the generator path
-    _IoloopTimerContext = None  # type: ignore[assignment,misc]
+    _IoloopTimerContext = None
 try:
     from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 except ImportError:  # pragma: no cover - a pika without it: pika's I/O loop for every wait
-    _AsyncPlaintextTransport = None  # type: ignore[assignment,misc]
+    _AsyncPlaintextTransport = None
 
 #: Use the fast path where pika's internals allow it (False, or RBAK_FAST_CONSUME=0 in the environment:
 #: pika's consumer generator, to compare).
@@ -176,6 +176,7 @@ class FastConsume:
         impl = self.impl
         impl.bytes_received += len(data_in)
         held = self._held
+        buf: bytes | bytearray
         if held:
             held += data_in
             buf = held
