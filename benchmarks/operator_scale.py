@@ -1,7 +1,8 @@
 """The operator at fleet scale, on a real Kubernetes API server (issue 30). A measurement.
 
-For each reconcile mode (``poll``: today's fixed 10 s loop, the baseline; ``events``: the
-event-driven default) in the same run, on a fresh etcd + API server (tests/support/kubeapi.py):
+For each operator (``poll``: the former fixed 10 s loop, the baseline, run from the git revision
+``--baseline-rev`` that still had it; ``events``: this checkout's event-driven operator) in the
+same run, on a fresh etcd + API server per phase (tests/support/kubeapi.py):
 
 - **idle**: N RabbitMQBackups with a daily schedule whose slot is hours away, spread over 10
   namespaces; after the operator has settled, the requests it sends in a window (from the
@@ -14,7 +15,7 @@ event-driven default) in the same run, on a fresh etcd + API server (tests/suppo
 - **burst**: N objects whose slots fall in the same minute: the time from the slot until every
   Job exists, and that each slot has exactly one Job. Target <= 60 s for N = 1000.
 
-    python benchmarks/operator_scale.py [--n 100 1000] [--window 120] [--modes poll events]
+    python benchmarks/operator_scale.py [--n 100 1000] [--window 120] [--modes poll events] [--baseline-rev REV]
 
 Needs the cached API server binaries (.ci/setup). No broker: the Jobs are never run.
 """
@@ -42,6 +43,16 @@ from support.kubeapi import KubeApi, binaries_problem  # noqa: E402
 NAMESPACES = 10
 RESYNC_HOURS = 6.0
 RESYNC_REQUESTS = 2  # a pass on an idle object: GET it, LIST its Jobs
+BASELINE_REV = "57952a1"  # the last revision whose operator passed every 10 s (issue 30's "today")
+OPERATOR_DIRS: dict[str, Path] = {"events": REPO / "operator"}
+
+
+def checkout_baseline(rev: str, into: Path) -> Path:
+    """The operator package of ``rev`` (git archive), run beside this checkout's rbak."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "operator"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "operator"
 
 
 class Server:
@@ -121,8 +132,8 @@ def create_fleet(srv: Server, n: int, schedule: str | None, prefix: str = "b") -
 class OperatorProc:
     def __init__(self, srv: Server, mode: str, log: Path) -> None:
         env = {**os.environ, "KUBECONFIG": str(srv.kube.kubeconfig),
-               "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),
-               "RBAK_OPERATOR_STANDALONE": "1", "RBAK_OPERATOR_RECONCILE": mode, "RBAK_METRICS_PORT": "0",
+               "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIRS[mode]), str(REPO)]),
+               "RBAK_OPERATOR_STANDALONE": "1", "RBAK_METRICS_PORT": "0",
                "RBAK_IMAGE": "rbak:bench", "RBAK_OPERATOR_LOG_LEVEL": "WARNING"}
         for k in ("RBAK_OPERATOR_CLOCK_FILE", "RBAK_OPERATOR_TICK_SECONDS", "RBAK_OPERATOR_NOW_OFFSET"):
             env.pop(k, None)
@@ -276,6 +287,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--modes", nargs="+", default=["poll", "events"])
     ap.add_argument("--skip", nargs="*", default=[], choices=["idle", "latency", "burst"])
+    ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the former operator")
     a = ap.parse_args()
     problem = binaries_problem()
     if problem:
@@ -284,6 +296,8 @@ def main() -> int:
     res: dict = {}
     with tempfile.TemporaryDirectory(prefix="rbak-opscale-") as tmp:
         work = Path(tmp)
+        if "poll" in a.modes:
+            OPERATOR_DIRS["poll"] = checkout_baseline(a.baseline_rev, work / "baseline")
         for mode in a.modes:
             if "idle" not in a.skip:
                 for n in a.n:

@@ -2,13 +2,12 @@
 
 Each RabbitMQBackup or RabbitMQRestore has a kopf daemon that runs a pass
 (``backup_reconciler.backup_pass`` / ``restore_reconciler.reconcile_restore``) on a thread pool,
-then sleeps until something changes or a time comes due (``RBAK_OPERATOR_RECONCILE=events``, the
-default): the object's spec, annotations or deletion, an event of a Job or SparkApplication it
+then sleeps until something changes or a time comes due: the object's spec, annotations or deletion, an event of a Job or SparkApplication it
 owns (watched by label, mapped back by ownerReference), its next slot or drill (wake.py), or the
 safety resync (``RBAK_OPERATOR_RESYNC_SECONDS``, default 6 h). An idle object costs no API call
-between those. ``RBAK_OPERATOR_RECONCILE=poll`` keeps the former fixed tick (``TICK``) for
-comparison (benchmarks/operator_scale.py). Deletion, metrics start-up, peering and login are
-here too. Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
+between those (benchmarks/operator_scale.py measures it against the former 10 s loop, run from
+the git revision that still had it). Deletion, metrics start-up, peering and login are here too.
+Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 """
 
 from __future__ import annotations
@@ -40,11 +39,7 @@ from .storage_access import delete_owned_backups
 
 log = logging.getLogger("rbak_operator")
 
-TICK = float(os.environ.get("RBAK_OPERATOR_TICK_SECONDS", "10"))  # poll mode only
-MODE = os.environ.get("RBAK_OPERATOR_RECONCILE", "events")
 RESYNC = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", str(6 * 3600))))
-if MODE not in ("events", "poll"):
-    raise SystemExit(f"RBAK_OPERATOR_RECONCILE: expected 'events' or 'poll', got {MODE!r}")
 
 
 # --------------------------------------------------------------------------
@@ -95,7 +90,7 @@ async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger
     key = (kind, namespace, name)
     wakeups.flag(key)  # from now on, watch events wake this loop
     failures = 0
-    log.info("%s %s/%s: reconcile loop started (%s)", kind, namespace, name, MODE)
+    log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
     try:
         while not stopped:
             ctx = contextvars.copy_context()  # kopf.event() finds its poster through context vars
@@ -112,9 +107,6 @@ async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger
             except Exception:  # never let one bad object kill its loop
                 failures += 1
                 logger.exception("%s %s/%s: reconcile failed; retrying", kind, namespace, name)
-            if MODE == "poll":  # the former loop: a pass every TICK whatever happens (a baseline)
-                await stopped.wait(TICK)
-                continue
             now = clock.now()
             due = now + wake.backoff(failures) if failures else wake.next_wake(times, now, RESYNC)
             await wakeups.sleep_until(key, due, stopped)
@@ -122,7 +114,7 @@ async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger
         wakeups.forget(key)
 
 
-def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, dict[str, Any]]:
+def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, list]:
     return reconcile_restore(kube, namespace, name, logger), []  # a restore waits on its run's events only
 
 
