@@ -111,7 +111,7 @@ def test_operator_makes_an_on_demand_job_with_requests_ca_bundle_set(kube_api, t
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST",)}
     env.update(KUBECONFIG=str(kube_api.kubeconfig), REQUESTS_CA_BUNDLE=SYSTEM_BUNDLE, CURL_CA_BUNDLE=SYSTEM_BUNDLE,
                PYTHONPATH=os.pathsep.join([str(ROOT / "operator"), str(ROOT)]), RBAK_OPERATOR_NAMESPACES=ns,
-               RBAK_OPERATOR_STANDALONE="1", RBAK_OPERATOR_TICK_SECONDS="1", RBAK_METRICS_PORT="0",
+               RBAK_OPERATOR_STANDALONE="1", RBAK_METRICS_PORT="0",
                RBAK_IMAGE="rbak:test")
     log = tmp_path / "operator.log"
     run = manual_run_name("nightly", "1")

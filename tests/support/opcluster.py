@@ -525,7 +525,6 @@ class Operator:
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)]),
             "RBAK_OPERATOR_STANDALONE": "1",
-            "RBAK_OPERATOR_TICK_SECONDS": "1",
             "RBAK_OPERATOR_PROGRESS_SECONDS": "0.5",  # Jobs store progress and the operator reads it this often
             "RBAK_OPERATOR_CLOCK_FILE": str(self.clock_file),
             "RBAK_METRICS_PORT": "0",
