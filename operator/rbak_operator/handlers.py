@@ -58,6 +58,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # A watch the server ends is resumed from its last resourceVersion (kopf), so no event is lost.
     settings.watching.server_timeout = int(os.environ.get("RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS", "300"))  # an integer: the server refuses "3.0"
     settings.watching.client_timeout = settings.watching.server_timeout + 30
+    # A progress timer stopped mid-tick (its run ended, its object deleted) is a sync call kopf cannot
+    # cancel: kopf re-checks it on the object's next event or after this many seconds (60 by default),
+    # keeping a deleted object's finalizer until then. Nothing writes a deleted object: it stayed 60 s.
+    settings.background.cancellation_polling = 1
     # Only our own Jobs and SparkApplications, filtered by the server: a cluster's other Jobs never reach us.
     managed = f"{bodies.L_MANAGED}=rbak-operator"
     settings.watching.label_selectors["batch/v1/jobs"] = managed

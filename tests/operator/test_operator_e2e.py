@@ -396,7 +396,7 @@ def e2e_deletion_retain_has_no_finalizer_and_keeps_backups(cluster, env):
     assert load_manifest(s3(env), run["backupId"]).is_complete  # data kept
 
 
-def test_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
+def e2e_deletion_policy_delete_removes_backups_and_never_hangs(cluster, env):
     env.broker.publish_n(env.vhost, "q", 1, declare={})
     name = f"{env.tag}-del"
     create_backup(cluster, env, name, deletionPolicy="delete")

@@ -11,6 +11,10 @@ cannot move the server's own creationTimestamp.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 from rbak_operator.api_calls import used_api_calls
@@ -23,12 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 # The tests that need no fake-clock schedule slot and no fault the server will not produce run
 # here only, on the real server (defined in test_operator_e2e.py as ``e2e_*`` so that module's
-# emulator does not run them again). Not here yet:
-# test_deletion_policy_delete_removes_backups_and_never_hangs: it passed alone on the real
-# server, but in a whole-module run under load the object was still there 30 s after kopf
-# reported "Deletion is processed" (to be investigated before it joins).
+# emulator does not run them again).
 from test_operator_e2e import (  # noqa: E402,F401 (collected by pytest)
     e2e_credentials_as_the_rabbitmq_operators_publish_them as test_credentials_as_the_rabbitmq_operators_publish_them,
+    e2e_deletion_policy_delete_removes_backups_and_never_hangs as test_deletion_policy_delete_removes_backups_and_never_hangs,
     e2e_deletion_retain_has_no_finalizer_and_keeps_backups as test_deletion_retain_has_no_finalizer_and_keeps_backups,
     e2e_encrypted_backup_validates_and_restores_with_keys_from_a_secret as test_encrypted_backup_validates_and_restores_with_keys_from_a_secret,
     e2e_failing_backup_reports_the_cause as test_failing_backup_reports_the_cause,
@@ -112,3 +114,76 @@ def test_api_calls_are_within_the_declared_rbac(cluster, env):
                  ("", "configmaps", "create"), ("rbak.io", "rabbitmqbackups", "watch"), ("", "events", "create"),
                  ("", "secrets", "get")]:
         assert call in made, (call, json.dumps(sorted(made)))
+
+
+def _pod_pid(marker: str) -> int:
+    """The local pod process whose environment holds ``marker`` (the PodRunner runs it as a child)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "environ").read_bytes().split(b"\0"):
+                    return int(d.name)
+            except OSError:
+                continue
+    raise AssertionError(f"no process with {marker}")
+
+
+def test_deletion_while_a_progress_read_is_in_flight_is_not_held_for_a_minute(cluster, env, tmp_path):
+    """kopf cannot cancel a timer's sync tick: when the object is deleted mid-tick, kopf keeps the
+    finalizer and re-checks the timer only on the object's next event or after
+    ``settings.background.cancellation_polling`` (60 s by default). After a deletion nothing else
+    writes the object (a tick whose progress did not change writes nothing), so the object stayed
+    a minute: the case behind the flaky deletionPolicy-delete test under load. Here the tick is
+    held deterministically: the Job's pod is stopped (its progress no longer changes) and the
+    tick's storage read is held by a proxy while the object is deleted."""
+    from urllib.parse import urlsplit
+
+    from rbak.keys import progress_prefix
+    from rbak.progress import latest_progress
+    from rbak_operator.progress_status import fmt_epoch
+    from support.holdproxy import HoldProxy
+    from test_operator_progress_e2e import GATE_DIR
+
+    env.broker.publish_n(env.vhost, "q1", 2, declare={})
+    env.broker.publish_n(env.vhost, "q2", 2, declare={})
+    moto = urlsplit(env.storage["s3"]["endpoint"])
+    proxy = HoldProxy(moto.hostname, moto.port)
+    gate = tmp_path / "gate"
+    cluster.runner.extra_env = {"PYTHONPATH": str(GATE_DIR), "RBAK_TEST_PROGRESS_GATE": str(gate)}
+    pid, run = None, ""
+    try:
+        name = f"{env.tag}-delheld"
+        create_backup(cluster, env, name, deletionPolicy="delete",
+                      storage={"s3": dict(env.storage["s3"], endpoint=proxy.url)})
+        wait_for(lambda: "rbak.io/finalizer" in (cluster.backup(name)["metadata"].get("finalizers") or []), 30,
+                 what="finalizer", diag=cluster.logs)
+        trigger(cluster, name, "1")
+        reached = Path(f"{gate}.backup.reached")
+        wait_for(reached.exists, 60, what="the run held after its first queue", diag=cluster.logs)
+        run = reached.read_text()
+        pid = _pod_pid(f"RBAK_TEST_PROGRESS_GATE={gate}")
+        os.kill(pid, signal.SIGSTOP)  # its progress reporter stops too: the newest record stays the newest
+        st = s3(env)
+        newest = lambda: latest_progress(st, None, "backup", run)  # noqa: E731
+        wait_for(lambda: (rec := newest()) is not None
+                 and (cluster.status(name).get("progress") or {}).get("updateTime") == fmt_epoch(rec.updated_at),
+                 30, what="the newest progress record in the status", diag=cluster.logs)
+        prefix = f"prefix={env.bucket.prefix}%2F{progress_prefix(None, 'backup', run).replace('/', '%2F')}"
+        proxy.hold_next(prefix.encode(), 5)
+        wait_for(proxy.holding.is_set, 30, what="a progress read in flight", diag=cluster.logs)
+        cluster.http.delete(API, "rabbitmqbackups", name)
+        start = time.monotonic()
+        wait_for(lambda: cluster.http.get(API, "rabbitmqbackups", name) is None, 90, what="object gone",
+                 diag=cluster.logs)
+        took = time.monotonic() - start
+        assert proxy.held == 1
+        # the bug held it 60 s (kopf's poll); now: the 5 s read plus a 1 s poll, with a margin for load
+        assert took < 40, f"the deleted object stayed {took:.0f} s: held until kopf's next poll of its timer"
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        gate.touch()
+        cluster.runner.extra_env = {}
+        if run:  # the pod writes through the proxy until it ends
+            wait_for(lambda: run in cluster.runner.outputs, 60, what="the held run ended")
+        proxy.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -56,12 +57,50 @@ def _selector(text: str) -> dict[str, str]:
     return out
 
 
+class WatchFaults:
+    """The emulator's watch faults, for what a real server will not produce on demand.
+
+    ``expire(plural, times)``: the next ``times`` watch requests of that resource (e.g. ``jobs``)
+    are answered with a stream holding one ``ERROR`` event, ``410 Expired``: what a real server
+    sends for a resourceVersion older than its watch cache (kopf then lists again and re-watches).
+    ``times=0`` disarms. ``served[plural]`` counts the 410s served. Watches already open are not
+    touched: kmock ignores ``timeoutSeconds``, so an open watch ends only by the client's own
+    timeout (the operator's ``RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS`` + 30 s)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # armed from the test's thread, taken on the emulator's loop
+        self._armed: dict[str, int] = {}
+        self.served: dict[str, int] = {}
+
+    def expire(self, plural: str, times: int = 1) -> None:
+        with self._lock:
+            self._armed[plural] = times
+
+    def take(self, plural: str) -> bool:
+        with self._lock:
+            if self._armed.get(plural, 0) <= 0:
+                return False
+            self._armed[plural] -= 1
+            self.served[plural] = self.served.get(plural, 0) + 1
+            return True
+
+
+_EXPIRED = {"type": "ERROR", "object": {
+    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
+    "message": "too old resource version: 1 (2)"}}
+
+
 class _Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus ``metadata.generateName`` (kopf names its Events so) and
+    """kmock's emulator plus ``metadata.generateName`` (kopf names its Events so),
     equality label selectors on lists (kmock ignores ``labelSelector``; a real server
-    filters, and the operator relies on it)."""
+    filters, and the operator relies on it) and the watch faults of ``faults``."""
+
+    faults: WatchFaults | None = None  # set by Emulator
 
     async def _handle(self, request):
+        if (request.action == kmock.action.WATCH and request.resource is not None and self.faults is not None
+                and self.faults.take(request.resource.plural)):
+            return aiohttp.web.Response(text=json.dumps(_EXPIRED) + "\n", content_type="application/json")
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
@@ -85,6 +124,7 @@ class Emulator:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self.kmock: kmock.KubernetesEmulator | None = None
+        self.faults = WatchFaults()
         self.url = ""
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -95,6 +135,7 @@ class Emulator:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         async with _Emulator() as k, kmock.Server(k) as srv:
+            k.faults = self.faults
             k.resources.load_bundled()
             for plural, kind, short in (("rabbitmqbackups", "RabbitMQBackup", ["rbak"]),
                                         ("rabbitmqrestores", "RabbitMQRestore", ["rbakr"])):
@@ -257,8 +298,6 @@ def _crd(group: str, version: str, kind: str, plural: str, short: list[str], sch
 
 
 def foreign_crds() -> list[dict]:
-    import json
-
     free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     spark = json.loads(_SPARK_SCHEMA.read_text())["openAPIV3Schema"]
     return [
@@ -273,8 +312,6 @@ class RealServer:
     installed as shipped, and ``api_calls`` from the server's audit log."""
 
     def __init__(self, kube) -> None:
-        import json
-
         self.kube = kube
         self.url = kube.server
         self.since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
