@@ -93,6 +93,16 @@ class AmqpConnectionError(AmqpError):
     """No connection could be opened, or an open one was lost."""
 
 
+class ReadCut(AmqpConnectionError):
+    """A quorum read lost its connection after taking messages from the queue's returns: the broker
+    gave what rbak held back BEHIND what it had not taken (the queue is rotated until repaired).
+    ``lost``: the message without the rotation note, for a caller that repairs it."""
+
+    def __init__(self, message: str, lost: str):
+        super().__init__(message)
+        self.lost = lost
+
+
 class ManagementApiError(RbakError):
     """``status``: the HTTP status when the API answered with an error (None: no answer or a bad one)."""
 

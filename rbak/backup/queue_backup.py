@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING
 import pika
 import pika.exceptions
 
-from ..errors import AmqpError, QueueRefused, QueueSkipped, ShortRead
+from ..amqp import connect
+from ..errors import AmqpConnectionError, AmqpError, QueueRefused, QueueSkipped, ReadCut, ShortRead
 from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
+from . import cut_repair
 from .convert import delivery_count, to_record
 from ..broker.fast_consume import passive_counts
 from .guard_store import merge
@@ -116,9 +118,12 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     put = writer.put
     progress = eng.progress
     state = {"n": 0, "b": 0, "max": 0, "nearest": "", "stopped": 0}
+    taken = cut_repair.Taken()
 
     def sink(method, props, body) -> None:
         if quorum:
+            if state["n"] < cut_repair.PREFIX:
+                taken.see(props, body)
             c = delivery_count(props)
             if c > state["max"] or not state["nearest"]:
                 state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
@@ -142,6 +147,17 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             state["stopped"] = 1  # the message at its limit was taken too, and went back
             state["max"] = max(state["max"], e.count)
             state["nearest"] = state["nearest"] or e.message_name
+        if isinstance(e, ReadCut):
+            fixed = cut_repair.repair(lambda: connect(eng.cfg.source, vhost), lambda c: passive_info(c, vhost, name),
+                                      vhost, name, depth, taken, delivery_limit=limit,
+                                      margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
+                                      read_timeout=eng.cfg.backup.read_timeout_secs)
+            # its reads saw the counts the cut left; the guard below adds their own return
+            state["max"] = max(state["max"], fixed.max_count)
+            if fixed.repaired:
+                raise AmqpConnectionError(f"{e.lost}, behind the ones it had not taken (the queue's messages had "
+                                          f"been returned before); {fixed.why}") from None
+            raise ReadCut(f"{e}; {fixed.why}", e.lost) from None
         raise
     finally:
         if quorum and state["n"] + state["stopped"]:

@@ -23,7 +23,8 @@ that shape this code (see docs/backup.md):
   ``limit - margin``, so a stop costs one delivery to at most one window.
 - every version: a returned message joins the tail of the queue's returns, so
   a read cut off after an earlier complete backup leaves the queue rotated
-  ([not taken, taken]); nothing RabbitMQ offers returns a message to the head.
+  ([not taken, taken]); nothing RabbitMQ offers returns a message to the head, so the
+  caller repairs it with two more reads (``cut_repair``).
 - quorum, 4.3: ``basic.nack(requeue)`` is a plain return (``rabbit_fifo``
   ``#return{}``: ``x-acquired-count`` + 1, no delivery count); a channel close
   or ``basic.reject`` is a failed delivery and counts. With the consumer
@@ -50,7 +51,7 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from ..errors import AmqpConnectionError, AmqpError, DeliveryLimitError
+from ..errors import AmqpConnectionError, AmqpError, DeliveryLimitError, ReadCut
 from ..broker import pika_fast
 from .convert import delivery_count
 from ..broker.fast_consume import DECLARE_OK, QOS_OK, FastConsume, deliveries
@@ -253,9 +254,12 @@ def read_queue(
         raise _channel_closed_error(e, where, res.records, depth) from None
     except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
         error = e
-        raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
-                        "the broker returns every unacked message to the queue"
-                        f"{_rotation_note(quorum, res, depth)}") from None
+        lost = (f"{where}: the connection was lost after {res.records} of {depth} messages ({e!r}); "
+                "the broker returns every unacked message to the queue")
+        note = _rotation_note(quorum, res, depth)
+        if note:
+            raise ReadCut(lost + note, lost) from None
+        raise AmqpConnectionError(lost) from None
     except BaseException as e:
         error = e
         raise

@@ -64,11 +64,13 @@ def test_cut_mid_quorum_read_keeps_order(broker, vhost, tmp_path, monkeypatch, a
         pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
 
 
-def test_cut_after_a_complete_backup_rotates_and_says_so(broker, vhost, tmp_path, monkeypatch):
+@pytest.mark.parametrize("at", [1, 7_000])
+def test_cut_after_a_complete_backup_is_put_back_in_order(broker, vhost, tmp_path, monkeypatch, at):
     """rabbit_fifo (3.10.8, 4.0.5, 4.3.6) appends returned messages to the tail of its returns: once a
     complete backup has returned the whole queue, a later read cut off in the middle gives back what
-    it had taken BEHIND what it had not. rbak cannot prevent that (no return puts a message at the
-    head); the error says so, and nothing is lost: the source is exactly a rotation of itself."""
+    it had taken BEHIND what it had not (measured: [7365, 7366, ...] at the head). rbak reconnects and
+    moves the part the broker put ahead back behind (``cut_repair``): the source keeps its order, the
+    backup still fails naming the queue, and nothing is lost or duplicated."""
     monkeypatch.setattr(queue_reader, "QUORUM_PREFETCH", WINDOW)
     bodies = [b"r-%05d" % i for i in range(N)]
     fast_publish(broker, vhost, "rotq", bodies, declare={"x-queue-type": "quorum"})
@@ -76,15 +78,46 @@ def test_cut_after_a_complete_backup_rotates_and_says_so(broker, vhost, tmp_path
     assert BackupEngine(backup_config(broker, vhost, store, "full", tmp_path / "st.db")).run().completed
     killed: list = []
     eng = BackupEngine(backup_config(broker, vhost, store, "cut", tmp_path / "st.db"),
-                       throttle=_killer(broker, vhost, 7_000, killed))
+                       throttle=_killer(broker, vhost, at, killed))
     with pytest.raises(BackupError) as ei:
         eng.run()
     msg = str(ei.value)
-    assert killed and "connection was lost" in msg and "the queue is now rotated" in msg, msg
-    deadline = time.monotonic() + 30
-    while broker.message_count(vhost, "rotq") != N and time.monotonic() < deadline:
-        time.sleep(0.2)
+    assert killed and f"{vhost}/rotq" in msg and "connection was lost" in msg, msg
+    assert "put it back in its original order" in msg and "now rotated" not in msg, msg
+    m = load(store, "cut")
+    assert m.state == "partial" and [(q.name, q.status) for q in m.queue_status] == [("rotq", "failed")]
+    assert broker.message_count(vhost, "rotq") == N  # the repair waited for every message to be back
     after = [x[0] for x in drain(broker, vhost, "rotq")]
     assert len(after) == N and sorted(after) == bodies
-    k = bodies.index(after[0])
-    assert 7_000 <= k < N and after == bodies[k:] + bodies[:k]  # the taken prefix, intact, at the tail
+    if after != bodies:
+        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
+        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+
+
+def test_cut_with_never_delivered_messages_behind_is_left_as_the_cut_left_it(broker, vhost, tmp_path, monkeypatch):
+    """A first cut at 7,000 leaves ``[0..m1) returned | m1.. never delivered]``; a second cut at 2,500
+    rotates the returned part only. Every take-and-give-back is a rotation of the returns, so the
+    repair cannot put ``[m2..m1)`` back behind ``[0..m2)`` without moving the never-delivered tail
+    (``cut_repair``): it checks, changes nothing, and the error says the queue is rotated."""
+    monkeypatch.setattr(queue_reader, "QUORUM_PREFETCH", WINDOW)
+    bodies = [b"t-%05d" % i for i in range(N)]
+    fast_publish(broker, vhost, "tailq", bodies, declare={"x-queue-type": "quorum"})
+    store = tmp_path / "store"
+    for bid, at in (("cut1", 7_000), ("cut2", 2_500)):
+        killed: list = []
+        eng = BackupEngine(backup_config(broker, vhost, store, bid, tmp_path / "st.db"),
+                           throttle=_killer(broker, vhost, at, killed))
+        with pytest.raises(BackupError) as ei:
+            eng.run()
+        assert killed, bid
+    msg = str(ei.value)
+    assert "the queue is now rotated" in msg and "never been delivered" in msg, msg
+    deadline = time.monotonic() + 30
+    while broker.message_count(vhost, "tailq") != N and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = [x[0] for x in drain(broker, vhost, "tailq")]
+    assert len(after) == N and sorted(after) == bodies
+    m2 = bodies.index(after[0])
+    m1 = m2 + next(i for i, b in enumerate(after) if b != bodies[m2 + i])
+    assert 2_500 <= m2 < 7_000 <= m1 < N, (m2, m1)
+    assert after == bodies[m2:m1] + bodies[:m2] + bodies[m1:]  # exactly what the second cut did, no worse

@@ -1,0 +1,165 @@
+"""Put a quorum queue back in order after a cut read rotated it (issue 27, scenario 4).
+
+``rabbit_fifo`` (3.10.8, 4.0.5, 4.3.6) appends every returned message to the tail of the queue's
+*returns*, which are delivered before anything never delivered. Once a queue has been returned
+whole (every quorum queue after its first complete backup), a read cut off after taking its
+first ``m`` messages leaves it ``[A, B, C]``: ``A`` the returns rbak had not reached, ``B`` the
+``m`` it had taken, ``C`` messages never delivered (published since). The original order was
+``[B, A, C]``.
+
+No return puts a message at a head, and returns of several messages are not applied in the
+order they are sent (``rabbit_fifo_client`` stashes them per consumer: measured on all three
+brokers, ``benchmarks/return_costs.py``), but a read that holds a prefix and gives it back in
+consumer order moves that prefix behind the other returns intact. So the repair is two reads
+of the ordinary kind (``queue_reader.read_queue``, with its windows, delivery budget and
+in-order return):
+
+1. read the whole queue and give it back unchanged, to find ``A``: the messages before the
+   first one the cut read had taken (matched by content against what it recorded; the match
+   must be unique, and every message up to the end of ``B`` must come from the returns);
+2. read exactly ``len(A)`` messages, check they are ``A``, and give them back: they go behind
+   ``B``, which restores ``[B, A]``.
+
+This needs ``C`` empty (every message in the returns, the nightly case: an earlier complete
+backup returned the whole queue). Read 1 makes ``C`` returns too, and from ``[A, B, C]`` in the
+returns every take-and-give-back is a rotation, which cannot reach ``[B, A, C]``: then the queue
+is left as the cut left it (read 1 changes no order) and the error says so. No read can stop
+before ``C`` without taking its first message (AMQP 0-9-1 has no peek, and the queues' count of
+returned messages is a sampled statistic, absent on 3.x).
+
+Each read costs a delivery on brokers that count returns (3.x and 4.0 return by channel close),
+so both are bounded by the same ``delivery_limit - margin`` as the backup itself. Anything the
+repair cannot be sure of (another consumer, a queue that changed, a second cut, an ambiguous
+match) stops it before the second read, and the caller reports the queue as rotated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import RbakError
+from .queue_reader import read_queue
+
+log = logging.getLogger(__name__)
+
+PREFIX = 64  # messages of the cut read remembered to find them again (content, not position)
+SETTLE_SECS = 30.0  # how long the broker may take to give a closed connection's messages back
+
+
+def identity(props: Any, body: bytes) -> bytes:
+    """What tells one message from another across deliveries: the body and the properties a
+    publisher sets, never the headers the broker changes on each delivery (x-delivery-count)."""
+    h = hashlib.blake2b(body, digest_size=16)
+    for v in (getattr(props, "message_id", None), getattr(props, "correlation_id", None),
+              getattr(props, "timestamp", None)):
+        h.update(b"\0" + repr(v).encode())
+    return h.digest()
+
+
+@dataclass(slots=True)
+class Taken:
+    """The start of a read, kept in case it is cut: the first ``PREFIX`` identities."""
+
+    prefix: list[bytes] = field(default_factory=list)
+
+    def see(self, props: Any, body: bytes) -> None:
+        if len(self.prefix) < PREFIX:
+            self.prefix.append(identity(props, body))
+
+
+@dataclass(slots=True)
+class Seen:
+    ids: list[bytes] = field(default_factory=list)
+    redelivered: list[bool] = field(default_factory=list)
+    max_count: int = 0
+
+    def sink(self, method: Any, props: Any, body: bytes) -> None:
+        self.ids.append(identity(props, body))
+        self.redelivered.append(bool(method.redelivered))
+        h = props.headers or {}
+        try:
+            self.max_count = max(self.max_count, int(h.get("x-delivery-count") or 0))
+        except (TypeError, ValueError):
+            pass
+
+
+def rotation(seen: list[bytes], redelivered: list[bool], prefix: list[bytes]) -> int | None:
+    """How many messages stand before the cut read's first one (``len(A)``), or None when that is
+    not certain: no match, several matches, or a match not wholly inside the returns (a pure decision)."""
+    p = len(prefix)
+    if p == 0:
+        return None
+    returns = next((i for i, r in enumerate(redelivered) if not r), len(redelivered))
+    hits = [j for j in range(0, returns - p + 1) if seen[j:j + p] == prefix]
+    return hits[0] if len(hits) == 1 else None
+
+
+@dataclass(slots=True)
+class Repair:
+    repaired: bool
+    why: str  # what was done, or why the queue was left as it is
+    max_count: int = 0  # the highest x-delivery-count the repair saw (for the delivery guard)
+
+
+def repair(connect: Callable[[], Any], counts: Callable[[Any], tuple[int, int]], vhost: str, queue: str,
+           depth: int, taken: Taken, *, delivery_limit: int | None, margin: int, return_mode: str,
+           read_timeout: float) -> Repair:
+    """Restore ``[B, A, C]`` after a cut (module docstring). ``connect()`` opens a fresh connection
+    to the vhost; ``counts(conn)`` is the queue's (ready messages, consumers) by passive declare."""
+    try:
+        conn = connect()
+    except (RbakError, OSError) as e:
+        return Repair(False, f"rbak could not reconnect to put it back in order ({e})")
+    try:
+        return _repair(conn, counts, vhost, queue, depth, taken, delivery_limit, margin, return_mode, read_timeout)
+    except RbakError as e:
+        return Repair(False, f"putting it back in order failed ({e})")
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - a broken connection gives everything back anyway
+            pass
+
+
+def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, queue: str, depth: int,
+            taken: Taken, limit: int | None, margin: int, mode: str, read_timeout: float) -> Repair:
+    deadline = time.monotonic() + SETTLE_SECS
+    ready, consumers = counts(conn)
+    while ready < depth and consumers == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the broker returns a closed connection's messages asynchronously
+        ready, consumers = counts(conn)
+    if consumers:
+        return Repair(False, f"not put back in order: {consumers} consumer(s) are attached to it")
+    if ready < depth:
+        return Repair(False, f"not put back in order: it holds {ready} of the {depth} messages it held when "
+                             f"the backup started")
+    whole = Seen()
+    res = read_queue(conn, vhost, queue, "quorum", ready, whole.sink, delivery_limit=limit, margin=margin,
+                     return_mode=mode, read_timeout=read_timeout)
+    if res.records < ready:
+        return Repair(False, f"not put back in order: a check read took {res.records} of {ready} messages")
+    j = rotation(whole.ids, whole.redelivered, taken.prefix)
+    if j is None:
+        return Repair(False, "not put back in order: the messages the backup had taken could not be "
+                             "found again with certainty", whole.max_count)
+    if j == 0:
+        return Repair(True, "its order was checked and is unchanged", whole.max_count)
+    returned = next((i for i, r in enumerate(whole.redelivered) if not r), len(whole.redelivered))
+    if returned < len(whole.ids):
+        # the check read returned C too: [A, B, C] are all returns now, and only rotations are left
+        return Repair(False, f"not put back in order: {len(whole.ids) - returned} message(s) behind them had "
+                             f"never been delivered, and no return can put the {j} ahead between", whole.max_count)
+    ahead = Seen()
+    res = read_queue(conn, vhost, queue, "quorum", j, ahead.sink, delivery_limit=limit, margin=margin,
+                     return_mode=mode, read_timeout=read_timeout)
+    if ahead.ids != whole.ids[:j]:
+        return Repair(False, f"not put back in order: the queue changed while rbak was putting it back (moved "
+                             f"{res.records} messages)", max(whole.max_count, ahead.max_count))
+    log.info("queue %r in vhost %r: a cut read had rotated it by %d; the %d messages ahead went back behind",
+             queue, vhost, depth - j, j)
+    return Repair(True, f"rbak reconnected and put it back in its original order (moved the {j} messages the "
+                        f"broker had placed ahead behind the others)", max(whole.max_count, ahead.max_count))
