@@ -206,10 +206,12 @@ class ObjectCodec:
     """Stores and reads one backup's segment/definition/state objects: sealed when the backup is encrypted,
     untouched otherwise (unencrypted backups stay byte-identical to the RBAK format)."""
 
-    def __init__(self, backup_id: str, info: EncryptionInfo | None = None, key: bytes | None = None):
+    def __init__(self, backup_id: str, info: EncryptionInfo | None = None, key: bytes | None = None,
+                 wraps: list | None = None):
         self.backup_id = backup_id
         self.info = info
         self.key = key
+        self.wraps = wraps or []  # envelope: the data key's wraps (rbak.envelope.WrapRecord), to store first
 
     @property
     def encrypted(self) -> bool:
@@ -245,10 +247,16 @@ class ObjectCodec:
 
 
 def writer_codec(backup_id: str, enc) -> ObjectCodec:
-    """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``
+    """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``, or with a
+    new data key wrapped by the configured key-encryption keys when ``enc.envelope``
     (``enc``: the config's ``encryption`` section)."""
     if not enc.enabled:
         return ObjectCodec(backup_id)
+    if getattr(enc, "envelope", False):
+        from .envelope import new_data_key
+
+        dek, info, wraps = new_data_key(backup_id, enc.key_sources())
+        return ObjectCodec(backup_id, info, dek, wraps)
     return sealing_codec(backup_id, enc.key_id, enc.keyring())
 
 
@@ -270,6 +278,9 @@ def import_codec(backup_id: str, key_id: str | None, keys_file: str | None) -> O
 
 
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
+    if key_id.startswith("dek-"):
+        return EncryptionError(f"backup {backup_id!r} uses envelope encryption: its data key {key_id!r} was not "
+                               "unwrapped (this reader does not open the backup's keys/*.wrap.json objects)")
     return EncryptionError(f"backup {backup_id!r} is encrypted with key id {key_id!r}, which is not in the keyring "
                            f"(set {DEFAULT_KEYS_ENV} or encryption.keys_file / keys_env)")
 
