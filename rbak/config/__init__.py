@@ -393,12 +393,14 @@ class MetricsConfig(_Section):
 class EncryptionConfig(_Section):
     """Client-side encryption (AES-256-GCM) of segments, definitions and state: rbak's own extension of
     the format (the Rust tool cannot read encrypted backups). The manifest stays plaintext and names the
-    key id. Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
+    key id (with `envelope`: the backup's own data key, stored wrapped under `keys/`). Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
     read, so restore and validate of encrypted backups need only the keys, not `enabled`."""
 
     enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`).")
-    key_id: Optional[str] = doc_field(None, "Id of the key new backups are encrypted with (required when `enabled`); "
-                                      "recorded in the manifest, so older keys stay usable after a rotation.")
+    key_id: Optional[str] = doc_field(None, "Id of the key new backups are encrypted with (required when `enabled`, "
+                                      "unless `envelope` with `kms_key_id`); recorded in the manifest, so older keys "
+                                      "stay usable after a rotation. With `envelope`: the keyring key that wraps each "
+                                      "backup's data key.")
     keys_file: Optional[str] = doc_field(None, "Keyring: a YAML/JSON file `{key id: base64 key}` (a bare base64 key "
                                          "is `key_id`'s), or a directory with one file per key id (a mounted Kubernetes Secret).")
     keys_env: Optional[str] = doc_field(None, "Environment variable holding a keyring in the same format "
