@@ -206,3 +206,56 @@ def test_rewrap_under_object_lock_adds_a_locked_wrap_and_changes_no_version(rmq4
     assert "0 wrap(s) added, 1 already in place" in r.stdout and versions(lock_bucket, "locked/") == after
     v = rbak("validate", "--path", url, "--prefix", "locked", "--backup-id", "lk-1", "--deep", env_keys=ring(k2=K2))
     assert "is valid" in v.stdout and "note:" not in v.stderr
+
+
+def test_resumed_envelope_backup_keeps_its_data_key_and_a_drill_opens_it(rmq43, vhost_factory, tmp_path):
+    """A run left incomplete is finished with ITS data key (unwrapped, no new wrap); a config that
+    would seal it differently is refused naming both; `rbak drill` opens envelope backups."""
+    import pytest
+    import yaml
+
+    from rbak.envelope import KEYRING, Kek, KeySources, new_data_key, write_wraps
+    from rbak.errors import ConfigError
+    from rbak.format.manifest import BackupManifest
+    from rbak.keys import BackupLayout
+
+    vhost = vhost_factory(rmq43)
+    fast_publish(rmq43, vhost, "orders", [b"r-%d" % i for i in range(80)], declare={})
+    keys = tmp_path / "k.yaml"
+    keys.write_text(ring(k1=K1))
+    store = tmp_path / "store"
+    storage = open_storage(f"file://{store}")
+    _, info, wraps = new_data_key("res-1", KeySources({"k1": K1}, wrap_with=(Kek(KEYRING, "k1"),)))
+    write_wraps(storage, BackupLayout("res-1", ""), wraps)  # what the first run stored before it stopped
+    storage.put("res-1/manifest.json", BackupManifest(backup_id="res-1", created_at=1, encryption=info).to_json())
+    cfg = {"mode": "backup", "backup_id": "res-1",
+           "source": {"amqp_url": rmq43.amqp_url(vhost), "management_url": rmq43.management_url,
+                      "queues": {"vhosts": [vhost]}},
+           "storage": {"backend": "filesystem", "path": str(store)},
+           "offset_storage": {"path": str(tmp_path / "s.db"), "sync_interval_secs": 0},
+           "encryption": {"enabled": True, "key_id": "k1", "keys_file": str(keys)}}
+    with pytest.raises(ConfigError, match="'res-1' was started with envelope encryption, this configuration has "
+                                          "key id 'k1'"):
+        BackupEngine(Config.from_dict(cfg, env={})).run()
+    cfg["encryption"]["envelope"] = True
+    s = BackupEngine(Config.from_dict(cfg, env={})).run()
+    assert s.completed and s.total_messages == 80
+    m = load_manifest(storage, "res-1", "")
+    assert m.is_complete and m.encryption == info  # the first run's data key, not a new one
+    assert sorted(storage.list("res-1/keys/")) == ["res-1/keys/keyring-k1.wrap.json"]
+
+    del cfg["backup_id"]
+    cfg["drill"] = {"target": {"amqp_url": rmq43.amqp_url("/"), "management_url": rmq43.management_url}}
+    path = tmp_path / "drill.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "RBAK_ENCRYPTION_KEYS"}
+    p = subprocess.run([sys.executable, "-m", "rbak", "drill", "--config", str(path), "--json"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 0 and rep["passed"] and rep["queues"][0]["actual_count"] == 80, p.stderr
+    keys.write_text(ring(k2=K2))
+    p = subprocess.run([sys.executable, "-m", "rbak", "drill", "--config", str(path), "--json"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 1 and "backup 'res-1': no key-encryption key could unwrap" in rep["reason"], rep
+    assert "keyring 'k1' (not in the keyring)" in rep["reason"] and not rmq43.vhost_exists(rep["scratch_vhost"])
