@@ -54,7 +54,8 @@ def _header(key_id: str, nonce: bytes) -> bytes:
     return MAGIC + struct.pack("BBB", VERSION, ALG_AES_256_GCM, len(kid)) + kid + nonce
 
 
-def _aead(key: bytes):
+def aead(key: bytes):
+    """The AES-256-GCM cipher of a 32-byte key."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     if len(key) != KEY_SIZE:
@@ -66,7 +67,7 @@ def seal(key_id: str, key: bytes, plaintext: bytes | bytearray | memoryview, aad
     """The sealed form of ``plaintext`` (see the module docstring)."""
     nonce = os.urandom(NONCE_SIZE)
     header = _header(key_id, nonce)
-    return header + _aead(key).encrypt(nonce, bytes(plaintext), header + aad)
+    return header + aead(key).encrypt(nonce, bytes(plaintext), header + aad)
 
 
 def parse_header(blob: bytes | memoryview, where: str) -> tuple[str, bytes, int]:
@@ -94,7 +95,7 @@ def open_(key_id: str, key: bytes, blob: bytes | memoryview, aad: bytes, where: 
     if found != key_id:
         raise EncryptionError(f"{where}: sealed with key id {found!r}, expected {key_id!r}")
     try:
-        return _aead(key).decrypt(nonce, bytes(blob[end:]), bytes(blob[:end]) + aad)
+        return aead(key).decrypt(nonce, bytes(blob[end:]), bytes(blob[:end]) + aad)
     except InvalidTag:
         raise EncryptionError(f"{where}: cannot decrypt with key id {key_id!r}: wrong key, or the object was "
                               "altered or moved") from None
@@ -247,16 +248,10 @@ class ObjectCodec:
 
 
 def writer_codec(backup_id: str, enc) -> ObjectCodec:
-    """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``, or with a
-    new data key wrapped by the configured key-encryption keys when ``enc.envelope``
-    (``enc``: the config's ``encryption`` section)."""
+    """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``
+    (``enc``: the config's ``encryption`` section; ``rbak.envelope.writer_codec`` adds envelopes)."""
     if not enc.enabled:
         return ObjectCodec(backup_id)
-    if getattr(enc, "envelope", False):
-        from .envelope import new_data_key
-
-        dek, info, wraps = new_data_key(backup_id, enc.key_sources())
-        return ObjectCodec(backup_id, info, dek, wraps)
     return sealing_codec(backup_id, enc.key_id, enc.keyring())
 
 

@@ -181,10 +181,10 @@ def wrap(backup_id: str, dek: bytes, kek: Kek, sources: KeySources) -> WrapRecor
         if key is None:
             raise ConfigError(f"key-encryption key {kek}: not in the keyring (encryption.keys_file, "
                               "encryption.keys_env or RBAK_ENCRYPTION_KEYS)")
-        from .crypto import _aead
+        from .crypto import aead
 
         nonce = os.urandom(NONCE_SIZE)
-        wrapped = nonce + _aead(key).encrypt(nonce, dek, _aad(backup_id, kek.key_id, fp))
+        wrapped = nonce + aead(key).encrypt(nonce, dek, _aad(backup_id, kek.key_id, fp))
         return WrapRecord(backup_id, KEYRING, kek.key_id, ALG_KEYRING, fp, wrapped, now)
     region = _arn_region(kek.key_id) or sources.kms.region
     try:
@@ -206,10 +206,10 @@ def unwrap(rec: WrapRecord, sources: KeySources, where: str) -> bytes:
             raise EncryptionError(f"{where}: unsupported or truncated keyring wrap ({rec.algorithm})")
         from cryptography.exceptions import InvalidTag
 
-        from .crypto import _aead
+        from .crypto import aead
 
         try:
-            dek = _aead(key).decrypt(rec.wrapped_key[:NONCE_SIZE], rec.wrapped_key[NONCE_SIZE:],
+            dek = aead(key).decrypt(rec.wrapped_key[:NONCE_SIZE], rec.wrapped_key[NONCE_SIZE:],
                                      _aad(rec.backup_id, rec.kek_id, rec.dek_fingerprint))
         except InvalidTag:
             raise EncryptionError(f"{where}: cannot unwrap with keyring key {rec.kek_id!r}: wrong key, or the "
@@ -239,6 +239,17 @@ def new_data_key(backup_id: str, sources: KeySources) -> tuple[bytes, Encryption
     fp = fingerprint(dek)
     wraps = [wrap(backup_id, dek, k, sources) for k in sources.wrap_with]
     return dek, EncryptionInfo(dek_id(fp), dek_fingerprint=fp), wraps
+
+
+def writer_codec(backup_id: str, enc):
+    """How a new backup's objects are stored (``enc``: the config's ``encryption`` section): with
+    ``envelope``, sealed with a new data key whose wraps the codec carries until they are stored."""
+    from .crypto import ObjectCodec, writer_codec as direct_codec
+
+    if not (enc.enabled and enc.envelope):
+        return direct_codec(backup_id, enc)
+    dek, info, wraps = new_data_key(backup_id, enc.key_sources())
+    return ObjectCodec(backup_id, info, dek, wraps)
 
 
 def write_wraps(storage, layout: BackupLayout, wraps: Iterable[WrapRecord]) -> list[str]:

@@ -32,7 +32,8 @@ import pika.exceptions
 
 from .. import __version__
 from ..config import Config
-from ..crypto import codec_for, writer_codec
+from ..crypto import codec_for
+from ..envelope import writer_codec
 from ..errors import (AmqpError, BackupError, ConfigError, DeliveryLimitError, NotFoundError,
                       NoReaderProcess, PartialBackupError, QueueRefused, QueueSkipped, RbakError, ShortRead)
 from ..format.compression import Compression

@@ -176,7 +176,7 @@ def key_wraps(storage, backup_id: str, prefix: str) -> list[dict]:
     from ..envelope import read_wraps
     from ..keys import BackupLayout
 
-    out = []
+    out: list[dict] = []
     for key, rec in read_wraps(storage, BackupLayout(backup_id, prefix)):
         if isinstance(rec, Exception):
             out.append({"key": key, "error": str(rec)})
