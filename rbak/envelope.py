@@ -298,7 +298,7 @@ def data_key(storage, layout: BackupLayout, info: EncryptionInfo, sources: KeySo
     wraps = read_wraps(storage, layout)
     for key, rec in sorted(wraps, key=lambda it: _order(it, sources)):
         if isinstance(rec, EncryptionError):
-            tried.append(str(rec))
+            tried.append(rec.args[0])
             continue
         if only is not None and rec.kek != only:
             continue
@@ -311,7 +311,7 @@ def data_key(storage, layout: BackupLayout, info: EncryptionInfo, sources: KeySo
         try:
             return unwrap(rec, sources, key), rec
         except EncryptionError as e:
-            tried.append(f"{rec.kek} ({e})")
+            tried.append(f"{rec.kek} ({e.args[0]})")
     if only is not None and not any(isinstance(r, WrapRecord) and r.kek == only for _, r in wraps):
         tried.append(f"{only} (no wrap object for it)")
     if not wraps:
@@ -368,7 +368,7 @@ def rewrap(storage, prefix: str | None, backup_id: str, info: EncryptionInfo | N
     try:
         dek, used = data_key(storage, layout, info, sources, only=from_)
     except EncryptionError as e:
-        return RewrapResult(backup_id, "failed", str(e))
+        return RewrapResult(backup_id, "failed", e.args[0])
     try:
         existing = storage.get(target)
     except NotFoundError:
@@ -378,7 +378,7 @@ def rewrap(storage, prefix: str | None, backup_id: str, info: EncryptionInfo | N
             if unwrap(WrapRecord.from_json(existing, target), sources, target) == dek:
                 return RewrapResult(backup_id, "already", f"already wrapped for {to}", target)
         except EncryptionError as e:
-            return RewrapResult(backup_id, "failed", f"{e}; the object is not rewritten (remove it if the storage "
+            return RewrapResult(backup_id, "failed", f"{e.args[0]}; the object is not rewritten (remove it if the storage "
                                 "allows, then rerun)", target)
     try:
         rec = wrap(backup_id, dek, to, sources)

@@ -262,7 +262,7 @@ def validate_backup(
                               KeySources(dict(keyring or {}), kms or KmsSettings()))
             keyring = {**(keyring or {}), m.encryption.key_id: dek}
         except EncryptionError as e:
-            unwrap_error = str(e)
+            unwrap_error = e.args[0]
     codec = codec_for(backup_id, m.encryption, keyring, required=False)
     if deep and codec.encrypted:
         if codec.can_open:
