@@ -402,7 +402,10 @@ def cmd_describe(c: Ctx) -> int:
     out(f"Created:     {fmt_ts(m.created_at)}")
     out(f"Completed:   {fmt_ts(m.completed_at)}")
     out(f"Source:      {m.source_cluster or '-'} (RabbitMQ {m.rabbitmq_version or '?'})")
-    if m.encryption:
+    if m.encryption and m.encryption.envelope:
+        out(f"Encryption:  {m.encryption.algorithm}, envelope (data key {m.encryption.key_id}; "
+            "`rbak describe` lists the keys that wrap it)")
+    elif m.encryption:
         out(f"Encryption:  {m.encryption.algorithm}, key id {m.encryption.key_id}")
     out(f"Totals:      {m.total_messages} messages, {m.total_segments} segments, {human_bytes(m.total_bytes)}")
     if m.definitions:
