@@ -274,8 +274,9 @@ def import_codec(backup_id: str, key_id: str | None, keys_file: str | None) -> O
 
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
     if key_id.startswith("dek-"):
-        return EncryptionError(f"backup {backup_id!r} uses envelope encryption: its data key {key_id!r} was not "
-                               "unwrapped (this reader does not open the backup's keys/*.wrap.json objects)")
+        return EncryptionError(f"backup {backup_id!r} uses envelope encryption and no key-encryption key available "
+                               f"here unwraps its data key {key_id!r} (keyring keys: {DEFAULT_KEYS_ENV} or "
+                               "encryption.keys_file; KMS keys: this process's AWS credentials)")
     return EncryptionError(f"backup {backup_id!r} is encrypted with key id {key_id!r}, which is not in the keyring "
                            f"(set {DEFAULT_KEYS_ENV} or encryption.keys_file / keys_env)")
 
