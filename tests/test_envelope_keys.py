@@ -161,3 +161,23 @@ def test_config_errors_name_the_field():
         _cfg({"enabled": True, "envelope": True, "kms_key_id": "alias/x", "kms_endpoint_url": "moto:5000"})
     cfg = _cfg({"enabled": True, "envelope": True, "kms_key_id": "alias/x"})
     assert [str(k) for k in cfg.encryption.key_sources().wrap_with] == ["kms 'alias/x'"]
+
+
+def test_rewrap_cli_refuses_a_to_key_it_does_not_have_before_writing(tmp_path):
+    import subprocess
+    import sys
+
+    store = open_storage(f"file://{tmp_path}")
+    _, info, _ = stored_backup(store, k1=K1)
+    store.put("pfx/b1/manifest.json", BackupManifest(backup_id="b1", created_at=1, completed_at=2,
+                                                     encryption=info).to_json())
+    env = {**os.environ, "RBAK_ENCRYPTION_KEYS": f"k1: {base64.b64encode(K1).decode()}"}
+    before = sorted(store.list("pfx/"))
+    r = subprocess.run([sys.executable, "-m", "rbak", "keys", "rewrap", "--path", f"file://{tmp_path}", "--prefix",
+                        "pfx", "--all", "--to", "k9"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "--to: key 'k9' is not in the keyring" in r.stderr, r.stderr
+    assert sorted(store.list("pfx/")) == before
+    r = subprocess.run([sys.executable, "-m", "rbak", "keys", "rewrap", "--path", f"file://{tmp_path}", "--prefix",
+                        "pfx", "--backup-id", "b1", "--to", "k1", "--from", "k1"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 2 and "--from: names the same key as --to" in r.stderr, r.stderr

@@ -45,6 +45,9 @@ def cmd_rewrap(args: argparse.Namespace) -> int:
     if from_ == to:
         raise ConfigError("--from: names the same key as --to")
     sources = KeySources(load_keyring(args.keys_file), KmsSettings(args.kms_region, args.kms_endpoint_url))
+    if to.source == "keyring" and to.key_id not in sources.keyring:
+        raise ConfigError(f"--to: key {to.key_id!r} is not in the keyring (--keys-file or RBAK_ENCRYPTION_KEYS); "
+                          "nothing was written")
     storage = open_storage(args.path)
     if args.backup_id:
         m = load_manifest(storage, args.backup_id, args.prefix)
