@@ -296,17 +296,18 @@ class BackupEngine(StreamBackup):
             self._fresh = True  # whatever local progress says, nothing of this id is in THIS storage
             return now
         old = BackupManifest.from_json(data, layout.manifest)
-        if not old.is_complete or (old.is_partial and not self.cfg.backup.overwrite):
+        retry = old.is_partial and not self.cfg.backup.overwrite  # its failed queues are backed up again
+        if not old.is_complete or retry:
             self._adopt_data_key(old)
-        if old.is_partial and not self.cfg.backup.overwrite:
+            if old.encryption != self.codec.info:  # one backup's objects are never sealed two ways
+                was, now = _describe_encryption(old.encryption), _describe_encryption(self.codec.info)
+                raise ConfigError(f"encryption: the {old.state} backup {self.cfg.backup_id!r} was started with {was}, "
+                                  f"this configuration has {now}; resume it with the same encryption settings or use "
+                                  "another backup_id")
+        if retry:
             log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.cfg.backup_id,
                         ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status if q.status != "skipped"))
             return old.created_at
-        if not old.is_complete and old.encryption != self.codec.info:
-            was, now = _describe_encryption(old.encryption), _describe_encryption(self.codec.info)
-            raise ConfigError(f"encryption: the incomplete backup {self.cfg.backup_id!r} was started with {was}, this "
-                              f"configuration has {now}; resume it with the same encryption settings or use another "
-                              "backup_id")
         if old.is_complete:
             if not self.cfg.backup.overwrite:
                 raise ConfigError(

@@ -244,6 +244,17 @@ def test_resumed_envelope_backup_keeps_its_data_key_and_a_drill_opens_it(rmq43, 
     assert m.is_complete and m.encryption == info  # the first run's data key, not a new one
     assert sorted(storage.list("res-1/keys/")) == ["res-1/keys/keyring-k1.wrap.json"]
 
+    # a partial backup written with a direct key is not retried under an envelope (nor the reverse)
+    from rbak.format.manifest import EncryptionInfo, QueueStatus
+
+    storage.put("part-1/manifest.json", BackupManifest(
+        backup_id="part-1", created_at=0, completed_at=2, encryption=EncryptionInfo("k1"),
+        queue_status=[QueueStatus(vhost, "orders", "failed", "connection lost")]).to_json())
+    with pytest.raises(ConfigError, match="the partial backup 'part-1' was started with key id 'k1', this "
+                                          "configuration has envelope encryption"):
+        BackupEngine(Config.from_dict({**cfg, "backup_id": "part-1"}, env={})).run()
+    assert sorted(storage.list("part-1/")) == ["part-1/manifest.json"]  # nothing written
+
     del cfg["backup_id"]
     cfg["drill"] = {"target": {"amqp_url": rmq43.amqp_url("/"), "management_url": rmq43.management_url}}
     path = tmp_path / "drill.yaml"
