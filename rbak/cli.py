@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "prune",            # prune (retention)
     "drill",            # drill (restore drill into a scratch vhost)
     "doctor",           # doctor (storage settings and rights that can lose or expose backups)
+    "keys",             # keys rewrap (envelope encryption: wrap data keys for another key)
     "definitions",      # definitions-export, definitions-import
     "import_rabbitmq",  # import rabbitmq-dir
     "import_mosquitto", # import mosquitto-db

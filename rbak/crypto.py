@@ -54,7 +54,8 @@ def _header(key_id: str, nonce: bytes) -> bytes:
     return MAGIC + struct.pack("BBB", VERSION, ALG_AES_256_GCM, len(kid)) + kid + nonce
 
 
-def _aead(key: bytes):
+def aead(key: bytes):
+    """The AES-256-GCM cipher of a 32-byte key."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     if len(key) != KEY_SIZE:
@@ -66,7 +67,7 @@ def seal(key_id: str, key: bytes, plaintext: bytes | bytearray | memoryview, aad
     """The sealed form of ``plaintext`` (see the module docstring)."""
     nonce = os.urandom(NONCE_SIZE)
     header = _header(key_id, nonce)
-    return header + _aead(key).encrypt(nonce, bytes(plaintext), header + aad)
+    return header + aead(key).encrypt(nonce, bytes(plaintext), header + aad)
 
 
 def parse_header(blob: bytes | memoryview, where: str) -> tuple[str, bytes, int]:
@@ -94,7 +95,7 @@ def open_(key_id: str, key: bytes, blob: bytes | memoryview, aad: bytes, where: 
     if found != key_id:
         raise EncryptionError(f"{where}: sealed with key id {found!r}, expected {key_id!r}")
     try:
-        return _aead(key).decrypt(nonce, bytes(blob[end:]), bytes(blob[:end]) + aad)
+        return aead(key).decrypt(nonce, bytes(blob[end:]), bytes(blob[:end]) + aad)
     except InvalidTag:
         raise EncryptionError(f"{where}: cannot decrypt with key id {key_id!r}: wrong key, or the object was "
                               "altered or moved") from None
@@ -206,10 +207,12 @@ class ObjectCodec:
     """Stores and reads one backup's segment/definition/state objects: sealed when the backup is encrypted,
     untouched otherwise (unencrypted backups stay byte-identical to the RBAK format)."""
 
-    def __init__(self, backup_id: str, info: EncryptionInfo | None = None, key: bytes | None = None):
+    def __init__(self, backup_id: str, info: EncryptionInfo | None = None, key: bytes | None = None,
+                 wraps: list | None = None):
         self.backup_id = backup_id
         self.info = info
         self.key = key
+        self.wraps = wraps or []  # envelope: the data key's wraps (rbak.envelope.WrapRecord), to store first
 
     @property
     def encrypted(self) -> bool:
@@ -246,7 +249,7 @@ class ObjectCodec:
 
 def writer_codec(backup_id: str, enc) -> ObjectCodec:
     """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``
-    (``enc``: the config's ``encryption`` section)."""
+    (``enc``: the config's ``encryption`` section; ``rbak.envelope.writer_codec`` adds envelopes)."""
     if not enc.enabled:
         return ObjectCodec(backup_id)
     return sealing_codec(backup_id, enc.key_id, enc.keyring())
@@ -270,6 +273,10 @@ def import_codec(backup_id: str, key_id: str | None, keys_file: str | None) -> O
 
 
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
+    if key_id.startswith("dek-"):
+        return EncryptionError(f"backup {backup_id!r} uses envelope encryption and no key-encryption key available "
+                               f"here unwraps its data key {key_id!r} (keyring keys: {DEFAULT_KEYS_ENV} or "
+                               "encryption.keys_file; KMS keys: this process's AWS credentials)")
     return EncryptionError(f"backup {backup_id!r} is encrypted with key id {key_id!r}, which is not in the keyring "
                            f"(set {DEFAULT_KEYS_ENV} or encryption.keys_file / keys_env)")
 

@@ -144,6 +144,8 @@ class DrillOptions:
     store_report: bool = True
     keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)
     signing_key: Any = field(default=None, repr=False)  # Ed25519PrivateKey: sign the report
+    kms_region: str | None = None  # envelope backups wrapped by KMS (encryption.kms_*)
+    kms_endpoint_url: str | None = None
 
 
 def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | None = None) -> DrillOptions:
@@ -166,7 +168,8 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
                         drill_id=drill_id or "", scratch_prefix=cfg.drill.scratch_vhost_prefix,
                         read_timeout_secs=cfg.drill.read_timeout_secs,
                         produce_batch_size=cfg.restore.produce_batch_size, store_report=cfg.drill.store_report,
-                        keys=keys, signing_key=signing_key)
+                        keys=keys, signing_key=signing_key, kms_region=cfg.encryption.kms_region,
+                        kms_endpoint_url=cfg.encryption.kms_endpoint_url)
 
 
 # --------------------------------------------------------------------------
@@ -325,7 +328,8 @@ def run_drill(storage: Storage, options: DrillOptions,
     created: list[bool] = []  # non-empty once the vhost PUT was sent
     try:
         ropts = RestoreOptions(backup_id=backup_id, prefix=options.prefix, target=options.target,
-                               produce_batch_size=options.produce_batch_size, keys=options.keys)
+                               produce_batch_size=options.produce_batch_size, keys=options.keys,
+                               kms_region=options.kms_region, kms_endpoint_url=options.kms_endpoint_url)
         from .restore.engine import load_complete_manifest
 
         manifest = load_complete_manifest(storage, ropts)
@@ -392,7 +396,7 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
     names = scratch_queue_names(manifest.queues)
     vmap = tuple(sorted({(qb.vhost, report.scratch_vhost) for qb in manifest.queues}))
     qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
-    ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap)
+    ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(storage, manifest)
     plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
     keyring = ropts.keyring() if manifest.encryption is not None else {}
     conn = connect(options.target, report.scratch_vhost, "target")

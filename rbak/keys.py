@@ -33,6 +33,8 @@ OFFSETS_DB = "offsets.db"
 VALIDATION_DIR = "validation"
 RESTORE_DIR = "restore"
 DRILLS_DIR = "drills"
+KEYS_DIR = "keys"  # an envelope-encrypted backup's wrapped data keys, one object per key-encryption key
+WRAP_SUFFIX = ".wrap.json"
 GUARDS_DIR = "_guards"  # beside the backups; never a backup id (ids start with a letter or digit)
 PROGRESS_DIR = "_progress"  # live progress records of running jobs; beside the backups, never backup content
 PROGRESS_KINDS = ("backup", "restore", "import", "validate")
@@ -177,6 +179,15 @@ class BackupLayout:
     def restore_report(self, timestamp: str) -> str:
         """``restore/report-<ts>.json``: what a restore changed to fit the target, and its outcome."""
         return f"{self.root}/{RESTORE_DIR}/report-{timestamp}.json"
+
+    @property
+    def keys_dir(self) -> str:
+        return f"{self.root}/{KEYS_DIR}/"
+
+    def wrap(self, source: str, kek_id: str) -> str:
+        """``keys/<source>-<kek id>.wrap.json``: the data key wrapped by one key-encryption key. One new
+        object per key (never rewritten), so adding a key works under Object Lock."""
+        return f"{self.root}/{KEYS_DIR}/{source}-{encode_name(kek_id)}{WRAP_SUFFIX}"
 
     @property
     def drills_dir(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
@@ -240,6 +240,7 @@ def validate_backup(
     workers: int = 4,
     progress: Callable[[SegmentCheck], None] | None = None,
     keyring: Mapping[str, bytes] | None = None,
+    kms: Any = None,
 ) -> ValidationReport:
     """Validate every segment (never stopping at the first bad one). An encrypted backup is checked
     completely with its key in ``keyring``, by stored sizes and checksums without it."""
@@ -250,10 +251,25 @@ def validate_backup(
     report.notes = [f"{s.vhost}/{s.name} not backed up ({s.status}): {s.reason}" for s in m.queue_status] + [
         f"gap in stream {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} (at most {g.count} message(s)) removed "
         f"by the stream's retention before this backup" for q, g in m.gaps]
+    unwrap_error = None
+    if deep and m.encryption is not None and m.encryption.envelope:
+        from .envelope import KeySources, KmsSettings, data_key
+        from .errors import EncryptionError
+        from .keys import BackupLayout
+
+        try:
+            dek, _ = data_key(storage, BackupLayout(backup_id, prefix), m.encryption,
+                              KeySources(dict(keyring or {}), kms or KmsSettings()))
+            keyring = {**(keyring or {}), m.encryption.key_id: dek}
+        except EncryptionError as e:
+            unwrap_error = e.args[0]
     codec = codec_for(backup_id, m.encryption, keyring, required=False)
     if deep and codec.encrypted:
         if codec.can_open:
             report.problems += definitions_problems(storage, m, codec)
+        elif unwrap_error:
+            report.notes.append(f"{unwrap_error}: sizes and SHA-256 of the stored objects checked, contents not "
+                                "decrypted")
         else:
             report.notes.append(f"encrypted with key id {m.encryption.key_id!r}, which is not in the keyring: "
                                 "sizes and SHA-256 of the stored objects checked, contents not decrypted")

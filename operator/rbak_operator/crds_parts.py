@@ -156,6 +156,16 @@ def encryption_schema(backup: bool) -> dict[str, Any]:
     if backup:
         props["keyId"] = _s("key id new backups are encrypted with (recorded in each manifest)", minLength=1,
                             maxLength=255)
+        props["envelope"] = _b("envelope encryption: each backup gets its own data key, wrapped by keyId and/or "
+                               "kms.keyId, so keys rotate with `rbak keys rewrap` without re-encrypting backups")
+        props["kms"] = _obj(
+            "an AWS KMS key that wraps each backup's data key (envelope only); the pod's AWS credentials "
+            "(IRSA, or the storage Secret's keys) need kms:Encrypt, restores kms:Decrypt",
+            {"keyId": _s("KMS key id, ARN or alias/...", minLength=1),
+             "region": _s("KMS region (default the ARN's)", minLength=1),
+             "endpointUrl": _s("KMS endpoint URL (default AWS)", pattern="^https?://")},
+            ["keyId"],
+        )
         props["serverSide"] = _obj(
             "S3 server-side encryption of every object put",
             {"mode": _s("SSE-S3 (AES256) or SSE-KMS (aws:kms)", enum=["AES256", "aws:kms"]),

@@ -167,22 +167,63 @@ class Ctx:
 def cmd_status(c: Ctx) -> int:
     objs = [c.backup(c.args.name)] if c.args.name else sorted(
         c.kube.list_cr(BACKUP_PLURAL, c.ns), key=lambda b: b["metadata"]["name"])
+    restores, why_not = restores_of(c, c.args.name)
+    if c.args.output == "json":
+        out(json.dumps([status_row(b) for b in objs] + [restore_row(r) for r in restores], indent=2))
+        return 0
     if not objs:
         out(f"No RabbitMQBackups in namespace {c.ns}.")
-        return 0
-    if c.args.output == "json":
-        out(json.dumps([status_row(b) for b in objs], indent=2))
-        return 0
-    rows, notes = [], []
-    for b in objs:
-        r = status_row(b)
-        rows.append([r["name"], r["phase"], r["lastRun"], r["result"], r["messages"], r["size"], r["finished"],
-                     r["nextRun"], r["drill"]])
-        notes += [f"{r['name']}: {m}" for m in r["notes"]]
-    for line in table(["NAME", "PHASE", "LAST RUN", "RESULT", "MESSAGES", "SIZE", "FINISHED", "NEXT RUN", "DRILL"],
-                      rows) + notes:
-        out(line)
+    else:
+        rows, notes = [], []
+        for b in objs:
+            r = status_row(b)
+            rows.append([r["name"], r["phase"], r["lastRun"], r["result"], r["messages"], r["size"], r["finished"],
+                         r["nextRun"], r["drill"]])
+            notes += [f"{r['name']}: {m}" for m in r["notes"]]
+        for line in table(["NAME", "PHASE", "LAST RUN", "RESULT", "MESSAGES", "SIZE", "FINISHED", "NEXT RUN",
+                           "DRILL"], rows) + notes:
+            out(line)
+    if restores:
+        rows, notes = [], []
+        for x in restores:
+            r = restore_row(x)
+            rows.append([r["name"], r["backup"], r["backupId"], r["phase"], r["messages"], r["size"], r["finished"]])
+            notes += [f"{r['name']}: {m}" for m in r["notes"]]
+        out()
+        for line in table(["RESTORE", "FROM", "BACKUP ID", "PHASE", "MESSAGES", "SIZE", "FINISHED"], rows) + notes:
+            out(line)
+    if why_not:
+        out(why_not)
     return 0
+
+
+def restores_of(c: Ctx, backup: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """The namespace's RabbitMQRestores (only those of ``backup`` when named), oldest first; a user who
+    may not list them still gets the backups' table, with a line saying why restores are missing."""
+    try:
+        items = c.kube.list_cr(RESTORE_PLURAL, c.ns)
+    except ApiError as e:
+        return [], f"(RabbitMQRestores not listed: HTTP {e.status} {e.reason})"
+    if backup:
+        items = [r for r in items if ((r.get("spec") or {}).get("backupRef") or {}).get("name") == backup]
+    return sorted(items, key=lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"])), None
+
+
+def restore_row(body: dict[str, Any]) -> dict[str, Any]:
+    """One RabbitMQRestore's line of ``status``: what it restores from, its phase and outcome."""
+    spec, st = body.get("spec") or {}, body.get("status") or {}
+    ref = spec.get("backupRef") or {}
+    phase = st.get("phase") or "Pending"
+    prog = st.get("progress") or {}
+    if prog.get("summary") and phase == "Running":
+        phase += f" ({prog['summary']})"
+    notes = []
+    if phase == "Failed" and st.get("message"):
+        notes.append(f"{st.get('reason') or 'Failed'}: {st['message']}")
+    return {"kind": "RabbitMQRestore", "name": body["metadata"]["name"],
+            "backup": f"rabbitmqbackup/{ref['name']}" if ref.get("name") else "spec.storage",
+            "backupId": st.get("backupId") or ref.get("backupId"), "phase": phase, "messages": st.get("messages"),
+            "size": st.get("size"), "finished": st.get("completionTime"), "notes": notes}
 
 
 def status_row(body: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +254,8 @@ def status_row(body: dict[str, Any]) -> dict[str, Any]:
         notes.append(f"{ready.get('reason')}: {ready['message']}")
     if drill.get("result") in ("Failed", "Skipped") and drill.get("message"):
         notes.append(f"drill {drill['result'].lower()}: {drill['message']}")
-    return {"name": body["metadata"]["name"], "phase": phase, "lastRun": last.get("backupId"), "result": result,
+    return {"kind": "RabbitMQBackup", "name": body["metadata"]["name"], "phase": phase, "lastRun": last.get("backupId"),
+            "result": result,
             "messages": last.get("messages"), "size": last.get("size"), "finished": last.get("completionTime"),
             "nextRun": next_run, "drill": drill_col, "notes": notes}
 
@@ -402,7 +444,10 @@ def cmd_describe(c: Ctx) -> int:
     out(f"Created:     {fmt_ts(m.created_at)}")
     out(f"Completed:   {fmt_ts(m.completed_at)}")
     out(f"Source:      {m.source_cluster or '-'} (RabbitMQ {m.rabbitmq_version or '?'})")
-    if m.encryption:
+    if m.encryption and m.encryption.envelope:
+        out(f"Encryption:  {m.encryption.algorithm}, envelope (data key {m.encryption.key_id}; "
+            "`rbak describe` lists the keys that wrap it)")
+    elif m.encryption:
         out(f"Encryption:  {m.encryption.algorithm}, key id {m.encryption.key_id}")
     out(f"Totals:      {m.total_messages} messages, {m.total_segments} segments, {human_bytes(m.total_bytes)}")
     if m.definitions:

@@ -216,11 +216,24 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
                 raise ConfigError("spec.encryption.serverSide.kmsKeyId: only with mode aws:kms")
             storage["sse_kms_key_id"] = sse["kmsKeyId"]
     env = encryption_env(enc)
-    if bool(enc.get("keyId")) != bool(env):
+    if bool(enc.get("keyId")) != bool(env) and not (enc.get("kms") and env):
         raise ConfigError("spec.encryption: keyId and keysSecretRef go together (one is missing)")
-    if not enc.get("keyId"):
+    kms = enc.get("kms") or {}
+    if kms and not enc.get("envelope"):
+        raise ConfigError("spec.encryption.kms: a KMS key only wraps data keys: set spec.encryption.envelope: true")
+    if kms and not kms.get("keyId"):
+        raise ConfigError("spec.encryption.kms.keyId: required")
+    if not enc.get("keyId") and not kms:
         return None, env
-    return {"enabled": True, "key_id": enc["keyId"]}, env
+    out: dict[str, Any] = {"enabled": True}
+    if enc.get("keyId"):
+        out["key_id"] = enc["keyId"]
+    if enc.get("envelope"):
+        out["envelope"] = True
+    for src, dst in (("keyId", "kms_key_id"), ("region", "kms_region"), ("endpointUrl", "kms_endpoint_url")):
+        if kms.get(src):
+            out[dst] = kms[src]
+    return out, env
 
 
 def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:

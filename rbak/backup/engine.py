@@ -32,7 +32,8 @@ import pika.exceptions
 
 from .. import __version__
 from ..config import Config
-from ..crypto import codec_for, writer_codec
+from ..crypto import codec_for
+from ..envelope import writer_codec
 from ..errors import (AmqpError, BackupError, ConfigError, DeliveryLimitError, NotFoundError,
                       NoReaderProcess, PartialBackupError, QueueRefused, QueueSkipped, RbakError, ShortRead)
 from ..format.compression import Compression
@@ -123,6 +124,12 @@ class _Connections:
             metrics.active_connections().set(0)
 
 
+def _describe_encryption(info) -> str:
+    if info is None:
+        return "no encryption"
+    return "envelope encryption" if info.envelope else f"key id {info.key_id!r}"
+
+
 class BackupEngine(StreamBackup):
     def __init__(self, cfg: Config, storage: Storage | None = None, progress: Progress | None = None,
                  throttle: Callable[[int], None] | None = None):
@@ -164,6 +171,11 @@ class BackupEngine(StreamBackup):
             # credentials, every vhost exists, and this run holds the lease on every vhost it reads
             ov, queues, lease = self._preflight(client)
             created_at = self._check_existing()
+            if self.codec.wraps:  # envelope: the wrapped data key is stored before anything it seals
+                from ..envelope import write_wraps
+
+                write_wraps(storage, layout, self.codec.wraps)
+                self.codec.wraps = []
             log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, storage.url)
             cluster = ov.get("cluster_name") or ov.get("node") or cfg.source.host
             version = ov.get("rabbitmq_version")
@@ -284,16 +296,18 @@ class BackupEngine(StreamBackup):
             self._fresh = True  # whatever local progress says, nothing of this id is in THIS storage
             return now
         old = BackupManifest.from_json(data, layout.manifest)
-        if old.is_partial and not self.cfg.backup.overwrite:
+        retry = old.is_partial and not self.cfg.backup.overwrite  # its failed queues are backed up again
+        if not old.is_complete or retry:
+            self._adopt_data_key(old)
+            if old.encryption != self.codec.info:  # one backup's objects are never sealed two ways
+                was, now = _describe_encryption(old.encryption), _describe_encryption(self.codec.info)
+                raise ConfigError(f"encryption: the {old.state} backup {self.cfg.backup_id!r} was started with {was}, "
+                                  f"this configuration has {now}; resume it with the same encryption settings or use "
+                                  "another backup_id")
+        if retry:
             log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.cfg.backup_id,
                         ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status if q.status != "skipped"))
             return old.created_at
-        if not old.is_complete and old.encryption != self.codec.info:
-            was = f"key id {old.encryption.key_id!r}" if old.encryption else "no encryption"
-            now = f"key id {self.codec.info.key_id!r}" if self.codec.info else "no encryption"
-            raise ConfigError(f"encryption: the incomplete backup {self.cfg.backup_id!r} was started with {was}, this "
-                              f"configuration has {now}; resume it with the same encryption settings or use another "
-                              "backup_id")
         if old.is_complete:
             if not self.cfg.backup.overwrite:
                 raise ConfigError(
@@ -305,6 +319,17 @@ class BackupEngine(StreamBackup):
             return now
         log.info("resuming the incomplete backup %s", self.cfg.backup_id)
         return old.created_at
+
+    def _adopt_data_key(self, old: BackupManifest) -> None:
+        """Resuming (or retrying) an envelope backup: seal with ITS data key, unwrapped with this config's
+        keys, and store no new wraps; one backup never mixes two data keys."""
+        if not (old.encryption and old.encryption.envelope and self.codec.info and self.codec.info.envelope):
+            return
+        from ..crypto import ObjectCodec
+        from ..envelope import data_key
+
+        dek, _ = data_key(self.storage, self.layout, old.encryption, self.cfg.encryption.key_sources())
+        self.codec = ObjectCodec(self.cfg.backup_id, old.encryption, dek)
 
     def _seed_checkpoint(self, ckpt: Checkpoint, cluster: str) -> None:
         """Another machine's progress for this id, and the newest complete backup's stream offsets/guards."""
@@ -321,7 +346,11 @@ class BackupEngine(StreamBackup):
             return
         prev = BackupLayout(entry.backup_id, self.cfg.storage.prefix or "")
         try:
-            codec = codec_for(entry.backup_id, entry.manifest.encryption, self._keyring(), required=False)
+            from ..envelope import with_data_key
+
+            ring = with_data_key(self.storage, self.cfg.storage.prefix or "", entry.backup_id,
+                                 entry.manifest.encryption, self._keyring(), self.cfg.encryption.kms(), required=False)
+            codec = codec_for(entry.backup_id, entry.manifest.encryption, ring, required=False)
             if not codec.can_open:
                 log.warning("no key for the previous backup %r (key id %r): streams are read from the start",
                             entry.backup_id, entry.manifest.encryption.key_id)

@@ -171,9 +171,27 @@ def describe_obj(m: BackupManifest) -> dict:
     }
 
 
+def key_wraps(storage, backup_id: str, prefix: str) -> list[dict]:
+    """The wrap objects of an envelope backup: which key-encryption keys can open its data key."""
+    from ..envelope import read_wraps
+    from ..keys import BackupLayout
+
+    out: list[dict] = []
+    for key, rec in read_wraps(storage, BackupLayout(backup_id, prefix)):
+        if isinstance(rec, Exception):
+            out.append({"key": key, "error": str(rec)})
+        else:
+            out.append({"key": key, "kek": str(rec.kek), "kek_source": rec.kek_source, "kek_id": rec.kek_id,
+                        "created_at": rec.created_at})
+    return out
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
-    m = load_manifest(_existing_storage(args.path), args.backup_id, args.prefix)
+    storage = _existing_storage(args.path)
+    m = load_manifest(storage, args.backup_id, args.prefix)
     obj = describe_obj(m)
+    if m.encryption is not None and m.encryption.envelope:
+        obj["key_wraps"] = key_wraps(storage, m.backup_id, args.prefix)
     if args.format == "json":
         print(json.dumps(obj, indent=2, ensure_ascii=False))
         return 0
@@ -189,7 +207,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
     c.print(f"  created    {fmt_ts(m.created_at)}")
     c.print(f"  completed  {fmt_ts(m.completed_at)}")
     c.print(f"  source     {m.source_cluster or '-'} (RabbitMQ {m.rabbitmq_version or '?'})")
-    if m.encryption:
+    if m.encryption and m.encryption.envelope:
+        c.print(f"  encryption {m.encryption.algorithm}, envelope: data key {m.encryption.key_id} wrapped by "
+                + (", ".join(w["kek"] if "kek" in w else f"(unreadable {w['key']})" for w in obj["key_wraps"])
+                   or "no key (no wrap object found)"))
+    elif m.encryption:
         c.print(f"  encryption {m.encryption.algorithm}, key id {m.encryption.key_id}")
     c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {human_bytes(m.total_bytes)}")
     if m.definitions:

@@ -393,21 +393,46 @@ class MetricsConfig(_Section):
 class EncryptionConfig(_Section):
     """Client-side encryption (AES-256-GCM) of segments, definitions and state: rbak's own extension of
     the format (the Rust tool cannot read encrypted backups). The manifest stays plaintext and names the
-    key id. Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
+    key id (with `envelope`: the backup's own data key, stored wrapped under `keys/`). Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
     read, so restore and validate of encrypted backups need only the keys, not `enabled`."""
 
     enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`).")
-    key_id: Optional[str] = doc_field(None, "Id of the key new backups are encrypted with (required when `enabled`); "
-                                      "recorded in the manifest, so older keys stay usable after a rotation.")
+    key_id: Optional[str] = doc_field(None, "Id of the key new backups are encrypted with (required when `enabled`, "
+                                      "unless `envelope` with `kms_key_id`); recorded in the manifest, so older keys "
+                                      "stay usable after a rotation. With `envelope`: the keyring key that wraps each "
+                                      "backup's data key.")
     keys_file: Optional[str] = doc_field(None, "Keyring: a YAML/JSON file `{key id: base64 key}` (a bare base64 key "
                                          "is `key_id`'s), or a directory with one file per key id (a mounted Kubernetes Secret).")
     keys_env: Optional[str] = doc_field(None, "Environment variable holding a keyring in the same format "
                                         "(`RBAK_ENCRYPTION_KEYS` is always read when set).")
 
+    envelope: bool = doc_field(False, "Envelope encryption: each new backup gets its own random data key, stored "
+                               "only wrapped by `key_id` (a keyring key) and/or `kms_key_id` (AWS KMS), so keys "
+                               "rotate with `rbak keys rewrap` without re-encrypting backups.")
+    kms_key_id: Optional[str] = doc_field(None, "AWS KMS key (id, ARN or `alias/...`) that also wraps each new "
+                                          "backup's data key (needs `envelope: true`).")
+    kms_region: Optional[str] = doc_field(None, "KMS region; default the key ARN's region, else the AWS default "
+                                          "(`AWS_REGION`).")
+    kms_endpoint_url: Optional[str] = doc_field(None, "KMS endpoint URL (a VPC endpoint, or a test server); default "
+                                                "`AWS_ENDPOINT_URL_KMS`, else AWS.")
+
     def keyring(self) -> dict[str, bytes]:
         from ..crypto import load_keyring  # here, not on top: `import rbak.config` stays light (no numpy/zstd)
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
+
+    def kms(self):
+        from ..envelope import KmsSettings
+
+        return KmsSettings(self.kms_region, self.kms_endpoint_url)
+
+    def key_sources(self):
+        """Every key-encryption key this config gives, and those a new backup's data key is wrapped by."""
+        from ..envelope import KMS, KEYRING, Kek, KeySources
+
+        wrap_with = ((Kek(KEYRING, self.key_id),) if self.key_id else ()) + (
+            (Kek(KMS, self.kms_key_id),) if self.kms_key_id else ())
+        return KeySources(self.keyring(), self.kms(), wrap_with)
 
 
 @dataclass(repr=False)

@@ -323,8 +323,17 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append("storage.object_lock_mode: only for the s3 backend")
     if st.object_lock_mode and not st.object_lock_retain_days:
         errors.append("storage.object_lock_retain_days: required (> 0) with object_lock_mode")
-    if cfg.encryption.enabled and not cfg.encryption.key_id:
-        errors.append("encryption.key_id: required when encryption.enabled is true")
+    enc = cfg.encryption
+    if enc.enabled and not enc.key_id and not (enc.envelope and enc.kms_key_id):
+        errors.append("encryption.key_id: required when encryption.enabled is true"
+                      + (" (or encryption.kms_key_id with envelope: true)" if enc.envelope else ""))
+    if enc.kms_key_id and not enc.envelope:
+        errors.append("encryption.kms_key_id: a KMS key only wraps data keys: set encryption.envelope: true")
+    for name in ("kms_region", "kms_endpoint_url"):
+        if getattr(enc, name) is not None and not getattr(enc, name).strip():
+            errors.append(f"encryption.{name}: must not be empty")
+    if enc.kms_endpoint_url and not enc.kms_endpoint_url.startswith(("http://", "https://")):
+        errors.append(f"encryption.kms_endpoint_url: {enc.kms_endpoint_url!r} is not an http(s) URL")
     if bool(st.access_key_id) != bool(st.secret_access_key):
         errors.append("storage: access_key_id and secret_access_key go together (one is missing)")
     try:

@@ -18,13 +18,25 @@ ENCRYPTION_ALGORITHM = "AES-256-GCM"
 
 @dataclass(frozen=True, slots=True)
 class EncryptionInfo:
-    """The manifest's ``encryption`` field: how the backup's objects are sealed."""
+    """The manifest's ``encryption`` field: how the backup's objects are sealed.
+
+    ``dek_fingerprint`` set: envelope encryption. ``key_id`` then names the backup's own data key
+    (``dek-...``), which is stored only wrapped, in ``keys/*.wrap.json`` next to the manifest; the
+    fingerprint (never the key) lets a reader check that an unwrapped key is this backup's."""
 
     key_id: str
     algorithm: str = ENCRYPTION_ALGORITHM
+    dek_fingerprint: str | None = None
+
+    @property
+    def envelope(self) -> bool:
+        return self.dek_fingerprint is not None
 
     def to_json_obj(self) -> dict:
-        return {"algorithm": self.algorithm, "key_id": self.key_id}
+        out: dict = {"algorithm": self.algorithm, "key_id": self.key_id}
+        if self.dek_fingerprint is not None:  # only for envelope backups: direct-key manifests keep their bytes
+            out["envelope"] = {"dek_fingerprint": self.dek_fingerprint}
+        return out
 
     @classmethod
     def from_json_obj(cls, d: object, where: str) -> "EncryptionInfo":
@@ -33,7 +45,14 @@ class EncryptionInfo:
         alg = d.get("algorithm", ENCRYPTION_ALGORITHM)
         if alg != ENCRYPTION_ALGORITHM:
             raise ManifestError(f"{where}: encryption algorithm {alg!r} is not supported (only {ENCRYPTION_ALGORITHM})")
-        return cls(key_id=d["key_id"], algorithm=alg)
+        env = d.get("envelope")
+        fp = None
+        if env is not None:
+            fp = env.get("dek_fingerprint") if isinstance(env, dict) else None
+            if not isinstance(fp, str) or not fp:
+                raise ManifestError(f"{where}: 'encryption.envelope' must be an object with a non-empty "
+                                    "'dek_fingerprint'")
+        return cls(key_id=d["key_id"], algorithm=alg, dek_fingerprint=fp)
 
 
 @dataclass(slots=True)

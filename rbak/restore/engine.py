@@ -133,6 +133,7 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     dry = options.dry_run or options.definitions_dry_run  # a dry run of either part writes nothing anywhere
     summary = RestoreSummary(options.backup_id, dry)
     manifest = manifest or load_complete_manifest(storage, options, summary.warnings)
+    options = options.with_data_key(storage, manifest)  # envelope: unwrap the data key before any publish
     plans = plan_restore(manifest, options)  # config errors before touching the broker
     if on_plan is not None:
         on_plan(plans)

@@ -50,6 +50,8 @@ class RestoreOptions:
     transient_queues: str = "durable"
     increment_only: bool = False  # a stream from an incremental backup: that backup's offsets only, not its chain
     keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)  # encryption keyring {key id: key}
+    kms_region: str | None = None  # envelope backups wrapped by KMS (encryption.kms_region)
+    kms_endpoint_url: str | None = None  # (encryption.kms_endpoint_url; else AWS_ENDPOINT_URL_KMS)
 
     def keyring(self) -> dict[str, bytes]:
         """The keys for encrypted backups: the configured ones, else ``RBAK_ENCRYPTION_KEYS`` (Spark executors)."""
@@ -58,6 +60,21 @@ class RestoreOptions:
         from ..crypto import load_keyring
 
         return load_keyring()
+
+    def with_data_key(self, storage: Any, manifest: Any) -> "RestoreOptions":
+        """These options with the backup's data key added when it uses envelope encryption: unwrapped
+        once, before anything is published (a key no KEK opens is an error naming the keys tried), and
+        carried with the options to whatever opens segments (threads, Spark executors)."""
+        info = manifest.encryption
+        if info is None or not info.envelope or info.key_id in dict(self.keys):
+            return self
+        from dataclasses import replace
+
+        from ..envelope import KmsSettings, with_data_key
+
+        ring = with_data_key(storage, self.prefix, manifest.backup_id, info, self.keyring(),
+                             KmsSettings(self.kms_region, self.kms_endpoint_url))
+        return replace(self, keys=tuple(sorted(ring.items())))
 
     def __post_init__(self) -> None:
         if self.publish_mode not in ("exchange", "queue"):
@@ -131,6 +148,8 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         transient_queues=r.transient_queues,
         increment_only=getattr(r, "increment_only", False),
         keys=tuple(sorted(cfg.encryption.keyring().items())) if getattr(cfg, "encryption", None) else (),
+        kms_region=cfg.encryption.kms_region if getattr(cfg, "encryption", None) else None,
+        kms_endpoint_url=cfg.encryption.kms_endpoint_url if getattr(cfg, "encryption", None) else None,
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)

@@ -87,6 +87,8 @@ class SegmentPartition(InputPartition):
     segment: dict | None = None  # the manifest entry (SegmentMetadata.to_json_obj): size, SHA-256, counts
     backup_id: str = ""
     key_id: str | None = None  # the backup's encryption key id (None: not encrypted)
+    prefix: str = ""
+    dek_fingerprint: str | None = None  # envelope encryption: the data key is unwrapped on the executor
 
 
 def headers_to_plain(headers) -> dict[str, Any]:
@@ -197,7 +199,8 @@ class RbakReader(DataSourceReader):
                     self.url, s.key, q.vhost, q.name, q.queue_type, s.sequence,
                     s.first_timestamp, s.last_timestamp, self.start_ms, self.end_ms,
                     self.hard_start, self.hard_end, s.to_json_obj(), self.backup_id,
-                    manifest.encryption.key_id if manifest.encryption else None,
+                    manifest.encryption.key_id if manifest.encryption else None, self.prefix,
+                    manifest.encryption.dek_fingerprint if manifest.encryption else None,
                 ))
         # Spark wants at least one partition; an empty one reads nothing.
         return parts or [InputPartition(None)]
@@ -223,9 +226,12 @@ class RbakReader(DataSourceReader):
         # an encrypted backup's segments opened with the executor's RBAK_ENCRYPTION_KEYS.
         codec = None
         if p.key_id is not None:
-            from rbak.crypto import EncryptionInfo, codec_for, load_keyring
+            from rbak.crypto import EncryptionInfo, codec_for
 
-            codec = codec_for(p.backup_id, EncryptionInfo(p.key_id), load_keyring())
+            from .executor import keyring_for
+
+            info = EncryptionInfo(p.key_id, dek_fingerprint=p.dek_fingerprint)
+            codec = codec_for(p.backup_id, info, keyring_for(storage, p.url, p.prefix, p.backup_id, info))
         meta = SegmentMetadata.from_json_obj(p.segment, p.key)
         yield from rows_of_segment(p, (r for _, r in read_segment(storage, meta, codec=codec)))
 

@@ -313,6 +313,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     storage = open_storage(url)
     warnings: list[str] = []
     manifest = load_complete_manifest(storage, options, warnings)  # incremental streams: their whole chain, checked
+    options = options.with_data_key(storage, manifest)  # envelope: the data key travels with the options
     for w in warnings:
         log(f"warning: {w}")
     chains = {(q.vhost, q.name): list(q.chain) for q in manifest.queues if q.chain}

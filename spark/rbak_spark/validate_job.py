@@ -44,21 +44,21 @@ def group_segments(items: list, n: int) -> list[list]:
 
 
 def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id: str = "",
-                    encryption: dict | None = None) -> Iterator[dict]:
+                    encryption: dict | None = None, prefix: str = "") -> Iterator[dict]:
     """Executor side: check each (vhost, queue, segment-metadata) and say what was found. An encrypted
     backup (``encryption``: the manifest's field) is opened with the executor's ``RBAK_ENCRYPTION_KEYS``;
     without that key only stored sizes and checksums are checked."""
-    from rbak.crypto import EncryptionInfo, codec_for, load_keyring
+    from rbak.crypto import EncryptionInfo, codec_for
     from rbak.format.manifest import SegmentMetadata
     from rbak.validate import SegmentCheck, check_segment
 
-    from .executor import storage_for
+    from .executor import keyring_for, storage_for
 
     storage = storage_for(url)
     codec = None
     if encryption:
-        codec = codec_for(backup_id, EncryptionInfo.from_json_obj(encryption, "manifest"), load_keyring(),
-                          required=False)
+        info = EncryptionInfo.from_json_obj(encryption, "manifest")
+        codec = codec_for(backup_id, info, keyring_for(storage, url, prefix, backup_id, info), required=False)
     for vhost, queue, seg_obj in items:
         seg = SegmentMetadata.from_json_obj(seg_obj)
         t0 = time.perf_counter()
@@ -97,7 +97,8 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
         sc.setJobDescription(f"rbak validate {backup_id}: {len(items)} segments in {len(groups)} tasks")
         results = (
             sc.parallelize(groups, len(groups))
-            .mapPartitions(lambda it: check_partition(url, (x for group in it for x in group), backup_id, enc))
+            .mapPartitions(lambda it: check_partition(url, (x for group in it for x in group), backup_id, enc,
+                                                            prefix))
             .collect()
         )
     results.sort(key=lambda r: order[r["key"]])

@@ -284,6 +284,51 @@ def test_restore_creates_a_restore_and_follows_it(scene):
         broker.delete_vhost(target)
 
 
+def test_status_lists_the_restores_too(scene):
+    """Restores under the backups: each with what it restores from, its phase and outcome; ``status NAME``
+    keeps to NAME's restores; ``-o json`` appends them as rows of kind RabbitMQRestore."""
+    broker = BROKERS["rmq310"]
+    target = unique_name("test-kplugin-st")
+    broker.create_vhost(target)
+    broker.declare_queue(target, "q1")
+    try:
+        bid = scene.status(scene.name)["lastBackupId"]
+        good, bad = f"{scene.name}-st1", f"{scene.bad}-st2"
+        r = scene.run("restore", scene.name, "--backup-id", bid, "--to-vhost", target, "--name", good)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        scene.cluster.http.create(API, "rabbitmqrestores", {
+            "apiVersion": API, "kind": "RabbitMQRestore", "metadata": {"name": bad},
+            "spec": {"backupRef": {"name": scene.bad, "backupId": "no-such-backup"}}})
+        wait_for(lambda: (scene.cluster.http.get(API, "rabbitmqrestores", bad).get("status") or {}).get("phase")
+                 == "Failed", 120, what=f"restore {bad} to fail", diag=scene.cluster.logs)
+        objs = {n: scene.cluster.http.get(API, "rabbitmqrestores", n) for n in
+                sorted(o["metadata"]["name"] for o in scene.cluster.http.items(API, "rabbitmqrestores"))}
+        all_, one, as_json = scene.run_all(["status"], ["status", scene.name], ["status", "-o", "json"])
+        assert all_.returncode == 0, all_.stderr
+        text = lines(all_.stdout)
+        gap = text.index("")
+        rows = [re.split(r"\s{3,}", line) for line in text[gap + 1:]]
+        assert rows[0] == ["RESTORE", "FROM", "BACKUP ID", "PHASE", "MESSAGES", "SIZE", "FINISHED"]
+        by_name = {row[0]: row for row in rows[1:] if len(row) == 7}
+        assert set(by_name) == set(objs)  # every restore of the namespace (the restore test's too, if it ran)
+        st = objs[good]["status"]
+        assert by_name[good] == [good, f"rabbitmqbackup/{scene.name}", bid, "Succeeded", "3", st["size"],
+                                 st["completionTime"]]
+        assert by_name[bad][:4] == [bad, f"rabbitmqbackup/{scene.bad}", "no-such-backup", "Failed"]
+        failed = objs[bad]["status"]
+        assert [f"{bad}: {failed.get('reason') or 'Failed'}: {failed['message']}"] == [
+            line for line in text[gap + 1:] if line.startswith(f"{bad}: ")]
+        restores_of_name = [line.split()[0] for line in lines(one.stdout)[lines(one.stdout).index("") + 2:]]
+        assert good in restores_of_name and bad not in restores_of_name
+        j = json.loads(as_json.stdout)
+        assert [x["kind"] for x in j] == ["RabbitMQBackup"] * 3 + ["RabbitMQRestore"] * len(objs)
+        assert {k: v for k, v in next(x for x in j if x["name"] == good).items() if k != "finished"} == {
+            "kind": "RabbitMQRestore", "name": good, "backup": f"rabbitmqbackup/{scene.name}", "backupId": bid,
+            "phase": "Succeeded", "messages": 3, "size": st["size"], "notes": []}
+    finally:
+        broker.delete_vhost(target)
+
+
 def test_logs_show_the_last_runs_pod(scene, tmp_path):
     run = scene.status(scene.name)["lastRun"]["jobName"]
     front = LogFront(scene.kube, scene.cluster.runner.outputs)

@@ -121,3 +121,27 @@ def test_spark_executors_get_the_keyring_too():
     for role in ("driver", "executor"):
         refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in app["spec"][role]["env"]}
         assert refs.get(DEFAULT_KEYS_ENV) == {"name": "old-keys", "key": "ring"}, role
+
+
+def test_envelope_and_kms_reach_the_backup_config_and_the_crd():
+    enc = {"keyId": "2026-11", "keysSecretRef": {"name": "rbak-keys"}, "envelope": True,
+           "kms": {"keyId": "arn:aws:kms:eu-west-1:1:key/x", "endpointUrl": "https://kms.internal"}}
+    spec = {**CLUSTER_SPEC, "encryption": enc}
+    cfg, env = rbakconfig.backup_config(spec, "prod", "b-1")
+    loaded = Config.from_dict(cfg, env=SECRET_ENV)
+    e = loaded.encryption
+    assert (e.enabled, e.envelope, e.key_id, e.kms_key_id, e.kms_endpoint_url, e.kms_region) == (
+        True, True, "2026-11", "arn:aws:kms:eu-west-1:1:key/x", "https://kms.internal", None)
+    jsonschema.validate(spec, _spec_schema(crds.backup_crd()))
+    # KMS alone wraps the data key: no keyring Secret needed
+    kms_only = {**CLUSTER_SPEC, "encryption": {"envelope": True, "kms": {"keyId": "alias/rbak"}}}
+    cfg, env = rbakconfig.backup_config(kms_only, "prod", "b-2")
+    e = Config.from_dict(cfg, env=SECRET_ENV).encryption
+    assert (e.enabled, e.envelope, e.key_id, e.kms_key_id) == (True, True, None, "alias/rbak")
+    assert all(x.env != "RBAK_ENCRYPTION_KEYS" for x in env)
+    with pytest.raises(ConfigError, match="spec.encryption.kms: a KMS key only wraps data keys: set "
+                                          "spec.encryption.envelope: true"):
+        rbakconfig.backup_config({**CLUSTER_SPEC, "encryption": {"kms": {"keyId": "alias/rbak"}}}, "prod", "b")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**CLUSTER_SPEC, "encryption": {"envelope": True, "kms": {"endpointUrl": "x"}}},
+                            _spec_schema(crds.backup_crd()))

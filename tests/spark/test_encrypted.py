@@ -75,3 +75,44 @@ def test_spark_validate_and_read_an_encrypted_backup(spark, tmp_path):
         assert single.all_problems() == out["all_problems"]
     finally:
         with_executor_keys(spark, None)
+
+
+def test_spark_validate_and_read_an_envelope_backup(spark, tmp_path):
+    """Executors unwrap the data key with their own RBAK_ENCRYPTION_KEYS (once per worker); a key
+    rotated in with a new wrap is enough on its own."""
+    from rbak.envelope import KEYRING, Kek, KeySources, new_data_key, rewrap, write_wraps
+    from rbak.keys import BackupLayout
+
+    url = f"file://{tmp_path}"
+    storage = open_storage(url)
+    m = write_backup(storage, "env", [QueueSpec("/", "orders", 80, 200)], segment_max_bytes=6000,
+                     random_bodies=True)
+    from rbak.format.reader import read_segment
+
+    plain = [r.body for s in m.queues[0].segments for _, r in read_segment(storage, s)]
+    dek, info, wraps = new_data_key("env", KeySources({"k1": KEY}, wrap_with=(Kek(KEYRING, "k1"),)))
+    write_wraps(storage, BackupLayout("env", ""), wraps)
+    codec = ObjectCodec("env", info, dek)
+    for q in m.queues:
+        for s in q.segments:
+            stored = codec.put(storage, s.key, storage.get(s.key))
+            s.size_bytes, s.checksum = len(stored), sha256_hex(stored)
+    m.encryption = info
+    m.recompute_totals()
+    storage.put("env/manifest.json", m.to_json())
+    k2 = os.urandom(32)
+    assert rewrap(storage, "", "env", info, Kek(KEYRING, "k2"), KeySources({"k1": KEY, "k2": k2})).outcome == "added"
+    try:
+        with_executor_keys(spark, None)
+        out = run_validate(spark, url, "env", write_report=False)
+        assert out["ok"] is True and out["summary"]["records"] == 0  # no key: sizes and SHA-256 only
+        with_executor_keys(spark, f"k2: {base64.b64encode(k2).decode()}")
+        out = run_validate(spark, url, "env", write_report=False)
+        assert out["ok"] is True and out["summary"]["records"] == 80
+        from rbak_spark.datasource import register
+
+        register(spark)
+        bodies = [r.body for r in spark.read.format("rbak").option("backup_id", "env").load(url).collect()]
+        assert sorted(bodies) == sorted(plain) and len(plain) == 80
+    finally:
+        with_executor_keys(spark, None)
