@@ -157,6 +157,7 @@ class BackupEngine(StreamBackup):
         self._readers: reader_process.ReaderProcesses | None = None
         self._child_connections = 0
         self._readers_failed = False
+        self.lease: Lease | None = None
         self.reader_cpu_secs = 0.0  # CPU seconds of the reader processes (not in this process's own times)
         self._lock = threading.Lock()
 
@@ -170,6 +171,7 @@ class BackupEngine(StreamBackup):
             # nothing is written (or deleted) before the source has answered on every port with these
             # credentials, every vhost exists, and this run holds the lease on every vhost it reads
             ov, queues, lease = self._preflight(client)
+            self.lease = lease
             created_at = self._check_existing()
             if self.codec.wraps:  # envelope: the wrapped data key is stored before anything it seals
                 from ..envelope import write_wraps
@@ -539,6 +541,7 @@ class BackupEngine(StreamBackup):
                 metrics.bytes_read().labels(**labels).inc(kw.get("bytes", 0))
             self.progress(event, **kw)
 
+        started = time.monotonic()
         res = self._readers.read(q, cluster, version, on_event)
         with self._lock:
             self._child_connections += res.connections
@@ -549,7 +552,17 @@ class BackupEngine(StreamBackup):
         segs = res.backup.segments
         metrics.segments_written().labels(**labels).inc(len(segs))
         metrics.segment_bytes().labels(**labels).inc(sum(s.size_bytes for s in segs))
+        risk = self.lease_risk(q.vhost, started, time.monotonic())  # the child measured its depth in between
+        if risk:
+            ckpt.reset(q.vhost, q.name)  # a rerun reads it again
+            raise ShortRead(res.backup, risk)
         return res.backup
+
+    def lease_risk(self, vhost: str, started: float, ended: float | None = None) -> str | None:
+        """Why a read whose depth was measured at ``started`` (up to ``ended``) may miss messages
+        another backup held: this run had lost its lease on the vhost then (``Lease.at_risk``)."""
+        lease = self.lease
+        return lease.at_risk(vhost, started, ended) if lease is not None else None
 
     def _kept_progress(self, ckpt: Checkpoint, q: QueueInfo) -> QueueProgress | None:
         """This storage's progress for a queue, if every segment it keeps is still here (else read it again)."""

@@ -46,14 +46,32 @@ class Lease:
     """The leases of one run, one connection per vhost; ``release`` (or the process ending) frees them.
 
     pika's blocking connection answers the broker's heartbeats only while something drives its I/O,
-    so a keeper thread does that for all lease connections (no other thread uses them)."""
+    so a keeper thread does that for all lease connections (no other thread uses them). A lease the
+    broker drops (its connection closed, a restart) is taken again at once when no one else holds
+    it; while this run holds none (a *gap*), another backup can start and hold messages unacked that
+    a read starting then cannot see, so such reads are recorded partial (``at_risk``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, retake: Callable[[str], pika.BlockingConnection | str] | None = None) -> None:
         self.connections: dict[str, pika.BlockingConnection] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: list[str] = []
         self.waited = False  # another backup held a lease first
+        # ``retake(vhost)``: a new connection owning the vhost's lease again, or why not (e.g. its holder)
+        self._retake = retake
+        self._gaps: dict[str, list[list]] = {}  # vhost -> [[lost at, taken again at or None, why], ...]
+        self._lock = threading.Lock()
+
+    def at_risk(self, vhost: str, started: float, ended: float | None = None) -> str | None:
+        """Why a read of a queue in ``vhost`` that measured its depth at ``started`` (monotonic; or at
+        some time up to ``ended``) cannot be trusted complete, or None when this run held the lease then."""
+        last = started if ended is None else ended
+        with self._lock:
+            for lost, back, why in self._gaps.get(vhost, []):
+                if lost <= last and (back is None or started < back):
+                    return (f"the backup lease on vhost {vhost!r} was lost when this queue's read started "
+                            f"({why}): another backup may have held messages unacked that this read could not see")
+        return None
 
     def start(self) -> None:
         if self.connections and self._thread is None:
@@ -61,16 +79,41 @@ class Lease:
             self._thread.start()
 
     def _keep(self) -> None:
+        vhosts = list(self.connections)
         while not self._stop.is_set():
-            for vhost, conn in list(self.connections.items()):
+            for vhost in vhosts:
+                conn = self.connections.get(vhost)
+                if conn is None:
+                    self._take_again(vhost)
+                    continue
                 try:
                     conn.process_data_events(0)
-                except Exception as e:  # noqa: BLE001 - a lost lease is reported, the run goes on
+                except Exception as e:  # noqa: BLE001 - a lost lease is taken again, or what it risks recorded
+                    self.connections.pop(vhost, None)
                     if vhost not in self.lost:
                         self.lost.append(vhost)
-                        log.warning("the backup lease on vhost %r was lost (%r): another backup could start now",
-                                    vhost, e)
+                    with self._lock:
+                        self._gaps.setdefault(vhost, []).append([time.monotonic(), None, "not taken again yet"])
+                    log.warning("the backup lease on vhost %r was lost (%r); taking it again", vhost, e)
+                    self._take_again(vhost)
             self._stop.wait(POLL_SECS)
+
+    def _take_again(self, vhost: str) -> None:
+        try:
+            got = self._retake(vhost) if self._retake is not None else "this run cannot take it again"
+        except Exception as e:  # noqa: BLE001 - the broker may be away; the readers say so themselves
+            got = f"taking it again failed: {e}"
+        with self._lock:
+            gap = self._gaps[vhost][-1]
+            if isinstance(got, str):
+                if gap[2] != got:
+                    log.warning("vhost %r: the backup lease is not back: %s; queues whose read starts now are "
+                                "recorded partial", vhost, got)
+                gap[2] = got
+                return
+            gap[1] = time.monotonic()
+            self.connections[vhost] = got
+        log.warning("vhost %r: the backup lease was taken again (no other backup held it)", vhost)
 
     def release(self) -> None:
         self._stop.set()
@@ -92,8 +135,17 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
 
     ``connect(vhost, connection_name)`` opens the lease connection (it also proves the AMQP port,
     credentials and vhost access before anything is written)."""
-    lease = Lease()
     name = holder_name(cfg.backup_id)
+
+    def retake(vhost: str) -> pika.BlockingConnection | str:
+        conn = connect(vhost, name)
+        held, holder = _declare(conn, vhost, client, cfg)
+        if not held:
+            return conn
+        conn.close()
+        return f"{holder or 'another connection'} holds it now"
+
+    lease = Lease(retake)
     deadline = time.monotonic() + cfg.backup.lease_wait_secs
     try:
         for vhost in vhosts:

@@ -92,6 +92,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     reason = skip_reason(q, None, False)  # exclusive (the listing said so)
     if reason:
         raise QueueSkipped(f"{where}: {reason}")
+    started = time.monotonic()  # the depth below is what the read must reach: measured now
     depth, consumers = passive_info(conn, vhost, name)
     reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers) or \
         single_active_reason(q, consumers, eng.client)
@@ -175,6 +176,9 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     if qb.message_count < depth:
         raise ShortRead(qb, res.short or f"read {qb.message_count} of the {depth} messages the queue held when the "
                         "read started")
+    risk = eng.lease_risk(vhost, started)
+    if risk:  # recorded partial and read again by a rerun (no completed progress is kept)
+        raise ShortRead(qb, risk)
     ckpt.save(QueueProgress(vhost, name, qtype, depth, qb.message_count, writer.next_sequence, segments, True))
     return qb
 
