@@ -20,12 +20,14 @@ in-order return):
 2. read exactly ``len(A)`` messages, check they are ``A``, and give them back: they go behind
    ``B``, which restores ``[B, A]``.
 
-This needs ``C`` empty (every message in the returns, the nightly case: an earlier complete
-backup returned the whole queue). Read 1 makes ``C`` returns too, and from ``[A, B, C]`` in the
-returns every take-and-give-back is a rotation, which cannot reach ``[B, A, C]``: then the queue
-is left as the cut left it (read 1 changes no order) and the error says so. No read can stop
-before ``C`` without taking its first message (AMQP 0-9-1 has no peek, and the queues' count of
-returned messages is a sampled statistic, absent on 3.x).
+Read 1 must not take ``C``: given back, ``C`` would join the returns, and from ``[A, B, C]`` all
+in the returns every take-and-give-back is a rotation, which cannot reach ``[B, A, C]``. AMQP
+0-9-1 has no peek, so read 1 stops at the number of returned messages the broker reports
+(``messages_ready_returned``, 4.0+, read once its statistics show every message back and none
+unacked) and checks that each one it took came from the returns. Without that figure (3.x) it
+reads the whole queue, and a non-empty ``C`` (messages published during the backup, or left by
+an earlier cut that stopped further in) leaves the queue as the cut left it (read 1 changes no
+order), and the error says so.
 
 Each read costs a delivery on brokers that count returns (3.x and 4.0 return by channel close),
 so both are bounded by the same ``delivery_limit - margin`` as the backup itself. Anything the
@@ -40,12 +42,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from urllib.parse import quote
 
 from ..errors import RbakError
 from .queue_reader import read_queue
 
 log = logging.getLogger(__name__)
 
+STATS_SECS = 15.0  # how long the management statistics may take to show the returned messages
 PREFIX = 64  # messages of the cut read remembered to find them again (content, not position)
 SETTLE_SECS = 30.0  # how long the broker may take to give a closed connection's messages back
 
@@ -105,17 +109,42 @@ class Repair:
     max_count: int = 0  # the highest x-delivery-count the repair saw (for the delivery guard)
 
 
+def returned_ready(client: Any, vhost: str, queue: str, ready: int, wait_secs: float = STATS_SECS,
+                   sleep: Callable[[float], None] = time.sleep) -> int | None:
+    """How many of the queue's ``ready`` messages wait in its returns, from the management API
+    (``messages_ready_returned``, 4.0+), or None: not reported (3.x) or not settled in time. A
+    sample counts only once it shows all ``ready`` messages back and none unacked, so it was
+    taken after the broker gave the cut read's messages back."""
+    deadline = time.monotonic() + wait_secs
+    while True:
+        try:
+            info = client.request("GET", f"queues/{quote(vhost, safe='')}/{quote(queue, safe='')}") or {}
+        except RbakError as e:
+            log.debug("queue %r in vhost %r: no statistics: %s", queue, vhost, e)
+            return None
+        if "messages_ready" in info and "messages_ready_returned" not in info:
+            return None
+        if info.get("messages_ready") == ready and info.get("messages_unacknowledged") == 0 \
+                and isinstance(info.get("messages_ready_returned"), int):
+            return int(info["messages_ready_returned"])
+        if time.monotonic() >= deadline:
+            return None
+        sleep(0.5)
+
+
 def repair(connect: Callable[[], Any], counts: Callable[[Any], tuple[int, int]], vhost: str, queue: str,
            depth: int, taken: Taken, *, delivery_limit: int | None, margin: int, return_mode: str,
-           read_timeout: float) -> Repair:
+           read_timeout: float, returned: Callable[[int], int | None] = lambda _ready: None) -> Repair:
     """Restore ``[B, A, C]`` after a cut (module docstring). ``connect()`` opens a fresh connection
-    to the vhost; ``counts(conn)`` is the queue's (ready messages, consumers) by passive declare."""
+    to the vhost; ``counts(conn)`` is the queue's (ready messages, consumers) by passive declare;
+    ``returned(ready)`` how many of them wait in its returns (``returned_ready``), or None."""
     try:
         conn = connect()
     except (RbakError, OSError) as e:
         return Repair(False, f"rbak could not reconnect to put it back in order ({e})")
     try:
-        return _repair(conn, counts, vhost, queue, depth, taken, delivery_limit, margin, return_mode, read_timeout)
+        return _repair(conn, counts, vhost, queue, depth, taken, delivery_limit, margin, return_mode, read_timeout,
+                       returned)
     except RbakError as e:
         return Repair(False, f"putting it back in order failed ({e})")
     finally:
@@ -126,7 +155,8 @@ def repair(connect: Callable[[], Any], counts: Callable[[Any], tuple[int, int]],
 
 
 def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, queue: str, depth: int,
-            taken: Taken, limit: int | None, margin: int, mode: str, read_timeout: float) -> Repair:
+            taken: Taken, limit: int | None, margin: int, mode: str, read_timeout: float,
+            returned: Callable[[int], int | None]) -> Repair:
     deadline = time.monotonic() + SETTLE_SECS
     ready, consumers = counts(conn)
     while ready < depth and consumers == 0 and time.monotonic() < deadline:
@@ -137,21 +167,26 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
     if ready < depth:
         return Repair(False, f"not put back in order: it holds {ready} of the {depth} messages it held when "
                              f"the backup started")
+    in_returns = returned(ready)
+    first = in_returns if in_returns is not None and 0 < in_returns < ready else ready
     whole = Seen()
-    res = read_queue(conn, vhost, queue, "quorum", ready, whole.sink, delivery_limit=limit, margin=margin,
+    res = read_queue(conn, vhost, queue, "quorum", first, whole.sink, delivery_limit=limit, margin=margin,
                      return_mode=mode, read_timeout=read_timeout)
-    if res.records < ready:
-        return Repair(False, f"not put back in order: a check read took {res.records} of {ready} messages")
+    if res.records < first:
+        return Repair(False, f"not put back in order: a check read took {res.records} of {first} messages")
+    if first < ready and not all(whole.redelivered):
+        return Repair(False, "not put back in order: the broker's count of returned messages was out of date, "
+                             "so the check read took messages that had never been delivered", whole.max_count)
     j = rotation(whole.ids, whole.redelivered, taken.prefix)
     if j is None:
         return Repair(False, "not put back in order: the messages the backup had taken could not be "
                              "found again with certainty", whole.max_count)
     if j == 0:
         return Repair(True, "its order was checked and is unchanged", whole.max_count)
-    returned = next((i for i, r in enumerate(whole.redelivered) if not r), len(whole.redelivered))
-    if returned < len(whole.ids):
+    prefix = next((i for i, r in enumerate(whole.redelivered) if not r), len(whole.redelivered))
+    if prefix < len(whole.ids):
         # the check read returned C too: [A, B, C] are all returns now, and only rotations are left
-        return Repair(False, f"not put back in order: {len(whole.ids) - returned} message(s) behind them had "
+        return Repair(False, f"not put back in order: {len(whole.ids) - prefix} message(s) behind them had "
                              f"never been delivered, and no return can put the {j} ahead between", whole.max_count)
     ahead = Seen()
     res = read_queue(conn, vhost, queue, "quorum", j, ahead.sink, delivery_limit=limit, margin=margin,

@@ -152,7 +152,8 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
             fixed = cut_repair.repair(lambda: connect(eng.cfg.source, vhost), lambda c: passive_info(c, vhost, name),
                                       vhost, name, depth, taken, delivery_limit=limit,
                                       margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
-                                      read_timeout=eng.cfg.backup.read_timeout_secs)
+                                      read_timeout=eng.cfg.backup.read_timeout_secs,
+                                      returned=lambda ready: cut_repair.returned_ready(eng.client, vhost, name, ready))
             # its reads saw the counts the cut left; the guard below adds their own return
             state["max"] = max(state["max"], fixed.max_count)
             if fixed.repaired:
