@@ -13,8 +13,12 @@ from support.op_e2e import API, Cluster
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3):
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
+def cluster(tmp_path_factory, moto_s3, kube_api):
+    """The operator, the local kubelet and the real API server (``kube_api``). kmock's emulator
+    only where a module needs a fault the server will not produce (test_operator_emulator_faults.py)."""
+    # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE stay in the operator's environment as this machine sets
+    # them: the kubernetes client keeps the kubeconfig's CA regardless (issue #28, defect 3).
+    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=kube_api)
     try:
         yield c
     finally:
@@ -47,7 +51,7 @@ def env(cluster, rmq310, moto_s3, s3_bucket):
     try:
         yield e
     finally:
-        # Delete this test's objects so their reconcile loops end and the emulator stays small.
+        # Delete this test's objects so their reconcile loops end and the server stays small.
         for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs"),
                             ("sparkoperator.k8s.io/v1beta2", "sparkapplications")):
             for o in http.items(api, plural):

@@ -1,4 +1,4 @@
-"""Live progress and per-resource gauges end to end: the real operator (kopf) against kmock's emulator,
+"""Live progress and per-resource gauges end to end: the real operator (kopf) against the real API server,
 Jobs run by the local kubelet against RabbitMQ 3.10 and moto S3 (see test_operator_e2e.py).
 
 The Job pods are held after their first finished queue by a ``sitecustomize`` gate

@@ -28,9 +28,8 @@ OPERATOR_ENV = {"RBAK_OPERATOR_RESYNC_SECONDS": "86400", "RBAK_OPERATOR_WATCH_TI
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, moto_s3, kube_api):
-    # The fake clock starts at the real time: the server stamps creationTimestamp itself.
-    start = datetime.now(timezone.utc).replace(microsecond=0)
-    c = Cluster(tmp_path_factory.mktemp("cluster-faults"), kube=kube_api, start=start, operator_env=OPERATOR_ENV)
+    # The fake clock starts at the server's time: the server stamps creationTimestamp itself.
+    c = Cluster(tmp_path_factory.mktemp("cluster-faults"), kube=kube_api, operator_env=OPERATOR_ENV)
     try:
         yield c
     finally:

@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Callable
 
@@ -220,6 +222,11 @@ class Http:
         if sub:
             p += f"/{sub}"
         return p
+
+    def server_time(self) -> datetime:
+        """The server's own clock (the ``Date`` header of any answer, whole seconds): a real server
+        stamps creationTimestamp with it."""
+        return parsedate_to_datetime(self.s.get(self.base + "/version").headers["Date"]).astimezone(timezone.utc)
 
     def get(self, api, plural, name=None, ns=NS):
         r = self.s.get(self.base + self.path(api, plural, ns, name))
