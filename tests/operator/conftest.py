@@ -13,18 +13,19 @@ from support.op_e2e import API, Cluster
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3, kube_api):
-    """The operator, the local kubelet and the real API server (``kube_api``). kmock's emulator
-    only where a module needs a fault the server will not produce (test_operator_emulator_faults.py)."""
+def cluster(tmp_path_factory, moto_s3, e2e_kube):
+    """The operator, the local kubelet and a real API server: the suite's own (``kube_api``), or the
+    cluster ``RBAK_E2E_KUBECONFIG`` names (``e2e_kube``). kmock's emulator only where a module needs
+    a fault the server will not produce (test_operator_emulator_faults.py)."""
     # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE stay in the operator's environment as this machine sets
     # them: the kubernetes client keeps the kubeconfig's CA regardless (issue #28, defect 3).
-    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=kube_api)
+    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=e2e_kube)
     try:
         yield c
     finally:
         calls = c.emu.api_calls()
         dump = os.environ.get("RBAK_OPERATOR_API_CALLS_DUMP")
-        if dump:
+        if dump and not c.external:
             Path(dump).write_text(json.dumps(sorted(calls), indent=1))
         c.close()
 

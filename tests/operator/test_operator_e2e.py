@@ -238,6 +238,7 @@ def _reports(env, backup_id: str) -> list[dict]:
 def e2e_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     """validate.sparkThresholdBytes: 0 -> every finished run is validated by a SparkApplication running
     spark/validate.py (Spark in local mode here); its JSON report lands next to the backup."""
+    cluster.needs_own_crd("sparkapplications.sparkoperator.k8s.io")
     env.broker.publish_n(env.vhost, "alpha", 6, declare={})
     env.broker.publish_n(env.vhost, "beta", 4, declare={})
     name = f"{env.tag}-sval"
@@ -348,6 +349,7 @@ def e2e_restore_from_latest_backup_puts_messages_back(cluster, env):
 
 def e2e_restore_with_the_spark_engine(cluster, env):
     """engine: spark -> a SparkApplication running spark/restore.py (Spark in local mode here)."""
+    cluster.needs_own_crd("sparkapplications.sparkoperator.k8s.io")
     bodies = [f"s{i}".encode() for i in range(5)]
     env.broker.publish(env.vhost, "events", bodies, declare={})
     name = f"{env.tag}-sp"
@@ -463,7 +465,7 @@ def e2e_per_resource_gauges_outlive_the_job(cluster, env):
     def scrape() -> dict:
         return {(n, tuple(sorted(labels.items()))): v for n, labels, v in metric_samples(port)}
 
-    lab = (("backup", name), ("rbak_namespace", "default"))  # opcluster.NS
+    lab = (("backup", name), ("rbak_namespace", cluster.http.ns))
     got = wait_for(lambda: (m := scrape()).get(("rbak_backup_last_messages", lab)) == 3 and m, 30, what="gauges",
                    diag=cluster.logs)
     assert got[("rbak_backup_schedule_period_seconds", lab)] == 86400
@@ -476,6 +478,7 @@ def e2e_per_resource_gauges_outlive_the_job(cluster, env):
 def e2e_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     """A RabbitmqCluster whose status names its default-user Secret (a decoy <name>-default-user with a wrong
     password is ignored), and a messaging-topology-operator connectionSecret (uri, username, password)."""
+    cluster.needs_own_crd("rabbitmqclusters.rabbitmq.com")
     b, http, tag = env.broker, cluster.http, env.tag
     b.publish_n(env.vhost, "q1", 4, declare={})
     rc = f"{tag}-rc"
@@ -485,7 +488,7 @@ def e2e_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     http.create("rabbitmq.com/v1beta1", "rabbitmqclusters", {
         "apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster", "metadata": {"name": rc}, "spec": {}})
     http.patch("rabbitmq.com/v1beta1", "rabbitmqclusters", rc, {"status": {"defaultUser": {"secretReference": {
-        "name": f"{tag}-rc-admin", "namespace": "default",
+        "name": f"{tag}-rc-admin", "namespace": cluster.http.ns,
         "keys": {"username": "user", "password": "pass", "host": "host", "port": "port"}}}}}, sub="status")
     by_status = f"{tag}-bystatus"
     create_backup(cluster, env, by_status, broker={"rabbitmqClusterReference": {"name": rc,

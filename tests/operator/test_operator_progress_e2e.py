@@ -20,7 +20,7 @@ from support.opcluster import wait_for
 from support.op_e2e import (API, create_backup, good_and_failed_run, metric_samples, restart_with_metrics, s3,
                             trigger, wait_run)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
 GATE_DIR = Path(__file__).parent / "data" / "progress_gate"
 

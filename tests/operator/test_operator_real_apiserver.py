@@ -23,7 +23,7 @@ from support.opcluster import wait_for
 
 from rbak.catalog import list_backups
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
 # The scenarios of test_operator_e2e.py (``e2e_*`` there) run here, on the real server.
 from test_operator_e2e import (  # noqa: E402,F401 (collected by pytest)
@@ -48,7 +48,7 @@ from test_operator_e2e import (  # noqa: E402,F401 (collected by pytest)
 )
 
 
-def test_on_demand_backup_end_to_end(cluster, env, kube_api):
+def test_on_demand_backup_end_to_end(cluster, env):
     env.broker.publish_n(env.vhost, "q1", 3, declare={})
     name = f"{env.tag}-manual"
     created = create_backup(cluster, env, name)
@@ -68,7 +68,7 @@ def test_on_demand_backup_end_to_end(cluster, env, kube_api):
                        and {e["reason"] for e in cluster.events(name)}, 30, what="events", diag=cluster.logs)
     assert "BackupFailed" not in reasons
     # what a user sees
-    out = kube_api.kubectl("get", "rabbitmqbackups", name, "-o", "wide").stdout
+    out = cluster.emu.kube.kubectl("-n", cluster.http.ns, "get", "rabbitmqbackups", name, "-o", "wide").stdout
     assert "<invalid>" not in out and "Succeeded" in out and backup.backup_id in out, out
 
 
@@ -95,6 +95,7 @@ def test_api_calls_are_within_the_declared_rbac(cluster, env):
     """From the server's audit log: every call the operator process made (kopf's and ours) is in
     api_calls.USED_API_CALLS, the list the Helm chart's RBAC is checked against.
     The test makes its own run first: it must not depend on which tests ran before it."""
+    cluster.needs_audit_log()
     name = f"{env.tag}-rbac"
     create_backup(cluster, env, name)
     trigger(cluster, name, "1")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
+
 from rbak.catalog import load_manifest
 from rbak.storage.url import open_storage
 from rbak_operator.clock import parse_time
@@ -35,7 +37,8 @@ class Cluster:
             self.http = Http(self.emu.url)
         else:
             self.emu = RealServer(kube)
-            self.http = KubeHttp(kube)
+            self.http = KubeHttp(kube, self.emu.namespace)
+        self.external = self.real and self.emu.external
         self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
         self.clock_file = tmp / "clock"
         # A real server stamps creationTimestamp with its own clock: the fake one starts there.
@@ -43,7 +46,9 @@ class Cluster:
         self.clock_file.write_text(fmt(self.now))
         self.runner = PodRunner(self.http).start()
         self.operators: list[Operator] = []
-        self.operator_env = dict(operator_env or {})
+        # On an existing cluster the operator keeps to the test namespace: it never touches the rest.
+        self.operator_env = {**({"RBAK_OPERATOR_NAMESPACES": self.http.ns} if self.external else {}),
+                             **(operator_env or {})}
         self.operator = self.start_operator()
 
     def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
@@ -58,6 +63,17 @@ class Cluster:
         tmp = self.clock_file.with_suffix(".tmp")
         tmp.write_text(fmt(dt))
         tmp.replace(self.clock_file)  # atomic: the operator never reads a half-written clock
+
+    def needs_audit_log(self) -> None:
+        """Skip on an existing cluster (``RBAK_E2E_KUBECONFIG``): the test reads the server's audit log."""
+        if self.external:
+            pytest.skip("reads the API server's audit log, which only the test suite's own server exposes")
+
+    def needs_own_crd(self, crd: str) -> None:
+        """Skip when ``crd`` (another operator's) was on the existing cluster before the tests: that
+        operator would act on the test's objects (a RabbitmqCluster, a SparkApplication)."""
+        if self.real and crd in self.emu.preexisting:
+            pytest.skip(f"the cluster runs the operator of {crd}, which would act on this test's objects")
 
     def clock_at_server_time(self) -> None:
         """Set the fake clock back to the API server's time, for a test of schedule slots on a real
