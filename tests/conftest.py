@@ -23,10 +23,11 @@ by skipping.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from support.brokers import BROKERS, Broker, unique_name
-from support.kubeapi import KubeApi, binaries_problem
+from support.kubeapi import ExternalKube, KubeApi, binaries_problem
 from support.require import require_that, unavailable
 from support.s3 import MotoS3Server, S3Bucket, apply_fake_env, create_bucket
 from support.tls import TlsFiles, tls_files
@@ -161,6 +162,21 @@ def tls() -> TlsFiles:
     if missing:
         unavailable(f"TLS material missing: {', '.join(map(str, missing))}; run .ci/setup")
     return files
+
+
+@pytest.fixture(scope="session")
+def e2e_kube(request):
+    """The cluster of the operator's end-to-end tests: an existing one when ``RBAK_E2E_KUBECONFIG``
+    names its kubeconfig (kind, any cluster; see docs/operator.md), else the suite's own API
+    server (``kube_api``)."""
+    path = os.environ.get("RBAK_E2E_KUBECONFIG")
+    if not path:
+        return request.getfixturevalue("kube_api")
+    kube = ExternalKube(Path(path).expanduser())
+    r = kube.kubectl("get", "--raw", "/readyz", check=False)
+    if r.returncode != 0:
+        pytest.fail(f"RBAK_E2E_KUBECONFIG={path}: the cluster does not answer: {r.stderr.strip()}")
+    return kube
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,19 @@ from support.op_e2e import API, Cluster
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3):
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
+def cluster(tmp_path_factory, moto_s3, e2e_kube):
+    """The operator, the local kubelet and a real API server: the suite's own (``kube_api``), or the
+    cluster ``RBAK_E2E_KUBECONFIG`` names (``e2e_kube``). kmock's emulator only where a module needs
+    a fault the server will not produce (test_operator_emulator_faults.py)."""
+    # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE stay in the operator's environment as this machine sets
+    # them: the kubernetes client keeps the kubeconfig's CA regardless (issue #28, defect 3).
+    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=e2e_kube)
     try:
         yield c
     finally:
         calls = c.emu.api_calls()
         dump = os.environ.get("RBAK_OPERATOR_API_CALLS_DUMP")
-        if dump:
+        if dump and not c.external:
             Path(dump).write_text(json.dumps(sorted(calls), indent=1))
         c.close()
 
@@ -47,7 +52,7 @@ def env(cluster, rmq310, moto_s3, s3_bucket):
     try:
         yield e
     finally:
-        # Delete this test's objects so their reconcile loops end and the emulator stays small.
+        # Delete this test's objects so their reconcile loops end and the server stays small.
         for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs"),
                             ("sparkoperator.k8s.io/v1beta2", "sparkapplications")):
             for o in http.items(api, plural):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support.brokers import BROKERS, unique_name
 from support.kubelogs import LogFront
-from support.op_e2e import API, Cluster
+from support.op_e2e import API, START, Cluster
 from support.opcluster import wait_for
 from support.require import unavailable
 from support.s3 import create_bucket
@@ -87,7 +87,7 @@ def scene(tmp_path_factory, moto_s3, kube_api):
     if reason:
         unavailable(reason)
     tmp = tmp_path_factory.mktemp("kplugin")
-    cluster = Cluster(tmp, kube=kube_api)
+    cluster = Cluster(tmp, kube=kube_api, start=START)  # a fixed clock: NEXT_BACKUP is known
     vhost, tag = unique_name("test-kplugin"), unique_name("kp")
     http = cluster.http
     try:

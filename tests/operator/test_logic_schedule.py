@@ -110,3 +110,16 @@ def test_decide_after_a_long_outage_is_bounded():
     every_minute = parse_schedule("* * * * *")
     d = decide(every_minute, t("2025-01-01T00:00:00Z"), None, t("2026-01-01T00:00:30Z"), None)
     assert d.action == "run" and d.slot == t("2026-01-01T00:00:00Z") and d.missed > 0
+
+
+def test_decide_counts_from_creation_not_from_when_the_operator_first_saw_it():
+    """Created at 12:03 while the operator was down, seen first at 12:17: CronJob semantics. The
+    latest slot since creation (12:15) runs, the ones before it are counted as missed; with a
+    startingDeadlineSeconds it has passed, it is recorded as missed. Anchoring on first sight
+    instead would silently drop 12:05-12:15."""
+    created, seen = t("2026-01-01T12:03:00Z"), t("2026-01-01T12:17:00Z")
+    assert decide(S, None, created, t("2026-01-01T12:04:00Z"), None).next_time == t("2026-01-01T12:05:00Z")
+    d = decide(S, None, created, seen, None)
+    assert (d.action, d.slot, d.missed, d.next_time) == ("run", t("2026-01-01T12:15:00Z"), 2, t("2026-01-01T12:20:00Z"))
+    d = decide(S, None, created, seen, 60)
+    assert (d.action, d.slot) == ("missed", t("2026-01-01T12:15:00Z"))

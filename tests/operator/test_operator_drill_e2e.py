@@ -1,5 +1,6 @@
-"""Restore drills end to end: the real operator (kopf) on kmock's emulator, the local kubelet
-running the drill Job's ``rbak drill`` against RabbitMQ 3.10 and moto S3 (see test_operator_e2e).
+"""Restore drills end to end: the real operator (kopf) on a real API server (``e2e_kube``), the
+local kubelet running the drill Job's ``rbak drill`` against RabbitMQ 3.10 and moto S3 (see
+test_operator_e2e).
 
 A drill slot of ``spec.verify.restoreDrill`` restores the newest complete backup into a scratch
 vhost, and the result reaches ``status.restoreDrill``, an event and the operator's /metrics;
@@ -22,12 +23,12 @@ from support.op_e2e import (
     wait_run,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3):
-    c = Cluster(tmp_path_factory.mktemp("drill-cluster"))
+def cluster(tmp_path_factory, moto_s3, e2e_kube):
+    c = Cluster(tmp_path_factory.mktemp("drill-cluster"), kube=e2e_kube)
     c.metrics_port = free_port()
     c.operator.kill()
     c.operator = c.start_operator({"RBAK_METRICS_PORT": str(c.metrics_port), "RBAK_METRICS_BIND": "127.0.0.1"})
@@ -52,6 +53,8 @@ def _drill_gauge(cluster, name: str) -> dict:
 
 def _backup_then_drill(cluster, env, name: str, damage: str | None = None, on_demand: bool = False
                        ) -> tuple[str, dict]:
+    if not on_demand:
+        cluster.clock_at_server_time()  # the server stamps creationTimestamp: the drill's first slot counts from it
     create_backup(cluster, env, name, verify={"restoreDrill": {"schedule": "*/5 * * * *"}})
     trigger(cluster, name, "1")
     job = manual_run_name(name, "1")
@@ -124,6 +127,7 @@ def test_drill_api_calls_are_within_the_declared_rbac(cluster, env):
     The test runs its own drill: it must not depend on which tests ran before it."""
     from rbak_operator.api_calls import used_api_calls
 
+    cluster.needs_audit_log()
     _fill(env)
     _backup_then_drill(cluster, env, f"{env.tag}-rbac", on_demand=True)
     made = cluster.emu.api_calls()

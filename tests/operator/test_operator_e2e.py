@@ -1,12 +1,12 @@
-"""The real operator process (``python -m rbak_operator``, kopf) against kmock's
-KubernetesEmulator over HTTP, with a local kubelet (``cluster.PodRunner``)
-running each Job's pod command against the real RabbitMQ 3.10 and a moto S3
-server. The operator's clock is a file the test steps across schedule slots
-(``RBAK_OPERATOR_CLOCK_FILE``), so no test waits for wall-clock minutes.
+"""The operator's end-to-end scenarios: the real operator process (``python -m rbak_operator``,
+kopf) with a local kubelet (``opcluster.PodRunner``) running each Job's pod command against the
+real RabbitMQ 3.10 and a moto S3 server. The operator's clock is a file the test steps across
+schedule slots (``RBAK_OPERATOR_CLOCK_FILE``), so no test waits for wall-clock minutes.
 
-Only tests that need that clock (a real server sets creationTimestamp itself) or a fault the
-real server will not produce run here; the ``e2e_*`` functions run on the real API server
-(test_operator_real_apiserver.py).
+Every ``e2e_*`` function here runs on the real API server (test_operator_real_apiserver.py
+imports them); kmock's emulator is kept only for faults a real server will not produce
+(test_operator_emulator_faults.py). A scheduled scenario starts with
+``cluster.clock_at_server_time()``: the server stamps creationTimestamp with its own clock.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import pytest
 
 from rbak.catalog import list_backups, load_manifest
 from rbak.storage.url import open_storage
-from rbak_operator.api_calls import used_api_calls
 from rbak_operator.naming import manual_run_name
 
 import support.sparkcrd as sparkcrd
@@ -33,7 +32,8 @@ from support.opcluster import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def test_scheduled_backup_status_shows_manifest_counts(cluster, env):
+def e2e_scheduled_backup_status_shows_manifest_counts(cluster, env):
+    cluster.clock_at_server_time()
     env.broker.publish_n(env.vhost, "orders", 25, declare={})
     name = f"{env.tag}-sched"
     create_backup(cluster, env, name, schedule="*/5 * * * *", broker=env.cluster_broker,
@@ -84,7 +84,8 @@ def e2e_on_demand_trigger_runs_once_per_value(cluster, env):
     assert len([b for b in list_backups(s3(env)) if b.complete]) == 2
 
 
-def test_suspend_skips_slots_and_resume_does_not_fire_them(cluster, env):
+def e2e_suspend_skips_slots_and_resume_does_not_fire_them(cluster, env):
+    cluster.clock_at_server_time()
     name = f"{env.tag}-susp"
     create_backup(cluster, env, name, schedule="*/5 * * * *", suspend=True)
     wait_for(lambda: cluster.status(name).get("phase") == "Suspended", 30, what="Suspended", diag=cluster.logs)
@@ -100,7 +101,8 @@ def test_suspend_skips_slots_and_resume_does_not_fire_them(cluster, env):
     wait_run(cluster, name, job=f"{name}-{slot:%Y%m%d-%H%M}", phase="Succeeded")
 
 
-def test_operator_killed_across_a_slot_runs_it_exactly_once(cluster, env):
+def e2e_operator_killed_across_a_slot_runs_it_exactly_once(cluster, env):
+    cluster.clock_at_server_time()
     env.broker.publish_n(env.vhost, "q", 2, declare={})
     name = f"{env.tag}-restart"
     create_backup(cluster, env, name, schedule="*/5 * * * *", startingDeadlineSeconds=600)
@@ -236,6 +238,7 @@ def _reports(env, backup_id: str) -> list[dict]:
 def e2e_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     """validate.sparkThresholdBytes: 0 -> every finished run is validated by a SparkApplication running
     spark/validate.py (Spark in local mode here); its JSON report lands next to the backup."""
+    cluster.needs_own_crd("sparkapplications.sparkoperator.k8s.io")
     env.broker.publish_n(env.vhost, "alpha", 6, declare={})
     env.broker.publish_n(env.vhost, "beta", 4, declare={})
     name = f"{env.tag}-sval"
@@ -346,6 +349,7 @@ def e2e_restore_from_latest_backup_puts_messages_back(cluster, env):
 
 def e2e_restore_with_the_spark_engine(cluster, env):
     """engine: spark -> a SparkApplication running spark/restore.py (Spark in local mode here)."""
+    cluster.needs_own_crd("sparkapplications.sparkoperator.k8s.io")
     bodies = [f"s{i}".encode() for i in range(5)]
     env.broker.publish(env.vhost, "events", bodies, declare={})
     name = f"{env.tag}-sp"
@@ -368,7 +372,8 @@ def e2e_restore_with_the_spark_engine(cluster, env):
     assert "5 confirmed" in out and "local" in out, out[-2000:]
 
 
-def test_two_operators_one_slot_one_run(cluster, env):
+def e2e_two_operators_one_slot_one_run(cluster, env):
+    cluster.clock_at_server_time()
     name = f"{env.tag}-twin"
     create_backup(cluster, env, name, schedule="*/5 * * * *")
     second = cluster.start_operator()
@@ -451,7 +456,7 @@ def e2e_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster,
     assert env.broker.read_bodies(env.vhost, "pii") == bodies
 
 
-def test_per_resource_gauges_outlive_the_job(cluster, env):
+def e2e_per_resource_gauges_outlive_the_job(cluster, env):
     """The operator's /metrics carries the last run of each RabbitMQBackup (from the status it wrote),
     labelled rbak_namespace/backup, after the Job is gone; a failed run's reason too."""
     port = restart_with_metrics(cluster)
@@ -460,7 +465,7 @@ def test_per_resource_gauges_outlive_the_job(cluster, env):
     def scrape() -> dict:
         return {(n, tuple(sorted(labels.items()))): v for n, labels, v in metric_samples(port)}
 
-    lab = (("backup", name), ("rbak_namespace", "default"))  # opcluster.NS
+    lab = (("backup", name), ("rbak_namespace", cluster.http.ns))
     got = wait_for(lambda: (m := scrape()).get(("rbak_backup_last_messages", lab)) == 3 and m, 30, what="gauges",
                    diag=cluster.logs)
     assert got[("rbak_backup_schedule_period_seconds", lab)] == 86400
@@ -473,6 +478,7 @@ def test_per_resource_gauges_outlive_the_job(cluster, env):
 def e2e_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     """A RabbitmqCluster whose status names its default-user Secret (a decoy <name>-default-user with a wrong
     password is ignored), and a messaging-topology-operator connectionSecret (uri, username, password)."""
+    cluster.needs_own_crd("rabbitmqclusters.rabbitmq.com")
     b, http, tag = env.broker, cluster.http, env.tag
     b.publish_n(env.vhost, "q1", 4, declare={})
     rc = f"{tag}-rc"
@@ -482,7 +488,7 @@ def e2e_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     http.create("rabbitmq.com/v1beta1", "rabbitmqclusters", {
         "apiVersion": "rabbitmq.com/v1beta1", "kind": "RabbitmqCluster", "metadata": {"name": rc}, "spec": {}})
     http.patch("rabbitmq.com/v1beta1", "rabbitmqclusters", rc, {"status": {"defaultUser": {"secretReference": {
-        "name": f"{tag}-rc-admin", "namespace": "default",
+        "name": f"{tag}-rc-admin", "namespace": cluster.http.ns,
         "keys": {"username": "user", "password": "pass", "host": "host", "port": "port"}}}}}, sub="status")
     by_status = f"{tag}-bystatus"
     create_backup(cluster, env, by_status, broker={"rabbitmqClusterReference": {"name": rc,
@@ -501,27 +507,11 @@ def e2e_credentials_as_the_rabbitmq_operators_publish_them(cluster, env):
     assert f"{tag}-rc-admin" in text and f"{rc}-default-user" not in text
 
 
-def test_api_calls_are_within_the_declared_rbac(cluster, env):
-    """Every call the operator process made (kopf's and ours) is declared in api_calls.USED_API_CALLS,
-    the list the Helm chart's RBAC is checked against.
-    The test makes its own run first: it must not depend on which tests ran before it."""
-    name = f"{env.tag}-rbac"
-    create_backup(cluster, env, name)
-    trigger(cluster, name, "1")
-    wait_run(cluster, name, phase="Succeeded")
-    made = cluster.emu.api_calls()
-    unexpected = made - used_api_calls()
-    assert not unexpected, f"operator used calls missing from api_calls.USED_API_CALLS: {sorted(unexpected)}"
-    for call in [("batch", "jobs", "create"), ("rbak.io", "rabbitmqbackups/status", "patch"), ("", "configmaps", "create"),
-                 ("rbak.io", "rabbitmqbackups", "watch"), ("", "events", "create"), ("", "secrets", "get")]:
-        assert call in made, (call, sorted(made))
-
-
-
-def test_two_backups_of_one_source_never_both_read_at_once(cluster, env):
+def e2e_two_backups_of_one_source_never_both_read_at_once(cluster, env):
     """Issue 27: two RabbitMQBackups of one cluster and vhost on the same schedule. The operator
     holds back the second while the first's run is active (ScheduleSkipped); if both Jobs start
     anyway, rbak's lease refuses one (exit 4, naming the holder). Never a success with less."""
+    cluster.clock_at_server_time()
     n = 2000
     env.broker.publish_n(env.vhost, "pair", n, declare={})
     names = [f"{env.tag}-pair-a", f"{env.tag}-pair-b"]

@@ -1,4 +1,4 @@
-"""Live progress and per-resource gauges end to end: the real operator (kopf) against kmock's emulator,
+"""Live progress and per-resource gauges end to end: the real operator (kopf) against the real API server,
 Jobs run by the local kubelet against RabbitMQ 3.10 and moto S3 (see test_operator_e2e.py).
 
 The Job pods are held after their first finished queue by a ``sitecustomize`` gate
@@ -20,7 +20,7 @@ from support.opcluster import wait_for
 from support.op_e2e import (API, create_backup, good_and_failed_run, metric_samples, restart_with_metrics, s3,
                             trigger, wait_run)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
 GATE_DIR = Path(__file__).parent / "data" / "progress_gate"
 

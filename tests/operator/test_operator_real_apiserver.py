@@ -4,8 +4,8 @@ local kubelet (``PodRunner``) running each Job's pod against the real RabbitMQ 3
 Unlike kmock's emulator the server validates what the operator writes (schemas, CEL rules,
 spark-operator's CRD schema for SparkApplications), sets creationTimestamp, uid and
 resourceVersion itself, keeps status apart behind /status and filters label selectors. The
-runs here are on-demand ones: the fake clock the emulator tests step across schedule slots
-cannot move the server's own creationTimestamp.
+operator's fake clock starts at the server's time, and a scheduled scenario sets it back there
+first (``Cluster.clock_at_server_time``): the server stamps creationTimestamp with its own clock.
 """
 
 from __future__ import annotations
@@ -18,16 +18,14 @@ from pathlib import Path
 
 import pytest
 from rbak_operator.api_calls import used_api_calls
-from support.op_e2e import API, Cluster, create_backup, s3, trigger, wait_run
+from support.op_e2e import API, create_backup, s3, trigger, wait_run
 from support.opcluster import wait_for
 
 from rbak.catalog import list_backups
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
-# The tests that need no fake-clock schedule slot and no fault the server will not produce run
-# here only, on the real server (defined in test_operator_e2e.py as ``e2e_*`` so that module's
-# emulator does not run them again).
+# The scenarios of test_operator_e2e.py (``e2e_*`` there) run here, on the real server.
 from test_operator_e2e import (  # noqa: E402,F401 (collected by pytest)
     e2e_credentials_as_the_rabbitmq_operators_publish_them as test_credentials_as_the_rabbitmq_operators_publish_them,
     e2e_deletion_policy_delete_removes_backups_and_never_hangs as test_deletion_policy_delete_removes_backups_and_never_hangs,
@@ -36,27 +34,21 @@ from test_operator_e2e import (  # noqa: E402,F401 (collected by pytest)
     e2e_failing_backup_reports_the_cause as test_failing_backup_reports_the_cause,
     e2e_job_validation_fails_on_a_damaged_segment as test_job_validation_fails_on_a_damaged_segment,
     e2e_on_demand_trigger_runs_once_per_value as test_on_demand_trigger_runs_once_per_value,
+    e2e_operator_killed_across_a_slot_runs_it_exactly_once as test_operator_killed_across_a_slot_runs_it_exactly_once,
+    e2e_per_resource_gauges_outlive_the_job as test_per_resource_gauges_outlive_the_job,
     e2e_restore_from_latest_backup_puts_messages_back as test_restore_from_latest_backup_puts_messages_back,
     e2e_restore_with_the_spark_engine as test_restore_with_the_spark_engine,
     e2e_retention_deletes_the_oldest_backup as test_retention_deletes_the_oldest_backup,
     e2e_running_status_is_reconciled_from_the_job_after_a_crash as test_running_status_is_reconciled_from_the_job_after_a_crash,
+    e2e_scheduled_backup_status_shows_manifest_counts as test_scheduled_backup_status_shows_manifest_counts,
     e2e_spark_validation_passes_then_names_a_damaged_segment as test_spark_validation_passes_then_names_a_damaged_segment,
+    e2e_suspend_skips_slots_and_resume_does_not_fire_them as test_suspend_skips_slots_and_resume_does_not_fire_them,
+    e2e_two_backups_of_one_source_never_both_read_at_once as test_two_backups_of_one_source_never_both_read_at_once,
+    e2e_two_operators_one_slot_one_run as test_two_operators_one_slot_one_run,
 )
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3, kube_api):
-    """This module's cluster: the real server (tests/operator/conftest.py's ``env`` uses it)."""
-    # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE stay in the operator's environment as this machine sets
-    # them: the kubernetes client keeps the kubeconfig's CA regardless (issue #28, defect 3).
-    c = Cluster(tmp_path_factory.mktemp("cluster-real"), kube=kube_api)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def test_on_demand_backup_end_to_end(cluster, env, kube_api):
+def test_on_demand_backup_end_to_end(cluster, env):
     env.broker.publish_n(env.vhost, "q1", 3, declare={})
     name = f"{env.tag}-manual"
     created = create_backup(cluster, env, name)
@@ -76,7 +68,7 @@ def test_on_demand_backup_end_to_end(cluster, env, kube_api):
                        and {e["reason"] for e in cluster.events(name)}, 30, what="events", diag=cluster.logs)
     assert "BackupFailed" not in reasons
     # what a user sees
-    out = kube_api.kubectl("get", "rabbitmqbackups", name, "-o", "wide").stdout
+    out = cluster.emu.kube.kubectl("-n", cluster.http.ns, "get", "rabbitmqbackups", name, "-o", "wide").stdout
     assert "<invalid>" not in out and "Succeeded" in out and backup.backup_id in out, out
 
 
@@ -103,6 +95,7 @@ def test_api_calls_are_within_the_declared_rbac(cluster, env):
     """From the server's audit log: every call the operator process made (kopf's and ours) is in
     api_calls.USED_API_CALLS, the list the Helm chart's RBAC is checked against.
     The test makes its own run first: it must not depend on which tests ran before it."""
+    cluster.needs_audit_log()
     name = f"{env.tag}-rbac"
     create_backup(cluster, env, name)
     trigger(cluster, name, "1")

@@ -21,16 +21,15 @@ from rbak_operator.naming import manual_run_name, scheduled_run_name
 from support.op_e2e import API, Cluster, create_backup, trigger, wait_run
 from support.opcluster import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
 OPERATOR_ENV = {"RBAK_OPERATOR_RESYNC_SECONDS": "86400", "RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS": "3"}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3, kube_api):
-    # The fake clock starts at the real time: the server stamps creationTimestamp itself.
-    start = datetime.now(timezone.utc).replace(microsecond=0)
-    c = Cluster(tmp_path_factory.mktemp("cluster-faults"), kube=kube_api, start=start, operator_env=OPERATOR_ENV)
+def cluster(tmp_path_factory, moto_s3, e2e_kube):
+    # The fake clock starts at the server's time: the server stamps creationTimestamp itself.
+    c = Cluster(tmp_path_factory.mktemp("cluster-faults"), kube=e2e_kube, operator_env=OPERATOR_ENV)
     try:
         yield c
     finally:
@@ -45,6 +44,7 @@ def _operator_watches(cluster, resource: str) -> int:
 
 
 def test_runs_complete_while_the_watches_keep_ending(cluster, env):
+    cluster.needs_audit_log()  # counts the ended watches there
     env.broker.publish_n(env.vhost, "q", 4, declare={})
     name = f"{env.tag}-rewatch"
     create_backup(cluster, env, name)

@@ -18,6 +18,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -58,8 +59,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Kubectl:
+    """kubectl and its waits, for any cluster a kubeconfig names."""
+
+    kubeconfig: Path
+    external = False  # True: a cluster the tests did not start (and must leave as they found it)
+
+    def kubectl_path(self) -> str:
+        raise NotImplementedError
+
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Until every named CRD is Established (``kubectl wait`` errors while a new CRD has no
+        conditions yet)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.kubectl("get", "crd", *crds, "-o", "json", check=False)
+            items = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+            ok = {i["metadata"]["name"] for i in items
+                  if any(c["type"] == "Established" and c["status"] == "True"
+                         for c in (i.get("status") or {}).get("conditions") or [])}
+            if ok >= set(crds):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs not Established after {timeout}s: {sorted(set(crds) - ok)}")
+            time.sleep(0.2)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """os.environ plus KUBECONFIG, for subprocesses (kubectl, kopf, the operator)."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run kubectl against this cluster; ``check`` raises with its stderr on failure."""
+        cmd = [self.kubectl_path(), "--kubeconfig", str(self.kubeconfig), *args]
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=self.env,
+                           check=False)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {r.returncode}\nstdout: {r.stdout}\n"
+                                 f"stderr: {r.stderr}")
+        return r
+
+    def serves(self, group_version: str, plural: str) -> bool:
+        """Whether the server serves ``plural`` of ``group_version`` (e.g. ``admissionregistration.k8s.io/v1``)."""
+        r = self.kubectl("api-resources", f"--api-group={group_version.split('/')[0]}", "-o", "name", check=False)
+        return r.returncode == 0 and any(line.split(".")[0] == plural for line in r.stdout.split())
+
+
 @dataclass
-class KubeApi:
+class KubeApi(_Kubectl):
     """A running etcd + API server; ``kubeconfig`` points kubectl, kopf and clients at it."""
 
     workdir: Path
@@ -182,40 +230,80 @@ class KubeApi:
         body = urllib.request.urlopen(req, context=ctx, timeout=10).read()
         return body if raw else json.loads(body)
 
-    def wait_established(self, *crds: str, timeout: float = 60) -> None:
-        """Until every named CRD is Established (``kubectl wait`` errors while a new CRD has no
-        conditions yet)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            r = self.kubectl("get", "crd", *crds, "-o", "json", check=False)
-            items = json.loads(r.stdout)["items"] if r.returncode == 0 else []
-            ok = {i["metadata"]["name"] for i in items
-                  if any(c["type"] == "Established" and c["status"] == "True"
-                         for c in (i.get("status") or {}).get("conditions") or [])}
-            if ok >= set(crds):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRDs not Established after {timeout}s: {sorted(set(crds) - ok)}")
-            time.sleep(0.2)
-
     def audit_events(self) -> list[dict]:
         """The audit events so far (``verb``, ``objectRef``, ``userAgent``, ``responseStatus``, ...)."""
         if not self.audit_log.exists():
             return []
         return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
 
-    @property
-    def env(self) -> dict[str, str]:
-        """os.environ plus KUBECONFIG, for subprocesses (kubectl, kopf, the operator)."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+    # ------------------------------------------------------------------ clients
+    def kubectl_path(self) -> str:
+        return str(self.bin_dir / "kubectl")
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run the cached kubectl against this server; ``check`` raises with its stderr on failure."""
-        cmd = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
-        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=self.env,
-                           check=False)
-        if check and r.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} exited {r.returncode}\nstdout: {r.stdout}\n"
-                                 f"stderr: {r.stderr}")
-        return r
+    def requests_settings(self) -> dict:
+        """``verify``, ``cert`` and ``headers`` for a requests session talking to this server."""
+        return {"verify": str(self.ca_file), "cert": None, "headers": {"Authorization": f"Bearer {self.token}"}}
+
+
+class ExternalKube(_Kubectl):
+    """An existing cluster named by a kubeconfig (``RBAK_E2E_KUBECONFIG``): kind, any cluster, or a
+    ``KubeApi`` started on its own (``python -m support.kubeapi DIR``). The tests read no audit log
+    there (``audit_log`` is None) and never stop it."""
+
+    external = True
+    audit_log = None
+
+    def __init__(self, kubeconfig: Path) -> None:
+        from kubernetes import client, config
+
+        self.kubeconfig = kubeconfig
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # exec plugins too
+        self.server = cfg.host.rstrip("/")
+        self._cfg = cfg
+
+    def kubectl_path(self) -> str:
+        cached = kube_dir() / "kubectl"
+        return shutil.which("kubectl") or str(cached)
+
+    def requests_settings(self) -> dict:
+        cfg = self._cfg
+        headers = {a["key"]: a["value"] for a in cfg.auth_settings().values() if a.get("in") == "header"}
+        return {"verify": (cfg.ssl_ca_cert or True) if cfg.verify_ssl else False,
+                "cert": (cfg.cert_file, cfg.key_file) if cfg.cert_file else None, "headers": headers}
+
+    def audit_events(self) -> list[dict]:
+        raise RuntimeError(f"no audit log of the cluster of {self.kubeconfig}")
+
+    def stop(self) -> None:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m support.kubeapi DIR``: start etcd + the API server in DIR, print the kubeconfig's
+    path, serve until SIGTERM/SIGINT (then stop both). For ``RBAK_E2E_KUBECONFIG`` runs."""
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="python -m support.kubeapi", description=main.__doc__)
+    ap.add_argument("workdir", type=Path)
+    args = ap.parse_args(argv)
+    problem = binaries_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    api = KubeApi.start(args.workdir.resolve())
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    print(f"KUBECONFIG={api.kubeconfig}", flush=True)
+    try:
+        while not stop:
+            time.sleep(0.5)
+    finally:
+        api.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,8 +6,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
+
 from rbak.catalog import load_manifest
 from rbak.storage.url import open_storage
+from rbak_operator.clock import parse_time
 from support.opcluster import Emulator, Http, KubeHttp, Operator, PodRunner, RealServer, wait_for
 
 
@@ -25,21 +28,27 @@ class Cluster:
     """The operator, the local kubelet and an API server: kmock's emulator, or with ``kube``
     (a ``support.kubeapi.KubeApi``) the real one."""
 
-    def __init__(self, tmp: Path, kube=None, start: datetime = START, operator_env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, kube=None, start: datetime | None = None,
+                 operator_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
+        self.real = kube is not None
         if kube is None:
             self.emu = Emulator().start()
             self.http = Http(self.emu.url)
         else:
             self.emu = RealServer(kube)
-            self.http = KubeHttp(kube)
+            self.http = KubeHttp(kube, self.emu.namespace)
+        self.external = self.real and self.emu.external
         self.kubeconfig = self.emu.kubeconfig(tmp / "kubeconfig")
         self.clock_file = tmp / "clock"
-        self.now = start
+        # A real server stamps creationTimestamp with its own clock: the fake one starts there.
+        self.now = start or (self.http.server_time() - timedelta(seconds=1) if self.real else START)
         self.clock_file.write_text(fmt(self.now))
         self.runner = PodRunner(self.http).start()
         self.operators: list[Operator] = []
-        self.operator_env = dict(operator_env or {})
+        # On an existing cluster the operator keeps to the test namespace: it never touches the rest.
+        self.operator_env = {**({"RBAK_OPERATOR_NAMESPACES": self.http.ns} if self.external else {}),
+                             **(operator_env or {})}
         self.operator = self.start_operator()
 
     def start_operator(self, extra_env: dict[str, str] | None = None) -> Operator:
@@ -54,6 +63,29 @@ class Cluster:
         tmp = self.clock_file.with_suffix(".tmp")
         tmp.write_text(fmt(dt))
         tmp.replace(self.clock_file)  # atomic: the operator never reads a half-written clock
+
+    def needs_audit_log(self) -> None:
+        """Skip on an existing cluster (``RBAK_E2E_KUBECONFIG``): the test reads the server's audit log."""
+        if self.external:
+            pytest.skip("reads the API server's audit log, which only the test suite's own server exposes")
+
+    def needs_own_crd(self, crd: str) -> None:
+        """Skip when ``crd`` (another operator's) was on the existing cluster before the tests: that
+        operator would act on the test's objects (a RabbitmqCluster, a SparkApplication)."""
+        if self.real and crd in self.emu.preexisting:
+            pytest.skip(f"the cluster runs the operator of {crd}, which would act on this test's objects")
+
+    def clock_at_server_time(self) -> None:
+        """Set the fake clock back to the API server's time, for a test of schedule slots on a real
+        server: the server stamps creationTimestamp with its own clock, so with a fake clock that
+        earlier tests moved ahead, every slot between an object's creation and that fake now would
+        be due at once. Only between tests: the objects of earlier tests are gone (``env`` deletes
+        them), so no reconcile loop sees time go back. The emulator stamps creationTimestamp from
+        the fake clock (``create_backup``): nothing to do there."""
+        if not self.real:
+            return
+        self.now = self.http.server_time() - timedelta(seconds=1)  # the Date header has whole seconds
+        self.set_clock(self.now)
 
     def next_slot(self, minutes: int = 5) -> datetime:
         """Move the clock 2 s past the next multiple of ``minutes``; return that slot."""
@@ -94,7 +126,12 @@ def create_backup(cluster: Cluster, env, name: str, **spec) -> dict:
             "metadata": {"name": name, "creationTimestamp": fmt(cluster.now)},
             "spec": {"broker": env.url_broker, "storage": env.storage, "queues": {"vhosts": [env.vhost]},
                      "validate": {"enabled": False}, **spec}}  # validation in one test only: pods cost seconds
-    return cluster.http.create(API, "rabbitmqbackups", body)
+    made = cluster.http.create(API, "rabbitmqbackups", body)
+    # A real server's creationTimestamp may be past the fake now: the next slot counts from there.
+    created = parse_time(made["metadata"]["creationTimestamp"])
+    if created > cluster.now:
+        cluster.set_clock(created)
+    return made
 
 
 def trigger(cluster: Cluster, name: str, value: str) -> None:

@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Callable
 
@@ -205,10 +207,11 @@ class Emulator:
 class Http:
     """Minimal JSON client for the emulator (the test's own kubectl)."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, ns: str = NS) -> None:
         import requests
 
         self.base = base
+        self.ns = ns  # the namespace of every call that names none (``ns=None``: cluster-scoped)
         self.s = requests.Session()
 
     @staticmethod
@@ -221,17 +224,25 @@ class Http:
             p += f"/{sub}"
         return p
 
-    def get(self, api, plural, name=None, ns=NS):
+    def server_time(self) -> datetime:
+        """The server's own clock (the ``Date`` header of any answer, whole seconds): a real server
+        stamps creationTimestamp with it."""
+        return parsedate_to_datetime(self.s.get(self.base + "/version").headers["Date"]).astimezone(timezone.utc)
+
+    def get(self, api, plural, name=None, ns=...):
+        ns = self.ns if ns is ... else ns
         r = self.s.get(self.base + self.path(api, plural, ns, name))
         if r.status_code == 404:
             return None
         r.raise_for_status()
         return r.json()
 
-    def items(self, api, plural, ns=NS) -> list[dict]:
+    def items(self, api, plural, ns=...) -> list[dict]:
+        ns = self.ns if ns is ... else ns
         return (self.get(api, plural, None, ns) or {}).get("items", [])
 
-    def create(self, api, plural, body, ns=NS):
+    def create(self, api, plural, body, ns=...):
+        ns = self.ns if ns is ... else ns
         meta = body.setdefault("metadata", {})
         meta.setdefault("namespace", ns)
         meta.setdefault("resourceVersion", "1")
@@ -242,34 +253,39 @@ class Http:
         r.raise_for_status()
         return r.json()
 
-    def patch(self, api, plural, name, body, ns=NS, sub=None):
+    def patch(self, api, plural, name, body, ns=..., sub=None):
+        ns = self.ns if ns is ... else ns
         r = self.s.patch(self.base + self.path(api, plural, ns, name, sub), json=body,
                          headers={"Content-Type": "application/merge-patch+json"})
         r.raise_for_status()
         return r.json()
 
-    def delete(self, api, plural, name, ns=NS):
+    def delete(self, api, plural, name, ns=...):
+        ns = self.ns if ns is ... else ns
         r = self.s.delete(self.base + self.path(api, plural, ns, name))
         if r.status_code != 404:
             r.raise_for_status()
 
-    def secret(self, name: str, data: dict[str, str], ns=NS):
+    def secret(self, name: str, data: dict[str, str], ns=...):
+        ns = self.ns if ns is ... else ns
         return self.create("v1", "secrets", {
             "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}, ns)
 
 
 class KubeHttp(Http):
     """The same client for a real API server (``support.kubeapi.KubeApi``): its CA, its token, and
     no made-up metadata (the server sets uid, resourceVersion, creationTimestamp and generation)."""
 
-    def __init__(self, kube) -> None:
-        super().__init__(kube.server)
+    def __init__(self, kube, ns: str = NS) -> None:
+        super().__init__(kube.server, ns)
         self.s.trust_env = False  # else REQUESTS_CA_BUNDLE replaces the session's CA (requests' rule)
-        self.s.verify = str(kube.ca_file)
-        self.s.headers["Authorization"] = f"Bearer {kube.token}"
+        settings = kube.requests_settings()
+        self.s.verify, self.s.cert = settings["verify"], settings["cert"]
+        self.s.headers.update(settings["headers"])
 
-    def create(self, api, plural, body, ns=NS):
+    def create(self, api, plural, body, ns=...):
+        ns = self.ns if ns is ... else ns
         body.setdefault("metadata", {}).setdefault("namespace", ns)
         r = self.s.post(self.base + self.path(api, plural, ns), json=body)
         if not r.ok:
@@ -283,11 +299,14 @@ class KubeHttp(Http):
 _SPARK_SCHEMA = REPO / "tests" / "operator" / "data" / "sparkapplication-v1beta2.schema.json"
 
 
+TEST_COPY_LABEL = "rbak.io/e2e-test-copy"
+
+
 def _crd(group: str, version: str, kind: str, plural: str, short: list[str], schema: dict) -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         # *.k8s.io groups need it (spark-operator's own CRD carries its approval PR)
-        "metadata": {"name": f"{plural}.{group}", "annotations": {
+        "metadata": {"name": f"{plural}.{group}", "labels": {TEST_COPY_LABEL: "true"}, "annotations": {
             "api-approved.kubernetes.io": "unapproved, a test copy of another project's CRD"}},
         "spec": {"group": group, "scope": "Namespaced",
                  "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "shortNames": short,
@@ -307,28 +326,80 @@ def foreign_crds() -> list[dict]:
     ]
 
 
+# On a cluster with a Job controller and kubelets (kind, ...), the local kubelet must stay the only
+# one running the test namespace's Jobs: the Job controller's pods are refused there. (The local
+# kubelet's own Pods carry no ownerReference and a scheduling gate, so no kubelet runs them.)
+LOCAL_KUBELET_LABEL = "rbak.io/e2e-local-kubelet"
+LOCAL_KUBELET_POLICY = [
+    {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+     "metadata": {"name": "rbak-e2e-local-kubelet"},
+     "spec": {"failurePolicy": "Fail",
+              "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                      "operations": ["CREATE"], "resources": ["pods"]}]},
+              "validations": [{
+                  "expression": "!has(object.metadata.ownerReferences) || "
+                                "!object.metadata.ownerReferences.exists(r, r.kind == 'Job')",
+                  "message": "rbak e2e: the test harness runs this namespace's Jobs itself "
+                             "(tests/support/opcluster.py PodRunner)"}]}},
+    {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+     "metadata": {"name": "rbak-e2e-local-kubelet"},
+     "spec": {"policyName": "rbak-e2e-local-kubelet", "validationActions": ["Deny"],
+              "matchResources": {"namespaceSelector": {"matchLabels": {LOCAL_KUBELET_LABEL: "true"}}}}},
+]
+SCHEDULING_GATE = "rbak.io/local-kubelet"
+
+
 class RealServer:
-    """What ``Cluster`` needs of its API server, from a real one (``kube_api``): the CRDs
-    installed as shipped, and ``api_calls`` from the server's audit log."""
+    """What ``Cluster`` needs of its API server, from a real one (``kube_api``, or an existing
+    cluster, ``support.kubeapi.ExternalKube``): the CRDs installed as shipped, and ``api_calls``
+    from the server's audit log.
+
+    On an existing cluster (``kube.external``) the tests get a namespace of their own
+    (``namespace``, deleted by ``stop``), the CRDs of other operators are only created when
+    absent (``preexisting`` names those that were there: their controllers may act on the test's
+    objects), and the Job controller's pods are refused in that namespace (``LOCAL_KUBELET_POLICY``,
+    where the server serves ValidatingAdmissionPolicies)."""
 
     def __init__(self, kube) -> None:
         self.kube = kube
         self.url = kube.server
+        self.external = bool(getattr(kube, "external", False))
         self.since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        foreign = foreign_crds()
+        names = [c["metadata"]["name"] for c in foreign]
+        self.preexisting: set[str] = set()
+        if self.external:  # another operator's CRD, not a test copy an earlier run left
+            got = json.loads(kube.kubectl("get", "crd", "-o", "json").stdout)["items"]
+            self.preexisting = {c["metadata"]["name"] for c in got if c["metadata"]["name"] in names
+                                and TEST_COPY_LABEL not in (c["metadata"].get("labels") or {})}
         kube.kubectl("apply", "-f", str(REPO / "crds"))
         kube.kubectl("apply", "-f", str(REPO / "charts" / "rbak" / "crds"))
-        kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                          "items": foreign_crds()}))
+        ours = [c for c in foreign if c["metadata"]["name"] not in self.preexisting]
+        if ours:
+            kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": ours}))
         kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", "kopfpeerings.kopf.dev",
-                              "clusterkopfpeerings.kopf.dev", *(c["metadata"]["name"] for c in foreign_crds()))
+                              "clusterkopfpeerings.kopf.dev", *names)
+        self.namespace = NS
+        if self.external:
+            self.namespace = f"rbak-e2e-{uuid.uuid4().hex[:8]}"
+            kube.kubectl("apply", "-f", "-", input=json.dumps({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": self.namespace, "labels": {LOCAL_KUBELET_LABEL: "true"}}}))
+            if kube.serves("admissionregistration.k8s.io/v1", "validatingadmissionpolicies"):
+                kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                  "items": LOCAL_KUBELET_POLICY}))
 
     def kubeconfig(self, path: Path) -> Path:
+        if self.external:  # as it is: it may name files relative to its own directory
+            return Path(self.kube.kubeconfig)
         shutil.copyfile(self.kube.kubeconfig, path)
         return path
 
     def api_calls(self, exclude_agent: str = "python-requests") -> set[tuple[str, str, str]]:
         """(group, resource[/subresource], verb) of the requests since this cluster started, except
         the test's own (``requests``' default User-Agent, kubectl) and the server's own."""
+        if self.external:
+            return set()  # no audit log of an existing cluster (tests that need one skip there)
         out = set()
         for ev in self.kube.audit_events():
             agent = ev.get("userAgent", "")
@@ -344,14 +415,15 @@ class RealServer:
         return out
 
     def stop(self) -> None:
-        pass
+        if self.external:
+            self.kube.kubectl("delete", "namespace", self.namespace, "--wait=false", "--ignore-not-found", check=False)
 
 
 class PodRunner:
     """Plays kubelet and the Job controller for Jobs in the emulator."""
 
-    def __init__(self, http: Http, ns: str = NS) -> None:
-        self.http, self.ns = http, ns
+    def __init__(self, http: Http, ns: str | None = None) -> None:
+        self.http, self.ns = http, ns or http.ns
         self.seen: set[str] = set()
         self.started: list[str] = []  # Job names in start order
         self.outputs: dict[str, str] = {}
@@ -450,16 +522,27 @@ class PodRunner:
                 return mounts[mp] + value[len(mp):]
         return value
 
+    def _started(self, name: str) -> None:
+        """The Job's status as it starts. A cluster's Job controller may have set startTime already,
+        and a server refuses to change it: set only when absent."""
+        current = (self.http.get("batch/v1", "jobs", name, self.ns) or {}).get("status") or {}
+        st: dict = {"active": 1}
+        if not current.get("startTime"):
+            st["startTime"] = _now()
+        self.http.patch("batch/v1", "jobs", name, {"status": st}, self.ns, "status")
+
     def _run_job(self, job: dict) -> None:
         name = job["metadata"]["name"]
         workdir = self._tmp / name
         workdir.mkdir(parents=True, exist_ok=True)
         pod_spec = job["spec"]["template"]["spec"]
         pod_name = f"{name}-pod"
-        self.http.patch("batch/v1", "jobs", name, {"status": {"startTime": _now(), "active": 1}}, self.ns, "status")
+        self._started(name)
+        # A scheduling gate: on a cluster with kubelets no scheduler binds it and no kubelet runs it.
+        gated = {**pod_spec, "schedulingGates": [{"name": SCHEDULING_GATE}]}
         self.http.create("v1", "pods", {"apiVersion": "v1", "kind": "Pod",
                                         "metadata": {"name": pod_name, "labels": {"job-name": name}},
-                                        "spec": pod_spec, "status": {"phase": "Running"}}, self.ns)
+                                        "spec": gated, "status": {"phase": "Running"}}, self.ns)
         statuses: list[dict] = []
         ok = True
         output = ""
