@@ -49,7 +49,8 @@ from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
 from .lease import LEASE_QUEUE, Lease
 from .lease import acquire as acquire_lease
-from .preflight import PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, check_read_permissions
+from .preflight import (PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, check_read_permissions,
+                        probe_read_permissions)
 from .queue_backup import backup_queue, clear_previous
 from . import reader_process
 from .segments import AsyncSegmentWriter
@@ -257,7 +258,7 @@ class BackupEngine(StreamBackup):
         if not vhosts:  # nothing selected: still prove the AMQP side of the configuration
             url_vhost = cfg.source.url_vhost
             vhosts = [url_vhost] if url_vhost in known else []
-        check_read_permissions(client, cfg.source.username, queues)
+        check_read_permissions(client, cfg.source.username, queues, self._probe_read)
         if not cfg.backup.lease:
             for v in vhosts:  # no lease: the AMQP port, credentials and vhost access are still proven
                 connect(cfg.source, v).close()
@@ -271,6 +272,13 @@ class BackupEngine(StreamBackup):
                 lease.release()
                 raise
         return ov, queues, lease
+
+    def _probe_read(self, vhost: str, queues: list[QueueInfo]) -> list[str]:
+        conn = connect(self.cfg.source, vhost)
+        try:
+            return probe_read_permissions(conn, vhost, queues)
+        finally:
+            conn.close()
 
     # ------------------------------------------------------------------
     def _keyring(self) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from support.backups import fast_publish, wait_count
+from support.backups import drain, fast_publish, wait_count
 
 
 def _config(tmp: Path, amqp_url: str, mgmt_url: str, vhosts: list[str], **backup) -> Path:
@@ -105,6 +105,41 @@ def test_no_configure_permission_for_the_lease(broker, vhost, tmp_path):
     finally:
         broker.api("DELETE", f"/api/users/{user}", ok=(404,))
     assert broker.message_count(vhost, "pf-q") == 10
+
+
+def test_no_read_permission_is_found_without_an_administrator(broker, vhost, tmp_path):
+    """A ``monitoring`` user cannot read ``/api/permissions``; rbak asks the broker over AMQP instead
+    (a ``basic.consume`` the broker refuses with 403 before it refuses the probe's argument with
+    406): the queues it may not read are named, exit 2, nothing written, no consumer ever attached."""
+    _seed(broker, vhost)
+    fast_publish(broker, vhost, "secret-q", (b"s%d" % i for i in range(5)), declare={"x-queue-type": "quorum"})
+    wait_count(broker, vhost, "secret-q", 5)
+    user, pw = f"rbak-noread-{uuid.uuid4().hex[:8]}", "pw-1"
+    broker.api("PUT", f"/api/users/{user}", json={"password": pw, "tags": "monitoring"})
+    try:
+        broker.api("PUT", f"/api/permissions/{vhost}/{user}",
+                   json={"configure": "^rbak\\.lease$", "write": "", "read": "^(pf-q|rbak\\.lease)$"})
+        url = broker.amqp_url(vhost).replace("guest:guest@", f"{user}:{pw}@")
+        cfg = json.loads(_config(tmp_path, url, broker.management_url, [vhost]).read_text())
+        cfg["source"].update(management_username=user, management_password=pw)
+        (tmp_path / "backup.yaml").write_text(json.dumps(cfg))
+        r = _backup(tmp_path / "backup.yaml")
+        line = _one_line(r)
+        assert r.returncode == 2, r.stderr
+        assert f"no read permission on queue(s) {vhost}/secret-q:" in line and "pf-q" not in line, line
+        _nothing_stored(tmp_path)
+        # leaving it out is enough: the readable queue is backed up
+        cfg["source"]["queues"]["exclude"] = ["secret-q"]
+        (tmp_path / "backup.yaml").write_text(json.dumps(cfg))
+        r = _backup(tmp_path / "backup.yaml")
+        assert r.returncode == 0, r.stderr
+        assert "pf-q (classic): 10 messages [done]" in r.stdout
+    finally:
+        broker.api("DELETE", f"/api/users/{user}", ok=(404,))
+    assert broker.message_count(vhost, "pf-q") == 10
+    assert broker.message_count(vhost, "secret-q") == 5
+    got = drain(broker, vhost, "secret-q")  # the probe never delivered anything: none came back redelivered
+    assert [(b, r) for b, _, r in got] == [(b"s%d" % i, False) for i in range(5)]
 
 
 def test_list_of_a_missing_path_is_an_error(tmp_path):
