@@ -11,6 +11,8 @@ cannot move the server's own creationTimestamp.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import os
 import signal
 import time
@@ -187,3 +189,71 @@ def test_deletion_while_a_progress_read_is_in_flight_is_not_held_for_a_minute(cl
         if run:  # the pod writes through the proxy until it ends
             wait_for(lambda: run in cluster.runner.outputs, 60, what="the held run ended")
         proxy.close()
+
+
+def _rbak(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The ``rbak`` CLI as a user runs it (this worktree's code: the test's PYTHONPATH)."""
+    return subprocess.run([sys.executable, "-m", "rbak", *args], capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, **env})
+
+
+def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, env, tmp_path):
+    """spec.verify.restoreDrill.signingKeySecretRef: the drill Job signs its report with the Secret's
+    Ed25519 key; the real server keeps the field and status.restoreDrill.signer (the CRD declares both);
+    the stored report verifies with ``rbak drill verify --public-key``, and a copy with one changed
+    count is refused naming that field."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from rbak_operator.drill import manual_run_name as drill_run
+
+    from rbak.drill import find_drill_report
+    from rbak.evidence import fingerprint
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    public = tmp_path / "drill-signing.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    signer = fingerprint(key.public_key())
+    cluster.http.secret(f"{env.tag}-sign", {"drill.pem": pem})
+    env.broker.publish(env.vhost, "orders", [f"order-{i}".encode() for i in range(7)], declare={})
+    name = f"{env.tag}-signed"
+    # a daily drill slot whose misses are skipped: only the on-demand drill runs here
+    create_backup(cluster, env, name, verify={"restoreDrill": {
+        "schedule": "0 4 * * *", "startingDeadlineSeconds": 60,
+        "signingKeySecretRef": {"name": f"{env.tag}-sign", "key": "drill.pem"}}})
+    spec = cluster.backup(name)["spec"]["verify"]["restoreDrill"]
+    assert spec["signingKeySecretRef"] == {"name": f"{env.tag}-sign", "key": "drill.pem"}  # not pruned
+    trigger(cluster, name, "1")
+    bid = wait_run(cluster, name, phase="Succeeded", timeout=120)["backupId"]
+    cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/drill-now": "1"}}})
+    job = drill_run(name, "1")
+    d = wait_for(lambda: (d := cluster.status(name).get("restoreDrill") or {}).get("lastJob") == job
+                 and not d.get("active") and d, 180, what=f"drill {job}", diag=cluster.logs)
+    assert (d["result"], d["reason"], d["backupId"], d["messages"]) == ("Passed", "DrillPassed", bid, 7), d
+    assert d["signer"] == signer, d
+    job_env = cluster.http.get("batch/v1", "jobs", job)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "RBAK_DRILL_SIGNING_KEY", "valueFrom": {"secretKeyRef": {
+        "name": f"{env.tag}-sign", "key": "drill.pem"}}} in job_env  # the PEM itself is in no object
+    assert pem not in json.dumps(cluster.http.get("v1", "configmaps", job))
+
+    key_name, report = find_drill_report(s3(env), bid, "", job)  # s3(env): the bucket under its prefix
+    assert report["signature"]["key_fingerprint"] == signer
+    url = env.bucket.url_with_prefix(f"{env.bucket.prefix}/{key_name}")
+    ok = _rbak("drill", "verify", url, "--public-key", str(public))
+    assert ok.returncode == 0, ok
+    lines = ok.stdout.splitlines()
+    assert lines[0] == f"signature: valid Ed25519 signature by key {signer}"
+    assert lines[1] == f"drill {report['drill_id']} of backup {bid}: Passed"
+    assert lines[-1].startswith(f"proves: backup {bid} ") and lines[-1].endswith(f"holder of key {signer}")
+
+    [q] = report["queues"]
+    assert (q["queue"], q["actual_count"]) == ("orders", 7)
+    q["actual_count"] = 6
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(report))
+    bad = _rbak("drill", "verify", str(tampered), "--public-key", str(public))
+    assert (bad.returncode, bad.stdout) == (1, ""), bad
+    assert bad.stderr.strip() == (f"rbak: Drill evidence: {tampered}: field queues[0].actual_count was changed "
+                                  "after signing: signed 7, the report shows 6")
