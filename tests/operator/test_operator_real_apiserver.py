@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import pytest
 from rbak_operator.api_calls import used_api_calls
+from support.kplugin import console_script, plugin_env
 from support.op_e2e import API, Cluster, bucket_root, create_backup, s3, trigger, wait_run
 from support.opcluster import wait_for
 
@@ -198,11 +199,11 @@ def _rbak(*args: str, **env: str) -> subprocess.CompletedProcess:
                           check=False, env={**os.environ, **env})
 
 
-def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, env, tmp_path):
+def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, env, kube_api, tmp_path):
     """spec.verify.restoreDrill.signingKeySecretRef: the drill Job signs its report with the Secret's
     Ed25519 key; the real server keeps the field and status.restoreDrill.signer (the CRD declares both);
-    the stored report verifies with ``rbak drill verify --public-key``, and a copy with one changed
-    count is refused naming that field."""
+    ``kubectl rbak drill`` prints it; the stored report verifies with ``rbak drill verify --public-key``,
+    and a copy with one changed count is refused naming that field."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
     from rbak_operator.drill import manual_run_name as drill_run
@@ -228,12 +229,20 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     assert spec["signingKeySecretRef"] == {"name": f"{env.tag}-sign", "key": "drill.pem"}  # not pruned
     trigger(cluster, name, "1")
     bid = wait_run(cluster, name, phase="Succeeded", timeout=120)["backupId"]
-    cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/drill-now": "1"}}})
-    job = drill_run(name, "1")
-    d = wait_for(lambda: (d := cluster.status(name).get("restoreDrill") or {}).get("lastJob") == job
-                 and not d.get("active") and d, 180, what=f"drill {job}", diag=cluster.logs)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    console_script(bin_dir)
+    r = subprocess.run(["kubectl-rbak", "drill", name], env=plugin_env(kube_api, bin_dir), capture_output=True,
+                       text=True, timeout=300, check=False)  # as a user runs it: annotates, follows
+    assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs())
+    d = cluster.status(name)["restoreDrill"]
+    job = d["lastJob"]
+    value = cluster.backup(name)["metadata"]["annotations"]["rbak.io/drill-now"]
+    assert job == drill_run(name, value) and not d.get("active")
     assert (d["result"], d["reason"], d["backupId"], d["messages"]) == ("Passed", "DrillPassed", bid, 7), d
     assert d["signer"] == signer, d
+    assert r.stdout.splitlines()[-1] == (f"job/{job}: Passed: {d['message']} (backup {bid}, 7 messages, "
+                                         f"scratch vhost {d['scratchVhost']}, signed by {signer})")
     job_env = cluster.http.get("batch/v1", "jobs", job)["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "RBAK_DRILL_SIGNING_KEY", "valueFrom": {"secretKeyRef": {
         "name": f"{env.tag}-sign", "key": "drill.pem"}}} in job_env  # the PEM itself is in no object
