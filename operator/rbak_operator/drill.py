@@ -118,10 +118,10 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
                    scratchVhost=report.get("scratch_vhost"), queues=len(queues),
                    failedQueues=[f"{q.get('vhost')}/{q.get('queue')}" for q in queues if not q.get("passed")][:20],
                    messages=sum(int(q.get("actual_count") or 0) for q in queues))
-        if report.get("signature") is not None:
-            out.update(evidence_status(report))
+        # None clears the signer of an earlier signed drill: the status names only who signed this one
+        out.update(evidence_status(report) if report.get("signature") is not None else {"signer": None})
         return out
-    out.update(result="Failed", reason=state.reason or "DrillJobFailed",
+    out.update(result="Failed", reason=state.reason or "DrillJobFailed", signer=None,
                message=(state.message or "the drill Job ended without storing a report")[:1000])
     return out
 
@@ -135,7 +135,7 @@ def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"signer": verify(report, where="drill report").fingerprint}
     except EvidenceError as e:
-        return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000]}
+        return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000], "signer": None}
 
 
 # --------------------------------------------------------------------------

@@ -34,6 +34,9 @@ PROG = "kubectl rbak"
 USER_AGENT = "kubectl-rbak"
 POLL_SECONDS = float(os.environ.get("RBAK_KUBECTL_POLL_SECONDS", "1"))
 DEFAULT_TIMEOUT = 3600.0
+DEFAULT_PICKUP_TIMEOUT = 30.0  # an operator acts on a request in about a second; a dead one never does
+# The chart's operator pods (templates/_helpers.tpl: rbak.labels + component), whatever the release is called.
+OPERATOR_PODS = "kubectl get pods -A -l app.kubernetes.io/part-of=rbak,app.kubernetes.io/component=operator"
 
 
 class PluginError(Exception):
@@ -147,17 +150,70 @@ class Ctx:
         url = f"s3://{s3.get('bucket')}/{(s3.get('prefix') or '').strip('/')}".rstrip("/")
         return url + (f" at {s3['endpoint']}" if s3.get("endpoint") else "")
 
-    def wait(self, what: str, step: Callable[[], int | None]) -> int:
-        """Call ``step`` every POLL_SECONDS until it returns an exit code (or ``--timeout`` passes)."""
-        deadline = time.monotonic() + self.args.timeout
+    def wait(self, what: str, step: Callable[[], int | None],
+             unpicked: Callable[[], str | None] | None = None) -> int:
+        """Call ``step`` every POLL_SECONDS until it returns an exit code (or ``--timeout`` passes).
+
+        ``unpicked`` is asked once, ``--pickup-timeout`` seconds in: None when an operator has acted on
+        the request, else what shows it has not, so a cluster without a running operator is named in
+        seconds rather than after an hour's ``--timeout``."""
+        start = time.monotonic()
+        deadline = start + self.args.timeout
+        pickup = start + self.args.pickup_timeout if unpicked is not None else None
         while True:
             code = step()
             if code is not None:
                 return code
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if pickup is not None and now > pickup and unpicked is not None:
+                why = unpicked()
+                if why is not None:
+                    raise PluginError(f"no rbak operator acted on the request within {self.args.pickup_timeout:g}s: "
+                                      f"{why}. Is the operator running? {OPERATOR_PODS}")
+                pickup = None
+            if now > deadline:
                 raise PluginError(f"timed out after {self.args.timeout:g}s waiting for {what} "
                                   "(is the rbak operator running?); it goes on without this command")
             time.sleep(POLL_SECONDS)
+
+    def request_now(self, name: str, annotation: str, what: str, run_name: Callable[[str], str]
+                    ) -> tuple[str, str, dict[str, Any]]:
+        """Ask the operator to act now, the way a user does: a new value of ``annotation`` on NAME.
+        Prints the request and the Job it will make; returns (value, Job name, status as the patch left it)."""
+        value = unique_value()
+        body = self.kube.patch_cr(BACKUP_PLURAL, self.ns, name, {"metadata": {"annotations": {annotation: value}}})
+        run = run_name(value)
+        out(f"rabbitmqbackup/{name}: {what} requested ({annotation}={value})")
+        out(f"job/{run}")
+        return value, run, body.get("status") or {}
+
+    def unpicked_request(self, name: str, annotation: str, value: str, before: dict[str, Any],
+                         acted: Callable[[dict[str, Any]], bool], ack: str) -> str | None:
+        return request_unpicked(self.ns, self.backup(name), annotation, value, before, acted, ack)
+
+
+def request_unpicked(ns: str, body: dict[str, Any], annotation: str, value: str, before: dict[str, Any],
+                     acted: Callable[[dict[str, Any]], bool], ack: str) -> str | None:
+    """None when an operator acted on ``annotation=value`` (``acted`` on the status, or any change of the
+    status since the request: an operator is watching the object, e.g. a run the request waits for);
+    else what the object shows, naming ``ack``, the status field the operator sets when it acts."""
+    st = body.get("status") or {}
+    if acted(st) or st != before:
+        return None
+    name = body["metadata"]["name"]
+    now = (body["metadata"].get("annotations") or {}).get(annotation)
+    if now != value:
+        return (f"RabbitMQBackup {ns}/{name}: {annotation} is now {now!r}, another request replaced {value!r}, "
+                "and its status is unchanged")
+    return (f"RabbitMQBackup {ns}/{name} still has {annotation}={value} and its status is unchanged since it was "
+            f"set ({ack} is {_shown(st, ack)}); the request stays: an operator that starts runs it")
+
+
+def _shown(status: dict[str, Any], dotted: str) -> str:
+    v: Any = status
+    for part in dotted.split(".")[1:]:
+        v = v.get(part) if isinstance(v, dict) else None
+    return repr(v) if v is not None else "unset"
 
 
 # --------------------------------------------------------------------------
@@ -265,11 +321,8 @@ def cmd_backup(c: Ctx) -> int:
 
     name = c.args.name
     c.backup(name)
-    value = unique_value()
-    c.kube.patch_cr(BACKUP_PLURAL, c.ns, name, {"metadata": {"annotations": {TRIGGER_ANNOTATION: value}}})
-    run = naming.manual_run_name(name, value)
-    out(f"rabbitmqbackup/{name}: backup requested ({TRIGGER_ANNOTATION}={value})")
-    out(f"job/{run}")
+    value, run, before = c.request_now(name, TRIGGER_ANNOTATION, "backup",
+                                       lambda v: naming.manual_run_name(name, v))
     if c.args.no_wait:
         return 0
     seen: dict[str, Any] = {}
@@ -291,7 +344,12 @@ def cmd_backup(c: Ctx) -> int:
         show_progress(run, st.get("progress"), seen)
         return None
 
-    return c.wait(f"RabbitMQBackup {c.ns}/{name} run {run}", step)
+    def unpicked() -> str | None:
+        return c.unpicked_request(name, TRIGGER_ANNOTATION, value, before,
+                                  lambda st: st.get("lastManualTrigger") == value or run in (st.get("active") or []),
+                                  "status.lastManualTrigger")
+
+    return c.wait(f"RabbitMQBackup {c.ns}/{name} run {run}", step, unpicked)
 
 
 def waits_for_active(concurrency_policy: str | None, active: list[str]) -> bool:
@@ -344,11 +402,8 @@ def cmd_drill(c: Ctx) -> int:
     if drill.drill_spec(body.get("spec") or {}) is None:
         raise PluginError(f"RabbitMQBackup {c.ns}/{name}: {drill.FIELD} is not enabled (it needs a schedule): "
                           "the operator runs no drill for it")
-    value = unique_value()
-    c.kube.patch_cr(BACKUP_PLURAL, c.ns, name, {"metadata": {"annotations": {drill.TRIGGER_ANNOTATION: value}}})
-    run = drill.manual_run_name(name, value)
-    out(f"rabbitmqbackup/{name}: restore drill requested ({drill.TRIGGER_ANNOTATION}={value})")
-    out(f"job/{run}")
+    value, run, before = c.request_now(name, drill.TRIGGER_ANNOTATION, "restore drill",
+                                       lambda v: drill.manual_run_name(name, v))
     if c.args.no_wait:
         return 0
     seen: dict[str, bool] = {}
@@ -368,7 +423,15 @@ def cmd_drill(c: Ctx) -> int:
             return 1
         return None
 
-    return c.wait(f"RabbitMQBackup {c.ns}/{name} drill {run}", step)
+    def unpicked() -> str | None:
+        def acted(st: dict[str, Any]) -> bool:
+            d = st.get("restoreDrill") or {}
+            return d.get("lastManualTrigger") == value or d.get("active") == run
+
+        return c.unpicked_request(name, drill.TRIGGER_ANNOTATION, value, before, acted,
+                                  "status.restoreDrill.lastManualTrigger")
+
+    return c.wait(f"RabbitMQBackup {c.ns}/{name} drill {run}", step, unpicked)
 
 
 def report_drill(run: str, d: dict[str, Any]) -> int:
@@ -570,7 +633,14 @@ def cmd_restore(c: Ctx) -> int:
             return 1
         return None
 
-    return c.wait(f"RabbitMQRestore {c.ns}/{rname}", step)
+    def unpicked() -> str | None:
+        r = c.kube.get_restore(c.ns, rname)
+        if r is None or r.get("status"):
+            return None  # step names a deleted one
+        return (f"RabbitMQRestore {c.ns}/{rname} has no status yet (an operator writes it on first sight); "
+                "the object stays: an operator that starts restores it")
+
+    return c.wait(f"RabbitMQRestore {c.ns}/{rname}", step, unpicked)
 
 
 def cmd_logs(c: Ctx) -> int:
@@ -637,6 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-wait", action="store_true", help="start it and return (do not follow)")
             p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                            help="seconds to follow before giving up (default %(default)g)")
+            p.add_argument("--pickup-timeout", type=float, default=DEFAULT_PICKUP_TIMEOUT, metavar="SECONDS",
+                           help="give up after this long when no operator has acted on the request "
+                                "(default %(default)g)")
         return p
 
     p = cmd("backup", "run a backup now and follow it", wait=True)
@@ -680,9 +753,10 @@ COMMANDS: dict[str, Callable[[Ctx], int]] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "timeout", 1) <= 0:
-        print("error: --timeout: must be a positive number of seconds", file=sys.stderr)
-        return 1
+    for flag in ("timeout", "pickup_timeout"):
+        if getattr(args, flag, 1) <= 0:
+            print(f"error: --{flag.replace('_', '-')}: must be a positive number of seconds", file=sys.stderr)
+            return 1
     try:
         conn = connect(args.kubeconfig, args.context)
         use_connection(conn, USER_AGENT)

@@ -9,16 +9,14 @@ assert what each command printed and its exit code against what the server and t
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from support.brokers import BROKERS, unique_name
+from support.kplugin import console_script, plugin_env
 from support.kubelogs import LogFront
 from support.op_e2e import API, START, Cluster
 from support.opcluster import wait_for
@@ -34,18 +32,7 @@ from rbak.units import human_bytes
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(400),
               pytest.mark.xdist_group("module-kubectl-plugin")]
 
-REPO = Path(__file__).resolve().parents[2]
 NEXT_BACKUP = "2030-01-01T03:00:00Z"  # the daily 03:00 slot after the operator's clock (support.op_e2e.START)
-
-
-def console_script(bin_dir: Path) -> Path:
-    """``kubectl-rbak`` as pip writes a console script: the entry point pyproject.toml declares."""
-    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["kubectl-rbak"]
-    module, func = entry.split(":")
-    path = bin_dir / "kubectl-rbak"
-    path.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n")
-    path.chmod(0o755)
-    return path
 
 
 @dataclass
@@ -117,9 +104,7 @@ def scene(tmp_path_factory, moto_s3, kube_api):
         bin_dir = tmp / "bin"
         bin_dir.mkdir()
         console_script(bin_dir)
-        env = {**kube_api.env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "operator")]),
-               "RBAK_KUBECTL_POLL_SECONDS": "0.3"}
+        env = plugin_env(kube_api, bin_dir)
         wait_for(lambda: cluster.status(name).get("nextScheduleTime") and cluster.status(idle).get("phase"),
                  60, what="the operator's first passes", diag=cluster.logs)
         s = Scene(cluster, kube_api, env, bin_dir, vhost, name, idle, bad, open_storage(bucket.url_with_prefix("")),

@@ -5,8 +5,8 @@ report. The commands themselves run against the real API server in test_kubectl_
 from __future__ import annotations
 
 import pytest
-from rbak_operator.kubectl_plugin import (PluginError, parse_pitr, report_drill, status_row, table, vhost_mapping,
-                                         waits_for_active)
+from rbak_operator.kubectl_plugin import (PluginError, parse_pitr, report_drill, request_unpicked, status_row, table,
+                                         vhost_mapping, waits_for_active)
 
 
 @pytest.mark.parametrize("text, window", [
@@ -93,3 +93,31 @@ def test_a_trigger_waits_only_under_forbid():
     assert waits_for_active(None, ["nightly-20300101-0300"])  # Forbid is the default
     assert waits_for_active("Forbid", ["a"]) and not waits_for_active("Forbid", [])
     assert not waits_for_active("Allow", ["a"]) and not waits_for_active("Replace", ["a"])
+
+
+def test_a_request_no_operator_acted_on_is_named_and_any_status_change_counts_as_an_operator():
+    """``backup``/``drill`` give up after --pickup-timeout only when the status is as the request left it;
+    an operator that set the trigger's field, or wrote anything else (a run the request queues behind
+    reporting progress), is alive: the command follows on."""
+    before = {"lastManualTrigger": "v0", "phase": "Succeeded"}
+
+    def body(status, value="v1"):
+        return {"metadata": {"name": "nightly", "annotations": {"rbak.io/backup-now": value}}, "status": status}
+
+    def acted(st):
+        return st.get("lastManualTrigger") == "v1"
+
+    def check(b):
+        return request_unpicked("prod", b, "rbak.io/backup-now", "v1", before, acted, "status.lastManualTrigger")
+
+    assert check(body(dict(before))) == (
+        "RabbitMQBackup prod/nightly still has rbak.io/backup-now=v1 and its status is unchanged since it was set "
+        "(status.lastManualTrigger is 'v0'); the request stays: an operator that starts runs it")
+    assert check(body({**before, "lastManualTrigger": "v1"})) is None
+    assert check(body({**before, "progress": {"runName": "nightly-0300", "summary": "1/2 queues"}})) is None
+    assert check(body(dict(before), value="v2")) == (
+        "RabbitMQBackup prod/nightly: rbak.io/backup-now is now 'v2', another request replaced 'v1', "
+        "and its status is unchanged")
+    drill = request_unpicked("prod", body({}), "rbak.io/backup-now", "v1", {}, acted,
+                             "status.restoreDrill.lastManualTrigger")
+    assert drill is not None and "(status.restoreDrill.lastManualTrigger is unset)" in drill

@@ -11,17 +11,21 @@ first (``Cluster.clock_at_server_time``): the server stamps creationTimestamp wi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import os
 import signal
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from rbak_operator.api_calls import used_api_calls
-from support.op_e2e import API, create_backup, s3, trigger, wait_run
+from support.kplugin import console_script, plugin_env
+from support.op_e2e import API, Cluster, bucket_root, create_backup, s3, trigger, wait_run
 from support.opcluster import wait_for
 
-from rbak.catalog import list_backups
+from rbak.catalog import list_backups, load_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -180,3 +184,134 @@ def test_deletion_while_a_progress_read_is_in_flight_is_not_held_for_a_minute(cl
         if run:  # the pod writes through the proxy until it ends
             wait_for(lambda: run in cluster.runner.outputs, 60, what="the held run ended")
         proxy.close()
+
+
+def _rbak(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The ``rbak`` CLI as a user runs it (this worktree's code: the test's PYTHONPATH)."""
+    return subprocess.run([sys.executable, "-m", "rbak", *args], capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, **env})
+
+
+def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, env, e2e_kube, tmp_path):
+    """spec.verify.restoreDrill.signingKeySecretRef: the drill Job signs its report with the Secret's
+    Ed25519 key; the real server keeps the field and status.restoreDrill.signer (the CRD declares both);
+    ``kubectl rbak drill`` prints it; the stored report verifies with ``rbak drill verify --public-key``,
+    and a copy with one changed count is refused naming that field."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from rbak_operator.drill import manual_run_name as drill_run
+
+    from rbak.drill import find_drill_report
+    from rbak.evidence import fingerprint
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    public = tmp_path / "drill-signing.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    signer = fingerprint(key.public_key())
+    cluster.http.secret(f"{env.tag}-sign", {"drill.pem": pem})
+    env.broker.publish(env.vhost, "orders", [f"order-{i}".encode() for i in range(7)], declare={})
+    name = f"{env.tag}-signed"
+    # a daily drill slot whose misses are skipped: only the on-demand drill runs here
+    create_backup(cluster, env, name, verify={"restoreDrill": {
+        "schedule": "0 4 * * *", "startingDeadlineSeconds": 60,
+        "signingKeySecretRef": {"name": f"{env.tag}-sign", "key": "drill.pem"}}})
+    spec = cluster.backup(name)["spec"]["verify"]["restoreDrill"]
+    assert spec["signingKeySecretRef"] == {"name": f"{env.tag}-sign", "key": "drill.pem"}  # not pruned
+    trigger(cluster, name, "1")
+    bid = wait_run(cluster, name, phase="Succeeded", timeout=120)["backupId"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    console_script(bin_dir)
+    r = subprocess.run(["kubectl-rbak", "drill", name], env=plugin_env(e2e_kube, bin_dir), capture_output=True,
+                       text=True, timeout=300, check=False)  # as a user runs it: annotates, follows
+    assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs())
+    d = cluster.status(name)["restoreDrill"]
+    job = d["lastJob"]
+    value = cluster.backup(name)["metadata"]["annotations"]["rbak.io/drill-now"]
+    assert job == drill_run(name, value) and not d.get("active")
+    assert (d["result"], d["reason"], d["backupId"], d["messages"]) == ("Passed", "DrillPassed", bid, 7), d
+    assert d["signer"] == signer, d
+    assert r.stdout.splitlines()[-1] == (f"job/{job}: Passed: {d['message']} (backup {bid}, 7 messages, "
+                                         f"scratch vhost {d['scratchVhost']}, signed by {signer})")
+    job_env = cluster.http.get("batch/v1", "jobs", job)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "RBAK_DRILL_SIGNING_KEY", "valueFrom": {"secretKeyRef": {
+        "name": f"{env.tag}-sign", "key": "drill.pem"}}} in job_env  # the PEM itself is in no object
+    assert pem not in json.dumps(cluster.http.get("v1", "configmaps", job))
+
+    key_name, report = find_drill_report(s3(env), bid, "", job)  # s3(env): the bucket under its prefix
+    assert report["signature"]["key_fingerprint"] == signer
+    url = env.bucket.url_with_prefix(f"{env.bucket.prefix}/{key_name}")
+    ok = _rbak("drill", "verify", url, "--public-key", str(public))
+    assert ok.returncode == 0, ok
+    lines = ok.stdout.splitlines()
+    assert lines[0] == f"signature: valid Ed25519 signature by key {signer}"
+    assert lines[1] == f"drill {report['drill_id']} of backup {bid}: Passed"
+    assert lines[-1].startswith(f"proves: backup {bid} ") and lines[-1].endswith(f"holder of key {signer}")
+
+    [q] = report["queues"]
+    assert (q["queue"], q["actual_count"]) == ("orders", 7)
+    q["actual_count"] = 6
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(report))
+    bad = _rbak("drill", "verify", str(tampered), "--public-key", str(public))
+    assert (bad.returncode, bad.stdout) == (1, ""), bad
+    assert bad.stderr.strip() == (f"rbak: Drill evidence: {tampered}: field queues[0].actual_count was changed "
+                                  "after signing: signed 7, the report shows 6")
+
+
+def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, moto_s3):
+    """spec.encryption.envelope with a keyring Secret and a KMS key (moto's KMS): the backup Job
+    writes one data key per backup, wrapped by both (a wrap object each, the key never stored
+    plainly), in-pod deep validation unwraps it, and a RabbitMQRestore of the backup (keys inherited
+    through backupRef) puts back every body in order."""
+    import base64
+
+    import boto3
+    import orjson
+
+    from rbak.crypto import MAGIC
+
+    orders = [f"card-{i}".encode() for i in range(12)]
+    audit = [f"audit-{i}".encode() for i in range(5)]
+    env.broker.publish(env.vhost, "orders", orders, declare={})
+    env.broker.publish(env.vhost, "audit", audit, declare={"x-queue-type": "quorum"})
+    kek = os.urandom(32)
+    cluster.http.secret(f"{env.tag}-keys", {"keyring": f"kek-1: {base64.b64encode(kek).decode()}\n"})
+    arn = boto3.session.Session().client("kms", region_name="us-east-1", endpoint_url=moto_s3).create_key(
+        Description="rbak operator e2e KEK")["KeyMetadata"]["Arn"]
+    name = f"{env.tag}-env"
+    create_backup(cluster, env, name, validate={"enabled": True, "deep": True},
+                  encryption={"envelope": True, "keyId": "kek-1", "keysSecretRef": {"name": f"{env.tag}-keys"},
+                              "kms": {"keyId": arn, "endpointUrl": moto_s3}})
+    assert cluster.backup(name)["spec"]["encryption"]["envelope"] is True  # not pruned by the server
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded", timeout=120)
+    assert (run["messages"], run.get("validation")) == (17, "Passed"), run
+    bid = run["backupId"]
+    st = bucket_root(env)
+    m = load_manifest(st, bid, env.bucket.prefix)
+    assert m.encryption is not None and m.encryption.key_id.startswith("dek-") and m.encryption.envelope, m.encryption
+    keys_dir = f"{env.bucket.prefix}/{bid}/keys/"
+    wraps = sorted(k[len(keys_dir):] for k in env.bucket.keys() if k.startswith(keys_dir))
+    assert wraps == ["keyring-kek-1.wrap.json", f"kms-{quote(arn, safe='')}.wrap.json"], wraps
+    kinds = {(w["kek_source"], w["kek_id"]) for w in (orjson.loads(st.get(keys_dir + x)) for x in wraps)}
+    assert kinds == {("keyring", "kek-1"), ("kms", arn)}
+    for q in m.queues:
+        for seg in q.segments:
+            data = st.get(seg.key)
+            assert data.startswith(MAGIC) and b"card-" not in data and b"audit-" not in data
+
+    env.broker.drain_queue(env.vhost, "orders")
+    env.broker.drain_queue(env.vhost, "audit")
+    rname = f"{env.tag}-envr"
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                  "metadata": {"name": rname},
+                                                  "spec": {"backupRef": {"name": name, "backupId": bid}}})
+    rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
+                   .get("phase") in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    assert rst["phase"] == "Succeeded", rst
+    assert env.broker.read_bodies(env.vhost, "orders") == orders
+    assert env.broker.read_bodies(env.vhost, "audit") == audit
