@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 from rbak_operator.api_calls import used_api_calls
 from support.kplugin import console_script, plugin_env
-from support.op_e2e import API, Cluster, bucket_root, create_backup, s3, trigger, wait_run
+from support.op_e2e import API, bucket_root, create_backup, s3, trigger, wait_run
 from support.opcluster import wait_for
 
 from rbak.catalog import list_backups, load_manifest
