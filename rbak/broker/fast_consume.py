@@ -31,12 +31,14 @@ pika's blocking channel fails on a cancel of a consumer it does not know.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import select
 import struct
 import time
+import weakref
 from typing import Any, Iterator
 
 import pika.exceptions
@@ -71,7 +73,6 @@ _IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_process_f
                "_transport", "is_closed")
 _SIZE = struct.Struct(">I")
 _METHOD_ID = struct.Struct(">HH")  # class id, method id: the start of a method frame's payload
-_COUNTS = struct.Struct(">II")
 # the replies rbak awaits itself, and the broker's cancel of a consumer pika does not know (class, method)
 DECLARE_OK = (pika.spec.Queue.DeclareOk.INDEX >> 16, pika.spec.Queue.DeclareOk.INDEX & 0xFFFF)
 CANCEL_OK = (pika.spec.Basic.CancelOk.INDEX >> 16, pika.spec.Basic.CancelOk.INDEX & 0xFFFF)
@@ -286,11 +287,6 @@ class FastConsume:
             raise pika.exceptions.ChannelClosed(0, f"channel {num} closed before its reply ({reason!r})")
         return got
 
-    def declare_passive(self, ch: Any, queue: str) -> tuple[int, int]:
-        """(ready messages, consumers) of ``queue``: a passive ``queue.declare`` on ``ch``."""
-        args = self.call(ch, DECLARE_OK, pika.spec.Queue.Declare(queue=queue, passive=True))
-        return _COUNTS.unpack_from(args, 1 + args[0])
-
     def cancel(self, ch: Any) -> None:
         """Cancel ``ch``'s raw consumers, oldest first, each awaiting the broker's Cancel-Ok (nothing is
         delivered to a consumer after it)."""
@@ -317,10 +313,10 @@ class FastConsume:
             self.send(ch, pika.spec.Basic.Consume(queue=queue, consumer_tag=tag, nowait=True, arguments=arguments))
             return tag
         # one cancel callback per channel (a shared reading channel serves many reads): it tells
-        # whichever read is consuming on the channel now
-        if getattr(ch, "_rbak_fast", None) is None:
-            ch._impl.add_on_cancel_callback(lambda _frame: ch._rbak_fast.cancelled.add(num))
-        ch._rbak_fast = self
+        # whichever read is consuming on the channel now (``_CONSUMING``, not an attribute of pika's channel)
+        if ch not in _CONSUMING:
+            ch._impl.add_on_cancel_callback(functools.partial(_broker_cancelled, weakref.ref(ch), num))
+        _CONSUMING[ch] = weakref.ref(self)
         # pika sees a delivery of this channel only once the fast path has stopped with an error
         return ch.basic_consume(queue, _ignore, auto_ack=False, arguments=arguments)
 
@@ -442,6 +438,20 @@ def deliveries(fc: "FastConsume | None", ch: Any, queue: str, inactivity_timeout
     return ch.consume(queue, auto_ack=False, inactivity_timeout=inactivity_timeout, arguments=arguments)
 
 
+#: channel -> the read consuming on it now, for the broker's cancel (weak both ways: the read holds its
+#: connection, which holds the channel)
+_CONSUMING: "weakref.WeakKeyDictionary[Any, weakref.ref[FastConsume]]" = weakref.WeakKeyDictionary()
+
+
+def _broker_cancelled(ch_ref: "weakref.ref[Any]", num: int, _frame: Any) -> None:
+    """pika's callback for the broker's ``Basic.Cancel`` on a channel: tell the read consuming on it."""
+    ch = ch_ref()
+    fc_ref = _CONSUMING.get(ch) if ch is not None else None
+    fc = fc_ref() if fc_ref is not None else None
+    if fc is not None:
+        fc.cancelled.add(num)
+
+
 def _ignore(*_args: Any) -> None:
     """The pika consumer callback: deliveries reach it only after the fast path stopped (self.error)."""
 
@@ -450,15 +460,3 @@ def to_delivery(item: tuple) -> tuple[Deliver, pika.spec.BasicProperties, bytes]
     """(method, properties, body) of one ``scan_deliveries`` tuple, as the queue reader's sink takes them."""
     tag, redelivered, exchange, routing_key, raw, body = item
     return Deliver(tag, redelivered, exchange, routing_key), properties(raw), body
-
-
-def passive_counts(conn: Any, ch: Any, queue: str) -> tuple[int, int] | None:
-    """(ready messages, consumers) of ``queue`` by a passive declare on ``ch`` without pika's RPC
-    layer; None when the fast path cannot install (the caller asks pika)."""
-    fc = FastConsume.install(conn)
-    if fc is None:
-        return None
-    try:
-        return fc.declare_passive(ch, queue)
-    finally:
-        fc.uninstall()
