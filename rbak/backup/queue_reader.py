@@ -177,6 +177,7 @@ def read_queue(
     error: BaseException | None = None
     pika_fast.install(conn)
     fc = None if use_get else FastConsume.install(conn)  # None: pika's consumer generator
+    kept = FastConsume.headers(conn) if fc is None else None  # it still takes each header's bytes
     # small classic reads on the fast path share one channel per connection (reading_channel)
     shared = fc is not None and not quorum and depth <= SHARED_MAX_DEPTH
     try:
@@ -251,8 +252,9 @@ def read_queue(
             if not (shared and error is None and _give_back(fc, channels, queue, where)):
                 _return_in_order(channels, where, nack, quiet=error is not None, fc=fc, ends=ends)
         finally:
-            if fc is not None:
-                fc.uninstall()
+            for installed in (fc, kept):
+                if installed is not None:
+                    installed.uninstall()
 
 
 def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:

@@ -21,6 +21,13 @@ Only the reading connection of one read has it, for the read's duration
 If pika's internals are not those this was written against, ``install`` returns
 None and the read uses pika's consumer generator as before.
 
+Reads that stay on pika's paths (basic.get, the consumer generator with
+``RBAK_FAST_CONSUME=0``, the stream probe) install one with ``headers``: it parses no
+delivery but builds every content-header frame itself with ``KeptProperties`` (pika's
+properties plus the header's bytes) before pika processes it. That is how a backup keeps
+each header's AMQP type (pika's decoder truncates floats and fails on NaN) on one
+connection, without replacing ``BasicProperties.decode`` for the whole process.
+
 Small reads pay per queue for their AMQP methods more than for their messages: pika's
 blocking RPC layer cost ~0.45 ms of the GIL per call, four calls a queue (issue 20,
 1,000 x 100). ``call`` sends methods as marshalled frames and takes its awaited reply
@@ -41,6 +48,7 @@ import time
 import weakref
 from typing import Any, Iterator
 
+import pika
 import pika.exceptions
 import pika.frame
 import pika.spec
@@ -72,6 +80,7 @@ TIMERS_EVERY = 0.1
 _IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_process_frame", "bytes_received",
                "_transport", "is_closed")
 _SIZE = struct.Struct(">I")
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size: the start of a header frame's payload
 _METHOD_ID = struct.Struct(">HH")  # class id, method id: the start of a method frame's payload
 # the replies rbak awaits itself, and the broker's cancel of a consumer pika does not know (class, method)
 DECLARE_OK = (pika.spec.Queue.DeclareOk.INDEX >> 16, pika.spec.Queue.DeclareOk.INDEX & 0xFFFF)
@@ -93,24 +102,50 @@ class Deliver:
         self.routing_key = routing_key
 
 
-_PROPS: dict[bytes, pika.spec.BasicProperties] = {}
+class KeptProperties(pika.spec.BasicProperties):
+    """pika's properties of a content header, with the header's bytes (``raw``) for rbak's typed decode.
 
-
-def properties(raw: bytes) -> pika.spec.BasicProperties:
-    """pika's properties of these raw content-header bytes, decoded once per distinct bytes.
-
-    Decoded by pika's ``BasicProperties.decode`` as pika itself would (which, with
-    ``rbak.backup.convert`` imported, also keeps the raw bytes for rbak's typed decode).
-    Shared objects: nothing mutates a delivery's properties.
+    pika's table decoder truncates float headers to ints, folds the integer widths together and
+    fails on NaN (``undecodable``: its fields are then partly unset, and only ``raw`` tells the
+    truth). Every content header a backup's connection receives while a ``FastConsume`` is
+    installed becomes one of these, on the fast path and on pika's own (``header_frame``).
     """
+
+    def __init__(self, raw: bytes):
+        super().__init__()
+        self.raw = raw
+        self.undecodable = False
+        try:
+            self.decode(raw)
+        except Exception:  # noqa: BLE001 - pika cannot decode it; rbak's decoder reads the raw bytes
+            self.undecodable = True
+
+
+_PROPS: dict[bytes, KeptProperties] = {}
+
+
+def properties(raw: bytes) -> KeptProperties:
+    """The properties of these raw content-header bytes, decoded once per distinct bytes.
+    Shared objects: nothing mutates a delivery's properties."""
     p = _PROPS.get(raw)
     if p is None:
-        p = pika.spec.BasicProperties()
-        p.decode(raw)
+        p = KeptProperties(raw)
         if len(_PROPS) >= PROPS_CACHE:
             _PROPS.clear()
         _PROPS[raw] = p
     return p
+
+
+def header_frame(buf: bytes | bytearray, pos: int, size: int) -> pika.frame.Header | None:
+    """The content-header frame at ``buf[pos:pos + size]`` as pika's decoder builds it, with
+    ``KeptProperties``; None for a class other than Basic (pika decodes it)."""
+    if buf[pos + size - 1] != pika.spec.FRAME_END:
+        raise pika.exceptions.InvalidFrameError("Invalid FRAME_END marker")
+    class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(buf, pos + 7)
+    if class_id != pika.spec.BasicProperties.INDEX:
+        return None
+    num = (buf[pos + 1] << 8) | buf[pos + 2]
+    return pika.frame.Header(num, body_size, properties(bytes(buf[pos + 19:pos + size - 1])))
 
 
 class FastConsume:
@@ -134,10 +169,14 @@ class FastConsume:
         self._timers_at = 0.0
 
     @classmethod
-    def install(cls, conn: Any) -> "FastConsume | None":
-        impl = getattr(conn, "_impl", None)
-        if not ENABLED or _IoloopTimerContext is None or impl is None or not hasattr(conn, "_flush_output") \
-                or any(not hasattr(impl, a) for a in _IMPL_ATTRS) or "_on_data_available" in impl.__dict__:
+    def install(cls, conn: Any, parse: bool = True) -> "FastConsume | None":
+        """On ``conn`` until ``uninstall``; None when another is installed on it, when pika's internals
+        are not those this was written against, or (``parse``) when the fast path is turned off.
+        ``parse=False``: deliveries stay pika's; only content headers are decoded here (``headers``)."""
+        if (parse and not ENABLED) or not _fits(conn):
+            return None
+        impl = conn._impl
+        if "_on_data_available" in impl.__dict__:
             return None
         fc = cls(conn)
         if impl._frame_buffer:  # a partial frame pika holds (not counted by it yet): ours now, counted
@@ -147,6 +186,19 @@ class FastConsume:
         impl._on_data_available = fc._on_data
         if impl._transport is not None and hasattr(impl._transport, "_MAX_RECV_BYTES"):
             impl._transport._MAX_RECV_BYTES = RECV_BYTES
+        return fc
+
+    @classmethod
+    def headers(cls, conn: Any) -> "FastConsume | None":
+        """Installed on ``conn`` for a read on pika's own paths (the consumer generator, basic.get, a
+        probe): content headers are decoded here, so the records keep every header's type and a
+        header pika cannot decode (NaN) does not abort the connection. None when one is installed
+        already (it does the same); raises ``AmqpError`` on a pika whose internals differ (a read
+        would lose header types): pyproject.toml pins the tested range."""
+        fc = cls.install(conn, parse=False)
+        if fc is None and not _fits(conn):
+            raise AmqpError(f"pika {getattr(pika, '__version__', '?')} is not a version rbak was tested with "
+                            "(its connection internals differ); install the version pyproject.toml names")
         return fc
 
     def uninstall(self) -> None:
@@ -209,12 +261,15 @@ class FastConsume:
                 if buf[pos] == 1 and (self.awaiting or self.raw_tags) and self._took_method(buf, pos, size):
                     pos += size
                     continue
-                impl._frame_buffer = bytes(buf[pos:pos + size])
-                consumed, frame_value = impl._read_frame()  # pika's decoder (raises on a bad frame end)
-                impl._frame_buffer = b""
-                if not frame_value:  # pragma: no cover - a whole frame always decodes or raises
-                    break
-                pos += consumed
+                # a content header is decoded here (pika's decoder would lose its header types)
+                frame_value = header_frame(buf, pos, size) if buf[pos] == pika.spec.FRAME_HEADER else None
+                if frame_value is None:
+                    impl._frame_buffer = bytes(buf[pos:pos + size])
+                    size, frame_value = impl._read_frame()  # pika's decoder (raises on a bad frame end)
+                    impl._frame_buffer = b""
+                    if not frame_value:  # pragma: no cover - a whole frame always decodes or raises
+                        break
+                pos += size
                 impl._process_frame(frame_value)
                 if impl.is_closed:  # the stream ended while processing it: pika drops what it had buffered
                     pos = n
@@ -426,6 +481,13 @@ class FastConsume:
         elif t is not None and t.get_write_buffer_size():
             self.conn._flush_output()  # what pika wrote meanwhile (a Close-Ok, a heartbeat)
         return ready()
+
+
+def _fits(conn: Any) -> bool:
+    """``conn`` is a BlockingConnection of the pika this was written against."""
+    impl = getattr(conn, "_impl", None)
+    return _IoloopTimerContext is not None and impl is not None and hasattr(conn, "_flush_output") \
+        and all(hasattr(impl, a) for a in _IMPL_ATTRS)
 
 
 def deliveries(fc: "FastConsume | None", ch: Any, queue: str, inactivity_timeout: float,
