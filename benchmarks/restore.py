@@ -114,7 +114,8 @@ def phase_proton(a) -> dict:
     from proton.utils import BlockingConnection
 
     from rbak.format.record import BackupProperties
-    from rbak.restore.amqp10_message import data_section, encode_sections
+    from rbak.format.amqp10 import data_section
+    from rbak.restore.amqp10_message import encode_sections
 
     u = urlsplit(a.amqp_url)
     conn = BlockingConnection(f"amqp://{u.hostname}:{u.port}", timeout=30, virtual_host="vhost:" + a.vhost,

@@ -103,6 +103,18 @@ class ReadCut(AmqpConnectionError):
         self.lost = lost
 
 
+class QueueNotFound(AmqpError):
+    """A passive declare found no such queue (404); the message names vhost and queue."""
+
+
+class QueueLocked(AmqpError):
+    """An exclusive queue of another connection (405 RESOURCE_LOCKED): only its owner can use it."""
+
+
+class QueueAccessRefused(AmqpError):
+    """The broker refused the user access to the queue (403 ACCESS_REFUSED)."""
+
+
 class ManagementApiError(RbakError):
     """``status``: the HTTP status when the API answered with an error (None: no answer or a bad one)."""
 

@@ -138,3 +138,13 @@ def test_the_checker_names_an_undeclared_import(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match=r"kopf \(imported by fake/m.py\) comes from kopf, declared in none of: core"):
         test_every_import_is_declared("fake")
     importlib.invalidate_caches()
+
+
+def test_pika_is_pinned_to_the_range_the_fast_path_was_tested_with():
+    """``rbak.broker.fast_consume`` relies on pika's connection internals: pyproject allows only the tested
+    minor series, and the pika these tests run against is inside it (so the suite tests what users get)."""
+    from importlib.metadata import version
+
+    (req,) = [r for r in map(Requirement, PROJECT["dependencies"]) if canonical(r.name) == "pika"]
+    assert req.specifier.contains(version("pika")), (version("pika"), str(req.specifier))
+    assert any(s.operator == "<" for s in req.specifier), f"pika needs an upper bound: {req}"

@@ -1,11 +1,11 @@
 """A pika delivery -> ``BackupRecord``, keeping every header's AMQP type.
 
 pika's own table decoder truncates floats (``f``/``d``) to ints, fails on NaN
-and folds the integer widths together, so the backup keeps the raw property
-bytes of each content header (see ``_keep_raw``) and decodes headers with
-``rbak.format.amqp091.decode_basic_properties``, the exact inverse of the
-restore side's encoder. Messages without headers take the fast path (pika's
-already-decoded fields).
+and folds the integer widths together, so the backup's reads take each content
+header's raw bytes (``broker.fast_consume.KeptProperties``, on the fast path and on
+pika's own) and headers are decoded by ``rbak.format.amqp091.decode_basic_properties``,
+the exact inverse of the restore side's encoder. Messages without headers take the
+fast path (pika's already-decoded fields).
 """
 
 from __future__ import annotations
@@ -13,29 +13,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pika.spec
-
+from ..broker.fast_consume import KeptProperties
 from ..format.record import BackupProperties, BackupRecord
 from ..format.amqp091 import decode_basic_properties
 
 # Headers the broker adds on delivery and that are not part of the message.
 BROKER_HEADERS = frozenset({"x-stream-offset", "x-stream-chunk-timestamp"})
-
-_orig_decode = pika.spec.BasicProperties.decode
-
-
-def _keep_raw(self, encoded, offset=0):
-    """pika's decode, plus the raw bytes; a table pika cannot decode no longer kills the connection."""
-    self._rbak_raw = bytes(encoded[offset:])
-    try:
-        return _orig_decode(self, encoded, offset)
-    except Exception:  # noqa: BLE001 - pika cannot decode it; rbak's decoder reads the raw bytes
-        self._rbak_pika_failed = True
-        return self
-
-
-if getattr(pika.spec.BasicProperties.decode, "__name__", "") != "_keep_raw":
-    pika.spec.BasicProperties.decode = _keep_raw
 
 
 # The typed decode of a content header, by its raw bytes: a pure function of them, and the messages
@@ -54,11 +37,13 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
               drop_headers: frozenset[str] = frozenset(), stream_offset: int | None = None) -> BackupRecord:
     """One delivery as a record. ``stream_offset``: for stream queues the spec's ``delivery_tag``
     is the message's stream offset, not the channel's delivery tag."""
-    raw = getattr(props, "_rbak_raw", None)
+    kept = isinstance(props, KeptProperties)
+    raw = props.raw if kept else None
+    failed = kept and props.undecodable
     h = props.headers
-    if h is not None and drop_headers and not getattr(props, "_rbak_pika_failed", False) and h.keys() <= drop_headers:
+    if h is not None and drop_headers and not failed and h.keys() <= drop_headers:
         h = None  # only the broker's own headers (a stream's offset): nothing of the message's to keep typed
-    if raw is not None and (h is not None or getattr(props, "_rbak_pika_failed", False)):
+    if raw is not None and (h is not None or failed):
         key: tuple[Any, Any] | None = (raw, drop_headers)
         hit = _DECODED.get(key)
         if hit is None:

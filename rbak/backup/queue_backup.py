@@ -20,13 +20,14 @@ import pika
 import pika.exceptions
 
 from ..amqp import connect
-from ..errors import AmqpConnectionError, AmqpError, QueueRefused, QueueSkipped, ReadCut, ShortRead
+from ..errors import (AmqpConnectionError, QueueLocked, QueueNotFound, QueueRefused, QueueSkipped, ReadCut,
+                      ShortRead)
 from ..format.manifest import QueueBackup
 from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from . import cut_repair
 from .convert import delivery_count, to_record
-from ..broker.fast_consume import passive_counts
+from ..broker.declare import passive_declare
 from .guard_store import merge
 from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
@@ -41,39 +42,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def control_channel(conn: pika.BlockingConnection):
-    """The connection's channel for passive declares, kept open across queues.
-
-    Opening and closing a channel per queue cost two round trips and ~1.6 ms of pika
-    per queue (issue 20, 300 x 100 profile); the broker closes it on a 404/405, and the
-    next queue opens a fresh one. It never consumes, so it never holds a message.
-    """
-    ch = getattr(conn, "_rbak_control_channel", None)
-    if ch is None or not ch.is_open:
-        ch = conn.channel()
-        conn._rbak_control_channel = ch
-    return ch
-
-
 def passive_info(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple[int, int]:
-    """(ready messages, consumers) right now, exactly; an exclusive queue of another connection is skipped."""
+    """(ready messages, consumers) right now, exactly; a queue deleted meanwhile, or an exclusive queue
+    of another connection, is skipped."""
     try:
-        ch = control_channel(conn)
-    except pika.exceptions.AMQPError as e:
-        raise AmqpError(f"vhost {vhost!r}: cannot open a channel: {e!r}") from None
-    try:
-        counts = passive_counts(conn, ch, queue)  # without pika's RPC layer: most of a small queue's cost
-        if counts is None:
-            ok = ch.queue_declare(queue, passive=True).method
-            counts = ok.message_count, ok.consumer_count
-        return counts
-    except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 405:
-            raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: exclusive queue: only its owning connection "
-                               f"can read it ({e.reply_code} {e.reply_text})") from None
-        if e.reply_code == 404:
-            raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: deleted before the backup read it") from None
-        raise AmqpError(f"queue {queue!r} in vhost {vhost!r}: {e.reply_code} {e.reply_text}") from None
+        return passive_declare(conn, vhost, queue)
+    except QueueLocked:
+        raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: exclusive queue: only its owning connection "
+                           f"can read it") from None
+    except QueueNotFound:
+        raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: deleted before the backup read it") from None
 
 
 def clear_previous(eng: "BackupEngine", ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress | None) -> None:

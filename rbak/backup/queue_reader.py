@@ -53,6 +53,8 @@ import pika.spec
 
 from ..errors import AmqpConnectionError, AmqpError, DeliveryLimitError, ReadCut
 from ..broker import pika_fast
+from ..broker.channels import READING, kept_channel
+from ..broker.declare import passive_declare
 from .convert import delivery_count
 from ..broker.fast_consume import DECLARE_OK, QOS_OK, FastConsume, deliveries
 from .limits import budget_ceiling, may_take
@@ -106,21 +108,6 @@ Sink = Callable[[object, object, bytes], None]
 def describe_message(position: int, props) -> str:
     mid = getattr(props, "message_id", None)
     return f"message #{position}" + (f" (message_id {mid!r})" if mid else "")
-
-
-def passive_depth(conn: pika.BlockingConnection, vhost: str, queue: str) -> int:
-    """Ready messages right now (exact, unlike the management API's sampled stats)."""
-    try:
-        ch = conn.channel()
-    except pika.exceptions.AMQPError as e:
-        raise AmqpError(f"vhost {vhost!r}: cannot open a channel: {e!r}") from None
-    try:
-        return ch.queue_declare(queue, passive=True).method.message_count
-    except pika.exceptions.ChannelClosedByBroker as e:
-        raise AmqpError(f"queue {queue!r} in vhost {vhost!r}: {e.reply_code} {e.reply_text}") from None
-    finally:
-        if ch.is_open:
-            ch.close()
 
 
 def next_window(previous: int, max_seen: int, limit: int | None, remaining: int, channels: int) -> int:
@@ -196,6 +183,7 @@ def read_queue(
     error: BaseException | None = None
     pika_fast.install(conn)
     fc = None if use_get else FastConsume.install(conn)  # None: pika's consumer generator
+    kept = FastConsume.headers(conn) if fc is None else None  # it still takes each header's bytes
     # small classic reads on the fast path share one channel per connection (reading_channel)
     shared = fc is not None and not quorum and depth <= SHARED_MAX_DEPTH
     try:
@@ -273,8 +261,9 @@ def read_queue(
             if not (shared and error is None and _give_back(fc, channels, queue, where)):
                 _return_in_order(channels, where, nack, quiet=error is not None, fc=fc, ends=ends)
         finally:
-            if fc is not None:
-                fc.uninstall()
+            for installed in (fc, kept):
+                if installed is not None:
+                    installed.uninstall()
 
 
 def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:
@@ -300,12 +289,11 @@ def reading_channel(conn: pika.BlockingConnection):
     requeue, to their original positions), then waits for the requeue (``_give_back``). A
     failed read closes the channel instead, and the next read opens a fresh one.
     """
-    ch = getattr(conn, "_rbak_read_channel", None)
-    if ch is None or not ch.is_open:
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=0)  # explicit: a broker's default_consumer_prefetch would cap the read
-        conn._rbak_read_channel = ch
-    return ch
+    return kept_channel(conn, READING, _no_prefetch_cap)
+
+
+def _no_prefetch_cap(ch) -> None:
+    ch.basic_qos(prefetch_count=0)  # explicit: a broker's default_consumer_prefetch would cap the read
 
 
 def _give_back(fc: FastConsume, channels: list, queue: str, where: str) -> bool:
@@ -366,7 +354,7 @@ def _fill(conn, ch, vhost: str, queue: str, where: str, res: ReadResult, want: i
     for method, props, body in deliveries(fc, ch, queue, check, arguments, raw):
         if method is None:
             idle += check
-            if passive_depth(conn, vhost, queue) == 0:
+            if passive_declare(conn, vhost, queue).messages == 0:
                 res.short = _short(where, res.records, depth, f"no message arrived for {idle:g}s and the "
                                    "queue has none ready")
                 return True, res.records

@@ -21,6 +21,13 @@ Only the reading connection of one read has it, for the read's duration
 If pika's internals are not those this was written against, ``install`` returns
 None and the read uses pika's consumer generator as before.
 
+Reads that stay on pika's paths (basic.get, the consumer generator with
+``RBAK_FAST_CONSUME=0``, the stream probe) install one with ``headers``: it parses no
+delivery but builds every content-header frame itself with ``KeptProperties`` (pika's
+properties plus the header's bytes) before pika processes it. That is how a backup keeps
+each header's AMQP type (pika's decoder truncates floats and fails on NaN) on one
+connection, without replacing ``BasicProperties.decode`` for the whole process.
+
 Small reads pay per queue for their AMQP methods more than for their messages: pika's
 blocking RPC layer cost ~0.45 ms of the GIL per call, four calls a queue (issue 20,
 1,000 x 100). ``call`` sends methods as marshalled frames and takes its awaited reply
@@ -31,14 +38,17 @@ pika's blocking channel fails on a cancel of a consumer it does not know.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import select
 import struct
 import time
+import weakref
 from typing import Any, Iterator
 
+import pika
 import pika.exceptions
 import pika.frame
 import pika.spec
@@ -70,8 +80,8 @@ TIMERS_EVERY = 0.1
 _IMPL_ATTRS = ("_on_data_available", "_frame_buffer", "_read_frame", "_process_frame", "bytes_received",
                "_transport", "is_closed")
 _SIZE = struct.Struct(">I")
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size: the start of a header frame's payload
 _METHOD_ID = struct.Struct(">HH")  # class id, method id: the start of a method frame's payload
-_COUNTS = struct.Struct(">II")
 # the replies rbak awaits itself, and the broker's cancel of a consumer pika does not know (class, method)
 DECLARE_OK = (pika.spec.Queue.DeclareOk.INDEX >> 16, pika.spec.Queue.DeclareOk.INDEX & 0xFFFF)
 CANCEL_OK = (pika.spec.Basic.CancelOk.INDEX >> 16, pika.spec.Basic.CancelOk.INDEX & 0xFFFF)
@@ -92,24 +102,50 @@ class Deliver:
         self.routing_key = routing_key
 
 
-_PROPS: dict[bytes, pika.spec.BasicProperties] = {}
+class KeptProperties(pika.spec.BasicProperties):
+    """pika's properties of a content header, with the header's bytes (``raw``) for rbak's typed decode.
 
-
-def properties(raw: bytes) -> pika.spec.BasicProperties:
-    """pika's properties of these raw content-header bytes, decoded once per distinct bytes.
-
-    Decoded by pika's ``BasicProperties.decode`` as pika itself would (which, with
-    ``rbak.backup.convert`` imported, also keeps the raw bytes for rbak's typed decode).
-    Shared objects: nothing mutates a delivery's properties.
+    pika's table decoder truncates float headers to ints, folds the integer widths together and
+    fails on NaN (``undecodable``: its fields are then partly unset, and only ``raw`` tells the
+    truth). Every content header a backup's connection receives while a ``FastConsume`` is
+    installed becomes one of these, on the fast path and on pika's own (``header_frame``).
     """
+
+    def __init__(self, raw: bytes):
+        super().__init__()
+        self.raw = raw
+        self.undecodable = False
+        try:
+            self.decode(raw)
+        except Exception:  # noqa: BLE001 - pika cannot decode it; rbak's decoder reads the raw bytes
+            self.undecodable = True
+
+
+_PROPS: dict[bytes, KeptProperties] = {}
+
+
+def properties(raw: bytes) -> KeptProperties:
+    """The properties of these raw content-header bytes, decoded once per distinct bytes.
+    Shared objects: nothing mutates a delivery's properties."""
     p = _PROPS.get(raw)
     if p is None:
-        p = pika.spec.BasicProperties()
-        p.decode(raw)
+        p = KeptProperties(raw)
         if len(_PROPS) >= PROPS_CACHE:
             _PROPS.clear()
         _PROPS[raw] = p
     return p
+
+
+def header_frame(buf: bytes | bytearray, pos: int, size: int) -> pika.frame.Header | None:
+    """The content-header frame at ``buf[pos:pos + size]`` as pika's decoder builds it, with
+    ``KeptProperties``; None for a class other than Basic (pika decodes it)."""
+    if buf[pos + size - 1] != pika.spec.FRAME_END:
+        raise pika.exceptions.InvalidFrameError("Invalid FRAME_END marker")
+    class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(buf, pos + 7)
+    if class_id != pika.spec.BasicProperties.INDEX:
+        return None
+    num = (buf[pos + 1] << 8) | buf[pos + 2]
+    return pika.frame.Header(num, body_size, properties(bytes(buf[pos + 19:pos + size - 1])))
 
 
 class FastConsume:
@@ -133,10 +169,14 @@ class FastConsume:
         self._timers_at = 0.0
 
     @classmethod
-    def install(cls, conn: Any) -> "FastConsume | None":
-        impl = getattr(conn, "_impl", None)
-        if not ENABLED or _IoloopTimerContext is None or impl is None or not hasattr(conn, "_flush_output") \
-                or any(not hasattr(impl, a) for a in _IMPL_ATTRS) or "_on_data_available" in impl.__dict__:
+    def install(cls, conn: Any, parse: bool = True) -> "FastConsume | None":
+        """On ``conn`` until ``uninstall``; None when another is installed on it, when pika's internals
+        are not those this was written against, or (``parse``) when the fast path is turned off.
+        ``parse=False``: deliveries stay pika's; only content headers are decoded here (``headers``)."""
+        if (parse and not ENABLED) or not _fits(conn):
+            return None
+        impl = conn._impl
+        if "_on_data_available" in impl.__dict__:
             return None
         fc = cls(conn)
         if impl._frame_buffer:  # a partial frame pika holds (not counted by it yet): ours now, counted
@@ -146,6 +186,19 @@ class FastConsume:
         impl._on_data_available = fc._on_data
         if impl._transport is not None and hasattr(impl._transport, "_MAX_RECV_BYTES"):
             impl._transport._MAX_RECV_BYTES = RECV_BYTES
+        return fc
+
+    @classmethod
+    def headers(cls, conn: Any) -> "FastConsume | None":
+        """Installed on ``conn`` for a read on pika's own paths (the consumer generator, basic.get, a
+        probe): content headers are decoded here, so the records keep every header's type and a
+        header pika cannot decode (NaN) does not abort the connection. None when one is installed
+        already (it does the same); raises ``AmqpError`` on a pika whose internals differ (a read
+        would lose header types): pyproject.toml pins the tested range."""
+        fc = cls.install(conn, parse=False)
+        if fc is None and not _fits(conn):
+            raise AmqpError(f"pika {getattr(pika, '__version__', '?')} is not a version rbak was tested with "
+                            "(its connection internals differ); install the version pyproject.toml names")
         return fc
 
     def uninstall(self) -> None:
@@ -208,12 +261,15 @@ class FastConsume:
                 if buf[pos] == 1 and (self.awaiting or self.raw_tags) and self._took_method(buf, pos, size):
                     pos += size
                     continue
-                impl._frame_buffer = bytes(buf[pos:pos + size])
-                consumed, frame_value = impl._read_frame()  # pika's decoder (raises on a bad frame end)
-                impl._frame_buffer = b""
-                if not frame_value:  # pragma: no cover - a whole frame always decodes or raises
-                    break
-                pos += consumed
+                # a content header is decoded here (pika's decoder would lose its header types)
+                frame_value = header_frame(buf, pos, size) if buf[pos] == pika.spec.FRAME_HEADER else None
+                if frame_value is None:
+                    impl._frame_buffer = bytes(buf[pos:pos + size])
+                    size, frame_value = impl._read_frame()  # pika's decoder (raises on a bad frame end)
+                    impl._frame_buffer = b""
+                    if not frame_value:  # pragma: no cover - a whole frame always decodes or raises
+                        break
+                pos += size
                 impl._process_frame(frame_value)
                 if impl.is_closed:  # the stream ended while processing it: pika drops what it had buffered
                     pos = n
@@ -286,11 +342,6 @@ class FastConsume:
             raise pika.exceptions.ChannelClosed(0, f"channel {num} closed before its reply ({reason!r})")
         return got
 
-    def declare_passive(self, ch: Any, queue: str) -> tuple[int, int]:
-        """(ready messages, consumers) of ``queue``: a passive ``queue.declare`` on ``ch``."""
-        args = self.call(ch, DECLARE_OK, pika.spec.Queue.Declare(queue=queue, passive=True))
-        return _COUNTS.unpack_from(args, 1 + args[0])
-
     def cancel(self, ch: Any) -> None:
         """Cancel ``ch``'s raw consumers, oldest first, each awaiting the broker's Cancel-Ok (nothing is
         delivered to a consumer after it)."""
@@ -317,10 +368,10 @@ class FastConsume:
             self.send(ch, pika.spec.Basic.Consume(queue=queue, consumer_tag=tag, nowait=True, arguments=arguments))
             return tag
         # one cancel callback per channel (a shared reading channel serves many reads): it tells
-        # whichever read is consuming on the channel now
-        if getattr(ch, "_rbak_fast", None) is None:
-            ch._impl.add_on_cancel_callback(lambda _frame: ch._rbak_fast.cancelled.add(num))
-        ch._rbak_fast = self
+        # whichever read is consuming on the channel now (``_CONSUMING``, not an attribute of pika's channel)
+        if ch not in _CONSUMING:
+            ch._impl.add_on_cancel_callback(functools.partial(_broker_cancelled, weakref.ref(ch), num))
+        _CONSUMING[ch] = weakref.ref(self)
         # pika sees a delivery of this channel only once the fast path has stopped with an error
         return ch.basic_consume(queue, _ignore, auto_ack=False, arguments=arguments)
 
@@ -432,6 +483,13 @@ class FastConsume:
         return ready()
 
 
+def _fits(conn: Any) -> bool:
+    """``conn`` is a BlockingConnection of the pika this was written against."""
+    impl = getattr(conn, "_impl", None)
+    return _IoloopTimerContext is not None and impl is not None and hasattr(conn, "_flush_output") \
+        and all(hasattr(impl, a) for a in _IMPL_ATTRS)
+
+
 def deliveries(fc: "FastConsume | None", ch: Any, queue: str, inactivity_timeout: float,
                arguments: dict | None = None, raw: bool = False) -> Iterator[tuple[Any, Any, Any]]:
     """A read's deliveries: from the fast path when ``fc`` is installed, else pika's consumer generator
@@ -442,6 +500,20 @@ def deliveries(fc: "FastConsume | None", ch: Any, queue: str, inactivity_timeout
     return ch.consume(queue, auto_ack=False, inactivity_timeout=inactivity_timeout, arguments=arguments)
 
 
+#: channel -> the read consuming on it now, for the broker's cancel (weak both ways: the read holds its
+#: connection, which holds the channel)
+_CONSUMING: "weakref.WeakKeyDictionary[Any, weakref.ref[FastConsume]]" = weakref.WeakKeyDictionary()
+
+
+def _broker_cancelled(ch_ref: "weakref.ref[Any]", num: int, _frame: Any) -> None:
+    """pika's callback for the broker's ``Basic.Cancel`` on a channel: tell the read consuming on it."""
+    ch = ch_ref()
+    fc_ref = _CONSUMING.get(ch) if ch is not None else None
+    fc = fc_ref() if fc_ref is not None else None
+    if fc is not None:
+        fc.cancelled.add(num)
+
+
 def _ignore(*_args: Any) -> None:
     """The pika consumer callback: deliveries reach it only after the fast path stopped (self.error)."""
 
@@ -450,15 +522,3 @@ def to_delivery(item: tuple) -> tuple[Deliver, pika.spec.BasicProperties, bytes]
     """(method, properties, body) of one ``scan_deliveries`` tuple, as the queue reader's sink takes them."""
     tag, redelivered, exchange, routing_key, raw, body = item
     return Deliver(tag, redelivered, exchange, routing_key), properties(raw), body
-
-
-def passive_counts(conn: Any, ch: Any, queue: str) -> tuple[int, int] | None:
-    """(ready messages, consumers) of ``queue`` by a passive declare on ``ch`` without pika's RPC
-    layer; None when the fast path cannot install (the caller asks pika)."""
-    fc = FastConsume.install(conn)
-    if fc is None:
-        return None
-    try:
-        return fc.declare_passive(ch, queue)
-    finally:
-        fc.uninstall()

@@ -61,6 +61,7 @@ def read_stream(
     pika_fast.install(conn)
     ch = conn.channel()
     fc = FastConsume.install(conn)  # None: pika's consumer generator
+    kept = FastConsume.headers(conn) if fc is None else None  # it still takes each header's bytes
     early = False
     try:
         ch.basic_qos(prefetch_count=prefetch)
@@ -113,8 +114,9 @@ def read_stream(
         try:
             _close(ch, release=early)
         finally:
-            if fc is not None:
-                fc.uninstall()
+            for installed in (fc, kept):
+                if installed is not None:
+                    installed.uninstall()
 
 
 def _close(ch, release: bool) -> None:
@@ -155,6 +157,7 @@ def probe_offset(conn: pika.BlockingConnection, vhost: str, queue: str, offset: 
     import hashlib
 
     ch = conn.channel()
+    kept = FastConsume.headers(conn)  # a header pika cannot decode (NaN) must not abort the connection
     try:
         # One message of credit: closing never finds deliveries pika would nack (3.10 closes the
         # connection on a nack to a stream); the one held unacked is simply released with the channel.
@@ -178,3 +181,5 @@ def probe_offset(conn: pika.BlockingConnection, vhost: str, queue: str, offset: 
                 ch.close()
         except Exception:  # noqa: BLE001
             pass
+        if kept is not None:
+            kept.uninstall()

@@ -1,4 +1,4 @@
-/* Optional C fast path of rbak/offline/rabbitmq/amqp10.py (AMQP 1.0 type system decoder).
+/* Optional C fast path of rbak/format/amqp10.py (AMQP 1.0 type system decoder).
  *
  * amqp_value(data, pos, end) -> (Value, end) | None decodes one value at pos
  * (bounded by end) into exactly the Value objects the pure-Python _Decoder

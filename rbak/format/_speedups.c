@@ -1094,7 +1094,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 /* _erlterm.c: the Erlang term decoder's fast path (rbak/offline/rabbitmq/erlang_terms.py). */
 PyObject *rbak_erl_decode(PyObject *self, PyObject *args);
 PyObject *rbak_erl_configure(PyObject *self, PyObject *args);
-/* _amqp10.c: the AMQP 1.0 value decoder's fast path (rbak/offline/rabbitmq/amqp10.py). */
+/* _amqp10.c: the AMQP 1.0 value decoder's fast path (rbak/format/amqp10.py). */
 PyObject *rbak_amqp_value(PyObject *self, PyObject *args);
 PyObject *rbak_amqp_configure(PyObject *self, PyObject *args);
 /* _amqp091.c: Basic.Deliver messages parsed off an AMQP 0-9-1 byte stream (rbak/broker/fast_consume.py). */

@@ -28,9 +28,28 @@ record out, and why:
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
+from ..format.amqp10 import (
+    APPLICATION_PROPERTIES,
+    HEADER,
+    MESSAGE_ANNOTATIONS,
+    PROPERTIES,
+    encode_binary,
+    encode_bool,
+    encode_double,
+    encode_float,
+    encode_long,
+    encode_null,
+    encode_short,
+    encode_symbol,
+    encode_timestamp,
+    encode_ubyte,
+    encode_uint,
+    encode_utf8,
+    list_section,
+    map_section,
+)
 from ..format.record import (
     BackupProperties,
     BackupRecord,
@@ -47,7 +66,6 @@ from ..format.record import (
     properties_key,
 )
 
-_HEADER, _ANNOTATIONS, _PROPERTIES, _APP_PROPERTIES, _DATA = 0x70, 0x72, 0x73, 0x74, 0x75
 _RESERVED_X = frozenset({"x-routing-key", "x-exchange", "x-death", "x-cc", "x-opt-deaths",
                          "x-opt-rabbitmq-received-time"})
 _ROUTING = frozenset({"CC", "BCC"})
@@ -57,91 +75,6 @@ _MAX_TS_SECONDS = (2**63 - 1) // 1000
 
 class _NotExact(Exception):
     """This record cannot be carried over 1.0 exactly (internal: becomes ``None``)."""
-
-
-# -- primitive encoders (AMQP 1.0 part 1, section 1.6) ----------------------
-def _null() -> bytes:
-    return b"\x40"
-
-
-def _bool(v: bool) -> bytes:
-    return b"\x41" if v else b"\x42"
-
-
-def _ubyte(v: int) -> bytes:
-    return b"\x50" + struct.pack(">B", v)
-
-
-def _uint(v: int) -> bytes:
-    return b"\x70" + struct.pack(">I", v)
-
-
-def _short(v: int) -> bytes:
-    return b"\x61" + struct.pack(">h", v)
-
-
-def _long(v: int) -> bytes:
-    return b"\x81" + struct.pack(">q", v)
-
-
-def _float(v: float) -> bytes:
-    return b"\x72" + struct.pack(">f", v)
-
-
-def _double(v: float) -> bytes:
-    return b"\x82" + struct.pack(">d", v)
-
-
-def _timestamp_ms(v: int) -> bytes:
-    return b"\x83" + struct.pack(">q", v)
-
-
-def _vbin(code8: int, code32: int, data: bytes) -> bytes:
-    n = len(data)
-    if n < 256:
-        return bytes((code8, n)) + data
-    return bytes((code32,)) + struct.pack(">I", n) + data
-
-
-def _binary(b: bytes) -> bytes:
-    return _vbin(0xA0, 0xB0, b)
-
-
-def _utf8(s: str) -> bytes:
-    return _vbin(0xA1, 0xB1, s.encode("utf-8"))
-
-
-def _symbol(s: str) -> bytes:
-    return _vbin(0xA3, 0xB3, s.encode("ascii"))
-
-
-def _compound(code8: int, code32: int, count: int, items: bytes) -> bytes:
-    if len(items) + 1 < 256 and count < 256:
-        return bytes((code8, len(items) + 1, count)) + items
-    return bytes((code32,)) + struct.pack(">II", len(items) + 4, count) + items
-
-
-def _described(code: int, value: bytes) -> bytes:
-    return b"\x00\x53" + bytes((code,)) + value
-
-
-def _list_section(code: int, fields: list[bytes | None]) -> bytes:
-    while fields and fields[-1] is None:
-        fields.pop()  # trailing nulls may be omitted
-    body = b"".join(_null() if f is None else f for f in fields)
-    return _described(code, _compound(0xC0, 0xD0, len(fields), body))
-
-
-def _map_section(code: int, pairs: list[tuple[bytes, bytes]]) -> bytes:
-    return _described(code, _compound(0xC1, 0xD1, 2 * len(pairs), b"".join(k + v for k, v in pairs)))
-
-
-def data_section(body: bytes) -> bytes:
-    """The body as one ``data`` section (what a 0-9-1 consumer gets back byte for byte)."""
-    n = len(body)
-    if n < 256:
-        return b"\x00\x53\x75\xa0" + bytes((n,)) + body
-    return b"\x00\x53\x75\xb0" + struct.pack(">I", n) + body
 
 
 # -- the checks and the mapping ---------------------------------------------
@@ -168,25 +101,25 @@ def _value(v: Any) -> bytes:  # v: a HeaderValue (Any: the dispatch on a saved t
     t = type(v)
     if t is LongString or t is ShortString:
         try:
-            return _utf8(v.value)
+            return encode_utf8(v.value)
         except UnicodeEncodeError:  # non-UTF-8 bytes kept as surrogates: binary converts back to longstr
-            return _binary(v.value.encode("utf-8", "surrogateescape"))
+            return encode_binary(v.value.encode("utf-8", "surrogateescape"))
     if t is Long:
-        return _long(v.value)
+        return encode_long(v.value)
     if t is Short:
-        return _short(v.value)
+        return encode_short(v.value)
     if t is Bool:
-        return _bool(v.value)
+        return encode_bool(v.value)
     if t is Timestamp:
         if not 0 <= v.value <= _MAX_TS_SECONDS:
             raise _NotExact
-        return _timestamp_ms(v.value * 1000)
+        return encode_timestamp(v.value * 1000)
     if t is Float:
-        return _float(v.value)
+        return encode_float(v.value)
     if t is Double:
-        return _double(v.value)
+        return encode_double(v.value)
     if t is Void:
-        return _null()
+        return encode_null()
     raise _NotExact  # Bytes, Table, Array
 
 
@@ -202,9 +135,9 @@ def _headers(headers: Headers) -> tuple[list[tuple[bytes, bytes]], list[tuple[by
         if name.startswith("x-"):
             if app or not name.isascii() or name.startswith("x-basic-") or name in _RESERVED_X:
                 raise _NotExact
-            annotations.append((_symbol(name), _value(value)))
+            annotations.append((encode_symbol(name), _value(value)))
         else:
-            app.append((_utf8(name), _value(value)))
+            app.append((encode_utf8(name), _value(value)))
     return annotations, app
 
 
@@ -216,13 +149,13 @@ def _header_section(p: BackupProperties) -> bytes:
         e = p.expiration
         if not (e.isascii() and e.isdigit()) or str(int(e)) != e or int(e) > _MAX_TTL:
             raise _NotExact
-        ttl = _uint(int(e))
+        ttl = encode_uint(int(e))
     priority = None
     if p.priority is not None:
         if not 0 <= p.priority <= 255:
             raise _NotExact
-        priority = _ubyte(p.priority)
-    return _list_section(_HEADER, [_bool(p.delivery_mode == 2), priority, ttl])
+        priority = encode_ubyte(p.priority)
+    return list_section(HEADER, [encode_bool(p.delivery_mode == 2), priority, ttl])
 
 
 def _properties_section(p: BackupProperties) -> bytes | None:
@@ -235,21 +168,21 @@ def _properties_section(p: BackupProperties) -> bytes | None:
     app_id = _short_text(p.app_id)
     ct, ce = _ascii(p.content_type), _ascii(p.content_encoding)
     fields: list[bytes | None] = [
-        None if mid is None else _utf8(mid),
-        None if uid is None else _binary(uid.encode("utf-8")),
+        None if mid is None else encode_utf8(mid),
+        None if uid is None else encode_binary(uid.encode("utf-8")),
         None,  # to: the link's target address says where
         None,  # subject
-        None if rto is None else _utf8(rto),
-        None if cid is None else _utf8(cid),
-        None if ct is None else _symbol(ct),
-        None if ce is None else _symbol(ce),
+        None if rto is None else encode_utf8(rto),
+        None if cid is None else encode_utf8(cid),
+        None if ct is None else encode_symbol(ct),
+        None if ce is None else encode_symbol(ce),
         None,  # absolute-expiry-time
-        None if p.timestamp is None else _timestamp_ms(p.timestamp * 1000),
-        None if app_id is None else _utf8(app_id),
+        None if p.timestamp is None else encode_timestamp(p.timestamp * 1000),
+        None if app_id is None else encode_utf8(app_id),
     ]
     if all(f is None for f in fields):
         return None
-    return _list_section(_PROPERTIES, fields)
+    return list_section(PROPERTIES, fields)
 
 
 def encode_sections(p: BackupProperties, headers: Headers) -> bytes | None:
@@ -260,16 +193,16 @@ def encode_sections(p: BackupProperties, headers: Headers) -> bytes | None:
         header = _header_section(p)
         annotations, app = _headers(headers)
         if p.type_field is not None:
-            annotations.append((_symbol("x-basic-type"), _utf8(_short_text(p.type_field))))
+            annotations.append((encode_symbol("x-basic-type"), encode_utf8(_short_text(p.type_field))))
         props = _properties_section(p)
     except _NotExact:
         return None
     parts = [header]
     if annotations:
-        parts.append(_map_section(_ANNOTATIONS, annotations))
+        parts.append(map_section(MESSAGE_ANNOTATIONS, annotations))
     parts.append(props or b"")
     if app:
-        parts.append(_map_section(_APP_PROPERTIES, app))
+        parts.append(map_section(APPLICATION_PROPERTIES, app))
     return b"".join(parts)
 
 

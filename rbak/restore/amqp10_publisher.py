@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from ..config import ConnectionConfig
 from ..errors import AmqpConnectionError, AmqpError, PublishError
-from .amqp10_message import data_section
+from ..format.amqp10 import data_section
 
 STALL_SECS = 300.0  # no credit this long: the broker is blocking publishers (alarm), as pika's blocked timeout
 

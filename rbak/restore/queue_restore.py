@@ -18,7 +18,7 @@ import pika.exceptions
 
 from .. import metrics
 from ..crypto import ObjectCodec, codec_for
-from ..errors import AmqpError, CheckpointError, RbakError, RestoreError, SerializationError
+from ..errors import CheckpointError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
 from ..format.manifest import SegmentMetadata
 from ..format.reader import read_segment
@@ -28,6 +28,7 @@ from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..amqp import connect
+from ..broker.declare import queue_counts
 from .record_publisher import RecordPublisher
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 from .target_limits import TargetLimits, lossy_reasons, read_limits, refusal
@@ -110,26 +111,19 @@ def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -
 # --------------------------------------------------------------------------
 
 
-def queue_depth(conn: pika.BlockingConnection, queue: str) -> int | None:
-    """Messages in ``queue`` (passive declare on a throwaway channel); None when it does not exist."""
-    ch = conn.channel()
-    try:
-        return ch.queue_declare(queue, passive=True).method.message_count
-    except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 404:
-            return None
-        raise AmqpError(f"cannot inspect queue {queue!r}: {e.reply_code} {e.reply_text}") from None
-    finally:
-        if ch.is_open:
-            ch.close()
+def queue_depth(conn: pika.BlockingConnection, vhost: str, queue: str) -> int | None:
+    """Messages ready in ``queue`` (a passive declare); None when it does not exist."""
+    counts = queue_counts(conn, vhost, queue)
+    return None if counts is None else counts.messages
 
 
-def stable_depth(conn: pika.BlockingConnection, queue: str, settle_secs: float = 0.3, attempts: int = 20) -> int | None:
+def stable_depth(conn: pika.BlockingConnection, vhost: str, queue: str, settle_secs: float = 0.3,
+                 attempts: int = 20) -> int | None:
     """Depth once two reads ``settle_secs`` apart agree (a killed publisher's last messages may still be landing)."""
-    last = queue_depth(conn, queue)
+    last = queue_depth(conn, vhost, queue)
     for _ in range(attempts):
         conn.sleep(settle_secs)
-        now = queue_depth(conn, queue)
+        now = queue_depth(conn, vhost, queue)
         if now == last:
             return now
         last = now
@@ -191,7 +185,7 @@ def target_contents(conn: pika.BlockingConnection, plan: QueuePlan,
     by queue name, so right after a delete and re-declare it can still be the deleted stream's
     (seen on 4.0.5). The stream's next offset is exact, and 0 means empty.
     """
-    depth = queue_depth(conn, plan.target_queue)
+    depth = queue_depth(conn, plan.target_vhost, plan.target_queue)
     if depth is None or plan.queue_type != "stream" or options.publish_mode != "queue":
         return depth, None
     return 0, stream_next_offset(conn, plan.target_vhost, plan.target_queue, target=options.target)
@@ -240,7 +234,7 @@ def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: Rest
                              in_flight_limit(options), last_confirmed, target=options.target)
         res.reconciled = len(landed)
         return len(landed), landed
-    depth_now = stable_depth(conn, plan.target_queue) if options.publish_mode == "queue" else None
+    depth_now = stable_depth(conn, plan.target_vhost, plan.target_queue) if options.publish_mode == "queue" else None
     res.reconciled = reconcile_in_flight(plan, options, state.initial_depth, state.confirmed, depth_now)
     return res.reconciled, None
 
@@ -269,7 +263,7 @@ def target_problems(conn: pika.BlockingConnection, client: Any, storage: Storage
     """(why the target may drop, expire or dead-letter what is still to publish, its limits); both
     empty when it does not exist yet or is a stream. Reads the management API (``target_limits``)."""
     fresh = state.initial_depth is None and not state.segments
-    depth = queue_depth(conn, plan.target_queue)
+    depth = queue_depth(conn, plan.target_vhost, plan.target_queue)
     if depth is None or plan.queue_type == "stream" or (fresh and depth and options.skip_existing):
         return [], None
     try:
@@ -339,10 +333,10 @@ def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options:
     ttl = limits.get("message-ttl") if limits is not None else None
     if ttl is not None and 0 <= ttl.value < 5000:
         conn.sleep(ttl.value / 1000 + 0.5)
-    found, consumers = _depth_and_consumers(conn, plan.target_queue)
+    found, consumers = _depth_and_consumers(conn, plan.target_vhost, plan.target_queue)
     if found is not None and found != expected and not consumers:
-        found = stable_depth(conn, plan.target_queue)  # drops (TTL, overflow) may still be landing
-        found, consumers = _depth_and_consumers(conn, plan.target_queue) if found is not None else (None, 0)
+        found = stable_depth(conn, plan.target_vhost, plan.target_queue)  # drops (TTL, overflow) may still be landing
+        found, consumers = _depth_and_consumers(conn, plan.target_vhost, plan.target_queue) if found is not None else (None, 0)
     if consumers:
         res.depth_check = f"not checked: {consumers} consumer(s) attached to the target"
         return
@@ -369,18 +363,9 @@ def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options:
                        f"({initial_depth} before + {res.confirmed} confirmed): {why}{lossy}{ttl_note}")
 
 
-def _depth_and_consumers(conn: pika.BlockingConnection, queue: str) -> tuple[int | None, int]:
-    ch = conn.channel()
-    try:
-        ok = ch.queue_declare(queue, passive=True).method
-        return ok.message_count, ok.consumer_count
-    except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 404:
-            return None, 0
-        raise AmqpError(f"cannot inspect queue {queue!r}: {e.reply_code} {e.reply_text}") from None
-    finally:
-        if ch.is_open:
-            ch.close()
+def _depth_and_consumers(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple[int | None, int]:
+    counts = queue_counts(conn, vhost, queue)
+    return (None, 0) if counts is None else counts
 
 
 def restore_queue_segments(

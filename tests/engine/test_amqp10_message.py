@@ -21,8 +21,8 @@ from rbak.format.record import (
     Table,
     Timestamp,
 )
-from rbak.offline.rabbitmq.amqp10 import decode_all, decode_bare_message
-from rbak.restore.amqp10_message import SectionsCache, data_section, encode_sections
+from rbak.format.amqp10 import data_section, decode_all, decode_bare_message
+from rbak.restore.amqp10_message import SectionsCache, encode_sections
 from rbak.restore.record_publisher import choose_protocol
 
 FULL = BackupProperties(content_type="application/json", content_encoding="gzip", delivery_mode=2, priority=7,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rbak.backup.queue_backup import control_channel, passive_info
+from rbak.backup.queue_backup import passive_info
+from rbak.broker.channels import CONTROL, kept_channel
 from rbak.errors import QueueSkipped
 
 
@@ -16,13 +17,13 @@ def test_passive_declares_share_a_channel_and_survive_refusals(broker, vhost):
     with broker.connect(vhost) as owner, broker.connect(vhost) as conn:
         owner.channel().queue_declare("mine", exclusive=True)
         assert passive_info(conn, vhost, "a") == (3, 0)
-        first = control_channel(conn)
+        first = kept_channel(conn, CONTROL)
         assert passive_info(conn, vhost, "b") == (0, 0)
-        assert control_channel(conn) is first  # no channel opened or closed per queue
+        assert kept_channel(conn, CONTROL) is first  # no channel opened or closed per queue
         with pytest.raises(QueueSkipped, match="'gone' in vhost .*deleted before the backup read it"):
             passive_info(conn, vhost, "gone")
         assert passive_info(conn, vhost, "a") == (3, 0)  # a fresh channel after the 404
-        assert control_channel(conn) is not first
+        assert kept_channel(conn, CONTROL) is not first
         with pytest.raises(QueueSkipped, match="'mine'.*exclusive queue"):
             passive_info(conn, vhost, "mine")
         assert passive_info(conn, vhost, "b") == (0, 0)

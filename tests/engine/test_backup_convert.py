@@ -7,17 +7,15 @@ import pika.spec
 from hypothesis import given, settings, strategies as st
 
 from rbak.backup.convert import to_record
+from rbak.broker.fast_consume import KeptProperties
 from rbak.format.record import Float, Long, decode_record, encode_record
 
 short = st.one_of(st.none(), st.text(max_size=20))
 
 
 def _received(props: pika.spec.BasicProperties) -> pika.spec.BasicProperties:
-    """What a delivery carries: pika's decode of the wire bytes (raw bytes kept by rbak)."""
-    raw = b"".join(props.encode())
-    got = pika.spec.BasicProperties()
-    got.decode(raw)
-    return got
+    """What a delivery carries: pika's decode of the wire bytes, raw bytes kept (``KeptProperties``)."""
+    return KeptProperties(b"".join(props.encode()))
 
 
 @settings(max_examples=200, deadline=None)
@@ -40,8 +38,7 @@ def test_typed_headers_survive_pika():
     from rbak.format.record import BackupProperties
 
     raw = encode_basic_properties(BackupProperties(delivery_mode=1), (("f", Float(2.5)), ("n", Long(-(2**62)))))
-    props = pika.spec.BasicProperties()
-    props.decode(raw)
+    props = KeptProperties(raw)
     rec = decode_record(encode_record(to_record(pika.spec.Basic.Deliver("c", 1, False, "", "q"), props, b"x", "/", "q", 1)))
     assert rec.headers == (("f", Float(2.5)), ("n", Long(-(2**62))))
 
@@ -54,9 +51,7 @@ def test_header_decode_memo_gives_each_message_its_own_decoding():
     from rbak.format.record import BackupProperties, Short
 
     def delivered(headers, **kw):
-        props = pika.spec.BasicProperties()
-        props.decode(encode_basic_properties(BackupProperties(**kw), headers))
-        return props
+        return KeptProperties(encode_basic_properties(BackupProperties(**kw), headers))
 
     m = pika.spec.Basic.Deliver("c", 1, False, "", "q")
     convert._DECODED.clear()
@@ -85,9 +80,7 @@ def test_headerless_memo_equals_pika_fields():
     from rbak.format.record import BackupProperties
 
     def delivered(headers=None, **kw):
-        props = pika.spec.BasicProperties()
-        props.decode(encode_basic_properties(BackupProperties(**kw), headers))
-        return props
+        return KeptProperties(encode_basic_properties(BackupProperties(**kw), headers))
 
     m = pika.spec.Basic.Deliver("c", 7, True, "ex", "rk")
     convert._DECODED.clear()
@@ -103,3 +96,18 @@ def test_headerless_memo_equals_pika_fields():
                   drop_headers=frozenset({"x-stream-offset"}), stream_offset=9)
     assert s.headers == () and s.delivery_tag == 9 and s.properties == BackupProperties(delivery_mode=2)
     assert len(convert._DECODED) == 0
+
+
+def test_a_header_pika_cannot_decode_is_kept_exactly():
+    """pika's decoder fails on a NaN float: the properties say so, and the record decodes the raw bytes."""
+    import math
+
+    from rbak.format.amqp091 import encode_basic_properties
+    from rbak.format.record import BackupProperties, Double
+
+    raw = encode_basic_properties(BackupProperties(message_id="m"), (("nan", Double(math.nan)), ("f", Float(0.5))))
+    props = KeptProperties(raw)
+    assert props.undecodable and props.raw == raw
+    rec = to_record(pika.spec.Basic.Deliver("c", 1, False, "", "q"), props, b"x", "/", "q", 1)
+    assert rec.properties == BackupProperties(message_id="m")
+    assert rec.headers[1] == ("f", Float(0.5)) and rec.headers[0][0] == "nan" and math.isnan(rec.headers[0][1].value)

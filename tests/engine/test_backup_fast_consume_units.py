@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbak.broker import fast_consume
+from rbak.broker.declare import declare_ok_counts
 from rbak.broker.fast_consume import FastConsume, to_delivery
 
 
@@ -242,14 +243,25 @@ def test_a_new_consumer_never_sees_what_an_earlier_channel_left():
     feed(fc, b"".join(deliver(1, 1, b"old")), [4096])
     assert [d[5] for d in fc.pending] == [b"old"]
 
+    cancel_callbacks: list = []
+
+    class Impl:
+        def add_on_cancel_callback(self, callback):
+            cancel_callbacks.append(callback)
+
     class Channel:
         channel_number = 2
-        _rbak_fast = object()  # a cancel callback is already registered
+        _impl = Impl()
 
         def basic_consume(self, *a, **k):
             return "ctag"
 
-    assert fc.consume(Channel(), "q") == "ctag"
+    ch = Channel()
+    assert fc.consume(ch, "q") == "ctag"
+    assert fc.consume(ch, "q") == "ctag"
+    assert len(cancel_callbacks) == 1  # one per channel, telling whichever read consumes on it now
+    cancel_callbacks[0](None)
+    assert fc.cancelled == {2}
     assert fc.pending == [] and fc.channel == 2
     feed(fc, b"".join(deliver(2, 1, b"new")), [4096])
     assert [d[5] for d in fc.take()] == [b"new"]
@@ -291,5 +303,5 @@ def test_awaited_replies_and_raw_cancels_are_taken_and_nothing_else(stream, size
     assert [b for _m, _p, b in (to_delivery(t) for t in fc.take())] == bodies and fc.error is None
     assert [f.marshal() for f in conn._impl.frames] == [f for f, ours in mixed if ours == 0]
     assert fc.replies == {3: reply[11:-1]} and fc.awaiting == {} and fc.cancelled == {1}
-    assert fast_consume._COUNTS.unpack_from(fc.replies[3], 1 + fc.replies[3][0]) == (7, 2)
+    assert declare_ok_counts(fc.replies[3]) == (7, 2)
     assert conn._impl.bytes_received == len(data)

@@ -70,7 +70,7 @@ def test_a_stream_target_is_judged_by_its_next_offset_not_its_sampled_count(monk
     from rbak.restore.plan import QueuePlan
 
     next_offset = {"value": 0}
-    monkeypatch.setattr(qr, "queue_depth", lambda conn, queue: 21)
+    monkeypatch.setattr(qr, "queue_depth", lambda conn, vhost, queue: 21)
     monkeypatch.setattr(qr, "stream_next_offset", lambda conn, vhost, queue, target=None: next_offset["value"])
     stream = QueuePlan("v", "s", "stream", "v", "s", (), 0, 0)
     opts = RestoreOptions("b")
@@ -80,5 +80,5 @@ def test_a_stream_target_is_judged_by_its_next_offset_not_its_sampled_count(monk
     assert qr.held_description(*qr.target_contents(None, stream, opts)) == "messages (its next offset is 7)"
     classic = QueuePlan("v", "q", "classic", "v", "q", (), 0, 0)
     assert qr.held_description(*qr.target_contents(None, classic, opts)) == "21 message(s)"
-    monkeypatch.setattr(qr, "queue_depth", lambda conn, queue: None)
+    monkeypatch.setattr(qr, "queue_depth", lambda conn, vhost, queue: None)
     assert qr.target_contents(None, stream, opts) == (None, None)  # no such queue: the caller names it

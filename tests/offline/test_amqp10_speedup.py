@@ -16,8 +16,8 @@ import pytest
 from support.require import unavailable
 
 from rbak.format import backend
-from rbak.offline.rabbitmq import amqp10
-from rbak.offline.rabbitmq.amqp10 import Value
+from rbak.format import amqp10
+from rbak.format.amqp10 import Value
 from rbak.errors import Amqp10Error
 
 

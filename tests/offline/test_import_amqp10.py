@@ -31,8 +31,9 @@ from rbak.format.record import (  # noqa: E402
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
 from rbak.format.segment import decode_segment  # noqa: E402
-from rbak.offline.rabbitmq import amqp10, mc_amqp  # noqa: E402
-from rbak.offline.rabbitmq.amqp10 import Value, decode_bare_message, decode_value  # noqa: E402
+from rbak.format import amqp10  # noqa: E402
+from rbak.offline.rabbitmq import mc_amqp  # noqa: E402
+from rbak.format.amqp10 import Value, decode_bare_message, decode_value  # noqa: E402
 from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pika
 
-import rbak.backup.convert as convert  # keeps each delivery's raw property bytes (exact header types)
+import rbak.backup.convert as convert
+from rbak.broker.fast_consume import FastConsume
 from support.require import require_that
 from support.private_node import PrivateNode, chroot_ready, raw_field_values
 from support.node_scenarios import ALL_HEADERS_PUB, VHOST2, get_scenario, pattern
@@ -72,6 +73,7 @@ def reference(node: PrivateNode, vhost: str, queue: str, stream: bool, expect: i
     out = []
     deadline = time.monotonic() + 300
     conn = node.connect(vhost)
+    kept = FastConsume.headers(conn)  # each delivery's raw property bytes (exact header types), as a backup
     try:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=10_000)
@@ -90,6 +92,8 @@ def reference(node: PrivateNode, vhost: str, queue: str, stream: bool, expect: i
             off = (props.headers or {}).get("x-stream-offset")
             out.append(Ref(r.exchange, r.routing_key, r.properties, r.headers, r.body, off))
     finally:
+        if kept is not None:
+            kept.uninstall()
         conn.close()  # every quorum delivery returns to its queue
     return out
 

@@ -76,7 +76,7 @@ from ...format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, HeaderValue, Long, LongString, Short, Table,
     Timestamp,
 )
-from .amqp10 import DATA, NULL, BareMessage, Value, decode_bare_message, decode_value
+from ...format.amqp10 import DATA, NULL, BareMessage, Value, decode_bare_message, decode_value
 from .erlang_terms import Atom
 from ...errors import Amqp10Error, MappingError
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ...format.amqp091 import VARIANT_OF_RABBIT_TYPE
 from ...format.record import VOID, BackupProperties, Bool, Bytes, LongString, Timestamp
-from .amqp10 import (APPLICATION_PROPERTIES, DATA, DELIVERY_ANNOTATIONS, FOOTER, HEADER, MESSAGE_ANNOTATIONS, NULL, PROPERTIES, SECTION_NAMES, Value, decode_bare_message, decode_sections)
+from ...format.amqp10 import (APPLICATION_PROPERTIES, DATA, DELIVERY_ANNOTATIONS, FOOTER, HEADER, MESSAGE_ANNOTATIONS, NULL, PROPERTIES, SECTION_NAMES, Value, decode_bare_message, decode_sections)
 from .mc_amqp import _ma_get, map_message, usort_headers
 from ...errors import Amqp10Error, MappingError
 

@@ -1,10 +1,13 @@
-"""A strict decoder of the AMQP 1.0 type system and message sections (OASIS AMQP 1.0, part 1.6 and 3.2).
+"""The AMQP 1.0 type system and message sections (OASIS AMQP 1.0, part 1.6 and 3.2): a strict decoder
+and the encoders the restore needs.
 
 RabbitMQ 4.x keeps a message published over AMQP 1.0 in its AMQP 1.0
 encoding: the *bare message* (properties, application-properties, body,
 footer) as the client sent it (``mc_amqp``'s ``#v1{}`` record, see
-``mc_amqp.py``). The importer needs to read that encoding, and only to read
-it, so this module is a decoder with no encoder.
+``offline/rabbitmq/mc_amqp.py``). The importer reads that encoding; the
+restore writes the sections of a record it publishes over AMQP 1.0
+(``restore/amqp10_message.py``, with the encoders at the end of this module),
+so both halves of the codec live here, below both.
 
 Values decode to :class:`Value` (AMQP type name + Python value), keeping the
 AMQP type because the AMQP 0-9-1 mapping depends on it (a ``uint`` and a
@@ -26,7 +29,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from typing import Any
-from ...errors import Amqp10Error
+from ..errors import Amqp10Error
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +265,7 @@ class _Decoder:
 def _load_fast():
     """``amqp_value`` of the optional C helper (``rbak/format/_amqp10.c``), given this module's
     ``Value`` and constants; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
-    from ...format.backend import speedups
+    from .backend import speedups
 
     fn = getattr(speedups, "amqp_value", None)
     if fn is None:
@@ -423,3 +426,97 @@ def decode_bare_message(data: bytes, body_pos: int | None = None, body_code: int
                           first_body[0])
     return BareMessage(props, app, first_body[1], tuple(data_parts), tuple(values), footer, app_pos,
                        first_body[0], bytes(data[first_body[0]:]))
+
+
+# --------------------------------------------------------------------------
+# Encoding (the primitives the restore's sections are built of; the decoder above reads them back).
+# --------------------------------------------------------------------------
+
+
+def encode_null() -> bytes:
+    return b"\x40"
+
+
+def encode_bool(v: bool) -> bytes:
+    return b"\x41" if v else b"\x42"
+
+
+def encode_ubyte(v: int) -> bytes:
+    return b"\x50" + struct.pack(">B", v)
+
+
+def encode_uint(v: int) -> bytes:
+    return b"\x70" + struct.pack(">I", v)
+
+
+def encode_short(v: int) -> bytes:
+    return b"\x61" + struct.pack(">h", v)
+
+
+def encode_long(v: int) -> bytes:
+    return b"\x81" + struct.pack(">q", v)
+
+
+def encode_float(v: float) -> bytes:
+    return b"\x72" + struct.pack(">f", v)
+
+
+def encode_double(v: float) -> bytes:
+    return b"\x82" + struct.pack(">d", v)
+
+
+def encode_timestamp(ms: int) -> bytes:
+    return b"\x83" + struct.pack(">q", ms)
+
+
+def _vbin(code8: int, code32: int, data: bytes) -> bytes:
+    n = len(data)
+    if n < 256:
+        return bytes((code8, n)) + data
+    return bytes((code32,)) + struct.pack(">I", n) + data
+
+
+def encode_binary(b: bytes) -> bytes:
+    return _vbin(0xA0, 0xB0, b)
+
+
+def encode_utf8(s: str) -> bytes:
+    return _vbin(0xA1, 0xB1, s.encode("utf-8"))
+
+
+def encode_symbol(s: str) -> bytes:
+    """An ASCII symbol (``UnicodeEncodeError`` for anything else: the caller decides what that means)."""
+    return _vbin(0xA3, 0xB3, s.encode("ascii"))
+
+
+def encode_compound(code8: int, code32: int, count: int, items: bytes) -> bytes:
+    """A list (0xC0/0xD0) or map (0xC1/0xD1) of ``count`` encoded ``items``, in the narrow form when it fits."""
+    if len(items) + 1 < 256 and count < 256:
+        return bytes((code8, len(items) + 1, count)) + items
+    return bytes((code32,)) + struct.pack(">II", len(items) + 4, count) + items
+
+
+def encode_described(code: int, value: bytes) -> bytes:
+    """``value`` described by the small-ulong section ``code`` (HEADER ... FOOTER)."""
+    return b"\x00\x53" + bytes((code,)) + value
+
+
+def list_section(code: int, fields: list[bytes | None]) -> bytes:
+    """A list section (header, properties) of encoded fields, None for null; trailing nulls are omitted."""
+    while fields and fields[-1] is None:
+        fields.pop()
+    body = b"".join(encode_null() if f is None else f for f in fields)
+    return encode_described(code, encode_compound(0xC0, 0xD0, len(fields), body))
+
+
+def map_section(code: int, pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A map section (annotations, application properties) of encoded (key, value) pairs."""
+    return encode_described(code, encode_compound(0xC1, 0xD1, 2 * len(pairs), b"".join(k + v for k, v in pairs)))
+
+
+def data_section(body: bytes) -> bytes:
+    """The body as one ``data`` section (what a 0-9-1 consumer gets back byte for byte)."""
+    n = len(body)
+    if n < 256:
+        return b"\x00\x53\x75\xa0" + bytes((n,)) + body
+    return b"\x00\x53\x75\xb0" + struct.pack(">I", n) + body
