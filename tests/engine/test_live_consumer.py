@@ -75,8 +75,13 @@ def test_a_live_consumer_gets_every_message_once_and_only_held_ones_late(broker,
     stop = threading.Event()
     threads = [threading.Thread(target=_publisher, args=(broker, vhost, sent, failures), daemon=True),
                threading.Thread(target=_consumer, args=(broker, vhost, got, stop, failures), daemon=True)]
-    for t in threads:
-        t.start()
+
+    def start_the_application(n: int) -> None:
+        """Once the first backup holds a message (however slow the machine), the application starts:
+        then at least one backup held something while the consumer and publisher ran."""
+        if n == 1 and not threads[0].is_alive() and not threads[0].ident:
+            for t in threads:
+                t.start()
     held: set[int] = set()
     windows: list[tuple[int, int]] = []  # per backup: what it may have held, in sequence numbers
     store = tmp_path / "store"
@@ -85,7 +90,8 @@ def test_a_live_consumer_gets_every_message_once_and_only_held_ones_late(broker,
             bid = f"live{i}"
             seen = {s for s, _ in list(got)}
             lo = next(s for s in range(N + 1) if s not in seen)  # everything below was acked already
-            eng = BackupEngine(backup_config(broker, vhost, store, bid, tmp_path / "st.db"))
+            eng = BackupEngine(backup_config(broker, vhost, store, bid, tmp_path / "st.db"),
+                               throttle=start_the_application if i == 0 else None)
             try:
                 summary = eng.run()
             except PartialBackupError as e:  # a consumer took messages the read expected: said, not hidden
@@ -106,7 +112,8 @@ def test_a_live_consumer_gets_every_message_once_and_only_held_ones_late(broker,
     finally:
         stop.set()
         for t in threads:
-            t.join(30)
+            if t.ident:
+                t.join(30)
     assert not failures, failures
     seqs = [s for s, _ in got]
     assert sorted(seqs) == list(range(N)), "lost or duplicated"  # every message exactly once

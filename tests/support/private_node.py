@@ -59,6 +59,10 @@ def chroot_ready(version: str = "4.0") -> str | None:
     return None
 
 
+START_ATTEMPTS = 3
+NEVER_RAN_SECS = 30.0  # a VM that has not registered with epmd by then has exited
+
+
 class PrivateNode:
     def __init__(self, version: str, base: Path, conf: list[str] = (), advanced: str | None = None,
                  plugins: tuple[str, ...] = ()):
@@ -129,15 +133,29 @@ class PrivateNode:
             lines += [f"management.tcp.port = {self.management_port}", "management.tcp.ip = 127.0.0.1"]
         (b / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
         (b / "advanced.config").write_text(self.advanced or "[].\n")
-        subprocess.run(self._cmd("rabbitmq-server", "-detached"), check=True, timeout=60,
-                       capture_output=True)
-        self.started = True
-        end = time.time() + 120
-        while True:
-            r = self.ctl("await_startup", "--timeout", "10", timeout=60, check=False)
-            if r.returncode == 0 or time.time() > end:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            launched = time.time()
+            subprocess.run(self._cmd("rabbitmq-server", "-detached"), check=True, timeout=60,
+                           capture_output=True)
+            self.started = True
+            end = launched + 120
+            while True:
+                r = self.ctl("await_startup", "--timeout", "10", timeout=60, check=False)
+                if r.returncode == 0 or time.time() > end:
+                    break
+                if "not running at all" in r.stderr + r.stdout and time.time() - launched > NEVER_RAN_SECS:
+                    break  # the VM never registered with epmd: it died at launch (a port taken meanwhile)
+                time.sleep(0.5)
+            if r.returncode == 0 or attempt == START_ATTEMPTS or "not running at all" not in r.stderr + r.stdout:
                 break
-            time.sleep(0.5)
+            # free_port() only promises a port free when it was asked: another test may have taken it
+            self.port, self.dist_port = free_port(), free_port()
+            if self.management_port:
+                self.management_port = free_port()
+            lines = [f"listeners.tcp.default = {self.port}", "loopback_users = none", *self.conf]
+            if self.management_port:
+                lines += [f"management.tcp.port = {self.management_port}", "management.tcp.ip = 127.0.0.1"]
+            (b / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
         if r.returncode == 0:
             self.pid = self.os_pid()
         if r.returncode != 0:
