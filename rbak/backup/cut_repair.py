@@ -91,13 +91,18 @@ class Seen:
             pass
 
 
+def returned_prefix(redelivered: list[bool]) -> int:
+    """How many of a read's first messages came from the queue's returns (redelivered)."""
+    return next((i for i, r in enumerate(redelivered) if not r), len(redelivered))
+
+
 def rotation(seen: list[bytes], redelivered: list[bool], prefix: list[bytes]) -> int | None:
     """How many messages stand before the cut read's first one (``len(A)``), or None when that is
     not certain: no match, several matches, or a match not wholly inside the returns (a pure decision)."""
     p = len(prefix)
     if p == 0:
         return None
-    returns = next((i for i, r in enumerate(redelivered) if not r), len(redelivered))
+    returns = returned_prefix(redelivered)
     hits = [j for j in range(0, returns - p + 1) if seen[j:j + p] == prefix]
     return hits[0] if len(hits) == 1 else None
 
@@ -183,7 +188,7 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
                              "found again with certainty", whole.max_count)
     if j == 0:
         return Repair(True, "its order was checked and is unchanged", whole.max_count)
-    prefix = next((i for i, r in enumerate(whole.redelivered) if not r), len(whole.redelivered))
+    prefix = returned_prefix(whole.redelivered)
     if prefix < len(whole.ids):
         # the check read returned C too: [A, B, C] are all returns now, and only rotations are left
         return Repair(False, f"not put back in order: {len(whole.ids) - prefix} message(s) behind them had "

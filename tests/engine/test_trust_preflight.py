@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from support.backups import drain, fast_publish, wait_count
@@ -81,16 +82,27 @@ def test_missing_vhost_says_so_and_writes_nothing(broker, tmp_path):
     _nothing_stored(tmp_path)
 
 
-def test_no_configure_permission_for_the_lease(broker, vhost, tmp_path):
-    _seed(broker, vhost)
-    user, pw = f"rbak-nolease-{uuid.uuid4().hex[:8]}", "pw-1"
+@contextmanager
+def _limited_user(broker, vhost: str, tmp: Path, name: str, perms: dict):
+    """A ``monitoring`` user (no access to /api/permissions) with ``perms`` on the vhost, and the
+    backup config (as a dict, also written to backup.yaml) that runs as it; deleted afterwards."""
+    user, pw = f"{name}-{uuid.uuid4().hex[:8]}", "pw-1"
     broker.api("PUT", f"/api/users/{user}", json={"password": pw, "tags": "monitoring"})
     try:
-        broker.api("PUT", f"/api/permissions/{vhost}/{user}", json={"configure": "^$", "write": "", "read": ".*"})
+        broker.api("PUT", f"/api/permissions/{vhost}/{user}", json=perms)
         url = broker.amqp_url(vhost).replace("guest:guest@", f"{user}:{pw}@")
-        cfg = json.loads(_config(tmp_path, url, broker.management_url, [vhost]).read_text())
+        cfg = json.loads(_config(tmp, url, broker.management_url, [vhost]).read_text())
         cfg["source"].update(management_username=user, management_password=pw)
-        (tmp_path / "backup.yaml").write_text(json.dumps(cfg))
+        (tmp / "backup.yaml").write_text(json.dumps(cfg))
+        yield cfg
+    finally:
+        broker.api("DELETE", f"/api/users/{user}", ok=(404,))
+
+
+def test_no_configure_permission_for_the_lease(broker, vhost, tmp_path):
+    _seed(broker, vhost)
+    with _limited_user(broker, vhost, tmp_path, "rbak-nolease",
+                       {"configure": "^$", "write": "", "read": ".*"}) as cfg:
         r = _backup(tmp_path / "backup.yaml")
         line = _one_line(r)
         assert r.returncode == 2
@@ -102,8 +114,6 @@ def test_no_configure_permission_for_the_lease(broker, vhost, tmp_path):
         r = _backup(tmp_path / "backup.yaml")
         assert r.returncode == 0, r.stderr
         assert "pf-q (classic): 10 messages [done]" in r.stdout
-    finally:
-        broker.api("DELETE", f"/api/users/{user}", ok=(404,))
     assert broker.message_count(vhost, "pf-q") == 10
 
 
@@ -114,15 +124,8 @@ def test_no_read_permission_is_found_without_an_administrator(broker, vhost, tmp
     _seed(broker, vhost)
     fast_publish(broker, vhost, "secret-q", (b"s%d" % i for i in range(5)), declare={"x-queue-type": "quorum"})
     wait_count(broker, vhost, "secret-q", 5)
-    user, pw = f"rbak-noread-{uuid.uuid4().hex[:8]}", "pw-1"
-    broker.api("PUT", f"/api/users/{user}", json={"password": pw, "tags": "monitoring"})
-    try:
-        broker.api("PUT", f"/api/permissions/{vhost}/{user}",
-                   json={"configure": "^rbak\\.lease$", "write": "", "read": "^(pf-q|rbak\\.lease)$"})
-        url = broker.amqp_url(vhost).replace("guest:guest@", f"{user}:{pw}@")
-        cfg = json.loads(_config(tmp_path, url, broker.management_url, [vhost]).read_text())
-        cfg["source"].update(management_username=user, management_password=pw)
-        (tmp_path / "backup.yaml").write_text(json.dumps(cfg))
+    with _limited_user(broker, vhost, tmp_path, "rbak-noread",
+                       {"configure": "^rbak\\.lease$", "write": "", "read": "^(pf-q|rbak\\.lease)$"}) as cfg:
         r = _backup(tmp_path / "backup.yaml")
         line = _one_line(r)
         assert r.returncode == 2, r.stderr
@@ -134,8 +137,6 @@ def test_no_read_permission_is_found_without_an_administrator(broker, vhost, tmp
         r = _backup(tmp_path / "backup.yaml")
         assert r.returncode == 0, r.stderr
         assert "pf-q (classic): 10 messages [done]" in r.stdout
-    finally:
-        broker.api("DELETE", f"/api/users/{user}", ok=(404,))
     assert broker.message_count(vhost, "pf-q") == 10
     assert broker.message_count(vhost, "secret-q") == 5
     got = drain(broker, vhost, "secret-q")  # the probe never delivered anything: none came back redelivered
