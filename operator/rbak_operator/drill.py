@@ -58,8 +58,9 @@ def drill_labels(backup_name: str) -> dict[str, str]:
 
 
 def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
-                 resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[rbakconfig.SecretEnv]]:
-    """Config for ``rbak drill``: storage as the backup's, target the drill's (default the backup's broker)."""
+                 resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[rbakconfig.PodEnv]]:
+    """Config for ``rbak drill``: storage, keys and KMS access as the backup's, target the drill's
+    (default the backup's broker)."""
     d = drill_spec(spec) or {}
     target_field = f"{FIELD}.target" if d.get("target") else "spec.broker"
     target, env1 = rbakconfig.broker_connection(d.get("target") or spec.get("broker"), namespace, target_field,
@@ -72,15 +73,18 @@ def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
     drill: dict[str, Any] = {"target": target}
     if d.get("readTimeoutSeconds"):
         drill["read_timeout_secs"] = float(d["readTimeoutSeconds"])
-    cfg = {"mode": "drill", "backup_id": backup_id, "storage": storage, "drill": drill}
-    env3 = rbakconfig.encryption_env(spec.get("encryption"))
+    cfg: dict[str, Any] = {"mode": "drill", "backup_id": backup_id, "storage": storage, "drill": drill}
+    kcfg, kenv = rbakconfig.kms_access(spec.get("encryption"))
+    if kcfg:  # an envelope backup wrapped by KMS is unwrapped at the same endpoint it was wrapped at
+        cfg["encryption"] = kcfg
+    env3: list[rbakconfig.PodEnv] = [*rbakconfig.encryption_env(spec.get("encryption")), *kenv]
     ref = d.get("signingKeySecretRef")
     if ref is not None:  # the key's PEM from a Secret (no RBAC: the kubelet fills the env var)
         if not ref.get("name"):
             raise RbakError(f"{FIELD}.signingKeySecretRef.name: required")
         drill["signing_key_env"] = SIGNING_KEY_ENV
         env3 = env3 + [rbakconfig.SecretEnv(SIGNING_KEY_ENV, ref["name"], ref.get("key") or SIGNING_KEY_KEY)]
-    seen: dict[str, rbakconfig.SecretEnv] = {}
+    seen: dict[str, rbakconfig.PodEnv] = {}
     for e in env1 + env2 + env3:
         seen.setdefault(e.env, e)
     return cfg, list(seen.values())
@@ -91,7 +95,7 @@ def drill_args(backup_id: str, drill_id: str) -> list[str]:
             "--json"]
 
 
-def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: list[rbakconfig.SecretEnv],
+def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: list[rbakconfig.PodEnv],
               slot: datetime) -> dict[str, Any]:
     spec = owner.get("spec") or {}
     meta = owner["metadata"]
