@@ -196,9 +196,15 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     """spec.verify.restoreDrill.signingKeySecretRef: the drill Job signs its report with the Secret's
     Ed25519 key; the real server keeps the field and status.restoreDrill.signer (the CRD declares both);
     ``kubectl rbak drill`` prints it; the stored report verifies with ``rbak drill verify --public-key``,
-    and a copy with one changed count is refused naming that field."""
+    and a copy with one changed count is refused naming that field. The stored report then altered in
+    the bucket: the operator's next check of the evidence fails the drill naming the field (so does
+    ``kubectl rbak status``), and the status no longer shows a signer."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
+    from datetime import timedelta
+
+    from rbak_operator.clock import parse_time
+    from rbak_operator.drill import EVIDENCE_RECHECK
     from rbak_operator.drill import manual_run_name as drill_run
 
     from rbak.drill import find_drill_report
@@ -260,6 +266,25 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     assert (bad.returncode, bad.stdout) == (1, ""), bad
     assert bad.stderr.strip() == (f"rbak: Drill evidence: {tampered}: field queues[0].actual_count was changed "
                                   "after signing: signed 7, the report shows 6")
+
+    # The stored report itself altered in the bucket: at its next check of the evidence the operator
+    # refuses it, names the object and the field, and the status no longer shows a signer.
+    checked = d["evidenceCheckTime"]
+    s3(env).put(key_name, json.dumps(report).encode())
+    assert cluster.status(name)["restoreDrill"]["signer"] == signer  # not due yet: the fake clock has not moved
+    cluster.set_clock(parse_time(checked) + EVIDENCE_RECHECK + timedelta(seconds=2))
+    d = wait_for(lambda: (d := cluster.status(name)["restoreDrill"]).get("reason") == "DrillEvidenceInvalid" and d,
+                 60, what="the drill evidence re-checked", diag=cluster.logs)
+    assert (d["result"], d.get("signer"), d["lastJob"], d["backupId"]) == ("Failed", None, job, bid), d
+    assert d["message"] == (f"the stored report of drill {job} no longer verifies: {env.bucket.prefix}/{key_name}: "
+                            "field queues[0].actual_count was changed after signing: signed 7, the report shows 6"), d
+    assert "evidenceCheckTime" not in d
+    warned = wait_for(lambda: [e for e in cluster.events(name) if e["reason"] == "RestoreDrillEvidenceInvalid"], 30,
+                      what="the evidence event", diag=cluster.logs)
+    assert warned[0]["type"] == "Warning" and warned[0]["message"] == d["message"]
+    st = subprocess.run(["kubectl-rbak", "status", name], env=plugin_env(e2e_kube, bin_dir), capture_output=True,
+                        text=True, timeout=120, check=False)
+    assert st.returncode == 0 and f"drill failed: {d['message']}" in st.stdout, st
 
 
 def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, moto_s3):
