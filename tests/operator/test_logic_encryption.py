@@ -208,9 +208,13 @@ def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
     made.append(bodies.spark_application_body(name="r-restore", namespace="prod", owner=OWNER, spark={},
                                               script="restore.py", arguments=["--backup-id", "b-1"], secret_env=renv,
                                               config_name="r-restore", labels=bodies.restore_labels("r")))
+    import support.sparkcrd as sparkcrd
+
     for obj in made:
         if obj["kind"] == "Job":
             kubernetes_validate.validate(obj, K8S, strict=True)
+        else:
+            assert sparkcrd.problems(obj) == []  # what kubeflow spark-operator's CRD accepts
         for name, envs in _containers(obj).items():
             assert KMS_VAR in envs, (obj["kind"], obj["metadata"]["name"], name)
             assert {"name": "RBAK_ENCRYPTION_KEYS",
