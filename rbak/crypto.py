@@ -264,14 +264,6 @@ def sealing_codec(backup_id: str, key_id: str, keyring: Mapping[str, bytes]) -> 
     return ObjectCodec(backup_id, EncryptionInfo(key_id), key)
 
 
-def import_codec(backup_id: str, key_id: str | None, keys_file: str | None) -> ObjectCodec:
-    """The codec of a backup written by an import (``--encrypt-key-id``, ``--keys-file``): the same
-    rules as a backup's ``encryption`` section; no key id, no encryption."""
-    if not key_id:
-        return ObjectCodec(backup_id)
-    return sealing_codec(backup_id, key_id, load_keyring(keys_file, None, key_id))
-
-
 def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
     if key_id.startswith("dek-"):
         return EncryptionError(f"backup {backup_id!r} uses envelope encryption and no key-encryption key available "

@@ -4,7 +4,8 @@ RBAK_OPERATOR_NAMESPACES  comma-separated namespaces to serve (default: all)
 RBAK_OPERATOR_STANDALONE  1 disables kopf peering (single replica, tests)
 RBAK_OPERATOR_LIVENESS    liveness endpoint, e.g. http://0.0.0.0:8081/healthz
 RBAK_OPERATOR_RESYNC_SECONDS, RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS,
-RBAK_METRICS_PORT, RBAK_IMAGE: see handlers/metrics/bodies.
+RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS, RBAK_METRICS_PORT, RBAK_IMAGE: see
+handlers/drill/metrics/bodies.
 """
 
 from __future__ import annotations

@@ -421,8 +421,7 @@ def start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any], 
     ns, run, bid = meta["namespace"], summary["jobName"], summary["backupId"]
     vname = naming.validate_run_name(run)
     url, prefix = rbakconfig.storage_url(spec["storage"]), rbakconfig.storage_prefix(spec["storage"])
-    _, storage_env = rbakconfig.storage_section(spec["storage"])
-    storage_env += rbakconfig.encryption_env(spec.get("encryption"))  # a deep validation opens the objects
+    storage_env = rbakconfig.validation_env(spec)
     labels = {**bodies.common_labels("validate"), bodies.L_VALIDATES: naming.label_value(meta["name"])}
     if engine == "spark":
         kube.create_spark_app(bodies.spark_application_body(

@@ -15,7 +15,7 @@ import yaml
 
 from . import naming
 from .crds import BACKUP_PLURAL, GROUP, SPARK_GROUP, SPARK_VERSION, VERSION
-from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, SecretEnv
+from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, PodEnv, ValueEnv
 
 DEFAULT_IMAGE = os.environ.get("RBAK_IMAGE", "ghcr.io/rbak/rbak:0.1.0")
 # Spark pods need pyspark and a JRE: the image's "-spark" variant (see Dockerfile).
@@ -70,10 +70,15 @@ def configmap_body(name: str, namespace: str, owner: dict[str, Any], config: dic
     }
 
 
-def _env(secret_env: list[SecretEnv]) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [
-        {"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}} for s in secret_env
-    ]
+def env_var(e: PodEnv) -> dict[str, Any]:
+    """A container env entry: a plain value, or a ``secretKeyRef`` (the credential stays in its Secret)."""
+    if isinstance(e, ValueEnv):
+        return {"name": e.env, "value": e.value}
+    return {"name": e.env, "valueFrom": {"secretKeyRef": {"name": e.secret, "key": e.key}}}
+
+
+def _env(secret_env: list[PodEnv]) -> list[dict[str, Any]]:
+    env = [env_var(s) for s in secret_env]
     env.append({"name": ENV_STATE, "value": STATE_DIR})
     return env
 
@@ -119,7 +124,7 @@ def _volumes(config_name: str | None, storage: dict[str, Any]) -> tuple[list[dic
 
 
 def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str, Any], storage: dict[str, Any],
-             secret_env: list[SecretEnv], args: list[str], labels: dict[str, str],
+             secret_env: list[PodEnv], args: list[str], labels: dict[str, str],
              annotations: dict[str, str] | None = None,
              validate_args: list[str] | None = None, config_name: str | None = None,
              with_config: bool = True, progress_id: str | None = None) -> dict[str, Any]:
@@ -187,10 +192,10 @@ def restore_args(config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}") -> list[str]:
 
 
 def spark_application_body(*, name: str, namespace: str, owner: dict[str, Any], spark: dict[str, Any],
-                           script: str, arguments: list[str], secret_env: list[SecretEnv], config_name: str | None,
+                           script: str, arguments: list[str], secret_env: list[PodEnv], config_name: str | None,
                            labels: dict[str, str]) -> dict[str, Any]:
     """A SparkApplication running ``spark/<script>`` (restore.py or validate.py)."""
-    env = [{"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}} for s in secret_env]
+    env = [env_var(s) for s in secret_env]  # driver and executors alike: executors unwrap data keys too
     env.append({"name": ENV_STATE, "value": "/tmp"})
     vols: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []

@@ -160,10 +160,13 @@ def encryption_schema(backup: bool) -> dict[str, Any]:
                                "kms.keyId, so keys rotate with `rbak keys rewrap` without re-encrypting backups")
         props["kms"] = _obj(
             "an AWS KMS key that wraps each backup's data key (envelope only); the pod's AWS credentials "
-            "(IRSA, or the storage Secret's keys) need kms:Encrypt, restores kms:Decrypt",
+            "(IRSA, or the storage Secret's keys) need kms:Encrypt, restores kms:Decrypt. region and "
+            "endpointUrl reach every pod the operator runs for this backup (backup, validation, drill) and "
+            "RabbitMQRestores of it through backupRef",
             {"keyId": _s("KMS key id, ARN or alias/...", minLength=1),
              "region": _s("KMS region (default the ARN's)", minLength=1),
-             "endpointUrl": _s("KMS endpoint URL (default AWS)", pattern="^https?://")},
+             "endpointUrl": _s("KMS endpoint URL (default AWS; pods get it as AWS_ENDPOINT_URL_KMS too)",
+                               pattern="^https?://")},
             ["keyId"],
         )
         props["serverSide"] = _obj(
@@ -175,7 +178,15 @@ def encryption_schema(backup: bool) -> dict[str, Any]:
         desc = ("client-side encryption (rbak's extension of the format): set keyId and keysSecretRef to encrypt; "
                 "serverSide alone only asks S3 to encrypt")
     else:
-        desc = "keys of an encrypted backup (default: the referenced RabbitMQBackup's keysSecretRef)"
+        props["kms"] = _obj(
+            "how to reach AWS KMS to unwrap an envelope backup's data key (each wrap object names its key); "
+            "default: the referenced RabbitMQBackup's spec.encryption.kms",
+            {"region": _s("KMS region (default the one the wrap object records)", minLength=1),
+             "endpointUrl": _s("KMS endpoint URL (default AWS; the pod gets it as AWS_ENDPOINT_URL_KMS too)",
+                               pattern="^https?://")},
+        )
+        desc = ("keys of an encrypted backup; keysSecretRef and kms each default to the referenced "
+                "RabbitMQBackup's")
     return _obj(desc, props)
 
 

@@ -43,7 +43,9 @@ def restore_drill_status_schema() -> dict[str, Any]:
         "The last restore drill (spec.verify.restoreDrill)",
         {
             "result": _s("outcome of the last drill", enum=["Passed", "Failed", "Skipped"]),
-            "reason": _s("DrillPassed, DrillFailed, NoBackup, InvalidSpec or the Job's failure reason"),
+            "reason": _s("DrillPassed, DrillFailed, NoBackup, InvalidSpec, DrillEvidenceInvalid (the signed "
+                         "report does not verify, at the drill or on a later check), DrillEvidenceMissing (it "
+                         "was removed from the storage) or the Job's failure reason"),
             "message": _s("details: the first queue that did not match, or the Job's error"),
             "backupId": _s("backup drilled"),
             "lastJob": _s("Job of the last recorded drill"),
@@ -58,6 +60,9 @@ def restore_drill_status_schema() -> dict[str, Any]:
             "nextRunTime": _s("next drill slot", format="date-time"),
             "recordedJobs": _strlist("drill Jobs already recorded (newest last)"),
             "lastManualTrigger": _s("value of the rbak.io/drill-now annotation last run"),
-            "signer": _s("SHA256:<hex> fingerprint of the key that signed the last drill report"),
+            "signer": _s("SHA256:<hex> fingerprint of the key that signed the last drill report, shown only "
+                         "while the stored report verifies"),
+            "evidenceCheckTime": _s("when the operator last verified the stored signed report again (hourly; "
+                                    "RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS)", format="date-time"),
         },
     )

@@ -6,14 +6,17 @@ backup it can see (else ``status.lastBackupId``) and starts a Job running
 Job restores into a scratch vhost, compares, deletes the vhost and stores its
 report next to the backup (``drills/<ts>-<job name>.json``); when the Job
 ends the operator reads that report, writes ``status.restoreDrill``, posts an
-event, and the per-resource gauges follow from the status. Pure functions
-decide the config, the Job and the result; ``reconcile`` applies them.
+event, and the per-resource gauges follow from the status. A signed report
+is read again every ``EVIDENCE_RECHECK`` while the status names its signer:
+one altered (or removed) in the storage since no longer shows a signer. Pure
+functions decide the config, the Job and the result; ``reconcile`` applies them.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+import os
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rbak.errors import RbakError
@@ -30,6 +33,8 @@ TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill n
 KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
 SIGNING_KEY_ENV = "RBAK_DRILL_SIGNING_KEY"  # drill.signing_key_env of the Job's config
 SIGNING_KEY_KEY = "signing.pem"  # default key in spec.verify.restoreDrill.signingKeySecretRef
+# How often the stored signed report of the last drill is verified again (one GET and LIST per backup)
+EVIDENCE_RECHECK = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS", "3600")))
 
 
 # --------------------------------------------------------------------------
@@ -58,8 +63,9 @@ def drill_labels(backup_name: str) -> dict[str, str]:
 
 
 def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
-                 resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[rbakconfig.SecretEnv]]:
-    """Config for ``rbak drill``: storage as the backup's, target the drill's (default the backup's broker)."""
+                 resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[rbakconfig.PodEnv]]:
+    """Config for ``rbak drill``: storage, keys and KMS access as the backup's, target the drill's
+    (default the backup's broker)."""
     d = drill_spec(spec) or {}
     target_field = f"{FIELD}.target" if d.get("target") else "spec.broker"
     target, env1 = rbakconfig.broker_connection(d.get("target") or spec.get("broker"), namespace, target_field,
@@ -72,15 +78,18 @@ def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
     drill: dict[str, Any] = {"target": target}
     if d.get("readTimeoutSeconds"):
         drill["read_timeout_secs"] = float(d["readTimeoutSeconds"])
-    cfg = {"mode": "drill", "backup_id": backup_id, "storage": storage, "drill": drill}
-    env3 = rbakconfig.encryption_env(spec.get("encryption"))
+    cfg: dict[str, Any] = {"mode": "drill", "backup_id": backup_id, "storage": storage, "drill": drill}
+    kcfg, kenv = rbakconfig.kms_access(spec.get("encryption"))
+    if kcfg:  # an envelope backup wrapped by KMS is unwrapped at the same endpoint it was wrapped at
+        cfg["encryption"] = kcfg
+    env3: list[rbakconfig.PodEnv] = [*rbakconfig.encryption_env(spec.get("encryption")), *kenv]
     ref = d.get("signingKeySecretRef")
     if ref is not None:  # the key's PEM from a Secret (no RBAC: the kubelet fills the env var)
         if not ref.get("name"):
             raise RbakError(f"{FIELD}.signingKeySecretRef.name: required")
         drill["signing_key_env"] = SIGNING_KEY_ENV
         env3 = env3 + [rbakconfig.SecretEnv(SIGNING_KEY_ENV, ref["name"], ref.get("key") or SIGNING_KEY_KEY)]
-    seen: dict[str, rbakconfig.SecretEnv] = {}
+    seen: dict[str, rbakconfig.PodEnv] = {}
     for e in env1 + env2 + env3:
         seen.setdefault(e.env, e)
     return cfg, list(seen.values())
@@ -91,7 +100,7 @@ def drill_args(backup_id: str, drill_id: str) -> list[str]:
             "--json"]
 
 
-def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: list[rbakconfig.SecretEnv],
+def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: list[rbakconfig.PodEnv],
               slot: datetime) -> dict[str, Any]:
     spec = owner.get("spec") or {}
     meta = owner["metadata"]
@@ -138,11 +147,50 @@ def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
         return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000], "signer": None}
 
 
+def evidence_recheck_time(d: dict[str, Any]) -> datetime | None:
+    """When the stored report of the last drill is next verified again: only while the status names
+    its signer (None otherwise); a status without ``evidenceCheckTime`` is due at once."""
+    if not (d.get("signer") and d.get("lastJob") and d.get("backupId")):
+        return None
+    checked = d.get("evidenceCheckTime") or d.get("lastRunTime")
+    return parse_time(checked) + EVIDENCE_RECHECK if checked else datetime.min.replace(tzinfo=timezone.utc)
+
+
+def recheck_evidence(d: dict[str, Any], found: tuple[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """``status.restoreDrill`` changes after reading the last drill's signed report again (``found``:
+    its key and JSON, None when it is gone): {} while it verifies, signed by the key the status
+    names; else the drill counts as failed, the message names the object and the changed field, and
+    the signer is cleared (the status never vouches for evidence that no longer verifies)."""
+    from rbak.errors import EvidenceError
+    from rbak.evidence import verify
+
+    job, signer = d.get("lastJob"), d.get("signer")
+    if found is None:
+        return {"result": "Failed", "reason": "DrillEvidenceMissing", "signer": None,
+                "message": f"the signed report of drill {job} (signed by {signer}) is no longer in the storage"}
+    key, report = found
+    try:
+        fp = verify(report, where=key).fingerprint
+    except EvidenceError as e:
+        return {"result": "Failed", "reason": "DrillEvidenceInvalid", "signer": None,
+                "message": f"the stored report of drill {job} no longer verifies: {e.args[0]}"[:1000]}
+    if fp != signer:
+        return {"result": "Failed", "reason": "DrillEvidenceInvalid", "signer": None,
+                "message": f"{key}: now signed by key {fp}, not by {signer} that signed drill {job}"}
+    return {}
+
+
 # --------------------------------------------------------------------------
 # Applying them.
 # --------------------------------------------------------------------------
 
-def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str) -> dict[str, Any] | None:
+READ_FAILED = "read-failed"  # _stored_report: the storage did not answer (the status is left as it is)
+
+
+def _stored_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str
+                   ) -> tuple[str, dict[str, Any]] | None | str:
+    """(key, report) of a drill's stored report, None when there is none, READ_FAILED when the
+    storage cannot be read (or is a PVC the operator does not mount)."""
     from rbak.drill import find_drill_report
 
     from .storage_access import open_backup_storage
@@ -151,12 +199,16 @@ def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str)
     try:
         st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
         if st is None:
-            return None
-        found = find_drill_report(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")), drill_id)
+            return READ_FAILED
+        return find_drill_report(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")), drill_id)
     except RbakError as e:
         log.warning("cannot read the drill report of %s: %s", backup_id, e)
-        return None
-    return found[1] if found else None
+        return READ_FAILED
+
+
+def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str) -> dict[str, Any] | None:
+    found = _stored_report(kube, body, backup_id, drill_id)
+    return found[1] if isinstance(found, tuple) else None
 
 
 def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str | None:
@@ -199,11 +251,20 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
         bid = (j["metadata"].get("annotations") or {}).get(bodies.A_BACKUP_ID, "")
         res = drill_result(st, _read_report(kube, body, bid, jname), bid, jname)
         cur.update(res)
+        cur["evidenceCheckTime"] = fmt(now) if res.get("signer") else None  # verified just now
         cur["recordedJobs"] = ((cur.get("recordedJobs") or []) + [jname])[-10:]
         if res["result"] == "Passed":
             event(body, "Normal", "RestoreDrillPassed", f"restore drill {jname} of backup {bid}: {res['message']}")
         else:
             event(body, "Warning", "RestoreDrillFailed", f"restore drill {jname} of backup {bid} failed: {res['message']}")
+    due = evidence_recheck_time(cur)
+    if due is not None and due <= now:
+        found = _stored_report(kube, body, cur["backupId"], cur["lastJob"])
+        cur["evidenceCheckTime"] = fmt(now)  # a storage that did not answer is asked again next time
+        change = recheck_evidence(cur, found) if found != READ_FAILED else {}
+        if change:
+            cur.update(change, evidenceCheckTime=None)
+            event(body, "Warning", "RestoreDrillEvidenceInvalid", change["message"])
     finished = sorted((n for n, s in states.items() if s.finished and n in (cur.get("recordedJobs") or [])), key=ended)
     for victim in finished[:-KEEP_JOBS]:
         kube.delete_job(ns, victim)

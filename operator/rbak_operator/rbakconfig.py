@@ -25,6 +25,9 @@ CONFIG_DIR = "/etc/rbak"
 CONFIG_FILE = "config.yaml"
 ENV_KEYS = "RBAK_ENCRYPTION_KEYS"  # rbak.crypto.DEFAULT_KEYS_ENV: read by every rbak command
 KEYRING_KEY = "keyring"
+# boto3's per-service endpoint, read by every KMS client a pod makes: also the commands run from flags
+# alone (a validation Job or init container, Spark executors unwrapping a data key), which have no config
+ENV_KMS_ENDPOINT = "AWS_ENDPOINT_URL_KMS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,17 @@ class SecretEnv:
     env: str
     secret: str
     key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ValueEnv:
+    """One env var with a plain value (no credential: a URL or a setting)."""
+
+    env: str
+    value: str
+
+
+PodEnv = SecretEnv | ValueEnv
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +216,18 @@ def encryption_env(enc: dict[str, Any] | None, field: str = "spec.encryption") -
     return [SecretEnv(ENV_KEYS, ref["name"], ref.get("key") or KEYRING_KEY)]
 
 
-def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[dict[str, Any] | None, list[SecretEnv]]:
+def kms_access(enc: dict[str, Any] | None) -> tuple[dict[str, str], list[PodEnv]]:
+    """How a pod reaches the KMS of ``encryption.kms``: ``kms_region``/``kms_endpoint_url`` for a run's
+    config, and ``AWS_ENDPOINT_URL_KMS`` for every container (validation and Spark executors read no
+    config). Readers need no key id: each wrap object names its key and region."""
+    kms = (enc or {}).get("kms") or {}
+    cfg = {dst: kms[src] for src, dst in (("region", "kms_region"), ("endpointUrl", "kms_endpoint_url"))
+           if kms.get(src)}
+    env: list[PodEnv] = [ValueEnv(ENV_KMS_ENDPOINT, kms["endpointUrl"])] if kms.get("endpointUrl") else []
+    return cfg, env
+
+
+def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[dict[str, Any] | None, list[PodEnv]]:
     """The ``encryption`` section of a backup's config (None: not encrypted) and its env; S3 SSE goes
     into ``storage`` (which must be S3)."""
     enc = spec.get("encryption") or {}
@@ -215,7 +240,7 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
             if sse.get("mode") != "aws:kms":
                 raise ConfigError("spec.encryption.serverSide.kmsKeyId: only with mode aws:kms")
             storage["sse_kms_key_id"] = sse["kmsKeyId"]
-    env = encryption_env(enc)
+    env: list[PodEnv] = list(encryption_env(enc))
     if bool(enc.get("keyId")) != bool(env) and not (enc.get("kms") and env):
         raise ConfigError("spec.encryption: keyId and keysSecretRef go together (one is missing)")
     kms = enc.get("kms") or {}
@@ -230,10 +255,11 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
         out["key_id"] = enc["keyId"]
     if enc.get("envelope"):
         out["envelope"] = True
-    for src, dst in (("keyId", "kms_key_id"), ("region", "kms_region"), ("endpointUrl", "kms_endpoint_url")):
-        if kms.get(src):
-            out[dst] = kms[src]
-    return out, env
+    if kms.get("keyId"):
+        out["kms_key_id"] = kms["keyId"]
+    kcfg, kenv = kms_access(enc)
+    out.update(kcfg)
+    return out, env + kenv
 
 
 def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
@@ -248,7 +274,7 @@ def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
-                  resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
+                  resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
     """Config for ``rbak backup`` of one run, and the Secret env the pod needs."""
     source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
     queues = _queues(spec.get("queues"))
@@ -285,7 +311,7 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
 
 
 def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
-                   storage: dict[str, Any], resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
+                   storage: dict[str, Any], resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
     """Config for ``rbak restore``; ``target``/``storage`` already resolved from a backupRef."""
     tgt, env1 = broker_connection(target, namespace, "spec.target", resolved)
     st, env2 = storage_section(storage)
@@ -319,11 +345,21 @@ def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target:
         "restore": restore,
         "offset_storage": {"path": f"${{{ENV_STATE}}}/offsets.db"},
     }
-    return cfg, _dedupe(env1 + env2 + encryption_env(spec.get("encryption")))
+    kcfg, kenv = kms_access(spec.get("encryption"))
+    if kcfg:  # reading only: no `enabled`, the manifest says how the backup is encrypted
+        cfg["encryption"] = kcfg
+    return cfg, _dedupe(env1 + env2 + encryption_env(spec.get("encryption")) + kenv)
 
 
-def _dedupe(envs: list[SecretEnv]) -> list[SecretEnv]:
-    seen: dict[str, SecretEnv] = {}
+def validation_env(spec: dict[str, Any]) -> list[PodEnv]:
+    """Env of a validation run after the backup (a command from flags alone): the storage credentials,
+    and for a deep validation of an encrypted backup the keyring and the KMS endpoint of its data key."""
+    _, env = storage_section(spec.get("storage"))
+    return _dedupe(env + encryption_env(spec.get("encryption")) + kms_access(spec.get("encryption"))[1])
+
+
+def _dedupe(envs: list[PodEnv]) -> list[PodEnv]:
+    seen: dict[str, PodEnv] = {}
     for e in envs:
         seen.setdefault(e.env, e)
     return list(seen.values())

@@ -57,15 +57,27 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     return target, storage, backup_id, nbytes, spec.get("spark") or {}
 
 
+def restore_encryption(own: dict[str, Any] | None, backup: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A restore's ``encryption``: its own ``keysSecretRef`` and ``kms`` (region, endpointUrl), each
+    taken from the referenced RabbitMQBackup's ``spec.encryption`` when the restore sets none, so a
+    restore reads the backup with the keys and KMS endpoint it was written with."""
+    own, backup = dict(own or {}), backup or {}
+    for name in ("keysSecretRef", "kms"):
+        if not own.get(name) and backup.get(name):
+            own[name] = backup[name]
+    return own or None
+
+
 def with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
-    """A restore's spec with the referenced RabbitMQBackup's keys when it names none itself."""
+    """A restore's spec with the referenced RabbitMQBackup's keys and KMS access where it names none itself."""
     spec = body.get("spec") or {}
     ref = spec.get("backupRef")
-    if spec.get("encryption") or not ref:
+    own = spec.get("encryption") or {}
+    if not ref or (own.get("keysSecretRef") and own.get("kms")):
         return spec
     backup = kube.get_backup(body["metadata"]["namespace"], ref["name"]) or {}
-    enc = (backup.get("spec") or {}).get("encryption") or {}
-    return {**spec, "encryption": {"keysSecretRef": enc["keysSecretRef"]}} if enc.get("keysSecretRef") else spec
+    enc = restore_encryption(own, (backup.get("spec") or {}).get("encryption"))
+    return {**spec, "encryption": enc} if enc else spec
 
 
 def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:

@@ -2,8 +2,8 @@
 
 Event-driven reconciliation (handlers.py) runs a pass when something changes (the object's
 spec or annotations, one of its Jobs or SparkApplications) and otherwise sleeps until the
-time this module names: the next scheduled slot, the next restore drill, or the safety resync,
-whichever comes first. A failed pass retries with a capped exponential backoff.
+time this module names: the next scheduled slot, the next restore drill, the next check of a
+signed drill report, or the safety resync, whichever comes first. A failed pass retries with a capped exponential backoff.
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ def next_wake(times: Iterable[datetime | None], now: datetime, resync: timedelta
 
 def backup_times(status: dict[str, Any], next_slot: datetime | None) -> list[datetime | None]:
     """A RabbitMQBackup's timed duties: its next slot (also while suspended: a slot passing then is
-    recorded as skipped, so resuming never runs it) and its next restore drill."""
+    recorded as skipped, so resuming never runs it), its next restore drill, and the next check of
+    the last drill's signed report."""
+    from .drill import evidence_recheck_time
+
     drill = status.get("restoreDrill") or {}
-    return [next_slot, parse_time(drill["nextRunTime"]) if drill.get("nextRunTime") else None]
+    return [next_slot, parse_time(drill["nextRunTime"]) if drill.get("nextRunTime") else None,
+            evidence_recheck_time(drill)]
 
 
 def backoff(failures: int, base: float = 2.0, cap: float = 300.0) -> timedelta:

@@ -44,16 +44,40 @@ def url_from(flag: str, value: str | None, file_path: str | None, env_var: str) 
 
 
 def add_encryption_args(p) -> None:
-    """``--encrypt-key-id`` / ``--keys-file`` for commands that write a new backup without a config file."""
+    """Encryption flags for commands that write a new backup without a config file: the same settings as
+    a backup's ``encryption`` section (``key_id``, ``keys_file``, ``envelope``, ``kms_*``)."""
     p.add_argument("--encrypt-key-id", default=None, metavar="ID",
                    help="encrypt the new backup's segments with this key id from the keyring (rbak's extension "
-                        "of the format; the manifest stays readable and names the key id)")
+                        "of the format; the manifest stays readable and names the key id); with --envelope: the "
+                        "keyring key that wraps the backup's data key")
     p.add_argument("--keys-file", default=None, metavar="PATH",
                    help="keyring: a file or a mounted Secret directory (RBAK_ENCRYPTION_KEYS is also read)")
+    p.add_argument("--envelope", action="store_true",
+                   help="envelope encryption: the backup gets its own data key, stored only wrapped by "
+                        "--encrypt-key-id and/or --kms-key-id, so keys rotate with `rbak keys rewrap`")
+    p.add_argument("--kms-key-id", default=None, metavar="KEY",
+                   help="an AWS KMS key (id, ARN or alias/...) that also wraps the data key (needs --envelope)")
+    p.add_argument("--kms-region", default=None, help="KMS region (default the key ARN's, else AWS_REGION)")
+    p.add_argument("--kms-endpoint-url", default=None, metavar="URL",
+                   help="KMS endpoint URL (default AWS_ENDPOINT_URL_KMS, else AWS)")
 
 
 def import_codec_from(args, backup_id: str):
-    """The codec the encryption flags ask for; before anything is read, so a missing key costs nothing."""
-    from ..crypto import import_codec
+    """The codec the encryption flags ask for; before anything is read, so a missing key or an
+    unreachable KMS costs nothing (an envelope's data key is wrapped here, by every key-encryption key)."""
+    from ..envelope import KmsSettings, import_codec
 
-    return import_codec(backup_id, args.encrypt_key_id, args.keys_file)
+    if args.kms_key_id and not args.envelope:
+        raise ConfigError("--kms-key-id: a KMS key only wraps data keys: add --envelope")
+    if args.envelope and not (args.encrypt_key_id or args.kms_key_id):
+        raise ConfigError("--envelope: needs --encrypt-key-id and/or --kms-key-id (the keys that wrap the "
+                          "backup's data key)")
+    for flag, value in (("--kms-region", args.kms_region), ("--kms-endpoint-url", args.kms_endpoint_url)):
+        if value is not None and not args.kms_key_id:
+            raise ConfigError(f"{flag}: only used with --kms-key-id")
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag}: must not be empty")
+    if args.kms_endpoint_url and not args.kms_endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--kms-endpoint-url: {args.kms_endpoint_url!r} is not an http(s) URL")
+    return import_codec(backup_id, args.encrypt_key_id, args.keys_file, envelope=args.envelope,
+                        kms_key_id=args.kms_key_id, kms=KmsSettings(args.kms_region, args.kms_endpoint_url))

@@ -81,8 +81,9 @@ def write_backup(
 ) -> BackupManifest:
     """Store every queue's records as segments, then the manifest; returns the manifest.
 
-    ``codec`` (``crypto.import_codec``) seals every segment like an encrypted backup's; the manifest
-    stays plaintext and names the key id. ``progress`` (an ``rbak.progress.Tracker``) counts queues,
+    ``codec`` (``envelope.import_codec``) seals every segment like an encrypted backup's; the manifest
+    stays plaintext and names the key id (envelope: the data key, whose wraps are stored first and
+    deleted with the segments when the import fails). ``progress`` (an ``rbak.progress.Tracker``) counts queues,
     records and body bytes as they are read."""
     codec = codec or ObjectCodec(backup_id)
     if progress is not None:
@@ -100,6 +101,11 @@ def write_backup(
     try:
         if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
             raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
+        if codec.wraps:  # envelope: the wrapped data key is stored before anything it seals, as a backup does
+            from ..envelope import write_wraps
+
+            run.written += write_wraps(storage, layout, codec.wraps)
+            codec.wraps = []
         manifest = BackupManifest(backup_id=backup_id, created_at=now_ms(), source_cluster=source_cluster,
                                   rabbitmq_version=rabbitmq_version, backup_tool_version=__version__,
                                   encryption=codec.info)

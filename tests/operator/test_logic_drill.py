@@ -12,6 +12,7 @@ import pytest
 import yaml
 from rbak_operator import bodies, drill
 from rbak_operator import resource_metrics as rm
+from rbak_operator.clock import fmt
 from rbak_operator.status import RunState
 from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
@@ -278,3 +279,91 @@ def test_drill_now_annotation_runs_one_drill_per_value(monkeypatch):
     body["status"]["restoreDrill"] = cur
     drill.reconcile(kube, body, now + timedelta(seconds=30), lambda *a: None)
     assert len(kube.created) == 1  # the same value never runs twice
+
+
+def test_a_stored_signed_report_is_verified_again_and_a_changed_one_clears_the_signer(monkeypatch):
+    """The operator records a signed drill, then reads the stored report again once EVIDENCE_RECHECK
+    has passed (not before): while it verifies nothing changes; altered in the storage, the status
+    shows the drill failed, names the changed field and no longer shows a signer, with an event."""
+    import copy as _copy
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rbak.evidence import fingerprint, sign
+
+    key = Ed25519PrivateKey.generate()
+    signer = fingerprint(key.public_key())
+    report = {"passed": True, "scratch_vhost": "rbak-drill-b1-x", "backup_id": "b1",
+              "queues": [{"vhost": "/", "queue": "q", "passed": True, "actual_count": 5}]}
+    report["signature"] = sign(report, key)
+    stored: dict = {"found": ("pfx/b1/drills/t-nightly-drill-20261122-0400.json", report)}
+    reads: list = []
+
+    def stored_report(kube, b, bid, jname):
+        reads.append((bid, jname))
+        return stored["found"]
+
+    monkeypatch.setattr(drill, "_stored_report", stored_report)
+    body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
+    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
+    job = drill.drill_job(body, "nightly-drill-20261122-0400", "b1", [], SLOT)
+    job["status"] = {"startTime": "2026-11-22T04:00:01Z", "completionTime": "2026-11-22T04:00:20Z",
+                     "conditions": [{"type": "Complete", "status": "True"}]}
+    body["status"] = {"restoreDrill": {"active": "nightly-drill-20261122-0400",
+                                       "lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    events: list[tuple] = []
+    kube = _FakeKube([job])
+    t0 = datetime(2026, 11, 22, 4, 1, tzinfo=timezone.utc)
+
+    def run(at):
+        cur = drill.reconcile(kube, body, at, lambda *a: events.append(a[1:]))
+        body["status"]["restoreDrill"] = {k: v for k, v in cur.items() if v is not None}
+        return body["status"]["restoreDrill"]
+
+    d = run(t0)
+    assert (d["result"], d["signer"], d["evidenceCheckTime"]) == ("Passed", signer, "2026-11-22T04:01:00Z")
+    assert reads == [("b1", "nightly-drill-20261122-0400")]  # the recording read
+    run(t0 + drill.EVIDENCE_RECHECK - timedelta(seconds=1))
+    assert len(reads) == 1  # not due yet: no storage read
+    d = run(t0 + drill.EVIDENCE_RECHECK)
+    assert len(reads) == 2 and d["signer"] == signer and d["result"] == "Passed"  # still verifies
+    assert d["evidenceCheckTime"] == fmt(t0 + drill.EVIDENCE_RECHECK)
+
+    stored["found"] = drill.READ_FAILED  # the storage did not answer: nothing is concluded from that
+    d = run(t0 + 2 * drill.EVIDENCE_RECHECK)
+    assert d["signer"] == signer and d["evidenceCheckTime"] == fmt(t0 + 2 * drill.EVIDENCE_RECHECK)
+
+    tampered = _copy.deepcopy(report)
+    tampered["queues"][0]["actual_count"] = 6
+    stored["found"] = ("pfx/b1/drills/t-nightly-drill-20261122-0400.json", tampered)
+    n = len(events)
+    d = run(t0 + 3 * drill.EVIDENCE_RECHECK)
+    assert (d["result"], d["reason"]) == ("Failed", "DrillEvidenceInvalid") and "signer" not in d
+    assert d["message"] == ("the stored report of drill nightly-drill-20261122-0400 no longer verifies: "
+                            "pfx/b1/drills/t-nightly-drill-20261122-0400.json: field queues[0].actual_count was "
+                            "changed after signing: signed 5, the report shows 6")
+    assert events[n:] == [("Warning", "RestoreDrillEvidenceInvalid", d["message"])]
+    assert "evidenceCheckTime" not in d and drill.evidence_recheck_time(d) is None
+    m = len(reads)
+    run(t0 + 9 * drill.EVIDENCE_RECHECK)
+    assert len(reads) == m  # no signer left to vouch for: never read again
+
+
+def test_recheck_names_a_removed_or_resigned_report():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rbak.evidence import fingerprint, sign
+
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    report = {"passed": True, "backup_id": "b1", "queues": []}
+    d = {"signer": fingerprint(key.public_key()), "lastJob": "j1", "backupId": "b1", "result": "Passed"}
+    assert drill.recheck_evidence(d, ("k", dict(report, signature=sign(report, key)))) == {}
+    gone = drill.recheck_evidence(d, None)
+    assert (gone["result"], gone["reason"], gone["signer"]) == ("Failed", "DrillEvidenceMissing", None)
+    assert gone["message"] == f"the signed report of drill j1 (signed by {d['signer']}) is no longer in the storage"
+    resigned = drill.recheck_evidence(d, ("k", dict(report, signature=sign(report, other))))
+    assert (resigned["reason"], resigned["signer"]) == ("DrillEvidenceInvalid", None)
+    assert resigned["message"] == (f"k: now signed by key {fingerprint(other.public_key())}, not by {d['signer']} "
+                                   "that signed drill j1")
+    stripped = drill.recheck_evidence(d, ("k", report))
+    assert stripped["reason"] == "DrillEvidenceInvalid" and "k: not signed" in stripped["message"]

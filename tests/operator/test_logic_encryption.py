@@ -17,7 +17,7 @@ from rbak.crypto import DEFAULT_KEYS_ENV
 from rbak.errors import ConfigError
 from rbak_operator import bodies, crds, rbakconfig
 
-from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, URL_SPEC
+from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
 ENC = {"keyId": "2026-11", "keysSecretRef": {"name": "rbak-keys"},
        "serverSide": {"mode": "aws:kms", "kmsKeyId": "arn:aws:kms:eu-west-1:1:key/x"}}
@@ -145,3 +145,102 @@ def test_envelope_and_kms_reach_the_backup_config_and_the_crd():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**CLUSTER_SPEC, "encryption": {"envelope": True, "kms": {"endpointUrl": "x"}}},
                             _spec_schema(crds.backup_crd()))
+
+
+KMS_ENC = {"keyId": "2026-11", "keysSecretRef": {"name": "rbak-keys"}, "envelope": True,
+           "kms": {"keyId": "arn:aws:kms:eu-west-1:1:key/x", "region": "eu-west-1",
+                   "endpointUrl": "https://kms.vpce.internal"}}
+KMS_VAR = {"name": "AWS_ENDPOINT_URL_KMS", "value": "https://kms.vpce.internal"}
+
+
+def _containers(obj: dict) -> dict[str, list[dict]]:
+    """Every container's env of a Job or a SparkApplication, by container (role)."""
+    if obj["kind"] == "SparkApplication":
+        return {role: obj["spec"][role]["env"] for role in ("driver", "executor")}
+    pod = obj["spec"]["template"]["spec"]
+    return {c["name"]: c["env"] for c in pod.get("initContainers", []) + pod["containers"]}
+
+
+def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
+    """spec.encryption.kms.region/endpointUrl: the backup Job (and its in-pod validation), a validation
+    Job or SparkApplication after the run, a drill Job, and a RabbitMQRestore through backupRef (Job or
+    Spark driver and executors) all reach the KMS endpoint the backup wrapped its data key at: in their
+    config where the command reads one, and as AWS_ENDPOINT_URL_KMS in every container (validation and
+    Spark executors run from flags alone)."""
+    from rbak.drill import options_from_config as drill_options
+    from rbak.restore.options import options_from_config as restore_options
+    from rbak_operator import drill
+    from rbak_operator.restore_reconciler import restore_encryption
+
+    spec = {**CLUSTER_SPEC, "encryption": KMS_ENC,
+            "verify": {"restoreDrill": {"schedule": "0 4 * * 0"}}}
+    made: list[dict] = []
+    cfg, env = rbakconfig.backup_config(spec, "prod", "b-1")
+    e = Config.from_dict(cfg, env=SECRET_ENV).encryption
+    assert (e.kms_region, e.kms_endpoint_url) == ("eu-west-1", "https://kms.vpce.internal")
+    made.append(bodies.job_body(name="b-1", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
+                                secret_env=env, args=bodies.backup_args(), labels=bodies.backup_run_labels("n", "manual"),
+                                validate_args=bodies.validate_args("s3://b", "b-1", True)))
+    venv = rbakconfig.validation_env(spec)
+    assert {x.env for x in venv} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RBAK_ENCRYPTION_KEYS",
+                                     "AWS_ENDPOINT_URL_KMS"}
+    made.append(bodies.job_body(name="b-1-validate", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
+                                secret_env=venv, args=bodies.validate_args("s3://b", "b-1", True),
+                                labels=bodies.common_labels("validate"), with_config=False))
+    made.append(bodies.spark_application_body(name="b-1-validate", namespace="prod", owner=OWNER, spark={},
+                                              script="validate.py", arguments=["--backup-id", "b-1"],
+                                              secret_env=venv, config_name=None, labels=bodies.common_labels("validate")))
+    dcfg, denv = drill.drill_config(spec, "prod", "b-1")
+    dopts = drill_options(Config.from_dict(dcfg, env=SECRET_ENV), drill_id="d-1")
+    assert (dopts.kms_region, dopts.kms_endpoint_url) == ("eu-west-1", "https://kms.vpce.internal")
+    made.append(drill.drill_job({**OWNER, "spec": spec}, "n-drill-1", "b-1", denv, SLOT))
+
+    # a RabbitMQRestore through backupRef that names no encryption of its own
+    renc = restore_encryption(None, KMS_ENC)
+    assert renc == {"keysSecretRef": {"name": "rbak-keys"}, "kms": KMS_ENC["kms"]}
+    rcfg, renv = rbakconfig.restore_config({"encryption": renc}, "prod", "b-1", CLUSTER_SPEC["broker"],
+                                           CLUSTER_SPEC["storage"])
+    assert rcfg["encryption"] == {"kms_region": "eu-west-1", "kms_endpoint_url": "https://kms.vpce.internal"}
+    ropts = restore_options(Config.from_dict(rcfg, env=SECRET_ENV))
+    assert (ropts.kms_region, ropts.kms_endpoint_url) == ("eu-west-1", "https://kms.vpce.internal")
+    made.append(bodies.job_body(name="r-restore", namespace="prod", owner=OWNER, spec={}, storage=CLUSTER_SPEC["storage"],
+                                secret_env=renv, args=bodies.restore_args(), labels=bodies.restore_labels("r")))
+    made.append(bodies.spark_application_body(name="r-restore", namespace="prod", owner=OWNER, spark={},
+                                              script="restore.py", arguments=["--backup-id", "b-1"], secret_env=renv,
+                                              config_name="r-restore", labels=bodies.restore_labels("r")))
+    import support.sparkcrd as sparkcrd
+
+    for obj in made:
+        if obj["kind"] == "Job":
+            kubernetes_validate.validate(obj, K8S, strict=True)
+        else:
+            assert sparkcrd.problems(obj) == []  # what kubeflow spark-operator's CRD accepts
+        for name, envs in _containers(obj).items():
+            assert KMS_VAR in envs, (obj["kind"], obj["metadata"]["name"], name)
+            assert {"name": "RBAK_ENCRYPTION_KEYS",
+                    "valueFrom": {"secretKeyRef": {"name": "rbak-keys", "key": "keyring"}}} in envs, name
+
+
+def test_a_restore_sets_its_own_kms_access_or_takes_the_backups():
+    """Each of keysSecretRef and kms comes from the restore when it sets it, else from the backup; a
+    restore from spec.storage (no backup to inherit from) sets its own; without kms nothing is added."""
+    from rbak_operator.restore_reconciler import restore_encryption
+
+    own_kms = {"endpointUrl": "https://kms.other.internal"}
+    assert restore_encryption({"kms": own_kms}, KMS_ENC) == {"kms": own_kms, "keysSecretRef": {"name": "rbak-keys"}}
+    assert restore_encryption({"keysSecretRef": {"name": "mine"}}, KMS_ENC) == {
+        "keysSecretRef": {"name": "mine"}, "kms": KMS_ENC["kms"]}
+    assert restore_encryption(None, {"serverSide": {"mode": "AES256"}}) is None
+    cfg, env = rbakconfig.restore_config({"encryption": {"kms": own_kms}}, "prod", "b-1", CLUSTER_SPEC["broker"],
+                                         CLUSTER_SPEC["storage"])
+    assert cfg["encryption"] == {"kms_endpoint_url": "https://kms.other.internal"}
+    assert rbakconfig.ValueEnv("AWS_ENDPOINT_URL_KMS", "https://kms.other.internal") in env
+    cfg, env = rbakconfig.restore_config({"encryption": {"keysSecretRef": {"name": "k"}}}, "prod", "b-1",
+                                         CLUSTER_SPEC["broker"], CLUSTER_SPEC["storage"])
+    assert "encryption" not in cfg and all(x.env != "AWS_ENDPOINT_URL_KMS" for x in env)
+    restore = _spec_schema(crds.restore_crd())
+    jsonschema.validate({"backupRef": {"name": "x"}, "encryption": {"kms": {"region": "eu-west-1", **own_kms}}},
+                        restore)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"backupRef": {"name": "x"}, "encryption": {"kms": {"endpointUrl": "kms.internal"}}},
+                            restore)

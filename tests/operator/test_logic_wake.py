@@ -26,8 +26,16 @@ def test_a_due_time_in_the_past_never_spins():
 def test_backup_times_include_the_next_drill():
     status = {"nextScheduleTime": None, "restoreDrill": {"nextRunTime": "2026-11-28T10:05:00Z"}}
     slot = NOW + timedelta(minutes=9)
-    assert wake.backup_times(status, slot) == [slot, NOW + timedelta(minutes=5)]
-    assert wake.backup_times({}, None) == [None, None]
+    assert wake.backup_times(status, slot) == [slot, NOW + timedelta(minutes=5), None]
+    assert wake.backup_times({}, None) == [None, None, None]
+
+
+def test_backup_times_include_the_next_check_of_a_signed_drill_report():
+    from rbak_operator.drill import EVIDENCE_RECHECK
+
+    d = {"signer": "SHA256:ab", "lastJob": "n-drill-1", "backupId": "b1", "evidenceCheckTime": "2026-11-28T10:00:00Z"}
+    assert wake.backup_times({"restoreDrill": d}, None)[2] == NOW + EVIDENCE_RECHECK
+    assert wake.backup_times({"restoreDrill": dict(d, signer=None)}, None)[2] is None  # nothing signed to vouch for
 
 
 def test_backoff_doubles_up_to_a_cap():

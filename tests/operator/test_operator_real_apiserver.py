@@ -196,9 +196,15 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     """spec.verify.restoreDrill.signingKeySecretRef: the drill Job signs its report with the Secret's
     Ed25519 key; the real server keeps the field and status.restoreDrill.signer (the CRD declares both);
     ``kubectl rbak drill`` prints it; the stored report verifies with ``rbak drill verify --public-key``,
-    and a copy with one changed count is refused naming that field."""
+    and a copy with one changed count is refused naming that field. The stored report then altered in
+    the bucket: the operator's next check of the evidence fails the drill naming the field (so does
+    ``kubectl rbak status``), and the status no longer shows a signer."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
+    from datetime import timedelta
+
+    from rbak_operator.clock import parse_time
+    from rbak_operator.drill import EVIDENCE_RECHECK
     from rbak_operator.drill import manual_run_name as drill_run
 
     from rbak.drill import find_drill_report
@@ -261,6 +267,25 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     assert bad.stderr.strip() == (f"rbak: Drill evidence: {tampered}: field queues[0].actual_count was changed "
                                   "after signing: signed 7, the report shows 6")
 
+    # The stored report itself altered in the bucket: at its next check of the evidence the operator
+    # refuses it, names the object and the field, and the status no longer shows a signer.
+    checked = d["evidenceCheckTime"]
+    s3(env).put(key_name, json.dumps(report).encode())
+    assert cluster.status(name)["restoreDrill"]["signer"] == signer  # not due yet: the fake clock has not moved
+    cluster.set_clock(parse_time(checked) + EVIDENCE_RECHECK + timedelta(seconds=2))
+    d = wait_for(lambda: (d := cluster.status(name)["restoreDrill"]).get("reason") == "DrillEvidenceInvalid" and d,
+                 60, what="the drill evidence re-checked", diag=cluster.logs)
+    assert (d["result"], d.get("signer"), d["lastJob"], d["backupId"]) == ("Failed", None, job, bid), d
+    assert d["message"] == (f"the stored report of drill {job} no longer verifies: {env.bucket.prefix}/{key_name}: "
+                            "field queues[0].actual_count was changed after signing: signed 7, the report shows 6"), d
+    assert "evidenceCheckTime" not in d
+    warned = wait_for(lambda: [e for e in cluster.events(name) if e["reason"] == "RestoreDrillEvidenceInvalid"], 30,
+                      what="the evidence event", diag=cluster.logs)
+    assert warned[0]["type"] == "Warning" and warned[0]["message"] == d["message"]
+    st = subprocess.run(["kubectl-rbak", "status", name], env=plugin_env(e2e_kube, bin_dir), capture_output=True,
+                        text=True, timeout=120, check=False)
+    assert st.returncode == 0 and f"drill failed: {d['message']}" in st.stdout, st
+
 
 def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, moto_s3):
     """spec.encryption.envelope with a keyring Secret and a KMS key (moto's KMS): the backup Job
@@ -315,3 +340,67 @@ def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, m
     assert rst["phase"] == "Succeeded", rst
     assert env.broker.read_bodies(env.vhost, "orders") == orders
     assert env.broker.read_bodies(env.vhost, "audit") == audit
+
+
+def test_kms_only_envelope_backup_drills_and_restores_at_its_kms_endpoint(cluster, env, moto_s3):
+    """spec.encryption.kms alone wraps the data key (no keyring Secret), at an endpoint that is not
+    AWS's (moto's KMS): every pod the operator runs for it must reach that endpoint, or it cannot
+    read the backup. The pods get nothing from this process's environment (the local kubelet gives a
+    pod only its spec's env), so what reaches them is what the operator rendered: the backup Job's
+    in-pod deep validation decrypts the contents, an on-demand drill passes, and a RabbitMQRestore
+    through backupRef (no encryption of its own) puts every body back, in order."""
+    import boto3
+    import yaml
+
+    from rbak.catalog import latest_validation
+    from rbak_operator.drill import manual_run_name as drill_run
+
+    orders = [f"kms-order-{i}".encode() for i in range(9)]
+    env.broker.publish(env.vhost, "orders", orders, declare={})
+    arn = boto3.session.Session().client("kms", region_name="us-east-1", endpoint_url=moto_s3).create_key(
+        Description="rbak operator e2e KMS-only KEK")["KeyMetadata"]["Arn"]
+    name = f"{env.tag}-kms"
+    create_backup(cluster, env, name, validate={"enabled": True, "deep": True},
+                  encryption={"envelope": True, "kms": {"keyId": arn, "region": "us-east-1", "endpointUrl": moto_s3}},
+                  verify={"restoreDrill": {"schedule": "0 4 * * *", "startingDeadlineSeconds": 60}})
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Succeeded", timeout=120)
+    bid = run["backupId"]
+    assert (run["messages"], run.get("validation")) == (9, "Passed"), run
+    endpoint = {"name": "AWS_ENDPOINT_URL_KMS", "value": moto_s3}
+
+    def rendered(job: str) -> tuple[dict, dict]:
+        """(container name -> env, the run's rbak config) as the server stored them."""
+        pod = cluster.http.get("batch/v1", "jobs", job)["spec"]["template"]["spec"]
+        envs = {c["name"]: c["env"] for c in pod.get("initContainers", []) + pod["containers"]}
+        return envs, yaml.safe_load(cluster.http.get("v1", "configmaps", job)["data"]["config.yaml"])
+
+    envs, cfg = rendered(run["jobName"])
+    assert set(envs) == {"rbak", "validate"} and all(endpoint in e for e in envs.values()), envs
+    assert (cfg["encryption"]["kms_key_id"], cfg["encryption"]["kms_endpoint_url"]) == (arn, moto_s3)
+    m = load_manifest(bucket_root(env), bid, env.bucket.prefix)
+    assert m.encryption is not None and m.encryption.envelope
+    [wrap] = [k for k in env.bucket.keys() if k.startswith(f"{env.bucket.prefix}/{bid}/keys/")]
+    assert wrap.endswith(f"kms-{quote(arn, safe='')}.wrap.json")
+    _, vreport = latest_validation(s3(env), bid, "")
+    assert vreport["ok"] and vreport["deep"] and not any("not decrypted" in n for n in vreport["notes"]), vreport
+
+    cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/drill-now": "k1"}}})
+    job = drill_run(name, "k1")
+    d = wait_for(lambda: (d := cluster.status(name).get("restoreDrill") or {}).get("lastJob") == job
+                 and not d.get("active") and d, 180, what="the drill", diag=cluster.logs)
+    assert (d["result"], d["backupId"], d["messages"]) == ("Passed", bid, 9), d
+    envs, cfg = rendered(job)
+    assert endpoint in envs["rbak"] and cfg["encryption"] == {"kms_region": "us-east-1", "kms_endpoint_url": moto_s3}
+
+    env.broker.drain_queue(env.vhost, "orders")
+    rname = f"{env.tag}-kmsr"
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                  "metadata": {"name": rname},
+                                                  "spec": {"backupRef": {"name": name, "backupId": bid}}})
+    rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
+                   .get("phase") in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    assert rst["phase"] == "Succeeded", rst
+    envs, cfg = rendered(rst["jobName"])
+    assert endpoint in envs["rbak"] and cfg["encryption"] == {"kms_region": "us-east-1", "kms_endpoint_url": moto_s3}
+    assert env.broker.read_bodies(env.vhost, "orders") == orders
