@@ -115,6 +115,7 @@ def test_values_schema_rejects_typos_and_bad_values():
         ({"image": {"digest": "latest"}}, "digest"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
         ({"operator": {"logLevel": "verbose"}}, "logLevel"),
+        ({"operator": {"evidenceRecheckSeconds": 5}}, "evidenceRecheckSeconds"),
     ]
     chart = helm_python.Chart.load(str(CHART))
     try:
@@ -247,6 +248,12 @@ def test_every_operator_env_var_the_chart_sets_is_read_by_the_operator():
         for name in operator_env(manifests(render_chart(values))):
             if name.startswith("RBAK_"):
                 assert name in read, f"the chart sets {name} but operator/rbak_operator never reads it"
+
+
+def test_evidence_recheck_interval_reaches_the_operator_env():
+    env = operator_env(manifests(render_chart({"operator": {"evidenceRecheckSeconds": 900}})))
+    assert env["RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS"] == "900"
+    assert operator_env(manifests(render_chart({})))["RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS"] == "3600"
 
 
 def test_watched_namespaces_get_roles_and_job_accounts_there_only():

@@ -84,6 +84,8 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
   value: {{ ternary .Values.metrics.port 0 .Values.metrics.enabled | quote }}
 - name: RBAK_OPERATOR_RESYNC_SECONDS
   value: {{ .Values.operator.resyncSeconds | quote }}
+- name: RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS
+  value: {{ .Values.operator.evidenceRecheckSeconds | quote }}
 {{- if .Values.operator.backupClaims }}
 - name: RBAK_OPERATOR_PVC_ROOT
   value: /var/lib/rbak-operator/pvc
