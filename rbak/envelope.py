@@ -252,20 +252,6 @@ def writer_codec(backup_id: str, enc):
     return ObjectCodec(backup_id, info, dek, wraps)
 
 
-def import_codec(backup_id: str, key_id: str | None, keys_file: str | None, envelope: bool = False,
-                 kms_key_id: str | None = None, kms: KmsSettings | None = None):
-    """The codec of a backup written by an import (``--encrypt-key-id``, ``--envelope``, ``--kms-key-id``):
-    built from the ``encryption`` section a backup with these settings has, through ``writer_codec``, so
-    an import is sealed and its data key wrapped exactly as a backup's; no key id, no encryption."""
-    from .config import EncryptionConfig
-
-    kms = kms or KmsSettings()
-    enc = EncryptionConfig(enabled=bool(key_id or kms_key_id), key_id=key_id, keys_file=keys_file,
-                           envelope=envelope, kms_key_id=kms_key_id, kms_region=kms.region,
-                           kms_endpoint_url=kms.endpoint_url)
-    return writer_codec(backup_id, enc)
-
-
 def write_wraps(storage, layout: BackupLayout, wraps: Iterable[WrapRecord]) -> list[str]:
     keys = []
     for w in wraps:

@@ -13,6 +13,7 @@ import os
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..envelope import KmsSettings, writer_codec
 
 log = logging.getLogger("rbak")
 
@@ -65,8 +66,6 @@ def add_encryption_args(p) -> None:
 def import_codec_from(args, backup_id: str):
     """The codec the encryption flags ask for; before anything is read, so a missing key or an
     unreachable KMS costs nothing (an envelope's data key is wrapped here, by every key-encryption key)."""
-    from ..envelope import KmsSettings, import_codec
-
     if args.kms_key_id and not args.envelope:
         raise ConfigError("--kms-key-id: a KMS key only wraps data keys: add --envelope")
     if args.envelope and not (args.encrypt_key_id or args.kms_key_id):
@@ -81,3 +80,17 @@ def import_codec_from(args, backup_id: str):
         raise ConfigError(f"--kms-endpoint-url: {args.kms_endpoint_url!r} is not an http(s) URL")
     return import_codec(backup_id, args.encrypt_key_id, args.keys_file, envelope=args.envelope,
                         kms_key_id=args.kms_key_id, kms=KmsSettings(args.kms_region, args.kms_endpoint_url))
+
+
+def import_codec(backup_id: str, key_id: str | None, keys_file: str | None, envelope: bool = False,
+                 kms_key_id: str | None = None, kms: KmsSettings | None = None):
+    """The codec of a backup written by an import (``--encrypt-key-id``, ``--envelope``, ``--kms-key-id``):
+    built from the ``encryption`` section a backup with these settings has, through ``writer_codec``, so
+    an import is sealed and its data key wrapped exactly as a backup's; no key id, no encryption."""
+    from ..config import EncryptionConfig
+
+    kms = kms or KmsSettings()
+    enc = EncryptionConfig(enabled=bool(key_id or kms_key_id), key_id=key_id, keys_file=keys_file,
+                           envelope=envelope, kms_key_id=kms_key_id, kms_region=kms.region,
+                           kms_endpoint_url=kms.endpoint_url)
+    return writer_codec(backup_id, enc)

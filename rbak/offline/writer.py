@@ -81,7 +81,7 @@ def write_backup(
 ) -> BackupManifest:
     """Store every queue's records as segments, then the manifest; returns the manifest.
 
-    ``codec`` (``envelope.import_codec``) seals every segment like an encrypted backup's; the manifest
+    ``codec`` (``commands.secrets.import_codec``) seals every segment like an encrypted backup's; the manifest
     stays plaintext and names the key id (envelope: the data key, whose wraps are stored first and
     deleted with the segments when the import fails). ``progress`` (an ``rbak.progress.Tracker``) counts queues,
     records and body bytes as they are read."""

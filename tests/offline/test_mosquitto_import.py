@@ -235,7 +235,7 @@ def test_failed_import_leaves_no_segments(real_db):
 def test_failed_envelope_import_leaves_no_wrap_either(real_db, tmp_path):
     """The wrapped data key is stored first; a failed import deletes it with the segments (a retry of
     the same backup id would be refused over a lone wrap object otherwise)."""
-    from rbak.envelope import import_codec
+    from rbak.commands.secrets import import_codec
     from rbak.errors import StorageError
     from rbak.storage.memory import MemoryStorage
 
