@@ -265,27 +265,27 @@ def test_encrypted_incremental_chain_restores_everything(broker, vhost, home, en
     cfg = write_config(home, broker, vhost, "store")
     cfg.write_text(cfg.read_text() + f"encryption: {{enabled: true, key_id: k1, keys_file: '{keys}', "
                                       f"envelope: {str(envelope).lower()}}}\n")
-    backup(home, cfg, "e1")
+    backup(home, cfg, "ec1")
     broker.publish(vhost, "st", more)
-    backup(home, cfg, "e2")
+    backup(home, cfg, "ec2")
     broker.publish(vhost, "st", last)
-    backup(home, cfg, "e3")
+    backup(home, cfg, "ec3")
     st = open_storage(str(home / "store"))
-    infos = [load_manifest(st, b).encryption for b in ("e1", "e2", "e3")]
+    infos = [load_manifest(st, b).encryption for b in ("ec1", "ec2", "ec3")]
     assert all(i is not None for i in infos)
     if envelope:  # one data key per backup: a chain cannot be opened with the newest link's key alone
         assert len({i.key_id for i in infos}) == 3
-    assert load_manifest(st, "e3").find_queue(vhost, "st").stream.previous_backup == "e2"
+    assert load_manifest(st, "ec3").find_queue(vhost, "st").stream.previous_backup == "ec2"
 
     broker.delete_queue(vhost, "st")
     broker.declare_queue(vhost, "st", arguments=STREAM)
-    r = restore(home, broker, "store", "e3", "--keys-file", str(keys))
-    assert "e1 -> e2 -> e3" in r.stdout + r.stderr
+    r = restore(home, broker, "store", "ec3", "--keys-file", str(keys))
+    assert "ec1 -> ec2 -> ec3" in r.stdout + r.stderr
     assert stream_bodies(broker, vhost, "st") == first + more + last
-    v = cli(home, "validate", "--path", "store", "--backup-id", "e3", "--deep", "--keys-file", str(keys))
+    v = cli(home, "validate", "--path", "store", "--backup-id", "ec3", "--deep", "--keys-file", str(keys))
     assert "is valid" in v.stdout
     # a drill restores the whole chain into a scratch vhost and hashes it against every link's records
-    d = json.loads(cli(home, "drill", "--config", str(cfg), "--backup-id", "e3", "--json").stdout)
+    d = json.loads(cli(home, "drill", "--config", str(cfg), "--backup-id", "ec3", "--json").stdout)
     assert d["passed"] is True, d
     (q,) = d["queues"]
     assert q["expected_count"] == q["actual_count"] == 60 and q["hash_match"], q
