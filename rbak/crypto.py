@@ -273,6 +273,37 @@ def missing_key_error(backup_id: str, key_id: str) -> EncryptionError:
                            f"(set {DEFAULT_KEYS_ENV} or encryption.keys_file / keys_env)")
 
 
+class ChainCodec(ObjectCodec):
+    """Opens the segments of an incremental stream's whole chain. Each link's objects were sealed for
+    their own backup (its id is in every object's AAD; an envelope link has its own data key, and a
+    link may be plaintext while a later one is encrypted), so each is opened by its link's codec,
+    found by storage key; the restored backup's own segments by ``own``. Reading only."""
+
+    def __init__(self, own: ObjectCodec, links: Mapping[str, ObjectCodec], link_of: Mapping[str, str]):
+        super().__init__(own.backup_id, own.info, own.key)
+        self.own = own
+        self.links = dict(links)
+        self.link_of = dict(link_of)
+
+    def _for(self, storage_key: str) -> ObjectCodec:
+        bid = self.link_of.get(storage_key)
+        return self.own if bid is None else self.links[bid]
+
+    @property
+    def encrypted(self) -> bool:
+        return self.own.encrypted or any(c.encrypted for c in self.links.values())
+
+    @property
+    def can_open(self) -> bool:
+        return self.own.can_open and all(c.can_open for c in self.links.values())
+
+    def seal(self, storage_key: str, data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+        raise EncryptionError(f"{storage_key}: a chain's codec only reads")
+
+    def open(self, storage_key: str, data: bytes) -> bytes:
+        return self._for(storage_key).open(storage_key, data)
+
+
 def codec_for(backup_id: str, info: EncryptionInfo | None, keyring: Mapping[str, bytes] | None,
               required: bool = True) -> ObjectCodec:
     """The codec reading an existing backup. ``required``: a missing key is an error now (restore);

@@ -253,12 +253,11 @@ def choose_backup(storage: Storage, options: DrillOptions) -> str:
     return entry.backup_id
 
 
-def expected_hash(storage: Storage, manifest: BackupManifest, q: QueueBackup, keyring: dict[str, bytes]) -> RecordHash:
-    """Hash of a queue's records as the backup holds them (size and SHA-256 of every segment checked)."""
-    from .crypto import codec_for
+def expected_hash(storage: Storage, q: QueueBackup, codec: Any) -> RecordHash:
+    """Hash of a queue's records as the backup holds them (size and SHA-256 of every segment checked);
+    ``codec``: the queue's plan's (``plan_codec``: an incremental stream's links each with its own key)."""
     from .format.reader import read_segment
 
-    codec = codec_for(manifest.backup_id, manifest.encryption, keyring) if manifest.encryption else None
     h = RecordHash()
     for seg in q.segments:
         for _, r in read_segment(storage, seg, True, codec=codec):
@@ -389,8 +388,8 @@ def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None
 
 def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOptions, options: DrillOptions,
                   report: DrillReport) -> None:
-    from .restore.queue_restore import restore_queue_segments
-    from .restore.plan import plan_restore
+    from .restore.queue_restore import plan_codec, restore_queue_segments
+    from .restore.plan import plan_queue, plan_restore
     from .amqp import connect
 
     names = scratch_queue_names(manifest.queues)
@@ -398,14 +397,14 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
     qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
     ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(storage, manifest)
     plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
-    keyring = ropts.keyring() if manifest.encryption is not None else {}
     conn = connect(options.target, report.scratch_vhost, "target")
     try:
         for qb in manifest.queues:
             check = QueueCheck(qb.vhost, qb.name, qb.queue_type, names[(qb.vhost, qb.name)], qb.message_count)
             report.queues.append(check)
             try:
-                h = expected_hash(storage, manifest, qb, keyring)
+                plan = plans.get((qb.vhost, qb.name)) or plan_queue(qb, ropts, manifest.encryption)
+                h = expected_hash(storage, qb, plan_codec(plan, ropts))
                 check.records_count, check.expected_hash = h.count, h.hexdigest()
                 ch = conn.channel()
                 ch.queue_declare(check.scratch_queue, durable=True, arguments={"x-queue-type": qb.queue_type})

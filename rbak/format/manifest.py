@@ -217,6 +217,10 @@ class QueueBackup:
     # rbak extension (classic/quorum): the exact depth when the read started; message_count is what was read
     expected_messages: int | None = None
     chain: tuple[str, ...] = ()  # restore-time only, never written: backups whose segments this entry holds
+    # restore-time only, never written: the backup each segment of an earlier chain link belongs to (by
+    # storage key), and each link's encryption: a link's objects are sealed for that backup alone
+    link_of: dict[str, str] = field(default_factory=dict)
+    link_encryption: dict[str, "EncryptionInfo | None"] = field(default_factory=dict)
 
     def add_segment(self, seg: SegmentMetadata) -> None:
         self.segments.append(seg)

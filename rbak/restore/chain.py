@@ -119,6 +119,8 @@ def expand_chains(manifest: BackupManifest, load: Loader, follow: bool = True,
         for s in segs:
             nq.add_segment(s)
         nq.chain = tuple(bid for bid, _ in links)
+        nq.link_of = {s.key: bid for bid, lq in links if bid != manifest.backup_id for s in lq.segments}
+        nq.link_encryption = {bid: cached(bid).encryption for bid, _ in links if bid != manifest.backup_id}
         queues.append(nq)
         for bid, lq in links:
             warnings.extend(gap_warnings(lq, bid))

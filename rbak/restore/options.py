@@ -62,18 +62,26 @@ class RestoreOptions:
         return load_keyring()
 
     def with_data_key(self, storage: Any, manifest: Any) -> "RestoreOptions":
-        """These options with the backup's data key added when it uses envelope encryption: unwrapped
+        """These options with the backup's data key added when it uses envelope encryption, and the data
+        key of every earlier link of its incremental streams' chains (each link has its own): unwrapped
         once, before anything is published (a key no KEK opens is an error naming the keys tried), and
         carried with the options to whatever opens segments (threads, Spark executors)."""
-        info = manifest.encryption
-        if info is None or not info.envelope or info.key_id in dict(self.keys):
+        wanted = {manifest.backup_id: manifest.encryption}
+        for q in manifest.queues:
+            wanted.update(q.link_encryption)
+        have = dict(self.keys)
+        todo = {bid: info for bid, info in wanted.items()
+                if info is not None and info.envelope and info.key_id not in have}
+        if not todo:
             return self
         from dataclasses import replace
 
         from ..envelope import KmsSettings, with_data_key
 
-        ring = with_data_key(storage, self.prefix, manifest.backup_id, info, self.keyring(),
-                             KmsSettings(self.kms_region, self.kms_endpoint_url))
+        ring = self.keyring()
+        for bid, info in sorted(todo.items()):
+            ring = with_data_key(storage, self.prefix, bid, info, ring,
+                                 KmsSettings(self.kms_region, self.kms_endpoint_url))
         return replace(self, keys=tuple(sorted(ring.items())))
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ window edge are filtered record by record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 from ..crypto import EncryptionInfo
@@ -34,6 +34,9 @@ class QueuePlan:
     skipped_segments: int  # wholly outside the PITR window
     skipped_records: int  # records in those skipped segments
     encryption: EncryptionInfo | None = None  # the backup's (segments are sealed with this key id)
+    # an incremental stream's earlier links: segment key -> its backup, and each such backup's encryption
+    link_of: Mapping[str, str] = field(default_factory=dict)
+    link_encryption: Mapping[str, EncryptionInfo | None] = field(default_factory=dict)
 
     @property
     def candidate_records(self) -> int:
@@ -112,6 +115,8 @@ def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionIn
         skipped_segments=skipped,
         skipped_records=skipped_records,
         encryption=encryption,
+        link_of=dict(q.link_of),
+        link_encryption=dict(q.link_encryption),
     )
 
 

@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 
 from .. import metrics
-from ..crypto import ObjectCodec, codec_for
+from ..crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
 from ..format.manifest import SegmentMetadata
@@ -86,10 +86,16 @@ def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum
 
 
 def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
-    """How a plan's segments are opened: None for a plaintext backup; a missing key is an error."""
-    if plan.encryption is None:
+    """How a plan's segments are opened: None for a plaintext backup; a missing key is an error.
+    An incremental stream's earlier links are opened each with its own backup's codec."""
+    if plan.encryption is None and not any(plan.link_encryption.values()):
         return None
-    return codec_for(options.backup_id, plan.encryption, options.keyring())
+    ring = options.keyring()
+    own = codec_for(options.backup_id, plan.encryption, ring)
+    if not plan.link_of:
+        return own
+    links = {bid: codec_for(bid, info, ring) for bid, info in plan.link_encryption.items()}
+    return ChainCodec(own, links, plan.link_of)
 
 
 def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:

@@ -69,8 +69,9 @@ def _counts(broker, vhost: str) -> dict[str, int]:
             for q in broker.list_queues(vhost)}
 
 
-def _drill_vhosts(broker) -> set[str]:
-    return {v["name"] for v in broker.api("GET", "/api/vhosts") if v["name"].startswith("rbak-drill-")}
+def _drill_vhosts(broker, backup_id: str) -> set[str]:
+    """Scratch vhosts of drills of ``backup_id`` (other tests drill other ids on the same broker meanwhile)."""
+    return {v["name"] for v in broker.api("GET", "/api/vhosts") if v["name"].startswith(f"rbak-drill-{backup_id}-")}
 
 
 def _backup(broker, vhost, tmp_path, backup_id: str) -> str:
@@ -86,7 +87,7 @@ def test_drill_passes_on_a_good_backup_and_leaves_no_scratch_vhost(broker, vhost
     store = _backup(broker, vhost, tmp_path, "b1")
     _backup(broker, vhost, tmp_path, "b2")  # the newest complete one is drilled
     cfg = _write(tmp_path, _config(broker, vhost, store))
-    existing = _drill_vhosts(broker)
+    existing = _drill_vhosts(broker, "b2")
     p = rbak("drill", "--config", cfg, "--json")
     rep = json.loads(p.stdout)
     assert rep["passed"] is True and rep["result"] == "Passed" and rep["backup_id"] == "b2", rep
@@ -97,7 +98,7 @@ def test_drill_passes_on_a_good_backup_and_leaves_no_scratch_vhost(broker, vhost
         assert q["queue_type"] == QUEUES[name]
     assert rep["scratch_vhost"].startswith("rbak-drill-b2-") and rep["scratch_vhost"] != vhost
     assert rep["scratch_vhost_removed"] and not broker.vhost_exists(rep["scratch_vhost"])
-    assert _drill_vhosts(broker) <= existing
+    assert _drill_vhosts(broker, "b2") <= existing
     assert _counts(broker, vhost) == before  # the source vhost is untouched
     assert len(broker.read_stream(vhost, "events")) == 40
     # the report is stored next to the backup, a new object per drill
@@ -126,7 +127,7 @@ def test_drill_finds_a_damaged_segment_and_names_the_queue(broker, vhost, tmp_pa
     data[len(data) // 2] ^= 0xFF
     seg.write_bytes(bytes(data))
     cfg = _write(tmp_path, _config(broker, vhost, store))
-    existing = _drill_vhosts(broker)
+    existing = _drill_vhosts(broker, "dmg")
     p = rbak("drill", "--config", cfg, "--backup-id", "dmg", "--json", check=False)
     assert p.returncode == 1, p.stderr
     rep = json.loads(p.stdout)
@@ -134,7 +135,7 @@ def test_drill_finds_a_damaged_segment_and_names_the_queue(broker, vhost, tmp_pa
     by = {q["queue"]: q for q in rep["queues"]}
     assert by["orders"]["passed"] and by["events"]["passed"] and not by["payments"]["passed"]
     assert "payments" in p.stderr.strip().splitlines()[-1]
-    assert not broker.vhost_exists(rep["scratch_vhost"]) and _drill_vhosts(broker) <= existing
+    assert not broker.vhost_exists(rep["scratch_vhost"]) and _drill_vhosts(broker, "dmg") <= existing
 
 
 def test_drill_finds_a_manifest_count_that_lies(broker, vhost, tmp_path):
@@ -162,12 +163,12 @@ def test_drill_failing_half_way_still_removes_the_scratch_vhost(broker, vhost, t
     cfg = _config(broker, vhost, store)
     cfg["drill"] = {"target": {"amqp_url": "amqp://guest:guest@127.0.0.1:1/%2f",
                                "management_url": broker.management_url, "connection_timeout_secs": 2}}
-    existing = _drill_vhosts(broker)
+    existing = _drill_vhosts(broker, "half")
     p = rbak("drill", "--config", _write(tmp_path, cfg), "--json", check=False)
     assert p.returncode == 1
     rep = json.loads(p.stdout)
     assert rep["scratch_vhost"] and rep["scratch_vhost_removed"] and "half" in rep["reason"]
-    assert not broker.vhost_exists(rep["scratch_vhost"]) and _drill_vhosts(broker) <= existing
+    assert not broker.vhost_exists(rep["scratch_vhost"]) and _drill_vhosts(broker, "half") <= existing
     assert _counts(broker, vhost) == before
 
 
@@ -175,12 +176,12 @@ def test_sigterm_during_a_drill_removes_the_scratch_vhost(rmq310, vhost_factory,
     vhost = vhost_factory(rmq310)
     fast_publish(rmq310, vhost, "big", (b"x" * 2000 for _ in range(20000)), declare={"x-queue-type": "classic"})
     store = _backup(rmq310, vhost, tmp_path, "term")
-    existing = _drill_vhosts(rmq310)
+    existing = _drill_vhosts(rmq310, "term")
     cfg = _write(tmp_path, _config(rmq310, vhost, store, read_timeout_secs=60))
     proc = subprocess.Popen([sys.executable, "-m", "rbak", "drill", "--config", cfg, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        made = wait_until(lambda: _drill_vhosts(rmq310) - existing, timeout=60, interval=0.05, what="scratch vhost")
+        made = wait_until(lambda: _drill_vhosts(rmq310, "term") - existing, timeout=60, interval=0.05, what="scratch vhost")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
