@@ -228,7 +228,8 @@ def test_reconcile_without_any_backup_skips_the_slot(monkeypatch):
     assert not kube.created and (cur["result"], cur["reason"]) == ("Skipped", "NoBackup")
 
 
-def test_reconcile_records_a_finished_drill_once_and_then_stops_patching(monkeypatch):
+def _finished_drill() -> tuple[dict, dict]:
+    """A backup whose nightly drill Job of b1 has just completed, and that Job."""
     body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
     body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
     job = drill.drill_job(body, "nightly-drill-20261122-0400", "b1", [], SLOT)
@@ -236,6 +237,11 @@ def test_reconcile_records_a_finished_drill_once_and_then_stops_patching(monkeyp
                      "conditions": [{"type": "Complete", "status": "True"}]}
     body["status"] = {"restoreDrill": {"active": "nightly-drill-20261122-0400",
                                        "lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    return body, job
+
+
+def test_reconcile_records_a_finished_drill_once_and_then_stops_patching(monkeypatch):
+    body, job = _finished_drill()
     report = {"passed": False, "reason": "backup 'b1': queue 'q' in vhost '/': expected 3 message(s), the scratch "
               "queue gave back 2", "queues": [{"vhost": "/", "queue": "q", "passed": False, "actual_count": 2}]}
     monkeypatch.setattr(drill, "_read_report", lambda kube, b, bid, jname: report if (bid, jname) == (
@@ -304,13 +310,7 @@ def test_a_stored_signed_report_is_verified_again_and_a_changed_one_clears_the_s
         return stored["found"]
 
     monkeypatch.setattr(drill, "_stored_report", stored_report)
-    body = _owner(_with_drill(URL_SPEC, schedule="0 4 * * 0"))
-    body["metadata"]["creationTimestamp"] = "2026-11-22T04:00:00Z"
-    job = drill.drill_job(body, "nightly-drill-20261122-0400", "b1", [], SLOT)
-    job["status"] = {"startTime": "2026-11-22T04:00:01Z", "completionTime": "2026-11-22T04:00:20Z",
-                     "conditions": [{"type": "Complete", "status": "True"}]}
-    body["status"] = {"restoreDrill": {"active": "nightly-drill-20261122-0400",
-                                       "lastScheduleTime": "2026-11-22T04:00:00Z"}}
+    body, job = _finished_drill()
     events: list[tuple] = []
     kube = _FakeKube([job])
     t0 = datetime(2026, 11, 22, 4, 1, tzinfo=timezone.utc)

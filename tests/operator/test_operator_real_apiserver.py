@@ -287,6 +287,15 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     assert st.returncode == 0 and f"drill failed: {d['message']}" in st.stdout, st
 
 
+def restore_backup_ref(cluster, rname: str, name: str, bid: str) -> dict:
+    """Create a RabbitMQRestore of backup ``bid`` of RabbitMQBackup ``name``; its status once it ended."""
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                  "metadata": {"name": rname},
+                                                  "spec": {"backupRef": {"name": name, "backupId": bid}}})
+    return wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
+                   .get("phase") in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+
+
 def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, moto_s3):
     """spec.encryption.envelope with a keyring Secret and a KMS key (moto's KMS): the backup Job
     writes one data key per backup, wrapped by both (a wrap object each, the key never stored
@@ -332,11 +341,7 @@ def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, m
     env.broker.drain_queue(env.vhost, "orders")
     env.broker.drain_queue(env.vhost, "audit")
     rname = f"{env.tag}-envr"
-    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
-                                                  "metadata": {"name": rname},
-                                                  "spec": {"backupRef": {"name": name, "backupId": bid}}})
-    rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
-                   .get("phase") in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    rst = restore_backup_ref(cluster, rname, name, bid)
     assert rst["phase"] == "Succeeded", rst
     assert env.broker.read_bodies(env.vhost, "orders") == orders
     assert env.broker.read_bodies(env.vhost, "audit") == audit
@@ -395,11 +400,7 @@ def test_kms_only_envelope_backup_drills_and_restores_at_its_kms_endpoint(cluste
 
     env.broker.drain_queue(env.vhost, "orders")
     rname = f"{env.tag}-kmsr"
-    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
-                                                  "metadata": {"name": rname},
-                                                  "spec": {"backupRef": {"name": name, "backupId": bid}}})
-    rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
-                   .get("phase") in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    rst = restore_backup_ref(cluster, rname, name, bid)
     assert rst["phase"] == "Succeeded", rst
     envs, cfg = rendered(rst["jobName"])
     assert endpoint in envs["rbak"] and cfg["encryption"] == {"kms_region": "us-east-1", "kms_endpoint_url": moto_s3}
