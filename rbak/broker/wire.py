@@ -122,7 +122,7 @@ class Channel:
         self._check_open()
         self.conn.send(b"".join(pika.frame.Method(self.number, m).marshal() for m in methods))
 
-    def rpc(self, method: Any, *replies: type) -> Any:
+    def rpc(self, method: Any, *replies: Any) -> Any:
         """Send ``method`` and wait for one of the ``replies`` (pika.spec classes) on this channel."""
         self._check_open()
         self._awaiting = tuple(r.INDEX for r in replies)
@@ -341,7 +341,7 @@ class Connection:
     def _send_method0(self, method: Any) -> None:
         self.send(pika.frame.Method(0, method).marshal())
 
-    def _await0(self, reply: type, timeout: float, step: str, refused: AmqpError | None = None) -> Any:
+    def _await0(self, reply: Any, timeout: float, step: str, refused: AmqpError | None = None) -> Any:
         self._awaiting0 = (reply.INDEX,)
         self._reply0 = None
         try:
