@@ -130,3 +130,29 @@ def test_heartbeats_keep_an_idle_connection(broker, vhost):
         assert time.monotonic() - t0 >= 4.0
         broker.publish(vhost, "h", [b"after"])
         assert [d[5] for d in _drain_until(conn, ch, 1)] == [b"after"]
+
+
+def test_tls_reads_and_refuses_a_server_it_cannot_verify(rmq310, vhost_factory):
+    import ssl
+
+    from support.tls import tls_files
+
+    tls = tls_files()
+    vh = vhost_factory(rmq310)
+    rmq310.declare_queue(vh, "t", arguments={"x-queue-type": "quorum"})
+    big = bytes(range(256)) * 1024  # 256 KiB: TLS records split it; the parser gets it whole
+    bodies = [f"t{i}".encode() for i in range(500)] + [big]
+    rmq310.publish(vh, "t", bodies)
+    ctx = ssl.create_default_context(cafile=str(tls.ca_cert))
+    params = _params(rmq310, vh, ssl_context=ctx, server_hostname="localhost")
+    params.port = rmq310.amqps_port
+    with Connection.open(params) as conn:
+        ch = conn.channel()
+        ch.qos(0)
+        ch.consume("t")
+        assert [d[5] for d in _drain_until(conn, ch, len(bodies))] == bodies
+    wrong = ssl.create_default_context(cafile=str(tls.wrong_ca_cert))
+    with pytest.raises(AmqpConnectionError, match="TLS certificate verification failed"):
+        Connection.open(Params(host=rmq310.host, port=rmq310.amqps_port, vhost=vh, ssl_context=wrong,
+                               server_hostname="localhost"))
+    assert rmq310.read_bodies(vh, "t") == bodies
