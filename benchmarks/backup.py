@@ -59,31 +59,14 @@ def params(vh: str) -> pika.ConnectionParameters:
 
 def fill(vh: str, queue: str, n: int) -> int:
     """Publish n persistent 1 KiB messages with confirms (windowed); returns the queue's byte size."""
+    from bench_common import publish_confirmed
+
     body = os.urandom(BODY // 2).hex().encode()
     with pika.BlockingConnection(params(vh)) as conn:
-        ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
-        impl = ch._impl
-        pending: set[int] = set()
-
-        def on_confirm(frame):
-            m = frame.method
-            for t in ([t for t in pending if t <= m.delivery_tag] if m.multiple else [m.delivery_tag]):
-                pending.discard(t)
-
-        done = []
-        impl.confirm_delivery(on_confirm, callback=lambda _f: done.append(1))
-        while not done:
-            conn.process_data_events(0.05)
-        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream")
-        for i in range(1, n + 1):
-            impl.basic_publish("", queue, body, props)
-            pending.add(i)
-            while len(pending) >= 2000:
-                conn.process_data_events(0.01)
-        while pending:
-            conn.process_data_events(0.05)
-        assert ch.queue_declare(queue, passive=True).method.message_count == n
+        conn.channel().queue_declare(queue, durable=True)
+    publish_confirmed(AMQP[1], vh, ((queue, body) for _ in range(n)), host=AMQP[0])
+    with pika.BlockingConnection(params(vh)) as conn:
+        assert conn.channel().queue_declare(queue, passive=True).method.message_count == n
     return n * BODY
 
 

@@ -97,6 +97,44 @@ def verdict(name: str, ratio: float, target: float, *, at_most: bool = False, de
     return line
 
 
+def publish_confirmed(port: int, vh: str, messages, window: int = 2000, host: str = "localhost") -> int:
+    """Publish ``(queue, body)`` messages as persistent octet-streams with publisher confirms, up to
+    ``window`` unconfirmed (pika's blocking confirm mode waits for each: too slow to fill big queues).
+    On rbak's own connection, which the benchmarks do not measure here. Raises on a nack."""
+    from rbak.broker.wire import Connection, Params
+
+    raw = b"".join(pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream").encode())
+    pending: set[int] = set()
+    sent = 0
+    with Connection.open(Params(host=host, port=port, vhost=vh, username=AUTH[0], password=AUTH[1],
+                                heartbeat=0)) as conn:
+        ch = conn.channel()
+        ch.select_confirms()
+
+        def settle() -> None:
+            # confirms for different queues come out of order: count the acked tags, never a watermark
+            for ack, tag, multiple in ch.acks:
+                done = {t for t in pending if t <= tag} if multiple else {tag}
+                if not ack:
+                    raise SystemExit(f"{len(done)} publishes nacked")
+                pending.difference_update(done)
+            ch.acks.clear()
+
+        for q, body in messages:
+            ch.publish("", q, raw, body, flush=False)
+            sent += 1
+            pending.add(sent)
+            if sent % 200 == 0:
+                conn.flush()
+            while len(pending) >= window:
+                conn.pump(lambda: bool(ch.acks), timeout=0.05)
+                settle()
+        while pending:
+            conn.pump(lambda: bool(ch.acks), timeout=0.05)
+            settle()
+    return sent
+
+
 def fill(broker: Broker, vh: str, queues: list[str], n: int, args: dict | None = None) -> None:
     """Declare each queue (durable, ``args``) and publish n persistent 1 KiB messages into each, confirmed."""
     body = os.urandom(BODY // 2).hex().encode()
@@ -104,32 +142,7 @@ def fill(broker: Broker, vh: str, queues: list[str], n: int, args: dict | None =
         ch = conn.channel()
         for q in queues:
             ch.queue_declare(q, durable=True, arguments=args or {})
-        impl = ch._impl
-        state: dict = {"open": set()}
-
-        def on_ack(frame):
-            # confirms for different queues come out of order: count the acked tags, never a watermark
-            m = frame.method
-            if m.multiple:
-                state["open"] = {t for t in state["open"] if t > m.delivery_tag}
-            else:
-                state["open"].discard(m.delivery_tag)
-
-        done = []
-        impl.confirm_delivery(on_ack, callback=lambda _f: done.append(1))
-        while not done:
-            conn.process_data_events(0.05)
-        props = pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream")
-        sent = 0
-        for q in queues:
-            for _ in range(n):
-                impl.basic_publish("", q, body, props)
-                sent += 1
-                state["open"].add(sent)
-                while len(state["open"]) >= 2000:
-                    conn.process_data_events(0.01)
-        while state["open"]:
-            conn.process_data_events(0.05)
+    publish_confirmed(broker.amqp_port, vh, ((q, body) for q in queues for _ in range(n)))
 
 
 def rbak_backup(broker: Broker, vh: str, store: str, cpu_log: list | None = None,

@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
-import pika.exceptions
 
 from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
 from .errors import ConfigError, DrillError, NotFoundError, RbakError
@@ -271,20 +270,20 @@ def read_back(conn: Any, queue: str, expected: int, idle_secs: float, stream: bo
 
     Stops ``idle_secs`` after the last delivery, or half a second after the
     expected count arrived (so extra messages are still seen)."""
+    from .broker.deliveries import receive
+
     h = RecordHash()
     ch = conn.channel()
-    ch.basic_qos(prefetch_count=500)
-    last = [time.monotonic()]
-
-    def on_message(channel: Any, method: Any, props: Any, body: bytes) -> None:
-        h.add(body, props.content_type, props.message_id, props.correlation_id)
-        channel.basic_ack(method.delivery_tag)
-        last[0] = time.monotonic()
-
-    ch.basic_consume(queue, on_message, arguments={"x-stream-offset": "first"} if stream else None)
-    while True:
-        conn.process_data_events(time_limit=0.1)
-        idle = time.monotonic() - last[0]
+    ch.qos(500)
+    last = time.monotonic()
+    tag = ch.consume(queue, {"x-stream-offset": "first"} if stream else None)
+    for method, props, body in receive(conn, ch, tag, 0.1):
+        now = time.monotonic()
+        if method is not None:
+            h.add(body, props.content_type, props.message_id, props.correlation_id)
+            ch.ack(method.delivery_tag)
+            last = now
+        idle = now - last
         if idle > idle_secs or (h.count >= expected and idle > 0.5):
             break
     ch.close()
@@ -390,7 +389,7 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
                   report: DrillReport) -> None:
     from .restore.queue_restore import plan_codec, restore_queue_segments
     from .restore.plan import plan_queue, plan_restore
-    from .amqp import connect
+    from .broker.connect import connect
 
     names = scratch_queue_names(manifest.queues)
     vmap = tuple(sorted({(qb.vhost, report.scratch_vhost) for qb in manifest.queues}))
@@ -407,13 +406,13 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
                 h = expected_hash(storage, qb, plan_codec(plan, ropts))
                 check.records_count, check.expected_hash = h.count, h.hexdigest()
                 ch = conn.channel()
-                ch.queue_declare(check.scratch_queue, durable=True, arguments={"x-queue-type": qb.queue_type})
+                ch.declare(check.scratch_queue, durable=True, arguments={"x-queue-type": qb.queue_type})
                 ch.close()
                 restore_queue_segments(storage, plans[(qb.vhost, qb.name)], ropts, None, connection=conn)
                 got = read_back(conn, check.scratch_queue, check.records_count, options.read_timeout_secs,
                                 stream=qb.queue_type == "stream")
                 check.actual_count, check.actual_hash = got.count, got.hexdigest()
-            except (RbakError, pika.exceptions.AMQPError) as e:
+            except RbakError as e:
                 msg = e.args[0] if isinstance(e, RbakError) and e.args else f"{type(e).__name__} {e}"
                 check.error = f"queue {qb.name!r} in vhost {qb.vhost!r}: {msg}"
             judge(check)

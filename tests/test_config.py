@@ -212,7 +212,7 @@ def test_credentials_outside_the_url_may_hold_any_character(broker, vhost, monke
     """The operator puts no secret into amqp_url: it comes from management_* via ${ENV}."""
     import uuid
 
-    from rbak.amqp import connect
+    from rbak.broker.connect import connect
 
     user = f"rbak-{uuid.uuid4().hex[:8]}"
     broker.api("PUT", f"/api/users/{user}", {"password": HOSTILE_PASSWORD, "tags": "management"})

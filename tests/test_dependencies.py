@@ -140,11 +140,69 @@ def test_the_checker_names_an_undeclared_import(tmp_path, monkeypatch):
     importlib.invalidate_caches()
 
 
-def test_pika_is_pinned_to_the_range_the_fast_path_was_tested_with():
-    """``rbak.broker.fast_consume`` relies on pika's connection internals: pyproject allows only the tested
-    minor series, and the pika these tests run against is inside it (so the suite tests what users get)."""
+def test_pika_is_pinned_to_the_range_it_was_tested_with():
+    """``rbak.broker.wire`` uses pika's codec (``pika.spec``, ``pika.frame``): pyproject allows only the
+    tested minor series, and the pika these tests run against is inside it (so the suite tests what users get)."""
     from importlib.metadata import version
 
     (req,) = [r for r in map(Requirement, PROJECT["dependencies"]) if canonical(r.name) == "pika"]
     assert req.specifier.contains(version("pika")), (version("pika"), str(req.specifier))
     assert any(s.operator == "<" for s in req.specifier), f"pika needs an upper bound: {req}"
+
+
+CLIENTS = ("pika", "proton", "rstream")
+# private attributes of pika's objects that rbak's old fast path used: found on any object (a channel or
+# connection is not a module name, so the chain check below cannot see them)
+KNOWN_PRIVATE = {"_impl", "_frame_buffer", "_read_frame", "_process_frame", "_transport", "_flush_output",
+                 "_output_marshaled_frames", "_has_pending_callbacks", "_queue_consumer_generator",
+                 "_consumer_infos", "_heartbeat_checker", "_check_interval", "_body_max_length", "_on_data_available"}
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Names starting with ``_`` that ``path`` takes from pika, proton or rstream (imported, or read as an
+    attribute of one of their modules), and assignments to their modules' or objects' attributes."""
+    tree = ast.parse(path.read_text(), str(path))
+    mods: set[str] = set()  # local names bound to a client module
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in CLIENTS:
+                    mods.add((a.asname or a.name).split(".")[0])
+                    if any(p.startswith("_") for p in a.name.split(".")):
+                        found.append(f"{path.name}:{node.lineno} import {a.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in CLIENTS:
+            for a in node.names:
+                if a.name.startswith("_") or any(p.startswith("_") for p in (node.module or "").split(".")):
+                    found.append(f"{path.name}:{node.lineno} from {node.module} import {a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in KNOWN_PRIVATE and mods:
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        if isinstance(node, ast.Attribute):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in mods and any(c.startswith("_") and not c.startswith("__")
+                                                                      for c in chain):
+                found.append(f"{path.name}:{node.lineno} {base.id}.{'.'.join(reversed(chain))}")
+            if isinstance(node.ctx, ast.Store) and isinstance(base, ast.Name) and base.id in mods:
+                found.append(f"{path.name}:{node.lineno} assigns {base.id}.{'.'.join(reversed(chain))}")
+    return found
+
+
+@pytest.mark.parametrize("tree", ["rbak", "operator", "spark", "tests", "benchmarks"])
+def test_no_private_names_of_the_clients(tree):
+    """Issue 32: pika, Qpid Proton and rstream are used through their public names only, and nothing
+    assigns to their modules' attributes (no process-wide patch of another library)."""
+    found = [x for p in sorted((ROOT / tree).rglob("*.py")) if ".ci" not in p.parts for x in _private_uses(p)]
+    assert found == []
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("import pika\nimport pika.spec as s\nfrom pika.adapters.blocking_connection import _IoloopTimerContext\n"
+                 "x = pika.connection.Connection._has_pending_callbacks\npika.spec.BasicProperties.decode = None\n")
+    got = _private_uses(p)
+    assert "_IoloopTimerContext" in got[0] and "pika.connection.Connection._has_pending_callbacks" in " ".join(got)
+    assert "assigns pika.spec.BasicProperties.decode" in got[-1], got

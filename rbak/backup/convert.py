@@ -2,8 +2,7 @@
 
 pika's own table decoder truncates floats (``f``/``d``) to ints, fails on NaN
 and folds the integer widths together, so the backup's reads take each content
-header's raw bytes (``broker.fast_consume.KeptProperties``, on the fast path and on
-pika's own) and headers are decoded by ``rbak.format.amqp091.decode_basic_properties``,
+header's raw bytes (``broker.deliveries.KeptProperties``) and headers are decoded by ``rbak.format.amqp091.decode_basic_properties``,
 the exact inverse of the restore side's encoder. Messages without headers take the
 fast path (pika's already-decoded fields).
 """
@@ -13,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..broker.fast_consume import KeptProperties
+from ..broker.deliveries import KeptProperties
 from ..format.record import BackupProperties, BackupRecord
 from ..format.amqp091 import decode_basic_properties
 

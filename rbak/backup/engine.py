@@ -28,8 +28,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable
 
-import pika.exceptions
-
 from .. import __version__
 from ..config import Config
 from ..crypto import codec_for
@@ -41,7 +39,8 @@ from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, Que
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
-from ..amqp import connect
+from ..broker.connect import connect
+from ..broker.wire import ConnectionLost
 from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
@@ -503,11 +502,11 @@ class BackupEngine(StreamBackup):
                 if q.queue_type == "stream":
                     return self._stream(q, ckpt, conn, cluster, prog), prog is not None
                 return backup_queue(self, q, ckpt, conn, cluster, version, prog), False
-            except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError) as e:
+            except ConnectionLost as e:
                 # an idle pooled connection the broker dropped (heartbeat): one fresh try
                 conns.drop(q.vhost)
                 if attempt == 2:
-                    raise AmqpError(f"queue {q.name!r} in vhost {q.vhost!r}: connection lost: {e!r}") from None
+                    raise AmqpError(f"queue {q.name!r} in vhost {q.vhost!r}: connection lost: {e}") from None
                 prog = ckpt.load(q.vhost, q.name)
             except AmqpError:
                 conns.drop(q.vhost)

@@ -22,9 +22,7 @@ import threading
 import time
 from typing import Callable
 
-import pika
-import pika.exceptions
-
+from ..broker.wire import ChannelClosedByBroker, Connection
 from ..config import Config
 from ..errors import BackupLeaseError, ConfigError, ManagementApiError
 from ..management import ManagementClient, q
@@ -45,14 +43,14 @@ def holder_name(backup_id: str) -> str:
 class Lease:
     """The leases of one run, one connection per vhost; ``release`` (or the process ending) frees them.
 
-    pika's blocking connection answers the broker's heartbeats only while something drives its I/O,
+    A connection answers the broker's heartbeats only while something drives its I/O (``wire``),
     so a keeper thread does that for all lease connections (no other thread uses them). A lease the
     broker drops (its connection closed, a restart) is taken again at once when no one else holds
     it; while this run holds none (a *gap*), another backup can start and hold messages unacked that
     a read starting then cannot see, so such reads are recorded partial (``at_risk``)."""
 
-    def __init__(self, retake: Callable[[str], pika.BlockingConnection | str] | None = None) -> None:
-        self.connections: dict[str, pika.BlockingConnection] = {}
+    def __init__(self, retake: Callable[[str], Connection | str] | None = None) -> None:
+        self.connections: dict[str, Connection] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: list[str] = []
@@ -87,7 +85,7 @@ class Lease:
                     self._take_again(vhost)
                     continue
                 try:
-                    conn.process_data_events(0)
+                    conn.sleep(0)
                 except Exception as e:  # noqa: BLE001 - a lost lease is taken again, or what it risks recorded
                     self.connections.pop(vhost, None)
                     if vhost not in self.lost:
@@ -129,7 +127,7 @@ class Lease:
 
 
 def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
-            connect: Callable[[str, str], pika.BlockingConnection],
+            connect: Callable[[str, str], Connection],
             sleep: Callable[[float], None] = time.sleep) -> Lease:
     """Take the lease on every vhost, waiting up to ``backup.lease_wait_secs`` for a holder to finish.
 
@@ -137,7 +135,7 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
     credentials and vhost access before anything is written)."""
     name = holder_name(cfg.backup_id)
 
-    def retake(vhost: str) -> pika.BlockingConnection | str:
+    def retake(vhost: str) -> Connection | str:
         conn = connect(vhost, name)
         held, holder = _declare(conn, vhost, client, cfg)
         if not held:
@@ -177,28 +175,28 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
     return lease
 
 
-def _declare(conn: pika.BlockingConnection, vhost: str, client: ManagementClient,
+def _declare(conn: Connection, vhost: str, client: ManagementClient,
              cfg: Config) -> tuple[bool, str | None]:
     """Declare the lease queue: (False, None) when this connection now owns it, else (True, who
     holds it, or None when it went meanwhile)."""
     ch = conn.channel()
     try:
-        ch.queue_declare(LEASE_QUEUE, exclusive=True, durable=False, auto_delete=False,
-                         arguments={"x-queue-type": "classic"})
+        ch.declare(LEASE_QUEUE, exclusive=True, durable=False, auto_delete=False,
+                   arguments={"x-queue-type": "classic"})
         ch.close()
         return False, None
-    except pika.exceptions.ChannelClosedByBroker as e:
-        if e.reply_code == 405:
+    except ChannelClosedByBroker as e:
+        if e.code == 405:
             return True, _holder(client, vhost)
-        if e.reply_code == 403:
+        if e.code == 403:
             raise ConfigError(
                 f"backup.lease: user {cfg.source.username!r} may not declare the lease queue {LEASE_QUEUE!r} in "
-                f"vhost {vhost!r} ({e.reply_code} {e.reply_text}): grant it configure permission on "
+                f"vhost {vhost!r} ({e.code} {e.text}): grant it configure permission on "
                 f"'^rbak\\.lease$' (e.g. rabbitmqctl set_permissions -p VHOST USER '^rbak\\.lease$' '' '.*'), "
                 "or set backup.lease: false to run without a lease (backups of one source may then overlap "
                 "and read short)") from None
         raise ConfigError(f"backup.lease: vhost {vhost!r}: declaring the lease queue {LEASE_QUEUE!r} failed: "
-                          f"{e.reply_code} {e.reply_text}") from None
+                          f"{e.code} {e.text}") from None
 
 
 def _holder(client: ManagementClient, vhost: str, wait_secs: float = HOLDER_WAIT_SECS,

@@ -19,9 +19,8 @@ import time
 import uuid
 from typing import Any, Callable
 
-import pika
-import pika.exceptions
-
+from ..broker.deliveries import receive
+from ..broker.wire import PERSISTENT, ChannelClosedByBroker, Connection
 from ..errors import QueueRefused, QueueSkipped, RbakError
 from .convert import delivery_count
 from .limits import QueueSettings, resolve_settings, version_tuple
@@ -164,7 +163,7 @@ class NackSupport:
         self._lock = threading.Lock()
         self._result: bool | None = None if version_tuple(version) >= (4, 3) else False
 
-    def supported(self, conn: pika.BlockingConnection, vhost: str) -> bool:
+    def supported(self, conn: Connection, vhost: str) -> bool:
         with self._lock:
             if self._result is None:
                 found = probe_nack(conn, vhost)
@@ -179,40 +178,40 @@ class NackSupport:
             return self._result
 
 
-def probe_nack(conn: pika.BlockingConnection, vhost: str) -> bool | None:
+def probe_nack(conn: Connection, vhost: str) -> bool | None:
     """On a scratch quorum queue (never a user's): publish one message, take it, cancel, nack it,
     take it again. True: its ``x-delivery-count`` stayed 0; False: it went up; None: cannot tell."""
     name = f"{PROBE_QUEUE_PREFIX}{uuid.uuid4().hex}"
     ch = None
     try:
         ch = conn.channel()
-        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", "x-expires": 120_000})
-        ch.confirm_delivery()
-        ch.basic_publish("", name, b"rbak probe", pika.BasicProperties(delivery_mode=2))
+        ch.declare(name, durable=True, arguments={"x-queue-type": "quorum", "x-expires": 120_000})
+        ch.select_confirms()
+        ch.publish("", name, PERSISTENT, b"rbak probe")
+        if not conn.pump(lambda: bool(ch.acks) or not ch.is_open, timeout=10) or not all(a for a, _, _ in ch.acks):
+            return None
         counts = []
+        ch.qos(1)
         for _ in range(2):
-            ch.basic_qos(prefetch_count=1)
-            got = None
-            for method, props, _body in ch.consume(name, auto_ack=False, inactivity_timeout=10):
-                got = (method, props)
-                break
-            if got is None or got[0] is None:
+            tag = ch.consume(name)
+            got = next(receive(conn, ch, tag, 10))
+            if got[0] is None:
                 return None
             counts.append(delivery_count(got[1]))
-            ch.cancel()
-            ch.basic_nack(delivery_tag=got[0].delivery_tag, multiple=False, requeue=True)
+            ch.cancel(tag)
+            ch.nack(got[0].delivery_tag, multiple=False, requeue=True)
         return counts[1] == counts[0]
-    except (pika.exceptions.AMQPError, RbakError) as e:
+    except RbakError as e:
         log.debug("nack probe in vhost %r: %r", vhost, e)
         return None
     finally:
         try:
             if ch is not None and ch.is_open:
-                ch.queue_delete(name)
+                ch.delete(name)
                 ch.close()
             elif conn.is_open:
                 c2 = conn.channel()
-                c2.queue_delete(name)
+                c2.delete(name)
                 c2.close()
         except Exception as e:  # noqa: BLE001 - x-expires removes it anyway
             log.debug("deleting probe queue %s: %r", name, e)
@@ -224,7 +223,7 @@ the user's read permission (403): so ``basic.consume`` with it tells whether the
 queue without ever registering a consumer (measured on 3.10.8, 4.0.5 and 4.3.6)."""
 
 
-def probe_read_permissions(conn: pika.BlockingConnection, vhost: str, queues: list[QueueInfo]) -> list[str]:
+def probe_read_permissions(conn: Connection, vhost: str, queues: list[QueueInfo]) -> list[str]:
     """The queues of ``vhost`` the connection's user may not read, asked over AMQP (a user who
     may not read ``/api/permissions`` still learns it before anything is written)."""
     denied: list[str] = []
@@ -233,21 +232,18 @@ def probe_read_permissions(conn: pika.BlockingConnection, vhost: str, queues: li
             continue
         ch = conn.channel()
         try:
-            ch.basic_qos(prefetch_count=1)  # should a broker ever accept the argument: one message at most
-            tag = ch.basic_consume(x.name, _refuse_delivery, arguments=READ_PROBE_ARGUMENTS)
+            ch.qos(1)  # should a broker ever accept the argument: one message at most
+            tag = ch.consume(x.name, READ_PROBE_ARGUMENTS)
+            ch.declare_passive(x.name)  # a round trip: a refused consume has closed the channel by its reply
             log.warning("queue %r in vhost %r: the read-permission probe was accepted; permissions are checked "
                         "when each queue is read", x.name, vhost)
-            ch.basic_cancel(tag)
+            ch.cancel(tag)
             ch.close()
             return denied
-        except pika.exceptions.ChannelClosedByBroker as e:
-            if e.reply_code == 403:
+        except ChannelClosedByBroker as e:
+            if e.code == 403:
                 denied.append(f"{vhost}/{x.name}")
     return denied
-
-
-def _refuse_delivery(*_args: Any) -> None:
-    """The probe consumer's callback: anything delivered goes back when its channel closes."""
 
 
 def check_read_permissions(client: ManagementClient, user: str, queues: list[QueueInfo],

@@ -16,10 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import pika
-import pika.exceptions
-
-from ..amqp import connect
+from ..broker.connect import connect
 from ..errors import (AmqpConnectionError, QueueLocked, QueueNotFound, QueueRefused, QueueSkipped, ReadCut,
                       ShortRead)
 from ..format.manifest import QueueBackup
@@ -28,6 +25,7 @@ from .checkpoint import Checkpoint, Guard, QueueProgress
 from . import cut_repair
 from .convert import delivery_count, to_record
 from ..broker.declare import passive_declare
+from ..broker.wire import Connection
 from .guard_store import merge
 from .limits import budget_ceiling, may_take, refuse_delayed_retry
 from .management import QueueInfo
@@ -42,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def passive_info(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple[int, int]:
+def passive_info(conn: Connection, vhost: str, queue: str) -> tuple[int, int]:
     """(ready messages, consumers) right now, exactly; a queue deleted meanwhile, or an exclusive queue
     of another connection, is skipped."""
     try:

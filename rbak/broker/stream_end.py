@@ -232,11 +232,11 @@ def stream_end(host: str, port: int, vhost: str, stream: str, user: str, passwor
 def probe_end(cfg: "ConnectionConfig", conn, vhost: str, stream: str, settled: bool = False) -> int | None:
     """The stream's last offset (-1: empty) for broker ``cfg`` whose AMQP connection is ``conn``;
     None when the stream protocol cannot say (the caller reads until a quiet period)."""
-    from ..amqp import ssl_context
+    from .connect import ssl_context
 
     try:
         ctx = (ssl_context(cfg), cfg.tls.server_name or cfg.host) if cfg.use_tls else None
-        cluster = (conn._impl.server_properties or {}).get("cluster_name")
+        cluster = (conn.server_properties or {}).get("cluster_name")
         if isinstance(cluster, bytes):
             cluster = cluster.decode(errors="replace")
         end = stream_end(cfg.host, cfg.stream_port, vhost, stream, cfg.username, cfg.password,

@@ -16,12 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import pika
-import pika.exceptions
-
 from ..errors import AmqpConnectionError, AmqpError
-from . import pika_fast
-from .fast_consume import FastConsume, deliveries
+from .deliveries import receive
+from .wire import Channel, ChannelClosedByBroker, Connection, ConnectionLost
 
 
 @dataclass(slots=True)
@@ -39,7 +36,7 @@ def stream_offset(props) -> int | None:
 
 
 def read_stream(
-    conn: pika.BlockingConnection,
+    conn: Connection,
     vhost: str,
     queue: str,
     start_offset: int | str,
@@ -58,21 +55,17 @@ def read_stream(
     where = f"stream {queue!r} in vhost {vhost!r}"
     if end_offset is not None and (end_offset < 0 or isinstance(start_offset, int) and start_offset > end_offset):
         return res  # nothing at or after the start was committed when the backup began (or ever)
-    pika_fast.install(conn)
     ch = conn.channel()
-    fc = FastConsume.install(conn)  # None: pika's consumer generator
-    kept = FastConsume.headers(conn) if fc is None else None  # it still takes each header's bytes
-    early = False
     try:
-        ch.basic_qos(prefetch_count=prefetch)
+        ch.qos(prefetch)
         first = start_offset if isinstance(start_offset, str) else int(start_offset)
         min_offset = start_offset if isinstance(start_offset, int) else -1
         max_offset = end_offset if end_offset is not None else float("inf")
         ack_every = max(1, prefetch // 2)
         unacked = 0
         last_tag = 0
-        for method, props, body in deliveries(fc, ch, queue, idle_secs if end_offset is None else stall_secs,
-                                              {"x-stream-offset": first}):
+        tag = ch.consume(queue, {"x-stream-offset": first})
+        for method, props, body in receive(conn, ch, tag, idle_secs if end_offset is None else stall_secs):
             if method is None:
                 if end_offset is not None:
                     at = res.last_offset if res.last_offset is not None else start_offset
@@ -83,7 +76,6 @@ def read_stream(
             last_tag = method.delivery_tag
             unacked += 1
             if off is not None and off > max_offset:  # published after the backup started
-                early = True
                 break
             if off is None or off >= min_offset:  # a chunk may start before the requested offset
                 sink(method, props, body, off if off is not None else -1)
@@ -91,44 +83,29 @@ def read_stream(
                 if off is not None:
                     res.last_offset = off
                     if off >= max_offset:
-                        early = True
                         break
             if unacked >= ack_every:
-                ch.basic_ack(last_tag, multiple=True)
+                ch.ack(last_tag, multiple=True)
                 unacked = 0
             if deadline is not None and time.monotonic() > deadline:
-                early = True
                 break
         if unacked and ch.is_open:
-            ch.basic_ack(last_tag, multiple=True)
+            ch.ack(last_tag, multiple=True)
         return res
-    except pika.exceptions.ChannelClosedByBroker as e:
+    except ChannelClosedByBroker as e:
         raise AmqpError(f"{where}: the broker closed the channel after {res.records} messages: "
-                        f"{e.reply_code} {e.reply_text}") from None
-    except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError, pika.exceptions.AMQPConnectionError) as e:
-        raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} messages ({e!r})") from None
-    except BaseException:
-        early = True  # a failed sink or a stall: deliveries may be in flight too
-        raise
+                        f"{e.code} {e.text}") from None
+    except ConnectionLost as e:
+        raise AmqpConnectionError(f"{where}: the connection was lost after {res.records} messages ({e})") from None
     finally:
-        try:
-            _close(ch, release=early)
-        finally:
-            for installed in (fc, kept):
-                if installed is not None:
-                    installed.uninstall()
+        _close(ch)
 
 
-def _close(ch, release: bool) -> None:
-    """Close the reading channel. ``release``: the read stopped with deliveries possibly still in
-    flight; pika's consumer cancel would ``basic.reject`` them, which a stream refuses (3.10 closes
-    the connection), so the consumer is left to the channel close, which just releases them."""
+def _close(ch: Channel) -> None:
+    """Close the reading channel: deliveries still in flight are released with it. (Never a reject
+    or nack: a stream refuses them, and 3.10 closes the connection.)"""
     try:
-        if ch.is_open:
-            if release:
-                ch._queue_consumer_generator = None  # pika's own bookkeeping: skip its rejecting cancel
-                ch._consumer_infos.clear()
-            ch.close()
+        ch.close()
     except Exception:  # noqa: BLE001
         pass
 
@@ -150,36 +127,28 @@ def chunk_timestamp(props) -> int | None:
     return None
 
 
-def probe_offset(conn: pika.BlockingConnection, vhost: str, queue: str, offset: int,
+def probe_offset(conn: Connection, vhost: str, queue: str, offset: int,
                  idle_secs: float = 1.0) -> ProbedRecord | None:
     """The record at ``offset`` or, when retention removed it, the first one after; None when the
     stream holds nothing at or after ``offset`` (its log ends before: a stream declared again)."""
     import hashlib
 
     ch = conn.channel()
-    kept = FastConsume.headers(conn)  # a header pika cannot decode (NaN) must not abort the connection
     try:
-        # One message of credit: closing never finds deliveries pika would nack (3.10 closes the
-        # connection on a nack to a stream); the one held unacked is simply released with the channel.
-        ch.basic_qos(prefetch_count=1)
-        for method, props, body in ch.consume(queue, auto_ack=False, arguments={"x-stream-offset": int(offset)},
-                                              inactivity_timeout=idle_secs):
+        # One message of credit; the one held unacked is simply released with the channel.
+        ch.qos(1)
+        tag = ch.consume(queue, {"x-stream-offset": int(offset)})
+        for method, props, body in receive(conn, ch, tag, idle_secs):
             if method is None:
                 return None
             off = stream_offset(props)
             if off is None or off < offset:  # a chunk may start before the requested offset
-                ch.basic_ack(method.delivery_tag)
+                ch.ack(method.delivery_tag)
                 continue
             return ProbedRecord(off, hashlib.sha256(body).hexdigest(), chunk_timestamp(props))
         return None
-    except pika.exceptions.ChannelClosedByBroker as e:
+    except ChannelClosedByBroker as e:
         raise AmqpError(f"stream {queue!r} in vhost {vhost!r}: the broker closed the channel while checking "
-                        f"offset {offset}: {e.reply_code} {e.reply_text}") from None
+                        f"offset {offset}: {e.code} {e.text}") from None
     finally:
-        try:
-            if ch.is_open:
-                ch.close()
-        except Exception:  # noqa: BLE001
-            pass
-        if kept is not None:
-            kept.uninstall()
+        _close(ch)

@@ -41,6 +41,8 @@ _CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size
 _DELIVER = (60, 60)
 _CONTENT_METHODS = {pika.spec.Basic.GetOk.INDEX, pika.spec.Basic.Return.INDEX, pika.spec.Basic.Deliver.INDEX}
 _HEARTBEAT = pika.frame.Heartbeat().marshal()
+#: The content header bytes (from the property flags on) of a message with only delivery_mode 2.
+PERSISTENT = b"".join(pika.spec.BasicProperties(delivery_mode=2).encode())
 _TAGS = itertools.count(1)
 
 
@@ -66,7 +68,7 @@ class ConnectionLost(AmqpConnectionError):
 
 @dataclass
 class Params:
-    """How to reach and log in to a broker (``rbak.amqp`` builds these from a ``ConnectionConfig``)."""
+    """How to reach and log in to a broker (``broker.connect`` builds these from a ``ConnectionConfig``)."""
 
     host: str
     port: int
@@ -119,12 +121,12 @@ class Channel:
     # -- sending --------------------------------------------------------------------------
     def send(self, *methods: Any) -> None:
         """Write methods that await no reply (nowait methods, acks, nacks)."""
-        self._check_open()
+        self.check_open()
         self.conn.send(b"".join(pika.frame.Method(self.number, m).marshal() for m in methods))
 
     def rpc(self, method: Any, *replies: Any) -> Any:
         """Send ``method`` and wait for one of the ``replies`` (pika.spec classes) on this channel."""
-        self._check_open()
+        self.check_open()
         self._awaiting = tuple(r.INDEX for r in replies)
         self._reply = None
         try:
@@ -133,11 +135,11 @@ class Channel:
         finally:
             self._awaiting = ()
         if self._reply is None:
-            self._check_open()
+            self.check_open()
         reply, self._reply = self._reply, None
         return reply
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         self.conn.check()
         if self.closed_by is not None:
             raise self.closed_by
@@ -152,6 +154,17 @@ class Channel:
         """(ready messages, consumers) of ``queue``; ``ChannelClosedByBroker`` 404/405/403 if refused."""
         ok = self.rpc(pika.spec.Queue.Declare(queue=queue, passive=True), pika.spec.Queue.DeclareOk)
         return ok.message_count, ok.consumer_count
+
+    def declare(self, queue: str, durable: bool = True, arguments: dict | None = None, exclusive: bool = False,
+                auto_delete: bool = False) -> tuple[int, int]:
+        """Declare ``queue`` (not passive): (ready messages, consumers)."""
+        ok = self.rpc(pika.spec.Queue.Declare(queue=queue, durable=durable, exclusive=exclusive,
+                                              auto_delete=auto_delete, arguments=arguments), pika.spec.Queue.DeclareOk)
+        return ok.message_count, ok.consumer_count
+
+    def delete(self, queue: str) -> int:
+        """Delete ``queue``: the messages it held."""
+        return self.rpc(pika.spec.Queue.Delete(queue=queue), pika.spec.Queue.DeleteOk).message_count
 
     def consume(self, queue: str, arguments: dict | None = None, tag: str | None = None) -> str:
         """Start a consumer without waiting for its Consume-Ok (deliveries cannot precede it).
@@ -169,11 +182,11 @@ class Channel:
 
     def get(self, queue: str) -> Content | None:
         """One message by basic.get (unacked), or None when the queue is empty."""
-        self._check_open()
+        self.check_open()
         self.gets.clear()
         self.conn.send(pika.frame.Method(self.number, pika.spec.Basic.Get(queue=queue)).marshal())
         self.conn.pump(lambda: bool(self.gets) or not self.is_open)
-        self._check_open()
+        self.check_open()
         return self.gets.pop(0)
 
     def nack(self, delivery_tag: int = 0, multiple: bool = True, requeue: bool = True) -> None:
@@ -190,7 +203,7 @@ class Channel:
                 mandatory: bool = False, flush: bool = True) -> int:
         """Queue a message for sending (``flush``: write now); its confirm tag (0 without confirms).
         ``raw_properties``: the content header from the property flags on (``encode_basic_properties``)."""
-        self._check_open()
+        self.check_open()
         data = publish_frames(self.number, exchange, routing_key, raw_properties, body, mandatory,
                               self.conn.frame_max)
         self.conn.send(data, flush=flush)
@@ -298,7 +311,9 @@ class Connection:
         except ssl.SSLCertVerificationError as e:
             raise AmqpConnectionError(f"{where}: cannot connect (TLS certificate verification failed: "
                                       f"{e.verify_message})") from None
-        except (OSError, ssl.SSLError) as e:
+        except ssl.SSLError as e:
+            raise AmqpConnectionError(f"{where}: cannot connect (TLS error: {e.reason or e})") from None
+        except OSError as e:
             raise AmqpConnectionError(f"{where}: cannot connect ({e})") from None
         conn = cls(sock, params)
         try:
@@ -373,6 +388,11 @@ class Connection:
             raise
         return ch
 
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (0: no wait) while taking what arrives (heartbeats, closes, confirms);
+        raises ``ConnectionLost`` when the connection is gone."""
+        self.pump(lambda: False, timeout=seconds)
+
     # -- I/O -----------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise the connection's error if it is gone."""
@@ -415,12 +435,15 @@ class Connection:
                     self.check()
             wait = self.heartbeat / 2 if self.heartbeat else 1.0
             if deadline is not None:
-                if now >= deadline:
-                    return False
-                wait = min(wait, deadline - now)
+                wait = min(wait, max(deadline - now, 0.0))
             pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
-            if pending or self._poll.poll(max(wait, 0) * 1000):
+            if pending or self._poll.poll(wait * 1000):
                 self._read()
+            if deadline is not None and time.monotonic() >= deadline:
+                if ready():
+                    return True
+                self.check()
+                return False
         return True
 
     def _read(self) -> None:
@@ -489,8 +512,12 @@ class Connection:
         if ftype != 1:
             self._lost(f"{self.params.where}: frame type {ftype} (malformed AMQP 0-9-1)")
             return
-        _used, frame = pika.frame.decode_frame(bytes(buf[start - 7:start + size + 1]))
-        method = frame.method
+        try:
+            _used, frame = pika.frame.decode_frame(bytes(buf[start - 7:start + size + 1]))
+            method = frame.method
+        except Exception as e:  # noqa: BLE001 - pika's decoder on malformed bytes: the connection cannot go on
+            self._lost(f"{self.params.where}: a method frame that cannot be decoded ({type(e).__name__}: {e})")
+            return
         index = method.INDEX
         if num == 0:
             self._on_method0(index, method)

@@ -1,11 +1,10 @@
 """Complete ``Basic.Deliver`` messages of one channel, parsed straight off AMQP 0-9-1 bytes.
 
-The backup's reading connection hands its received bytes here before pika sees
-them (``rbak.broker.fast_consume``): per message a backup needs only the delivery
-tag, the redelivered bit, exchange, routing key, the raw property bytes and the
-body, and pika's generic decoding of the same frames was most of the reading
-thread's time (issue 20). Whatever is not the start of a complete delivery on the
-channel is left where it is, for pika, in order.
+rbak's connection (``rbak.broker.wire``) hands its received bytes here first: per
+message a backup needs only the delivery tag, the redelivered bit, exchange, routing
+key, the raw property bytes and the body, and generic decoding of the same frames was
+most of the reading thread's time (issue 20). Whatever is not the start of a complete
+delivery on the channel is left where it is, for the connection's frame decoder, in order.
 
 ``scan_deliveries`` is the C helper's (``_amqp091.c``) when it is built and
 enabled, else ``scan_deliveries_py``: the same results (the tests compare them).

@@ -204,7 +204,7 @@ def refuse_lossy_targets(storage: Storage, plans: list[QueuePlan], options: Rest
     checkpoint (None: leave it to its own run). Each queue's run checks its target again."""
     if options.allow_lossy_target or not plans:
         return
-    from ..amqp import connect
+    from ..broker.connect import connect
     from ..management import ManagementClient
 
     problems: list[str] = []

@@ -1,104 +1,85 @@
-"""Publishing with publisher confirms and ``mandatory``, pipelined.
+"""Publishing with publisher confirms and ``mandatory``, pipelined, on rbak's own connection.
 
-pika's ``BlockingChannel.confirm_delivery`` waits for every confirm before
-the next publish, which caps a restore at one round trip per message. Here
-the channel's underlying (asynchronous) pika channel is put in confirm mode
-with our own ack/nack callback, up to ``window`` messages stay in flight, and
-the blocking connection's ``process_data_events`` drives the socket. A record
-counts as restored only when the broker has confirmed it and every record
-published before it (``confirmed_token`` is the token of the last record of
-that contiguous prefix).
+A record counts as restored only when the broker has confirmed it and every record
+published before it (``confirmed_token`` is the token of the last record of that
+contiguous prefix). Up to ``window`` messages stay in flight; their frames are written
+in batches (``wire.Channel.publish`` without a flush) and confirms are taken as they
+arrive.
 
 Unroutable messages come back as ``basic.return`` before their confirm; the
 returned message is matched to its in-flight entry (earliest one with the same
 exchange, routing key and body), counted as failed, and the publisher raises
 ``PublishError`` naming the queue. A nack, a channel or connection closed by
-the broker do the same.
+the broker do the same. A connection the broker blocks (a memory or disk alarm)
+is waited for, up to ``BLOCKED_TIMEOUT`` seconds, then the restore fails saying so.
 
 Properties are encoded by ``rbak.format.amqp091.encode_basic_properties`` (pika cannot
-express every header variant) and handed to pika as finished bytes.
+express every header variant) and sent as finished bytes.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
+import time
 from collections import OrderedDict
-from typing import Any, Hashable
+from typing import Hashable
 
-import pika
-import pika.exceptions
-import pika.spec
-
-from ..errors import PublishError, RbakError
+from ..broker.wire import ChannelClosedByBroker, Connection, ConnectionLost, Content
+from ..errors import AmqpError, PublishError
 
 log = logging.getLogger(__name__)
 
-_FRAME = struct.Struct(">BHI")  # frame type, channel, payload size
-_CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size
 _FLUSH_BYTES = 256 * 1024
-
-
-class RawBasicProperties(pika.spec.BasicProperties):
-    """Basic properties whose wire encoding was computed already."""
-
-    __slots__ = ("_raw",)
-
-    def __init__(self, raw: bytes):  # noqa: D107 - pika never reads the attributes when encoding
-        self._raw = raw
-
-    def encode(self) -> list[bytes]:
-        return [self._raw]
+BLOCKED_TIMEOUT = 300.0  # seconds a blocked connection (broker alarm) is waited for before the restore fails
 
 
 class ConfirmingPublisher:
     """One channel in confirm mode with at most ``window`` unconfirmed messages."""
 
-    def __init__(self, connection: pika.BlockingConnection, label: str, window: int = 500, confirms: bool = True):
+    def __init__(self, connection: Connection, label: str, window: int = 500, confirms: bool = True):
         self.label = label  # "queue 'q' in vhost 'v'" for error messages
         self.window = max(1, window)
         self.confirms = confirms
         self._conn = connection
-        self._bch = connection.channel()
-        self._ch = self._bch._impl  # the asynchronous channel underneath (see module docstring)
+        self._ch = connection.channel()
         self._inflight: OrderedDict[int, list] = OrderedDict()  # tag -> [token, exchange, rk, body, state]
         self._returned: set[int] = set()
         self._next_tag = 1
         self._last_done_token: Hashable = None
         self._advanced = False
+        self._out_bytes = 0
         self.published = 0
         self.confirmed = 0
         self.failed = 0
         self.failure: str | None = None
-        # Fast path: marshal publish frames here and hand pika one buffer per batch
-        # (pika writes each frame with its own send(), three syscalls a message).
-        impl = connection._impl
-        self._impl_conn = impl
-        self._body_max = getattr(impl, "_body_max_length", None)
-        self._fast = bool(self._body_max) and hasattr(impl, "_output_marshaled_frames")
-        self._chno = self._ch.channel_number
-        self._out: list[bytes] = []
-        self._out_bytes = 0
-        self._ch.add_on_return_callback(self._on_return)
-        self._ch.add_on_close_callback(self._on_close)
         if confirms:
-            self._ch.confirm_delivery(ack_nack_callback=self._on_ack_nack)
-            self._pump(0)
+            self._ch.select_confirms()
 
-    # -- callbacks --------------------------------------------------------
-    def _on_ack_nack(self, frame: Any) -> None:
-        m = frame.method
-        tag = m.delivery_tag
-        nack = isinstance(m, pika.spec.Basic.Nack)
-        if m.multiple:
+    # -- what the broker sent ---------------------------------------------------
+    def _take(self) -> None:
+        """Returns first (a message's return always precedes its confirm), then confirms, then a close."""
+        ch = self._ch
+        if ch.returns:
+            returns, ch.returns = ch.returns, []
+            for c in returns:
+                self._on_return(c)
+        if ch.acks:
+            acks, ch.acks = ch.acks, []
+            for ack, tag, multiple in acks:
+                self._on_ack_nack(ack, tag, multiple)
+        if ch.closed_by is not None and self.failure is None:
+            self.failure = f"the broker closed the channel publishing {self.label}: {ch.closed_by.code} {ch.closed_by.text}"
+
+    def _on_ack_nack(self, ack: bool, tag: int, multiple: bool) -> None:
+        if multiple:
             for t, entry in self._inflight.items():
                 if t > tag:
                     break
-                self._mark(t, entry, nack)
+                self._mark(t, entry, not ack)
         else:
             entry = self._inflight.get(tag)
             if entry is not None:
-                self._mark(tag, entry, nack)
+                self._mark(tag, entry, not ack)
         # pop the settled prefix; a failed entry stops it (nothing after it counts)
         while self._inflight:
             t, entry = next(iter(self._inflight.items()))
@@ -123,7 +104,8 @@ class ConfirmingPublisher:
         else:
             entry[4] = 1
 
-    def _on_return(self, _ch: Any, method: Any, _props: Any, body: bytes) -> None:
+    def _on_return(self, c: Content) -> None:
+        method, body = c.method, c.body
         for tag, (_, exchange, rk, b, state) in self._inflight.items():
             if state == 0 and tag not in self._returned and exchange == method.exchange and rk == method.routing_key and b == body:
                 self._returned.add(tag)
@@ -134,58 +116,36 @@ class ConfirmingPublisher:
                 f"with routing key {method.routing_key!r}: {method.reply_code} {method.reply_text}"
             )
 
-    def _on_close(self, _ch: Any, reason: Exception) -> None:
-        if self.failure is None:
-            self.failure = f"the broker closed the channel publishing {self.label}: {reason}"
-
     # -- driving ----------------------------------------------------------
-    def _flush(self) -> None:
-        if self._out:
-            data = b"".join(self._out)
-            self._out.clear()
-            self._out_bytes = 0
-            self._impl_conn._output_marshaled_frames([data])
-
-    def _emit(self, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
-        """Basic.Publish (mandatory) + content header + body frames, appended to the batch buffer."""
-        ex = exchange.encode("utf-8")
-        rk = routing_key.encode("utf-8")
-        if len(ex) > 255 or len(rk) > 255:
-            raise PublishError(f"{self.label}: exchange or routing key longer than 255 bytes ({exchange[:40]!r}, {routing_key[:40]!r})")
-        method = b"\x00\x3c\x00\x28\x00\x00" + bytes((len(ex),)) + ex + bytes((len(rk),)) + rk + b"\x01"
-        n = len(body)
-        header = _CONTENT_HEADER.pack(60, 0, n) + properties
-        out = self._out
-        ch = self._chno
-        out.append(_FRAME.pack(1, ch, len(method)))
-        out.append(method)
-        out.append(b"\xce")
-        out.append(_FRAME.pack(2, ch, len(header)))
-        out.append(header)
-        out.append(b"\xce")
-        step = self._body_max
-        mv = memoryview(body)
-        for start in range(0, n, step):
-            chunk = mv[start : start + step]
-            out.append(_FRAME.pack(3, ch, len(chunk)))
-            out.append(chunk)
-            out.append(b"\xce")
-        self._out_bytes += n + len(header) + 64
-        if self._out_bytes >= _FLUSH_BYTES:
-            self._flush()
-
-    def _pump(self, time_limit: float | None) -> None:
-        self._flush()
+    def _pump(self, time_limit: float) -> None:
+        """Send what is batched, take what arrived (waiting up to ``time_limit`` s for something)."""
+        ch = self._ch
+        self._out_bytes = 0
         try:
-            self._conn.process_data_events(time_limit=time_limit)
-        except pika.exceptions.AMQPError as e:
+            self._conn.pump(lambda: bool(ch.acks or ch.returns) or not ch.is_open, timeout=time_limit)
+        except ConnectionLost as e:
             if self.failure is None:
-                self.failure = f"connection lost while publishing {self.label}: {type(e).__name__} {e}"
+                self.failure = f"connection lost while publishing {self.label}: {e}"
             raise PublishError(self.failure) from None
-        except RbakError:
-            raise
-        except Exception as e:  # noqa: BLE001 - pika's frame decoder on a hostile returned message
-            raise PublishError(f"AMQP frame error while publishing {self.label}: {type(e).__name__}: {e}") from None
+        except AmqpError as e:  # a malformed frame (a hostile returned message): the connection is dropped
+            raise PublishError(f"AMQP frame error while publishing {self.label}: {e}") from None
+        self._take()
+
+    def _unblocked(self) -> None:
+        """Wait while the broker blocks the connection (``connection.blocked``: a memory or disk alarm)."""
+        if not self._conn.blocked:
+            return
+        log.warning("%s: the broker blocked the connection (a resource alarm); waiting up to %.0f s",
+                    self.label, BLOCKED_TIMEOUT)
+        try:
+            if self._conn.pump(lambda: not self._conn.blocked, timeout=BLOCKED_TIMEOUT):
+                return
+        except ConnectionLost as e:
+            raise PublishError(f"connection lost while publishing {self.label}: {e}") from None
+        self.failure = self.failure or (
+            f"the broker blocked the connection publishing {self.label} for {BLOCKED_TIMEOUT:.0f} s (a memory or "
+            "disk alarm: see the broker's log); the messages not confirmed were not restored")
+        raise PublishError(self.failure)
 
     def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes, token: Hashable) -> None:
         """Send one message; blocks (pumping I/O) while the window is full. Raises on a failure."""
@@ -195,19 +155,26 @@ class ConfirmingPublisher:
             self._pump(0.05)
             if self.failure is not None:
                 raise PublishError(self.failure)
+        if len(exchange.encode()) > 255 or len(routing_key.encode()) > 255:
+            raise PublishError(f"{self.label}: exchange or routing key longer than 255 bytes "
+                               f"({exchange[:40]!r}, {routing_key[:40]!r})")
         tag = self._next_tag
         self._next_tag += 1
         if self.confirms:
             self._inflight[tag] = [token, exchange, routing_key, body, 0]
+        self._out_bytes += len(body) + len(properties) + 64
+        flush = self._out_bytes >= _FLUSH_BYTES
+        if flush:
+            self._unblocked()
+            self._out_bytes = 0
         try:
-            if self._fast:
-                if not self._ch.is_open:
-                    raise PublishError(self.failure or f"the channel publishing {self.label} is closed")
-                self._emit(exchange, routing_key, properties, body)
-            else:
-                self._ch.basic_publish(exchange, routing_key, body, RawBasicProperties(properties), mandatory=True)
-        except pika.exceptions.AMQPError as e:
-            raise PublishError(f"cannot publish to {self.label}: {type(e).__name__} {e}") from None
+            self._ch.publish(exchange, routing_key, properties, body, mandatory=True, flush=flush)
+        except ChannelClosedByBroker as e:
+            self._take()
+            raise PublishError(self.failure or f"the broker closed the channel publishing {self.label}: "
+                                               f"{e.code} {e.text}") from None
+        except AmqpError as e:
+            raise PublishError(f"cannot publish to {self.label}: {e}") from None
         self.published += 1
         if not self.confirms:
             self.confirmed += 1
@@ -227,8 +194,6 @@ class ConfirmingPublisher:
 
     def drain(self, timeout: float = 120.0) -> None:
         """Wait until every published message is confirmed (or raise)."""
-        import time
-
         deadline = time.monotonic() + timeout
         self._pump(0)
         while self._inflight and any(e[4] == 0 for e in self._inflight.values()):
@@ -242,8 +207,7 @@ class ConfirmingPublisher:
 
     def close(self) -> None:
         try:
-            self._flush()
-            if self._bch.is_open:
-                self._bch.close()
+            self._conn.flush()
+            self._ch.close()
         except Exception:  # noqa: BLE001 - closing after a broker error
             pass

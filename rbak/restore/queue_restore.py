@@ -13,9 +13,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-import pika
-import pika.exceptions
-
 from .. import metrics
 from ..crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, RbakError, RestoreError, SerializationError
@@ -27,7 +24,8 @@ from ..storage.base import Storage
 from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
-from ..amqp import connect
+from ..broker.connect import connect
+from ..broker.wire import Connection
 from ..broker.declare import queue_counts
 from .record_publisher import RecordPublisher
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
@@ -117,13 +115,13 @@ def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -
 # --------------------------------------------------------------------------
 
 
-def queue_depth(conn: pika.BlockingConnection, vhost: str, queue: str) -> int | None:
+def queue_depth(conn: Connection, vhost: str, queue: str) -> int | None:
     """Messages ready in ``queue`` (a passive declare); None when it does not exist."""
     counts = queue_counts(conn, vhost, queue)
     return None if counts is None else counts.messages
 
 
-def stable_depth(conn: pika.BlockingConnection, vhost: str, queue: str, settle_secs: float = 0.3,
+def stable_depth(conn: Connection, vhost: str, queue: str, settle_secs: float = 0.3,
                  attempts: int = 20) -> int | None:
     """Depth once two reads ``settle_secs`` apart agree (a killed publisher's last messages may still be landing)."""
     last = queue_depth(conn, vhost, queue)
@@ -183,7 +181,7 @@ def record_body_at(storage: Storage, plan: QueuePlan, sequence: int, index: int,
     return None
 
 
-def target_contents(conn: pika.BlockingConnection, plan: QueuePlan,
+def target_contents(conn: Connection, plan: QueuePlan,
                     options: RestoreOptions) -> tuple[int | None, int | None]:
     """(messages in the target, and for a stream target its next offset); depth None: no such queue.
 
@@ -204,7 +202,7 @@ def held_description(depth: int | None, next_offset: int | None) -> str | None:
     return f"messages (its next offset is {next_offset})" if next_offset else None
 
 
-def prepare_target(conn: pika.BlockingConnection, plan: QueuePlan, options: RestoreOptions,
+def prepare_target(conn: Connection, plan: QueuePlan, options: RestoreOptions,
                    cp: RestoreCheckpoint | NullCheckpoint, state: QueueState, res: QueueResult,
                    body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
     """Check the target before the first publish, or find what a killed run left in it.
@@ -263,7 +261,7 @@ def _incoming_body_bytes(storage: Storage, plan: QueuePlan, options: RestoreOpti
     return total
 
 
-def target_problems(conn: pika.BlockingConnection, client: Any, storage: Storage, plan: QueuePlan,
+def target_problems(conn: Connection, client: Any, storage: Storage, plan: QueuePlan,
                     options: RestoreOptions, codec: ObjectCodec | None, state: QueueState,
                     skip_extra: int = 0) -> tuple[list[str], TargetLimits | None]:
     """(why the target may drop, expire or dead-letter what is still to publish, its limits); both
@@ -295,7 +293,7 @@ def target_problems(conn: pika.BlockingConnection, client: Any, storage: Storage
     return reasons, limits
 
 
-def check_target_limits(conn: pika.BlockingConnection, storage: Storage, plan: QueuePlan, options: RestoreOptions,
+def check_target_limits(conn: Connection, storage: Storage, plan: QueuePlan, options: RestoreOptions,
                         codec: ObjectCodec | None, state: QueueState, res: QueueResult, skip_extra: int) -> TargetLimits | None:
     """Refuse a lossy target before publishing (unless ``allow_lossy_target``: then say so and go on)."""
     from ..management import ManagementClient
@@ -318,7 +316,7 @@ def check_target_limits(conn: pika.BlockingConnection, storage: Storage, plan: Q
     return limits
 
 
-def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options: RestoreOptions, res: QueueResult,
+def verify_target_depth(conn: Connection, plan: QueuePlan, options: RestoreOptions, res: QueueResult,
                         limits: TargetLimits | None) -> None:
     """After the last confirm: the target must hold what it held before plus every confirmed record.
 
@@ -369,7 +367,7 @@ def verify_target_depth(conn: pika.BlockingConnection, plan: QueuePlan, options:
                        f"({initial_depth} before + {res.confirmed} confirmed): {why}{lossy}{ttl_note}")
 
 
-def _depth_and_consumers(conn: pika.BlockingConnection, vhost: str, queue: str) -> tuple[int | None, int]:
+def _depth_and_consumers(conn: Connection, vhost: str, queue: str) -> tuple[int | None, int]:
     counts = queue_counts(conn, vhost, queue)
     return (None, 0) if counts is None else counts
 
@@ -379,7 +377,7 @@ def restore_queue_segments(
     plan: QueuePlan,
     options: RestoreOptions,
     checkpoint: RestoreCheckpoint | NullCheckpoint | None = None,
-    connection: pika.BlockingConnection | None = None,
+    connection: Connection | None = None,
     on_progress: Callable[[QueueResult], None] | None = None,
 ) -> QueueResult:
     """Publish one queue's segments, in order, into its target; return what happened.

@@ -32,10 +32,10 @@ PROTOCOLS = ("auto", "amqp091", "amqp10")
 
 
 def version_of(connection: Any) -> tuple[int, ...]:
-    """The broker version a pika connection announced (``server_properties['version']``)."""
+    """The broker version a connection announced (``server_properties['version']``)."""
     from .compat import version_tuple
 
-    props = getattr(getattr(connection, "_impl", None), "server_properties", None) or {}
+    props = connection.server_properties or {}
     v = props.get("version", b"")
     return version_tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
 

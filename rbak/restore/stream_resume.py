@@ -26,10 +26,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-import pika
-
 from ..broker.stream_end import probe_end
 from ..broker.stream_reader import read_stream
+from ..broker.wire import Connection
 from ..config import ConnectionConfig
 from ..errors import CheckpointError, RestoreError
 
@@ -52,7 +51,7 @@ class LandedTail:
         return len(self.digests)
 
 
-def _read_offsets(conn: pika.BlockingConnection, vhost: str, queue: str, first: int | str, sink,
+def _read_offsets(conn: Connection, vhost: str, queue: str, first: int | str, sink,
                   idle_secs: float, end: int | None = None) -> None:
     """``sink(offset, body)`` for each message from ``first`` (the backup's stream reader: acks only
     return credit), ending at offset ``end`` when known, else after ``idle_secs`` without a delivery. A
@@ -69,7 +68,7 @@ def _read_offsets(conn: pika.BlockingConnection, vhost: str, queue: str, first: 
     read_stream(conn, vhost, queue, first, check, prefetch=_PREFETCH, idle_secs=idle_secs, end_offset=end)
 
 
-def settled_end(target: ConnectionConfig | None, conn: pika.BlockingConnection, vhost: str, queue: str) -> int | None:
+def settled_end(target: ConnectionConfig | None, conn: Connection, vhost: str, queue: str) -> int | None:
     """The stream's last offset (-1: empty) from the stream protocol, only when no written chunk is
     still uncommitted (3.11+); None: find the end by reading until a quiet period instead."""
     end = probe_end(target, conn, vhost, queue, settled=True) if target is not None else None
@@ -78,7 +77,7 @@ def settled_end(target: ConnectionConfig | None, conn: pika.BlockingConnection, 
     return end
 
 
-def stream_next_offset(conn: pika.BlockingConnection, vhost: str, queue: str, idle_secs: float = 1.0,
+def stream_next_offset(conn: Connection, vhost: str, queue: str, idle_secs: float = 1.0,
                        target: ConnectionConfig | None = None) -> int:
     """The offset the next message published to the stream will get; 0 for an empty stream.
 
@@ -98,7 +97,7 @@ def stream_next_offset(conn: pika.BlockingConnection, vhost: str, queue: str, id
     return last + 1
 
 
-def landed_tail(conn: pika.BlockingConnection, vhost: str, queue: str, initial_offset: int, confirmed: int,
+def landed_tail(conn: Connection, vhost: str, queue: str, initial_offset: int, confirmed: int,
                 limit: int, last_confirmed: bytes | None = None, idle_secs: float = 1.0,
                 target: ConnectionConfig | None = None) -> LandedTail:
     """The messages a killed run left after its checkpoint, checked against the checkpoint.

@@ -247,7 +247,7 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
     from rbak.keys import BackupLayout
     from rbak.errors import RestoreError
     from rbak.restore.queue_restore import held_description, target_contents
-    from rbak.amqp import connect
+    from rbak.broker.connect import connect
 
     from .progress import queue_progress_prefix
 

@@ -35,14 +35,7 @@ def _publish_typed(broker, vhost: str, queue: str) -> None:
                              type_field="t", user_id="guest", app_id="app", cluster_id="cl")
     headers = (("f", Float(1.5)), ("d", Double(-2.25)), ("s", Short(-7)), ("t", Timestamp(1_600_000_000)),
                ("l", Long(2**50)), ("v", Void()), ("tbl", Table((("x", Array((Bool(True), Bytes(b"\x01")))),))))
-    raw = encode_basic_properties(props, headers)
-    bp = pika.spec.BasicProperties()
-    # pika re-encodes BasicProperties; use our raw bytes by overriding encode for this one object
-    bp.encode = lambda raw=raw: [raw]  # type: ignore[method-assign]
-    with broker.connect(vhost) as conn:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.basic_publish("", queue, b"typed", bp, mandatory=True)
+    broker.publish_raw(vhost, [("", queue, encode_basic_properties(props, headers), b"typed")])
     return props, headers
 
 

@@ -14,7 +14,7 @@ from rbak.errors import QueueSkipped
 def test_passive_declares_share_a_channel_and_survive_refusals(broker, vhost):
     broker.publish(vhost, "a", [b"1", b"2", b"3"], declare={})
     broker.declare_queue(vhost, "b")
-    with broker.connect(vhost) as owner, broker.connect(vhost) as conn:
+    with broker.connect(vhost) as owner, broker.wire(vhost) as conn:
         owner.channel().queue_declare("mine", exclusive=True)
         assert passive_info(conn, vhost, "a") == (3, 0)
         first = kept_channel(conn, CONTROL)

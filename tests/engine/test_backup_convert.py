@@ -7,7 +7,7 @@ import pika.spec
 from hypothesis import given, settings, strategies as st
 
 from rbak.backup.convert import to_record
-from rbak.broker.fast_consume import KeptProperties
+from rbak.broker.deliveries import KeptProperties
 from rbak.format.record import Float, Long, decode_record, encode_record
 
 short = st.one_of(st.none(), st.text(max_size=20))

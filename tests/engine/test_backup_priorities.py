@@ -130,7 +130,7 @@ def test_a_publish_during_the_read_is_what_reorders(broker, vhost):
         if len(taken) == N:  # everything held: a producer publishes now
             publish_new("held")
 
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         read_queue(conn, vhost, "held", "quorum", N, sink, return_mode=NACK if broker.name == "rmq43" else CLOSE)
     publish_new("control")
     after = [x[0] for x in drain(broker, vhost, "held")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rbak.backup import BackupEngine
-from rbak.amqp import connect
+from rbak.broker.connect import connect
 from rbak.config import Config
 from rbak.errors import AmqpError, ManagementApiError
 

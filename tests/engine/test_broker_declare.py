@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 
-import pika
 import pytest
 
 from rbak.broker.channels import CONTROL, kept_channel
@@ -15,7 +14,7 @@ from rbak.errors import AmqpError, QueueAccessRefused, QueueLocked, QueueNotFoun
 
 def test_counts_and_refusals_name_vhost_and_queue(broker, vhost):
     broker.publish(vhost, "full", [b"1", b"2"], declare={})
-    with broker.connect(vhost) as owner, broker.connect(vhost) as conn:
+    with broker.connect(vhost) as owner, broker.wire(vhost) as conn:
         owner.channel().queue_declare("mine", exclusive=True)
         ch = owner.channel()
         ch.basic_consume("full", lambda *a: None)
@@ -38,9 +37,7 @@ def test_access_refused_names_vhost_and_queue(broker, vhost):
     broker.api("PUT", f"/api/users/{user}", json={"password": pw, "tags": ""})
     try:
         broker.api("PUT", f"/api/permissions/{vhost}/{user}", json={"configure": "", "write": "", "read": ""})
-        params = broker.connection_parameters(vhost)
-        params.credentials = pika.PlainCredentials(user, pw)
-        with pika.BlockingConnection(params) as conn:
+        with broker.wire(vhost, user, pw) as conn:
             if broker.version.startswith(("3.", "4.0")):  # measured: 3.10.8 and 4.0.5 check no permission here
                 assert passive_declare(conn, vhost, "secret") == (0, 0)
             else:  # 4.3.6 wants configure permission for it

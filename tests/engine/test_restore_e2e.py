@@ -53,7 +53,7 @@ def test_backup_delete_everything_restore_definitions_and_messages(broker, vhost
             ch.queue_declare(name, durable=True, arguments={"x-queue-type": qtype})
             ch.queue_bind(name, "e2e.x", rk)
     sent = {name: _messages(name, qtype) for name, (qtype, _) in QUEUES.items()}
-    with broker.connect(vhost) as conn:  # every header variant needs rbak's encoder (pika cannot express them)
+    with broker.wire(vhost) as conn:  # every header variant needs rbak's encoder (pika cannot express them)
         pub = ConfirmingPublisher(conn, "e2e", window=100)
         for name, (qtype, rk) in QUEUES.items():
             for i, (body, headers, props) in enumerate(sent[name]):

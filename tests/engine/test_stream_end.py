@@ -48,7 +48,7 @@ def test_restore_finds_a_stream_end_without_a_quiet_period(broker, vhost, caplog
     target = options_for(broker, "x").target
     broker.declare_queue(vhost, "empty", arguments=STREAM)
     broker.publish(vhost, "st", [b"a-%d" % i for i in range(700)], declare=STREAM)
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         with caplog.at_level(logging.INFO, logger="rbak"):
             caplog.clear()
             probed = [stream_next_offset(conn, vhost, q, target=target) for q in ("empty", "st")]
@@ -158,7 +158,7 @@ def test_a_read_stopped_at_the_end_leaves_the_connection_usable(broker, vhost):
     broker.publish(vhost, "st", [b"a-%d" % i for i in range(2000)], declare=STREAM)
     end = stream_end(broker.host, broker.stream_port, vhost, "st", "guest", "guest").last_offset
     broker.publish(vhost, "st", [b"b-%d" % i for i in range(2000)])  # published after the "backup" started
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         for _ in range(2):  # the second read runs on the same connection
             got: list[tuple[int, bytes]] = []
             res = read_stream(conn, vhost, "st", 0, lambda _m, _p, body, off: got.append((off, body)),
@@ -167,8 +167,8 @@ def test_a_read_stopped_at_the_end_leaves_the_connection_usable(broker, vhost):
             assert [b for _, b in got] == [b"a-%d" % i for i in range(2000)]
         assert conn.is_open
         ch = conn.channel()
-        assert ch.queue_declare("st", passive=True).method.queue == "st"
+        ch.declare_passive("st")
         ch.close()
     # nothing past the end and nothing before the start: no read at all
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         assert read_stream(conn, vhost, "st", end + 1, lambda *_: None, end_offset=end).records == 0

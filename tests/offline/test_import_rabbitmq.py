@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pika
 import pytest
-from support.private_node import raw_field_values  # noqa: E402
+from support.private_node import rawable  # noqa: E402
 from support.node_dirs import qdir, read_backup, scenario, shared_root, snapshot  # noqa: E402,F401 - shared_root is a fixture
 from support.node_scenarios import ALL_HEADERS_EXP, ALL_HEADERS_PUB, VHOST2, Msg  # noqa: E402
 
@@ -347,8 +347,7 @@ def test_erlang_terms_match_real_erlang_both_atom_encodings():
 def test_amqp_properties_every_field_type():
     pub = pika.BasicProperties(content_type="text/plain", headers=ALL_HEADERS_PUB, delivery_mode=2,
                                priority=9, message_id="x", timestamp=5, cluster_id="c")
-    with raw_field_values():
-        data = pub.encode()
+    data = rawable(pub).encode()
     props, headers = amqp_props.decode_properties(b"".join(data) if isinstance(data, list) else data)
     assert props == BackupProperties(content_type="text/plain", delivery_mode=2, priority=9, message_id="x",
                                      timestamp=5, cluster_id="c")

@@ -32,37 +32,37 @@ def fast_publish(broker, vhost: str, queue: str, bodies: Iterable[bytes], declar
     """Publish with publisher confirms, up to ``window`` unconfirmed at once (pika's blocking
     confirm mode waits for each message: too slow for 50,000; without confirms a loaded
     quorum queue may drop some). Raises if any message is nacked."""
-    props = properties or pika.BasicProperties(delivery_mode=2)
+    raw = b"".join((properties or pika.BasicProperties(delivery_mode=2)).encode())
     n = 0
     pending: set[int] = set()
     nacked: list[int] = []
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         ch = conn.channel()
         if declare is not None:
-            ch.queue_declare(queue, durable=True, arguments=dict(declare))
-        impl = ch._impl  # the async channel: many publishes in flight
+            ch.declare(queue, durable=True, arguments=dict(declare))
+        ch.select_confirms()
 
-        def on_confirm(frame) -> None:
-            m = frame.method
-            tags = [t for t in pending if t <= m.delivery_tag] if m.multiple else [m.delivery_tag]
-            for t in tags:
-                pending.discard(t)
-            if isinstance(m, pika.spec.Basic.Nack):
-                nacked.extend(tags)
+        def settle() -> None:
+            for ack, tag, multiple in ch.acks:
+                tags = [t for t in pending if t <= tag] if multiple else [tag]
+                pending.difference_update(tags)
+                if not ack:
+                    nacked.extend(tags)
+            ch.acks.clear()
 
-        done = []
-        impl.confirm_delivery(on_confirm, callback=lambda _f: done.append(1))
-        while not done:
-            conn.process_data_events(0.05)
         for body in bodies:
-            impl.basic_publish("", queue, body, props)
+            ch.publish("", queue, raw, body, flush=False)
             n += 1
             pending.add(n)
+            if n % 200 == 0:
+                conn.flush()
             while len(pending) >= window:
-                conn.process_data_events(0.01)
+                conn.pump(lambda: bool(ch.acks), timeout=0.05)
+                settle()
         deadline = time.time() + 120
         while pending and time.time() < deadline:
-            conn.process_data_events(0.05)
+            conn.pump(lambda: bool(ch.acks), timeout=0.05)
+            settle()
     assert not pending, f"{len(pending)} publishes to {queue} never confirmed"
     assert not nacked, f"{len(nacked)} publishes to {queue} were nacked"
     return n

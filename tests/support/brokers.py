@@ -179,6 +179,34 @@ class Broker:
             blocked_connection_timeout=self.timeout, socket_timeout=self.timeout,
         )
 
+    def wire(self, vhost: str = "/", user: str | None = None, password: str | None = None, heartbeat: int = 60):
+        """rbak's own connection (``rbak.broker.wire``) to ``vhost``, as rbak's code takes it (a context manager)."""
+        from rbak.broker.wire import Connection, Params
+
+        return Connection.open(Params(host=self.host, port=self.amqp_port, vhost=vhost, username=user or self.user,
+                                      password=password or self.password, connect_timeout=self.timeout,
+                                      heartbeat=heartbeat, client_properties={"connection_name": "rbak-tests"}))
+
+    def publish_raw(self, vhost: str, messages: list[tuple[str, str, bytes, bytes]]) -> None:
+        """Publish ``(exchange, routing key, raw properties, body)`` messages as given, with confirms and
+        ``mandatory``: the properties are the exact content-header bytes from the property flags on
+        (pika cannot encode every header type). Raises unless every one was routed and confirmed."""
+        with self.wire(vhost) as conn:
+            ch = conn.channel()
+            ch.select_confirms()
+            for ex, rk, raw, body in messages:
+                ch.publish(ex, rk, raw, body, mandatory=True)
+            n = len(messages)
+
+            def settled() -> bool:
+                covered: set[int] = set()
+                for _a, t, m in ch.acks:
+                    covered.update(range(1, t + 1) if m else (t,))
+                return len(covered) >= n or not ch.is_open
+
+            assert conn.pump(settled, timeout=self.timeout), f"{vhost}: {len(ch.acks)} confirms of {n}"
+            assert all(a for a, _t, _m in ch.acks) and not ch.returns, (ch.acks, ch.returns)
+
     def connect(self, vhost: str = "/") -> pika.BlockingConnection:
         """A pika BlockingConnection to ``vhost`` (use as a context manager)."""
         return pika.BlockingConnection(self.connection_parameters(vhost))

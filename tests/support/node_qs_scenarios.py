@@ -17,9 +17,10 @@ from pathlib import Path
 import pika
 
 import rbak.backup.convert as convert
-from rbak.broker.fast_consume import FastConsume
+from rbak.broker.deliveries import receive
+from rbak.broker.wire import Connection, Params
 from support.require import require_that
-from support.private_node import PrivateNode, chroot_ready, raw_field_values
+from support.private_node import PrivateNode, chroot_ready, rawable
 from support.node_scenarios import ALL_HEADERS_PUB, VHOST2, get_scenario, pattern
 
 #: Decimal headers make 4.x's 0-9-1 -> AMQP 1.0 conversion close the connection; leave them out.
@@ -72,37 +73,34 @@ def reference(node: PrivateNode, vhost: str, queue: str, stream: bool, expect: i
     machine. Past it, the read goes on as without it, so a wrong count shows as a different result."""
     out = []
     deadline = time.monotonic() + 300
-    conn = node.connect(vhost)
-    kept = FastConsume.headers(conn)  # each delivery's raw property bytes (exact header types), as a backup
+    # rbak's connection keeps each delivery's raw property bytes (exact header types), as a backup does
+    conn = Connection.open(Params(host="127.0.0.1", port=node.port, vhost=vhost, heartbeat=0))
     try:
         ch = conn.channel()
-        ch.basic_qos(prefetch_count=10_000)
+        ch.qos(10_000)
         args = {"x-stream-offset": "first"} if stream else {}
         probe = None if stream else conn.channel()
-        for method, props, body in ch.consume(queue, auto_ack=False, arguments=args, inactivity_timeout=3):
+        for method, props, body in receive(conn, ch, ch.consume(queue, args), 3):
             # 3 s without a delivery ends the read only once the queue has nothing ready left (a
             # loaded machine may pause longer); a stream has no such count, so there it is the end.
             if method is None:
                 if expect is not None and len(out) < expect and time.monotonic() < deadline:
                     continue
-                if probe is None or not probe.queue_declare(queue, passive=True).method.message_count:
+                if probe is None or not probe.declare_passive(queue)[0]:
                     break
                 continue
             r = convert.to_record(method, props, body, vhost, queue, 0, NOT_STORED)
             off = (props.headers or {}).get("x-stream-offset")
             out.append(Ref(r.exchange, r.routing_key, r.properties, r.headers, r.body, off))
     finally:
-        if kept is not None:
-            kept.uninstall()
         conn.close()  # every quorum delivery returns to its queue
     return out
 
 
 def _publish(ch, queue: str, n: int, tag: str, exchange: str = "") -> None:
-    with raw_field_values():
-        for i in range(n):
-            rk = f"rk-{queue}" if exchange else queue
-            ch.basic_publish(exchange, rk, _body(tag, i), _props(i))
+    for i in range(n):
+        rk = f"rk-{queue}" if exchange else queue
+        ch.basic_publish(exchange, rk, _body(tag, i), rawable(_props(i)))
 
 
 def _streams(node: PrivateNode, sc: QsScenario) -> None:

@@ -24,7 +24,7 @@ from rbak.format.record import (
     decimal_header,
 )
 from rbak.offline.rabbitmq.rabbitmq_dir import queue_dir_name, vhost_dir_name
-from support.private_node import PrivateNode, chroot_for, raw, raw_bytes, raw_field_values
+from support.private_node import PrivateNode, chroot_for, raw, raw_bytes, rawable
 
 VHOST2 = "imp-vh-ü"
 
@@ -124,9 +124,8 @@ def mixed_messages(queue: str) -> list[tuple[str, str, bytes, pika.BasicProperti
 
 
 def publish(ch, msgs) -> None:
-    with raw_field_values():
-        for exchange, rk, body, props, _ in msgs:
-            ch.basic_publish(exchange, rk, body, props, mandatory=True)
+    for exchange, rk, body, props, _ in msgs:
+        ch.basic_publish(exchange, rk, body, rawable(props), mandatory=True)
 
 
 def ack_and_hold(ch, queue: str, ack: int, hold: int) -> None:
@@ -184,9 +183,8 @@ def build_main(version: str, base: Path) -> Scenario:
         ch.queue_declare("dlx-target", durable=True)
         ch.queue_declare("dlx-src", durable=True,
                          arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlx-target"})
-        with raw_field_values():
-            ch.basic_publish("", "dlx-src", b"dead", pika.BasicProperties(
-                delivery_mode=2, expiration="1", headers=ALL_HEADERS_PUB))
+        ch.basic_publish("", "dlx-src", b"dead", rawable(pika.BasicProperties(
+            delivery_mode=2, expiration="1", headers=ALL_HEADERS_PUB)))
         sc.expected[("/", "dlx-src")] = []
         sc.expected[("/", "dlx-target")] = None
         conn2 = node.connect(VHOST2)
@@ -276,12 +274,11 @@ def build_crash(base: Path) -> Scenario:
             q = f"v{v}-crash"
             _declare(ch, q, v)
             msgs = []
-            with raw_field_values():
-                for i in range(300):
-                    pub, exp = rich_props(i) if i % 50 == 0 else plain_props(i)
-                    body = pattern(f"c{i}", 5000) if i % 7 == 0 else b"crash-%d" % i
-                    ch.basic_publish("", q, body, pub)  # confirmed: on disk when this returns
-                    msgs.append(Msg(body, "", q, exp, ALL_HEADERS_EXP if i % 50 == 0 else ()))
+            for i in range(300):
+                pub, exp = rich_props(i) if i % 50 == 0 else plain_props(i)
+                body = pattern(f"c{i}", 5000) if i % 7 == 0 else b"crash-%d" % i
+                ch.basic_publish("", q, body, rawable(pub))  # confirmed: on disk when this returns
+                msgs.append(Msg(body, "", q, exp, ALL_HEADERS_EXP if i % 50 == 0 else ()))
             ack_and_hold(ch, q, ack=100, hold=0)
             sc.expected[("/", q)] = msgs[100:]
             sc.published[("/", q)] = msgs

@@ -26,7 +26,7 @@ from rbak.offline.rabbitmq.damage import ImportContext
 from support.brokers import wait_until
 from support.node_qs_scenarios import QsScenario, _body, _publish, reference
 from support.node_scenarios import BUILDERS, VERSIONS
-from support.private_node import PrivateNode, raw_field_values
+from support.private_node import PrivateNode
 
 QUEUE = "qq-snap"
 CONF = {
@@ -172,13 +172,12 @@ def build_ttl(name: str, version: str, base: Path) -> QsScenario:
         ch.confirm_delivery()
         ch.queue_declare("qq-ttl", durable=True, arguments={"x-queue-type": "quorum", "x-message-ttl": 3_600_000})
         ch.queue_declare("qq-exp", durable=True, arguments={"x-queue-type": "quorum"})
-        with raw_field_values():
-            for i in range(10):
-                ch.basic_publish("", "qq-ttl", f"gone-{i}".encode(), pika.BasicProperties(delivery_mode=2))
-            # Per-message TTL: only a message at the head is expired; a live one in front shields the rest.
-            for i, exp in enumerate(["1500", None, "1500", "1500", "3600000", "1500"]):
-                ch.basic_publish("", "qq-exp", f"e-{i}".encode(),
-                                 pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"e{i}"))
+        for i in range(10):
+            ch.basic_publish("", "qq-ttl", f"gone-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        # Per-message TTL: only a message at the head is expired; a live one in front shields the rest.
+        for i, exp in enumerate(["1500", None, "1500", "1500", "3600000", "1500"]):
+            ch.basic_publish("", "qq-exp", f"e-{i}".encode(),
+                             pika.BasicProperties(delivery_mode=2, expiration=exp, message_id=f"e{i}"))
         # rabbit_fifo's expiry timer drops the expired head messages: every gone-*, and e-0 (e-1 shields the rest).
         def counts() -> tuple[int, ...]:
             return tuple(ch.queue_declare(q, passive=True).method.message_count for q in ("qq-ttl", "qq-exp"))

@@ -243,21 +243,47 @@ class Raw:
         self.data = data
 
 
-@contextmanager
-def raw_field_values():
-    orig = pika.data.encode_value
+_HEADERS_FLAG = pika.spec.BasicProperties.FLAG_HEADERS
+_BEFORE_HEADERS = ("content_type", "content_encoding")  # the properties encoded ahead of the headers table
 
-    def encode_value(pieces, value):
-        if isinstance(value, Raw):
-            pieces.append(value.data)
-            return len(value.data)
-        return orig(pieces, value)
 
-    pika.data.encode_value = encode_value
-    try:
-        yield
-    finally:
-        pika.data.encode_value = orig
+class RawProperties(pika.spec.BasicProperties):
+    """pika's properties whose headers may hold ``Raw`` values (their exact wire bytes, types pika never
+    writes): the table is encoded here and joined to what pika encodes of the other properties, so
+    nothing of pika's is replaced."""
+
+    def encode(self) -> list[bytes]:
+        fields = {k: v for k, v in vars(self).items() if v is not None and k != "headers"}
+        head = pika.spec.BasicProperties(**{k: v for k, v in fields.items() if k in _BEFORE_HEADERS}).encode()
+        tail = pika.spec.BasicProperties(**{k: v for k, v in fields.items() if k not in _BEFORE_HEADERS}).encode()
+        head_b, tail_b = b"".join(head), b"".join(tail)
+        flags = struct.unpack_from(">H", head_b)[0] | struct.unpack_from(">H", tail_b)[0]
+        if self.headers is None:
+            return [struct.pack(">H", flags) + head_b[2:] + tail_b[2:]]
+        return [struct.pack(">H", flags | _HEADERS_FLAG) + head_b[2:] + _table(self.headers) + tail_b[2:]]
+
+
+def rawable(props: pika.spec.BasicProperties) -> RawProperties:
+    """``props`` as ``RawProperties`` (publish these where headers hold ``Raw`` values)."""
+    return RawProperties(**{k: v for k, v in vars(props).items()})
+
+
+def _table(d: dict) -> bytes:
+    body = b"".join(bytes([len(k.encode())]) + k.encode() + _value(v) for k, v in d.items())
+    return struct.pack(">I", len(body)) + body
+
+
+def _value(v) -> bytes:
+    if isinstance(v, Raw):
+        return v.data
+    if isinstance(v, dict):
+        return b"F" + _table(v)
+    if isinstance(v, list):
+        inner = b"".join(_value(x) for x in v)
+        return b"A" + struct.pack(">I", len(inner)) + inner
+    pieces: list = []
+    pika.data.encode_value(pieces, v)
+    return b"".join(x if isinstance(x, bytes) else x.encode() for x in pieces)
 
 
 def raw(t: str, fmt: str = "", *vals) -> Raw:

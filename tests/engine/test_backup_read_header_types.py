@@ -1,7 +1,6 @@
-"""Reads that stay on pika's own paths (basic.get for auto-delete queues, pika's consumer generator
-with the fast path off, a stream) keep every header's AMQP type, on every broker, with pika's
-``BasicProperties.decode`` left as pika ships it (no process-wide patch): the connection's content
-headers are built by ``FastConsume.headers`` (``KeptProperties``)."""
+"""Every read (basic.get for auto-delete queues, a consumer, a stream) keeps every header's AMQP type,
+on every broker, with pika's ``BasicProperties.decode`` left as pika ships it (no process-wide patch):
+the reads keep each content header's bytes (``broker.deliveries.KeptProperties``)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import pytest
 
 from rbak.backup.convert import BROKER_HEADERS, to_record
 from rbak.backup.queue_reader import read_queue
-from rbak.broker import fast_consume
 from rbak.broker.stream_reader import read_stream
 from rbak.format.amqp091 import encode_basic_properties
 from rbak.format.record import BackupProperties, Double, Float, Long, Short
@@ -23,15 +21,10 @@ HEADERS = (("f", Float(1.5)), ("d", Double(-2.25)), ("s", Short(-7)), ("l", Long
 
 
 def _publish(broker, vhost: str, queue: str, n: int, declare: dict) -> None:
-    raw = encode_basic_properties(PROPS, HEADERS)
-    bp = pika.spec.BasicProperties()
-    bp.encode = lambda: [raw]  # type: ignore[method-assign]  # this one object: our exact bytes
     with broker.connect(vhost) as conn:
-        ch = conn.channel()
-        ch.queue_declare(queue, **declare)
-        ch.confirm_delivery()
-        for i in range(n):
-            ch.basic_publish("", queue, b"m-%d" % i, bp, mandatory=True)
+        conn.channel().queue_declare(queue, **declare)
+    raw = encode_basic_properties(PROPS, HEADERS)
+    broker.publish_raw(vhost, [("", queue, raw, b"m-%d" % i) for i in range(n)])
 
 
 def _same(records) -> None:
@@ -40,15 +33,13 @@ def _same(records) -> None:
         assert sorted(r.headers, key=lambda kv: kv[0]) == sorted(HEADERS)  # 4.x sorts them by name
 
 
-@pytest.mark.parametrize("how", ["basic.get", "pika consumer"])
-def test_pika_paths_keep_header_types(broker, vhost, how, monkeypatch):
+@pytest.mark.parametrize("how", ["basic.get", "consumer"])
+def test_reads_keep_header_types(broker, vhost, how):
     assert pika.spec.BasicProperties.decode.__module__ == "pika.spec"  # pika's own, not replaced
     declare = {"durable": True, "auto_delete": how == "basic.get"}
     _publish(broker, vhost, "q", 3, declare)
-    if how == "pika consumer":
-        monkeypatch.setattr(fast_consume, "ENABLED", False)
     got = []
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         read_queue(conn, vhost, "q", "classic", 3, lambda m, p, b: got.append(to_record(m, p, b, vhost, "q", 0)),
                    use_get=how == "basic.get")
         assert conn.is_open
@@ -57,11 +48,10 @@ def test_pika_paths_keep_header_types(broker, vhost, how, monkeypatch):
     assert broker.message_count(vhost, "q") == 3  # all given back
 
 
-def test_stream_read_off_the_fast_path_keeps_header_types(broker, vhost, monkeypatch):
+def test_stream_read_keeps_header_types(broker, vhost):
     _publish(broker, vhost, "s", 2, {"durable": True, "arguments": {"x-queue-type": "stream"}})
-    monkeypatch.setattr(fast_consume, "ENABLED", False)
     got = []
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         read_stream(conn, vhost, "s", "first",
                     lambda m, p, b, off: got.append(to_record(m, p, b, vhost, "s", 0, BROKER_HEADERS, off)),
                     idle_secs=2.0)

@@ -1,20 +1,19 @@
-"""The backup's fast read path (fast_consume) against real brokers: the same records as pika's own
-path, uninstalled after every read, a consumer the broker cancels, heartbeats during a long read."""
+"""The backup's reads on rbak's own connection (``broker.wire``) against real brokers: every field of
+every kind of message, a connection left usable after every read (a failed one too), a consumer the
+broker cancels, heartbeats during a long read."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import struct
 import time
 
 import pika
-import pika.heartbeat
 import pika.spec
 import pytest
 
 from rbak.backup import BackupEngine
-from rbak.broker import fast_consume
+from rbak.broker import deliveries
 from rbak.backup.queue_reader import read_queue
 from rbak.broker.stream_reader import read_stream
 from rbak.errors import BackupError, RbakError
@@ -52,14 +51,9 @@ _TABLE = b"".join([
 TYPED_RAW = struct.pack(">H", (1 << 13) | (1 << 12) | (1 << 7)) + _sized(b"", _TABLE) + b"\x02" + b"\x05typed"
 
 
-def _typed_properties() -> pika.BasicProperties:
-    bp = pika.BasicProperties()
-    bp.encode = lambda: [TYPED_RAW]  # type: ignore[method-assign]  # pika cannot encode f, s, b, u...
-    return bp
-
-
-def _mixed(seed: int) -> list[tuple[str, str, bytes, pika.BasicProperties | None]]:
-    """(exchange, routing key or "" for the queue's name, body, properties): what a backup has to carry.
+def _mixed(seed: int) -> list[tuple[str, str, bytes, pika.BasicProperties | bytes | None]]:
+    """(exchange, routing key or "" for the queue's name, body, properties or their raw bytes): what a
+    backup has to carry (pika cannot encode the f, s, b, u... header types: TYPED_RAW).
     No priorities: 4.x quorum queues deliver by priority, so the queue's order would not be this one."""
     rnd = random.Random(seed)
     full = pika.BasicProperties(content_type="application/json", content_encoding="gzip", headers=HEADERS,
@@ -69,7 +63,7 @@ def _mixed(seed: int) -> list[tuple[str, str, bytes, pika.BasicProperties | None
         ("", "", b"plain-0", None),
         (EXCHANGE, KEYS[0], b"", full),  # empty body: no body frame
         (EXCHANGE, KEYS[1], rnd.randbytes(300 * 1024), pika.BasicProperties(message_id="300k")),  # 3 body frames
-        ("", "", b"typed", _typed_properties()),
+        ("", "", b"typed", TYPED_RAW),
         ("", "", rnd.randbytes(1024 * 1024), None),  # 9 body frames
         ("", "", b"", None),
         *[(EXCHANGE, KEYS[i % 2], b"small-%d" % i, pika.BasicProperties(message_id=f"s{i}", headers={"i": i}))
@@ -87,10 +81,12 @@ def _publish_mixed(broker, vhost: str, queues: dict[str, dict]) -> list[bytes]:
             ch.queue_declare(q, durable=True, arguments=args)
             for k in KEYS:
                 ch.queue_bind(q, EXCHANGE, k)
-        ch.confirm_delivery()
-        for ex, rk, body, props in msgs:  # through the exchange: to every queue at once, in this order
-            for q in (queues if not ex else [None]):
-                ch.basic_publish(ex, rk or q, body, props or pika.BasicProperties(delivery_mode=2), mandatory=True)
+    out = []
+    for ex, rk, body, props in msgs:  # through the exchange: to every queue at once, in this order
+        p = props or pika.BasicProperties(delivery_mode=2)
+        raw = p if isinstance(p, bytes) else b"".join(p.encode())
+        out += [(ex, rk or q, raw, body) for q in (queues if not ex else [""])]
+    broker.publish_raw(vhost, out)
     return [body for _ex, _rk, body, _p in msgs]
 
 
@@ -110,117 +106,78 @@ def take_all(broker, vhost: str, queue: str, n: int) -> list[bytes]:
     return out
 
 
-def _spy_fast(monkeypatch) -> list[str]:
-    """The queues read on the fast path (so a test knows it did the read)."""
-    used: list[str] = []
-    orig = fast_consume.FastConsume.messages
-
-    def spy(self, ch, queue, *a, **kw):
-        used.append(queue)
-        return orig(self, ch, queue, *a, **kw)
-
-    monkeypatch.setattr(fast_consume.FastConsume, "messages", spy)
-    return used
-
-
-def _same(r):
-    """A record without what differs by path: quorum windows are consumers on one channel on the fast
-    path (delivery tags 1..n, issue 27) and a channel each on pika's (tags restart per window)."""
-    return dataclasses.replace(r, backed_up_at=0, source_vhost="", delivery_tag=0)
-
-
-def test_fast_path_records_equal_pikas(broker, vhost_factory, tmp_path, monkeypatch):
-    """Two vhosts with the same queues and messages, one backed up on the fast path, one on pika's:
-    identical records, and both sources hold exactly what they held, in order."""
+def test_records_carry_every_field(broker, vhost, tmp_path):
+    """Every kind of message a backup carries (empty and multi-frame bodies, a body of FRAME_END bytes,
+    every header type, non-ASCII exchange and keys) is recorded exactly, in order, from a classic and
+    a quorum queue; both sources hold exactly what they held, in order."""
     queues = {"classic": {}, "quorum": {"x-queue-type": "quorum"}}
-    fast, slow = vhost_factory(broker), vhost_factory(broker)
-    bodies = _publish_mixed(broker, fast, queues)
-    _publish_mixed(broker, slow, queues)
-    used = _spy_fast(monkeypatch)
+    bodies = _publish_mixed(broker, vhost, queues)
     store = tmp_path / "store"
-    assert BackupEngine(backup_config(broker, fast, store, "fast", tmp_path / "a.db")).run().completed
-    assert sorted(set(used)) == ["classic", "quorum"]
-    used.clear()
-    monkeypatch.setattr(fast_consume, "ENABLED", False)
-    assert BackupEngine(backup_config(broker, slow, store, "slow", tmp_path / "b.db")).run().completed
-    assert used == []  # pika's consumer generator did that one
-
-    mf, ms = load(store, "fast"), load(store, "slow")
+    assert BackupEngine(backup_config(broker, vhost, store, "all", tmp_path / "a.db")).run().completed
+    m = load(store, "all")
     for q in queues:
-        rf, rs = records(store, mf, fast, q), records(store, ms, slow, q)
+        rf = records(store, m, vhost, q)
         assert [r.body for r in rf] == bodies, q
-        assert [_same(r) for r in rf] == [_same(r) for r in rs], q
         by = {r.properties.message_id: r for r in rf}
         assert (by["full"].exchange, by["full"].routing_key) == (EXCHANGE, KEYS[0])
+        assert by["full"].properties.content_type == "application/json"
+        assert (by["full"].properties.correlation_id, by["full"].properties.expiration) == ("c-1", "600000")
         assert by["300k"].routing_key == KEYS[1] and rf[0].routing_key == q and rf[0].exchange == ""
         assert dict(by["full"].headers)["str"] == LongString("héllo")
+        assert dict(by["s3"].headers)["i"] == 3
         typed = dict(by["typed"].headers)
         assert set("SxbBsuIilLfdDtTVFA") <= set(typed), sorted(typed)
         assert not any(r.redelivered for r in rf)
-    for q in queues:  # one channel per read on the fast path, quorum windows included
-        assert [r.delivery_tag for r in records(store, mf, fast, q)] == list(range(1, len(bodies) + 1)), q
-    for v in (fast, slow):  # nothing taken: the same messages in the same order
-        for q in queues:
-            assert take_all(broker, v, q, len(bodies)) == bodies, (v, q)
-
-
-def _installed(conn) -> tuple[bool, bool]:
-    impl = conn._impl
-    return "_on_data_available" in impl.__dict__, "_MAX_RECV_BYTES" in impl._transport.__dict__
+        # one channel per read, quorum windows included (consumers of one channel: issue 27)
+        assert [r.delivery_tag for r in rf] == list(range(1, len(bodies) + 1)), q
+    for q in queues:  # nothing taken: the same messages in the same order
+        assert take_all(broker, vhost, q, len(bodies)) == bodies, q
 
 
 def _read(conn, vhost: str, queue: str, qtype: str, n: int, fail_at: int | None = None):
-    """read_queue's bodies and, per message, whether the fast path was installed while it was taken."""
+    """read_queue's bodies."""
     got: list[bytes] = []
-    states: set[tuple[bool, bool]] = set()
 
     def sink(method, props, body):
         if len(got) == fail_at:
             raise RuntimeError("sink failed")
-        states.add(_installed(conn))
         got.append(body)
 
     read_queue(conn, vhost, queue, qtype, n, sink)
-    return got, states
+    return got
 
 
-def test_uninstalled_after_every_read_even_a_failed_one(broker, vhost):
+def test_every_read_leaves_the_connection_usable(broker, vhost):
+    """Reads whole, reads whose sink fails, a read of a missing queue, stream reads: the same connection
+    goes on, holds no channel a read opened (only the kept control and reading channels), and every
+    message is still in its queue, in order."""
     bodies = [b"u-%d" % i for i in range(20)]
     queues = {"c": "classic", "q": "quorum"}
     for q, qtype in queues.items():
         broker.publish(vhost, q, bodies, declare={"x-queue-type": qtype} if qtype == "quorum" else {})
     broker.publish(vhost, "s", bodies, declare={"x-queue-type": "stream"})
-    with broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:
         for q, qtype in queues.items():
-            got, states = _read(conn, vhost, q, qtype, len(bodies))
-            assert got == bodies and states == {(True, True)}  # the read was on the fast path
-            assert _installed(conn) == (False, False)
+            assert _read(conn, vhost, q, qtype, len(bodies)) == bodies
             with pytest.raises(RuntimeError, match="sink failed"):
                 _read(conn, vhost, q, qtype, len(bodies), fail_at=5)
-            assert _installed(conn) == (False, False) and conn.is_open
+            assert conn.is_open
         with pytest.raises(RbakError, match="'missing'"):  # the broker closes the channel: 404
             _read(conn, vhost, "missing", "classic", 3)
-        assert _installed(conn) == (False, False) and conn.is_open
+        assert conn.is_open
         for q, qtype in queues.items():  # the same connection reads again: everything still there, in order
-            assert _read(conn, vhost, q, qtype, len(bodies))[0] == bodies
-        assert _installed(conn) == (False, False)
+            assert _read(conn, vhost, q, qtype, len(bodies)) == bodies
         # a stream read (by offset, acking as it goes), a whole one and one whose sink fails
-        got, states = [], set()
-
-        def on_record(method, props, body, offset):
-            states.add(_installed(conn))
-            got.append(body)
-
-        read_stream(conn, vhost, "s", "first", on_record, end_offset=len(bodies) - 1)
-        assert got == bodies and states == {(True, True)}
-        assert _installed(conn) == (False, False)
+        got = []
+        read_stream(conn, vhost, "s", "first", lambda m, p, body, off: got.append(body), end_offset=len(bodies) - 1)
+        assert got == bodies
 
         def failing(method, props, body, offset):
             raise RuntimeError("sink failed")
 
         with pytest.raises(RuntimeError, match="sink failed"):
             read_stream(conn, vhost, "s", "first", failing, end_offset=len(bodies) - 1)
-        assert _installed(conn) == (False, False) and conn.is_open
+        assert conn.is_open and len(conn.channels) <= 2, sorted(conn.channels)
     for q in queues:
         assert take_all(broker, vhost, q, len(bodies)) == bodies
 
@@ -235,8 +192,7 @@ def test_queue_deleted_during_its_read(broker, vhost, tmp_path, monkeypatch):
         broker.publish(vhost, q, bodies, declare=args)
     for q, args in victims.items():
         broker.publish(vhost, q, [q.encode() + b"-%d" % i for i in range(30)], declare=args)
-    used = _spy_fast(monkeypatch)
-    orig = fast_consume.to_delivery
+    orig = deliveries.to_delivery
     deleted: list[str] = []
 
     def delete_on_first(item):
@@ -249,12 +205,12 @@ def test_queue_deleted_during_its_read(broker, vhost, tmp_path, monkeypatch):
                 time.sleep(1.5)
         return orig(item)
 
-    monkeypatch.setattr(fast_consume, "to_delivery", delete_on_first)
+    monkeypatch.setattr(deliveries, "to_delivery", delete_on_first)
     store = tmp_path / "store"
     cfg = backup_config(broker, vhost, store, "del", tmp_path / "st.db", max_concurrent_queues=1)
     with pytest.raises(BackupError) as ei:
         BackupEngine(cfg).run()
-    assert sorted(deleted) == sorted(victims) and set(victims) <= set(used)
+    assert sorted(deleted) == sorted(victims)
     msg = str(ei.value)
     assert "2 of 4 queue(s) failed" in msg, msg
     for q in victims:
@@ -269,36 +225,24 @@ def test_queue_deleted_during_its_read(broker, vhost, tmp_path, monkeypatch):
         assert take_all(broker, vhost, q, len(bodies)) == bodies
 
 
-def test_heartbeats_during_a_long_fast_read(broker, vhost, monkeypatch):
-    """A read on the fast path that lasts several heartbeat intervals keeps its connection: pika's
-    heartbeat checker sees bytes arrive although pika decodes none of the deliveries."""
-    # pika checks every heartbeat + 5 s; checking every heartbeat, as the spec suggests, makes a
-    # 5.6-second read span several check windows in which only deliveries arrive
-    monkeypatch.setattr(pika.heartbeat.HeartbeatChecker, "_check_interval",
-                        property(lambda self: self._timeout, lambda self, value: None), raising=False)
+def test_heartbeats_during_a_long_read(broker, vhost):
+    """A read that lasts several heartbeat intervals keeps its connection: the connection sends its
+    heartbeats while it waits for deliveries, and counts the deliveries as the broker's."""
     n, size = 140, 16 * 1024  # about 8 deliveries per 128 KiB socket read; 140 x 40 ms: 5.6 s
     rnd = random.Random(3)
     bodies = [b"%04d" % i + rnd.randbytes(size) for i in range(n)]
     broker.publish(vhost, "hb", bodies, declare={})
-    params = broker.connection_parameters(vhost)
-    params.heartbeat = 2
     got: list[bytes] = []
-    with pika.BlockingConnection(params) as conn:
-        checker = conn._impl._heartbeat_checker
-        assert checker is not None and checker._check_interval == 2
-
-        def sink(method, props, body):
-            assert _installed(conn) == (True, True)
-            got.append(body)
-
+    with broker.wire(vhost, heartbeat=2) as conn:
+        assert conn.heartbeat == 2
         t0 = time.monotonic()
-        read_queue(conn, vhost, "hb", "classic", n, sink, throttle=lambda _n: time.sleep(0.04))
+        read_queue(conn, vhost, "hb", "classic", n, lambda m, p, body: got.append(body),
+                   throttle=lambda _n: time.sleep(0.04))
         took = time.monotonic() - t0
-        assert took > 2 * 2 + 1, took  # two check windows at least (without the fast path's byte count
-        # pika closed this connection after 4.6 s: AMQPHeartbeatTimeout, "No activity ... in the last 2 seconds")
+        assert took > 2 * 2 + 1, took  # longer than the broker waits for a silent peer (two intervals)
         assert got == bodies and conn.is_open
-        assert checker._idle_byte_intervals == 0
-        conn.process_data_events(0)
+        conn.sleep(0)
+        assert conn.is_open
     assert take_all(broker, vhost, "hb", n) == bodies
 
 
