@@ -93,6 +93,26 @@ class AmqpConnectionError(AmqpError):
     """No connection could be opened, or an open one was lost."""
 
 
+class ConnectionLost(AmqpConnectionError):
+    """An open connection is gone: the broker closed it (``code``/``text``), the socket failed or ended,
+    or heartbeats were missed (``broker.wire``)."""
+
+    def __init__(self, message: str, code: int = 0, text: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.text = text
+
+
+class ChannelClosedByBroker(AmqpError):
+    """The broker closed a channel: ``code`` (404 not found, 405 locked, 403 refused, 406 precondition)
+    and its text. The connection stays open (``broker.wire``)."""
+
+    def __init__(self, channel: int, code: int, text: str):
+        super().__init__(f"channel {channel} closed by the broker: {code} {text}")
+        self.code = code
+        self.text = text
+
+
 class ReadCut(AmqpConnectionError):
     """A quorum read lost its connection after taking messages from the queue's returns: the broker
     gave what rbak held back BEHIND what it had not taken (the queue is rotated until repaired).

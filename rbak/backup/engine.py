@@ -40,7 +40,7 @@ from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
 from ..broker.connect import connect
-from ..broker.wire import ConnectionLost
+from ..errors import ConnectionLost
 from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore

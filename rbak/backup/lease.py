@@ -22,7 +22,8 @@ import threading
 import time
 from typing import Callable
 
-from ..broker.wire import ChannelClosedByBroker, Connection
+from ..broker.wire import Connection
+from ..errors import ChannelClosedByBroker
 from ..config import Config
 from ..errors import BackupLeaseError, ConfigError, ManagementApiError
 from ..management import ManagementClient, q

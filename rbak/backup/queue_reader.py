@@ -51,7 +51,8 @@ from ..errors import AmqpConnectionError, AmqpError, DeliveryLimitError, ReadCut
 from ..broker.channels import READING, kept_channel
 from ..broker.declare import passive_declare
 from ..broker.deliveries import Deliver, properties, receive
-from ..broker.wire import Channel, ChannelClosedByBroker, Connection, ConnectionLost
+from ..broker.wire import Channel, Connection
+from ..errors import ChannelClosedByBroker, ConnectionLost
 from .convert import delivery_count
 from .limits import budget_ceiling, may_take
 

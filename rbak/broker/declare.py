@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from ..errors import AmqpError, QueueAccessRefused, QueueLocked, QueueNotFound
 from .channels import CONTROL, kept_channel
-from .wire import ChannelClosedByBroker, Connection
+from .wire import Connection
+from ..errors import ChannelClosedByBroker
 
 
 class QueueCounts(NamedTuple):

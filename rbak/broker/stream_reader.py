@@ -18,7 +18,8 @@ from typing import Callable
 
 from ..errors import AmqpConnectionError, AmqpError
 from .deliveries import receive
-from .wire import Channel, ChannelClosedByBroker, Connection, ConnectionLost
+from .wire import Channel, Connection
+from ..errors import ChannelClosedByBroker, ConnectionLost
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ decoded by pika and dispatched here, in the order it arrived.
 
 One thread uses a connection at a time, as with pika's blocking connection. Nothing is
 sent or read behind the caller's back: a caller waits with ``Connection.pump``, which
-also sends heartbeats and notices missed ones. Failures are rbak's errors: a channel the
+also sends heartbeats and notices missed ones. Failures are rbak's errors (``rbak.errors``): a channel the
 broker closed is ``ChannelClosedByBroker`` (code and text), a lost or closed connection
 ``ConnectionLost``; the handshake's refusals are ``AmqpAuthenticationError``.
 """
@@ -29,7 +29,7 @@ from typing import Any, Callable
 import pika.frame
 import pika.spec
 
-from ..errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError
+from ..errors import AmqpAuthenticationError, AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost
 from ..format.amqp091_frames import BROKEN, INCOMPLETE, scan_deliveries
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -44,26 +44,6 @@ _HEARTBEAT = pika.frame.Heartbeat().marshal()
 #: The content header bytes (from the property flags on) of a message with only delivery_mode 2.
 PERSISTENT = b"".join(pika.spec.BasicProperties(delivery_mode=2).encode())
 _TAGS = itertools.count(1)
-
-
-class ChannelClosedByBroker(AmqpError):
-    """The broker closed a channel: ``code`` (404 not found, 405 locked, 403 refused, 406 precondition)
-    and its text. The connection stays open."""
-
-    def __init__(self, channel: int, code: int, text: str):
-        super().__init__(f"channel {channel} closed by the broker: {code} {text}")
-        self.code = code
-        self.text = text
-
-
-class ConnectionLost(AmqpConnectionError):
-    """The connection is gone: the broker closed it (``code``/``text``), the socket failed or ended,
-    or heartbeats were missed."""
-
-    def __init__(self, message: str, code: int = 0, text: str = ""):
-        super().__init__(message)
-        self.code = code
-        self.text = text
 
 
 @dataclass

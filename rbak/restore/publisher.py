@@ -24,7 +24,8 @@ import time
 from collections import OrderedDict
 from typing import Hashable
 
-from ..broker.wire import ChannelClosedByBroker, Connection, ConnectionLost, Content
+from ..broker.wire import Connection, Content
+from ..errors import ChannelClosedByBroker, ConnectionLost
 from ..errors import AmqpError, PublishError
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ import pika.spec
 import pytest
 
 from rbak.broker.deliveries import KeptProperties, receive
-from rbak.broker.wire import Channel, ChannelClosedByBroker, Connection, ConnectionLost, Params
+from rbak.broker.wire import Channel, Connection, Params
+from rbak.errors import ChannelClosedByBroker, ConnectionLost
 
 RAW = b"".join(pika.spec.BasicProperties(message_id="m", delivery_mode=2).encode())
 

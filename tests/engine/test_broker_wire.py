@@ -9,7 +9,8 @@ import time
 import pytest
 from support.brokers import unique_name
 
-from rbak.broker.wire import ChannelClosedByBroker, Connection, ConnectionLost, Params
+from rbak.broker.wire import Connection, Params
+from rbak.errors import ChannelClosedByBroker, ConnectionLost
 from rbak.errors import AmqpAuthenticationError, AmqpConnectionError
 
 
