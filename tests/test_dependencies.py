@@ -188,6 +188,12 @@ def _private_uses(path: Path) -> list[str]:
                 found.append(f"{path.name}:{node.lineno} {base.id}.{'.'.join(reversed(chain))}")
             if isinstance(node.ctx, ast.Store) and isinstance(base, ast.Name) and base.id in mods:
                 found.append(f"{path.name}:{node.lineno} assigns {base.id}.{'.'.join(reversed(chain))}")
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in mods:
+                found.append(f"{path.name}:{node.lineno} assigns into {ast.unparse(node.value)}[...]")
     return found
 
 
@@ -202,7 +208,8 @@ def test_no_private_names_of_the_clients(tree):
 def test_the_private_name_check_can_fail(tmp_path):
     p = tmp_path / "m.py"
     p.write_text("import pika\nimport pika.spec as s\nfrom pika.adapters.blocking_connection import _IoloopTimerContext\n"
-                 "x = pika.connection.Connection._has_pending_callbacks\npika.spec.BasicProperties.decode = None\n")
+                 "x = pika.connection.Connection._has_pending_callbacks\npika.spec.BasicProperties.decode = None\n"
+                 "pika.spec.props[1] = None\n")
     got = _private_uses(p)
     assert "_IoloopTimerContext" in got[0] and "pika.connection.Connection._has_pending_callbacks" in " ".join(got)
-    assert "assigns pika.spec.BasicProperties.decode" in got[-1], got
+    assert "assigns pika.spec.BasicProperties.decode" in got[-2] and "assigns into pika.spec.props" in got[-1], got

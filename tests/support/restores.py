@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
 
-import pika
-import pika.spec
 
 from rbak.format.compression import Compression
 from rbak.format.manifest import BackupManifest, QueueBackup
@@ -143,56 +140,41 @@ class Delivery:
     routing_key: str
 
 
-@contextlib.contextmanager
-def typed_properties():
-    """Make pika decode content headers with rbak's typed decoder (pika's loses Float/Double, Short, ...)."""
-    orig = pika.spec.props[pika.spec.BasicProperties.INDEX]
-
-    class Typed(pika.spec.BasicProperties):
-        def decode(self, encoded, offset=0):
-            self.rbak = decode_basic_properties(bytes(encoded[offset:]))
-            self.headers = None
-            return self
-
-    pika.spec.props[pika.spec.BasicProperties.INDEX] = Typed
-    try:
-        yield
-    finally:
-        pika.spec.props[pika.spec.BasicProperties.INDEX] = orig
-
-
 def consume_all(broker, vhost, queue, expected: int, stream: bool = False, timeout: float = 60.0,
                 extra_wait: float = 0.5) -> list[Delivery]:
     """Read every message of ``queue`` (acking: tests own their vhosts), waiting ``extra_wait`` for surplus.
 
     The read ends only after ``extra_wait`` seconds without a delivery once ``expected`` have come (a
     stream read from the first offset on a loaded machine may pause longer than the 0.2 s poll)."""
+    from rbak.broker.deliveries import receive
+
     out: list[Delivery] = []
-    with typed_properties(), broker.connect(vhost) as conn:
+    with broker.wire(vhost) as conn:  # each delivery keeps its header's bytes: decoded typed (pika's loses types)
         ch = conn.channel()
-        ch.basic_qos(prefetch_count=2000)
+        ch.qos(2000)
         args = {"x-stream-offset": "first"} if stream else {}
         deadline = time.monotonic() + timeout
         surplus_deadline = time.monotonic() + extra_wait if expected == 0 else float("inf")
         acked = last_tag = 0
-        for method, props, body in ch.consume(queue, auto_ack=False, arguments=args, inactivity_timeout=0.2):
+        tag = ch.consume(queue, args)
+        for method, props, body in receive(conn, ch, tag, 0.2):
             if method is None:
                 if time.monotonic() > deadline or (len(out) >= expected and time.monotonic() > surplus_deadline):
                     break
                 continue
             if len(out) >= expected:  # a surplus delivery: wait a full extra_wait of silence again
                 surplus_deadline = time.monotonic() + extra_wait
-            p, h = props.rbak
+            p, h = decode_basic_properties(props.raw)
             out.append(Delivery(body, p, h, method.exchange, method.routing_key))
             last_tag = method.delivery_tag
             if len(out) % 500 == 0 or len(out) >= expected:
-                ch.basic_ack(last_tag, multiple=True)
+                ch.ack(last_tag, multiple=True)
                 acked = last_tag
             if len(out) == expected:
                 surplus_deadline = time.monotonic() + extra_wait
         if out and acked != last_tag:
-            ch.basic_ack(last_tag, multiple=True)
-        ch.cancel()
+            ch.ack(last_tag, multiple=True)
+        ch.cancel(tag)
     return out
 
 
