@@ -400,7 +400,7 @@ class BackupEngine(StreamBackup):
         results: list[QueueBackup] = []
         if self._use_processes(queues):
             self._readers = reader_process.ReaderProcesses(
-                self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues),
+                self.cfg, reader_process.process_count(self.cfg.backup.max_concurrent_queues), reader_child_main,
                 os.path.dirname(os.path.abspath(self.cfg.offset_storage.path)), self.codec)
         stop_sync = threading.Event()
         syncer = threading.Thread(target=self._sync_loop, args=(ckpt, stop_sync), daemon=True)
@@ -596,8 +596,8 @@ class BackupEngine(StreamBackup):
                     raise BackupError(f"queue {q.name!r} in vhost {q.vhost!r}: segment {seg.key} is {state} in "
                                       f"{self.storage.url}; the manifest was not written (rerun to read the queue again)")
 
-    def _writer(self, vhost: str, queue: str, queue_type: str, first_sequence: int,
-                on_durable: Callable[[SegmentMetadata, Any], None] | None = None) -> AsyncSegmentWriter:
+    def segment_writer(self, vhost: str, queue: str, queue_type: str, first_sequence: int,
+                       on_durable: Callable[[SegmentMetadata, Any], None] | None = None) -> AsyncSegmentWriter:
         layout, storage, comp = self.layout, self.storage, self.compression
         labels = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
         seg_bytes = metrics.segment_bytes().labels(vhost=vhost, queue=queue, queue_type=queue_type)
@@ -615,9 +615,33 @@ class BackupEngine(StreamBackup):
         return AsyncSegmentWriter(sink, comp, self.level, b.segment_max_bytes, b.segment_max_interval_ms,
                                   first_sequence, on_durable)
 
-    def _deadline(self) -> float | None:
+    def deadline(self) -> float | None:
         d = self.cfg.backup.max_duration_secs
         return time.monotonic() + d if d else None
+
+
+def reader_child_main(pipe: Any, cfg: Config, level: int, env: dict[str, str], codec: Any) -> None:
+    """A reader process's main function (``reader_process.ReaderProcesses`` starts it): an engine of
+    its own reads each queue the parent lends it, with the same per-queue code as a worker thread."""
+    send = reader_process.child_setup(pipe, level, env)
+    eng = BackupEngine(cfg, progress=lambda event, **kw: send(("event", event, kw)))
+    if codec is not None:
+        eng.codec = codec
+    # A queue's read may ask the management API (a single-active-consumer queue whose arguments
+    # the listing lacked); the parent's client stays in the parent.
+    eng.client = ManagementClient.for_connection(cfg.source, "source")
+    conns = _Connections(cfg)
+
+    def read(q: QueueInfo, cluster: str, version: str | None, ckpt: Any) -> tuple[QueueBackup, int]:
+        before = conns.opened
+        qb, _resumed = eng._one_queue(q, ckpt, conns, cluster, version)
+        return qb, conns.opened - before
+
+    try:
+        reader_process.serve(pipe, send, read)
+    finally:
+        conns.close_all()
+        eng.client.close()
 
 
 def run_backup(cfg: Config, storage: Storage | None = None, progress: Progress | None = None) -> BackupSummary:

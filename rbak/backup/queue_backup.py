@@ -35,7 +35,7 @@ from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, describe_message, read_q
 from .record_thread import RecordThread
 
 if TYPE_CHECKING:
-    from .engine import BackupEngine
+    from .services import QueueServices
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +52,14 @@ def passive_info(conn: Connection, vhost: str, queue: str) -> tuple[int, int]:
         raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: deleted before the backup read it") from None
 
 
-def clear_previous(eng: "BackupEngine", ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress | None) -> None:
+def clear_previous(eng: "QueueServices", ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress | None) -> None:
     """An interrupted earlier read of this queue is dropped (its messages went back): read from the head."""
     if prog is not None or eng.storage.exists(eng.layout.segment(vhost, name, 1, eng.compression)):
         eng.storage.delete_prefix(eng.layout.queue_dir(vhost, name) + "/")
         ckpt.reset(vhost, name)
 
 
-def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, version: str | None,
+def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, version: str | None,
                  prog: QueueProgress | None) -> QueueBackup:
     """Classic / quorum: all or nothing per run (an interrupted read is redone from the head)."""
     vhost, name, qtype = q.vhost, q.name, q.queue_type
@@ -90,7 +90,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type=qtype)
     bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type=qtype)
     # records are built and encoded on an encoder thread (record_thread): the reading thread only queues them
-    writer = RecordThread(eng._writer(vhost, name, qtype, 1),
+    writer = RecordThread(eng.segment_writer(vhost, name, qtype, 1),
                           lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3]))
     put = writer.put
     progress = eng.progress
@@ -117,7 +117,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
         res = read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
                          margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode, single_consumer=single,
                          use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
-                         deadline=eng._deadline(), throttle=eng.throttle)
+                         deadline=eng.deadline(), throttle=eng.throttle)
     except BaseException as e:
         writer.abort()
         if quorum and isinstance(e, DeliveryLimitError):
@@ -160,7 +160,7 @@ def backup_queue(eng: "BackupEngine", q: QueueInfo, ckpt: Checkpoint, conn, clus
     return qb
 
 
-def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | None, consumers: int | None,
+def quorum_preflight(eng: "QueueServices", q: QueueInfo, conn, version: str | None, consumers: int | None,
                      depth: int) -> tuple[int | None, str, bool]:
     """(delivery limit, how messages go back, single active consumer) of a quorum queue, or
     ``QueueRefused`` before anything is taken: delayed retries a return would trigger, priorities a
@@ -182,17 +182,17 @@ def quorum_preflight(eng: "BackupEngine", q: QueueInfo, conn, version: str | Non
     return limit, mode, settings.single_active
 
 
-def _guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:
+def _guard(eng: "QueueServices", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:
     """The local guard merged with the one beside the backups (newest wins)."""
     return merge(ckpt.guard(cluster, vhost, name), eng.guards.load(vhost, name))
 
 
-def _set_guard(eng: "BackupEngine", ckpt: Checkpoint, cluster: str, vhost: str, name: str, g: Guard) -> None:
+def _set_guard(eng: "QueueServices", ckpt: Checkpoint, cluster: str, vhost: str, name: str, g: Guard) -> None:
     g = ckpt.set_guard(cluster, vhost, name, g)
     eng.guards.save(vhost, name, g, eng.cfg.backup_id)
 
 
-def _check_guard(eng: "BackupEngine", g: Guard | None, where: str, limit: int, version: str | None) -> None:
+def _check_guard(eng: "QueueServices", g: Guard | None, where: str, limit: int, version: str | None) -> None:
     """Refuse before reading when one more backup would leave a message at ``limit - margin`` or more.
 
     Without a guard the lowest count a message can have (0) is checked: a limit within the

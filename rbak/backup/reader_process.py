@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import NoReaderProcess, RbakError, ReaderProcessError
-from ..management import ManagementClient
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -77,12 +76,12 @@ class ChildResult:
 
 # ---------------------------------------------------------------------- parent side
 class _Child:
-    def __init__(self, ctx, cfg: "Config", codec, ready_timeout: float = 120.0):
+    def __init__(self, ctx, cfg: "Config", codec, target: Callable[..., None], ready_timeout: float = 120.0):
         self.conn, child_end = ctx.Pipe()
         level = logging.getLogger().getEffectiveLevel()
         # the forkserver keeps the environment of its start: this run's (storage credentials) goes along
         args = (child_end, cfg, level, dict(os.environ), codec)
-        self.proc = ctx.Process(target=_child_main, args=args, daemon=True, name="rbak-reader")
+        self.proc = ctx.Process(target=target, args=args, daemon=True, name="rbak-reader")
         try:
             self.proc.start()
         finally:
@@ -117,7 +116,10 @@ class _Child:
 class ReaderProcesses:
     """A bounded set of child processes lent to the engine's worker threads, one queue at a time."""
 
-    def __init__(self, cfg: "Config", limit: int, spare_dir: str | None = None, codec=None):
+    def __init__(self, cfg: "Config", limit: int, target: Callable[..., None], spare_dir: str | None = None,
+                 codec=None):
+        """``target(pipe, cfg, log level, environment, codec)``: a child's main function (the engine's
+        ``reader_child_main``, which runs ``serve``)."""
         import multiprocessing
         import tempfile
 
@@ -128,6 +130,7 @@ class ReaderProcesses:
                 tempfile.tempdir = spare_dir
         self.cfg = cfg
         self.codec = codec  # the parent's (encryption key included): every segment sealed as the manifest says
+        self.target = target
         self.limit = limit
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
@@ -151,7 +154,7 @@ class ReaderProcesses:
                     raise NoReaderProcess("the backup is stopping: no reader process")
                 if len(self._all) < self.limit:
                     try:
-                        child = _Child(self._ctx, self.cfg, self.codec)
+                        child = _Child(self._ctx, self.cfg, self.codec, self.target)
                     except Exception as e:  # noqa: BLE001 - no temp dir, no fork, resource limits...
                         raise NoReaderProcess(f"cannot start a reader process: {type(e).__name__}: {e}") from None
                     self._all.append(child)
@@ -212,7 +215,7 @@ class ReaderProcesses:
 
 
 # ---------------------------------------------------------------------- child side
-class _RecordingCheckpoint:
+class RecordingCheckpoint:
     """The child's checkpoint: nothing is kept here; the parent replays the rows once the queue is done."""
 
     def __init__(self) -> None:
@@ -267,58 +270,53 @@ class _PipeLog(logging.Handler):
             pass
 
 
-def _child_main(conn, cfg: "Config", level: int, env: dict[str, str], codec) -> None:
+def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Callable[[tuple], None]:
+    """A child's start: it dies with its parent, takes the run's environment, and sends every log
+    record to the parent (which logs it through its own handlers). Returns the pipe's locked ``send``."""
     _die_with_parent()
     os.environ.clear()
     os.environ.update(env)
-    from .engine import BackupEngine, _Connections
-
     lock = threading.Lock()
 
     def send(msg: tuple) -> None:
         with lock:
-            conn.send(msg)
+            pipe.send(msg)
 
     from ..logsafe import install
 
-    root = logging.getLogger()  # every record goes to the parent, which logs it through its own handlers
+    root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(_PipeLog(send))
     root.setLevel(level)
     install()
+    return send
 
-    eng = BackupEngine(cfg, progress=lambda event, **kw: send(("event", event, kw)))
-    if codec is not None:
-        eng.codec = codec
-    # A queue's read may ask the management API (a single-active-consumer queue whose arguments
-    # the listing lacked); the parent's client stays in the parent.
-    eng.client = ManagementClient.for_connection(cfg.source, "source")
-    conns = _Connections(cfg)
+
+def serve(pipe: Any, send: Callable[[tuple], None],
+          read: Callable[["QueueInfo", str, str | None, RecordingCheckpoint], tuple["QueueBackup", int]]) -> None:
+    """A child's loop: says it is ready, then backs up each queue the parent sends with
+    ``read(q, cluster, version, checkpoint) -> (backup, connections opened)`` and sends the result
+    or the error back, until the parent says stop (its CPU seconds go back with the goodbye)."""
     send(("ready",))
-    try:
-        while True:
+    while True:
+        try:
+            task = pipe.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            t = os.times()
+            send(("bye", t.user + t.system))
+            return
+        _, q, cluster, version = task
+        ckpt = RecordingCheckpoint()
+        try:
+            qb, opened = read(q, cluster, version, ckpt)
+            send(("ok", ChildResult(qb, ckpt.saved, ckpt.resets, opened)))
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent as it was
             try:
-                task = conn.recv()
-            except (EOFError, OSError):
-                return
-            if task is None:
-                t = os.times()
-                send(("bye", t.user + t.system))
-                return
-            _, q, cluster, version = task
-            ckpt = _RecordingCheckpoint()
-            before = conns.opened
-            try:
-                qb, _resumed = eng._one_queue(q, ckpt, conns, cluster, version)
-                send(("ok", ChildResult(qb, ckpt.saved, ckpt.resets, conns.opened - before)))
-            except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent as it was
-                try:
-                    send(("error", e))
-                except Exception:  # noqa: BLE001 - an exception that does not pickle
-                    send(("error", RbakError(f"queue {q.name!r} in vhost {q.vhost!r}: {type(e).__name__}: {e}")))
-                if not isinstance(e, Exception):
-                    raise
-    finally:
-        conns.close_all()
-        eng.client.close()
+                send(("error", e))
+            except Exception:  # noqa: BLE001 - an exception that does not pickle
+                send(("error", RbakError(f"queue {q.name!r} in vhost {q.vhost!r}: {type(e).__name__}: {e}")))
+            if not isinstance(e, Exception):
+                raise

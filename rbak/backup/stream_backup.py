@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 class StreamBackup:
-    """Mixed into ``BackupEngine``: uses its cfg, layout, storage, progress, throttle, _bases, _writer, _deadline."""
+    """Mixed into ``BackupEngine``: uses its cfg, layout, storage, progress, throttle, _bases, segment_writer, deadline."""
 
     def _stream(self, q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, prog: QueueProgress | None) -> QueueBackup:
         """Streams: resumable per segment; an incremental backup proves it continues the previous one."""
@@ -70,7 +70,7 @@ class StreamBackup:
             ckpt.save(prog)
 
         # records are built and encoded on an encoder thread (record_thread); a segment's tag is its last offset
-        writer = RecordThread(self._writer(vhost, name, "stream", prog.next_sequence, durable),
+        writer = RecordThread(self.segment_writer(vhost, name, "stream", prog.next_sequence, durable),
                               lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3], BROKER_HEADERS,
                                                   stream_offset=d[4]))
         put = writer.put
@@ -92,7 +92,7 @@ class StreamBackup:
 
         try:
             read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
-                        deadline=self._deadline(), end_offset=probe_end(self.cfg.source, conn, vhost, name))
+                        deadline=self.deadline(), end_offset=probe_end(self.cfg.source, conn, vhost, name))
         except BaseException:
             writer.abort()
             raise
