@@ -52,6 +52,7 @@ from .preflight import (PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, check_read
                         probe_read_permissions)
 from .queue_backup import backup_queue, clear_previous
 from . import reader_process
+from .pipeline import SegmentStore
 from .segments import AsyncSegmentWriter
 from .stream_backup import StreamBackup
 from .stream_chain import StreamBase, stream_bases
@@ -598,21 +599,9 @@ class BackupEngine(StreamBackup):
 
     def segment_writer(self, vhost: str, queue: str, queue_type: str, first_sequence: int,
                        on_durable: Callable[[SegmentMetadata, Any], None] | None = None) -> AsyncSegmentWriter:
-        layout, storage, comp = self.layout, self.storage, self.compression
-        labels = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
-        seg_bytes = metrics.segment_bytes().labels(vhost=vhost, queue=queue, queue_type=queue_type)
-
-        codec = self.codec
-
-        def sink(seq: int, data: bytes) -> str | tuple[str, bytes]:
-            key = layout.segment(vhost, queue, seq, comp)
-            stored = codec.put(storage, key, data)
-            labels.inc()
-            seg_bytes.inc(len(stored))
-            return (key, stored) if codec.encrypted else key
-
+        store = SegmentStore(self.storage, self.layout, self.codec, self.compression, vhost, queue, queue_type)
         b = self.cfg.backup
-        return AsyncSegmentWriter(sink, comp, self.level, b.segment_max_bytes, b.segment_max_interval_ms,
+        return AsyncSegmentWriter(store, self.compression, self.level, b.segment_max_bytes, b.segment_max_interval_ms,
                                   first_sequence, on_durable)
 
     def deadline(self) -> float | None:

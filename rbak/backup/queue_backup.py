@@ -20,10 +20,9 @@ from ..broker.connect import connect
 from ..errors import (AmqpConnectionError, QueueLocked, QueueNotFound, QueueRefused, QueueSkipped, ReadCut,
                       ShortRead)
 from ..format.manifest import QueueBackup
-from .. import metrics
 from .checkpoint import Checkpoint, Guard, QueueProgress
 from . import cut_repair
-from .convert import delivery_count, to_record
+from .convert import to_record
 from ..broker.declare import passive_declare
 from ..broker.wire import Connection
 from .guard_store import merge
@@ -32,6 +31,7 @@ from .management import QueueInfo
 from .preflight import (live_priorities, quorum_settings, single_active_reason, skip_reason)
 from ..errors import DeliveryLimitError
 from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, describe_message, read_queue
+from .pipeline import QueueIntake, ReadCounter
 from .record_thread import RecordThread
 
 if TYPE_CHECKING:
@@ -87,66 +87,43 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
     # an auto-delete queue is deleted when its last consumer goes: read it without one
     use_get = q.auto_delete and not quorum
     eng.progress("start", vhost=vhost, queue=name, total=depth)
-    read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type=qtype)
-    bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type=qtype)
-    # records are built and encoded on an encoder thread (record_thread): the reading thread only queues them
+    # the pipeline (pipeline.py): the read's intake -> records encoded on their own thread -> segments -> storage
     writer = RecordThread(eng.segment_writer(vhost, name, qtype, 1),
                           lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3]))
-    put = writer.put
-    progress = eng.progress
-    state = {"n": 0, "b": 0, "max": 0, "nearest": "", "stopped": 0}
-    taken = cut_repair.Taken()
-
-    def sink(method, props, body) -> None:
-        if quorum:
-            if state["n"] < cut_repair.PREFIX:
-                taken.see(props, body)
-            c = delivery_count(props)
-            if c > state["max"] or not state["nearest"]:
-                state["max"], state["nearest"] = c, describe_message(state["n"] + 1, props)
-        put((method, props, body, int(time.time() * 1000)), None, len(body))
-        state["b"] += len(body)
-        state["n"] += 1
-        if state["n"] % 500 == 0:  # metrics and progress in steps: a lock per message costs throughput
-            read_c.inc(500)
-            bytes_c.inc(state["b"])
-            progress("advance", vhost=vhost, queue=name, n=500, bytes=state["b"])
-            state["b"] = 0
-
+    counter = ReadCounter(eng.progress, vhost, name, qtype, with_bytes=True)
+    intake = QueueIntake(writer.put, counter, quorum, describe_message)
     try:
-        res = read_queue(conn, vhost, name, qtype, depth, sink, delivery_limit=limit,
+        res = read_queue(conn, vhost, name, qtype, depth, intake, delivery_limit=limit,
                          margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode, single_consumer=single,
                          use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
                          deadline=eng.deadline(), throttle=eng.throttle)
     except BaseException as e:
         writer.abort()
         if quorum and isinstance(e, DeliveryLimitError):
-            state["stopped"] = 1  # the message at its limit was taken too, and went back
-            state["max"] = max(state["max"], e.count)
-            state["nearest"] = state["nearest"] or e.message_name
+            intake.stopped = 1  # the message at its limit was taken too, and went back
+            intake.max_count = max(intake.max_count, e.count)
+            intake.nearest = intake.nearest or e.message_name
         if isinstance(e, ReadCut):
             fixed = cut_repair.repair(lambda: connect(eng.cfg.source, vhost), lambda c: passive_info(c, vhost, name),
-                                      vhost, name, depth, taken, delivery_limit=limit,
+                                      vhost, name, depth, intake.taken, delivery_limit=limit,
                                       margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
                                       read_timeout=eng.cfg.backup.read_timeout_secs,
                                       returned=lambda ready: cut_repair.returned_ready(eng.client, vhost, name, ready))
             # its reads saw the counts the cut left; the guard below adds their own return
-            state["max"] = max(state["max"], fixed.max_count)
+            intake.max_count = max(intake.max_count, fixed.max_count)
             if fixed.repaired:
                 raise AmqpConnectionError(f"{e.lost}, behind the ones it had not taken (the queue's messages had "
                                           f"been returned before); {fixed.why}") from None
             raise ReadCut(f"{e}; {fixed.why}", e.lost) from None
         raise
     finally:
-        if quorum and state["n"] + state["stopped"]:
+        if quorum and counter.count + intake.stopped:
             # close: every message taken went back with one more delivery on its count;
             # nack (4.3+): with none (only a lost connection counts one)
-            left = state["max"] + (1 if mode == CLOSE else 0)
-            _set_guard(eng, ckpt, cluster, vhost, name, Guard(left, limit, state["nearest"]))
+            left = intake.max_count + (1 if mode == CLOSE else 0)
+            _set_guard(eng, ckpt, cluster, vhost, name, Guard(left, limit, intake.nearest))
     segments = writer.close()
-    read_c.inc(state["n"] % 500)
-    bytes_c.inc(state["b"])
-    progress("advance", vhost=vhost, queue=name, n=state["n"] % 500, bytes=state["b"])
+    counter.finish()
     qb = QueueBackup(vhost, name, qtype, expected_messages=depth)
     for s in segments:
         qb.add_segment(s)

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from typing import Any
 
 from ..errors import RbakError
 from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
 from ..format.reader import read_segment
-from .. import metrics
 from .checkpoint import Checkpoint, QueueProgress
 from .convert import BROKER_HEADERS, to_record
 from .management import QueueInfo
+from .pipeline import ReadCounter, StreamIntake
 from .record_thread import RecordThread
 from .stream_chain import ChainDecision, decide
 from ..broker.stream_end import probe_end
@@ -56,10 +55,6 @@ class StreamBackup:
             ckpt.save_chain(vhost, name, decision.to_json_obj())
             start = decision.start
         self.progress("start", vhost=vhost, queue=name, total=None)
-        read_c = metrics.messages_read().labels(vhost=vhost, queue=name, queue_type="stream")
-        bytes_c = metrics.bytes_read().labels(vhost=vhost, queue=name, queue_type="stream")
-        progress = self.progress
-        state: dict[str, Any] = {"n": 0, "b": 0, "last": None}
 
         def durable(meta: SegmentMetadata, last_offset: int) -> None:
             """Runs in the segment thread once the segment is stored: checkpoint it."""
@@ -69,37 +64,23 @@ class StreamBackup:
             prog.stream_last_offset = last_offset
             ckpt.save(prog)
 
-        # records are built and encoded on an encoder thread (record_thread); a segment's tag is its last offset
+        # the pipeline (pipeline.py): the read's intake -> records encoded on their own thread -> segments
+        # -> storage; a segment's tag is its last offset
         writer = RecordThread(self.segment_writer(vhost, name, "stream", prog.next_sequence, durable),
                               lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3], BROKER_HEADERS,
                                                   stream_offset=d[4]))
-        put = writer.put
-
-        def sink(method, props, body, offset: int) -> None:
-            if state["n"] == 0:
-                self._first_record(ckpt, vhost, name, decision, start, offset)
-            put((method, props, body, int(time.time() * 1000), offset), offset, len(body))
-            state["b"] += len(body)
-            state["n"] += 1
-            state["last"] = (body, props)
-            if self.throttle is not None:
-                self.throttle(state["n"])
-            if state["n"] % 500 == 0:
-                read_c.inc(500)
-                bytes_c.inc(state["b"])
-                state["b"] = 0
-                progress("advance", vhost=vhost, queue=name, n=500)
-
+        counter = ReadCounter(self.progress, vhost, name, "stream", with_bytes=False)
+        intake = StreamIntake(writer.put, counter,
+                              lambda offset: self._first_record(ckpt, vhost, name, decision, start, offset),
+                              self.throttle)
         try:
-            read_stream(conn, vhost, name, start, sink, prefetch=self.cfg.backup.prefetch_count,
+            read_stream(conn, vhost, name, start, intake, prefetch=self.cfg.backup.prefetch_count,
                         deadline=self.deadline(), end_offset=probe_end(self.cfg.source, conn, vhost, name))
         except BaseException:
             writer.abort()
             raise
         writer.close()
-        read_c.inc(state["n"] % 500)
-        bytes_c.inc(state["b"])
-        progress("advance", vhost=vhost, queue=name, n=state["n"] % 500)
+        counter.finish()
         prog.completed = True
         if prog.stream_last_offset is None and isinstance(start, int):
             prog.stream_last_offset = start - 1  # nothing new: keep the previous position
@@ -107,7 +88,7 @@ class StreamBackup:
         qb = QueueBackup(vhost, name, "stream")
         for s in prog.segments:
             qb.add_segment(s)
-        qb.stream = self._stream_info(ckpt, vhost, name, prog, state["last"])
+        qb.stream = self._stream_info(ckpt, vhost, name, prog, intake.last)
         return qb
 
     def _first_record(self, ckpt: Checkpoint, vhost: str, name: str, decision: ChainDecision, start: int | str,
