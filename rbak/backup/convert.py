@@ -10,7 +10,6 @@ fast path (pika's already-decoded fields).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ..broker.deliveries import KeptProperties
 from ..format.record import BackupProperties, BackupRecord
@@ -43,7 +42,7 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
     if h is not None and drop_headers and not failed and h.keys() <= drop_headers:
         h = None  # only the broker's own headers (a stream's offset): nothing of the message's to keep typed
     if raw is not None and (h is not None or failed):
-        key: tuple[Any, Any] | None = (raw, drop_headers)
+        key: tuple[bytes, frozenset | None] = (raw, drop_headers)
         hit = _DECODED.get(key)
         if hit is None:
             p, headers = decode_basic_properties(raw)
@@ -57,8 +56,8 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
     else:
         # no headers at all: the same raw bytes always give the same fields (pika decoded them), so
         # the properties object is shared too; a stream's dropped headers (an offset each) are not memoised
-        key = (raw, None) if raw is not None and props.headers is None else None
-        hit = _DECODED.get(key) if key is not None else None
+        bare = (raw, None) if raw is not None and props.headers is None else None
+        hit = _DECODED.get(bare) if bare is not None else None
         if hit is not None:
             p, hdrs = hit
             return _record(method, body, p, hdrs, vhost, queue, now_ms, stream_offset)
@@ -78,10 +77,10 @@ def to_record(method, props, body: bytes, vhost: str, queue: str, now_ms: int | 
             cluster_id=props.cluster_id,
         )
         hdrs = ()
-        if key is not None:
+        if bare is not None:
             if len(_DECODED) >= DECODED_CACHE:
                 _DECODED.clear()
-            _DECODED[key] = (p, hdrs)
+            _DECODED[bare] = (p, hdrs)
     return _record(method, body, p, hdrs, vhost, queue, now_ms, stream_offset)
 
 

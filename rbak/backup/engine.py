@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable
 
 from .. import __version__
-from ..config import Config
+from ..config import Config, ConnectionConfig
 from ..crypto import codec_for
 from ..envelope import writer_codec
 from ..errors import (AmqpError, BackupError, ConfigError, DeliveryLimitError, NotFoundError,
@@ -138,6 +138,10 @@ class BackupEngine(StreamBackup):
             raise ConfigError(f"mode: this is a {cfg.mode!r} configuration; rbak backup needs mode: backup")
         if cfg.source is None:
             raise ConfigError("source: required for a backup")
+        if not cfg.backup_id:
+            raise ConfigError("backup_id: required for a backup")
+        self.source: ConnectionConfig = cfg.source
+        self.backup_id: str = cfg.backup_id
         if cfg.backup.max_connections is not None:
             log.warning("backup.max_connections: not used; each worker opens its own connection per vhost, so at most "
                         "backup.max_concurrent_queues (%d) per vhost: lower that to open fewer",

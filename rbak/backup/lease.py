@@ -134,7 +134,7 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
 
     ``connect(vhost, connection_name)`` opens the lease connection (it also proves the AMQP port,
     credentials and vhost access before anything is written)."""
-    name = holder_name(cfg.backup_id)
+    name = holder_name(cfg.backup_id or "")
 
     def retake(vhost: str) -> Connection | str:
         conn = connect(vhost, name)
@@ -191,7 +191,7 @@ def _declare(conn: Connection, vhost: str, client: ManagementClient,
             return True, _holder(client, vhost)
         if e.code == 403:
             raise ConfigError(
-                f"backup.lease: user {cfg.source.username!r} may not declare the lease queue {LEASE_QUEUE!r} in "
+                f"backup.lease: user {cfg.source.username if cfg.source else '?'!r} may not declare the lease queue {LEASE_QUEUE!r} in "
                 f"vhost {vhost!r} ({e.code} {e.text}): grant it configure permission on "
                 f"'^rbak\\.lease$' (e.g. rabbitmqctl set_permissions -p VHOST USER '^rbak\\.lease$' '' '.*'), "
                 "or set backup.lease: false to run without a lease (backups of one source may then overlap "

@@ -72,7 +72,7 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
     depth, consumers = passive_info(conn, vhost, name)
     reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers) or \
         single_active_reason(q, consumers, eng.client)
-    sel = eng.cfg.source.queues
+    sel = eng.source.queues
     if not reason and sel.too_few(qtype, depth):  # exact here; the listing's figure can be seconds old
         reason = f"held {depth} message(s), fewer than source.queues.min_messages ({sel.min_messages})"
     if reason:
@@ -104,7 +104,7 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
             intake.max_count = max(intake.max_count, e.count)
             intake.nearest = intake.nearest or e.message_name
         if isinstance(e, ReadCut):
-            fixed = cut_repair.repair(lambda: connect(eng.cfg.source, vhost), lambda c: passive_info(c, vhost, name),
+            fixed = cut_repair.repair(lambda: connect(eng.source, vhost), lambda c: passive_info(c, vhost, name),
                                       vhost, name, depth, intake.taken, delivery_limit=limit,
                                       margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
                                       read_timeout=eng.cfg.backup.read_timeout_secs,
@@ -137,7 +137,7 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
     return qb
 
 
-def quorum_preflight(eng: "QueueServices", q: QueueInfo, conn, version: str | None, consumers: int | None,
+def quorum_preflight(eng: "QueueServices", q: QueueInfo, conn, version: str | None, consumers: int,
                      depth: int) -> tuple[int | None, str, bool]:
     """(delivery limit, how messages go back, single active consumer) of a quorum queue, or
     ``QueueRefused`` before anything is taken: delayed retries a return would trigger, priorities a
@@ -166,7 +166,7 @@ def _guard(eng: "QueueServices", ckpt: Checkpoint, cluster: str, vhost: str, nam
 
 def _set_guard(eng: "QueueServices", ckpt: Checkpoint, cluster: str, vhost: str, name: str, g: Guard) -> None:
     g = ckpt.set_guard(cluster, vhost, name, g)
-    eng.guards.save(vhost, name, g, eng.cfg.backup_id)
+    eng.guards.save(vhost, name, g, eng.backup_id)
 
 
 def _check_guard(eng: "QueueServices", g: Guard | None, where: str, limit: int, version: str | None) -> None:

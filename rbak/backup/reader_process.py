@@ -134,7 +134,7 @@ class ReaderProcesses:
         self.limit = limit
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
-        self._idle: queue.LifoQueue[_Child] = queue.LifoQueue()
+        self._idle: queue.LifoQueue[_Child | None] = queue.LifoQueue()  # None: a child died
         self._lock = threading.Lock()
         self._all: list[_Child] = []
         self._closed = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config import Config, ConnectionConfig
     from ..format.compression import Compression
     from ..format.manifest import SegmentMetadata
     from ..keys import BackupLayout
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 class QueueServices(Protocol):
     cfg: "Config"
+    source: "ConnectionConfig"  # cfg.source, which a backup requires
+    backup_id: str
     storage: "Storage"
     layout: "BackupLayout"
     compression: "Compression"

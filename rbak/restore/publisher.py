@@ -78,9 +78,9 @@ class ConfirmingPublisher:
                     break
                 self._mark(t, entry, not ack)
         else:
-            entry = self._inflight.get(tag)
-            if entry is not None:
-                self._mark(tag, entry, not ack)
+            one = self._inflight.get(tag)
+            if one is not None:
+                self._mark(tag, one, not ack)
         # pop the settled prefix; a failed entry stops it (nothing after it counts)
         while self._inflight:
             t, entry = next(iter(self._inflight.items()))

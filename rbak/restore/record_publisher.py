@@ -119,18 +119,21 @@ class RecordPublisher:
 
     def publish(self, exchange: str, routing_key: str, r: BackupRecord, index: int, segment_key: str,
                 token: Hashable) -> None:
-        if self._p091 is None:
+        p091 = self._p091
+        if p091 is None:
+            p10 = self._p10
+            assert p10 is not None  # one of the two is always open
             sections = self._sections(r)
-            if sections is not None and self._p10.fits(len(sections) + len(r.body) + 8):
-                self._p10.publish(sections, r.body, token)
+            if sections is not None and p10.fits(len(sections) + len(r.body) + 8):
+                p10.publish(sections, r.body, token)
                 return
             why = "its properties" if sections is None else "its size (over the broker's AMQP 1.0 max-message-size)"
             log.info("%s: record %d of %s needs AMQP 0-9-1 (1.0 cannot carry %s exactly); "
                      "the rest of this queue is published over 0-9-1", self.label, index, segment_key, why)
-            self._p10.drain()
-            self._open_091()
+            p10.drain()
+            p091 = self._open_091()
             self.protocol = "amqp10+amqp091"
-        self._p091.publish(exchange, routing_key, self._props(r, index, segment_key), r.body, token)
+        p091.publish(exchange, routing_key, self._props(r, index, segment_key), r.body, token)
 
     def mark_landed(self, token: Hashable) -> None:
         """A record a killed run had already enqueued now counts as restored."""
