@@ -27,9 +27,10 @@ def _killer(broker, vhost: str, at: int, killed: list):
     def kill(n: int) -> None:
         if n == at and not killed:
             conns: list = []
-            for _ in range(50):  # the management API lists a connection after its stats tick
+            reading = f"rbak-backup {vhost}"  # the reading connection's name (the lease's is another)
+            for _ in range(100):  # the management API lists a connection after its stats tick
                 conns = [c for c in broker.api("GET", "/api/connections") if c.get("vhost") == vhost]
-                if conns:
+                if any((c.get("client_properties") or {}).get("connection_name") == reading for c in conns):
                     break
                 time.sleep(0.1)
             for c in conns:

@@ -60,8 +60,13 @@ def test_connection_killed_mid_read_fails_clearly_and_returns_everything(broker,
     def kill_at_1000(n: int) -> None:
         if n == 1000 and not killed:
             # management lists the connection after its stats tick (a loaded machine: seconds)
-            conns = wait_until(lambda: [c for c in broker.api("GET", "/api/connections") if c.get("vhost") == vhost],
-                               timeout=120, what="the backup's connection in the management API")
+            def listed() -> list:
+                conns = [c for c in broker.api("GET", "/api/connections") if c.get("vhost") == vhost]
+                # the reading connection, not only the lease's (listed first: it opened first)
+                return conns if any((c.get("client_properties") or {}).get("connection_name") == f"rbak-backup {vhost}"
+                                    for c in conns) else []
+
+            conns = wait_until(listed, timeout=120, what="the backup's reading connection in the management API")
             for c in conns:
                 broker.api("DELETE", "/api/connections/" + quote(c["name"], safe=""), ok=(204, 404))
             killed.append(len(conns))
