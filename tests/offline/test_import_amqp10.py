@@ -71,6 +71,9 @@ class _NodeAsBroker:
     def connect(self, vhost: str) -> pika.BlockingConnection:
         return self.node.connect(vhost)
 
+    def wire(self, vhost: str):
+        return self.node.wire(vhost)
+
 
 def _amqp10_messages():
     """(kind, proton Message | (pika props, body)) in publish order: 1.0 and 0-9-1 interleaved."""

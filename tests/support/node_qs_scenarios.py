@@ -18,7 +18,6 @@ import pika
 
 import rbak.backup.convert as convert
 from rbak.broker.deliveries import receive
-from rbak.broker.wire import Connection, Params
 from support.require import require_that
 from support.private_node import PrivateNode, chroot_ready, rawable
 from support.node_scenarios import ALL_HEADERS_PUB, VHOST2, get_scenario, pattern
@@ -74,7 +73,7 @@ def reference(node: PrivateNode, vhost: str, queue: str, stream: bool, expect: i
     out = []
     deadline = time.monotonic() + 300
     # rbak's connection keeps each delivery's raw property bytes (exact header types), as a backup does
-    conn = Connection.open(Params(host="127.0.0.1", port=node.port, vhost=vhost, heartbeat=0))
+    conn = node.wire(vhost)
     try:
         ch = conn.channel()
         ch.qos(10_000)

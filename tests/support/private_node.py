@@ -212,6 +212,13 @@ class PrivateNode:
             credentials=pika.PlainCredentials("guest", "guest"), heartbeat=0,
             blocked_connection_timeout=60))
 
+    def wire(self, vhost: str = "/"):
+        """rbak's own connection (``rbak.broker.wire``) to the node: deliveries keep their header bytes."""
+        from rbak.broker.wire import Connection, Params
+
+        return Connection.open(Params(host="127.0.0.1", port=self.port, vhost=vhost, heartbeat=0,
+                                      client_properties={"connection_name": "rbak-tests"}))
+
     def add_vhost(self, vhost: str) -> None:
         self.ctl("add_vhost", vhost)
         self.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
