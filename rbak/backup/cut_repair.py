@@ -49,7 +49,7 @@ from .queue_reader import read_queue
 
 log = logging.getLogger(__name__)
 
-STATS_SECS = 15.0  # how long the management statistics may take to show the returned messages
+STATS_SECS = 60.0  # how long the management statistics may take to show the returned messages (a loaded node: long)
 PREFIX = 64  # messages of the cut read remembered to find them again (content, not position)
 SETTLE_SECS = 30.0  # how long the broker may take to give a closed connection's messages back
 
@@ -115,11 +115,12 @@ class Repair:
 
 
 def returned_ready(client: Any, vhost: str, queue: str, ready: int, wait_secs: float = STATS_SECS,
-                   sleep: Callable[[float], None] = time.sleep) -> int | None:
+                   sleep: Callable[[float], None] = time.sleep, reported: bool = False) -> int | None:
     """How many of the queue's ``ready`` messages wait in its returns, from the management API
     (``messages_ready_returned``, 4.0+), or None: not reported (3.x) or not settled in time. A
     sample counts only once it shows all ``ready`` messages back and none unacked, so it was
-    taken after the broker gave the cut read's messages back."""
+    taken after the broker gave the cut read's messages back. ``reported``: the broker reports
+    the figure (4.0+), so a sample without it is waited past (4.0.5 sent some right after a cut)."""
     deadline = time.monotonic() + wait_secs
     while True:
         try:
@@ -127,7 +128,7 @@ def returned_ready(client: Any, vhost: str, queue: str, ready: int, wait_secs: f
         except RbakError as e:
             log.debug("queue %r in vhost %r: no statistics: %s", queue, vhost, e)
             return None
-        if "messages_ready" in info and "messages_ready_returned" not in info:
+        if "messages_ready" in info and "messages_ready_returned" not in info and not reported:
             return None
         if info.get("messages_ready") == ready and info.get("messages_unacknowledged") == 0 \
                 and isinstance(info.get("messages_ready_returned"), int):
@@ -164,8 +165,11 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
             returned: Callable[[int], int | None]) -> Repair:
     deadline = time.monotonic() + SETTLE_SECS
     ready, consumers = counts(conn)
-    while ready < depth and consumers == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)  # the broker returns a closed connection's messages asynchronously
+    while (ready < depth or consumers) and time.monotonic() < deadline:
+        # the broker returns a closed connection's messages, and removes its consumers, asynchronously
+        # (4.3.6 still listed the cut read's consumers when the repair began: another consumer would
+        # stay, and is refused below once this wait is over)
+        time.sleep(0.1)
         ready, consumers = counts(conn)
     if consumers:
         return Repair(False, f"not put back in order: {consumers} consumer(s) are attached to it")
@@ -174,6 +178,8 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
                              f"the backup started")
     in_returns = returned(ready)
     first = in_returns if in_returns is not None and 0 < in_returns < ready else ready
+    log.info("queue %r in vhost %r: %d ready, %s of them returned (management API): the check read takes %d",
+             queue, vhost, ready, "an unknown number" if in_returns is None else in_returns, first)
     whole = Seen()
     res = read_queue(conn, vhost, queue, "quorum", first, whole.sink, delivery_limit=limit, margin=margin,
                      return_mode=mode, read_timeout=read_timeout)
@@ -183,6 +189,26 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
         return Repair(False, "not put back in order: the broker's count of returned messages was out of date, "
                              "so the check read took messages that had never been delivered", whole.max_count)
     j = rotation(whole.ids, whole.redelivered, taken.prefix)
+    if j is None and first < ready and all(whole.redelivered):
+        # Not among the returns the broker counted: 4.3.6 can keep a cut read's messages out of
+        # that count, ahead of the never-delivered ones and behind the counted returns, which the
+        # check read has just given back behind them. Whether that put the queue back in order is
+        # read from the queue itself: all of it, given back in order (the order it finds stays).
+        again = Seen()
+        res = read_queue(conn, vhost, queue, "quorum", ready, again.sink, delivery_limit=limit, margin=margin,
+                         return_mode=mode, read_timeout=read_timeout)
+        count = max(whole.max_count, again.max_count)
+        p = len(taken.prefix)
+        if res.records == ready and p and again.ids[:p] == taken.prefix and again.ids.count(taken.prefix[0]) == 1:
+            log.info("queue %r in vhost %r: a cut read had left %d returned messages ahead; giving them back put "
+                     "them behind", queue, vhost, first)
+            return Repair(True, f"rbak reconnected and put it back in its original order (gave the {first} "
+                                f"messages the broker had placed ahead back behind the others, then read the "
+                                f"whole queue to check)", count)
+        log.warning("queue %r in vhost %r: the cut read's first %d message(s) were not found at the head of the %d "
+                    "read back (the broker reported %s returned)", queue, vhost, p, res.records, in_returns)
+        return Repair(False, "not put back in order: the messages the backup had taken could not be "
+                             "found again with certainty", count)
     if j is None:
         return Repair(False, "not put back in order: the messages the backup had taken could not be "
                              "found again with certainty", whole.max_count)

@@ -26,7 +26,7 @@ from .convert import to_record
 from ..broker.declare import passive_declare
 from ..broker.wire import Connection
 from .guard_store import merge
-from .limits import budget_ceiling, may_take, refuse_delayed_retry
+from .limits import budget_ceiling, may_take, refuse_delayed_retry, version_tuple
 from .management import QueueInfo
 from .preflight import (live_priorities, quorum_settings, single_active_reason, skip_reason)
 from ..errors import DeliveryLimitError
@@ -108,7 +108,8 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
                                       vhost, name, depth, intake.taken, delivery_limit=limit,
                                       margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
                                       read_timeout=eng.cfg.backup.read_timeout_secs,
-                                      returned=lambda ready: cut_repair.returned_ready(eng.client, vhost, name, ready))
+                                      returned=lambda ready: cut_repair.returned_ready(
+                                          eng.client, vhost, name, ready, reported=version_tuple(version) >= (4, 0)))
             # its reads saw the counts the cut left; the guard below adds their own return
             intake.max_count = max(intake.max_count, fixed.max_count)
             if fixed.repaired:
