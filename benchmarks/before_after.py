@@ -27,6 +27,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # rbak, for filling the queues (the measured runs import their own tree)
 
 from bench_common import BROKERS, Broker, fill, load  # noqa: E402
 
@@ -43,7 +44,7 @@ if case.startswith("backup"):
     from rbak.backup import BackupEngine
     cfg = Config.from_dict({"mode": "backup", "backup_id": "b-" + uuid.uuid4().hex[:8],
         "source": {"amqp_url": amqp, "management_url": mgmt, "stream_port": int(sport),
-                   "queues": {"vhosts": [vh], "include": [case.split("-", 1)[1] + ".*"]}},
+                   "queues": {"vhosts": [vh], "include": [case.split("-", 1)[1] + "-*"]}},
         "storage": {"backend": "filesystem", "path": store},
         "backup": {"include_definitions": False},
         "offset_storage": {"path": os.path.join(store, "state-" + uuid.uuid4().hex[:6] + ".db"), "sync_interval_secs": 0}},
@@ -58,7 +59,10 @@ else:
     from rbak.restore import run_restore
     from rbak.restore.options import RestoreOptions
     from rbak.storage import open_storage
+    import pika
     target = "restored-" + uuid.uuid4().hex[:8]
+    with pika.BlockingConnection(pika.URLParameters(amqp)) as c:
+        c.channel().queue_declare(target, durable=True)
     opts = RestoreOptions(backup_id=os.environ["BENCH_BACKUP_ID"], protocol="amqp091",
                           target=ConnectionConfig(amqp_url=amqp, management_url=mgmt),
                           queue_mapping=((f"{vh}/classic-0", target),))
