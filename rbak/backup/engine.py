@@ -32,7 +32,7 @@ from .. import __version__
 from ..config import Config, ConnectionConfig
 from ..crypto import codec_for
 from ..envelope import writer_codec
-from ..errors import (AmqpError, BackupError, ConfigError, DeliveryLimitError, NotFoundError,
+from ..errors import (AmqpError, BackupError, ConfigError, ConnectionLost, DeliveryLimitError, NotFoundError,
                       NoReaderProcess, PartialBackupError, QueueRefused, QueueSkipped, RbakError, ShortRead)
 from ..format.compression import Compression
 from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
@@ -40,7 +40,6 @@ from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
 from ..broker.connect import connect
-from ..errors import ConnectionLost
 from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore

@@ -23,9 +23,8 @@ import time
 from typing import Callable
 
 from ..broker.wire import Connection
-from ..errors import ChannelClosedByBroker
+from ..errors import BackupLeaseError, ChannelClosedByBroker, ConfigError, ManagementApiError
 from ..config import Config
-from ..errors import BackupLeaseError, ConfigError, ManagementApiError
 from ..management import ManagementClient, q
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,7 @@ from typing import Any, Callable
 
 from ..broker.deliveries import receive
 from ..broker.wire import PERSISTENT, Connection
-from ..errors import ChannelClosedByBroker
-from ..errors import QueueRefused, QueueSkipped, RbakError
+from ..errors import ChannelClosedByBroker, QueueRefused, QueueSkipped, RbakError
 from .convert import delivery_count
 from .limits import QueueSettings, resolve_settings, version_tuple
 from .management import ManagementClient, QueueInfo

@@ -47,12 +47,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import AmqpConnectionError, AmqpError, DeliveryLimitError, ReadCut
+from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost, DeliveryLimitError, ReadCut
 from ..broker.channels import READING, kept_channel
 from ..broker.declare import passive_declare
 from ..broker.deliveries import Deliver, properties, receive
 from ..broker.wire import Channel, Connection
-from ..errors import ChannelClosedByBroker, ConnectionLost
 from .convert import delivery_count
 from .limits import budget_ceiling, may_take
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..errors import AmqpError, QueueAccessRefused, QueueLocked, QueueNotFound
+from ..errors import AmqpError, ChannelClosedByBroker, QueueAccessRefused, QueueLocked, QueueNotFound
 from .channels import CONTROL, kept_channel
 from .wire import Connection
-from ..errors import ChannelClosedByBroker
 
 
 class QueueCounts(NamedTuple):

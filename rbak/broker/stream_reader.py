@@ -16,10 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import AmqpConnectionError, AmqpError
+from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost
 from .deliveries import receive
 from .wire import Channel, Connection
-from ..errors import ChannelClosedByBroker, ConnectionLost
 
 
 @dataclass(slots=True)

@@ -25,8 +25,7 @@ from collections import OrderedDict
 from typing import Hashable
 
 from ..broker.wire import Connection, Content
-from ..errors import ChannelClosedByBroker, ConnectionLost
-from ..errors import AmqpError, PublishError
+from ..errors import AmqpError, ChannelClosedByBroker, ConnectionLost, PublishError
 
 log = logging.getLogger(__name__)
 
