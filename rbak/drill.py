@@ -329,8 +329,9 @@ def run_drill(storage: Storage, options: DrillOptions,
                                produce_batch_size=options.produce_batch_size, keys=options.keys,
                                kms_region=options.kms_region, kms_endpoint_url=options.kms_endpoint_url)
         from .restore.engine import load_complete_manifest
+        from .restore.source import BackupSource
 
-        manifest = load_complete_manifest(storage, ropts)
+        manifest = load_complete_manifest(BackupSource(storage, options.prefix), ropts)
         report.manifest_sha256 = hashlib.sha256(storage.get(BackupLayout(backup_id, options.prefix).manifest)
                                                 ).hexdigest()
         report.broker_version = str(client.overview().get("rabbitmq_version") or "") or None
@@ -389,12 +390,14 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
                   report: DrillReport) -> None:
     from .restore.queue_restore import plan_codec, restore_queue_segments
     from .restore.plan import plan_queue, plan_restore
+    from .restore.source import BackupSource
     from .broker.connect import connect
 
+    source = BackupSource(storage, options.prefix)
     names = scratch_queue_names(manifest.queues)
     vmap = tuple(sorted({(qb.vhost, report.scratch_vhost) for qb in manifest.queues}))
     qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
-    ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(storage, manifest)
+    ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(source, manifest)
     plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
     conn = connect(options.target, report.scratch_vhost, "target")
     try:
@@ -408,7 +411,7 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
                 ch = conn.channel()
                 ch.declare(check.scratch_queue, durable=True, arguments={"x-queue-type": qb.queue_type})
                 ch.close()
-                restore_queue_segments(storage, plans[(qb.vhost, qb.name)], ropts, None, connection=conn)
+                restore_queue_segments(source, plans[(qb.vhost, qb.name)], ropts, None, connection=conn)
                 got = read_back(conn, check.scratch_queue, check.records_count, options.read_timeout_secs,
                                 stream=qb.queue_type == "stream")
                 check.actual_count, check.actual_hash = got.count, got.hexdigest()

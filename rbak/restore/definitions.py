@@ -47,12 +47,12 @@ from ..format.compression import Compression, compress, decompress
 from ..format.manifest import BackupManifest
 from ..keys import BackupLayout
 from ..management import ManagementClient
-from ..storage.base import Storage
 from .compat import DefinitionChange, adapt_definitions, capabilities_of
 from ..config import DefinitionsSelection
 from .options import RestoreOptions
 from .plan import map_queue, map_vhost
 from .rollback import rollback_import
+from .source import BackupSource
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _compression_of_key(key: str) -> Compression:
     return Compression.NONE
 
 
-def load_backup_definitions(storage: Storage, manifest: BackupManifest, layout: BackupLayout,
+def load_backup_definitions(source: BackupSource, manifest: BackupManifest, layout: BackupLayout,
                             keyring: Mapping[str, bytes] | None = None) -> tuple[dict[str, Any], str]:
     """(definitions document, its key)."""
     keys = [manifest.definitions.key] if manifest.definitions else []
@@ -79,7 +79,7 @@ def load_backup_definitions(storage: Storage, manifest: BackupManifest, layout: 
     codec = codec_for(manifest.backup_id, manifest.encryption, keyring)
     for key in keys:
         try:
-            raw = codec.get(storage, key)
+            raw = source.get(codec, key)
         except NotFoundError:
             continue
         return parse_definitions(decompress(raw, _compression_of_key(key)), key), key
@@ -292,22 +292,22 @@ def _store_report(res: DefinitionsResult, write_report: Callable[[DefinitionsRes
         log.warning("could not store the restore report: %s", e)
 
 
-def import_definitions(storage: Storage, manifest: BackupManifest, options: RestoreOptions,
+def import_definitions(source: BackupSource, manifest: BackupManifest, options: RestoreOptions,
                        client: ManagementClient | None = None) -> DefinitionsResult:
     """Steps 1-6 of the module docstring; raises (and imports nothing) on any failure before the POST."""
     layout = BackupLayout(options.backup_id, options.prefix)
     keyring = options.keyring() if manifest.encryption is not None else None
-    doc, key = load_backup_definitions(storage, manifest, layout, keyring)
+    doc, key = load_backup_definitions(source, manifest, layout, keyring)
     comp = _compression_of_key(key)
     codec = codec_for(manifest.backup_id, manifest.encryption, keyring)
 
     def write_rollback(data: bytes) -> str:
         rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
-        codec.put(storage, rollback_key, compress(data, comp))  # sealed like the backup it sits in
+        source.put(codec, rollback_key, compress(data, comp))  # sealed like the backup it sits in
         return rollback_key
 
     def write_report(res: DefinitionsResult) -> str:
-        return store_restore_report(storage, layout, {"backup_id": options.backup_id, "definitions": res.to_json_obj()})
+        return store_restore_report(source, layout, {"backup_id": options.backup_id, "definitions": res.to_json_obj()})
 
     own = client is None
     client = client or ManagementClient.for_connection(options.target, "target")
@@ -318,8 +318,8 @@ def import_definitions(storage: Storage, manifest: BackupManifest, options: Rest
             client.close()
 
 
-def store_restore_report(storage: Storage, layout: BackupLayout, report: dict[str, Any], key: str | None = None) -> str:
+def store_restore_report(source: BackupSource, layout: BackupLayout, report: dict[str, Any], key: str | None = None) -> str:
     """``restore/report-<ts>.json`` next to the backup (``key``: rewrite an earlier one)."""
     key = key or layout.restore_report(rollback_timestamp())
-    storage.put(key, json.dumps(report, indent=2).encode("utf-8"))
+    source.put_report(key, json.dumps(report, indent=2).encode("utf-8"))
     return key

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 
-from ..catalog import load_manifest
 from ..errors import ManifestError, RbakError, RestoreError
 from ..format.manifest import BackupManifest
 from ..storage.base import Storage
@@ -26,6 +25,7 @@ from .checkpoint import QueueState, open_checkpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, plan_restore
 from .queue_restore import QueueResult, count_selected, plan_codec, restore_queue_segments, target_problems
+from .source import BackupSource
 from .target_limits import refusal
 
 log = logging.getLogger(__name__)
@@ -87,19 +87,18 @@ def checkpoint_fingerprint(options: RestoreOptions) -> dict[str, object]:
     }
 
 
-def load_complete_manifest(storage: Storage, options: RestoreOptions,
+def load_complete_manifest(source: BackupSource, options: RestoreOptions,
                            warnings: list[str] | None = None) -> BackupManifest:
     """The chosen backup's manifest, its incremental streams expanded to their whole chain (unless
     ``increment_only``); every link is checked here, before anything is published. Warnings (a partial
     backup, retention gaps, an increment restored alone) are logged and appended to ``warnings``."""
-    manifest = load_manifest(storage, options.backup_id, options.prefix)
+    manifest = source.manifest(options.backup_id)
     if not manifest.is_complete:
         raise ManifestError(f"backup {options.backup_id!r} is incomplete (completed_at is null): refusing to restore "
                             f"from it; rerun the backup to finish it")
     sel = dataclasses.replace(manifest, queues=[q for q in manifest.queues
                                                 if options.queues.matches(q.vhost, q.name, q.queue_type, q.message_count)])
-    expanded, notes = expand_chains(sel, lambda bid: load_manifest(storage, bid, options.prefix),
-                                    follow=not options.increment_only, size_of=storage.size)
+    expanded, notes = expand_chains(sel, source.manifest, follow=not options.increment_only, size_of=source.size)
     by_key = {(q.vhost, q.name): q for q in expanded.queues}
     manifest = dataclasses.replace(manifest, queues=[by_key.get((q.vhost, q.name), q) for q in manifest.queues])
     manifest.recompute_totals()
@@ -110,12 +109,10 @@ def load_complete_manifest(storage: Storage, options: RestoreOptions,
     return manifest
 
 
-def check_before_publishing(storage: Storage, manifest: BackupManifest, plans: list[QueuePlan],
+def check_before_publishing(source: BackupSource, manifest: BackupManifest, plans: list[QueuePlan],
                             options: RestoreOptions) -> None:
     """Validate's manifest checks, run before anything is published (or a dry run counts)."""
-    from ..validate import preflight_problems
-
-    problems = preflight_problems(storage, manifest, (s for p in plans for s in p.segments), options.verify_checksums)
+    problems = source.problems(manifest, (s for p in plans for s in p.segments), options.verify_checksums)
     if problems:
         more = f" (and {len(problems) - 3} more; run rbak validate)" if len(problems) > 3 else ""
         raise ManifestError(f"backup {options.backup_id!r} fails validation, nothing published: "
@@ -128,22 +125,24 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     """Definitions (if asked), then every selected queue; a failed definitions import stops here.
 
     ``on_plan`` gets the queue plans before any publish; ``on_progress`` each queue's result as its
-    confirms grow and once more when it ended (its final status)."""
+    confirms grow and once more when it ended (its final status). ``storage`` is read and written
+    through a ``BackupSource`` only (``source.py``)."""
     t0 = time.monotonic()
+    source = BackupSource(storage, options.prefix)
     dry = options.dry_run or options.definitions_dry_run  # a dry run of either part writes nothing anywhere
     summary = RestoreSummary(options.backup_id, dry)
-    manifest = manifest or load_complete_manifest(storage, options, summary.warnings)
-    options = options.with_data_key(storage, manifest)  # envelope: unwrap the data key before any publish
+    manifest = manifest or load_complete_manifest(source, options, summary.warnings)
+    options = options.with_data_key(source, manifest)  # envelope: unwrap the data key before any publish
     plans = plan_restore(manifest, options)  # config errors before touching the broker
     if on_plan is not None:
         on_plan(plans)
     chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
     if options.restore_messages:
-        check_before_publishing(storage, manifest, plans, options)
+        check_before_publishing(source, manifest, plans, options)
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
 
-        summary.definitions = import_definitions(storage, manifest, options)
+        summary.definitions = import_definitions(source, manifest, options)
     if not options.restore_messages:
         summary.duration_secs = time.monotonic() - t0
         return summary
@@ -152,18 +151,18 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
             r = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type, status="dry-run",
                             skipped_segments=p.skipped_segments, skipped_records=p.skipped_records,
                             chain=list(chains.get((p.source_vhost, p.source_queue), ())))
-            r.selected = count_selected(storage, p, options)
+            r.selected = count_selected(source, p, options)
             r.skipped_records += p.candidate_records - r.selected
             summary.queues.append(r)
         summary.duration_secs = time.monotonic() - t0
         return summary
     cp = open_checkpoint(options.checkpoint_state, checkpoint_fingerprint(options))
     try:
-        refuse_lossy_targets(storage, [p for p in plans if skipped_by_definitions(p, summary.definitions) is None],
+        refuse_lossy_targets(source, [p for p in plans if skipped_by_definitions(p, summary.definitions) is None],
                              options, lambda p: cp.load(p.source_vhost, p.source_queue))
         def work(p: QueuePlan) -> QueueResult:
             try:
-                r = restore_queue_segments(storage, p, options, cp, on_progress=on_progress)
+                r = restore_queue_segments(source, p, options, cp, on_progress=on_progress)
                 r.chain = list(chains.get((p.source_vhost, p.source_queue), ()))
                 if on_progress is not None:
                     on_progress(r)
@@ -197,7 +196,7 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     return summary
 
 
-def refuse_lossy_targets(storage: Storage, plans: list[QueuePlan], options: RestoreOptions,
+def refuse_lossy_targets(source: BackupSource, plans: list[QueuePlan], options: RestoreOptions,
                          state_of: Callable[[QueuePlan], QueueState | None]) -> None:
     """Every target judged before the first publish of the whole restore (``target_limits``): one
     lossy target refuses the restore, naming each such queue and setting. ``state_of`` gives a queue's
@@ -227,7 +226,7 @@ def refuse_lossy_targets(storage: Storage, plans: list[QueuePlan], options: Rest
                     if state is None or state.done:
                         continue
                     try:
-                        reasons, _ = target_problems(conn, client, storage, p, options, plan_codec(p, options), state)
+                        reasons, _ = target_problems(conn, client, source, p, options, plan_codec(p, options), state)
                     except RbakError:
                         continue  # the queue's run reports it
                     if reasons:

@@ -61,7 +61,7 @@ class RestoreOptions:
 
         return load_keyring()
 
-    def with_data_key(self, storage: Any, manifest: Any) -> "RestoreOptions":
+    def with_data_key(self, source: Any, manifest: Any) -> "RestoreOptions":
         """These options with the backup's data key added when it uses envelope encryption, and the data
         key of every earlier link of its incremental streams' chains (each link has its own): unwrapped
         once, before anything is published (a key no KEK opens is an error naming the keys tried), and
@@ -76,12 +76,11 @@ class RestoreOptions:
             return self
         from dataclasses import replace
 
-        from ..envelope import KmsSettings, with_data_key
+        from ..envelope import KmsSettings
 
         ring = self.keyring()
-        for bid, info in sorted(todo.items()):
-            ring = with_data_key(storage, self.prefix, bid, info, ring,
-                                 KmsSettings(self.kms_region, self.kms_endpoint_url))
+        for bid, info in sorted(todo.items()):  # source: a restore.source.BackupSource
+            ring = source.data_key(bid, info, ring, KmsSettings(self.kms_region, self.kms_endpoint_url))
         return replace(self, keys=tuple(sorted(ring.items())))
 
     def __post_init__(self) -> None:

@@ -11,16 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .. import metrics
 from ..crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
-from ..format.manifest import SegmentMetadata
-from ..format.reader import read_segment
 from ..format.record import BackupRecord, properties_key
-from ..storage.base import Storage
 from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
@@ -28,6 +25,7 @@ from ..broker.connect import connect
 from ..broker.wire import Connection
 from ..broker.declare import queue_counts
 from .record_publisher import RecordPublisher
+from .source import BackupSource
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 from .target_limits import TargetLimits, lossy_reasons, read_limits, refusal
 
@@ -65,24 +63,6 @@ class QueueResult:
 
 
 
-def load_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True,
-                         codec: ObjectCodec | None = None):
-    """Every record of one segment (CRC always checked; SHA-256 against the manifest when asked)."""
-    return [r for _, r in read_segment(storage, seg, verify_checksum, codec=codec)]
-
-
-def iter_segment_records(storage: Storage, seg: SegmentMetadata, verify_checksum: bool = True, start: int = 0,
-                         chunk: int = 1024, codec: ObjectCodec | None = None) -> Iterator[tuple[int, BackupRecord]]:
-    """(index, record) of one segment from ``start``: ``rbak.format.reader.read_segment``
-    (``codec`` opens an encrypted backup's segments).
-
-    Peak memory is the compressed file plus one chunk of decoded records; the
-    payload is decompressed as a stream bounded by what the manifest and the
-    header declare. ``chunk`` is kept for callers; the reader chunks by itself.
-    """
-    return read_segment(storage, seg, verify_checksum, start, codec=codec)
-
-
 def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
     """How a plan's segments are opened: None for a plaintext backup; a missing key is an error.
     An incremental stream's earlier links are opened each with its own backup's codec."""
@@ -96,7 +76,7 @@ def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
     return ChainCodec(own, links, plan.link_of)
 
 
-def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -> int:
+def count_selected(source: BackupSource, plan: QueuePlan, options: RestoreOptions) -> int:
     """Records of a plan inside the window; reads only the segments that straddle an edge."""
     n = 0
     s, e = options.window_start_ms, options.window_end_ms
@@ -105,7 +85,7 @@ def count_selected(storage: Storage, plan: QueuePlan, options: RestoreOptions) -
         if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
             n += seg.record_count
         else:
-            n += sum(1 for _, r in read_segment(storage, seg, options.verify_checksums, codec=codec)
+            n += sum(1 for _, r in source.records(seg, options.verify_checksums, codec=codec)
                      if record_in_window(r.backed_up_at, s, e))
     return n
 
@@ -171,12 +151,12 @@ def reconcile_in_flight(plan: QueuePlan, options: RestoreOptions, initial_depth:
     return extra
 
 
-def record_body_at(storage: Storage, plan: QueuePlan, sequence: int, index: int, options: RestoreOptions,
+def record_body_at(source: BackupSource, plan: QueuePlan, sequence: int, index: int, options: RestoreOptions,
                    codec: ObjectCodec | None) -> bytes | None:
     """The body of one record of a plan's segments (None when the plan has no such record)."""
     for seg in plan.segments:
         if seg.sequence == sequence:
-            for _i, r in iter_segment_records(storage, seg, options.verify_checksums, index, codec=codec):
+            for _i, r in source.records(seg, options.verify_checksums, index, codec=codec):
                 return r.body
     return None
 
@@ -243,7 +223,7 @@ def prepare_target(conn: Connection, plan: QueuePlan, options: RestoreOptions,
     return res.reconciled, None
 
 
-def _incoming_body_bytes(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
+def _incoming_body_bytes(source: BackupSource, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
                          resume: tuple[int, int], skip: int) -> int:
     """Body bytes of the records still to publish (after ``resume`` and the ``skip`` already landed), in the window."""
     total = 0
@@ -252,7 +232,7 @@ def _incoming_body_bytes(storage: Storage, plan: QueuePlan, options: RestoreOpti
         if seg.sequence < resume[0]:
             continue
         start = resume[1] if seg.sequence == resume[0] else 0
-        for _i, r in iter_segment_records(storage, seg, options.verify_checksums, start, codec=codec):
+        for _i, r in source.records(seg, options.verify_checksums, start, codec=codec):
             if record_in_window(r.backed_up_at, s, e):
                 if skip:
                     skip -= 1
@@ -261,7 +241,7 @@ def _incoming_body_bytes(storage: Storage, plan: QueuePlan, options: RestoreOpti
     return total
 
 
-def target_problems(conn: Connection, client: Any, storage: Storage, plan: QueuePlan,
+def target_problems(conn: Connection, client: Any, source: BackupSource, plan: QueuePlan,
                     options: RestoreOptions, codec: ObjectCodec | None, state: QueueState,
                     skip_extra: int = 0) -> tuple[list[str], TargetLimits | None]:
     """(why the target may drop, expire or dead-letter what is still to publish, its limits); both
@@ -284,23 +264,23 @@ def target_problems(conn: Connection, client: Any, storage: Storage, plan: Queue
 
     def exact() -> int:
         if fresh:
-            return count_selected(storage, plan, options)
+            return count_selected(source, plan, options)
         return incoming
 
     depth_bytes = 0 if depth == 0 else (info.get("message_bytes") if isinstance(info.get("message_bytes"), int) else None)
     reasons = lossy_reasons(limits, depth, incoming, depth_bytes,
-                            lambda: _incoming_body_bytes(storage, plan, options, codec, resume, skip_extra), exact)
+                            lambda: _incoming_body_bytes(source, plan, options, codec, resume, skip_extra), exact)
     return reasons, limits
 
 
-def check_target_limits(conn: Connection, storage: Storage, plan: QueuePlan, options: RestoreOptions,
+def check_target_limits(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
                         codec: ObjectCodec | None, state: QueueState, res: QueueResult, skip_extra: int) -> TargetLimits | None:
     """Refuse a lossy target before publishing (unless ``allow_lossy_target``: then say so and go on)."""
     from ..management import ManagementClient
 
     try:
         with ManagementClient.for_connection(options.target, "target") as client:
-            reasons, limits = target_problems(conn, client, storage, plan, options, codec, state, skip_extra)
+            reasons, limits = target_problems(conn, client, source, plan, options, codec, state, skip_extra)
     except RestoreError as e:
         if not options.allow_lossy_target:
             raise
@@ -373,7 +353,7 @@ def _depth_and_consumers(conn: Connection, vhost: str, queue: str) -> tuple[int 
 
 
 def restore_queue_segments(
-    storage: Storage,
+    source: BackupSource,
     plan: QueuePlan,
     options: RestoreOptions,
     checkpoint: RestoreCheckpoint | NullCheckpoint | None = None,
@@ -410,11 +390,11 @@ def restore_queue_segments(
     conn = connect(options.target, plan.target_vhost, "target") if own else connection
     try:
         prepared = prepare_target(conn, plan, options, cp, state, res,
-                                  lambda seq, idx: record_body_at(storage, plan, seq, idx, options, codec))
+                                  lambda seq, idx: record_body_at(source, plan, seq, idx, options, codec))
         if prepared is None:
             return res  # skipped: the target already holds messages
         skip_extra, landed = prepared
-        limits = check_target_limits(conn, storage, plan, options, codec, state, res, skip_extra)
+        limits = check_target_limits(conn, source, plan, options, codec, state, res, skip_extra)
         resume = state.resume_point()
         if state.initial_depth is not None or state.segments:
             res.resumed_from = resume
@@ -422,7 +402,7 @@ def restore_queue_segments(
                               _PropertiesCache(plan.label))
         progress = _Progress(plan, options, cp, res, pub, state.confirmed, on_progress)
         try:
-            _publish(storage, plan, options, codec, pub, progress, resume, skip_extra, landed)
+            _publish(source, plan, options, codec, pub, progress, resume, skip_extra, landed)
             pub.drain()
             progress.commit(force=True)
             verify_target_depth(conn, plan, options, res, limits)
@@ -496,7 +476,7 @@ class _Progress:
         self._m_fail.inc(self.pub.failed)
 
 
-def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
+def _publish(source: BackupSource, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
              pub: RecordPublisher, progress: _Progress, resume: tuple[int, int], skip_extra: int,
              landed: LandedTail | None) -> None:
     """Every record of the plan after ``resume`` inside the window, in order; the first ``skip_extra``
@@ -511,7 +491,7 @@ def _publish(storage: Storage, plan: QueuePlan, options: RestoreOptions, codec: 
         start = resume_idx if seg.sequence == resume_seq else 0
         whole = segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e)
         n = seg.record_count
-        for i, r in iter_segment_records(storage, seg, options.verify_checksums, start, codec=codec):
+        for i, r in source.records(seg, options.verify_checksums, start, codec=codec):
             if not whole and not record_in_window(r.backed_up_at, s, e):
                 res.skipped_records += 1
                 continue

@@ -193,6 +193,7 @@ def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> di
     from rbak.keys import BackupLayout
     from rbak.restore.engine import checkpoint_fingerprint
     from rbak.restore.queue_restore import QueueResult, restore_queue_segments
+    from rbak.restore.source import BackupSource
 
     from .progress import StorageProgress
 
@@ -205,7 +206,7 @@ def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> di
     opts = options if u.whole_queue else dataclasses.replace(options, allow_non_empty=True, verify_target_depth=False)
     t0 = time.perf_counter()
     try:
-        res = restore_queue_segments(storage, p, opts, cp)
+        res = restore_queue_segments(BackupSource(storage, options.prefix), p, opts, cp)
     except RbakError as e:
         res = getattr(e, "queue_result", None)  # what the broker confirmed and the depth check found
         if res is None:
@@ -278,6 +279,7 @@ def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> No
     from rbak.keys import BackupLayout
     from rbak.restore.checkpoint import QueueState
     from rbak.restore.engine import refuse_lossy_targets
+    from rbak.restore.source import BackupSource
 
     from .progress import queue_progress_prefix
 
@@ -288,7 +290,7 @@ def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> No
             return None
         return QueueState(None, 0, False, {})
 
-    refuse_lossy_targets(storage, plans, options, state_of)
+    refuse_lossy_targets(BackupSource(storage, options.prefix), plans, options, state_of)
 
 
 def run_restore_job(spark, url: str, options, ordering: str = "strict", progress_id: str | None = None,
@@ -300,6 +302,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     from rbak.keys import BackupLayout
     from rbak.restore.engine import load_complete_manifest, run_restore, skipped_by_definitions
     from rbak.restore.plan import plan_restore
+    from rbak.restore.source import BackupSource
     from rbak.storage import open_storage
 
     from .progress import PROGRESS_DIR, default_progress_id, reset_progress
@@ -311,9 +314,10 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     url = str(url)  # a str subclass would be pickled by reference to its module
     t0 = time.perf_counter()
     storage = open_storage(url)
+    source = BackupSource(storage, options.prefix)
     warnings: list[str] = []
-    manifest = load_complete_manifest(storage, options, warnings)  # incremental streams: their whole chain, checked
-    options = options.with_data_key(storage, manifest)  # envelope: the data key travels with the options
+    manifest = load_complete_manifest(source, options, warnings)  # incremental streams: their whole chain, checked
+    options = options.with_data_key(source, manifest)  # envelope: the data key travels with the options
     for w in warnings:
         log(f"warning: {w}")
     chains = {(q.vhost, q.name): list(q.chain) for q in manifest.queues if q.chain}
@@ -328,7 +332,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     if options.restore_definitions or options.definitions_dry_run:
         from rbak.restore.definitions import import_definitions
 
-        definitions = import_definitions(storage, manifest, options)
+        definitions = import_definitions(source, manifest, options)
     skipped = [r for r in (skipped_by_definitions(p, definitions) for p in plans) if r is not None]
     plans = [p for p in plans if skipped_by_definitions(p, definitions) is None]
     _refuse_speculation(spark)
