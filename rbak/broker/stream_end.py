@@ -16,6 +16,12 @@ not delivered): on 3.11+ ``StreamStats`` confirms it (no chunk written, none
 committed), and on 3.10, which lacks it, the caller falls back to the
 quiet-period end, as it does whenever this probe cannot run (no stream
 listener on ``stream_port``, another broker on that port).
+
+Why not ``rstream`` (the RabbitMQ team's client, which the benchmarks use): its 1.1.1 has no
+``StreamStats`` command, and its frame decoder looks every response key up in its own enum,
+so a ``StreamStats`` answer would end its connection; adding the command would mean patching
+its registry for the whole process. It is also asyncio-only, and this probe is four
+commands on a blocking socket before a synchronous read.
 """
 
 from __future__ import annotations
