@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from .. import metrics
 from ..crypto import ChainCodec, ObjectCodec, codec_for
@@ -407,7 +407,7 @@ def restore_queue_segments(
         res.confirmed = state.confirmed
         return res
     own = connection is None
-    conn = connect(options.target, plan.target_vhost, "target") if own else connection
+    conn = connect(options.target, plan.target_vhost, "target") if connection is None else connection
     try:
         prepared = prepare_target(conn, plan, options, cp, state, res,
                                   lambda seq, idx: record_body_at(storage, plan, seq, idx, options, codec))
@@ -476,7 +476,7 @@ class _Progress:
         pub, plan = self.pub, self.plan
         adv, token = pub.take_progress()
         if adv:
-            self._last_token = token
+            self._last_token = cast("tuple[int, int, int]", token)  # (seq, idx, segment length): _publish's tokens
         now = time.monotonic()
         confirmed = self.confirmed_base + pub.confirmed + self.landed
         due = now - self._last_commit >= 0.25 or pub.confirmed - self._committed_at >= self.options.produce_batch_size
