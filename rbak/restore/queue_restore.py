@@ -21,7 +21,7 @@ from ..format.manifest import SegmentMetadata
 from ..format.reader import read_segment
 from ..format.record import BackupRecord, properties_key
 from ..storage.base import Storage
-from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
+from .checkpoint import NullCheckpoint, QueueCheckpoint, QueueState
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..broker.connect import connect
@@ -203,7 +203,7 @@ def held_description(depth: int | None, next_offset: int | None) -> str | None:
 
 
 def prepare_target(conn: Connection, plan: QueuePlan, options: RestoreOptions,
-                   cp: RestoreCheckpoint | NullCheckpoint, state: QueueState, res: QueueResult,
+                   cp: QueueCheckpoint, state: QueueState, res: QueueResult,
                    body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
     """Check the target before the first publish, or find what a killed run left in it.
 
@@ -376,7 +376,7 @@ def restore_queue_segments(
     storage: Storage,
     plan: QueuePlan,
     options: RestoreOptions,
-    checkpoint: RestoreCheckpoint | NullCheckpoint | None = None,
+    checkpoint: QueueCheckpoint | None = None,
     connection: Connection | None = None,
     on_progress: Callable[[QueueResult], None] | None = None,
 ) -> QueueResult:
@@ -453,7 +453,7 @@ class _Progress:
     """The confirmed prefix of one queue's run: into the checkpoint (at most every 0.25 s or batch),
     the metrics and the caller's ``on_progress``."""
 
-    def __init__(self, plan: QueuePlan, options: RestoreOptions, cp: RestoreCheckpoint | NullCheckpoint,
+    def __init__(self, plan: QueuePlan, options: RestoreOptions, cp: QueueCheckpoint,
                  res: QueueResult, pub: RecordPublisher, confirmed_base: int,
                  on_progress: Callable[[QueueResult], None] | None):
         self.plan, self.options, self.cp, self.res, self.pub = plan, options, cp, res, pub
