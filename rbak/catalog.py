@@ -29,6 +29,11 @@ class BackupEntry:
         return self.manifest is not None and self.manifest.is_complete
 
     @property
+    def completed_at(self) -> int | None:
+        """The manifest's ``completed_at`` (None without a manifest)."""
+        return self.manifest.completed_at if self.manifest is not None else None
+
+    @property
     def status(self) -> str:
         if self.error:
             return "unreadable"
@@ -115,7 +120,7 @@ def latest_complete(storage: Storage, prefix: str | None = "") -> BackupEntry | 
     backup id and incremental stream offsets skip it, with a warning.
     """
     done = sorted((e for e in list_backups(storage, prefix) if e.complete),
-                  key=lambda e: (e.manifest.completed_at, e.backup_id), reverse=True)
+                  key=lambda e: (e.completed_at, e.backup_id), reverse=True)
     for e in done:
         found = latest_validation(storage, e.backup_id, prefix)
         if found is not None and found[1].get("ok") is False:

@@ -163,8 +163,7 @@ def judge_versioning(status: str | None, lock_enabled: bool) -> Finding:
 
 def judge_object_lock(config: dict[str, Any] | None, policy: RetentionPolicy | None, write_once: bool
                       ) -> list[Finding]:
-    enabled = bool(config) and config.get("ObjectLockEnabled") == "Enabled"
-    if not enabled:
+    if not config or config.get("ObjectLockEnabled") != "Enabled":
         if write_once:
             return [Finding("error", "object-lock", "the storage URL asks for object_lock_mode but the bucket has "
                                                     "no Object Lock: every backup write is refused",
@@ -426,9 +425,9 @@ def check_directory(path: str, storage: Storage, prefix: str = "") -> list[Findi
     usage = shutil.disk_usage(path)
     newest = None
     try:
-        done = [e for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.is_complete]
+        done = [e.manifest for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.is_complete]
         if done:
-            newest = max(done, key=lambda e: e.manifest.created_at).manifest.total_bytes
+            newest = max(done, key=lambda m: m.created_at).total_bytes
     except RbakError:
         pass  # an unreadable catalogue is validate's business
     out.append(judge_free_space(usage.free, usage.total, newest))

@@ -336,15 +336,17 @@ def run_drill(storage: Storage, options: DrillOptions,
                                                 ).hexdigest()
         report.broker_version = str(client.overview().get("rabbitmq_version") or "") or None
         sources = {qb.vhost for qb in manifest.queues}
-        report.scratch_vhost = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
-        _create_scratch(client, report.scratch_vhost, sources, options, lambda: created.append(True))
+        report.scratch_vhost = scratch = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
+        _create_scratch(client, scratch, sources, options, lambda: created.append(True))
         if on_scratch_created is not None:
-            on_scratch_created(report.scratch_vhost)
-        _drill_queues(storage, manifest, ropts, options, report)
+            on_scratch_created(scratch)
+        _drill_queues(storage, manifest, ropts, options, report, scratch)
         failed = report.failed_queues
         report.passed = not failed
         if failed:
-            report.reason = f"backup {backup_id!r}: " + failed[0].error + (
+            first_error = failed[0].error
+            assert first_error is not None  # judge() fails a queue only with an error
+            report.reason = f"backup {backup_id!r}: " + first_error + (
                 f" (and {len(failed) - 1} more queue(s))" if len(failed) > 1 else "")
     except RbakError as e:
         report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
@@ -369,6 +371,7 @@ def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None
     from .management import q
 
     err: RbakError | None = None
+    assert report.scratch_vhost is not None  # named before the vhost PUT was sent
     path = f"vhosts/{q(report.scratch_vhost)}"
     for _ in range(attempts):
         try:
@@ -387,7 +390,8 @@ def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None
 
 
 def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOptions, options: DrillOptions,
-                  report: DrillReport) -> None:
+                  report: DrillReport, scratch: str) -> None:
+    """Restore every queue into ``scratch`` (``report.scratch_vhost``), read it back and judge it."""
     from .restore.queue_restore import plan_codec, restore_queue_segments
     from .restore.plan import plan_queue, plan_restore
     from .restore.source import BackupSource
@@ -395,11 +399,11 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
 
     source = BackupSource(storage, options.prefix)
     names = scratch_queue_names(manifest.queues)
-    vmap = tuple(sorted({(qb.vhost, report.scratch_vhost) for qb in manifest.queues}))
+    vmap = tuple(sorted({(qb.vhost, scratch) for qb in manifest.queues}))
     qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
     ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(source, manifest)
     plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
-    conn = connect(options.target, report.scratch_vhost, "target")
+    conn = connect(options.target, scratch, "target")
     try:
         for qb in manifest.queues:
             check = QueueCheck(qb.vhost, qb.name, qb.queue_type, names[(qb.vhost, qb.name)], qb.message_count)
@@ -420,7 +424,7 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
                 check.error = f"queue {qb.name!r} in vhost {qb.vhost!r}: {msg}"
             judge(check)
             if not conn.is_open:
-                conn = connect(options.target, report.scratch_vhost, "target")
+                conn = connect(options.target, scratch, "target")
     finally:
         try:
             conn.close()

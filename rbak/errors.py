@@ -26,6 +26,9 @@ class RbakError(Exception):
 
     prefix = "Error"
     exit_code = 1
+    # Set on an error escaping a run, for its summary (read with getattr: most errors carry none):
+    queue_result: object  # rbak.restore: the QueueResult of the queue whose restore failed
+    summary: object  # rbak.backup: the BackupSummary of the backup that failed
 
     def __str__(self) -> str:  # pragma: no cover - trivial
         return f"{self.prefix}: {super().__str__()}"

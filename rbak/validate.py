@@ -271,6 +271,7 @@ def validate_backup(
             report.notes.append(f"{unwrap_error}: sizes and SHA-256 of the stored objects checked, contents not "
                                 "decrypted")
         else:
+            assert m.encryption is not None  # the codec is encrypted
             report.notes.append(f"encrypted with key id {m.encryption.key_id!r}, which is not in the keyring: "
                                 "sizes and SHA-256 of the stored objects checked, contents not decrypted")
     check = (lambda s: check_segment(storage, s, codec)) if deep else (lambda s: shallow_check(storage, s))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
+from typing import overload
 
 
 def now() -> datetime:
@@ -43,6 +44,10 @@ def parse_time(text: str) -> datetime:
     return dt.astimezone(timezone.utc)
 
 
+@overload
+def fmt(dt: datetime) -> str: ...
+@overload
+def fmt(dt: datetime | None) -> str | None: ...
 def fmt(dt: datetime | None) -> str | None:
     """Kubernetes' time format: RFC 3339 UTC, whole seconds, 'Z'."""
     if dt is None:

@@ -33,7 +33,7 @@ def _b(desc: str, **kw: Any) -> dict[str, Any]:
     return {"type": "boolean", "description": desc, **kw}
 
 
-def _obj(desc: str, props: dict[str, Any], required: list[str] | None = None, **kw: Any) -> dict[str, Any]:
+def _obj(desc: str, props: dict[str, Any], required: list[str] | None = None, /, **kw: Any) -> dict[str, Any]:
     o: dict[str, Any] = {"type": "object", "description": desc, "properties": props}
     if required:
         o["required"] = required

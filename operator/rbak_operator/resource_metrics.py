@@ -119,10 +119,10 @@ def observe(plural: str, obj: dict[str, Any] | None) -> None:
         meta = obj.get("metadata") or {}
         ident = (kind, meta.get("namespace") or "", meta.get("name") or "")
         new = samples(kind, obj)
-        for metric, labels in _seen.get(ident, []):  # a reason that changed: drop the old series
-            if (metric, tuple(labels)) not in {(m, tuple(lab.values())) for m, lab, _ in new}:
+        for metric, old_labels in _seen.get(ident, []):  # a reason that changed: drop the old series
+            if (metric, tuple(old_labels)) not in {(m, tuple(lab.values())) for m, lab, _ in new}:
                 try:
-                    _GAUGES[metric].remove(*labels)
+                    _GAUGES[metric].remove(*old_labels)
                 except KeyError:
                     pass
         for metric, labels, value in new:

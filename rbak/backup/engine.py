@@ -92,6 +92,7 @@ class _Connections:
         c = conns.get(vhost)
         if c is not None and c.is_open:
             return c
+        assert self.cfg.source is not None  # a backup configuration (BackupEngine checked it)
         c = connect(self.cfg.source, vhost)
         conns[vhost] = c
         with self._lock:
@@ -169,7 +170,7 @@ class BackupEngine(StreamBackup):
     def run(self) -> BackupSummary:
         cfg, layout, storage = self.cfg, self.layout, self.storage
         t0 = time.monotonic()
-        client = ManagementClient.for_connection(cfg.source, "source")
+        client = ManagementClient.for_connection(self.source, "source")
         lease: Lease | None = None
         try:
             # nothing is written (or deleted) before the source has answered on every port with these
@@ -182,18 +183,18 @@ class BackupEngine(StreamBackup):
 
                 write_wraps(storage, layout, self.codec.wraps)
                 self.codec.wraps = []
-            log.info("backup %s of %s to %s", cfg.backup_id, cfg.source.safe_amqp_url, storage.url)
-            cluster = ov.get("cluster_name") or ov.get("node") or cfg.source.host
+            log.info("backup %s of %s to %s", self.backup_id, self.source.safe_amqp_url, storage.url)
+            cluster = ov.get("cluster_name") or ov.get("node") or self.source.host
             version = ov.get("rabbitmq_version")
-            summary = BackupSummary(cfg.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
+            summary = BackupSummary(self.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
                                     source_cluster=cluster)
-            manifest = BackupManifest(backup_id=cfg.backup_id, created_at=created_at, source_cluster=cluster,
+            manifest = BackupManifest(backup_id=self.backup_id, created_at=created_at, source_cluster=cluster,
                                       rabbitmq_version=version, backup_tool_version=__version__,
                                       encryption=self.codec.info)
             if not self.write_once:
                 storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
-            ckpt = Checkpoint(cfg.offset_storage.path, cfg.backup_id, storage_scope(storage, cfg.storage.prefix))
+            ckpt = Checkpoint(cfg.offset_storage.path, self.backup_id, storage_scope(storage, cfg.storage.prefix))
             self.client, self.policies, self.nack = client, PolicyCache(client), NackSupport(version)
             self.guards = GuardStore(storage, cfg.storage.prefix or "", cluster)
             try:
@@ -202,9 +203,9 @@ class BackupEngine(StreamBackup):
                 self._seed_checkpoint(ckpt, cluster)
                 streams = {(q.vhost, q.name) for q in queues if q.queue_type == "stream"}
                 if streams and cfg.backup.stream_incremental:
-                    self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, cfg.backup_id, streams)
+                    self._bases = stream_bases(storage, cfg.storage.prefix or "", cluster, self.backup_id, streams)
                 if cfg.backup.include_definitions:
-                    manifest.definitions = store_definitions(export_definitions(client, cfg.source.queues), storage, layout,
+                    manifest.definitions = store_definitions(export_definitions(client, self.source.queues), storage, layout,
                                                              self.compression, self.level, self.codec)
                     summary.definitions = manifest.definitions
                 results = self._run_pool(queues, ckpt, cluster, version, summary)
@@ -231,9 +232,9 @@ class BackupEngine(StreamBackup):
                     lines = "\n  - ".join(f"{q.vhost}/{q.name} ({q.status}): {q.error}" for q in failed)
                     err = PartialBackupError(
                         f"{len(failed)} of {len(summary.queues)} queue(s) failed, were refused or read short; backup "
-                        f"{cfg.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same backup_id to retry "
+                        f"{self.backup_id!r} is PARTIAL (recorded in its manifest; rerun the same backup_id to retry "
                         f"them):\n  - {lines}")
-                    err.summary = summary  # type: ignore[attr-defined]
+                    err.summary = summary
                     raise err
             finally:
                 ckpt.close()
@@ -248,25 +249,25 @@ class BackupEngine(StreamBackup):
         """Checks that touch nothing: the management API (URL, credentials), that every named vhost
         exists, the queue selection, the user's read permission where the API tells it, then the lease
         (whose AMQP connections prove the port, credentials and vhost access). Errors are one line."""
-        cfg, sel = self.cfg, self.cfg.source.queues
+        cfg, sel = self.cfg, self.source.queues
         ov = client.overview()
         known = client.vhosts()
         missing = [v for v in sel.vhosts if v not in known]
         if missing:
             raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
-                              f"{cfg.source.management_url} (vhosts user {cfg.source.mgmt_username!r} can see: "
+                              f"{self.source.management_url} (vhosts user {self.source.mgmt_username!r} can see: "
                               f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
         queues = self._select_queues(client)
         vhosts = sorted({q.vhost for q in queues} | set(sel.vhosts))
         if not vhosts:  # nothing selected: still prove the AMQP side of the configuration
-            url_vhost = cfg.source.url_vhost
+            url_vhost = self.source.url_vhost
             vhosts = [url_vhost] if url_vhost in known else []
-        check_read_permissions(client, cfg.source.username, queues, self._probe_read)
+        check_read_permissions(client, self.source.username, queues, self._probe_read)
         if not cfg.backup.lease:
             for v in vhosts:  # no lease: the AMQP port, credentials and vhost access are still proven
-                connect(cfg.source, v).close()
+                connect(self.source, v).close()
             return ov, queues, None
-        lease = acquire_lease(cfg, client, vhosts, lambda v, name: connect(cfg.source, v, name=name))
+        lease = acquire_lease(cfg, client, vhosts, lambda v, name: connect(self.source, v, name=name))
         if lease.waited:  # the other backup ran meanwhile: what the source holds now
             try:
                 self.skipped.clear()
@@ -277,7 +278,7 @@ class BackupEngine(StreamBackup):
         return ov, queues, lease
 
     def _probe_read(self, vhost: str, queues: list[QueueInfo]) -> list[str]:
-        conn = connect(self.cfg.source, vhost)
+        conn = connect(self.source, vhost)
         try:
             return probe_read_permissions(conn, vhost, queues)
         finally:
@@ -299,7 +300,7 @@ class BackupEngine(StreamBackup):
             used = next(iter(storage.list(layout.root + "/")), None)
             if used is not None:
                 raise ConfigError(
-                    f"backup_id: {self.cfg.backup_id!r} already has objects in {storage.url} ({used}); with "
+                    f"backup_id: {self.backup_id!r} already has objects in {storage.url} ({used}); with "
                     f"storage.object_lock_mode every object is written once, so a backup id cannot be resumed or "
                     f"reused: choose another backup_id")
             return now
@@ -313,24 +314,24 @@ class BackupEngine(StreamBackup):
         if not old.is_complete or retry:
             self._adopt_data_key(old)
             if old.encryption != self.codec.info:  # one backup's objects are never sealed two ways
-                was, now = _describe_encryption(old.encryption), _describe_encryption(self.codec.info)
-                raise ConfigError(f"encryption: the {old.state} backup {self.cfg.backup_id!r} was started with {was}, "
-                                  f"this configuration has {now}; resume it with the same encryption settings or use "
+                was, has = _describe_encryption(old.encryption), _describe_encryption(self.codec.info)
+                raise ConfigError(f"encryption: the {old.state} backup {self.backup_id!r} was started with {was}, "
+                                  f"this configuration has {has}; resume it with the same encryption settings or use "
                                   "another backup_id")
         if retry:
-            log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.cfg.backup_id,
+            log.warning("backup %s is partial: retrying its refused/failed queues (%s)", self.backup_id,
                         ", ".join(f"{q.vhost}/{q.name}" for q in old.queue_status if q.status != "skipped"))
             return old.created_at
         if old.is_complete:
             if not self.cfg.backup.overwrite:
                 raise ConfigError(
-                    f"backup_id: backup {self.cfg.backup_id!r} already exists and is complete in {storage.url} "
+                    f"backup_id: backup {self.backup_id!r} already exists and is complete in {storage.url} "
                     f"({layout.manifest}); choose another backup_id (backup.overwrite: true replaces it)")
-            log.warning("overwriting the complete backup %s (backup.overwrite)", self.cfg.backup_id)
+            log.warning("overwriting the complete backup %s (backup.overwrite)", self.backup_id)
             storage.delete_prefix(layout.root + "/")
             self._fresh = True
             return now
-        log.info("resuming the incomplete backup %s", self.cfg.backup_id)
+        log.info("resuming the incomplete backup %s", self.backup_id)
         return old.created_at
 
     def _adopt_data_key(self, old: BackupManifest) -> None:
@@ -342,7 +343,7 @@ class BackupEngine(StreamBackup):
         from ..envelope import data_key
 
         dek, _ = data_key(self.storage, self.layout, old.encryption, self.cfg.encryption.key_sources())
-        self.codec = ObjectCodec(self.cfg.backup_id, old.encryption, dek)
+        self.codec = ObjectCodec(self.backup_id, old.encryption, dek)
 
     def _seed_checkpoint(self, ckpt: Checkpoint, cluster: str) -> None:
         """Another machine's progress for this id, and the newest complete backup's stream offsets/guards."""
@@ -355,18 +356,23 @@ class BackupEngine(StreamBackup):
         except RbakError as e:
             log.warning("cannot list earlier backups for incremental stream offsets: %s", e)
             return
-        if entry is None or entry.backup_id == self.cfg.backup_id or entry.manifest.source_cluster != cluster:
+        if entry is None or entry.backup_id == self.backup_id:
+            return
+        previous = entry.manifest
+        assert previous is not None  # latest_complete: a complete backup, so with its manifest
+        if previous.source_cluster != cluster:
             return
         prev = BackupLayout(entry.backup_id, self.cfg.storage.prefix or "")
         try:
             from ..envelope import with_data_key
 
             ring = with_data_key(self.storage, self.cfg.storage.prefix or "", entry.backup_id,
-                                 entry.manifest.encryption, self._keyring(), self.cfg.encryption.kms(), required=False)
-            codec = codec_for(entry.backup_id, entry.manifest.encryption, ring, required=False)
+                                 previous.encryption, self._keyring(), self.cfg.encryption.kms(), required=False)
+            codec = codec_for(entry.backup_id, previous.encryption, ring, required=False)
             if not codec.can_open:
+                assert previous.encryption is not None  # an unencrypted backup's codec can always open
                 log.warning("no key for the previous backup %r (key id %r): streams are read from the start",
-                            entry.backup_id, entry.manifest.encryption.key_id)
+                            entry.backup_id, previous.encryption.key_id)
                 return
             data = codec.get(self.storage, prev.offsets_db)
         except NotFoundError:
@@ -374,7 +380,7 @@ class BackupEngine(StreamBackup):
         ckpt.merge_from_bytes(data, own_backup=False, cross=True, completed_backup=entry.backup_id, source=cluster)
 
     def _select_queues(self, client: ManagementClient) -> list[QueueInfo]:
-        sel = self.cfg.source.queues
+        sel = self.source.queues
         if sel.vhosts:
             infos: list[QueueInfo] = []
             for v in sel.vhosts:

@@ -37,7 +37,7 @@ class SegmentStore:
         self._segments = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
         self._bytes = metrics.segment_bytes().labels(vhost=vhost, queue=queue, queue_type=queue_type)
 
-    def __call__(self, sequence: int, data: bytes) -> str | tuple[str, bytes]:
+    def __call__(self, sequence: int, data: memoryview) -> str | tuple[str, bytes | bytearray | memoryview]:
         key = self.layout.segment(self.vhost, self.queue, sequence, self.compression)
         stored = self.codec.put(self.storage, key, data)
         self._segments.inc()

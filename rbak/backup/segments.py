@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from ..format.compression import Compression, check_level
 from ..format.manifest import SegmentMetadata
 from ..format.record import BackupRecord
-from ..format.segment import SegmentBuffer, SegmentPipeline, store_segment
+from ..format.segment import SegmentBuffer, SegmentPipeline, SegmentSink, store_segment
 
 
 def _lower_priority() -> None:
@@ -39,7 +39,7 @@ class AsyncSegmentWriter:
     """``SegmentWriter``'s rotation with one ``SegmentPipeline`` thread behind it, plus
     ``on_durable(meta, tag)`` called in that thread as soon as a segment is stored."""
 
-    def __init__(self, sink: Callable[[int, memoryview], str], compression: Compression, level: int | None,
+    def __init__(self, sink: SegmentSink, compression: Compression, level: int | None,
                  max_bytes: int, max_interval_ms: int, first_sequence: int = 1,
                  on_durable: Callable[[SegmentMetadata, Any], None] | None = None, max_inflight: int = 2):
         self._sink = sink

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from typing import Any, Callable
 
+from ..config import Config, ConnectionConfig
 from ..errors import RbakError
 from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
 from ..format.reader import read_segment
+from ..keys import BackupLayout
+from ..storage.base import Storage
 from .checkpoint import Checkpoint, QueueProgress
 from .convert import BROKER_HEADERS, to_record
 from .management import QueueInfo
 from .pipeline import ReadCounter, StreamIntake
 from .record_thread import RecordThread
-from .stream_chain import ChainDecision, decide
+from .segments import AsyncSegmentWriter
+from .stream_chain import ChainDecision, StreamBase, decide
 from ..broker.stream_end import probe_end
 from ..broker.stream_reader import chunk_timestamp, probe_offset, read_stream
 
@@ -29,7 +33,19 @@ log = logging.getLogger(__name__)
 
 
 class StreamBackup:
-    """Mixed into ``BackupEngine``: uses its cfg, layout, storage, progress, throttle, _bases, segment_writer, deadline."""
+    """Mixed into ``BackupEngine``: uses its cfg, source, layout, storage, progress, throttle, _bases, segment_writer,
+    deadline."""
+
+    # What ``BackupEngine`` provides (declared for the type checker only: no values here).
+    cfg: Config
+    source: ConnectionConfig  # cfg.source, checked
+    layout: BackupLayout
+    storage: Storage
+    progress: Callable[..., None]
+    throttle: Callable[[int], None] | None
+    _bases: dict[tuple[str, str], StreamBase]
+    segment_writer: Callable[..., AsyncSegmentWriter]
+    deadline: Callable[[], float | None]
 
     def _stream(self, q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, prog: QueueProgress | None) -> QueueBackup:
         """Streams: resumable per segment; an incremental backup proves it continues the previous one."""
@@ -75,7 +91,7 @@ class StreamBackup:
                               self.throttle)
         try:
             read_stream(conn, vhost, name, start, intake, prefetch=self.cfg.backup.prefetch_count,
-                        deadline=self.deadline(), end_offset=probe_end(self.cfg.source, conn, vhost, name))
+                        deadline=self.deadline(), end_offset=probe_end(self.source, conn, vhost, name))
         except BaseException:
             writer.abort()
             raise

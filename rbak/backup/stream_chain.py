@@ -119,15 +119,16 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
 
     try:
         entries = [e for e in list_backups(storage, prefix) if e.complete and e.backup_id != exclude]
-    except RbakError as e:
-        log.warning("cannot list earlier backups for incremental stream offsets: %s", e)
+    except RbakError as err:
+        log.warning("cannot list earlier backups for incremental stream offsets: %s", err)
         return {}
-    entries.sort(key=lambda e: (e.manifest.completed_at, e.backup_id), reverse=True)
+    entries.sort(key=lambda e: (e.completed_at, e.backup_id), reverse=True)
     out: dict[tuple[str, str], StreamBase] = {}
     for e in entries:
         if wanted is not None and wanted <= out.keys():
             break  # every stream of this run has its newest backup
         m = e.manifest
+        assert m is not None  # a complete backup has its manifest
         if m.source_cluster != cluster or (wanted is not None and not any(
                 (q.vhost, q.name) in wanted and (q.vhost, q.name) not in out for q in m.queues)):
             continue

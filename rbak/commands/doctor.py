@@ -57,7 +57,7 @@ def retention_from_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"--retention-file {path}: {where} is not a mapping of keepLast/keepDaily/.../maxAge")
     out: dict[str, Any] = {}
     for k, v in doc.items():
-        name = RETENTION_KEYS.get(k, k)
+        name = RETENTION_KEYS[k] if k in RETENTION_KEYS else k
         if name not in RETENTION_KEYS.values():
             raise ConfigError(f"--retention-file {path}: {where}.{k}: unknown; known: {', '.join(RETENTION_KEYS)}")
         out[name] = v

@@ -63,7 +63,7 @@ def iter_fields(cls: type = Config, path: str = ""):
         yield p, f, tp
         inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)] or ([tp] if dataclasses.is_dataclass(tp) else [])
         for sub in inner:
-            yield from iter_fields(sub, p)
+            yield from iter_fields(typing.cast(type, sub), p)  # a config section: a dataclass, not an instance
 
 
 def config_reference_markdown() -> str:
@@ -99,7 +99,7 @@ def json_schema(cls: type = Config) -> dict[str, Any]:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin in (Union, types.UnionType):
             opts = [schema_of(a, meta) for a in args if a is not type(None)]
-            s = opts[0] if len(opts) == 1 else {"anyOf": opts}
+            s: dict[str, Any] = opts[0] if len(opts) == 1 else {"anyOf": opts}
             return {"anyOf": [s, {"type": "null"}]} if type(None) in args else s
         if origin is Literal:
             return {"enum": list(args)}
@@ -108,8 +108,8 @@ def json_schema(cls: type = Config) -> dict[str, Any]:
         if origin is dict:
             return {"type": "object", "additionalProperties": schema_of(args[1], {})}
         if dataclasses.is_dataclass(tp):
-            return obj(tp)
-        s: dict[str, Any] = {"type": {int: "integer", str: "string", float: "number", bool: "boolean"}[tp]}
+            return obj(typing.cast(type, tp))  # a type hint: the section's dataclass, not an instance
+        s = {"type": {int: "integer", str: "string", float: "number", bool: "boolean"}[tp]}
         if meta.get("min") is not None:
             s["minimum"] = meta["min"]
         if meta.get("max") is not None:

@@ -134,7 +134,7 @@ def _coerce(tp: Any, v: Any, path: str, errors: list[str], env: typing.Mapping[s
     if dataclasses.is_dataclass(tp):
         # Keep a partly invalid section (its bad fields at their defaults) so the
         # cross-field checks still run on the rest; the errors are already listed.
-        obj = _build(tp, v, path, errors, env)
+        obj = _build(typing.cast(type, tp), v, path, errors, env)  # a type hint: the class, not an instance
         return obj is not None, obj
     if tp is bool:
         return _coerce_bool(v, path, errors, env)

@@ -70,7 +70,7 @@ def scan_deliveries_py(buf, pos: int, channel: int) -> tuple[int, list[tuple], i
         f = _frame(buf, pos)
         if f == INCOMPLETE:
             return pos, out, INCOMPLETE
-        if f == BROKEN:
+        if isinstance(f, int):  # BROKEN (the only other int _frame returns)
             return pos, out, OTHER  # not ours to judge: pika's decoder reports it
         ftype, chan, pl, size = f
         if ftype != FRAME_METHOD or chan != channel or size < 4 or _U16.unpack_from(buf, pl)[0] != BASIC_CLASS \
@@ -99,7 +99,8 @@ def scan_deliveries_py(buf, pos: int, channel: int) -> tuple[int, list[tuple], i
         h = _frame(buf, q)
         if h == INCOMPLETE:
             return pos, out, INCOMPLETE
-        if h == BROKEN or h[0] != FRAME_HEADER or h[1] != channel or h[3] < 14 \
+        # past INCOMPLETE the only int _frame returns is BROKEN
+        if isinstance(h, int) or h[0] != FRAME_HEADER or h[1] != channel or h[3] < 14 \
                 or _U16.unpack_from(buf, h[2])[0] != BASIC_CLASS:
             return pos, out, BROKEN
         body_size = _U64.unpack_from(buf, h[2] + 4)[0]
@@ -111,7 +112,7 @@ def scan_deliveries_py(buf, pos: int, channel: int) -> tuple[int, list[tuple], i
             b = _frame(buf, q)
             if b == INCOMPLETE:
                 return pos, out, INCOMPLETE
-            if b == BROKEN or b[0] != FRAME_BODY or b[1] != channel or got + b[3] > body_size:
+            if isinstance(b, int) or b[0] != FRAME_BODY or b[1] != channel or got + b[3] > body_size:  # int: BROKEN
                 return pos, out, BROKEN
             parts.append(bytes(buf[b[2]:b[2] + b[3]]))
             got += b[3]

@@ -74,7 +74,7 @@ def check_level(compression: Compression, level: int | None, where: str = "backu
     return 0
 
 
-def compress(data: bytes, compression: Compression, level: int | None = None) -> bytes:
+def compress(data: bytes | memoryview, compression: Compression, level: int | None = None) -> bytes:
     if compression is Compression.ZSTD:
         return _zstd_compressor(check_level(compression, level)).compress(data)
     if compression is Compression.LZ4:

@@ -169,7 +169,7 @@ def decode_segment(data: bytes | memoryview, key: str = "<segment>") -> Segment:
     return Segment(header, records, len(raw))
 
 
-def sha256_hex(data: bytes | memoryview) -> str:
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -204,7 +204,7 @@ def encode_segment(
     return frame_segment(payload, len(records), first, last, compression, level)
 
 
-SegmentSink = Callable[[int, memoryview], "str | tuple[str, bytes]"]
+SegmentSink = Callable[[int, memoryview], "str | tuple[str, bytes | bytearray | memoryview]"]
 """Stores a finished segment: (sequence, file bytes) -> storage key, or (key, bytes stored) when the
 sink stored something else (an encrypted backup's sealed object: the manifest describes what is stored).
 
@@ -301,6 +301,7 @@ class SegmentBuffer:
         _HEADER.pack_into(buf, 0, MAGIC, VERSION, int(compression), self.count, self.first_ts, self.last_ts)
         if compression is Compression.NONE and self._payload_crc is not None:
             # the payload's CRC was taken as add_from wrote it: join the header's to it
+            assert _crc32_combine is not None  # only the C helper's add_from keeps the payload's CRC
             crc = _crc32_combine(zlib.crc32(buf[:HEADER_SIZE]), self._payload_crc, n - HEADER_SIZE)
         else:
             with memoryview(buf) as mv, mv[:n] as body:
@@ -450,7 +451,7 @@ def store_segment(
         finally:
             if helper is not None:
                 helper.join()
-        stored = data
+        stored: bytes | bytearray | memoryview = data
         if not isinstance(key, str):  # (key, the bytes actually stored): an encrypted backup's sealed object
             key, stored = key
         checksum = hashed[0] if hashed and stored is data else sha256_hex(stored)
@@ -656,6 +657,7 @@ class SegmentWriter:
         faulting in 128 MiB costs about as much as writing it. Nothing for a buffer already warm."""
         seg = self._seg
         if self._spool is not None and seg.count == 0 and seg.stream is None and len(seg._buf) < self._stream_room():
+            assert _reserve is not None  # a spool is kept only with the C helper (``streamable``)
             _reserve(seg._buf, self._stream_room(), True)
 
     def _start_stream(self, seg: SegmentBuffer) -> None:
@@ -664,6 +666,8 @@ class SegmentWriter:
         A source decoding as it yields (a stream, a classic queue) keeps the whole-segment store:
         measured on an idle machine, the writes and their writeback then compete with its decoding
         for the cores and the import came out slower (stream 0.82x of the floor against 0.91x)."""
+        # Called only with a spool, which is kept only with a pipeline and the C helper (``streamable``).
+        assert self._spool is not None and self._pipeline is not None and _reserve is not None
         spool = self._spool(self.next_sequence)
         if spool is None:
             return
@@ -679,6 +683,7 @@ class SegmentWriter:
             return
         if expect > n and (seg.payload_bytes >= self.max_bytes or seg.payload_bytes / n * expect > self.max_bytes):
             return  # more segments to come: hashing as written would be wasted
+        assert seg.stream is not None  # called for a segment being streamed
         try:
             seg.stream.guess(_HEADER.pack(MAGIC, VERSION, int(self.compression), expect, seg.first_ts, seg.first_ts))
         except struct.error:  # out of the header's range: the real header says what is wrong

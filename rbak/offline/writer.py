@@ -144,7 +144,7 @@ class _ImportRun:
     def write_queue(self, vhost: str, name: str, queue_type: str, records: Iterable[BackupRecord]) -> QueueBackup:
         qb = QueueBackup(vhost=vhost, name=name, queue_type=queue_type)
 
-        def sink(seq: int, data: memoryview) -> str | tuple[str, bytes]:
+        def sink(seq: int, data: memoryview) -> str | tuple[str, bytes | bytearray | memoryview]:
             key = self.layout.segment(vhost, name, seq, self.compression)
             stored = self.codec.put(self.storage, key, data)
             self.written.append(key)

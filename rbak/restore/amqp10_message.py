@@ -28,7 +28,7 @@ record out, and why:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from ..format.amqp10 import (
     APPLICATION_PROPERTIES,
@@ -78,6 +78,10 @@ class _NotExact(Exception):
 
 
 # -- the checks and the mapping ---------------------------------------------
+@overload
+def _short_text(v: str) -> str: ...
+@overload
+def _short_text(v: str | None) -> str | None: ...
 def _short_text(v: str | None) -> str | None:
     """A shortstr property that 1.0 carries as utf8 and converts back unchanged."""
     if v is None:

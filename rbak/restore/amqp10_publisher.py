@@ -189,7 +189,9 @@ class _Wire:
                     raise AmqpError(f"{self.where}: {t.condition or 'transport closed'}")
                 if n == 0:
                     break
-                t.pop(self.sock.send(t.peek(n)))
+                out = t.peek(n)
+                assert out is not None  # n > 0 bytes are pending
+                t.pop(self.sock.send(out))
             if self.poller.poll(wait * 1000):
                 data = self.sock.recv(max(t.capacity(), 4096))
                 if not data:

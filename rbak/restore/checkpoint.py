@@ -26,6 +26,7 @@ import os
 import sqlite3
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import CheckpointError
 
@@ -170,6 +171,21 @@ class NullCheckpoint:
 
     def close(self) -> None:
         pass
+
+
+class QueueCheckpoint(Protocol):
+    """What restoring one queue (``queue_restore``) asks of its checkpoint: a ``RestoreCheckpoint``,
+    the ``NullCheckpoint``, or the Spark restore's progress kept in backup storage."""
+
+    def load(self, source_vhost: str, source_queue: str, /) -> QueueState: ...
+
+    def start_queue(self, source_vhost: str, source_queue: str, target_vhost: str, target_queue: str,
+                    initial_depth: int, initial_offset: int | None = None, /) -> None: ...
+
+    def record(self, source_vhost: str, source_queue: str, sequence: int, next_index: int, segment_done: bool,
+               confirmed: int, /) -> None: ...
+
+    def finish_queue(self, source_vhost: str, source_queue: str, /) -> None: ...
 
 
 def open_checkpoint(path: str | None, fingerprint: dict[str, object]) -> RestoreCheckpoint | NullCheckpoint:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from .. import metrics
 from ..crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
 from ..format.record import BackupRecord, properties_key
-from .checkpoint import NullCheckpoint, QueueState, RestoreCheckpoint
+from .checkpoint import NullCheckpoint, QueueCheckpoint, QueueState
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..broker.connect import connect
@@ -183,7 +183,7 @@ def held_description(depth: int | None, next_offset: int | None) -> str | None:
 
 
 def prepare_target(conn: Connection, plan: QueuePlan, options: RestoreOptions,
-                   cp: RestoreCheckpoint | NullCheckpoint, state: QueueState, res: QueueResult,
+                   cp: QueueCheckpoint, state: QueueState, res: QueueResult,
                    body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
     """Check the target before the first publish, or find what a killed run left in it.
 
@@ -356,7 +356,7 @@ def restore_queue_segments(
     source: BackupSource,
     plan: QueuePlan,
     options: RestoreOptions,
-    checkpoint: RestoreCheckpoint | NullCheckpoint | None = None,
+    checkpoint: QueueCheckpoint | None = None,
     connection: Connection | None = None,
     on_progress: Callable[[QueueResult], None] | None = None,
 ) -> QueueResult:
@@ -387,7 +387,7 @@ def restore_queue_segments(
         res.confirmed = state.confirmed
         return res
     own = connection is None
-    conn = connect(options.target, plan.target_vhost, "target") if own else connection
+    conn = connect(options.target, plan.target_vhost, "target") if connection is None else connection
     try:
         prepared = prepare_target(conn, plan, options, cp, state, res,
                                   lambda seq, idx: record_body_at(source, plan, seq, idx, options, codec))
@@ -433,7 +433,7 @@ class _Progress:
     """The confirmed prefix of one queue's run: into the checkpoint (at most every 0.25 s or batch),
     the metrics and the caller's ``on_progress``."""
 
-    def __init__(self, plan: QueuePlan, options: RestoreOptions, cp: RestoreCheckpoint | NullCheckpoint,
+    def __init__(self, plan: QueuePlan, options: RestoreOptions, cp: QueueCheckpoint,
                  res: QueueResult, pub: RecordPublisher, confirmed_base: int,
                  on_progress: Callable[[QueueResult], None] | None):
         self.plan, self.options, self.cp, self.res, self.pub = plan, options, cp, res, pub
@@ -456,7 +456,7 @@ class _Progress:
         pub, plan = self.pub, self.plan
         adv, token = pub.take_progress()
         if adv:
-            self._last_token = token
+            self._last_token = cast("tuple[int, int, int]", token)  # (seq, idx, segment length): _publish's tokens
         now = time.monotonic()
         confirmed = self.confirmed_base + pub.confirmed + self.landed
         due = now - self._last_commit >= 0.25 or pub.confirmed - self._committed_at >= self.options.produce_batch_size

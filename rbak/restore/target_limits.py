@@ -98,8 +98,9 @@ def matching_definition(policies: list[dict[str, Any]], queue: str, queue_type: 
     merged: dict[str, Any] = {}
     for p in best:
         for k, v in (p.get("definition") or {}).items():
-            if k in NUMERIC and k in merged and _number(v) is not None and _number(merged[k]) is not None:
-                merged[k] = min(_number(v), _number(merged[k]))
+            if k in NUMERIC and k in merged and (nv := _number(v)) is not None \
+                    and (nm := _number(merged[k])) is not None:
+                merged[k] = min(nv, nm)
             else:
                 merged.setdefault(k, v)
     return merged, " / ".join(sorted(str(p.get("name")) for p in best))
@@ -121,10 +122,10 @@ def effective_limits(queue_type: str, arguments: dict[str, Any], policy: dict[st
         if not cands:
             continue
         if key in NUMERIC:
-            nums = [c for c in cands if _number(c.value) is not None]
+            nums = [(n, c) for c in cands if (n := _number(c.value)) is not None]
             if nums:
-                best = min(nums, key=lambda c: _number(c.value))
-                out[key] = Setting(key, _number(best.value), best.source)
+                n, best = min(nums, key=lambda t: t[0])
+                out[key] = Setting(key, n, best.source)
         else:
             out[key] = cands[0]
     return TargetLimits(queue_type, out)

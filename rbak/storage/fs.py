@@ -171,6 +171,7 @@ class FileSpool(Spool):
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
+            assert self._tmp is not None  # only discard() clears it, and it closes the fd too
             os.replace(self._tmp, self.path)
             self._tmp = None
             _fsync_dir(self.path.parent)

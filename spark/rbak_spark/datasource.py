@@ -31,14 +31,6 @@ from typing import Any, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-try:  # filter pushdown arrived in Spark 4.1; on 4.0 pushFilters is never called
-    from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
-except ImportError:  # pragma: no cover - Spark 4.0
-    class _Never:
-        pass
-
-    EqualTo = GreaterThan = GreaterThanOrEqual = In = LessThan = LessThanOrEqual = _Never
-
 NAME = "rbak"
 
 PROPERTIES_TYPE = (
@@ -159,6 +151,9 @@ class RbakReader(DataSourceReader):
 
     def pushFilters(self, filters):
         """Prune by time and by vhost/queue; every filter still goes back to Spark."""
+        # Spark 4.1 filter pushdown (4.0 has no filter classes and never calls this)
+        from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
+
         for f in filters:
             col = getattr(f, "attribute", None)
             if col in _TS_COLUMNS:
@@ -232,6 +227,7 @@ class RbakReader(DataSourceReader):
 
             info = EncryptionInfo(p.key_id, dek_fingerprint=p.dek_fingerprint)
             codec = codec_for(p.backup_id, info, keyring_for(storage, p.url, p.prefix, p.backup_id, info))
+        assert p.segment is not None  # partitions() always sets it
         meta = SegmentMetadata.from_json_obj(p.segment, p.key)
         yield from rows_of_segment(p, (r for _, r in read_segment(storage, meta, codec=codec)))
 

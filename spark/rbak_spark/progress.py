@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -71,16 +72,17 @@ class StorageProgress:
         self.fingerprint = fingerprint
         self.key = run_key(layout, progress_id, vhost, queue, sequences[0] if sequences else 0)
         self._lock = threading.Lock()
-        self._obj = {"fingerprint": fingerprint, "source_vhost": vhost, "source_queue": queue,
+        self._obj: dict[str, Any] = {"fingerprint": fingerprint, "source_vhost": vhost, "source_queue": queue,
                      "sequences": self.sequences, "whole_queue": whole_queue, "initial_depth": None,
                      "initial_offset": None,
                      "confirmed": 0, "done": False, "segments": {}}
 
     # -- reading ---------------------------------------------------------
 
-    def _runs(self) -> list[dict]:
+    def _runs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(key, run object) of every run of the queue."""
         prefix = queue_progress_prefix(self.layout, self.progress_id, self.vhost, self.queue)
-        out = []
+        out: list[tuple[str, dict[str, Any]]] = []
         for key in self.storage.list(prefix):
             if not key.endswith(".json"):
                 continue

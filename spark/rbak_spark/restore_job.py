@@ -28,9 +28,13 @@ import argparse
 import dataclasses
 import sys
 import time
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import orjson
+
+if TYPE_CHECKING:  # imported where used (executors import little)
+    from rbak.format.manifest import SegmentMetadata
+    from rbak.restore.plan import QueuePlan
 
 
 # Runs published concurrently by one task. A publisher waits on confirms most of the
@@ -42,7 +46,7 @@ PUBLISHERS_PER_TASK = 4
 class RestoreUnit:
     """One task's work: a plan (a queue, or a contiguous run of its segments)."""
 
-    plan: object  # rbak.restore.plan.QueuePlan
+    plan: QueuePlan
     whole_queue: bool
     run_index: int
     runs: int
@@ -115,14 +119,16 @@ def build_options(args: argparse.Namespace):
 # --------------------------------------------------------------------------
 
 
-def split_plan(plan, runs: int) -> list:
+def split_plan(plan: QueuePlan, runs: int) -> list[QueuePlan]:
     """Cut a plan into at most ``runs`` contiguous runs of segments, balanced by record count."""
     segs = list(plan.segments)
     runs = max(1, min(runs, len(segs)))
     if runs == 1:
         return [plan]
     total = sum(s.record_count for s in segs)
-    out, cur, acc = [], [], 0
+    out: list[list[SegmentMetadata]] = []
+    cur: list[SegmentMetadata] = []
+    acc = 0
     for i, s in enumerate(segs):
         cur.append(s)
         acc += s.record_count
@@ -208,13 +214,14 @@ def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> di
     try:
         res = restore_queue_segments(BackupSource(storage, options.prefix), p, opts, cp)
     except RbakError as e:
-        res = getattr(e, "queue_result", None)  # what the broker confirmed and the depth check found
-        if res is None:
-            res = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
+        failed: QueueResult | None = getattr(e, "queue_result", None)  # what the broker confirmed and the depth check found
+        if failed is None:
+            failed = QueueResult(p.source_vhost, p.source_queue, p.target_vhost, p.target_queue, p.queue_type)
             try:
-                res.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
+                failed.confirmed = cp.load(p.source_vhost, p.source_queue).confirmed
             except RbakError:
                 pass
+        res = failed
         res.status, res.error = "failed", str(e)
     out = dataclasses.asdict(res)
     out.update(run=u.run_index, runs=u.runs, segments=len(p.segments),
@@ -343,8 +350,8 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         log(f"progress {progress_id}: deleted {n} object(s)")
     sc = spark.sparkContext
     units, notes = plan_units(plans, ordering, sc.defaultParallelism)
-    for n in notes:
-        log(n)
+    for note in notes:
+        log(note)
     if any(not u.whole_queue for u in units):
         _check_split_targets(storage, options, units, progress_id)
     _refuse_lossy_targets(storage, options, plans, progress_id)

@@ -65,7 +65,7 @@ def write_backup(
     for spec in queues:
         qb = QueueBackup(vhost=spec.vhost, name=spec.name, queue_type=spec.queue_type)
 
-        def sink(seq: int, data: bytes, spec: QueueSpec = spec) -> str:
+        def sink(seq: int, data: memoryview, spec: QueueSpec = spec) -> str:
             key = layout.segment(spec.vhost, spec.name, seq, compression)
             storage.put(key, data)
             return key

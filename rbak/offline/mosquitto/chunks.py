@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Iterator, Union
+from typing import Iterator, Union, cast
 
 
 MAGIC = b"\x00\xb5\x00mosquitto db"
@@ -131,31 +131,31 @@ class MqttProperties:
 
     @property
     def content_type(self) -> str | None:
-        return self.first(CONTENT_TYPE)  # type: ignore[return-value]
+        return cast("str | None", self.first(CONTENT_TYPE))
 
     @property
     def response_topic(self) -> str | None:
-        return self.first(RESPONSE_TOPIC)  # type: ignore[return-value]
+        return cast("str | None", self.first(RESPONSE_TOPIC))
 
     @property
     def correlation_data(self) -> bytes | None:
-        return self.first(CORRELATION_DATA)  # type: ignore[return-value]
+        return cast("bytes | None", self.first(CORRELATION_DATA))
 
     @property
     def payload_format_indicator(self) -> int | None:
-        return self.first(PAYLOAD_FORMAT_INDICATOR)  # type: ignore[return-value]
+        return cast("int | None", self.first(PAYLOAD_FORMAT_INDICATOR))
 
     @property
     def message_expiry_interval(self) -> int | None:
-        return self.first(MESSAGE_EXPIRY_INTERVAL)  # type: ignore[return-value]
+        return cast("int | None", self.first(MESSAGE_EXPIRY_INTERVAL))
 
     @property
     def user_properties(self) -> tuple[tuple[str, str], ...]:
-        return tuple(v for k, v in self.items if k == USER_PROPERTY)  # type: ignore[misc]
+        return tuple(cast("tuple[str, str]", v) for k, v in self.items if k == USER_PROPERTY)
 
     @property
     def subscription_identifiers(self) -> tuple[int, ...]:
-        return tuple(v for k, v in self.items if k == SUBSCRIPTION_IDENTIFIER)  # type: ignore[misc]
+        return tuple(cast(int, v) for k, v in self.items if k == SUBSCRIPTION_IDENTIFIER)
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -193,20 +193,21 @@ def encode_properties(props: MqttProperties) -> bytes:
             raise ValueError(f"unknown MQTT property identifier {ident}")
         body += encode_varint(ident)
         if t is PropType.BYTE:
-            body.append(int(value))  # type: ignore[arg-type]
+            body.append(int(cast(int, value)))
         elif t is PropType.U16:
             body += struct.pack(">H", value)
         elif t is PropType.U32:
             body += struct.pack(">I", value)
         elif t is PropType.VARINT:
-            body += encode_varint(int(value))  # type: ignore[arg-type]
+            body += encode_varint(int(cast(int, value)))
         elif t is PropType.STRING:
-            raw = _raw(value)  # type: ignore[arg-type]
+            raw = _raw(cast(str, value))
             body += struct.pack(">H", len(raw)) + raw
         elif t is PropType.BINARY:
-            body += struct.pack(">H", len(value)) + bytes(value)  # type: ignore[arg-type]
+            data = cast(bytes, value)
+            body += struct.pack(">H", len(data)) + bytes(data)
         else:
-            k, v = value  # type: ignore[misc]
+            k, v = cast("tuple[str, str]", value)
             rk, rv = _raw(k), _raw(v)
             body += struct.pack(">H", len(rk)) + rk + struct.pack(">H", len(rv)) + rv
     return encode_varint(len(body)) + bytes(body)

@@ -65,7 +65,7 @@ def _name(b: bytes, pos: int, what: str) -> str:
 class _Cur:
     __slots__ = ("buf", "pos", "end", "u64")
 
-    def __init__(self, buf: bytes, pos: int, end: int, byte_order: str):
+    def __init__(self, buf: bytes | mmap.mmap, pos: int, end: int, byte_order: str):
         self.buf = buf
         self.pos = pos
         self.end = end
@@ -149,7 +149,7 @@ def _parse_properties(c: _Cur, end: int) -> MqttProperties:
 
 
 class _Reader:
-    def __init__(self, path: str, buf: bytes, byte_order: str, skip_damaged: bool):
+    def __init__(self, path: str, buf: bytes | mmap.mmap, byte_order: str, skip_damaged: bool):
         self.path = path
         self.buf = buf
         self.size = len(buf)

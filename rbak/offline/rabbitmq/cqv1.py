@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator
 
-from .damage import ImportContext, MappedFile
+from .damage import FileView, ImportContext, MappedFile
 from .msg_store import MessageStore
 from .stored_message import StoredMessage, decode_stored_message
 from ...errors import MessageFormatError
@@ -146,7 +146,7 @@ def _check_count(qdir: str, seg: int, entries: dict[int, Entry], want: int, has_
         entries.clear()
 
 
-def _parse_pub(mv: memoryview, pos: int, n: int, persistent: bool, f: MappedFile) -> Pub | str:
+def _parse_pub(mv: FileView, pos: int, n: int, persistent: bool, f: MappedFile) -> Pub | str:
     """The publish body at ``pos``; a string says what is wrong."""
     if pos + PUB_TAIL > n:
         return f"truncated publish record: needs {PUB_TAIL} bytes, {n - pos} left"

@@ -108,7 +108,7 @@ def iter_messages(
                         continue
                     kind = loc[0]
                     if kind == 1:
-                        m = store.read(loc[1:17], f"{where} SeqId {seq_id}")
+                        msg = store.read(loc[1:17], f"{where} SeqId {seq_id}")
                     elif kind == 2:
                         _, off, ssize, zero = _QS_LOC.unpack(loc)
                         if zero:
@@ -124,15 +124,16 @@ def iter_messages(
                                 qs_ok = _header(qs, QS_MAGIC, ctx) is not None
                         if not qs_ok:
                             continue
-                        m = _read_qs(qs, off, ssize, seq_id, ctx)
+                        assert qs is not None  # qs_ok is True only once qs is open
+                        msg = _read_qs(qs, off, ssize, seq_id, ctx)
                     elif not loc.strip(b"\x00"):
                         memory_only += 1
                         continue
                     else:
                         ctx.damaged(path, entry_at, f"unknown message location type {kind}")
                         continue
-                    if m is not None:
-                        yield seq_id, m
+                    if msg is not None:
+                        yield seq_id, msg
                 _check_store_tail(path, qs, end, ctx)
             finally:
                 if qs is not None:

@@ -13,6 +13,7 @@ import mmap
 import os
 import stat
 from dataclasses import dataclass, field
+from typing import Union
 
 from ...errors import ImportFormatError
 
@@ -55,6 +56,9 @@ MAP_ABOVE = 64 * 1024 * 1024
 pages a reader touches are ever resident."""
 WINDOW = 32 * 1024 * 1024
 
+FileView = Union[bytes, mmap.mmap]
+"""A :class:`MappedFile`'s contents: read (bytes) or mapped; slicing either gives bytes."""
+
 
 class MappedFile:
     """A file read whole, read-only (never written, never locked).
@@ -70,7 +74,8 @@ class MappedFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
-        self._map = None
+        self._map: mmap.mmap | None = None
+        self.view: FileView
         with open(self.path, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):

@@ -203,10 +203,10 @@ def iter_quorum_queues(node_dir: str, ctx: ImportContext, backed_up_at: int
                 ctx.damaged(s.path, None, "cannot tell which quorum queue this Ra server belongs to (no "
                             "queue_resource in its config or log); skipped")
                 continue
-            found.append((s, log, meta.get(uid)))
-    found.sort(key=lambda f: (f[0].vhost, f[0].name))
-    for s, log, m in found:
-        iq = ImportedQuorum(s.vhost, s.name, 0, s.path)
+            found.append((s.vhost, s.name, s, log, meta.get(uid)))
+    found.sort(key=lambda f: (f[0], f[1]))
+    for vhost, name, s, log, m in found:
+        iq = ImportedQuorum(vhost, name, 0, s.path)
         last = m[2] if m else (max(log.entries) if log.entries else 0)
         iq.detail = f"{_role(s, m)}, last applied index {last}"
         recs = QueueRecords()
@@ -287,9 +287,10 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             e = m.properties.expiration if m else None
             return int(e) if isinstance(e, str) and e.isdigit() else None
 
-        replay = _start(s, snap, priority, ttl, size, ctx)
-        if replay is None:
+        started = _start(s, snap, priority, ttl, size, ctx)
+        if started is None:
             return
+        replay = started
         bodies: dict[int, Any] = {}
         for idx in idxs:
             _term, data, path, pos = entries[idx]
@@ -319,7 +320,7 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             if not sm:
                 continue
             iq.exported += 1
-            yield to_record(sm, s.vhost, s.name, m.idx, backed_up_at)
+            yield to_record(sm, iq.vhost, iq.name, m.idx, backed_up_at)
     finally:
         ctx.queue = None
 

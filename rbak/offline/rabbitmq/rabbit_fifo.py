@@ -86,7 +86,9 @@ class Ready:
             hi, no = self.buckets.get(1), self.buckets.get(0)
             if hi and no and self.counter == 2:
                 return hi[0] if hi[0].idx < no[0].idx else no[0]
-            return (hi or no)[0]
+            either = hi or no
+            assert either is not None  # live is not empty, and in this mode every level is 0 or 1
+            return either[0]
         return self.buckets[max(live)][0]
 
     def pop(self) -> Msg | None:
@@ -97,7 +99,12 @@ class Ready:
             hi, no = self.buckets.get(1), self.buckets.get(0)
             c0 = self.counter
             self.counter = 0 if c0 == 2 else c0 + 1
-            m = (hi if hi[0].idx < no[0].idx else no).popleft() if hi and no and c0 == 2 else (hi or no).popleft()
+            if hi and no and c0 == 2:
+                m = (hi if hi[0].idx < no[0].idx else no).popleft()
+            else:
+                either = hi or no
+                assert either is not None  # live is not empty, and in this mode every level is 0 or 1
+                m = either.popleft()
         else:
             m = self.buckets[max(live)].popleft()
         self.bytes -= m.size
@@ -382,7 +389,9 @@ class FifoReplay(ConsumerRules):
             m = self.returns[0] if self.returns else self.ready.peek()
             if m is None or m.expiry is None or self.ts < m.expiry:
                 return
-            self._dead_letter(self._take())
+            taken = self._take()
+            assert taken is not None  # m was there to take
+            self._dead_letter(taken)
             self.expired += 1
 
     def _checkout(self) -> None:

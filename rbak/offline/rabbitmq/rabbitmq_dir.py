@@ -258,7 +258,7 @@ def iter_queues(
     """
     node_dir, vdirs = scan(path, ctx)
     stores: dict[str, MessageStore] = {}
-    todo: list[tuple[VhostDir, QueueDir, Iterator | None, StoredMessage | None]] = []
+    todo: list[tuple[str, str, VhostDir, QueueDir, Iterator | None, StoredMessage | None]] = []  # names first
     try:
         for v in vdirs:
             for q in v.queues:
@@ -279,14 +279,14 @@ def iter_queues(
                 if q.vhost is not None and q.vhost != v.name:
                     ctx.damaged(q.path, None, f".queue_name says vhost {q.vhost!r} but the directory is vhost {v.name!r}")
                     continue
-                todo.append((v, q, it, first))
-        todo.sort(key=lambda t: (t[0].name, t[1].name))
-        for v, q, it, _ in todo:
-            if vhosts and v.name not in vhosts:
+                todo.append((v.name, q.name, v, q, it, first))
+        todo.sort(key=lambda t: (t[0], t[1]))
+        for vname, qname, v, q, it, _ in todo:
+            if vhosts and vname not in vhosts:
                 continue
-            if queues and q.name not in queues:
+            if queues and qname not in queues:
                 continue
-            iq = ImportedQueue(v.name, q.name, q.version, q.path)
+            iq = ImportedQueue(vname, qname, q.version, q.path)
             if it is None:
                 it = _iter_queue(v, q, _store_for(v, stores, ctx), ctx)
             yield iq, _records(iq, it, backed_up_at, ctx)
