@@ -39,9 +39,11 @@ def fill(b: Broker, vh: str, q: str, n: int) -> None:
 
 def read_once(b: Broker, vh: str, q: str, n: int, per_channel: int, limit: int) -> float:
     from rbak.backup import queue_reader
+    from rbak.broker.connect import connect
+    from rbak.config import ConnectionConfig
 
     queue_reader.MAX_CONSUMERS_PER_CHANNEL = per_channel
-    conn = pika.BlockingConnection(b.params(vh))
+    conn = connect(ConnectionConfig(amqp_url=b.amqp_url(vh)), vh)  # rbak's own connection, as a backup reads
     got = [0]
 
     def sink(_m, _p, _b) -> None:
