@@ -120,7 +120,7 @@ def observe_runs(p: BackupPass) -> None:
     metrics.ACTIVE.labels("backup").set(len(p.active))
     p.conditions = p.status.get("conditions")
     p.history = list(p.status.get("history") or [])
-    p.recorded = {h.get("jobName") for h in p.history}
+    p.recorded = {h["jobName"] for h in p.history if h.get("jobName")}
 
 
 def record_finished_runs(p: BackupPass) -> None:
@@ -299,6 +299,7 @@ def resume_pending_slot(p: BackupPass, last: datetime | None, deadline: int | No
 
 def run_slot(p: BackupPass, d: schedule.SlotDecision) -> None:
     """The due slot: skipped while a run is active (Forbid), else its Job (after stopping the old ones: Replace)."""
+    assert d.slot is not None, "a run decision carries its slot"
     decision = policy.concurrency(p.spec.get("concurrencyPolicy"), p.active)
     if decision == "skip":
         p.patch["lastScheduleTime"] = fmt(d.slot)

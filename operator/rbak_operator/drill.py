@@ -261,7 +261,7 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
     if due is not None and due <= now:
         found = _stored_report(kube, body, cur["backupId"], cur["lastJob"])
         cur["evidenceCheckTime"] = fmt(now)  # a storage that did not answer is asked again next time
-        change = recheck_evidence(cur, found) if found != READ_FAILED else {}
+        change = recheck_evidence(cur, found) if not isinstance(found, str) else {}  # str: READ_FAILED
         if change:
             cur.update(change, evidenceCheckTime=None)
             event(body, "Warning", "RestoreDrillEvidenceInvalid", change["message"])
@@ -304,6 +304,7 @@ def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str,
         return
     if dec.action != "run":
         return
+    assert dec.slot is not None, "a run decision carries its slot"
     cur["lastScheduleTime"] = fmt(dec.slot)
     _start(kube, body, d, cur, drill_run_name(meta["name"], dec.slot), dec.slot, now, event)
 

@@ -123,16 +123,17 @@ def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, l
 
 
 @kopf.daemon(GROUP, VERSION, BACKUP_PLURAL, initial_delay=0.2, cancellation_timeout=10)
-async def backup_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
-    await _loop(backup_pass, "backup", name, namespace, stopped, logger)
+async def backup_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: kopf.Logger,
+                        **_: Any) -> None:
+    await _loop(backup_pass, "backup", name, namespace or "", stopped, logger)
 
 
-def _delete_policy(spec: dict, **_: Any) -> bool:
-    return (spec or {}).get("deletionPolicy") == "delete"
+def _delete_policy(spec: kopf.Spec, **_: Any) -> bool:
+    return spec.get("deletionPolicy") == "delete"
 
 
 @kopf.on.delete(GROUP, VERSION, BACKUP_PLURAL, when=_delete_policy)
-def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_: Any) -> None:
+def backup_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     """deletionPolicy: delete removes the stored backups this object made (object-locked ones stay until
     their lock expires: S3 refuses earlier). Never blocks deletion."""
     try:
@@ -148,14 +149,17 @@ def backup_delete(body: dict, name: str, namespace: str, spec: dict, logger, **_
 
 
 @kopf.daemon(GROUP, VERSION, RESTORE_PLURAL, initial_delay=0.2, cancellation_timeout=10)
-async def restore_daemon(name: str, namespace: str, stopped, logger, **_: Any) -> None:
-    await _loop(_restore_pass, "restore", name, namespace, stopped, logger)
+async def restore_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: kopf.Logger,
+                         **_: Any) -> None:
+    await _loop(_restore_pass, "restore", name, namespace or "", stopped, logger)
 
 
 @kopf.on.event(GROUP, VERSION, BACKUP_PLURAL)
-async def backup_event(type: str, body: dict, name: str, namespace: str, **_: Any) -> None:  # noqa: A002 - kopf's keyword
+async def backup_event(type: str, body: kopf.Body, name: str, namespace: str | None,  # noqa: A002 - kopf's keyword
+                       **_: Any) -> None:
     """Wake the object's loop when its spec, annotations or deletion changed (not for our own status
     patches); keep the index of sources; a deleted one's per-resource gauges go with it."""
+    namespace = namespace or ""
     key = ("backup", namespace, name)
     if type == "DELETED":
         resource_metrics.forget(BACKUP_PLURAL, namespace, name)
@@ -168,7 +172,9 @@ async def backup_event(type: str, body: dict, name: str, namespace: str, **_: An
 
 
 @kopf.on.event(GROUP, VERSION, RESTORE_PLURAL)
-async def restore_event(type: str, body: dict, name: str, namespace: str, **_: Any) -> None:  # noqa: A002
+async def restore_event(type: str, body: kopf.Body, name: str, namespace: str | None,  # noqa: A002
+                        **_: Any) -> None:
+    namespace = namespace or ""
     key = ("restore", namespace, name)
     if type == "DELETED":
         resource_metrics.forget(RESTORE_PLURAL, namespace, name)
@@ -179,14 +185,14 @@ async def restore_event(type: str, body: dict, name: str, namespace: str, **_: A
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})
-async def owned_job_event(body: dict, **_: Any) -> None:
+async def owned_job_event(body: kopf.Body, **_: Any) -> None:
     """A Job of ours changed (started, finished, deleted): its owner runs a pass now."""
     for key in wakeups.owners(body):
         wakeups.poke(key)
 
 
 @kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, labels={bodies.L_MANAGED: "rbak-operator"})
-async def owned_spark_app_event(body: dict, **_: Any) -> None:
+async def owned_spark_app_event(body: kopf.Body, **_: Any) -> None:
     for key in wakeups.owners(body):
         wakeups.poke(key)
 

@@ -470,12 +470,12 @@ def cmd_list(c: Ctx) -> int:
         out(f"No backups in the storage of RabbitMQBackup {c.ns}/{name} ({c.where(body)}).")
         return 0
     rows = []
-    for e in entries:
-        m = e.manifest
-        rows.append([e.backup_id, e.status, fmt_ts(m.created_at) if m else None, len(m.queues) if m else None,
+    for entry in entries:
+        m = entry.manifest
+        rows.append([entry.backup_id, entry.status, fmt_ts(m.created_at) if m else None, len(m.queues) if m else None,
                      m.total_messages if m else None, human_bytes(m.total_bytes) if m else None,
-                     "yes" if policy.owned(e.backup_id, name) else "no",
-                     (list_notes(m) if m else e.error) or ""])
+                     "yes" if policy.owned(entry.backup_id, name) else "no",
+                     (list_notes(m) if m else entry.error) or ""])
     for line in table(["BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "OWN", "NOTES"], rows):
         out(line)
     return 0

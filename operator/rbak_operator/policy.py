@@ -10,7 +10,7 @@ one, and never a backup that a kept backup's incremental streams continue.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from rbak.errors import ConfigError
 from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
@@ -120,7 +120,7 @@ def epoch_ms(value: Any, field: str) -> int:
         raise ConfigError(f"{field}: {value!r} is neither epoch milliseconds nor an RFC 3339 time") from None
 
 
-def source_of(spec: dict[str, Any], namespace: str) -> tuple[str, frozenset[str]]:
+def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[str]]:
     """A RabbitMQBackup's source: (the broker it reads, its vhosts; empty: every vhost).
 
     The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port;

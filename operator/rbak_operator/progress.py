@@ -105,19 +105,19 @@ def _safe_poll(kind: str, namespace: str, name: str, logger) -> None:
         logger.debug("progress of %s %s/%s: %s", kind, namespace, name, e)
 
 
-def _backup_running(status: dict[str, Any], **_: Any) -> bool:
+def _backup_running(status: kopf.Status, **_: Any) -> bool:
     return watched_run("backup", status) is not None
 
 
-def _restore_running(status: dict[str, Any], **_: Any) -> bool:
+def _restore_running(status: kopf.Status, **_: Any) -> bool:
     return watched_run("restore", status) is not None
 
 
 @kopf.timer(GROUP, VERSION, BACKUP_PLURAL, interval=INTERVAL, when=_backup_running)
-def backup_progress(name: str, namespace: str, logger, **_: Any) -> None:
-    _safe_poll("backup", namespace, name, logger)
+def backup_progress(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+    _safe_poll("backup", namespace or "", name, logger)
 
 
 @kopf.timer(GROUP, VERSION, RESTORE_PLURAL, interval=INTERVAL, when=_restore_running)
-def restore_progress(name: str, namespace: str, logger, **_: Any) -> None:
-    _safe_poll("restore", namespace, name, logger)
+def restore_progress(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+    _safe_poll("restore", namespace or "", name, logger)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timezone
+from collections.abc import Mapping
 from typing import Any
 
 from rbak.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
@@ -18,7 +19,7 @@ INTERVAL = float(os.environ.get("RBAK_OPERATOR_PROGRESS_SECONDS", "5"))
 RUN_ID_ENV, INTERVAL_ENV = ENV_RUN_ID, ENV_INTERVAL  # the CLI's names (rbak.progress)
 
 
-def watched_run(kind: str, status: dict[str, Any] | None) -> str | None:
+def watched_run(kind: str, status: Mapping[str, Any] | None) -> str | None:
     """The run whose progress the status should show (None: nothing running)."""
     st = status or {}
     if kind == "backup":

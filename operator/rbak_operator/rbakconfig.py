@@ -89,7 +89,8 @@ def management_endpoint(uri: str, field: str) -> tuple[str, str, int]:
 
 def _cluster_reference(ref: dict[str, Any], namespace: str, field: str,
                        resolved: ResolvedBroker | None) -> tuple[dict[str, Any], list[SecretEnv]]:
-    name, cs = ref.get("name"), (ref.get("connectionSecret") or {}).get("name")
+    name: str = ref.get("name") or ""
+    cs: str = (ref.get("connectionSecret") or {}).get("name") or ""
     if bool(name) == bool(cs):
         raise ConfigError(f"{field}.rabbitmqClusterReference: set exactly one of name or connectionSecret.name")
     ns = ref.get("namespace") or namespace
@@ -122,7 +123,7 @@ def _cluster_reference(ref: dict[str, Any], namespace: str, field: str,
     return conn, env
 
 
-def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec.broker",
+def broker_connection(broker: dict[str, Any] | None, namespace: str, field: str = "spec.broker",
                       resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
     """The ``source``/``target`` section and the Secret-backed env it needs."""
     if not isinstance(broker, dict):
@@ -155,10 +156,11 @@ def broker_connection(broker: dict[str, Any], namespace: str, field: str = "spec
     return conn, env
 
 
-def storage_section(storage: dict[str, Any], field: str = "spec.storage") -> tuple[dict[str, Any], list[SecretEnv]]:
+def storage_section(storage: dict[str, Any] | None, field: str = "spec.storage") -> tuple[dict[str, Any], list[SecretEnv]]:
     if not isinstance(storage, dict):
         raise ConfigError(f"{field}: required")
-    s3, pvc = storage.get("s3"), storage.get("pvc")
+    s3: dict[str, Any] = storage.get("s3") or {}
+    pvc: dict[str, Any] = storage.get("pvc") or {}
     if bool(s3) == bool(pvc):
         raise ConfigError(f"{field}: set exactly one of s3 or pvc")
     if s3:
@@ -183,7 +185,7 @@ def storage_section(storage: dict[str, Any], field: str = "spec.storage") -> tup
     return {"backend": "filesystem", "path": f"{PVC_MOUNT}/{sub}" if sub else PVC_MOUNT}, []
 
 
-def storage_prefix(storage: dict[str, Any]) -> str:
+def storage_prefix(storage: dict[str, Any] | None) -> str:
     """The key prefix backups live under (rbak keys carry it: ``{prefix}/{backup_id}/...``)."""
     from rbak.keys import normalize_prefix
 
@@ -307,11 +309,11 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
     }
     if encryption:
         cfg["encryption"] = encryption
-    return cfg, _dedupe(env1 + env2 + env3)
+    return cfg, _dedupe([*env1, *env2, *env3])
 
 
 def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
-                   storage: dict[str, Any], resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
+                   storage: dict[str, Any] | None, resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
     """Config for ``rbak restore``; ``target``/``storage`` already resolved from a backupRef."""
     tgt, env1 = broker_connection(target, namespace, "spec.target", resolved)
     st, env2 = storage_section(storage)
@@ -348,14 +350,14 @@ def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target:
     kcfg, kenv = kms_access(spec.get("encryption"))
     if kcfg:  # reading only: no `enabled`, the manifest says how the backup is encrypted
         cfg["encryption"] = kcfg
-    return cfg, _dedupe(env1 + env2 + encryption_env(spec.get("encryption")) + kenv)
+    return cfg, _dedupe([*env1, *env2, *encryption_env(spec.get("encryption")), *kenv])
 
 
 def validation_env(spec: dict[str, Any]) -> list[PodEnv]:
     """Env of a validation run after the backup (a command from flags alone): the storage credentials,
     and for a deep validation of an encrypted backup the keyring and the KMS endpoint of its data key."""
     _, env = storage_section(spec.get("storage"))
-    return _dedupe(env + encryption_env(spec.get("encryption")) + kms_access(spec.get("encryption"))[1])
+    return _dedupe([*env, *encryption_env(spec.get("encryption")), *kms_access(spec.get("encryption"))[1]])
 
 
 def _dedupe(envs: list[PodEnv]) -> list[PodEnv]:

@@ -38,6 +38,9 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
         storage, target, backup_id = spec.get("storage"), spec.get("target"), spec.get("backupId")
     if not target:
         raise RestoreSpecError("spec.target: required when restoring from spec.storage")
+    if not storage:
+        raise RestoreSpecError(f"spec.backupRef.name: RabbitMQBackup {ns}/{ref['name']} has no spec.storage"
+                               if ref else "spec.storage: required (or spec.backupRef)")
     st = open_backup_storage(kube, ns, storage)
     prefix = rbakconfig.storage_prefix(storage)
     nbytes = None
@@ -46,7 +49,7 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
             entry = latest_complete(st, prefix)
             if entry is None:
                 raise RestoreSpecError("no complete backup found in the storage to restore (set backupId?)")
-            backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes
+            backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes if entry.manifest else None
         else:
             m = load_manifest(st, backup_id, prefix)
             if not m.is_complete:
@@ -165,7 +168,7 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     namespace, name, gen = meta["namespace"], meta["name"], meta.get("generation")
     end = st.end or now
     # progress: None even if this pass read none (a timer tick may have written one since)
-    patch = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end),
+    patch: dict[str, Any] = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end),
              "progress": None}
     started = parse_time(status["startTime"]) if status.get("startTime") else None
     if started:

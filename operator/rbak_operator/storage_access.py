@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from datetime import datetime
+from collections.abc import Mapping
 from typing import Any
 
 from rbak.errors import RbakError
@@ -20,14 +21,16 @@ from .k8s import Kube
 log = logging.getLogger("rbak_operator")
 
 
-def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any]):
+def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any] | None):
     """The backup storage as the operator can read it, or None (a PVC not mounted here)."""
     from rbak.storage import open_storage
     from rbak.storage.s3 import S3Storage
 
     s3 = (storage or {}).get("s3")
     if s3:
-        creds: dict[str, str] = {}
+        # None: boto3 finds its own (IRSA, instance role, environment).
+        access_key_id: str | None = None
+        secret_access_key: str | None = None
         ref = s3.get("credentialsSecretRef")
         if ref:
             data = kube.secret_values(namespace, ref["name"])
@@ -36,10 +39,11 @@ def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any]):
             ak, sk = ref.get("accessKeyIdKey") or "AWS_ACCESS_KEY_ID", ref.get("secretAccessKeyKey") or "AWS_SECRET_ACCESS_KEY"
             if ak not in data or sk not in data:
                 raise MissingSecret(f"Secret {namespace}/{ref['name']} lacks key {ak if ak not in data else sk!r}")
-            creds = {"access_key_id": data[ak], "secret_access_key": data[sk]}
+            access_key_id, secret_access_key = data[ak], data[sk]
         # The bucket root: keys (and manifests' segment keys) carry the prefix themselves.
         return S3Storage(bucket=s3["bucket"], prefix="", region=s3.get("region") or "us-east-1",
-                         endpoint=s3.get("endpoint"), path_style=bool(s3.get("pathStyle")), **creds)
+                         endpoint=s3.get("endpoint"), path_style=bool(s3.get("pathStyle")),
+                         access_key_id=access_key_id, secret_access_key=secret_access_key)
     pvc = (storage or {}).get("pvc")
     root = os.environ.get("RBAK_OPERATOR_PVC_ROOT")
     if pvc and root:
@@ -49,7 +53,7 @@ def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any]):
     return None
 
 
-def load_manifest_safe(kube: Kube, namespace: str, storage_spec: dict[str, Any], backup_id: str, logger):
+def load_manifest_safe(kube: Kube, namespace: str, storage_spec: dict[str, Any] | None, backup_id: str, logger):
     from rbak.catalog import load_manifest
 
     try:
@@ -134,7 +138,7 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
 
 
 
-def delete_owned_backups(kube: Kube, body: dict[str, Any], logger) -> tuple[list[str], list[str]] | None:
+def delete_owned_backups(kube: Kube, body: Mapping[str, Any], logger) -> tuple[list[str], list[str]] | None:
     """deletionPolicy delete: (deleted, still object-locked) of the backups this object made; raises
     ``RbakError`` when the storage cannot be read, None when it is not reachable from here."""
     from rbak.catalog import list_backups

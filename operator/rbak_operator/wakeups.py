@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 from datetime import datetime
+from collections.abc import Mapping
 from typing import Any
 
 from . import clock
@@ -49,7 +50,7 @@ def poke(key: Key) -> None:
         ev.set()
 
 
-def object_changed(key: Key, body: dict[str, Any]) -> bool:
+def object_changed(key: Key, body: Mapping[str, Any]) -> bool:
     """True when a watch event of the object itself brings something a pass must act on: its spec,
     annotations (run now, drill now) or a deletion; False for status-only events, which our own
     passes cause. (The spec itself, not metadata.generation: not every server bumps it.)"""
@@ -62,7 +63,7 @@ def object_changed(key: Key, body: dict[str, Any]) -> bool:
     return True
 
 
-def owners(body: dict[str, Any]) -> list[Key]:
+def owners(body: Mapping[str, Any]) -> list[Key]:
     """The RabbitMQBackups/RabbitMQRestores that own a Job or SparkApplication."""
     meta = body.get("metadata") or {}
     ns = meta.get("namespace") or ""
