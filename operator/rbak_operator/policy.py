@@ -10,7 +10,8 @@ one, and never a backup that a kept backup's incremental streams continue.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from rbak.errors import ConfigError
 from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention

@@ -313,7 +313,7 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
 
 
 def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
-                   storage: dict[str, Any] | None, resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
+                   storage: dict[str, Any], resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
     """Config for ``rbak restore``; ``target``/``storage`` already resolved from a backupRef."""
     tgt, env1 = broker_connection(target, namespace, "spec.target", resolved)
     st, env2 = storage_section(storage)
