@@ -1,19 +1,61 @@
 """``python -m rbak_operator``: run the operator (kopf) with env-based settings.
 
 RBAK_OPERATOR_NAMESPACES  comma-separated namespaces to serve (default: all)
-RBAK_OPERATOR_STANDALONE  1 disables kopf peering (single replica, tests)
+RBAK_OPERATOR_STANDALONE  1: no leader election (a single replica, tests)
+RBAK_LEASE_NAME           the Lease replicas elect their leader on (default rbak-operator),
+RBAK_LEASE_NAMESPACE      in this namespace (default POD_NAMESPACE, then the service account's);
+POD_NAME                  this replica's identity in it (default hostname-pid);
+RBAK_LEASE_SECONDS        lease duration (default 15): see leader.py
 RBAK_OPERATOR_LIVENESS    liveness endpoint, e.g. http://0.0.0.0:8081/healthz
 RBAK_OPERATOR_RESYNC_SECONDS, RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS,
 RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS, RBAK_METRICS_PORT, RBAK_IMAGE: see
 handlers/drill/metrics/bodies.
+
+kopf always runs standalone: the Lease (not kopf's peering) decides which replica is active.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.server
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import kopf
+
+
+@contextlib.contextmanager
+def standby_liveness(endpoint: str | None) -> Iterator[None]:
+    """Answer the liveness probe while this replica waits for the Lease: a standby is alive, and
+    kopf (which serves the endpoint once leading) does not run yet. Freed before kopf binds it."""
+    if not endpoint:
+        yield
+        return
+    url = urlsplit(endpoint)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            ok = self.path.split("?")[0] == (url.path or "/")
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"standby": true}' if ok else b"{}")
+
+        def log_message(self, *args: object) -> None:  # the probe every 20 s is not news
+            pass
+
+    server = http.server.ThreadingHTTPServer((url.hostname or "0.0.0.0", url.port or 80), Health)
+    thread = threading.Thread(target=server.serve_forever, name="rbak-standby-liveness", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def main() -> int:
@@ -22,17 +64,47 @@ def main() -> int:
     # the CLI's log filter: no credentials (botocore at DEBUG, URL passwords), no raw control bytes
     configure(os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"))
     from . import handlers  # noqa: F401  registers the handlers
+    from .k8s import Kube
+    from .leader import Elector, LeaseConfig
 
     namespaces = [n for n in os.environ.get("RBAK_OPERATOR_NAMESPACES", "").split(",") if n]
-    standalone = os.environ.get("RBAK_OPERATOR_STANDALONE", "") in ("1", "true", "yes")
-    kopf.run(
-        clusterwide=not namespaces,
-        namespaces=namespaces or (),
-        standalone=standalone,
-        peering_name=None if standalone else os.environ.get("RBAK_PEERING_NAME", "rbak-operator"),
-        liveness_endpoint=os.environ.get("RBAK_OPERATOR_LIVENESS") or None,
-    )
-    return 0
+
+    async def run(elector: Elector | None = None, stop: threading.Event | None = None) -> None:
+        """kopf in this event loop; with an elector, until SIGTERM or the Lease is lost. The stop flag is an
+        asyncio.Event of this loop: kopf awaits it without a thread (for a threading.Event kopf would block
+        an executor thread, which keeps the process alive after a SIGTERM stopped kopf)."""
+        lost = asyncio.Event()
+        if elector is not None and stop is not None:
+            loop = asyncio.get_running_loop()
+
+            def hold() -> None:
+                elector.hold(stop)
+                if elector.lost:
+                    loop.call_soon_threadsafe(lost.set)
+
+            threading.Thread(target=hold, name="rbak-lease", daemon=True).start()
+        await kopf.operator(clusterwide=not namespaces, namespaces=namespaces or (), standalone=True, stop_flag=lost,
+                            liveness_endpoint=os.environ.get("RBAK_OPERATOR_LIVENESS") or None)
+
+    if os.environ.get("RBAK_OPERATOR_STANDALONE", "") in ("1", "true", "yes"):
+        asyncio.run(run())
+        return 0
+    try:
+        cfg = LeaseConfig.from_env()
+    except ValueError as e:
+        print(f"rbak-operator: {e}", file=sys.stderr)
+        return 2
+    elector, stop = Elector(Kube(), cfg), threading.Event()
+    with standby_liveness(os.environ.get("RBAK_OPERATOR_LIVENESS")):
+        if not elector.acquire(stop):
+            return 0
+    try:
+        asyncio.run(run(elector, stop))
+    finally:
+        if not elector.lost:
+            stop.set()
+            elector.release()
+    return 1 if elector.lost else 0
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (SPARK_GROUP, SPARK_PLURAL, ("get", "list", "watch", "create", "delete")),
     # a rabbitmqClusterReference by name: the cluster's status names its default-user Secret
     (RABBITMQ_GROUP, RABBITMQ_CLUSTERS, ("get",)),
-    # kopf itself: namespaces for cluster-wide watching, peering objects, CRD discovery.
+    # kopf itself: namespaces for cluster-wide watching, CRD discovery.
     ("", "namespaces", ("list", "watch")),
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
-    ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch", "get")),
-    ("kopf.dev", "kopfpeerings", ("list", "watch", "patch", "get")),
+    # leader election (leader.py, not when standalone): its Lease in the operator's namespace,
+    # created on first start, read and renewed (PUT); never listed, watched or patched.
+    ("coordination.k8s.io", "leases", ("get", "create", "update")),
 )
 
 

@@ -1,12 +1,14 @@
 """kopf handlers: the glue between kopf and the reconcilers.
 
-Each RabbitMQBackup or RabbitMQRestore has a kopf daemon that runs a pass
+Each RabbitMQBackup or RabbitMQRestore has a loop of its own (tasks.py) that runs a pass
 (``backup_reconciler.backup_pass`` / ``restore_reconciler.reconcile_restore``) on a thread pool,
 then sleeps until something changes or a time comes due: the object's spec, annotations or deletion, an event of a Job or SparkApplication it
 owns (watched by label, mapped back by ownerReference), its next slot or drill (wake.py), or the
 safety resync (``RBAK_OPERATOR_RESYNC_SECONDS``, default 6 h). An idle object costs no API call
 between those (benchmarks/operator_scale.py measures it against the former 10 s loop, run from
-the git revision that still had it). Deletion, metrics start-up, peering and login are here too.
+the git revision that still had it). A loop starts with its object's first watch event and ends when
+the object is gone; a running Job's progress is followed the same way. Deletion, metrics start-up and
+login are here too; which replica runs all this is leader.py's (a Lease).
 Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 """
 
@@ -15,11 +17,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import dataclasses
 import functools
 import logging
 import os
-import random
 from typing import Any
 
 import kopf
@@ -28,12 +28,13 @@ from rbak.errors import RbakError
 
 from datetime import timedelta
 
-from . import bodies, clock, metrics, policy, progress, resource_metrics, wake, wakeups
+from . import bodies, clock, metrics, policy, progress, resource_metrics, tasks, wake, wakeups
 from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
 from .events import post as _event
 from .k8s import ApiError, Kube, connection_info
 from .restore_reconciler import reconcile_restore
+from .progress_status import watched_run
 from .status import GONE
 from .storage_access import delete_owned_backups
 
@@ -43,25 +44,16 @@ RESYNC = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", 
 
 
 # --------------------------------------------------------------------------
-# start-up: settings, peering, metrics
+# start-up and cleanup: settings, metrics, our tasks
 # --------------------------------------------------------------------------
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # log lines are not events; runs post their own
     settings.persistence.finalizer = "rbak.io/finalizer"
-    # Two replicas: kopf peering makes the highest-priority live operator the
-    # only active one; the others pause. Equal priorities would both run, so
-    # every pod draws its own. Even if both ran, a slot maps to one Job name.
-    settings.peering.name = os.environ.get("RBAK_PEERING_NAME", "rbak-operator")
-    settings.peering.priority = int(os.environ.get("RBAK_PEERING_PRIORITY") or random.randint(1, 1_000_000))
     # A watch the server ends is resumed from its last resourceVersion (kopf), so no event is lost.
     settings.watching.server_timeout = int(os.environ.get("RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS", "300"))  # an integer: the server refuses "3.0"
     settings.watching.client_timeout = settings.watching.server_timeout + 30
-    # A progress timer stopped mid-tick (its run ended, its object deleted) is a sync call kopf cannot
-    # cancel: kopf re-checks it on the object's next event or after this many seconds (60 by default),
-    # keeping a deleted object's finalizer until then. Nothing writes a deleted object: it stayed 60 s.
-    settings.background.cancellation_polling = 1
     # Only our own Jobs and SparkApplications, filtered by the server: a cluster's other Jobs never reach us.
     managed = f"{bodies.L_MANAGED}=rbak-operator"
     settings.watching.label_selectors["batch/v1/jobs"] = managed
@@ -71,6 +63,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         log.info("metrics on :%d/metrics", port)
 
 
+@kopf.on.cleanup()
+async def stop_tasks(**_: Any) -> None:
+    await tasks.stop_all()
+
+
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
     """In-cluster service account or kubeconfig (exec/OIDC plugins too), as the kubernetes client reads them
@@ -78,14 +75,14 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     return connection_info()
 
 
-# Reconciles are short blocking calls (HTTP, S3) run on this pool. The daemons
-# themselves are async: a sync daemon would hold a kopf worker thread for the
-# object's lifetime and starve everything once objects outnumber threads.
+# Reconciles are short blocking calls (HTTP, S3) run on this pool. The loops
+# themselves are async: a thread per object would starve everything once
+# objects outnumber threads.
 _POOL = concurrent.futures.ThreadPoolExecutor(
     max_workers=int(os.environ.get("RBAK_OPERATOR_WORKERS", "8")), thread_name_prefix="rbak-reconcile")
 
 
-async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger) -> None:
+async def _loop(reconcile, kind: str, name: str, namespace: str, stopped: asyncio.Event, logger) -> None:
     """Run a pass, sleep until woken or due (wake.py), repeat until stopped or the object is gone/finished.
 
     ``reconcile`` returns (result, the times the next pass is due for); result GONE ends the loop."""
@@ -96,7 +93,7 @@ async def _loop(reconcile, kind: str, name: str, namespace: str, stopped, logger
     failures = 0
     log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
     try:
-        while not stopped:
+        while not stopped.is_set():
             ctx = contextvars.copy_context()  # kopf.event() finds its poster through context vars
             times: list = []
             try:
@@ -122,10 +119,15 @@ def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, l
     return reconcile_restore(kube, namespace, name, logger), []  # a restore waits on its run's events only
 
 
-@kopf.daemon(GROUP, VERSION, BACKUP_PLURAL, initial_delay=0.2, cancellation_timeout=10)
-async def backup_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: kopf.Logger,
-                        **_: Any) -> None:
-    await _loop(backup_pass, "backup", name, namespace or "", stopped, logger)
+def _ensure_tasks(kind: str, namespace: str, name: str, status: Any, logger: Any) -> None:
+    """The object's reconcile loop, and while a Job of it runs, its progress follower."""
+    key = (kind, namespace, name)
+    reconcile = backup_pass if kind == "backup" else _restore_pass
+    if kind == "restore" and (status or {}).get("phase") in ("Succeeded", "Failed"):
+        return  # a finished restore has nothing left to do (its pass would only say so)
+    tasks.ensure(key, lambda: _loop(reconcile, kind, name, namespace, tasks.stopping(), logger))
+    if watched_run(kind, status) is not None:
+        tasks.ensure((*key, "progress"), lambda: progress.follow(kind, namespace, name, tasks.stopping(), logger))
 
 
 def _delete_policy(spec: kopf.Spec, **_: Any) -> bool:
@@ -148,15 +150,9 @@ def backup_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         logger.warning("deletionPolicy delete: %s; letting the object go, backups kept", e)
 
 
-@kopf.daemon(GROUP, VERSION, RESTORE_PLURAL, initial_delay=0.2, cancellation_timeout=10)
-async def restore_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, logger: kopf.Logger,
-                         **_: Any) -> None:
-    await _loop(_restore_pass, "restore", name, namespace or "", stopped, logger)
-
-
 @kopf.on.event(GROUP, VERSION, BACKUP_PLURAL)
 async def backup_event(type: str, body: kopf.Body, name: str, namespace: str | None,  # noqa: A002 - kopf's keyword
-                       **_: Any) -> None:
+                       logger: kopf.Logger, **_: Any) -> None:
     """Wake the object's loop when its spec, annotations or deletion changed (not for our own status
     patches); keep the index of sources; a deleted one's per-resource gauges go with it."""
     namespace = namespace or ""
@@ -169,19 +165,22 @@ async def backup_event(type: str, body: kopf.Body, name: str, namespace: str | N
     wakeups.remember_source(namespace, name, policy.source_of(body.get("spec") or {}, namespace))
     if wakeups.object_changed(key, body):
         wakeups.poke(key)
+    _ensure_tasks("backup", namespace, name, body.get("status"), logger)
 
 
 @kopf.on.event(GROUP, VERSION, RESTORE_PLURAL)
 async def restore_event(type: str, body: kopf.Body, name: str, namespace: str | None,  # noqa: A002
-                        **_: Any) -> None:
+                        logger: kopf.Logger, **_: Any) -> None:
     namespace = namespace or ""
     key = ("restore", namespace, name)
     if type == "DELETED":
         resource_metrics.forget(RESTORE_PLURAL, namespace, name)
         wakeups.poke(key)
         wakeups.forget(key)
-    elif wakeups.object_changed(key, body):
+        return
+    if wakeups.object_changed(key, body):
         wakeups.poke(key)
+    _ensure_tasks("restore", namespace, name, body.get("status"), logger)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})
@@ -195,19 +194,3 @@ async def owned_job_event(body: kopf.Body, **_: Any) -> None:
 async def owned_spark_app_event(body: kopf.Body, **_: Any) -> None:
     for key in wakeups.owners(body):
         wakeups.poke(key)
-
-
-_PROGRESS_TIMERS = (progress.backup_progress, progress.restore_progress)  # registered before the loop below
-
-
-def _daemons_without_finalizer() -> None:
-    """kopf puts a finalizer on every object that has a daemon, so it can stop the
-    daemon before the object goes. Ours stop themselves when their object is gone
-    (one GET 404 later), so the only finalizer left is the opt-in one of the
-    deletionPolicy-delete handler: deleting a RabbitMQBackup never waits for the
-    operator unless the user asked for its stored backups to be deleted."""
-    spawning = kopf.get_default_registry()._spawning
-    spawning._handlers[:] = [dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers]
-
-
-_daemons_without_finalizer()

@@ -241,6 +241,23 @@ class Kube:
         return self._call("GET", _path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, namespace, name),
                           ok_missing=True)
 
+    # -- leader election ---------------------------------------------------------
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call("GET", _path("coordination.k8s.io", "v1", "leases", namespace, name), ok_missing=True)
+
+    def create_lease(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The created Lease, or None when another replica created it first."""
+        res = self._call("POST", _path("coordination.k8s.io", "v1", "leases", body["metadata"]["namespace"]), body,
+                         ok_conflict=True)
+        return None if res is False else res
+
+    def update_lease(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The Lease as written, or None when it changed since ``body``'s resourceVersion was read."""
+        meta = body["metadata"]
+        res = self._call("PUT", _path("coordination.k8s.io", "v1", "leases", meta["namespace"], meta["name"]), body,
+                         ok_conflict=True)
+        return None if res is False else res
+
 
 def connection_info():
     """The same connection as a ``kopf.ConnectionInfo`` (the login handler's answer).

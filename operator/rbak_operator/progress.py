@@ -9,10 +9,10 @@ new key per update: Object Lock mode is never asked to rewrite an object;
 outside it the Job deletes its old records as it goes). The operator already
 reads that storage for manifests, retention and reports.
 
-One kopf timer per RabbitMQBackup / RabbitMQRestore, filtered to objects
-with a running Job (``status.active`` / ``phase: Running``): kopf starts it
-when a run starts and stops it when the status says the run ended, so an
-idle object costs nothing. Each tick is one storage LIST + one GET and a
+One follower task per RabbitMQBackup / RabbitMQRestore with a running Job
+(``status.active`` / ``phase: Running``): the object's watch event starts it
+when a run starts (handlers.py, tasks.py), and it ends itself once the fresh
+object shows no running Job, so an idle object costs nothing. Each tick is one storage LIST + one GET and a
 status patch only when something changed. The reconcile loop clears
 ``status.progress`` when the run ends (its counts then come from the
 manifest, as before).
@@ -20,16 +20,15 @@ manifest, as before).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
 
-import kopf
-
 from rbak.errors import RbakError
 from rbak.progress import latest_progress
 
-from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
+from .crds import BACKUP_PLURAL, RESTORE_PLURAL
 from .progress_status import INTERVAL, progress_patch, watched_run
 
 log = logging.getLogger("rbak_operator.progress")
@@ -37,7 +36,7 @@ log = logging.getLogger("rbak_operator.progress")
 
 
 # --------------------------------------------------------------------------
-# the timers
+# the follower
 # --------------------------------------------------------------------------
 
 _storages: dict[tuple[str, str], tuple[float, Any]] = {}
@@ -68,8 +67,9 @@ def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
     return st
 
 
-def poll(kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    """One tick: read the newest record of the object's running Job and patch the status if it changed."""
+def poll(kube, kind: str, namespace: str, name: str) -> str | None:
+    """One tick: read the newest record of the object's running Job and patch the status if it changed.
+    The run followed, or None when the object is gone or runs no Job (the follower then ends)."""
     from . import rbakconfig
 
     plural = BACKUP_PLURAL if kind == "backup" else RESTORE_PLURAL
@@ -85,39 +85,31 @@ def poll(kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         backup = kube.get_backup(namespace, spec["backupRef"]["name"]) or {}
         storage_spec = (backup.get("spec") or {}).get("storage")
     if not storage_spec:
-        return None
+        return run
     st = _storage(kube, namespace, storage_spec)
     if st is None:  # a PVC the operator does not mount
-        return None
+        return run
     rec = latest_progress(st, rbakconfig.storage_prefix(storage_spec), kind, run)
     patch = progress_patch(status, run, rec)
     if patch:
         kube.patch_status(plural, namespace, name, patch)
-    return patch
+    return run
 
 
-def _safe_poll(kind: str, namespace: str, name: str, logger) -> None:
+async def follow(kind: str, namespace: str, name: str, stopped: asyncio.Event, logger) -> None:
+    """Poll every INTERVAL seconds while the object runs a Job (the calls on a worker thread)."""
     from .k8s import ApiError, Kube
 
-    try:
-        poll(Kube(), kind, namespace, name)
-    except (RbakError, ApiError) as e:  # progress is best effort; the next tick tries again
-        logger.debug("progress of %s %s/%s: %s", kind, namespace, name, e)
-
-
-def _backup_running(status: kopf.Status, **_: Any) -> bool:
-    return watched_run("backup", status) is not None
-
-
-def _restore_running(status: kopf.Status, **_: Any) -> bool:
-    return watched_run("restore", status) is not None
-
-
-@kopf.timer(GROUP, VERSION, BACKUP_PLURAL, interval=INTERVAL, when=_backup_running)
-def backup_progress(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
-    _safe_poll("backup", namespace or "", name, logger)
-
-
-@kopf.timer(GROUP, VERSION, RESTORE_PLURAL, interval=INTERVAL, when=_restore_running)
-def restore_progress(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
-    _safe_poll("restore", namespace or "", name, logger)
+    kube, loop = Kube(), asyncio.get_running_loop()
+    while not stopped.is_set():
+        try:
+            if await loop.run_in_executor(None, poll, kube, kind, namespace, name) is None:
+                return
+        except (RbakError, ApiError) as e:  # progress is best effort; the next tick tries again
+            logger.debug("progress of %s %s/%s: %s", kind, namespace, name, e)
+        except Exception as e:  # noqa: BLE001 - a storage client's own error must not end the follower
+            log.warning("progress of %s %s/%s: %s", kind, namespace, name, e)
+        try:
+            await asyncio.wait_for(stopped.wait(), INTERVAL)
+        except asyncio.TimeoutError:
+            pass

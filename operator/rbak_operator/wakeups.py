@@ -1,7 +1,7 @@
 """The live side of event-driven reconciliation: one wake-up flag per object, and an index
 of what the watches have shown.
 
-A RabbitMQBackup's or RabbitMQRestore's daemon (handlers.py) sleeps on its flag until its due
+A RabbitMQBackup's or RabbitMQRestore's loop (handlers.py) sleeps on its flag until its due
 time (wake.py). Watch events set the flag: the object's own spec, annotation or deletion
 changes, and every event of a Job or SparkApplication it owns (mapped back through
 ``ownerReferences``). The object's own status patches do not: they are what a pass just wrote.
@@ -44,7 +44,7 @@ def forget(key: Key) -> None:
 
 
 def poke(key: Key) -> None:
-    """Run the object's next pass now (a no-op for an object without a daemon yet: its first pass comes)."""
+    """Run the object's next pass now (a no-op for an object without a loop yet: its first pass comes)."""
     ev = _flags.get(key)
     if ev is not None:
         ev.set()
@@ -84,13 +84,13 @@ def sources_in(namespace: str) -> dict[str, Any] | None:
         return dict(known) if known else None
 
 
-async def sleep_until(key: Key, due: datetime, stopped: Any) -> None:
-    """Sleep until ``due`` on the operator's clock, the object's flag, or ``stopped`` (kopf's flag)."""
+async def sleep_until(key: Key, due: datetime, stopped: asyncio.Event) -> None:
+    """Sleep until ``due`` on the operator's clock, the object's flag, or ``stopped`` (operator shutdown)."""
     ev = flag(key)
     fake = clock.is_fake()
     stop = asyncio.ensure_future(stopped.wait())
     try:
-        while not stopped and not ev.is_set():
+        while not stopped.is_set() and not ev.is_set():
             left = (due - clock.now()).total_seconds()
             if left <= 0:
                 break

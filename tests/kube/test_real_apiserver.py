@@ -22,7 +22,6 @@ from support.ship import manifests, render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
-CHART_CRDS = ROOT / "charts" / "rbak" / "crds"
 EXAMPLES = ROOT / "examples"
 BACKUP_CRD = "rabbitmqbackups.rbak.io"
 RESTORE_CRD = "rabbitmqrestores.rbak.io"
@@ -30,10 +29,9 @@ RESTORE_CRD = "rabbitmqrestores.rbak.io"
 
 @pytest.fixture(scope="module")
 def kube(kube_api: KubeApi) -> KubeApi:
-    """The server with crds/ and the chart's crds/ applied as shipped (and established)."""
+    """The server with crds/ applied as shipped (and established)."""
     kube_api.kubectl("apply", "-f", str(CRDS))
-    kube_api.kubectl("apply", "-f", str(CHART_CRDS))
-    kube_api.wait_established(BACKUP_CRD, RESTORE_CRD, "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+    kube_api.wait_established(BACKUP_CRD, RESTORE_CRD)
     return kube_api
 
 
@@ -257,9 +255,11 @@ def test_kubectl_explain_backup_spec(kube: KubeApi):
 
 
 def test_kopf_sees_namespaces_and_the_crds_in_discovery(kube: KubeApi):
-    """What kopf waits for: namespaces in /api/v1 and the CRD groups in /apis (unaggregated)."""
+    """What kopf waits for: namespaces in /api/v1 and the CRD groups in /apis (unaggregated); and
+    coordination.k8s.io, where leader election keeps its Lease."""
     assert any(r["name"] == "namespaces" for r in kube.get("/api/v1")["resources"])
     groups = {g["name"] for g in kube.get("/apis")["groups"]}
-    assert {"rbak.io", "kopf.dev", "apiextensions.k8s.io", "batch", "apps", "rbac.authorization.k8s.io"} <= groups
+    assert {"rbak.io", "coordination.k8s.io", "apiextensions.k8s.io", "batch", "apps",
+            "rbac.authorization.k8s.io"} <= groups
     res = {r["name"] for r in kube.get("/apis/rbak.io/v1alpha1")["resources"]}
     assert {"rabbitmqbackups", "rabbitmqbackups/status", "rabbitmqrestores", "rabbitmqrestores/status"} <= res

@@ -74,19 +74,6 @@ def test_source_index_answers_only_for_namespaces_it_has_seen():
     assert wakeups.sources_in("ns-idx") is None
 
 
-class _Stopped:
-    """kopf's daemon flag, as far as sleep_until uses it (bool and an awaitable wait())."""
-
-    def __init__(self) -> None:
-        self.ev = asyncio.Event()
-
-    def __bool__(self) -> bool:
-        return self.ev.is_set()
-
-    async def wait(self) -> None:
-        await self.ev.wait()
-
-
 def test_a_poke_ends_the_sleep_long_before_its_due_time():
     async def run() -> float:
         key = ("backup", "ns", "b-poke")
@@ -94,7 +81,7 @@ def test_a_poke_ends_the_sleep_long_before_its_due_time():
         loop = asyncio.get_running_loop()
         loop.call_later(0.05, wakeups.poke, key)
         t0 = loop.time()
-        await wakeups.sleep_until(key, datetime.now(timezone.utc) + HOUR, _Stopped())
+        await wakeups.sleep_until(key, datetime.now(timezone.utc) + HOUR, asyncio.Event())
         wakeups.forget(key)
         return loop.time() - t0
 
@@ -104,8 +91,8 @@ def test_a_poke_ends_the_sleep_long_before_its_due_time():
 def test_stopping_ends_the_sleep():
     async def run() -> None:
         key = ("restore", "ns", "r-stop")
-        stopped = _Stopped()
-        asyncio.get_running_loop().call_later(0.05, stopped.ev.set)
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, stopped.set)
         await wakeups.sleep_until(key, datetime.now(timezone.utc) + HOUR, stopped)
         wakeups.forget(key)
 
@@ -120,7 +107,7 @@ def test_a_fake_clock_jump_past_the_due_time_wakes_the_sleeper(tmp_path, monkeyp
     async def run() -> None:
         key = ("backup", "ns", "b-clock")
         asyncio.get_running_loop().call_later(0.05, clock_file.write_text, "2026-11-28T10:05:00Z")
-        await wakeups.sleep_until(key, NOW + timedelta(minutes=5), _Stopped())
+        await wakeups.sleep_until(key, NOW + timedelta(minutes=5), asyncio.Event())
         wakeups.forget(key)
 
     asyncio.run(asyncio.wait_for(run(), 20))

@@ -405,3 +405,52 @@ def test_kms_only_envelope_backup_drills_and_restores_at_its_kms_endpoint(cluste
     envs, cfg = rendered(rst["jobName"])
     assert endpoint in envs["rbak"] and cfg["encryption"] == {"kms_region": "us-east-1", "kms_endpoint_url": moto_s3}
     assert env.broker.read_bodies(env.vhost, "orders") == orders
+
+
+def test_two_replicas_elect_one_leader_on_a_lease_and_hand_over(cluster, env):
+    """Two operators with leader election (the chart's replicas: 2): one holds the Lease and reconciles,
+    the other answers its liveness probe and waits; killed, the holder's Lease is taken over only once it
+    expired; a clean stop releases it. (The suite's own standalone operator runs beside them, as a second
+    operator may: correctness never depends on the election.)"""
+    import requests
+    from support.mosquitto import free_port
+
+    lease = f"{env.tag}-lease"
+    common = {"RBAK_OPERATOR_STANDALONE": "0", "RBAK_LEASE_NAME": lease, "RBAK_LEASE_NAMESPACE": cluster.http.ns,
+              "RBAK_LEASE_SECONDS": "4"}
+
+    def spec() -> dict:
+        return (cluster.http.get("coordination.k8s.io/v1", "leases", lease) or {}).get("spec") or {}
+
+    name = f"{env.tag}-ha"
+    create_backup(cluster, env, name)
+    started = f"{cluster.http.ns}/{name}: reconcile loop started"
+    a = cluster.start_operator({**common, "POD_NAME": "replica-a"})
+    port = free_port()
+    b = None
+    try:
+        wait_for(lambda: spec().get("holderIdentity") == "replica-a", 60, what="replica-a holds the Lease",
+                 diag=a.log)
+        b = cluster.start_operator({**common, "POD_NAME": "replica-b",
+                                    "RBAK_OPERATOR_LIVENESS": f"http://127.0.0.1:{port}/healthz"})
+        wait_for(lambda: "waiting for Lease" in b.log(), 60, what="replica-b standing by", diag=b.log)
+        wait_for(lambda: started in a.log(), 60, what="the leader reconciling", diag=a.log)
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"standby": True}
+        time.sleep(6)  # longer than the lease: the holder renews it, the standby keeps waiting
+        assert spec()["holderIdentity"] == "replica-a" and started not in b.log()
+
+        a.kill()  # SIGKILL: no release, the Lease has to expire
+        t0 = time.monotonic()
+        wait_for(lambda: spec().get("holderIdentity") == "replica-b", 60, what="replica-b takes over", diag=b.log)
+        assert time.monotonic() - t0 > 2.5  # never before the 4 s lease (less a renewal period) ran out
+        assert spec()["leaseTransitions"] == 1
+        wait_for(lambda: started in b.log(), 60, what="the new leader reconciling", diag=b.log)
+
+        b.stop()  # SIGTERM: kopf stops, the Lease is released for the next replica at once
+        assert b.proc.returncode == 0, b.log()[-3000:]
+        assert spec().get("holderIdentity") in (None, ""), spec()
+    finally:
+        a.kill()
+        if b is not None:
+            b.stop()
+        cluster.http.delete(API, "rabbitmqbackups", name)

@@ -71,17 +71,11 @@ def test_helm_lint_strict_is_clean():
         assert report["errors"] == [] and report["messages"] == [], (name, report)
 
 
-def chart_static_crds() -> dict[str, dict]:
-    """The CRDs in the chart's crds/ folder (kopf peering), by kind."""
-    return {d["spec"]["names"]["kind"]: d
-            for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text()) if d}
-
-
 def validate_any(obj: dict) -> None:
     """Built-in kinds against Kubernetes' schemas, custom ones against their CRD's schema."""
     import jsonschema
 
-    custom = {**chart_static_crds(), **load_crds()}
+    custom = load_crds()
     if obj["kind"] == "ServiceMonitor":
         jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
     elif obj["kind"] in custom:
@@ -100,7 +94,7 @@ def test_every_manifest_is_valid_for_kubernetes(rendered):
     for obj in objs:
         validate_any(obj)
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rbak"
-        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
+        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"].get("namespace"), f"{obj['kind']}/{obj['metadata']['name']} has no namespace"
 
 
@@ -185,9 +179,14 @@ def test_pod_security_matches_the_image_user():
 
 
 def operator_env(objs) -> dict[str, str]:
+    """name: value, or "fieldRef:<path>" for a downward API field."""
     c = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["operator"]
-    return {e["name"]: e.get("value") for e in c["env"]}
+    return {e["name"]: e["value"] if "value" in e else f"fieldRef:{e['valueFrom']['fieldRef']['fieldPath']}"
+            for e in c["env"]}
+
+
+LEASE_ENV = ("RBAK_LEASE_NAME", "RBAK_LEASE_NAMESPACE", "POD_NAME", "POD_NAMESPACE")
 
 
 def test_single_replica_is_standalone_and_recreated():
@@ -196,58 +195,86 @@ def test_single_replica_is_standalone_and_recreated():
     env = operator_env(objs)
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"]["type"] == "Recreate"
-    assert env["RBAK_OPERATOR_STANDALONE"] == "1" and "RBAK_PEERING_NAME" not in env
+    assert env["RBAK_OPERATOR_STANDALONE"] == "1"
+    assert not set(LEASE_ENV) & set(env), "a single replica elects no leader"
     assert env["RBAK_OPERATOR_NAMESPACES"] == ""  # all namespaces
-    assert find(objs, "ClusterKopfPeering") == [] and find(objs, "KopfPeering") == []
+    assert find(objs, "Role") == [] and find(objs, "RoleBinding") == []
 
 
-def test_two_replicas_peer_and_spread():
-    objs = manifests(render_chart(VALUE_SETS["ha-namespaced"]))
+def lease_role(objs: list[dict], namespace: str) -> dict:
+    """The Role bound to the operator that grants leases, in ``namespace`` (exactly one)."""
+    roles = [r for r in find(objs, "Role") if r["metadata"]["namespace"] == namespace
+             and any("leases" in rule["resources"] for rule in r["rules"])]
+    assert len(roles) == 1, roles
+    binding = [b for b in find(objs, "RoleBinding") if b["metadata"]["namespace"] == namespace
+               and b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                    "name": roles[0]["metadata"]["name"]}]
+    assert len(binding) == 1 and binding[0]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rbak-operator", "namespace": "rbak-system"}], binding
+    return roles[0]
+
+
+@pytest.mark.parametrize("watch", [[], ["messaging", "payments"]], ids=["all-namespaces", "namespaced"])
+def test_two_replicas_elect_a_leader_on_a_lease_and_spread(watch):
+    objs = manifests(render_chart({**VALUE_SETS["ha-namespaced"], "watchNamespaces": watch}))
     dep = find(objs, "Deployment")[0]
     spec = dep["spec"]["template"]["spec"]
     env = operator_env(objs)
     assert dep["spec"]["replicas"] == 2
-    assert env["RBAK_PEERING_NAME"] == "rbak" and "RBAK_OPERATOR_STANDALONE" not in env
+    assert "RBAK_OPERATOR_STANDALONE" not in env
+    # the Lease lives in the release namespace whatever is watched; each pod is named by the downward API
+    assert {k: env[k] for k in LEASE_ENV} == {
+        "RBAK_LEASE_NAME": "rbak", "RBAK_LEASE_NAMESPACE": "rbak-system",
+        "POD_NAME": "fieldRef:metadata.name", "POD_NAMESPACE": "fieldRef:metadata.namespace"}
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
                                        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert "podAntiAffinity" in spec["affinity"]
-    assert env["RBAK_OPERATOR_NAMESPACES"] == "messaging,payments"
-    # namespaced operators peer through a KopfPeering in each namespace they serve
-    peerings = find(objs, "KopfPeering")
-    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
-        ("messaging", "rbak"), ("payments", "rbak")]
-    clusterwide = manifests(render_chart({"operator": {"replicas": 2}}))
-    assert [p["metadata"]["name"] for p in find(clusterwide, "ClusterKopfPeering")] == ["rbak"]
+    assert env["RBAK_OPERATOR_NAMESPACES"] == ",".join(watch)
+    role = lease_role(objs, "rbak-system")
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "create", "update"]}]
+    assert not [r for r in find(objs, "ClusterRole") for rule in r["rules"] if "leases" in rule["resources"]]
 
 
-def test_peering_crds_ship_in_the_chart_crds_folder():
-    """The peering objects need their CRDs before the templates: Helm's crds/ folder."""
+def test_leader_election_values_name_the_lease_and_force_it_on():
+    objs = manifests(render_chart({"operator": {"leaderElection": {"enabled": True, "leaseName": "backups-leader"}}},
+                                  namespace="ops"))
+    env = operator_env(objs)
+    assert find(objs, "Deployment")[0]["spec"]["replicas"] == 1
+    assert env["RBAK_LEASE_NAME"] == "backups-leader" and env["RBAK_LEASE_NAMESPACE"] == "ops"
+    assert "RBAK_OPERATOR_STANDALONE" not in env
+    role = [r for r in find(objs, "Role") if r["metadata"]["namespace"] == "ops"]
+    assert [rule["resources"] for r in role for rule in r["rules"]] == [["leases"]]
+    named = manifests(render_chart({"operator": {"replicas": 2}, "fullnameOverride": "backup-operator"}))
+    assert operator_env(named)["RBAK_LEASE_NAME"] == "backup-operator"
+
+
+def test_no_kopf_peering_anywhere():
+    """Leader election needs no CRD: the chart has no crds/ folder, and nothing renders a kopf.dev object."""
     import helm_python
 
     chart = helm_python.Chart.load(str(CHART))
     try:
-        shipped = [d for c in chart.crds for d in yaml.safe_load_all(c["data"]) if d]
+        assert chart.crds == []
     finally:
         chart.close()
-    assert {d["metadata"]["name"] for d in shipped} == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
-    for crd in shipped:
-        k8s_validate(crd)
-    # and they are the resources kopf looks for
-    from kopf._cogs.structs import references
-    for sel in (references.CLUSTER_PEERINGS_K, references.NAMESPACED_PEERINGS_K):
-        assert any(d["spec"]["group"] == sel.group and d["spec"]["versions"][0]["name"] == sel.version
-                   and d["spec"]["names"]["plural"] == sel.any_name for d in shipped), sel
+    assert not (CHART / "crds").exists()
+    for values in [*VALUE_SETS.values(), {"operator": {"replicas": 2}}]:
+        for obj in manifests(render_chart(values)):
+            assert not obj["apiVersion"].startswith("kopf.dev/"), obj["kind"]
+            for rule in obj.get("rules") or []:
+                assert "kopf.dev" not in rule["apiGroups"], (obj["kind"], rule)
 
 
 def test_every_operator_env_var_the_chart_sets_is_read_by_the_operator():
     import re
 
     source = "\n".join(p.read_text() for p in (ROOT / "operator" / "rbak_operator").glob("*.py"))
-    read = set(re.findall(r"environ\.get\(\s*[\"']([A-Z0-9_]+)[\"']", source))
+    read = set(re.findall(r"\b(?:environ|env)\.get\(\s*[\"']([A-Z0-9_]+)[\"']", source))
+    assert {"RBAK_OPERATOR_NAMESPACES", "RBAK_LEASE_NAME", "POD_NAME"} <= read  # the pattern sees reads
     for values in VALUE_SETS.values():
         for name in operator_env(manifests(render_chart(values))):
-            if name.startswith("RBAK_"):
-                assert name in read, f"the chart sets {name} but operator/rbak_operator never reads it"
+            assert name in read, f"the chart sets {name} but operator/rbak_operator never reads it"
 
 
 def test_evidence_recheck_interval_reaches_the_operator_env():
@@ -258,7 +285,8 @@ def test_evidence_recheck_interval_reaches_the_operator_env():
 
 def test_watched_namespaces_get_roles_and_job_accounts_there_only():
     objs = manifests(render_chart(VALUE_SETS["ha-namespaced"]))
-    roles = find(objs, "Role")
+    # a Role per watched namespace, and (two replicas) the Lease's Role in the release namespace
+    roles = [r for r in find(objs, "Role") if r is not lease_role(objs, "rbak-system")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["messaging", "payments"]
     for rb in find(objs, "RoleBinding"):
         assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "rbak-operator", "namespace": "rbak-system"}]
@@ -314,7 +342,10 @@ def test_image_digest_and_spark_image():
 def test_notes_render_the_essentials():
     out = render_chart(VALUE_SETS["ha-namespaced"])
     notes = next(d for p, docs in out.items() if p.endswith("NOTES.txt") for d in docs)["NOTES"]
-    assert "messaging, payments" in notes and "kopf peering" in notes and "kubectl get rabbitmqbackups" in notes
+    assert "messaging, payments" in notes and "kubectl get rabbitmqbackups" in notes
+    assert "leader election on Lease rbak-system/rbak (one active, others standby)" in notes
+    single = render_chart({})
+    assert "Lease" not in next(d for p, docs in single.items() if p.endswith("NOTES.txt") for d in docs)["NOTES"]
 
 
 def test_values_reference_in_the_chart_readme_is_generated_and_current():

@@ -3,9 +3,10 @@
 kmock's Kubernetes emulator (the operator tests' harness) plays the API server;
 the operator runs as `rbak-entrypoint operator` with exactly the env the chart
 renders (plus a kubeconfig instead of the in-cluster token). Checked: the
-liveness probe and metrics ports the chart points at answer, two-replica peering
-registers in the peering object the chart creates, and every API call the
-process made is one the chart's RBAC grants.
+liveness probe and metrics ports the chart points at answer, a two-replica
+operator creates and renews the Lease the chart names (holder: its pod name,
+given by the downward API in a cluster and by the test here), and every API
+call the process made is one the chart's RBAC grants.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ def list_namespaces_fix(monkeypatch) -> None:
     monkeypatch.setattr(parsing, "parse_path", parse_path)
 
 
+def put_fix(monkeypatch) -> None:
+    """kmock 0.8 serves no PUT (replace) on a named object, which leader election renews its Lease
+    with; serve it as an update (the emulator merges the body into the stored object). The
+    emulator's request log still tells it apart: ``Emulator.api_calls`` names it "update"."""
+    from kmock._internal import enums, parsing
+
+    original = parsing.guess_k8s
+
+    def guess_k8s(k8s, method, query):
+        if k8s.group is not None and k8s.name is not None and method == enums.method.PUT:
+            return enums.action.UPDATE
+        return original(k8s, method, query)
+
+    monkeypatch.setattr(parsing, "guess_k8s", guess_k8s)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -44,41 +61,41 @@ def free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("watch", [[], ["default"]], ids=["all-namespaces", "namespaced"])
-def test_chart_env_starts_a_peering_operator_that_stays_inside_its_rbac(tmp_path, watch, monkeypatch):
+def test_chart_env_starts_an_elected_operator_that_stays_inside_its_rbac(tmp_path, watch, monkeypatch):
     list_namespaces_fix(monkeypatch)
+    put_fix(monkeypatch)
     health, metrics = free_port(), free_port()
     values = {"operator": {"replicas": 2, "healthPort": health, "resyncSeconds": 60}, "metrics": {"port": metrics},
               "watchNamespaces": watch}
-    objs = manifests(render_chart(values))
+    release_ns = "rbak-system"
+    objs = manifests(render_chart(values, namespace=release_ns))
     container = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     chart_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    peering = (find(objs, "KopfPeering") if watch else find(objs, "ClusterKopfPeering"))[0]
-    plural = "kopfpeerings" if watch else "clusterkopfpeerings"
-    peering_ns = peering["metadata"].get("namespace")
+    # what the downward API fills in, in a cluster: this pod's name and namespace
+    downward = {"metadata.name": "rbak-operator-5d8f7c9b4-x2x7q", "metadata.namespace": release_ns}
+    pod_env = {e["name"]: downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+               for e in container["env"] if "valueFrom" in e}
+    assert set(pod_env) == {"POD_NAME", "POD_NAMESPACE"}
+    lease_name, lease_ns = chart_env["RBAK_LEASE_NAME"], chart_env["RBAK_LEASE_NAMESPACE"]
+    assert lease_ns == release_ns and "RBAK_OPERATOR_STANDALONE" not in chart_env
 
     em = Emulator().start()
     proc = None
     log = tmp_path / "operator.log"
     try:
         assert em.kmock is not None
-        em.kmock.resources["kopf.dev/v1/clusterkopfpeerings"] = {
-            "kind": "ClusterKopfPeering", "singular": "clusterkopfpeering", "namespaced": False,
-            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
-        em.kmock.resources["kopf.dev/v1/kopfpeerings"] = {
-            "kind": "KopfPeering", "singular": "kopfpeering", "namespaced": True,
-            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}
+        em.kmock.resources["coordination.k8s.io/v1/leases"] = {
+            "kind": "Lease", "singular": "lease", "namespaced": True,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]}
         http = Http(em.url)
         for ns in watch:
             http.create("v1", "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
                         ns=None)
-        http.create("kopf.dev/v1", plural,
-                    {"apiVersion": peering["apiVersion"], "kind": peering["kind"],
-                     "metadata": {"name": peering["metadata"]["name"]}}, ns=peering_ns)
         before = em.request_count()  # the test's own requests are not the operator's
         env = {**os.environ, **chart_env,
                "KUBECONFIG": str(em.kubeconfig(tmp_path / "kubeconfig")),
                "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)]),
-               "POD_ID": "rbak-operator-test"}
+               **pod_env}
         with open(log, "wb") as out:
             proc = subprocess.Popen(["sh", str(ROOT / "docker" / "rbak-entrypoint"), *container["args"]],
                                     env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
@@ -100,15 +117,25 @@ def test_chart_env_starts_a_peering_operator_that_stays_inside_its_rbac(tmp_path
                      what="metrics", diag=diag)
         assert r.status_code == 200 and "rbak_operator_runs_total" in r.text
 
-        def registered():
-            obj = http.get("kopf.dev/v1", plural, peering["metadata"]["name"], ns=peering_ns) or {}
-            return "rbak-operator-test" in (obj.get("status") or {})
-        wait_for(registered, timeout=60, what="the operator in the chart's peering object", diag=diag)
+        def lease():
+            return http.get("coordination.k8s.io/v1", "leases", lease_name, ns=lease_ns) or {}
+
+        def held():
+            spec = lease().get("spec") or {}
+            return spec.get("holderIdentity") == pod_env["POD_NAME"] and spec.get("renewTime")
+        first = wait_for(held, timeout=60, what=f"the operator holding Lease {lease_ns}/{lease_name}", diag=diag)
+        wait_for(lambda: (t := held()) and t != first, timeout=30, what="the Lease renewed", diag=diag)
         assert proc.poll() is None, diag()
 
         cluster, per_ns = granted(objs)
         used = em.api_calls(since=before)
-        assert ("kopf.dev", plural, "patch") in used
+        assert {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= used
+        # the Lease is granted only in the release namespace, where the operator was told to keep it
+        assert ("coordination.k8s.io", "leases", "update") in per_ns[lease_ns]
+        assert not any(g == "coordination.k8s.io" for g, _, _ in cluster)
+        lease_requests = [req for req in list(em.kmock)[before:]
+                          if req.resource is not None and req.resource.plural == "leases"]
+        assert lease_requests and {req.namespace for req in lease_requests} == {lease_ns}
         # the emulator's log has no namespaces: a call is inside RBAC if some grant covers it
         allowed = cluster | set().union(*per_ns.values()) if per_ns else cluster
         outside = used - allowed

@@ -65,10 +65,11 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{- define "rbak.peeringEnabled" -}}
-{{- if or .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) -}}true{{- end -}}
+{{/* Leader election on a Lease: with more than one replica, or when asked for. */}}
+{{- define "rbak.leaderElectionEnabled" -}}
+{{- if or .Values.operator.leaderElection.enabled (gt (int .Values.operator.replicas) 1) -}}true{{- end -}}
 {{- end -}}
 
-{{- define "rbak.peeringName" -}}
-{{- default (include "rbak.fullname" .) .Values.operator.peering.name -}}
+{{- define "rbak.leaseName" -}}
+{{- default (include "rbak.fullname" .) .Values.operator.leaderElection.leaseName -}}
 {{- end -}}

@@ -3,8 +3,7 @@ The operator's permissions. Keep equal to what operator/rbak_operator uses:
 tests/ship/test_rbac.py fails on any difference, in either direction.
 */}}
 
-{{/* Cluster-scoped: what kopf needs to start (CRD discovery, namespace
-scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
+{{/* Cluster-scoped: what kopf needs to start (CRD discovery, namespace scanning). */}}
 {{- define "rbak.operatorClusterRules" -}}
 - apiGroups: [""]
   resources: [namespaces]
@@ -12,11 +11,6 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
-{{- if and (include "rbak.peeringEnabled" .) (not .Values.watchNamespaces) }}
-- apiGroups: [kopf.dev]
-  resources: [clusterkopfpeerings]
-  verbs: [get, list, watch, patch]
-{{- end }}
 {{- end -}}
 
 {{/* Per watched namespace (or cluster-wide when watching all): operator/rbak_operator/api_calls.py. */}}
@@ -48,11 +42,14 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
 - apiGroups: [rabbitmq.com]
   resources: [rabbitmqclusters]
   verbs: [get]
-{{- if and (include "rbak.peeringEnabled" .) .Values.watchNamespaces }}
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
-{{- end }}
+{{- end -}}
+
+{{/* Leader election (release namespace only): the operator creates its Lease on
+first start, reads it and renews it. */}}
+{{- define "rbak.operatorLeaseRules" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
 {{- end -}}
 
 {{/* Spark driver pods (spark-on-kubernetes): executors, their service, config maps. */}}
@@ -71,9 +68,19 @@ scanning) and, with peering across all namespaces, its ClusterKopfPeering. */}}
   value: {{ include "rbak.sparkImage" . | quote }}
 - name: RBAK_OPERATOR_NAMESPACES
   value: {{ join "," .Values.watchNamespaces | quote }}
-{{- if include "rbak.peeringEnabled" . }}
-- name: RBAK_PEERING_NAME
-  value: {{ include "rbak.peeringName" . | quote }}
+{{- if include "rbak.leaderElectionEnabled" . }}
+- name: RBAK_LEASE_NAME
+  value: {{ include "rbak.leaseName" . | quote }}
+- name: RBAK_LEASE_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
 {{- else }}
 - name: RBAK_OPERATOR_STANDALONE
   value: "1"

@@ -1,0 +1,66 @@
+"""The operator's own long-lived tasks on kopf's event loop: one per object and purpose.
+
+Why not kopf daemons and timers: kopf puts a finalizer on every object that has one, so that deleting a
+RabbitMQBackup would wait for the operator, and dropping that finalizer takes kopf's private registry.
+Ours are started from the objects' watch events (the initial listing included), end themselves when
+their object is gone or their work is done, and are stopped together at operator cleanup. The only
+finalizer left is the opt-in one of ``deletionPolicy: delete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger("rbak_operator.tasks")
+
+Key = tuple[str, ...]
+
+_tasks: dict[Key, asyncio.Task[None]] = {}
+_stopping: asyncio.Event | None = None
+
+
+def stopping() -> asyncio.Event:
+    """Set when the operator stops: every task's loop ends at its next check."""
+    global _stopping
+    if _stopping is None:
+        _stopping = asyncio.Event()
+    return _stopping
+
+
+def running(key: Key) -> bool:
+    task = _tasks.get(key)
+    return task is not None and not task.done()
+
+
+def ensure(key: Key, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Start ``start()`` as the task of ``key`` unless one is running (or the operator is stopping)."""
+    if running(key) or stopping().is_set():
+        return
+    task = asyncio.get_running_loop().create_task(start(), name="rbak:" + "/".join(key))
+    _tasks[key] = task
+    task.add_done_callback(lambda t: _done(key, t))
+
+
+def _done(key: Key, task: asyncio.Task[None]) -> None:
+    if _tasks.get(key) is task:
+        del _tasks[key]
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s failed", "/".join(key), exc_info=task.exception())
+
+
+async def stop_all(timeout: float = 10.0) -> None:
+    """Ask every task to end, wait up to ``timeout`` seconds (a pass on the pool finishes its HTTP
+    calls), then cancel what is left."""
+    stopping().set()
+    pending = [t for t in _tasks.values() if not t.done()]
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=timeout)
+        for t in late:
+            t.cancel()
+        if late:
+            await asyncio.wait(late, timeout=timeout)
+    global _stopping
+    _stopping = None
