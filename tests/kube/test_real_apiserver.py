@@ -71,12 +71,16 @@ def test_crds_server_side_apply(kube: KubeApi):
     assert "serverside-applied" in r.stdout, r.stdout
 
 
-def test_chart_rendered_applies_server_side(kube: KubeApi):
-    """`helm template` piped to `kubectl apply --server-side`: every kind this server serves."""
+@pytest.mark.parametrize("values", [{}, {"operator": {"replicas": 2}}], ids=["one-replica", "two-replicas"])
+def test_chart_rendered_applies_server_side(kube: KubeApi, values: dict):
+    """`helm template` piped to `kubectl apply --server-side`: every kind this server serves (with two
+    replicas also the Lease Role and the downward-API env of leader election)."""
     ns = _namespace(kube)
-    objs = manifests(render_chart({}, namespace=ns))
+    objs = manifests(render_chart(values, namespace=ns))
     kinds = {o["kind"] for o in objs}
     assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"} <= kinds
+    if values:
+        assert {"Role", "RoleBinding"} <= kinds
     # monitoring.coreos.com (Prometheus operator) is not installed here, as on many clusters
     served = [o for o in objs if not o["apiVersion"].startswith("monitoring.coreos.com/")]
     text = yaml.safe_dump_all(served)
@@ -86,6 +90,15 @@ def test_chart_rendered_applies_server_side(kube: KubeApi):
     assert [d["metadata"]["name"] for d in dep] == [o["metadata"]["name"] for o in served if o["kind"] == "Deployment"]
     managers = {m["manager"] for m in dep[0]["metadata"]["managedFields"]}
     assert "helm" in managers
+    env = {e["name"]: e for e in dep[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    if values:
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert env["RBAK_LEASE_NAMESPACE"]["value"] == ns and "RBAK_OPERATOR_STANDALONE" not in env
+        roles = json.loads(kube.kubectl("get", "roles", "-n", ns, "-o", "json").stdout)["items"]
+        assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]} in [
+            r for role in roles for r in role["rules"]], roles
+    else:
+        assert env["RBAK_OPERATOR_STANDALONE"]["value"] == "1"
     # applying the same manifests again changes nothing
     r = kube.kubectl("apply", "--server-side", "--field-manager=helm", "-n", ns, "-f", "-", input=text)
     assert r.returncode == 0
