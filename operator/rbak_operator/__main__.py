@@ -63,7 +63,7 @@ def main() -> int:
 
     # the CLI's log filter: no credentials (botocore at DEBUG, URL passwords), no raw control bytes
     configure(os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"))
-    from . import handlers  # noqa: F401  registers the handlers
+    from . import handlers, metrics  # noqa: F401  handlers: registers the handlers
     from .k8s import Kube
     from .leader import Elector, LeaseConfig
 
@@ -94,6 +94,9 @@ def main() -> int:
     except ValueError as e:
         print(f"rbak-operator: {e}", file=sys.stderr)
         return 2
+    # A standby serves /metrics too (its counters at zero): a scrape target that never answers would
+    # read as a pod down (Prometheus' up == 0, TargetDown alerts). The leader's startup keeps this server.
+    metrics.serve()
     elector, stop = Elector(Kube(), cfg), threading.Event()
     with standby_liveness(os.environ.get("RBAK_OPERATOR_LIVENESS")):
         if not elector.acquire(stop):

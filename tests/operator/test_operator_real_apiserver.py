@@ -426,16 +426,20 @@ def test_two_replicas_elect_one_leader_on_a_lease_and_hand_over(cluster, env):
     create_backup(cluster, env, name)
     started = f"{cluster.http.ns}/{name}: reconcile loop started"
     a = cluster.start_operator({**common, "POD_NAME": "replica-a"})
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     b = None
     try:
         wait_for(lambda: spec().get("holderIdentity") == "replica-a", 60, what="replica-a holds the Lease",
                  diag=a.log)
         b = cluster.start_operator({**common, "POD_NAME": "replica-b",
-                                    "RBAK_OPERATOR_LIVENESS": f"http://127.0.0.1:{port}/healthz"})
+                                    "RBAK_OPERATOR_LIVENESS": f"http://127.0.0.1:{port}/healthz",
+                                    "RBAK_METRICS_PORT": str(metrics_port), "RBAK_METRICS_BIND": "127.0.0.1"})
         wait_for(lambda: "waiting for Lease" in b.log(), 60, what="replica-b standing by", diag=b.log)
         wait_for(lambda: started in a.log(), 60, what="the leader reconciling", diag=a.log)
         assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"standby": True}
+        # a standby is a scrape target that answers (else it reads as a pod down), with nothing run
+        scraped = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert "rbak_operator_runs_total" in scraped and "rbak_operator_runs_started_total{" not in scraped
         time.sleep(6)  # longer than the lease: the holder renews it, the standby keeps waiting
         assert spec()["holderIdentity"] == "replica-a" and started not in b.log()
 
