@@ -19,6 +19,7 @@ log = logging.getLogger("rbak_operator.tasks")
 Key = tuple[str, ...]
 
 _tasks: dict[Key, asyncio.Task[None]] = {}
+_again: dict[Key, Callable[[], Coroutine[Any, Any, None]]] = {}
 _stopping: asyncio.Event | None = None
 
 
@@ -36,8 +37,14 @@ def running(key: Key) -> bool:
 
 
 def ensure(key: Key, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Start ``start()`` as the task of ``key`` unless one is running (or the operator is stopping)."""
-    if running(key) or stopping().is_set():
+    """Start ``start()`` as the task of ``key`` (not while the operator is stopping). If one is running,
+    it runs once more after it ends: the event that asked may have come just after the running one
+    decided to end (a run started as its follower saw none; an object recreated as its loop saw it
+    gone). That rerun costs one read and ends at once when there is nothing to do."""
+    if stopping().is_set():
+        return
+    if running(key):
+        _again[key] = start
         return
     task = asyncio.get_running_loop().create_task(start(), name="rbak:" + "/".join(key))
     _tasks[key] = task
@@ -49,12 +56,16 @@ def _done(key: Key, task: asyncio.Task[None]) -> None:
         del _tasks[key]
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s failed", "/".join(key), exc_info=task.exception())
+    again = _again.pop(key, None)
+    if again is not None:
+        ensure(key, again)
 
 
 async def stop_all(timeout: float = 10.0) -> None:
     """Ask every task to end, wait up to ``timeout`` seconds (a pass on the pool finishes its HTTP
     calls), then cancel what is left."""
     stopping().set()
+    _again.clear()
     pending = [t for t in _tasks.values() if not t.done()]
     if pending:
         _, late = await asyncio.wait(pending, timeout=timeout)
