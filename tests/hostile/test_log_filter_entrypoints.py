@@ -29,8 +29,11 @@ def emit():
 
 ENTRY = {
     "operator": """
-import kopf
-kopf.run = lambda **kw: emit()
+import os, kopf
+async def operator(**kw):  # what the operator's startup runs once the log filter is in place
+    emit()
+kopf.operator = operator
+os.environ["RBAK_OPERATOR_STANDALONE"] = "1"  # no leader election: no cluster here
 from rbak_operator.__main__ import main
 main()
 """,
