@@ -115,12 +115,16 @@ class Repair:
 
 
 def returned_ready(client: Any, vhost: str, queue: str, ready: int, wait_secs: float = STATS_SECS,
-                   sleep: Callable[[float], None] = time.sleep, reported: bool = False) -> int | None:
+                   sleep: Callable[[float], None] = time.sleep, reported: bool = False, taken: int = 0) -> int | None:
     """How many of the queue's ``ready`` messages wait in its returns, from the management API
     (``messages_ready_returned``, 4.0+), or None: not reported (3.x) or not settled in time. A
-    sample counts only once it shows all ``ready`` messages back and none unacked, so it was
-    taken after the broker gave the cut read's messages back. ``reported``: the broker reports
-    the figure (4.0+), so a sample without it is waited past (4.0.5 sent some right after a cut)."""
+    sample counts only once it shows all ``ready`` messages back, none unacked, and at least the
+    ``taken`` messages the cut read held returned. The first two alone also match a sample from
+    before the read (statistics lag by seconds on a loaded node: a cut read of a fresh queue then
+    looked like one with no returns, and the repair read the never-delivered messages too). With
+    the third, an older sample is either refused or right: a cut inside the returns leaves their
+    number as it was. ``reported``: the broker reports the figure (4.0+), so a sample without it
+    is waited past (4.0.5 sent some right after a cut)."""
     deadline = time.monotonic() + wait_secs
     while True:
         try:
@@ -130,9 +134,10 @@ def returned_ready(client: Any, vhost: str, queue: str, ready: int, wait_secs: f
             return None
         if "messages_ready" in info and "messages_ready_returned" not in info and not reported:
             return None
+        returned = info.get("messages_ready_returned")
         if info.get("messages_ready") == ready and info.get("messages_unacknowledged") == 0 \
-                and isinstance(info.get("messages_ready_returned"), int):
-            return int(info["messages_ready_returned"])
+                and isinstance(returned, int) and returned >= taken:
+            return returned
         if time.monotonic() >= deadline:
             return None
         sleep(0.5)

@@ -109,7 +109,8 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
                                       margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
                                       read_timeout=eng.cfg.backup.read_timeout_secs,
                                       returned=lambda ready: cut_repair.returned_ready(
-                                          eng.client, vhost, name, ready, reported=version_tuple(version) >= (4, 0)))
+                                          eng.client, vhost, name, ready, reported=version_tuple(version) >= (4, 0),
+                                          taken=counter.count))
             # its reads saw the counts the cut left; the guard below adds their own return
             intake.max_count = max(intake.max_count, fixed.max_count)
             if fixed.repaired:
