@@ -183,9 +183,10 @@ class Elector:
         """Hand the Lease over at once (clean shutdown): empty holder, if it is still ours."""
         try:
             lease = self.kube.get_lease(self.cfg.namespace, self.cfg.name)
-            if lease is None or Record.of(lease).holder != self.cfg.identity:
+            rec = Record.of(lease) if lease is not None else None
+            if rec is None or rec.holder != self.cfg.identity:
                 return
-            body = self._body(lease, Record.of(lease), take=False)
+            body = self._body(lease, rec, take=False)
             body["spec"].update(holderIdentity=None, leaseDurationSeconds=1)
             if self.kube.update_lease(body) is not None:
                 log.info("leader: released Lease %s/%s", self.cfg.namespace, self.cfg.name)
