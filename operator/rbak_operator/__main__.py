@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
+import logging
 import os
 import sys
 import threading
@@ -58,6 +59,22 @@ def standby_liveness(endpoint: str | None) -> Iterator[None]:
         server.server_close()
 
 
+def _leave(code: int) -> int:
+    """``code``, or exit at once when a reconcile pass or progress poll is still blocked in a call
+    (an unreachable storage endpoint, a slow API server): Python would wait for its pool thread, holding
+    a stopped pod in Terminating until the kubelet's SIGKILL and its replica's handover with it. The
+    pass is abandoned safely: every pass re-reads what it decides on, so the next leader redoes it."""
+    from . import blocking
+
+    if blocking.busy():
+        logging.getLogger("rbak_operator").info("exiting; %d blocked call(s) abandoned", blocking.busy())
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def main() -> int:
     from rbak.logsafe import configure
 
@@ -70,25 +87,30 @@ def main() -> int:
     namespaces = [n for n in os.environ.get("RBAK_OPERATOR_NAMESPACES", "").split(",") if n]
 
     async def run(elector: Elector | None = None, stop: threading.Event | None = None) -> None:
-        """kopf in this event loop; with an elector, until SIGTERM or the Lease is lost. The stop flag is an
-        asyncio.Event of this loop: kopf awaits it without a thread (for a threading.Event kopf would block
-        an executor thread, which keeps the process alive after a SIGTERM stopped kopf)."""
-        lost = asyncio.Event()
+        """kopf in this event loop; with an elector, until SIGTERM or the Lease is lost.
+
+        The stop flag is the tasks' own asyncio.Event (``tasks.stopping``), set by a lost Lease and by
+        kopf's cleanup: kopf awaits it without a thread (for a threading.Event kopf would block an
+        executor thread, which keeps the process alive after a SIGTERM stopped kopf), and a flag that
+        stayed unset would be a task kopf waits 5 s for after every SIGTERM."""
+        from . import tasks
+
+        flag = tasks.stopping()
         if elector is not None and stop is not None:
             loop = asyncio.get_running_loop()
 
             def hold() -> None:
                 elector.hold(stop)
                 if elector.lost:
-                    loop.call_soon_threadsafe(lost.set)
+                    loop.call_soon_threadsafe(flag.set)
 
             threading.Thread(target=hold, name="rbak-lease", daemon=True).start()
-        await kopf.operator(clusterwide=not namespaces, namespaces=namespaces or (), standalone=True, stop_flag=lost,
+        await kopf.operator(clusterwide=not namespaces, namespaces=namespaces or (), standalone=True, stop_flag=flag,
                             liveness_endpoint=os.environ.get("RBAK_OPERATOR_LIVENESS") or None)
 
     if os.environ.get("RBAK_OPERATOR_STANDALONE", "") in ("1", "true", "yes"):
         asyncio.run(run())
-        return 0
+        return _leave(0)
     try:
         cfg = LeaseConfig.from_env()
     except ValueError as e:
@@ -107,7 +129,7 @@ def main() -> int:
         if not elector.lost:
             stop.set()
             elector.release()
-    return 1 if elector.lost else 0
+    return _leave(1 if elector.lost else 0)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,6 @@ Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
-import functools
 import logging
 import os
 from typing import Any
@@ -28,7 +25,7 @@ from rbak.errors import RbakError
 
 from datetime import timedelta
 
-from . import bodies, clock, metrics, policy, progress, resource_metrics, tasks, wake, wakeups
+from . import blocking, bodies, clock, metrics, policy, progress, resource_metrics, tasks, wake, wakeups
 from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
 from .events import post as _event
@@ -75,30 +72,20 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     return connection_info()
 
 
-# Reconciles are short blocking calls (HTTP, S3) run on this pool. The loops
-# themselves are async: a thread per object would starve everything once
-# objects outnumber threads.
-_POOL = concurrent.futures.ThreadPoolExecutor(
-    max_workers=int(os.environ.get("RBAK_OPERATOR_WORKERS", "8")), thread_name_prefix="rbak-reconcile")
-
-
 async def _loop(reconcile, kind: str, name: str, namespace: str, stopped: asyncio.Event, logger) -> None:
     """Run a pass, sleep until woken or due (wake.py), repeat until stopped or the object is gone/finished.
 
     ``reconcile`` returns (result, the times the next pass is due for); result GONE ends the loop."""
     kube = Kube()
-    loop = asyncio.get_running_loop()
     key = (kind, namespace, name)
     wakeups.flag(key)  # from now on, watch events wake this loop
     failures = 0
     log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
     try:
         while not stopped.is_set():
-            ctx = contextvars.copy_context()  # kopf.event() finds its poster through context vars
             times: list = []
             try:
-                result, times = await loop.run_in_executor(
-                    _POOL, functools.partial(ctx.run, reconcile, kube, namespace, name, logger))
+                result, times = await blocking.run(reconcile, kube, namespace, name, logger)
                 if result == GONE:
                     return
                 failures = 0

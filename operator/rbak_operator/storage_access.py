@@ -24,7 +24,7 @@ log = logging.getLogger("rbak_operator")
 def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any] | None):
     """The backup storage as the operator can read it, or None (a PVC not mounted here)."""
     from rbak.storage import open_storage
-    from rbak.storage.s3 import S3Storage
+    from rbak.storage.s3 import SHORT, S3Storage
 
     s3 = (storage or {}).get("s3")
     if s3:
@@ -43,7 +43,7 @@ def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any] | No
         # The bucket root: keys (and manifests' segment keys) carry the prefix themselves.
         return S3Storage(bucket=s3["bucket"], prefix="", region=s3.get("region") or "us-east-1",
                          endpoint=s3.get("endpoint"), path_style=bool(s3.get("pathStyle")),
-                         access_key_id=access_key_id, secret_access_key=secret_access_key)
+                         access_key_id=access_key_id, secret_access_key=secret_access_key, patience=SHORT)
     pvc = (storage or {}).get("pvc")
     root = os.environ.get("RBAK_OPERATOR_PVC_ROOT")
     if pvc and root:

@@ -61,7 +61,7 @@ def _done(key: Key, task: asyncio.Task[None]) -> None:
         ensure(key, again)
 
 
-async def stop_all(timeout: float = 10.0) -> None:
+async def stop_all(timeout: float = 5.0) -> None:
     """Ask every task to end, wait up to ``timeout`` seconds (a pass on the pool finishes its HTTP
     calls), then cancel what is left."""
     stopping().set()

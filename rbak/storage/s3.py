@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import io
+from dataclasses import dataclass
 from typing import Iterator
 
 import boto3
@@ -57,6 +58,23 @@ def sse_args(sse: str | None, kms_key_id: str | None) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long one S3 call may take before it fails: attempts (botocore's standard retry mode, with
+    backoff) times the connect and read timeouts."""
+
+    connect_seconds: float
+    read_seconds: float
+    attempts: int
+
+
+# A backup or restore job waits out a slow endpoint (botocore's own timeouts).
+JOB = Patience(connect_seconds=60, read_seconds=60, attempts=5)
+# The operator reads manifests and lists backups between other objects' passes, on a small shared
+# pool: an unreachable endpoint must fail in seconds, not hold a worker for minutes (5 x 60 s).
+SHORT = Patience(connect_seconds=5, read_seconds=20, attempts=2)
+
+
 class S3Storage(Storage):
     def __init__(
         self,
@@ -74,6 +92,7 @@ class S3Storage(Storage):
         sse_kms_key_id: str | None = None,
         object_lock_mode: str | None = None,
         object_lock_retain_days: float | None = None,
+        patience: Patience | None = None,
     ):
         if not bucket:
             raise StorageError("S3 storage needs a bucket name")
@@ -83,7 +102,9 @@ class S3Storage(Storage):
         cfg = botocore.config.Config(
             region_name=region,
             s3={"addressing_style": "path" if path_style else "auto"},
-            retries={"max_attempts": 5, "mode": "standard"},
+            retries={"max_attempts": (patience or JOB).attempts, "mode": "standard"},
+            connect_timeout=(patience or JOB).connect_seconds,
+            read_timeout=(patience or JOB).read_seconds,
             max_pool_connections=32,
         )
         session = boto3.session.Session()

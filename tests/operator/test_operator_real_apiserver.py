@@ -458,3 +458,52 @@ def test_two_replicas_elect_one_leader_on_a_lease_and_hand_over(cluster, env):
         if b is not None:
             b.stop()
         cluster.http.delete(API, "rabbitmqbackups", name)
+
+
+def test_sigterm_exits_at_once_while_a_pass_is_blocked_on_an_unanswering_storage(cluster, env):
+    """A RabbitMQRestore whose S3 endpoint accepts connections and never answers (a stalled proxy, a
+    firewall that drops): its pass blocks in a storage read. SIGTERM still ends the replica within
+    seconds, exit 0, with the Lease released, instead of waiting on that read until the kubelet's
+    SIGKILL (the next leader redoes the pass)."""
+    import socket
+    import threading
+
+    held: list[socket.socket] = []
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    lease = f"{env.tag}-stall-lease"
+    op = cluster.start_operator({"RBAK_OPERATOR_STANDALONE": "0", "RBAK_LEASE_NAME": lease, "POD_NAME": "stalled",
+                                 "RBAK_LEASE_NAMESPACE": cluster.http.ns, "RBAK_LEASE_SECONDS": "6"})
+    rname = f"{env.tag}-stall"
+    try:
+        wait_for(lambda: "holding Lease" in op.log(), 60, what="the operator leading", diag=op.log)
+        stalled = {"s3": {**env.storage["s3"], "endpoint": f"http://127.0.0.1:{port}"}}
+        cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                      "metadata": {"name": rname},
+                                                      "spec": {"storage": stalled, "target": env.url_broker}})
+        wait_for(lambda: f"{cluster.http.ns}/{rname}: reconcile loop started" in op.log() and held, 60,
+                 what="a pass reading the stalled storage", diag=op.log)
+        time.sleep(1)
+        t0 = time.monotonic()
+        op.stop()
+        took = time.monotonic() - t0
+        assert op.proc.returncode == 0, op.log()[-3000:]
+        assert took < 10, (took, op.log()[-3000:])  # the tasks' 5 s to end, then no wait on the read
+        assert "blocked call(s) abandoned" in op.log()
+        spec = (cluster.http.get("coordination.k8s.io/v1", "leases", lease) or {}).get("spec") or {}
+        assert spec.get("holderIdentity") in (None, ""), spec
+    finally:
+        op.kill()
+        server.close()
+        for s in held:
+            s.close()
+        cluster.http.delete(API, "rabbitmqrestores", rname)
