@@ -497,7 +497,7 @@ def test_sigterm_exits_at_once_while_a_pass_is_blocked_on_an_unanswering_storage
         op.stop()
         took = time.monotonic() - t0
         assert op.proc.returncode == 0, op.log()[-3000:]
-        assert took < 10, (took, op.log()[-3000:])  # the tasks' 5 s to end, then no wait on the read
+        assert took < 14, (took, op.log()[-3000:])  # the tasks get 5 s; the read alone would take 20 s+
         assert "blocked call(s) abandoned" in op.log()
         spec = (cluster.http.get("coordination.k8s.io/v1", "leases", lease) or {}).get("spec") or {}
         assert spec.get("holderIdentity") in (None, ""), spec
