@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -28,16 +29,22 @@ RESTORE_CRD = "rabbitmqrestores.rbak.io"
 
 
 @pytest.fixture(scope="module")
-def kube(kube_api: KubeApi) -> KubeApi:
+def kube(kube_api: KubeApi) -> Iterator[KubeApi]:
     """The server with crds/ applied as shipped (and established)."""
     kube_api.kubectl("apply", "-f", str(CRDS))
     kube_api.wait_established(BACKUP_CRD, RESTORE_CRD)
-    return kube_api
+    yield kube_api
+    for ns in _made:  # the operator tests on this server must not reconcile these (unreachable storages)
+        kube_api.delete_rbak_objects(ns)
+
+
+_made: list[str] = []
 
 
 def _namespace(kube: KubeApi) -> str:
     ns = f"t-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", ns)
+    _made.append(ns)
     return ns
 
 

@@ -126,8 +126,11 @@ def test_operator_makes_an_on_demand_job_with_requests_ca_bundle_set(kube_api, t
         finally:
             proc.terminate()
             proc.wait(30)
-    assert job["metadata"]["ownerReferences"][0]["name"] == "nightly"
-    assert kube_api.kubectl("-n", ns, "get", "configmap", run, check=False).returncode == 0
-    status = json.loads(kube_api.kubectl("-n", ns, "get", "rabbitmqbackup", "nightly", "-o", "json").stdout)["status"]
-    assert status.get("lastManualTrigger") == "1", status
-    assert "CERTIFICATE_VERIFY_FAILED" not in log.read_text(errors="replace")
+    try:
+        assert job["metadata"]["ownerReferences"][0]["name"] == "nightly"
+        assert kube_api.kubectl("-n", ns, "get", "configmap", run, check=False).returncode == 0
+        status = json.loads(kube_api.kubectl("-n", ns, "get", "rabbitmqbackup", "nightly", "-o", "json").stdout)["status"]
+        assert status.get("lastManualTrigger") == "1", status
+        assert "CERTIFICATE_VERIFY_FAILED" not in log.read_text(errors="replace")
+    finally:
+        kube_api.delete_rbak_objects(ns)  # later operators on this server must not reconcile it

@@ -100,6 +100,17 @@ class _Kubectl:
                                  f"stderr: {r.stderr}")
         return r
 
+    def delete_rbak_objects(self, namespace: str) -> None:
+        """Delete a test's RabbitMQBackups/Restores (finalizers dropped first: no operator may be
+        there to release them), so later operators on this server do not reconcile leftovers."""
+        kinds = "rabbitmqbackups.rbak.io,rabbitmqrestores.rbak.io"
+        names = self.kubectl("-n", namespace, "get", kinds, "-o", "name", check=False).stdout.split()
+        for name in names:
+            self.kubectl("-n", namespace, "patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                         check=False)
+        if names:
+            self.kubectl("-n", namespace, "delete", *names, "--wait=false", "--ignore-not-found", check=False)
+
     def serves(self, group_version: str, plural: str) -> bool:
         """Whether the server serves ``plural`` of ``group_version`` (e.g. ``admissionregistration.k8s.io/v1``)."""
         r = self.kubectl("api-resources", f"--api-group={group_version.split('/')[0]}", "-o", "name", check=False)
