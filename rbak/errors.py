@@ -117,13 +117,15 @@ class ChannelClosedByBroker(AmqpError):
 
 
 class ReadCut(AmqpConnectionError):
-    """A quorum read lost its connection after taking messages from the queue's returns: the broker
-    gave what rbak held back BEHIND what it had not taken (the queue is rotated until repaired).
-    ``lost``: the message without the rotation note, for a caller that repairs it."""
+    """A quorum read lost its connection where the broker's return may change the queue's order: it
+    had taken messages from the queue's returns (they go back BEHIND the ones not taken: rotated), or
+    it held them on several channels (given back in no particular order). ``lost``: the message
+    without that note, and ``context``: what to say instead once a repair put the order back."""
 
-    def __init__(self, message: str, lost: str):
+    def __init__(self, message: str, lost: str, context: str = ""):
         super().__init__(message)
         self.lost = lost
+        self.context = context
 
 
 class QueueNotFound(AmqpError):

@@ -66,13 +66,34 @@ def identity(props: Any, body: bytes) -> bytes:
 
 @dataclass(slots=True)
 class Taken:
-    """The start of a read, kept in case it is cut: the first ``PREFIX`` identities."""
+    """The start of a read, kept in case it is cut: the first ``PREFIX`` identities, and where each
+    later channel's messages begin with the first ``PREFIX`` of them. A cut gives each channel's
+    messages back intact, but separate channels in whatever order the broker takes them down (a read
+    deeper than ``MAX_CONSUMERS_PER_CHANNEL`` windows uses several): the repair must find every block
+    in its place before it says the order is back."""
 
     prefix: list[bytes] = field(default_factory=list)
+    blocks: list[tuple[int, list[bytes]]] = field(default_factory=list)  # (position, first identities)
+    _tag: int = 0  # the last delivery tag: tags start again at 1 on each channel
+    _filling: bool = False  # the newest block has fewer than PREFIX identities
 
-    def see(self, props: Any, body: bytes) -> None:
-        if len(self.prefix) < PREFIX:
+    def lead(self) -> list[bytes]:
+        """The prefix within the first channel's messages: what a cut keeps together at its head."""
+        return self.prefix[:self.blocks[0][0]] if self.blocks else self.prefix
+
+    def see(self, position: int, tag: int, props: Any, body: bytes) -> None:
+        """Delivery number ``position`` (0-based) of the read, with its channel's ``tag``. Called for
+        every quorum delivery: the usual call is one comparison."""
+        if tag <= self._tag:
+            self.blocks.append((position, []))
+            self._filling = True
+        self._tag = tag
+        if position < PREFIX:
             self.prefix.append(identity(props, body))
+        if self._filling:
+            ids = self.blocks[-1][1]
+            ids.append(identity(props, body))
+            self._filling = len(ids) < PREFIX
 
 
 @dataclass(slots=True)
@@ -105,6 +126,19 @@ def rotation(seen: list[bytes], redelivered: list[bool], prefix: list[bytes]) ->
     returns = returned_prefix(redelivered)
     hits = [j for j in range(0, returns - p + 1) if seen[j:j + p] == prefix]
     return hits[0] if len(hits) == 1 else None
+
+
+def blocks_in_place(seen: list[bytes], j: int, blocks: list[tuple[int, list[bytes]]]) -> bool:
+    """Whether, with the ``j`` messages ahead moved behind, every later channel's messages stand where
+    the cut read had found them (a pure decision). ``seen`` is what the check read took: a block it
+    did not reach, or one cut short by its end, cannot be vouched for."""
+    n = len(seen)
+    for start, ids in blocks:
+        if start + len(ids) > n:
+            return False
+        if [seen[(j + start + i) % n] for i in range(len(ids))] != ids:
+            return False
+    return True
 
 
 @dataclass(slots=True)
@@ -193,7 +227,8 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
     if first < ready and not all(whole.redelivered):
         return Repair(False, "not put back in order: the broker's count of returned messages was out of date, "
                              "so the check read took messages that had never been delivered", whole.max_count)
-    j = rotation(whole.ids, whole.redelivered, taken.prefix)
+    lead = taken.lead()
+    j = rotation(whole.ids, whole.redelivered, lead)
     if j is None and first < ready and all(whole.redelivered):
         # Not among the returns the broker counted: 4.3.6 can keep a cut read's messages out of
         # that count, ahead of the never-delivered ones and behind the counted returns, which the
@@ -203,8 +238,9 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
         res = read_queue(conn, vhost, queue, "quorum", ready, again.sink, delivery_limit=limit, margin=margin,
                          return_mode=mode, read_timeout=read_timeout)
         count = max(whole.max_count, again.max_count)
-        p = len(taken.prefix)
-        if res.records == ready and p and again.ids[:p] == taken.prefix and again.ids.count(taken.prefix[0]) == 1:
+        p = len(lead)
+        if res.records == ready and p and again.ids[:p] == lead and again.ids.count(lead[0]) == 1 \
+                and blocks_in_place(again.ids, 0, taken.blocks):
             log.info("queue %r in vhost %r: a cut read had left %d returned messages ahead; giving them back put "
                      "them behind", queue, vhost, first)
             return Repair(True, f"rbak reconnected and put it back in its original order (gave the {first} "
@@ -217,6 +253,10 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
     if j is None:
         return Repair(False, "not put back in order: the messages the backup had taken could not be "
                              "found again with certainty", whole.max_count)
+    if not blocks_in_place(whole.ids, j, taken.blocks):
+        return Repair(False, f"not put back in order: the read held them on {len(taken.blocks) + 1} channels, "
+                             f"and the broker gave those back in another order, which no return can undo",
+                      whole.max_count)
     if j == 0:
         return Repair(True, "its order was checked and is unchanged", whole.max_count)
     prefix = returned_prefix(whole.redelivered)

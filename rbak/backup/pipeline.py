@@ -92,8 +92,7 @@ class QueueIntake:
     def __call__(self, method: Any, props: Any, body: bytes) -> None:
         n = self.counter.count
         if self.quorum:
-            if n < cut_repair.PREFIX:
-                self.taken.see(props, body)
+            self.taken.see(n, method.delivery_tag, props, body)
             c = delivery_count(props)
             if c > self.max_count or not self.nearest:
                 self.max_count, self.nearest = c, self.describe(n + 1, props)

@@ -114,9 +114,8 @@ def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, clu
             # its reads saw the counts the cut left; the guard below adds their own return
             intake.max_count = max(intake.max_count, fixed.max_count)
             if fixed.repaired:
-                raise AmqpConnectionError(f"{e.lost}, behind the ones it had not taken (the queue's messages had "
-                                          f"been returned before); {fixed.why}") from None
-            raise ReadCut(f"{e}; {fixed.why}", e.lost) from None
+                raise AmqpConnectionError(f"{e.lost}{e.context}; {fixed.why}") from None
+            raise ReadCut(f"{e}; {fixed.why}", e.lost, e.context) from None
         raise
     finally:
         if quorum and counter.count + intake.stopped:

@@ -240,8 +240,12 @@ def read_queue(
         lost = (f"{where}: the connection was lost after {res.records} of {depth} messages ({e}); "
                 "the broker returns every unacked message to the queue")
         note = _rotation_note(quorum, res, depth)
+        context = ", behind the ones it had not taken (the queue's messages had been returned before)"
+        if not note:
+            note = _channels_note(quorum, len(channels))
+            context = f" (it held them on {len(channels)} channels, which the broker gives back in no particular order)"
         if note:
-            raise ReadCut(lost + note, lost) from None
+            raise ReadCut(lost + note, lost, context) from None
         raise AmqpConnectionError(lost) from None
     except BaseException as e:
         error = e
@@ -262,6 +266,16 @@ def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:
     return (f" BEHIND the ones it had not taken: the queue's messages had been returned before (an earlier "
             f"backup), and RabbitMQ returns messages to the tail of its returns, so the queue is now rotated "
             f"(its first {res.records} or more messages come after the rest; nothing lost)")
+
+
+def _channels_note(quorum: bool, channels: int) -> str:
+    """What a cut does to a quorum read held on several channels (deeper than MAX_CONSUMERS_PER_CHANNEL
+    windows): each channel's messages come back intact, the channels in whatever order the broker
+    takes them down."""
+    if not quorum or channels < 2:
+        return ""
+    return (f"; the read held them on {channels} channels, which the broker gives back in no particular order, "
+            f"so the queue may now be out of order (nothing lost)")
 
 
 def reading_channel(conn: Connection) -> Channel:

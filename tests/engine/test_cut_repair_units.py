@@ -1,9 +1,10 @@
-"""``cut_repair.rotation``: where the cut read's first messages stand after a cut (pure); and which
-management statistics sample ``returned_ready`` trusts."""
+"""``cut_repair.rotation``: where the cut read's first messages stand after a cut (pure); whether a
+read's later channels stand in their places (``blocks_in_place``, with ``Taken`` recording where
+they began); and which management statistics sample ``returned_ready`` trusts."""
 
 from __future__ import annotations
 
-from rbak.backup.cut_repair import returned_ready, rotation
+from rbak.backup.cut_repair import Taken, blocks_in_place, identity, returned_ready, rotation
 
 
 def ids(*xs: int) -> list[bytes]:
@@ -31,6 +32,60 @@ def test_duplicates_make_it_uncertain():
 def test_no_match_and_no_prefix():
     assert rotation(ids(1, 2, 3), [True] * 3, ids(8)) is None
     assert rotation(ids(1, 2, 3), [True] * 3, []) is None
+
+
+class Props:
+    message_id = correlation_id = timestamp = None
+
+
+def taken(tags: list[int]) -> Taken:
+    """A cut read that took message i (body b"i") with delivery tag tags[i]."""
+    t = Taken()
+    for i, tag in enumerate(tags):
+        t.see(i, tag, Props(), b"%d" % i)
+    return t
+
+
+def test_taken_records_where_each_later_channel_began():
+    # channel 1 took 0..2 (tags 1,2,3, two windows share its tags), channel 2 took 3..4, channel 3 took 5
+    t = taken([1, 2, 3, 1, 2, 1])
+    assert t.prefix == [identity(Props(), b"%d" % i) for i in range(6)]
+    assert [(start, len(first)) for start, first in t.blocks] == [(3, 2), (5, 1)]
+    assert t.blocks[0][1] == [identity(Props(), b"3"), identity(Props(), b"4")]
+
+
+def test_the_lead_stops_where_the_second_channel_began():
+    # a first channel of 2 messages: a prefix reaching into the next channel is not kept together by a cut
+    t = taken([1, 2, 1, 2, 3])
+    assert t.lead() == [identity(Props(), b"0"), identity(Props(), b"1")]
+    assert taken([1, 2, 3]).lead() == t.prefix[:3]
+
+
+def test_one_channel_has_no_blocks_to_check():
+    assert taken([1, 2, 3, 4]).blocks == []
+    assert blocks_in_place(ids(2, 3, 0, 1), 2, [])
+
+
+def test_channels_given_back_in_order_are_in_place():
+    # B1=0,1 on channel 1, B2=2,3 on channel 2, A=8,9 not taken; after the cut: [A, B1, B2]
+    blocks = [(2, ids(2, 3))]
+    assert rotation(ids(8, 9, 0, 1, 2, 3), [True] * 6, ids(0, 1)) == 2
+    assert blocks_in_place(ids(8, 9, 0, 1, 2, 3), 2, blocks)
+    # a queue never returned before: [B2, B1] in the returns; moving B2 behind puts both back
+    assert rotation(ids(2, 3, 0, 1), [True] * 4, ids(0, 1)) == 2
+    assert blocks_in_place(ids(2, 3, 0, 1), 2, blocks)
+
+
+def test_channels_given_back_swapped_behind_other_returns_are_not_in_place():
+    # [A, B2, B1]: moving what stands ahead of B1 would give [B1, A, B2], not the original [B1, B2, A]
+    seen = ids(8, 9, 2, 3, 0, 1)
+    j = rotation(seen, [True] * 6, ids(0, 1))
+    assert j == 4
+    assert not blocks_in_place(seen, j, [(2, ids(2, 3))])
+
+
+def test_a_block_the_check_read_did_not_reach_is_not_vouched_for():
+    assert not blocks_in_place(ids(0, 1, 2), 0, [(2, ids(2, 3))])
 
 
 class Samples:
