@@ -18,16 +18,21 @@ in-order return):
    first one the cut read had taken (matched by content against what it recorded; the match
    must be unique, and every message up to the end of ``B`` must come from the returns);
 2. read exactly ``len(A)`` messages, check they are ``A``, and give them back: they go behind
-   ``B``, which restores ``[B, A]``.
+   ``B``, which restores ``[B, A, C]``.
 
-Read 1 must not take ``C``: given back, ``C`` would join the returns, and from ``[A, B, C]`` all
-in the returns every take-and-give-back is a rotation, which cannot reach ``[B, A, C]``. AMQP
-0-9-1 has no peek, so read 1 stops at the number of returned messages the broker reports
-(``messages_ready_returned``, 4.0+, read once its statistics show every message back and none
-unacked) and checks that each one it took came from the returns. Without that figure (3.x) it
-reads the whole queue, and a non-empty ``C`` (messages published during the backup, or left by
-an earlier cut that stopped further in) leaves the queue as the cut left it (read 1 changes no
-order), and the error says so.
+Two cases need more than one move, and get a read in parts instead (``reorder_plan``): a read
+deeper than ``MAX_CONSUMERS_PER_CHANNEL`` windows held ``B`` on several channels, which a cut
+gives back in whatever order the broker takes them down (``[A, B3, B1, B2]``; ``Taken`` records
+where each channel's messages began), or never-delivered messages ``C`` were taken by read 1 (3.x
+below). Read 2 then takes the whole of what read 1 took, one part after another (``A``, each
+``Bi``, ``C``), each held on channels of its own, checks each against read 1, and gives the parts
+back in their original order ``[B1 .. Bk, A, C]``.
+
+Read 1 takes no more than the returns where the broker says how many there are, so that ``C`` is
+neither read nor moved. AMQP 0-9-1 has no peek, so read 1 stops at the number of returned messages the
+broker reports (``messages_ready_returned``, 4.0+, read once its statistics show every message back
+and none unacked) and checks that each one it took came from the returns. Without that figure (3.x)
+it reads the whole queue, and the read in parts puts ``C`` last again.
 
 Each read costs a delivery on brokers that count returns (3.x and 4.0 return by channel close),
 so both are bounded by the same ``delivery_limit - margin`` as the backup itself. Anything the
@@ -139,6 +144,54 @@ def blocks_in_place(seen: list[bytes], j: int, blocks: list[tuple[int, list[byte
         if [seen[(j + start + i) % n] for i in range(len(ids))] != ids:
             return False
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How to give the queue's messages back in their original order: read them as ``segments``
+    (``[start, end)`` of the check read, in queue order), hold them all, give them back in ``order``."""
+
+    segments: list[tuple[int, int]]
+    order: list[int]
+
+
+def reorder_plan(seen: list[bytes], redelivered: list[bool], j: int, blocks: list[tuple[int, list[bytes]]]) -> Plan | None:
+    """The plan that restores ``[B1 .. Bk, A, C]`` from what the check read ``seen`` (a pure decision),
+    or None when a part cannot be placed with certainty.
+
+    ``A``: the returns the cut read had not reached, at the head; ``B1`` at ``j`` (the cut read's
+    lead), each later channel's ``Bi`` where its first identities are, in any order behind ``A``;
+    ``C``: never delivered when the check read took it (at the tail). Every ``Bi`` but the last has
+    the length the cut read gave it; the last also holds what was on its way when the cut came."""
+    returns, n = returned_prefix(redelivered), len(seen)
+    starts = [j]
+    for _, ids in blocks:
+        p = len(ids)
+        hits = [i for i in range(0, returns - p + 1) if seen[i:i + p] == ids]
+        if len(hits) != 1:
+            return None
+        starts.append(hits[0])
+    if len(set(starts)) != len(starts):
+        return None
+    lengths: list[int | None] = [b - a for a, b in zip([0] + [s for s, _ in blocks], [s for s, _ in blocks])]
+    lengths.append(None)
+    now = sorted(range(len(starts)), key=lambda k: starts[k])
+    segments: list[tuple[int, int]] = []
+    rank: list[int] = []  # each segment's place in the original order: B1..Bk, then A, then C
+    if starts[now[0]] > 0:
+        segments.append((0, starts[now[0]]))
+        rank.append(len(starts))
+    for i, k in enumerate(now):
+        end = starts[now[i + 1]] if i + 1 < len(now) else returns
+        want = lengths[k]
+        if end <= starts[k] or (want is not None and end - starts[k] != want):
+            return None
+        segments.append((starts[k], end))
+        rank.append(k)
+    if returns < n:
+        segments.append((returns, n))
+        rank.append(len(starts) + 1)
+    return Plan(segments, sorted(range(len(segments)), key=lambda i: rank[i]))
 
 
 @dataclass(slots=True)
@@ -253,17 +306,17 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
     if j is None:
         return Repair(False, "not put back in order: the messages the backup had taken could not be "
                              "found again with certainty", whole.max_count)
-    if not blocks_in_place(whole.ids, j, taken.blocks):
-        return Repair(False, f"not put back in order: the read held them on {len(taken.blocks) + 1} channels, "
-                             f"and the broker gave those back in another order, which no return can undo",
-                      whole.max_count)
+    prefix = returned_prefix(whole.redelivered)
+    if not blocks_in_place(whole.ids, j, taken.blocks) or (j and prefix < len(whole.ids)):
+        # channels given back in another order, or never-delivered messages C behind (3.x reads them:
+        # it does not report how many are returned): no single move does it, a read in parts does
+        plan = reorder_plan(whole.ids, whole.redelivered, j, taken.blocks)
+        if plan is None:
+            return Repair(False, "not put back in order: the parts the broker gave back could not be placed with "
+                                 "certainty", whole.max_count)
+        return _reorder(conn, vhost, queue, whole, plan, limit, margin, mode, read_timeout)
     if j == 0:
         return Repair(True, "its order was checked and is unchanged", whole.max_count)
-    prefix = returned_prefix(whole.redelivered)
-    if prefix < len(whole.ids):
-        # the check read returned C too: [A, B, C] are all returns now, and only rotations are left
-        return Repair(False, f"not put back in order: {len(whole.ids) - prefix} message(s) behind them had "
-                             f"never been delivered, and no return can put the {j} ahead between", whole.max_count)
     ahead = Seen()
     res = read_queue(conn, vhost, queue, "quorum", j, ahead.sink, delivery_limit=limit, margin=margin,
                      return_mode=mode, read_timeout=read_timeout)
@@ -274,3 +327,34 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
              queue, vhost, depth - j, j)
     return Repair(True, f"rbak reconnected and put it back in its original order (moved the {j} messages the "
                         f"broker had placed ahead behind the others)", max(whole.max_count, ahead.max_count))
+
+
+def _reorder(conn: Any, vhost: str, queue: str, whole: Seen, plan: Plan, limit: int | None, margin: int,
+             mode: str, read_timeout: float) -> Repair:
+    """Read the queue again in ``plan.segments``, each held on channels of its own, check each is what
+    the check read saw there, and give them back in ``plan.order`` (each return joins the tail of the
+    returns, so the order they are given back in is the queue's). Anything unexpected gives them back
+    as they were read, which leaves the order as it was."""
+    held: list[Callable[[], None]] = []
+    count = whole.max_count
+    why = ""
+    try:
+        for a, b in plan.segments:
+            part = Seen()
+            res = read_queue(conn, vhost, queue, "quorum", b - a, part.sink, delivery_limit=limit, margin=margin,
+                             return_mode=mode, read_timeout=read_timeout, hold=held)
+            count = max(count, part.max_count)
+            if part.ids != whole.ids[a:b]:
+                why = f"the queue changed while rbak was putting it back (read {res.records} of {b - a} in one part)"
+                break
+    except RbakError as e:
+        why = f"putting it back in order failed ({e})"
+    order = range(len(held)) if why else plan.order
+    for i in order:
+        held[i]()
+    if why:
+        return Repair(False, f"not put back in order: {why}", count)
+    log.info("queue %r in vhost %r: read in %d parts and given back in their original order", queue, vhost,
+             len(plan.segments))
+    return Repair(True, f"rbak reconnected and put it back in its original order (read it again in "
+                        f"{len(plan.segments)} parts and gave them back in their original order)", count)

@@ -146,6 +146,7 @@ def read_queue(
     read_timeout: float = 30.0,
     deadline: float | None = None,
     throttle: Callable[[int], None] | None = None,
+    hold: list[Callable[[], None]] | None = None,
 ) -> ReadResult:
     """Read the first ``depth`` messages of a classic or quorum queue without acking any.
 
@@ -159,6 +160,8 @@ def read_queue(
     would reach ``delivery_limit - margin`` once returned (``limits.may_take``).
     ``single_consumer``: a single-active-consumer quorum queue, read by one consumer (a second
     one would wait behind the first and receive nothing): no windows, at most QUORUM_PREFETCH.
+    ``hold`` (quorum): the read keeps its messages, even on an error, and appends the function that
+    gives them back, for a caller that returns several reads in an order of its own (``cut_repair``).
     """
     res = ReadResult()
     where = f"queue {queue!r} in vhost {vhost!r}"
@@ -251,7 +254,11 @@ def read_queue(
         error = e
         raise
     finally:
-        if not (shared and error is None and _give_back(channels, tags, queue, where)):
+        if hold is not None and not shared:
+            # the caller gives these back when it chooses (cut_repair: several reads, returned in another order)
+            quiet = error is not None
+            hold.append(lambda: _return_in_order(channels, tags, where, nack, quiet=quiet, ends=ends))
+        elif not (shared and error is None and _give_back(channels, tags, queue, where)):
             _return_in_order(channels, tags, where, nack, quiet=error is not None, ends=ends)
 
 

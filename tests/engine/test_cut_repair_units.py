@@ -4,7 +4,7 @@ they began); and which management statistics sample ``returned_ready`` trusts.""
 
 from __future__ import annotations
 
-from rbak.backup.cut_repair import Taken, blocks_in_place, identity, returned_ready, rotation
+from rbak.backup.cut_repair import Plan, Taken, blocks_in_place, identity, reorder_plan, returned_ready, rotation
 
 
 def ids(*xs: int) -> list[bytes]:
@@ -86,6 +86,37 @@ def test_channels_given_back_swapped_behind_other_returns_are_not_in_place():
 
 def test_a_block_the_check_read_did_not_reach_is_not_vouched_for():
     assert not blocks_in_place(ids(0, 1, 2), 0, [(2, ids(2, 3))])
+
+
+def restored(seen: list[bytes], plan: Plan) -> list[bytes]:
+    """What giving the planned parts back in the planned order leaves in the queue."""
+    return [x for i in plan.order for x in seen[plan.segments[i][0]:plan.segments[i][1]]]
+
+
+def test_a_plan_puts_swapped_channels_back_behind_the_returns_they_were_ahead_of():
+    # original [B1=0,1 | B2=2,3 | B3=4,5,6 | A=8,9]; the cut left [A, B3, B1, B2]
+    seen = ids(8, 9, 4, 5, 6, 0, 1, 2, 3)
+    blocks = [(2, ids(2, 3)), (4, ids(4, 5))]
+    j = rotation(seen, [True] * 9, ids(0, 1))
+    assert j == 5 and not blocks_in_place(seen, j, blocks)
+    plan = reorder_plan(seen, [True] * 9, j, blocks)
+    assert plan is not None and plan.segments == [(0, 2), (2, 5), (5, 7), (7, 9)]
+    assert restored(seen, plan) == ids(0, 1, 2, 3, 4, 5, 6, 8, 9)
+
+
+def test_a_plan_keeps_never_delivered_messages_last():
+    # one channel: [A=5,6 | B=0..4 taken, returned behind A | C=7,8 never delivered] -> [B, A, C]
+    seen = ids(5, 6, 0, 1, 2, 3, 4, 7, 8)
+    redelivered = [True] * 7 + [False] * 2
+    plan = reorder_plan(seen, redelivered, 2, [])
+    assert plan is not None and restored(seen, plan) == ids(0, 1, 2, 3, 4, 5, 6, 7, 8)
+
+
+def test_a_channel_of_the_wrong_length_or_found_twice_has_no_plan():
+    # B1 was 2 long, but 3 messages stand between it and B2: something else is there
+    assert reorder_plan(ids(0, 1, 7, 2, 3), [True] * 5, 0, [(2, ids(2, 3))]) is None
+    # B2's first identities twice
+    assert reorder_plan(ids(2, 0, 1, 2), [True] * 4, 1, [(2, ids(2))]) is None
 
 
 class Samples:
