@@ -161,3 +161,35 @@ def test_a_cut_read_over_several_channels_is_put_back_in_order(broker, vhost, tm
     if after != bodies:
         first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
         pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+
+
+@pytest.mark.parametrize("returned_before", [False, True], ids=["fresh", "returned"])
+def test_cut_of_a_100000_message_quorum_read_at_its_own_window_sizes(broker, vhost, tmp_path, returned_before):
+    """The issue's own case, nothing lowered: 100,000 messages read in the windows rbak chooses
+    (65,535 at most; small ones first where 4.x's default delivery limit of 20 applies), the
+    connection closed after 60,000; drained, the queue is exactly the original."""
+    n = 100_000
+    bodies = [b"big-%06d" % i for i in range(n)]
+    fast_publish(broker, vhost, "bigq", bodies, declare={"x-queue-type": "quorum"})
+    store = tmp_path / "store"
+    if returned_before:
+        assert BackupEngine(backup_config(broker, vhost, store, "full", tmp_path / "st.db")).run().completed
+    killed: list = []
+    eng = BackupEngine(backup_config(broker, vhost, store, "cut", tmp_path / "st.db"),
+                       throttle=_killer(broker, vhost, 60_000, killed))
+    with pytest.raises(BackupError) as ei:
+        eng.run()
+    msg = str(ei.value)
+    assert killed and f"{vhost}/bigq" in msg and "connection was lost" in msg, msg
+    if returned_before:
+        assert "put it back in its original order" in msg or "its order was checked and is unchanged" in msg, msg
+    else:
+        assert "rotated" not in msg and "not put back" not in msg, msg
+    deadline = time.monotonic() + 60
+    while broker.message_count(vhost, "bigq") != n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = [x[0] for x in drain(broker, vhost, "bigq")]
+    assert len(after) == n and sorted(after) == bodies
+    if after != bodies:
+        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
+        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
