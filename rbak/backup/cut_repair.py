@@ -79,8 +79,8 @@ class Taken:
 
     prefix: list[bytes] = field(default_factory=list)
     blocks: list[tuple[int, list[bytes]]] = field(default_factory=list)  # (position, first identities)
-    _tag: int = 0  # the last delivery tag: tags start again at 1 on each channel
-    _filling: bool = False  # the newest block has fewer than PREFIX identities
+    _tag: int = field(default=0, init=False, repr=False)  # the last delivery tag: 1 again on each channel
+    _filling: bool = field(default=False, init=False, repr=False)  # the newest block has < PREFIX identities
 
     def lead(self) -> list[bytes]:
         """The prefix within the first channel's messages: what a cut keeps together at its head."""
@@ -352,6 +352,8 @@ def _reorder(conn: Any, vhost: str, queue: str, whole: Seen, plan: Plan, limit: 
     order = range(len(held)) if why else plan.order
     for i in order:
         held[i]()
+    if not why and not conn.is_open:  # channels not closed by us come back in the broker's order
+        why = "the connection was lost while rbak gave the parts back"
     if why:
         return Repair(False, f"not put back in order: {why}", count)
     log.info("queue %r in vhost %r: read in %d parts and given back in their original order", queue, vhost,
