@@ -1,8 +1,11 @@
 """The worker threads that run the operator's blocking calls (Kubernetes API, storage) off kopf's loop.
 
-One pool for the reconcile passes and the progress polls: its size bounds the calls in flight however
-many objects there are (a thread per object would starve everything once objects outnumber threads).
-It counts the calls in flight, so that exiting can tell whether one is still blocked (``busy``).
+Two bounded pools, so the calls in flight stay bounded however many objects there are (a thread per
+object would starve everything once objects outnumber threads): ``PASSES`` for reconcile passes
+(``RBAK_OPERATOR_WORKERS``, default 8) and ``POLLS`` for the progress reads of running Jobs (as many
+threads as asyncio's default executor, where they ran before): a nightly burst of hundreds of runs
+polling their progress must not delay the passes that start and finish runs. Calls in flight are
+counted, so that exiting can tell whether one is still blocked (``busy``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_POOL = concurrent.futures.ThreadPoolExecutor(
+PASSES = concurrent.futures.ThreadPoolExecutor(
     max_workers=int(os.environ.get("RBAK_OPERATOR_WORKERS", "8")), thread_name_prefix="rbak-reconcile")
+POLLS = concurrent.futures.ThreadPoolExecutor(
+    max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="rbak-progress")
 _lock = threading.Lock()
 _busy = 0
 
@@ -35,11 +40,11 @@ def _counted(fn: Callable[..., T], *args: Any) -> T:
             _busy -= 1
 
 
-async def run(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on the pool, in a copy of this task's context (kopf.event() finds its poster
+async def run(fn: Callable[..., T], *args: Any, pool: concurrent.futures.Executor = PASSES) -> T:
+    """``fn(*args)`` on ``pool``, in a copy of this task's context (kopf.event() finds its poster
     through context vars). Cancelling the awaiting task does not stop the call: see ``busy``."""
     ctx = contextvars.copy_context()
-    return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(_counted, ctx.run, fn, *args))
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(_counted, ctx.run, fn, *args))
 
 
 def busy() -> int:

@@ -97,14 +97,14 @@ def poll(kube, kind: str, namespace: str, name: str) -> str | None:
 
 
 async def follow(kind: str, namespace: str, name: str, stopped: asyncio.Event, logger) -> None:
-    """Poll every INTERVAL seconds while the object runs a Job (the calls on the operator's pool)."""
+    """Poll every INTERVAL seconds while the object runs a Job (the calls on the operator's progress pool)."""
     from . import blocking
     from .k8s import ApiError, Kube
 
     kube = Kube()
     while not stopped.is_set():
         try:
-            if await blocking.run(poll, kube, kind, namespace, name) is None:
+            if await blocking.run(poll, kube, kind, namespace, name, pool=blocking.POLLS) is None:
                 return
         except (RbakError, ApiError) as e:  # progress is best effort; the next tick tries again
             logger.debug("progress of %s %s/%s: %s", kind, namespace, name, e)
