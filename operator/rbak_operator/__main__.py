@@ -66,8 +66,9 @@ def _leave(code: int) -> int:
     pass is abandoned safely: every pass re-reads what it decides on, so the next leader redoes it."""
     from . import blocking
 
-    if blocking.busy():
-        logging.getLogger("rbak_operator").info("exiting; %d blocked call(s) abandoned", blocking.busy())
+    blocked = blocking.busy()
+    if blocked:
+        logging.getLogger("rbak_operator").info("exiting; %d blocked call(s) abandoned", blocked)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -173,8 +173,9 @@ def reorder_plan(seen: list[bytes], redelivered: list[bool], j: int, blocks: lis
         starts.append(hits[0])
     if len(set(starts)) != len(starts):
         return None
-    lengths: list[int | None] = [b - a for a, b in zip([0] + [s for s, _ in blocks], [s for s, _ in blocks])]
-    lengths.append(None)
+    begins = [start for start, _ in blocks]  # where channels 2..k began in the cut read (B1 at 0)
+    lengths: list[int | None] = [b - a for a, b in zip([0, *begins], begins)]
+    lengths.append(None)  # the last channel's: also what was on its way when the cut came
     now = sorted(range(len(starts)), key=lambda k: starts[k])
     segments: list[tuple[int, int]] = []
     rank: list[int] = []  # each segment's place in the original order: B1..Bk, then A, then C

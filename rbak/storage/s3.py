@@ -92,7 +92,7 @@ class S3Storage(Storage):
         sse_kms_key_id: str | None = None,
         object_lock_mode: str | None = None,
         object_lock_retain_days: float | None = None,
-        patience: Patience | None = None,
+        patience: Patience = JOB,
     ):
         if not bucket:
             raise StorageError("S3 storage needs a bucket name")
@@ -102,9 +102,9 @@ class S3Storage(Storage):
         cfg = botocore.config.Config(
             region_name=region,
             s3={"addressing_style": "path" if path_style else "auto"},
-            retries={"max_attempts": (patience or JOB).attempts, "mode": "standard"},
-            connect_timeout=(patience or JOB).connect_seconds,
-            read_timeout=(patience or JOB).read_seconds,
+            retries={"max_attempts": patience.attempts, "mode": "standard"},
+            connect_timeout=patience.connect_seconds,
+            read_timeout=patience.read_seconds,
             max_pool_connections=32,
         )
         session = boto3.session.Session()
