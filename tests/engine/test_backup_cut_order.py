@@ -39,30 +39,56 @@ def _killer(broker, vhost: str, at: int, killed: list):
     return kill
 
 
+def _cut(broker, vhost: str, tmp_path, store, bid: str, at: int) -> str:
+    """Back up ``vhost`` into ``store`` as ``bid``, the broker closing rbak's connections after ``at``
+    messages; the error the backup fails with."""
+    killed: list = []
+    eng = BackupEngine(backup_config(broker, vhost, store, bid, tmp_path / "st.db"),
+                       throttle=_killer(broker, vhost, at, killed))
+    with pytest.raises(BackupError) as ei:
+        eng.run()
+    assert killed and killed[0] >= 1, bid
+    return str(ei.value)
+
+
+def _full(broker, vhost: str, tmp_path, store) -> None:
+    """A complete backup first: it returns the whole queue, so every message is a return."""
+    assert BackupEngine(backup_config(broker, vhost, store, "full", tmp_path / "st.db")).run().completed
+
+
+def _failed_alone(store, queue: str) -> None:
+    m = load(store, "cut")
+    assert m.state == "partial" and [(q.name, q.status) for q in m.queue_status] == [(queue, "failed")]
+
+
+def _assert_original(broker, vhost: str, queue: str, bodies: list[bytes], settle: float) -> None:
+    """Drain ``queue`` and compare with the published order: nothing lost, duplicated or moved. The
+    broker returns a closed connection's messages asynchronously: wait up to ``settle`` seconds for
+    all of them (0: they must be back already, the repair waited)."""
+    if settle:
+        deadline = time.monotonic() + settle
+        while broker.message_count(vhost, queue) != len(bodies) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    else:
+        assert broker.message_count(vhost, queue) == len(bodies)
+    after = [x[0] for x in drain(broker, vhost, queue)]
+    assert len(after) == len(bodies) and sorted(after) == bodies
+    if after != bodies:
+        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
+        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+
+
 @pytest.mark.parametrize("at", [1, 2_500, 7_000, 11_500])
 def test_cut_mid_quorum_read_keeps_order(broker, vhost, tmp_path, monkeypatch, at):
     monkeypatch.setattr(queue_reader, "QUORUM_PREFETCH", WINDOW)
     bodies = [b"c-%05d" % i for i in range(N)]
     fast_publish(broker, vhost, "cutq", bodies, declare={"x-queue-type": "quorum"})
-    killed: list = []
     store = tmp_path / "store"
-    eng = BackupEngine(backup_config(broker, vhost, store, "cut", tmp_path / "st.db"),
-                       throttle=_killer(broker, vhost, at, killed))
-    with pytest.raises(BackupError) as ei:
-        eng.run()
-    assert killed and killed[0] >= 1
-    assert f"{vhost}/cutq" in str(ei.value) and "connection was lost" in str(ei.value)
-    assert "rotated" not in str(ei.value)  # never returned before: the order is kept
-    m = load(store, "cut")
-    assert m.state == "partial" and [(q.name, q.status) for q in m.queue_status] == [("cutq", "failed")]
-    deadline = time.monotonic() + 30
-    while broker.message_count(vhost, "cutq") != N and time.monotonic() < deadline:
-        time.sleep(0.2)  # the broker returns a closed connection's messages asynchronously
-    after = [x[0] for x in drain(broker, vhost, "cutq")]
-    assert len(after) == N and sorted(after) == bodies
-    if after != bodies:
-        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
-        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+    msg = _cut(broker, vhost, tmp_path, store, "cut", at)
+    assert f"{vhost}/cutq" in msg and "connection was lost" in msg
+    assert "rotated" not in msg  # never returned before: the order is kept
+    _failed_alone(store, "cutq")
+    _assert_original(broker, vhost, "cutq", bodies, settle=30)
 
 
 @pytest.mark.parametrize("at", [1, 7_000])
@@ -76,23 +102,12 @@ def test_cut_after_a_complete_backup_is_put_back_in_order(broker, vhost, tmp_pat
     bodies = [b"r-%05d" % i for i in range(N)]
     fast_publish(broker, vhost, "rotq", bodies, declare={"x-queue-type": "quorum"})
     store = tmp_path / "store"
-    assert BackupEngine(backup_config(broker, vhost, store, "full", tmp_path / "st.db")).run().completed
-    killed: list = []
-    eng = BackupEngine(backup_config(broker, vhost, store, "cut", tmp_path / "st.db"),
-                       throttle=_killer(broker, vhost, at, killed))
-    with pytest.raises(BackupError) as ei:
-        eng.run()
-    msg = str(ei.value)
-    assert killed and f"{vhost}/rotq" in msg and "connection was lost" in msg, msg
+    _full(broker, vhost, tmp_path, store)
+    msg = _cut(broker, vhost, tmp_path, store, "cut", at)
+    assert f"{vhost}/rotq" in msg and "connection was lost" in msg, msg
     assert "put it back in its original order" in msg and "now rotated" not in msg, msg
-    m = load(store, "cut")
-    assert m.state == "partial" and [(q.name, q.status) for q in m.queue_status] == [("rotq", "failed")]
-    assert broker.message_count(vhost, "rotq") == N  # the repair waited for every message to be back
-    after = [x[0] for x in drain(broker, vhost, "rotq")]
-    assert len(after) == N and sorted(after) == bodies
-    if after != bodies:
-        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
-        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+    _failed_alone(store, "rotq")
+    _assert_original(broker, vhost, "rotq", bodies, settle=0)
 
 
 def test_cut_with_never_delivered_messages_behind(broker, vhost, tmp_path, monkeypatch):
@@ -107,25 +122,12 @@ def test_cut_with_never_delivered_messages_behind(broker, vhost, tmp_path, monke
     bodies = [b"t-%05d" % i for i in range(N)]
     fast_publish(broker, vhost, "tailq", bodies, declare={"x-queue-type": "quorum"})
     store = tmp_path / "store"
-    for bid, at in (("cut1", 7_000), ("cut2", 2_500)):
-        killed: list = []
-        eng = BackupEngine(backup_config(broker, vhost, store, bid, tmp_path / "st.db"),
-                           throttle=_killer(broker, vhost, at, killed))
-        with pytest.raises(BackupError) as ei:
-            eng.run()
-        assert killed, bid
-    msg = str(ei.value)
-    deadline = time.monotonic() + 30
-    while broker.message_count(vhost, "tailq") != N and time.monotonic() < deadline:
-        time.sleep(0.2)
-    after = [x[0] for x in drain(broker, vhost, "tailq")]
-    assert len(after) == N and sorted(after) == bodies
+    _cut(broker, vhost, tmp_path, store, "cut1", 7_000)
+    msg = _cut(broker, vhost, tmp_path, store, "cut2", 2_500)
     assert "put it back in its original order" in msg and "now rotated" not in msg, msg
     if broker.name == "rmq310":
         assert "in 3 parts" in msg, msg  # ahead, taken, never delivered
-    if after != bodies:
-        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
-        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+    _assert_original(broker, vhost, "tailq", bodies, settle=30)
 
 
 @pytest.mark.parametrize("returned_before", [False, True], ids=["fresh", "returned"])
@@ -144,23 +146,12 @@ def test_a_cut_read_over_several_channels_is_put_back_in_order(broker, vhost, tm
     fast_publish(broker, vhost, "chq", bodies, declare={"x-queue-type": "quorum"})
     store = tmp_path / "store"
     if returned_before:
-        assert BackupEngine(backup_config(broker, vhost, store, "full", tmp_path / "st.db")).run().completed
-    killed: list = []
-    eng = BackupEngine(backup_config(broker, vhost, store, "cut", tmp_path / "st.db"),
-                       throttle=_killer(broker, vhost, 9_000, killed))
-    with pytest.raises(BackupError) as ei:
-        eng.run()
-    msg = str(ei.value)
-    assert killed and f"{vhost}/chq" in msg and "connection was lost" in msg, msg
+        _full(broker, vhost, tmp_path, store)
+    msg = _cut(broker, vhost, tmp_path, store, "cut", 9_000)
+    assert f"{vhost}/chq" in msg and "connection was lost" in msg, msg
     assert "put it back in its original order" in msg or "its order was checked and is unchanged" in msg, msg
-    m = load(store, "cut")
-    assert m.state == "partial" and [(q.name, q.status) for q in m.queue_status] == [("chq", "failed")]
-    assert broker.message_count(vhost, "chq") == N  # the repair waited for every message to be back
-    after = [x[0] for x in drain(broker, vhost, "chq")]
-    assert len(after) == N and sorted(after) == bodies
-    if after != bodies:
-        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
-        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+    _failed_alone(store, "chq")
+    _assert_original(broker, vhost, "chq", bodies, settle=0)
 
 
 @pytest.mark.parametrize("returned_before", [False, True], ids=["fresh", "returned"])
@@ -168,28 +159,15 @@ def test_cut_of_a_100000_message_quorum_read_at_its_own_window_sizes(broker, vho
     """The issue's own case, nothing lowered: 100,000 messages read in the windows rbak chooses
     (65,535 at most; small ones first where 4.x's default delivery limit of 20 applies), the
     connection closed after 60,000; drained, the queue is exactly the original."""
-    n = 100_000
-    bodies = [b"big-%06d" % i for i in range(n)]
+    bodies = [b"big-%06d" % i for i in range(100_000)]
     fast_publish(broker, vhost, "bigq", bodies, declare={"x-queue-type": "quorum"})
     store = tmp_path / "store"
     if returned_before:
-        assert BackupEngine(backup_config(broker, vhost, store, "full", tmp_path / "st.db")).run().completed
-    killed: list = []
-    eng = BackupEngine(backup_config(broker, vhost, store, "cut", tmp_path / "st.db"),
-                       throttle=_killer(broker, vhost, 60_000, killed))
-    with pytest.raises(BackupError) as ei:
-        eng.run()
-    msg = str(ei.value)
-    assert killed and f"{vhost}/bigq" in msg and "connection was lost" in msg, msg
+        _full(broker, vhost, tmp_path, store)
+    msg = _cut(broker, vhost, tmp_path, store, "cut", 60_000)
+    assert f"{vhost}/bigq" in msg and "connection was lost" in msg, msg
     if returned_before:
         assert "put it back in its original order" in msg or "its order was checked and is unchanged" in msg, msg
     else:
         assert "rotated" not in msg and "not put back" not in msg, msg
-    deadline = time.monotonic() + 60
-    while broker.message_count(vhost, "bigq") != n and time.monotonic() < deadline:
-        time.sleep(0.2)
-    after = [x[0] for x in drain(broker, vhost, "bigq")]
-    assert len(after) == n and sorted(after) == bodies
-    if after != bodies:
-        first = next(i for i, (a, b) in enumerate(zip(after, bodies)) if a != b)
-        pytest.fail(f"source reordered at position {first}: {after[max(0, first - 2):first + 4]}")
+    _assert_original(broker, vhost, "bigq", bodies, settle=60)
