@@ -8,11 +8,12 @@ import email.utils
 import json
 import subprocess
 import sys
+import uuid
 from datetime import timedelta
 
 import pytest
 import yaml
-from support.s3 import create_bucket, storage_url
+from support.s3 import create_bucket, iam_user, storage_url
 
 from rbak.doctor import (
     judge_clock,
@@ -194,29 +195,13 @@ def test_bad_retention_input_is_named(s3_bucket, tmp_path):
 def test_missing_delete_right_is_an_error_naming_the_right(moto_s3):
     """moto enforces IAM while its auth switch is on: a user allowed everything but s3:DeleteObject.
     (A bucket without a prefix: moto's signature check trips over a '/' in a list prefix.)"""
-    import boto3
-    import requests
-
-    s3_bucket = create_bucket(moto_s3, f"doctor-rights-{__import__('uuid').uuid4().hex[:8]}")
-
-    iam = boto3.client("iam", endpoint_url=moto_s3, region_name="us-east-1")
-    user = f"doctor-{s3_bucket.bucket}"
-    iam.create_user(UserName=user)
-    iam.put_user_policy(UserName=user, PolicyName="no-delete", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": "*", "Action": [
-            "s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:GetBucket*", "s3:GetLifecycleConfiguration",
-            "s3:GetEncryptionConfiguration", "s3:GetBucketObjectLockConfiguration", "s3:GetBucketVersioning",
-            "s3:ListBucketVersions", "s3:GetBucketPublicAccessBlock",
-            "s3:GetPublicAccessBlock"]}]}))
-    key = iam.create_access_key(UserName=user)["AccessKey"]
-    env = {**__import__("os").environ, "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
-           "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
-    requests.post(f"{moto_s3}/moto-api/reset-auth", data=b"0", timeout=10).raise_for_status()
-    try:
+    s3_bucket = create_bucket(moto_s3, f"doctor-rights-{uuid.uuid4().hex[:8]}")
+    actions = ["s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:GetBucket*", "s3:GetLifecycleConfiguration",
+               "s3:GetEncryptionConfiguration", "s3:GetBucketObjectLockConfiguration", "s3:GetBucketVersioning",
+               "s3:ListBucketVersions", "s3:GetBucketPublicAccessBlock", "s3:GetPublicAccessBlock"]
+    with iam_user(moto_s3, f"doctor-{s3_bucket.bucket}", actions, s3_bucket.bucket) as env:
         p = subprocess.run([sys.executable, "-m", "rbak", "doctor", "--path", str(s3_bucket), "--format", "json"],
                            capture_output=True, text=True, timeout=120, check=False, env=env)
-    finally:
-        requests.post(f"{moto_s3}/moto-api/reset-auth", data=b"inf", timeout=10).raise_for_status()
     assert p.returncode == 1, p.stdout + p.stderr
     rights = findings(p).get("rights", p.stdout)
     assert not isinstance(rights, str), rights

@@ -7,13 +7,19 @@ subprocesses (the ``rbak`` CLI, operator jobs) inherit them.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import socket
+from collections.abc import Iterator
+from importlib.metadata import version
 from urllib.parse import quote
 
 import boto3
+import requests
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -120,3 +126,41 @@ def apply_fake_env(setenv, delenv) -> None:
     no_proxy = ",".join(x for x in (os.environ.get("NO_PROXY"), "127.0.0.1", "localhost") if x)
     setenv("NO_PROXY", no_proxy)
     setenv("no_proxy", no_proxy)
+
+
+@contextlib.contextmanager
+def iam_user(endpoint: str, name: str, actions: list[str], bucket: str) -> Iterator[dict[str, str]]:
+    """A moto IAM user allowed exactly ``actions`` on every resource, with moto's IAM checks on.
+
+    Yields the environment (``os.environ`` plus the user's keys) a subprocess runs with. The checks
+    are switched on for the whole server (moto has no per-user switch) and off again on exit, so
+    keep the block short; each xdist worker has a server of its own.
+
+    First it checks the one thing every such test relies on: that the emulator authorizes a request
+    by the IAM action AWS documents for it, not by the API operation's name. AWS authorizes
+    ListObjectsV2 as ``s3:ListBucket``; moto 5.2.6 asks for ``s3:ListObjectsV2`` and so denies a
+    correct least-privilege policy (requirements/test.lock keeps moto below it).
+    """
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                       aws_access_key_id=FAKE_ENV["AWS_ACCESS_KEY_ID"],
+                       aws_secret_access_key=FAKE_ENV["AWS_SECRET_ACCESS_KEY"])
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName="rbak-test", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": "*", "Action": actions}]}))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    user = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                        aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"],
+                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+    requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=10).raise_for_status()
+    try:
+        if "s3:ListBucket" in actions:
+            try:
+                user.list_objects_v2(Bucket=bucket, MaxKeys=1)
+            except ClientError as e:
+                raise AssertionError(
+                    f"the S3 emulator (moto {version('moto')}) denied ListObjectsV2 to a policy allowing "
+                    f"s3:ListBucket ({e}); AWS authorizes ListObjectsV2 as s3:ListBucket, so this emulator "
+                    "cannot judge IAM rights: use the moto of requirements/test.lock") from e
+        yield {**os.environ, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    finally:
+        requests.post(f"{endpoint}/moto-api/reset-auth", data=b"inf", timeout=10).raise_for_status()
