@@ -84,6 +84,7 @@ SHARED_MAX_DEPTH = 256
 DRY_CHECK_SECS = 2.0
 
 CLOSE = "close"  # return by closing the channels (every broker; counts as a delivery on quorum queues)
+RETURN_SETTLE_SECS = 30.0  # _await_returns: how long one channel's returns may take to land
 NACK = "nack"  # cancel, then basic.nack(multiple, requeue): 4.3+ quorum queues count no delivery
 
 
@@ -257,9 +258,11 @@ def read_queue(
         if hold is not None and not shared:
             # the caller gives these back when it chooses (cut_repair: several reads, returned in another order)
             quiet = error is not None
-            hold.append(lambda: _return_in_order(channels, tags, where, nack, quiet=quiet, ends=ends))
+            hold.append(lambda: _return_in_order(channels, tags, where, nack, quiet=quiet, ends=ends,
+                                                 settle=queue))
         elif not (shared and error is None and _give_back(channels, tags, queue, where)):
-            _return_in_order(channels, tags, where, nack, quiet=error is not None, ends=ends)
+            _return_in_order(channels, tags, where, nack, quiet=error is not None, ends=ends,
+                             settle=queue if quorum and len(channels) > 1 else None)
 
 
 def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:
@@ -488,14 +491,22 @@ def _check_open(channels: list, where: str, records: int, depth: int) -> None:
 
 
 def _return_in_order(channels: list[Channel], tags: dict[int, list[str]], where: str, nack: bool, quiet: bool,
-                     ends: dict[int, list[int]] | None = None) -> None:
+                     ends: dict[int, list[int]] | None = None, settle: str | None = None) -> None:
     """Give every message back, first-opened channel first: that is what keeps a quorum queue's order.
 
     Each channel's consumers are cancelled first (so none can receive what is returned). NACK:
     then ``basic.nack(multiple, requeue)`` up to the end of each window in turn (``ends``: one
     consumer's messages after another, as they were taken), then everything left; then close.
+
+    ``settle`` (the quorum queue's name): wait until each channel's messages are back before the next
+    channel gives its own back. A Close-Ok (or a nack) does not mean the queue has taken the returns:
+    each channel process hands them to the queue on its own, so under load a later channel's could
+    land first (3.10.8 under a parallel suite, issue 42). Used where the order across channels
+    matters and the wait costs little: reads over several channels, and reads held for cut_repair.
     """
-    for ch in channels:
+    for i, ch in enumerate(channels):
+        probe = _settle_probe(channels, i) if settle else None
+        before = _ready(probe, settle) if probe is not None and settle else None
         try:
             if ch.is_open:
                 # cancelled before the close: closing a 3.10.8 / 4.0.5 quorum channel whose consumer was
@@ -514,3 +525,48 @@ def _return_in_order(channels: list[Channel], tags: dict[int, list[str]], where:
         except Exception as e:  # noqa: BLE001 - the connection may be gone; the broker requeues anyway
             if not quiet:
                 log.debug("%s: returning a channel's messages: %r", where, e)
+        held = max((ends or {}).get(ch.number) or [0])
+        if probe is not None and settle and before is not None and held:
+            _await_returns(probe, settle, before + held, where)
+        if probe is not None and probe not in channels:
+            _close_quietly(probe)
+
+
+def _settle_probe(channels: list[Channel], i: int) -> Channel | None:
+    """A channel to watch the queue's depth on while channel ``i`` gives back: the next channel of the
+    read (still open, its consumers about to be cancelled), or a fresh one after the last."""
+    if i + 1 < len(channels) and channels[i + 1].is_open:
+        return channels[i + 1]
+    try:
+        return channels[i].conn.channel() if channels[i].conn.is_open else None
+    except Exception:  # noqa: BLE001 - no probe: the returns are given back without the wait
+        return None
+
+
+def _ready(probe: Channel, queue: str) -> int | None:
+    try:
+        return probe.declare_passive(queue)[0]
+    except Exception:  # noqa: BLE001 - the probe's channel is gone (or the queue): no wait
+        return None
+
+
+def _await_returns(probe: Channel, queue: str, want: int, where: str) -> None:
+    """Poll the queue's ready count until ``want`` (the count before the return plus what it gave
+    back); a queue that another client drains may never get there, so the wait is bounded."""
+    deadline = time.monotonic() + RETURN_SETTLE_SECS
+    while True:
+        ready = _ready(probe, queue)
+        if ready is None or ready >= want:
+            return
+        if time.monotonic() >= deadline:
+            log.warning("%s: %d of the %d ready messages expected after a channel's return after %.0f s; the "
+                        "next channel gives its own back anyway", where, ready, want, RETURN_SETTLE_SECS)
+            return
+        time.sleep(0.01)
+
+
+def _close_quietly(ch: Channel) -> None:
+    try:
+        ch.close()
+    except Exception:  # noqa: BLE001 - the connection may be gone
+        pass
