@@ -140,6 +140,8 @@ def print_summary(summary: Any) -> None:
             print(f"  restore report: {d.report_key}")
         for kind, ch in d.changes.items():
             print(f"  {kind}: create {len(ch['create'])} {ch['create'][:10]}, change {len(ch['change'])} {ch['change'][:10]}")
+    for line in summary.targets:
+        print(f"target: {line}")
     for q in summary.queues:
         n = q.selected if summary.dry_run else q.confirmed
         extra = f" ({q.skipped_records} outside the time window)" if q.skipped_records else ""
@@ -150,6 +152,8 @@ def print_summary(summary: Any) -> None:
         if q.error:
             line += f": {q.error}"
         print(line)
+    for key in summary.written:
+        print(f"wrote: {key}")
     total = sum(q.selected for q in summary.queues) if summary.dry_run else summary.confirmed
     print(f"backup {summary.backup_id}: {len(summary.queues)} queue(s), {verb} {total} message(s) "
           f"in {summary.duration_secs:.1f} s" + ("" if summary.ok else f"; {len(summary.failed_queues)} queue(s) FAILED"))

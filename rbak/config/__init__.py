@@ -110,7 +110,9 @@ class ConnectionConfig(_Section):
     """A broker: `source` for backups, `target` for restores."""
 
     amqp_url: str = doc_field(None, "AMQP URL, e.g. `amqp://user:pass@host:5672/%2f` (`%2f` is the vhost `/`); without `user:pass@` the management credentials are used. "
-                              "`amqps://` for TLS.", required=True)
+                              "`amqps://` for TLS. Under `target`, a vhost in the URL is where a single-vhost backup "
+                              "is restored (`amqp://host:5672` without one: the backup's own vhosts); see "
+                              "docs/restore.md, \"Where a restore goes\".", required=True)
     management_url: str = doc_field("http://localhost:15672", "Management API base URL (`https://` for TLS).")
     management_username: Optional[str] = doc_field(None, "Management API user; defaults to the AMQP URL's user.")
     management_password: Optional[str] = doc_field(None, "Management API password; defaults to the AMQP URL's password.", secret=True)
@@ -187,6 +189,14 @@ class ConnectionConfig(_Section):
 
         path = self._url().path
         return unquote(path[1:]) if len(path) > 1 else "/"
+
+    @property
+    def named_vhost(self) -> str | None:
+        """The vhost ``amqp_url`` names, or None when its path is empty or ``/`` (names none)."""
+        from urllib.parse import unquote
+
+        path = self._url().path
+        return unquote(path[1:]) if len(path) > 1 else None
 
     @property
     def safe_amqp_url(self) -> str:
@@ -523,7 +533,7 @@ class Config(_Section):
             "mode": "restore",
             "backup_id": backup_id,
             "target": {
-                "amqp_url": "amqp://guest:guest@localhost:5672/%2f",
+                "amqp_url": "amqp://guest:guest@localhost:5672",
                 "management_url": "http://localhost:15672",
             },
             "storage": {"backend": "filesystem", "path": path},

@@ -146,6 +146,19 @@ def import_selection(options: RestoreOptions) -> DefinitionsSelection:
     return sel
 
 
+def definition_vhosts(source: BackupSource, manifest: BackupManifest, options: RestoreOptions) -> set[str]:
+    """The vhosts of the definitions a restore imports (after ``import_selection``): they are mapped as
+    the queues are, so the target-vhost rules and mapping checks see them. Empty when none are imported."""
+    if not (options.restore_definitions or options.definitions_dry_run):
+        return set()
+    keyring = options.keyring() if manifest.encryption is not None else None
+    doc, _ = load_backup_definitions(source, manifest, BackupLayout(options.backup_id, options.prefix), keyring)
+    sel = import_selection(options)
+    names = {v.get("name") for v in doc.get("vhosts", []) if isinstance(v, dict)}
+    names |= {o.get("vhost") for kind in VHOST_KINDS for o in doc.get(kind, []) if isinstance(o, dict)}
+    return {n for n in names if isinstance(n, str) and (not sel.vhosts or n in sel.vhosts)}
+
+
 def keep_existing_users(doc: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Drop (in place) the users, permissions and topic permissions the target already has,
     so an import never replaces a password hash, tags or rights; returns what was kept."""

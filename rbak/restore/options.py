@@ -107,7 +107,7 @@ class RestoreOptions:
         return dict(self.queue_mapping)
 
 
-DEFAULT_TARGET_URL = "amqp://guest:guest@localhost:5672/%2f"
+DEFAULT_TARGET_URL = "amqp://guest:guest@localhost:5672"  # names no vhost: each goes to its own (plan.resolve_target_vhosts)
 DEFAULT_MANAGEMENT_URL = "http://localhost:15672"
 
 
