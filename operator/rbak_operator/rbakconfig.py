@@ -251,6 +251,9 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
     if kms and not kms.get("keyId"):
         raise ConfigError("spec.encryption.kms.keyId: required")
     if not enc.get("keyId") and not kms:
+        if enc.get("envelope"):  # never a silent plaintext backup
+            raise ConfigError("spec.encryption.envelope: needs keyId (with keysSecretRef) or kms.keyId to wrap the "
+                              "data keys; without one the backups would be stored in plaintext")
         return None, env
     out: dict[str, Any] = {"enabled": True}
     if enc.get("keyId"):

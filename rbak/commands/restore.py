@@ -91,11 +91,16 @@ def build(args: Any):
     storage = open_storage(args.path or DEFAULT_PATH)
     backup_id = args.backup_id
     if not backup_id:
-        entry = latest_complete(storage, args.prefix or "")
+        empty: list[str] = []
+        entry = latest_complete(storage, args.prefix or "", with_data=True, skipped_empty=empty)
         if entry is None:
-            raise NotFoundError(f"{storage.url}: no complete backup found; pass --backup-id or --path")
+            raise NotFoundError(f"{storage.url}: no complete backup holding data found"
+                                + (f" (only empty ones: {', '.join(map(repr, empty))})" if empty else "")
+                                + "; pass --backup-id or --path")
         backup_id = entry.backup_id
-        print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}", file=sys.stderr)
+        why = (f" (passing over {len(empty)} newer empty backup(s) that hold no message: "
+               f"{', '.join(map(repr, empty))})" if empty else "")
+        print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}{why}", file=sys.stderr)
     target = local_target(url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL"),
                           args.management_url)
     opts = {k: v for k, v in _overrides(args).items() if v is not None}

@@ -316,8 +316,7 @@ def import_definitions(source: BackupSource, manifest: BackupManifest, options: 
 
     def write_rollback(data: bytes) -> str:
         rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
-        source.put(codec, rollback_key, compress(data, comp))  # sealed like the backup it sits in
-        return rollback_key
+        return source.put(codec, rollback_key, compress(data, comp))  # sealed like the backup it sits in
 
     def write_report(res: DefinitionsResult) -> str:
         return store_restore_report(source, layout, {"backup_id": options.backup_id, "definitions": res.to_json_obj()})
@@ -334,5 +333,4 @@ def import_definitions(source: BackupSource, manifest: BackupManifest, options: 
 def store_restore_report(source: BackupSource, layout: BackupLayout, report: dict[str, Any], key: str | None = None) -> str:
     """``restore/report-<ts>.json`` next to the backup (``key``: rewrite an earlier one)."""
     key = key or layout.restore_report(rollback_timestamp())
-    source.put_report(key, json.dumps(report, indent=2).encode("utf-8"))
-    return key
+    return source.put_report(key, json.dumps(report, indent=2).encode("utf-8"))

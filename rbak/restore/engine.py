@@ -145,7 +145,7 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     confirms grow and once more when it ended (its final status). ``storage`` is read and written
     through a ``BackupSource`` only (``source.py``)."""
     t0 = time.monotonic()
-    source = BackupSource(storage, options.prefix)
+    source = BackupSource(storage, options.prefix, options.write_dir)
     dry = options.dry_run or options.definitions_dry_run  # a dry run of either part writes nothing anywhere
     summary = RestoreSummary(options.backup_id, dry)
     manifest = manifest or load_complete_manifest(source, options, summary.warnings)
@@ -164,6 +164,10 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
         check_before_publishing(source, manifest, plans, options)
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
+
+        if not dry:
+            log.info("restore writes the target's definitions (a rollback snapshot) and a report beside backup %s, "
+                     "or under %s when the storage refuses writes", options.backup_id, options.write_dir or "(nowhere)")
 
         summary.definitions = import_definitions(source, manifest, options)
         d = summary.definitions
