@@ -309,6 +309,88 @@ def test_definitions_and_data_restore_from_a_read_only_directory(broker, vhost_f
         broker.delete_vhost(dst)
 
 
+@pytest.fixture
+def iam_moto(tmp_path):
+    """A moto server of its own that enforces IAM (the shared one allows everything): returns
+    (endpoint, writer keys, read-only keys); the reader may only get and list, as a DR role."""
+    import socket
+    import time
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "6"}  # the IAM setup below, then every call is checked
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
+                           aws_secret_access_key="setup")
+
+        def user(name: str, actions: list[str]) -> tuple[str, str]:
+            iam.create_user(UserName=name)
+            iam.put_user_policy(UserName=name, PolicyName="p", PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+            k = iam.create_access_key(UserName=name)["AccessKey"]
+            return k["AccessKeyId"], k["SecretAccessKey"]
+
+        yield endpoint, user("writer", ["s3:*"]), user("reader", ["s3:GetObject", "s3:ListBucket"])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_definitions_and_data_restore_with_read_only_s3_credentials(broker, vhost_factory, tmp_path, iam_moto):
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    endpoint, writer, reader = iam_moto
+    bucket = f"ro-{uuid.uuid4().hex[:10]}"
+    s3w = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=writer[0],
+                       aws_secret_access_key=writer[1], config=BotoConfig(s3={"addressing_style": "path"}))
+    s3w.create_bucket(Bucket=bucket)
+
+    def storage(keys: tuple[str, str]) -> dict:
+        return {"backend": "s3", "bucket": bucket, "endpoint": endpoint, "path_style": True, "region": "us-east-1",
+                "access_key_id": keys[0], "secret_access_key": keys[1]}
+
+    src = vhost_factory(broker)
+    declare(broker, src, "q")
+    fast_publish(broker, src, "q", BODIES)
+    cfg = backup_cfg(broker, src, tmp_path, "good", tmp_path)
+    cfg["storage"] = storage(writer)
+    r = rbak("backup", "--config", write_yaml(tmp_path / "b.yaml", cfg))
+    assert r.returncode == 0, r.stderr
+    before = sorted(o["Key"] for o in s3w.list_objects_v2(Bucket=bucket)["Contents"])
+    dst = f"test-ros3-{uuid.uuid4().hex[:10]}"
+    work = tmp_path / "work"
+    work.mkdir()
+    rcfg = restore_cfg(broker, tmp_path, "good", broker.amqp_url(dst), restore_definitions=True)
+    rcfg["storage"] = storage(reader)
+    try:
+        r = rbak("restore", "--config", write_yaml(tmp_path / "r.yaml", rcfg), cwd=work)
+        assert r.returncode == 0, r.stderr
+        assert [d.body for d in consume_all(broker, dst, "q", 10)] == BODIES
+        assert broker.message_count(src, "q") == 10
+        written = [line.split("wrote: ", 1)[1] for line in r.stdout.splitlines() if line.startswith("wrote: ")]
+        assert len(written) == 2 and all(Path(w).is_file() and w.startswith(str(work)) for w in written), r.stdout
+        assert "AccessDenied" in r.stderr or "Access Denied" in r.stderr  # the refusal is said, not hidden
+        assert sorted(o["Key"] for o in s3w.list_objects_v2(Bucket=bucket)["Contents"]) == before
+    finally:
+        broker.delete_vhost(dst)
+
+
 # --------------------------------------------------------------------------
 # 6. No silent plaintext.
 # --------------------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_config_file_drives_the_spark_restore(spark, target, tmp_path):
     cfg.write_text(
         "mode: restore\n"
         "backup_id: b5\n"
-        f"target: {{amqp_url: '{broker.amqp_url('/')}', management_url: '{broker.management_url}'}}\n"
+        f"target: {{amqp_url: '{broker.server_url()}', management_url: '{broker.management_url}'}}\n"
         f"storage: {{backend: filesystem, path: '{store}', prefix: team}}\n"
         "restore:\n"
         "  publish_mode: queue\n"
