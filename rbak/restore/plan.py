@@ -217,7 +217,8 @@ def resolve_target_vhosts(manifest: BackupManifest, options: RestoreOptions,
         if src in vmap and vmap[src] != named:
             raise ConfigError(f"the target URL {url} names vhost {named!r} but restore.vhost_mapping maps "
                               f"{src!r} to {vmap[src]!r}: make them agree, or drop one")
-        options = replace(options, vhost_mapping=tuple(sorted({**vmap, src: named}.items())))
+        if vmap.get(src, src) != named:  # an identity entry would only change a resumed run's fingerprint
+            options = replace(options, vhost_mapping=tuple(sorted({**vmap, src: named}.items())))
         why = "the vhost of the target URL"
         return options, TargetVhosts(((src, named, why),))
     pairs = tuple((s, vmap.get(s, s), "restore.vhost_mapping" if s in vmap else "its own name, the URL names no vhost")
