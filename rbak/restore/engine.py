@@ -152,16 +152,16 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     options = options.with_data_key(source, manifest)  # envelope: unwrap the data key before any publish
     options, summary.targets = resolve_restore(source, manifest, options)  # config errors before the broker
     plans = plan_restore(manifest, options)
-    for line in summary.targets:
-        log.info("restore plan: %s", line)
-    if options.restore_messages:
-        for p in plans:
-            log.info("restore plan: %s/%s -> %s/%s", p.source_vhost, p.source_queue, p.target_vhost, p.target_queue)
     if on_plan is not None:
         on_plan(plans)
     chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
     if options.restore_messages:
         check_before_publishing(source, manifest, plans, options)
+    for line in summary.targets:  # where it goes, before anything is imported or published
+        log.info("restore plan: %s", line)
+    if options.restore_messages:
+        for p in plans:
+            log.info("restore plan: %s/%s -> %s/%s", p.source_vhost, p.source_queue, p.target_vhost, p.target_queue)
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
 
