@@ -113,15 +113,25 @@ def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "")
     return key, report
 
 
-def latest_complete(storage: Storage, prefix: str | None = "") -> BackupEntry | None:
+def latest_complete(storage: Storage, prefix: str | None = "", with_data: bool = False,
+                    skipped_empty: list[str] | None = None) -> BackupEntry | None:
     """The newest complete backup whose last validation (if any) did not fail.
 
     A backup proven damaged is never picked by default: restores without a
     backup id and incremental stream offsets skip it, with a warning.
+    ``with_data`` (restores and drills without an id): also skip backups that hold no message
+    (``BackupManifest.content == "empty"``), naming each in ``skipped_empty``; a broken selection
+    that backs up nothing every night must never displace the last backup holding data.
     """
     done = sorted((e for e in list_backups(storage, prefix) if e.complete),
                   key=lambda e: (e.completed_at, e.backup_id), reverse=True)
     for e in done:
+        if with_data and e.manifest is not None and e.manifest.content == "empty":
+            log.warning("skipping backup %r: it holds no message (empty; pass its id to restore it anyway)",
+                        e.backup_id)
+            if skipped_empty is not None:
+                skipped_empty.append(e.backup_id)
+            continue
         found = latest_validation(storage, e.backup_id, prefix)
         if found is not None and found[1].get("ok") is False:
             log.warning("skipping backup %r: its last validation failed (%s)", e.backup_id, found[0])

@@ -246,9 +246,9 @@ def choose_backup(storage: Storage, options: DrillOptions) -> str:
 
     if options.backup_id:
         return check_backup_id(options.backup_id)
-    entry = latest_complete(storage, options.prefix)
+    entry = latest_complete(storage, options.prefix, with_data=True)
     if entry is None:
-        raise NotFoundError(f"{storage.url}: no complete backup to drill")
+        raise NotFoundError(f"{storage.url}: no complete backup holding data to drill")
     return entry.backup_id
 
 

@@ -7,6 +7,9 @@ Rules, applied to the complete (and partial) backups a policy owns:
   the newest backup of each of the newest D days / W ISO weeks / M months
   that have a backup (UTC).
 - When any of those is set, a backup none of them chose is deleted.
+- The keep rules count only backups that hold data (a message, or definitions by intent): an
+  ``empty`` backup (its selection found no message) is never one of the "last N", so no number of
+  empty backups can push the last backup with data out; with keep rules set, it is deleted.
 - ``max_age``: a backup created before ``now - max_age`` is deleted.
 
 Then, whatever the rules say:
@@ -50,6 +53,7 @@ class StoredBackup:
     complete: bool
     depends_on: frozenset[str] = frozenset()  # backups its incremental streams continue
     owned: bool = True  # made by this policy (others are never deleted, but their chains are kept)
+    holds_data: bool = True  # a message, or definitions by intent (``BackupManifest.holds_data``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +121,14 @@ def plan_retention(backups: Iterable[StoredBackup], policy: RetentionPolicy, now
     """Keep or delete, with reasons, for every backup (pure: no storage, no clock)."""
     allb = sorted(backups, key=lambda b: (b.created_at_ms, b.backup_id))
     by_id = {b.backup_id: b for b in allb}
-    done = [b for b in allb if b.complete and b.owned]
+    owned_done = [b for b in allb if b.complete and b.owned]
+    done = [b for b in owned_done if b.holds_data]  # what the keep rules count
+    empty = [b for b in owned_done if not b.holds_data]
     why: dict[str, list[str]] = {b.backup_id: [] for b in allb}
     gone: dict[str, list[str]] = {b.backup_id: [] for b in allb}
+    for b in empty:
+        if policy.counts:
+            gone[b.backup_id].append("empty (holds no message): keep rules count only backups holding data")
     if policy.keep_last:
         for b in done[-policy.keep_last:]:
             why[b.backup_id].append(f"one of the last {policy.keep_last}")
@@ -130,6 +139,7 @@ def plan_retention(backups: Iterable[StoredBackup], policy: RetentionPolicy, now
     for b in done:
         if policy.counts and not why[b.backup_id]:
             gone[b.backup_id].append("chosen by no keep rule")
+    for b in owned_done:
         if cutoff is not None and b.created_at_ms < cutoff:
             gone[b.backup_id].append(f"older than max age {policy.max_age}")
     keep = {b.backup_id for b in allb if policy.empty or not gone[b.backup_id]}
@@ -140,11 +150,12 @@ def plan_retention(backups: Iterable[StoredBackup], policy: RetentionPolicy, now
         elif not b.complete:
             why[b.backup_id].append("incomplete (may still be running)")
             keep.add(b.backup_id)
-    if done and done[-1].backup_id not in keep:
-        why[done[-1].backup_id].append("the newest complete backup")
-        keep.add(done[-1].backup_id)
+    last = done or owned_done  # the newest backup holding data (else the newest complete one)
+    if last and last[-1].backup_id not in keep:
+        why[last[-1].backup_id].append("the newest complete backup" + (" holding data" if done else ""))
+        keep.add(last[-1].backup_id)
     if policy.empty:
-        for b in done:
+        for b in owned_done:
             why[b.backup_id].append("no retention rule")
     # chains: whatever a kept backup continues is kept, transitively
     stack = list(keep)
@@ -174,5 +185,6 @@ def stored_backups(entries, owns=lambda _bid: True) -> list[StoredBackup]:
     for e in entries:
         m = e.manifest
         out.append(StoredBackup(e.backup_id, m.created_at if m else 0, e.complete,
-                                frozenset(m.depends_on) if m else frozenset(), owns(e.backup_id)))
+                                frozenset(m.depends_on) if m else frozenset(), owns(e.backup_id),
+                                m.holds_data if m else True))
     return out

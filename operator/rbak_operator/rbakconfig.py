@@ -88,7 +88,7 @@ def management_endpoint(uri: str, field: str) -> tuple[str, str, int]:
 
 
 def _cluster_reference(ref: dict[str, Any], namespace: str, field: str,
-                       resolved: ResolvedBroker | None) -> tuple[dict[str, Any], list[SecretEnv]]:
+                       resolved: ResolvedBroker | None, vhost_path: str = "/%2f") -> tuple[dict[str, Any], list[SecretEnv]]:
     name: str = ref.get("name") or ""
     cs: str = (ref.get("connectionSecret") or {}).get("name") or ""
     if bool(name) == bool(cs):
@@ -107,14 +107,14 @@ def _cluster_reference(ref: dict[str, Any], namespace: str, field: str,
             raise ConfigError(f"{field}.rabbitmqClusterReference.connectionSecret: Secret {cs!r} has no uri")
         scheme, host, mport = management_endpoint(uri, f"{field}.rabbitmqClusterReference.connectionSecret")
         aport = int(ref.get("amqpPort") or 5672)
-        conn = {"amqp_url": f"amqp://{host}:{aport}/%2f", "management_url": f"{scheme}://{host}:{mport}", **auth}
+        conn = {"amqp_url": f"amqp://{host}:{aport}{vhost_path}", "management_url": f"{scheme}://{host}:{mport}", **auth}
         return conn, [SecretEnv(ENV_USER, cs, "username"), SecretEnv(ENV_PASS, cs, "password")]
     secret, keys = default_user_secret(name, resolved.cluster_status if resolved is not None else None)
     scheme = ref.get("managementScheme") or "http"
     mport = int(ref.get("managementPort") or 15672)
     conn = {
         # No credentials in the URL: rbak takes them from management_* (any character works).
-        "amqp_url": f"amqp://${{{ENV_HOST}}}:${{{ENV_PORT}}}/%2f",
+        "amqp_url": f"amqp://${{{ENV_HOST}}}:${{{ENV_PORT}}}{vhost_path}",
         "management_url": f"{scheme}://${{{ENV_HOST}}}:{mport}",
         **auth,
     }
@@ -124,13 +124,16 @@ def _cluster_reference(ref: dict[str, Any], namespace: str, field: str,
 
 
 def broker_connection(broker: dict[str, Any] | None, namespace: str, field: str = "spec.broker",
-                      resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[SecretEnv]]:
-    """The ``source``/``target`` section and the Secret-backed env it needs."""
+                      resolved: ResolvedBroker | None = None,
+                      vhost_path: str = "/%2f") -> tuple[dict[str, Any], list[SecretEnv]]:
+    """The ``source``/``target`` section and the Secret-backed env it needs. ``vhost_path``: the URL path
+    when the spec names no vhost (a restore target passes ``""``: a URL's vhost is where a restore goes,
+    so one the user did not name must not be added)."""
     if not isinstance(broker, dict):
         raise ConfigError(f"{field}: required")
     ref = broker.get("rabbitmqClusterReference")
     if ref:
-        return _cluster_reference(ref, namespace, field, resolved)
+        return _cluster_reference(ref, namespace, field, resolved, vhost_path)
     url = broker.get("amqpUrl")
     creds = broker.get("credentialsSecretRef") or {}
     if not url:
@@ -144,7 +147,7 @@ def broker_connection(broker: dict[str, Any] | None, namespace: str, field: str 
         raise ConfigError(f"{field}.amqpUrl: {url!r} must be amqp://host[:port]/vhost or amqps://...")
     if "@" in parts.netloc:
         raise ConfigError(f"{field}.amqpUrl: must not contain credentials (use credentialsSecretRef)")
-    path = parts.path if parts.path not in ("", "/") else "/%2f"
+    path = parts.path if parts.path not in ("", "/") else vhost_path
     conn = {
         "amqp_url": f"{parts.scheme}://{parts.netloc}{path}",
         "management_url": broker["managementUrl"],
@@ -251,6 +254,9 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
     if kms and not kms.get("keyId"):
         raise ConfigError("spec.encryption.kms.keyId: required")
     if not enc.get("keyId") and not kms:
+        if enc.get("envelope"):  # never a silent plaintext backup
+            raise ConfigError("spec.encryption.envelope: needs keyId (with keysSecretRef) or kms.keyId to wrap the "
+                              "data keys; without one the backups would be stored in plaintext")
         return None, env
     out: dict[str, Any] = {"enabled": True}
     if enc.get("keyId"):
@@ -315,7 +321,7 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
 def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target: dict[str, Any],
                    storage: dict[str, Any], resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
     """Config for ``rbak restore``; ``target``/``storage`` already resolved from a backupRef."""
-    tgt, env1 = broker_connection(target, namespace, "spec.target", resolved)
+    tgt, env1 = broker_connection(target, namespace, "spec.target", resolved, vhost_path="")
     st, env2 = storage_section(storage)
     restore: dict[str, Any] = {
         "restore_definitions": bool(spec.get("restoreDefinitions", False)),

@@ -46,9 +46,9 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     nbytes = None
     if st is not None:
         if not backup_id:
-            entry = latest_complete(st, prefix)
+            entry = latest_complete(st, prefix, with_data=True)  # an empty backup never displaces one with data
             if entry is None:
-                raise RestoreSpecError("no complete backup found in the storage to restore (set backupId?)")
+                raise RestoreSpecError("no complete backup holding data found in the storage to restore (set backupId?)")
             backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes if entry.manifest else None
         else:
             m = load_manifest(st, backup_id, prefix)

@@ -190,7 +190,7 @@ class BackupEngine(StreamBackup):
                                     source_cluster=cluster)
             manifest = BackupManifest(backup_id=self.backup_id, created_at=created_at, source_cluster=cluster,
                                       rabbitmq_version=version, backup_tool_version=__version__,
-                                      encryption=self.codec.info)
+                                      encryption=self.codec.info, definitions_only=cfg.backup.definitions_only)
             if not self.write_once:
                 storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
@@ -225,6 +225,9 @@ class BackupEngine(StreamBackup):
                 storage.put(layout.manifest, manifest.to_json())  # LAST: the backup is complete (or partial) now
                 ckpt.commit_stream_offsets(cluster)
                 summary.completed = True
+                if manifest.content == "empty":
+                    log.warning("backup %s holds no message (its selection found none): listed as empty; a restore "
+                                "without a backup id and prune's keep rules pass over it", self.backup_id)
                 failed = summary.failed
                 if failed:
                     summary.partial = True
@@ -380,7 +383,11 @@ class BackupEngine(StreamBackup):
         ckpt.merge_from_bytes(data, own_backup=False, cross=True, completed_backup=entry.backup_id, source=cluster)
 
     def _select_queues(self, client: ManagementClient) -> list[QueueInfo]:
+        """The queues to read; an ``include`` pattern that matches no queue is a configuration error
+        (a nightly job with a typo would otherwise "succeed" with nothing, every night)."""
         sel = self.source.queues
+        if self.cfg.backup.definitions_only:
+            return []
         if sel.vhosts:
             infos: list[QueueInfo] = []
             for v in sel.vhosts:
@@ -402,6 +409,10 @@ class BackupEngine(StreamBackup):
                 self._skip(q.vhost, q.name, "exclusive queue: only its owning connection can read it")
                 continue
             out.append(q)
+        if sel.include:
+            check_include(sel, [(q.vhost, q.name) for q in infos if q.name != LEASE_QUEUE
+                                and not q.name.startswith(PROBE_QUEUE_PREFIX)], bool(out),
+                          self.source.management_url)
         return sorted(out, key=lambda q: (q.vhost, q.name))
 
     def _run_pool(self, queues: list[QueueInfo], ckpt: Checkpoint, cluster: str, version: str | None,
@@ -640,6 +651,26 @@ def reader_child_main(pipe: Any, cfg: Config, level: int, env: dict[str, str], c
     finally:
         conns.close_all()
         eng.client.close()
+
+
+def check_include(sel: Any, queues: list[tuple[str, str]], selected: bool, where: str) -> None:
+    """Refuse (exit 2) a ``source.queues.include`` pattern that matches no queue of the source, naming
+    the closest names, and an include that selects nothing once types and excludes apply."""
+    import difflib
+
+    from ..config import queue_selected
+
+    names = sorted({n for _, n in queues} | {f"{v}/{n}" for v, n in queues})
+    scope = f" in vhost(s) {', '.join(map(repr, sel.vhosts))}" if sel.vhosts else ""
+    for pat in sel.include:
+        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n in queues):
+            near = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)
+            raise ConfigError(f"source.queues.include: {pat!r} matches no queue on {where}{scope}"
+                              + (f" (closest: {', '.join(map(repr, near))})" if near else "")
+                              + "; nothing was written (backup.definitions_only: true backs up definitions alone)")
+    if not selected:
+        raise ConfigError(f"source.queues: include {sel.include} selects no queue on {where}{scope} once "
+                          f"types {sel.types} and exclude {sel.exclude} apply; nothing was written")
 
 
 def run_backup(cfg: Config, storage: Storage | None = None, progress: Progress | None = None) -> BackupSummary:

@@ -90,6 +90,8 @@ def list_obj(entries: list) -> list[dict]:
             "queue_status": [x.to_json_obj() for x in m.queue_status] if m else [],
             "gaps": sum(g.count for _, g in m.gaps) if m else 0,
             "depends_on": sorted(m.depends_on) if m else [],
+            "content": m.content if m else None,
+            "encrypted": m.encryption is not None if m else None,
             "error": e.error,
         })
     return out
@@ -105,21 +107,33 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no backups at {args.path}")
         return 0
-    t = Table("BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "NOTES", box=None, pad_edge=False)
+    t = Table("BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "ENCRYPTED", "NOTES", box=None,
+              pad_edge=False)
     for e in entries:
         m = e.manifest
         t.add_row(
             e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
             str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
-            human_bytes(m.total_bytes) if m else "-", list_notes(m) if m else "",
+            human_bytes(m.total_bytes) if m else "-", encrypted_label(m) if m else "-", list_notes(m) if m else "",
         )
     _console().print(t)
     return 0
 
 
+def encrypted_label(m: BackupManifest) -> str:
+    """``yes (key K)``, ``yes (envelope)`` or ``no``: whether a backup's segments are sealed."""
+    if m.encryption is None:
+        return "no"
+    return "yes (envelope)" if m.encryption.envelope else f"yes (key {m.encryption.key_id})"
+
+
 def list_notes(m: BackupManifest) -> str:
-    """What ``list`` says beside the status: not-backed-up queues, gaps, the chain."""
+    """What ``list`` says beside the status: empty or definitions-only, not-backed-up queues, gaps, the chain."""
     out = []
+    if m.content == "empty" and m.is_complete:
+        out.append("empty: no message (restore without an id and prune's keep rules pass over it)")
+    elif m.content == "definitions-only":
+        out.append("definitions only (by backup.definitions_only)")
     short = [s for s in m.queue_status if s.status == "partial"]
     if short:
         out.append(", ".join(f"{s.vhost}/{s.name} read {s.read} of {s.expected}" for s in short[:3])
@@ -150,6 +164,8 @@ def describe_obj(m: BackupManifest) -> dict:
         "total_segments": m.total_segments,
         "definitions": m.definitions.to_json_obj() if m.definitions else None,
         "encryption": m.encryption.to_json_obj() if m.encryption else None,
+        "encrypted": m.encryption is not None,
+        "content": m.content,
         "queues": [
             {
                 "name": q.name,
@@ -213,6 +229,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
                    or "no key (no wrap object found)"))
     elif m.encryption:
         c.print(f"  encryption {m.encryption.algorithm}, key id {m.encryption.key_id}")
+    else:
+        c.print("  encryption none: segments and definitions are stored in plaintext")
+    if m.content:
+        c.print(f"  content    {list_notes(m).split(';')[0]}")
     c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {human_bytes(m.total_bytes)}")
     if m.definitions:
         d = m.definitions

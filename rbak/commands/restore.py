@@ -91,11 +91,16 @@ def build(args: Any):
     storage = open_storage(args.path or DEFAULT_PATH)
     backup_id = args.backup_id
     if not backup_id:
-        entry = latest_complete(storage, args.prefix or "")
+        empty: list[str] = []
+        entry = latest_complete(storage, args.prefix or "", with_data=True, skipped_empty=empty)
         if entry is None:
-            raise NotFoundError(f"{storage.url}: no complete backup found; pass --backup-id or --path")
+            raise NotFoundError(f"{storage.url}: no complete backup holding data found"
+                                + (f" (only empty ones: {', '.join(map(repr, empty))})" if empty else "")
+                                + "; pass --backup-id or --path")
         backup_id = entry.backup_id
-        print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}", file=sys.stderr)
+        why = (f" (passing over {len(empty)} newer empty backup(s) that hold no message: "
+               f"{', '.join(map(repr, empty))})" if empty else "")
+        print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}{why}", file=sys.stderr)
     target = local_target(url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL"),
                           args.management_url)
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
@@ -140,6 +145,8 @@ def print_summary(summary: Any) -> None:
             print(f"  restore report: {d.report_key}")
         for kind, ch in d.changes.items():
             print(f"  {kind}: create {len(ch['create'])} {ch['create'][:10]}, change {len(ch['change'])} {ch['change'][:10]}")
+    for line in summary.targets:
+        print(f"target: {line}")
     for q in summary.queues:
         n = q.selected if summary.dry_run else q.confirmed
         extra = f" ({q.skipped_records} outside the time window)" if q.skipped_records else ""
@@ -150,6 +157,8 @@ def print_summary(summary: Any) -> None:
         if q.error:
             line += f": {q.error}"
         print(line)
+    for key in summary.written:
+        print(f"wrote: {key}")
     total = sum(q.selected for q in summary.queues) if summary.dry_run else summary.confirmed
     print(f"backup {summary.backup_id}: {len(summary.queues)} queue(s), {verb} {total} message(s) "
           f"in {summary.duration_secs:.1f} s" + ("" if summary.ok else f"; {len(summary.failed_queues)} queue(s) FAILED"))

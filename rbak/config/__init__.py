@@ -110,7 +110,9 @@ class ConnectionConfig(_Section):
     """A broker: `source` for backups, `target` for restores."""
 
     amqp_url: str = doc_field(None, "AMQP URL, e.g. `amqp://user:pass@host:5672/%2f` (`%2f` is the vhost `/`); without `user:pass@` the management credentials are used. "
-                              "`amqps://` for TLS.", required=True)
+                              "`amqps://` for TLS. Under `target`, a vhost in the URL is where a single-vhost backup "
+                              "is restored (`amqp://host:5672` without one: the backup's own vhosts); see "
+                              "docs/restore.md, \"Where a restore goes\".", required=True)
     management_url: str = doc_field("http://localhost:15672", "Management API base URL (`https://` for TLS).")
     management_username: Optional[str] = doc_field(None, "Management API user; defaults to the AMQP URL's user.")
     management_password: Optional[str] = doc_field(None, "Management API password; defaults to the AMQP URL's password.", secret=True)
@@ -187,6 +189,14 @@ class ConnectionConfig(_Section):
 
         path = self._url().path
         return unquote(path[1:]) if len(path) > 1 else "/"
+
+    @property
+    def named_vhost(self) -> str | None:
+        """The vhost ``amqp_url`` names, or None when its path is empty or ``/`` (names none)."""
+        from urllib.parse import unquote
+
+        path = self._url().path
+        return unquote(path[1:]) if len(path) > 1 else None
 
     @property
     def safe_amqp_url(self) -> str:
@@ -281,6 +291,11 @@ class BackupOptions(_Section):
                                                  "that set it still load; a backup that sets it logs a warning.", min=1, max=64)
     prefetch_count: int = doc_field(1000, "Prefetch for stream reads (classic/quorum reads use the broker's own limits).", min=1, max=65535)
     include_definitions: bool = doc_field(True, "Export `/api/definitions` into `definitions/definitions.json<ext>`.")
+    definitions_only: bool = doc_field(False, "Back up the definitions and no queue: the backup is listed as "
+                                       "`definitions-only` and counts for retention. Without it, a `source.queues.include` "
+                                       "pattern that matches no queue is refused (exit 2), and a backup that found no "
+                                       "message is listed as `empty`: `rbak restore` without an id and `rbak prune`'s keep "
+                                       "rules pass over it. `source.queues` must stay unset.")
     checkpoint_interval_secs: float = doc_field(5.0, "How often progress is written to the local checkpoint database.", min=0)
     read_timeout_secs: float = doc_field(30.0, "Give up on a queue when no message arrives for this long although the queue "
                                          "still reports more (every message is returned to it).", min=0.1)
@@ -360,6 +375,12 @@ class RestoreOptions(_Section):
     transient_queues: Literal["durable", "skip"] = doc_field(
         "durable", "Transient non-exclusive queues on a target that denies them: declare them `durable`, or `skip` "
         "them (and their messages).")
+    write_dir: Optional[str] = doc_field("./rbak-restore", "What a restore writes besides the target (the definitions "
+                                         "rollback snapshot, the restore report) goes beside the backup; when the "
+                                         "storage refuses the write (a read-only mount or read-only credentials), into "
+                                         "this local directory instead, under the same key, named in the summary "
+                                         "(`wrote:`). Unset (`null`): such a refusal fails the restore. A restore of "
+                                         "messages alone writes nothing to the storage.")
     increment_only: bool = doc_field(False, "A stream from an incremental backup: restore that backup's own offsets only. "
                                      "Default: base through the chosen backup, every offset once, in order.")
 
@@ -396,7 +417,10 @@ class EncryptionConfig(_Section):
     key id (with `envelope`: the backup's own data key, stored wrapped under `keys/`). Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
     read, so restore and validate of encrypted backups need only the keys, not `enabled`."""
 
-    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`).")
+    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`). A `mode: backup` config that names "
+                              "`key_id`, `keys_file`, `keys_env`, `envelope` or `kms_key_id` without `enabled: true` is "
+                              "refused (exit 2): a key in the config never leaves a backup in plaintext silently. "
+                              "Restore and drill configs name keys without it, to read encrypted backups.")
     key_id: Optional[str] = doc_field(None, "Id of the key new backups are encrypted with (required when `enabled`, "
                                       "unless `envelope` with `kms_key_id`); recorded in the manifest, so older keys "
                                       "stay usable after a rotation. With `envelope`: the keyring key that wraps each "
@@ -523,7 +547,7 @@ class Config(_Section):
             "mode": "restore",
             "backup_id": backup_id,
             "target": {
-                "amqp_url": "amqp://guest:guest@localhost:5672/%2f",
+                "amqp_url": "amqp://guest:guest@localhost:5672",
                 "management_url": "http://localhost:15672",
             },
             "storage": {"backend": "filesystem", "path": path},

@@ -327,6 +327,11 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
     if enc.enabled and not enc.key_id and not (enc.envelope and enc.kms_key_id):
         errors.append("encryption.key_id: required when encryption.enabled is true"
                       + (" (or encryption.kms_key_id with envelope: true)" if enc.envelope else ""))
+    named = [f"encryption.{n}" for n in ("key_id", "keys_file", "keys_env", "kms_key_id") if getattr(enc, n)]
+    named += ["encryption.envelope"] if enc.envelope else []
+    if cfg.mode == "backup" and not enc.enabled and named:  # never a silent plaintext backup
+        errors.append(f"encryption.enabled: is false but {', '.join(named)} is set: this backup would be stored in "
+                      f"plaintext; set encryption.enabled: true to encrypt it, or remove the encryption section")
     if enc.kms_key_id and not enc.envelope:
         errors.append("encryption.kms_key_id: a KMS key only wraps data keys: set encryption.envelope: true")
     for name in ("kms_region", "kms_endpoint_url"):
@@ -354,6 +359,12 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         if conn is not None and conn.queues != QueueSelection():
             errors.append(f"{sel_path}: not used, so it would select nothing: a restore selects queues with "
                           f"restore.queues, and a drill covers every queue of the backup; move it or remove it")
+    if cfg.backup.definitions_only:
+        if not cfg.backup.include_definitions:
+            errors.append("backup.definitions_only: needs backup.include_definitions: true (it would back up nothing)")
+        if cfg.source is not None and cfg.source.queues != QueueSelection():
+            errors.append("source.queues: not used with backup.definitions_only: true (no queue is backed up); "
+                          "remove one of them")
     for sel_path, sel in (("source.queues", cfg.source.queues if cfg.source else None),
                           ("target.queues", cfg.target.queues if cfg.target else None)):
         if sel is not None and not sel.types:

@@ -322,6 +322,7 @@ class BackupManifest:
     total_segments: int = 0
     queue_status: list[QueueStatus] = field(default_factory=list)  # rbak extension: refused/failed/skipped queues
     encryption: EncryptionInfo | None = None  # rbak's extension; absent (not null) in unencrypted manifests
+    definitions_only: bool = False  # rbak's extension (written only when true): no queue, by the config's intent
 
     @property
     def is_complete(self) -> bool:
@@ -338,6 +339,21 @@ class BackupManifest:
         if not self.is_complete:
             return "incomplete"
         return "partial" if self.is_partial else "complete"
+
+    @property
+    def holds_data(self) -> bool:
+        """Whether it holds what its selection asked for: a message, or definitions by intent.
+
+        A backup whose selection found no message (``empty``) never displaces one that holds data:
+        ``rbak restore`` without an id and retention's keep rules pass over it."""
+        return self.total_messages > 0 or any(q.message_count for q in self.queues) or self.definitions_only
+
+    @property
+    def content(self) -> str:
+        """``definitions-only`` (by intent), ``empty`` (no message) or ``""``: what ``list`` shows."""
+        if self.definitions_only:
+            return "definitions-only"
+        return "" if self.holds_data else "empty"
 
     @property
     def gaps(self) -> list[tuple[QueueBackup, StreamGap]]:
@@ -379,6 +395,7 @@ class BackupManifest:
             "total_segments": self.total_segments,
             **({"queue_status": [q.to_json_obj() for q in self.queue_status]} if self.queue_status else {}),
             **({"encryption": self.encryption.to_json_obj()} if self.encryption else {}),
+            **({"definitions_only": True} if self.definitions_only else {}),
         }
         return d
 
@@ -412,6 +429,7 @@ class BackupManifest:
         qs = d.get("queue_status") or []
         if not isinstance(qs, list):
             raise ManifestError(f"{where}: 'queue_status' must be a list")
+        m.definitions_only = d.get("definitions_only") is True
         m.queue_status = [QueueStatus.from_json_obj(x, f"{where} queue_status {i}") for i, x in enumerate(qs)]
         return m
 

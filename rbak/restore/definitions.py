@@ -146,6 +146,19 @@ def import_selection(options: RestoreOptions) -> DefinitionsSelection:
     return sel
 
 
+def definition_vhosts(source: BackupSource, manifest: BackupManifest, options: RestoreOptions) -> set[str]:
+    """The vhosts of the definitions a restore imports (after ``import_selection``): they are mapped as
+    the queues are, so the target-vhost rules and mapping checks see them. Empty when none are imported."""
+    if not (options.restore_definitions or options.definitions_dry_run):
+        return set()
+    keyring = options.keyring() if manifest.encryption is not None else None
+    doc, _ = load_backup_definitions(source, manifest, BackupLayout(options.backup_id, options.prefix), keyring)
+    sel = import_selection(options)
+    names = {v.get("name") for v in doc.get("vhosts", []) if isinstance(v, dict)}
+    names |= {o.get("vhost") for kind in VHOST_KINDS for o in doc.get(kind, []) if isinstance(o, dict)}
+    return {n for n in names if isinstance(n, str) and (not sel.vhosts or n in sel.vhosts)}
+
+
 def keep_existing_users(doc: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Drop (in place) the users, permissions and topic permissions the target already has,
     so an import never replaces a password hash, tags or rights; returns what was kept."""
@@ -303,8 +316,7 @@ def import_definitions(source: BackupSource, manifest: BackupManifest, options: 
 
     def write_rollback(data: bytes) -> str:
         rollback_key = layout.rollback_definitions(rollback_timestamp(), comp)
-        source.put(codec, rollback_key, compress(data, comp))  # sealed like the backup it sits in
-        return rollback_key
+        return source.put(codec, rollback_key, compress(data, comp))  # sealed like the backup it sits in
 
     def write_report(res: DefinitionsResult) -> str:
         return store_restore_report(source, layout, {"backup_id": options.backup_id, "definitions": res.to_json_obj()})
@@ -321,5 +333,4 @@ def import_definitions(source: BackupSource, manifest: BackupManifest, options: 
 def store_restore_report(source: BackupSource, layout: BackupLayout, report: dict[str, Any], key: str | None = None) -> str:
     """``restore/report-<ts>.json`` next to the backup (``key``: rewrite an earlier one)."""
     key = key or layout.restore_report(rollback_timestamp())
-    source.put_report(key, json.dumps(report, indent=2).encode("utf-8"))
-    return key
+    return source.put_report(key, json.dumps(report, indent=2).encode("utf-8"))

@@ -23,7 +23,7 @@ from .. import metrics
 from .chain import expand_chains
 from .checkpoint import QueueState, open_checkpoint
 from .options import RestoreOptions
-from .plan import QueuePlan, plan_restore
+from .plan import QueuePlan, check_selection, plan_restore, resolve_target_vhosts
 from .queue_restore import QueueResult, count_selected, plan_codec, restore_queue_segments, target_problems
 from .source import BackupSource
 from .target_limits import refusal
@@ -39,6 +39,8 @@ class RestoreSummary:
     definitions: Any = None  # definitions.DefinitionsResult
     duration_secs: float = 0.0
     warnings: list[str] = field(default_factory=list)  # said before anything was published
+    targets: list[str] = field(default_factory=list)  # where each source vhost goes, and why (plan.TargetVhosts)
+    written: list[str] = field(default_factory=list)  # what the restore wrote besides the target (rollback, report)
 
     @property
     def published(self) -> int:
@@ -66,6 +68,8 @@ class RestoreSummary:
             "duration_secs": round(self.duration_secs, 3),
             "definitions": self.definitions.to_json_obj() if self.definitions is not None else None,
             "warnings": self.warnings,
+            "targets": self.targets,
+            "written": self.written,
             "queues": [asdict(q) for q in self.queues],
         }
 
@@ -109,6 +113,19 @@ def load_complete_manifest(source: BackupSource, options: RestoreOptions,
     return manifest
 
 
+def resolve_restore(source: BackupSource, manifest: BackupManifest,
+                    options: RestoreOptions) -> tuple[RestoreOptions, list[str]]:
+    """Every mapping key and selection checked against the backup, the target URL's vhost applied:
+    (the options to plan with, where each source vhost goes). The one step for every restore path
+    (CLI engine, Spark driver); raises ``ConfigError`` (exit 2) before the broker is touched."""
+    from .definitions import definition_vhosts
+
+    def_vhosts = definition_vhosts(source, manifest, options)
+    check_selection(manifest, options, def_vhosts)
+    options, targets = resolve_target_vhosts(manifest, options, def_vhosts)
+    return options, targets.lines()
+
+
 def check_before_publishing(source: BackupSource, manifest: BackupManifest, plans: list[QueuePlan],
                             options: RestoreOptions) -> None:
     """Validate's manifest checks, run before anything is published (or a dry run counts)."""
@@ -128,21 +145,35 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     confirms grow and once more when it ended (its final status). ``storage`` is read and written
     through a ``BackupSource`` only (``source.py``)."""
     t0 = time.monotonic()
-    source = BackupSource(storage, options.prefix)
+    source = BackupSource(storage, options.prefix, options.write_dir)
     dry = options.dry_run or options.definitions_dry_run  # a dry run of either part writes nothing anywhere
     summary = RestoreSummary(options.backup_id, dry)
     manifest = manifest or load_complete_manifest(source, options, summary.warnings)
     options = options.with_data_key(source, manifest)  # envelope: unwrap the data key before any publish
-    plans = plan_restore(manifest, options)  # config errors before touching the broker
+    options, summary.targets = resolve_restore(source, manifest, options)  # config errors before the broker
+    plans = plan_restore(manifest, options)
     if on_plan is not None:
         on_plan(plans)
     chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
     if options.restore_messages:
         check_before_publishing(source, manifest, plans, options)
+    for line in summary.targets:  # where it goes, before anything is imported or published
+        log.info("restore plan: %s", line)
+    if options.restore_messages:
+        for p in plans:
+            log.info("restore plan: %s/%s -> %s/%s", p.source_vhost, p.source_queue, p.target_vhost, p.target_queue)
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
 
+        if not dry:
+            log.info("restore writes the target's definitions (a rollback snapshot) and a report beside backup %s, "
+                     "or under %s when the storage refuses writes", options.backup_id, options.write_dir or "(nowhere)")
+
         summary.definitions = import_definitions(source, manifest, options)
+        d = summary.definitions
+        summary.written += [k for k in (d.rollback_key, d.report_key) if k]
+    if options.restore_messages:
+        refuse_missing_vhosts(plans, options, summary.definitions)
     if not options.restore_messages:
         summary.duration_secs = time.monotonic() - t0
         return summary
@@ -241,6 +272,32 @@ def refuse_lossy_targets(source: BackupSource, plans: list[QueuePlan], options: 
         for msg in problems:
             log.error("%s", msg)
         raise RestoreError(problems[0] + more)
+
+
+def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, definitions: Any) -> None:
+    """One line naming a target vhost that does not exist, before anything is published (the broker
+    would only say "access refused" for each queue). A dry run's definitions that would create it
+    count; an unreachable management API leaves it to the queues' runs."""
+    wanted = sorted({p.target_vhost for p in plans})
+    if not wanted:
+        return
+    from ..management import ManagementClient
+
+    try:
+        with ManagementClient.for_connection(options.target, "target") as client:
+            known = set(client.vhosts())
+    except RbakError:
+        return
+    created = set()
+    if definitions is not None and definitions.dry_run:
+        created = {v for v in definitions.changes.get("vhosts", {}).get("create", [])}
+    missing = [v for v in wanted if v not in known and v not in created]
+    if missing:
+        srcs = sorted({p.source_vhost for p in plans if p.target_vhost in missing})
+        raise RestoreError(f"target vhost {', '.join(map(repr, missing))} does not exist on "
+                           f"{options.target.management_url} (or user {options.target.mgmt_username!r} cannot see it); "
+                           f"nothing was published: create it, restore with --definitions (restore.restore_definitions), "
+                           f"or map vhost {', '.join(map(repr, srcs))} elsewhere")
 
 
 def skipped_by_definitions(p: QueuePlan, definitions: Any) -> QueueResult | None:

@@ -52,6 +52,7 @@ class RestoreOptions:
     keys: tuple[tuple[str, bytes], ...] = field(default=(), repr=False)  # encryption keyring {key id: key}
     kms_region: str | None = None  # envelope backups wrapped by KMS (encryption.kms_region)
     kms_endpoint_url: str | None = None  # (encryption.kms_endpoint_url; else AWS_ENDPOINT_URL_KMS)
+    write_dir: str | None = "./rbak-restore"  # rollback snapshot and report when the storage refuses writes
 
     def keyring(self) -> dict[str, bytes]:
         """The keys for encrypted backups: the configured ones, else ``RBAK_ENCRYPTION_KEYS`` (Spark executors)."""
@@ -107,7 +108,7 @@ class RestoreOptions:
         return dict(self.queue_mapping)
 
 
-DEFAULT_TARGET_URL = "amqp://guest:guest@localhost:5672/%2f"
+DEFAULT_TARGET_URL = "amqp://guest:guest@localhost:5672"  # names no vhost: each goes to its own (plan.resolve_target_vhosts)
 DEFAULT_MANAGEMENT_URL = "http://localhost:15672"
 
 
@@ -157,6 +158,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         keys=tuple(sorted(cfg.encryption.keyring().items())) if getattr(cfg, "encryption", None) else (),
         kms_region=cfg.encryption.kms_region if getattr(cfg, "encryption", None) else None,
         kms_endpoint_url=cfg.encryption.kms_endpoint_url if getattr(cfg, "encryption", None) else None,
+        write_dir=getattr(r, "write_dir", None),
     )
     kwargs.update({k: v for k, v in overrides.items() if v is not None})
     return RestoreOptions(**kwargs)

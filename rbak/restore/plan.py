@@ -120,6 +120,112 @@ def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionIn
     )
 
 
+def _closest(name: str, names: Iterable[str]) -> str:
+    """`` (closest: 'a', 'b')`` for an error message, or ``""``."""
+    import difflib
+
+    near = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.5)
+    return f" (closest: {', '.join(map(repr, near))})" if near else ""
+
+
+def _some(names: Iterable[str], n: int = 10) -> str:
+    names = sorted(set(names))
+    return ", ".join(map(repr, names[:n])) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def check_selection(manifest: BackupManifest, options: RestoreOptions, definition_vhosts: Iterable[str] = ()) -> None:
+    """Refuse (``ConfigError``, exit 2) every mapping key and selection that names nothing in the backup.
+
+    A typo in ``restore.vhost_mapping``/``queue_mapping`` would otherwise map nothing and restore
+    into the original place; an ``include`` that matches nothing would publish nothing and "succeed".
+    Names are the backup's: its queues, the queues it lists as skipped, and ``definition_vhosts`` (the
+    vhosts of its definitions, when a restore imports them)."""
+    from ..config import QueueSelection, queue_selected
+
+    bid = manifest.backup_id
+    pairs = {(q.vhost, q.name, q.queue_type) for q in manifest.queues}
+    vhosts = {v for v, _, _ in pairs} | {s.vhost for s in manifest.queue_status} | set(definition_vhosts)
+    if vhosts:  # a backup without queues (definitions only) has no vhost names in its manifest
+        for key in sorted(options.vhost_map):
+            if key not in vhosts:
+                raise ConfigError(f"restore.vhost_mapping: key {key!r} names no vhost of backup {bid!r}"
+                                  f"{_closest(key, vhosts)}; its vhosts: {_some(vhosts)}")
+    names = {f"{v}/{n}" for v, n, _ in pairs} | {n for _, n, _ in pairs}
+    for key in sorted(options.queue_map):
+        if key not in names:
+            raise ConfigError(f"restore.queue_mapping: key {key!r} names no queue of backup {bid!r} (keys are "
+                              f"'vhost/queue' or 'queue'){_closest(key, names)}; its queues: "
+                              f"{_some(f'{v}/{n}' for v, n, _ in pairs)}")
+    sel = options.queues
+    if not options.restore_messages or sel == QueueSelection():
+        return
+    for v in sel.vhosts:
+        if v not in vhosts:
+            raise ConfigError(f"restore.queues.vhosts: {v!r} names no vhost of backup {bid!r}{_closest(v, vhosts)}; "
+                              f"its vhosts: {_some(vhosts)}")
+    for pat in sel.include:
+        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n, _ in pairs):
+            raise ConfigError(f"restore.queues.include: {pat!r} matches no queue of backup {bid!r}"
+                              f"{_closest(pat, names)}; its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
+    if pairs and not any(sel.matches(q.vhost, q.name, q.queue_type, q.message_count) for q in manifest.queues):
+        raise ConfigError(f"restore.queues: selects none of the {len(pairs)} queue(s) of backup {bid!r} "
+                          f"(types {sel.types}, min_messages {sel.min_messages}, exclude {sel.exclude}); "
+                          f"its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
+
+
+@dataclass(frozen=True)
+class TargetVhosts:
+    """Where each source vhost of a restore goes, and why (printed before publishing, and in the summary)."""
+
+    pairs: tuple[tuple[str, str, str], ...]  # (source vhost, target vhost, why)
+
+    def lines(self) -> list[str]:
+        return [f"vhost {s!r} -> {t!r} ({why})" for s, t, why in self.pairs]
+
+
+def resolve_target_vhosts(manifest: BackupManifest, options: RestoreOptions,
+                          definition_vhosts: Iterable[str] = ()) -> tuple[RestoreOptions, TargetVhosts]:
+    """The options with the target URL's vhost applied, and where each source vhost goes.
+
+    - A URL without a vhost (``amqp://host:5672``): every vhost goes where ``vhost_mapping`` says, else
+      to its own name.
+    - A URL naming a vhost and a single-vhost restore: that vhost is the target. A ``vhost_mapping``
+      of the same source vhost to another vhost is a conflict, refused naming both.
+    - A URL naming a vhost and several source vhosts: refused (which one would go there?); the URL
+      must then name no vhost and ``vhost_mapping`` says where each goes.
+
+    ``definition_vhosts``: the vhosts of the definitions the restore imports (they move the same way).
+    """
+    from dataclasses import replace
+
+    sel = options.queues
+    if options.restore_messages:
+        srcs = {q.vhost for q in manifest.queues if sel.matches(q.vhost, q.name, q.queue_type, q.message_count)}
+    else:
+        srcs = {q.vhost for q in manifest.queues}
+    srcs |= set(definition_vhosts)
+    vmap = options.vhost_map
+    named = options.target.named_vhost
+    url = options.target.safe_amqp_url
+    if named is not None and len(srcs) > 1:
+        raise ConfigError(f"the target URL {url} names vhost {named!r}, but backup {manifest.backup_id!r} restores "
+                          f"{len(srcs)} vhosts ({_some(srcs)}): a URL's vhost is the target of a single-vhost "
+                          f"restore only; remove it from the URL (amqp://host:port) and say where each vhost goes "
+                          f"with restore.vhost_mapping (--vhost-map), or select one vhost with restore.queues.vhosts")
+    if named is not None and len(srcs) == 1:
+        (src,) = srcs
+        if src in vmap and vmap[src] != named:
+            raise ConfigError(f"the target URL {url} names vhost {named!r} but restore.vhost_mapping maps "
+                              f"{src!r} to {vmap[src]!r}: make them agree, or drop one")
+        if vmap.get(src, src) != named:  # an identity entry would only change a resumed run's fingerprint
+            options = replace(options, vhost_mapping=tuple(sorted({**vmap, src: named}.items())))
+        why = "the vhost of the target URL"
+        return options, TargetVhosts(((src, named, why),))
+    pairs = tuple((s, vmap.get(s, s), "restore.vhost_mapping" if s in vmap else "its own name, the URL names no vhost")
+                  for s in sorted(srcs))
+    return options, TargetVhosts(pairs)
+
+
 def plan_restore(manifest: BackupManifest, options: RestoreOptions) -> list[QueuePlan]:
     """Every selected queue of the backup, mapped; refuses two queues landing on one target.
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, cast
 
 from .. import metrics
 from ..crypto import ChainCodec, ObjectCodec, codec_for
-from ..errors import CheckpointError, RbakError, RestoreError, SerializationError
+from ..errors import CheckpointError, ManifestError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
 from ..format.record import BackupRecord, properties_key
 from .checkpoint import NullCheckpoint, QueueCheckpoint, QueueState
@@ -77,12 +77,18 @@ def plan_codec(plan: QueuePlan, options: RestoreOptions) -> ObjectCodec | None:
 
 
 def count_selected(source: BackupSource, plan: QueuePlan, options: RestoreOptions) -> int:
-    """Records of a plan inside the window; reads only the segments that straddle an edge."""
+    """Records of a plan inside the window (a dry run's count). Every segment is opened as a restore
+    would open it (key id, decryption, checksum, decoding) and at least its first record read, so a dry
+    run fails with the error the real restore would; only segments that straddle an edge are read whole."""
     n = 0
     s, e = options.window_start_ms, options.window_end_ms
     codec = plan_codec(plan, options)
     for seg in plan.segments:
         if segment_fully_inside(seg.first_timestamp, seg.last_timestamp, s, e):
+            first = next(iter(source.records(seg, options.verify_checksums, codec=codec)), None)
+            if first is None and seg.record_count:
+                raise ManifestError(f"segment {seg.key!r} of {plan.label} holds no record, its manifest says "
+                                    f"{seg.record_count}")
             n += seg.record_count
         else:
             n += sum(1 for _, r in source.records(seg, options.verify_checksums, codec=codec)

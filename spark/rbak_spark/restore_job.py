@@ -307,7 +307,8 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     ``publishers_per_task`` runs (queues) share one task, each publishing on its own thread.
     """
     from rbak.keys import BackupLayout
-    from rbak.restore.engine import load_complete_manifest, run_restore, skipped_by_definitions
+    from rbak.restore.engine import (load_complete_manifest, refuse_missing_vhosts, resolve_restore, run_restore,
+                                     skipped_by_definitions)
     from rbak.restore.plan import plan_restore
     from rbak.restore.source import BackupSource
     from rbak.storage import open_storage
@@ -321,10 +322,13 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     url = str(url)  # a str subclass would be pickled by reference to its module
     t0 = time.perf_counter()
     storage = open_storage(url)
-    source = BackupSource(storage, options.prefix)
+    source = BackupSource(storage, options.prefix, options.write_dir)
     warnings: list[str] = []
     manifest = load_complete_manifest(source, options, warnings)  # incremental streams: their whole chain, checked
     options = options.with_data_key(source, manifest)  # envelope: the data key travels with the options
+    options, targets = resolve_restore(source, manifest, options)  # mappings, selections, the URL's vhost
+    for line in targets:
+        log(f"restore plan: {line}")
     for w in warnings:
         log(f"warning: {w}")
     chains = {(q.vhost, q.name): list(q.chain) for q in manifest.queues if q.chain}
@@ -340,6 +344,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
         from rbak.restore.definitions import import_definitions
 
         definitions = import_definitions(source, manifest, options)
+    refuse_missing_vhosts(plans, options, definitions)
     skipped = [r for r in (skipped_by_definitions(p, definitions) for p in plans) if r is not None]
     plans = [p for p in plans if skipped_by_definitions(p, definitions) is None]
     _refuse_speculation(spark)
@@ -367,6 +372,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     for r in results:
         r["chain"] = chains.get((r["source_vhost"], r["source_queue"]), [])
     out = _summary(options, sc.master, ordering, notes, warnings, progress_id, results, definitions, t0)
+    out["targets"] = targets
     key = layout.state(f"{PROGRESS_DIR}/{progress_id}/summary.json")
     storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
     out["summary_key"] = key

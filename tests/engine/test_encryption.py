@@ -98,7 +98,7 @@ def test_encrypted_backup_rotate_restore_validate(broker, vhost, s3_bucket, tmp_
     # restore: no key and a wrong key are refused naming the backup and key id; the right one restores
     target = vhost
     common = ["restore", "--path", url, "--prefix", "backups", "--backup-id", "enc-1",
-              "--target-url", broker.amqp_url("/"), "--management-url", broker.management_url,
+              "--target-url", broker.server_url(), "--management-url", broker.management_url,
               "--publish-mode", "queue", "--json"]
     broker.drain_queue(target, "orders")
     r = rbak(*common, check=False)

@@ -59,7 +59,7 @@ def rbak(*args: str, env_keys: str | None = None, check: bool = True, **env: str
 
 def restore_args(url, broker, backup_id, prefix="backups"):
     return ["restore", "--path", url, "--prefix", prefix, "--backup-id", backup_id, "--target-url",
-            broker.amqp_url("/"), "--management-url", broker.management_url, "--publish-mode", "queue", "--json"]
+            broker.server_url(), "--management-url", broker.management_url, "--publish-mode", "queue", "--json"]
 
 
 def test_envelope_backup_rewrap_then_restore_with_only_the_new_key(broker, vhost, s3_bucket, tmp_path):

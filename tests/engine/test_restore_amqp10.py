@@ -180,7 +180,7 @@ def test_cli_restore_killed_over_1_0_resumes_exactly_once(broker, vhost, tmp_pat
     declare(broker, vhost, "jobs", "quorum")
     db = str(tmp_path / "cp.db")
     cfg = {"mode": "restore", "backup_id": "kill",
-           "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url},
+           "target": {"amqp_url": broker.server_url(), "management_url": broker.management_url},
            "storage": {"backend": "filesystem", "path": str(tmp_path / "store")},
            "restore": {"checkpoint_state": db, "protocol": "amqp10"}}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(cfg))

@@ -8,7 +8,7 @@ import os
 import pytest
 from support.restores import build_backup, consume_all, declare, make_records, options_for, storage_for  # noqa: E402
 
-from rbak.errors import ManagementApiError  # noqa: E402
+from rbak.errors import ManagementApiError, RestoreError  # noqa: E402
 from rbak.format.compression import Compression, compress, decompress  # noqa: E402
 from rbak.format.manifest import DefinitionsBackup  # noqa: E402
 from rbak.keys import BackupLayout  # noqa: E402
@@ -217,7 +217,7 @@ def test_tls_restore_and_a_wrong_ca_fails_clearly(rmq310, tls, tmp_path):
         declare(broker, vhost, "q")
 
         def opts(ca):
-            t = ConnectionConfig(amqp_url=broker.amqps_url("/"), management_url=broker.management_tls_url,
+            t = ConnectionConfig(amqp_url=broker.amqps_url(vhost), management_url=broker.management_tls_url,
                                  tls=TlsConfig(enabled=True, ca_cert=str(ca), client_cert=str(tls.client_cert),
                                                client_key=str(tls.client_key)))
             return RestoreOptions(backup_id="tls", target=t, publish_mode="queue")
@@ -237,9 +237,12 @@ def test_a_missing_target_vhost_fails_naming_it(broker, vhost, tmp_path):
     storage = storage_for(tmp_path)
     build_backup(storage, "nv", [(vhost, "q", "classic", make_records(vhost, "q", _bodies(2), every_type=False))])
     missing = f"{vhost}-does-not-exist"
-    summary = run_restore(storage, options_for(broker, "nv", vhost_mapping=((vhost, missing),)))
-    (q,) = summary.queues
-    assert q.status == "failed" and f"vhost {missing!r}" in q.error and "guest:guest" not in q.error
+    with pytest.raises(RestoreError) as e:
+        run_restore(storage, options_for(broker, "nv", vhost_mapping=((vhost, missing),)))
+    msg = str(e.value)
+    assert "\n" not in msg and "guest:guest" not in msg
+    assert f"target vhost {missing!r} does not exist on {broker.management_url}" in msg, msg
+    assert "nothing was published" in msg and f"map vhost {vhost!r} elsewhere" in msg
 
 
 def test_restore_from_s3_writes_the_rollback_snapshot_there(broker, vhost, s3_bucket):

@@ -28,7 +28,7 @@ def test_restore_without_a_backup_id_uses_the_newest_complete_backup(broker, vho
     build_backup(storage, "b-2024-03", [(vhost, "q", "classic", old)], complete=False)  # never chosen
     declare(broker, vhost, "q")
     path = f"file://{tmp_path / 'store'}"
-    common = ["restore", "--path", path, "--target-url", broker.amqp_url("/"),
+    common = ["restore", "--path", path, "--target-url", broker.server_url(),
               "--management-url", broker.management_url, "--json", "--publish-mode", "queue"]
     dry = rbak(*common, "--dry-run")
     out = json.loads(dry.stdout)
@@ -70,7 +70,7 @@ def test_definitions_import_command_writes_the_rollback_into_the_backup(broker, 
     src = tmp_path / "defs.json"
     src.write_text(json.dumps(doc))
     cfg = {"mode": "restore", "backup_id": "imp",
-           "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url},
+           "target": {"amqp_url": broker.server_url(), "management_url": broker.management_url},
            "storage": {"backend": "filesystem", "path": str(tmp_path / "store")}}
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))

@@ -78,7 +78,7 @@ def test_backup_delete_everything_restore_definitions_and_messages(broker, vhost
     broker.delete_vhost(vhost)  # delete everything
     assert not broker.vhost_exists(vhost)
 
-    target = ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url)
+    target = ConnectionConfig(amqp_url=broker.server_url(), management_url=broker.management_url)
     options = RestoreOptions(backup_id="e2e", target=target, restore_definitions=True, publish_mode="exchange",
                              definitions_selection=DefinitionsSelection(vhosts=[vhost]))
     storage = cfg.storage.open()

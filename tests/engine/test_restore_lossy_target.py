@@ -34,7 +34,7 @@ def backup(tmp_path, vhost, qtype="classic", bodies=BODIES, queue="q"):
 def restore(broker, tmp_path, protocol="amqp091", **restore_opts):
     """``rbak restore --config c.yaml --json``: (process, JSON summary or None)."""
     cfg = {"mode": "restore", "backup_id": "b1",
-           "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url},
+           "target": {"amqp_url": broker.server_url(), "management_url": broker.management_url},
            "storage": {"backend": "filesystem", "path": str(tmp_path / "store")},
            "restore": {"publish_mode": "queue", "protocol": protocol, **restore_opts}}
     path = tmp_path / "restore.yaml"

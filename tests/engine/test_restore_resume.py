@@ -40,7 +40,7 @@ def _kill_mid_restore(broker, vhost, tmp_path, qtype, kill_after: int):
     cfg = {
         "mode": "restore",
         "backup_id": "kill",
-        "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url,
+        "target": {"amqp_url": broker.server_url(), "management_url": broker.management_url,
                    "stream_port": broker.stream_port},
         "storage": {"backend": "filesystem", "path": str(tmp_path / "store")},
         "restore": {"publish_mode": "queue", "checkpoint_state": db, "produce_batch_size": 500},
@@ -139,7 +139,7 @@ def test_restore_into_a_non_empty_stream_is_refused_on_every_version(broker, vho
         ch.basic_publish("", "s", b"already here")
     cfg = {
         "mode": "restore", "backup_id": "ne",
-        "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url,
+        "target": {"amqp_url": broker.server_url(), "management_url": broker.management_url,
                    "stream_port": broker.stream_port},
         "storage": {"backend": "filesystem", "path": str(tmp_path / "store")},
         "restore": {"publish_mode": "queue"},

@@ -55,7 +55,7 @@ def backup(cwd: Path, cfg: Path, backup_id: str, ok: bool | None = True) -> subp
 
 
 def restore(cwd: Path, broker, store: str, backup_id: str, *extra: str, ok: bool | None = True):
-    return cli(cwd, "restore", "--path", store, "--backup-id", backup_id, "--target-url", broker.amqp_url("/"),
+    return cli(cwd, "restore", "--path", store, "--backup-id", backup_id, "--target-url", broker.server_url(),
                "--management-url", broker.management_url, *extra, ok=ok)
 
 

@@ -63,7 +63,7 @@ def setup(broker, vhost, tmp_path):
     defs = tmp_path / "defs.json"
     defs.write_text(json.dumps(doc))
     cfg = {"mode": "restore", "backup_id": "b1",
-           "target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url},
+           "target": {"amqp_url": broker.server_url(), "management_url": broker.management_url},
            "storage": {"backend": "filesystem", "path": str(store)},
            "restore": {"publish_mode": "queue"}}
     return store, cfg, defs
@@ -94,7 +94,7 @@ DRY_RUNS = {
 @pytest.mark.parametrize("flag", sorted(DRY_RUNS))
 def test_every_dry_run_flag_changes_nothing(broker, vhost, tmp_path, setup, flag):
     store, cfg, defs = setup
-    url = ["--path", f"file://{store}", "--backup-id", "b1", "--target-url", broker.amqp_url("/"),
+    url = ["--path", f"file://{store}", "--backup-id", "b1", "--target-url", broker.server_url(),
            "--management-url", broker.management_url, "--publish-mode", "queue"]
     before_files, before_broker = files(store), broker_state(broker, vhost)
     r = rbak(*DRY_RUNS[flag](url, cfg, defs, tmp_path))

@@ -28,7 +28,7 @@ def restore(broker, url, *extra, backup_id="b1"):
     # the URL (with its password) through the environment, as the CLI recommends: stderr holds only errors
     return rbak_measured("restore", "--path", url, "--backup-id", backup_id,
                          "--management-url", broker.management_url, "--publish-mode", "queue", "--json", *extra,
-                         env={"RBAK_TARGET_URL": broker.amqp_url("/")})
+                         env={"RBAK_TARGET_URL": broker.server_url()})
 
 
 def backup_in(tmp_path, vhost, n=200, prefix=""):

@@ -53,7 +53,7 @@ def test_a_queue_named_127_e_acute_is_backed_up_and_restored(broker, vhost, tmp_
     broker.delete_queue(vhost, LONG)
     broker.declare_queue(vhost, LONG)
     r = subprocess.run([sys.executable, "-m", "rbak", "restore", "--path", f"file://{store}", "--backup-id", "b1",
-                        "--target-url", broker.amqp_url("/"), "--management-url", broker.management_url,
+                        "--target-url", broker.server_url(), "--management-url", broker.management_url,
                         "--publish-mode", "queue", "--json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["confirmed"] == 25 == broker.message_count(vhost, LONG)

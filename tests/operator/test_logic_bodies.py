@@ -104,12 +104,28 @@ def test_bad_brokers_name_the_field(broker, match):
         rbakconfig.backup_config({"broker": broker, "storage": URL_SPEC["storage"]}, "prod", "b")
 
 
+def test_a_restore_target_url_keeps_the_vhost_the_user_named():
+    broker = {"amqpUrl": "amqp://h:5672/staging", "managementUrl": "http://h:15672", "credentialsSecretRef": {"name": "s"}}
+    cfg, _ = rbakconfig.restore_config({}, "prod", "b", broker, CLUSTER_SPEC["storage"])
+    assert cfg["target"]["amqp_url"] == "amqp://h:5672/staging"
+    cfg, _ = rbakconfig.restore_config({}, "prod", "b", {**broker, "amqpUrl": "amqp://h:5672"}, CLUSTER_SPEC["storage"])
+    assert cfg["target"]["amqp_url"] == "amqp://h:5672"
+
+
+def test_backup_encryption_envelope_without_a_key_is_refused():
+    spec = {**URL_SPEC, "encryption": {"envelope": True}}
+    with pytest.raises(ConfigError, match="spec.encryption.envelope: needs keyId"):
+        rbakconfig.backup_config(spec, "prod", "b")
+
+
 def test_restore_config_with_pitr_and_mapping():
     spec = {"pitr": {"start": "2026-11-22T10:00:00Z", "end": 1795348800000}, "vhostMapping": {"/": "staging"},
             "queueMapping": {"orders": "orders-restored"}, "restoreDefinitions": True, "dryRun": True}
     cfg, env = rbakconfig.restore_config(spec, "prod", "nightly-20261122-2300", CLUSTER_SPEC["broker"], CLUSTER_SPEC["storage"])
     loaded = Config.from_dict(cfg, env=SECRET_ENV)
-    assert loaded.mode == "restore" and loaded.target.amqp_url == "amqp://rmq.prod.svc:5672/%2f"
+    # a restore target names no vhost the spec did not: the URL's vhost is where a restore goes
+    assert loaded.mode == "restore" and loaded.target.amqp_url == "amqp://rmq.prod.svc:5672"
+    assert loaded.target.named_vhost is None
     assert (loaded.target.username, loaded.target.password) == ("u", "p")
     assert loaded.restore.window_ms() == (1795341600000, 1795348800000)
     assert loaded.restore.vhost_mapping == {"/": "staging"} and loaded.restore.queue_mapping == {"orders": "orders-restored"}

@@ -25,8 +25,8 @@ START = 1_700_000_000_000
 
 
 def options(broker, vhost, **kw) -> RestoreOptions:
-    kw.setdefault("vhost_mapping", (("/", vhost), ("prod", vhost)))
-    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url),
+    kw.setdefault("vhost_mapping", (("/", vhost),))
+    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.server_url(), management_url=broker.management_url),
                           **kw)
 
 
@@ -45,7 +45,8 @@ def test_strict_restore_keeps_order_per_queue(spark, tmp_path, which, where, req
     m = write_backup(open_storage(url), "b1", queues, segment_max_bytes=3000)
     for q in queues:
         broker.declare_queue(vh, q.name)
-    out = run_restore_job(spark, url, options(broker, vh, backup_id="b1"))
+    both = (("/", vh), ("prod", vh))
+    out = run_restore_job(spark, url, options(broker, vh, backup_id="b1", vhost_mapping=both))
     assert out["ok"], out
     assert out["confirmed"] == m.total_messages == 500
     assert {r["runs"] for r in out["runs"]} == {1}
@@ -54,7 +55,7 @@ def test_strict_restore_keeps_order_per_queue(spark, tmp_path, which, where, req
         assert ids(msgs) == [f"{q.name}-{i}" for i in range(q.messages)]  # each once, in backup order
         assert msgs[3].properties.headers == {"seq": 3, "origin": "synthetic"}
     # a rerun of the finished restore publishes nothing (stored progress says done)
-    again = run_restore_job(spark, url, options(broker, vh, backup_id="b1"))
+    again = run_restore_job(spark, url, options(broker, vh, backup_id="b1", vhost_mapping=both))
     assert {r["status"] for r in again["runs"]} == {"already-done"} and again["published"] == 0
     assert broker.message_count(vh, "orders") == 0
 
@@ -64,7 +65,7 @@ def test_window_mapping_and_dry_run_use_the_cli_plan(spark, target, tmp_path):
     url = f"file://{tmp_path}"
     write_backup(open_storage(url), "b2", [QueueSpec("/", "orders", 200)], segment_max_bytes=3000)
     broker.declare_queue(vh, "orders-copy")
-    argv = ["--path", url, "--backup-id", "b2", "--target-amqp-url", broker.amqp_url("/"),
+    argv = ["--path", url, "--backup-id", "b2", "--target-amqp-url", broker.server_url(),
             "--vhost-map", f"/={vh}", "--queue-map", "orders=orders-copy",
             "--time-window-start", str(START + 50_000), "--time-window-end", "2023-11-14T22:15:29Z"]  # i in 50..129
     assert restore_main(argv + ["--dry-run"]) == 0
@@ -102,7 +103,7 @@ def test_killed_driver_then_rerun_delivers_each_message_once_in_order(spark, tar
     write_backup(open_storage(url), "b4", queues, segment_max_bytes=20_000)
     for q in queues:
         broker.declare_queue(vh, q.name)
-    argv = ["--path", url, "--backup-id", "b4", "--target-amqp-url", broker.amqp_url("/"), "--vhost-map", f"/={vh}",
+    argv = ["--path", url, "--backup-id", "b4", "--target-amqp-url", broker.server_url(), "--vhost-map", f"/={vh}",
             "--publish-mode", "queue", "--batch-size", "20"]
     proc = subprocess.Popen([sys.executable, str(SPARK_DIR / "restore.py"), *argv, "--master", "local[2]"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -139,7 +140,7 @@ def test_config_file_drives_the_spark_restore(spark, target, tmp_path):
     cfg.write_text(
         "mode: restore\n"
         "backup_id: b5\n"
-        f"target: {{amqp_url: '{broker.amqp_url('/')}', management_url: '{broker.management_url}'}}\n"
+        f"target: {{amqp_url: '{broker.server_url()}', management_url: '{broker.management_url}'}}\n"
         f"storage: {{backend: filesystem, path: '{store}', prefix: team}}\n"
         "restore:\n"
         "  publish_mode: queue\n"

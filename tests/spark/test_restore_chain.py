@@ -27,7 +27,7 @@ def test_spark_restores_the_whole_chain(spark, broker, vhost, tmp_path):
     broker.delete_queue(vhost, "st")
     broker.declare_queue(vhost, "st", arguments=STREAM)
     url = f"file://{store}"
-    opts = RestoreOptions(backup_id="c2", target=ConnectionConfig(amqp_url=broker.amqp_url("/"),
+    opts = RestoreOptions(backup_id="c2", target=ConnectionConfig(amqp_url=broker.server_url(),
                                                                   management_url=broker.management_url))
     dry = run_restore_job(spark, url, dataclasses.replace(opts, dry_run=True))
     assert dry["queues"][0]["chain"] == ["c1", "c2"] and dry["queues"][0]["selected"] == 70

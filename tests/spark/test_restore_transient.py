@@ -40,7 +40,7 @@ def write_with_definitions(url: str, backup_id: str, vhost: str) -> None:
 
 
 def spark_options(broker, **kw) -> RestoreOptions:
-    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url),
+    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.server_url(), management_url=broker.management_url),
                           restore_definitions=True, **kw)
 
 

@@ -13,7 +13,7 @@ from rbak.storage import open_storage
 
 
 def options(broker, vhost, **kw) -> RestoreOptions:
-    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url),
+    return RestoreOptions(target=ConnectionConfig(amqp_url=broker.server_url(), management_url=broker.management_url),
                           vhost_mapping=(("/", vhost),), **kw)
 
 

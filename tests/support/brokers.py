@@ -67,6 +67,10 @@ class Broker:
         """``amqp://guest:guest@127.0.0.1:PORT/VHOST`` with the vhost percent-encoded."""
         return f"amqp://{self.user}:{self.password}@{self.host}:{self.amqp_port}/{_q(vhost)}"
 
+    def server_url(self) -> str:
+        """``amqp://guest:guest@127.0.0.1:PORT``: names no vhost (a restore target that keeps each vhost's name)."""
+        return f"amqp://{self.user}:{self.password}@{self.host}:{self.amqp_port}"
+
     def amqps_url(self, vhost: str = "/") -> str:
         if self.amqps_port is None:
             raise ValueError(f"broker {self.name} has no TLS listener")

@@ -124,7 +124,7 @@ def build_backup(storage, backup_id, queues, prefix="", compression=Compression.
 
 
 def options_for(broker, backup_id, **kw) -> RestoreOptions:
-    target = ConnectionConfig(amqp_url=broker.amqp_url("/"), management_url=broker.management_url,
+    target = ConnectionConfig(amqp_url=broker.server_url(), management_url=broker.management_url,
                               management_username=broker.user, management_password=broker.password,
                               stream_port=broker.stream_port)
     kw.setdefault("publish_mode", "queue")
