@@ -122,7 +122,8 @@ def list_notes(m: BackupManifest) -> str:
     out = []
     short = [s for s in m.queue_status if s.status == "partial"]
     if short:
-        out.append(", ".join(f"{s.vhost}/{s.name} read {s.read} of {s.expected}" for s in short[:3])
+        out.append(", ".join(f"{s.vhost}/{s.name} " + (f"read {s.read} of {s.expected}" if s.expected is not None
+                                                        else "damaged data skipped") for s in short[:3])
                    + (f" (+{len(short) - 3} more)" if len(short) > 3 else ""))
     rest = len(m.queue_status) - len(short)
     if rest:
