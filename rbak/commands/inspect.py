@@ -61,16 +61,10 @@ def _console():
 
 
 def _existing_storage(path: str):
-    """The storage at ``--path``; a directory that does not exist is an error, never "no backups"
-    (a typo must not look like an empty storage)."""
-    from ..errors import NotFoundError
-    from ..storage.fs import FilesystemStorage
+    """The storage at ``--path``; a directory that does not exist is an error (``open_existing_storage``)."""
+    from ..storage.url import open_existing_storage
 
-    st = open_storage(path)
-    if isinstance(st, FilesystemStorage) and not st.root.is_dir():
-        what = "is not a directory" if st.root.exists() else "does not exist"
-        raise NotFoundError(f"--path: {path!r} {what} ({st.root})")
-    return st
+    return open_existing_storage(path)
 
 
 def list_obj(entries: list) -> list[dict]:
