@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
 
@@ -221,8 +221,12 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--sync-messages", type=int, default=20_000, help="messages for the (slow) pika-sync baseline")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    p.add_argument("--management-url", default="http://127.0.0.1:15672")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/",
+                   help="the broker, as amqp://USER:PASS@HOST:PORT[/VHOST] (default the CI 3.10 broker; "
+                        "4.0: port 5673, 4.3: 5674). A vhost in it is ignored: the benchmark makes and deletes "
+                        "its own vhost (needs a user who may)")
+    p.add_argument("--management-url", default="http://127.0.0.1:15672",
+                   help="its management API, as http://HOST:PORT (CI: 15672, 15673, 15674)")
     p.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     p.add_argument("--vhost-url", help=argparse.SUPPRESS)
     p.add_argument("--queue", help=argparse.SUPPRESS)
@@ -243,7 +247,11 @@ def main() -> int:
     requests.put(f"{api}/api/vhosts/{quote(vhost, safe='')}", json={}, auth=auth, timeout=30).raise_for_status()
     requests.put(f"{api}/api/permissions/{quote(vhost, safe='')}/guest", json={"configure": ".*", "write": ".*", "read": ".*"},
                  auth=auth, timeout=30).raise_for_status()
-    base_url = a.amqp_url.rstrip("/")
+    u = urlsplit(a.amqp_url)
+    if u.path.strip("/"):
+        print(f"note: the vhost in --amqp-url ({u.path}) is ignored; the benchmark uses its own vhost {vhost}",
+              flush=True)
+    base_url = urlunsplit((u.scheme, u.netloc, "", "", ""))
     vhost_url = f"{base_url}/{quote(vhost, safe='')}"
     results = {}
     try:
