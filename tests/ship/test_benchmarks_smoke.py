@@ -41,6 +41,8 @@ LANE: dict[str, tuple[list[str], str, tuple]] = {
     "before_after": (["--before", str(REPO), "--after", str(REPO), "--rounds", "1", "--messages", "300",
                       "--cases", "backup-classic"],
                      r"lowest ratio \d+\.\d+", ()),
+    "restore_protocol": (["--brokers", "rmq43", "--sizes", "100", "--queues", "1", "--messages", "200", "--repeat", "1"],
+                         r"ratio 1\.0/0-9-1: lowest median \d+\.\d+", ()),
     "return_costs": (["rmq43"], r"rmq43 [\d.]+: no limit set, 21 closes: messages left \d", ()),
     "live_consumer": (["rmq43", "classic"], r"rmq43 .*classic.*received", ()),
     "import": (["--size-mb", "2", "--qs-size-mb", "1", "--repeat", "1"], r"ratio", (SLOW,)),
