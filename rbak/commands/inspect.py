@@ -11,7 +11,6 @@ from ..units import human_bytes
 from ..catalog import list_backups, load_manifest
 from ..crypto import load_keyring
 from ..format.manifest import BackupManifest
-from ..storage import open_storage
 from ..validate import store_report, validate_backup
 
 
