@@ -16,8 +16,9 @@ RSS is per phase), into a fresh queue of a throwaway vhost:
   asked to measure against pika;
 - ``rbak``: ``run_restore`` (reads and decodes segments, encodes properties,
   confirms, checkpoint) at N/10 and N messages to show RSS against queue size,
-  with ``restore.protocol: auto`` (AMQP 1.0 on 4.x, 0-9-1 on 3.x), and once
-  more with ``amqp091`` on 4.x (``rbak-amqp091``).
+  with ``restore.protocol: auto`` (AMQP 0-9-1 everywhere), and once more
+  with ``amqp10`` on 4.x (``rbak-amqp10``; ``benchmarks/restore_protocol.py``
+  compares the two by body size and queue count).
 
 Prints msgs/s per phase, the ratios rbak / baseline (target >= 0.8) and peak
 RSS beside the queue's byte size.
@@ -296,7 +297,7 @@ def main() -> int:
             v4 = requests.get(f"{api}/api/overview", auth=auth, timeout=30).json()["rabbitmq_version"] >= "4"
             if v4:
                 results["proton"] = run("proton", a.messages)
-                results["rbak-amqp091"] = run("rbak", a.messages, os.path.join(tmp, "full"), "full", "amqp091")
+                results["rbak-amqp10"] = run("rbak", a.messages, os.path.join(tmp, "full"), "full", "amqp10")
     finally:
         requests.delete(f"{api}/api/vhosts/{quote(vhost, safe='')}", auth=auth, timeout=60)
     pipelined = (results["pika-pipelined"]["rate"] + results["pika-pipelined-2"]["rate"]) / 2
@@ -304,10 +305,10 @@ def main() -> int:
     print(f"ratio rbak / pika-pipelined (mean of the runs before and after): {r / pipelined:.2f}  (target >= 0.8)")
     if "proton" in results:
         print(f"ratio proton / pika-pipelined (bare AMQP 1.0 vs bare 0-9-1):    {results['proton']['rate'] / pipelined:.2f}")
-        print(f"ratio rbak over 0-9-1 (restore.protocol: amqp091) / pika-pipelined: "
-              f"{results['rbak-amqp091']['rate'] / pipelined:.2f}")
-        print(f"ratio rbak (auto: {results['rbak']['protocol']}) / rbak over 0-9-1: "
-              f"{r / results['rbak-amqp091']['rate']:.2f}")
+        print(f"ratio rbak over 1.0 (restore.protocol: amqp10) / pika-pipelined: "
+              f"{results['rbak-amqp10']['rate'] / pipelined:.2f}")
+        print(f"ratio rbak over 1.0 / rbak (auto: {results['rbak']['protocol']}): "
+              f"{results['rbak-amqp10']['rate'] / r:.2f}")
     print(f"ratio rbak / pika-sync:                                           {r / results['pika-sync']['rate']:.2f}")
     print(f"peak RSS rbak: {results['rbak-small']['rss_mib']:.0f} MiB at {a.messages // 10} msgs, "
           f"{results['rbak']['rss_mib']:.0f} MiB at {a.messages} msgs")
