@@ -63,11 +63,12 @@ class ImportContext:
         self.skipped.append(item)
 
     def queue_statuses(self) -> list[QueueStatus]:
-        """What ``--skip-damaged`` stepped over, per queue, as the manifest records a partial backup:
-        every queue with a skipped item is ``partial`` (its reason quotes the items, with the counts lost
-        where the files tell them);
-        damage no queue could be told for (an unnamable directory) is a ``failed`` entry named by its
-        path. Empty when nothing was skipped: only then is the import complete."""
+        """What ``--skip-damaged`` stepped over, per queue, as the manifest records a partial backup.
+
+        Every queue with a skipped item is ``partial`` (its reason quotes the items, with the counts
+        lost where the files tell them); damage no queue could be told for (an unnamable directory, a
+        shared WAL) is a ``failed`` entry named by its path. Empty when nothing was skipped: only then
+        is the import complete."""
         by_queue: dict[tuple[str, str], list[Skipped]] = {}
         for s in self.skipped:
             by_queue.setdefault(s.queue_key or ("", s.path), []).append(s)
