@@ -32,7 +32,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_common import AUTH, Broker, publish_confirmed
+from bench_common import BROKER_HELP, AUTH, Broker, publish_confirmed
 
 
 def fill(b: Broker, vh: str, q: str, n: int) -> None:
@@ -131,7 +131,7 @@ def cut(b: Broker, vh: str, q: str, n: int, credit: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--broker", default="rmq43")
+    ap.add_argument("--broker", default="rmq43", help=BROKER_HELP)
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--credit", type=int, default=1000)

@@ -115,7 +115,10 @@ def rss_child(vh: str, store: str) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    from bench_common import BROKER_HELP
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=f"Broker: rmq310 always ({BROKER_HELP}).")
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip-rss", action="store_true")

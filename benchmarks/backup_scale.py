@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_common import Broker, fill, load, peak_rss_mib, rbak_backup, verdict
+from bench_common import BROKER_HELP, Broker, fill, load, peak_rss_mib, rbak_backup, verdict
 
 
 def _major_minor(v: str) -> tuple[int, int]:
@@ -289,7 +289,7 @@ COMMANDS = {"quorum": cmd_quorum, "stream": cmd_stream, "many": cmd_many, "worke
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=sorted(COMMANDS))
-    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"])
+    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"], help=BROKER_HELP)
     ap.add_argument("--messages", type=int, help="quorum 20000, stream 50000, memory 10000 (the small queue)")
     ap.add_argument("--queues", type=int, default=100)
     ap.add_argument("--per-queue", type=int)

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))  # rbak, for filling the queues (the measured runs import their own tree)
 
-from bench_common import BROKERS, Broker, fill, load  # noqa: E402
+from bench_common import BROKER_HELP, BROKERS, Broker, fill, load  # noqa: E402
 
 CASES = ("backup-classic", "backup-quorum", "backup-many", "restore-091")
 
@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True)
     ap.add_argument("--after", required=True)
-    ap.add_argument("--broker", default="rmq43", choices=sorted(BROKERS))
+    ap.add_argument("--broker", default="rmq43", choices=sorted(BROKERS), help=BROKER_HELP)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--cases", default=",".join(CASES))

@@ -22,6 +22,9 @@ BROKERS = {  # id -> (AMQP port, management port), as in the CI broker table
     "rmq43": (5674, 15674),
 }
 STREAM_PORTS = {"rmq310": 5552, "rmq40": 5553, "rmq43": 5554}
+BROKER_HELP = ("a CI broker by id, not a URL: rmq310 = amqp://guest:guest@localhost:5672 (3.10), rmq40 = :5673 "
+               "(4.0), rmq43 = :5674 (4.3), management on 15672/15673/15674; the benchmark makes and deletes "
+               "its own vhost")
 
 
 class Broker:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pika
-from bench_common import Broker
+from bench_common import BROKER_HELP, BROKERS, Broker
 
 RATE = 1500
 SECONDS = 12
@@ -109,6 +109,10 @@ def measure(bid: str, qtype: str) -> None:
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]) or not all(a in BROKERS or a in ("classic", "quorum")
+                                                                    for a in sys.argv[1:]):
+        print(__doc__.rstrip() + "\n\nBrokers: " + BROKER_HELP + ".")
+        sys.exit(0 if any(a in ("-h", "--help") for a in sys.argv[1:]) else 2)
     ids = [a for a in sys.argv[1:] if a.startswith("rmq")] or ["rmq310", "rmq40", "rmq43"]
     types = [a for a in sys.argv[1:] if a in ("classic", "quorum")] or ["classic", "quorum"]
     for bid in ids:

@@ -23,7 +23,7 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_common import Broker
+from bench_common import BROKER_HELP, Broker
 
 
 def fill(b: Broker, vh: str, q: str, n: int) -> None:
@@ -59,7 +59,7 @@ def read_once(b: Broker, vh: str, q: str, n: int, per_channel: int, limit: int) 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--broker", default="rmq40")
+    ap.add_argument("--broker", default="rmq40", help=BROKER_HELP)
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()

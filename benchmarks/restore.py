@@ -16,8 +16,9 @@ RSS is per phase), into a fresh queue of a throwaway vhost:
   asked to measure against pika;
 - ``rbak``: ``run_restore`` (reads and decodes segments, encodes properties,
   confirms, checkpoint) at N/10 and N messages to show RSS against queue size,
-  with ``restore.protocol: auto`` (AMQP 1.0 on 4.x, 0-9-1 on 3.x), and once
-  more with ``amqp091`` on 4.x (``rbak-amqp091``).
+  with ``restore.protocol: auto`` (AMQP 0-9-1 everywhere), and once more
+  with ``amqp10`` on 4.x (``rbak-amqp10``; ``benchmarks/restore_protocol.py``
+  compares the two by body size and queue count).
 
 Prints msgs/s per phase, the ratios rbak / baseline (target >= 0.8) and peak
 RSS beside the queue's byte size.
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
 
@@ -221,8 +222,12 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--sync-messages", type=int, default=20_000, help="messages for the (slow) pika-sync baseline")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    p.add_argument("--management-url", default="http://127.0.0.1:15672")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/",
+                   help="the broker, as amqp://USER:PASS@HOST:PORT[/VHOST] (default the CI 3.10 broker; "
+                        "4.0: port 5673, 4.3: 5674). A vhost in it is ignored: the benchmark makes and deletes "
+                        "its own vhost (needs a user who may)")
+    p.add_argument("--management-url", default="http://127.0.0.1:15672",
+                   help="its management API, as http://HOST:PORT (CI: 15672, 15673, 15674)")
     p.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     p.add_argument("--vhost-url", help=argparse.SUPPRESS)
     p.add_argument("--queue", help=argparse.SUPPRESS)
@@ -243,7 +248,11 @@ def main() -> int:
     requests.put(f"{api}/api/vhosts/{quote(vhost, safe='')}", json={}, auth=auth, timeout=30).raise_for_status()
     requests.put(f"{api}/api/permissions/{quote(vhost, safe='')}/guest", json={"configure": ".*", "write": ".*", "read": ".*"},
                  auth=auth, timeout=30).raise_for_status()
-    base_url = a.amqp_url.rstrip("/")
+    u = urlsplit(a.amqp_url)
+    if u.path.strip("/"):
+        print(f"note: the vhost in --amqp-url ({u.path}) is ignored; the benchmark uses its own vhost {vhost}",
+              flush=True)
+    base_url = urlunsplit((u.scheme, u.netloc, "", "", ""))
     vhost_url = f"{base_url}/{quote(vhost, safe='')}"
     results = {}
     try:
@@ -288,7 +297,7 @@ def main() -> int:
             v4 = requests.get(f"{api}/api/overview", auth=auth, timeout=30).json()["rabbitmq_version"] >= "4"
             if v4:
                 results["proton"] = run("proton", a.messages)
-                results["rbak-amqp091"] = run("rbak", a.messages, os.path.join(tmp, "full"), "full", "amqp091")
+                results["rbak-amqp10"] = run("rbak", a.messages, os.path.join(tmp, "full"), "full", "amqp10")
     finally:
         requests.delete(f"{api}/api/vhosts/{quote(vhost, safe='')}", auth=auth, timeout=60)
     pipelined = (results["pika-pipelined"]["rate"] + results["pika-pipelined-2"]["rate"]) / 2
@@ -296,10 +305,10 @@ def main() -> int:
     print(f"ratio rbak / pika-pipelined (mean of the runs before and after): {r / pipelined:.2f}  (target >= 0.8)")
     if "proton" in results:
         print(f"ratio proton / pika-pipelined (bare AMQP 1.0 vs bare 0-9-1):    {results['proton']['rate'] / pipelined:.2f}")
-        print(f"ratio rbak over 0-9-1 (restore.protocol: amqp091) / pika-pipelined: "
-              f"{results['rbak-amqp091']['rate'] / pipelined:.2f}")
-        print(f"ratio rbak (auto: {results['rbak']['protocol']}) / rbak over 0-9-1: "
-              f"{r / results['rbak-amqp091']['rate']:.2f}")
+        print(f"ratio rbak over 1.0 (restore.protocol: amqp10) / pika-pipelined: "
+              f"{results['rbak-amqp10']['rate'] / pipelined:.2f}")
+        print(f"ratio rbak over 1.0 / rbak (auto: {results['rbak']['protocol']}): "
+              f"{results['rbak-amqp10']['rate'] / r:.2f}")
     print(f"ratio rbak / pika-sync:                                           {r / results['pika-sync']['rate']:.2f}")
     print(f"peak RSS rbak: {results['rbak-small']['rss_mib']:.0f} MiB at {a.messages // 10} msgs, "
           f"{results['rbak']['rss_mib']:.0f} MiB at {a.messages} msgs")

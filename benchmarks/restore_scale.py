@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_common import Broker, load, verdict
+from bench_common import BROKER_HELP, Broker, load, verdict
 
 RESTORE_BENCH = str(HERE / "restore.py")
 
@@ -180,7 +180,7 @@ COMMANDS = {"parallel": cmd_parallel, "memory": cmd_memory, "_restore_child": re
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=sorted(COMMANDS))
-    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"])
+    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"], help=BROKER_HELP)
     ap.add_argument("--messages", type=int, default=10_000, help="memory: the small backup's messages")
     ap.add_argument("--per-queue", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=2)

@@ -19,7 +19,7 @@ import time
 import uuid
 
 import pika
-from bench_common import Broker
+from bench_common import BROKER_HELP, BROKERS, Broker
 
 ROUNDS = 3
 
@@ -161,4 +161,7 @@ def main(ids: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]) or not all(a in BROKERS for a in sys.argv[1:]):
+        print(__doc__.rstrip() + "\n\nBrokers: " + BROKER_HELP + ".")
+        sys.exit(0 if any(a in ("-h", "--help") for a in sys.argv[1:]) else 2)
     main(sys.argv[1:] or ["rmq310", "rmq40", "rmq43"])

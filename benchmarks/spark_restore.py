@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "spark"))
 sys.path.insert(0, str(HERE))
 
-from bench_common import Broker, broker_pid, cpu_secs, load, verdict
+from bench_common import BROKER_HELP, Broker, broker_pid, cpu_secs, load, verdict
 from restore_scale import build_backup, declare
 
 QUEUES = [f"sq{i}" for i in range(8)]
@@ -142,7 +142,7 @@ def measure(label: str, broker: Broker, fn) -> tuple[float, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"])
+    ap.add_argument("--broker", default="rmq310", choices=["rmq310", "rmq40", "rmq43"], help=BROKER_HELP)
     ap.add_argument("--per-queue", type=int, default=20_000)
     ap.add_argument("--masters", default="local[2]", help="comma-separated Spark masters to time")
     ap.add_argument("--per-task", default="1,2", help="comma-separated publishers_per_task values to time")

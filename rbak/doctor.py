@@ -2,7 +2,8 @@
 
 Each finding has a severity (``error``: backups are or will be lost, or cannot be written or
 deleted; ``warning``: a risk; ``ok``/``info``: what was found) and the fix. S3: lifecycle rules that
-expire objects under the prefix sooner than the retention keeps them, versioning, Object Lock mode
+can expire a backup ``rbak prune`` keeps (any expiry of backups: prune keeps the newest backup and
+chain bases whatever their age), versioning, Object Lock mode
 and default period, default encryption, the public access block, put/get/list/delete rights (a probe
 object under ``<prefix>/.rbak-doctor/``, deleted after) and the clock against the storage's HTTP
 ``Date``. A directory: existence, writability (the same probe), free space. Pure functions judge
@@ -22,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import RbakError
+from .keys import BACKUP_ID_RE
 from .retention import RetentionPolicy
 from .storage.base import Storage
 
@@ -98,11 +100,47 @@ def _covers(rule_prefix: str, prefix: str) -> str | None:
     return None
 
 
-def judge_lifecycle(rules: list[dict[str, Any]], bucket: str, prefix: str,
-                    policy: RetentionPolicy | None) -> list[Finding]:
-    """Lifecycle rules that delete (or hide behind a delete marker) backups under the prefix."""
+@dataclass(frozen=True)
+class KeptBackup:
+    """A backup ``rbak prune`` would keep now, and why (what a lifecycle rule must not expire)."""
+
+    backup_id: str
+    created_at_ms: int
+    reasons: tuple[str, ...]
+
+
+def kept_backups(entries: Any, policy: RetentionPolicy | None, now: _dt.datetime) -> list[KeptBackup]:
+    """What prune keeps of these catalogue entries under ``policy`` (none given: every backup), oldest
+    first: the same ``plan_retention`` prune runs, so the chain bases and the newest backup it keeps
+    whatever their age are in it."""
+    from .retention import plan_retention, stored_backups
+
+    backups = stored_backups(entries)
+    created = {b.backup_id: b.created_at_ms for b in backups}
+    plan = plan_retention(backups, policy or RetentionPolicy(), now)
+    return [KeptBackup(v.backup_id, created[v.backup_id], tuple(v.reasons)) for v in plan.verdicts if v.keep]
+
+
+def _outside_backups(rule_prefix: str, prefix: str) -> bool:
+    """Whether a rule inside ``prefix`` is for a folder no backup can be named as (``_progress/``, the
+    expiry deploy.md recommends for progress records on write-once buckets; ``.rbak-doctor/``)."""
+    ours = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    folder, slash, _ = rule_prefix[len(ours):].partition("/")
+    return bool(slash) and not BACKUP_ID_RE.match(folder)
+
+
+def judge_lifecycle(rules: list[dict[str, Any]], bucket: str, prefix: str, policy: RetentionPolicy | None,
+                    kept: list[KeptBackup] | None = None, now: _dt.datetime | None = None) -> list[Finding]:
+    """Lifecycle rules that delete (or hide behind a delete marker) backups under the prefix.
+
+    A rule is fine only if it cannot expire anything prune keeps. Prune keeps the newest complete
+    backup and every base an incremental stream chain continues whatever their age (and Object Lock
+    retains what it locks, which an expiry's delete marker still hides), so an ``Expiration`` that
+    covers backups is an error: it names the oldest backup prune would keep now (``kept``, oldest
+    first) and its age, against the rule's days."""
     horizon, why = retention_horizon(policy)
     where = f"s3://{bucket}/{prefix.strip('/')}".rstrip("/")
+    now = now or _dt.datetime.now(_dt.timezone.utc)
     out: list[Finding] = []
     for rule in rules:
         if rule.get("Status") != "Enabled":
@@ -110,34 +148,24 @@ def judge_lifecycle(rules: list[dict[str, Any]], bucket: str, prefix: str,
         rid = rule.get("ID") or "(no id)"
         rp = _rule_prefix(rule)
         cover = _covers(rp, prefix) if rp is not None else None
-        if cover is None:
+        if cover is None or (cover == "some" and _outside_backups(rp or "", prefix)):
             continue
         scope = ("every object under " + where if cover == "all"
                  else f"the objects under s3://{bucket}/{rp} (part of the backups under {where})")
         exp = rule.get("Expiration") or {}
-        fix_rule = (f"change lifecycle rule {rid!r}: expire after more days than the retention keeps "
-                    f"backups, or limit its filter to keys outside {where}/")
+        part = "" if cover == "all" else " (a backup missing those objects cannot be restored)"
+        fix_rule = (f"remove the Expiration from lifecycle rule {rid!r} and let 'rbak prune' delete backups (it never "
+                    f"breaks a chain or deletes the newest backup), or limit its filter to keys outside {where}/")
         if exp.get("Date"):
             out.append(Finding("error", "lifecycle", f"rule {rid!r} expires {scope} on {exp['Date']}: every backup "
-                                                     "there is deleted then, whatever the retention says", fix_rule))
+                                                     f"there is deleted then, whatever the retention says{part}",
+                               fix_rule))
         elif exp.get("Days"):
-            days = timedelta(days=int(exp["Days"]))
-            part = "" if cover == "all" else " (a backup missing those objects cannot be restored)"
-            if horizon is not None and days < horizon:
-                out.append(Finding("error", "lifecycle",
-                                   f"rule {rid!r} expires {scope} after {exp['Days']} day(s), sooner than the "
-                                   f"retention keeps backups ({why}){part}", fix_rule))
-            elif horizon is None:
-                out.append(Finding("warning", "lifecycle",
-                                   f"rule {rid!r} expires {scope} after {exp['Days']} day(s) whatever rbak's "
-                                   f"retention says ({why}){part}; even the newest backup goes if none is "
-                                   "written for that long",
-                                   "give the retention (--max-age / --keep-* or --retention-file) to check the rule "
-                                   "against it, or remove the Expiration"))
-            else:
-                out.append(Finding("ok", "lifecycle",
-                                   f"rule {rid!r} expires {scope} after {exp['Days']} day(s), after the retention "
-                                   f"({why}) has deleted them"))
+            days = int(exp["Days"])
+            sooner = (f", sooner than the retention keeps backups ({why})" if horizon is not None
+                      and timedelta(days=days) < horizon else "")
+            out.append(Finding("error", "lifecycle", f"rule {rid!r} expires {scope} after {days} day(s){sooner}"
+                               f"{part}; {_kept_at_risk(kept, days, now, why)}", fix_rule))
         for tr in rule.get("Transitions") or []:
             if tr.get("StorageClass") in ("GLACIER", "DEEP_ARCHIVE"):
                 out.append(Finding("warning", "lifecycle",
@@ -148,6 +176,22 @@ def judge_lifecycle(rules: list[dict[str, Any]], bucket: str, prefix: str,
     if not out:
         out.append(Finding("ok", "lifecycle", f"no lifecycle rule expires objects under {where}"))
     return out
+
+
+def _kept_at_risk(kept: list[KeptBackup] | None, days: int, now: _dt.datetime, why: str) -> str:
+    """What the rule does to what prune keeps, said with the oldest kept backup."""
+    always = ("rbak prune keeps the newest complete backup and every base of an incremental stream chain "
+              "whatever their age")
+    if kept is None:
+        return always + ", so this rule can expire backups prune keeps"
+    if not kept:
+        return always + f" ({why}; no backup here yet), so this rule can expire backups prune keeps"
+    oldest = kept[0]
+    age = (now.timestamp() * 1000 - oldest.created_at_ms) / 86_400_000
+    when = ("S3 has expired it already (or does at its next lifecycle run)" if age >= days
+            else f"S3 expires it in {days - age:.1f} day(s) though prune keeps it")
+    return (f"{always} ({why}): the oldest backup prune would keep now is {oldest.backup_id!r}, {age:.1f} day(s) "
+            f"old ({'; '.join(oldest.reasons)}), and {when}")
 
 
 def judge_versioning(status: str | None, lock_enabled: bool) -> Finding:
@@ -277,7 +321,17 @@ def _error_code(e: Exception) -> str:
     return e.response.get("Error", {}).get("Code", "") if isinstance(e, botocore.exceptions.ClientError) else ""
 
 
-def check_s3(storage: Any, policy: RetentionPolicy | None) -> list[Finding]:
+def _kept_in(storage: Storage, policy: RetentionPolicy | None, prefix: str) -> list[KeptBackup] | None:
+    """What prune would keep in this storage now (None when the catalogue cannot be read)."""
+    from .catalog import list_backups
+
+    try:
+        return kept_backups(list_backups(storage, prefix), policy, _dt.datetime.now(_dt.timezone.utc))
+    except RbakError:
+        return None
+
+
+def check_s3(storage: Any, policy: RetentionPolicy | None, rbak_prefix: str = "") -> list[Finding]:
     import botocore.exceptions
 
     c, bucket, prefix = storage.client, storage.bucket, storage.prefix
@@ -314,7 +368,8 @@ def check_s3(storage: Any, policy: RetentionPolicy | None) -> list[Finding]:
         out.append(judge_versioning((versioning or {}).get("Status"),
                                     bool(lock_cfg and lock_cfg.get("ObjectLockEnabled") == "Enabled")))
     if lifecycle is not False:
-        out.extend(judge_lifecycle((lifecycle or {}).get("Rules") or [], bucket, prefix, policy))
+        out.extend(judge_lifecycle((lifecycle or {}).get("Rules") or [], bucket, prefix, policy,
+                                   _kept_in(storage, policy, rbak_prefix), _dt.datetime.now(_dt.timezone.utc)))
     if enc is not False:
         out.append(judge_encryption(((enc or {}).get("ServerSideEncryptionConfiguration") or {}).get("Rules")))
     if pab is not False:
@@ -442,7 +497,7 @@ def run_doctor(url: str, policy: RetentionPolicy | None, prefix: str = "") -> li
 
     storage = open_storage(url)
     if isinstance(storage, S3Storage):
-        return check_s3(storage, policy)
+        return check_s3(storage, policy, prefix)
     if isinstance(storage, FilesystemStorage):
         return check_directory(str(storage.root), storage, prefix)
     return [Finding("info", "storage", f"{url}: nothing to check for this kind of storage")]

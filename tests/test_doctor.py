@@ -4,8 +4,10 @@ runs it; the judgements (retention horizon, lifecycle coverage, clock skew) also
 
 from __future__ import annotations
 
+import datetime as dt
 import email.utils
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -21,6 +23,7 @@ from rbak.doctor import (
     judge_lifecycle,
     retention_horizon,
 )
+from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata, StreamInfo
 from rbak.retention import RetentionPolicy
 
 
@@ -58,7 +61,7 @@ def test_a_lifecycle_rule_expiring_backups_before_the_retention_is_an_error(s3_b
     (rule,) = got["lifecycle"]
     assert rule["severity"] == "error" and "rule 'expire-30' expires every object under s3://" in rule["message"]
     assert "after 30 day(s), sooner than the retention keeps backups (--max-age 90 day(s))" in rule["message"]
-    assert "change lifecycle rule 'expire-30'" in rule["fix"]
+    assert "remove the Expiration from lifecycle rule 'expire-30'" in rule["fix"]
     assert json.loads(p.stdout)["errors"] == 1
     # The same retention from a RabbitMQBackup's spec.retention, in text.
     spec = {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQBackup", "metadata": {"name": "nightly"},
@@ -67,13 +70,62 @@ def test_a_lifecycle_rule_expiring_backups_before_the_retention_is_an_error(s3_b
     p = doctor("--path", str(s3_bucket), "--retention-file", str(tmp_path / "backup.yaml"))
     assert p.returncode == 1
     assert "sooner than the retention keeps backups (keep-monthly 2)" in p.stdout
-    # A retention shorter than the rule: fine. No retention at all: a warning, exit 0.
-    p = doctor("--path", str(s3_bucket), "--keep-daily", "14")
-    assert p.returncode == 0, p.stdout
-    assert "OK      lifecycle: rule 'expire-30' expires every object under" in p.stdout
-    p = doctor("--path", str(s3_bucket), "--keep-last", "3", "--format", "json")
-    assert p.returncode == 0 and [f["severity"] for f in findings(p)["lifecycle"]] == ["warning"]
-    assert "keep-last 3" in findings(p)["lifecycle"][0]["message"]
+    # A retention shorter than the rule is no safer: prune keeps the newest backup (and chain bases)
+    # whatever their age, which the rule expires all the same. So is none at all.
+    for flags in (["--keep-daily", "14"], ["--keep-last", "3"], []):
+        p = doctor("--path", str(s3_bucket), *flags, "--format", "json")
+        assert p.returncode == 1, (flags, p.stdout)
+        (rule,) = findings(p)["lifecycle"]
+        assert rule["severity"] == "error" and "sooner than" not in rule["message"], rule
+        assert "rbak prune keeps the newest complete backup and every base of an incremental stream chain " \
+               "whatever their age" in rule["message"] and "no backup here yet" in rule["message"], rule
+
+
+def put_backup(storage, backup_id: str, age_days: float, previous: str | None = None) -> None:
+    """A stored backup of one stream, ``age_days`` old, continuing ``previous`` (an incremental link)."""
+    created = int((dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=age_days)).timestamp() * 1000)
+    key = f"{backup_id}/queues/v/s/segment-0001.rbak"
+    storage.put(key, b"segment")
+    m = BackupManifest(backup_id=backup_id, created_at=created, completed_at=created + 1)
+    q = QueueBackup(vhost="/", name="s", queue_type="stream",
+                    stream=StreamInfo(first_offset=0, last_offset=9, previous_backup=previous,
+                                      previous_last_offset=0 if previous else None))
+    q.add_segment(SegmentMetadata(key=key, sequence=1, record_count=1, size_bytes=7, uncompressed_bytes=7,
+                                  first_timestamp=1, last_timestamp=2, checksum="x"))
+    m.queues.append(q)
+    m.recompute_totals()
+    storage.put(f"{backup_id}/manifest.json", m.to_json())
+
+
+def test_a_rule_that_would_expire_a_chain_base_prune_keeps_names_it_and_its_age(s3_bucket):
+    """Issue 45: a 7-day rule and --max-age 5d, on a storage whose stream chain's base prune keeps at 100
+    days: doctor must not call the rule safe; it names the rule, the backup and its age, as prune decides."""
+    from rbak.storage.url import open_storage
+
+    st = open_storage(str(s3_bucket))
+    put_backup(st, "full-60", 60)  # an old full backup: prune deletes it
+    put_backup(st, "base-100", 100)
+    put_backup(st, "link-40", 40, previous="base-100")
+    put_backup(st, "newest-1", 1, previous="link-40")
+    lifecycle(s3_bucket, expire("expire-7", "backups/", 7))
+    plan = subprocess.run([sys.executable, "-m", "rbak", "prune", "--path", str(s3_bucket), "--max-age", "5d",
+                           "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "keep   base-100: base of link-40" in plan.stdout and "delete full-60" in plan.stdout, plan.stdout
+    p = doctor("--path", str(s3_bucket), "--max-age", "5d", "--format", "json")
+    assert p.returncode == 1, p.stdout
+    (rule,) = findings(p)["lifecycle"]
+    assert rule["severity"] == "error", rule
+    msg = rule["message"]
+    assert msg.startswith("rule 'expire-7' expires every object under s3://") and "after 7 day(s)" in msg, msg
+    assert re.search(r"the oldest backup prune would keep now is 'base-100', 100\.0 day\(s\) old \(.*base of "
+                     r"link-40.*\), and S3 has expired it already", msg), msg
+    assert "remove the Expiration from lifecycle rule 'expire-7'" in rule["fix"]
+    # A rule for other keys in the bucket is not ours, nor one for the progress records under the prefix
+    # (deploy.md recommends it on write-once buckets): OK.
+    lifecycle(s3_bucket, expire("logs", "logs/", 1), expire("rbak-progress", "backups/_progress/", 40))
+    p = doctor("--path", str(s3_bucket), "--max-age", "5d", "--format", "json")
+    assert [f["severity"] for f in findings(p)["lifecycle"]] == ["ok"], p.stdout
 
 
 def test_a_plain_bucket_warns_of_versioning_lock_encryption_and_public_access(s3_bucket):

@@ -1,7 +1,7 @@
 """``rbak doctor``: read a storage's settings and rights and report what can lose or expose backups.
 
-S3: lifecycle rules expiring objects under the prefix sooner than the retention keeps backups,
-versioning, Object Lock mode and default period, default encryption, public access block,
+S3: lifecycle rules that can expire a backup prune keeps (the newest one and every chain base are kept
+whatever their age, so any expiry of backups), versioning, Object Lock mode and default period, default encryption, public access block,
 put/get/list/delete rights (a probe object under ``<prefix>/.rbak-doctor/``, removed after) and clock
 skew against the storage. A directory: existence, writability and free space. Each finding comes with
 its fix; the exit code is 1 when any finding is an error.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..errors import PARTIAL_EXIT_CODE
 from ..format.compression import Compression
 from .secrets import add_encryption_args, import_codec_from
 
@@ -52,4 +54,7 @@ def cmd_import_mosquitto(args: argparse.Namespace) -> int:
             progress=ps.tracker,
         )
     print("\n".join(summary.lines()))
+    if summary.partial:  # --skip-damaged stepped over damage: recorded in the manifest, and a distinct exit
+        print(f"backup {args.backup_id!r} is PARTIAL: damaged data was skipped (see 'rbak describe')", file=sys.stderr)
+        return PARTIAL_EXIT_CODE
     return 0

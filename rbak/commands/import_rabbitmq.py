@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import PARTIAL_EXIT_CODE
 from ..format.compression import Compression
 from .secrets import add_encryption_args, import_codec_from
 
@@ -80,4 +81,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {len(res.ctx.skipped)} damaged item(s):", file=sys.stderr)
         for s in res.ctx.skipped:
             print(f"  {s}", file=sys.stderr)
+    if m.is_partial:  # --skip-damaged stepped over damage: recorded in the manifest, and a distinct exit
+        names = ", ".join(f"{q.vhost}/{q.name}" for q in m.queue_status)
+        print(f"backup {m.backup_id!r} is PARTIAL: damaged data was skipped in {names} (see 'rbak describe')",
+              file=sys.stderr)
+        return PARTIAL_EXIT_CODE
     return 0

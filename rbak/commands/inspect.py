@@ -11,7 +11,6 @@ from ..units import human_bytes
 from ..catalog import list_backups, load_manifest
 from ..crypto import load_keyring
 from ..format.manifest import BackupManifest
-from ..storage import open_storage
 from ..validate import store_report, validate_backup
 
 
@@ -61,16 +60,10 @@ def _console():
 
 
 def _existing_storage(path: str):
-    """The storage at ``--path``; a directory that does not exist is an error, never "no backups"
-    (a typo must not look like an empty storage)."""
-    from ..errors import NotFoundError
-    from ..storage.fs import FilesystemStorage
+    """The storage at ``--path``; a directory that does not exist is an error (``open_existing_storage``)."""
+    from ..storage.url import open_existing_storage
 
-    st = open_storage(path)
-    if isinstance(st, FilesystemStorage) and not st.root.is_dir():
-        what = "is not a directory" if st.root.exists() else "does not exist"
-        raise NotFoundError(f"--path: {path!r} {what} ({st.root})")
-    return st
+    return open_existing_storage(path)
 
 
 def list_obj(entries: list) -> list[dict]:
@@ -136,7 +129,8 @@ def list_notes(m: BackupManifest) -> str:
         out.append("definitions only (by backup.definitions_only)")
     short = [s for s in m.queue_status if s.status == "partial"]
     if short:
-        out.append(", ".join(f"{s.vhost}/{s.name} read {s.read} of {s.expected}" for s in short[:3])
+        out.append(", ".join(f"{s.vhost}/{s.name} " + (f"read {s.read} of {s.expected}" if s.expected is not None
+                                                        else "damaged data skipped") for s in short[:3])
                    + (f" (+{len(short) - 3} more)" if len(short) > 3 else ""))
     rest = len(m.queue_status) - len(short)
     if rest:

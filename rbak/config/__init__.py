@@ -351,10 +351,10 @@ class RestoreOptions(_Section):
         "bindings decide; a fan-out bound to several backed-up queues delivers copies).")
     publisher_confirms: bool = doc_field(True, "Count a record as restored only once the broker confirmed it.")
     protocol: Literal["auto", "amqp091", "amqp10"] = doc_field(
-        "auto", "How records are published. `auto` (default): AMQP 1.0 (Qpid Proton, about twice pika's rate) for "
-        "classic and quorum queues in `queue` mode on a 4.1+ target (4.0 with the `rabbitmq_4.0.0` feature flag), "
-        "without TLS, for every record 1.0 carries exactly, else AMQP 0-9-1; `amqp091`: always 0-9-1; `amqp10`: 1.0 "
-        "wherever it can be used (streams and `exchange` mode stay on 0-9-1).")
+        "auto", "How records are published. `auto` (default) and `amqp091`: AMQP 0-9-1, on every broker (measured: "
+        "AMQP 1.0 was not faster on 4.0 or 4.3, docs/performance.md); `amqp10`: AMQP 1.0 (Qpid Proton, 4.x, no TLS) "
+        "for classic and quorum queues in `queue` mode, each record 1.0 carries exactly (streams and `exchange` mode "
+        "stay on 0-9-1).")
     max_concurrent_queues: int = doc_field(4, "Queues restored at the same time.", min=1, max=256)
     produce_batch_size: int = doc_field(500, "Messages in flight (unconfirmed) per queue.", min=1, max=100_000)
     dry_run: bool = doc_field(False, "Read and report what would be published; publish nothing.")

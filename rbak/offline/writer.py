@@ -19,13 +19,13 @@ import operator
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .. import __version__
 from ..errors import ConfigError, RbakError
 from ..format.compression import Compression
 from ..crypto import ObjectCodec
-from ..format.manifest import BackupManifest, QueueBackup
+from ..format.manifest import BackupManifest, QueueBackup, QueueStatus
 from ..format.record import BackupRecord
 from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
 from ..keys import BackupLayout
@@ -78,13 +78,16 @@ def write_backup(
     rabbitmq_version: str | None = None,
     codec: ObjectCodec | None = None,
     progress=None,
+    statuses: Callable[[], list[QueueStatus]] | None = None,
 ) -> BackupManifest:
     """Store every queue's records as segments, then the manifest; returns the manifest.
 
     ``codec`` (``commands.secrets.import_codec``) seals every segment like an encrypted backup's; the manifest
     stays plaintext and names the key id (envelope: the data key, whose wraps are stored first and
     deleted with the segments when the import fails). ``progress`` (an ``rbak.progress.Tracker``) counts queues,
-    records and body bytes as they are read."""
+    records and body bytes as they are read. ``statuses`` is asked, once every queue is read, for
+    what the import could not recover (``ImportContext.queue_statuses``): the manifest records it, so
+    ``list``, ``describe`` and ``validate`` call the backup partial, never complete."""
     codec = codec or ObjectCodec(backup_id)
     if progress is not None:
         from ..progress import counted
@@ -117,6 +120,8 @@ def write_backup(
             manifest.queues.append(run.write_queue(vhost, name, queue_type, records))
         run.finish()  # every segment stored; raises the writer thread's error unchanged
         manifest.recompute_totals()
+        if statuses is not None:
+            manifest.queue_status = statuses()
         manifest.completed_at = now_ms()
         storage.put(layout.manifest, manifest.to_json())
         return manifest

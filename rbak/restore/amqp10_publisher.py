@@ -5,10 +5,10 @@ only once the broker accepted it and every record before it (``confirmed`` and
 the last token of that prefix); anything but ``accepted`` (rejected, released,
 modified), a detached link or a closed connection raises ``PublishError``
 naming the queue. One unsettled link per queue to the v2 address
-``/queues/<name>`` keeps the queue's order. Why 1.0 at all: pika marshals and
-parses frames in Python, Proton in C; on 4.3.6 a bare Proton publisher moves
-about twice as many 1 KiB messages a second as pipelined pika
-(``benchmarks/restore.py``). The sections are encoded by ``amqp10_message``.
+``/queues/<name>`` keeps the queue's order. Used only with ``restore.protocol:
+amqp10``: against rbak's own 0-9-1 connection it was not faster in the measurements
+(``benchmarks/restore_protocol.py``, docs/performance.md), so ``auto`` is 0-9-1. The
+sections are encoded by ``amqp10_message``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Which protocol publishes a queue's records, and the publisher that switches when it must.
 
-``restore.protocol``: ``amqp091`` always uses pika; ``amqp10`` and ``auto``
-publish classic and quorum queues in ``queue`` mode over AMQP 1.0
-(``amqp10_publisher``), which is about twice as fast on 4.x; ``auto`` only
-where it is known to be exact: a 4.1+ target, or 4.0 with the
-``rabbitmq_4.0.0`` feature flag enabled (before it, 4.0 adds
-``x-amqp-1.0-*`` headers on conversion), no TLS, Proton installed. Streams
-stay on 0-9-1 (a stream stores what it is sent, so 1.0 would change the
-stored bytes) and so does ``exchange`` mode (the 0-9-1 ``mandatory`` return
-is what reports an unroutable record there).
+``restore.protocol``: ``auto`` (the default) and ``amqp091`` publish over rbak's own AMQP 0-9-1
+connection. Measured against AMQP 1.0 on 4.0.5 and 4.3.6 (``benchmarks/restore_protocol.py``: 100 B,
+1 KiB and 64 KiB bodies, 1, 4 and 16 queues at once; docs/performance.md), 1.0 was nowhere reliably
+faster (median ratios 0.49-1.21, most below 1) and it carries fewer records exactly, so ``auto`` is
+0-9-1 everywhere. ``amqp10`` publishes classic and quorum queues in ``queue`` mode over AMQP 1.0
+(``amqp10_publisher``) on a 4.x target: streams stay on 0-9-1 (a stream stores what it is sent,
+so 1.0 would change the stored bytes) and so does ``exchange`` mode (the 0-9-1 ``mandatory``
+return is what reports an unroutable record there).
 
 A record 1.0 cannot carry exactly (``amqp10_message.encode_sections`` says
 ``None``) switches the queue to 0-9-1 for the rest of the run: every 1.0
@@ -19,10 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
-from functools import lru_cache
 from typing import Any
 
-from ..errors import AmqpError
 from ..format.record import BackupRecord
 from .amqp10_message import SectionsCache
 from .publisher import ConfirmingPublisher
@@ -40,44 +37,19 @@ def version_of(connection: Any) -> tuple[int, ...]:
     return version_tuple(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
 
 
-def choose_protocol(setting: str, version: tuple[int, ...], queue_type: str, publish_mode: str,
-                    proton_ok: bool, tls: bool, v4_flag: Callable[[], bool]) -> str:
-    """``amqp10`` or ``amqp091`` for one queue (pure but for the lazy ``v4_flag`` lookup)."""
-    if setting == "amqp091" or queue_type == "stream" or publish_mode != "queue":
-        return "amqp091"
-    if setting == "amqp10":
+def choose_protocol(setting: str, queue_type: str, publish_mode: str) -> str:
+    """``amqp10`` or ``amqp091`` for one queue (pure): 1.0 only when asked for, where it can be used."""
+    if setting == "amqp10" and queue_type != "stream" and publish_mode == "queue":
         return "amqp10"
-    if not proton_ok or tls or not version or version < (4, 0):
-        return "amqp091"
-    if version < (4, 1) and not v4_flag():
-        return "amqp091"
-    return "amqp10"
-
-
-@lru_cache(maxsize=16)
-def _flag_enabled(management_url: str, user: str, password: str, timeout: float) -> bool:
-    from ..management import ManagementClient
-
-    try:
-        with ManagementClient(management_url, user, password, timeout=timeout) as client:
-            flags = client.feature_flags() or []
-    except Exception as e:  # noqa: BLE001 - no management API: stay on 0-9-1
-        log.info("cannot read the target's feature flags (%s): publishing over AMQP 0-9-1", e)
-        return False
-    return any(f.get("name") == "rabbitmq_4.0.0" and f.get("state") == "enabled" for f in flags)
+    return "amqp091"
 
 
 def protocol_for(options: Any, plan: Any, connection: Any) -> str:
-    from .amqp10_publisher import check_amqp10_supported, proton_available
+    from .amqp10_publisher import check_amqp10_supported
 
-    t = options.target
-    setting = getattr(options, "protocol", "auto")
-    chosen = choose_protocol(setting, version_of(connection), plan.queue_type, options.publish_mode,
-                             proton_available(), t.use_tls,
-                             lambda: _flag_enabled(t.management_url, t.mgmt_username, t.mgmt_password,
-                                                   t.connection_timeout_secs))
-    if chosen == "amqp10" and setting == "amqp10":
-        check_amqp10_supported(t, version_of(connection))
+    chosen = choose_protocol(getattr(options, "protocol", "auto"), plan.queue_type, options.publish_mode)
+    if chosen == "amqp10":
+        check_amqp10_supported(options.target, version_of(connection))
     return chosen
 
 
@@ -93,17 +65,11 @@ class RecordPublisher:
         self._p091: ConfirmingPublisher | None = None
         self._sections = SectionsCache()
         self.protocol = protocol_for(options, plan, connection)
-        if self.protocol == "amqp10":
+        if self.protocol == "amqp10":  # asked for: a target that cannot take it fails the queue, named
             from .amqp10_publisher import Amqp10Publisher
 
-            try:
-                self._p10 = Amqp10Publisher(options.target, plan.target_vhost, plan.target_queue, label,
-                                            options.produce_batch_size)
-            except AmqpError as e:
-                if getattr(options, "protocol", "auto") == "amqp10":
-                    raise
-                log.warning("%s: AMQP 1.0 unavailable (%s); publishing over AMQP 0-9-1", label, e)
-                self.protocol = "amqp091"
+            self._p10 = Amqp10Publisher(options.target, plan.target_vhost, plan.target_queue, label,
+                                        options.produce_batch_size)
         if self._p10 is None:
             self._open_091()
         self._landed_token: Hashable = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..errors import StorageError, UnsupportedStorageError
+from ..errors import NotFoundError, StorageError, UnsupportedStorageError
 from .base import Storage
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -75,3 +75,15 @@ def open_storage(url: str) -> Storage:
     if scheme in ("azure", "gcs", "gs"):
         raise UnsupportedStorageError(f"{scheme}:// storage is not supported yet (URL {url!r}); use s3:// or file://")
     raise StorageError(f"unknown storage URL scheme {scheme!r} in {url!r}; use file://, s3:// or memory://")
+
+
+def open_existing_storage(url: str) -> Storage:
+    """The storage at ``url`` for reading; a directory that does not exist is an error, never "no
+    backups" (a typo must not look like an empty storage)."""
+    from .fs import FilesystemStorage
+
+    st = open_storage(url)
+    if isinstance(st, FilesystemStorage) and not st.root.is_dir():
+        what = "is not a directory" if st.root.exists() else "does not exist"
+        raise NotFoundError(f"--path: {url!r} {what} ({st.root})")
+    return st

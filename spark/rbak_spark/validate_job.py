@@ -164,13 +164,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rbak.catalog import load_manifest
     from rbak.errors import RbakError
+    from rbak.storage.url import open_existing_storage
 
     from .session import get_session, setup_logging
 
     setup_logging()
     args = parse_args(argv)
     try:
+        # A typo in --path or --backup-id fails as 'rbak validate' does (exit 1, named), before Spark starts.
+        load_manifest(open_existing_storage(args.path), args.backup_id, args.prefix)
         spark = get_session(f"rbak-validate-{args.backup_id}", args.master)
         out = run_validate(spark, args.path, args.backup_id, args.prefix, args.report_key,
                            args.partitions, write_report=not args.no_report)

@@ -129,7 +129,7 @@ def test_delivery_mode_1_switches_to_0_9_1_and_reads_back_as_1(broker, vhost, tm
     assert results["amqp10"].protocol == "amqp10+amqp091"
 
 
-def test_auto_uses_1_0_on_4_x_and_0_9_1_on_3_x(broker, vhost, tmp_path):
+def test_auto_publishes_over_0_9_1_on_every_broker(broker, vhost, tmp_path):
     storage = storage_for(tmp_path)
     records = _records(vhost, 50)
     build_backup(storage, "b", [(vhost, "q", "quorum", records)])
@@ -137,7 +137,7 @@ def test_auto_uses_1_0_on_4_x_and_0_9_1_on_3_x(broker, vhost, tmp_path):
     summary = run_restore(storage, options_for(broker, "b"))
     (q,) = summary.queues
     assert summary.ok or _dropped_ttl_0(q, records), summary.to_json_obj()
-    assert q.protocol == ("amqp091" if broker.version < "4" else "amqp10")
+    assert q.protocol == "amqp091"  # 1.0 measured no faster on 4.x (docs/performance.md)
     assert len(consume_all(broker, vhost, "q", 40)) == 40  # 10 carry a TTL of 0
 
 

@@ -75,10 +75,11 @@ def test_a_non_utf8_client_id_names_file_and_offset_and_skip_damaged_skips_it(tm
     assert not list(open_storage(url).list(""))
 
     r2, _ = import_db(db, url, "--skip-damaged")
-    assert r2.returncode == 0, r2.stderr
-    assert "SKIPPED damaged data" in r2.stdout and "not valid UTF-8" in r2.stdout
+    assert r2.returncode == 3, r2.stderr  # partial: what was skipped is in the manifest, never "complete"
+    assert "SKIPPED damaged data" in r2.stdout and "not valid UTF-8" in r2.stdout and "PARTIAL" in r2.stderr
     m = load_manifest(open_storage(url), "m1")
     assert [(q.name, q.message_count) for q in m.queues] == [("mqtt-subscription-goodqos1", 20)]
+    assert m.state == "partial" and "not valid UTF-8" in m.queue_status[0].reason
 
 
 def test_a_truncated_file_names_the_offset_and_skip_damaged_counts_what_is_lost(tmp_path):
@@ -90,7 +91,7 @@ def test_a_truncated_file_names_the_offset_and_skip_damaged_counts_what_is_lost(
     line = one_line_error(r)
     assert str(db) in line and re.search(r"byte offset \d+", line) and "truncated" in line
     r2, _ = import_db(db, f"file://{tmp_path}/out2", "--skip-damaged")
-    assert r2.returncode == 0 and "SKIPPED damaged data" in r2.stdout
+    assert r2.returncode == 3 and "SKIPPED damaged data" in r2.stdout
 
 
 @pytest.mark.parametrize("length", [0xFFFF_FFF0, 1 << 30])

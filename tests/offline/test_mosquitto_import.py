@@ -155,7 +155,7 @@ def test_cli_summary_and_errors(real_db, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{cut}: byte offset {last}: truncated chunk header" in err
     assert not open_storage(url).exists("cli-3/manifest.json")
-    assert rbak_main(["import", "mosquitto-db", str(cut), "--to", url, "--backup-id", "cli-3", "--skip-damaged"]) == 0
+    assert rbak_main(["import", "mosquitto-db", str(cut), "--to", url, "--backup-id", "cli-3", "--skip-damaged"]) == 3
     out = capsys.readouterr().out
     assert f"SKIPPED damaged data at byte offset {last}" in out
     # the lost chunk was the last RETAIN: one retained message fewer, the rest intact

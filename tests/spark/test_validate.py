@@ -108,12 +108,19 @@ def test_script_exit_code_and_summary(tmp_path):
         reports[0].rsplit("report-", 1)[1][: -len(".json")])
 
 
-def test_main_missing_backup_names_it(spark, tmp_path, capsys):
-    from rbak_spark.validate_job import main
-
-    rc = main(["--path", f"file://{tmp_path}", "--backup-id", "nope"])
-    err = capsys.readouterr().err
-    assert rc != 0 and "'nope'" in err and "manifest" in err
+def test_an_unknown_backup_or_a_missing_path_exits_1_naming_it_as_rbak_validate_does(tmp_path):
+    """Issue 45: spark.md's exit codes, run as a user runs the job (before Spark starts: no JVM)."""
+    (tmp_path / "store").mkdir()
+    cases = {"unknown backup": ([f"file://{tmp_path}/store", "nope"], "nope/manifest.json"),
+             "missing path": ([f"file://{tmp_path}/nowhere", "b1"], "does not exist")}
+    for what, ((path, bid), named) in cases.items():
+        spark_job = subprocess.run([sys.executable, str(SPARK_DIR / "validate.py"), "--path", path,
+                                    "--backup-id", bid], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        cli = subprocess.run([sys.executable, "-m", "rbak", "validate", "--path", path, "--backup-id", bid],
+                             capture_output=True, text=True, timeout=120)
+        assert spark_job.returncode == cli.returncode == 1, (what, spark_job.stderr[-2000:], cli.stderr)
+        assert named in spark_job.stderr and named in cli.stderr, (what, spark_job.stderr[-2000:])
+        assert "Traceback" not in spark_job.stderr, spark_job.stderr[-2000:]
 
 
 @pytest.mark.parametrize("missing", ["--path", "--backup-id"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ...errors import ConfigError
 from ...format.compression import Compression
+from ...format.manifest import QueueStatus
 from ...format.segment import DEFAULT_SEGMENT_MAX_BYTES
 from ...keys import BackupLayout
 from ...storage.base import Storage
@@ -39,6 +40,7 @@ class MosquittoImportSummary:
     segments: int = 0
     bytes_written: int = 0
     manifest_key: str = ""
+    partial: bool = False  # damage was skipped: the manifest's queue_status says so
 
     def lines(self) -> list[str]:
         s = self.stats
@@ -101,9 +103,21 @@ def import_mosquitto_db(
               for name, recs in itertools.groupby(records, key=lambda r: r.source_queue))
     manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp, progress=progress,
                             segment_max_bytes=segment_max_bytes,
-                            source_cluster=f"mosquitto:{os.path.abspath(src)}", codec=codec)
+                            source_cluster=f"mosquitto:{os.path.abspath(src)}", codec=codec,
+                            statuses=lambda: _damage_status(vhost, src, db.damaged))
     summary.segments = manifest.total_segments
     summary.bytes_written = manifest.total_bytes
     summary.manifest_key = layout.manifest
+    summary.partial = manifest.is_partial
     return summary
+
+
+def _damage_status(vhost: str, src: str, damaged) -> list[QueueStatus]:
+    """Skipped damage makes the backup partial (which queues it cost is unknown: named by the file)."""
+    if not damaged:
+        return []
+    regions = "; ".join(f"byte offset {d.offset} ({'to end of file' if d.length is None else f'{d.length} bytes'}): "
+                        f"{d.reason}" for d in damaged[:3]) + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else "")
+    return [QueueStatus(vhost, os.path.basename(src), "partial",
+                        f"damaged data skipped by --skip-damaged in {src}: {regions}")]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from ...errors import ImportFormatError
+from ...format.manifest import QueueStatus
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class Skipped:
     offset: int | None
     reason: str
     queue: str | None = None  # e.g. "queue 'orders' in vhost '/'": file names alone are hashes
+    queue_key: tuple[str, str] | None = None  # (vhost, name) of that queue, for the manifest's queue_status
 
     def __str__(self) -> str:
         where = self.path if self.offset is None else f"{self.path} at byte {self.offset}"
@@ -38,13 +40,45 @@ class ImportContext:
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # benign, e.g. transient messages dropped
     queue: str | None = None  # the queue being read, named in every problem reported meanwhile
+    queue_key: tuple[str, str] | None = None  # its (vhost, name)
 
-    def damaged(self, path: str, offset: int | None, reason: str) -> None:
-        item = Skipped(str(path), offset, reason, self.queue)
+    def reading(self, kind: str, vhost: str, name: str) -> None:
+        """Name the queue every problem reported from now on belongs to."""
+        self.queue = f"{kind} {name!r} in vhost {vhost!r}"
+        self.queue_key = (vhost, name)
+
+    def done_reading(self) -> None:
+        self.queue = self.queue_key = None
+
+    def damaged(self, path: str, offset: int | None, reason: str, then: str = "") -> None:
+        """Fail naming file and offset, or (``--skip-damaged``) record it and go on.
+
+        ``then`` says what skipping does ("chunk skipped"); it is part of the message only when the
+        import goes on, so a fatal error never claims something was skipped."""
+        item = Skipped(str(path), offset, f"{reason}; {then}" if then and self.skip_damaged else reason,
+                       self.queue, self.queue_key)
         if not self.skip_damaged:
             raise ImportFormatError(str(item))
         log.warning("skipping damaged data: %s", item)
         self.skipped.append(item)
+
+    def queue_statuses(self) -> list[QueueStatus]:
+        """What ``--skip-damaged`` stepped over, per queue, as the manifest records a partial backup.
+
+        Every queue with a skipped item is ``partial`` (its reason quotes the items, with the counts
+        lost where the files tell them); damage no queue could be told for (an unnamable directory, a
+        shared WAL) is a ``failed`` entry named by its path. Empty when nothing was skipped: only then
+        is the import complete."""
+        by_queue: dict[tuple[str, str], list[Skipped]] = {}
+        for s in self.skipped:
+            by_queue.setdefault(s.queue_key or ("", s.path), []).append(s)
+        out = []
+        for (vhost, name), items in by_queue.items():
+            why = "; ".join(f"{s.path}{'' if s.offset is None else f' at byte {s.offset}'}: {s.reason}"
+                            for s in items[:3]) + (f" (and {len(items) - 3} more)" if len(items) > 3 else "")
+            out.append(QueueStatus(vhost, name, "partial" if items[0].queue_key else "failed",
+                                   f"damaged data skipped by --skip-damaged: {why}"))
+        return out
 
     def note(self, text: str) -> None:
         log.info("%s", text)

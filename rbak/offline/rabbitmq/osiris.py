@@ -104,8 +104,8 @@ def segment_files(stream_dir: str) -> list[str]:
     return [os.path.join(stream_dir, n) for n in sorted(names, key=lambda n: (len(n), n))]
 
 
-def _last_indexed_chunk(index_path: str, ctx: ImportContext) -> int | None:
-    """File position of the last non-zero index record (None: no usable index)."""
+def index_records(index_path: str, ctx: ImportContext) -> list[tuple[int, int]] | None:
+    """(chunk id, file position) of every non-zero index record, in file order (None: no usable index)."""
     try:
         with open(index_path, "rb") as f:
             idx = f.read()
@@ -115,16 +115,43 @@ def _last_indexed_chunk(index_path: str, ctx: ImportContext) -> int | None:
         if idx:
             ctx.damaged(index_path, 0, "not an Osiris index file (no OSII magic)")
         return None
-    n = (len(idx) - FILE_HEADER_SIZE) // INDEX_RECORD_SIZE
-    for i in range(n - 1, -1, -1):
+    out = []
+    for i in range((len(idx) - FILE_HEADER_SIZE) // INDEX_RECORD_SIZE):
         rec = idx[FILE_HEADER_SIZE + i * INDEX_RECORD_SIZE: FILE_HEADER_SIZE + (i + 1) * INDEX_RECORD_SIZE]
         if rec.strip(b"\0"):
-            return INDEX_RECORD.unpack(rec)[3]
-    return None
+            cid, _ts, _epoch, pos, _type = INDEX_RECORD.unpack(rec)
+            out.append((cid, pos))
+    return out
 
 
-def iter_chunks(path: str, data: bytes, ctx: ImportContext, last_segment: bool) -> Iterator[ChunkHeader]:
-    """Every valid chunk of one segment file (CRC checked)."""
+def iter_chunks(path: str, data: bytes, ctx: ImportContext, last_segment: bool,
+                next_start: int | None = None) -> Iterator[ChunkHeader]:
+    """Every valid chunk of one segment file (CRC checked), then what the segment lost.
+
+    Osiris writes a chunk, then its index record, so a chunk the index records but the segment no
+    longer holds whole was written once and is lost: reported with the offsets it held (at least),
+    not dropped quietly. So are offsets between this segment's last chunk and ``next_start``, the
+    next segment's first offset (its file name): retention removes whole segments, oldest first,
+    never a middle. Bytes past the last index record are a write the node did not finish and are
+    dropped, as Osiris's recovery drops them."""
+    seen: list[ChunkHeader] = []
+    indexed = index_records(path[: -len(".segment")] + ".index", ctx)
+    yield from _chunks(path, data, ctx, last_segment, indexed, seen)
+    found = {h.pos for h in seen}
+    missing = [(cid, pos) for cid, pos in indexed or () if pos not in found and pos >= FILE_HEADER_SIZE]
+    if missing:
+        first, last = missing[0][0], missing[-1][0]
+        ctx.damaged(path, missing[0][1], f"{len(missing)} chunk(s) its index records (chunk ids {first}-{last}) are "
+                    f"not in the segment whole (a file cut short): offsets from {first} on (at least "
+                    f"{last - first + 1}) are lost", then="exported the chunks before them")
+    elif seen and next_start is not None and next_start > (end := seen[-1].chunk_id + seen[-1].num_records):
+        ctx.damaged(path, len(data), f"the segment ends at offset {end - 1} but the next one starts at "
+                    f"{next_start}: offsets {end}-{next_start - 1} ({next_start - end}) are lost (a segment cut "
+                    "short)", then="exported the rest")
+
+
+def _chunks(path: str, data: bytes, ctx: ImportContext, last_segment: bool, indexed: list[tuple[int, int]] | None,
+            seen: list[ChunkHeader]) -> Iterator[ChunkHeader]:
     if data[:4] != LOG_MAGIC:
         ctx.damaged(path, 0, "not an Osiris segment (no OSIL magic)")
         return
@@ -133,7 +160,8 @@ def iter_chunks(path: str, data: bytes, ctx: ImportContext, last_segment: bool) 
         return
     tail_limit = None
     if last_segment:
-        tail_limit = _last_indexed_chunk(path[: -len(".segment")] + ".index", ctx)
+        tail_limit = indexed[-1][1] if indexed else None
+    indexed_at = {pos for _, pos in indexed or ()}
     pos = FILE_HEADER_SIZE
     while pos < len(data):
         if last_segment and (tail_limit is None or pos > tail_limit):
@@ -145,18 +173,15 @@ def iter_chunks(path: str, data: bytes, ctx: ImportContext, last_segment: bool) 
         try:
             h = parse_chunk_header(data, pos)
         except ChunkError as e:
-            if last_segment and pos == tail_limit:
-                ctx.note(f"{path}: the last chunk at byte {pos} is incomplete ({e}); dropped as Osiris recovery does")
-                return
+            if pos in indexed_at:
+                return  # an indexed chunk cut short: reported by iter_chunks with what it lost
             ctx.damaged(path, e.pos, str(e))
             return  # nothing after a bad header can be located
+        seen.append(h)
         crc = zlib.crc32(memoryview(data)[h.data_pos: h.data_pos + h.data_len])
         if crc != h.crc:
-            if last_segment and pos == tail_limit:
-                ctx.note(f"{path}: the last chunk at byte {pos} fails its CRC; dropped as Osiris recovery does")
-                return
             ctx.damaged(path, pos, f"chunk {h.chunk_id}: data CRC 0x{crc:08x} does not match the header's "
-                        f"0x{h.crc:08x}; chunk skipped")
+                        f"0x{h.crc:08x}", then="chunk skipped")
         else:
             yield h
         pos = h.end
@@ -241,13 +266,12 @@ def iter_stream(stream_dir: str, ctx: ImportContext, from_offset: int | None = N
     files = segment_files(stream_dir)
     for i, path in enumerate(files):
         last = i == len(files) - 1
-        if from_offset is not None and not last:
-            nxt = os.path.basename(files[i + 1]).split(".")[0]
-            if nxt.isdigit() and int(nxt) <= from_offset:
-                continue  # every offset in this segment is below from_offset
+        nxt = os.path.basename(files[i + 1]).split(".")[0] if not last else ""
+        if from_offset is not None and nxt.isdigit() and int(nxt) <= from_offset:
+            continue  # every offset in this segment is below from_offset
         with open(path, "rb") as f:
             data = f.read()
-        for h in iter_chunks(path, data, ctx, last):
+        for h in iter_chunks(path, data, ctx, last, int(nxt) if nxt.isdigit() else None):
             if h.chunk_type != CHNK_USER:
                 continue
             if from_offset is not None and h.chunk_id + h.num_records <= from_offset:
@@ -255,7 +279,7 @@ def iter_stream(stream_dir: str, ctx: ImportContext, from_offset: int | None = N
             try:
                 recs = chunk_records(path, data, h)
             except ChunkError as e:
-                ctx.damaged(path, e.pos, f"{e}; chunk skipped")
+                ctx.damaged(path, e.pos, str(e), then="chunk skipped")
                 continue
             for k, (pos, rec) in enumerate(recs):
                 off = h.chunk_id + k

@@ -201,7 +201,7 @@ def iter_quorum_queues(node_dir: str, ctx: ImportContext, backed_up_at: int
                 _from_log(log.entries, s)
             if s.vhost is None or s.name is None:
                 ctx.damaged(s.path, None, "cannot tell which quorum queue this Ra server belongs to (no "
-                            "queue_resource in its config or log); skipped")
+                            "queue_resource in its config or log)", then="skipped")
                 continue
             found.append((s.vhost, s.name, s, log, meta.get(uid)))
     found.sort(key=lambda f: (f[0], f[1]))
@@ -210,7 +210,7 @@ def iter_quorum_queues(node_dir: str, ctx: ImportContext, backed_up_at: int
         last = m[2] if m else (max(log.entries) if log.entries else 0)
         iq.detail = f"{_role(s, m)}, last applied index {last}"
         recs = QueueRecords()
-        recs.source = _records(iq, s, log, ctx, backed_up_at, recs)
+        recs.source = _records(iq, s, log, ctx, backed_up_at, recs, m[2] if m else None)
         yield iq, recs
 
 
@@ -238,14 +238,32 @@ class QueueRecords:
         return max(self.left, 0)
 
 
+def log_shortfall(entries: dict, snap_index: int, last_applied: int | None) -> tuple[int, int] | None:
+    """(last index the files hold, last applied) when the member had applied entries the files no
+    longer hold: a WAL or segment cut short or lost. Ra applies an entry only once it is written, so
+    ``meta.dets``'s last applied index is a floor for the log's end (a node killed mid-write loses
+    only entries never applied, whose torn tail stays a note)."""
+    end = max(max(entries, default=0), snap_index)
+    return (end, last_applied) if last_applied is not None and end < last_applied else None
+
+
 def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: ImportContext,
-             backed_up_at: int, counter: QueueRecords | None = None) -> Iterator[BackupRecord]:
-    ctx.queue = f"quorum queue {s.name!r} in vhost {s.vhost!r}"
+             backed_up_at: int, counter: QueueRecords | None = None,
+             last_applied: int | None = None) -> Iterator[BackupRecord]:
+    ctx.reading("quorum queue", iq.vhost, iq.name)
     try:
         entries = log.entries
         snap, usable = _pick_snapshot(s, entries, ctx)
         if not usable:
             return
+        if (short := log_shortfall(entries, snap.index if snap else 0, last_applied)) is not None:
+            end, applied = short
+            ctx.damaged(s.path, None, f"its Ra log ends at index {end}, below the last applied index {applied} "
+                        f"that meta.dets records for this member: {applied - end} log entr"
+                        f"{'y' if applied - end == 1 else 'ies'} (indexes {end + 1}-{applied}) cannot be "
+                        "recovered (a WAL or segment file cut short or lost); the messages they enqueued, and "
+                        "the acks and returns they recorded, are not known",
+                        then="exported what the log holds")
         if not entries and snap is None:
             return
         start = snap.index + 1 if snap else 1
@@ -253,12 +271,13 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
         if (idxs[0] if idxs else start) > start:
             where = snap.path if snap else s.path
             ctx.damaged(where, None, f"the log starts at index {idxs[0]}, not {start} (after "
-                        f"{'the snapshot' if snap else 'the beginning'}): entries are missing; queue skipped")
+                        f"{'the snapshot' if snap else 'the beginning'}): entries are missing", then="queue skipped")
             return
         gaps = [b for a, b in zip(idxs, idxs[1:]) if b != a + 1]
         if gaps:
             term, _data, path, pos = entries[gaps[0]]
-            ctx.damaged(path, pos, f"Ra log of server {s.uid} misses entries before index {gaps[0]}; queue skipped")
+            ctx.damaged(path, pos, f"Ra log of server {s.uid} misses entries before index {gaps[0]}",
+                        then="queue skipped")
             return
         cache: dict[int, Any] = {}
 
@@ -297,7 +316,7 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             try:
                 cmd = binary_to_term(data)
             except TermError as e:
-                ctx.damaged(path, pos, f"index {idx}: not an Erlang term ({e}); entry skipped")
+                ctx.damaged(path, pos, f"index {idx}: not an Erlang term ({e})", then="entry skipped")
                 continue
             msg = _message_of(cmd)
             if msg is not None:
@@ -322,7 +341,7 @@ def _records(iq: ImportedQuorum, s: QuorumServer, log: ra_log.ServerLog, ctx: Im
             iq.exported += 1
             yield to_record(sm, iq.vhost, iq.name, m.idx, backed_up_at)
     finally:
-        ctx.queue = None
+        ctx.done_reading()
 
 
 def _follows(entries: dict, idx: int) -> bool:
@@ -393,11 +412,12 @@ def _start(s: QuorumServer, snap: ra_log.Snapshot | None, priority, ttl, size,
         state = binary_to_term(snap.state_bytes)
         replay, notes = load_state(state, snap.machine_version, s.delivery_limit, priority, ttl, size)
     except TermError as e:
-        ctx.damaged(snap.path, snap.state_at + e.offset, f"snapshot machine state: {e}; queue skipped")
+        ctx.damaged(snap.path, snap.state_at + e.offset, f"snapshot machine state: {e}",
+                    then="queue skipped")
         return None
     except SnapshotStateError as e:
         ctx.damaged(snap.path, snap.state_at, f"snapshot machine state (machine version "
-                    f"{snap.machine_version}): {e}; queue skipped")
+                    f"{snap.machine_version}): {e}", then="queue skipped")
         return None
     for n in notes:
         ctx.note(f"{ctx.queue}: {n}")
@@ -408,17 +428,17 @@ def _body_before(idx: int, entries: dict, snap: ra_log.Snapshot | None, ctx: Imp
     e = entries.get(idx)
     if e is None:
         ctx.damaged(snap.path if snap else "", None, f"index {idx}: a message the snapshot holds, but no "
-                    "segment or WAL file has its entry; message skipped")
+                    "segment or WAL file has its entry", then="message skipped")
         return None
     _t, data, path, pos = e
     try:
         body = _message_of(binary_to_term(data))
     except TermError as err:
-        ctx.damaged(path, pos, f"index {idx}: not an Erlang term ({err}); message skipped")
+        ctx.damaged(path, pos, f"index {idx}: not an Erlang term ({err})", then="message skipped")
         return None
     if body is None:
         ctx.damaged(path, pos, f"index {idx}: the snapshot names it as a message, but the entry is no "
-                    "enqueue; message skipped")
+                    "enqueue", then="message skipped")
     return body
 
 

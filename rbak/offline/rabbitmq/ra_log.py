@@ -166,7 +166,7 @@ def read_wal(path: str, logs: dict[str, ServerLog], ctx: ImportContext, last_fil
                          "dropped as Ra's WAL recovery drops it")
                 return
             ctx.damaged(path, pos, f"index {idx}: record fails its Adler-32 checksum with records after it "
-                        "(Ra refuses to recover such a WAL); the rest of the file is skipped")
+                        "(Ra refuses to recover such a WAL)", then="the rest of the file is skipped")
             return
         if has_ref:
             named = refs.get(ref)

@@ -142,7 +142,7 @@ def scan(path: str, ctx: ImportContext) -> tuple[str, list[VhostDir]]:
         vname = raw.decode("utf-8", "surrogateescape") if raw is not None else None
         if vname is not None and vhost_dir_name(vname) != vd:
             ctx.damaged(os.path.join(vpath, ".vhost"), None, f"names vhost {vname!r}, whose directory would be "
-                        f"{vhost_dir_name(vname)}, not {vd}; ignoring it")
+                        f"{vhost_dir_name(vname)}, not {vd}", then="ignoring it")
             vname = None
         cfg = _read_small(os.path.join(vpath, ".config"))
         count = cqv1.LEGACY_SEGMENT_ENTRY_COUNT
@@ -171,7 +171,8 @@ def scan(path: str, ctx: ImportContext) -> tuple[str, list[VhostDir]]:
                     parsed = parse_queue_name_file(qraw, qd)
                     if parsed is None:
                         ctx.damaged(os.path.join(qpath, ".queue_name"), None,
-                                    "unreadable or does not match its directory name; recovering the name otherwise")
+                                    "unreadable or does not match its directory name",
+                                    then="recovering the name otherwise")
                     else:
                         qv, qn = parsed
                 version = 2 if cqv2.has_v2_files(qpath) or (qraw or b"").endswith(b"INDEX: v2\n") else 1
@@ -274,7 +275,7 @@ def iter_queues(
                         it = _chain(first_pair, it)
                 if v.name is None or q.name is None:
                     ctx.damaged(q.path, None, "cannot tell which vhost/queue this directory belongs to "
-                                "(no .vhost/.queue_name and no known name hashes to it); skipped")
+                                "(no .vhost/.queue_name and no known name hashes to it)", then="skipped")
                     continue
                 if q.vhost is not None and q.vhost != v.name:
                     ctx.damaged(q.path, None, f".queue_name says vhost {q.vhost!r} but the directory is vhost {v.name!r}")
@@ -303,13 +304,13 @@ def _chain(first, rest):
 def _records(
     iq: ImportedQueue, it: Iterator[tuple[int, StoredMessage]], backed_up_at: int, ctx: ImportContext
 ) -> Iterator[BackupRecord]:
-    ctx.queue = f"queue {iq.name!r} in vhost {iq.vhost!r}"  # named in any problem found meanwhile
+    ctx.reading("queue", iq.vhost, iq.name)  # named in any problem found meanwhile
     try:
         for seq_id, m in it:
             iq.exported += 1
             yield to_record(m, iq.vhost, iq.name, seq_id, backed_up_at)
     finally:
-        ctx.queue = None
+        ctx.done_reading()
 
 
 @dataclass
@@ -350,6 +351,43 @@ def unread_queue_data(node_dir: str, types: frozenset[str] | set[str] = frozense
     return out
 
 
+def running_node(node_dir: str) -> tuple[bool, str] | None:
+    """Whether the node that owns ``node_dir`` is running: ``(True, why)`` when it is, ``(False, why)``
+    when it may be (its pid is an Erlang VM whose open files rbak may not see), None otherwise.
+
+    RabbitMQ writes its pid to ``<node dir>.pid`` beside the data directory. A killed node leaves the
+    file behind and a copy has none, so the pid alone proves nothing: the node is running when that
+    pid is a ``beam.smp`` holding files of this directory open (a node in a chroot counts too)."""
+    pidfile = node_dir.rstrip("/") + ".pid"
+    try:
+        with open(pidfile, "rb") as f:
+            pid = int(f.read(32).strip() or b"0")
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            comm = f.read().strip().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None  # no pid file, no such process, or not a pid: a stopped node or a copy
+    if not comm.startswith("beam"):
+        return None  # the pid was reused by something else
+    real = os.path.realpath(node_dir)
+    try:
+        root = os.readlink(f"/proc/{pid}/root").rstrip("/")
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            # The kernel shows a path from the reader's root when it can, else from the process's own.
+            for cand in (target, root + target) if target.startswith("/") else ():
+                if os.path.realpath(cand).startswith(real + os.sep):
+                    return True, f"the node is running: pid {pid} (from {pidfile}) is {comm} with {cand} open"
+    except PermissionError:
+        return False, (f"pid {pid} (from {pidfile}) is a running Erlang VM ({comm}); rbak may not see its open "
+                       "files, so it cannot tell whether it is this node")
+    except OSError:
+        return None
+    return None
+
+
 def import_rabbitmq_dir(
     path: str,
     storage_url,
@@ -379,6 +417,13 @@ def import_rabbitmq_dir(
     ctx = ImportContext(skip_damaged=skip_damaged)
     started = now_ms()
     node_dir = os.path.dirname(os.path.dirname(find_vhosts_dir(path)))
+    live = running_node(node_dir)
+    if live is not None and live[0]:  # its files change under the import: what it reads would not hang together
+        raise ImportFormatError(f"{node_dir}: {live[1]}; stop the node first, or import a copy of its data "
+                                "directory")
+    if live is not None:
+        log.warning("%s: %s", node_dir, live[1])
+        ctx.note(f"{node_dir}: {live[1]}; if the node is running, stop it or import a copy")
     for text in unread_queue_data(node_dir, types):
         log.warning("%s", text)
         ctx.note(text)
@@ -410,6 +455,7 @@ def import_rabbitmq_dir(
     manifest = write_backup(
         storage_url, backup_id, gen(), prefix=prefix, compression=compression,
         source_cluster=os.path.basename(node_dir) or None, codec=codec, progress=progress,
+        statuses=ctx.queue_statuses,
     )
     return ImportResult(manifest, done, ctx)
 

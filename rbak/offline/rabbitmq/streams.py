@@ -61,7 +61,7 @@ def stream_dirs(node_dir: str, ctx: ImportContext) -> list[StreamDir]:
         named = name_stream_dir(d, cands)
         if named is None:
             ctx.damaged(path, None, "cannot tell which vhost/stream this directory belongs to (no queue record "
-                        "in the node's Mnesia or Khepri files matches its name); skipped")
+                        "in the node's Mnesia or Khepri files matches its name)", then="skipped")
             continue
         out.append(StreamDir(path, named[0], named[1], message_containers(node_dir)))
     out.sort(key=lambda s: (s.vhost, s.name))
@@ -70,7 +70,7 @@ def stream_dirs(node_dir: str, ctx: ImportContext) -> list[StreamDir]:
 
 def stream_records(s: StreamDir, ctx: ImportContext, backed_up_at: int,
                    from_offset: int | None = None) -> Iterator[BackupRecord]:
-    ctx.queue = f"stream {s.name!r} in vhost {s.vhost!r}"
+    ctx.reading("stream", s.vhost, s.name)
     try:
         for r in iter_stream(s.path, ctx, from_offset):
             try:
@@ -91,4 +91,4 @@ def stream_records(s: StreamDir, ctx: ImportContext, backed_up_at: int,
                 source_queue=s.name, source_vhost=s.vhost,
             )
     finally:
-        ctx.queue = None
+        ctx.done_reading()
