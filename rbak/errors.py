@@ -39,6 +39,12 @@ class ConfigError(RbakError):
     exit_code = 2
 
 
+class UsageError(ConfigError):
+    """A command line argparse refuses (an unknown option, a missing argument): exit 2."""
+
+    prefix = "Usage error"
+
+
 class StorageError(RbakError):
     prefix = "Storage error"
 
@@ -162,6 +168,12 @@ class ImportFormatError(RbakError):
     """A broker's on-disk file could not be read; names the file and offset."""
 
     prefix = "Import error"
+
+
+class StorageSettingsError(RbakError):
+    """``rbak doctor`` found a storage setting or right that can lose or expose backups."""
+
+    prefix = "Storage doctor"
 
 
 class EvidenceError(RbakError):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import datetime, timezone
 
+from . import output
+from ..errors import ValidationError
 from ..units import human_bytes
 from ..catalog import list_backups, load_manifest
 from ..crypto import load_keyring
@@ -98,7 +99,7 @@ def list_obj(entries: list) -> list[dict]:
 def cmd_list(args: argparse.Namespace) -> int:
     entries = list_backups(_existing_storage(args.path), args.prefix)
     if args.format == "json":
-        print(json.dumps(list_obj(entries), indent=2))
+        output.emit(args, list_obj(entries))
         return 0
     from rich.table import Table
 
@@ -193,7 +194,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if m.encryption is not None and m.encryption.envelope:
         obj["key_wraps"] = key_wraps(storage, m.backup_id, args.prefix)
     if args.format == "json":
-        print(json.dumps(obj, indent=2, ensure_ascii=False))
+        output.emit(args, obj)
         return 0
     if args.format == "yaml":
         import yaml
@@ -257,7 +258,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         obj = report.to_json_obj()
         if report_key:
             obj["report_key"] = report_key
-        print(json.dumps(obj, indent=2))
+        output.emit(args, obj)
     else:
         kind = "deep" if args.deep else "shallow"
         n = len(report.segments)
@@ -275,4 +276,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"note: {note}", file=sys.stderr)
         if report_key:
             print(f"report: {report_key}", file=sys.stderr)
-    return 0 if report.ok else 1
+    if not report.ok:
+        raise ValidationError(f"backup {args.backup_id!r} is NOT valid: {len(report.bad_segments)} bad segment(s), "
+                              f"{len(report.all_problems())} problem(s)", report.all_problems())
+    return 0

@@ -10,12 +10,12 @@ stderr before anything is published (incomplete backups are never chosen);
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from typing import Any
 
-from ..errors import ConfigError, NotFoundError
+from . import output
+from ..errors import ConfigError, NotFoundError, RestoreError
 from ..restore.options import RestoreOptions, local_target, options_from_config
 
 log = logging.getLogger("rbak.restore")
@@ -120,10 +120,14 @@ def run(args: Any) -> int:
         on_plan, on_progress = progress.restore_events(ps.tracker)
         summary = run_restore(storage, options, on_progress=on_progress, on_plan=on_plan)
     if args.json:
-        print(json.dumps(summary.to_json_obj(), indent=2))
+        output.emit(args, summary.to_json_obj())
     else:
         print_summary(summary)
-    return 0 if summary.ok else 1
+    if not summary.ok:
+        failed = summary.failed_queues
+        raise RestoreError(f"{len(failed)} queue(s) failed, first {failed[0].source_vhost}/{failed[0].source_queue}: "
+                           f"{failed[0].error}")
+    return 0
 
 
 def print_summary(summary: Any) -> None:

@@ -63,8 +63,9 @@ def put_policy(broker, vhost, name, definition, pattern="^q$", operator=False):
 
 def assert_refused(r, out, vhost, *parts):
     assert r.returncode == 1, (r.returncode, r.stderr)
-    assert out is None  # refused before a summary: nothing was published
     line = r.stderr.strip().splitlines()[-1]
+    # refused before a summary: nothing was published; --json says so in one object (issue 45)
+    assert out == {"ok": False, "exit_code": 1, "error": {"class": "RestoreError", "message": line.removeprefix("rbak: ")}}
     assert line.startswith(f"rbak: Restore error: queue 'q' in vhost '{vhost}' may drop, expire or dead-letter "
                            "restored messages: "), line
     for p in parts:
