@@ -7,13 +7,13 @@ import sys
 from datetime import datetime, timezone
 
 from . import output
-from ..errors import ValidationError
+from ..errors import UnverifiedError, ValidationError
 from ..units import human_bytes
 from ..catalog import list_backups, load_manifest
 from ..crypto import load_keyring
 from ..format.manifest import BackupManifest
 from ..storage import open_storage
-from ..validate import store_report, validate_backup
+from ..validate import UNVERIFIED, store_report, unverified_line, validate_backup
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -262,7 +262,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         kind = "deep" if args.deep else "shallow"
         n = len(report.segments)
-        if report.ok:
+        if report.result == UNVERIFIED:
+            pass  # said by the error below, the one line of a failure
+        elif report.ok:
             notes = "".join(f"\n  - {w}" for w in report.notes)
             qual = ", with gaps" if report.gaps else ""
             qual += ", partial" if report.partial else ""
@@ -276,6 +278,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"note: {note}", file=sys.stderr)
         if report_key:
             print(f"report: {report_key}", file=sys.stderr)
+    if report.result == UNVERIFIED:
+        raise UnverifiedError(f"backup {args.backup_id!r} is {unverified_line(report.unverified or '')} "
+                              f"({len(report.segments)} segment(s))")
     if not report.ok:
         raise ValidationError(f"backup {args.backup_id!r} is NOT valid: {len(report.bad_segments)} bad segment(s), "
                               f"{len(report.all_problems())} problem(s)", report.all_problems())

@@ -32,7 +32,8 @@ SCHEMA: dict[str, Any] = {
              "ok": {"const": False},
              "exit_code": {"type": "integer", "minimum": 1,
                            "description": "the process's exit code: 1 failure, 2 configuration or usage error, "
-                                          "3 partial backup, 4 backup lease held, 130 interrupted, 143 terminated"},
+                                          "3 partial backup, 4 backup lease held, 5 validation unverified (not decrypted), "
+                                          "130 interrupted, 143 terminated"},
              "error": {"type": "object", "required": ["class", "message"],
                        "properties": {
                            "class": {"type": "string",
