@@ -24,7 +24,8 @@ from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..broker.connect import connect
 from ..broker.wire import Connection
 from ..broker.declare import queue_counts
-from .record_publisher import RecordPublisher
+from .message_size import oversize_records, refusal as oversize_refusal, target_limit
+from .record_publisher import RecordPublisher, version_of
 from .source import BackupSource
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 from .target_limits import TargetLimits, lossy_reasons, read_limits, refusal
@@ -59,6 +60,8 @@ class QueueResult:
     found_depth: int | None = None  # what it held then (None: not checked: consumers, a stream, exchange mode)
     depth_check: str = ""  # why the depth was not checked, when it was not
     with_expiration: int = 0  # published records carrying a per-message TTL (properties.expiration)
+    # records over the target's max_message_size skipped with allow_oversize_skip: segment, index, bytes
+    oversize_skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
 
@@ -396,13 +399,14 @@ def restore_queue_segments(
         skip_extra, landed = prepared
         limits = check_target_limits(conn, source, plan, options, codec, state, res, skip_extra)
         resume = state.resume_point()
+        max_body = check_message_sizes(conn, source, plan, options, codec, resume)
         if state.initial_depth is not None or state.segments:
             res.resumed_from = resume
         pub = RecordPublisher(conn, plan, options, f"{plan.label} -> {plan.target_label}",
                               _PropertiesCache(plan.label))
         progress = _Progress(plan, options, cp, res, pub, state.confirmed, on_progress)
         try:
-            _publish(source, plan, options, codec, pub, progress, resume, skip_extra, landed)
+            _publish(source, plan, options, codec, pub, progress, resume, skip_extra, landed, max_body)
             pub.drain()
             progress.commit(force=True)
             verify_target_depth(conn, plan, options, res, limits)
@@ -476,11 +480,31 @@ class _Progress:
         self._m_fail.inc(self.pub.failed)
 
 
+def check_message_sizes(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
+                        codec: ObjectCodec | None, resume: tuple[int, int]) -> int | None:
+    """Refuse the queue before its first publish when a record still to publish is over the target's
+    max_message_size (``message_size``); with ``allow_oversize_skip`` return the limit, above which
+    ``_publish`` skips and lists records. None: nothing to skip (or the limit cannot be read)."""
+    lim = target_limit(options.target, plan.target_vhost, version_of(conn))
+    if lim is None:
+        return None
+    found = oversize_records(source, plan, options, codec, lim.limit, resume)
+    if not found:
+        return None
+    if not options.allow_oversize_skip:
+        raise RestoreError(oversize_refusal(plan, found, lim))
+    log.warning("%s: %d record(s) over the target's %s are skipped (restore.allow_oversize_skip: true), the "
+                "largest %d bytes; each is listed in the summary", plan.label, len(found), lim.describe(),
+                max(f.size for f in found))
+    return lim.limit
+
+
 def _publish(source: BackupSource, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
              pub: RecordPublisher, progress: _Progress, resume: tuple[int, int], skip_extra: int,
-             landed: LandedTail | None) -> None:
+             landed: LandedTail | None, max_body: int | None = None) -> None:
     """Every record of the plan after ``resume`` inside the window, in order; the first ``skip_extra``
-    of them were enqueued by a killed run (for a stream, ``landed`` holds their digests to check)."""
+    of them were enqueued by a killed run (for a stream, ``landed`` holds their digests to check).
+    A body over ``max_body`` is skipped and listed (``allow_oversize_skip``)."""
     res = progress.res
     resume_seq, resume_idx = resume
     s, e = options.window_start_ms, options.window_end_ms
@@ -496,6 +520,9 @@ def _publish(source: BackupSource, plan: QueuePlan, options: RestoreOptions, cod
                 res.skipped_records += 1
                 continue
             res.selected += 1
+            if max_body is not None and len(r.body) > max_body:  # never published, so never landed either
+                res.oversize_skipped.append({"segment": seg.key, "index": i, "bytes": len(r.body)})
+                continue
             if skip_extra:  # already enqueued by the killed run (see reconcile_in_flight): count it as restored
                 if landed is not None:
                     check_landed(landed, r.body, plan.target_label, f"record {i} of {seg.key}")
