@@ -103,3 +103,23 @@ def test_a_message_over_the_targets_max_message_size_is_refused_before_any_publi
     assert (by["small"]["confirmed"], by["small"]["oversize_skipped"]) == (3, [])
     assert broker.read_bodies(vhost, "big") == [b"a-0", b"a-2"]
     assert broker.read_bodies(vhost, "small") == SMALL
+
+
+@pytest.mark.parametrize("broker", ["rmq43"], indirect=True)
+def test_a_drill_into_a_4x_target_refuses_the_queue_naming_size_and_limit(broker, old_backup, tmp_path):
+    """Drills publish through each queue's own run: the same check refuses the queue, the drill fails
+    naming it, and the scratch vhost goes."""
+    store, src = old_backup
+    cfg = {"mode": "drill", "backup_id": "b310", "storage": {"backend": "filesystem", "path": str(store)},
+           "drill": {"target": {"amqp_url": broker.amqp_url("/"), "management_url": broker.management_url}}}
+    path = tmp_path / "drill.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, "-m", "rbak", "drill", "--config", str(path), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["passed"] is False and rep["ok"] is False and rep["error"]["class"] == "DrillError", rep
+    by = {q["queue"]: q for q in rep["queues"]}
+    assert by["small"]["passed"] and not by["big"]["passed"], by
+    assert f"has a {LIMIT + 1}-byte body, over the target's max_message_size {LIMIT}" in json.dumps(by["big"])
+    assert not broker.vhost_exists(rep["scratch_vhost"])
