@@ -54,33 +54,38 @@ _cache: dict[tuple[str, int, str], SizeLimit | None] = {}
 _lock = threading.Lock()
 
 
-def target_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...]) -> SizeLimit | None:
-    """The target's max_message_size, or None when it cannot be read (3.x, TLS, no Proton, no answer).
+def target_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...],
+                 skip_asked: bool = False) -> SizeLimit | None:
+    """The target's max_message_size, or None when it cannot be read (3.x, TLS, no Proton, no answer:
+    said at DEBUG (documented: restore.md), or as a warning when ``skip_asked``, since allow_oversize_skip
+    cannot take effect then).
     Read once per broker and process (every queue of a restore asks)."""
     key = (target.host, target.port, target.username)
     with _lock:
         if key in _cache:
             return _cache[key]
-    found = _read_limit(target, vhost, version)
+    found = _read_limit(target, vhost, version, logging.WARNING if skip_asked else logging.DEBUG)
     with _lock:
         _cache[key] = found
     return found
 
 
-def _read_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...]) -> SizeLimit | None:
+def _read_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...], level: int) -> SizeLimit | None:
     shown = ".".join(map(str, version)) or "unknown"
     if not version or version < (4, 0):
-        log.warning("the target (RabbitMQ %s) does not say its %s (RabbitMQ 3.x reports it nowhere a client can "
-                    "read; its default is 134217728): a record over it would fail the restore when it is published",
-                    shown, SETTING)
+        log.log(level, "the target (RabbitMQ %s) does not say its %s (RabbitMQ 3.x reports it nowhere a client can "
+                "read; its default is 134217728): not checked before publishing, and a record over it fails its "
+                "queue when it is published", shown, SETTING)
         return None
     if target.use_tls:
-        log.warning("the target's %s is not read over TLS (AMQP 1.0 attach): not checked before publishing", SETTING)
+        log.log(level, "the target's %s is not read over TLS (AMQP 1.0 attach): not checked before publishing",
+                SETTING)
         return None
     try:
         from proton.utils import BlockingConnection
     except ImportError:
-        log.warning("python-qpid-proton is not installed: the target's %s is not checked before publishing", SETTING)
+        log.log(level, "python-qpid-proton is not installed: the target's %s is not checked before publishing",
+                SETTING)
         return None
     try:
         conn = BlockingConnection(f"amqp://{target.host}:{target.port}", timeout=target.connection_timeout_secs,
@@ -91,7 +96,7 @@ def _read_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...]) 
         finally:
             conn.close()
     except Exception as e:  # noqa: BLE001 - no answer: the publish itself still fails clearly
-        log.warning("cannot read the target's %s over AMQP 1.0 (%s): not checked before publishing", SETTING, e)
+        log.log(level, "cannot read the target's %s over AMQP 1.0 (%s): not checked before publishing", SETTING, e)
         return None
     if not limit:
         return None

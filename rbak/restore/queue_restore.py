@@ -485,7 +485,7 @@ def check_message_sizes(conn: Connection, source: BackupSource, plan: QueuePlan,
     """Refuse the queue before its first publish when a record still to publish is over the target's
     max_message_size (``message_size``); with ``allow_oversize_skip`` return the limit, above which
     ``_publish`` skips and lists records. None: nothing to skip (or the limit cannot be read)."""
-    lim = target_limit(options.target, plan.target_vhost, version_of(conn))
+    lim = target_limit(options.target, plan.target_vhost, version_of(conn), options.allow_oversize_skip)
     if lim is None:
         return None
     found = oversize_records(source, plan, options, codec, lim.limit, resume)
