@@ -162,6 +162,7 @@ def describe_obj(m: BackupManifest) -> dict:
                 "last_message_timestamp": q.last_message_timestamp,
                 "segments": len(q.segments),
                 "size_bytes": q.size_bytes,
+                "max_body_bytes": q.max_body_bytes,  # None: not recorded (older backups; a restore scans)
                 **({"stream": q.stream.to_json_obj()} if q.stream is not None else {}),
             }
             for q in m.queues

@@ -73,6 +73,9 @@ def test_a_message_over_the_targets_max_message_size_is_refused_before_any_publi
     raw = orjson.loads((store / "b310" / "manifest.json").read_bytes())
     (qbig,) = [q for q in raw["queues"] if q["name"] == "big"]
     assert qbig["max_body_bytes"] == LIMIT + 1 and qbig["segments"][0]["max_body_bytes"] == LIMIT + 1
+    d = json.loads(subprocess.run([sys.executable, "-m", "rbak", "describe", "--path", str(store), "--backup-id",
+                                   "b310", "--format", "json"], capture_output=True, text=True, check=True).stdout)
+    assert {q["name"]: q["max_body_bytes"] for q in d["queues"]} == {"big": LIMIT + 1, "small": 3}
     for q in ("big", "small"):
         broker.declare_queue(vhost, q)
 
