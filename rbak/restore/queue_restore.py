@@ -362,6 +362,7 @@ def restore_queue_segments(
     checkpoint: QueueCheckpoint | None = None,
     connection: Connection | None = None,
     on_progress: Callable[[QueueResult], None] | None = None,
+    size_checked: bool = False,
 ) -> QueueResult:
     """Publish one queue's segments, in order, into its target; return what happened.
 
@@ -373,7 +374,8 @@ def restore_queue_segments(
     resumable: progress is committed after each batch of confirms and a rerun
     skips what was confirmed (and, in queue mode, what was enqueued but not yet
     checkpointed). ``connection`` is an open connection to the target vhost,
-    or ``None`` to open (and close) one here.
+    or ``None`` to open (and close) one here. ``size_checked``: the caller already refused records over
+    the target's max_message_size for the whole restore (``engine.refuse_oversize``).
 
     Refuses a non-empty target queue unless ``allow_non_empty`` (or skips it
     with ``skip_existing``). Raises ``RbakError`` subclasses naming the queue;
@@ -399,7 +401,7 @@ def restore_queue_segments(
         skip_extra, landed = prepared
         limits = check_target_limits(conn, source, plan, options, codec, state, res, skip_extra)
         resume = state.resume_point()
-        max_body = check_message_sizes(conn, source, plan, options, codec, resume)
+        max_body = check_message_sizes(conn, source, plan, options, codec, resume, size_checked)
         if state.initial_depth is not None or state.segments:
             res.resumed_from = resume
         pub = RecordPublisher(conn, plan, options, f"{plan.label} -> {plan.target_label}",
@@ -407,6 +409,11 @@ def restore_queue_segments(
         progress = _Progress(plan, options, cp, res, pub, state.confirmed, on_progress)
         try:
             _publish(source, plan, options, codec, pub, progress, resume, skip_extra, landed, max_body)
+            if res.oversize_skipped:
+                log.warning("%s: %d record(s) over the target's max_message_size %d skipped "
+                            "(restore.allow_oversize_skip: true), the largest %d bytes; each is listed in the summary",
+                            plan.label, len(res.oversize_skipped), max_body,
+                            max(o["bytes"] for o in res.oversize_skipped))
             pub.drain()
             progress.commit(force=True)
             verify_target_depth(conn, plan, options, res, limits)
@@ -481,22 +488,19 @@ class _Progress:
 
 
 def check_message_sizes(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
-                        codec: ObjectCodec | None, resume: tuple[int, int]) -> int | None:
+                        codec: ObjectCodec | None, resume: tuple[int, int], checked: bool) -> int | None:
     """Refuse the queue before its first publish when a record still to publish is over the target's
-    max_message_size (``message_size``); with ``allow_oversize_skip`` return the limit, above which
-    ``_publish`` skips and lists records. None: nothing to skip (or the limit cannot be read)."""
+    max_message_size (``message_size``), unless ``checked`` (the whole restore's preflight did, so an
+    older backup's segments are not scanned twice). With ``allow_oversize_skip``: the limit, above which
+    ``_publish`` skips and lists records as they come (no scan). None: nothing to skip, or no limit known."""
     lim = target_limit(options.target, plan.target_vhost, version_of(conn), options.allow_oversize_skip)
     if lim is None:
         return None
-    found = oversize_records(source, plan, options, codec, lim.limit, resume)
-    if not found:
-        return None
-    if not options.allow_oversize_skip:
+    if options.allow_oversize_skip:
+        return lim.limit
+    if not checked and (found := oversize_records(source, plan, options, codec, lim.limit, resume)):
         raise RestoreError(oversize_refusal(plan, found, lim))
-    log.warning("%s: %d record(s) over the target's %s are skipped (restore.allow_oversize_skip: true), the "
-                "largest %d bytes; each is listed in the summary", plan.label, len(found), lim.describe(),
-                max(f.size for f in found))
-    return lim.limit
+    return None
 
 
 def _publish(source: BackupSource, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
