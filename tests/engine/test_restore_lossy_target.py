@@ -232,8 +232,9 @@ def test_queues_declared_by_the_definitions_import_are_judged_too(broker, vhost,
     assert summary.completed
     target = vhost_factory(broker)
     r, out = restore(broker, tmp_path, restore_definitions=True, vhost_mapping={vhost: target})
-    assert r.returncode == 1 and out is None, r.stderr
     line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and out["ok"] is False and "rbak: " + out["error"]["message"] == line, r.stderr
+    assert set(out) == {"ok", "exit_code", "error"}  # refused before a summary: nothing was published
     assert line.startswith(f"rbak: Restore error: queue 'ttl' in vhost '{target}' may drop, expire or dead-letter "
                            "restored messages: message-ttl 600000 (queue argument x-message-ttl)"), line
     assert "capped" not in line
