@@ -113,6 +113,12 @@ def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "")
     return key, report
 
 
+def validation_failed(report: dict) -> bool:
+    """A stored report that proves the backup damaged. An unverified one (a deep check that could not
+    decrypt) is neither a pass nor a failure: the backup counts as never validated."""
+    return report.get("ok") is False and report.get("result") != "unverified"
+
+
 def latest_complete(storage: Storage, prefix: str | None = "", with_data: bool = False,
                     skipped_empty: list[str] | None = None) -> BackupEntry | None:
     """The newest complete backup whose last validation (if any) did not fail.
@@ -133,7 +139,7 @@ def latest_complete(storage: Storage, prefix: str | None = "", with_data: bool =
                 skipped_empty.append(e.backup_id)
             continue
         found = latest_validation(storage, e.backup_id, prefix)
-        if found is not None and found[1].get("ok") is False:
+        if found is not None and validation_failed(found[1]):
             log.warning("skipping backup %r: its last validation failed (%s)", e.backup_id, found[0])
             continue
         return e

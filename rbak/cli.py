@@ -3,19 +3,23 @@
 Each subcommand lives in ``rbak/commands/<module>.py`` and exposes
 ``register(subparsers, import_subparsers)``; that keeps one file per feature
 and lets this module stay a thin dispatcher. A handler returns an exit code.
-Every ``RbakError`` becomes one clear line on stderr and its exit code.
+Every ``RbakError`` becomes one clear line on stderr and its exit code; a
+command asked for JSON also gets one JSON object on stdout, success or failure
+(``commands/output.py``): written here, once, never by the commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
-from typing import Sequence
+from typing import Any, NoReturn, Sequence
 
 from . import __version__
-from .errors import RbakError
+from .commands import output
+from .errors import RbakError, UsageError
 
 COMMAND_MODULES = (
     "inspect",          # list, describe, validate
@@ -31,8 +35,24 @@ COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage and message on stderr as ever, then a ``UsageError`` (exit 2) the CLI
+    handles like any other error: a command asked for JSON gets it on stdout too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _json_asked(argv: Sequence[str]) -> bool:
+    """Whether a command line that did not parse asked for JSON output."""
+    args = list(argv)
+    return "--json" in args or "--format=json" in args or any(
+        a == "--format" and b == "json" for a, b in zip(args, args[1:]))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rbak", description="RabbitMQ backups in the RBAK format")
+    parser = _Parser(prog="rbak", description="RabbitMQ backups in the RBAK format")
     parser.add_argument("--version", action="version", version=f"rbak {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -51,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        print(f"rbak: {e}", file=sys.stderr)
+        if _json_asked(argv):
+            _print_json(output.failure(None, e.exit_code, e))
+        return e.exit_code
     from .logsafe import configure
 
     # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
@@ -59,11 +86,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pika logs every dropped socket with a traceback at ERROR; rbak reports
     # connection failures itself, naming the queue, so keep pika quiet unless -vv.
     logging.getLogger("pika").setLevel(logging.DEBUG if args.verbose >= 2 else logging.CRITICAL)
+    err: BaseException | None = None
+    message: str | None = None
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
     except RbakError as e:
         print(f"rbak: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
+        code, err = e.exit_code, e
+    except KeyboardInterrupt as e:
         print("rbak: interrupted", file=sys.stderr)
-        return 130
+        code, err, message = 130, e, "interrupted"
+    except Exception as e:  # a bug: its traceback follows on stderr, the JSON still says it failed
+        if output.wants_json(args):
+            _print_json(output.final(args, 1, e, f"{type(e).__name__}: {e}"))
+        raise
+    if output.wants_json(args):
+        if code and err is None:
+            message = f"the command failed with exit code {code}"
+        res = output.final(args, code, err, message)
+        if res is not None:
+            _print_json(res)
+    return code
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))

@@ -19,6 +19,9 @@ PARTIAL_EXIT_CODE = 3
 failed or read short of its depth); 1 is a run that wrote no complete manifest, 2 a configuration error."""
 LEASE_EXIT_CODE = 4
 """``rbak backup``: another backup of the same source holds its lease; nothing was written."""
+UNVERIFIED_EXIT_CODE = 5
+"""``rbak validate --deep`` (and Spark's validate): an encrypted backup whose contents could not be
+decrypted (no key, only a newer key, KMS unreachable): neither valid nor invalid, never a pass."""
 
 
 class RbakError(Exception):
@@ -37,6 +40,12 @@ class RbakError(Exception):
 class ConfigError(RbakError):
     prefix = "Configuration error"
     exit_code = 2
+
+
+class UsageError(ConfigError):
+    """A command line argparse refuses (an unknown option, a missing argument): exit 2."""
+
+    prefix = "Usage error"
 
 
 class StorageError(RbakError):
@@ -82,6 +91,13 @@ class ValidationError(RbakError):
     def __init__(self, message: str, problems: list[str] | None = None):
         self.problems = problems or []
         super().__init__(message)
+
+
+class UnverifiedError(ValidationError):
+    """A deep validation that decrypted nothing: no proof the backup can be restored."""
+
+    prefix = "Validation unverified"
+    exit_code = UNVERIFIED_EXIT_CODE
 
 
 class AmqpError(RbakError):
@@ -162,6 +178,12 @@ class ImportFormatError(RbakError):
     """A broker's on-disk file could not be read; names the file and offset."""
 
     prefix = "Import error"
+
+
+class StorageSettingsError(RbakError):
+    """``rbak doctor`` found a storage setting or right that can lose or expose backups."""
+
+    prefix = "Storage doctor"
 
 
 class EvidenceError(RbakError):

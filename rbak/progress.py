@@ -312,6 +312,9 @@ class ProgressSession:
 def backup_events(tracker: Tracker) -> Callable[..., None]:
     """The backup engine's ``progress(event, **kw)``: plan, start, advance, done."""
 
+    counted: dict[str, list[int]] = {}  # per queue: records and bytes advanced so far
+    lock = threading.Lock()
+
     def on(event: str, **kw: Any) -> None:
         label = f"{kw.get('vhost')}/{kw.get('queue')}" if "queue" in kw else None
         if event == "plan":
@@ -319,11 +322,22 @@ def backup_events(tracker: Tracker) -> Callable[..., None]:
         elif event == "start" and label:
             tracker.start_queue(label)
         elif event == "advance":
-            tracker.advance(label, kw.get("n", 0), kw.get("bytes", 0))
+            n, nbytes = kw.get("n", 0), kw.get("bytes", 0)
+            if label:
+                with lock:
+                    c = counted.setdefault(label, [0, 0])
+                    c[0], c[1] = c[0] + n, c[1] + nbytes
+            tracker.advance(label, n, nbytes)
         elif event == "done" and label:
+            with lock:
+                n, nbytes = counted.pop(label, (0, 0))
             s = kw.get("summary")
-            if s is not None and s.queue_type == "stream":  # streams report their records only at the end
-                tracker.advance(None, s.messages, s.bytes)  # stored bytes
+            if s is not None:
+                # The queue ends at what the backup holds of it, each record once: the records read
+                # were counted as they came, so only the difference is added (a resumed queue's kept
+                # records; minus a failed read's records, which are in no manifest). A read that
+                # counted no bytes (a stream, a resumed queue) adds its stored bytes.
+                tracker.advance(None, s.messages - n, s.bytes if nbytes == 0 else 0)
             tracker.finish_queue(label)
 
     return on

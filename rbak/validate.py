@@ -25,6 +25,9 @@ from .keys import BackupLayout
 from .storage.base import Storage
 
 
+VALID, INVALID, UNVERIFIED = "valid", "invalid", "unverified"
+
+
 @dataclass(slots=True)
 class SegmentCheck:
     key: str
@@ -33,6 +36,7 @@ class SegmentCheck:
     record_count: int = 0
     size_bytes: int = 0
     uncompressed_bytes: int = 0
+    contents_checked: bool = False  # the records were read (an encrypted segment: decrypted first)
 
     def to_json_obj(self) -> dict:
         return asdict(self)
@@ -48,10 +52,19 @@ class ValidationReport:
     notes: list[str] = field(default_factory=list)  # not errors: gaps, queues not backed up (partial)
     gaps: int = 0  # messages a stream's retention removed before a backup could read them
     partial: bool = False
+    unverified: str | None = None  # deep, encrypted, and the contents could not be decrypted: why
+
+    @property
+    def result(self) -> str:
+        """``invalid`` (something is wrong), ``unverified`` (a deep check that decrypted nothing: no
+        proof either way, never a pass) or ``valid``."""
+        if not (self.complete and not self.problems and all(s.ok for s in self.segments)):
+            return INVALID
+        return UNVERIFIED if self.unverified else VALID
 
     @property
     def ok(self) -> bool:
-        return self.complete and not self.problems and all(s.ok for s in self.segments)
+        return self.result == VALID
 
     @property
     def bad_segments(self) -> list[SegmentCheck]:
@@ -66,6 +79,8 @@ class ValidationReport:
             "deep": self.deep,
             "complete": self.complete,
             "ok": self.ok,
+            "result": self.result,
+            "unverified": self.unverified,
             "problems": self.problems,
             "partial": self.partial,
             "gaps": self.gaps,
@@ -91,7 +106,7 @@ def check_segment(storage: Storage, seg: SegmentMetadata, codec: ObjectCodec | N
     RBAK frame and records are checked too. Without the key: size and checksum only."""
     if codec is not None and codec.encrypted and not codec.can_open:
         return _stored_object_check(storage, seg)
-    c = SegmentCheck(key=seg.key, ok=True)
+    c = SegmentCheck(key=seg.key, ok=True, contents_checked=True)
     p = c.problems
     st = SegmentStats()
     try:
@@ -268,12 +283,10 @@ def validate_backup(
         if codec.can_open:
             report.problems += definitions_problems(storage, m, codec)
         elif unwrap_error:
-            report.notes.append(f"{unwrap_error}: sizes and SHA-256 of the stored objects checked, contents not "
-                                "decrypted")
+            report.unverified = unwrap_error
         else:
             assert m.encryption is not None  # the codec is encrypted
-            report.notes.append(f"encrypted with key id {m.encryption.key_id!r}, which is not in the keyring: "
-                                "sizes and SHA-256 of the stored objects checked, contents not decrypted")
+            report.unverified = f"encrypted with key id {m.encryption.key_id!r}, which is not in the keyring"
     check = (lambda s: check_segment(storage, s, codec)) if deep else (lambda s: shallow_check(storage, s))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for result in pool.map(check, iter_segments(m)):
@@ -281,6 +294,12 @@ def validate_backup(
             if progress:
                 progress(result)
     return report
+
+
+def unverified_line(reason: str) -> str:
+    """How an unverified deep validation is named everywhere (CLI, Spark, the operator's status)."""
+    return (f"unverified: not decrypted ({reason}); only the stored objects' sizes and SHA-256 were checked, "
+            "which proves nothing about whether the contents can be restored")
 
 
 def utc_stamp(now: datetime.datetime | None = None) -> str:

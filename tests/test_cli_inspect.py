@@ -93,6 +93,10 @@ def test_deep_validate_reports_every_bad_segment(tmp_path):
     assert "bad end magic" in bad[truncated.key] or "too short" in bad[truncated.key]
     assert "cannot read" in bad[missing.key]
     assert sum(c["ok"] for c in report["segments"]) == len(segs) - 4
+    # one JSON object (issue 45): the report's fields, ok false, the exit code, the error's class and line
+    assert (report["ok"], report["exit_code"], report["error"]["class"]) == (False, 1, "ValidationError")
+    assert report["error"]["message"].startswith("Validation error: backup 'b1' is NOT valid: 4 bad segment(s), ")
+    assert deep.stderr.strip().splitlines()[-1] == "rbak: " + report["error"]["message"]
 
 
 def test_errors_are_one_clear_line_and_nonzero(tmp_path):
@@ -106,3 +110,37 @@ def test_errors_are_one_clear_line_and_nonzero(tmp_path):
     (tmp_path / "broken" / "manifest.json").write_text("{not json")
     r = rbak("describe", "--path", f"file://{tmp_path}", "--backup-id", "broken")
     assert r.returncode != 0 and "broken/manifest.json" in r.stderr and "not valid JSON" in r.stderr
+
+
+def test_json_output_on_every_failure_is_one_object_of_the_documented_schema(tmp_path):
+    """Issue 45: whatever fails (a usage error, a missing backup, a bad storage URL, prune with nothing
+    to keep by), a command asked for JSON prints one object on stdout: ok false, exit code, error class
+    and the one line stderr shows; `rbak config-reference --output-schema` describes it."""
+    import jsonschema
+
+    sch = rbak("config-reference", "--output-schema")
+    assert sch.returncode == 0, sch.stderr
+    schema = json.loads(sch.stdout)
+    url = f"file://{tmp_path}"
+    write_backup(open_storage(url), "b1", QUEUES[:1])
+    cases = [
+        (["describe", "--path", url, "--backup-id", "nope", "--format", "json"], 1, "NotFoundError"),
+        (["list", "--path", "azure://acct.blob.core.windows.net/c", "--format", "json"], 1, "UnsupportedStorageError"),
+        (["validate", "--path", url, "--backup-id", "b1", "--format", "json", "--bogus"], 2, "UsageError"),
+        (["restore", "--path", url, "--backup-id", "b1", "--json", "--publish-mode", "nowhere"], 2, "UsageError"),
+        (["prune", "--path", url, "--format", "json"], 2, "ConfigError"),
+        (["backup", "--config", str(tmp_path / "missing.yaml"), "--json"], 2, "ConfigError"),
+    ]
+    for args, code, cls in cases:
+        r = rbak(*args)
+        assert r.returncode == code, (args, r.stderr)
+        out = json.loads(r.stdout)
+        jsonschema.validate(out, schema)
+        assert (out["ok"], out["exit_code"], out["error"]["class"]) == (False, code, cls), (args, out)
+        assert "rbak: " + out["error"]["message"] in r.stderr.splitlines(), (args, r.stderr)
+    ok = rbak("list", "--path", url, "--format", "json")  # success: the command's own JSON, unchanged
+    assert ok.returncode == 0 and [e["backup_id"] for e in json.loads(ok.stdout)] == ["b1"]
+    jsonschema.validate(json.loads(ok.stdout), schema)
+    d = json.loads(rbak("describe", "--path", url, "--backup-id", "b1", "--format", "json").stdout)
+    assert d["backup_id"] == "b1" and "ok" not in d and "error" not in d
+    jsonschema.validate(d, schema)

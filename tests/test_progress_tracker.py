@@ -216,9 +216,17 @@ def test_adapters_map_each_engine_to_the_same_counts():
     on("start", vhost="/", queue="a", total=10)
     on("advance", vhost="/", queue="a", n=10, bytes=100)
     on("done", vhost="/", queue="a", summary=SimpleNamespace(queue_type="classic", messages=10, bytes=999))
+    on("start", vhost="/", queue="s", total=None)
+    on("advance", vhost="/", queue="s", n=5)  # a stream counts its records as read, its stored bytes at the end
+    assert t.snapshot().records == 15
     on("done", vhost="/", queue="s", summary=SimpleNamespace(queue_type="stream", messages=5, bytes=50))
     s = t.snapshot()
-    assert (s.queues_done, s.queues_total, s.records, s.bytes) == (2, 2, 15, 150)
+    assert (s.queues_done, s.queues_total, s.records, s.bytes) == (2, 2, 15, 150)  # each record once
+    on("done", vhost="/", queue="kept", summary=SimpleNamespace(queue_type="classic", messages=7, bytes=70))  # resumed
+    on("advance", vhost="/", queue="f", n=3, bytes=30)
+    on("done", vhost="/", queue="f", summary=SimpleNamespace(queue_type="quorum", messages=0, bytes=0))  # failed
+    s = t.snapshot()
+    assert (s.queues_done, s.records, s.bytes) == (4, 22, 250)  # the summary's 10 + 5 + 7 records
 
     t = Tracker("restore", "r")
     on_plan, on_progress = restore_events(t)

@@ -88,6 +88,10 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
     except RbakError as e:
         log.warning("cannot read the validation report of %s: %s", backup_id, e)
         return ""
+    if report.get("result") == "unverified":  # a deep check that decrypted nothing: the key is the cause
+        from rbak.validate import unverified_line
+
+        return f"{unverified_line(str(report.get('unverified')))} (report {key})"
     problems = [str(p) for p in report.get("all_problems") or []]
     if not problems:
         return ""

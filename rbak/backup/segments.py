@@ -56,13 +56,13 @@ class AsyncSegmentWriter:
         self._tag: Any = None
         self._submitted = False  # a segment went to the pipeline's thread
 
-    def append_encoded(self, data: bytes, backed_up_at: int, tag: Any = None) -> None:
+    def append_encoded(self, data: bytes, backed_up_at: int, tag: Any = None, body_len: int = -1) -> None:
         """Add one record's JSON; ``tag`` (e.g. a stream offset) of a segment's last record reaches on_durable."""
         seg = self._seg
         if seg.count == 0:
             self._started = time.monotonic()
         self._tag = tag
-        if seg.add(data, backed_up_at) >= self.max_bytes or (time.monotonic() - self._started) * 1000 >= self.max_interval_ms:
+        if seg.add(data, backed_up_at, body_len) >= self.max_bytes or (time.monotonic() - self._started) * 1000 >= self.max_interval_ms:
             self._submit()
 
     def append_records(self, records: Sequence[BackupRecord], arrivals: Sequence[float],

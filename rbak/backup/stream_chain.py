@@ -115,7 +115,7 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
     rbak recorded stream positions fall back to that backup's stored
     ``state/offsets.db`` (its own rows: it lives in this storage too).
     """
-    from ..catalog import latest_validation, list_backups
+    from ..catalog import latest_validation, list_backups, validation_failed
 
     try:
         entries = [e for e in list_backups(storage, prefix) if e.complete and e.backup_id != exclude]
@@ -133,7 +133,7 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
                 (q.vhost, q.name) in wanted and (q.vhost, q.name) not in out for q in m.queues)):
             continue
         found = latest_validation(storage, e.backup_id, prefix)
-        if found is not None and found[1].get("ok") is False:
+        if found is not None and validation_failed(found[1]):
             continue
         legacy: dict[tuple[str, str], int] | None = None
         for q in m.queues:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from ..errors import BackupError
+
+from . import output
 
 log = logging.getLogger("rbak.backup")
 
@@ -31,7 +32,11 @@ def register(sub, import_sub) -> None:
     p.set_defaults(handler=run)
 
     r = sub.add_parser("config-reference", help="print the configuration reference (Markdown) or --json-schema")
-    r.add_argument("--json-schema", action="store_true")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--json-schema", action="store_true", help="the configuration file's JSON Schema")
+    how.add_argument("--output-schema", action="store_true",
+                     help="the JSON Schema of what every command prints with --json / --format json, "
+                          "failures included (docs/cli-json.md)")
     r.set_defaults(handler=reference)
 
 
@@ -40,6 +45,8 @@ def reference(args) -> int:
 
     if args.json_schema:
         print(json.dumps(json_schema(), indent=2))
+    elif args.output_schema:
+        print(json.dumps(output.SCHEMA, indent=2))
     else:
         print(config_reference_markdown())
     return 0
@@ -104,16 +111,11 @@ def run(args) -> int:
         storage = cfg.storage.open()
         with progress.cli_session("backup", cfg.backup_id, args, storage=storage, prefix=cfg.storage.prefix) as ps:
             summary = BackupEngine(cfg, storage=storage, progress=progress.backup_events(ps.tracker)).run()
-    except BackupError as e:
-        s = getattr(e, "summary", None)
-        if args.json and s is not None:
-            print(json.dumps(s.to_json_obj(), indent=2))
-        raise
     finally:
         if server is not None:
             server.shutdown()
     if args.json:
-        print(json.dumps(summary.to_json_obj(), indent=2))
+        output.emit(args, summary.to_json_obj())  # a failed run's summary: the CLI's failure object (e.summary)
     else:
         print(f"backup {summary.backup_id}: {summary.total_messages} messages from {len(summary.queues)} queue(s), "
               f"{sum(q.segments for q in summary.queues)} segment(s), {summary.total_bytes} bytes, "

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any
 
+from . import output
 from ..errors import ConfigError
 
 
@@ -114,7 +115,7 @@ def run_import(args: Any) -> int:
     with _client(cfg.target, "target") as client:
         res = apply_definitions(doc, args.input, options, client, write_rollback)
     if args.json:
-        print(json.dumps(res.to_json_obj(), indent=2))
+        output.emit(args, res.to_json_obj())
     else:
         head = "would change" if res.dry_run else f"imported (rollback snapshot: {res.rollback_key})"
         print(f"definitions from {args.input}: {head}")

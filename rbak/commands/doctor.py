@@ -10,10 +10,10 @@ its fix; the exit code is 1 when any finding is an error.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from ..errors import ConfigError
+from . import output
+from ..errors import ConfigError, StorageSettingsError
 
 RETENTION_KEYS = {"keepLast": "keep_last", "keepDaily": "keep_daily", "keepWeekly": "keep_weekly",
                   "keepMonthly": "keep_monthly", "maxAge": "max_age"}
@@ -84,13 +84,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     findings = run_doctor(args.path, policy_from_args(args), args.prefix)
     errors = [f for f in findings if f.severity == "error"]
     if args.format == "json":
-        print(json.dumps({"path": args.path, "errors": len(errors),
-                          "warnings": sum(f.severity == "warning" for f in findings),
-                          "findings": [f.to_json_obj() for f in findings]}, indent=2))
+        output.emit(args, {"path": args.path, "errors": len(errors),
+                           "warnings": sum(f.severity == "warning" for f in findings),
+                           "findings": [f.to_json_obj() for f in findings]})
     else:
         for f in findings:
             for line in f.lines():
                 print(line)
         warnings = sum(f.severity == "warning" for f in findings)
         print(f"{len(errors)} error(s), {warnings} warning(s)")
-    return 1 if errors else 0
+    if errors:
+        raise StorageSettingsError(f"{args.path}: {len(errors)} error(s), first: {errors[0].check}: {errors[0].message}")
+    return 0

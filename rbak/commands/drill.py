@@ -14,11 +14,10 @@ storage URL (``s3://bucket/prefix/<backup>/drills/<name>.json?endpoint=...``, ``
 from __future__ import annotations
 
 import argparse
-import json
 import signal
-import sys
 from typing import Any
 
+from . import output
 from ..errors import Terminated
 
 
@@ -74,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if args.json:
-        print(json.dumps(report.to_json_obj(), indent=2))
+        output.emit(args, report.to_json_obj())
     else:
         for line in report.lines():
             print(line)
     if not report.passed:
-        print(f"rbak: restore drill FAILED: {report.reason}", file=sys.stderr)
-        return 1
+        from ..errors import DrillError
+
+        raise DrillError(f"FAILED: {report.reason}")
     return 0
 
 
@@ -122,8 +122,8 @@ def verify(args: argparse.Namespace) -> int:
     key = load_public_key(args.public_key) if args.public_key else None
     ok = check(report, key, where=args.report)
     if args.json:
-        print(json.dumps({"verified": True, "signer": ok.fingerprint, "authenticated": ok.authenticated,
-                          "report": ok.report}, indent=2))
+        output.emit(args, {"verified": True, "signer": ok.fingerprint, "authenticated": ok.authenticated,
+                           "report": ok.report})
     else:
         for line in ok.lines():
             print(line)

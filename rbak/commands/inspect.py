@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import datetime, timezone
 
+from . import output
+from ..errors import UnverifiedError, ValidationError
 from ..units import human_bytes
 from ..catalog import list_backups, load_manifest
 from ..crypto import load_keyring
 from ..format.manifest import BackupManifest
-from ..validate import store_report, validate_backup
+from ..validate import UNVERIFIED, store_report, unverified_line, validate_backup
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -93,7 +94,7 @@ def list_obj(entries: list) -> list[dict]:
 def cmd_list(args: argparse.Namespace) -> int:
     entries = list_backups(_existing_storage(args.path), args.prefix)
     if args.format == "json":
-        print(json.dumps(list_obj(entries), indent=2))
+        output.emit(args, list_obj(entries))
         return 0
     from rich.table import Table
 
@@ -171,6 +172,7 @@ def describe_obj(m: BackupManifest) -> dict:
                 "last_message_timestamp": q.last_message_timestamp,
                 "segments": len(q.segments),
                 "size_bytes": q.size_bytes,
+                "max_body_bytes": q.max_body_bytes,  # None: not recorded (older backups; a restore scans)
                 **({"stream": q.stream.to_json_obj()} if q.stream is not None else {}),
             }
             for q in m.queues
@@ -203,7 +205,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if m.encryption is not None and m.encryption.envelope:
         obj["key_wraps"] = key_wraps(storage, m.backup_id, args.prefix)
     if args.format == "json":
-        print(json.dumps(obj, indent=2, ensure_ascii=False))
+        output.emit(args, obj)
         return 0
     if args.format == "yaml":
         import yaml
@@ -271,11 +273,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         obj = report.to_json_obj()
         if report_key:
             obj["report_key"] = report_key
-        print(json.dumps(obj, indent=2))
+        output.emit(args, obj)
     else:
         kind = "deep" if args.deep else "shallow"
         n = len(report.segments)
-        if report.ok:
+        if report.result == UNVERIFIED:
+            pass  # said by the error below, the one line of a failure
+        elif report.ok:
             notes = "".join(f"\n  - {w}" for w in report.notes)
             qual = ", with gaps" if report.gaps else ""
             qual += ", partial" if report.partial else ""
@@ -289,4 +293,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"note: {note}", file=sys.stderr)
         if report_key:
             print(f"report: {report_key}", file=sys.stderr)
-    return 0 if report.ok else 1
+    if report.result == UNVERIFIED:
+        raise UnverifiedError(f"backup {args.backup_id!r} is {unverified_line(report.unverified or '')} "
+                              f"({len(report.segments)} segment(s))")
+    if not report.ok:
+        raise ValidationError(f"backup {args.backup_id!r} is NOT valid: {len(report.bad_segments)} bad segment(s), "
+                              f"{len(report.all_problems())} problem(s)", report.all_problems())
+    return 0

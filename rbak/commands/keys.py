@@ -7,8 +7,8 @@ runs under S3 Object Lock, and a rerun finds the wraps in place and changes noth
 from __future__ import annotations
 
 import argparse
-import json
 
+from . import output
 from ..errors import ConfigError, EncryptionError
 
 
@@ -66,8 +66,7 @@ def cmd_rewrap(args: argparse.Namespace) -> int:
             results.append(rewrap(storage, args.prefix, e.backup_id, e.manifest.encryption, to, sources, from_))
     failed = [r for r in results if r.outcome == "failed"]
     if args.format == "json":
-        print(json.dumps({"to": str(to), "results": [r.to_json_obj() for r in results], "ok": not failed},
-                         indent=2))
+        output.emit(args, {"to": str(to), "results": [r.to_json_obj() for r in results], "ok": not failed})
     else:
         for r in results:
             print(f"{r.backup_id}: {r.outcome}: {r.detail}" + (f" ({r.key})" if r.key and r.outcome == "added" else ""))
@@ -75,4 +74,7 @@ def cmd_rewrap(args: argparse.Namespace) -> int:
         already = sum(r.outcome == "already" for r in results)
         print(f"{added} wrap(s) added, {already} already in place (nothing changed for those), "
               f"{sum(r.outcome == 'skipped' for r in results)} skipped, {len(failed)} failed")
-    return 1 if failed else 0
+    if failed:
+        raise EncryptionError(f"{len(failed)} backup(s) not rewrapped, first {failed[0].backup_id}: "
+                              f"{failed[0].detail}")
+    return 0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import datetime, timezone
 
 from ..catalog import list_backups
-from ..errors import ConfigError, RbakError
+from . import output
+from ..errors import ConfigError, RbakError, StorageError
 from ..immutable import delete_backup, retained_until
 from ..retention import RetentionPolicy, parse_duration, plan_retention, stored_backups
 from ..storage import open_storage
@@ -52,11 +52,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
         elif not args.dry_run:
             deleted.append(bid)
     if args.format == "json":
-        print(json.dumps({"dry_run": args.dry_run, "keep": plan.keep, "delete": plan.delete, "deleted": deleted,
+        output.emit(args, {"dry_run": args.dry_run, "keep": plan.keep, "delete": plan.delete, "deleted": deleted,
                           "retained_until": locked, "locked_until": locked, "failed": failed,
                           "verdicts": [{"backup_id": v.backup_id, "keep": v.keep, "reasons": v.reasons,
                                         **({"retained_until": locked[v.backup_id]} if v.backup_id in locked else {})}
-                                       for v in plan.verdicts]}, indent=2))
+                                       for v in plan.verdicts]})
     else:
         for v in plan.verdicts:
             if v.backup_id in locked:
@@ -68,6 +68,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         n = len([b for b in plan.delete if b not in locked]) - len(failed) if args.dry_run else len(deleted)
         print(f"{verb} {n} backup(s), kept {len(plan.keep)}"
               + (f", {len(locked)} retained by Object Lock" if locked else ""))
-    for f in failed:
+    for f in failed[1:]:
         print(f"rbak: cannot delete {f}", file=sys.stderr)
-    return 1 if failed else 0
+    if failed:
+        raise StorageError(f"cannot delete {failed[0]}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
+    return 0

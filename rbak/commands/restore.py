@@ -10,12 +10,12 @@ stderr before anything is published (incomplete backups are never chosen);
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from typing import Any
 
-from ..errors import ConfigError, NotFoundError
+from . import output
+from ..errors import ConfigError, NotFoundError, RestoreError
 from ..restore.options import RestoreOptions, local_target, options_from_config
 
 log = logging.getLogger("rbak.restore")
@@ -42,6 +42,9 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--allow-lossy-target", action="store_true", default=None,
                    help="publish into queues whose max-length, message TTL or expiry may drop restored messages "
                         "(refused by default; the restore still fails if a target holds fewer than were confirmed)")
+    p.add_argument("--allow-oversize-skip", action="store_true", default=None,
+                   help="skip records over the target's max_message_size, listing each in the summary (by default "
+                        "such a record refuses its queue before anything is published)")
     p.add_argument("--increment-only", action="store_true", default=None,
                    help="a stream from an incremental backup: restore that backup's own offsets only, not the "
                         "earlier backups of its chain (the default restores base through the chosen backup)")
@@ -63,6 +66,7 @@ def _overrides(args: Any) -> dict[str, Any]:
         "publish_mode": args.publish_mode,
         "allow_non_empty": args.allow_non_empty,
         "allow_lossy_target": args.allow_lossy_target,
+        "allow_oversize_skip": args.allow_oversize_skip,
         "checkpoint_state": args.checkpoint_state,
         "increment_only": args.increment_only,
     }
@@ -125,10 +129,14 @@ def run(args: Any) -> int:
         on_plan, on_progress = progress.restore_events(ps.tracker)
         summary = run_restore(storage, options, on_progress=on_progress, on_plan=on_plan)
     if args.json:
-        print(json.dumps(summary.to_json_obj(), indent=2))
+        output.emit(args, summary.to_json_obj())
     else:
         print_summary(summary)
-    return 0 if summary.ok else 1
+    if not summary.ok:
+        failed = summary.failed_queues
+        raise RestoreError(f"{len(failed)} queue(s) failed, first {failed[0].source_vhost}/{failed[0].source_queue}: "
+                           f"{failed[0].error}")
+    return 0
 
 
 def print_summary(summary: Any) -> None:
@@ -154,6 +162,9 @@ def print_summary(summary: Any) -> None:
                 f"{verb} {n}{extra}")
         if q.chain:
             line += f"; chain {' -> '.join(q.chain)}"
+        if q.oversize_skipped:
+            line += (f"; {len(q.oversize_skipped)} record(s) over the target's max_message_size skipped: "
+                     + ", ".join(f"record {o['index']} of {o['segment']} ({o['bytes']} bytes)" for o in q.oversize_skipped))
         if q.error:
             line += f": {q.error}"
         print(line)

@@ -368,6 +368,10 @@ class RestoreOptions(_Section):
         "messages (a max-length/max-length-bytes without room for them, a message-ttl, an expires); refused "
         "before anything is published by default. Either way a restore fails when a target holds fewer "
         "messages afterwards than the broker confirmed.")
+    allow_oversize_skip: bool = doc_field(
+        False, "A record whose body is over the target's `max_message_size` (4.x reports it; 4.x's default is "
+        "16 MiB, 3.x allowed 128 MiB) refuses its queue before anything is published; with this, such records "
+        "are skipped and each is listed in the summary (`oversize_skipped`) instead.")
     overwrite_users: bool = doc_field(False, "Let the definitions import replace an existing user's password hash, tags "
                                       "and permissions (by default the target's users and permissions are kept).")
     definitions_strict: bool = doc_field(False, "Refuse definitions the target would reject (e.g. 3.x `ha-*` policies, "

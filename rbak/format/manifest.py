@@ -65,9 +65,12 @@ class SegmentMetadata:
     first_timestamp: int | None
     last_timestamp: int | None
     checksum: str
+    # rbak extension, written last and only when known (readers of the format ignore unknown fields):
+    # the largest record body in the segment, which a restore compares with the target's max_message_size
+    max_body_bytes: int | None = None
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "key": self.key,
             "sequence": self.sequence,
             "record_count": self.record_count,
@@ -77,6 +80,9 @@ class SegmentMetadata:
             "last_timestamp": self.last_timestamp,
             "checksum": self.checksum,
         }
+        if self.max_body_bytes is not None:
+            out["max_body_bytes"] = self.max_body_bytes
+        return out
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "segment") -> "SegmentMetadata":
@@ -89,6 +95,7 @@ class SegmentMetadata:
             first_timestamp=_opt(d, "first_timestamp", int, where),
             last_timestamp=_opt(d, "last_timestamp", int, where),
             checksum=_opt(d, "checksum", str, where) or "",
+            max_body_bytes=_opt(d, "max_body_bytes", int, where),
         )
 
 
@@ -238,6 +245,15 @@ class QueueBackup:
     def uncompressed_bytes(self) -> int:
         return sum(s.uncompressed_bytes for s in self.segments)
 
+    @property
+    def max_body_bytes(self) -> int | None:
+        """The queue's largest record body, from its segments' (None when one of them does not say:
+        a backup written before rbak recorded it, or by another tool)."""
+        sizes = [s.max_body_bytes for s in self.segments]
+        if any(v is None for v in sizes):
+            return None
+        return max((v for v in sizes if v is not None), default=0)
+
     def to_json_obj(self) -> dict[str, Any]:
         out = {
             "vhost": self.vhost,
@@ -250,6 +266,8 @@ class QueueBackup:
         }
         if self.expected_messages is not None:  # extra fields last, only when present: the spec's bytes otherwise
             out["expected_messages"] = self.expected_messages
+        if self.segments and (largest := self.max_body_bytes) is not None:
+            out["max_body_bytes"] = largest  # informational: restores read the segments' own
         if self.stream is not None:
             out["stream"] = self.stream.to_json_obj()
         return out

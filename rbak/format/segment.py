@@ -14,6 +14,8 @@ import threading
 import time
 import zlib
 from collections import deque
+from itertools import islice
+from operator import attrgetter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -36,6 +38,7 @@ MIN_SEGMENT_SIZE = HEADER_SIZE + FOOTER_SIZE
 _HEADER = struct.Struct("<4sBBxxQqq")
 _FOOTER = struct.Struct("<I4s")
 _LEN = struct.Struct("<I")
+_BODY = attrgetter("body")
 _append_payload = getattr(_speedups, "append_payload", None)  # None: pure Python (RBAK_SPEEDUPS=0, no C helper)
 _crc32_combine = getattr(_speedups, "crc32_combine", None)
 if _crc32_combine is None:
@@ -227,7 +230,7 @@ class SegmentBuffer:
     ``data`` never sees it change.
     """
 
-    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit", "_payload_crc", "stream")
+    __slots__ = ("_buf", "end", "count", "first_ts", "last_ts", "_limit", "_payload_crc", "stream", "max_body")
 
     def __init__(self, max_bytes: int):
         self._limit = HEADER_SIZE + max_bytes + FOOTER_SIZE
@@ -238,13 +241,15 @@ class SegmentBuffer:
         self.last_ts = 0
         self._payload_crc: int | None = 0  # CRC-32 of the payload so far when only add_from wrote it
         self.stream: SegmentStream | None = None  # the file this segment is written to as it grows
+        self.max_body = 0  # the largest record body so far (the manifest's max_body_bytes); -1: not known
 
     @property
     def payload_bytes(self) -> int:
         return self.end - HEADER_SIZE
 
-    def add(self, record_json: bytes | memoryview, backed_up_at: int) -> int:
-        """Append one record ([u32 LE length][JSON]); returns the payload size so far."""
+    def add(self, record_json: bytes | memoryview, backed_up_at: int, body_len: int = -1) -> int:
+        """Append one record ([u32 LE length][JSON]); returns the payload size so far. ``body_len``: its
+        body's length (-1: not told, and the segment's largest body is then not known)."""
         pos = self.end
         start = pos + 4
         end = start + len(record_json)
@@ -255,6 +260,10 @@ class SegmentBuffer:
         buf[start:end] = record_json
         self.end = end
         self._payload_crc = None  # frame() computes it
+        if body_len < 0 or self.max_body < 0:
+            self.max_body = -1
+        elif body_len > self.max_body:
+            self.max_body = body_len
         if self.count == 0:
             self.first_ts = backed_up_at
         self.last_ts = backed_up_at
@@ -275,6 +284,8 @@ class SegmentBuffer:
             nxt, end, pcrc = _append_payload(self._buf, self.end, records, start, HEADER_SIZE + max_bytes,
                                              pcrc or 0, pcrc is not None)
             if nxt > start:
+                if self.max_body >= 0:
+                    self.max_body = max(self.max_body, max(map(len, map(_BODY, islice(records, start, nxt)))))
                 if self._payload_crc is not None:
                     self._payload_crc = pcrc  # written and checksummed in the same GIL-free pass
                 if self.count == 0:
@@ -284,7 +295,7 @@ class SegmentBuffer:
                 self.end = end
                 return nxt
         r = records[start]
-        self.add(encode_records([r])[0], r.backed_up_at)
+        self.add(encode_records([r])[0], r.backed_up_at, len(r.body))
         return start + 1
 
     def frame(self, compression: Compression, level: int | None = None) -> memoryview:
@@ -328,6 +339,7 @@ class SegmentBuffer:
         self.count = 0
         self._payload_crc = 0
         self.stream = None
+        self.max_body = 0
         return True
 
 
@@ -464,6 +476,7 @@ def store_segment(
             first_timestamp=seg.first_ts,
             last_timestamp=seg.last_ts,
             checksum=checksum,
+            max_body_bytes=seg.max_body if seg.max_body >= 0 else None,
         )
     finally:
         del data  # never release(): the sink may have kept this very view; recycle() checks
@@ -607,14 +620,14 @@ class SegmentWriter:
         return self._seg.payload_bytes
 
     def append(self, record: BackupRecord) -> SegmentMetadata | None:
-        return self.append_encoded(encode_record(record), record.backed_up_at)
+        return self.append_encoded(encode_record(record), record.backed_up_at, len(record.body))
 
     def append_many(self, records: Sequence[BackupRecord]) -> list[SegmentMetadata]:
         """Append a batch (encoded on the fast path); rotation is checked after
         every record exactly as with ``append``, so segment boundaries match."""
         done = []
         for r, data in zip(records, encode_records(records)):
-            meta = self.append_encoded(data, r.backed_up_at)
+            meta = self.append_encoded(data, r.backed_up_at, len(r.body))
             if meta is not None:
                 done.append(meta)
         return done
@@ -689,13 +702,13 @@ class SegmentWriter:
         except struct.error:  # out of the header's range: the real header says what is wrong
             pass
 
-    def append_encoded(self, record_json: bytes, backed_up_at: int) -> SegmentMetadata | None:
+    def append_encoded(self, record_json: bytes, backed_up_at: int, body_len: int = -1) -> SegmentMetadata | None:
         seg = self._seg
         if seg.count == 0:
             self._started = self._clock()
         if seg.stream is not None:
             seg.stream.drain()  # ``add`` may grow the buffer
-        if seg.add(record_json, backed_up_at) >= self.max_bytes or self.interval_elapsed():
+        if seg.add(record_json, backed_up_at, body_len) >= self.max_bytes or self.interval_elapsed():
             return self.flush()
         return None
 

@@ -189,11 +189,13 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
         return summary
     cp = open_checkpoint(options.checkpoint_state, checkpoint_fingerprint(options))
     try:
-        refuse_lossy_targets(source, [p for p in plans if skipped_by_definitions(p, summary.definitions) is None],
-                             options, lambda p: cp.load(p.source_vhost, p.source_queue))
+        kept = [p for p in plans if skipped_by_definitions(p, summary.definitions) is None]
+        refuse_lossy_targets(source, kept, options, lambda p: cp.load(p.source_vhost, p.source_queue))
+        size_checked = refuse_oversize(source, kept, options, lambda p: cp.load(p.source_vhost, p.source_queue))
+
         def work(p: QueuePlan) -> QueueResult:
             try:
-                r = restore_queue_segments(source, p, options, cp, on_progress=on_progress)
+                r = restore_queue_segments(source, p, options, cp, on_progress=on_progress, size_checked=size_checked)
                 r.chain = list(chains.get((p.source_vhost, p.source_queue), ()))
                 if on_progress is not None:
                     on_progress(r)
@@ -298,6 +300,48 @@ def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, defin
                            f"{options.target.management_url} (or user {options.target.mgmt_username!r} cannot see it); "
                            f"nothing was published: create it, restore with --definitions (restore.restore_definitions), "
                            f"or map vhost {', '.join(map(repr, srcs))} elsewhere")
+def refuse_oversize(source: BackupSource, plans: list[QueuePlan], options: RestoreOptions,
+                    state_of: Callable[[QueuePlan], QueueState | None]) -> bool:
+    """Before the first publish of the whole restore: a record over the target's max_message_size
+    (``message_size``) refuses the restore, naming each such queue with the size, the limit and the
+    setting. With ``allow_oversize_skip`` each queue's run skips and lists them instead. True when
+    every queue with a state was checked here (its run need not read its segments again)."""
+    if options.allow_oversize_skip or not plans:
+        return False
+    from ..broker.connect import connect
+    from .message_size import oversize_records, refusal as oversize_refusal, target_limit
+    from .record_publisher import version_of
+
+    vhost = plans[0].target_vhost
+    try:
+        conn = connect(options.target, vhost, "target")
+    except RbakError:
+        return False  # the queues' runs name it
+    try:
+        lim = target_limit(options.target, vhost, version_of(conn))
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+    if lim is None:
+        return False
+    problems: list[str] = []
+    every = True
+    for p in plans:
+        state = state_of(p)
+        if state is None or state.done:
+            every = every and state is not None
+            continue
+        found = oversize_records(source, p, options, plan_codec(p, options), lim.limit, state.resume_point())
+        if found:
+            problems.append(oversize_refusal(p, found, lim))
+    if problems:
+        more = f" (and {len(problems) - 1} more queue(s) like it)" if len(problems) > 1 else ""
+        for msg in problems:
+            log.error("%s", msg)
+        raise RestoreError(problems[0] + more)
+    return every
 
 
 def skipped_by_definitions(p: QueuePlan, definitions: Any) -> QueueResult | None:

@@ -43,6 +43,7 @@ class RestoreOptions:
     allow_non_empty: bool = False
     skip_existing: bool = False
     allow_lossy_target: bool = False  # publish into a queue whose limits may drop what is restored (see target_limits)
+    allow_oversize_skip: bool = False  # skip (and list) records over the target's max_message_size (message_size)
     verify_target_depth: bool = True  # compare the target's depth with the confirms after publishing (queue mode)
     verify_checksums: bool = True
     overwrite_users: bool = False
@@ -151,6 +152,7 @@ def options_from_config(cfg: Any, **overrides: Any) -> RestoreOptions:
         allow_non_empty=r.allow_non_empty,
         skip_existing=getattr(r, "skip_existing", False),
         allow_lossy_target=getattr(r, "allow_lossy_target", False),
+        allow_oversize_skip=getattr(r, "allow_oversize_skip", False),
         overwrite_users=r.overwrite_users,
         definitions_strict=r.definitions_strict,
         transient_queues=r.transient_queues,

@@ -24,7 +24,8 @@ from .plan import QueuePlan, record_in_window, segment_fully_inside
 from ..broker.connect import connect
 from ..broker.wire import Connection
 from ..broker.declare import queue_counts
-from .record_publisher import RecordPublisher
+from .message_size import oversize_records, refusal as oversize_refusal, target_limit
+from .record_publisher import RecordPublisher, version_of
 from .source import BackupSource
 from .stream_resume import LandedTail, check_landed, landed_tail, stream_next_offset
 from .target_limits import TargetLimits, lossy_reasons, read_limits, refusal
@@ -59,6 +60,8 @@ class QueueResult:
     found_depth: int | None = None  # what it held then (None: not checked: consumers, a stream, exchange mode)
     depth_check: str = ""  # why the depth was not checked, when it was not
     with_expiration: int = 0  # published records carrying a per-message TTL (properties.expiration)
+    # records over the target's max_message_size skipped with allow_oversize_skip: segment, index, bytes
+    oversize_skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
 
@@ -365,6 +368,7 @@ def restore_queue_segments(
     checkpoint: QueueCheckpoint | None = None,
     connection: Connection | None = None,
     on_progress: Callable[[QueueResult], None] | None = None,
+    size_checked: bool = False,
 ) -> QueueResult:
     """Publish one queue's segments, in order, into its target; return what happened.
 
@@ -376,7 +380,8 @@ def restore_queue_segments(
     resumable: progress is committed after each batch of confirms and a rerun
     skips what was confirmed (and, in queue mode, what was enqueued but not yet
     checkpointed). ``connection`` is an open connection to the target vhost,
-    or ``None`` to open (and close) one here.
+    or ``None`` to open (and close) one here. ``size_checked``: the caller already refused records over
+    the target's max_message_size for the whole restore (``engine.refuse_oversize``).
 
     Refuses a non-empty target queue unless ``allow_non_empty`` (or skips it
     with ``skip_existing``). Raises ``RbakError`` subclasses naming the queue;
@@ -402,13 +407,19 @@ def restore_queue_segments(
         skip_extra, landed = prepared
         limits = check_target_limits(conn, source, plan, options, codec, state, res, skip_extra)
         resume = state.resume_point()
+        max_body = check_message_sizes(conn, source, plan, options, codec, resume, size_checked)
         if state.initial_depth is not None or state.segments:
             res.resumed_from = resume
         pub = RecordPublisher(conn, plan, options, f"{plan.label} -> {plan.target_label}",
                               _PropertiesCache(plan.label))
         progress = _Progress(plan, options, cp, res, pub, state.confirmed, on_progress)
         try:
-            _publish(source, plan, options, codec, pub, progress, resume, skip_extra, landed)
+            _publish(source, plan, options, codec, pub, progress, resume, skip_extra, landed, max_body)
+            if res.oversize_skipped:
+                log.warning("%s: %d record(s) over the target's max_message_size %d skipped "
+                            "(restore.allow_oversize_skip: true), the largest %d bytes; each is listed in the summary",
+                            plan.label, len(res.oversize_skipped), max_body,
+                            max(o["bytes"] for o in res.oversize_skipped))
             pub.drain()
             progress.commit(force=True)
             verify_target_depth(conn, plan, options, res, limits)
@@ -482,11 +493,28 @@ class _Progress:
         self._m_fail.inc(self.pub.failed)
 
 
+def check_message_sizes(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
+                        codec: ObjectCodec | None, resume: tuple[int, int], checked: bool) -> int | None:
+    """Refuse the queue before its first publish when a record still to publish is over the target's
+    max_message_size (``message_size``), unless ``checked`` (the whole restore's preflight did, so an
+    older backup's segments are not scanned twice). With ``allow_oversize_skip``: the limit, above which
+    ``_publish`` skips and lists records as they come (no scan). None: nothing to skip, or no limit known."""
+    lim = target_limit(options.target, plan.target_vhost, version_of(conn), options.allow_oversize_skip)
+    if lim is None:
+        return None
+    if options.allow_oversize_skip:
+        return lim.limit
+    if not checked and (found := oversize_records(source, plan, options, codec, lim.limit, resume)):
+        raise RestoreError(oversize_refusal(plan, found, lim))
+    return None
+
+
 def _publish(source: BackupSource, plan: QueuePlan, options: RestoreOptions, codec: ObjectCodec | None,
              pub: RecordPublisher, progress: _Progress, resume: tuple[int, int], skip_extra: int,
-             landed: LandedTail | None) -> None:
+             landed: LandedTail | None, max_body: int | None = None) -> None:
     """Every record of the plan after ``resume`` inside the window, in order; the first ``skip_extra``
-    of them were enqueued by a killed run (for a stream, ``landed`` holds their digests to check)."""
+    of them were enqueued by a killed run (for a stream, ``landed`` holds their digests to check).
+    A body over ``max_body`` is skipped and listed (``allow_oversize_skip``)."""
     res = progress.res
     resume_seq, resume_idx = resume
     s, e = options.window_start_ms, options.window_end_ms
@@ -502,6 +530,9 @@ def _publish(source: BackupSource, plan: QueuePlan, options: RestoreOptions, cod
                 res.skipped_records += 1
                 continue
             res.selected += 1
+            if max_body is not None and len(r.body) > max_body:  # never published, so never landed either
+                res.oversize_skipped.append({"segment": seg.key, "index": i, "bytes": len(r.body)})
+                continue
             if skip_extra:  # already enqueued by the killed run (see reconcile_in_flight): count it as restored
                 if landed is not None:
                     check_landed(landed, r.body, plan.target_label, f"record {i} of {seg.key}")

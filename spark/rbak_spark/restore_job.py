@@ -88,6 +88,7 @@ def build_options(args: argparse.Namespace):
             dry_run=True if args.dry_run else None, publish_mode=args.publish_mode,
             allow_non_empty=True if args.allow_non_empty else None, produce_batch_size=args.batch_size,
             allow_lossy_target=True if args.allow_lossy_target else None,
+            allow_oversize_skip=True if args.allow_oversize_skip else None,
             increment_only=True if getattr(args, "increment_only", False) else None,
         )
         opts = options_from_config(cfg, **overrides)
@@ -108,6 +109,7 @@ def build_options(args: argparse.Namespace):
         window_start_ms=start, window_end_ms=end, dry_run=args.dry_run,
         publish_mode=args.publish_mode or "queue", allow_non_empty=args.allow_non_empty,
         allow_lossy_target=args.allow_lossy_target,
+        allow_oversize_skip=args.allow_oversize_skip,
         produce_batch_size=args.batch_size or 500, increment_only=bool(getattr(args, "increment_only", False)),
         vhost_mapping=tuple(sorted(vmap.items())), queue_mapping=tuple(sorted(qmap.items())),
     )
@@ -285,7 +287,7 @@ def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> No
     does; a queue with stored progress is left to its executor, which checks what is still to publish."""
     from rbak.keys import BackupLayout
     from rbak.restore.checkpoint import QueueState
-    from rbak.restore.engine import refuse_lossy_targets
+    from rbak.restore.engine import refuse_lossy_targets, refuse_oversize
     from rbak.restore.source import BackupSource
 
     from .progress import queue_progress_prefix
@@ -298,6 +300,7 @@ def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> No
         return QueueState(None, 0, False, {})
 
     refuse_lossy_targets(BackupSource(storage, options.prefix), plans, options, state_of)
+    refuse_oversize(BackupSource(storage, options.prefix), plans, options, state_of)  # max_message_size
 
 
 def run_restore_job(spark, url: str, options, ordering: str = "strict", progress_id: str | None = None,
@@ -449,6 +452,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--allow-non-empty", action="store_true")
     ap.add_argument("--allow-lossy-target", action="store_true",
                     help="publish into queues whose max-length, message TTL or expiry may drop restored messages")
+    ap.add_argument("--allow-oversize-skip", action="store_true",
+                    help="skip records over the target's max_message_size, listing each in the summary")
     ap.add_argument("--increment-only", action="store_true",
                     help="a stream from an incremental backup: its own offsets only (default: base through it)")
     ap.add_argument("--batch-size", type=int, default=None, help="unconfirmed messages in flight per run")

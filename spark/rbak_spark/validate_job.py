@@ -106,7 +106,9 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
         report.segments.append(SegmentCheck(
             key=r["key"], ok=r["ok"], problems=r["problems"], record_count=r["record_count"],
             size_bytes=r["size_bytes"], uncompressed_bytes=r["uncompressed_bytes"],
+            contents_checked=bool(r.get("contents_checked")),
         ))
+    report.unverified = unverified_reason(m.encryption, report.segments)
     elapsed = time.perf_counter() - t0
     total_uncompressed = sum(r["uncompressed_bytes"] for r in results)
     out = report.to_json_obj()
@@ -134,9 +136,25 @@ def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: 
     return out
 
 
+def unverified_reason(encryption, checks: list) -> str | None:
+    """Why an encrypted backup's deep check proves nothing: some executor could not decrypt its segments
+    (no key in its RBAK_ENCRYPTION_KEYS, only a newer key, an envelope's KMS key unreachable); else None."""
+    if encryption is None:
+        return None
+    closed = [c for c in checks if c.ok and not c.contents_checked]
+    if not closed:
+        return None
+    how = (f"data key {encryption.key_id!r} could not be unwrapped with the executors' keyring "
+           "(RBAK_ENCRYPTION_KEYS) or KMS" if encryption.envelope else
+           f"key id {encryption.key_id!r} is not in the executors' keyring (RBAK_ENCRYPTION_KEYS)")
+    return f"{len(closed)} of {len(checks)} segment(s) not decrypted: {how}"
+
+
 def summary_lines(out: dict) -> list[str]:
+    from rbak.validate import unverified_line
+
     s = out["summary"]
-    verdict = "OK" if out["ok"] else "FAILED"
+    verdict = {"valid": "OK", "unverified": "UNVERIFIED"}.get(out.get("result", ""), "FAILED")
     lines = [
         f"validate {out['backup_id']} ({out['master']}): {s['segments']} segments, {s['records']} records, "
         f"{s['uncompressed_bytes'] / 1e6:.1f} MB uncompressed in {out['seconds']:.1f}s: {verdict}"
@@ -145,6 +163,8 @@ def summary_lines(out: dict) -> list[str]:
         lines.append("  backup is incomplete (manifest completed_at is null)")
     if s["bad_segments"]:
         lines.append(f"  {s['bad_segments']} bad segment(s):")
+    if out.get("result") == "unverified":
+        lines.append(f"  {unverified_line(out['unverified'])}")
     lines += [f"  - {p}" for p in out["all_problems"]]
     if out.get("report_key"):
         lines.append(f"report: {out['report_key']}")
@@ -181,5 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     except RbakError as e:
         print(str(e), file=sys.stderr)
         return e.exit_code
+    from rbak.errors import UNVERIFIED_EXIT_CODE
+
     print("\n".join(summary_lines(out)))
+    if out.get("result") == "unverified":
+        return UNVERIFIED_EXIT_CODE
     return 0 if out["ok"] else 1

@@ -92,8 +92,11 @@ def test_encrypted_backup_rotate_restore_validate(broker, vhost, s3_bucket, tmp_
     for bid in ("enc-1", "enc-2"):
         v = rbak("validate", "--path", url, "--prefix", "backups", "--backup-id", bid, "--deep", env_keys=both)
         assert "is valid" in v.stdout and "note:" not in v.stderr
-        v = rbak("validate", "--path", url, "--prefix", "backups", "--backup-id", bid, "--deep")
-        assert "is valid" in v.stdout and "not in the keyring" in v.stderr  # sizes and checksums, no key
+        v = rbak("validate", "--path", url, "--prefix", "backups", "--backup-id", bid, "--deep", check=False)
+        # no key: sizes and checksums only, which proves nothing: unverified, exit 5, never "valid" (issue 45)
+        assert v.returncode == 5 and "is valid" not in v.stdout, (v.returncode, v.stdout, v.stderr)
+        assert f"backup {bid!r} is unverified: not decrypted (encrypted with key id " in v.stderr
+        assert "which is not in the keyring" in v.stderr
 
     # restore: no key and a wrong key are refused naming the backup and key id; the right one restores
     target = vhost
@@ -137,7 +140,7 @@ def test_validate_catches_tampered_ciphertext_with_and_without_the_key(broker, v
     doc["queues"][0]["segments"][0]["checksum"] = hashlib.sha256(bytes(data)).hexdigest()
     storage.put("backups/t1/manifest.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     v = rbak("validate", "--path", url, "--prefix", "backups", "--backup-id", "t1", "--deep", check=False)
-    assert v.returncode == 0, v.stderr  # without the key nothing more can be checked
+    assert v.returncode == 5 and "unverified: not decrypted" in v.stderr, v.stderr  # without the key: no verdict
     v = rbak("validate", "--path", url, "--prefix", "backups", "--backup-id", "t1", "--deep", "--format", "json",
              env_keys=ring(k1=K1), check=False)
     rep = json.loads(v.stdout)

@@ -197,3 +197,33 @@ def test_cli_backup_stores_progress_on_write_once_storage(rmq310, vhost_factory,
     last = ProgressRecord.from_json(body, newest["Key"])
     assert (last.state, last.queues_done, last.queues_total, last.records, last.records_total) == (FINISHED, 1, 1, 600, 600)
     assert rmq310.message_count(vh, "orders") == 1200  # the source's 600 plus the restored 600
+
+
+def test_progress_counts_each_record_once_for_queues_and_streams(broker, vhost, tmp_path):
+    """Issue 45: a stream was counted twice (as read and again at its end). The final stored snapshot
+    equals the summary for classic, quorum and stream queues together, and for an incremental stream backup."""
+    fast_publish(broker, vhost, "c", [b"c-%d" % i for i in range(700)], declare={})
+    fast_publish(broker, vhost, "q", [b"q-%d" % i for i in range(300)], declare={"x-queue-type": "quorum"})
+    fast_publish(broker, vhost, "s", [b"s-%d" % i for i in range(1000)], declare={"x-queue-type": "stream"})
+    storage = Spy(storage_for(tmp_path))
+
+    def run(backup_id: str):
+        storage.progress_puts.clear()
+        cfg = backup_config(broker, vhost, tmp_path / "store", backup_id, tmp_path / f"{backup_id}.db")
+        tracker = Tracker("backup", backup_id)
+        with ProgressSession(tracker, [StorageReporter(storage, "", interval=0.05)]):
+            summary = BackupEngine(cfg, storage=storage, progress=backup_events(tracker)).run()
+        final = ProgressRecord.from_json(storage.progress_puts[-1][1], "final")
+        return summary, final
+
+    summary, final = run("once-1")
+    assert summary.completed and {q.name: q.messages for q in summary.queues} == {"c": 700, "q": 300, "s": 1000}
+    assert (final.state, final.queues_done, final.queues_total) == (FINISHED, 3, 3)
+    assert final.records == summary.total_messages == 2000, final.line()
+    assert "3/3 queues, 2000 records" in final.line()
+
+    fast_publish(broker, vhost, "s", [b"s2-%d" % i for i in range(250)])
+    summary, final = run("once-2")  # the stream continues once-1's chain: its 250 new records only
+    stream = next(q for q in summary.queues if q.name == "s")
+    assert stream.messages == 250 and summary.total_messages == 1250
+    assert (final.state, final.queues_done, final.records) == (FINISHED, 3, 1250), final.line()

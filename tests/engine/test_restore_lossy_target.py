@@ -63,8 +63,9 @@ def put_policy(broker, vhost, name, definition, pattern="^q$", operator=False):
 
 def assert_refused(r, out, vhost, *parts):
     assert r.returncode == 1, (r.returncode, r.stderr)
-    assert out is None  # refused before a summary: nothing was published
     line = r.stderr.strip().splitlines()[-1]
+    # refused before a summary: nothing was published; --json says so in one object (issue 45)
+    assert out == {"ok": False, "exit_code": 1, "error": {"class": "RestoreError", "message": line.removeprefix("rbak: ")}}
     assert line.startswith(f"rbak: Restore error: queue 'q' in vhost '{vhost}' may drop, expire or dead-letter "
                            "restored messages: "), line
     for p in parts:
@@ -231,8 +232,9 @@ def test_queues_declared_by_the_definitions_import_are_judged_too(broker, vhost,
     assert summary.completed
     target = vhost_factory(broker)
     r, out = restore(broker, tmp_path, restore_definitions=True, vhost_mapping={vhost: target})
-    assert r.returncode == 1 and out is None, r.stderr
     line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and out["ok"] is False and "rbak: " + out["error"]["message"] == line, r.stderr
+    assert set(out) == {"ok", "exit_code", "error"}  # refused before a summary: nothing was published
     assert line.startswith(f"rbak: Restore error: queue 'ttl' in vhost '{target}' may drop, expire or dead-letter "
                            "restored messages: message-ttl 600000 (queue argument x-message-ttl)"), line
     assert "capped" not in line

@@ -67,10 +67,13 @@ def _assert_complete(tmp: Path, backup_id: str, out: str) -> None:
     assert m.queues[0].message_count == N
 
 
-def _assert_refused(tmp: Path, backup_id: str, rc: int, err: str, holder: str) -> None:
+def _assert_refused(tmp: Path, backup_id: str, rc: int, err: str, holder: str, out: str) -> None:
     lines = [ln for ln in err.splitlines() if ln.strip() and " INFO " not in ln]
     assert rc == LEASE_EXIT_CODE == 4, err
     assert len(lines) == 1 and lines[0].startswith("rbak: Backup lease: ") and holder in lines[0], err
+    # --json: one object on stdout saying so (issue 45), the same line as stderr's
+    assert json.loads(out) == {"ok": False, "exit_code": 4,
+                               "error": {"class": "BackupLeaseError", "message": lines[0].removeprefix("rbak: ")}}
     assert "nothing was written" in lines[0]
     assert not (tmp / "store" / backup_id).exists()
 
@@ -86,7 +89,7 @@ def test_two_backups_started_together_different_ids(broker, vhost, tmp_path):
             _assert_complete(tmp_path, bid, out)
         else:  # it overlapped the other: refused before writing anything, naming the other backup
             other = "ov-b" if bid == "ov-a" else "ov-a"
-            _assert_refused(tmp_path, bid, rc, err, f"rbak-backup {other} lease")
+            _assert_refused(tmp_path, bid, rc, err, f"rbak-backup {other} lease", out)
     listed = {e["backup_id"]: e["status"] for e in json.loads(_cli(tmp_path, "list", "--path", "store",
                                                                     "--format", "json").stdout)}
     assert listed == {bid: "complete" for bid in done}
@@ -128,8 +131,8 @@ def test_a_held_lease_refuses_then_is_waited_for(broker, vhost, tmp_path):
     holder = _hold_lease(broker, vhost, "rbak-backup nightly-7 lease (pid 1 on elsewhere)")
     try:
         p = _start(_config(broker, vhost, tmp_path, "late", "late"))
-        rc, _, err = _finish(p)
-        _assert_refused(tmp_path, "late", rc, err, "'rbak-backup nightly-7 lease (pid 1 on elsewhere)'")
+        rc, out, err = _finish(p)
+        _assert_refused(tmp_path, "late", rc, err, "'rbak-backup nightly-7 lease (pid 1 on elsewhere)'", out)
         assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*"))
         # with backup.lease_wait_secs it waits: visible as its own lease connection, nothing read yet
         p = _start(_config(broker, vhost, tmp_path, "patient", "patient", lease_wait_secs=240))
@@ -167,8 +170,8 @@ def test_a_killed_holder_frees_the_lease(broker, vhost, tmp_path):
         "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert sub.stdout.readline().strip() == "held"
-        rc, _, err = _finish(_start(_config(broker, vhost, tmp_path, "k1", "k1")))
-        _assert_refused(tmp_path, "k1", rc, err, "rbak-backup k lease")
+        rc, out, err = _finish(_start(_config(broker, vhost, tmp_path, "k1", "k1")))
+        _assert_refused(tmp_path, "k1", rc, err, "rbak-backup k lease", out)
     finally:
         sub.kill()  # SIGKILL: no connection.close, the socket just goes
         sub.wait()

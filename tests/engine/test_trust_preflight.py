@@ -31,8 +31,8 @@ def _config(tmp: Path, amqp_url: str, mgmt_url: str, vhosts: list[str], **backup
     return p
 
 
-def _backup(cfg: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rbak", "backup", "-c", str(cfg), "--no-progress"],
+def _backup(cfg: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rbak", "backup", "-c", str(cfg), "--no-progress", *extra],
                           capture_output=True, text=True, timeout=180, cwd=cfg.parent)
 
 
@@ -56,10 +56,13 @@ def _seed(broker, vhost: str) -> None:
 def test_wrong_amqp_password_writes_nothing(broker, vhost, tmp_path):
     _seed(broker, vhost)
     url = broker.amqp_url(vhost).replace("guest:guest@", "guest:wrong-pw@")
-    r = _backup(_config(tmp_path, url, broker.management_url, [vhost]))
+    r = _backup(_config(tmp_path, url, broker.management_url, [vhost]), "--json")
     line = _one_line(r)
     assert r.returncode == 1
     assert "authentication failed for user 'guest'" in line and f"vhost {vhost!r}" in line and "wrong-pw" not in line
+    # --json: one object on stdout, the same one line (issue 45)
+    assert json.loads(r.stdout) == {"ok": False, "exit_code": 1, "error": {"class": "AmqpAuthenticationError",
+                                                                          "message": line.removeprefix("rbak: ")}}
     _nothing_stored(tmp_path)
     assert broker.message_count(vhost, "pf-q") == 10
 

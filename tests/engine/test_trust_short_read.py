@@ -112,7 +112,9 @@ def test_cli_exit_code_3_and_json_summary_for_a_partial_backup(broker, vhost, tm
     (tmp_path / "b.yaml").write_text(json.dumps(cfg))
     r = _cli("backup", "-c", "b.yaml", "--json", "--no-progress", cwd=tmp_path)
     assert r.returncode == PARTIAL_EXIT_CODE == 3, r.stderr
-    s = json.loads(r.stdout)
+    s = json.loads(r.stdout)  # one object: the summary's fields, ok false, the exit code and the error (issue 45)
+    assert (s["ok"], s["exit_code"], s["error"]["class"]) == (False, 3, "PartialBackupError")
+    assert s["error"]["message"].startswith("Backup partial: 1 of 2 queue(s)")
     assert (s["completed"], s["partial"], s["total_messages"]) == (True, True, 5)
     by = {q["name"]: q for q in s["queues"]}
     assert (by["ok-q"]["status"], by["ok-q"]["messages"], by["ok-q"]["expected"]) == ("done", 5, 5)

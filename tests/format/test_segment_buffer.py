@@ -237,3 +237,36 @@ def test_the_c_helpers_crc32_is_zlibs_at_every_length_offset_and_seed():
         view = memoryview(blob)[off: off + n]
         for seed in (0, 0xFFFFFFFF, rnd.getrandbits(32)):
             assert speedups.crc32(view, seed) == zlib.crc32(view, seed), (off, n, seed)
+
+
+def test_each_segment_records_its_largest_body_on_every_path():
+    """Issue 45: ``max_body_bytes`` (an rbak manifest extension) is each segment's largest body, the
+    same through append, append_many and append_from (C or Python); a record appended as bare JSON
+    leaves it unknown (None), which is never written, so a reader scans instead."""
+    from rbak.format.manifest import SegmentMetadata
+
+    records = recs(60, size=900)
+    expected = None
+    for path in ("append", "many", "from"):
+        w = SegmentWriter(lambda s, d: f"k{s}", Compression.ZSTD, max_bytes=150_000, max_interval_ms=2**62)
+        if path == "append":
+            for r in records:
+                w.append(r)
+        elif path == "many":
+            w.append_many(records)
+        else:
+            i = 0
+            while i < len(records):
+                i = w.append_from(records, i)
+        w.flush()
+        got = [m.max_body_bytes for m in w.written]
+        want = [max(len(r.body) for r in part) for part in split_by(w.written, records)]
+        assert got == want and len(got) > 2 and max(got) == 70_000, (path, got)
+        assert expected is None or got == expected
+        expected = got
+    w = SegmentWriter(lambda s, d: f"k{s}", Compression.NONE, max_bytes=150_000, max_interval_ms=2**62)
+    w.append_encoded(encode_record(records[0]), 1000)
+    meta = w.flush()
+    assert meta is not None and meta.max_body_bytes is None and "max_body_bytes" not in meta.to_json_obj()
+    obj = dict(meta.to_json_obj(), max_body_bytes=7)
+    assert SegmentMetadata.from_json_obj(obj).max_body_bytes == 7 and list(obj)[-1] == "max_body_bytes"

@@ -348,17 +348,20 @@ def _ring(tmp_path, name: str, **keys: bytes) -> str:
     return str(f)
 
 
-def _validate_notes(url: str, backup_id: str, keys_file: str, capsys) -> list[str]:
-    """``rbak validate --deep`` of the backup with this keyring: exit 0, and its notes (a note says when
-    the contents could not be decrypted)."""
+def _deep_result(url: str, backup_id: str, keys_file: str, capsys) -> str:
+    """``rbak validate --deep`` of the backup with this keyring: its result, ``valid`` (exit 0) or
+    ``unverified`` (the contents could not be decrypted: exit 5, never a pass; issue 45)."""
     import json
 
     capsys.readouterr()
-    assert rbak_main(["validate", "--path", url, "--backup-id", backup_id, "--deep", "--format", "json",
-                      "--keys-file", keys_file]) == 0
+    rc = rbak_main(["validate", "--path", url, "--backup-id", backup_id, "--deep", "--format", "json",
+                    "--keys-file", keys_file])
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and report["deep"], report
-    return report["notes"]
+    assert report["deep"] and report["result"] in ("valid", "unverified"), report
+    assert (rc, report["ok"]) == ((0, True) if report["result"] == "valid" else (5, False)), (rc, report)
+    if report["result"] == "unverified":
+        assert report["error"]["class"] == "UnverifiedError" and "unverified: not decrypted" in report["error"]["message"]
+    return report["result"]
 
 
 def _restore_q311(storage, backup_id: str, broker, vhost: str, **opts) -> list[bytes]:
@@ -407,19 +410,20 @@ def test_envelope_import_wraps_its_own_data_key_restores_and_rewraps(real_db, tm
     capsys.readouterr()
     assert rbak_main(["describe", "--path", url, "--backup-id", "env"]) == 0
     assert f"envelope: data key {m.encryption.key_id} wrapped by keyring 'k1'" in capsys.readouterr().out
-    assert not any("not decrypted" in n for n in _validate_notes(url, "env", only1, capsys))
-    assert any("not decrypted" in n for n in _validate_notes(url, "env", only2, capsys))  # k2 opens nothing yet
+    assert _deep_result(url, "env", only1, capsys) == "valid"
+    assert _deep_result(url, "env", only2, capsys) == "unverified"  # k2 opens nothing yet
 
     assert rbak_main(["keys", "rewrap", "--path", url, "--backup-id", "env", "--to", "k2", "--keys-file", both]) == 0
     assert "env: added: wrapped for keyring 'k2' (unwrapped with keyring 'k1')" in capsys.readouterr().out
     assert sorted(storage.list("env/keys/")) == ["env/keys/keyring-k1.wrap.json", "env/keys/keyring-k2.wrap.json"]
-    assert not any("not decrypted" in n for n in _validate_notes(url, "env", only2, capsys))
+    assert _deep_result(url, "env", only2, capsys) == "valid"
     vhost = vhost_factory(rmq43)
     assert _restore_q311(storage, "env", rmq43, vhost, keys=(("k2", k2),)) == [
         V5_PAYLOAD, b"hello-q2", b"retained-q1", b"plain-q0"]
 
 
-def test_envelope_import_wrapped_by_moto_kms_then_rewrapped_to_a_keyring_key(real_db, tmp_path, moto_s3, capsys):
+def test_envelope_import_wrapped_by_moto_kms_then_rewrapped_to_a_keyring_key(real_db, tmp_path, moto_s3, capsys,
+                                                                          monkeypatch):
     """--kms-key-id alone wraps the import's data key with AWS KMS (moto's server, reached through
     --kms-endpoint-url): the wrap records the key and region, a reader reaches KMS to open it, and a
     rewrap to a keyring key lets a reader without KMS access validate the contents."""
@@ -454,11 +458,20 @@ def test_envelope_import_wrapped_by_moto_kms_then_rewrapped_to_a_keyring_key(rea
     plain = {k: [r.body for r in v] for k, v in records_by_queue(storage, "plain").items()}
     assert got == plain and got[Q311] == [V5_PAYLOAD, b"hello-q2", b"retained-q1", b"plain-q0"]
 
+    # validated before the rewrap: KMS reachable, the contents are checked; KMS unreachable, or no
+    # KMS and only k2: unverified, exit 5 (issue 45)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", moto_s3)
+    assert _deep_result(url, "kms", only2, capsys) == "valid"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    assert _deep_result(url, "kms", only2, capsys) == "unverified"
+    monkeypatch.delenv("AWS_ENDPOINT_URL_KMS")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")
     capsys.readouterr()
     assert rbak_main(["keys", "rewrap", "--path", url, "--backup-id", "kms", "--to", "k2", "--from", f"kms:{arn}",
                       "--kms-endpoint-url", moto_s3, "--keys-file", only2]) == 0
     assert f"kms: added: wrapped for keyring 'k2' (unwrapped with kms '{arn}')" in capsys.readouterr().out
-    assert not any("not decrypted" in n for n in _validate_notes(url, "kms", only2, capsys))
+    assert _deep_result(url, "kms", only2, capsys) == "valid"
 
 
 def test_envelope_import_flags_are_checked_before_anything_is_written(real_db, tmp_path, capsys):

@@ -43,18 +43,35 @@ def with_executor_keys(spark, value):
         env["RBAK_ENCRYPTION_KEYS"] = value
 
 
-def test_spark_validate_and_read_an_encrypted_backup(spark, tmp_path):
+def assert_unverified(out: dict, n: int, why: str) -> None:
+    """Issue 45: a deep check that decrypted nothing is not a pass: ok false, its own result and reason."""
+    assert (out["ok"], out["result"], out["all_problems"]) == (False, "unverified", []), out
+    assert out["unverified"] == f"{n} of {n} segment(s) not decrypted: {why}"
+    assert out["summary"]["records"] == 0 and not any(s["contents_checked"] for s in out["segments"])
+
+
+def test_spark_validate_and_read_an_encrypted_backup(spark, tmp_path, capsys):
+    from rbak_spark.validate_job import main
+
     url = f"file://{tmp_path}"
     storage, m = encrypted_backup(url, "enc")
     assert m.total_segments >= 4
     try:
         with_executor_keys(spark, None)
-        out = run_validate(spark, url, "enc", write_report=False)
-        assert out["ok"] is True  # no key: stored sizes and SHA-256 only
-        assert out["summary"]["records"] == 0  # nothing was decrypted
+        out = run_validate(spark, url, "enc")  # no key: stored sizes and SHA-256 only, proving nothing
+        assert_unverified(out, m.total_segments, "key id 'k1' is not in the executors' keyring (RBAK_ENCRYPTION_KEYS)")
+        from rbak.catalog import latest_complete, latest_validation
+
+        assert latest_validation(storage, "enc")[1]["result"] == "unverified"
+        assert latest_complete(storage).backup_id == "enc"  # not failed either: as if never validated
+        capsys.readouterr()
+        assert main(["--path", url, "--backup-id", "enc", "--no-report"]) == 5
+        printed = capsys.readouterr().out
+        assert ": UNVERIFIED" in printed and "unverified: not decrypted (" in printed
         with_executor_keys(spark, RING)
         out = run_validate(spark, url, "enc", write_report=False)
-        assert out["ok"] is True and out["summary"]["records"] == m.total_messages == 120
+        assert out["ok"] is True and out["result"] == "valid" and out["summary"]["records"] == m.total_messages == 120
+        assert all(s["contents_checked"] for s in out["segments"])
         from rbak_spark.datasource import register
 
         register(spark)
@@ -103,9 +120,12 @@ def test_spark_validate_and_read_an_envelope_backup(spark, tmp_path):
     k2 = os.urandom(32)
     assert rewrap(storage, "", "env", info, Kek(KEYRING, "k2"), KeySources({"k1": KEY, "k2": k2})).outcome == "added"
     try:
+        n = m.total_segments
+        why = f"data key {info.key_id!r} could not be unwrapped with the executors' keyring (RBAK_ENCRYPTION_KEYS) or KMS"
         with_executor_keys(spark, None)
-        out = run_validate(spark, url, "env", write_report=False)
-        assert out["ok"] is True and out["summary"]["records"] == 0  # no key: sizes and SHA-256 only
+        assert_unverified(run_validate(spark, url, "env", write_report=False), n, why)  # no key
+        with_executor_keys(spark, f"k3: {base64.b64encode(os.urandom(32)).decode()}")  # a key no wrap names
+        assert_unverified(run_validate(spark, url, "env", write_report=False), n, why)
         with_executor_keys(spark, f"k2: {base64.b64encode(k2).decode()}")
         out = run_validate(spark, url, "env", write_report=False)
         assert out["ok"] is True and out["summary"]["records"] == 80

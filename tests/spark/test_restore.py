@@ -185,3 +185,29 @@ def test_one_publisher_per_task_still_restores_in_order(spark, target, tmp_path)
         assert out["ok"] and out["confirmed"] == 1500
         for q in queues:
             assert ids(broker.drain_queue(vh, q.name)) == [f"{q.name}-{i}" for i in range(300)]
+
+
+def test_a_record_over_the_targets_max_message_size_refuses_then_is_skipped(spark, rmq43, vhost_factory, tmp_path):
+    """Issue 45: the driver refuses before any executor publishes, naming size, limit and setting; with
+    allow_oversize_skip the executors restore the rest and each skipped record is in the summary."""
+    import dataclasses
+
+    from rbak.errors import RestoreError
+    from support.restores import build_backup, make_records
+
+    limit = 16 * 1024 * 1024  # 4.x's default max_message_size
+    vh = vhost_factory(rmq43, "test-spark")
+    url = f"file://{tmp_path}"
+    bodies = [b"a-0", b"B" * (limit + 1), b"a-2"]
+    build_backup(open_storage(url), "big", [("/", "big", "classic", make_records("/", "big", bodies, every_type=False))],
+                 max_bytes=64 << 20)
+    rmq43.declare_queue(vh, "big")
+    opts = options(rmq43, vh, backup_id="big")
+    with pytest.raises(RestoreError, match=f"has a {limit + 1}-byte body, over the target's max_message_size {limit} "):
+        run_restore_job(spark, url, opts, progress_id="size-1")
+    assert rmq43.message_count(vh, "big") == 0  # nothing published
+    out = run_restore_job(spark, url, dataclasses.replace(opts, allow_oversize_skip=True), progress_id="size-2")
+    assert out["ok"] and out["confirmed"] == 2, out
+    (run,) = out["runs"]
+    assert [o["index"] for o in run["oversize_skipped"]] == [1] and run["oversize_skipped"][0]["bytes"] == limit + 1
+    assert rmq43.read_bodies(vh, "big") == [b"a-0", b"a-2"]
