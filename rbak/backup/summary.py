@@ -38,6 +38,8 @@ class BackupSummary:
     rabbitmq_version: str | None = None
     source_cluster: str | None = None
     partial: bool = False
+    vhosts: list[str] = field(default_factory=list)  # the vhosts whose queues were read
+    vhost_scope: list[str] | None = None  # the vhosts the run was limited to (None: every vhost)
 
     @property
     def total_messages(self) -> int:
@@ -56,7 +58,8 @@ class BackupSummary:
         return {
             "backup_id": self.backup_id, "storage": self.storage, "manifest": self.manifest_key,
             "completed": self.completed, "partial": self.partial, "source_cluster": self.source_cluster,
-            "rabbitmq_version": self.rabbitmq_version, "duration_secs": round(self.duration_secs, 3),
+            "rabbitmq_version": self.rabbitmq_version, "vhosts": self.vhosts, "vhost_scope": self.vhost_scope,
+            "duration_secs": round(self.duration_secs, 3),
             "total_messages": self.total_messages, "total_bytes": self.total_bytes,
             "total_segments": sum(q.segments for q in self.queues),
             "definitions": self.definitions.to_json_obj() if self.definitions else None,

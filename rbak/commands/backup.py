@@ -118,6 +118,8 @@ def run(args) -> int:
         print(f"backup {summary.backup_id}: {summary.total_messages} messages from {len(summary.queues)} queue(s), "
               f"{sum(q.segments for q in summary.queues)} segment(s), {summary.total_bytes} bytes, "
               f"{summary.duration_secs:.1f}s -> {summary.storage} ({summary.manifest_key})")
+        print(f"  vhosts read: {', '.join(summary.vhosts) or '-'}"
+              + (" (every vhost of the cluster)" if summary.vhost_scope is None else ""))
         for q in summary.queues:
             print(f"  {q.vhost}/{q.name} ({q.queue_type}): {q.messages} messages [{q.status}]")
         if summary.definitions:

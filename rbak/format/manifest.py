@@ -170,6 +170,54 @@ class StreamInfo:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class BackupOwner:
+    """The object that made a backup (a RabbitMQBackup: its namespace, name and uid)."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" + (f" (uid {self.uid})" if self.uid else "")
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str) -> "BackupOwner":
+        return cls(_req(d, "namespace", str, where), _req(d, "name", str, where), _opt(d, "uid", str, where))
+
+
+@dataclass(frozen=True, slots=True)
+class BackupOrigin:
+    """Where a backup's messages come from and who made it (rbak's extra ``origin`` field, written from
+    the first, in-progress manifest on): a run never resumes, completes or replaces a backup of
+    another origin. ``vhosts`` is the run's vhost scope (None: every vhost of the cluster)."""
+
+    cluster: str
+    vhosts: tuple[str, ...] | None = None
+    owner: BackupOwner | None = None
+
+    def describe(self) -> str:
+        scope = f"vhosts {', '.join(self.vhosts)}" if self.vhosts is not None else "every vhost"
+        return f"cluster {self.cluster!r}, {scope}" + (f", made by {self.owner}" if self.owner else "")
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "vhosts": list(self.vhosts) if self.vhosts is not None else None,
+                "owner": self.owner.to_json_obj() if self.owner else None}
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str) -> "BackupOrigin":
+        where = f"{where} origin"
+        vh = d.get("vhosts") if isinstance(d, dict) else None
+        if vh is not None and (not isinstance(vh, list) or not all(isinstance(v, str) for v in vh)):
+            raise ManifestError(f"{where}: 'vhosts' must be a list of strings or null")
+        owner = d.get("owner")
+        return cls(_req(d, "cluster", str, where), tuple(vh) if vh is not None else None,
+                   BackupOwner.from_json_obj(owner, f"{where} owner") if owner is not None else None)
+
+
 QUEUE_STATUSES = ("refused", "failed", "partial", "skipped")
 """Per-queue outcomes recorded in ``queue_status``."""
 PARTIAL_STATUSES = ("refused", "failed", "partial")
@@ -322,6 +370,7 @@ class BackupManifest:
     total_segments: int = 0
     queue_status: list[QueueStatus] = field(default_factory=list)  # rbak extension: refused/failed/skipped queues
     encryption: EncryptionInfo | None = None  # rbak's extension; absent (not null) in unencrypted manifests
+    origin: BackupOrigin | None = None  # rbak's extension, last; absent in manifests written without one
 
     @property
     def is_complete(self) -> bool:
@@ -379,6 +428,7 @@ class BackupManifest:
             "total_segments": self.total_segments,
             **({"queue_status": [q.to_json_obj() for q in self.queue_status]} if self.queue_status else {}),
             **({"encryption": self.encryption.to_json_obj()} if self.encryption else {}),
+            **({"origin": self.origin.to_json_obj()} if self.origin else {}),
         }
         return d
 
@@ -405,6 +455,7 @@ class BackupManifest:
             definitions=DefinitionsBackup.from_json_obj(defs, f"{where} definitions") if defs else None,
             queues=[QueueBackup.from_json_obj(q, f"{where} queue {i}") for i, q in enumerate(queues)],
             encryption=EncryptionInfo.from_json_obj(d["encryption"], where) if d.get("encryption") is not None else None,
+            origin=BackupOrigin.from_json_obj(d["origin"], where) if d.get("origin") is not None else None,
         )
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0
