@@ -113,13 +113,15 @@ def latest_validation(storage: Storage, backup_id: str, prefix: str | None = "")
     return key, report
 
 
-def latest_complete(storage: Storage, prefix: str | None = "") -> BackupEntry | None:
-    """The newest complete backup whose last validation (if any) did not fail.
+def latest_complete(storage: Storage, prefix: str | None = "",
+                    accept: Callable[[BackupEntry], bool] = lambda _e: True) -> BackupEntry | None:
+    """The newest complete backup whose last validation (if any) did not fail (of those ``accept`` takes:
+    the operator's restores take only the referenced object's own backups).
 
     A backup proven damaged is never picked by default: restores without a
     backup id and incremental stream offsets skip it, with a warning.
     """
-    done = sorted((e for e in list_backups(storage, prefix) if e.complete),
+    done = sorted((e for e in list_backups(storage, prefix) if e.complete and accept(e)),
                   key=lambda e: (e.completed_at, e.backup_id), reverse=True)
     for e in done:
         found = latest_validation(storage, e.backup_id, prefix)

@@ -389,14 +389,15 @@ def start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: s
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, name = meta["namespace"], meta["name"]
     resolved = resolve_broker(kube, spec.get("broker"), ns, "spec.broker")
-    cfg, secret_env = rbakconfig.backup_config(spec, ns, run_name, resolved)
+    backup_id = naming.run_backup_id(run_name, ns, meta.get("uid"))
+    cfg, secret_env = rbakconfig.backup_config(spec, ns, backup_id, resolved, meta)
     labels = bodies.backup_run_labels(name, trigger)
     validate = spec.get("validate") or {}
     vargs = None
     if validate.get("enabled", True) and validate.get("sparkThresholdBytes") is None:
-        vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), run_name, bool(validate.get("deep")),
+        vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), backup_id, bool(validate.get("deep")),
                                      rbakconfig.storage_prefix(spec["storage"]))
-    annotations = {bodies.A_BACKUP_ID: run_name}
+    annotations = {bodies.A_BACKUP_ID: backup_id}
     if slot:
         annotations[bodies.A_SLOT] = fmt(slot)
     if trigger_value is not None:

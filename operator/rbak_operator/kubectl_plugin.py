@@ -474,7 +474,7 @@ def cmd_list(c: Ctx) -> int:
         m = entry.manifest
         rows.append([entry.backup_id, entry.status, fmt_ts(m.created_at) if m else None, len(m.queues) if m else None,
                      m.total_messages if m else None, human_bytes(m.total_bytes) if m else None,
-                     "yes" if policy.owned(entry.backup_id, name) else "no",
+                     "yes" if policy.owned(entry.backup_id, m, body["metadata"]) else "no",
                      (list_notes(m) if m else entry.error) or ""])
     for line in table(["BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "OWN", "NOTES"], rows):
         out(line)

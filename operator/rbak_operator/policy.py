@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rbak.errors import ConfigError
+from rbak.format.manifest import BackupManifest
 from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
 from rbak.retention import parse_duration as _parse_duration
 
@@ -40,11 +41,22 @@ def concurrency(policy: str | None, active: list[str]) -> str:
     raise ConfigError(f"spec.concurrencyPolicy: {policy!r} is not one of Forbid, Allow, Replace")
 
 
-def owned(backup_id: str, backup_name: str) -> bool:
-    """Whether a backup id was made by the RabbitMQBackup ``backup_name``."""
+def owned(backup_id: str, manifest: BackupManifest | None, meta: Mapping[str, Any]) -> bool:
+    """Whether a stored backup was made by the RabbitMQBackup of ``meta``: by the owner its manifest
+    records (namespace, name and, when both know it, uid), never by the shape of its id. A manifest
+    without a recorded origin (an older operator's) falls back to the id's shape; a backup without a
+    manifest is nobody's (retention and deletion leave it)."""
     from .naming import owns
 
-    return owns(backup_name, backup_id)
+    if manifest is None:
+        return False
+    origin = manifest.origin
+    if origin is None:
+        return owns(meta["name"], backup_id)
+    o = origin.owner
+    if o is None or (o.namespace, o.name) != (meta.get("namespace"), meta["name"]):
+        return False
+    return not (o.uid and meta.get("uid")) or o.uid == meta.get("uid")
 
 
 def retention_policy(retention: dict[str, Any] | None) -> RetentionPolicy:

@@ -276,8 +276,10 @@ def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
-                  resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
-    """Config for ``rbak backup`` of one run, and the Secret env the pod needs."""
+                  resolved: ResolvedBroker | None = None,
+                  owner: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
+    """Config for ``rbak backup`` of one run, and the Secret env the pod needs. ``owner``: the
+    RabbitMQBackup's metadata, recorded in the manifest (``backup.owner``)."""
     source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
     queues = _queues(spec.get("queues"))
     if queues:
@@ -292,6 +294,9 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
         backup["segment_max_bytes"] = int(spec["segmentMaxBytes"])
     if spec.get("segmentMaxIntervalMs"):
         backup["segment_max_interval_ms"] = int(spec["segmentMaxIntervalMs"])
+    if owner is not None:
+        backup["owner"] = {"namespace": namespace, "name": owner["name"],
+                           **({"uid": owner["uid"]} if owner.get("uid") else {})}
     encryption, env3 = backup_encryption(spec, storage)
     lock = spec.get("objectLock") or {}
     if lock:

@@ -27,6 +27,7 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     meta, spec = body["metadata"], body.get("spec") or {}
     ns = meta["namespace"]
     ref = spec.get("backupRef")
+    backup = None
     if ref:
         backup = kube.get_backup(ns, ref["name"])
         if backup is None:
@@ -46,9 +47,16 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     nbytes = None
     if st is not None:
         if not backup_id:
-            entry = latest_complete(st, prefix)
+            if backup is not None:  # backupRef: the newest complete backup OF THAT OBJECT, not of the prefix
+                bmeta = backup["metadata"]
+                entry = latest_complete(st, prefix, lambda e: policy.owned(e.backup_id, e.manifest, bmeta))
+                if entry is None:
+                    raise RestoreSpecError(f"spec.backupRef: RabbitMQBackup {ns}/{ref['name']} has no complete backup "
+                                           "in its storage yet (set spec.backupRef.backupId to restore another one)")
+            else:
+                entry = latest_complete(st, prefix)
             if entry is None:
-                raise RestoreSpecError("no complete backup found in the storage to restore (set backupId?)")
+                raise RestoreSpecError("spec.backupId: no complete backup found in spec.storage to restore")
             backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes if entry.manifest else None
         else:
             m = load_manifest(st, backup_id, prefix)
