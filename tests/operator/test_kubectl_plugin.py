@@ -327,8 +327,9 @@ def test_logs_show_the_last_runs_pod(scene, tmp_path):
                                   for c in ("rbak", "validate")]
     head, backup, check = re.split(rf"^==> pod/{run}-pod container (?:rbak|validate) <==\n", r.stdout, flags=re.M)
     assert head == ""
-    assert f"rbak.backup.engine: backup {run} of amqp://" in backup and "is valid" not in backup
-    assert f"backup {run} is valid" in check and "rbak.backup.engine" not in check
+    bid = scene.status(scene.name)["lastRun"]["backupId"]
+    assert f"rbak.backup.engine: backup {bid} of amqp://" in backup and "is valid" not in backup
+    assert f"backup {bid} is valid" in check and "rbak.backup.engine" not in check
 
 
 def test_suspend_and_resume_set_spec_suspend(scene):
