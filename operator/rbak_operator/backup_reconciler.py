@@ -23,6 +23,7 @@ from .clock import fmt, parse_time
 from .credentials import resolve_broker
 from .crds import BACKUP_PLURAL
 from .k8s import Kube
+from .startup import check_start
 from .status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
                      spark_state)
 from .storage_access import apply_retention, load_manifest_safe, report_problems
@@ -51,6 +52,7 @@ class BackupPass:
     new_success: bool = False
     phase_hint: str | None = None
     next_slot: datetime | None = None  # the cron's next slot, suspended or not (wake.py)
+    start_due: list[datetime | None] = field(default_factory=list)  # when a waiting pod reaches the start bound
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -103,7 +105,7 @@ def backup_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[str
     if restore_drill is not None:
         p.patch["restoreDrill"] = restore_drill
     changed = write_status(p)
-    return changed, wake.backup_times({**p.status, **p.patch}, p.next_slot)
+    return changed, [*wake.backup_times({**p.status, **p.patch}, p.next_slot), *p.start_due]
 
 
 def observe_runs(p: BackupPass) -> None:
@@ -112,7 +114,10 @@ def observe_runs(p: BackupPass) -> None:
     for j in p.jobs:
         jname = j["metadata"]["name"]
         st = job_state(j)
-        if st.phase == "Failed":
+        if st.phase == "Running":  # a pod that cannot start fails the run past the bound (startup.py)
+            st, due = check_start(p.kube, p.namespace, j, p.now)
+            p.start_due.append(due)
+        elif st.phase == "Failed":
             p.pods[jname] = p.kube.job_pods(p.namespace, jname)
             st = job_state(j, p.pods[jname])
         p.states[jname] = st

@@ -12,6 +12,7 @@ from .clock import fmt, parse_time
 from .credentials import resolve_broker
 from .crds import RESTORE_PLURAL
 from .k8s import Kube
+from .startup import check_start
 from .status import GONE, RunState, job_state, manifest_counts, set_condition, spark_state
 from .storage_access import load_manifest_safe, open_backup_storage
 
@@ -93,18 +94,23 @@ def with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
 
 def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
     """One pass over a RabbitMQRestore: the status patch, None (still running) or GONE (nothing left to do)."""
+    return restore_pass(kube, namespace, name, logger)[0]
+
+
+def restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[str, Any] | str | None, list]:
+    """``reconcile_restore`` and the time its next pass is due (a run's pod still waiting to start)."""
     body = kube.get_restore(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return GONE
+        return GONE, []
     status = dict(body.get("status") or {})
     if status.get("phase") in ("Succeeded", "Failed"):
-        return GONE
+        return GONE, []
     if not status.get("engine"):
-        return start_restore(kube, body, status, logger)
-    st = run_state(kube, namespace, status)
+        return start_restore(kube, body, status, logger), []
+    st, due = run_state(kube, namespace, status)
     if not st.finished:
-        return None
-    return finish_restore(kube, body, status, st, logger)
+        return None, [due]
+    return finish_restore(kube, body, status, st, logger), []
 
 
 def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logger) -> dict[str, Any]:
@@ -155,18 +161,22 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
     return start
 
 
-def run_state(kube: Kube, namespace: str, status: dict[str, Any]) -> RunState:
-    """The state of the restore's Job or SparkApplication (a vanished one has failed)."""
+def run_state(kube: Kube, namespace: str, status: dict[str, Any]) -> tuple[RunState, Any]:
+    """The state of the restore's Job or SparkApplication (a vanished one has failed), and when a pod
+    still waiting to start reaches the start bound (startup.py)."""
     if status.get("engine") == "spark":
         app = kube.get_spark_app(namespace, status.get("sparkApplicationName", ""))
-        return spark_state(app) if app else RunState("Failed", "SparkApplicationMissing", "the SparkApplication disappeared")
+        return (spark_state(app) if app else RunState("Failed", "SparkApplicationMissing",
+                                                      "the SparkApplication disappeared")), None
     job = kube.get_job(namespace, status.get("jobName", ""))
     if job is None:
-        return RunState("Failed", "JobMissing", f"Job {status.get('jobName')} disappeared")
+        return RunState("Failed", "JobMissing", f"Job {status.get('jobName')} disappeared"), None
     st = job_state(job)
+    if st.phase == "Running":
+        return check_start(kube, namespace, job, clock.now())
     if st.phase == "Failed":
         st = job_state(job, kube.job_pods(namespace, job["metadata"]["name"]))
-    return st
+    return st, None
 
 
 def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st: RunState, logger) -> dict[str, Any]:

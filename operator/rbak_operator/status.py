@@ -7,6 +7,9 @@ error line, e.g. ``rbak: AMQP error: ... ACCESS_REFUSED``).
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,6 +20,26 @@ from rbak.format.manifest import BackupManifest
 from .clock import fmt, parse_time
 
 SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}
+
+A_START_FAILED = "rbak.io/start-failed"
+"""Annotation the operator puts on a Job whose pod could not start within the bound: the JSON
+``{"reason", "message", "time"}`` that makes the run Failed (``job_state``), whatever the Job
+controller makes of it later."""
+
+START_TIMEOUT = float(os.environ.get("RBAK_OPERATOR_START_TIMEOUT_SECONDS", "300"))
+"""How long a run's pod may wait to start (a missing Secret, an image that cannot be pulled, a
+container crash-looping, no node to run on) before the run is marked Failed with the pod's reason."""
+
+WAITING_REASONS = {
+    "CreateContainerConfigError": "ContainerConfigError",  # refined to SecretMissing / ConfigMapMissing
+    "CreateContainerError": "ContainerConfigError",
+    "ErrImagePull": "ImagePull",
+    "ImagePullBackOff": "ImagePull",
+    "InvalidImageName": "ImagePull",
+    "ErrImageNeverPull": "ImagePull",
+    "CrashLoopBackOff": "CrashLoop",
+}
+"""Container waiting reasons a kubelet keeps a pod in without ever failing it, and the run's reason."""
 
 GONE = "gone"  # what a reconcile returns when its object is gone or finished: its loop ends
 
@@ -45,9 +68,17 @@ def _t(v: Any) -> datetime | None:
 
 
 def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> RunState:
-    """Phase of a batch/v1 Job from its conditions (and its pods, for the cause of a failure)."""
+    """Phase of a batch/v1 Job from its conditions (and its pods, for the cause of a failure), or
+    Failed when the operator gave up on its pod starting (``A_START_FAILED``)."""
     st = job.get("status") or {}
     start = _t(st.get("startTime"))
+    mark = ((job.get("metadata") or {}).get("annotations") or {}).get(A_START_FAILED)
+    if mark and not any(c.get("type") == "Complete" and c.get("status") == "True" for c in st.get("conditions") or []):
+        try:
+            m = json.loads(mark)
+        except ValueError:
+            m = {}
+        return RunState("Failed", m.get("reason") or "StartFailed", m.get("message") or "", start, _t(m.get("time")))
     for c in st.get("conditions") or []:
         if c.get("status") != "True":
             continue
@@ -59,6 +90,49 @@ def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> 
             return RunState("Failed", c.get("reason") or "Failed", cause or c.get("message") or "", start,
                             _t(c.get("lastTransitionTime")))
     return RunState("Running", "", "", start)
+
+
+def start_problem(pods: list[dict[str, Any]]) -> tuple[str, str, datetime | None] | None:
+    """(reason, message, since) of a run whose newest pod cannot start: a container waiting in one of
+    ``WAITING_REASONS``, or the pod unschedulable. None while it starts, runs or has ended."""
+    if not pods:
+        return None
+    pod = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    st = pod.get("status") or {}
+    if st.get("phase") in ("Succeeded", "Failed"):
+        return None
+    since = _t((pod.get("metadata") or {}).get("creationTimestamp"))
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        why = waiting.get("reason") or ""
+        if why in WAITING_REASONS:
+            msg = (waiting.get("message") or "").strip()
+            reason = WAITING_REASONS[why]
+            if reason == "ContainerConfigError" and re.search(r"\bsecrets?\b", msg, re.I):
+                reason = "SecretMissing"
+            elif reason == "ContainerConfigError" and re.search(r"\bconfigmaps?\b", msg, re.I):
+                reason = "ConfigMapMissing"
+            return reason, f"pod {(pod.get('metadata') or {}).get('name')} container {cs.get('name')}: {why}" + (
+                f": {msg}" if msg else ""), since
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return ("Unschedulable", f"pod {(pod.get('metadata') or {}).get('name')} is unschedulable: "
+                    f"{c.get('message') or ''}".rstrip(": "), _t(c.get("lastTransitionTime")) or since)
+    return None
+
+
+def start_failure(pods: list[dict[str, Any]], now: datetime, bound: float = START_TIMEOUT
+                  ) -> tuple[tuple[str, str] | None, datetime | None]:
+    """Whether a running Job's pod has waited past ``bound`` seconds to start: ((reason, message) or
+    None, the time it will have if it keeps waiting, for the next pass)."""
+    found = start_problem(pods)
+    if found is None:
+        return None, None
+    reason, message, since = found
+    due = since.timestamp() + bound if since is not None else now.timestamp()
+    if now.timestamp() >= due:
+        return (reason, f"{message} (not started after {int(bound)}s)"), None
+    return None, datetime.fromtimestamp(due, tz=now.tzinfo)
 
 
 def pod_failure_message(pods: list[dict[str, Any]]) -> str:

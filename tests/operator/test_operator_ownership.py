@@ -10,7 +10,7 @@ import pytest
 from rbak.catalog import list_backups, load_manifest
 from rbak.format.segment import decode_segment
 
-from support.op_e2e import API, backup_id, bucket_root, create_backup, s3, trigger, wait_run
+from support.op_e2e import API, backup_id, create_backup, s3, trigger, wait_run
 from support.opcluster import KubeHttp, PodRunner, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 def _bodies(env, bid: str) -> dict[tuple[str, str], list[bytes]]:
     """Every queue's message bodies in backup ``bid`` (read back from the segments)."""
-    root = bucket_root(env)  # segment keys carry the prefix
-    m = load_manifest(s3(env), bid)
+    root = s3(env)
+    m = load_manifest(root, bid)
     return {(q.vhost, q.name): [r.body for seg in q.segments for r in decode_segment(root.get(seg.key), seg.key).records]
             for q in m.queues}
 

@@ -23,7 +23,7 @@ tests/ship/test_rbac.py fails on any difference, in either direction.
   verbs: [get, patch]
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
