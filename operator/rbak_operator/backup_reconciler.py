@@ -206,9 +206,10 @@ def record_outcome(p: BackupPass, summary: dict[str, Any], st: RunState, outcome
         p.condition("Ready", "False", "BackupPartial", summary["message"])
         events.post(p.body, "Warning", "BackupPartial", summary["message"])
     else:
+        why = summary.get("reason") or "RunFailed"  # specific: AuthenticationFailed, SecretMissing, ... (status.py)
         reason = st.message or st.reason or "the Job failed"
-        p.condition("Ready", "False", "BackupFailed", f"backup {backup_id} failed: {reason}")
-        events.post(p.body, "Warning", "BackupFailed", f"backup {backup_id} failed: {reason}")
+        p.condition("Ready", "False", why, f"backup {backup_id} failed ({why}): {reason}")
+        events.post(p.body, "Warning", "BackupFailed", f"backup {backup_id} failed ({why}): {reason}")
 
 
 def prune_job_history(p: BackupPass) -> None:

@@ -92,6 +92,39 @@ def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> 
     return RunState("Running", "", "", start)
 
 
+FAILURE_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("AuthenticationFailed", r"ACCESS_REFUSED|authentication failed|\b401\b|unauthori[sz]ed|not authori[sz]ed|"
+                             r"login was refused|access refused"),
+    ("TargetNotEmpty", r"refusing to publish into a non-empty queue|already holds \d+"),
+    ("SourceBusy", r"Backup lease:|lease .* held by"),
+    ("StorageUnreachable", r"Storage error|NoSuchBucket|EndpointConnectionError|Could not connect to the endpoint|"
+                           r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied"),
+    ("BrokerUnreachable", r"Connection refused|cannot connect|timed out|Name or service not known|"
+                          r"Temporary failure in name resolution"),
+    ("VhostMissing", r"vhost .* does not exist|NOT_ALLOWED - vhost"),
+    ("InvalidConfiguration", r"Configuration error"),
+)
+"""A failed run's reason from the error line its pod ended with (first match wins), for the status, the
+events and the ``reason`` label of the failure metrics: an alert can tell a bad password from a
+missing bucket. A pod that never started has its own reasons (``WAITING_REASONS``)."""
+
+FAILURE_REASONS = ("AuthenticationFailed", "SecretMissing", "ConfigMapMissing", "ContainerConfigError", "ImagePull",
+                   "CrashLoop", "Unschedulable", "StorageUnreachable", "BrokerUnreachable", "TargetNotEmpty",
+                   "SourceBusy", "VhostMissing", "InvalidConfiguration", "PartiallyFailed", "ValidationFailed",
+                   "DeadlineExceeded", "RunFailed")
+"""Every reason a failed run can carry (docs/operator.md lists them; the PrometheusRule names them)."""
+
+
+def failure_reason(state: RunState) -> str:
+    """The specific reason of a failed run: a start failure's own, else what its error line says."""
+    if state.reason in FAILURE_REASONS:
+        return state.reason
+    for reason, pattern in FAILURE_PATTERNS:
+        if re.search(pattern, state.message or "", re.I):
+            return reason
+    return "DeadlineExceeded" if state.reason == "DeadlineExceeded" else "RunFailed"
+
+
 def start_problem(pods: list[dict[str, Any]]) -> tuple[str, str, datetime | None] | None:
     """(reason, message, since) of a run whose newest pod cannot start: a container waiting in one of
     ``WAITING_REASONS``, or the pod unschedulable. None while it starts, runs or has ended."""
@@ -127,7 +160,11 @@ def start_failure(pods: list[dict[str, Any]], now: datetime, bound: float = STAR
     None, the time it will have if it keeps waiting, for the next pass)."""
     found = start_problem(pods)
     if found is None:
-        return None, None
+        newest = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "") if pods else {}
+        if ((newest.get("status") or {}).get("phase")) in ("Running", "Succeeded", "Failed"):
+            return None, None
+        # no pod yet, or one not started: a kubelet's report changes no Job, so look again at the bound
+        return None, datetime.fromtimestamp(now.timestamp() + bound, tz=now.tzinfo)
     reason, message, since = found
     due = since.timestamp() + bound if since is not None else now.timestamp()
     if now.timestamp() >= due:
@@ -221,7 +258,9 @@ def partial_and_gaps(m: BackupManifest, limit: int = 20) -> dict[str, Any]:
 def run_summary(*, backup_id: str, job_name: str, trigger: str, state: RunState, slot: datetime | None,
                 manifest: BackupManifest | None, validation: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"backupId": backup_id, "jobName": job_name, "trigger": trigger, "phase": state.phase}
-    if state.reason:
+    if state.phase == "Failed":
+        out["reason"] = failure_reason(state)
+    elif state.reason:
         out["reason"] = state.reason
     if state.message:
         out["message"] = state.message

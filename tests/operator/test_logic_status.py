@@ -232,3 +232,49 @@ def test_owned_matches_every_generated_name(name):
     assert policy.owned(naming.scheduled_run_name(name, slot), _m(), meta)
     assert policy.owned(naming.manual_run_name(name, "x"), _m(), meta)
     assert not policy.owned(naming.scheduled_run_name(name + "2", slot), _m(), meta)
+
+
+def _waiting_pod(created, waiting=None, init=False, phase="Pending", conditions=None):
+    cs = [{"name": "rbak", "state": {"waiting": waiting} if waiting else {"running": {}}}]
+    return {"metadata": {"name": "r-pod", "creationTimestamp": created},
+            "status": {"phase": phase, "initContainerStatuses" if init else "containerStatuses": cs,
+                       "conditions": conditions or []}}
+
+
+def test_start_failure_past_the_bound_only():
+    from rbak_operator.status import start_failure
+
+    now = datetime(2030, 1, 1, 0, 10, tzinfo=timezone.utc)
+    secret = {"reason": "CreateContainerConfigError", "message": 'secret "rmq" not found'}
+    failed, due = start_failure([_waiting_pod("2030-01-01T00:09:00Z", secret, init=True)], now, 300)
+    assert failed is None and due == datetime(2030, 1, 1, 0, 14, tzinfo=timezone.utc)
+    failed, due = start_failure([_waiting_pod("2030-01-01T00:04:00Z", secret, init=True)], now, 300)
+    assert failed == ("SecretMissing", 'pod r-pod container rbak: CreateContainerConfigError: secret "rmq" not found '
+                      "(not started after 300s)") and due is None
+    pull = {"reason": "ErrImagePull", "message": "pull access denied"}
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", pull)], now, 300)[0][0] == "ImagePull"
+    crash = {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", crash)], now, 300)[0][0] == "CrashLoop"
+    unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "lastTransitionTime": "2030-01-01T00:01:00Z", "message": "0/3 nodes are available"}]
+    failed, _ = start_failure([_waiting_pod("2030-01-01T00:00:00Z", conditions=unsched)], now, 300)
+    assert failed[0] == "Unschedulable" and "0/3 nodes are available" in failed[1]
+    # running, or a container merely being created: never failed
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", phase="Running")], now, 300) == (None, None)
+    creating = {"reason": "ContainerCreating"}
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", creating)], now, 300)[0] is None
+
+
+@pytest.mark.parametrize("message, reason", [
+    ("rbak: AMQP error: ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN", "AuthenticationFailed"),
+    ("rbak: Management API error: GET http://h:15672/api/overview -> HTTP 401", "AuthenticationFailed"),
+    ("rbak: Storage error: s3://b: NoSuchBucket", "StorageUnreachable"),
+    ("rbak: Restore error: 'v'/'q' already holds 3; refusing to publish into a non-empty queue", "TargetNotEmpty"),
+    ("rbak: Backup lease: vhost 'v' is held by backup 'x'", "SourceBusy"),
+    ("rbak: something else", "RunFailed"),
+])
+def test_failure_reasons_are_specific(message, reason):
+    from rbak_operator.status import failure_reason
+
+    assert failure_reason(RunState("Failed", "BackoffLimitExceeded", message)) == reason
+    assert failure_reason(RunState("Failed", "SecretMissing", "pod ...")) == "SecretMissing"

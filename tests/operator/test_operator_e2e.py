@@ -158,7 +158,8 @@ def e2e_failing_backup_reports_the_cause(cluster, env):
     assert any(w in text for w in ("access_refused", "authentication", "login", "401", "not authorised", "unauthorized")), run
     st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Failed" and s, 30, what="Failed phase")
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
-    assert ready["status"] == "False" and ready["reason"] == "BackupFailed" and run["message"][:40] in ready["message"]
+    assert ready["status"] == "False" and ready["reason"] == "AuthenticationFailed" == run["reason"], (ready, run)
+    assert run["message"][:40] in ready["message"]
     assert "definitely-wrong" not in json.dumps(st)  # the password never reaches the status
     wait_for(lambda: any(e["reason"] == "BackupFailed" and e.get("type") == "Warning" for e in cluster.events(name)), 20,
              what="warning event")
