@@ -13,7 +13,8 @@ from .credentials import resolve_broker
 from .crds import RESTORE_PLURAL
 from .k8s import Kube
 from .startup import check_start
-from .status import GONE, RunState, failure_reason, job_state, manifest_counts, set_condition, spark_state
+from .status import (GONE, RunState, failure_reason, job_state, manifest_counts, restore_outcome, restore_summary_line,
+                     run_result, set_condition, spark_state)
 from .storage_access import load_manifest_safe, open_backup_storage
 
 
@@ -198,9 +199,14 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
         b = kube.get_backup(namespace, ref["name"]) or {}
         storage = (b.get("spec") or {}).get("storage")
     m = load_manifest_safe(kube, namespace, storage, status.get("backupId", ""), logger) if storage else None
-    if m is not None:
+    if m is not None:  # the backup's size; its message total is not what was restored
         c = manifest_counts(m)
-        patch.update(messages=c["messages"], bytes=c["bytes"], size=c["size"])
+        patch.update(backupMessages=c["messages"], bytes=c["bytes"], size=c["size"])
+    result = run_result(kube.job_pods(namespace, status["jobName"])) if status.get("jobName") else None
+    if result is not None:  # what the run published and the target confirmed, where, dry run or not
+        patch.update(restore_outcome(result))
+        if result.get("failed_queues") and st.phase == "Failed":
+            patch["message"] = f"{len(result['failed_queues'])} queue(s) failed: {', '.join(result['failed_queues'][:20])}"
     ok = st.phase == "Succeeded"
     conds = set_condition(status.get("conditions"), "Progressing", "False", "Finished", "run finished", now, gen)
     patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",
@@ -211,7 +217,8 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     if started:
         metrics.DURATION.labels("restore").observe(patch.get("durationSeconds", 0))
     if ok:
-        events.post(body, "Normal", "RestoreSucceeded", f"restored backup {status.get('backupId')}")
+        done = f": {restore_summary_line(patch)}" if result is not None else ""
+        events.post(body, "Normal", "RestoreSucceeded", f"restored backup {status.get('backupId')}{done}")
     else:
         events.post(body, "Warning", "RestoreFailed",
                     f"restore of {status.get('backupId')} failed ({reason}): {st.message or st.reason}")

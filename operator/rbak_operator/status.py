@@ -184,6 +184,48 @@ def pod_failure_message(pods: list[dict[str, Any]]) -> str:
     return ""
 
 
+def run_result(pods: list[dict[str, Any]], container: str = "rbak") -> dict[str, Any] | None:
+    """The result a run wrote to its termination-message file (``rbak.commands.result_file``): what a
+    restore published and confirmed where; None when its pod has none (a crash before the end)."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True):
+        term = _terminated(pod, container, init=False) or _terminated(pod, container, init=True) or {}
+        text = (term.get("message") or "").strip()
+        if text.startswith("{"):
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and "confirmed" in obj:
+                return obj
+    return None
+
+
+def restore_outcome(result: dict[str, Any], limit: int = 50) -> dict[str, Any]:
+    """The status fields of a restore's result: restored (confirmed) and published counts, what a dry
+    run would publish, the target vhosts and queues."""
+    dry = bool(result.get("dry_run"))
+    out: dict[str, Any] = {
+        "dryRun": dry, "messages": int(result.get("confirmed") or 0), "confirmedMessages": int(result.get("confirmed") or 0),
+        "publishedMessages": int(result.get("published") or 0),
+        "targetVhosts": list(result.get("target_vhosts") or [])[:limit],
+        "targetQueues": list(result.get("target_queues") or [])[:limit],
+    }
+    if dry:
+        out["wouldPublish"] = int(result.get("selected") or 0)
+    if result.get("failed_queues"):
+        out["failedQueues"] = list(result["failed_queues"])[:limit]
+    return out
+
+
+def restore_summary_line(st: dict[str, Any]) -> str:
+    """One line for events and the plugin: what a restore did (or, dry, would do) and where."""
+    where = ", ".join(st.get("targetQueues") or []) or "no queue"
+    if st.get("dryRun"):
+        return f"dry run: would publish {st.get('wouldPublish', 0)} messages to {where}; nothing published"
+    return (f"{st.get('messages', 0)} messages restored (published {st.get('publishedMessages', 0)}, confirmed "
+            f"{st.get('confirmedMessages', 0)}) to {where}")
+
+
 def _terminated(pod: dict[str, Any], name: str, init: bool) -> dict[str, Any] | None:
     key = "initContainerStatuses" if init else "containerStatuses"
     for cs in (pod.get("status") or {}).get(key) or []:

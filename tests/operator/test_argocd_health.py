@@ -5,6 +5,7 @@ of test_handlers_fake, and the ``argocd-cm`` snippet of the docs against the shi
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -195,8 +196,25 @@ def test_generation_not_yet_observed_and_deletion_are_progressing(clock, pvc):
     assert backup_health(body) == ("Progressing", "Pending deletion")
 
 
-def test_restore_progressing_healthy(clock, pvc):
-    k = FakeKube()
+class ResultKube(FakeKube):
+    """A finished restore's pod carries the run's result (rbak.commands.result_file) as its termination message."""
+
+    result: dict = {}
+
+    def job_pods(self, ns, job):
+        if ("job", job) not in self.objs or not (self.objs[("job", job)].get("status") or {}).get("conditions"):
+            return [{"metadata": {"creationTimestamp": "2030-01-01T00:00:31Z"}, "status": {"phase": "Running"}}]
+        return [{"metadata": {"creationTimestamp": "2030-01-01T00:00:31Z"}, "status": {"phase": "Succeeded",
+                 "containerStatuses": [{"name": "rbak", "state": {"terminated": {
+                     "exitCode": 0, "message": json.dumps(self.result)}}}]}}]
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_restore_progressing_healthy(clock, pvc, dry):
+    k = ResultKube()
+    k.result = {"backup_id": "b-20300101-0010", "dry_run": dry, "ok": True, "published": 0 if dry else 5,
+                "confirmed": 0 if dry else 5, "selected": 5, "target_vhosts": ["/"], "target_queues": ["//q"],
+                "failed_queues": []}
     k.objs[("backup", "b")] = backup_obj()
     write_backup(pvc, "b-20300101-0010", 7, 700)
     k.objs[("restore", "r")] = restore_obj()
@@ -206,7 +224,12 @@ def test_restore_progressing_healthy(clock, pvc):
     assert restore_health(k.objs[("restore", "r")]) == ("Progressing", "restoring b-20300101-0010 with job")
     k.finish_job("r-restore")
     handlers.reconcile_restore(k, NS, "r", LOG)
-    assert restore_health(k.objs[("restore", "r")]) == ("Healthy", "Restored backup b-20300101-0010: 7 messages, 700 B")
+    st = k.objs[("restore", "r")]["status"]
+    # what the run did, not the backup's total (7): published and confirmed, where, dry run or not
+    assert (st["backupMessages"], st["messages"], st["dryRun"], st["targetQueues"]) == (7, 0 if dry else 5, dry, ["//q"])
+    assert restore_health(k.objs[("restore", "r")]) == (
+        ("Healthy", "Dry run of backup b-20300101-0010: would publish 5 messages") if dry else
+        ("Healthy", "Restored backup b-20300101-0010: 5 messages confirmed"))
 
 
 def test_failed_restores_are_degraded(clock, pvc):

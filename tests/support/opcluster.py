@@ -600,7 +600,10 @@ class PodRunner:
         try:
             mounts = self._mounts(pod_spec, workdir)
             for kind, c in [("init", c) for c in pod_spec.get("initContainers") or []] + [("main", c) for c in pod_spec["containers"]]:
-                env = {k: self._map(v, mounts) for k, v in self._env(c).items()}
+                # the termination-message file: what the container writes there becomes its message
+                tlog_path = c.get("terminationMessagePath") or "/dev/termination-log"
+                tlog = workdir / f"{c['name']}.termination-log"
+                env = {k: str(tlog) if v == tlog_path else self._map(v, mounts) for k, v in self._env(c).items()}
                 cmd = list(c.get("command") or []) + list(c.get("args") or [])
                 if cmd and cmd[0] == "python":
                     cmd[0] = sys.executable
@@ -611,7 +614,10 @@ class PodRunner:
                 output += f"$ {' '.join(c.get('args') or [])}\n{out}"
                 term = {"exitCode": p.returncode, "reason": "Completed" if p.returncode == 0 else "Error",
                         "finishedAt": _now()}
-                if p.returncode != 0:  # FallbackToLogsOnError: the last 80 lines or 2048 bytes, the smaller
+                written = tlog.read_text(errors="replace") if tlog.exists() else ""
+                if written:  # the file wins, exit code 0 or not (at most 4096 bytes)
+                    term["message"] = written.encode()[:4096].decode(errors="replace")
+                elif p.returncode != 0:  # FallbackToLogsOnError: the last 80 lines or 2048 bytes, the smaller
                     term["message"] = "\n".join(out.splitlines()[-80:]).encode()[-2048:].decode(errors="replace")
                 statuses.append({"name": c["name"], "_kind": kind, "state": {"terminated": term}, "ready": False,
                                  "restartCount": 0, "image": c.get("image", ""), "imageID": "", "started": False})
