@@ -199,6 +199,14 @@ def record_outcome(p: BackupPass, summary: dict[str, Any], st: RunState, outcome
         if counted:  # the operator read the manifest
             msg += f": {summary['messages']} messages, {summary['size']}, {summary['queues']} queues"
         events.post(p.body, "Normal", "BackupSucceeded", msg)
+        held = summary.get("heldByConsumers") or 0
+        if held:  # complete as far as the queues' ready messages go; what consumers held is not in it
+            text = (f"backup {backup_id}: {held} message(s) held unacknowledged by consumers are not in the backup: "
+                    + ", ".join(summary.get("heldQueues") or []))
+            p.condition("MessagesHeld", "True", "HeldByConsumers", text)
+            events.post(p.body, "Warning", "MessagesNotBackedUp", text)
+        elif any(c.get("type") == "MessagesHeld" for c in p.conditions or []):
+            p.condition("MessagesHeld", "False", "NoneHeld", f"backup {backup_id}: no message held by consumers")
     elif outcome == "validation-failed":
         p.condition("Ready", "False", "ValidationFailed", f"backup {backup_id} {summary['message']}")
         events.post(p.body, "Warning", "ValidationFailed", f"backup {backup_id} {summary['message']}")

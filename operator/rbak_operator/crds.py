@@ -49,6 +49,7 @@ def backup_crd() -> dict[str, Any]:
             # a future time: `date` columns show the age since the value (`<invalid>` ahead of now)
             ("Next Run", "string", ".status.nextScheduleTime", 0),
             ("Messages", "integer", ".status.lastRun.messages", 0),
+            ("Held", "integer", ".status.lastRun.heldByConsumers", 0),
             ("Size", "string", ".status.lastRun.size", 0),
             ("Last Drill", "string", ".status.restoreDrill.result", 1),
             *printer_columns("backup"),
@@ -210,7 +211,7 @@ def restore_crd() -> dict[str, Any]:
             ("Backup", "string", ".status.backupId", 0),
             ("Engine", "string", ".status.engine", 0),
             ("Restored", "integer", ".status.messages", 0),
-            ("Dry Run", "boolean", ".status.dryRun", 0),
+            ("Dry-Run", "boolean", ".status.dryRun", 0),
             ("Size", "string", ".status.size", 0),
             ("Target", "string", ".status.targetVhosts", 1),
             *printer_columns("restore"),

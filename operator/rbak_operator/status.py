@@ -280,6 +280,9 @@ def manifest_counts(m: BackupManifest) -> dict[str, Any]:
                            "queues": len(m.queues)}
     if m.state != "complete":  # said only when it is news: partial (or incomplete)
         out["backupState"] = m.state
+    if m.held_by_consumers:  # said only when some: messages a consumer held are not in the backup
+        out["heldByConsumers"] = m.held_by_consumers
+        out["heldQueues"] = [f"{q.vhost}/{q.name} ({q.held_by_consumers})" for q in m.queues if q.held_by_consumers][:20]
     out.update(partial_and_gaps(m))
     return out
 

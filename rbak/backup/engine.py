@@ -448,13 +448,16 @@ class BackupEngine(StreamBackup):
                 for fut in as_completed(futs):
                     q = futs[fut]
                     qs = QueueSummary(q.vhost, q.name, q.queue_type)
+                    held = q.unacked if q.queue_type != "stream" and q.unacked else 0
                     try:
                         qb, resumed = fut.result()
+                        qb.held_by_consumers, qs.held_by_consumers = held or None, held
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
                         qs.status, qs.expected = "resumed" if resumed else "done", qb.expected_messages
                     except ShortRead as e:  # what was read is kept; the queue is partial, never complete
                         qb = e.backup
+                        qb.held_by_consumers, qs.held_by_consumers = held or None, held
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
                         qs.status, qs.error, qs.expected = "partial", e.reason, qb.expected_messages
@@ -474,6 +477,9 @@ class BackupEngine(StreamBackup):
                         qs.status, qs.error = "failed", f"{type(e).__name__}: {e}"
                         metrics.errors().labels(error_type="other").inc()
                         log.exception("queue %s/%s failed", q.vhost, q.name)
+                    if qs.held_by_consumers:
+                        log.warning("queue %r in vhost %r: %d message(s) held unacknowledged by consumers are not in "
+                                    "the backup", q.name, q.vhost, qs.held_by_consumers)
                     summary.queues.append(qs)
                     self.progress("done", vhost=q.vhost, queue=q.name, summary=qs)
         finally:

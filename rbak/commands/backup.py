@@ -121,7 +121,11 @@ def run(args) -> int:
         print(f"  vhosts read: {', '.join(summary.vhosts) or '-'}"
               + (" (every vhost of the cluster)" if summary.vhost_scope is None else ""))
         for q in summary.queues:
-            print(f"  {q.vhost}/{q.name} ({q.queue_type}): {q.messages} messages [{q.status}]")
+            held = f", {q.held_by_consumers} held by consumers (not backed up)" if q.held_by_consumers else ""
+            print(f"  {q.vhost}/{q.name} ({q.queue_type}): {q.messages} messages{held} [{q.status}]")
+        if summary.held_by_consumers:
+            print(f"  WARNING: {summary.held_by_consumers} message(s) held unacknowledged by consumers are not in "
+                  "the backup")
         if summary.definitions:
             d = summary.definitions
             print(f"  definitions: {d.vhost_count} vhosts, {d.queue_count} queues, {d.exchange_count} exchanges, "

@@ -264,6 +264,9 @@ class QueueBackup:
     stream: StreamInfo | None = None  # rbak extension, written only for streams
     # rbak extension (classic/quorum): the exact depth when the read started; message_count is what was read
     expected_messages: int | None = None
+    # rbak extension, only when some: messages consumers held unacknowledged when the backup listed the queue
+    # (not in the queue's ready depth, so not backed up)
+    held_by_consumers: int | None = None
     chain: tuple[str, ...] = ()  # restore-time only, never written: backups whose segments this entry holds
     # restore-time only, never written: the backup each segment of an earlier chain link belongs to (by
     # storage key), and each link's encryption: a link's objects are sealed for that backup alone
@@ -298,6 +301,8 @@ class QueueBackup:
         }
         if self.expected_messages is not None:  # extra fields last, only when present: the spec's bytes otherwise
             out["expected_messages"] = self.expected_messages
+        if self.held_by_consumers:
+            out["held_by_consumers"] = self.held_by_consumers
         if self.stream is not None:
             out["stream"] = self.stream.to_json_obj()
         return out
@@ -321,6 +326,7 @@ class QueueBackup:
             last_message_timestamp=_opt(d, "last_message_timestamp", int, here),
             stream=StreamInfo.from_json_obj(d["stream"], f"{here} stream") if d.get("stream") is not None else None,
             expected_messages=_opt(d, "expected_messages", int, here),
+            held_by_consumers=_opt(d, "held_by_consumers", int, here),
         )
 
 
@@ -400,6 +406,11 @@ class BackupManifest:
     @property
     def uncompressed_bytes(self) -> int:
         return sum(q.uncompressed_bytes for q in self.queues)
+
+    @property
+    def held_by_consumers(self) -> int:
+        """Messages consumers held unacknowledged when the backup listed their queues: not in the backup."""
+        return sum(q.held_by_consumers or 0 for q in self.queues)
 
     def recompute_totals(self) -> None:
         """Derive the totals from the queues (one source of truth)."""
