@@ -204,7 +204,7 @@ class ManagementClient:
 PRIORITY_FIELDS = ("messages_by_priority", "messages_ready_high", "messages_ready_normal")  # 4.3 / 4.0-4.2
 QUEUE_COLUMNS = ("name,vhost,type,messages,arguments,policy,operator_policy,effective_policy_definition,"
                  "auto_delete,exclusive,consumers,durable,messages_by_priority,messages_ready_high,"
-                 "messages_ready_normal")
+                 "messages_ready_normal,messages_unacknowledged")
 
 
 def _queue_info(d: dict[str, Any], vhost: str | None) -> QueueInfo:

@@ -136,9 +136,11 @@ def epoch_ms(value: Any, field: str) -> int:
 def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[str]]:
     """A RabbitMQBackup's source: (the broker it reads, its vhosts; empty: every vhost).
 
-    The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port;
-    the URL's vhost does not matter (``queues.vhosts`` selects what is read)."""
+    The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port; the
+    vhosts are ``queues.vhosts``, else the URL's vhost (``rbakconfig.backup_vhosts``)."""
     from urllib.parse import urlsplit
+
+    from .rbakconfig import backup_vhosts
 
     broker = spec.get("broker") or {}
     ref = broker.get("rabbitmqClusterReference") or {}
@@ -148,8 +150,7 @@ def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[s
         u = urlsplit(broker.get("amqpUrl") or "")
         port = u.port or (5671 if u.scheme == "amqps" else 5672)
         who = f"amqp:{(u.hostname or '').lower()}:{port}"
-    vhosts = (spec.get("queues") or {}).get("vhosts") or []
-    return who, frozenset(vhosts)
+    return who, frozenset(backup_vhosts(spec))
 
 
 def same_source(a: tuple[str, frozenset[str]], b: tuple[str, frozenset[str]]) -> bool:

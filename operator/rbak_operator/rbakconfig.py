@@ -264,6 +264,25 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
     return out, env + kenv
 
 
+def url_vhost(broker: dict[str, Any] | None) -> str | None:
+    """The vhost ``spec.broker.amqpUrl`` names (``amqp://host/%2f`` names ``/``), None when it names none."""
+    from urllib.parse import unquote
+
+    url = (broker or {}).get("amqpUrl") if not (broker or {}).get("rabbitmqClusterReference") else None
+    path = urlsplit(url).path if url else ""
+    return unquote(path[1:]) if len(path) > 1 else None
+
+
+def backup_vhosts(spec: dict[str, Any]) -> list[str]:
+    """The vhosts a backup reads: ``spec.queues.vhosts``, else the vhost of ``spec.broker.amqpUrl``; empty:
+    every vhost the credentials can see."""
+    chosen = list((spec.get("queues") or {}).get("vhosts") or [])
+    if chosen:
+        return chosen
+    v = url_vhost(spec.get("broker"))
+    return [v] if v is not None else []
+
+
 def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sel = sel or {}
@@ -282,6 +301,8 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
     RabbitMQBackup's metadata, recorded in the manifest (``backup.owner``)."""
     source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
     queues = _queues(spec.get("queues"))
+    if backup_vhosts(spec):  # the URL's vhost scopes the backup when spec.queues.vhosts is absent
+        queues["vhosts"] = backup_vhosts(spec)
     if queues:
         source["queues"] = queues
     storage, env2 = storage_section(spec.get("storage"))
