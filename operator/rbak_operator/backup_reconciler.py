@@ -215,7 +215,7 @@ def record_outcome(p: BackupPass, summary: dict[str, Any], st: RunState, outcome
         events.post(p.body, "Warning", "BackupPartial", summary["message"])
     else:
         why = summary.get("reason") or "RunFailed"  # specific: AuthenticationFailed, SecretMissing, ... (status.py)
-        reason = st.message or st.reason or "the Job failed"
+        reason = summary.get("message") or st.reason or "the Job failed"  # in the spec's words (status.py)
         p.condition("Ready", "False", why, f"backup {backup_id} failed ({why}): {reason}")
         events.post(p.body, "Warning", "BackupFailed", f"backup {backup_id} failed ({why}): {reason}")
 

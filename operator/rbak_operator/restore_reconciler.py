@@ -13,7 +13,7 @@ from .credentials import resolve_broker
 from .crds import RESTORE_PLURAL
 from .k8s import Kube
 from .startup import check_start
-from .status import (GONE, RunState, failure_reason, job_state, manifest_counts, restore_outcome, restore_summary_line,
+from .status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
                      run_result, set_condition, spark_state)
 from .storage_access import load_manifest_safe, open_backup_storage
 
@@ -188,7 +188,8 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     end = st.end or now
     # progress: None even if this pass read none (a timer tick may have written one since)
     reason = failure_reason(st) if st.phase == "Failed" else st.reason
-    patch: dict[str, Any] = {"phase": st.phase, "reason": reason, "message": st.message, "completionTime": fmt(end),
+    message = in_user_words(st.message, "restore")
+    patch: dict[str, Any] = {"phase": st.phase, "reason": reason, "message": message, "completionTime": fmt(end),
              "progress": None}
     started = parse_time(status["startTime"]) if status.get("startTime") else None
     if started:
@@ -211,7 +212,7 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     conds = set_condition(status.get("conditions"), "Progressing", "False", "Finished", "run finished", now, gen)
     patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",
                                         "RestoreSucceeded" if ok else reason,
-                                        st.message or st.reason or st.phase, now, gen)
+                                        message or st.reason or st.phase, now, gen)
     kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
     metrics.RUNS.labels("restore", st.phase.lower()).inc()
     if started:
@@ -221,5 +222,5 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
         events.post(body, "Normal", "RestoreSucceeded", f"restored backup {status.get('backupId')}{done}")
     else:
         events.post(body, "Warning", "RestoreFailed",
-                    f"restore of {status.get('backupId')} failed ({reason}): {st.message or st.reason}")
+                    f"restore of {status.get('backupId')} failed ({reason}): {patch['message'] or st.reason}")
     return patch

@@ -115,6 +115,48 @@ FAILURE_REASONS = ("AuthenticationFailed", "SecretMissing", "ConfigMapMissing", 
 """Every reason a failed run can carry (docs/operator.md lists them; the PrometheusRule names them)."""
 
 
+SPEC_WORDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "backup": (
+        ("check source.management_username/password",
+         "check the username and password in the Secret of spec.broker.credentialsSecretRef (or of the "
+         "RabbitmqCluster's default user)"),
+        ("choose another backup_id (backup.overwrite: true replaces it)",
+         "trigger a new run with another rbak.io/backup-now value"),
+        ("source.queues.vhosts", "spec.queues.vhosts (or the vhost of spec.broker.amqpUrl)"),
+        ("source.queues", "spec.queues"),
+        ("source.amqp_url", "spec.broker.amqpUrl"),
+        ("source.management_url", "spec.broker.managementUrl"),
+        ("source.tls", "spec.broker"),
+        ("backup_id: ", "backup id: "),
+    ),
+    "restore": (
+        ("check target.management_username/password",
+         "check the username and password in the Secret of spec.target.credentialsSecretRef (or of the "
+         "RabbitmqCluster's default user)"),
+        ("(set restore.allow_non_empty: true to add to it)",
+         "(drain it, or restore elsewhere with spec.vhostMapping or spec.queueMapping)"),
+        ("restore.time_window_start", "spec.pitr.start"),
+        ("restore.time_window_end", "spec.pitr.end"),
+        ("restore.vhost_mapping", "spec.vhostMapping"),
+        ("restore.queue_mapping", "spec.queueMapping"),
+        ("restore.queues", "spec.queues"),
+        ("restore.dry_run", "spec.dryRun"),
+        ("target.amqp_url", "spec.target.amqpUrl"),
+        ("target.management_url", "spec.target.managementUrl"),
+        ("backup_id: ", "backup id: "),
+    ),
+}
+"""The run's internal config keys in its error lines, and the spec fields the user wrote (or what to do
+instead, where the CRD has no such field)."""
+
+
+def in_user_words(message: str, kind: str) -> str:
+    """A run's error line with the config keys of the run's own config file replaced by the spec's fields."""
+    for key, words in SPEC_WORDS.get(kind, ()):
+        message = message.replace(key, words)
+    return message
+
+
 def failure_reason(state: RunState) -> str:
     """The specific reason of a failed run: a start failure's own, else what its error line says."""
     if state.reason in FAILURE_REASONS:
@@ -308,7 +350,7 @@ def run_summary(*, backup_id: str, job_name: str, trigger: str, state: RunState,
     elif state.reason:
         out["reason"] = state.reason
     if state.message:
-        out["message"] = state.message
+        out["message"] = in_user_words(state.message, "backup")
     if slot:
         out["scheduledTime"] = fmt(slot)
     if state.start:

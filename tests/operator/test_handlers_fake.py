@@ -482,7 +482,8 @@ def test_a_slot_waits_while_another_backup_reads_the_same_source(clock):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     (first,) = [c[1] for c in k.calls if c[0] == "create_job"]
-    for name, spec in (("same", {}), ("other-vhost", {"queues": {"vhosts": ["billing"]}}),
+    every = {"amqpUrl": "amqp://h:5672", "managementUrl": "http://h:15672", "credentialsSecretRef": {"name": "c"}}
+    for name, spec in (("same", {"broker": every}), ("other-vhost", {"queues": {"vhosts": ["billing"]}}),
                        ("other-host", {"broker": {"amqpUrl": "amqp://elsewhere:5672/%2f", "managementUrl": "http://e:15672",
                                                   "credentialsSecretRef": {"name": "c"}}})):
         o = backup_obj(schedule="*/5 * * * *", **spec)

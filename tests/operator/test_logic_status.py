@@ -278,3 +278,14 @@ def test_failure_reasons_are_specific(message, reason):
 
     assert failure_reason(RunState("Failed", "BackoffLimitExceeded", message)) == reason
     assert failure_reason(RunState("Failed", "SecretMissing", "pod ...")) == "SecretMissing"
+
+
+def test_errors_in_the_spec_words():
+    from rbak_operator.status import in_user_words
+
+    bad = "rbak: Management API error: http://r:15672/api/overview: 401 (check source.management_username/password)"
+    assert in_user_words(bad, "backup").endswith("(check the username and password in the Secret of "
+                                                 "spec.broker.credentialsSecretRef (or of the RabbitmqCluster's default user))")
+    full = "rbak: Restore error: 'v'/'q' already holds 3; refusing to publish into a non-empty queue (set restore.allow_non_empty: true to add to it)"
+    assert in_user_words(full, "restore").endswith("(drain it, or restore elsewhere with spec.vhostMapping or spec.queueMapping)")
+    assert "spec.queues.vhosts" in in_user_words("rbak: Configuration error: source.queues.vhosts: vhost 'x' does not exist", "backup")

@@ -4,8 +4,6 @@ printer column. On the real API server with the local kubelet and RabbitMQ 3.10.
 
 from __future__ import annotations
 
-import re
-
 import pika
 import pytest
 
@@ -50,5 +48,5 @@ def test_messages_held_by_a_consumer_are_reported(cluster, env):
     assert out.count('"held_by_consumers": 50') == 2, out
     # the column
     table = cluster.emu.kube.kubectl("-n", cluster.http.ns, "get", "rabbitmqbackups", name).stdout
-    head, row = [re.split(r"\s{3,}", ln.strip()) for ln in table.splitlines()[:2]]
-    assert dict(zip(head, row))["HELD"] == "50", table
+    head, row = table.splitlines()[:2]
+    assert row[head.index("HELD"):].split()[0] == "50", table

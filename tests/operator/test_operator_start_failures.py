@@ -110,3 +110,33 @@ def test_a_restore_whose_pod_cannot_start_fails(cluster, env):
     st = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
                   .get("phase") == "Failed" and s, 60, what="restore failed", diag=cluster.logs)
     assert st["reason"] == "SecretMissing" and f"{env.tag}-nope" in st["message"], st
+
+
+def test_errors_name_the_spec_fields_and_the_reason_is_specific(cluster, env):
+    """A vhost that does not exist and a restore into a queue that holds messages: the reason says which
+    (VhostMissing, TargetNotEmpty: also the metric's label), the message names the spec's fields, never the
+    run's config keys (source.queues.vhosts, restore.allow_non_empty: no RabbitMQRestore field)."""
+    from rbak_operator import resource_metrics as rm
+
+    name = f"{env.tag}-novhost"
+    create_backup(cluster, env, name, queues={"vhosts": [f"{env.vhost}-missing"]})
+    trigger(cluster, name, "1")
+    run = wait_run(cluster, name, phase="Failed", timeout=120)
+    assert run["reason"] == "VhostMissing", run
+    assert "spec.queues.vhosts" in run["message"] and "source." not in run["message"], run
+    got = {(m, lab.get("reason")): v for m, lab, v in rm.samples("backup", cluster.backup(name))}
+    assert got[("rbak_backup_last_run_failed", "VhostMissing")] == 1.0
+
+    env.broker.publish_n(env.vhost, "full", 3, declare={})
+    src = f"{env.tag}-full"
+    create_backup(cluster, env, src)
+    trigger(cluster, src, "1")
+    bid = wait_run(cluster, src, phase="Succeeded", timeout=120)["backupId"]
+    rname = f"{env.tag}-into-full"  # the queue still holds its 3 messages
+    cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore", "metadata": {"name": rname},
+                                                  "spec": {"backupRef": {"name": src, "backupId": bid}}})
+    st = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
+                  .get("phase") in ("Succeeded", "Failed") and s, 120, what="restore", diag=cluster.logs)
+    assert (st["phase"], st["reason"]) == ("Failed", "TargetNotEmpty"), st
+    assert "allow_non_empty" not in st["message"] and "spec.vhostMapping" in st["message"], st
+    assert env.broker.message_count(env.vhost, "full") == 3  # nothing added
