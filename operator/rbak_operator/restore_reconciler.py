@@ -206,8 +206,11 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     result = run_result(kube.job_pods(namespace, status["jobName"])) if status.get("jobName") else None
     if result is not None:  # what the run published and the target confirmed, where, dry run or not
         patch.update(restore_outcome(result))
-        if result.get("failed_queues") and st.phase == "Failed":
-            patch["message"] = f"{len(result['failed_queues'])} queue(s) failed: {', '.join(result['failed_queues'][:20])}"
+        if result.get("failed_queues") and st.phase == "Failed":  # the queues' own errors, in the spec's words
+            errors = result.get("errors") or result["failed_queues"]
+            patch["message"] = message = in_user_words(
+                f"{len(result['failed_queues'])} queue(s) failed: " + "; ".join(errors[:5]), "restore")
+            patch["reason"] = reason = failure_reason(RunState("Failed", "", message))
     ok = st.phase == "Succeeded"
     conds = set_condition(status.get("conditions"), "Progressing", "False", "Finished", "run finished", now, gen)
     patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",

@@ -21,7 +21,8 @@ def restore_result(summary: Any) -> dict[str, Any]:
             "published": summary.published, "confirmed": summary.confirmed,
             "selected": sum(q.selected for q in summary.queues),
             "target_vhosts": sorted({q.target_vhost for q in summary.queues}), "target_queues": queues,
-            "failed_queues": sorted(f"{q.target_vhost}/{q.target_queue}" for q in summary.failed_queues)}
+            "failed_queues": sorted(f"{q.target_vhost}/{q.target_queue}" for q in summary.failed_queues),
+            "errors": [f"{q.target_vhost}/{q.target_queue}: {(q.error or '')[:300]}" for q in summary.failed_queues]}
 
 
 def write(obj: dict[str, Any]) -> None:
@@ -31,7 +32,7 @@ def write(obj: dict[str, Any]) -> None:
         return
     obj = dict(obj)
     data = json.dumps(obj, separators=(",", ":"))
-    for key in ("target_queues", "failed_queues", "target_vhosts"):
+    for key in ("errors", "target_queues", "failed_queues", "target_vhosts"):
         while len(data.encode()) > LIMIT and obj.get(key):
             obj[key] = obj[key][:-1]
             obj[f"{key}_omitted"] = obj.get(f"{key}_omitted", 0) + 1

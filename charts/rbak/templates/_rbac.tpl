@@ -93,6 +93,8 @@ first start, reads it and renews it. */}}
   value: {{ .Values.operator.resyncSeconds | quote }}
 - name: RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS
   value: {{ .Values.operator.evidenceRecheckSeconds | quote }}
+- name: RBAK_OPERATOR_START_TIMEOUT_SECONDS
+  value: {{ .Values.operator.runStartTimeoutSeconds | quote }}
 {{- if .Values.operator.backupClaims }}
 - name: RBAK_OPERATOR_PVC_ROOT
   value: /var/lib/rbak-operator/pvc
