@@ -30,7 +30,7 @@ from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reco
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
 from .events import post as _event
 from .k8s import ApiError, Kube, connection_info
-from .restore_reconciler import reconcile_restore, restore_pass
+from .restore_reconciler import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
 from .progress_status import watched_run
 from .status import GONE
 from .storage_access import delete_owned_backups

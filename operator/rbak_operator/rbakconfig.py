@@ -8,6 +8,7 @@ reach boto3 the same way (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -273,7 +274,7 @@ def url_vhost(broker: dict[str, Any] | None) -> str | None:
     return unquote(path[1:]) if len(path) > 1 else None
 
 
-def backup_vhosts(spec: dict[str, Any]) -> list[str]:
+def backup_vhosts(spec: Mapping[str, Any]) -> list[str]:
     """The vhosts a backup reads: ``spec.queues.vhosts``, else the vhost of ``spec.broker.amqpUrl``; empty:
     every vhost the credentials can see."""
     chosen = list((spec.get("queues") or {}).get("vhosts") or [])

@@ -53,7 +53,7 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
                 bmeta = backup["metadata"]
                 entry = latest_complete(st, prefix, lambda e: policy.owned(e.backup_id, e.manifest, bmeta))
                 if entry is None:
-                    raise RestoreSpecError(f"spec.backupRef: RabbitMQBackup {ns}/{ref['name']} has no complete backup "
+                    raise RestoreSpecError(f"spec.backupRef: RabbitMQBackup {ns}/{bmeta['name']} has no complete backup "
                                            "in its storage yet (set spec.backupRef.backupId to restore another one)")
             else:
                 entry = latest_complete(st, prefix)
