@@ -73,6 +73,11 @@ def test_missing_secret_fails_the_run_naming_it_and_the_next_run_goes(cluster, e
     trigger(cluster, name, "2")
     ok = wait_run(cluster, name, job=manual_run_name(name, "2"), phase="Succeeded", timeout=120)
     assert ok["messages"] == 2
+    if not cluster.external:  # the Job's mark and deadline: a call the chart's RBAC grants (api_calls.py)
+        from rbak_operator.api_calls import used_api_calls
+
+        made = cluster.emu.api_calls()
+        assert ("batch", "jobs", "patch") in made and not made - used_api_calls(), sorted(made - used_api_calls())
 
 
 def test_an_image_that_cannot_be_pulled_fails_the_run(cluster, env):
