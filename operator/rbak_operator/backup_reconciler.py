@@ -419,7 +419,7 @@ def start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: s
     kube.create_configmap(bodies.configmap_body(run_name, ns, body, cfg, labels))
     job = bodies.job_body(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
                           secret_env=secret_env, args=bodies.backup_args(), labels=labels,
-                          annotations=annotations, validate_args=vargs, progress_id=run_name)
+                          annotations=annotations, validate_args=vargs, progress_id=backup_id)
     created = kube.create_job(job)
     if created:
         metrics.STARTED.labels("backup", trigger).inc()

@@ -155,7 +155,7 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
         created = kube.create_job(bodies.job_body(
             name=run, namespace=namespace, owner=body, spec=spec, storage=storage, secret_env=secret_env,
             args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id},
-            progress_id=run))
+            progress_id=naming.run_backup_id(run, namespace, meta.get("uid"))))  # unique across namespaces
     if created:
         metrics.STARTED.labels("restore", "manual").inc()
         events.post(body, "Normal", "RestoreStarted", f"restoring backup {backup_id} with {engine} {run}")
