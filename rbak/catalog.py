@@ -120,8 +120,10 @@ def validation_failed(report: dict) -> bool:
 
 
 def latest_complete(storage: Storage, prefix: str | None = "", with_data: bool = False,
-                    skipped_empty: list[str] | None = None) -> BackupEntry | None:
-    """The newest complete backup whose last validation (if any) did not fail.
+                    skipped_empty: list[str] | None = None,
+                    accept: Callable[[BackupEntry], bool] = lambda _e: True) -> BackupEntry | None:
+    """The newest complete backup whose last validation (if any) did not fail (of those ``accept`` takes:
+    the operator's restores take only the referenced object's own backups).
 
     A backup proven damaged is never picked by default: restores without a
     backup id and incremental stream offsets skip it, with a warning.
@@ -129,7 +131,7 @@ def latest_complete(storage: Storage, prefix: str | None = "", with_data: bool =
     (``BackupManifest.content == "empty"``), naming each in ``skipped_empty``; a broken selection
     that backs up nothing every night must never displace the last backup holding data.
     """
-    done = sorted((e for e in list_backups(storage, prefix) if e.complete),
+    done = sorted((e for e in list_backups(storage, prefix) if e.complete and accept(e)),
                   key=lambda e: (e.completed_at, e.backup_id), reverse=True)
     for e in done:
         if with_data and e.manifest is not None and e.manifest.content == "empty":

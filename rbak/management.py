@@ -47,6 +47,7 @@ class QueueInfo:
     consumers: int | None = None
     reported: frozenset[str] = frozenset()  # the fields the listing held (stats lag after a declare)
     priority_stats: dict[str, Any] = field(default_factory=dict)  # ready messages per priority (4.x quorum)
+    unacked: int | None = None  # delivered to consumers, not yet acknowledged: a backup cannot read them
 
 
 class ManagementClient:
@@ -203,7 +204,7 @@ class ManagementClient:
 PRIORITY_FIELDS = ("messages_by_priority", "messages_ready_high", "messages_ready_normal")  # 4.3 / 4.0-4.2
 QUEUE_COLUMNS = ("name,vhost,type,messages,arguments,policy,operator_policy,effective_policy_definition,"
                  "auto_delete,exclusive,consumers,durable,messages_by_priority,messages_ready_high,"
-                 "messages_ready_normal")
+                 "messages_ready_normal,messages_unacknowledged")
 
 
 def _queue_info(d: dict[str, Any], vhost: str | None) -> QueueInfo:
@@ -213,7 +214,7 @@ def _queue_info(d: dict[str, Any], vhost: str | None) -> QueueInfo:
         policy=d.get("policy") or None, effective_policy=d.get("effective_policy_definition") or {},
         operator_policy=d.get("operator_policy") or None, auto_delete=bool(d.get("auto_delete")),
         exclusive=bool(d.get("exclusive")), consumers=d.get("consumers"), reported=frozenset(d),
-        priority_stats={k: d[k] for k in PRIORITY_FIELDS if k in d},
+        priority_stats={k: d[k] for k in PRIORITY_FIELDS if k in d}, unacked=d.get("messages_unacknowledged"),
     )
 
 

@@ -15,7 +15,8 @@ USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (GROUP, f"{BACKUP_PLURAL}/status", ("get", "patch")),
     (GROUP, RESTORE_PLURAL, ("get", "list", "watch", "patch")),
     (GROUP, f"{RESTORE_PLURAL}/status", ("get", "patch")),
-    ("batch", "jobs", ("get", "list", "watch", "create", "delete")),  # watched: a run's end wakes its owner
+    # watched: a run's end wakes its owner; patched: a run whose pod cannot start is marked Failed
+    ("batch", "jobs", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "pods", ("list",)),
     ("", "configmaps", ("get", "create", "delete")),
     ("", "secrets", ("get",)),

@@ -23,6 +23,7 @@ from .clock import fmt, parse_time
 from .credentials import resolve_broker
 from .crds import BACKUP_PLURAL
 from .k8s import Kube
+from .startup import check_start
 from .status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
                      spark_state)
 from .storage_access import apply_retention, load_manifest_safe, report_problems
@@ -51,6 +52,7 @@ class BackupPass:
     new_success: bool = False
     phase_hint: str | None = None
     next_slot: datetime | None = None  # the cron's next slot, suspended or not (wake.py)
+    start_due: list[datetime | None] = field(default_factory=list)  # when a waiting pod reaches the start bound
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -103,7 +105,7 @@ def backup_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[str
     if restore_drill is not None:
         p.patch["restoreDrill"] = restore_drill
     changed = write_status(p)
-    return changed, wake.backup_times({**p.status, **p.patch}, p.next_slot)
+    return changed, [*wake.backup_times({**p.status, **p.patch}, p.next_slot), *p.start_due]
 
 
 def observe_runs(p: BackupPass) -> None:
@@ -112,7 +114,10 @@ def observe_runs(p: BackupPass) -> None:
     for j in p.jobs:
         jname = j["metadata"]["name"]
         st = job_state(j)
-        if st.phase == "Failed":
+        if st.phase == "Running":  # a pod that cannot start fails the run past the bound (startup.py)
+            st, due = check_start(p.kube, p.namespace, j, p.now)
+            p.start_due.append(due)
+        elif st.phase == "Failed":
             p.pods[jname] = p.kube.job_pods(p.namespace, jname)
             st = job_state(j, p.pods[jname])
         p.states[jname] = st
@@ -194,6 +199,14 @@ def record_outcome(p: BackupPass, summary: dict[str, Any], st: RunState, outcome
         if counted:  # the operator read the manifest
             msg += f": {summary['messages']} messages, {summary['size']}, {summary['queues']} queues"
         events.post(p.body, "Normal", "BackupSucceeded", msg)
+        held = summary.get("heldByConsumers") or 0
+        if held:  # complete as far as the queues' ready messages go; what consumers held is not in it
+            text = (f"backup {backup_id}: {held} message(s) held unacknowledged by consumers are not in the backup: "
+                    + ", ".join(summary.get("heldQueues") or []))
+            p.condition("MessagesHeld", "True", "HeldByConsumers", text)
+            events.post(p.body, "Warning", "MessagesNotBackedUp", text)
+        elif any(c.get("type") == "MessagesHeld" for c in p.conditions or []):
+            p.condition("MessagesHeld", "False", "NoneHeld", f"backup {backup_id}: no message held by consumers")
     elif outcome == "validation-failed":
         p.condition("Ready", "False", "ValidationFailed", f"backup {backup_id} {summary['message']}")
         events.post(p.body, "Warning", "ValidationFailed", f"backup {backup_id} {summary['message']}")
@@ -201,9 +214,10 @@ def record_outcome(p: BackupPass, summary: dict[str, Any], st: RunState, outcome
         p.condition("Ready", "False", "BackupPartial", summary["message"])
         events.post(p.body, "Warning", "BackupPartial", summary["message"])
     else:
-        reason = st.message or st.reason or "the Job failed"
-        p.condition("Ready", "False", "BackupFailed", f"backup {backup_id} failed: {reason}")
-        events.post(p.body, "Warning", "BackupFailed", f"backup {backup_id} failed: {reason}")
+        why = summary.get("reason") or "RunFailed"  # specific: AuthenticationFailed, SecretMissing, ... (status.py)
+        reason = summary.get("message") or st.reason or "the Job failed"  # in the spec's words (status.py)
+        p.condition("Ready", "False", why, f"backup {backup_id} failed ({why}): {reason}")
+        events.post(p.body, "Warning", "BackupFailed", f"backup {backup_id} failed ({why}): {reason}")
 
 
 def prune_job_history(p: BackupPass) -> None:
@@ -389,14 +403,15 @@ def start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: s
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, name = meta["namespace"], meta["name"]
     resolved = resolve_broker(kube, spec.get("broker"), ns, "spec.broker")
-    cfg, secret_env = rbakconfig.backup_config(spec, ns, run_name, resolved)
+    backup_id = naming.run_backup_id(run_name, ns, meta.get("uid"))
+    cfg, secret_env = rbakconfig.backup_config(spec, ns, backup_id, resolved, meta)
     labels = bodies.backup_run_labels(name, trigger)
     validate = spec.get("validate") or {}
     vargs = None
     if validate.get("enabled", True) and validate.get("sparkThresholdBytes") is None:
-        vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), run_name, bool(validate.get("deep")),
+        vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), backup_id, bool(validate.get("deep")),
                                      rbakconfig.storage_prefix(spec["storage"]))
-    annotations = {bodies.A_BACKUP_ID: run_name}
+    annotations = {bodies.A_BACKUP_ID: backup_id}
     if slot:
         annotations[bodies.A_SLOT] = fmt(slot)
     if trigger_value is not None:
@@ -404,7 +419,7 @@ def start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: s
     kube.create_configmap(bodies.configmap_body(run_name, ns, body, cfg, labels))
     job = bodies.job_body(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
                           secret_env=secret_env, args=bodies.backup_args(), labels=labels,
-                          annotations=annotations, validate_args=vargs, progress_id=run_name)
+                          annotations=annotations, validate_args=vargs, progress_id=backup_id)
     created = kube.create_job(job)
     if created:
         metrics.STARTED.labels("backup", trigger).inc()

@@ -77,9 +77,14 @@ def env_var(e: PodEnv) -> dict[str, Any]:
     return {"name": e.env, "valueFrom": {"secretKeyRef": {"name": e.secret, "key": e.key}}}
 
 
+TERMINATION_LOG = "/dev/termination-log"  # the containers' terminationMessagePath (Kubernetes' default)
+
+
 def _env(secret_env: list[PodEnv]) -> list[dict[str, Any]]:
     env = [env_var(s) for s in secret_env]
     env.append({"name": ENV_STATE, "value": STATE_DIR})
+    # a restore writes what it published and confirmed there: the pod's status keeps it for the operator
+    env.append({"name": "RBAK_RESULT_FILE", "value": TERMINATION_LOG})
     return env
 
 

@@ -265,6 +265,9 @@ def run_summary_schema(desc: str) -> dict[str, Any]:
             "backupState": _s("complete, or partial when some queue was refused, failed or read short of its depth (manifest.json)",
                               enum=["complete", "partial", "incomplete"]),
             "partialQueues": _strlist("queues not backed up, each 'vhost/name (status): reason'"),
+            "heldByConsumers": _i("messages consumers held unacknowledged when the backup listed their queues: "
+                                  "not in the backup"),
+            "heldQueues": _strlist("the queues with messages held by consumers, each 'vhost/name (N)'"),
             "gapMessages": _i("stream messages removed by the stream's retention before this backup read them"),
             "gaps": _strlist("stream gaps: 'vhost/name offsets A..B (N messages)'"),
             "validation": _s("validation outcome", enum=["Skipped", "Passed", "Failed", "Pending"]),

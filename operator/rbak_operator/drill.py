@@ -212,15 +212,18 @@ def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str)
 
 
 def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str | None:
-    """The newest complete backup in storage (what a restore would take), else the last successful run's."""
+    """This object's newest complete backup in storage (what a backupRef restore would take), else the
+    last successful run's."""
     from rbak.catalog import latest_complete
 
+    from .policy import owned
     from .storage_access import open_backup_storage
 
-    spec = body.get("spec") or {}
+    spec, meta = body.get("spec") or {}, body["metadata"]
     try:
-        st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
-        entry = latest_complete(st, rbakconfig.storage_prefix(spec.get("storage"))) if st is not None else None
+        st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
+        entry = latest_complete(st, rbakconfig.storage_prefix(spec.get("storage")),
+                                lambda e: owned(e.backup_id, e.manifest, meta)) if st is not None else None
         if entry is not None:
             return entry.backup_id
     except RbakError as e:

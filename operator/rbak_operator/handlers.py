@@ -30,7 +30,7 @@ from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reco
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
 from .events import post as _event
 from .k8s import ApiError, Kube, connection_info
-from .restore_reconciler import reconcile_restore
+from .restore_reconciler import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
 from .progress_status import watched_run
 from .status import GONE
 from .storage_access import delete_owned_backups
@@ -103,7 +103,8 @@ async def _loop(reconcile, kind: str, name: str, namespace: str, stopped: asynci
 
 
 def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, list]:
-    return reconcile_restore(kube, namespace, name, logger), []  # a restore waits on its run's events only
+    """A restore waits on its run's events, and on the start bound of a pod that waits to start."""
+    return restore_pass(kube, namespace, name, logger)
 
 
 def _ensure_tasks(kind: str, namespace: str, name: str, status: Any, logger: Any) -> None:

@@ -205,6 +205,11 @@ class Kube:
         self._call("DELETE", _path("batch", "v1", "jobs", namespace, name),
                    {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}, ok_missing=True)
 
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch of a Job (a run whose pod cannot start: its failure mark and deadline)."""
+        self._call("PATCH", _path("batch", "v1", "jobs", namespace, name), patch,
+                   content_type="application/merge-patch+json", ok_missing=True)
+
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
         res = self._call("GET", _path("", "v1", "pods", namespace), params={"labelSelector": _sel({"job-name": job_name})})
         return res.get("items") or []

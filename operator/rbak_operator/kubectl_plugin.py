@@ -29,6 +29,7 @@ from rbak.errors import RbakError
 from . import bodies, naming
 from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
 from .k8s import ApiError, Connection, Kube, _path, use_connection
+from .status import restore_summary_line
 
 PROG = "kubectl rbak"
 USER_AGENT = "kubectl-rbak"
@@ -243,10 +244,10 @@ def cmd_status(c: Ctx) -> int:
         rows, notes = [], []
         for x in restores:
             r = restore_row(x)
-            rows.append([r["name"], r["backup"], r["backupId"], r["phase"], r["messages"], r["size"], r["finished"]])
+            rows.append([r["name"], r["backup"], r["backupId"], r["phase"], r["messages"], r["target"], r["finished"]])
             notes += [f"{r['name']}: {m}" for m in r["notes"]]
         out()
-        for line in table(["RESTORE", "FROM", "BACKUP ID", "PHASE", "MESSAGES", "SIZE", "FINISHED"], rows) + notes:
+        for line in table(["RESTORE", "FROM", "BACKUP ID", "PHASE", "RESTORED", "TARGET", "FINISHED"], rows) + notes:
             out(line)
     if why_not:
         out(why_not)
@@ -276,9 +277,15 @@ def restore_row(body: dict[str, Any]) -> dict[str, Any]:
     notes = []
     if phase == "Failed" and st.get("message"):
         notes.append(f"{st.get('reason') or 'Failed'}: {st['message']}")
+    if st.get("dryRun"):
+        phase += " (dry run)"
+        notes.append(restore_summary_line(st))
+    targets = st.get("targetVhosts") or []
     return {"kind": "RabbitMQRestore", "name": body["metadata"]["name"],
             "backup": f"rabbitmqbackup/{ref['name']}" if ref.get("name") else "spec.storage",
             "backupId": st.get("backupId") or ref.get("backupId"), "phase": phase, "messages": st.get("messages"),
+            "published": st.get("publishedMessages"), "confirmed": st.get("confirmedMessages"),
+            "dryRun": bool(st.get("dryRun")), "target": ",".join(targets) or None, "targetQueues": st.get("targetQueues"),
             "size": st.get("size"), "finished": st.get("completionTime"), "notes": notes}
 
 
@@ -474,7 +481,7 @@ def cmd_list(c: Ctx) -> int:
         m = entry.manifest
         rows.append([entry.backup_id, entry.status, fmt_ts(m.created_at) if m else None, len(m.queues) if m else None,
                      m.total_messages if m else None, human_bytes(m.total_bytes) if m else None,
-                     "yes" if policy.owned(entry.backup_id, name) else "no",
+                     "yes" if policy.owned(entry.backup_id, m, body["metadata"]) else "no",
                      (list_notes(m) if m else entry.error) or ""])
     for line in table(["BACKUP ID", "STATUS", "CREATED", "QUEUES", "MESSAGES", "SIZE", "OWN", "NOTES"], rows):
         out(line)
@@ -625,8 +632,8 @@ def cmd_restore(c: Ctx) -> int:
         if run:
             show_progress(run, st.get("progress"), seen)
         if st.get("phase") == "Succeeded":
-            out(f"rabbitmqrestore/{rname}: Succeeded: restored backup {st.get('backupId')}: "
-                f"{st.get('messages')} messages, {st.get('size')}")
+            done = restore_summary_line(st) if "dryRun" in st else "counts unknown (the run left no result)"
+            out(f"rabbitmqrestore/{rname}: Succeeded: backup {st.get('backupId')}: {done}")
             return 0
         if st.get("phase") == "Failed":
             out(f"rabbitmqrestore/{rname}: Failed: {st.get('reason')}: {st.get('message')}")

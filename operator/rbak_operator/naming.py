@@ -54,6 +54,18 @@ def manual_run_name(backup_name: str, trigger_value: str) -> str:
     return f"{head}-{suffix}"
 
 
+def owner_tag(namespace: str, uid: str | None) -> str:
+    """Six hex digits standing for one object (its namespace and uid): what keeps the backup ids of
+    same-named objects in two namespaces, or of an object deleted and made again, apart."""
+    return hashlib.sha256(f"{namespace}/{uid or ''}".encode()).hexdigest()[:6]
+
+
+def run_backup_id(run_name: str, namespace: str, uid: str | None) -> str:
+    """The backup id of a run: its Job name (unique in the namespace) and the object's ``owner_tag``
+    (unique across the namespaces and objects that share one storage)."""
+    return f"{run_name}-{owner_tag(namespace, uid)}"
+
+
 def restore_run_name(restore_name: str) -> str:
     return dns_label(f"{restore_name}-restore")
 
@@ -68,7 +80,8 @@ def label_value(text: str) -> str:
 
 
 def owns(backup_name: str, run_name: str) -> bool:
-    """Whether ``run_name`` (a Job name / backup id) is one this RabbitMQBackup makes.
+    """Whether ``run_name`` (a Job name / backup id) has the shape of this RabbitMQBackup's ids: only
+    for backups whose manifest records no owner (made before owners were recorded, ``policy.owned``).
 
     Exact shapes only, so retention and deletion never touch another object's
     backups (``nightly`` does not own ``nightlyx-...`` nor hand-made ids).

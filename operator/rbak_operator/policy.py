@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rbak.errors import ConfigError
+from rbak.format.manifest import BackupManifest
 from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
 from rbak.retention import parse_duration as _parse_duration
 
@@ -40,11 +41,22 @@ def concurrency(policy: str | None, active: list[str]) -> str:
     raise ConfigError(f"spec.concurrencyPolicy: {policy!r} is not one of Forbid, Allow, Replace")
 
 
-def owned(backup_id: str, backup_name: str) -> bool:
-    """Whether a backup id was made by the RabbitMQBackup ``backup_name``."""
+def owned(backup_id: str, manifest: BackupManifest | None, meta: Mapping[str, Any]) -> bool:
+    """Whether a stored backup was made by the RabbitMQBackup of ``meta``: by the owner its manifest
+    records (namespace, name and, when both know it, uid), never by the shape of its id. A manifest
+    without a recorded origin (an older operator's) falls back to the id's shape; a backup without a
+    manifest is nobody's (retention and deletion leave it)."""
     from .naming import owns
 
-    return owns(backup_name, backup_id)
+    if manifest is None:
+        return False
+    origin = manifest.origin
+    if origin is None:
+        return owns(meta["name"], backup_id)
+    o = origin.owner
+    if o is None or (o.namespace, o.name) != (meta.get("namespace"), meta["name"]):
+        return False
+    return not (o.uid and meta.get("uid")) or o.uid == meta.get("uid")
 
 
 def retention_policy(retention: dict[str, Any] | None) -> RetentionPolicy:
@@ -124,9 +136,11 @@ def epoch_ms(value: Any, field: str) -> int:
 def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[str]]:
     """A RabbitMQBackup's source: (the broker it reads, its vhosts; empty: every vhost).
 
-    The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port;
-    the URL's vhost does not matter (``queues.vhosts`` selects what is read)."""
+    The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port; the
+    vhosts are ``queues.vhosts``, else the URL's vhost (``rbakconfig.backup_vhosts``)."""
     from urllib.parse import urlsplit
+
+    from .rbakconfig import backup_vhosts
 
     broker = spec.get("broker") or {}
     ref = broker.get("rabbitmqClusterReference") or {}
@@ -136,8 +150,7 @@ def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[s
         u = urlsplit(broker.get("amqpUrl") or "")
         port = u.port or (5671 if u.scheme == "amqps" else 5672)
         who = f"amqp:{(u.hostname or '').lower()}:{port}"
-    vhosts = (spec.get("queues") or {}).get("vhosts") or []
-    return who, frozenset(vhosts)
+    return who, frozenset(backup_vhosts(spec))
 
 
 def same_source(a: tuple[str, frozenset[str]], b: tuple[str, frozenset[str]]) -> bool:

@@ -29,6 +29,7 @@ from rbak.errors import RbakError
 from rbak.progress import latest_progress
 
 from .crds import BACKUP_PLURAL, RESTORE_PLURAL
+from .naming import run_backup_id
 from .progress_status import INTERVAL, progress_patch, watched_run
 
 log = logging.getLogger("rbak_operator.progress")
@@ -89,8 +90,10 @@ def poll(kube, kind: str, namespace: str, name: str) -> str | None:
     st = _storage(kube, namespace, storage_spec)
     if st is None:  # a PVC the operator does not mount
         return run
-    rec = latest_progress(st, rbakconfig.storage_prefix(storage_spec), kind, run)
-    patch = progress_patch(status, run, rec)
+    # records are stored under the run's backup id (unique across namespaces sharing the storage)
+    key = run_backup_id(run, namespace, (body.get("metadata") or {}).get("uid"))
+    rec = latest_progress(st, rbakconfig.storage_prefix(storage_spec), kind, key)
+    patch = progress_patch(status, run, rec, key)
     if patch:
         kube.patch_status(plural, namespace, name, patch)
     return run

@@ -62,14 +62,16 @@ def fmt_epoch(t: float) -> str:
     return fmt(datetime.fromtimestamp(t, timezone.utc))
 
 
-def progress_patch(status: dict[str, Any] | None, run: str | None, rec: ProgressRecord | None) -> dict[str, Any] | None:
-    """The status patch for a poll, or None when nothing changes (no write at all).
+def progress_patch(status: dict[str, Any] | None, run: str | None, rec: ProgressRecord | None,
+                   key: str | None = None) -> dict[str, Any] | None:
+    """The status patch for a poll, or None when nothing changes (no write at all). ``key``: the id the
+    run stores its records under (its backup id: the Job's name and the object's tag), when not ``run``.
 
     A record of another run (an older one's leftovers) is never shown."""
     current = (status or {}).get("progress")
-    if run is None or rec is None or rec.run_id != run:
+    if run is None or rec is None or rec.run_id != (key or run):
         return None
-    new = status_progress(rec)
+    new = dict(status_progress(rec), runName=run)
     return None if new == current else {"progress": new}
 
 

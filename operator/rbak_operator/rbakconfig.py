@@ -8,6 +8,7 @@ reach boto3 the same way (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -270,6 +271,25 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
     return out, env + kenv
 
 
+def url_vhost(broker: dict[str, Any] | None) -> str | None:
+    """The vhost ``spec.broker.amqpUrl`` names (``amqp://host/%2f`` names ``/``), None when it names none."""
+    from urllib.parse import unquote
+
+    url = (broker or {}).get("amqpUrl") if not (broker or {}).get("rabbitmqClusterReference") else None
+    path = urlsplit(url).path if url else ""
+    return unquote(path[1:]) if len(path) > 1 else None
+
+
+def backup_vhosts(spec: Mapping[str, Any]) -> list[str]:
+    """The vhosts a backup reads: ``spec.queues.vhosts``, else the vhost of ``spec.broker.amqpUrl``; empty:
+    every vhost the credentials can see."""
+    chosen = list((spec.get("queues") or {}).get("vhosts") or [])
+    if chosen:
+        return chosen
+    v = url_vhost(spec.get("broker"))
+    return [v] if v is not None else []
+
+
 def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     sel = sel or {}
@@ -282,10 +302,14 @@ def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
-                  resolved: ResolvedBroker | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
-    """Config for ``rbak backup`` of one run, and the Secret env the pod needs."""
+                  resolved: ResolvedBroker | None = None,
+                  owner: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[PodEnv]]:
+    """Config for ``rbak backup`` of one run, and the Secret env the pod needs. ``owner``: the
+    RabbitMQBackup's metadata, recorded in the manifest (``backup.owner``)."""
     source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
     queues = _queues(spec.get("queues"))
+    if backup_vhosts(spec):  # the URL's vhost scopes the backup when spec.queues.vhosts is absent
+        queues["vhosts"] = backup_vhosts(spec)
     if queues:
         source["queues"] = queues
     storage, env2 = storage_section(spec.get("storage"))
@@ -298,6 +322,9 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
         backup["segment_max_bytes"] = int(spec["segmentMaxBytes"])
     if spec.get("segmentMaxIntervalMs"):
         backup["segment_max_interval_ms"] = int(spec["segmentMaxIntervalMs"])
+    if owner is not None:
+        backup["owner"] = {"namespace": namespace, "name": owner["name"],
+                           **({"uid": owner["uid"]} if owner.get("uid") else {})}
     encryption, env3 = backup_encryption(spec, storage)
     lock = spec.get("objectLock") or {}
     if lock:

@@ -12,7 +12,9 @@ from .clock import fmt, parse_time
 from .credentials import resolve_broker
 from .crds import RESTORE_PLURAL
 from .k8s import Kube
-from .status import GONE, RunState, job_state, manifest_counts, set_condition, spark_state
+from .startup import check_start
+from .status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
+                     run_result, set_condition, spark_state)
 from .storage_access import load_manifest_safe, open_backup_storage
 
 
@@ -27,6 +29,7 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     meta, spec = body["metadata"], body.get("spec") or {}
     ns = meta["namespace"]
     ref = spec.get("backupRef")
+    backup = None
     if ref:
         backup = kube.get_backup(ns, ref["name"])
         if backup is None:
@@ -46,9 +49,18 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
     nbytes = None
     if st is not None:
         if not backup_id:
-            entry = latest_complete(st, prefix, with_data=True)  # an empty backup never displaces one with data
+            if backup is not None:  # backupRef: the newest complete backup OF THAT OBJECT, not of the prefix
+                bmeta = backup["metadata"]
+                entry = latest_complete(st, prefix, with_data=True,
+                                        accept=lambda e: policy.owned(e.backup_id, e.manifest, bmeta))
+                if entry is None:
+                    raise RestoreSpecError(f"spec.backupRef: RabbitMQBackup {ns}/{bmeta['name']} has no complete backup "
+                                           "holding data in its storage yet (set spec.backupRef.backupId to restore "
+                                           "another one)")
+            else:
+                entry = latest_complete(st, prefix, with_data=True)  # an empty backup never displaces one with data
             if entry is None:
-                raise RestoreSpecError("no complete backup holding data found in the storage to restore (set backupId?)")
+                raise RestoreSpecError("spec.backupId: no complete backup holding data found in spec.storage to restore")
             backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes if entry.manifest else None
         else:
             m = load_manifest(st, backup_id, prefix)
@@ -85,18 +97,23 @@ def with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
 
 def reconcile_restore(kube: Kube, namespace: str, name: str, logger) -> dict[str, Any] | str | None:
     """One pass over a RabbitMQRestore: the status patch, None (still running) or GONE (nothing left to do)."""
+    return restore_pass(kube, namespace, name, logger)[0]
+
+
+def restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[str, Any] | str | None, list]:
+    """``reconcile_restore`` and the time its next pass is due (a run's pod still waiting to start)."""
     body = kube.get_restore(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return GONE
+        return GONE, []
     status = dict(body.get("status") or {})
     if status.get("phase") in ("Succeeded", "Failed"):
-        return GONE
+        return GONE, []
     if not status.get("engine"):
-        return start_restore(kube, body, status, logger)
-    st = run_state(kube, namespace, status)
+        return start_restore(kube, body, status, logger), []
+    st, due = run_state(kube, namespace, status)
     if not st.finished:
-        return None
-    return finish_restore(kube, body, status, st, logger)
+        return None, [due]
+    return finish_restore(kube, body, status, st, logger), []
 
 
 def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logger) -> dict[str, Any]:
@@ -140,25 +157,29 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
         created = kube.create_job(bodies.job_body(
             name=run, namespace=namespace, owner=body, spec=spec, storage=storage, secret_env=secret_env,
             args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id},
-            progress_id=run))
+            progress_id=naming.run_backup_id(run, namespace, meta.get("uid"))))  # unique across namespaces
     if created:
         metrics.STARTED.labels("restore", "manual").inc()
         events.post(body, "Normal", "RestoreStarted", f"restoring backup {backup_id} with {engine} {run}")
     return start
 
 
-def run_state(kube: Kube, namespace: str, status: dict[str, Any]) -> RunState:
-    """The state of the restore's Job or SparkApplication (a vanished one has failed)."""
+def run_state(kube: Kube, namespace: str, status: dict[str, Any]) -> tuple[RunState, Any]:
+    """The state of the restore's Job or SparkApplication (a vanished one has failed), and when a pod
+    still waiting to start reaches the start bound (startup.py)."""
     if status.get("engine") == "spark":
         app = kube.get_spark_app(namespace, status.get("sparkApplicationName", ""))
-        return spark_state(app) if app else RunState("Failed", "SparkApplicationMissing", "the SparkApplication disappeared")
+        return (spark_state(app) if app else RunState("Failed", "SparkApplicationMissing",
+                                                      "the SparkApplication disappeared")), None
     job = kube.get_job(namespace, status.get("jobName", ""))
     if job is None:
-        return RunState("Failed", "JobMissing", f"Job {status.get('jobName')} disappeared")
+        return RunState("Failed", "JobMissing", f"Job {status.get('jobName')} disappeared"), None
     st = job_state(job)
+    if st.phase == "Running":
+        return check_start(kube, namespace, job, clock.now())
     if st.phase == "Failed":
         st = job_state(job, kube.job_pods(namespace, job["metadata"]["name"]))
-    return st
+    return st, None
 
 
 def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st: RunState, logger) -> dict[str, Any]:
@@ -168,7 +189,9 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     namespace, name, gen = meta["namespace"], meta["name"], meta.get("generation")
     end = st.end or now
     # progress: None even if this pass read none (a timer tick may have written one since)
-    patch: dict[str, Any] = {"phase": st.phase, "reason": st.reason, "message": st.message, "completionTime": fmt(end),
+    reason = failure_reason(st) if st.phase == "Failed" else st.reason
+    message = in_user_words(st.message, "restore")
+    patch: dict[str, Any] = {"phase": st.phase, "reason": reason, "message": message, "completionTime": fmt(end),
              "progress": None}
     started = parse_time(status["startTime"]) if status.get("startTime") else None
     if started:
@@ -179,20 +202,30 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
         b = kube.get_backup(namespace, ref["name"]) or {}
         storage = (b.get("spec") or {}).get("storage")
     m = load_manifest_safe(kube, namespace, storage, status.get("backupId", ""), logger) if storage else None
-    if m is not None:
+    if m is not None:  # the backup's size; its message total is not what was restored
         c = manifest_counts(m)
-        patch.update(messages=c["messages"], bytes=c["bytes"], size=c["size"])
+        patch.update(backupMessages=c["messages"], bytes=c["bytes"], size=c["size"])
+    result = run_result(kube.job_pods(namespace, status["jobName"])) if status.get("jobName") else None
+    if result is not None:  # what the run published and the target confirmed, where, dry run or not
+        patch.update(restore_outcome(result))
+        if result.get("failed_queues") and st.phase == "Failed":  # the queues' own errors, in the spec's words
+            errors = result.get("errors") or result["failed_queues"]
+            patch["message"] = message = in_user_words(
+                f"{len(result['failed_queues'])} queue(s) failed: " + "; ".join(errors[:5]), "restore")
+            patch["reason"] = reason = failure_reason(RunState("Failed", "", message))
     ok = st.phase == "Succeeded"
     conds = set_condition(status.get("conditions"), "Progressing", "False", "Finished", "run finished", now, gen)
     patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",
-                                        "RestoreSucceeded" if ok else "RestoreFailed",
-                                        st.message or st.reason or st.phase, now, gen)
+                                        "RestoreSucceeded" if ok else reason,
+                                        message or st.reason or st.phase, now, gen)
     kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
     metrics.RUNS.labels("restore", st.phase.lower()).inc()
     if started:
         metrics.DURATION.labels("restore").observe(patch.get("durationSeconds", 0))
     if ok:
-        events.post(body, "Normal", "RestoreSucceeded", f"restored backup {status.get('backupId')}")
+        done = f": {restore_summary_line(patch)}" if result is not None else ""
+        events.post(body, "Normal", "RestoreSucceeded", f"restored backup {status.get('backupId')}{done}")
     else:
-        events.post(body, "Warning", "RestoreFailed", f"restore of {status.get('backupId')} failed: {st.message or st.reason}")
+        events.post(body, "Warning", "RestoreFailed",
+                    f"restore of {status.get('backupId')} failed ({reason}): {patch['message'] or st.reason}")
     return patch

@@ -7,6 +7,9 @@ error line, e.g. ``rbak: AMQP error: ... ACCESS_REFUSED``).
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,6 +20,26 @@ from rbak.format.manifest import BackupManifest
 from .clock import fmt, parse_time
 
 SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}
+
+A_START_FAILED = "rbak.io/start-failed"
+"""Annotation the operator puts on a Job whose pod could not start within the bound: the JSON
+``{"reason", "message", "time"}`` that makes the run Failed (``job_state``), whatever the Job
+controller makes of it later."""
+
+START_TIMEOUT = float(os.environ.get("RBAK_OPERATOR_START_TIMEOUT_SECONDS", "300"))
+"""How long a run's pod may wait to start (a missing Secret, an image that cannot be pulled, a
+container crash-looping, no node to run on) before the run is marked Failed with the pod's reason."""
+
+WAITING_REASONS = {
+    "CreateContainerConfigError": "ContainerConfigError",  # refined to SecretMissing / ConfigMapMissing
+    "CreateContainerError": "ContainerConfigError",
+    "ErrImagePull": "ImagePull",
+    "ImagePullBackOff": "ImagePull",
+    "InvalidImageName": "ImagePull",
+    "ErrImageNeverPull": "ImagePull",
+    "CrashLoopBackOff": "CrashLoop",
+}
+"""Container waiting reasons a kubelet keeps a pod in without ever failing it, and the run's reason."""
 
 GONE = "gone"  # what a reconcile returns when its object is gone or finished: its loop ends
 
@@ -45,9 +68,17 @@ def _t(v: Any) -> datetime | None:
 
 
 def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> RunState:
-    """Phase of a batch/v1 Job from its conditions (and its pods, for the cause of a failure)."""
+    """Phase of a batch/v1 Job from its conditions (and its pods, for the cause of a failure), or
+    Failed when the operator gave up on its pod starting (``A_START_FAILED``)."""
     st = job.get("status") or {}
     start = _t(st.get("startTime"))
+    mark = ((job.get("metadata") or {}).get("annotations") or {}).get(A_START_FAILED)
+    if mark and not any(c.get("type") == "Complete" and c.get("status") == "True" for c in st.get("conditions") or []):
+        try:
+            m = json.loads(mark)
+        except ValueError:
+            m = {}
+        return RunState("Failed", m.get("reason") or "StartFailed", m.get("message") or "", start, _t(m.get("time")))
     for c in st.get("conditions") or []:
         if c.get("status") != "True":
             continue
@@ -61,6 +92,128 @@ def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> 
     return RunState("Running", "", "", start)
 
 
+FAILURE_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("AuthenticationFailed", r"ACCESS_REFUSED|authentication failed|\b401\b|unauthori[sz]ed|not authori[sz]ed|"
+                             r"login was refused|access refused"),
+    ("TargetNotEmpty", r"refusing to publish into a non-empty queue|already holds \d+"),
+    ("SourceBusy", r"Backup lease:|lease .* held by"),
+    ("StorageUnreachable", r"Storage error|NoSuchBucket|EndpointConnectionError|Could not connect to the endpoint|"
+                           r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied"),
+    ("BrokerUnreachable", r"Connection refused|cannot connect|timed out|Name or service not known|"
+                          r"Temporary failure in name resolution"),
+    ("VhostMissing", r"vhost .* does not exist|NOT_ALLOWED - vhost"),
+    ("InvalidConfiguration", r"Configuration error"),
+)
+"""A failed run's reason from the error line its pod ended with (first match wins), for the status, the
+events and the ``reason`` label of the failure metrics: an alert can tell a bad password from a
+missing bucket. A pod that never started has its own reasons (``WAITING_REASONS``)."""
+
+FAILURE_REASONS = ("AuthenticationFailed", "SecretMissing", "ConfigMapMissing", "ContainerConfigError", "ImagePull",
+                   "CrashLoop", "Unschedulable", "StorageUnreachable", "BrokerUnreachable", "TargetNotEmpty",
+                   "SourceBusy", "VhostMissing", "InvalidConfiguration", "PartiallyFailed", "ValidationFailed",
+                   "DeadlineExceeded", "RunFailed")
+"""Every reason a failed run can carry (docs/operator.md lists them; the PrometheusRule names them)."""
+
+
+SPEC_WORDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "backup": (
+        ("check source.management_username/password",
+         "check the username and password in the Secret of spec.broker.credentialsSecretRef (or of the "
+         "RabbitmqCluster's default user)"),
+        ("choose another backup_id (backup.overwrite: true replaces it)",
+         "trigger a new run with another rbak.io/backup-now value"),
+        ("source.queues.vhosts", "spec.queues.vhosts (or the vhost of spec.broker.amqpUrl)"),
+        ("source.queues", "spec.queues"),
+        ("source.amqp_url", "spec.broker.amqpUrl"),
+        ("source.management_url", "spec.broker.managementUrl"),
+        ("source.tls", "spec.broker"),
+        ("backup_id: ", "backup id: "),
+    ),
+    "restore": (
+        ("check target.management_username/password",
+         "check the username and password in the Secret of spec.target.credentialsSecretRef (or of the "
+         "RabbitmqCluster's default user)"),
+        ("(set restore.allow_non_empty: true to add to it)",
+         "(drain it, or restore elsewhere with spec.vhostMapping or spec.queueMapping)"),
+        ("restore.time_window_start", "spec.pitr.start"),
+        ("restore.time_window_end", "spec.pitr.end"),
+        ("restore.vhost_mapping", "spec.vhostMapping"),
+        ("restore.queue_mapping", "spec.queueMapping"),
+        ("restore.queues", "spec.queues"),
+        ("restore.dry_run", "spec.dryRun"),
+        ("target.amqp_url", "spec.target.amqpUrl"),
+        ("target.management_url", "spec.target.managementUrl"),
+        ("backup_id: ", "backup id: "),
+    ),
+}
+"""The run's internal config keys in its error lines, and the spec fields the user wrote (or what to do
+instead, where the CRD has no such field)."""
+
+
+def in_user_words(message: str, kind: str) -> str:
+    """A run's error line with the config keys of the run's own config file replaced by the spec's fields."""
+    for key, words in SPEC_WORDS.get(kind, ()):
+        message = message.replace(key, words)
+    return message
+
+
+def failure_reason(state: RunState) -> str:
+    """The specific reason of a failed run: a start failure's own, else what its error line says."""
+    if state.reason in FAILURE_REASONS:
+        return state.reason
+    for reason, pattern in FAILURE_PATTERNS:
+        if re.search(pattern, state.message or "", re.I):
+            return reason
+    return "DeadlineExceeded" if state.reason == "DeadlineExceeded" else "RunFailed"
+
+
+def start_problem(pods: list[dict[str, Any]]) -> tuple[str, str, datetime | None] | None:
+    """(reason, message, since) of a run whose newest pod cannot start: a container waiting in one of
+    ``WAITING_REASONS``, or the pod unschedulable. None while it starts, runs or has ended."""
+    if not pods:
+        return None
+    pod = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    st = pod.get("status") or {}
+    if st.get("phase") in ("Succeeded", "Failed"):
+        return None
+    since = _t((pod.get("metadata") or {}).get("creationTimestamp"))
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        why = waiting.get("reason") or ""
+        if why in WAITING_REASONS:
+            msg = (waiting.get("message") or "").strip()
+            reason = WAITING_REASONS[why]
+            if reason == "ContainerConfigError" and re.search(r"\bsecrets?\b", msg, re.I):
+                reason = "SecretMissing"
+            elif reason == "ContainerConfigError" and re.search(r"\bconfigmaps?\b", msg, re.I):
+                reason = "ConfigMapMissing"
+            return reason, f"pod {(pod.get('metadata') or {}).get('name')} container {cs.get('name')}: {why}" + (
+                f": {msg}" if msg else ""), since
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return ("Unschedulable", f"pod {(pod.get('metadata') or {}).get('name')} is unschedulable: "
+                    f"{c.get('message') or ''}".rstrip(": "), _t(c.get("lastTransitionTime")) or since)
+    return None
+
+
+def start_failure(pods: list[dict[str, Any]], now: datetime, bound: float = START_TIMEOUT
+                  ) -> tuple[tuple[str, str] | None, datetime | None]:
+    """Whether a running Job's pod has waited past ``bound`` seconds to start: ((reason, message) or
+    None, the time it will have if it keeps waiting, for the next pass)."""
+    found = start_problem(pods)
+    if found is None:
+        newest = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "") if pods else {}
+        if ((newest.get("status") or {}).get("phase")) in ("Running", "Succeeded", "Failed"):
+            return None, None
+        # no pod yet, or one not started: a kubelet's report changes no Job, so look again at the bound
+        return None, datetime.fromtimestamp(now.timestamp() + bound, tz=now.tzinfo)
+    reason, message, since = found
+    due = since.timestamp() + bound if since is not None else now.timestamp()
+    if now.timestamp() >= due:
+        return (reason, f"{message} (not started after {int(bound)}s)"), None
+    return None, datetime.fromtimestamp(due, tz=now.tzinfo)
+
+
 def pod_failure_message(pods: list[dict[str, Any]]) -> str:
     """The termination message of the first failed container of the newest pod."""
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True):
@@ -71,6 +224,48 @@ def pod_failure_message(pods: list[dict[str, Any]]) -> str:
                 msg = (term.get("message") or "").strip()
                 return last_error_line(msg) or f"container {cs.get('name')} exited with code {term.get('exitCode')} ({term.get('reason', '')})"
     return ""
+
+
+def run_result(pods: list[dict[str, Any]], container: str = "rbak") -> dict[str, Any] | None:
+    """The result a run wrote to its termination-message file (``rbak.commands.result_file``): what a
+    restore published and confirmed where; None when its pod has none (a crash before the end)."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True):
+        term = _terminated(pod, container, init=False) or _terminated(pod, container, init=True) or {}
+        text = (term.get("message") or "").strip()
+        if text.startswith("{"):
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and "confirmed" in obj:
+                return obj
+    return None
+
+
+def restore_outcome(result: dict[str, Any], limit: int = 50) -> dict[str, Any]:
+    """The status fields of a restore's result: restored (confirmed) and published counts, what a dry
+    run would publish, the target vhosts and queues."""
+    dry = bool(result.get("dry_run"))
+    out: dict[str, Any] = {
+        "dryRun": dry, "messages": int(result.get("confirmed") or 0), "confirmedMessages": int(result.get("confirmed") or 0),
+        "publishedMessages": int(result.get("published") or 0),
+        "targetVhosts": list(result.get("target_vhosts") or [])[:limit],
+        "targetQueues": list(result.get("target_queues") or [])[:limit],
+    }
+    if dry:
+        out["wouldPublish"] = int(result.get("selected") or 0)
+    if result.get("failed_queues"):
+        out["failedQueues"] = list(result["failed_queues"])[:limit]
+    return out
+
+
+def restore_summary_line(st: dict[str, Any]) -> str:
+    """One line for events and the plugin: what a restore did (or, dry, would do) and where."""
+    where = ", ".join(st.get("targetQueues") or []) or "no queue"
+    if st.get("dryRun"):
+        return f"dry run: would publish {st.get('wouldPublish', 0)} messages to {where}; nothing published"
+    return (f"{st.get('messages', 0)} messages restored (published {st.get('publishedMessages', 0)}, confirmed "
+            f"{st.get('confirmedMessages', 0)}) to {where}")
 
 
 def _terminated(pod: dict[str, Any], name: str, init: bool) -> dict[str, Any] | None:
@@ -127,6 +322,9 @@ def manifest_counts(m: BackupManifest) -> dict[str, Any]:
                            "queues": len(m.queues)}
     if m.state != "complete":  # said only when it is news: partial (or incomplete)
         out["backupState"] = m.state
+    if m.held_by_consumers:  # said only when some: messages a consumer held are not in the backup
+        out["heldByConsumers"] = m.held_by_consumers
+        out["heldQueues"] = [f"{q.vhost}/{q.name} ({q.held_by_consumers})" for q in m.queues if q.held_by_consumers][:20]
     out.update(partial_and_gaps(m))
     return out
 
@@ -147,10 +345,12 @@ def partial_and_gaps(m: BackupManifest, limit: int = 20) -> dict[str, Any]:
 def run_summary(*, backup_id: str, job_name: str, trigger: str, state: RunState, slot: datetime | None,
                 manifest: BackupManifest | None, validation: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"backupId": backup_id, "jobName": job_name, "trigger": trigger, "phase": state.phase}
-    if state.reason:
+    if state.phase == "Failed":
+        out["reason"] = failure_reason(state)
+    elif state.reason:
         out["reason"] = state.reason
     if state.message:
-        out["message"] = state.message
+        out["message"] = in_user_words(state.message, "backup")
     if slot:
         out["scheduledTime"] = fmt(slot)
     if state.start:

@@ -117,7 +117,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
         logger.warning("retention: cannot list backups: %s", e)
         return []
     # Every backup in the storage, so the chains of other objects' backups are kept too; only ours are deleted.
-    stored = stored_backups(entries, lambda bid: policy.owned(bid, meta["name"]))
+    manifests = {e.backup_id: e.manifest for e in entries}
+    stored = stored_backups(entries, lambda bid: policy.owned(bid, manifests[bid], meta))
     plan = policy.retention_plan(stored, spec.get("retention"), now)
     ours = {b.backup_id for b in stored if b.owned}
     for v in plan.verdicts:
@@ -154,6 +155,6 @@ def delete_owned_backups(kube: Kube, body: Mapping[str, Any], logger) -> tuple[l
         logger.warning("deletionPolicy delete: storage not reachable from the operator; backups kept")
         return None
     prefix = rbakconfig.storage_prefix(spec.get("storage"))
-    ids = [e.backup_id for e in list_backups(st, prefix) if policy.owned(e.backup_id, meta["name"])]
+    ids = [e.backup_id for e in list_backups(st, prefix) if policy.owned(e.backup_id, e.manifest, meta)]
     locked = [bid for bid in ids if delete_backup(st, bid, prefix) is not None]  # Object Lock: kept
     return [bid for bid in ids if bid not in locked], locked

@@ -35,7 +35,8 @@ from ..envelope import writer_codec
 from ..errors import (AmqpError, BackupError, ConfigError, ConnectionLost, DeliveryLimitError, NotFoundError,
                       NoReaderProcess, PartialBackupError, QueueRefused, QueueSkipped, RbakError, ShortRead)
 from ..format.compression import Compression
-from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus, SegmentMetadata
+from ..format.manifest import (PARTIAL_STATUSES, BackupManifest, BackupOrigin, BackupOwner, QueueBackup, QueueStatus,
+                               SegmentMetadata)
 from ..keys import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
@@ -177,20 +178,23 @@ class BackupEngine(StreamBackup):
             # credentials, every vhost exists, and this run holds the lease on every vhost it reads
             ov, queues, lease = self._preflight(client)
             self.lease = lease
-            created_at = self._check_existing()
+            cluster = ov.get("cluster_name") or ov.get("node") or self.source.host
+            origin = self.origin(cluster)
+            created_at = self._check_existing(origin)
             if self.codec.wraps:  # envelope: the wrapped data key is stored before anything it seals
                 from ..envelope import write_wraps
 
                 write_wraps(storage, layout, self.codec.wraps)
                 self.codec.wraps = []
             log.info("backup %s of %s to %s", self.backup_id, self.source.safe_amqp_url, storage.url)
-            cluster = ov.get("cluster_name") or ov.get("node") or self.source.host
             version = ov.get("rabbitmq_version")
             summary = BackupSummary(self.backup_id, storage.url, layout.manifest, rabbitmq_version=version,
-                                    source_cluster=cluster)
+                                    source_cluster=cluster, vhosts=sorted({q.vhost for q in queues} | set(self.source.queues.vhosts)),
+                                    vhost_scope=list(origin.vhosts) if origin.vhosts is not None else None)
             manifest = BackupManifest(backup_id=self.backup_id, created_at=created_at, source_cluster=cluster,
                                       rabbitmq_version=version, backup_tool_version=__version__,
-                                      encryption=self.codec.info, definitions_only=cfg.backup.definitions_only)
+                                      encryption=self.codec.info, definitions_only=cfg.backup.definitions_only,
+                                      origin=origin)
             if not self.write_once:
                 storage.put(layout.manifest, manifest.to_json())  # marks the id as in progress (completed_at null)
 
@@ -296,7 +300,27 @@ class BackupEngine(StreamBackup):
             log.warning("cannot read the encryption keyring: %s", e)
             return {}
 
-    def _check_existing(self) -> int:
+    def origin(self, cluster: str) -> BackupOrigin:
+        """This run's source (the cluster, its vhost scope) and owner, as its manifest records them."""
+        sel, owner = self.source.queues, self.cfg.backup.owner
+        return BackupOrigin(cluster, tuple(sorted(set(sel.vhosts))) if sel.vhosts else None,
+                            BackupOwner(owner.namespace, owner.name, owner.uid or None) if owner else None)
+
+    def _check_origin(self, old: BackupManifest, origin: BackupOrigin) -> None:
+        """One backup holds one source's messages: a run of another cluster, vhost set or owner never
+        resumes, completes or replaces it (two objects sharing a storage and an id would mix clusters)."""
+        if old.origin is not None:
+            if old.origin == origin:
+                return
+            was = old.origin.describe()
+        elif old.source_cluster is None or old.source_cluster == origin.cluster:
+            return  # written before origins were recorded: its cluster is all there is to compare
+        else:
+            was = f"cluster {old.source_cluster!r}"
+        raise ConfigError(f"backup_id: the {old.state} backup {self.backup_id!r} in {self.storage.url} is of {was}; "
+                          f"this run is of {origin.describe()}: choose another backup_id")
+
+    def _check_existing(self, origin: BackupOrigin) -> int:
         layout, storage = self.layout, self.storage
         now = int(time.time() * 1000)
         if self.write_once:
@@ -313,6 +337,7 @@ class BackupEngine(StreamBackup):
             self._fresh = True  # whatever local progress says, nothing of this id is in THIS storage
             return now
         old = BackupManifest.from_json(data, layout.manifest)
+        self._check_origin(old, origin)
         retry = old.is_partial and not self.cfg.backup.overwrite  # its failed queues are backed up again
         if not old.is_complete or retry:
             self._adopt_data_key(old)
@@ -435,13 +460,16 @@ class BackupEngine(StreamBackup):
                 for fut in as_completed(futs):
                     q = futs[fut]
                     qs = QueueSummary(q.vhost, q.name, q.queue_type)
+                    held = q.unacked if q.queue_type != "stream" and q.unacked else 0
                     try:
                         qb, resumed = fut.result()
+                        qb.held_by_consumers, qs.held_by_consumers = held or None, held
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
                         qs.status, qs.expected = "resumed" if resumed else "done", qb.expected_messages
                     except ShortRead as e:  # what was read is kept; the queue is partial, never complete
                         qb = e.backup
+                        qb.held_by_consumers, qs.held_by_consumers = held or None, held
                         results.append(qb)
                         qs.messages, qs.segments, qs.bytes = qb.message_count, len(qb.segments), qb.size_bytes
                         qs.status, qs.error, qs.expected = "partial", e.reason, qb.expected_messages
@@ -461,6 +489,9 @@ class BackupEngine(StreamBackup):
                         qs.status, qs.error = "failed", f"{type(e).__name__}: {e}"
                         metrics.errors().labels(error_type="other").inc()
                         log.exception("queue %s/%s failed", q.vhost, q.name)
+                    if qs.held_by_consumers:
+                        log.warning("queue %r in vhost %r: %d message(s) held unacknowledged by consumers are not in "
+                                    "the backup", q.name, q.vhost, qs.held_by_consumers)
                     summary.queues.append(qs)
                     self.progress("done", vhost=q.vhost, queue=q.name, summary=qs)
         finally:

@@ -120,8 +120,14 @@ def run(args) -> int:
         print(f"backup {summary.backup_id}: {summary.total_messages} messages from {len(summary.queues)} queue(s), "
               f"{sum(q.segments for q in summary.queues)} segment(s), {summary.total_bytes} bytes, "
               f"{summary.duration_secs:.1f}s -> {summary.storage} ({summary.manifest_key})")
+        print(f"  vhosts read: {', '.join(summary.vhosts) or '-'}"
+              + (" (every vhost of the cluster)" if summary.vhost_scope is None else ""))
         for q in summary.queues:
-            print(f"  {q.vhost}/{q.name} ({q.queue_type}): {q.messages} messages [{q.status}]")
+            held = f", {q.held_by_consumers} held by consumers (not backed up)" if q.held_by_consumers else ""
+            print(f"  {q.vhost}/{q.name} ({q.queue_type}): {q.messages} messages{held} [{q.status}]")
+        if summary.held_by_consumers:
+            print(f"  WARNING: {summary.held_by_consumers} message(s) held unacknowledged by consumers are not in "
+                  "the backup")
         if summary.definitions:
             d = summary.definitions
             print(f"  definitions: {d.vhost_count} vhosts, {d.queue_count} queues, {d.exchange_count} exchanges, "

@@ -128,6 +128,9 @@ def run(args: Any) -> int:
                               display=not options.dry_run) as ps:
         on_plan, on_progress = progress.restore_events(ps.tracker)
         summary = run_restore(storage, options, on_progress=on_progress, on_plan=on_plan)
+    from . import result_file
+
+    result_file.write(result_file.restore_result(summary))
     if args.json:
         output.emit(args, summary.to_json_obj())
     else:

@@ -319,6 +319,18 @@ class BackupOptions(_Section):
                             "but messages the other already held when a read started are not in its expected count).")
     lease_wait_secs: float = doc_field(0.0, "How long a backup waits for another backup's lease on the same vhost before it "
                                        "gives up (0: refuse at once).", min=0)
+    owner: Optional[OwnerConfig] = doc_field(None, "Who the backup belongs to, recorded in its manifest with its source "
+                                             "(cluster, vhosts): a run of another owner or source never resumes, "
+                                             "completes or replaces it.")
+
+
+@dataclass(repr=False)
+class OwnerConfig(_Section):
+    """The object a backup belongs to (the operator sets its RabbitMQBackup), recorded in the manifest's `origin`."""
+
+    namespace: str = doc_field(None, "Namespace of the object.", required=True)
+    name: str = doc_field(None, "Name of the object.", required=True)
+    uid: Optional[str] = doc_field(None, "Its uid: an object deleted and created again under the same name is another owner.")
 
 
 @dataclass(repr=False)

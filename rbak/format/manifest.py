@@ -177,6 +177,54 @@ class StreamInfo:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class BackupOwner:
+    """The object that made a backup (a RabbitMQBackup: its namespace, name and uid)."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" + (f" (uid {self.uid})" if self.uid else "")
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str) -> "BackupOwner":
+        return cls(_req(d, "namespace", str, where), _req(d, "name", str, where), _opt(d, "uid", str, where))
+
+
+@dataclass(frozen=True, slots=True)
+class BackupOrigin:
+    """Where a backup's messages come from and who made it (rbak's extra ``origin`` field, written from
+    the first, in-progress manifest on): a run never resumes, completes or replaces a backup of
+    another origin. ``vhosts`` is the run's vhost scope (None: every vhost of the cluster)."""
+
+    cluster: str
+    vhosts: tuple[str, ...] | None = None
+    owner: BackupOwner | None = None
+
+    def describe(self) -> str:
+        scope = f"vhosts {', '.join(self.vhosts)}" if self.vhosts is not None else "every vhost"
+        return f"cluster {self.cluster!r}, {scope}" + (f", made by {self.owner}" if self.owner else "")
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "vhosts": list(self.vhosts) if self.vhosts is not None else None,
+                "owner": self.owner.to_json_obj() if self.owner else None}
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str) -> "BackupOrigin":
+        where = f"{where} origin"
+        vh = d.get("vhosts") if isinstance(d, dict) else None
+        if vh is not None and (not isinstance(vh, list) or not all(isinstance(v, str) for v in vh)):
+            raise ManifestError(f"{where}: 'vhosts' must be a list of strings or null")
+        owner = d.get("owner")
+        return cls(_req(d, "cluster", str, where), tuple(vh) if vh is not None else None,
+                   BackupOwner.from_json_obj(owner, f"{where} owner") if owner is not None else None)
+
+
 QUEUE_STATUSES = ("refused", "failed", "partial", "skipped")
 """Per-queue outcomes recorded in ``queue_status``."""
 PARTIAL_STATUSES = ("refused", "failed", "partial")
@@ -223,6 +271,9 @@ class QueueBackup:
     stream: StreamInfo | None = None  # rbak extension, written only for streams
     # rbak extension (classic/quorum): the exact depth when the read started; message_count is what was read
     expected_messages: int | None = None
+    # rbak extension, only when some: messages consumers held unacknowledged when the backup listed the queue
+    # (not in the queue's ready depth, so not backed up)
+    held_by_consumers: int | None = None
     chain: tuple[str, ...] = ()  # restore-time only, never written: backups whose segments this entry holds
     # restore-time only, never written: the backup each segment of an earlier chain link belongs to (by
     # storage key), and each link's encryption: a link's objects are sealed for that backup alone
@@ -268,6 +319,8 @@ class QueueBackup:
             out["expected_messages"] = self.expected_messages
         if self.segments and (largest := self.max_body_bytes) is not None:
             out["max_body_bytes"] = largest  # informational: restores read the segments' own
+        if self.held_by_consumers:
+            out["held_by_consumers"] = self.held_by_consumers
         if self.stream is not None:
             out["stream"] = self.stream.to_json_obj()
         return out
@@ -291,6 +344,7 @@ class QueueBackup:
             last_message_timestamp=_opt(d, "last_message_timestamp", int, here),
             stream=StreamInfo.from_json_obj(d["stream"], f"{here} stream") if d.get("stream") is not None else None,
             expected_messages=_opt(d, "expected_messages", int, here),
+            held_by_consumers=_opt(d, "held_by_consumers", int, here),
         )
 
 
@@ -341,6 +395,7 @@ class BackupManifest:
     queue_status: list[QueueStatus] = field(default_factory=list)  # rbak extension: refused/failed/skipped queues
     encryption: EncryptionInfo | None = None  # rbak's extension; absent (not null) in unencrypted manifests
     definitions_only: bool = False  # rbak's extension (written only when true): no queue, by the config's intent
+    origin: BackupOrigin | None = None  # rbak's extension, last; absent in manifests written without one
 
     @property
     def is_complete(self) -> bool:
@@ -386,6 +441,11 @@ class BackupManifest:
     def uncompressed_bytes(self) -> int:
         return sum(q.uncompressed_bytes for q in self.queues)
 
+    @property
+    def held_by_consumers(self) -> int:
+        """Messages consumers held unacknowledged when the backup listed their queues: not in the backup."""
+        return sum(q.held_by_consumers or 0 for q in self.queues)
+
     def recompute_totals(self) -> None:
         """Derive the totals from the queues (one source of truth)."""
         self.total_messages = sum(q.message_count for q in self.queues)
@@ -414,6 +474,7 @@ class BackupManifest:
             **({"queue_status": [q.to_json_obj() for q in self.queue_status]} if self.queue_status else {}),
             **({"encryption": self.encryption.to_json_obj()} if self.encryption else {}),
             **({"definitions_only": True} if self.definitions_only else {}),
+            **({"origin": self.origin.to_json_obj()} if self.origin else {}),
         }
         return d
 
@@ -440,6 +501,7 @@ class BackupManifest:
             definitions=DefinitionsBackup.from_json_obj(defs, f"{where} definitions") if defs else None,
             queues=[QueueBackup.from_json_obj(q, f"{where} queue {i}") for i, q in enumerate(queues)],
             encryption=EncryptionInfo.from_json_obj(d["encryption"], where) if d.get("encryption") is not None else None,
+            origin=BackupOrigin.from_json_obj(d["origin"], where) if d.get("origin") is not None else None,
         )
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0

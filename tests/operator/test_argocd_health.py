@@ -5,6 +5,7 @@ of test_handlers_fake, and the ``argocd-cm`` snippet of the docs against the shi
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from test_handlers_fake import (
     pvc,  # noqa: F401 (fixture)
     restore_obj,
     t,
+    OWNER,
+    backup_id_of,
     write_backup,
 )
 from test_logic_status import POD_FAILED
@@ -77,12 +80,13 @@ def test_backup_healthy_progressing_healthy(clock, pvc):
     clock["now"] = t("2030-01-01T00:05:03Z")
     handlers.reconcile_backup(k, NS, "b", LOG)
     assert backup_health(k.objs[("backup", "b")]) == ("Progressing", "running: b-20300101-0005")
-    write_backup(pvc, "b-20300101-0005", 42, 4096)
+    bid = backup_id_of(k, "b-20300101-0005")
+    write_backup(pvc, bid, 42, 4096, origin=OWNER)
     k.finish_job("b-20300101-0005")
     handlers.reconcile_backup(k, NS, "b", LOG)
     assert k.objs[("backup", "b")]["status"]["phase"] == "Succeeded"
     assert backup_health(k.objs[("backup", "b")]) == (
-        "Healthy", "Last backup b-20300101-0005 succeeded: 42 messages, 4.0 KiB")
+        "Healthy", f"Last backup {bid} succeeded: 42 messages, 4.0 KiB")
 
 
 def test_backup_progress_summary_is_shown(clock, pvc):
@@ -109,18 +113,19 @@ def test_failed_backup_is_degraded_with_the_conditions_message(clock, pvc):
     st = k.objs[("backup", "b")]["status"]
     assert st["phase"] == "Failed"
     assert backup_health(k.objs[("backup", "b")]) == (
-        "Degraded", f"BackupFailed: backup {run} failed: {REFUSED}")
+        "Degraded", f"AuthenticationFailed: backup {backup_id_of(k, run)} failed (AuthenticationFailed): {REFUSED}")
 
 
 def test_partial_backup_is_degraded_naming_the_queue(clock, pvc):
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})
     run = run_now(k)
-    write_backup(pvc, run, 7, 700)
+    run = backup_id_of(k, job := run)
+    write_backup(pvc, run, 7, 700, origin=OWNER)
     m = BackupManifest.from_json(pvc.get(f"{run}/manifest.json"))
     m.queue_status = [QueueStatus("/", "limited", "refused", "its delivery limit is 2")]
     pvc.put(f"{run}/manifest.json", m.to_json())
-    k.finish_job(run, ok=False)
+    k.finish_job(job, ok=False)
     handlers.reconcile_backup(k, NS, "b", LOG)
     assert backup_health(k.objs[("backup", "b")]) == (
         "Degraded", f"BackupPartial: backup {run} is partial: //limited (refused): its delivery limit is 2")
@@ -131,15 +136,16 @@ def test_validation_failing_after_a_successful_run_is_degraded(clock, pvc):
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(validate={"sparkThresholdBytes": 10**9})
     run = run_now(k)
-    write_backup(pvc, run, 5, 5000)
+    bid = backup_id_of(k, run)
+    write_backup(pvc, bid, 5, 5000, origin=OWNER)
     k.finish_job(run)
     handlers.reconcile_backup(k, NS, "b", LOG)
     assert backup_health(k.objs[("backup", "b")]) == (
-        "Healthy", f"Last backup {run} succeeded: 5 messages, 4.9 KiB (validation pending)")
+        "Healthy", f"Last backup {bid} succeeded: 5 messages, 4.9 KiB (validation pending)")
     k.finish_job(f"{run}-validate", ok=False)
     handlers.reconcile_backup(k, NS, "b", LOG)
     status, message = backup_health(k.objs[("backup", "b")])
-    assert status == "Degraded" and message.startswith(f"ValidationFailed: backup {run} validation failed")
+    assert status == "Degraded" and message.startswith(f"ValidationFailed: backup {bid} validation failed")
 
 
 def test_invalid_schedule_is_degraded(clock):
@@ -161,9 +167,10 @@ def test_suspended_backup(clock, pvc):
 def test_a_failed_restore_drill_is_degraded(clock, pvc):
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})
-    run = run_now(k)
-    write_backup(pvc, run, 5, 5000)
-    k.finish_job(run)
+    job = run_now(k)
+    run = backup_id_of(k, job)
+    write_backup(pvc, run, 5, 5000, origin=OWNER)
+    k.finish_job(job)
     handlers.reconcile_backup(k, NS, "b", LOG)
     body = k.objs[("backup", "b")]
     report = {"passed": False, "reason": "1 of 2 queue(s) did not match the backup", "scratch_vhost": "rbak-drill-x",
@@ -189,8 +196,25 @@ def test_generation_not_yet_observed_and_deletion_are_progressing(clock, pvc):
     assert backup_health(body) == ("Progressing", "Pending deletion")
 
 
-def test_restore_progressing_healthy(clock, pvc):
-    k = FakeKube()
+class ResultKube(FakeKube):
+    """A finished restore's pod carries the run's result (rbak.commands.result_file) as its termination message."""
+
+    result: dict = {}
+
+    def job_pods(self, ns, job):
+        if ("job", job) not in self.objs or not (self.objs[("job", job)].get("status") or {}).get("conditions"):
+            return [{"metadata": {"creationTimestamp": "2030-01-01T00:00:31Z"}, "status": {"phase": "Running"}}]
+        return [{"metadata": {"creationTimestamp": "2030-01-01T00:00:31Z"}, "status": {"phase": "Succeeded",
+                 "containerStatuses": [{"name": "rbak", "state": {"terminated": {
+                     "exitCode": 0, "message": json.dumps(self.result)}}}]}}]
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_restore_progressing_healthy(clock, pvc, dry):
+    k = ResultKube()
+    k.result = {"backup_id": "b-20300101-0010", "dry_run": dry, "ok": True, "published": 0 if dry else 5,
+                "confirmed": 0 if dry else 5, "selected": 5, "target_vhosts": ["/"], "target_queues": ["//q"],
+                "failed_queues": []}
     k.objs[("backup", "b")] = backup_obj()
     write_backup(pvc, "b-20300101-0010", 7, 700)
     k.objs[("restore", "r")] = restore_obj()
@@ -200,7 +224,12 @@ def test_restore_progressing_healthy(clock, pvc):
     assert restore_health(k.objs[("restore", "r")]) == ("Progressing", "restoring b-20300101-0010 with job")
     k.finish_job("r-restore")
     handlers.reconcile_restore(k, NS, "r", LOG)
-    assert restore_health(k.objs[("restore", "r")]) == ("Healthy", "Restored backup b-20300101-0010: 7 messages, 700 B")
+    st = k.objs[("restore", "r")]["status"]
+    # what the run did, not the backup's total (7): published and confirmed, where, dry run or not
+    assert (st["backupMessages"], st["messages"], st["dryRun"], st["targetQueues"]) == (7, 0 if dry else 5, dry, ["//q"])
+    assert restore_health(k.objs[("restore", "r")]) == (
+        ("Healthy", "Dry run of backup b-20300101-0010: would publish 5 messages") if dry else
+        ("Healthy", "Restored backup b-20300101-0010: 5 messages confirmed"))
 
 
 def test_failed_restores_are_degraded(clock, pvc):
@@ -218,7 +247,7 @@ def test_failed_restores_are_degraded(clock, pvc):
     k.finish_job("r-restore", ok=False)
     handlers.reconcile_restore(k, NS, "r", LOG)
     assert restore_health(k.objs[("restore", "r")]) == (
-        "Degraded", f"RestoreFailed: {REFUSED}")
+        "Degraded", f"AuthenticationFailed: {REFUSED}")
 
 
 def _snippets(doc: Path) -> list[dict]:

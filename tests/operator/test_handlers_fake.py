@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 from rbak.catalog import list_backups
-from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
+from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, QueueBackup, SegmentMetadata
 from rbak.storage.url import open_storage
 from rbak_operator import clock as op_clock
 from rbak_operator import handlers
@@ -114,8 +114,17 @@ def clock(monkeypatch):
     return box
 
 
-def write_backup(storage, backup_id, messages, nbytes, created_ms=1):
-    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1)
+OWNER = BackupOrigin("rabbit@h", None, BackupOwner(NS, "b", "u"))
+
+
+def backup_id_of(k, run):
+    """The backup id the operator gave run ``run`` (its Job's annotation)."""
+    return k.objs[("job", run)]["metadata"]["annotations"]["rbak.io/backup-id"]
+
+
+def write_backup(storage, backup_id, messages, nbytes, created_ms=1, origin=None):
+    """A backup as a run writes it (``origin``: OWNER for the runs of object b) or as an older version did."""
+    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1, origin=origin)
     q = QueueBackup(vhost="/", name="q")
     q.add_segment(SegmentMetadata(key="k", sequence=1, record_count=messages, size_bytes=nbytes, uncompressed_bytes=nbytes,
                                   first_timestamp=1, last_timestamp=2, checksum="x"))
@@ -171,11 +180,13 @@ def test_finished_run_counts_from_manifest_and_forbid(clock, pvc):
     st = k.objs[("backup", "b")]["status"]
     assert st["missedSchedules"] == 1 and st["lastScheduleTime"] == "2030-01-01T00:10:00Z"
     assert [c[1] for c in k.calls if c[0] == "create_job"] == ["b-20300101-0005"]
-    write_backup(pvc, "b-20300101-0005", 42, 4096)
+    bid = backup_id_of(k, "b-20300101-0005")
+    assert bid.startswith("b-20300101-0005-")  # the Job's name and the object's tag (issue 44)
+    write_backup(pvc, bid, 42, 4096, origin=OWNER)
     k.finish_job("b-20300101-0005")
     handlers.reconcile_backup(k, NS, "b", LOG)
     st = k.objs[("backup", "b")]["status"]
-    assert st["phase"] == "Succeeded" and st["lastBackupId"] == "b-20300101-0005"
+    assert st["phase"] == "Succeeded" and st["lastBackupId"] == bid
     assert (st["lastRun"]["messages"], st["lastRun"]["bytes"], st["lastRun"]["size"]) == (42, 4096, "4.0 KiB")
     assert "validation" not in st["lastRun"]
     # Operator metrics: runs by outcome, durations, missed slots.
@@ -202,12 +213,12 @@ def test_spark_validation_above_threshold(clock, pvc):
     run = next(c[1] for c in k.calls if c[0] == "create_job")
     job = k.objs[("job", run)]
     assert "initContainers" not in job["spec"]["template"]["spec"]  # validation is decided after the run
-    write_backup(pvc, run, 5, 5000)
+    write_backup(pvc, backup_id_of(k, run), 5, 5000, origin=OWNER)
     k.finish_job(run)
     handlers.reconcile_backup(k, NS, "b", LOG)
     app = k.objs[("spark", f"{run}-validate")]
     assert app["spec"]["mainApplicationFile"].endswith("/validate.py")
-    assert app["spec"]["arguments"][:1] == ["--path"] and app["spec"]["arguments"][-2:] == ["--backup-id", run]
+    assert app["spec"]["arguments"][:1] == ["--path"] and app["spec"]["arguments"][-2:] == ["--backup-id", backup_id_of(k, run)]
     assert k.objs[("backup", "b")]["status"]["lastRun"]["validation"] == "Pending"
     app["status"] = {"applicationState": {"state": "COMPLETED"}}
     handlers.reconcile_backup(k, NS, "b", LOG)
@@ -228,16 +239,16 @@ def test_retention_waits_for_the_validation(clock, pvc, outcome):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "new"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     run = next(c[1] for c in k.calls if c[0] == "create_job")
-    write_backup(pvc, run, 5, 5000, created_ms=10)
+    write_backup(pvc, backup_id_of(k, run), 5, 5000, created_ms=10, origin=OWNER)
     k.finish_job(run)
     handlers.reconcile_backup(k, NS, "b", LOG)
     assert k.objs[("backup", "b")]["status"]["lastRun"]["validation"] == "Pending"
-    assert {e.backup_id for e in list_backups(pvc)} == {old, run}  # not before the validation
+    assert {e.backup_id for e in list_backups(pvc)} == {old, backup_id_of(k, run)}  # not before the validation
     k.objs[("spark", f"{run}-validate")]["status"] = {"applicationState": {"state": outcome}}
     handlers.reconcile_backup(k, NS, "b", LOG)
     handlers.reconcile_backup(k, NS, "b", LOG)
     left = {e.backup_id for e in list_backups(pvc)}
-    assert left == ({run} if outcome == "COMPLETED" else {old, run})
+    assert left == ({backup_id_of(k, run)} if outcome == "COMPLETED" else {old, backup_id_of(k, run)})
 
 
 def test_small_backup_is_validated_by_a_job(clock, pvc):
@@ -246,7 +257,7 @@ def test_small_backup_is_validated_by_a_job(clock, pvc):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     run = next(c[1] for c in k.calls if c[0] == "create_job")
-    write_backup(pvc, run, 5, 5000)
+    write_backup(pvc, backup_id_of(k, run), 5, 5000, origin=OWNER)
     k.finish_job(run)
     handlers.reconcile_backup(k, NS, "b", LOG)
     vjob = k.objs[("job", f"{run}-validate")]
@@ -293,7 +304,8 @@ def test_restore_auto_engine_from_manifest_size(clock, pvc, threshold, engine):
     if engine == "spark":
         assert st["phase"] == "Failed" and st["message"] == "driver OOM"
     else:
-        assert st["phase"] == "Succeeded" and st["messages"] == 7
+        # the backup's total is not what was restored: without the run's result no restored count is claimed
+        assert st["phase"] == "Succeeded" and st["backupMessages"] == 7 and "messages" not in st
     assert handlers.reconcile_restore(k, NS, "r", LOG) == handlers.GONE  # finished: its loop ends
 
 
@@ -381,11 +393,11 @@ def test_restore_with_a_connection_secret_missing_a_key_fails_naming_it(clock, p
     assert "https://rabbit.ns.svc:15671" in text and "amqp://rabbit.ns.svc:5672/%2f" in text and "'p'" not in text
     env = _env_of(k.objs[("job", "r2-restore")])
     assert env["RBAK_BROKER_USERNAME"] == ("topo", "username") and env["RBAK_BROKER_PASSWORD"] == ("topo", "password")
-def _stream_backup(storage, backup_id, created_ms, previous=None):
+def _stream_backup(storage, backup_id, created_ms, previous=None, origin=None):
     """A backup holding a stream, incremental on ``previous`` when given."""
     from rbak.format.manifest import StreamInfo
 
-    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1)
+    m = BackupManifest(backup_id=backup_id, created_at=created_ms, completed_at=created_ms + 1, origin=origin)
     m.queues.append(QueueBackup(vhost="/", name="s", queue_type="stream",
                                 stream=StreamInfo(0, 9, previous, 4 if previous else None)))
     storage.put(f"{backup_id}/manifest.json", m.to_json())
@@ -404,10 +416,10 @@ def test_retention_keeps_the_chain_of_a_kept_backup(clock, pvc):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "new"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     run = next(c[1] for c in k.calls if c[0] == "create_job")
-    _stream_backup(pvc, run, 10, previous=base)
+    _stream_backup(pvc, backup_id_of(k, run), 10, previous=base, origin=OWNER)
     k.finish_job(run)
     handlers.reconcile_backup(k, NS, "b", LOG)
-    assert {e.backup_id for e in list_backups(pvc)} == {base, run}
+    assert {e.backup_id for e in list_backups(pvc)} == {base, backup_id_of(k, run)}
     assert k.objs[("backup", "b")]["status"]["retention"]["lastDeleted"] == [older]
 
 
@@ -420,10 +432,10 @@ def test_partial_backup_shows_in_status(clock, pvc):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "p"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     run = next(c[1] for c in k.calls if c[0] == "create_job")
-    write_backup(pvc, run, 7, 700)
-    m = BackupManifest.from_json(pvc.get(f"{run}/manifest.json"))
+    write_backup(pvc, backup_id_of(k, run), 7, 700, origin=OWNER)
+    m = BackupManifest.from_json(pvc.get(f"{backup_id_of(k, run)}/manifest.json"))
     m.queue_status = [QueueStatus("/", "limited", "refused", "its delivery limit is 2")]
-    pvc.put(f"{run}/manifest.json", m.to_json())
+    pvc.put(f"{backup_id_of(k, run)}/manifest.json", m.to_json())
     k.finish_job(run, ok=False)
     handlers.reconcile_backup(k, NS, "b", LOG)
     st = k.objs[("backup", "b")]["status"]
@@ -445,10 +457,10 @@ def test_short_read_backup_shows_as_partial(clock, pvc):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "s"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     run = next(c[1] for c in k.calls if c[0] == "create_job")
-    write_backup(pvc, run, 180, 700)
-    m = BackupManifest.from_json(pvc.get(f"{run}/manifest.json"))
+    write_backup(pvc, backup_id_of(k, run), 180, 700, origin=OWNER)
+    m = BackupManifest.from_json(pvc.get(f"{backup_id_of(k, run)}/manifest.json"))
     m.queue_status = [QueueStatus("/", "q", "partial", "read 180 of the 190 messages ...", 190, 180)]
-    pvc.put(f"{run}/manifest.json", m.to_json())
+    pvc.put(f"{backup_id_of(k, run)}/manifest.json", m.to_json())
     k.finish_job(run, ok=False)  # rbak backup exits 3: completed, but partial
     handlers.reconcile_backup(k, NS, "b", LOG)
     st = k.objs[("backup", "b")]["status"]
@@ -470,7 +482,8 @@ def test_a_slot_waits_while_another_backup_reads_the_same_source(clock):
     k.objs[("backup", "b")]["metadata"]["annotations"] = {"rbak.io/backup-now": "x"}
     handlers.reconcile_backup(k, NS, "b", LOG)
     (first,) = [c[1] for c in k.calls if c[0] == "create_job"]
-    for name, spec in (("same", {}), ("other-vhost", {"queues": {"vhosts": ["billing"]}}),
+    every = {"amqpUrl": "amqp://h:5672", "managementUrl": "http://h:15672", "credentialsSecretRef": {"name": "c"}}
+    for name, spec in (("same", {"broker": every}), ("other-vhost", {"queues": {"vhosts": ["billing"]}}),
                        ("other-host", {"broker": {"amqpUrl": "amqp://elsewhere:5672/%2f", "managementUrl": "http://e:15672",
                                                   "credentialsSecretRef": {"name": "c"}}})):
         o = backup_obj(schedule="*/5 * * * *", **spec)

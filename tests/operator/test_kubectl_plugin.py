@@ -262,7 +262,8 @@ def test_restore_creates_a_restore_and_follows_it(scene):
         st = obj["status"]
         out = lines(r.stdout)
         assert out[0] == f"rabbitmqrestore/{rname} created (backup {bid} of rabbitmqbackup/{scene.name})"
-        assert out[-1] == f"rabbitmqrestore/{rname}: Succeeded: restored backup {bid}: 3 messages, {st['size']}"
+        assert out[-1] == (f"rabbitmqrestore/{rname}: Succeeded: backup {bid}: 3 messages restored (published 3, "
+                           f"confirmed 3) to {target}/q1")
         assert all(x == f"job/{st['jobName']}: running" or x.startswith(f"job/{st['jobName']}: ") for x in out[1:-1])
         assert broker.read_bodies(target, "q1") == [b"msg-0", b"msg-1", b"msg-2"]
     finally:
@@ -293,11 +294,11 @@ def test_status_lists_the_restores_too(scene):
         text = lines(all_.stdout)
         gap = text.index("")
         rows = [re.split(r"\s{3,}", line) for line in text[gap + 1:]]
-        assert rows[0] == ["RESTORE", "FROM", "BACKUP ID", "PHASE", "MESSAGES", "SIZE", "FINISHED"]
+        assert rows[0] == ["RESTORE", "FROM", "BACKUP ID", "PHASE", "RESTORED", "TARGET", "FINISHED"]
         by_name = {row[0]: row for row in rows[1:] if len(row) == 7}
         assert set(by_name) == set(objs)  # every restore of the namespace (the restore test's too, if it ran)
         st = objs[good]["status"]
-        assert by_name[good] == [good, f"rabbitmqbackup/{scene.name}", bid, "Succeeded", "3", st["size"],
+        assert by_name[good] == [good, f"rabbitmqbackup/{scene.name}", bid, "Succeeded", "3", target,
                                  st["completionTime"]]
         assert by_name[bad][:4] == [bad, f"rabbitmqbackup/{scene.bad}", "no-such-backup", "Failed"]
         failed = objs[bad]["status"]
@@ -327,8 +328,9 @@ def test_logs_show_the_last_runs_pod(scene, tmp_path):
                                   for c in ("rbak", "validate")]
     head, backup, check = re.split(rf"^==> pod/{run}-pod container (?:rbak|validate) <==\n", r.stdout, flags=re.M)
     assert head == ""
-    assert f"rbak.backup.engine: backup {run} of amqp://" in backup and "is valid" not in backup
-    assert f"backup {run} is valid" in check and "rbak.backup.engine" not in check
+    bid = scene.status(scene.name)["lastRun"]["backupId"]
+    assert f"rbak.backup.engine: backup {bid} of amqp://" in backup and "is valid" not in backup
+    assert f"backup {bid} is valid" in check and "rbak.backup.engine" not in check
 
 
 def test_suspend_and_resume_set_spec_suspend(scene):

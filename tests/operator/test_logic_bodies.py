@@ -177,7 +177,7 @@ def test_job_body_is_valid_kubernetes(spec):
     assert main["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # Credentials only as secretKeyRefs.
     for e in init["env"]:
-        assert "valueFrom" in e or e["name"] == "RBAK_STATE_DIR"
+        assert "valueFrom" in e or e["name"] in ("RBAK_STATE_DIR", "RBAK_RESULT_FILE")
     assert {v["name"] for v in pod["volumes"]} >= {"config", "state"}
 
 

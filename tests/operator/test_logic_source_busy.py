@@ -11,9 +11,25 @@ def spec(url=None, ref=None, vhosts=None):
 
 
 def test_source_of():
-    assert policy.source_of(spec("amqp://Rabbit:5672/%2f"), "ns") == ("amqp:rabbit:5672", frozenset())
+    # issue 44: the URL's vhost scopes the backup when queues.vhosts is absent; a URL naming none: every vhost
+    assert policy.source_of(spec("amqp://Rabbit:5672/%2f"), "ns") == ("amqp:rabbit:5672", frozenset({"/"}))
+    assert policy.source_of(spec("amqp://Rabbit:5672"), "ns") == ("amqp:rabbit:5672", frozenset())
     assert policy.source_of(spec("amqps://r/%2f", vhosts=["a"]), "ns") == ("amqp:r:5671", frozenset({"a"}))
-    assert policy.source_of(spec("amqp://r/x"), "ns") == policy.source_of(spec("amqp://r:5672/y"), "ns")
+    assert policy.source_of(spec("amqp://r/x"), "ns") == ("amqp:r:5672", frozenset({"x"}))
+    assert not policy.same_source(policy.source_of(spec("amqp://r/x"), "ns"), policy.source_of(spec("amqp://r:5672/y"), "ns"))
+
+
+def test_the_url_vhost_scopes_the_backup_config():
+    from rbak_operator import rbakconfig
+
+    def vhosts(**kw):
+        base = {"broker": {"amqpUrl": kw.pop("url"), "managementUrl": "http://r:15672",
+                           "credentialsSecretRef": {"name": "c"}}, "storage": {"pvc": {"claimName": "d"}}, **kw}
+        return rbakconfig.backup_config(base, "ns", "b-1")[0]["source"].get("queues", {}).get("vhosts")
+    assert vhosts(url="amqp://r:5672/tenant-a") == ["tenant-a"]
+    assert vhosts(url="amqp://r:5672/%2f") == ["/"]
+    assert vhosts(url="amqp://r:5672") is None  # every vhost
+    assert vhosts(url="amqp://r:5672/tenant-a", queues={"vhosts": ["b", "c"]}) == ["b", "c"]  # the field wins
     assert policy.source_of(spec(ref={"name": "c"}), "ns") == ("cluster:ns/c", frozenset())
     assert policy.source_of(spec(ref={"name": "c", "namespace": "mq"}), "ns")[0] == "cluster:mq/c"
 

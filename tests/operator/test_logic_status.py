@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from rbak.errors import ConfigError
-from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata
+from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, QueueBackup, SegmentMetadata
 from rbak_operator import policy
 from rbak.units import human_bytes as human_size
 from rbak_operator.status import (RunState, in_pod_validation, job_state, manifest_counts, push_history,
@@ -139,11 +139,39 @@ def test_retention_skips_incomplete_and_combines_rules():
     assert policy.retention_victims(backups, None, None, NOW) == []
 
 
+def _m(origin: BackupOrigin | None = None) -> BackupManifest:
+    return BackupManifest(backup_id="x", created_at=1, completed_at=2, origin=origin)
+
+
 def test_owned_backups_only():
-    assert policy.owned("nightly-20261122-1100", "nightly")
-    assert policy.owned("nightly-manual-abcd1234", "nightly")
-    assert not policy.owned("nightlyx-20261122-1100", "nightly")
-    assert not policy.owned("backup-20261122T110000Z", "nightly")
+    """Without a recorded origin (an older operator's backups): by the exact shape of the id."""
+    meta = {"namespace": "prod", "name": "nightly", "uid": "u1"}
+    assert policy.owned("nightly-20261122-1100", _m(), meta)
+    assert policy.owned("nightly-manual-abcd1234", _m(), meta)
+    assert not policy.owned("nightlyx-20261122-1100", _m(), meta)
+    assert not policy.owned("backup-20261122T110000Z", _m(), meta)
+    assert not policy.owned("nightly-20261122-1100", None, meta)  # no manifest: nobody's
+
+
+def test_owned_by_the_recorded_owner_not_the_name():
+    meta = {"namespace": "prod", "name": "twin", "uid": "u1"}
+    mine = BackupOrigin("rabbit@a", None, BackupOwner("prod", "twin", "u1"))
+    assert policy.owned("anything", _m(mine), meta)
+    # the same name in another namespace, another uid (deleted and made again), a CLI backup: not ours
+    assert not policy.owned("twin-manual-4cd0e21a", _m(BackupOrigin("rabbit@b", None, BackupOwner("dev", "twin", "u2"))), meta)
+    assert not policy.owned("twin-manual-4cd0e21a", _m(BackupOrigin("rabbit@a", None, BackupOwner("prod", "twin", "u0"))), meta)
+    assert not policy.owned("twin-manual-4cd0e21a", _m(BackupOrigin("rabbit@a", None, None)), meta)
+    # an API server without uids (kmock's emulator): namespace and name
+    assert policy.owned("x", _m(BackupOrigin("c", None, BackupOwner("prod", "twin"))), {"namespace": "prod", "name": "twin"})
+
+
+def test_backup_ids_differ_across_namespaces_and_objects():
+    from rbak_operator import naming
+
+    run = naming.manual_run_name("twin", "1")
+    ids = {naming.run_backup_id(run, ns, uid) for ns, uid in (("a", "u1"), ("b", "u1"), ("a", "u2"), ("a", None))}
+    assert len(ids) == 4 and all(i.startswith(run + "-") for i in ids)
+    assert naming.run_backup_id(run, "a", "u1") == naming.run_backup_id(run, "a", "u1")
 
 
 @pytest.mark.parametrize("text, secs", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("2w", 1209600), ("10s", 10)])
@@ -200,6 +228,64 @@ def test_owned_matches_every_generated_name(name):
     from rbak_operator import naming
 
     slot = datetime(2026, 11, 22, 11, 0, tzinfo=timezone.utc)
-    assert policy.owned(naming.scheduled_run_name(name, slot), name)
-    assert policy.owned(naming.manual_run_name(name, "x"), name)
-    assert not policy.owned(naming.scheduled_run_name(name + "2", slot), name)
+    meta = {"namespace": "ns", "name": name}
+    assert policy.owned(naming.scheduled_run_name(name, slot), _m(), meta)
+    assert policy.owned(naming.manual_run_name(name, "x"), _m(), meta)
+    assert not policy.owned(naming.scheduled_run_name(name + "2", slot), _m(), meta)
+
+
+def _waiting_pod(created, waiting=None, init=False, phase="Pending", conditions=None):
+    cs = [{"name": "rbak", "state": {"waiting": waiting} if waiting else {"running": {}}}]
+    return {"metadata": {"name": "r-pod", "creationTimestamp": created},
+            "status": {"phase": phase, "initContainerStatuses" if init else "containerStatuses": cs,
+                       "conditions": conditions or []}}
+
+
+def test_start_failure_past_the_bound_only():
+    from rbak_operator.status import start_failure
+
+    now = datetime(2030, 1, 1, 0, 10, tzinfo=timezone.utc)
+    secret = {"reason": "CreateContainerConfigError", "message": 'secret "rmq" not found'}
+    failed, due = start_failure([_waiting_pod("2030-01-01T00:09:00Z", secret, init=True)], now, 300)
+    assert failed is None and due == datetime(2030, 1, 1, 0, 14, tzinfo=timezone.utc)
+    failed, due = start_failure([_waiting_pod("2030-01-01T00:04:00Z", secret, init=True)], now, 300)
+    assert failed == ("SecretMissing", 'pod r-pod container rbak: CreateContainerConfigError: secret "rmq" not found '
+                      "(not started after 300s)") and due is None
+    pull = {"reason": "ErrImagePull", "message": "pull access denied"}
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", pull)], now, 300)[0][0] == "ImagePull"
+    crash = {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", crash)], now, 300)[0][0] == "CrashLoop"
+    unsched = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "lastTransitionTime": "2030-01-01T00:01:00Z", "message": "0/3 nodes are available"}]
+    failed, _ = start_failure([_waiting_pod("2030-01-01T00:00:00Z", conditions=unsched)], now, 300)
+    assert failed[0] == "Unschedulable" and "0/3 nodes are available" in failed[1]
+    # running, or a container merely being created: never failed
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", phase="Running")], now, 300) == (None, None)
+    creating = {"reason": "ContainerCreating"}
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", creating)], now, 300)[0] is None
+
+
+@pytest.mark.parametrize("message, reason", [
+    ("rbak: AMQP error: ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN", "AuthenticationFailed"),
+    ("rbak: Management API error: GET http://h:15672/api/overview -> HTTP 401", "AuthenticationFailed"),
+    ("rbak: Storage error: s3://b: NoSuchBucket", "StorageUnreachable"),
+    ("rbak: Restore error: 'v'/'q' already holds 3; refusing to publish into a non-empty queue", "TargetNotEmpty"),
+    ("rbak: Backup lease: vhost 'v' is held by backup 'x'", "SourceBusy"),
+    ("rbak: something else", "RunFailed"),
+])
+def test_failure_reasons_are_specific(message, reason):
+    from rbak_operator.status import failure_reason
+
+    assert failure_reason(RunState("Failed", "BackoffLimitExceeded", message)) == reason
+    assert failure_reason(RunState("Failed", "SecretMissing", "pod ...")) == "SecretMissing"
+
+
+def test_errors_in_the_spec_words():
+    from rbak_operator.status import in_user_words
+
+    bad = "rbak: Management API error: http://r:15672/api/overview: 401 (check source.management_username/password)"
+    assert in_user_words(bad, "backup").endswith("(check the username and password in the Secret of "
+                                                 "spec.broker.credentialsSecretRef (or of the RabbitmqCluster's default user))")
+    full = "rbak: Restore error: 'v'/'q' already holds 3; refusing to publish into a non-empty queue (set restore.allow_non_empty: true to add to it)"
+    assert in_user_words(full, "restore").endswith("(drain it, or restore elsewhere with spec.vhostMapping or spec.queueMapping)")
+    assert "spec.queues.vhosts" in in_user_words("rbak: Configuration error: source.queues.vhosts: vhost 'x' does not exist", "backup")

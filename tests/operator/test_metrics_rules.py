@@ -95,6 +95,17 @@ def test_the_issue_alerts_exist():
     assert by_name["RbakRestoreFailed"] == {"rbak_restore_failed"}
 
 
+def test_the_failure_alerts_and_the_docs_name_every_reason():
+    """Issue 44: the reason label is specific; the alerts and docs/operator.md name every value it takes."""
+    from rbak_operator.status import FAILURE_REASONS
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    for alert in ("RbakBackupFailed", "RbakRestoreFailed"):
+        text = next(r for r in RULES if r["alert"] == alert)["annotations"]["description"]
+        assert all(reason in text for reason in FAILURE_REASONS), (alert, text)
+    assert all(f"`{reason}`" in docs for reason in FAILURE_REASONS)
+
+
 def test_every_dashboard_query_parses_and_names_exported_metrics():
     exprs = [t["expr"] for p in DASHBOARD["panels"] for t in p["targets"]]
     assert exprs

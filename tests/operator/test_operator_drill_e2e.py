@@ -17,6 +17,7 @@ from rbak_operator.naming import manual_run_name
 from support.s3 import free_port
 from support.op_e2e import (
     Cluster,
+    backup_id,
     damage_a_segment as _damage_a_segment,
     create_backup,
     trigger,
@@ -59,6 +60,7 @@ def _backup_then_drill(cluster, env, name: str, damage: str | None = None, on_de
     trigger(cluster, name, "1")
     job = manual_run_name(name, "1")
     wait_run(cluster, name, job=job, phase="Succeeded")
+    job = backup_id(cluster, name, job)  # the backup the drill restores (named after the run)
     if damage:
         _damage_a_segment(env, job, damage)
     if on_demand:  # kubectl annotate rbak NAME rbak.io/drill-now=...

@@ -24,7 +24,7 @@ from rbak.storage.url import open_storage
 from rbak_operator.naming import manual_run_name
 
 import support.sparkcrd as sparkcrd
-from support.op_e2e import (API, bucket_root as _bucket_root, create_backup,
+from support.op_e2e import (API, backup_id, bucket_root as _bucket_root, create_backup,
                              damage_a_segment as _damage_a_segment, fmt as _fmt, good_and_failed_run,
                              metric_samples, restart_with_metrics, s3, trigger, wait_run)
 from support.opcluster import wait_for
@@ -44,7 +44,9 @@ def e2e_scheduled_backup_status_shows_manifest_counts(cluster, env):
     job = f"{name}-{slot:%Y%m%d-%H%M}"
     run = wait_run(cluster, name, job=job)
     assert run["phase"] == "Succeeded", cluster.logs()
-    manifest = load_manifest(s3(env), job)
+    bid = backup_id(cluster, name, job)
+    assert run["backupId"] == bid
+    manifest = load_manifest(s3(env), bid)
     assert manifest.is_complete and manifest.total_messages == 25
     assert run["messages"] == 25 == manifest.total_messages
     assert run["bytes"] == manifest.total_bytes and run["segments"] == manifest.total_segments
@@ -55,10 +57,10 @@ def e2e_scheduled_backup_status_shows_manifest_counts(cluster, env):
     assert [c["args"][0] for c in pod["initContainers"]] == ["backup"]
     assert [c["args"][0] for c in pod["containers"]] == ["validate"] and "--deep" in pod["containers"][0]["args"]
     out = cluster.runner.outputs[job]
-    assert out.index("$ backup ") < out.index("$ validate ") and f"backup {job} is valid (deep: {manifest.total_segments} segments checked)" in out, out
+    assert out.index("$ backup ") < out.index("$ validate ") and f"backup {bid} is valid (deep: {manifest.total_segments} segments checked)" in out, out
     assert run["scheduledTime"] == _fmt(slot)
     st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Succeeded" and s, 30, what="phase")
-    assert st["lastBackupId"] == job and st["lastScheduleTime"] == _fmt(slot)
+    assert st["lastBackupId"] == bid and st["lastScheduleTime"] == _fmt(slot)
     assert st["nextScheduleTime"] == _fmt(slot + timedelta(minutes=5))
     assert {c["type"]: c["status"] for c in st["conditions"]} == {"Ready": "True", "Progressing": "False"}
     assert env.broker.message_count(env.vhost, "orders") == 25  # the source is untouched
@@ -156,7 +158,8 @@ def e2e_failing_backup_reports_the_cause(cluster, env):
     assert any(w in text for w in ("access_refused", "authentication", "login", "401", "not authorised", "unauthorized")), run
     st = wait_for(lambda: (s := cluster.status(name)).get("phase") == "Failed" and s, 30, what="Failed phase")
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
-    assert ready["status"] == "False" and ready["reason"] == "BackupFailed" and run["message"][:40] in ready["message"]
+    assert ready["status"] == "False" and ready["reason"] == "AuthenticationFailed" == run["reason"], (ready, run)
+    assert run["message"][:40] in ready["message"]
     assert "definitely-wrong" not in json.dumps(st)  # the password never reaches the status
     wait_for(lambda: any(e["reason"] == "BackupFailed" and e.get("type") == "Warning" for e in cluster.events(name)), 20,
              what="warning event")
@@ -196,12 +199,12 @@ def e2e_job_validation_fails_on_a_damaged_segment(cluster, env):
     name = f"{env.tag}-jval"
     create_backup(cluster, env, name, validate={"enabled": True, "deep": True})
     job = manual_run_name(name, "1")
-    with _Hook(cluster, job, "validate", lambda: _damage_a_segment(env, job, "bad")) as hook:
+    with _Hook(cluster, job, "validate", lambda: _damage_a_segment(env, backup_id(cluster, name, job), "bad")) as hook:
         trigger(cluster, name, "1")
         run = wait_run(cluster, name, job=job, phase="Failed")
     assert hook.fired.is_set()
     bad_key = hook.result
-    good_key = next(q for q in load_manifest(_bucket_root(env), job, env.bucket.prefix).queues
+    good_key = next(q for q in load_manifest(_bucket_root(env), backup_id(cluster, name, job), env.bucket.prefix).queues
                     if q.name == "good").segments[0].key
     assert (run["validation"], run["validationRun"], run["validationEngine"]) == ("Failed", job, "job"), run
     assert run["reason"] == "ValidationFailed" and run["message"].startswith("validation failed: "), run
@@ -263,7 +266,7 @@ def e2e_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     spec = app["spec"]
     assert spec["mainApplicationFile"] == "local:///opt/rbak/spark/validate.py" and spec["type"] == "Python"
     args = spec["arguments"]
-    assert args[args.index("--backup-id") + 1] == job and args[args.index("--prefix") + 1] == env.bucket.prefix
+    assert args[args.index("--backup-id") + 1] == backup_id(cluster, name, job) and args[args.index("--prefix") + 1] == env.bucket.prefix
     assert "endpoint=" in args[args.index("--path") + 1] and spec["executor"]["instances"] == 1
     owner = app["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("RabbitMQBackup", name)
@@ -274,20 +277,21 @@ def e2e_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     passed = _wait_validation(cluster, name, job, "Passed")
     assert passed["phase"] == "Succeeded" and passed["validationRun"] == app_name
     assert next(h for h in cluster.status(name)["history"] if h["jobName"] == job)["validation"] == "Passed"
-    (report,) = _reports(env, job)
-    m = load_manifest(_bucket_root(env), job, env.bucket.prefix)
-    assert report["backup_id"] == job and report["ok"] is True and report["deep"] is True
+    bid = backup_id(cluster, name, job)
+    (report,) = _reports(env, bid)
+    m = load_manifest(_bucket_root(env), bid, env.bucket.prefix)
+    assert report["backup_id"] == bid and report["ok"] is True and report["deep"] is True
     assert sorted(s["key"] for s in report["segments"]) == sorted(s.key for q in m.queues for s in q.segments)
     assert report["summary"]["records"] == 10 == m.total_messages
 
     # Second run: a segment is damaged after the backup, before the driver starts.
     job2 = manual_run_name(name, "2")
     with _Hook(cluster, f"{job2}-validate", "spark-kubernetes-driver",
-               lambda: _damage_a_segment(env, job2, "beta")) as hook:
+               lambda: _damage_a_segment(env, backup_id(cluster, name, job2), "beta")) as hook:
         trigger(cluster, name, "2")
         failed = _wait_validation(cluster, name, job2, "Failed")
     bad_key = hook.result
-    good_key = next(q for q in load_manifest(_bucket_root(env), job2, env.bucket.prefix).queues
+    good_key = next(q for q in load_manifest(_bucket_root(env), backup_id(cluster, name, job2), env.bucket.prefix).queues
                     if q.name == "alpha").segments[0].key
     assert failed["phase"] == "Succeeded" and failed["validationEngine"] == "spark"
     # spark-operator's errorMessage only has the driver's exit code: the cause comes from the stored report.
@@ -295,7 +299,7 @@ def e2e_spark_validation_passes_then_names_a_damaged_segment(cluster, env):
     assert msg.startswith("validation failed: ") and bad_key in msg and good_key not in msg, failed
     app2 = cluster.http.get("sparkoperator.k8s.io/v1beta2", "sparkapplications", f"{job2}-validate")
     assert "ExitCode: 1" in app2["status"]["applicationState"]["errorMessage"]
-    (report2,) = _reports(env, job2)
+    (report2,) = _reports(env, backup_id(cluster, name, job2))
     assert report2["ok"] is False and [s["key"] for s in report2["segments"] if not s["ok"]] == [bad_key]
     assert report2["_key"] in msg
     reasons = wait_for(lambda: (r := [e["reason"] for e in cluster.events(name)]) and "ValidationFailed" in r and r,

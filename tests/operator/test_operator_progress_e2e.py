@@ -17,7 +17,8 @@ from rbak.catalog import list_backups
 from rbak_operator import crds
 
 from support.opcluster import wait_for
-from support.op_e2e import (API, create_backup, good_and_failed_run, metric_samples, restart_with_metrics, s3,
+from rbak_operator.naming import run_backup_id
+from support.op_e2e import (API, backup_id, create_backup, good_and_failed_run, metric_samples, restart_with_metrics, s3,
                             trigger, wait_run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -54,7 +55,9 @@ def test_backup_progress_in_status_while_the_job_runs_then_cleared(cluster, env,
     trigger(cluster, name, "1")
     reached = Path(str(gate) + ".backup.reached")
     wait_for(reached.exists, 90, what="the backup Job held after its first queue", diag=cluster.logs)
-    job = reached.read_text()
+    bid = reached.read_text()  # the run reports under its backup id: the Job's name and the object's tag
+    job = bid.rsplit("-", 1)[0]
+    assert bid == backup_id(cluster, name, job)
 
     def shown():
         obj = cluster.backup(name)
@@ -73,7 +76,7 @@ def test_backup_progress_in_status_while_the_job_runs_then_cleared(cluster, env,
     assert column("RabbitMQBackup", "Current Queue", obj) == p["currentQueue"]
     pod = cluster.http.get("v1", "pods", f"{job}-pod")["spec"]
     main = pod["containers"][0]
-    assert {"name": "RBAK_PROGRESS_ID", "value": job} in main["env"] and "serviceAccountName" not in pod
+    assert {"name": "RBAK_PROGRESS_ID", "value": bid} in main["env"] and "serviceAccountName" not in pod
 
     gate.touch()
     run = wait_run(cluster, name, job=job, phase="Succeeded")
@@ -83,7 +86,7 @@ def test_backup_progress_in_status_while_the_job_runs_then_cleared(cluster, env,
     assert column("RabbitMQBackup", "Progress", {"status": st}) is None
     storage = s3(env)
     assert [k for k in storage.list("") if "/_progress/" in f"/{k}"] == []  # the Job removed its records
-    assert [b.backup_id for b in list_backups(storage)] == [job]
+    assert [b.backup_id for b in list_backups(storage)] == [bid]
 
 
 def test_restore_progress_in_status_while_the_job_runs_then_cleared(cluster, env, gate):
@@ -110,7 +113,9 @@ def test_restore_progress_in_status_while_the_job_runs_then_cleared(cluster, env
 
     obj = wait_for(shown, 30, what="restore progress in the status", diag=cluster.logs)
     p, st = obj["status"]["progress"], obj["status"]
-    assert st["phase"] == "Running" and p["runName"] == st["jobName"] == reached.read_text()
+    meta = cluster.http.get(API, "rabbitmqrestores", rname)["metadata"]
+    assert st["phase"] == "Running" and p["runName"] == st["jobName"]
+    assert reached.read_text() == run_backup_id(st["jobName"], meta["namespace"], meta["uid"])  # unique across namespaces
     assert (p["queuesTotal"], p["messagesTotal"]) == (2, 45) and 20 <= p["messages"] <= 45
     assert column("RabbitMQRestore", "Progress", obj) == p["summary"] and "/2 queues" in p["summary"]
     assert column("RabbitMQRestore", "Rate", obj) == p["rate"]

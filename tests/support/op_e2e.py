@@ -134,6 +134,15 @@ def create_backup(cluster: Cluster, env, name: str, **spec) -> dict:
     return made
 
 
+def backup_id(cluster: Cluster, name: str, job: str) -> str:
+    """The backup id of run ``job`` of RabbitMQBackup ``name``: the Job's name and the object's tag
+    (its namespace and uid), as the operator makes it (``naming.run_backup_id``)."""
+    from rbak_operator.naming import run_backup_id
+
+    meta = cluster.backup(name)["metadata"]
+    return run_backup_id(job, meta["namespace"], meta.get("uid"))
+
+
 def trigger(cluster: Cluster, name: str, value: str) -> None:
     cluster.http.patch(API, "rabbitmqbackups", name, {"metadata": {"annotations": {"rbak.io/backup-now": value}}})
 

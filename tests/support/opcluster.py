@@ -434,6 +434,8 @@ class PodRunner:
         self.errors: list[str] = []
         self.hooks: list[Callable[[str, str], None]] = []
         self.extra_env: dict[str, str] = {}  # added to every pod (PYTHONPATH: prepended), like a mutating webhook
+        # the images this node has (the operator's RBAK_IMAGE, its -spark variant): any other cannot be pulled
+        self.images: set[str] = {"rbak:test", "rbak:test-spark"}
 
     def _before(self, run: str, container: str) -> None:
         for hook in list(self.hooks):
@@ -531,6 +533,53 @@ class PodRunner:
             st["startTime"] = _now()
         self.http.patch("batch/v1", "jobs", name, {"status": st}, self.ns, "status")
 
+    def _cannot_start(self, pod_spec: dict, workdir: Path) -> tuple[str, dict, str, str] | None:
+        """What keeps a real kubelet from starting the pod, as it reports it: (status key, container,
+        waiting reason, message) for an image it cannot pull or a Secret/ConfigMap (key) that is missing."""
+        for key, c in [("initContainerStatuses", c) for c in pod_spec.get("initContainers") or []] + [
+                ("containerStatuses", c) for c in pod_spec["containers"]]:
+            if c.get("image") and c["image"] not in self.images:
+                return key, c, "ImagePullBackOff", f'Back-off pulling image "{c["image"]}"'
+        try:
+            self._mounts(pod_spec, workdir / "probe")
+        except LookupError as e:
+            return "containerStatuses", pod_spec["containers"][0], "CreateContainerConfigError", str(e)
+        for key, c in [("initContainerStatuses", c) for c in pod_spec.get("initContainers") or []] + [
+                ("containerStatuses", c) for c in pod_spec["containers"]]:
+            try:
+                self._env(c)
+            except LookupError as e:
+                return key, c, "CreateContainerConfigError", str(e)
+        return None
+
+    def _wait_to_start(self, name: str, pod_name: str, pod_spec: dict, workdir: Path) -> bool:
+        """As a kubelet: a pod that cannot start stays Pending with its container waiting (reason and
+        message), retried until it can (True) or, as the Job controller does once the Job's
+        activeDeadlineSeconds is set, the Job fails with DeadlineExceeded and the pod goes (False)."""
+        shown = None
+        while not self._stop.is_set():
+            problem = self._cannot_start(pod_spec, workdir)
+            if problem is None:
+                return True
+            key, c, reason, message = problem
+            if (key, reason, message) != shown:
+                shown = (key, reason, message)
+                self.http.patch("v1", "pods", pod_name, {"status": {"phase": "Pending", key: [{
+                    "name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
+                    "started": False, "state": {"waiting": {"reason": reason, "message": message}}}]}}, self.ns, "status")
+                self.outputs[name] = f"{pod_name}: {reason}: {message}"
+            job = self.http.get("batch/v1", "jobs", name, self.ns)
+            if job is None:
+                return False
+            if job["spec"].get("activeDeadlineSeconds") is not None:
+                self.http.delete("v1", "pods", pod_name, self.ns)
+                self.http.patch("batch/v1", "jobs", name, {"status": {"active": 0, "failed": 1, "conditions": [{
+                    "type": "Failed", "status": "True", "lastTransitionTime": _now(), "reason": "DeadlineExceeded",
+                    "message": "Job was active longer than specified deadline"}]}}, self.ns, "status")
+                return False
+            self._stop.wait(0.5)
+        return False
+
     def _run_job(self, job: dict) -> None:
         name = job["metadata"]["name"]
         workdir = self._tmp / name
@@ -543,13 +592,18 @@ class PodRunner:
         self.http.create("v1", "pods", {"apiVersion": "v1", "kind": "Pod",
                                         "metadata": {"name": pod_name, "labels": {"job-name": name}},
                                         "spec": gated, "status": {"phase": "Running"}}, self.ns)
+        if not self._wait_to_start(name, pod_name, pod_spec, workdir):
+            return
         statuses: list[dict] = []
         ok = True
         output = ""
         try:
             mounts = self._mounts(pod_spec, workdir)
             for kind, c in [("init", c) for c in pod_spec.get("initContainers") or []] + [("main", c) for c in pod_spec["containers"]]:
-                env = {k: self._map(v, mounts) for k, v in self._env(c).items()}
+                # the termination-message file: what the container writes there becomes its message
+                tlog_path = c.get("terminationMessagePath") or "/dev/termination-log"
+                tlog = workdir / f"{c['name']}.termination-log"
+                env = {k: str(tlog) if v == tlog_path else self._map(v, mounts) for k, v in self._env(c).items()}
                 cmd = list(c.get("command") or []) + list(c.get("args") or [])
                 if cmd and cmd[0] == "python":
                     cmd[0] = sys.executable
@@ -560,18 +614,20 @@ class PodRunner:
                 output += f"$ {' '.join(c.get('args') or [])}\n{out}"
                 term = {"exitCode": p.returncode, "reason": "Completed" if p.returncode == 0 else "Error",
                         "finishedAt": _now()}
-                if p.returncode != 0:  # FallbackToLogsOnError: the last 80 lines or 2048 bytes, the smaller
+                written = tlog.read_text(errors="replace") if tlog.exists() else ""
+                if written:  # the file wins, exit code 0 or not (at most 4096 bytes)
+                    term["message"] = written.encode()[:4096].decode(errors="replace")
+                elif p.returncode != 0:  # FallbackToLogsOnError: the last 80 lines or 2048 bytes, the smaller
                     term["message"] = "\n".join(out.splitlines()[-80:]).encode()[-2048:].decode(errors="replace")
                 statuses.append({"name": c["name"], "_kind": kind, "state": {"terminated": term}, "ready": False,
                                  "restartCount": 0, "image": c.get("image", ""), "imageID": "", "started": False})
                 if p.returncode != 0:
                     ok = False
                     break
-        except Exception as e:  # CreateContainerConfigError and the like
+        except Exception as e:  # a Secret deleted between the start check and the container: a crash here
             ok = False
             statuses.append({"name": "setup", "_kind": "main", "ready": False, "restartCount": 0, "image": "",
-                             "imageID": "", "state": {"terminated": {
-                "exitCode": 1, "reason": "CreateContainerConfigError", "message": str(e)}}})
+                             "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": str(e)}}})
             output += repr(e)
         self.outputs[name] = output
         init = [{k: v for k, v in s.items() if k != "_kind"} for s in statuses if s["_kind"] == "init"]

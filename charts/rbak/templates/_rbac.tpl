@@ -23,7 +23,7 @@ tests/ship/test_rbac.py fails on any difference, in either direction.
   verbs: [get, patch]
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
@@ -93,6 +93,8 @@ first start, reads it and renews it. */}}
   value: {{ .Values.operator.resyncSeconds | quote }}
 - name: RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS
   value: {{ .Values.operator.evidenceRecheckSeconds | quote }}
+- name: RBAK_OPERATOR_START_TIMEOUT_SECONDS
+  value: {{ .Values.operator.runStartTimeoutSeconds | quote }}
 {{- if .Values.operator.backupClaims }}
 - name: RBAK_OPERATOR_PVC_ROOT
   value: /var/lib/rbak-operator/pvc

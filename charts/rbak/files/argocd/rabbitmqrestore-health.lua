@@ -29,9 +29,13 @@ end
 
 if st.phase == "Succeeded" then
   hs.status = "Healthy"
+  if st.dryRun then
+    hs.message = "Dry run of backup " .. tostring(st.backupId) .. ": would publish " .. tostring(st.wouldPublish or 0) .. " messages"
+    return hs
+  end
   hs.message = "Restored backup " .. tostring(st.backupId)
   if st.messages ~= nil then
-    hs.message = hs.message .. ": " .. tostring(st.messages) .. " messages, " .. tostring(st.size)
+    hs.message = hs.message .. ": " .. tostring(st.messages) .. " messages confirmed"
   end
   return hs
 end
