@@ -222,8 +222,8 @@ def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str
     spec, meta = body.get("spec") or {}, body["metadata"]
     try:
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
-        entry = latest_complete(st, rbakconfig.storage_prefix(spec.get("storage")),
-                                lambda e: owned(e.backup_id, e.manifest, meta)) if st is not None else None
+        entry = latest_complete(st, rbakconfig.storage_prefix(spec.get("storage")), with_data=True,
+                                accept=lambda e: owned(e.backup_id, e.manifest, meta)) if st is not None else None
         if entry is not None:
             return entry.backup_id
     except RbakError as e:
