@@ -15,11 +15,12 @@ generation holds. A crash at any moment therefore loses nothing the broker still
 duplicates nothing: the records of a segment stored after the last tick are read again into the
 next generation, and the unnamed segment is never read.
 
-The watermark: stream ``s`` is complete up to ``C_s`` when every record the broker stamped at or
-before ``C_s`` is in a segment named by a tick: the chunk timestamp of its last durable record
-(minus 1 ms), or, when its follower was quiet and the stream's committed end (probed over the
-stream protocol) was already durable, the instant of that probe. ``recoverable_until`` = min of
-``C_s`` over the streams on the broker: one instant up to which every stream is complete.
+The watermark: stream ``s`` is complete up to ``C_s`` when every record stamped (``backed_up_at``:
+read by the follower) at or before ``C_s`` is in a segment named by a tick: the stamp of its last
+durable record (minus 1 ms), or, when its follower was quiet and the stream's committed end (probed
+over the stream protocol) was already durable, the instant of that probe: nothing committed by then
+is missing. ``recoverable_until`` = min of ``C_s`` over the streams on the broker: one instant up to
+which every stream is complete, so a restore to it (``--pitr-end``) is consistent across streams.
 """
 
 from __future__ import annotations
@@ -299,6 +300,7 @@ class Archiver:
         epochs = newest.archive.epochs if newest is not None and newest.archive is not None else {}
         bases = {} if newest is None else {(q.vhost, q.name): StreamBase(newest.backup_id, q.stream)
                                            for q in newest.queues if q.stream is not None}
+        last_ts = {} if newest is None else {(q.vhost, q.name): q.last_message_timestamp for q in newest.queues}
         out: dict[str, StreamState] = {}
         conns: dict[str, Any] = {}
         try:
@@ -311,12 +313,13 @@ class Archiver:
                 d = decide(q.name, q.vhost, base, probe)
                 if d.warning:
                     log.warning("archive %s: %s", self.name, d.warning)
-                if d.gaps and base is not None:  # with the broker times around them
-                    d.gaps = [StreamGap(gp.from_offset, gp.to_offset, base.info.last_chunk_timestamp,
-                                        probe.chunk_timestamp if probe is not None else None) for gp in d.gaps]
+                if d.gaps:  # the lost records were stamped after the last one archived, before this probe
+                    d.gaps = [StreamGap(gp.from_offset, gp.to_offset, last_ts.get((q.vhost, q.name)), _now_ms())
+                              for gp in d.gaps]
                 epoch = epochs.get(stream_key(q.vhost, q.name), 1) + (1 if d.recreated else 0)
                 cont = d.previous_backup is not None
-                durable = Durable(d.previous_last_offset, d.previous_sha256, d.previous_chunk_timestamp, None)
+                durable = Durable(d.previous_last_offset, d.previous_sha256, d.previous_chunk_timestamp,
+                                  last_ts.get((q.vhost, q.name)) if cont else None)
                 st = StreamState(q.vhost, q.name, d, durable, epoch, True, prev_w if cont else None)
                 out[st.key] = st
         finally:
@@ -379,6 +382,9 @@ class Archiver:
                 log.warning("archive %s: the archive lease was lost; closing generation %s", self.name, g.backup_id)
                 return
             busy = any(st.follower.pending() or st.unticked for st in g.streams.values() if st.follower is not None)
+            log.debug("archive %s: tick due (busy %s): %s", self.name, busy,
+                      [(st.key, st.follower.received, st.follower.durable.last_offset)
+                       for st in g.streams.values() if st.follower is not None])
             if busy or now - g.last_tick_mono >= self.opts.idle_tick_secs:
                 self._tick(g)
                 if len(g.ticks) >= self.opts.generation_ticks:

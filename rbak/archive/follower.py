@@ -6,9 +6,11 @@ its own connection and thread), hands each delivery to the backup's ``RecordThre
 and closes its open segment whenever the archiver asks (a tick). What it reports is only what the
 storage holds: ``on_durable`` moves its durable position, never the read.
 
-Each record's ``backed_up_at`` is the broker's chunk timestamp (``x-stream-chunk-timestamp``, when
-it sent one; else the read time), kept non-decreasing, so a point-in-time restore selects records
-by when the broker stored them, whatever the archiver's lag was.
+Each record's ``backed_up_at`` is when the follower read it, as in a backup (non-decreasing; over
+AMQP 0-9-1 none of 3.10.8, 4.0.5 and 4.3.6 sends ``x-stream-chunk-timestamp``, measured; a broker
+that does gives the chunk's time instead). A caught-up follower reads a record milliseconds after
+it is committed, so a point-in-time restore selects records by about when they were published; one
+catching up stamps them late, never early.
 
 When the follower has had no delivery for a moment and the archiver asks, it probes the stream's
 committed end over the stream protocol (``broker.stream_end``): an end it has already made
@@ -124,24 +126,28 @@ class StreamFollower:
     # -- the follower's thread ----------------------------------------------------------------
     def _run(self) -> None:
         rt = None
+        error: BaseException | None = None
         try:
             self._conn = connect(self.source, self.vhost, name=self.conn_name)
             rt = self._rt = RecordThread(self._writer(self.vhost, self.name, self.durable.next_sequence,
                                                       self._on_durable), self._build)
-            start = self.decision.start
-            try:
-                read_stream(self._conn, self.vhost, self.name, start, self._sink, prefetch=self.prefetch,
-                            idle_secs=IDLE_SECS, on_idle=self._idle)
-                if not self.stopping.is_set():
-                    raise AmqpError(f"{self.where}: the broker cancelled the archive's consumer (the stream was "
-                                     "deleted, or its leader moved)")
-            except _Stop:
-                pass
-            rt.close()  # the last segment, stored before the thread ends
+            read_stream(self._conn, self.vhost, self.name, self.decision.start, self._sink, prefetch=self.prefetch,
+                        idle_secs=IDLE_SECS, on_idle=self._idle)
+            if not self.stopping.is_set():
+                error = AmqpError(f"{self.where}: the broker cancelled the archive's consumer (the stream was "
+                                  "deleted, or its leader moved)")
+        except _Stop:
+            pass
         except BaseException as e:  # noqa: BLE001 - reported to the archiver, which starts again from storage
-            self.error = e
+            error = e
+        try:
             if rt is not None:
-                rt.abort()
+                rt.close()  # what was read is good whatever ended the read: stored before the thread ends
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+            rt.abort()  # type: ignore[union-attr]
+        try:
+            self.error = error
         finally:
             if self._conn is not None:
                 try:
