@@ -174,7 +174,7 @@ def test_recovery_point_proven_by_a_restore(broker, vhost_factory, tmp_path):
     assert bodies(broker, fresh, "quiet") == [b"q-%d" % i for i in range(5)]
     last_t = pub.confirmed[len(got) - 1][1]
     print(f"\n{broker.name}: achieved recovery point {lost_at - last_t:.2f}s ({len(got)} of {len(published)} "
-          f"confirmed messages restored; recoverable-until {lost_at - w / 1000:.2f}s before the loss)")
+          f"confirmed messages restored; recoverable-until {w / 1000 - lost_at:+.2f}s from the loss)")
 
 
 def test_sigkill_mid_run_resumes_with_no_gap_and_no_duplicate(broker, vhost_factory, tmp_path, s3_bucket):
@@ -294,3 +294,11 @@ def test_stream_deleted_and_recreated_is_a_new_epoch(broker, vhost_factory, tmp_
     declare_stream(broker, fresh, "e")
     assert restore_into(tmp_path, broker, store, newest["backup_id"], vhost, fresh)["ok"]
     assert bodies(broker, fresh, "e") == [b"new-%d" % i for i in range(7)]
+
+
+def test_a_selection_with_no_stream_is_refused(broker, vhost, tmp_path):
+    broker.declare_queue(vhost, "classic-only", arguments={"x-queue-type": "classic"})
+    cfg = archive_config(tmp_path, broker, vhost, fs_storage(tmp_path))
+    r = rbak("archive", "--config", str(cfg), check=False)
+    assert r.returncode == 2 and "selects no stream" in r.stderr, r.stderr
+    assert not (tmp_path / "store").exists()  # nothing written
