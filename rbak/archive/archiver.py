@@ -144,15 +144,24 @@ class Archiver:
         self.stopping = threading.Event()
         self.summary = ArchiveSummary(self.name, self.storage.url)
         self.state = "starting"
+        self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
 
     def stop(self) -> None:
         """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
         self.stopping.set()
 
     # ------------------------------------------------------------------
+    def _lag_loop(self) -> None:
+        """The lag gauges grow every second while nothing is archived (a storage outage, a broker away)."""
+        while not self.stopping.wait(1.0):
+            now = _now_ms()
+            for (vhost, name), cu in list(self._complete.items()):
+                metrics.archive_lag().labels(vhost=vhost, stream=name).set(max(0.0, (now - cu) / 1000))
+
     def run(self) -> ArchiveSummary:
         client = ManagementClient.for_connection(self.source, "source")
         lease: Lease | None = None
+        threading.Thread(target=self._lag_loop, name="rbak-archive-lag", daemon=True).start()
         try:
             streams = self._select(client)
             if not streams:
@@ -488,7 +497,8 @@ class Archiver:
             metrics.archive_uploads().labels(kind="segment").inc(len(ts.segments))
             labels = dict(vhost=ts.vhost, stream=ts.name)
             metrics.archive_gaps().labels(**labels).set(len(ts.info.gaps))
-            if ts.complete_until is not None:
+            if ts.complete_until is not None and ts.present:
+                self._complete[(ts.vhost, ts.name)] = ts.complete_until
                 metrics.archive_recoverable().labels(**labels).set(ts.complete_until / 1000)
                 metrics.archive_lag().labels(**labels).set(max(0.0, (now - ts.complete_until) / 1000))
         s.streams = [{"vhost": ts.vhost, "name": ts.name, "epoch": ts.epoch, "present": ts.present,
