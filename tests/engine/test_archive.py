@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -371,3 +372,55 @@ def versions(bucket, prefix: str) -> tuple[list, list]:
         vs += page.get("Versions", [])
         markers += page.get("DeleteMarkers", [])
     return vs, markers
+
+
+def test_a_cut_connection_and_a_storage_that_stalls_lose_nothing(broker, vhost_factory, tmp_path, s3_bucket):
+    """The broker closes the archiver's connection; later the storage holds a segment upload for 20 s:
+    the lag grows and is reported, the archive catches up, and a restore has every record once, in order."""
+    from urllib.parse import urlsplit
+
+    from support.holdproxy import HoldProxy
+
+    vhost, fresh = vhost_factory(broker), vhost_factory(broker)
+    declare_stream(broker, vhost, "c")
+    ep = urlsplit(s3_bucket.endpoint)
+    proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
+    store = json.dumps({"backend": "s3", "bucket": s3_bucket.bucket, "prefix": s3_bucket.prefix,
+                        "endpoint": proxy.url, "path_style": True, "region": "us-east-1"})
+    port = free_port()
+    cfg = archive_config(tmp_path, broker, vhost, store, retry_secs=0.5,
+                         sections={"metrics": {"enabled": True, "port": port, "bind": "127.0.0.1"}})
+    sent: list[bytes] = []
+
+    def publish(n: int) -> None:
+        batch = [b"c-%d" % (len(sent) + i) for i in range(n)]
+        fast_publish(broker, vhost, "c", batch)
+        sent.extend(batch)
+
+    publish(100)
+    arc = Archiver(cfg, tmp_path / "a.log").running()
+    wait_until(lambda: archived(s3_bucket) == 100, timeout=120, what="the first records archived")
+
+    def follower_connections() -> list[str]:
+        return [c["name"] for c in broker.api("GET", "/api/connections") or []
+                if (c.get("client_properties") or {}).get("connection_name", "").startswith(f"rbak-archive arc {vhost}/")]
+
+    names = wait_until(follower_connections, timeout=120, what="the follower's connection listed")
+    for name in names:
+        broker.api("DELETE", f"/api/connections/{urllib.parse.quote(name, safe='')}", ok=(404,))
+    publish(100)
+    wait_until(lambda: archived(s3_bucket) == 200, timeout=120, what="the archive to go on after the cut")
+
+    proxy.hold_next(b"segment-", 20)
+    publish(100)
+    key = f'{{stream="c",vhost="{vhost}"}}'
+    wait_until(lambda: scrape(port).get(f"rbak_archive_lag_seconds{key}", 0) >= 8, timeout=120,
+               what="the lag to grow while the storage holds the upload")
+    wait_until(lambda: archived(s3_bucket) == 300, timeout=180, what="the archive to catch up")
+    assert scrape(port)[f"rbak_archive_lag_seconds{key}"] < 8
+    arc.stop()
+    proxy.close()
+    declare_stream(broker, fresh, "c")
+    store_direct = s3_storage(s3_bucket)
+    assert restore_into(tmp_path, broker, store_direct, generations(s3_bucket)[-1]["backup_id"], vhost, fresh)["ok"]
+    assert bodies(broker, fresh, "c") == sent
