@@ -380,6 +380,7 @@ class Archiver:
         while True:
             while time.monotonic() < next_tick:
                 if self.stopping.is_set():
+                    self._tick(g, final=True)  # what was read is named, with a fresh recoverable-until
                     return
                 failed = [st for st in g.streams.values() if st.follower is not None and st.follower.error is not None]
                 if failed:
@@ -404,8 +405,9 @@ class Archiver:
                     log.info("archive %s: the selected streams changed; starting a new generation", self.name)
                     return
 
-    def _tick(self, g: Generation) -> None:
-        """Every follower closes its segment; once they are durable (or a deadline passed), one tick names them."""
+    def _tick(self, g: Generation, final: bool = False) -> None:
+        """Every follower closes its segment; once they are durable (or a deadline passed), one tick names them.
+        ``final``: the last tick before stopping (SIGTERM), which still waits for the flush."""
         g.flush_seq += 1
         seq = g.flush_seq
         live = [st for st in g.streams.values() if st.follower is not None and not st.follower.done.is_set()]
@@ -413,7 +415,7 @@ class Archiver:
             assert st.follower is not None
             st.follower.flush_request = seq
         deadline = time.monotonic() + max(self.opts.max_delay_secs, 2.0)
-        while live and time.monotonic() < deadline and not self.stopping.is_set():
+        while live and time.monotonic() < deadline and (final or not self.stopping.is_set()):
             if all(self._flushed(st.follower, seq) for st in live if st.follower is not None):
                 break
             time.sleep(POLL_SECS)
