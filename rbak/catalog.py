@@ -9,6 +9,7 @@ from typing import Callable
 import orjson
 
 from .errors import ManifestError, NotFoundError
+from .format.archive import TICK_DIR, Tick, assemble
 from .format.manifest import BackupManifest
 from .keys import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix, rebase_key
 from .storage.base import Storage
@@ -41,12 +42,25 @@ class BackupEntry:
 
 
 def load_manifest(storage: Storage, backup_id: str, prefix: str | None = "") -> BackupManifest:
-    key = BackupLayout(backup_id, prefix).manifest
+    layout = BackupLayout(backup_id, prefix)
+    key = layout.manifest
     try:
         data = storage.get(key)
     except NotFoundError:
-        raise NotFoundError(f"{storage.url}: backup {backup_id!r} has no manifest (no object at {key!r})") from None
-    return rebase_manifest(BackupManifest.from_json(data, where=key), BackupLayout(backup_id, prefix))
+        m = open_archive_manifest(storage, layout.root)
+        if m is None:
+            raise NotFoundError(f"{storage.url}: backup {backup_id!r} has no manifest (no object at {key!r})") from None
+        return rebase_manifest(m, layout)
+    return rebase_manifest(BackupManifest.from_json(data, where=key), layout)
+
+
+def open_archive_manifest(storage: Storage, root: str) -> BackupManifest | None:
+    """An open generation of a continuous archive (``rbak archive``): its manifest assembled from its
+    ticks (``format.archive``), complete up to the last tick; None when ``root`` has no ticks."""
+    keys = sorted(k for k in storage.list(f"{root}/{TICK_DIR}/") if k.endswith(".json"))
+    if not keys:
+        return None
+    return assemble([Tick.from_json(storage.get(k), k) for k in keys], open_=True)
 
 
 def rebase_manifest(m: BackupManifest, layout: BackupLayout) -> BackupManifest:
@@ -72,7 +86,10 @@ def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]
             manifest = BackupManifest.from_json(storage.get(f"{base}{name}/{MANIFEST_NAME}"), f"{base}{name}/{MANIFEST_NAME}")
             entries.append(BackupEntry(name, manifest))
         except NotFoundError:
-            entries.append(BackupEntry(name, None))
+            try:
+                entries.append(BackupEntry(name, open_archive_manifest(storage, f"{base}{name}")))
+            except (ManifestError, NotFoundError) as e:
+                entries.append(BackupEntry(name, None, error=str(e)))
         except ManifestError as e:
             entries.append(BackupEntry(name, None, error=str(e)))
     entries.sort(key=lambda e: (e.manifest.created_at if e.manifest else 0, e.backup_id))

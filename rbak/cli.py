@@ -24,6 +24,7 @@ from .errors import RbakError, UsageError
 COMMAND_MODULES = (
     "inspect",          # list, describe, validate
     "backup",           # backup
+    "archive",          # archive (continuous stream archiving)
     "restore",          # restore
     "prune",            # prune (retention)
     "drill",            # drill (restore drill into a scratch vhost)

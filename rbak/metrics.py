@@ -123,3 +123,39 @@ def serve(cfg: MetricsConfig):
     t.start()
     log.info("metrics on http://%s:%d%s", cfg.bind, httpd.server_port, cfg.path)
     return httpd
+
+
+# -- rbak archive (labels vhost, stream) -------------------------------------------------------------
+A_LABELS = ("vhost", "stream")
+
+
+def archive_lag():
+    return _get(Gauge, "rbak_archive_lag_seconds", "How far behind the broker the archive's complete-until of "
+                "each stream is (from the broker's committed end and chunk timestamps).", A_LABELS)
+
+
+def archive_recoverable():
+    return _get(Gauge, "rbak_archive_recoverable_timestamp_seconds", "Every record the broker stamped up to this "
+                "time (epoch seconds) is archived, per stream.", A_LABELS)
+
+
+def archive_records():
+    return _get(Counter, "rbak_archive_records", "Records read by the archiver.", A_LABELS)
+
+
+def archive_bytes():
+    return _get(Counter, "rbak_archive_bytes", "Message body bytes read by the archiver.", A_LABELS)
+
+
+def archive_gaps():
+    return _get(Gauge, "rbak_archive_gaps", "Gaps (offsets the stream's retention removed before the archive read "
+                "them) recorded in the open generation, per stream.", A_LABELS)
+
+
+def archive_uploads():
+    return _get(Counter, "rbak_archive_uploads", "Objects the archiver stored, by kind (segment, tick, manifest).",
+                ("kind",))
+
+
+def archive_waiting():
+    return _get(Gauge, "rbak_archive_waiting", "1 while another archiver of this source holds the archive lease.", ())

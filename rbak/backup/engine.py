@@ -46,7 +46,7 @@ from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
 from ..management import ManagementClient, QueueInfo
-from .lease import LEASE_QUEUE, Lease
+from .lease import ARCHIVE_LEASE_QUEUE, LEASE_QUEUE, Lease
 from .lease import acquire as acquire_lease
 from .preflight import (PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, check_read_permissions,
                         probe_read_permissions)
@@ -421,7 +421,7 @@ class BackupEngine(StreamBackup):
             infos = client.queues()
         out = []
         for q in infos:
-            if q.name == LEASE_QUEUE or q.name.startswith(PROBE_QUEUE_PREFIX):  # rbak's own, never data
+            if q.name in (LEASE_QUEUE, ARCHIVE_LEASE_QUEUE) or q.name.startswith(PROBE_QUEUE_PREFIX):  # rbak's own
                 continue
             if not sel.matches(q.vhost, q.name, q.queue_type):
                 continue

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 LEASE_QUEUE = "rbak.lease"
 """Reserved: the exclusive queue that is a backup's lease on a vhost (never backed up)."""
+ARCHIVE_LEASE_QUEUE = "rbak.lease.archive"
+"""Reserved: the lease of ``rbak archive`` (one archiver per vhost; never backed up either)."""
 POLL_SECS = 1.0
 HOLDER_WAIT_SECS = 5.0  # how long the management API may take to report the lease's owner
 
@@ -128,16 +130,19 @@ class Lease:
 
 def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
             connect: Callable[[str, str], Connection],
-            sleep: Callable[[float], None] = time.sleep) -> Lease:
+            sleep: Callable[[float], None] = time.sleep, queue: str = LEASE_QUEUE,
+            name: str | None = None) -> Lease:
     """Take the lease on every vhost, waiting up to ``backup.lease_wait_secs`` for a holder to finish.
 
     ``connect(vhost, connection_name)`` opens the lease connection (it also proves the AMQP port,
-    credentials and vhost access before anything is written)."""
-    name = holder_name(cfg.backup_id or "")
+    credentials and vhost access before anything is written). ``queue``: the lease queue (an
+    archiver holds ``ARCHIVE_LEASE_QUEUE``, so it never blocks scheduled backups); ``name``: the
+    holder's connection name."""
+    name = name or holder_name(cfg.backup_id or "")
 
     def retake(vhost: str) -> Connection | str:
         conn = connect(vhost, name)
-        held, holder = _declare(conn, vhost, client, cfg)
+        held, holder = _declare(conn, vhost, client, cfg, queue)
         if not held:
             return conn
         conn.close()
@@ -151,7 +156,7 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
             lease.connections[vhost] = conn
             waited = False
             while True:
-                held, holder = _declare(conn, vhost, client, cfg)
+                held, holder = _declare(conn, vhost, client, cfg, queue)
                 if not held:
                     break
                 lease.waited = True
@@ -176,18 +181,18 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
 
 
 def _declare(conn: Connection, vhost: str, client: ManagementClient,
-             cfg: Config) -> tuple[bool, str | None]:
+             cfg: Config, queue: str = LEASE_QUEUE) -> tuple[bool, str | None]:
     """Declare the lease queue: (False, None) when this connection now owns it, else (True, who
     holds it, or None when it went meanwhile)."""
     ch = conn.channel()
     try:
-        ch.declare(LEASE_QUEUE, exclusive=True, durable=False, auto_delete=False,
+        ch.declare(queue, exclusive=True, durable=False, auto_delete=False,
                    arguments={"x-queue-type": "classic"})
         ch.close()
         return False, None
     except ChannelClosedByBroker as e:
         if e.code == 405:
-            return True, _holder(client, vhost)
+            return True, _holder(client, vhost, queue=queue)
         if e.code == 403:
             raise ConfigError(
                 f"backup.lease: user {cfg.source.username if cfg.source else '?'!r} may not declare the lease queue {LEASE_QUEUE!r} in "
@@ -200,14 +205,14 @@ def _declare(conn: Connection, vhost: str, client: ManagementClient,
 
 
 def _holder(client: ManagementClient, vhost: str, wait_secs: float = HOLDER_WAIT_SECS,
-            sleep: Callable[[float], None] = time.sleep) -> str | None:
+            sleep: Callable[[float], None] = time.sleep, queue: str = LEASE_QUEUE) -> str | None:
     """The holder's connection name, as the management API reports the lease queue's owner
     (its ``owner_pid_details`` appear a statistics interval after the declare: waited for, bounded);
     None when the lease queue is gone meanwhile."""
     deadline = time.monotonic() + wait_secs
     while True:
         try:
-            info = client.request("GET", f"queues/{q(vhost)}/{q(LEASE_QUEUE)}") or {}
+            info = client.request("GET", f"queues/{q(vhost)}/{q(queue)}") or {}
             owner = (info.get("owner_pid_details") or {}).get("name")
             if owner:
                 conn = client.request("GET", f"connections/{q(owner)}") or {}

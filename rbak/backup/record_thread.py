@@ -52,6 +52,7 @@ THREADED = True
 
 Build = Callable[[tuple], Any]  # one queued delivery -> BackupRecord
 _STOP = None
+_FLUSH = ("flush",)  # a marker batch: close the open segment (``flush``)
 
 
 class RecordThread:
@@ -112,6 +113,9 @@ class RecordThread:
             if self._error is not None or self._dropping:
                 continue  # keep draining: the reading thread must never wait on a dead consumer
             try:
+                if batch is _FLUSH:
+                    self.writer.flush()
+                    continue
                 self._encode(batch)
             except BaseException as e:  # noqa: BLE001 - re-raised on the reading thread
                 self._error = e
@@ -120,6 +124,19 @@ class RecordThread:
         items, arrivals, tags = batch
         build = self._build
         self.writer.append_records([build(it) for it in items], arrivals, tags)
+
+    def flush(self) -> None:
+        """Encode what is queued and close the open segment now, in order (a continuous read's tick:
+        ``rbak archive``); the segment is stored behind, and reaches ``on_durable`` as any other.
+        Raises the encoder thread's error, if any."""
+        if self._error is not None:
+            raise self._error
+        if self._items:
+            self._hand_off()
+        if self._thread is None:
+            self.writer.flush()
+        else:
+            self._queue.put(_FLUSH)
 
     def close(self) -> list[SegmentMetadata]:
         """Encode what is left, wait for the encoder thread, then close the writer: every segment's

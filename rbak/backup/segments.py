@@ -91,6 +91,11 @@ class AsyncSegmentWriter:
                 self._submit()
             i = nxt
 
+    def flush(self) -> None:
+        """Close the open segment now, whatever its age or size (``rbak archive``'s tick); on the thread
+        that appends."""
+        self._submit()
+
     def _submit(self) -> None:
         seg = self._seg
         if seg.count == 0:

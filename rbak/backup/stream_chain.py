@@ -129,6 +129,8 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
             break  # every stream of this run has its newest backup
         m = e.manifest
         assert m is not None  # a complete backup has its manifest
+        if m.archive is not None:
+            continue  # a generation of `rbak archive`: its own chain, which an open one still extends
         if m.source_cluster != cluster or (wanted is not None and not any(
                 (q.vhost, q.name) in wanted and (q.vhost, q.name) not in out for q in m.queues)):
             continue

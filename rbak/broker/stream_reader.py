@@ -47,10 +47,13 @@ def read_stream(
     deadline: float | None = None,
     end_offset: int | None = None,
     stall_secs: float = 60.0,
+    on_idle: Callable[[], bool] | None = None,
 ) -> StreamReadResult:
     """``sink(method, props, body, offset)`` for every message at or after ``start_offset`` (and at
     or before ``end_offset`` when given: the read then stops there, without an idle wait; a stream
-    that goes quiet for ``stall_secs`` before reaching it is an error)."""
+    that goes quiet for ``stall_secs`` before reaching it is an error). ``on_idle``: a read that
+    follows the stream (``rbak archive``) goes on after each ``idle_secs`` without a delivery while it
+    returns True; it returns by itself only when the broker cancels the consumer."""
     res = StreamReadResult()
     where = f"stream {queue!r} in vhost {vhost!r}"
     if end_offset is not None and (end_offset < 0 or isinstance(start_offset, int) and start_offset > end_offset):
@@ -71,6 +74,8 @@ def read_stream(
                     at = res.last_offset if res.last_offset is not None else start_offset
                     raise AmqpError(f"{where}: no delivery for {stall_secs:g} s after offset {at}, before the "
                                     f"stream's end when the backup started ({end_offset}); nothing was removed")
+                if on_idle is not None and on_idle():
+                    continue
                 break
             off = stream_offset(props)
             last_tag = method.delivery_tag

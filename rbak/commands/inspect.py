@@ -54,6 +54,13 @@ def fmt_ts(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def fmt_ms(ms: int | None) -> str:
+    """An instant to the millisecond (an archive's recoverable-until)."""
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
 def _console():
     from rich.console import Console
 
@@ -87,6 +94,7 @@ def list_obj(entries: list) -> list[dict]:
             "content": m.content if m else None,
             "encrypted": m.encryption is not None if m else None,
             "error": e.error,
+            **({"archive": m.archive.to_json_obj()} if m is not None and m.archive is not None else {}),
         })
     return out
 
@@ -141,6 +149,9 @@ def list_notes(m: BackupManifest) -> str:
         out.append(f"gaps: {gaps} message(s)")
     if m.depends_on:
         out.append("continues " + ", ".join(sorted(m.depends_on)))
+    if m.archive is not None:
+        out.append(f"archive {m.archive.name} ({'open' if m.archive.open else 'closed'}), recoverable until "
+                   f"{fmt_ms(m.archive.recoverable_until)}")
     return "; ".join(out)
 
 
@@ -180,6 +191,8 @@ def describe_obj(m: BackupManifest) -> dict:
         "queue_status": [s.to_json_obj() for s in m.queue_status],
         "gaps": [{"vhost": q.vhost, "name": q.name, **g.to_json_obj()} for q, g in m.gaps],
         "depends_on": sorted(m.depends_on),
+        **({"archive": {**m.archive.to_json_obj(), "recoverable_until_utc": fmt_ms(m.archive.recoverable_until)}}
+           if m.archive is not None else {}),
     }
 
 
@@ -230,6 +243,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if m.content:
         c.print(f"  content    {list_notes(m).split(';')[0]}")
     c.print(f"  totals     {m.total_messages} messages, {m.total_segments} segments, {human_bytes(m.total_bytes)}")
+    if m.archive is not None:
+        a = m.archive
+        c.print(f"  archive    {a.name}: generation {'open' if a.open else 'closed'}, {a.ticks} tick(s); "
+                f"recoverable until {fmt_ms(a.recoverable_until)} ({a.recoverable_until} ms)", markup=False)
     if m.definitions:
         d = m.definitions
         c.print(f"  definitions {d.vhost_count} vhosts, {d.queue_count} queues, "

@@ -48,6 +48,12 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--increment-only", action="store_true", default=None,
                    help="a stream from an incremental backup: restore that backup's own offsets only, not the "
                         "earlier backups of its chain (the default restores base through the chosen backup)")
+    p.add_argument("--pitr-end", metavar="TIME", default=None,
+                   help="point in time: only records stamped at or before TIME (RFC 3339 or epoch ms; 'recoverable': "
+                        "the archive's recoverable-until, for a generation of `rbak archive`); overrides "
+                        "restore.time_window_end")
+    p.add_argument("--pitr-start", metavar="TIME", default=None,
+                   help="only records stamped at or after TIME (overrides restore.time_window_start)")
     p.add_argument("--checkpoint", dest="checkpoint_state", default=None, help="restore checkpoint file (resumable)")
     p.add_argument("--keys-file", default=None, help="encryption keyring for encrypted backups (a file or a mounted "
                    "Secret directory; RBAK_ENCRYPTION_KEYS is also read; without --config)")
@@ -114,10 +120,36 @@ def build(args: Any):
     return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, keys=keys, **opts), None
 
 
+def _pitr(args: Any, storage: Any, options: Any) -> Any:
+    """``--pitr-start`` / ``--pitr-end`` applied to the options (``recoverable``: the archive's recoverable-until)."""
+    from dataclasses import replace
+
+    from ..config import parse_time_bound
+
+    if getattr(args, "pitr_end", None) is None and getattr(args, "pitr_start", None) is None:
+        return options
+    start, end = options.window_start_ms, options.window_end_ms
+    if args.pitr_start is not None:
+        start = parse_time_bound(args.pitr_start, "--pitr-start")
+    if args.pitr_end is not None and args.pitr_end.strip().lower() == "recoverable":
+        from ..catalog import load_manifest
+
+        m = load_manifest(storage, options.backup_id, options.prefix)
+        if m.archive is None or m.archive.recoverable_until is None:
+            raise ConfigError(f"--pitr-end recoverable: backup {options.backup_id!r} is not a generation of an archive "
+                              "with a recoverable-until time")
+        end = m.archive.recoverable_until
+        print(f"rbak: restoring up to the archive's recoverable-until {end} ms", file=sys.stderr)
+    elif args.pitr_end is not None:
+        end = parse_time_bound(args.pitr_end, "--pitr-end")
+    return replace(options, window_start_ms=start, window_end_ms=end)
+
+
 def run(args: Any) -> int:
     from ..restore.engine import run_restore
 
     storage, options, metrics_cfg = build(args)
+    options = _pitr(args, storage, options)
     if metrics_cfg is not None and metrics_cfg.enabled:
         from ..metrics import serve  # the same endpoint and path handling as `rbak backup`
 

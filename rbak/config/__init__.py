@@ -476,6 +476,25 @@ class EncryptionConfig(_Section):
 
 
 @dataclass(repr=False)
+class ArchiveOptions(_Section):
+    """Continuous stream archiving (`rbak archive`, `mode: archive`): every stream `source.queues` selects is
+    followed and archived as generations of backups named `<name>.<UTC time>` (docs/archive.md)."""
+
+    name: str = doc_field("archive", "The archive's name: its generations are the backups `<name>.<UTC time>` "
+                          "(letters, digits, `.`, `_`, `-`).")
+    max_delay_secs: float = doc_field(5.0, "A segment is closed, stored and named by a tick at most this long "
+                                      "after its first record arrived: the recovery point.", min=0.2, max=3600)
+    idle_tick_secs: float = doc_field(30.0, "With nothing new to archive, the watermark (recoverable-until) is "
+                                      "still written, at most this often.", min=1, max=86400)
+    generation_ticks: int = doc_field(720, "Ticks after which a generation is closed (its manifest written) and "
+                                      "the next one starts.", min=1, max=100_000)
+    retry_secs: float = doc_field(5.0, "Wait after a failure (broker, storage, a stream gone) before the archive "
+                                  "starts again from what storage holds.", min=0.1, max=3600)
+    relist_secs: float = doc_field(30.0, "How often the stream selection is listed again (new, deleted or "
+                                   "recreated streams start a new generation).", min=1, max=86400)
+
+
+@dataclass(repr=False)
 class DrillConfig(_Section):
     """Restore drills (`rbak drill`): restore a backup (default the newest complete one) into a fresh
     scratch vhost, compare per-queue message counts and record hashes with the backup, delete the vhost."""
@@ -500,8 +519,8 @@ class DrillConfig(_Section):
 class Config(_Section):
     """A whole rbak configuration file."""
 
-    mode: Literal["backup", "restore", "drill"] = doc_field(None, "`backup`, `restore` or `drill` "
-                                                            "(`rbak drill` reads a config of any mode).", required=True)
+    mode: Literal["backup", "restore", "drill", "archive"] = doc_field(
+        None, "`backup`, `restore`, `drill` or `archive` (`rbak drill` reads a config of any mode).", required=True)
     backup_id: Optional[str] = doc_field(None, "Backup id (letters, digits, `.`, `_`, `-`). Required for restore; "
                                          "a backup without one gets `backup-<UTC timestamp>`.")
     source: Optional[ConnectionConfig] = doc_field(None, "Broker to back up (required when `mode: backup`).")
@@ -514,6 +533,7 @@ class Config(_Section):
     encryption: EncryptionConfig = doc_field(doc="Client-side encryption (rbak's extension of the format).",
                                              factory=EncryptionConfig)
     drill: DrillConfig = doc_field(doc="Restore drills (`rbak drill`).", factory=DrillConfig)
+    archive: ArchiveOptions = doc_field(doc="Continuous stream archiving (`rbak archive`).", factory=ArchiveOptions)
 
     # -- construction -------------------------------------------------------
     @classmethod

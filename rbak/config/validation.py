@@ -291,8 +291,10 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
             errors.append(e.args[0])
     if cfg.mode == "restore" and not cfg.backup_id:
         errors.append("backup_id: required when mode is restore")
-    if cfg.mode == "backup" and cfg.source is None:
-        errors.append("source: required when mode is backup")
+    if cfg.mode in ("backup", "archive") and cfg.source is None:
+        errors.append(f"source: required when mode is {cfg.mode}")
+    if cfg.mode == "archive" and not _archive_name_ok(cfg.archive.name):
+        errors.append(f"archive.name: {cfg.archive.name!r} is not a valid name (letters, digits, '.', '_', '-')")
     if cfg.mode == "restore" and cfg.target is None:
         errors.append("target: required when mode is restore")
     if cfg.mode == "drill" and cfg.source is None and cfg.target is None and cfg.drill.target is None:
@@ -369,3 +371,9 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
                           ("target.queues", cfg.target.queues if cfg.target else None)):
         if sel is not None and not sel.types:
             errors.append(f"{sel_path}.types: must list at least one of classic, quorum, stream")
+
+
+def _archive_name_ok(name: str) -> bool:
+    from ..keys import BACKUP_ID_RE
+
+    return bool(BACKUP_ID_RE.match(name)) and ".." not in name and len(name) <= 160

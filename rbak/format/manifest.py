@@ -105,20 +105,26 @@ class StreamGap:
 
     from_offset: int
     to_offset: int  # inclusive
+    # rbak archive (written only when known): the lost records lie between these broker timestamps (ms)
+    after_timestamp: int | None = None  # of the last record kept before the gap
+    before_timestamp: int | None = None  # of the first record kept after it
 
     @property
     def count(self) -> int:
         return self.to_offset - self.from_offset + 1
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"from_offset": self.from_offset, "to_offset": self.to_offset, "count": self.count}
+        out: dict[str, Any] = {"from_offset": self.from_offset, "to_offset": self.to_offset, "count": self.count}
+        if self.after_timestamp is not None or self.before_timestamp is not None:
+            out["after_timestamp"], out["before_timestamp"] = self.after_timestamp, self.before_timestamp
+        return out
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "gap") -> "StreamGap":
         a, b = _req(d, "from_offset", int, where), _req(d, "to_offset", int, where)
         if b < a:
             raise ManifestError(f"{where}: to_offset {b} is before from_offset {a}")
-        return cls(a, b)
+        return cls(a, b, _opt(d, "after_timestamp", int, where), _opt(d, "before_timestamp", int, where))
 
 
 @dataclass(slots=True)
@@ -380,6 +386,36 @@ class DefinitionsBackup:
 
 
 @dataclass(slots=True)
+class ArchiveInfo:
+    """rbak's ``archive`` field: this backup is one generation of a continuous archive (``rbak archive``).
+
+    ``recoverable_until`` (epoch ms): every stream of the archive holds, in this generation's chain,
+    every record the broker stamped at or before it, so a restore to it is consistent across
+    streams. ``open``: the generation is still being written (the manifest was assembled from its
+    ticks, not stored)."""
+
+    name: str
+    recoverable_until: int | None = None
+    open: bool = False
+    ticks: int = 0
+    epochs: dict[str, int] = field(default_factory=dict)  # "vhost/stream" -> epoch (1 + times recreated)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"name": self.name, "recoverable_until": self.recoverable_until, "open": self.open,
+                "ticks": self.ticks, "epochs": dict(self.epochs)}
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str = "archive") -> "ArchiveInfo":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: must be a JSON object")
+        epochs = d.get("epochs") or {}
+        if not isinstance(epochs, dict) or not all(_type_ok(v, int) for v in epochs.values()):
+            raise ManifestError(f"{where}: 'epochs' must map stream names to integers")
+        return cls(_req(d, "name", str, where), _opt(d, "recoverable_until", int, where), d.get("open") is True,
+                   _opt(d, "ticks", int, where) or 0, dict(epochs))
+
+
+@dataclass(slots=True)
 class BackupManifest:
     backup_id: str
     created_at: int
@@ -396,6 +432,7 @@ class BackupManifest:
     encryption: EncryptionInfo | None = None  # rbak's extension; absent (not null) in unencrypted manifests
     definitions_only: bool = False  # rbak's extension (written only when true): no queue, by the config's intent
     origin: BackupOrigin | None = None  # rbak's extension, last; absent in manifests written without one
+    archive: ArchiveInfo | None = None  # rbak's extension: a generation of a continuous archive
 
     @property
     def is_complete(self) -> bool:
@@ -475,6 +512,7 @@ class BackupManifest:
             **({"encryption": self.encryption.to_json_obj()} if self.encryption else {}),
             **({"definitions_only": True} if self.definitions_only else {}),
             **({"origin": self.origin.to_json_obj()} if self.origin else {}),
+            **({"archive": self.archive.to_json_obj()} if self.archive else {}),
         }
         return d
 
@@ -502,6 +540,7 @@ class BackupManifest:
             queues=[QueueBackup.from_json_obj(q, f"{where} queue {i}") for i, q in enumerate(queues)],
             encryption=EncryptionInfo.from_json_obj(d["encryption"], where) if d.get("encryption") is not None else None,
             origin=BackupOrigin.from_json_obj(d["origin"], where) if d.get("origin") is not None else None,
+            archive=ArchiveInfo.from_json_obj(d["archive"], f"{where} archive") if d.get("archive") is not None else None,
         )
         m.total_messages = _opt(d, "total_messages", int, where) or 0
         m.total_bytes = _opt(d, "total_bytes", int, where) or 0

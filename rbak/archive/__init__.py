@@ -1,0 +1,1 @@
+"""Continuous stream archiving (``rbak archive``): followers per stream, generations of backups, ticks."""

@@ -1,0 +1,526 @@
+"""``rbak archive``: every selected stream archived continuously, as generations of ordinary backups.
+
+Storage layout (docs/archive.md): an archive ``NAME`` is a run of *generations*, each a backup
+folder ``{prefix}/NAME.{UTC time}/`` holding segments as any backup does. Each stream's entry
+continues the previous generation (``stream.previous_backup``, proven by re-reading the record at
+the previous last offset, as an incremental backup does), so a restore walks the chain. While a
+generation is open, every tick writes one small object naming the segments made durable since the
+last tick and the archive's *recoverable-until* (``format.archive``); when it closes (after
+``archive.generation_ticks`` ticks, on SIGTERM, or on any failure) its ``manifest.json`` is written
+once, from the ticks. Nothing is ever overwritten or deleted, so Object Lock buckets work.
+
+Resume lives in the storage: a starting archiver closes any open generation from its ticks (what
+no tick names is not part of it) and continues every stream after the last offset the newest
+generation holds. A crash at any moment therefore loses nothing the broker still holds and
+duplicates nothing: the records of a segment stored after the last tick are read again into the
+next generation, and the unnamed segment is never read.
+
+The watermark: stream ``s`` is complete up to ``C_s`` when every record stamped (``backed_up_at``:
+read by the follower) at or before ``C_s`` is in a segment named by a tick: the stamp of its last
+durable record (minus 1 ms), or, when its follower was quiet and the stream's committed end (probed
+over the stream protocol) was already durable, the instant of that probe: nothing committed by then
+is missing. ``recoverable_until`` = min of ``C_s`` over the streams on the broker: one instant up to
+which every stream is complete, so a restore to it (``--pitr-end``) is consistent across streams.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import __version__, metrics
+from ..backup.lease import ARCHIVE_LEASE_QUEUE, Lease
+from ..backup.lease import acquire as acquire_lease
+from ..backup.pipeline import SegmentStore
+from ..backup.segments import AsyncSegmentWriter
+from ..backup.stream_chain import ChainDecision, StreamBase, decide
+from ..broker.connect import connect
+from ..broker.stream_reader import probe_offset
+from ..catalog import open_archive_manifest
+from ..config import Config, ConnectionConfig
+from ..envelope import write_wraps, writer_codec
+from ..errors import BackupLeaseError, ConfigError, NotFoundError, RbakError
+from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
+from ..format.compression import Compression, check_level
+from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
+from ..keys import BACKUP_ID_RE, BackupLayout, normalize_prefix
+from ..management import ManagementClient, QueueInfo
+from ..storage.base import Storage
+from .follower import Durable, StreamFollower, stream_info
+
+log = logging.getLogger(__name__)
+
+POLL_SECS = 0.05
+
+
+@dataclass(slots=True)
+class StreamState:
+    """One stream of the open generation."""
+
+    vhost: str
+    name: str
+    decision: ChainDecision
+    durable: Durable
+    epoch: int = 1
+    present: bool = True
+    complete_until: int | None = None
+    follower: StreamFollower | None = None
+    unticked: list[SegmentMetadata] = field(default_factory=list)
+    segments: list[SegmentMetadata] = field(default_factory=list)  # named by a tick (this generation)
+
+    @property
+    def key(self) -> str:
+        return stream_key(self.vhost, self.name)
+
+
+@dataclass(slots=True)
+class Generation:
+    backup_id: str
+    layout: BackupLayout
+    created_at: int
+    cluster: str | None
+    version: str | None
+    codec: Any
+    streams: dict[str, StreamState]
+    recoverable_until: int | None
+    ticks: list[Tick] = field(default_factory=list)
+    flush_seq: int = 0
+    last_tick_mono: float = 0.0
+
+
+@dataclass
+class ArchiveSummary:
+    """What ``rbak archive --json`` prints when it stops."""
+
+    archive: str
+    storage: str
+    generations: list[str] = field(default_factory=list)
+    recoverable_until: int | None = None
+    ticks: int = 0
+    segments: int = 0
+    records: int = 0
+    errors: list[str] = field(default_factory=list)
+    streams: list[dict] = field(default_factory=list)
+
+    def to_json_obj(self) -> dict:
+        gaps = [dict(vhost=s["vhost"], name=s["name"], **g) for s in self.streams for g in s.get("gaps", [])]
+        return {"archive": self.archive, "storage": self.storage, "generations": self.generations,
+                "recoverable_until": self.recoverable_until,
+                "recoverable_until_utc": _utc(self.recoverable_until), "ticks": self.ticks,
+                "segments": self.segments, "records": self.records, "streams": self.streams, "gaps": gaps,
+                "errors": self.errors}
+
+
+def _utc(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Archiver:
+    def __init__(self, cfg: Config, storage: Storage | None = None):
+        if cfg.mode != "archive":
+            raise ConfigError(f"mode: this is a {cfg.mode!r} configuration; rbak archive needs mode: archive")
+        if cfg.source is None:
+            raise ConfigError("source: required for an archive")
+        self.cfg = cfg
+        self.source: ConnectionConfig = cfg.source
+        self.opts = cfg.archive
+        self.name = cfg.archive.name
+        self.storage = storage or cfg.storage.open()
+        self.prefix = normalize_prefix(cfg.storage.prefix or "")
+        self.compression = Compression.parse(cfg.backup.compression)
+        self.level = check_level(self.compression, cfg.backup.compression_level)
+        self.stopping = threading.Event()
+        self.summary = ArchiveSummary(self.name, self.storage.url)
+        self.state = "starting"
+        self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
+
+    def stop(self) -> None:
+        """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
+        self.stopping.set()
+
+    # ------------------------------------------------------------------
+    def _lag_loop(self) -> None:
+        """The lag gauges grow every second while nothing is archived (a storage outage, a broker away)."""
+        while not self.stopping.wait(1.0):
+            now = _now_ms()
+            for (vhost, name), cu in list(self._complete.items()):
+                metrics.archive_lag().labels(vhost=vhost, stream=name).set(max(0.0, (now - cu) / 1000))
+
+    def run(self) -> ArchiveSummary:
+        client = ManagementClient.for_connection(self.source, "source")
+        lease: Lease | None = None
+        threading.Thread(target=self._lag_loop, name="rbak-archive-lag", daemon=True).start()
+        try:
+            streams = self._select(client)
+            if not streams:
+                raise ConfigError(f"source.queues: selects no stream on {self.source.management_url}; rbak archive "
+                                  "follows streams only (classic and quorum queues are backed up by rbak backup)")
+            vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
+            while not self.stopping.is_set():
+                if lease is None:
+                    lease = self._take_lease(client, vhosts)
+                if lease is None:
+                    break
+                try:
+                    self._generation(client, lease, vhosts)
+                except (RbakError, OSError) as e:
+                    self.summary.errors.append(str(e))
+                    metrics.errors().labels(error_type=metrics.error_type(e)).inc()
+                    log.error("archive %s: %s; starting again from what the storage holds in %gs", self.name, e,
+                              self.opts.retry_secs)
+                    self.stopping.wait(self.opts.retry_secs)
+                if lease is not None and (self.stopping.is_set() or set(lease.connections) != set(vhosts)):
+                    lease.release()  # lost (or stopping): taken again, or waited for, by the next pass
+                    lease = None
+        finally:
+            if lease is not None:
+                lease.release()
+            client.close()
+        return self.summary
+
+    def _select(self, client: ManagementClient) -> list[QueueInfo]:
+        sel = self.source.queues
+        infos: list[QueueInfo] = []
+        if sel.vhosts:
+            for v in sel.vhosts:
+                infos.extend(client.queues(v))
+        else:
+            infos = client.queues()
+        return sorted((q for q in infos if q.queue_type == "stream" and sel.matches(q.vhost, q.name, "stream")),
+                      key=lambda q: (q.vhost, q.name))
+
+    def _take_lease(self, client: ManagementClient, vhosts: list[str]) -> Lease | None:
+        """The archive lease on every vhost (exclusive queue ``rbak.lease.archive``), waiting for as long as
+        another archiver of this source holds it, and saying so."""
+        name = f"rbak-archive {self.name} lease (pid {os.getpid()} on {socket.gethostname()})"
+        said = False
+        while not self.stopping.is_set():
+            try:
+                lease = acquire_lease(self.cfg, client, vhosts, lambda v, n: connect(self.source, v, name=n),
+                                      queue=ARCHIVE_LEASE_QUEUE, name=name)
+                if said:
+                    log.warning("archive %s: the lease is ours now; archiving", self.name)
+                return lease
+            except BackupLeaseError as e:
+                self.state = "waiting"
+                if not said:
+                    log.warning("archive %s: waiting: another archiver of this source holds the archive lease "
+                                "(%s)", self.name, str(e).split(": ", 1)[-1].split("; nothing", 1)[0])
+                    said = True
+                metrics.archive_waiting().set(1)
+                self.stopping.wait(self.opts.retry_secs)
+        return None
+
+    # ------------------------------------------------------------------
+    def _generations(self) -> list[str]:
+        base = self.prefix + "/" if self.prefix else ""
+        return sorted(d for d in self.storage.list_dirs(base)
+                      if d.startswith(self.name + ".") and BACKUP_ID_RE.match(d) and d[len(self.name) + 1:][:1].isdigit())
+
+    def _recover(self) -> BackupManifest | None:
+        """Close every open generation from its ticks; the newest generation's manifest (or None)."""
+        newest: BackupManifest | None = None
+        for gid in self._generations():
+            layout = BackupLayout(gid, self.prefix)
+            try:
+                m = BackupManifest.from_json(self.storage.get(layout.manifest), layout.manifest)
+            except NotFoundError:
+                found = open_archive_manifest(self.storage, layout.root)
+                if found is None:
+                    continue  # it never named anything
+                m = found
+                assert m.archive is not None
+                m.archive.open = False
+                self.storage.put(layout.manifest, m.to_json())
+                metrics.archive_uploads().labels(kind="manifest").inc()
+                log.info("archive %s: closed generation %s from its %d tick(s)", self.name, gid, m.archive.ticks)
+            if m.archive is not None and m.archive.name == self.name:
+                newest = m
+        return newest
+
+    def _new_id(self) -> str:
+        used = set(self._generations())
+        while True:
+            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%f")[:-3] + "Z"
+            gid = f"{self.name}.{stamp}"
+            if gid not in used:
+                return gid
+            time.sleep(0.002)
+
+    def _generation(self, client: ManagementClient, lease: Lease, vhosts: list[str]) -> None:
+        newest = self._recover()
+        gid = self._new_id()
+        layout = BackupLayout(gid, self.prefix)
+        ov = client.overview()
+        cluster = ov.get("cluster_name") or ov.get("node") or self.source.host
+        codec = writer_codec(gid, self.cfg.encryption)
+        if codec.wraps:  # envelope: the wrapped data key is stored before anything it seals
+            write_wraps(self.storage, layout, codec.wraps)
+            codec.wraps = []
+        prev_w = newest.archive.recoverable_until if newest is not None and newest.archive is not None else None
+        g = Generation(gid, layout, _now_ms(), cluster, ov.get("rabbitmq_version"), codec,
+                       self._plan(client, newest, prev_w), prev_w)
+        self.summary.generations.append(gid)
+        self._write_tick(g)  # tick 0: each stream's link and start
+        followers = []
+        failure: BaseException | None = None
+        try:
+            for st in g.streams.values():
+                if st.present:
+                    st.follower = self._follower(g, st)
+                    followers.append(st.follower)
+                    st.follower.start()
+            self.state = "archiving"
+            metrics.archive_waiting().set(0)
+            log.info("archive %s: generation %s follows %d stream(s)", self.name, gid, len(followers))
+            self._follow(g, client, lease, vhosts)
+        except BaseException as e:  # noqa: BLE001 - the generation is closed first, then it is raised
+            failure = e
+        for f in followers:
+            f.stop()
+        for f in followers:
+            f.done.wait(max(30.0, self.opts.max_delay_secs * 4))
+        try:
+            self._close(g)
+        except (RbakError, OSError) as e:
+            if failure is None:
+                raise
+            log.error("archive %s: generation %s stays open (closed from its ticks by the next start): %s",
+                      self.name, gid, e)
+        if failure is not None:
+            raise failure
+
+    def _plan(self, client: ManagementClient, newest: BackupManifest | None, prev_w: int | None) -> dict[str, StreamState]:
+        """Each stream's chain decision against the newest generation (``stream_chain.decide``): continue
+        it, a gap retention made, or a stream deleted and declared again (a new epoch). Streams of the
+        archive that are gone from the broker are carried on (their link), with no follower."""
+        epochs = newest.archive.epochs if newest is not None and newest.archive is not None else {}
+        bases = {} if newest is None else {(q.vhost, q.name): StreamBase(newest.backup_id, q.stream)
+                                           for q in newest.queues if q.stream is not None}
+        last_ts = {} if newest is None else {(q.vhost, q.name): q.last_message_timestamp for q in newest.queues}
+        out: dict[str, StreamState] = {}
+        conns: dict[str, Any] = {}
+        try:
+            for q in self._select(client):
+                base = bases.get((q.vhost, q.name))
+                probe = None
+                if base is not None and base.info.last_offset is not None:
+                    conn = conns.get(q.vhost) or conns.setdefault(q.vhost, connect(self.source, q.vhost))
+                    probe = probe_offset(conn, q.vhost, q.name, base.info.last_offset)
+                d = decide(q.name, q.vhost, base, probe)
+                if d.warning:
+                    log.warning("archive %s: %s", self.name, d.warning)
+                if d.gaps:  # the lost records were stamped after the last one archived, before this probe
+                    d.gaps = [StreamGap(gp.from_offset, gp.to_offset, last_ts.get((q.vhost, q.name)), _now_ms())
+                              for gp in d.gaps]
+                epoch = epochs.get(stream_key(q.vhost, q.name), 1) + (1 if d.recreated else 0)
+                cont = d.previous_backup is not None
+                durable = Durable(d.previous_last_offset, d.previous_sha256, d.previous_chunk_timestamp,
+                                  last_ts.get((q.vhost, q.name)) if cont else None)
+                st = StreamState(q.vhost, q.name, d, durable, epoch, True, prev_w if cont else None)
+                out[st.key] = st
+        finally:
+            for c in conns.values():
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        for (vhost, name), base in bases.items():
+            key = stream_key(vhost, name)
+            if key in out:
+                continue
+            info = base.info  # gone from the broker: its link is carried on, nothing to follow
+            d = ChainDecision(info.last_offset + 1 if info.last_offset is not None else "first",
+                              base.backup_id if info.last_offset is not None else None, info.last_offset,
+                              previous_sha256=info.last_record_sha256,
+                              previous_chunk_timestamp=info.last_chunk_timestamp)
+            out[key] = StreamState(vhost, name, d, Durable(info.last_offset, info.last_record_sha256,
+                                                           info.last_chunk_timestamp, None),
+                                   epochs.get(key, 1), False, None)
+        return out
+
+    def _follower(self, g: Generation, st: StreamState) -> StreamFollower:
+        b = self.cfg.backup
+        records = metrics.archive_records().labels(vhost=st.vhost, stream=st.name)
+        nbytes = metrics.archive_bytes().labels(vhost=st.vhost, stream=st.name)
+
+        def count(n: int, size: int) -> None:
+            records.inc(n)
+            nbytes.inc(size)
+            self.summary.records += n
+
+        def writer(vhost: str, name: str, first: int, on_durable: Callable[[SegmentMetadata, Any], None]):
+            store = SegmentStore(self.storage, g.layout, g.codec, self.compression, vhost, name, "stream")
+            return AsyncSegmentWriter(store, self.compression, self.level, b.segment_max_bytes, 1 << 40, first,
+                                      on_durable)
+
+        return StreamFollower(self.source, st.vhost, st.name, st.decision, st.durable, writer, b.prefetch_count,
+                              f"rbak-archive {self.name} {st.vhost}/{st.name}", count)
+
+    # ------------------------------------------------------------------
+    def _follow(self, g: Generation, client: ManagementClient, lease: Lease, vhosts: list[str]) -> None:
+        """Ticks until stopped, a follower fails, the lease is lost, the selection changes or the
+        generation is full; the caller closes the generation."""
+        delay = self.opts.max_delay_secs
+        next_tick = time.monotonic() + delay
+        next_list = time.monotonic() + self.opts.relist_secs
+        present = {k for k, st in g.streams.items() if st.present}
+        while True:
+            while time.monotonic() < next_tick:
+                if self.stopping.is_set():
+                    self._tick(g, final=True)  # what was read is named, with a fresh recoverable-until
+                    return
+                failed = [st for st in g.streams.values() if st.follower is not None and st.follower.error is not None]
+                if failed:
+                    raise failed[0].follower.error  # type: ignore[union-attr,misc]
+                self.stopping.wait(POLL_SECS)
+            now = time.monotonic()
+            next_tick = max(next_tick + delay, now + delay / 4)
+            if set(lease.connections) != set(vhosts):
+                log.warning("archive %s: the archive lease was lost; closing generation %s", self.name, g.backup_id)
+                return
+            busy = any(st.follower.pending() or st.unticked for st in g.streams.values() if st.follower is not None)
+            log.debug("archive %s: tick due (busy %s): %s", self.name, busy,
+                      [(st.key, st.follower.received, st.follower.durable.last_offset)
+                       for st in g.streams.values() if st.follower is not None])
+            if busy or now - g.last_tick_mono >= self.opts.idle_tick_secs:
+                self._tick(g)
+                if len(g.ticks) >= self.opts.generation_ticks:
+                    return  # full: closed, and the next one starts
+            if now >= next_list:
+                next_list = now + self.opts.relist_secs
+                if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
+                    log.info("archive %s: the selected streams changed; starting a new generation", self.name)
+                    return
+
+    def _tick(self, g: Generation, final: bool = False) -> None:
+        """Every follower closes its segment; once they are durable (or a deadline passed), one tick names them.
+        ``final``: the last tick before stopping (SIGTERM), which still waits for the flush."""
+        g.flush_seq += 1
+        seq = g.flush_seq
+        live = [st for st in g.streams.values() if st.follower is not None and not st.follower.done.is_set()]
+        for st in live:
+            assert st.follower is not None
+            st.follower.flush_request = seq
+        deadline = time.monotonic() + max(self.opts.max_delay_secs, 2.0)
+        while live and time.monotonic() < deadline and (final or not self.stopping.is_set()):
+            if all(self._flushed(st.follower, seq) for st in live if st.follower is not None):
+                break
+            time.sleep(POLL_SECS)
+        self._collect(g, seq)
+        self._write_tick(g)
+
+    @staticmethod
+    def _flushed(f: StreamFollower, seq: int) -> bool:
+        a = f.answer
+        if f.error is not None or f.done.is_set():
+            return True
+        if a is None or a.seq < seq:
+            return False
+        with f.lock:
+            last = f.durable.last_offset
+        return a.target is None or (last is not None and last >= a.target)
+
+    def _collect(self, g: Generation, seq: int | None) -> None:
+        """Take each follower's durable segments and move each stream's complete-until."""
+        for st in g.streams.values():
+            f = st.follower
+            if f is None:
+                continue
+            segs, durable = f.take()
+            st.unticked.extend(segs)
+            st.durable = durable
+            cu: int | None = None
+            a = f.answer
+            if seq is not None and a is not None and a.seq == seq and a.probe is not None:
+                at, end, margin = a.probe
+                if durable.last_offset is None and f.received is None and (end is None or end < 0):
+                    cu = at - margin  # nothing committed, nothing read: complete up to the probe
+                elif end is not None and durable.last_offset is not None and end <= durable.last_offset:
+                    cu = at - margin
+            if cu is None and durable.last_ts is not None:
+                cu = durable.last_ts - 1
+            if cu is not None:
+                st.complete_until = max(st.complete_until or cu, cu)
+
+    def _watermark(self, g: Generation) -> int | None:
+        cus = [st.complete_until for st in g.streams.values() if st.present]
+        if not cus:
+            w: int | None = _now_ms()
+        elif any(c is None for c in cus):
+            w = None
+        else:
+            w = min(c for c in cus if c is not None)
+        prev = g.recoverable_until
+        if w is None:
+            return prev
+        return w if prev is None else max(w, prev)
+
+    def _tick_object(self, g: Generation, sequence: int, w: int | None) -> Tick:
+        return Tick(self.name, g.backup_id, sequence, _now_ms(), g.created_at, w,
+                    [TickStream(st.vhost, st.name, stream_info(st.decision, st.durable,
+                                                               st.follower.lock if st.follower else None),
+                                st.epoch, st.complete_until, st.present, list(st.unticked))
+                     for st in sorted(g.streams.values(), key=lambda s: (s.vhost, s.name))],
+                    g.cluster, g.version, __version__, g.codec.info)
+
+    def _write_tick(self, g: Generation) -> None:
+        w = self._watermark(g)
+        tick = self._tick_object(g, len(g.ticks), w)
+        self.storage.put(tick_key(g.layout.root, tick.sequence), tick.to_json())  # a new key: never overwritten
+        g.ticks.append(tick)
+        g.recoverable_until = w
+        g.last_tick_mono = time.monotonic()
+        self._account(g, tick)
+        for st in g.streams.values():
+            st.segments.extend(st.unticked)
+            st.unticked = []
+
+    def _account(self, g: Generation, tick: Tick) -> None:
+        s = self.summary
+        s.ticks += 1
+        s.recoverable_until = tick.recoverable_until
+        metrics.archive_uploads().labels(kind="tick").inc()
+        now = _now_ms()
+        for ts in tick.streams:
+            s.segments += len(ts.segments)
+            metrics.archive_uploads().labels(kind="segment").inc(len(ts.segments))
+            labels = dict(vhost=ts.vhost, stream=ts.name)
+            metrics.archive_gaps().labels(**labels).set(len(ts.info.gaps))
+            if ts.complete_until is not None and ts.present:
+                self._complete[(ts.vhost, ts.name)] = ts.complete_until
+                metrics.archive_recoverable().labels(**labels).set(ts.complete_until / 1000)
+                metrics.archive_lag().labels(**labels).set(max(0.0, (now - ts.complete_until) / 1000))
+        s.streams = [{"vhost": ts.vhost, "name": ts.name, "epoch": ts.epoch, "present": ts.present,
+                      "last_offset": ts.info.last_offset, "complete_until": ts.complete_until,
+                      "gaps": [gp.to_json_obj() for gp in ts.info.gaps]} for ts in tick.streams]
+
+    def _close(self, g: Generation) -> None:
+        """The generation's manifest, written once: every tick's segments plus what the followers made
+        durable since (they have stopped)."""
+        self._collect(g, None)
+        w = self._watermark(g)
+        final = self._tick_object(g, len(g.ticks), w)
+        m = assemble(g.ticks + [final], open_=False)
+        self.storage.put(g.layout.manifest, m.to_json())
+        metrics.archive_uploads().labels(kind="manifest").inc()
+        self._account(g, final)
+        self.summary.ticks -= 1  # the manifest, not a tick
+        log.info("archive %s: generation %s closed (%d segment(s), recoverable until %s)", self.name, g.backup_id,
+                 m.total_segments, _utc(w))
+
+
+def run_archive(cfg: Config, storage: Storage | None = None) -> ArchiveSummary:
+    return Archiver(cfg, storage).run()
