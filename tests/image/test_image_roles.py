@@ -24,7 +24,8 @@ from support import container
 from support.container import IMAGE, SPARK_IMAGE, Role
 from support.require import require_that
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# One worker builds the module's round trip once (a backup and a restore in the image).
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(900), pytest.mark.xdist_group("image-roles")]
 
 CONFIG_DIR = "/etc/rbak"  # where the operator mounts the run's ConfigMap
 STATE_DIR = "/var/run/rbak"  # the Job's emptyDir
@@ -109,14 +110,17 @@ def props_dict(p: pika.BasicProperties) -> dict:
 
 
 @pytest.fixture(scope="module")
-def round_trip(image, rmq43, moto_s3, tmp_path_factory):
+def round_trip(image, moto_s3, tmp_path_factory):
     """A backup Job and a restore Job in the image on RabbitMQ 4.3 (AMQP 1.0 restores: Proton's
     C engine in the image), S3 on moto: the source vhost's queues restored into a second vhost."""
-    from support.brokers import unique_name
+    from support.brokers import BROKERS, unique_name
+    from support.require import unavailable
     from support.s3 import create_bucket
 
     tmp = tmp_path_factory.mktemp("roles")
-    broker = rmq43
+    broker = BROKERS["rmq43"]
+    if reason := broker.unreachable_reason():
+        unavailable(reason)
     src, dst = unique_name("test-img-src"), unique_name("test-img-dst")
     broker.create_vhost(src)
     broker.create_vhost(dst)
@@ -184,7 +188,8 @@ def test_validate_deep_in_the_image(round_trip):
     assert f"backup {rt.backup_id} is valid (deep:" in res.output, res.describe()
     # and a damaged segment is named, exit 1
     m = load_manifest(open_storage(url), rt.backup_id)
-    key = next(q for q in m.queues if q.name == "orders").segments[0].key
+    seg = next(q for q in m.queues if q.name == "orders").segments[0].key
+    key = f"{rt.bucket.prefix.strip('/')}/{seg}"  # the object under the storage's prefix
     client = rt.bucket.client()
     good = client.get_object(Bucket=rt.bucket.bucket, Key=key)["Body"].read()
     bad = bytearray(good)
@@ -193,7 +198,7 @@ def test_validate_deep_in_the_image(round_trip):
     try:
         res = Role("validate Job", IMAGE, env=s3_env()).run(
             ["validate", "--path", url, "--backup-id", rt.backup_id, "--deep"], entrypoint=JOB_COMMAND, expect=1)
-        assert key in res.output, res.describe()
+        assert seg in res.output, res.describe()
     finally:
         client.put_object(Bucket=rt.bucket.bucket, Key=key, Body=good)
 
@@ -236,7 +241,8 @@ def test_operator_in_the_image_takes_the_lease_and_creates_the_backup_job(image,
     from support.ship import find, manifests, render_chart
 
     ns, release_ns = "img-ops", "rbak-system"
-    objs = manifests(render_chart({"watchNamespaces": [ns]}, namespace=release_ns))
+    objs = manifests(render_chart({"watchNamespaces": [ns], "operator": {"leaderElection": {"enabled": True}}},
+                                 namespace=release_ns))
     c = find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     assert c["args"] == ["operator"]
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}

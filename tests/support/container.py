@@ -67,7 +67,7 @@ class Result:
 class Role:
     """One pod role in the image, as a Job's pod runs it: ``--user 1000:1000``, ``--read-only``
     with a tmpfs ``/tmp`` (an emptyDir), ``mounts`` read-only (ConfigMaps, Secrets), ``env`` (what
-    secretKeyRefs give), ``writable`` paths as tmpfs owned by the user (emptyDirs)."""
+    secretKeyRefs give), ``writable`` paths as world-writable tmpfs (emptyDirs)."""
 
     role: str
     image: str = IMAGE
@@ -84,9 +84,8 @@ class Role:
                "--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp:rw,mode=1777",
                "--cap-drop", "all", "--security-opt", "no-new-privileges", "--pull", "never"]
         cmd += ["--detach"] if detach else ["--rm"]
-        uid, _, gid = self.user.partition(":")
-        for path in self.writable:
-            cmd += ["--tmpfs", f"{path}:rw,mode=0770,uid={uid},gid={gid or uid}"]
+        for path in self.writable:  # an emptyDir: a world-writable directory, as a kubelet makes it
+            cmd += ["--tmpfs", f"{path}:rw,mode=0777"]
         for target, source in self.mounts.items():
             cmd += ["--volume", f"{source}:{target}:ro"]
         for k, v in self.env.items():
