@@ -117,8 +117,10 @@ FROM runtime AS spark
 ARG JRE_VERSION
 USER 0:0
 # Debian's headless OpenJDK 17 (default-jre-headless in bookworm); /usr/lib/jvm/default-java
-# is its arch-independent home.
-RUN apt-get update \
+# is its arch-independent home. Its postinst links man pages into man1, which slim images
+# leave out: without the directory the install fails.
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
  && apt-get install -y --no-install-recommends default-jre-headless="${JRE_VERSION}" \
  && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/default-java \

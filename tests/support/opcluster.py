@@ -9,6 +9,8 @@ ConfigMaps to a temp dir and maps the mount paths, runs init containers then
 containers (same command and args, ``python`` being this interpreter), creates
 a Pod object carrying the termination message, and writes the Job's status.
 A failing init container fails the pod; the containers after it never run.
+``PodRunner(container_mode=True)`` runs each container in the pod's image with podman instead,
+as a kubelet would (``support.container``; tests/support/README.md, "The image").
 
 ``PodRunner.extra_env`` adds variables to every pod (``PYTHONPATH`` is
 prepended), e.g. a ``sitecustomize`` that holds a run at a chosen point.
