@@ -69,9 +69,12 @@ COPY operator/rbak_operator/ operator/rbak_operator/
 RUN pip install --no-compile --no-deps . \
  && python -I -c "import rbak.format._speedups, proton; assert proton.SSL.present(), 'Proton without TLS'"
 
+# The Spark packages beside the venv, in /opt/rbak-spark (the same layout: lib/python3.11/
+# site-packages, bin): the spark image copies just them over the runtime image's /opt/rbak,
+# not a second copy of the whole venv. spark.txt pins everything they need beyond image.txt.
 FROM build AS build-spark
 ARG PIP_CERT
-RUN pip install --no-compile --requirement requirements/spark.txt
+RUN pip install --no-compile --no-deps --prefix /opt/rbak-spark --requirement requirements/spark.txt
 
 # What is copied into the images: the venv without pip, setuptools and the dependencies'
 # tests, botocore's models of services rbak never calls and extension modules' symbols,
@@ -82,7 +85,7 @@ RUN slim-venv /opt/rbak
 
 FROM build-spark AS venv-spark
 COPY docker/slim-venv /usr/local/bin/slim-venv
-RUN slim-venv /opt/rbak
+RUN slim-venv /opt/rbak /opt/rbak-spark
 
 # ---------------------------------------------------------------- runtime
 FROM debian:${DEBIAN_SUITE}-slim AS runtime
@@ -127,6 +130,6 @@ ENV JAVA_HOME=/usr/lib/jvm/default-java \
     SPARK_HOME=/opt/rbak/lib/python3.11/site-packages/pyspark \
     PYSPARK_PYTHON=/opt/rbak/bin/python \
     PYSPARK_DRIVER_PYTHON=/opt/rbak/bin/python
-COPY --from=venv-spark /opt/rbak /opt/rbak
+COPY --from=venv-spark /opt/rbak-spark/ /opt/rbak/
 COPY spark/ /opt/rbak/spark/
 USER 1000:1000
