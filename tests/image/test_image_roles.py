@@ -300,3 +300,14 @@ def test_operator_in_the_image_takes_the_lease_and_creates_the_backup_job(image,
     finally:
         op.remove()
         kube_api.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_a_failing_role_names_the_role_the_command_and_its_last_log_lines(image):
+    """What CI prints when a role fails: here a backup Job whose ConfigMap is missing (exit 2)."""
+    role = Role("backup Job", image, env={"RBAK_STATE_DIR": STATE_DIR}, writable=[STATE_DIR])
+    with pytest.raises(AssertionError) as err:
+        role.run(["backup", "--config", f"{CONFIG_DIR}/rbak.yaml", "--json"], entrypoint=JOB_COMMAND)
+    text = str(err.value)
+    assert text.startswith("role backup Job: `") and " exited 2; the container's last log lines:" in text, text
+    assert f"{image} backup --config {CONFIG_DIR}/rbak.yaml --json`" in text, text
+    assert f"{CONFIG_DIR}/rbak.yaml" in text.split("last log lines:", 1)[1], text  # rbak's one error line
