@@ -97,11 +97,21 @@ def read_all(broker, vhost: str, queue: str) -> list[tuple[bytes, dict]]:
             method, props, body = ch.basic_get(queue, auto_ack=True)
             if method is None:
                 return out
-            out.append((body, {k: getattr(props, k) for k in
-                               ("content_type", "message_id", "correlation_id", "headers", "type", "app_id",
-                                "timestamp", "delivery_mode")}))
+            out.append((body, props_dict(props)))
     finally:
         conn.close()
+
+
+def last_json(output: str) -> dict:
+    """The last JSON object a ``--json`` command printed (log lines on stderr come around it)."""
+    lines = output.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("{"):
+            try:
+                return json.JSONDecoder().raw_decode("\n".join(lines[i:]))[0]
+            except ValueError:
+                continue
+    raise AssertionError(f"no JSON object in the output:\n{container.tail(output)}")
 
 
 def props_dict(p: pika.BasicProperties) -> dict:
@@ -173,11 +183,13 @@ def test_restore_job_in_the_image_puts_back_exact_messages(round_trip):
     assert [b for b, _ in got] == [b for b, _ in want], rt.restore.describe()
     for (body, gp), (_, wp) in zip(got, want):
         assert gp == wp, (body[:20], gp, wp)
-    assert sorted(rt.broker.read_bodies(rt.dst, "payments")) == sorted(QUORUM)
+    assert rt.broker.read_bodies(rt.dst, "payments") == QUORUM  # in order: the queue's first read
     info = rt.broker.queue_info(rt.dst, "payments")
     assert info["type"] == "quorum", info  # declared by the restored definitions
-    report = rt.restore.output
-    assert f"{len(MESSAGES) + len(QUORUM)}" in report, container.tail(report)
+    summary = last_json(rt.restore.output)
+    assert summary["ok"] is True and summary["confirmed"] == len(MESSAGES) + len(QUORUM), rt.restore.describe()
+    assert {(q["target_vhost"], q["target_queue"], q["status"], q["confirmed"]) for q in summary["queues"]} == {
+        (rt.dst, "orders", "restored", len(MESSAGES)), (rt.dst, "payments", "restored", len(QUORUM))}, summary
 
 
 def test_validate_deep_in_the_image(round_trip):
@@ -212,7 +224,7 @@ def test_drill_in_the_image(round_trip):
                mounts={CONFIG_DIR: str(cfg)}, writable=[STATE_DIR]).run(
         ["drill", "--config", f"{CONFIG_DIR}/rbak.yaml", "--backup-id", rt.backup_id, "--json"],
         entrypoint=JOB_COMMAND)
-    rep = json.loads(res.output[res.output.index("{"):])
+    rep = last_json(res.output)
     assert rep["passed"] is True and rep["backup_id"] == rt.backup_id, res.describe()
     by = {q["queue"]: q for q in rep["queues"]}
     assert by["orders"]["expected_count"] == by["orders"]["actual_count"] == len(MESSAGES)
