@@ -538,6 +538,9 @@ class PodRunner:
 
         container.run_as_root_check(pod_spec, c)
         env = container.pod_env(get, self.ns, c)
+        if "PYTHONPATH" in self.extra_env:  # a host path: nothing the image can import from
+            raise LookupError("PodRunner.extra_env PYTHONPATH does not reach a container (container mode)")
+        env.update(self.extra_env)
         volumes = container.pod_volumes(get, pod_spec, workdir)
         name = f"rbak-kubelet-{job}-{c['name']}-{uuid.uuid4().hex[:6]}"[:120]
         argv = container.pod_container_args(pod_spec, c, env, volumes, name)
