@@ -3,57 +3,111 @@
 # One image for every rbak role; the pod's command/args choose the role
 # (see docker/rbak-entrypoint):
 #   operator              -> python -m rbak_operator   (Deployment from charts/rbak)
-#   rbak backup|restore   -> the CLI                   (Jobs the operator creates)
+#   rbak backup|restore   -> the CLI                   (Jobs the operator creates: python -m rbak ...)
 #   driver | executor     -> Spark driver / executor   (SparkApplications; "spark" target)
 #
 # Targets:
 #   docker build -t rbak:dev .                        runtime (default): no Java, no Spark
-#   docker build -t rbak:dev-spark --target spark .   runtime + pyspark + a Java 17 JRE
-# Java and pyspark's jars are ~600 MB, needed only by Spark pods, so they live in a
-# separate target built from the same Dockerfile: backup/restore Jobs and the
-# operator pull the small image, SparkApplications use the "-spark" tag.
+#   docker build -t rbak:dev-spark --target spark .   runtime + pyspark + Debian's headless JRE
+# Java and pyspark's jars are most of the Spark image, needed only by Spark pods, so they live
+# in a separate target built from the same Dockerfile: backup/restore Jobs and the operator
+# pull the small image, SparkApplications use the "-spark" tag.
 #
-# Pins: the Python base is an exact patch tag (the interpreter the tests run on),
-# the JRE is an exact Temurin tag copied in (no apt, nothing floating), and every
-# Python dependency is pinned by requirements/image.txt (checked by tests/ship).
+# Base: Debian bookworm's slim image and Debian's own python3 (3.11, the interpreter the
+# tests run on) and OpenJDK 17 (the JRE the tests run Spark on). Not trixie: its python3 is
+# 3.13, which the pinned wheels and the suite were never run with. rbak lives in a venv at
+# /opt/rbak; the venv's python is Debian's /usr/bin/python3, present in every stage.
+# CI builds this file unchanged with podman on a debootstrapped bookworm imported as
+# debian:bookworm-slim (.ci/image); a published image comes from the real base.
+#
+# Pins: every Python dependency by requirements/image.txt and requirements/spark.txt
+# (checked by tests/ship); the Debian packages named here at the versions below, which are
+# bookworm's own and do not move with point releases (what they pull in follows Debian's
+# security updates of bookworm).
 
-ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
-# Same interpreter and Debian release with a C toolchain, for rbak's optional C
-# codec speedup (setup.py); only the built files reach the runtime image.
-ARG BUILD_IMAGE=python:3.11.7-bookworm
-ARG JRE_IMAGE=eclipse-temurin:17.0.13_11-jre-jammy
+ARG DEBIAN_SUITE=bookworm
+ARG PYTHON3_VERSION=3.11.2-1+b1
+ARG GCC_VERSION=4:12.2.0-3
+ARG PKGCONF_VERSION=1.8.1-1
+# OpenSSL's headers move with bookworm's security updates: when the build says this version
+# is gone, take the one `apt-cache policy libssl-dev` names in the base.
+ARG LIBSSL_VERSION=3.0.22-1~deb12u2
+ARG JRE_VERSION=2:1.17-74
 
 # ---------------------------------------------------------------- build
-FROM ${BUILD_IMAGE} AS build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# Debian's python3 with a C toolchain, for rbak's optional C codec speedup (setup.py) and
+# Qpid Proton's C engine (an sdist for Python 3.11; OpenSSL's headers give it TLS); only the
+# venv reaches the runtime image.
+FROM debian:${DEBIAN_SUITE}-slim AS build
+# PIP_CERT (unset by default): a CA bundle for pip where PyPI is reached through a TLS proxy
+# (.ci/image mounts the host's bundle and names it here); only the build stages see it.
+ARG PIP_CERT
+ARG PYTHON3_VERSION
+ARG GCC_VERSION
+ARG PKGCONF_VERSION
+ARG LIBSSL_VERSION
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      python3="${PYTHON3_VERSION}" python3-venv="${PYTHON3_VERSION}" python3-dev="${PYTHON3_VERSION}" \
+      gcc="${GCC_VERSION}" pkgconf="${PKGCONF_VERSION}" libssl-dev="${LIBSSL_VERSION}" \
+ && rm -rf /var/lib/apt/lists/*
+# PIP_CONSTRAINT reaches the isolated environments pip builds sdists in (rbak's C speedup,
+# Qpid Proton, pyspark): their build tools are pinned too, not the newest of the day.
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/rbak/bin:$PATH \
+    PIP_CONSTRAINT="/src/requirements/build.txt /src/requirements/image.txt"
+RUN python3 -m venv /opt/rbak
 WORKDIR /src
 COPY requirements/ requirements/
 # Dependencies first: this layer is reused while only rbak's own code changes.
-RUN pip install --prefix=/install --no-compile --requirement requirements/image.txt
+RUN pip install --no-compile --requirement requirements/image.txt
 COPY pyproject.toml setup.py README.md ./
 COPY rbak/ rbak/
 COPY operator/rbak_operator/ operator/rbak_operator/
-# rbak and rbak_operator (pyproject finds both), with the C speedup compiled here.
-RUN pip install --prefix=/install --no-compile --no-deps . \
- && python -I -c "import sys; sys.path.insert(0, '/install/lib/python3.11/site-packages'); import rbak.format._speedups"
+# rbak and rbak_operator (pyproject finds both), with the C speedup compiled here; the build
+# fails if it is missing (setup.py's extension is optional, so pip would not) or if Proton
+# was built without TLS.
+RUN pip install --no-compile --no-deps . \
+ && python -I -c "import rbak.format._speedups, proton; assert proton.SSL.present(), 'Proton without TLS'"
 
+# The Spark packages beside the venv, in /opt/rbak-spark (the same layout: lib/python3.11/
+# site-packages, bin): the spark image copies just them over the runtime image's /opt/rbak,
+# not a second copy of the whole venv. spark.txt pins everything they need beyond image.txt.
 FROM build AS build-spark
-RUN pip install --prefix=/install --no-compile --requirement requirements/spark.txt
+ARG PIP_CERT
+RUN pip install --no-compile --no-deps --prefix /opt/rbak-spark --requirement requirements/spark.txt
+
+# What is copied into the images: the venv without pip, setuptools and the dependencies'
+# tests, botocore's models of services rbak never calls and extension modules' symbols,
+# its bytecode compiled (a read-only root filesystem takes no .pyc files); docker/slim-venv.
+FROM build AS venv
+COPY docker/slim-venv /usr/local/bin/slim-venv
+RUN slim-venv /opt/rbak
+
+FROM build-spark AS venv-spark
+COPY docker/slim-venv /usr/local/bin/slim-venv
+RUN slim-venv /opt/rbak /opt/rbak-spark
 
 # ---------------------------------------------------------------- runtime
-FROM ${PYTHON_IMAGE} AS runtime
+FROM debian:${DEBIAN_SUITE}-slim AS runtime
+ARG PYTHON3_VERSION
 LABEL org.opencontainers.image.title="rbak" \
       org.opencontainers.image.description="RabbitMQ backups in the RBAK format: CLI, operator, backup/restore jobs" \
       org.opencontainers.image.licenses="MIT" \
       org.opencontainers.image.source="https://github.com/rbak/rbak"
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HOME=/home/rbak
-RUN groupadd --gid 1000 rbak \
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3="${PYTHON3_VERSION}" \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 1000 rbak \
  && useradd --uid 1000 --gid 1000 --no-log-init --create-home --home-dir /home/rbak --shell /usr/sbin/nologin rbak
-COPY --from=build /install /usr/local
+# Bytecode is compiled at build time: a read-only root filesystem cannot take .pyc files.
+# TLS trust without a system store: certifi's pinned bundle (what requests and botocore use)
+# is the default for Python's ssl too (an AMQPS broker or a webhook with no ca_cert set).
+ENV PATH=/opt/rbak/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SSL_CERT_FILE=/opt/rbak/lib/python3.11/site-packages/certifi/cacert.pem \
+    HOME=/home/rbak
+COPY --from=venv /opt/rbak /opt/rbak
 COPY docker/rbak-entrypoint /usr/local/bin/rbak-entrypoint
 WORKDIR /home/rbak
 # Numeric UID so that Kubernetes' runAsNonRoot can verify it without /etc/passwd.
@@ -62,14 +116,20 @@ ENTRYPOINT ["rbak-entrypoint"]
 CMD ["rbak", "--help"]
 
 # ---------------------------------------------------------------- spark
-FROM ${JRE_IMAGE} AS jre
-
 FROM runtime AS spark
-ENV JAVA_HOME=/opt/java/openjdk \
-    SPARK_HOME=/usr/local/lib/python3.11/site-packages/pyspark \
-    PYSPARK_PYTHON=python3 \
-    PYSPARK_DRIVER_PYTHON=python3
-ENV PATH="${JAVA_HOME}/bin:${PATH}"
-COPY --from=jre /opt/java/openjdk /opt/java/openjdk
-COPY --from=build-spark /install /usr/local
+ARG JRE_VERSION
+USER 0:0
+# Debian's headless OpenJDK 17 (default-jre-headless in bookworm); /usr/lib/jvm/default-java
+# is its arch-independent home. Its postinst links man pages into man1, which slim images
+# leave out: without the directory the install fails.
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends default-jre-headless="${JRE_VERSION}" \
+ && rm -rf /var/lib/apt/lists/*
+ENV JAVA_HOME=/usr/lib/jvm/default-java \
+    SPARK_HOME=/opt/rbak/lib/python3.11/site-packages/pyspark \
+    PYSPARK_PYTHON=/opt/rbak/bin/python \
+    PYSPARK_DRIVER_PYTHON=/opt/rbak/bin/python
+COPY --from=venv-spark /opt/rbak-spark/ /opt/rbak/
 COPY spark/ /opt/rbak/spark/
+USER 1000:1000

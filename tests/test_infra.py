@@ -173,6 +173,7 @@ def test_tls_listener_rejects_wrong_ca_and_foreign_client_cert(rmq310: Broker, t
 
 
 def test_ci_scripts_pass_shellcheck():
-    scripts = [REPO / ".ci" / n for n in ("setup", "run", "brokers", "lib.sh", "lock", "latest")]
+    scripts = [REPO / ".ci" / n for n in ("setup", "run", "brokers", "lib.sh", "lock", "latest", "image")]
+    scripts += [REPO / "docker" / n for n in ("rbak-entrypoint", "slim-venv")]
     r = subprocess.run(["shellcheck", "-x", *map(str, scripts)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -29,7 +29,7 @@ class Cluster:
     (a ``support.kubeapi.KubeApi``) the real one."""
 
     def __init__(self, tmp: Path, kube=None, start: datetime | None = None,
-                 operator_env: dict[str, str] | None = None) -> None:
+                 operator_env: dict[str, str] | None = None, job_image: str | None = None) -> None:
         self.tmp = tmp
         self.real = kube is not None
         if kube is None:
@@ -44,7 +44,10 @@ class Cluster:
         # A real server stamps creationTimestamp with its own clock: the fake one starts there.
         self.now = start or (self.http.server_time() - timedelta(seconds=1) if self.real else START)
         self.clock_file.write_text(fmt(self.now))
-        self.runner = PodRunner(self.http).start()
+        # ``job_image``: the operator names it in its Jobs and the local kubelet runs them in it.
+        self.runner = PodRunner(self.http, container_mode=job_image is not None).start()
+        if job_image is not None:
+            operator_env = {"RBAK_IMAGE": job_image, **(operator_env or {})}
         self.operators: list[Operator] = []
         # On an existing cluster the operator keeps to the test namespace: it never touches the rest.
         self.operator_env = {**({"RBAK_OPERATOR_NAMESPACES": self.http.ns} if self.external else {}),

@@ -9,6 +9,8 @@ ConfigMaps to a temp dir and maps the mount paths, runs init containers then
 containers (same command and args, ``python`` being this interpreter), creates
 a Pod object carrying the termination message, and writes the Job's status.
 A failing init container fails the pod; the containers after it never run.
+``PodRunner(container_mode=True)`` runs each container in the pod's image with podman instead,
+as a kubelet would (``support.container``; tests/support/README.md, "The image").
 
 ``PodRunner.extra_env`` adds variables to every pod (``PYTHONPATH`` is
 prepended), e.g. a ``sitecustomize`` that holds a run at a chosen point.
@@ -422,8 +424,12 @@ class RealServer:
 class PodRunner:
     """Plays kubelet and the Job controller for Jobs in the emulator."""
 
-    def __init__(self, http: Http, ns: str | None = None) -> None:
+    def __init__(self, http: Http, ns: str | None = None, container_mode: bool = False) -> None:
         self.http, self.ns = http, ns or http.ns
+        # Container mode: each Job's containers run in their image with podman, as a kubelet runs
+        # them (``_in_container``); SparkApplications still run locally.
+        self.container_mode = container_mode
+        self.container_runs: list[tuple[str, str, str]] = []  # (Job, container, image) run by podman
         self.seen: set[str] = set()
         self.started: list[str] = []  # Job names in start order
         self.outputs: dict[str, str] = {}
@@ -524,6 +530,29 @@ class PodRunner:
                 return mounts[mp] + value[len(mp):]
         return value
 
+    def _in_container(self, job: str, pod_spec: dict, c: dict, workdir: Path) -> subprocess.CompletedProcess:
+        """One container of a Job's pod, run in its image by podman (``support.container``): the
+        pod's env (Secrets resolved here, as a kubelet does), volumes, user and read-only root."""
+        from support import container
+
+        def get(plural: str, obj: str) -> dict | None:
+            return self.http.get("v1", plural, obj, self.ns)
+
+        container.run_as_root_check(pod_spec, c)
+        env = container.pod_env(get, self.ns, c)
+        if "PYTHONPATH" in self.extra_env:  # a host path: nothing the image can import from
+            raise LookupError("PodRunner.extra_env PYTHONPATH does not reach a container (container mode)")
+        env.update(self.extra_env)
+        volumes = container.pod_volumes(get, pod_spec, workdir)
+        name = f"rbak-kubelet-{job}-{c['name']}-{uuid.uuid4().hex[:6]}"[:120]
+        argv = container.pod_container_args(pod_spec, c, env, volumes, name)
+        self.container_runs.append((job, c["name"], c["image"]))
+        try:
+            return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["podman", "rm", "--force", name], capture_output=True, timeout=120)
+            raise
+
     def _started(self, name: str) -> None:
         """The Job's status as it starts. A cluster's Job controller may have set startTime already,
         and a server refuses to change it: set only when absent."""
@@ -609,7 +638,8 @@ class PodRunner:
                     cmd[0] = sys.executable
                 cmd = [self._map(a, mounts) for a in cmd]
                 self._before(name, c["name"])
-                p = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+                p = (self._in_container(name, pod_spec, c, workdir) if self.container_mode else
+                     subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=300))
                 out = (p.stdout or "") + (p.stderr or "")
                 output += f"$ {' '.join(c.get('args') or [])}\n{out}"
                 term = {"exitCode": p.returncode, "reason": "Completed" if p.returncode == 0 else "Error",
