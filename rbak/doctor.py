@@ -130,14 +130,16 @@ def _outside_backups(rule_prefix: str, prefix: str) -> bool:
 
 
 def judge_lifecycle(rules: list[dict[str, Any]], bucket: str, prefix: str, policy: RetentionPolicy | None,
-                    kept: list[KeptBackup] | None = None, now: _dt.datetime | None = None) -> list[Finding]:
+                    kept: list[KeptBackup] | None = None, now: _dt.datetime | None = None,
+                    locked: bool = False) -> list[Finding]:
     """Lifecycle rules that delete (or hide behind a delete marker) backups under the prefix.
 
     A rule is fine only if it cannot expire anything prune keeps. Prune keeps the newest complete
     backup and every base an incremental stream chain continues whatever their age (and Object Lock
     retains what it locks, which an expiry's delete marker still hides), so an ``Expiration`` that
     covers backups is an error: it names the oldest backup prune would keep now (``kept``, oldest
-    first) and its age, against the rule's days."""
+    first) and its age, against the rule's days; ``locked``: the bucket has Object Lock, which the
+    finding says does not stop it."""
     horizon, why = retention_horizon(policy)
     where = f"s3://{bucket}/{prefix.strip('/')}".rstrip("/")
     now = now or _dt.datetime.now(_dt.timezone.utc)
@@ -164,8 +166,10 @@ def judge_lifecycle(rules: list[dict[str, Any]], bucket: str, prefix: str, polic
             days = int(exp["Days"])
             sooner = (f", sooner than the retention keeps backups ({why})" if horizon is not None
                       and timedelta(days=days) < horizon else "")
+            lock = ("; Object Lock does not stop it: the expiry puts a delete marker over each locked backup, "
+                    "which then no longer lists" if locked else "")
             out.append(Finding("error", "lifecycle", f"rule {rid!r} expires {scope} after {days} day(s){sooner}"
-                               f"{part}; {_kept_at_risk(kept, days, now, why)}", fix_rule))
+                               f"{part}; {_kept_at_risk(kept, days, now, why)}{lock}", fix_rule))
         for tr in rule.get("Transitions") or []:
             if tr.get("StorageClass") in ("GLACIER", "DEEP_ARCHIVE"):
                 out.append(Finding("warning", "lifecycle",
@@ -369,7 +373,8 @@ def check_s3(storage: Any, policy: RetentionPolicy | None, rbak_prefix: str = ""
                                     bool(lock_cfg and lock_cfg.get("ObjectLockEnabled") == "Enabled")))
     if lifecycle is not False:
         out.extend(judge_lifecycle((lifecycle or {}).get("Rules") or [], bucket, prefix, policy,
-                                   _kept_in(storage, policy, rbak_prefix), _dt.datetime.now(_dt.timezone.utc)))
+                                   _kept_in(storage, policy, rbak_prefix), _dt.datetime.now(_dt.timezone.utc),
+                                   bool(lock_cfg and lock_cfg.get("ObjectLockEnabled") == "Enabled")))
     if enc is not False:
         out.append(judge_encryption(((enc or {}).get("ServerSideEncryptionConfiguration") or {}).get("Rules")))
     if pab is not False:

@@ -197,6 +197,10 @@ def test_a_rule_covering_part_of_the_backups_or_a_date_is_an_error_and_tag_rules
     rules = [{"ID": "cutoff", "Status": "Enabled", "Filter": {}, "Expiration": {"Date": "2030-01-01T00:00:00Z"}}]
     (f,) = judge_lifecycle(rules, "b", "rmq", None)
     assert f.severity == "error" and "on 2030-01-01T00:00:00Z" in f.message
+    # Object Lock does not make an expiry safe: its delete marker hides the locked backup.
+    (f,) = judge_lifecycle([expire("days", "rmq/", 400)], "b", "rmq", RetentionPolicy(keep_last=2), kept=[],
+                           locked=True)
+    assert f.severity == "error" and "Object Lock does not stop it" in f.message and "no backup here yet" in f.message
 
 
 def test_local_directories(tmp_path):

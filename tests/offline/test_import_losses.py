@@ -101,25 +101,38 @@ def test_a_quorum_wal_cut_short_fails_the_queue_with_both_indexes(shared_root, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("where", ["first", "last", "first-and-its-index"])
 def test_a_stream_segment_cut_short_names_the_offsets_it_lost(shared_root, tmp_path, where):
-    """The first segment (the next one's name says where it ended) and the last (its index says what
-    it held) are each cut inside their middle chunk."""
+    """The first segment and the last are each cut inside their middle chunk (their index says what
+    they held); then the first at a chunk boundary with its index cut to match, where only the next
+    segment's name (its first offset) tells where it ended."""
     sc, copy = copy_node(shared_root, tmp_path)
     sdir = max((copy / "stream").iterdir(), key=lambda p: len(osiris.segment_files(str(p))))
     segs = osiris.segment_files(str(sdir))
     assert len(segs) >= 3, segs
-    seg = segs[0] if where == "first" else segs[-1]
+    seg = segs[-1] if where == "last" else segs[0]
     data = Path(seg).read_bytes()
     chunks = list(osiris.iter_chunks(seg, data, ImportContext(), False))
     mid = chunks[len(chunks) // 2]
-    Path(seg).write_bytes(data[: mid.pos + 20])
+    if where == "first-and-its-index":
+        index = Path(seg[: -len(".segment")] + ".index")
+        records = osiris.index_records(str(index), ImportContext())
+        kept = sum(1 for _cid, pos in records if pos < mid.pos)
+        index.write_bytes(index.read_bytes()[: osiris.FILE_HEADER_SIZE + kept * osiris.INDEX_RECORD_SIZE])
+        Path(seg).write_bytes(data[: mid.pos])
+    else:
+        Path(seg).write_bytes(data[: mid.pos + 20])
     url = f"file://{tmp_path}/b"
     r = import_(copy, url, "s1", "--types", "stream")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     line = r.stderr.strip().splitlines()[-1]
-    assert "stream 'orders-stream' in vhost '/'" in line and seg in line and f"at byte {mid.pos}" in line, line
-    assert f"offsets from {mid.chunk_id} on" in line and "lost" in line and "skipped" not in line, line
+    assert "stream 'orders-stream' in vhost '/'" in line and seg in line and "skipped" not in line, line
+    if where == "first-and-its-index":
+        nxt = int(Path(segs[1]).name.split(".")[0])
+        assert f"at byte {mid.pos}" in line and f"next one starts at {nxt}: offsets {mid.chunk_id}-{nxt - 1}" \
+            in line and "are lost" in line, line
+    else:
+        assert f"at byte {mid.pos}" in line and f"offsets from {mid.chunk_id} on" in line and "lost" in line, line
 
     r2 = import_(copy, url, "s2", "--types", "stream", "--skip-damaged")
     assert r2.returncode == 3, r2.stdout + r2.stderr
