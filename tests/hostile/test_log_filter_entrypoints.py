@@ -44,6 +44,9 @@ def fake_session(*a, **k):
     emit()
     raise RbakError("stop here")
 session.get_session = fake_session
+import rbak.catalog, rbak.storage.url  # validate_job checks --path and --backup-id before Spark starts
+rbak.storage.url.open_existing_storage = lambda *a, **k: None
+rbak.catalog.load_manifest = lambda *a, **k: None
 from rbak_spark.{job} import main
 assert main(ARGV) != 0
 """ for job in ("restore_job", "validate_job", "export_job")},
