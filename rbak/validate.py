@@ -37,6 +37,7 @@ class SegmentCheck:
     size_bytes: int = 0
     uncompressed_bytes: int = 0
     contents_checked: bool = False  # the records were read (an encrypted segment: decrypted first)
+    max_body_bytes: int | None = None  # the largest body read (deep): what a restore compares with max_message_size
 
     def to_json_obj(self) -> dict:
         return asdict(self)
@@ -112,8 +113,11 @@ def check_segment(storage: Storage, seg: SegmentMetadata, codec: ObjectCodec | N
     try:
         fetched = fetch_segment(storage, seg, verify_checksum=True, problems=p, codec=codec)
         c.size_bytes = fetched.size
-        for _first, _records in iter_record_chunks(fetched, seg, 0, st):
-            pass
+        largest = 0
+        for _first, records in iter_record_chunks(fetched, seg, 0, st):
+            if records:
+                largest = max(largest, max(len(r.body) for r in records))
+        c.max_body_bytes = largest
     except SegmentError as e:
         p.append(e.problem)
         c.size_bytes = c.size_bytes or st.size_bytes
@@ -137,6 +141,8 @@ def check_segment(storage: Storage, seg: SegmentMetadata, codec: ObjectCodec | N
             p.append(f"manifest first_timestamp {seg.first_timestamp}, first record {first}")
         if seg.last_timestamp is not None and seg.last_timestamp != last:
             p.append(f"manifest last_timestamp {seg.last_timestamp}, last record {last}")
+    if seg.max_body_bytes is not None and c.max_body_bytes != seg.max_body_bytes:
+        p.append(f"manifest max_body_bytes {seg.max_body_bytes}, largest body read {c.max_body_bytes}")
     c.ok = not p
     return c
 

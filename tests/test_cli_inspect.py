@@ -144,3 +144,30 @@ def test_json_output_on_every_failure_is_one_object_of_the_documented_schema(tmp
     d = json.loads(rbak("describe", "--path", url, "--backup-id", "b1", "--format", "json").stdout)
     assert d["backup_id"] == "b1" and "ok" not in d and "error" not in d
     jsonschema.validate(d, schema)
+
+
+def test_deep_validate_reads_each_segments_largest_body_and_checks_the_manifests(tmp_path):
+    """Issue 45: ``max_body_bytes`` (what a restore compares with the target's max_message_size) is read
+    by --deep for any backup, older ones without the field too, and a manifest value that lies is a problem."""
+    url = f"file://{tmp_path}"
+    s = open_storage(url)
+    m = write_backup(s, "b1", QUEUES[:1], segment_max_bytes=4 * 1024)
+    segs = m.queues[0].segments
+    assert all(seg.max_body_bytes for seg in segs)
+    rep = json.loads(rbak("validate", "--path", url, "--backup-id", "b1", "--deep", "--format", "json").stdout)
+    assert [c["max_body_bytes"] for c in rep["segments"]] == [seg.max_body_bytes for seg in segs] and rep["ok"]
+    raw = json.loads(s.get("b1/manifest.json"))
+    raw["queues"][0]["segments"][0]["max_body_bytes"] -= 1  # says the largest body is smaller than it is
+    s.put("b1/manifest.json", json.dumps(raw).encode())
+    r = rbak("validate", "--path", url, "--backup-id", "b1", "--deep", "--format", "json")
+    bad = [c for c in json.loads(r.stdout)["segments"] if not c["ok"]]
+    assert r.returncode == 1 and [c["key"] for c in bad] == [segs[0].key]
+    assert bad[0]["problems"] == [f"manifest max_body_bytes {segs[0].max_body_bytes - 1}, largest body read "
+                                  f"{segs[0].max_body_bytes}"]
+    for q in raw["queues"]:  # an older backup: no field, and --deep still says each segment's largest body
+        q.pop("max_body_bytes", None)
+        for seg in q["segments"]:
+            seg.pop("max_body_bytes")
+    s.put("b1/manifest.json", json.dumps(raw).encode())
+    rep = json.loads(rbak("validate", "--path", url, "--backup-id", "b1", "--deep", "--format", "json").stdout)
+    assert rep["ok"] and [c["max_body_bytes"] for c in rep["segments"]] == [seg.max_body_bytes for seg in segs]
