@@ -231,24 +231,30 @@ class Archiver:
                       if d.startswith(self.name + ".") and BACKUP_ID_RE.match(d) and d[len(self.name) + 1:][:1].isdigit())
 
     def _recover(self) -> BackupManifest | None:
-        """Close every open generation from its ticks; the newest generation's manifest (or None)."""
+        """Close the open generations from their ticks; the newest generation's manifest (or None).
+
+        Newest first, stopping at the first closed one: a start closes every open generation before it
+        begins its own, so only the newest can be open (and ones that never named anything: skipped)."""
         newest: BackupManifest | None = None
-        for gid in self._generations():
+        for gid in reversed(self._generations()):
             layout = BackupLayout(gid, self.prefix)
             try:
                 m = BackupManifest.from_json(self.storage.get(layout.manifest), layout.manifest)
+                closed = True
             except NotFoundError:
                 found = open_archive_manifest(self.storage, layout.root)
                 if found is None:
                     continue  # it never named anything
-                m = found
+                m, closed = found, False
                 assert m.archive is not None
                 m.archive.open = False
                 self.storage.put(layout.manifest, m.to_json())
                 metrics.archive_uploads().labels(kind="manifest").inc()
                 log.info("archive %s: closed generation %s from its %d tick(s)", self.name, gid, m.archive.ticks)
-            if m.archive is not None and m.archive.name == self.name:
+            if newest is None and m.archive is not None and m.archive.name == self.name:
                 newest = m
+            if closed:
+                break
         return newest
 
     def _new_id(self) -> str:
