@@ -145,6 +145,7 @@ class Archiver:
         self.summary = ArchiveSummary(self.name, self.storage.url)
         self.state = "starting"
         self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
+        self._tick_secs = 0.0  # how long a tick takes (moving average)
 
     def stop(self) -> None:
         """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
@@ -230,24 +231,30 @@ class Archiver:
                       if d.startswith(self.name + ".") and BACKUP_ID_RE.match(d) and d[len(self.name) + 1:][:1].isdigit())
 
     def _recover(self) -> BackupManifest | None:
-        """Close every open generation from its ticks; the newest generation's manifest (or None)."""
+        """Close the open generations from their ticks; the newest generation's manifest (or None).
+
+        Newest first, stopping at the first closed one: a start closes every open generation before it
+        begins its own, so only the newest can be open (and ones that never named anything: skipped)."""
         newest: BackupManifest | None = None
-        for gid in self._generations():
+        for gid in reversed(self._generations()):
             layout = BackupLayout(gid, self.prefix)
             try:
                 m = BackupManifest.from_json(self.storage.get(layout.manifest), layout.manifest)
+                closed = True
             except NotFoundError:
                 found = open_archive_manifest(self.storage, layout.root)
                 if found is None:
                     continue  # it never named anything
-                m = found
+                m, closed = found, False
                 assert m.archive is not None
                 m.archive.open = False
                 self.storage.put(layout.manifest, m.to_json())
                 metrics.archive_uploads().labels(kind="manifest").inc()
                 log.info("archive %s: closed generation %s from its %d tick(s)", self.name, gid, m.archive.ticks)
-            if m.archive is not None and m.archive.name == self.name:
+            if newest is None and m.archive is not None and m.archive.name == self.name:
                 newest = m
+            if closed:
+                break
         return newest
 
     def _new_id(self) -> str:
@@ -387,7 +394,9 @@ class Archiver:
                     raise failed[0].follower.error  # type: ignore[union-attr,misc]
                 self.stopping.wait(POLL_SECS)
             now = time.monotonic()
-            next_tick = max(next_tick + delay, now + delay / 4)
+            # the next tick comes early by what a tick takes (flush, upload, tick put), so a record read just
+            # after this one is still named within max_delay_secs
+            next_tick = max(next_tick + delay - min(max(self._tick_secs, 0.3), delay / 2), now + delay / 4)
             if set(lease.connections) != set(vhosts):
                 log.warning("archive %s: the archive lease was lost; closing generation %s", self.name, g.backup_id)
                 return
@@ -410,6 +419,7 @@ class Archiver:
         ``final``: the last tick before stopping (SIGTERM), which still waits for the flush."""
         g.flush_seq += 1
         seq = g.flush_seq
+        began = time.monotonic()
         live = [st for st in g.streams.values() if st.follower is not None and not st.follower.done.is_set()]
         for st in live:
             assert st.follower is not None
@@ -421,6 +431,7 @@ class Archiver:
             time.sleep(POLL_SECS)
         self._collect(g, seq)
         self._write_tick(g)
+        self._tick_secs = 0.7 * self._tick_secs + 0.3 * (time.monotonic() - began)
 
     @staticmethod
     def _flushed(f: StreamFollower, seq: int) -> bool:
