@@ -184,7 +184,7 @@ def idle(broker, streams: int, seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--broker", default="rmq43", choices=list(BROKERS))
+    ap.add_argument("--broker", default="rmq43", choices=list(BROKERS), help="a CI broker by id, not a URL")
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--messages", type=int, default=100_000)

@@ -25,6 +25,7 @@ SLOW = pytest.mark.slow  # starts a JVM (Spark), a private RabbitMQ node or a Ku
 #: script -> (smallest arguments, the line it must print, marks). Sizes: the least that still runs
 #: every phase (a baseline and rbak) once.
 LANE: dict[str, tuple[list[str], str, tuple]] = {
+    "archive": (["--only", "throughput", "--messages", "500"], r"rbak archive .*: ratio \d+\.\d+ \(target >= 0\.8\)", ()),
     "codec": (["--records", "300", "--repeat", "1"], r"rbak decode .* ratio \d+\.\d+x raw zstd", ()),
     "mosquitto_import": (["--messages", "300", "--repeat", "1"], r"ratio import/plain \d+\.\d+", ()),
     "backup": (["--messages", "300", "--repeat", "1", "--skip-rss"],
