@@ -13,6 +13,7 @@ from .credentials import resolve_broker
 from .crds import RESTORE_PLURAL
 from .k8s import Kube
 from .status import GONE, RunState, job_state, manifest_counts, set_condition, spark_state
+from .restore_checks import backup_broker_as_target, check_restore_spec
 from .storage_access import load_manifest_safe, open_backup_storage
 
 
@@ -32,7 +33,7 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
         if backup is None:
             raise RestoreSpecError(f"spec.backupRef.name: RabbitMQBackup {ns}/{ref['name']} not found")
         bspec = backup.get("spec") or {}
-        storage, target = bspec.get("storage"), spec.get("target") or bspec.get("broker")
+        storage, target = bspec.get("storage"), spec.get("target") or backup_broker_as_target(bspec.get("broker"))
         backup_id = ref.get("backupId")
     else:
         storage, target, backup_id = spec.get("storage"), spec.get("target"), spec.get("backupId")
@@ -50,11 +51,15 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
             if entry is None:
                 raise RestoreSpecError("no complete backup holding data found in the storage to restore (set backupId?)")
             backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes if entry.manifest else None
+            m = entry.manifest
         else:
             m = load_manifest(st, backup_id, prefix)
             if not m.is_complete:
                 raise RestoreSpecError(f"backup {backup_id!r} is incomplete (manifest has no completed_at)")
             nbytes = m.total_bytes
+        refusal = check_restore_spec(spec, target, m) if m is not None else None
+        if refusal:
+            raise RestoreSpecError(refusal)
     elif not backup_id:
         raise RestoreSpecError("backupId: required when the operator cannot read the storage (PVC)")
     return target, storage, backup_id, nbytes, spec.get("spark") or {}
