@@ -85,7 +85,8 @@ def test_relaxed_splits_a_large_queue_and_says_so(spark, target, tmp_path):
     assert out["ok"], out
     assert [r["runs"] for r in out["runs"]] == [2, 2]
     assert any("split into 2 runs" in n and "NOT restored in backup order" in n for n in out["notes"])
-    assert lines == out["notes"]  # and said so while running
+    assert lines == [f"restore plan: vhost '/' -> {vh!r} (restore.vhost_mapping)"] + out["notes"]  # said while running
+    assert out["targets"] == [f"vhost '/' -> {vh!r} (restore.vhost_mapping)"]
     got = ids(broker.drain_queue(vh, "big"))
     assert sorted(got) == sorted(f"big-{i}" for i in range(400))  # every message once
     # each run is in order on its own
