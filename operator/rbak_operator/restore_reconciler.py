@@ -15,6 +15,7 @@ from .k8s import Kube
 from .startup import check_start
 from .status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
                      run_result, set_condition, spark_state)
+from .restore_checks import backup_broker_as_target, check_restore_spec
 from .storage_access import load_manifest_safe, open_backup_storage
 
 
@@ -35,7 +36,7 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
         if backup is None:
             raise RestoreSpecError(f"spec.backupRef.name: RabbitMQBackup {ns}/{ref['name']} not found")
         bspec = backup.get("spec") or {}
-        storage, target = bspec.get("storage"), spec.get("target") or bspec.get("broker")
+        storage, target = bspec.get("storage"), spec.get("target") or backup_broker_as_target(bspec.get("broker"))
         backup_id = ref.get("backupId")
     else:
         storage, target, backup_id = spec.get("storage"), spec.get("target"), spec.get("backupId")
@@ -62,11 +63,15 @@ def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dic
             if entry is None:
                 raise RestoreSpecError("spec.backupId: no complete backup holding data found in spec.storage to restore")
             backup_id, nbytes = entry.backup_id, entry.manifest.total_bytes if entry.manifest else None
+            m = entry.manifest
         else:
             m = load_manifest(st, backup_id, prefix)
             if not m.is_complete:
                 raise RestoreSpecError(f"backup {backup_id!r} is incomplete (manifest has no completed_at)")
             nbytes = m.total_bytes
+        refusal = check_restore_spec(spec, target, m) if m is not None else None
+        if refusal:
+            raise RestoreSpecError(refusal)
     elif not backup_id:
         raise RestoreSpecError("backupId: required when the operator cannot read the storage (PVC)")
     return target, storage, backup_id, nbytes, spec.get("spark") or {}

@@ -39,7 +39,7 @@ def denying_node():
 
 
 def target_of(node: PrivateNode) -> ConnectionConfig:
-    return ConnectionConfig(amqp_url=f"amqp://guest:guest@127.0.0.1:{node.port}/%2F",
+    return ConnectionConfig(amqp_url=f"amqp://guest:guest@127.0.0.1:{node.port}",
                             management_url=f"http://127.0.0.1:{node.management_port}",
                             management_username="guest", management_password="guest")
 

@@ -321,6 +321,31 @@ def test_restore_of_a_missing_backup_fails_with_the_reason(clock, pvc):
     assert "no complete backup" in k.objs[("restore", "r2")]["status"]["message"]
 
 
+def test_restore_whose_mapping_or_selection_names_nothing_is_refused_in_its_status(clock, pvc):
+    from rbak_operator.restore_checks import check_restore_spec
+
+    k = FakeKube()
+    k.objs[("backup", "b")] = backup_obj()
+    write_backup(pvc, "b-20300101-0005", 3, 300)
+    for name, spec, expect in (
+            ("r1", {"vhostMapping": {"nope": "x"}}, "spec.vhostMapping: key 'nope' names no vhost of backup"),
+            ("r2", {"queueMapping": {"qq": "x"}}, "spec.queueMapping: key 'qq' names no queue of backup"),
+            ("r3", {"queues": {"include": ["nope*"]}}, "spec.queues.include: 'nope*' matches no queue of backup"),
+            ("r4", {"target": {"amqpUrl": "amqp://h:5672/staging", "managementUrl": "http://h:15672",
+                               "credentialsSecretRef": {"name": "c"}}, "vhostMapping": {"/": "qa"}},
+             "names vhost 'staging' but spec.vhostMapping maps '/' to 'qa'")):
+        k.objs[("restore", name)] = dict(restore_obj(**spec), metadata={"name": name, "namespace": NS, "uid": name})
+        handlers.reconcile_restore(k, NS, name, LOG)
+        st = k.objs[("restore", name)]["status"]
+        assert st["phase"] == "Failed" and expect in st["message"], st
+        assert ("job", f"{name}-restore") not in k.objs  # no run started
+    # the backed-up broker as the target: its URL's vhost (where the backup connected) is dropped
+    m = BackupManifest(backup_id="x", created_at=1, completed_at=2, queues=[QueueBackup(vhost="a", name="q"),
+                                                                              QueueBackup(vhost="b", name="q")])
+    assert check_restore_spec({}, {"amqpUrl": "amqp://h:5672"}, m) is None
+    assert "restores 2 vhosts" in check_restore_spec({}, {"amqpUrl": "amqp://h:5672/a"}, m)
+
+
 def test_deletion_with_a_missing_secret_lets_go(monkeypatch, caplog):
     """Deletion is not blocked (no exception) and the user is told why the backups were kept."""
     k = FakeKube()
@@ -390,7 +415,7 @@ def test_restore_with_a_connection_secret_missing_a_key_fails_naming_it(clock, p
     assert k.objs[("restore", "r2")]["status"]["phase"] == "Running"
     cm = k.objs[("cm", "r2-restore")]
     text = str(cm)
-    assert "https://rabbit.ns.svc:15671" in text and "amqp://rabbit.ns.svc:5672/%2f" in text and "'p'" not in text
+    assert "https://rabbit.ns.svc:15671" in text and "amqp://rabbit.ns.svc:5672" in text and "5672/%2f" not in text and "'p'" not in text
     env = _env_of(k.objs[("job", "r2-restore")])
     assert env["RBAK_BROKER_USERNAME"] == ("topo", "username") and env["RBAK_BROKER_PASSWORD"] == ("topo", "password")
 def _stream_backup(storage, backup_id, created_ms, previous=None, origin=None):

@@ -75,6 +75,21 @@ def test_window_mapping_and_dry_run_use_the_cli_plan(spark, target, tmp_path):
     assert ids(msgs) == [f"orders-{i}" for i in range(50, 130)]
 
 
+def test_the_target_url_vhost_and_mapping_checks_are_the_clis(spark, target, tmp_path):
+    broker, vh = target
+    url = f"file://{tmp_path}"
+    write_backup(open_storage(url), "b7", [QueueSpec("/", "orders", 30)], segment_max_bytes=3000)
+    broker.declare_queue(vh, "orders")
+    base = ["--path", url, "--backup-id", "b7", "--target-management-url", broker.management_url]
+    # a mapping key that names nothing and a URL vhost that disagrees with the mapping: exit 2, nothing published
+    assert restore_main(base + ["--target-amqp-url", broker.server_url(), "--vhost-map", f"prod={vh}"]) == 2
+    assert restore_main(base + ["--target-amqp-url", broker.amqp_url(vh), "--vhost-map", "/=elsewhere"]) == 2
+    assert broker.message_count(vh, "orders") == 0
+    # the URL's vhost is the target of this single-vhost backup
+    assert restore_main(base + ["--target-amqp-url", broker.amqp_url(vh)]) == 0
+    assert ids(broker.drain_queue(vh, "orders")) == [f"orders-{i}" for i in range(30)]
+
+
 def test_relaxed_splits_a_large_queue_and_says_so(spark, target, tmp_path):
     broker, vh = target
     url = f"file://{tmp_path}"
@@ -85,7 +100,8 @@ def test_relaxed_splits_a_large_queue_and_says_so(spark, target, tmp_path):
     assert out["ok"], out
     assert [r["runs"] for r in out["runs"]] == [2, 2]
     assert any("split into 2 runs" in n and "NOT restored in backup order" in n for n in out["notes"])
-    assert lines == out["notes"]  # and said so while running
+    assert lines == [f"restore plan: vhost '/' -> {vh!r} (restore.vhost_mapping)"] + out["notes"]  # said while running
+    assert out["targets"] == [f"vhost '/' -> {vh!r} (restore.vhost_mapping)"]
     got = ids(broker.drain_queue(vh, "big"))
     assert sorted(got) == sorted(f"big-{i}" for i in range(400))  # every message once
     # each run is in order on its own

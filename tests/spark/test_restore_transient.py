@@ -78,7 +78,7 @@ def test_spark_restore_into_a_43_node_that_denies_transient_queues(spark, tmp_pa
     write_with_definitions(url, "tr", vh)
     with private_node("4.3", conf=["deprecated_features.permit.transient_nonexcl_queues = false"],
                       plugins=("rabbitmq_management",)) as node:
-        target = ConnectionConfig(amqp_url=f"amqp://guest:guest@127.0.0.1:{node.port}/%2F",
+        target = ConnectionConfig(amqp_url=f"amqp://guest:guest@127.0.0.1:{node.port}",  # names no vhost
                                   management_url=f"http://127.0.0.1:{node.management_port}")
         out = run_restore_job(spark, url, RestoreOptions(target=target, backup_id="tr", restore_definitions=True,
                                                          transient_queues="skip"))
