@@ -72,11 +72,12 @@ RUN pip install --no-compile --no-deps . \
 # The Spark packages beside the venv, in /opt/rbak-spark (the same layout: lib/python3.11/
 # site-packages, bin): the spark image copies just them over the runtime image's /opt/rbak,
 # not a second copy of the whole venv. spark.txt pins everything they need beyond image.txt.
-# --use-pep517: pyspark's sdist is built in an isolated environment held to build.txt (pip's
-# legacy `setup.py install` would use whatever setuptools the venv has).
+# pyspark's sdist (no pyproject.toml) goes through pip's legacy `setup.py install` with the
+# venv's setuptools, the one Debian's python3-venv bundles (fixed in bookworm): building a
+# 456 MB wheel first (--use-pep517) cost a minute more here.
 FROM build AS build-spark
 ARG PIP_CERT
-RUN pip install --no-compile --no-deps --use-pep517 --prefix /opt/rbak-spark --requirement requirements/spark.txt
+RUN pip install --no-compile --no-deps --prefix /opt/rbak-spark --requirement requirements/spark.txt
 
 # What is copied into the images: the venv without pip, setuptools and the dependencies'
 # tests, botocore's models of services rbak never calls and extension modules' symbols,
