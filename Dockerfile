@@ -52,7 +52,7 @@ RUN apt-get update \
       gcc="${GCC_VERSION}" pkgconf="${PKGCONF_VERSION}" libssl-dev="${LIBSSL_VERSION}" \
  && rm -rf /var/lib/apt/lists/*
 # PIP_CONSTRAINT reaches the isolated environments pip builds sdists in (rbak's C speedup,
-# Qpid Proton, pyspark): their build tools are pinned too, not the newest of the day.
+# Qpid Proton): their build tools are pinned too, not the newest of the day.
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/rbak/bin:$PATH \
     PIP_CONSTRAINT="/src/requirements/build.txt /src/requirements/image.txt"
 RUN python3 -m venv /opt/rbak
