@@ -52,7 +52,7 @@ RUN apt-get update \
       gcc="${GCC_VERSION}" pkgconf="${PKGCONF_VERSION}" libssl-dev="${LIBSSL_VERSION}" \
  && rm -rf /var/lib/apt/lists/*
 # PIP_CONSTRAINT reaches the isolated environments pip builds sdists in (rbak's C speedup,
-# Qpid Proton, pyspark): their build tools are pinned too, not the newest of the day.
+# Qpid Proton): their build tools are pinned too, not the newest of the day.
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/rbak/bin:$PATH \
     PIP_CONSTRAINT="/src/requirements/build.txt /src/requirements/image.txt"
 RUN python3 -m venv /opt/rbak
@@ -72,6 +72,9 @@ RUN pip install --no-compile --no-deps . \
 # The Spark packages beside the venv, in /opt/rbak-spark (the same layout: lib/python3.11/
 # site-packages, bin): the spark image copies just them over the runtime image's /opt/rbak,
 # not a second copy of the whole venv. spark.txt pins everything they need beyond image.txt.
+# pyspark's sdist (no pyproject.toml) goes through pip's legacy `setup.py install` with the
+# venv's setuptools, the one Debian's python3-venv bundles (fixed in bookworm): building a
+# 456 MB wheel first (--use-pep517) cost a minute more here.
 FROM build AS build-spark
 ARG PIP_CERT
 RUN pip install --no-compile --no-deps --prefix /opt/rbak-spark --requirement requirements/spark.txt

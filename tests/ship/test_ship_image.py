@@ -126,7 +126,14 @@ def test_python_packages_come_from_the_pinned_lists_only():
                 words = part.split()
                 if words[:2] != ["pip", "install"]:
                     continue
-                targets = [w for w in words[2:] if not w.startswith("-")]
+                targets, rest = [], iter(words[2:])
+                for w in rest:
+                    if w in ("--requirement", "-r"):
+                        targets.append(next(rest))
+                    elif w == "--prefix":
+                        next(rest)
+                    elif not w.startswith("-"):
+                        targets.append(w)
                 assert targets in (["."], ["requirements/image.txt"], ["requirements/spark.txt"]), (name, part)
     env = " ".join(i.value for i in df.stages["build"].all("ENV"))
     assert 'PIP_CONSTRAINT="/src/requirements/build.txt /src/requirements/image.txt"' in env
