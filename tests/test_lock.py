@@ -85,7 +85,11 @@ def test_every_pyproject_requirement_is_locked_at_a_version_it_allows():
 def test_the_lock_is_exactly_the_closure_of_the_test_extra():
     """Nothing the tests pull in comes from outside the lock, and the lock carries nothing else.
     The closure is read from the installed metadata, which `.ci/setup` installed from the lock."""
-    closure = freeze.closure(freeze.project_requirements(("operator", "spark", "test")))
+    try:
+        closure = freeze.closure(freeze.project_requirements(("operator", "spark", "test")))
+    except SystemExit as e:  # freeze names the package it cannot find installed
+        pytest.fail(f"{e}: the environment is not the lock's; run `bash .ci/setup` (it installs the lock)",
+                    pytrace=False)
     names = set(locked()) - BUILD_TOOLS
     assert sorted(set(closure) - names) == [], "installed by the test extra but not locked: run `bash .ci/lock`"
     assert sorted(names - set(closure)) == [], "locked but pulled in by nothing: run `bash .ci/lock`"
@@ -99,7 +103,8 @@ def test_the_image_ships_what_the_tests_ran(pins):
     image = freeze.parse((ROOT / "requirements" / pins).read_text())
     differ = {n: (v, entries[n][0] if n in entries else None) for n, v in image.items()
               if n not in entries or entries[n][0] != v}
-    assert differ == {}, f"{pins} pin -> test.lock pin (re-run `bash .ci/lock`, or requirements/freeze.py)"
+    assert differ == {}, (f"{pins} pin -> test.lock pin: after an upgrade of the lock, `bash .ci/setup` then "
+                          "`python requirements/freeze.py`; otherwise `bash .ci/lock` brings the lock back to the image")
 
 
 @unlocked
@@ -114,7 +119,7 @@ def test_everything_locked_is_installed_at_its_locked_version():
             got = None
         if got != want:
             wrong[name] = (want, got)
-    assert wrong == {}, "lock version -> installed version"
+    assert wrong == {}, "lock version -> installed version: run `bash .ci/setup`, which installs the lock"
 
 
 def pip_installs(script: str) -> list[str]:

@@ -139,7 +139,7 @@ def iam_user(endpoint: str, name: str, actions: list[str], bucket: str) -> Itera
     First it checks the one thing every such test relies on: that the emulator authorizes a request
     by the IAM action AWS documents for it, not by the API operation's name. AWS authorizes
     ListObjectsV2 as ``s3:ListBucket``; moto 5.2.6 asks for ``s3:ListObjectsV2`` and so denies a
-    correct least-privilege policy (requirements/test.lock keeps moto below it).
+    correct least-privilege policy (pyproject.toml keeps moto below it, and so the lock).
     """
     iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
                        aws_access_key_id=FAKE_ENV["AWS_ACCESS_KEY_ID"],
@@ -160,7 +160,7 @@ def iam_user(endpoint: str, name: str, actions: list[str], bucket: str) -> Itera
                 raise AssertionError(
                     f"the S3 emulator (moto {version('moto')}) denied ListObjectsV2 to a policy allowing "
                     f"s3:ListBucket ({e}); AWS authorizes ListObjectsV2 as s3:ListBucket, so this emulator "
-                    "cannot judge IAM rights: use the moto of requirements/test.lock") from e
+                    "cannot judge IAM rights: run `bash .ci/setup` to install the moto of requirements/test.lock") from e
         yield {**os.environ, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
     finally:
         requests.post(f"{endpoint}/moto-api/reset-auth", data=b"inf", timeout=10).raise_for_status()
