@@ -152,6 +152,17 @@ def test_queue_selection_globs():
 def test_mask_url():
     assert mask_url("amqps://u:p%40ss@h:5671/v") == "amqps://u:***@h:5671/v"
     assert mask_url("amqp://h/") == "amqp://h/"
+    # a malformed URL (the colon of the scheme forgotten) still has its password masked in the error
+    assert mask_url("amqp//guest:S3cretPW@localhost:5674/v") == "amqp//guest:***@localhost:5674/v"
+    assert mask_url("amqp//guest@localhost/v") == "amqp//guest@localhost/v"
+
+
+def test_a_malformed_url_is_refused_without_its_password(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("source:\n  amqp_url: amqp//guest:S3cretPW@localhost:5674/v\n")
+    with pytest.raises(Exception) as e:
+        load_config(str(p))
+    assert "source.amqp_url" in str(e.value) and "S3cretPW" not in str(e.value), str(e.value)
 
 
 def test_reference_and_schema_are_generated():

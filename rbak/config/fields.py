@@ -63,7 +63,9 @@ def mask_url(url: str | None) -> str | None:
     except ValueError:
         return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:" + MASK + "@", url)
     if parts.password is None:
-        return url
+        # no userinfo as urlsplit reads it; a malformed URL (``amqp//user:secret@host``) still carries one
+        head, at, tail = url.rpartition("@")
+        return f"{head.rsplit(':', 1)[0]}:{MASK}{at}{tail}" if ":" in head.split("//")[-1] else url
     host = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urlunsplit((parts.scheme, f"{user}:{MASK}@{host}", parts.path, parts.query, parts.fragment))
