@@ -162,6 +162,8 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     if options.restore_messages:
         for p in plans:
             log.info("restore plan: %s/%s -> %s/%s", p.source_vhost, p.source_queue, p.target_vhost, p.target_queue)
+    if options.restore_messages or options.restore_definitions or options.definitions_dry_run:
+        refuse_split_target(plans, options)
     if options.restore_definitions or options.definitions_dry_run:
         from .definitions import import_definitions
 
@@ -356,3 +358,42 @@ def skipped_by_definitions(p: QueuePlan, definitions: Any) -> QueueResult | None
                        error="transient queue not declared on this target (restore.transient_queues: skip)")
 
 
+
+
+def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions) -> None:
+    """One line when ``target.management_url`` answers for another cluster than ``target.amqp_url``:
+    the lossy-target, vhost and definitions checks would read one broker while the messages go to
+    another (management_url defaults to :15672 whatever the AMQP port, so a restore into a second
+    broker on one host split this way, and a max-length target there dropped messages). Compared by
+    cluster name: the AMQP handshake's and the management API's. Either one unreachable leaves it to
+    the steps that need them, which name what failed."""
+    from ..broker.connect import connect
+    from ..management import ManagementClient
+
+    amqp_cluster = None
+    for vhost in dict.fromkeys([*(p.target_vhost for p in plans), "/"]):  # the target vhost may not exist yet
+        try:
+            conn = connect(options.target, vhost, "target")
+        except RbakError:
+            continue
+        try:
+            raw = (conn.server_properties or {}).get("cluster_name")
+            amqp_cluster = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        finally:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a close that fails leaves nothing behind
+                pass
+        break
+    if not amqp_cluster:
+        return
+    try:
+        with ManagementClient.for_connection(options.target, "target") as client:
+            mgmt_cluster = client.overview().get("cluster_name")
+    except RbakError:
+        return
+    if mgmt_cluster and mgmt_cluster != amqp_cluster:
+        raise RestoreError(
+            f"target.management_url {options.target.management_url} answers for cluster {mgmt_cluster!r}, but "
+            f"target.amqp_url {options.target.host}:{options.target.port} is cluster {amqp_cluster!r}: point "
+            f"target.management_url (--management-url) at the broker the messages go to; nothing was restored")
