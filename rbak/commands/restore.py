@@ -27,7 +27,7 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p = subparsers.add_parser("restore", help="restore a backup's messages (and definitions) into a broker",
                               description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--config", "-c", help="YAML config file (mode: restore)")
-    p.add_argument("--path", help=f"storage URL or directory of the backups (default {DEFAULT_PATH}; ignored with --config)")
+    p.add_argument("--path", help=f"storage URL or directory of the backups (default {DEFAULT_PATH}; refused with --config)")
     p.add_argument("--prefix", default=None, help="storage key prefix (without --config)")
     p.add_argument("--backup-id", help="backup to restore (default: the newest complete one)")
     p.add_argument("--target-url", help="AMQP URL of the target broker (without --config; a password here is "
@@ -89,11 +89,17 @@ def build(args: Any):
     if args.config:
         from ..config import load_config
 
-        cfg = load_config(args.config)
+        # flags that say what the config file says: one of the two would be silently ignored
+        clash = [flag for flag, value in (("--path", args.path), ("--prefix", args.prefix),
+                                          ("--target-url", args.target_url), ("--target-url-file", args.target_url_file),
+                                          ("--management-url", args.management_url), ("--keys-file", args.keys_file))
+                 if value is not None]
+        if clash:
+            raise ConfigError(f"{', '.join(clash)}: not used with --config {args.config}: set storage, target and "
+                              "encryption in the file (or drop --config)")
+        cfg = load_config(args.config, overrides={"backup_id": args.backup_id} if args.backup_id else None)
         if cfg.mode != "restore":
             raise ConfigError(f"{args.config}: mode: must be restore for `rbak restore`, got {cfg.mode!r}")
-        if args.backup_id:
-            cfg.backup_id = args.backup_id
         storage = cfg.storage.open()
         return storage, options_from_config(cfg, **_overrides(args)), cfg.metrics
     from ..storage import open_storage

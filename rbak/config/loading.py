@@ -49,8 +49,10 @@ def _strict_loader():
     return StrictLoader
 
 
-def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:
-    """Read and validate a YAML config file."""
+def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None,
+                overrides: typing.Mapping[str, typing.Any] | None = None) -> Config:
+    """Read and validate a YAML config file; ``overrides``: top-level keys a command-line flag sets,
+    validated with the file (``--backup-id`` with a restore config that names none)."""
     import yaml
 
     p = os.fspath(path)
@@ -67,4 +69,6 @@ def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | No
         raise ConfigError(f"{p}: not valid YAML: {yaml_error_text(e)}") from None
     if data is None:
         data = {}
+    if overrides and isinstance(data, dict):
+        data = {**data, **overrides}
     return Config.from_dict(data, env=env, where=p)

@@ -84,3 +84,25 @@ def test_definitions_import_command_writes_the_rollback_into_the_backup(broker, 
     out = tmp_path / "export.json"
     rbak("definitions-export", "--config", str(cfg_path), "--output", str(out))
     assert any(q["name"] == "from-file" and q["vhost"] == vhost for q in json.loads(out.read_text())["queues"])
+
+
+def test_flags_that_a_config_also_says_are_refused_and_backup_id_applies(broker, vhost, tmp_path):
+    """A new user's trials: with --config, --path, --target-url and --keys-file were silently ignored
+    (the config's storage restored instead), and --backup-id was refused for a config naming none."""
+    storage = storage_for(tmp_path)
+    build_backup(storage, "b1", [(vhost, "q", "classic", make_records(vhost, "q", [b"a", b"b"], every_type=False))])
+    declare(broker, vhost, "q")
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "mode": "restore",
+        "target": {"amqp_url": broker.amqp_url(vhost), "management_url": broker.management_url},
+        "storage": {"backend": "filesystem", "path": str(tmp_path / "store")},
+        "restore": {"publish_mode": "queue"}}))
+    p = rbak("restore", "--config", str(cfg), "--backup-id", "b1", "--path", str(tmp_path / "other"),
+             "--keys-file", str(tmp_path / "k.yaml"), check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"--path, --keys-file: not used with --config {cfg}" in p.stderr
+    assert broker.message_count(vhost, "q") == 0
+    p = rbak("restore", "--config", str(cfg), "--backup-id", "b1", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [d.body for d in consume_all(broker, vhost, "q", 2)] == [b"a", b"b"]
