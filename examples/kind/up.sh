@@ -50,7 +50,7 @@ cleanup() {
 trap cleanup EXIT
 
 log "building $IMAGE from $REPO"
-docker build -t "$IMAGE" "$REPO"
+docker build -t "$IMAGE" --target runtime "$REPO"
 
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "reusing kind cluster $CLUSTER"
