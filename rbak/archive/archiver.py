@@ -92,6 +92,9 @@ class Generation:
     ticks: list[Tick] = field(default_factory=list)
     flush_seq: int = 0
     last_tick_mono: float = 0.0
+    # wall-clock ms at which the selection was last listed and found unchanged: a stream created after it
+    # may hold messages no tick names yet, so recoverable-until never passes it
+    listed_ms: int | None = None
 
 
 @dataclass
@@ -384,6 +387,8 @@ class Archiver:
         next_tick = time.monotonic() + delay
         next_list = time.monotonic() + self.opts.relist_secs
         present = {k for k, st in g.streams.items() if st.present}
+        if not self._listed(g, client, present):
+            return
         while True:
             while time.monotonic() < next_tick:
                 if self.stopping.is_set():
@@ -404,15 +409,25 @@ class Archiver:
             log.debug("archive %s: tick due (busy %s): %s", self.name, busy,
                       [(st.key, st.follower.received, st.follower.durable.last_offset)
                        for st in g.streams.values() if st.follower is not None])
-            if busy or now - g.last_tick_mono >= self.opts.idle_tick_secs:
+            due = busy or now - g.last_tick_mono >= self.opts.idle_tick_secs
+            if due or now >= next_list:  # every tick lists first: its recoverable-until covers new streams
+                next_list = now + self.opts.relist_secs
+                if not self._listed(g, client, present):
+                    return
+            if due:
                 self._tick(g)
                 if len(g.ticks) >= self.opts.generation_ticks:
                     return  # full: closed, and the next one starts
-            if now >= next_list:
-                next_list = now + self.opts.relist_secs
-                if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
-                    log.info("archive %s: the selected streams changed; starting a new generation", self.name)
-                    return
+
+    def _listed(self, g: Generation, client: ManagementClient, present: set[str]) -> bool:
+        """List the selection again: False when it changed (a new generation starts), else True and
+        ``g.listed_ms`` moves to when the listing began."""
+        began = _now_ms()
+        if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
+            log.info("archive %s: the selected streams changed; starting a new generation", self.name)
+            return False
+        g.listed_ms = began
+        return True
 
     def _tick(self, g: Generation, final: bool = False) -> None:
         """Every follower closes its segment; once they are durable (or a deadline passed), one tick names them.
@@ -474,6 +489,8 @@ class Archiver:
             w = None
         else:
             w = min(c for c in cus if c is not None)
+        if w is not None and g.listed_ms is not None:
+            w = min(w, g.listed_ms)
         prev = g.recoverable_until
         if w is None:
             return prev

@@ -490,8 +490,9 @@ class ArchiveOptions(_Section):
                                       "the next one starts.", min=1, max=100_000)
     retry_secs: float = doc_field(5.0, "Wait after a failure (broker, storage, a stream gone) before the archive "
                                   "starts again from what storage holds.", min=0.1, max=3600)
-    relist_secs: float = doc_field(30.0, "How often the stream selection is listed again (new, deleted or "
-                                   "recreated streams start a new generation).", min=1, max=86400)
+    relist_secs: float = doc_field(30.0, "How often the stream selection is listed again when no tick is due "
+                                   "(new, deleted or recreated streams start a new generation); every tick lists it "
+                                   "too, and recoverable-until never passes the last listing.", min=1, max=86400)
 
 
 @dataclass(repr=False)
