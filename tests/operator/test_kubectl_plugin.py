@@ -312,7 +312,8 @@ def test_status_lists_the_restores_too(scene):
         assert [x["kind"] for x in j] == ["RabbitMQBackup"] * 3 + ["RabbitMQRestore"] * len(objs)
         assert {k: v for k, v in next(x for x in j if x["name"] == good).items() if k != "finished"} == {
             "kind": "RabbitMQRestore", "name": good, "backup": f"rabbitmqbackup/{scene.name}", "backupId": bid,
-            "phase": "Succeeded", "messages": 3, "size": st["size"], "notes": []}
+            "phase": "Succeeded", "messages": 3, "published": 3, "confirmed": 3, "dryRun": False, "target": target,
+            "targetQueues": [f"{target}/q1"], "size": st["size"], "notes": []}
     finally:
         broker.delete_vhost(target)
 
