@@ -203,9 +203,10 @@ def start_failure(pods: list[dict[str, Any]], now: datetime, bound: float = STAR
     found = start_problem(pods)
     if found is None:
         newest = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "") if pods else {}
-        if ((newest.get("status") or {}).get("phase")) in ("Running", "Succeeded", "Failed"):
+        if ((newest.get("status") or {}).get("phase")) in ("Succeeded", "Failed"):
             return None, None
-        # no pod yet, or one not started: a kubelet's report changes no Job, so look again at the bound
+        # no pod yet, or one whose containers may still come to wait: a kubelet's report changes no Job
+        # (no event wakes the owner), so look again one bound later while the run is active
         return None, datetime.fromtimestamp(now.timestamp() + bound, tz=now.tzinfo)
     reason, message, since = found
     due = since.timestamp() + bound if since is not None else now.timestamp()

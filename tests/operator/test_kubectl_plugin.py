@@ -141,9 +141,11 @@ def test_backup_runs_now_and_follows_the_operators_job(scene):
     assert st["lastManualTrigger"] == value.group(1) and st["lastRun"]["trigger"] == "manual"
     assert out[1] == f"job/{run}"
     assert run in scene.cluster.runner.started  # the operator made the Job, the kubelet ran it
-    m = load_manifest(scene.storage, run, scene.prefix)
+    bid = st["lastRun"]["backupId"]  # the Job's name and the object's tag
+    assert bid.startswith(f"{run}-")
+    m = load_manifest(scene.storage, bid, scene.prefix)
     assert m.total_messages == 3 and m.is_complete
-    assert out[-1] == (f"job/{run}: Succeeded: backup {run}: 3 messages, {human_bytes(m.total_bytes)}, 1 queues "
+    assert out[-1] == (f"job/{run}: Succeeded: backup {bid}: 3 messages, {human_bytes(m.total_bytes)}, 1 queues "
                        "(validation Passed)")
     for line in out[2:-1]:  # what it saw meanwhile (how much depends on timing): the run and its progress
         assert line == f"job/{run}: running" or line.startswith(f"job/{run}: ") and " queues, " in line, out
@@ -310,7 +312,8 @@ def test_status_lists_the_restores_too(scene):
         assert [x["kind"] for x in j] == ["RabbitMQBackup"] * 3 + ["RabbitMQRestore"] * len(objs)
         assert {k: v for k, v in next(x for x in j if x["name"] == good).items() if k != "finished"} == {
             "kind": "RabbitMQRestore", "name": good, "backup": f"rabbitmqbackup/{scene.name}", "backupId": bid,
-            "phase": "Succeeded", "messages": 3, "size": st["size"], "notes": []}
+            "phase": "Succeeded", "messages": 3, "published": 3, "confirmed": 3, "dryRun": False, "target": target,
+            "targetQueues": [f"{target}/q1"], "size": st["size"], "notes": []}
     finally:
         broker.delete_vhost(target)
 

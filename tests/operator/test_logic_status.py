@@ -259,8 +259,10 @@ def test_start_failure_past_the_bound_only():
                 "lastTransitionTime": "2030-01-01T00:01:00Z", "message": "0/3 nodes are available"}]
     failed, _ = start_failure([_waiting_pod("2030-01-01T00:00:00Z", conditions=unsched)], now, 300)
     assert failed[0] == "Unschedulable" and "0/3 nodes are available" in failed[1]
-    # running, or a container merely being created: never failed
-    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", phase="Running")], now, 300) == (None, None)
+    # running, or a container merely being created: never failed (looked at again one bound later)
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", phase="Running")], now, 300) == (
+        None, datetime(2030, 1, 1, 0, 15, tzinfo=timezone.utc))
+    assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", phase="Succeeded")], now, 300) == (None, None)
     creating = {"reason": "ContainerCreating"}
     assert start_failure([_waiting_pod("2030-01-01T00:00:00Z", creating)], now, 300)[0] is None
 

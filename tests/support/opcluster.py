@@ -620,9 +620,10 @@ class PodRunner:
         gated = {**pod_spec, "schedulingGates": [{"name": SCHEDULING_GATE}]}
         self.http.create("v1", "pods", {"apiVersion": "v1", "kind": "Pod",
                                         "metadata": {"name": pod_name, "labels": {"job-name": name}},
-                                        "spec": gated, "status": {"phase": "Running"}}, self.ns)
+                                        "spec": gated, "status": {"phase": "Pending"}}, self.ns)
         if not self._wait_to_start(name, pod_name, pod_spec, workdir):
             return
+        self.http.patch("v1", "pods", pod_name, {"status": {"phase": "Running"}}, self.ns, "status")
         statuses: list[dict] = []
         ok = True
         output = ""
