@@ -165,8 +165,9 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
                 if time.monotonic() >= deadline:
                     how = f" (waited {cfg.backup.lease_wait_secs:g}s, backup.lease_wait_secs)" if waited else ""
                     raise BackupLeaseError(
-                        f"vhost {vhost!r}: another backup of this source is running: {holder} holds its lease "
-                        f"(exclusive queue {LEASE_QUEUE!r}){how}; nothing was written. Retry when it has finished, "
+                        f"vhost {vhost!r}: another {'archiver' if queue == ARCHIVE_LEASE_QUEUE else 'backup'} of "
+                        f"this source is running: {holder} holds its lease "
+                        f"(exclusive queue {queue!r}){how}; nothing was written. Retry when it has finished, "
                         "or set backup.lease_wait_secs to wait for it")
                 if not waited:
                     log.warning("vhost %r: waiting up to %gs for %s to finish (backup.lease_wait_secs)", vhost,

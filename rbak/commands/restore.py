@@ -44,7 +44,7 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
                         "(refused by default; the restore still fails if a target holds fewer than were confirmed)")
     p.add_argument("--allow-oversize-skip", action="store_true", default=None,
                    help="skip records over the target's max_message_size, listing each in the summary (by default "
-                        "such a record refuses its queue before anything is published)")
+                        "such a record refuses the whole restore before anything is published)")
     p.add_argument("--increment-only", action="store_true", default=None,
                    help="a stream from an incremental backup: restore that backup's own offsets only, not the "
                         "earlier backups of its chain (the default restores base through the chosen backup)")

@@ -382,7 +382,7 @@ class RestoreOptions(_Section):
         "messages afterwards than the broker confirmed.")
     allow_oversize_skip: bool = doc_field(
         False, "A record whose body is over the target's `max_message_size` (4.x reports it; 4.x's default is "
-        "16 MiB, 3.x allowed 128 MiB) refuses its queue before anything is published; with this, such records "
+        "16 MiB, 3.x allowed 128 MiB) refuses the whole restore before anything is published; with this, such records "
         "are skipped and each is listed in the summary (`oversize_skipped`) instead.")
     overwrite_users: bool = doc_field(False, "Let the definitions import replace an existing user's password hash, tags "
                                       "and permissions (by default the target's users and permissions are kept).")

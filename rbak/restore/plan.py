@@ -211,7 +211,7 @@ def resolve_target_vhosts(manifest: BackupManifest, options: RestoreOptions,
         raise ConfigError(f"the target URL {url} names vhost {named!r}, but backup {manifest.backup_id!r} restores "
                           f"{len(srcs)} vhosts ({_some(srcs)}): a URL's vhost is the target of a single-vhost "
                           f"restore only; remove it from the URL (amqp://host:port) and say where each vhost goes "
-                          f"with restore.vhost_mapping (--vhost-map), or select one vhost with restore.queues.vhosts")
+                          f"with restore.vhost_mapping (a config file's restore section), or select one vhost with restore.queues.vhosts")
     if named is not None and len(srcs) == 1:
         (src,) = srcs
         if src in vmap and vmap[src] != named:
