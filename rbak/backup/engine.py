@@ -699,6 +699,13 @@ def check_include(sel: Any, queues: list[tuple[str, str]], selected: bool, where
             raise ConfigError(f"source.queues.include: {pat!r} matches no queue on {where}{scope}"
                               + (f" (closest: {', '.join(map(repr, near))})" if near else "")
                               + "; nothing was written (backup.definitions_only: true backs up definitions alone)")
+    for pat in sel.exclude:
+        # not refused: a nightly exclude of queues that come and go (tmp.*) may match nothing some nights,
+        # and matching nothing only backs up more; but a typo must not pass unseen
+        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n in queues):
+            near = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)
+            log.warning("source.queues.exclude: %r matches no queue on %s%s%s: it excludes nothing", pat, where,
+                        scope, f" (closest: {', '.join(map(repr, near))})" if near else "")
     if not selected:
         raise ConfigError(f"source.queues: include {sel.include} selects no queue on {where}{scope} once "
                           f"types {sel.types} and exclude {sel.exclude} apply; nothing was written")

@@ -167,6 +167,10 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
         if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n, _ in pairs):
             raise ConfigError(f"restore.queues.include: {pat!r} matches no queue of backup {bid!r}"
                               f"{_closest(pat, names)}; its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
+    for pat in sel.exclude:  # a mistyped exclude would restore exactly the queue the user meant to leave out
+        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n, _ in pairs):
+            raise ConfigError(f"restore.queues.exclude: {pat!r} matches no queue of backup {bid!r}"
+                              f"{_closest(pat, names)}; its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
     if pairs and not any(sel.matches(q.vhost, q.name, q.queue_type, q.message_count) for q in manifest.queues):
         raise ConfigError(f"restore.queues: selects none of the {len(pairs)} queue(s) of backup {bid!r} "
                           f"(types {sel.types}, min_messages {sel.min_messages}, exclude {sel.exclude}); "

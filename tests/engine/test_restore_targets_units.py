@@ -122,3 +122,12 @@ def test_definitions_only_is_explicit_and_excludes_a_queue_selection():
                           "backup": {"definitions_only": True}}, env={})
     with pytest.raises(ConfigError, match="backup.definitions_only: needs backup.include_definitions"):
         Config.from_dict({**BASE, "backup": {"definitions_only": True, "include_definitions": False}}, env={})
+
+
+def test_a_restore_exclude_that_names_nothing_is_refused():
+    """A new user's trial: 'exclude: [ordres]' restored exactly the queue meant to stay out."""
+    m = manifest(("v", "orders", 1), ("v", "payments", 1))
+    with pytest.raises(ConfigError, match=r"restore.queues.exclude: 'ordres' matches no queue of backup 'b' "
+                                          r"\(closest: 'orders'"):
+        check_selection(m, opts(queues=QueueSelection(exclude=["ordres"])))
+    check_selection(m, opts(queues=QueueSelection(exclude=["ord*"])))
