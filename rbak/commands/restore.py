@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from . import output
+from ..config.validation import check_url
 from ..errors import ConfigError, NotFoundError, RestoreError
 from ..restore.options import RestoreOptions, local_target, options_from_config
 
@@ -117,8 +118,12 @@ def build(args: Any):
         why = (f" (passing over {len(empty)} newer empty backup(s) that hold no message: "
                f"{', '.join(map(repr, empty))})" if empty else "")
         print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}{why}", file=sys.stderr)
-    target = local_target(url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL"),
-                          args.management_url)
+    url = url_from("--target-url", args.target_url, args.target_url_file, "RBAK_TARGET_URL")
+    if url:
+        check_url(url, ("amqp", "amqps"), "--target-url (or --target-url-file, $RBAK_TARGET_URL)")
+    if args.management_url:
+        check_url(args.management_url, ("http", "https"), "--management-url")
+    target = local_target(url, args.management_url)
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
     from ..crypto import load_keyring
 

@@ -270,6 +270,15 @@ def _check_url(url: str, schemes: tuple[str, ...], path: str, errors: list[str])
         errors.append(f"{path}: must be a {'/'.join(s + '://' for s in schemes)} URL with a host, got {mask_url(url)!r}")
 
 
+def check_url(url: str, schemes: tuple[str, ...], path: str) -> None:
+    """A URL given outside a config file (a flag, an environment variable) checked as the file's are:
+    ``ConfigError`` naming ``path``, with any password masked."""
+    errors: list[str] = []
+    _check_url(url, schemes, path, errors)
+    if errors:
+        raise ConfigError(errors[0])
+
+
 def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None:
     _check_url(c.amqp_url, ("amqp", "amqps"), f"{path}.amqp_url", errors)
     _check_url(c.management_url, ("http", "https"), f"{path}.management_url", errors)

@@ -106,3 +106,14 @@ def test_flags_that_a_config_also_says_are_refused_and_backup_id_applies(broker,
     p = rbak("restore", "--config", str(cfg), "--backup-id", "b1", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert [d.body for d in consume_all(broker, vhost, "q", 2)] == [b"a", b"b"]
+
+
+def test_a_malformed_target_url_is_refused_without_its_password(tmp_path):
+    """A new user's trial: RBAK_TARGET_URL='amqp//guest:S3cret@host/v' (the scheme's colon forgotten) went
+    on as a vhost named 'mqp//guest:S3cret@...' and printed the password in the refusal."""
+    env = {**__import__("os").environ, "RBAK_TARGET_URL": "amqp//guest:S3cret@localhost:5674/v"}
+    r = subprocess.run([sys.executable, "-m", "rbak", "restore", "--path", str(tmp_path), "--backup-id", "b"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "--target-url (or --target-url-file, $RBAK_TARGET_URL): must be a amqp:///amqps:// URL" in r.stderr
+    assert "S3cret" not in r.stderr + r.stdout and "amqp//guest:***@localhost:5674/v" in r.stderr
