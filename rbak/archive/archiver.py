@@ -167,6 +167,12 @@ class Archiver:
         lease: Lease | None = None
         threading.Thread(target=self._lag_loop, name="rbak-archive-lag", daemon=True).start()
         try:
+            known = client.vhosts()
+            missing = [v for v in self.source.queues.vhosts if v not in known]
+            if missing:  # as rbak backup says it, not as the management API's 404 for one vhost's queues
+                raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
+                                  f"{self.source.management_url} (vhosts user {self.source.mgmt_username!r} can see: "
+                                  f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
             streams = self._select(client)
             if not streams:
                 raise ConfigError(f"source.queues: selects no stream on {self.source.management_url}; rbak archive "

@@ -313,6 +313,15 @@ def test_a_selection_with_no_stream_is_refused(broker, vhost, tmp_path):
     assert not (tmp_path / "store").exists()  # nothing written
 
 
+def test_a_vhost_that_does_not_exist_is_named(broker, vhost, tmp_path):
+    """A new user's trial: a misspelt vhost ended in the management API's raw 'HTTP 404' (exit 1)."""
+    cfg = archive_config(tmp_path, broker, vhost + "-typo", fs_storage(tmp_path))
+    r = rbak("archive", "--config", str(cfg), check=False)
+    assert r.returncode == 2, r.stderr
+    assert f"source.queues.vhosts: vhost '{vhost}-typo' does not exist on {broker.management_url}" in r.stderr
+    assert not (tmp_path / "store").exists()
+
+
 def free_port() -> int:
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
