@@ -64,7 +64,9 @@ def fmt_ms(ms: int | None) -> str:
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=True)
+    # piped (a script, a test, `| grep`): no 80-column wrap that splits a backup id or a note over lines
+    # (COLUMNS is no guide there: pytest and some shells export 80 to children that write to a pipe)
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
 
 
 def _existing_storage(path: str):

@@ -64,8 +64,10 @@ def config_dir(tmp_path: Path, name: str, cfg: dict) -> Path:
     return d
 
 
-def broker_section(broker, vhost: str) -> dict:
-    return {"amqp_url": f"amqp://{broker.host}:{broker.amqp_port}/{quote(vhost, safe='')}",
+def broker_section(broker, vhost: str | None) -> dict:
+    """``vhost`` None: a URL naming no vhost (a restore then goes where its vhost_mapping says)."""
+    path = "" if vhost is None else "/" + quote(vhost, safe="")
+    return {"amqp_url": f"amqp://{broker.host}:{broker.amqp_port}{path}",
             "management_url": broker.management_url, "stream_port": broker.stream_port,
             "management_username": "${RABBITMQ_USERNAME}", "management_password": "${RABBITMQ_PASSWORD}"}
 
@@ -149,7 +151,7 @@ def round_trip(image, moto_s3, tmp_path_factory):
         backup = Role("backup Job", image, env=env, mounts={CONFIG_DIR: str(backup_cfg)}, writable=[STATE_DIR])
         b = backup.run(["backup", "--config", f"{CONFIG_DIR}/rbak.yaml", "--json"], entrypoint=JOB_COMMAND)
         restore_cfg = config_dir(tmp, "restore-config", {
-            "mode": "restore", "backup_id": backup_id, "target": broker_section(broker, "/"),
+            "mode": "restore", "backup_id": backup_id, "target": broker_section(broker, None),
             "storage": storage_section(bucket),
             "restore": {"vhost_mapping": {src: dst}, "restore_definitions": True,
                         "definitions_selection": {"vhosts": [src]},

@@ -47,6 +47,7 @@ class Cluster:
         # ``job_image``: the operator names it in its Jobs and the local kubelet runs them in it.
         self.runner = PodRunner(self.http, container_mode=job_image is not None).start()
         if job_image is not None:
+            self.runner.images |= {job_image, f"{job_image}-spark"}  # this node has them: no ImagePullBackOff
             operator_env = {"RBAK_IMAGE": job_image, **(operator_env or {})}
         self.operators: list[Operator] = []
         # On an existing cluster the operator keeps to the test namespace: it never touches the rest.

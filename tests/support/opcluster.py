@@ -546,6 +546,12 @@ class PodRunner:
         volumes = container.pod_volumes(get, pod_spec, workdir)
         name = f"rbak-kubelet-{job}-{c['name']}-{uuid.uuid4().hex[:6]}"[:120]
         argv = container.pod_container_args(pod_spec, c, env, volumes, name)
+        # the termination-message file a kubelet gives every container (rbak writes its result there):
+        # the same host file _run_job reads afterwards, writable by the container's user
+        tlog = workdir / f"{c['name']}.termination-log"
+        tlog.touch()
+        tlog.chmod(0o666)
+        argv[2:2] = ["--volume", f"{tlog}:{c.get('terminationMessagePath') or '/dev/termination-log'}:rw"]
         self.container_runs.append((job, c["name"], c["image"]))
         try:
             return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
