@@ -312,6 +312,9 @@ def test_operator_in_the_image_takes_the_lease_and_creates_the_backup_job(image,
         owner = made["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"]) == ("RabbitMQBackup", "img-on-demand")
     finally:
+        # the object goes while its operator still runs (its finalizer): the test API server has no
+        # namespace controller, so one left behind would be reconciled by every later test's operator
+        kube_api.kubectl("-n", ns, "delete", "rabbitmqbackup", "img-on-demand", "--timeout=60s", check=False)
         op.remove()
         kube_api.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
