@@ -204,7 +204,7 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     from datetime import timedelta
 
     from rbak_operator.runtime.clock import parse_time
-    from rbak_operator.reconcile.drill import EVIDENCE_RECHECK
+    from rbak_operator.decide.wake import EVIDENCE_RECHECK
     from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
     from rbak.drill import find_drill_report

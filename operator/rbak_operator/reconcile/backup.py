@@ -31,6 +31,7 @@ from rbak_operator.reconcile.startup import check_start
 from rbak_operator.decide.status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
                      spark_state)
 from rbak_operator.reconcile.storage import apply_retention, load_manifest_safe, report_problems
+from rbak_operator.metrics.resources import observe  # the gauges follow every status written
 
 TRIGGER_ANNOTATION = "rbak.io/backup-now"
 DEFAULT_DEADLINE = 600  # a slot older than this is not (re)created after a crash without startingDeadlineSeconds
@@ -255,7 +256,7 @@ def manual_trigger_step(p: BackupPass) -> None:
         for a in p.active:
             p.kube.delete_job(p.namespace, a)
     run_name = naming.manual_run_name(p.name, trigger_value)
-    p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastManualTrigger": trigger_value})
+    observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastManualTrigger": trigger_value}))
     p.status["lastManualTrigger"] = trigger_value
     if start_backup_run(p.kube, p.body, run_name, "manual", None, trigger_value):
         p.active.append(run_name)
@@ -272,7 +273,7 @@ def schedule_step(p: BackupPass) -> bool:
     except RbakError as e:
         p.condition("Ready", "False", "InvalidSchedule", str(e))
         p.patch.update(phase="Failed", conditions=p.conditions)
-        p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, p.patch)
+        observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, p.patch))
         return False
     last = parse_time(p.status["lastScheduleTime"]) if p.status.get("lastScheduleTime") else None
     created = parse_time(p.meta["creationTimestamp"]) if p.meta.get("creationTimestamp") else None
@@ -344,7 +345,7 @@ def run_slot(p: BackupPass, d: schedule.SlotDecision) -> None:
         return
     run_name = naming.scheduled_run_name(p.name, d.slot)
     # Persist the slot BEFORE creating the Job: a restart sees it and never runs it twice.
-    p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastScheduleTime": fmt(d.slot), "lastScheduledRun": run_name})
+    observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastScheduleTime": fmt(d.slot), "lastScheduledRun": run_name}))
     p.patch.pop("lastScheduleTime", None)
     if start_backup_run(p.kube, p.body, run_name, "schedule", d.slot):
         p.active.append(run_name)
@@ -397,7 +398,7 @@ def write_status(p: BackupPass) -> dict[str, Any]:
         p.patch["observedGeneration"] = p.generation
     changed = {k: v for k, v in p.patch.items() if p.status.get(k) != v}
     if changed:
-        p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, changed)
+        observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, changed))
     return changed
 
 

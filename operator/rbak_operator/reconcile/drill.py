@@ -15,8 +15,7 @@ functions decide the config, the Job and the result; ``reconcile`` applies them.
 from __future__ import annotations
 
 import logging
-import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
 from rbak.errors import RbakError
@@ -25,6 +24,8 @@ from rbak_operator.decide import bodies, naming, rbakconfig, schedule
 from rbak_operator.runtime.clock import fmt, parse_time
 from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker
 from rbak_operator.decide.status import RunState, job_state
+from rbak_operator.kube.errors import ApiError
+from rbak_operator.decide.wake import EVIDENCE_RECHECK, evidence_recheck_time  # noqa: F401 (EVIDENCE_RECHECK: drill's setting)
 
 log = logging.getLogger("rbak_operator")
 
@@ -33,8 +34,6 @@ TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill n
 KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
 SIGNING_KEY_ENV = "RBAK_DRILL_SIGNING_KEY"  # drill.signing_key_env of the Job's config
 SIGNING_KEY_KEY = "signing.pem"  # default key in spec.verify.restoreDrill.signingKeySecretRef
-# How often the stored signed report of the last drill is verified again (one GET and LIST per backup)
-EVIDENCE_RECHECK = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS", "3600")))
 
 
 # --------------------------------------------------------------------------
@@ -147,15 +146,6 @@ def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
         return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000], "signer": None}
 
 
-def evidence_recheck_time(d: dict[str, Any]) -> datetime | None:
-    """When the stored report of the last drill is next verified again: only while the status names
-    its signer (None otherwise); a status without ``evidenceCheckTime`` is due at once."""
-    if not (d.get("signer") and d.get("lastJob") and d.get("backupId")):
-        return None
-    checked = d.get("evidenceCheckTime") or d.get("lastRunTime")
-    return parse_time(checked) + EVIDENCE_RECHECK if checked else datetime.min.replace(tzinfo=timezone.utc)
-
-
 def recheck_evidence(d: dict[str, Any], found: tuple[str, dict[str, Any]] | None) -> dict[str, Any]:
     """``status.restoreDrill`` changes after reading the last drill's signed report again (``found``:
     its key and JSON, None when it is gone): {} while it verifies, signed by the key the status
@@ -201,6 +191,8 @@ def _stored_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: st
         if st is None:
             return READ_FAILED
         return find_drill_report(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")), drill_id)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         log.warning("cannot read the drill report of %s: %s", backup_id, e)
         return READ_FAILED
@@ -226,6 +218,8 @@ def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str
                                 accept=lambda e: owned(e.backup_id, e.manifest, meta)) if st is not None else None
         if entry is not None:
             return entry.backup_id
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         log.warning("cannot list the backups of %s: %s", body["metadata"]["name"], e)
     return status.get("lastBackupId")
@@ -284,6 +278,8 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
             if trigger and trigger != cur.get("lastManualTrigger") and not cur.get("active"):
                 cur["lastManualTrigger"] = trigger
                 _start(kube, body, d, cur, manual_run_name(name, trigger), now, now, event)
+        except ApiError:
+            raise  # the API's failure retries the pass (ApiError is a RbakError too)
         except RbakError as e:
             cur.update(result="Failed", reason="InvalidSpec", message=str(e)[:1000], lastRunTime=fmt(now))
     # None clears a field (merge patch) only where the status has it: an unchanged status is not re-patched

@@ -31,6 +31,7 @@ from rbak.progress import latest_progress
 from rbak_operator.crds.schema import BACKUP_PLURAL, RESTORE_PLURAL
 from rbak_operator.decide.naming import run_backup_id
 from rbak_operator.decide.progress import INTERVAL, progress_patch, watched_run
+from rbak_operator.metrics.resources import observe  # the gauges follow every status written
 
 log = logging.getLogger("rbak_operator.reconcile.progress")
 
@@ -95,7 +96,7 @@ def poll(kube, kind: str, namespace: str, name: str) -> str | None:
     rec = latest_progress(st, rbakconfig.storage_prefix(storage_spec), kind, key)
     patch = progress_patch(status, run, rec, key)
     if patch:
-        kube.patch_status(plural, namespace, name, patch)
+        observe(plural, kube.patch_status(plural, namespace, name, patch))
     return run
 
 

@@ -15,11 +15,13 @@ from rbak_operator.runtime.clock import fmt, parse_time
 from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import RESTORE_PLURAL
 from rbak_operator.kube.client import Kube
+from rbak_operator.kube.errors import ApiError
 from rbak_operator.reconcile.startup import check_start
 from rbak_operator.decide.status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
                      run_result, set_condition, spark_state)
 from rbak_operator.decide.restore_checks import backup_broker_as_target, check_restore_spec
 from rbak_operator.reconcile.storage import load_manifest_safe, open_backup_storage
+from rbak_operator.metrics.resources import observe  # the gauges follow every status written
 
 
 class RestoreSpecError(RbakError):
@@ -136,10 +138,12 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
         resolved = resolve_broker(kube, target, namespace, "spec.target")
         cfg, secret_env = rbakconfig.restore_config(with_backup_keys(kube, body), namespace, backup_id, target,
                                                     storage, resolved)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
                  "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}
-        kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
+        observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, patch))
         events.post(body, "Warning", "RestoreFailed", str(e))
         metrics.RUNS.labels("restore", "failed").inc()
         return patch
@@ -150,7 +154,7 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
     if nbytes is not None:
         start["bytes"] = nbytes
     start["sparkApplicationName" if engine == "spark" else "jobName"] = run
-    kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None})
+    observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None}))
     labels = bodies.restore_labels(name)
     kube.create_configmap(bodies.configmap_body(run, namespace, body, cfg, labels))
     if engine == "spark":
@@ -226,7 +230,7 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",
                                         "RestoreSucceeded" if ok else reason,
                                         message or st.reason or st.phase, now, gen)
-    kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
+    observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, patch))
     metrics.RUNS.labels("restore", st.phase.lower()).inc()
     if started:
         metrics.DURATION.labels("restore").observe(patch.get("durationSeconds", 0))

@@ -19,6 +19,7 @@ from rbak_operator.decide import policy, rbakconfig
 from rbak_operator.runtime.clock import fmt
 from rbak_operator.kube.credentials import MissingSecret
 from rbak_operator.kube.client import Kube
+from rbak_operator.kube.errors import ApiError
 
 log = logging.getLogger("rbak_operator")
 
@@ -63,6 +64,8 @@ def load_manifest_safe(kube: Kube, namespace: str, storage_spec: dict[str, Any] 
         if st is None:
             return None
         return load_manifest(st, backup_id, rbakconfig.storage_prefix(storage_spec))
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         logger.warning("cannot read manifest of %s: %s", backup_id, e)
         return None
@@ -87,6 +90,8 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
         if found is None:
             return ""
         key, report = found
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         log.warning("cannot read the validation report of %s: %s", backup_id, e)
         return ""
@@ -115,6 +120,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
             return []
         prefix = rbakconfig.storage_prefix(spec.get("storage"))
         entries = list_backups(st, prefix)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         logger.warning("retention: cannot list backups: %s", e)
         return []
