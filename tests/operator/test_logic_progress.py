@@ -12,9 +12,8 @@ from rbak.progress import ProgressRecord
 from rbak_operator.decide import bodies
 from rbak_operator.crds import schema as crds
 from rbak_operator.metrics import resources as rm
-from rbak_operator.decide.progress import (
-    cleared, printer_columns, progress_patch, progress_schema, status_progress, watched_run,
-)
+from rbak_operator.crds.parts import printer_columns, progress_schema
+from rbak_operator.decide.progress import cleared, progress_patch, status_progress, watched_run
 
 
 def rec(**kw) -> ProgressRecord:

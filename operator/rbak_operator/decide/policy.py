@@ -18,7 +18,7 @@ from rbak.format.manifest import BackupManifest
 from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
 from rbak.retention import parse_duration as _parse_duration
 
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.times import parse_time
 
 __all__ = ["StoredBackup", "retention_plan", "retention_victims", "parse_duration"]
 

@@ -12,7 +12,7 @@ import os
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable
 
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.times import parse_time
 
 MIN_DELAY = timedelta(seconds=1)  # a due time already past (clock skew, a slot the pass held back) never spins
 # How often the stored signed report of the last drill is verified again (one GET and LIST per backup)

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.times import parse_time
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 from rbak.errors import RbakError
 
 from rbak_operator.decide import bodies, naming, rbakconfig, schedule
-from rbak_operator.runtime.clock import fmt, parse_time
+from rbak_operator.decide.times import fmt, parse_time
 from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker
 from rbak_operator.decide.status import RunState, job_state
 from rbak_operator.kube.errors import ApiError

@@ -11,7 +11,7 @@ from rbak_operator.decide import bodies, naming, policy, rbakconfig
 from rbak_operator.runtime import clock
 from rbak_operator.kube import events
 from rbak_operator.metrics import runs as metrics
-from rbak_operator.runtime.clock import fmt, parse_time
+from rbak_operator.decide.times import fmt, parse_time
 from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import RESTORE_PLURAL
 from rbak_operator.kube.client import Kube

@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from rbak_operator.runtime.clock import fmt
+from rbak_operator.decide.times import fmt
 from rbak_operator.kube.client import Kube
 from rbak_operator.decide.status import A_START_FAILED, RunState, job_state, start_failure
 

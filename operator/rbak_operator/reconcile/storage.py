@@ -16,7 +16,7 @@ from rbak.errors import RbakError
 from rbak_operator.kube import events
 from rbak_operator.metrics import runs as metrics
 from rbak_operator.decide import policy, rbakconfig
-from rbak_operator.runtime.clock import fmt
+from rbak_operator.decide.times import fmt
 from rbak_operator.kube.credentials import MissingSecret
 from rbak_operator.kube.client import Kube
 from rbak_operator.kube.errors import ApiError
