@@ -16,7 +16,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rbak.errors import RbakError
-
 from rbak_operator.crds.schema import BACKUP_PLURAL, GROUP, VERSION
 from rbak_operator.decide import rbakconfig
 from rbak_operator.kube.client import SA_NAMESPACE, Connection, Kube, resource_path

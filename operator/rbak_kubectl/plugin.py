@@ -21,14 +21,21 @@ from collections.abc import Callable
 from typing import Any
 
 from rbak.errors import RbakError
-
+from rbak_kubectl.context import (
+    DEFAULT_PICKUP_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    PROG,
+    USER_AGENT,
+    Ctx,
+    PluginError,
+    PluginKube,
+    connect,
+)
+from rbak_kubectl.runs import cmd_backup, cmd_drill, cmd_logs, cmd_status, cmd_suspend
+from rbak_kubectl.stored import cmd_describe, cmd_list, cmd_restore
 from rbak_operator.kube.client import use_connection
 from rbak_operator.kube.errors import ApiError
 
-from rbak_kubectl.context import (DEFAULT_PICKUP_TIMEOUT, DEFAULT_TIMEOUT, PROG, USER_AGENT, Ctx, PluginError,
-                                  PluginKube, connect)
-from rbak_kubectl.runs import cmd_backup, cmd_drill, cmd_logs, cmd_status, cmd_suspend
-from rbak_kubectl.stored import cmd_describe, cmd_list, cmd_restore
 
 def build_parser() -> argparse.ArgumentParser:
     def global_flags(p: argparse.ArgumentParser, default: Any) -> None:

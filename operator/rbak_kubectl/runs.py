@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from rbak.errors import ConfigError
-
+from rbak_kubectl.context import Ctx, PluginError, out, table
 from rbak_operator.crds.schema import BACKUP_PLURAL, RESTORE_PLURAL
 from rbak_operator.decide import bodies, naming, policy
 from rbak_operator.decide.status import restore_summary_line
@@ -16,7 +16,6 @@ from rbak_operator.kube.errors import ApiError
 from rbak_operator.reconcile import drill
 from rbak_operator.reconcile.backup import TRIGGER_ANNOTATION
 
-from rbak_kubectl.context import Ctx, PluginError, out, table
 
 def cmd_status(c: Ctx) -> int:
     objs = [c.backup(c.args.name)] if c.args.name else sorted(

@@ -15,15 +15,14 @@ from rbak.config.validation import parse_time_bound
 from rbak.errors import RbakError
 from rbak.repo.report import describe_obj, fmt_ts, list_notes, list_obj
 from rbak.units import human_bytes
-
+from rbak_kubectl.context import Ctx, PluginError, out, table
+from rbak_kubectl.runs import show_progress
 from rbak_operator.crds.schema import GROUP, RESTORE_PLURAL, VERSION
 from rbak_operator.decide import naming, policy, rbakconfig
 from rbak_operator.decide.status import restore_summary_line
 from rbak_operator.kube.errors import ApiError
 from rbak_operator.reconcile.storage import open_backup_storage
 
-from rbak_kubectl.context import Ctx, PluginError, out, table
-from rbak_kubectl.runs import show_progress
 
 def cmd_list(c: Ctx) -> int:
     name = c.args.name

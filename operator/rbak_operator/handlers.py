@@ -18,14 +18,23 @@ from typing import Any
 import kopf
 
 from rbak.errors import RbakError
-
-from rbak_operator.crds.schema import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
+from rbak_operator.crds.schema import (
+    BACKUP_PLURAL,
+    GROUP,
+    RESTORE_PLURAL,
+    SPARK_GROUP,
+    SPARK_PLURAL,
+    SPARK_VERSION,
+    VERSION,
+)
 from rbak_operator.decide import bodies, policy
 from rbak_operator.decide.progress import watched_run
+from rbak_operator.decide.status import GONE  # noqa: F401 (tests compare a pass's result with it here)
 from rbak_operator.kube.client import Kube, connection_info
 from rbak_operator.kube.errors import ApiError
 from rbak_operator.kube.events import post as _event
-from rbak_operator.metrics import resources as resource_metrics, runs as metrics
+from rbak_operator.metrics import resources as resource_metrics
+from rbak_operator.metrics import runs as metrics
 from rbak_operator.reconcile import progress
 from rbak_operator.reconcile.backup import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
 from rbak_operator.reconcile.restore import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 # A standard 5-field cron or a macro. Six fields (seconds first, as in
 # CloudNativePG) is refused: it silently means something else. The CEL rule puts
 # this regex inside a single-quoted CEL string, where `\s`/`\S` are invalid escapes

@@ -15,9 +15,29 @@ from typing import Any
 
 import yaml
 
-from rbak_operator.crds.parts import (CRON_MESSAGE, CRON_RE, DURATION_RE, TIME_RE, boolean, integer, k8s_name, obj, string, strlist, broker_schema,
-                         condition_schema, encryption_schema, pod_overrides, run_summary_schema, spark_schema,
-                         storage_schema, restore_drill_status_schema, verify_schema, printer_columns, progress_schema)
+from rbak_operator.crds.parts import (
+    CRON_MESSAGE,
+    CRON_RE,
+    DURATION_RE,
+    TIME_RE,
+    boolean,
+    broker_schema,
+    condition_schema,
+    encryption_schema,
+    integer,
+    k8s_name,
+    obj,
+    pod_overrides,
+    printer_columns,
+    progress_schema,
+    restore_drill_status_schema,
+    run_summary_schema,
+    spark_schema,
+    storage_schema,
+    string,
+    strlist,
+    verify_schema,
+)
 
 GROUP = "rbak.io"
 VERSION = "v1alpha1"

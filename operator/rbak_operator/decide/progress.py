@@ -4,13 +4,12 @@ status patch, and the CRD's schema and printer columns (no kopf here: ``crds.py`
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from rbak.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
 from rbak.units import human_bytes
-
 from rbak_operator.decide.times import fmt
 
 STATE = {"running": "Running", FINISHED: "Finished", FAILED: "Failed"}

@@ -17,21 +17,29 @@ from datetime import datetime
 from typing import Any
 
 from rbak.errors import RbakError
-
-from rbak_operator.decide import bodies, naming, policy, progress as progress_status, rbakconfig, schedule, wake
-from rbak_operator.runtime import clock, wakeups
-from rbak_operator.reconcile import drill
-from rbak_operator.kube import events
-from rbak_operator.metrics import runs as metrics
-from rbak_operator.decide.times import fmt, parse_time
-from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import BACKUP_PLURAL
+from rbak_operator.decide import bodies, naming, policy, rbakconfig, schedule, wake
+from rbak_operator.decide import progress as progress_status
+from rbak_operator.decide.status import (
+    GONE,
+    RunState,
+    in_pod_validation,
+    job_state,
+    push_history,
+    run_summary,
+    set_condition,
+    spark_state,
+)
+from rbak_operator.decide.times import fmt, parse_time
+from rbak_operator.kube import events
 from rbak_operator.kube.client import Kube
-from rbak_operator.reconcile.startup import check_start
-from rbak_operator.decide.status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
-                     spark_state)
-from rbak_operator.reconcile.storage import apply_retention, load_manifest_safe, report_problems
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.metrics import runs as metrics
 from rbak_operator.metrics.resources import observe  # the gauges follow every status written
+from rbak_operator.reconcile import drill
+from rbak_operator.reconcile.startup import check_start
+from rbak_operator.reconcile.storage import apply_retention, load_manifest_safe, report_problems
+from rbak_operator.runtime import clock, wakeups
 
 TRIGGER_ANNOTATION = "rbak.io/backup-now"
 DEFAULT_DEADLINE = 600  # a slot older than this is not (re)created after a crash without startingDeadlineSeconds
@@ -422,9 +430,9 @@ def start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: s
     if trigger_value is not None:
         annotations[bodies.A_TRIGGER_VALUE] = trigger_value[:256]
     kube.create_configmap(bodies.configmap_body(run_name, ns, body, cfg, labels))
-    job = bodies.job_body(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
+    job = bodies.job_body(bodies.JobRun(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
                           secret_env=secret_env, args=bodies.backup_args(), labels=labels,
-                          annotations=annotations, validate_args=vargs, progress_id=backup_id)
+                          annotations=annotations, validate_args=vargs, progress_id=backup_id))
     created = kube.create_job(job)
     if created:
         metrics.STARTED.labels("backup", trigger).inc()
@@ -450,9 +458,9 @@ def start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any], 
             arguments=["--path", url, "--backup-id", bid, *(["--prefix", prefix] if prefix else [])],
             secret_env=storage_env, config_name=None, labels=labels))
     else:
-        kube.create_job(bodies.job_body(
+        kube.create_job(bodies.job_body(bodies.JobRun(
             name=vname, namespace=ns, owner=body, spec=spec, storage=spec["storage"], secret_env=storage_env,
-            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, with_config=False))
+            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, with_config=False)))
     summary.update(validation="Pending", validationRun=vname, validationEngine=engine)
     events.post(body, "Normal", "ValidationStarted", f"validating backup {bid} with {engine} {vname}")
 

@@ -5,23 +5,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from rbak.catalog import latest_complete, load_manifest
 from rbak.errors import RbakError
-
-from rbak_operator.decide import bodies, naming, policy, rbakconfig
-from rbak_operator.runtime import clock
-from rbak_operator.kube import events
-from rbak_operator.metrics import runs as metrics
-from rbak_operator.decide.times import fmt, parse_time
-from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import RESTORE_PLURAL
-from rbak_operator.kube.client import Kube
-from rbak_operator.kube.errors import ApiError
-from rbak_operator.reconcile.startup import check_start
-from rbak_operator.decide.status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
-                     run_result, set_condition, spark_state)
+from rbak_operator.decide import bodies, naming, policy, rbakconfig
 from rbak_operator.decide.restore_checks import backup_broker_as_target, check_restore_spec
-from rbak_operator.reconcile.storage import load_manifest_safe, open_backup_storage
+from rbak_operator.decide.status import (
+    GONE,
+    RunState,
+    failure_reason,
+    in_user_words,
+    job_state,
+    manifest_counts,
+    restore_outcome,
+    restore_summary_line,
+    run_result,
+    set_condition,
+    spark_state,
+)
+from rbak_operator.decide.times import fmt, parse_time
+from rbak_operator.kube import events
+from rbak_operator.kube.client import Kube
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.kube.errors import ApiError
+from rbak_operator.metrics import runs as metrics
 from rbak_operator.metrics.resources import observe  # the gauges follow every status written
+from rbak_operator.reconcile.startup import check_start
+from rbak_operator.reconcile.storage import load_manifest_safe, open_backup_storage
+from rbak_operator.runtime import clock
 
 
 class RestoreSpecError(RbakError):
@@ -30,8 +41,6 @@ class RestoreSpecError(RbakError):
 
 def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dict, str, int | None, dict]:
     """(target broker, storage, backup id, stored bytes, backup's spark settings) of a restore."""
-    from rbak.catalog import latest_complete, load_manifest
-
     meta, spec = body["metadata"], body.get("spec") or {}
     ns = meta["namespace"]
     ref = spec.get("backupRef")
@@ -166,10 +175,10 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
             name=run, namespace=namespace, owner=body, spark=spark, script="restore.py", arguments=args,
             secret_env=secret_env, config_name=run, labels=labels))
     else:
-        created = kube.create_job(bodies.job_body(
+        created = kube.create_job(bodies.job_body(bodies.JobRun(
             name=run, namespace=namespace, owner=body, spec=spec, storage=storage, secret_env=secret_env,
             args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id},
-            progress_id=naming.run_backup_id(run, namespace, meta.get("uid"))))  # unique across namespaces
+            progress_id=naming.run_backup_id(run, namespace, meta.get("uid")))))  # unique across namespaces
     if created:
         metrics.STARTED.labels("restore", "manual").inc()
         events.post(body, "Normal", "RestoreStarted", f"restoring backup {backup_id} with {engine} {run}")

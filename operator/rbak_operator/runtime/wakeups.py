@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from datetime import datetime
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from rbak_operator.runtime import clock
