@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 from prometheus_client import REGISTRY
 
-from rbak.progress import ProgressRecord
+from rbak.repo.progress import ProgressRecord
 from rbak_operator import bodies, crds
 from rbak_operator import resource_metrics as rm
 from rbak_operator.progress_status import (
