@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
-from rbak.catalog import list_backups, load_manifest
+from rbak.repo.catalog import list_backups, load_manifest
 from rbak.config.validation import parse_time_bound
 from rbak.errors import RbakError
 from rbak.repo.report import describe_obj, fmt_ts, list_notes, list_obj
-from rbak.units import human_bytes
+from rbak.base.units import human_bytes
 from rbak_kubectl.context import Ctx, PluginError, out, table
 from rbak_kubectl.runs import show_progress
 from rbak_operator.crds.schema import GROUP, RESTORE_PLURAL, VERSION

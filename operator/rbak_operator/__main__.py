@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from rbak.logsafe import configure
+from rbak.base.logsafe import configure
 from rbak_operator import handlers  # noqa: F401  registers the kopf handlers
 from rbak_operator.kube.client import Kube
 from rbak_operator.metrics import runs as metrics

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from rbak.errors import ConfigError
-from rbak.keys import normalize_prefix
+from rbak.format.layout import normalize_prefix
 
 ENV_USER = "RBAK_BROKER_USERNAME"
 ENV_PASS = "RBAK_BROKER_PASSWORD"
@@ -25,7 +25,7 @@ STATE_DIR = "/var/run/rbak"
 PVC_MOUNT = "/var/lib/rbak"
 CONFIG_DIR = "/etc/rbak"
 CONFIG_FILE = "config.yaml"
-ENV_KEYS = "RBAK_ENCRYPTION_KEYS"  # rbak.crypto.DEFAULT_KEYS_ENV: read by every rbak command
+ENV_KEYS = "RBAK_ENCRYPTION_KEYS"  # rbak.sealing.crypto.DEFAULT_KEYS_ENV: read by every rbak command
 KEYRING_KEY = "keyring"
 # boto3's per-service endpoint, read by every KMS client a pod makes: also the commands run from flags
 # alone (a validation Job or init container, Spark executors unwrapping a data key), which have no config

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from rbak.format.manifest import BackupManifest
-from rbak.units import human_bytes
+from rbak.base.units import human_bytes
 from rbak_operator.decide.times import fmt, parse_time
 
 SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}

@@ -19,10 +19,10 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from rbak.catalog import latest_complete
+from rbak.repo.catalog import latest_complete
 from rbak.drill import find_drill_report
 from rbak.errors import EvidenceError, RbakError
-from rbak.evidence import verify
+from rbak.repo.evidence import verify
 from rbak_operator.decide import bodies, naming, rbakconfig, schedule
 from rbak_operator.decide.policy import owned
 from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rbak.catalog import latest_complete, load_manifest
+from rbak.repo.catalog import latest_complete, load_manifest
 from rbak.errors import RbakError
 from rbak_operator.crds.schema import RESTORE_PLURAL
 from rbak_operator.decide import bodies, naming, policy, rbakconfig

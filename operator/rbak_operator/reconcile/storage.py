@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from rbak.catalog import latest_validation, list_backups, load_manifest
+from rbak.repo.catalog import latest_validation, list_backups, load_manifest
 from rbak.errors import RbakError
-from rbak.immutable import delete_backup
-from rbak.retention import stored_backups
+from rbak.repo.immutable import delete_backup
+from rbak.repo.retention import stored_backups
 from rbak.storage import open_storage
 from rbak.storage.s3 import SHORT, S3Storage
-from rbak.validate import unverified_line
+from rbak.repo.validate import unverified_line
 from rbak_operator.decide import policy, rbakconfig
 from rbak_operator.decide.times import fmt
 from rbak_operator.kube import events
@@ -104,7 +104,7 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
-    """Delete old complete backups made by this object, per spec.retention (``rbak.retention``: chains kept;
+    """Delete old complete backups made by this object, per spec.retention (``rbak.repo.retention``: chains kept;
     object-locked ones once their lock has expired)."""
     meta, spec = body["metadata"], body.get("spec") or {}
     try:
