@@ -5,7 +5,7 @@ RBAK_OPERATOR_STANDALONE  1: no leader election (a single replica, tests)
 RBAK_LEASE_NAME           the Lease replicas elect their leader on (default rbak-operator),
 RBAK_LEASE_NAMESPACE      in this namespace (default POD_NAMESPACE, then the service account's);
 POD_NAME                  this replica's identity in it (default hostname-pid);
-RBAK_LEASE_SECONDS        lease duration (default 15): see leader.py
+RBAK_LEASE_SECONDS        lease duration (default 15): see runtime/leader.py
 RBAK_OPERATOR_LIVENESS    liveness endpoint, e.g. http://0.0.0.0:8081/healthz
 RBAK_OPERATOR_RESYNC_SECONDS, RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS,
 RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS, RBAK_METRICS_PORT, RBAK_IMAGE: see

@@ -71,7 +71,7 @@ async def stop_tasks(**_: Any) -> None:
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
     """In-cluster service account or kubeconfig (exec/OIDC plugins too), as the kubernetes client reads them
-    for the operator's own calls (k8s.py): one configuration for both."""
+    for the operator's own calls (kube/client.py): one configuration for both."""
     return connection_info()
 
 

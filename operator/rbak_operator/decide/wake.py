@@ -1,6 +1,6 @@
 """When an object next needs a reconcile, from its status alone (pure).
 
-Event-driven reconciliation (handlers.py) runs a pass when something changes (the object's
+Event-driven reconciliation (runtime/loop.py) runs a pass when something changes (the object's
 spec or annotations, one of its Jobs or SparkApplications) and otherwise sleeps until the
 time this module names: the next scheduled slot, the next restore drill, the next check of a
 signed drill report, or the safety resync, whichever comes first. A failed pass retries with a capped exponential backoff.

@@ -19,7 +19,7 @@ from typing import Any
 from rbak.errors import RbakError
 from rbak_operator.crds.schema import BACKUP_PLURAL
 from rbak_operator.decide import bodies, naming, policy, rbakconfig, schedule, wake
-from rbak_operator.decide import progress as progress_status
+from rbak_operator.decide import progress
 from rbak_operator.decide.status import (
     GONE,
     RunState,
@@ -401,7 +401,7 @@ def write_status(p: BackupPass) -> dict[str, Any]:
         p.condition("Ready", "True", "Configured", "waiting for the first run")
     p.patch["phase"] = phase
     p.patch["conditions"] = p.conditions
-    p.patch.update(progress_status.cleared(p.status, bool(active)))  # the run ended: its counts are in lastRun
+    p.patch.update(progress.cleared(p.status, bool(active)))  # the run ended: its counts are in lastRun
     if p.generation is not None:
         p.patch["observedGeneration"] = p.generation
     changed = {k: v for k, v in p.patch.items() if p.status.get(k) != v}
