@@ -248,6 +248,8 @@ def retention_step(p: BackupPass) -> None:
         return
     deleted = apply_retention(p.kube, p.body, p.now, p.logger)
     if deleted:
+        metrics.RETENTION_DELETED.inc(len(deleted))
+        events.post(p.body, "Normal", "RetentionApplied", f"deleted old backups: {', '.join(deleted)}")
         ret = dict(p.status.get("retention") or {})
         p.patch["retention"] = {"deletedTotal": int(ret.get("deletedTotal") or 0) + len(deleted), "lastDeleted": deleted}
 

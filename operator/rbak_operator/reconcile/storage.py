@@ -20,11 +20,9 @@ from rbak.storage.s3 import SHORT, S3Storage
 from rbak.repo.validate import unverified_line
 from rbak_operator.decide import policy, rbakconfig
 from rbak_operator.decide.times import fmt
-from rbak_operator.kube import events
 from rbak_operator.kube.client import Kube
 from rbak_operator.kube.credentials import MissingSecret
 from rbak_operator.kube.errors import ApiError
-from rbak_operator.metrics import runs as metrics
 
 log = logging.getLogger("rbak_operator")
 
@@ -105,7 +103,8 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
     """Delete old complete backups made by this object, per spec.retention (``rbak.repo.retention``: chains kept;
-    object-locked ones once their lock has expired)."""
+    object-locked ones once their lock has expired). The ids deleted: the caller counts them and posts the
+    event, so reading and deleting in the storage has no metrics or events side effect."""
     meta, spec = body["metadata"], body.get("spec") or {}
     try:
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
@@ -135,11 +134,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
                 logger.info("retention: %s is object-locked until %s; deleting it later", bid, fmt(locked))
                 continue
             deleted.append(bid)
-            metrics.RETENTION_DELETED.inc()
         except RbakError as e:
             logger.warning("retention: cannot delete %s: %s", bid, e)
-    if deleted:
-        events.post(body, "Normal", "RetentionApplied", f"deleted old backups: {', '.join(deleted)}")
     return deleted
 
 
