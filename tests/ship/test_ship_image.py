@@ -229,7 +229,7 @@ def rbak_install_stage(df) -> str:
 
 
 def test_image_installs_the_operator_and_spark_jobs_where_pods_expect_them():
-    from rbak_operator import bodies
+    from rbak_operator.decide import bodies
 
     df = parse(DOCKERFILE)
     copies = {ins.value for ins in df.stages[rbak_install_stage(df)].all("COPY")}
