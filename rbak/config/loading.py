@@ -7,7 +7,7 @@ import re
 import typing
 
 from ..errors import ConfigError, DuplicateKeyError
-from . import Config
+from .model import Config
 
 
 def yaml_error_text(e: Exception) -> str:

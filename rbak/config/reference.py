@@ -8,7 +8,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from . import Config
+from .model import Config
 from .validation import _hints, _join
 
 
