@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from .. import metrics as bmetrics
+from ..config import Config, config_reference_markdown, default_backup_id, json_schema, load_config
+from ..errors import ConfigError
+from ..format.layout import check_backup_id
+from ..repo import progress
 from . import output
 
 log = logging.getLogger("rbak.backup")
@@ -26,7 +32,6 @@ def register(sub, import_sub) -> None:
     p.add_argument("--vhost", action="append", metavar="VHOST",
                    help="back up only this vhost (repeatable; overrides source.queues.vhosts)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
@@ -41,8 +46,6 @@ def register(sub, import_sub) -> None:
 
 
 def reference(args) -> int:
-    from ..config import config_reference_markdown, json_schema
-
     if args.json_schema:
         print(json.dumps(json_schema(), indent=2))
     elif args.output_schema:
@@ -53,9 +56,6 @@ def reference(args) -> int:
 
 
 def build_config(args):
-    from ..config import Config, default_backup_id, load_config
-    from ..errors import ConfigError
-
     if args.config:
         cfg = load_config(args.config)
     else:
@@ -64,7 +64,6 @@ def build_config(args):
         cfg.backup_id = args.backup_id
     if not cfg.backup_id:
         cfg.backup_id = default_backup_id()
-    from ..format.layout import check_backup_id
 
     check_backup_id(cfg.backup_id, "--backup-id" if args.backup_id else "backup_id")
     if args.path:
@@ -77,8 +76,6 @@ def build_config(args):
 
 
 def _apply_path(cfg, path: str) -> None:
-    from urllib.parse import parse_qs, unquote, urlsplit
-
     if "://" not in path:
         cfg.storage.backend, cfg.storage.path = "filesystem", path
         return
@@ -95,15 +92,11 @@ def _apply_path(cfg, path: str) -> None:
         cfg.storage.endpoint = qs.get("endpoint", cfg.storage.endpoint)
         cfg.storage.path_style = qs.get("path_style", "").lower() in ("1", "true", "yes") or cfg.storage.path_style
     else:
-        from ..errors import ConfigError
-
         raise ConfigError(f"--path: unsupported storage URL {path!r} (a directory, file://, s3:// or memory://)")
 
 
 def run(args) -> int:
-    from ..repo import progress
-    from ..backup import BackupEngine
-    from .. import metrics as bmetrics
+    from ..backup import BackupEngine  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     cfg = build_config(args)
     server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None

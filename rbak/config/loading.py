@@ -6,6 +6,8 @@ import os
 import re
 import typing
 
+import yaml
+
 from ..errors import ConfigError, DuplicateKeyError
 from .model import Config
 
@@ -26,8 +28,6 @@ def yaml_error_text(e: Exception) -> str:
 
 def _strict_loader():
     """``yaml.SafeLoader`` that refuses duplicate mapping keys (naming the key and its line)."""
-    import yaml
-
     class StrictLoader(yaml.SafeLoader):
         pass
 
@@ -53,8 +53,6 @@ def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | No
                 overrides: typing.Mapping[str, typing.Any] | None = None) -> Config:
     """Read and validate a YAML config file; ``overrides``: top-level keys a command-line flag sets,
     validated with the file (``--backup-id`` with a restore config that names none)."""
-    import yaml
-
     p = os.fspath(path)
     try:
         with open(p, "rb") as f:

@@ -102,7 +102,7 @@ class Config(_Section):
 
     def layout(self):
         """The ``BackupLayout`` of this config's backup id and storage prefix."""
-        from ..format.layout import BackupLayout  # lazy: see LAYOUT_LAZY at the top
+        from ..format.layout import BackupLayout  # noqa: PLC0415 - rbak.config stays light, see LAYOUT_LAZY
 
         if not self.backup_id:
             raise ConfigError("backup_id: required")
@@ -127,7 +127,7 @@ def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None
 
 def _check_config(cfg: Config, errors: list[str]) -> None:
     """Append to ``errors`` what is wrong across fields (modes, backends, encryption, selections)."""
-    from ..format.layout import check_backup_id, normalize_prefix  # lazy: see LAYOUT_LAZY at the top
+    from ..format.layout import check_backup_id, normalize_prefix  # noqa: PLC0415 - rbak.config stays light, see LAYOUT_LAZY
 
     if cfg.backup_id is not None:
         try:
@@ -217,6 +217,6 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
 
 
 def _archive_name_ok(name: str) -> bool:
-    from ..format.layout import BACKUP_ID_RE  # lazy: see LAYOUT_LAZY at the top
+    from ..format.layout import BACKUP_ID_RE  # noqa: PLC0415 - rbak.config stays light, see LAYOUT_LAZY
 
     return bool(BACKUP_ID_RE.match(name)) and ".." not in name and len(name) <= 160

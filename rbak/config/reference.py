@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -10,7 +11,6 @@ from typing import Any, Literal, Union
 
 from .model import Config
 from .validation import _hints, _join
-
 
 # --------------------------------------------------------------------------
 # Reference export (README and JSON schema), generated from the dataclasses.
@@ -141,8 +141,6 @@ def json_schema(cls: type = Config) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--json-schema":
-        import json
-
         print(json.dumps(json_schema(), indent=2))
     else:
         print(config_reference_markdown())

@@ -6,11 +6,13 @@ into the configuration reference and the JSON schema.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from dataclasses import dataclass
 from typing import Literal, Optional, Sequence, Union
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from ..storage import open_storage
 from .fields import _Section, doc_field, mask_url
 from .validation import parse_time_bound
 
@@ -70,8 +72,6 @@ def queue_selected(vhost: str, name: str, queue_type: str | None, include: Seque
     A pattern with ``/`` matches ``vhost/queue``, otherwise the queue name; a pattern
     without ``* ? [`` matches exactly. Empty ``include``/``vhosts``/``types`` cover all.
     """
-    import fnmatch
-
     if vhosts and vhost not in vhosts:
         return False
     if queue_type is not None and types and queue_type not in types:
@@ -229,7 +229,7 @@ class StorageConfig(_Section):
     def open(self):
         """An rbak ``Storage`` for this backend (``rbak.storage``)."""
         if self.backend == "s3" and (self.access_key_id or self.secret_access_key):
-            from ..storage.s3 import S3Storage
+            from ..storage.s3 import S3Storage  # noqa: PLC0415 - boto3 takes ~1 s to import
 
             return S3Storage(
                 bucket=self.bucket or "", region=self.region, endpoint=self.endpoint, path_style=self.path_style,
@@ -237,7 +237,6 @@ class StorageConfig(_Section):
                 sse=self.sse, sse_kms_key_id=self.sse_kms_key_id, object_lock_mode=self.object_lock_mode,
                 object_lock_retain_days=self.object_lock_retain_days, url=self.storage_url(),
             )
-        from ..storage import open_storage
 
         return open_storage(self.storage_url())
 
@@ -432,18 +431,18 @@ class EncryptionConfig(_Section):
                                                 "`AWS_ENDPOINT_URL_KMS`, else AWS.")
 
     def keyring(self) -> dict[str, bytes]:
-        from ..sealing.crypto import load_keyring  # here, not on top: `import rbak.config` stays light (no numpy/zstd)
+        from ..sealing.crypto import load_keyring  # noqa: PLC0415 - rbak.config stays light, see model.LAYOUT_LAZY
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
 
     def kms(self):
-        from ..sealing.envelope import KmsSettings
+        from ..sealing.envelope import KmsSettings  # noqa: PLC0415 - rbak.config stays light, see model.LAYOUT_LAZY
 
         return KmsSettings(self.kms_region, self.kms_endpoint_url)
 
     def key_sources(self):
         """Every key-encryption key this config gives, and those a new backup's data key is wrapped by."""
-        from ..sealing.envelope import KMS, KEYRING, Kek, KeySources
+        from ..sealing.envelope import KEYRING, KMS, Kek, KeySources  # noqa: PLC0415 - rbak.config stays light, see model.LAYOUT_LAZY
 
         wrap_with = ((Kek(KEYRING, self.key_id),) if self.key_id else ()) + (
             (Kek(KMS, self.kms_key_id),) if self.kms_key_id else ())

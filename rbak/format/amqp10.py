@@ -29,7 +29,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from typing import Any
+
 from ..errors import Amqp10Error
+from .backend import speedups
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +267,6 @@ class _Decoder:
 def _load_fast():
     """``amqp_value`` of the optional C helper (``rbak/format/_amqp10.c``), given this module's
     ``Value`` and constants; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
-    from .backend import speedups
-
     fn = getattr(speedups, "amqp_value", None)
     if fn is None:
         return None
