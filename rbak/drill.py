@@ -343,7 +343,7 @@ def run_drill(storage: Storage, options: DrillOptions,
                 f" (and {len(failed) - 1} more queue(s))" if len(failed) > 1 else "")
     except RbakError as e:
         report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
-    except Exception as e:  # noqa: BLE001 - a drill reports every failure, and still cleans up
+    except Exception as e:  # a drill reports every failure, and still cleans up
         log.exception("restore drill %s of backup %r", drill_id, backup_id)
         report.passed, report.reason = False, f"backup {backup_id!r}: {type(e).__name__}: {e}"
     finally:

@@ -62,7 +62,7 @@ def _safe_factory(previous):
     def factory(*args, **kwargs) -> logging.LogRecord:
         return sanitize(previous(*args, **kwargs))
 
-    factory.rbak_safe = True
+    factory.rbak_safe = True  # type: ignore[attr-defined]  # the mark install() looks for
     return factory
 
 

@@ -68,10 +68,11 @@ def build_config(args):
     check_backup_id(cfg.backup_id, "--backup-id" if args.backup_id else "backup_id")
     if args.path:
         _apply_path(cfg, args.path)
-    if getattr(args, "vhost", None):
-        cfg.source.queues.vhosts = list(args.vhost)
     if cfg.mode != "backup":
         raise ConfigError(f"mode: {args.config} is a {cfg.mode!r} configuration; rbak backup needs mode: backup")
+    if getattr(args, "vhost", None):
+        assert cfg.source is not None  # a backup config without a source is refused when loaded
+        cfg.source.queues.vhosts = list(args.vhost)
     return cfg
 
 

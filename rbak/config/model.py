@@ -61,7 +61,7 @@ class Config(_Section):
             more: list[str] = []
             try:
                 _check_config(cfg, more)
-            except Exception:  # a section that failed to build; already reported
+            except Exception:  # noqa: BLE001 - a section that failed to build; already reported
                 pass
             seen = {e.split(":", 1)[0] for e in errors}
             errors.extend(e for e in more if e.split(":", 1)[0] not in seen)

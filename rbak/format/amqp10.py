@@ -270,7 +270,7 @@ def _load_fast():
     fn = getattr(speedups, "amqp_value", None)
     if fn is None:
         return None
-    speedups.amqp_configure(Value, dict(_CONSTANTS))
+    speedups.amqp_configure(Value, dict(_CONSTANTS))  # type: ignore[union-attr]  # fn is None without speedups
     return fn
 
 

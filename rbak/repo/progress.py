@@ -288,7 +288,7 @@ class ProgressSession:
         for s in self.sinks:
             try:
                 s.close(rec)
-            except Exception:  # noqa: BLE001 - a display must never mask the run's own outcome
+            except Exception:  # a display must never mask the run's own outcome
                 log.exception("progress sink failed")
 
     def _loop(self) -> None:
@@ -301,7 +301,7 @@ class ProgressSession:
                     rec = rec or self.tracker.snapshot()
                     try:
                         s.update(rec)
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("progress sink failed")
                     due[i] = now + s.interval
             self._stop.wait(max(0.05, min(due) - time.monotonic()))

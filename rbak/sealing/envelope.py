@@ -192,7 +192,7 @@ def wrap(backup_id: str, dek: bytes, kek: Kek, sources: KeySources) -> WrapRecor
     try:
         client = sources.kms.client(region)
         resp = client.encrypt(KeyId=kek.key_id, Plaintext=dek, EncryptionContext=_kms_context(backup_id, fp))
-    except Exception as e:  # botocore's ClientError/EndpointConnectionError/NoRegionError: one line naming the key
+    except Exception as e:  # noqa: BLE001 - botocore's ClientError/EndpointConnectionError/NoRegionError: one line naming the key
         raise EncryptionError(f"key-encryption key {kek}: KMS encrypt failed: {e}") from None
     return WrapRecord(backup_id, KMS, kek.key_id, ALG_KMS, fp, resp["CiphertextBlob"], now,
                       region or client.meta.region_name)
@@ -220,7 +220,7 @@ def unwrap(rec: WrapRecord, sources: KeySources, where: str) -> bytes:
             resp = sources.kms.client(rec.region).decrypt(
                 KeyId=rec.kek_id, CiphertextBlob=rec.wrapped_key,
                 EncryptionContext=_kms_context(rec.backup_id, rec.dek_fingerprint))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any botocore or KMS failure, named in one line
             raise EncryptionError(f"{where}: KMS key {rec.kek_id!r} did not unwrap it: {e}") from None
         dek = resp["Plaintext"]
     if len(dek) != DEK_SIZE or fingerprint(dek) != rec.dek_fingerprint:

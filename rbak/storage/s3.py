@@ -171,7 +171,7 @@ class S3Storage(Storage):
                 self._client.put_object(Bucket=self.bucket, Key=k, Body=body, **extra)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise self._err("put", key, e) from None
-        except Exception as e:  # boto3's transfer manager wraps errors in its own types
+        except Exception as e:  # noqa: BLE001 - boto3's transfer manager wraps errors in its own types
             raise self._err("put", key, e) from None
 
     def get(self, key: str) -> bytes:

@@ -155,7 +155,7 @@ class RbakReader(DataSourceReader):
         cur = getattr(self, attr)
         setattr(self, attr, values if cur is None else cur & values)
 
-    def pushFilters(self, filters):
+    def pushFilters(self, filters):  # noqa: N802 - Spark's DataSourceReader names it
         """Prune by time and by vhost/queue; every filter still goes back to Spark."""
         # Spark 4.1 filter pushdown (4.0 has no filter classes and never calls this)
         from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual

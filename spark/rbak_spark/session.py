@@ -49,7 +49,7 @@ def ship_package(spark) -> None:
         return
     path = _zip_package()
     sc.addPyFile(path)
-    sc._rbak_spark_shipped = True  # the zip stays: Spark serves it from this path to new executors
+    sc._rbak_spark_shipped = True  # noqa: SLF001 - the zip stays: Spark serves it from this path to new executors
 
 
 def get_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None):

@@ -75,7 +75,7 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id:
         t0 = time.perf_counter()
         try:
             check = check_segment(storage, seg, codec)
-        except Exception as e:  # a bug or an unexpected storage failure must not hide the other segments
+        except Exception as e:  # noqa: BLE001 - a bug or an unexpected storage failure must not hide the other segments
             check = SegmentCheck(key=seg.key, ok=False, problems=[f"check failed: {type(e).__name__}: {e}"])
         out = check.to_json_obj()
         out.update(vhost=vhost, queue=queue, sequence=seg.sequence, seconds=round(time.perf_counter() - t0, 4))

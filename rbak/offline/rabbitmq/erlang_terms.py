@@ -397,7 +397,7 @@ def _load_fast():
     fn = getattr(speedups, "erl_decode", None)
     if fn is None:
         return None
-    speedups.erl_configure(Atom, ImproperList, BitBinary, Opaque, _LATIN1_ATOMS, _UTF8_ATOMS)
+    speedups.erl_configure(Atom, ImproperList, BitBinary, Opaque, _LATIN1_ATOMS, _UTF8_ATOMS)  # type: ignore[union-attr]  # fn is None without speedups
     return fn
 
 

@@ -442,7 +442,7 @@ def import_rabbitmq_dir(
 
             for qq, recs in quorum.iter_quorum_queues(node_dir, ctx, started):
                 if wanted(qq.vhost, qq.name):
-                    done.append(qq)  # an ImportedQueue look-alike (kind "quorum")
+                    done.append(qq)  # type: ignore[arg-type]  # an ImportedQueue look-alike (kind "quorum")
                     yield qq.vhost, qq.name, "quorum", recs
         if "stream" in types:
             for sd in streams.stream_dirs(node_dir, ctx):
