@@ -8,6 +8,7 @@ Progress (``rbak.repo.progress``): a rich bar on a terminal, plain periodic log 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -55,7 +56,7 @@ def reference(args) -> int:
     return 0
 
 
-def build_config(args):
+def build_config(args: argparse.Namespace) -> Config:
     if args.config:
         cfg = load_config(args.config)
     else:
@@ -100,6 +101,7 @@ def run(args) -> int:
     from ..backup import BackupEngine  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     cfg = build_config(args)
+    assert cfg.backup_id is not None  # build_config sets one
     server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None
     try:
         storage = cfg.storage.open()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 from datetime import datetime, timezone
 
 import yaml
@@ -19,6 +20,9 @@ from ..sealing.crypto import load_keyring
 from ..sealing.envelope import read_wraps
 from ..storage.url import open_existing_storage
 from . import output
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -66,7 +70,7 @@ def fmt_ms(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def _console():
+def _console() -> "Console":
     from rich.console import Console  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     # piped (a script, a test, `| grep`): no 80-column wrap that splits a backup id or a note over lines

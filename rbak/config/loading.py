@@ -26,12 +26,12 @@ def yaml_error_text(e: Exception) -> str:
     return f"{where}{problem}"
 
 
-def _strict_loader():
+def _strict_loader() -> type[yaml.SafeLoader]:
     """``yaml.SafeLoader`` that refuses duplicate mapping keys (naming the key and its line)."""
     class StrictLoader(yaml.SafeLoader):
         pass
 
-    def construct_mapping(loader, node, deep=False):
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict = {}
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)

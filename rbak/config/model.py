@@ -12,7 +12,7 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from ..errors import ConfigError
 from .fields import _Section, doc_field
@@ -21,6 +21,9 @@ from .sections import (
     OffsetStorageConfig, QueueSelection, RestoreOptions, StorageConfig,
 )
 from .validation import _build, _check_url
+
+if TYPE_CHECKING:
+    from ..format.layout import BackupLayout
 
 # LAYOUT_LAZY: rbak.format.layout is imported in the functions that use it. `import rbak.config` takes
 # about 0.16 s and loads no numpy, zstandard or lz4; rbak.format (which layout belongs to) takes about 0.7 s
@@ -100,7 +103,7 @@ class Config(_Section):
             "storage": {"backend": "filesystem", "path": path},
         }, env={})
 
-    def layout(self):
+    def layout(self) -> BackupLayout:
         """The ``BackupLayout`` of this config's backup id and storage prefix."""
         from ..format.layout import BackupLayout  # noqa: PLC0415 - rbak.config stays light, see LAYOUT_LAZY
 

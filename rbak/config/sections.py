@@ -9,12 +9,16 @@ from __future__ import annotations
 import fnmatch
 import os
 from dataclasses import dataclass
-from typing import Literal, Optional, Sequence, Union
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Literal, Optional, Sequence, Union
+from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
 
 from ..storage import open_storage
 from .fields import _Section, doc_field, mask_url
 from .validation import parse_time_bound
+
+if TYPE_CHECKING:
+    from ..sealing.envelope import KeySources, KmsSettings
+    from ..storage.base import Storage
 
 SCRATCH_VHOST_PREFIX = "rbak-drill"
 
@@ -112,7 +116,7 @@ class ConnectionConfig(_Section):
     connection_timeout_secs: float = doc_field(10.0, "Socket connect / management request timeout in seconds.", min=0.1)
 
     # -- derived values -------------------------------------------------------
-    def _url(self):
+    def _url(self) -> SplitResult:
         return urlsplit(self.amqp_url)
 
     # An amqp_url without credentials takes them from management_username/password:
@@ -226,7 +230,7 @@ class StorageConfig(_Section):
             return f"s3://{self.bucket}" + ("?" + "&".join(q) if q else "")
         return f"{b}://{self.bucket or ''}"
 
-    def open(self):
+    def open(self) -> Storage:
         """An rbak ``Storage`` for this backend (``rbak.storage``)."""
         if self.backend == "s3" and (self.access_key_id or self.secret_access_key):
             from ..storage.s3 import S3Storage  # noqa: PLC0415 - boto3 takes ~1 s to import
@@ -435,12 +439,12 @@ class EncryptionConfig(_Section):
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
 
-    def kms(self):
+    def kms(self) -> KmsSettings:
         from ..sealing.envelope import KmsSettings  # noqa: PLC0415 - rbak.config stays light, see model.LAYOUT_LAZY
 
         return KmsSettings(self.kms_region, self.kms_endpoint_url)
 
-    def key_sources(self):
+    def key_sources(self) -> KeySources:
         """Every key-encryption key this config gives, and those a new backup's data key is wrapped by."""
         from ..sealing.envelope import KEYRING, KMS, Kek, KeySources  # noqa: PLC0415 - rbak.config stays light, see model.LAYOUT_LAZY
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import Amqp10Error
 from .backend import speedups
@@ -264,7 +264,7 @@ class _Decoder:
         return Value(kind, tuple(items)), body_end
 
 
-def _load_fast():
+def _load_fast() -> Callable[..., Any] | None:
     """``amqp_value`` of the optional C helper (``rbak/format/_amqp10.c``), given this module's
     ``Value`` and constants; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
     fn = getattr(speedups, "amqp_value", None)

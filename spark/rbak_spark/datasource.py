@@ -155,7 +155,7 @@ class RbakReader(DataSourceReader):
         cur = getattr(self, attr)
         setattr(self, attr, values if cur is None else cur & values)
 
-    def pushFilters(self, filters):  # noqa: N802 - Spark's DataSourceReader names it
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's DataSourceReader names it
         """Prune by time and by vhost/queue; every filter still goes back to Spark."""
         # Spark 4.1 filter pushdown (4.0 has no filter classes and never calls this)
         from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
@@ -177,10 +177,10 @@ class RbakReader(DataSourceReader):
                     self._restrict(attr, set(f.value))
             yield f
 
-    def partitions(self):
+    def partitions(self) -> list[InputPartition]:
         with open_storage(self.url) as storage:
             manifest = load_manifest(storage, self.backup_id, self.prefix)
-        parts = []
+        parts: list[InputPartition] = []
         for q in manifest.queues:
             if self.vhosts is not None and q.vhost not in self.vhosts:
                 continue

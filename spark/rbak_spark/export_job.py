@@ -30,7 +30,7 @@ def run_export(spark, url: str, backup_id: str, output: str, prefix: str = "", p
     return spark.read.parquet(output).count() if mode != "append" else -1
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="spark/export.py", description="Write an rbak backup to Parquet.")
     ap.add_argument("--path", required=True, help="storage URL of the backups")
     ap.add_argument("--backup-id", required=True)

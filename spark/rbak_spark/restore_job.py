@@ -55,7 +55,7 @@ from rbak.restore.queue_restore import QueueResult, held_description, restore_qu
 from rbak.restore.source import BackupSource
 from rbak.storage import open_storage
 
-if TYPE_CHECKING:  # imported where used (executors import little)
+if TYPE_CHECKING:  # only for annotations
     from rbak.format.manifest import SegmentMetadata
     from rbak.restore.plan import QueuePlan
 
@@ -293,7 +293,7 @@ def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> No
 
     layout = BackupLayout(options.backup_id, options.prefix)
 
-    def state_of(p):
+    def state_of(p: QueuePlan) -> QueueState | None:
         if any(True for _ in storage.list(queue_progress_prefix(layout, progress_id, p.source_vhost, p.source_queue))):
             return None
         return QueueState(None, 0, False, {})

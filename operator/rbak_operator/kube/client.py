@@ -39,6 +39,7 @@ from rbak_operator.crds.schema import (
 )
 
 if TYPE_CHECKING:
+    import kopf
     from kubernetes.client import ApiClient, Configuration
 
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -264,7 +265,7 @@ class Kube:
         return None if res is False else res
 
 
-def connection_info():
+def connection_info() -> kopf.ConnectionInfo:
     """The same connection as a ``kopf.ConnectionInfo`` (the login handler's answer).
 
     kopf calls its login handlers again when the server answers 401, so an

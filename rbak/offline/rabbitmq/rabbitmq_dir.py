@@ -20,7 +20,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from ...errors import ImportFormatError
 from ...format.manifest import BackupManifest
@@ -296,7 +296,7 @@ def iter_queues(
             s.close()
 
 
-def _chain(first, rest):
+def _chain(first: Any, rest: Iterable[Any]) -> Iterator[Any]:
     yield first
     yield from rest
 
@@ -432,7 +432,7 @@ def import_rabbitmq_dir(
     def wanted(vhost: str, name: str) -> bool:
         return (not vhosts or vhost in vhosts) and (not queues or name in queues)
 
-    def gen():
+    def gen() -> Iterator[tuple[str, str, str, Any]]:
         if "classic" in types:
             for iq, recs in iter_queues(path, ctx, started, vhosts, queues):
                 done.append(iq)
