@@ -46,7 +46,7 @@ def standby_liveness(endpoint: str | None) -> Iterator[None]:
     url = urlsplit(endpoint)
 
     class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             ok = self.path.split("?")[0] == (url.path or "/")
             self.send_response(200 if ok else 404)
             self.send_header("Content-Type", "application/json")

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from . import output
-from ..errors import UnverifiedError, ValidationError
+import yaml
+
 from ..base.units import human_bytes
+from ..errors import UnverifiedError, ValidationError
+from ..format.layout import BackupLayout
+from ..repo import progress
 from ..repo.catalog import list_backups, load_manifest
-from ..sealing.crypto import load_keyring
-from ..repo.validate import UNVERIFIED, store_report, unverified_line, validate_backup
 from ..repo.report import describe_obj, encrypted_label, fmt_ms, fmt_ts, list_notes, list_obj
+from ..repo.validate import UNVERIFIED, store_report, unverified_line, validate_backup
+from ..sealing.crypto import load_keyring
+from ..sealing.envelope import read_wraps
+from ..storage.url import open_existing_storage
+from . import output
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -41,14 +51,13 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
     p.add_argument("--write-report", action="store_true",
                    help="store the report next to the backup (validation/report-<ts>.json); a backup whose newest "
                         "report failed is skipped when a restore picks the latest backup")
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=cmd_validate)
 
 
-def _console():
-    from rich.console import Console
+def _console() -> "Console":
+    from rich.console import Console  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     # piped (a script, a test, `| grep`): no 80-column wrap that splits a backup id or a note over lines
     # (COLUMNS is no guide there: pytest and some shells export 80 to children that write to a pipe)
@@ -57,7 +66,6 @@ def _console():
 
 def _existing_storage(path: str):
     """The storage at ``--path``; a directory that does not exist is an error (``open_existing_storage``)."""
-    from ..storage.url import open_existing_storage
 
     return open_existing_storage(path)
 
@@ -67,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         output.emit(args, list_obj(entries))
         return 0
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     if not entries:
         print(f"no backups at {args.path}")
@@ -87,8 +95,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def key_wraps(storage, backup_id: str, prefix: str) -> list[dict]:
     """The wrap objects of an envelope backup: which key-encryption keys can open its data key."""
-    from ..sealing.envelope import read_wraps
-    from ..format.layout import BackupLayout
 
     out: list[dict] = []
     for key, rec in read_wraps(storage, BackupLayout(backup_id, prefix)):
@@ -110,11 +116,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
         output.emit(args, obj)
         return 0
     if args.format == "yaml":
-        import yaml
 
         print(yaml.safe_dump(obj, sort_keys=False, allow_unicode=True), end="")
         return 0
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     c = _console()
     c.print(f"[bold]Backup[/bold] {m.backup_id} ({obj['status']})")
@@ -161,7 +166,6 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..repo import progress
 
     storage = _existing_storage(args.path)
     m = load_manifest(storage, args.backup_id, args.prefix)

@@ -20,7 +20,7 @@ from support.dockerfile import parse
 from support.ship import ROOT, tool
 
 sys.path.insert(0, str(ROOT / "requirements"))
-import freeze  # noqa: E402  (requirements/freeze.py)
+import freeze  # (requirements/freeze.py)
 
 DOCKERFILE = ROOT / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "rbak-entrypoint"

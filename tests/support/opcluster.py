@@ -479,7 +479,7 @@ class PodRunner:
                     t = threading.Thread(target=self._run_spark, args=(app,), daemon=True)
                     self._running[name] = t
                     t.start()
-            except Exception as e:  # the emulator going away at teardown
+            except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
                 self.errors.append(repr(e))
             self._stop.wait(0.3)
 
@@ -661,7 +661,7 @@ class PodRunner:
                 if p.returncode != 0:
                     ok = False
                     break
-        except Exception as e:  # a Secret deleted between the start check and the container: a crash here
+        except Exception as e:  # noqa: BLE001 - a Secret deleted between the start check and the container: a crash here
             ok = False
             statuses.append({"name": "setup", "_kind": "main", "ready": False, "restartCount": 0, "image": "",
                              "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": str(e)}}})
@@ -677,7 +677,7 @@ class PodRunner:
                     **({} if ok else {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"})}
             st = {"active": 0, "conditions": [cond], **({"succeeded": 1, "completionTime": _now()} if ok else {"failed": 1})}
             self.http.patch("batch/v1", "jobs", name, {"status": st}, self.ns, "status")
-        except Exception as e:  # the Job was deleted meanwhile (Replace)
+        except Exception as e:  # noqa: BLE001 - the Job was deleted meanwhile (Replace)
             self.errors.append(f"{name}: {e!r}")
 
 
@@ -712,7 +712,7 @@ def _run_spark_app(runner: "PodRunner", app: dict) -> None:
         out = (p.stdout or "") + (p.stderr or "")
         # spark-operator's own words: the driver's exit code, never its output.
         ok, err = p.returncode == 0, f"driver container failed with ExitCode: {p.returncode}, Reason: Error"
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure reading the driver pod is the run's failure
         ok, out, err = False, repr(e), "driver pod not found"
     runner.outputs["spark:" + name] = out
     state = {"state": "COMPLETED"} if ok else {"state": "FAILED", "errorMessage": err}

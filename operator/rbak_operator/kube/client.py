@@ -50,6 +50,7 @@ from rbak_operator.crds.schema import (
 from rbak_operator.kube.errors import ApiError, Conflict, NotFound, api_error
 
 if TYPE_CHECKING:
+    import kopf
     from kubernetes.client import ApiClient, Configuration
 
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -283,7 +284,7 @@ class Kube:
             return None
 
 
-def connection_info():
+def connection_info() -> kopf.ConnectionInfo:
     """The same connection as a ``kopf.ConnectionInfo`` (the login handler's answer).
 
     kopf calls its login handlers again when the server answers 401, so an
