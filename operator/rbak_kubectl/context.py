@@ -59,8 +59,8 @@ def connect(kubeconfig: str | None, context: str | None) -> Connection:
     (``--context``, else the current one), as kubectl reads them; in a pod without a kubeconfig the
     service account."""
     # lazy: importing kubernetes.client takes about 1.8 s (rbak_operator.kube.client's docstring)
-    from kubernetes import config as kconfig
-    from kubernetes.client import Configuration
+    from kubernetes import config as kconfig  # noqa: PLC0415 - start-up (comment above)
+    from kubernetes.client import Configuration  # noqa: PLC0415 - start-up (comment above)
 
     cfg = Configuration()
     where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
