@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import pytest
 from rbak.catalog import list_backups, load_manifest
 from rbak.config import Config
 from rbak.errors import ConfigError
-from rbak.format.archive import Tick, TickStream, tick_key
+from rbak.format.archive import Tick, TickStream, assemble, tick_key
 from rbak.format.manifest import BackupManifest, SegmentMetadata, StreamGap, StreamInfo
+from rbak.retention import RetentionPolicy, plan_retention, stored_backups
 from rbak.storage import open_storage
 
 
@@ -91,3 +93,46 @@ def test_manifests_without_archive_fields_keep_the_spec_bytes():
     m = BackupManifest("b", 1, 2, queues=[])
     assert "archive" not in m.to_json_obj()
     assert StreamGap(1, 5).to_json_obj() == {"from_offset": 1, "to_offset": 5, "count": 5}
+
+
+def test_prune_never_deletes_the_open_generation_nor_the_newest_one(tmp_path):
+    """An archive of three generations: the first two closed (the first holds the data, the second is
+    idle and found a gap), the third open and idle. No rule of ``rbak prune`` deletes the open one
+    (rbak archive is writing it), the newest one, or what they link to; other backups are pruned as
+    before."""
+    st = open_storage(str(tmp_path / "store"))
+    gens = [f"arc.20261206T00000{i}.000Z" for i in range(3)]
+    s1 = seg(f"{gens[0]}/queues/v/s/segment-0001.zst", 1, 5, 10)
+
+    def gen_ticks(i: int, segs, last, gaps=()) -> list[Tick]:
+        out = [tick(gens[i], 0, 10 * i, [], last), tick(gens[i], 1, 10 * i + 5, segs, last, gaps)]
+        for t in out:
+            t.created_at = t.written_at = 1_000 * (i + 1) + t.sequence
+            for ts in t.streams:
+                ts.info.previous_backup = gens[i - 1] if i else None
+        return out
+
+    closed = [gen_ticks(0, [s1], 4), gen_ticks(1, [], 4, [StreamGap(5, 9, 15, 19)])]
+    for g, ticks in zip(gens, closed):
+        st.put(f"{g}/manifest.json", assemble(ticks, open_=False).to_json())
+    for t in gen_ticks(2, [], 4):
+        st.put(tick_key(gens[2], t.sequence), t.to_json())
+    old = BackupManifest("old.20261205T000000.000Z", 1, 2, queues=[])  # an ordinary backup, older
+    st.put(f"{old.backup_id}/manifest.json", old.to_json())
+    stored = stored_backups(list_backups(st, ""))
+    assert [(b.backup_id, b.archive, b.archive_open) for b in stored][1:] == [
+        (gens[0], "arc", False), (gens[1], "arc", False), (gens[2], "arc", True)]
+    now = _dt.datetime(2027, 1, 1, tzinfo=_dt.timezone.utc)
+    for policy in (RetentionPolicy(max_age=_dt.timedelta(seconds=1)), RetentionPolicy(keep_last=1),
+                   RetentionPolicy(keep_daily=0, max_age=_dt.timedelta(seconds=1))):
+        plan = plan_retention(stored, policy, now)
+        assert plan.delete == [old.backup_id] or plan.delete == [], (policy, plan.lines())
+        assert plan.keep[-3:] == gens, (policy, plan.lines())
+        why = dict(zip(plan.keep, [v.reasons for v in plan.verdicts if v.keep]))
+        assert any("open generation of archive arc" in r for r in why[gens[2]]), why
+        assert any(f"base of {gens[2]}" in r for r in why[gens[1]]), why
+    # once the open generation is closed by the next start, the closed newest one is what is kept
+    st.put(f"{gens[2]}/manifest.json", assemble(gen_ticks(2, [], 4), open_=False).to_json())
+    plan = plan_retention(stored_backups(list_backups(st, "")), RetentionPolicy(max_age=_dt.timedelta(seconds=1)), now)
+    assert plan.keep == gens and plan.delete == [old.backup_id], plan.lines()
+    assert "the newest generation of archive arc" in " ".join(plan.verdicts[-1].reasons)

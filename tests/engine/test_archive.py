@@ -505,3 +505,40 @@ def test_an_envelope_encrypted_archive_has_a_data_key_per_generation(rmq43, vhos
     declare_stream(broker, fresh, "env")
     assert restore_into(tmp_path, broker, store, gens[-1]["backup_id"], vhost, fresh, sections=enc)["ok"]
     assert bodies(broker, fresh, "env") == sent
+
+
+def test_prune_while_archiving_keeps_the_open_generation_and_its_chain(broker, vhost_factory, tmp_path):
+    """``rbak prune`` run beside a live archiver, with rules that would delete every generation (all
+    older than a second; the open one idle, so no keep rule counts it): the open generation and every
+    generation it links to stay, the archiver goes on in it, and a restore has every record once, in order."""
+    vhost, fresh = vhost_factory(broker), vhost_factory(broker)
+    declare_stream(broker, vhost, "p")
+    store = fs_storage(tmp_path)
+    path = str(tmp_path / "store")
+    sent = [b"p-%d" % i for i in range(120)]
+    fast_publish(broker, vhost, "p", sent[:100])
+    arc = Archiver(archive_config(tmp_path, broker, vhost, store, generation_ticks=2, idle_tick_secs=1),
+                   tmp_path / "a.log").running()
+    wait_until(lambda: archived(path) == 100, timeout=120, what="the first records archived")
+    # a few more generations: the newest ones idle (holding no record)
+    seen = len(generations(path))
+    wait_until(lambda: len(generations(path)) >= seen + 2, timeout=120, what="idle generations")
+    before = generations(path)
+    assert before[-1]["archive"]["open"] and before[-1]["total_messages"] == 0, before[-1]
+    for rules in (["--max-age", "1s"], ["--keep-last", "1"], ["--keep-daily", "0", "--max-age", "1s"]):
+        out = json.loads(rbak("prune", "--path", path, *rules, "--format", "json").stdout)
+        assert out["deleted"] == [], (rules, out["verdicts"])
+    now = generations(path)
+    assert {g["backup_id"] for g in before} <= {g["backup_id"] for g in now}
+    newest = [v for v in out["verdicts"] if v["backup_id"].startswith("arc.")][-1]  # open, or closed since
+    assert any(r.startswith(("the open generation of archive arc", "the newest generation of archive arc"))
+               for r in newest["reasons"]), newest
+    fast_publish(broker, vhost, "p", sent[100:])
+    wait_until(lambda: archived(path) == 120, timeout=120, what="the archive to go on after the prune")
+    arc.stop()
+    gens = generations(path)
+    for g in gens:
+        rbak("validate", "--path", path, "--backup-id", g["backup_id"])
+    declare_stream(broker, fresh, "p")
+    assert restore_into(tmp_path, broker, store, gens[-1]["backup_id"], vhost, fresh)["ok"]
+    assert bodies(broker, fresh, "p") == sent
