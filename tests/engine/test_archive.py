@@ -542,3 +542,66 @@ def test_prune_while_archiving_keeps_the_open_generation_and_its_chain(broker, v
     declare_stream(broker, fresh, "p")
     assert restore_into(tmp_path, broker, store, gens[-1]["backup_id"], vhost, fresh)["ok"]
     assert bodies(broker, fresh, "p") == sent
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+OUTAGE_SECS = 120
+
+
+def test_the_storage_unreachable_for_minutes_loses_nothing(rmq43, vhost_factory, tmp_path, s3_bucket):
+    """The storage is unreachable for two minutes while a publisher goes on: the lag grows and is reported,
+    the archiver's memory stays flat (it reads no further than it can store), it catches up once the storage
+    is back, and a restore has every record once, in order. On 4.3.6 only: the outage is the test's cost."""
+    from urllib.parse import urlsplit
+
+    from support.holdproxy import HoldProxy
+
+    broker = rmq43
+    vhost, fresh = vhost_factory(broker), vhost_factory(broker)
+    declare_stream(broker, vhost, "o")
+    ep = urlsplit(s3_bucket.endpoint)
+    proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
+    store = json.dumps({"backend": "s3", "bucket": s3_bucket.bucket, "prefix": s3_bucket.prefix,
+                        "endpoint": proxy.url, "path_style": True, "region": "us-east-1"})
+    port = free_port()
+    cfg = archive_config(tmp_path, broker, vhost, store, retry_secs=1,
+                         sections={"metrics": {"enabled": True, "port": port, "bind": "127.0.0.1"}})
+    arc = Archiver(cfg, tmp_path / "a.log").running()
+    pub = SteadyPublisher(broker, vhost, "o", rate=200)
+    pub.start()
+    wait_until(lambda: archived(s3_bucket) >= 400, timeout=120, what="the archive to follow the publisher")
+    key = f'rbak_archive_lag_seconds{{stream="o",vhost="{vhost}"}}'
+    before = rss_mib(arc.proc.pid)
+    proxy.down()
+    t0 = time.monotonic()
+    rss, lags = [], []
+    while time.monotonic() - t0 < OUTAGE_SECS:
+        time.sleep(5)
+        rss.append(rss_mib(arc.proc.pid))
+        lags.append(scrape(port).get(key, 0.0))
+    proxy.up()
+    up_at = time.monotonic()
+    assert lags[-1] >= OUTAGE_SECS - 15 and lags == sorted(lags), lags  # it grows all along, and is reported
+    assert max(rss) <= max(before + 64, 300), (before, rss)  # flat: nothing piles up in memory
+    assert max(rss[len(rss) // 2:]) <= max(rss[:len(rss) // 2]) + 16, rss
+    wait_until(lambda: scrape(port).get(key, 1e9) < 5, timeout=300, what="the lag back under 5 s")
+    caught_up = time.monotonic() - up_at
+    pub.halt.set()
+    pub.join(30)
+    assert pub.error is None
+    wait_until(lambda: archived(s3_bucket) == len(pub.confirmed), timeout=120, what="every record archived")
+    summary = arc.stop()
+    proxy.close()
+    assert summary["errors"], "the outage was met and reported"
+    declare_stream(broker, fresh, "o")
+    out = restore_into(tmp_path, broker, s3_storage(s3_bucket), generations(s3_bucket)[-1]["backup_id"], vhost, fresh)
+    assert out["ok"], out
+    assert bodies(broker, fresh, "o") == [b for b, _ in pub.confirmed]
+    print(f"\noutage {OUTAGE_SECS} s at 200 msg/s: lag peaked at {max(lags):.0f} s, RSS {before:.0f} -> "
+          f"{max(rss):.0f} MiB, lag under 5 s {caught_up:.0f} s after the storage came back")
