@@ -57,6 +57,7 @@ from .follower import Durable, StreamFollower, stream_info
 log = logging.getLogger(__name__)
 
 POLL_SECS = 0.05
+MAX_ERRORS = 100  # the summary keeps the newest errors met (one per retry while a broker or storage is away)
 
 
 @dataclass(slots=True)
@@ -179,14 +180,14 @@ class Archiver:
                                   "follows streams only (classic and quorum queues are backed up by rbak backup)")
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
-                if lease is None:
-                    lease = self._take_lease(client, vhosts)
-                if lease is None:
-                    break
                 try:
+                    if lease is None:  # a broker away (restarting) fails this too: retried below
+                        lease = self._take_lease(client, vhosts)
+                    if lease is None:
+                        break
                     self._generation(client, lease, vhosts)
                 except (RbakError, OSError) as e:
-                    self.summary.errors.append(str(e))
+                    self.summary.errors = self.summary.errors[-(MAX_ERRORS - 1):] + [str(e)]  # bounded: an outage
                     metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                     log.error("archive %s: %s; starting again from what the storage holds in %gs", self.name, e,
                               self.opts.retry_secs)

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pika
+import pytest
 from support.backups import fast_publish
 from support.brokers import wait_until
 
@@ -605,3 +606,71 @@ def test_the_storage_unreachable_for_minutes_loses_nothing(rmq43, vhost_factory,
     assert bodies(broker, fresh, "o") == [b for b, _ in pub.confirmed]
     print(f"\noutage {OUTAGE_SECS} s at 200 msg/s: lag peaked at {max(lags):.0f} s, RSS {before:.0f} -> "
           f"{max(rss):.0f} MiB, lag under 5 s {caught_up:.0f} s after the storage came back")
+
+
+@pytest.mark.broker
+def test_the_broker_restarted_under_the_archiver_loses_nothing(tmp_path):
+    """A private 3.10.8 node (never the shared brokers) is stopped and started again while the archiver
+    follows its stream and a publisher waits for it: the archiver starts again from the storage once the
+    node is back, and a restore has every confirmed record once, in order."""
+    from support.private_node import private_node
+
+    stream_port = free_port()
+    with private_node("3.10", conf=[f"stream.listeners.tcp.1 = {stream_port}"],
+                      plugins=("rabbitmq_management", "rabbitmq_stream")) as node:
+        node.add_vhost("src")
+        node.add_vhost("dst")
+        amqp = f"amqp://guest:guest@127.0.0.1:{node.port}/"
+        cfg = tmp_path / "archive.yaml"
+        cfg.write_text(json.dumps({
+            "mode": "archive",
+            "source": {"amqp_url": amqp + "src", "management_url": f"http://127.0.0.1:{node.management_port}",
+                       "stream_port": stream_port, "queues": {"vhosts": ["src"]}},
+            "storage": json.loads(fs_storage(tmp_path)),
+            "archive": {"name": "arc", "max_delay_secs": MAX_DELAY, "idle_tick_secs": 2, "retry_secs": 1}}))
+        sent: list[bytes] = []
+
+        def publish(n: int) -> None:
+            conn = node.connect("src")
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("r", durable=True, arguments={"x-queue-type": "stream"})
+            for _ in range(n):
+                body = b"r-%d" % len(sent)
+                ch.basic_publish("", "r", body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+                sent.append(body)
+            conn.close()
+
+        publish(200)
+        path = str(tmp_path / "store")
+        arc = Archiver(cfg, tmp_path / "a.log").running()
+        wait_until(lambda: archived(path) == 200, timeout=120, what="the first records archived")
+        node.stop()
+        time.sleep(3)  # the archiver meets the broker away: its generation is closed, it retries
+        node.start()
+        publish(150)
+        wait_until(lambda: archived(path) == 350, timeout=180, what="the archive to go on after the restart")
+        summary = arc.stop()
+        assert summary["errors"], "the restart was met and reported"
+        gens = generations(path)
+        assert len(gens) >= 2 and all(g["status"] == "complete" for g in gens), gens
+        conn = node.connect("dst")
+        conn.channel().queue_declare("r", durable=True, arguments={"x-queue-type": "stream"})
+        conn.close()
+        cfg_r = tmp_path / "restore.yaml"
+        cfg_r.write_text(json.dumps({
+            "mode": "restore", "backup_id": gens[-1]["backup_id"],
+            "target": {"amqp_url": amqp + "dst", "management_url": f"http://127.0.0.1:{node.management_port}"},
+            "storage": json.loads(fs_storage(tmp_path)), "restore": {"vhost_mapping": {"src": "dst"}}}))
+        assert json.loads(rbak("restore", "--config", str(cfg_r), "--json").stdout)["ok"]
+        got = []
+        conn = node.connect("dst")
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1000)
+        for method, _props, body in ch.consume("r", arguments={"x-stream-offset": "first"}, inactivity_timeout=2):
+            if method is None:
+                break
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+        conn.close()
+        assert got == sent
