@@ -182,6 +182,96 @@ def idle(broker, streams: int, seconds: float) -> None:
         broker.delete_vhost(vh)
 
 
+def proc_status(pid: int) -> tuple[float, int]:
+    """(RSS in MiB, threads) of a process, from /proc."""
+    rss, threads = 0.0, 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return rss, threads
+
+
+def scale(broker, streams: int, per_stream_rate: float, seconds: float) -> None:
+    """``streams`` streams, each receiving ``per_stream_rate`` msg/s of 1 KiB (bodies stamped), archived by
+    ``rbak archive`` in its own process: its RSS and threads sampled all along, its AMQP connections
+    counted by the management API, and the lag percentiles of every record (as ``lag``)."""
+    import json
+    import subprocess
+
+    vh = unique_name("bench")
+    broker.create_vhost(vh)
+    proc = None
+    try:
+        names = [f"s-{i:03d}" for i in range(streams)]
+        with broker.wire(vh) as conn:
+            ch = conn.channel()
+            for n in names:
+                ch.declare(n, durable=True, arguments={"x-queue-type": "stream"})
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp) / "store"
+            cfg = Path(tmp) / "archive.json"
+            cfg.write_text(json.dumps({
+                "mode": "archive",
+                "source": {"amqp_url": broker.amqp_url(vh), "management_url": broker.management_url,
+                           "stream_port": broker.stream_port, "queues": {"vhosts": [vh]}},
+                "storage": {"backend": "filesystem", "path": str(store)}, "archive": {"name": "bench"}}))
+            log = Path(tmp) / "archive.log"
+            proc = subprocess.Popen([sys.executable, "-m", "rbak", "-vv", "archive", "--config", str(cfg)],
+                                    stdout=subprocess.DEVNULL, stderr=open(log, "wb"), cwd=str(REPO))
+            t0 = time.monotonic()
+            while "follows" not in log.read_text() and time.monotonic() - t0 < 300 and proc.poll() is None:
+                time.sleep(0.2)
+            started = time.monotonic() - t0
+            samples = [proc_status(proc.pid)]
+            pconn = pika.BlockingConnection(pika.URLParameters(broker.amqp_url(vh)))
+            pch = pconn.channel()
+            total = per_stream_rate * streams
+            n, t1, next_sample = 0, time.monotonic(), time.monotonic() + 2
+            while time.monotonic() - t1 < seconds:
+                body = struct.pack(">d", time.time()) + b"x" * (BODY - 8)
+                pch.basic_publish("", names[n % streams], body)
+                n += 1
+                if time.monotonic() >= next_sample:
+                    samples.append(proc_status(proc.pid))
+                    next_sample += 2
+                time.sleep(max(0.0, t1 + n / total - time.monotonic()))
+            sent_secs = time.monotonic() - t1
+            conns = [c for c in broker.api("GET", "/api/connections") or [] if c.get("vhost") == vh]
+            amqp = sum(1 for c in conns if "AMQP" in str(c.get("protocol")))
+            pconn.close()
+            deadline = time.time() + 120
+            while named_records(store) < n and time.time() < deadline:
+                time.sleep(0.5)
+                samples.append(proc_status(proc.pid))
+            proc.terminate()
+            proc.wait(120)
+            took = [float(line.split(" took ")[1].split()[0]) for line in log.read_text().splitlines() if " took " in line]
+            if took:
+                print(f"ticks: {len(took)}, each took p50 {percentile(took, .5):.2f} s, max {max(took):.2f} s")
+            from rbak.format.reader import read_segment
+            from rbak.storage import open_storage
+
+            st = open_storage(str(store))
+            lags = [mtime - struct.unpack(">d", r.body[:8])[0] for mtime, tick in ticks(store) for ts in tick.streams
+                    for seg in ts.segments for _, r in read_segment(st, seg)]
+        rss = [r for r, _ in samples]
+        print(f"scale ({broker.name}, {streams} streams x {per_stream_rate:g} msg/s x 1 KiB = {n / sent_secs:,.0f} "
+              f"msg/s, {seconds:g} s): started in {started:.1f} s; {amqp} AMQP and {len(conns) - amqp} stream-protocol "
+              f"connection(s) (the publisher's included), threads "
+              f"{samples[0][1]} at start, peak {max(t for _, t in samples)}; RSS {rss[0]:.0f} MiB at start, peak "
+              f"{max(rss):.0f} MiB, last {rss[-1]:.0f} MiB (target <= 300 with 200 streams)")
+        if lags:
+            print(f"lag ({broker.name}, {streams} streams x {per_stream_rate:g} msg/s): {len(lags)} of {n} records; "
+                  f"p50 {percentile(lags, .5):.2f} s, p99 {percentile(lags, .99):.2f} s (target <= 5), "
+                  f"p99.9 {percentile(lags, .999):.2f} s (target <= 15)")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        broker.delete_vhost(vh)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--broker", default="rmq43", choices=list(BROKERS), help="a CI broker by id, not a URL")
@@ -190,7 +280,10 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--idle-streams", type=int, default=20)
     ap.add_argument("--idle-seconds", type=float, default=65)
-    ap.add_argument("--only", choices=("lag", "throughput", "idle"))
+    ap.add_argument("--scale-streams", type=int, default=50)
+    ap.add_argument("--scale-rate", type=float, default=100, help="msg/s per stream in the scale part")
+    ap.add_argument("--scale-seconds", type=float, default=30)
+    ap.add_argument("--only", choices=("lag", "throughput", "idle", "scale"))
     a = ap.parse_args()
     broker = BROKERS[a.broker]
     if a.only in (None, "lag"):
@@ -199,6 +292,8 @@ def main() -> None:
         throughput(broker, a.messages)
     if a.only in (None, "idle"):
         idle(broker, a.idle_streams, a.idle_seconds)
+    if a.only in (None, "scale"):
+        scale(broker, a.scale_streams, a.scale_rate, a.scale_seconds)
 
 
 if __name__ == "__main__":

@@ -414,7 +414,7 @@ def test_a_cut_connection_and_a_storage_that_stalls_lose_nothing(broker, vhost_f
 
     def follower_connections() -> list[str]:
         return [c["name"] for c in broker.api("GET", "/api/connections") or []
-                if (c.get("client_properties") or {}).get("connection_name", "").startswith(f"rbak-archive arc {vhost}/")]
+                if (c.get("client_properties") or {}).get("connection_name", "").startswith(f"rbak-archive arc {vhost} #")]
 
     names = wait_until(follower_connections, timeout=120, what="the follower's connection listed")
     for name in names:
