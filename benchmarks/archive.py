@@ -10,8 +10,10 @@ afterwards, with the file backend (each object's mtime is when it became durable
    (p99 <= 5 s, p99.9 <= 15 s).
 2. throughput: ``--messages`` (default 100,000) x 1 KiB already in a stream. Baseline: a bare pika
    consumer (prefetch 2,000, ``x-stream-offset: first``) reading them all, in the same run. Then the
-   archiver from scratch until every record is named by a tick. Prints both rates and the ratio
-   (target >= 0.8).
+   archiver from scratch (``max_delay_secs: 1``, so its progress is seen every second) until every
+   record is named by a tick. Its sustained rate is the records named between its first tick naming
+   any and the tick naming the last, over the time between them; the rate with its start-up and
+   last tick included is printed too. Ratios beside the target (>= 0.8).
 3. idle: ``--idle-streams`` (default 20) streams with nothing published, the archiver running for
    ``--idle-seconds`` (default 65): the objects it writes, extrapolated to an hour, beside what one
    object per stream per tick would cost (target <= 120 metadata writes per hour, 0 data objects).
@@ -141,16 +143,25 @@ def throughput(broker, messages: int) -> None:
         conn.close()
         with tempfile.TemporaryDirectory() as tmp:
             store = Path(tmp) / "store"
-            t0 = time.monotonic()
-            a, t = start(config(broker, vh, store))
-            while named_records(store) < messages and time.monotonic() - t0 < 600:
+            t0 = time.time()
+            a, t = start(config(broker, vh, store, max_delay_secs=1))  # a tick a second: the slope is seen
+            while named_records(store) < messages and time.time() - t0 < 600:
                 time.sleep(0.2)
-            took = time.monotonic() - t0
+            took = time.time() - t0
             a.stop()
             t.join(120)
+            steps, n = [], 0
+            for mtime, tick in ticks(store):
+                n += sum(s.record_count for st in tick.streams for s in st.segments)
+                steps.append((mtime, n))
         ours = messages / took
-        print(f"throughput ({broker.name}, {messages} x 1 KiB): bare pika {bare:,.0f} msg/s, rbak archive "
-              f"{ours:,.0f} msg/s (start-up included): ratio {ours / bare:.2f} (target >= 0.8)")
+        named = [(m, k) for m, k in steps if k > 0]
+        (ta, na), (tb, nb) = named[0], next((m, k) for m, k in named if k >= messages)
+        sustained = (nb - na) / (tb - ta) if tb > ta else float("nan")
+        print(f"throughput ({broker.name}, {messages} x 1 KiB): bare pika {bare:,.0f} msg/s; rbak archive "
+              f"(max_delay_secs 1) sustained {sustained:,.0f} msg/s (records named from its first tick with records "
+              f"to its last): ratio {sustained / bare:.2f} (target >= 0.8); start-up and the last tick included "
+              f"{ours:,.0f} msg/s: ratio {ours / bare:.2f}")
     finally:
         broker.delete_vhost(vh)
 

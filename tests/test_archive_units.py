@@ -136,3 +136,39 @@ def test_prune_never_deletes_the_open_generation_nor_the_newest_one(tmp_path):
     plan = plan_retention(stored_backups(list_backups(st, "")), RetentionPolicy(max_age=_dt.timedelta(seconds=1)), now)
     assert plan.keep == gens and plan.delete == [old.backup_id], plan.lines()
     assert "the newest generation of archive arc" in " ".join(plan.verdicts[-1].reasons)
+
+
+def test_the_offset_split_from_the_header_bytes_gives_the_same_records():
+    """The archive's fast path (``split_offset``) takes the offset out of the content header bytes: the
+    records it builds are byte for byte those of pika's full decode, and any other header falls back."""
+    import pika
+
+    from rbak.backup.convert import BROKER_HEADERS, to_record
+    from rbak.broker.deliveries import Deliver, properties
+    from rbak.broker.stream_reader import split_offset
+    from rbak.format.record import encode_record
+
+    def raw(**kw) -> bytes:
+        return b"".join(pika.BasicProperties(**kw).encode())
+
+    def offset_raw(offset: int, **kw) -> bytes:
+        """As the broker sends it: x-stream-offset a signed 64-bit int ('l'), whatever its value."""
+        big = 0x0102030405060708
+        r = raw(headers={"x-stream-offset": big}, **kw)
+        return r.replace(big.to_bytes(8, "big"), offset.to_bytes(8, "big"))
+
+    cases = [offset_raw(7), offset_raw(2 ** 40 + 3, delivery_mode=2),
+             offset_raw(0, content_type="application/json", content_encoding="gzip", message_id="m-1",
+                        timestamp=1_700_000_000, app_id="app")]
+    method = Deliver(5, False, "ex", "rk")
+    for r in cases:
+        split = split_offset(r)
+        assert split is not None, r
+        full = properties(r)
+        assert split[0] == full.headers["x-stream-offset"]
+        slow = to_record(method, full, b"body", "v", "s", 1, BROKER_HEADERS, stream_offset=split[0])
+        fast = to_record(method, properties(split[1]), b"body", "v", "s", 1, BROKER_HEADERS, stream_offset=split[0])
+        assert encode_record(fast) == encode_record(slow)
+    for other in (raw(headers={"x-stream-offset": 2 ** 40, "user": "x"}), raw(headers={"x-stream-offset": 7}), raw(headers={"user": 1}), raw(delivery_mode=2),
+                  raw(headers={"x-stream-offsex": 7}), b"", b"\x20"):
+        assert split_offset(other) is None

@@ -32,9 +32,9 @@ from ..backup.convert import BROKER_HEADERS, to_record
 from ..backup.record_thread import RecordThread
 from ..backup.stream_chain import NON_MESSAGE_SLACK, ChainDecision
 from ..broker.connect import connect
-from ..broker.deliveries import to_delivery
+from ..broker.deliveries import Deliver, properties, to_delivery
 from ..broker.stream_end import EndProber
-from ..broker.stream_reader import chunk_timestamp, stream_offset
+from ..broker.stream_reader import chunk_timestamp, split_offset, stream_offset
 from ..config import ConnectionConfig
 from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost
 from ..format.manifest import SegmentMetadata, StreamGap, StreamInfo
@@ -131,8 +131,10 @@ class StreamFollower:
     def _build(self, d: tuple) -> Any:
         return to_record(d[0], d[1], d[2], self.vhost, self.name, d[3], BROKER_HEADERS, stream_offset=d[4])
 
-    def deliver(self, method: Any, props: Any, body: bytes) -> None:
-        off = stream_offset(props)
+    def deliver(self, method: Any, props: Any, body: bytes, off: int | None = None) -> None:
+        """One delivery, in order; ``off``: its offset when the caller took it from the header bytes."""
+        if off is None:
+            off = stream_offset(props)
         if off is not None and off < self._min_offset:
             return  # a chunk may start before the requested offset
         offset = off if off is not None else -1
@@ -275,18 +277,25 @@ class FollowerGroup:
                     batch, ch.deliveries = ch.deliveries, []
                     n, last = unacked[id(ch)]
                     for item in batch:
-                        method, props, body = to_delivery(item)
-                        f.deliver(method, props, body)
-                        n, last = n + 1, method.delivery_tag
+                        split = split_offset(item[4])
+                        if split is not None:  # the common case: the offset is the only header
+                            f.deliver(Deliver(item[0], item[1], item[2], item[3]), properties(split[1]), item[5],
+                                      split[0])
+                        else:
+                            method, props, body = to_delivery(item)
+                            f.deliver(method, props, body)
+                        n, last = n + 1, item[0]
                         if n >= ack_every:
                             ch.ack(last, multiple=True)
                             n = 0
                     unacked[id(ch)] = (n, last)
                 elif tag in ch.cancelled or not ch.is_open:
-                    ch.check_open()
+                    conn.check()  # the connection itself: every stream of the group ends with it
                     live.remove((ch, tag, f))
-                    f.finish(AmqpError(f"{f.where}: the broker cancelled the archive's consumer (the stream was "
-                                       "deleted, or its leader moved)"))
+                    why = ch.closed_by
+                    f.finish(AmqpError(f"{f.where}: the broker " + (
+                        f"closed the archive's channel: {why.code} {why.text}" if why is not None else
+                        "cancelled the archive's consumer (the stream was deleted, or its leader moved)")))
                     continue
                 f.serve(partial(_probe, prober, f.name))
 
