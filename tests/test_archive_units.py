@@ -14,7 +14,7 @@ from rbak.config import Config
 from rbak.errors import ConfigError
 from rbak.format.archive import Tick, TickStream, assemble, tick_key
 from rbak.format.manifest import BackupManifest, SegmentMetadata, StreamGap, StreamInfo
-from rbak.retention import RetentionPolicy, plan_retention, stored_backups
+from rbak.repo.retention import RetentionPolicy, plan_retention, stored_backups
 from rbak.storage import open_storage
 
 
