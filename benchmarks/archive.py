@@ -424,7 +424,7 @@ def scale(broker, streams: int, per_stream_rate: float, seconds: float) -> None:
         rss = [r for r, _ in samples]
         print(f"scale ({broker.name}, {streams} streams x {per_stream_rate:g} msg/s x 1 KiB asked, {achieved:,.0f} "
               f"msg/s published, {seconds:g} s): started in {started:.1f} s; {amqp} AMQP and {len(conns) - amqp} stream-protocol "
-              f"connection(s) (the publisher's included), threads "
+              f"connection(s), threads "
               f"{samples[0][1]} at start, peak {max(t for _, t in samples)}; RSS {rss[0]:.0f} MiB at start, peak "
               f"{max(rss):.0f} MiB, last {rss[-1]:.0f} MiB (target <= 300 with 200 streams)")
         if lags:
