@@ -172,3 +172,29 @@ def test_the_offset_split_from_the_header_bytes_gives_the_same_records():
     for other in (raw(headers={"x-stream-offset": 2 ** 40, "user": "x"}), raw(headers={"x-stream-offset": 7}), raw(headers={"user": 1}), raw(delivery_mode=2),
                   raw(headers={"x-stream-offsex": 7}), b"", b"\x20"):
         assert split_offset(other) is None
+
+
+def test_archive_status_reads_recoverable_until_lag_and_gaps_from_the_storage(tmp_path):
+    """What the operator's RabbitMQArchive status reads: the newest generation (open here), its
+    recoverable-until and the lag from it, every gap of every generation, the records archived."""
+    from rbak.archive.status import archive_status
+
+    st = open_storage(str(tmp_path / "store"))
+    g0, g1 = "arc.20261206T000000.000Z", "arc.20261206T000100.000Z"
+    s1 = seg(f"{g0}/queues/v/s/segment-0001.zst", 1, 5, 10)
+    closed = [tick(g0, 0, 5, [], None), tick(g0, 1, 15, [s1], 4)]
+    st.put(f"{g0}/manifest.json", assemble(closed, open_=False).to_json())
+    gap = StreamGap(5, 9, 15, 19)
+    for t in (tick(g1, 0, 15, [], 4), tick(g1, 1, 60_000, [], 4, [gap])):
+        t.created_at = 2_000
+        st.put(tick_key(g1, t.sequence), t.to_json())
+    other = BackupManifest("other.20261206T000000.000Z", 1, 2, queues=[])
+    st.put(f"{other.backup_id}/manifest.json", other.to_json())
+    s = archive_status(st, "arc")
+    assert (s.generations, s.newest, s.open, s.ticks, s.records) == (2, g1, True, 2, 5)
+    assert s.recoverable_until == 60_000 and s.recoverable_until_utc == "1970-01-01T00:01:00.000+00:00"
+    assert s.lag_seconds(now=90.5) == 30.5
+    assert [(g.vhost, g.stream, g.generation, g.from_offset, g.to_offset, g.count) for g in s.gaps] == [
+        ("v", "s", g1, 5, 9, 5)]
+    assert s.to_json_obj(now=90.5)["gaps"][0]["before_timestamp"] == 19
+    assert archive_status(st, "nothing").to_json_obj()["newest"] is None
