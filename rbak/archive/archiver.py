@@ -506,8 +506,8 @@ class Archiver:
                     cu = at - margin  # nothing committed, nothing read: complete up to the probe
                 elif end is not None and durable.last_offset is not None and end <= durable.last_offset:
                     cu = at - margin
-            if cu is None and durable.last_ts is not None:
-                cu = durable.last_ts - 1
+            if cu is None and durable.last_ts is not None and not (a is not None and a.behind):
+                cu = durable.last_ts - 1  # read caught up: every record committed before it was read is durable
             if cu is not None:
                 st.complete_until = max(st.complete_until or cu, cu)
 

@@ -1,9 +1,10 @@
-"""One stream followed without end: the backup's read, record and segment stages, flushed on each tick.
+"""Streams followed without end: the backup's record stage and segments, flushed on each tick.
 
-A follower reads its stream by offset (``broker.stream_reader.read_stream`` with ``on_idle``, on
-its own connection and thread), hands each delivery to the backup's ``RecordThread`` and
-``AsyncSegmentWriter`` (the same records, the same segments, stored by the same ``SegmentStore``),
-and closes its open segment whenever the archiver asks (a tick). What it reports is only what the
+A ``FollowerGroup`` reads up to ``archiver.GROUP_STREAMS`` streams of a vhost by offset on one AMQP
+connection and one thread (a channel and an ``x-stream-offset`` consumer each) and hands each
+delivery to its stream's ``StreamFollower``: the backup's ``RecordThread`` builds the same records,
+a ``store_pool.StreamSegments`` closes segments whenever the archiver asks (a tick) and stores them
+on the archive's shared pool (the same ``SegmentStore``). What a follower reports is only what the
 storage holds: ``on_durable`` moves its durable position, never the read.
 
 Each record's ``backed_up_at`` is when the follower read it, as in a backup (non-decreasing; over
@@ -12,8 +13,8 @@ that does gives the chunk's time instead). A caught-up follower reads a record m
 it is committed, so a point-in-time restore selects records by about when they were published; one
 catching up stamps them late, never early.
 
-When the follower has had no delivery for a moment and the archiver asks, it probes the stream's
-committed end over the stream protocol (``broker.stream_end``): an end it has already made
+When the follower has had no delivery for ``QUIET_SECS`` and the archiver asks, its group probes the
+stream's committed end over the stream protocol (``broker.stream_end.EndProber``): an end it has already made
 durable proves the stream complete up to the instant of the probe, so an idle stream's
 recovery point advances with no data written.
 """
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 IDLE_SECS = 0.2  # how often a quiet read looks at the archiver's requests
 QUIET_SECS = 2.0  # no delivery for this long: the stream's end is probed before a tick (a busier stream's last record says as much)
+BEHIND_SLACK = 2_000  # more than this many committed records past the read: a backlog, not in flight
 THREADED_UP_TO = 2  # a group of at most this many streams encodes each on a thread of its own
 UNSETTLED_MARGIN_MS = 500  # a probe that cannot rule out a chunk in flight proves a little less
 
@@ -66,6 +68,7 @@ class FlushAnswer:
     seq: int
     target: int | None
     probe: tuple[int, int | None, int] | None
+    behind: bool = False  # the committed end was far past what was read: a backlog (after an outage)
 
 
 class StreamFollower:
@@ -93,6 +96,7 @@ class StreamFollower:
         self._rt: RecordThread | None = None
         self.records = 0
         self._min_offset = decision.start if isinstance(decision.start, int) else -1
+        self.behind_slack = BEHIND_SLACK  # records committed past the read that still count as caught up
 
     @property
     def where(self) -> str:
@@ -174,6 +178,7 @@ class StreamFollower:
         target = self.received
         self._rt.flush()
         answer = None
+        behind = False
         if probe is not None and time.monotonic() - self.last_delivery >= QUIET_SECS:
             at = int(time.time() * 1000)
             end = probe("settled")
@@ -182,7 +187,13 @@ class StreamFollower:
                 end = probe("")
                 margin = UNSETTLED_MARGIN_MS
             answer = (at, end, margin)
-        self.answer = FlushAnswer(seq, target, answer)
+        elif probe is not None and target is not None:
+            # A record's stamp is when it was read: read from a backlog, it proves nothing about the
+            # records committed before it and not read yet. Far behind the committed end, the stream's
+            # complete-until must not move by its last record's stamp (the archiver keeps the last one).
+            end = probe("")
+            behind = end is not None and end - target > self.behind_slack
+        self.answer = FlushAnswer(seq, target, answer, behind)
 
     def _on_durable(self, meta: SegmentMetadata, tag: Any) -> None:
         """On a storing thread, once a segment is stored (in sequence order): the durable position moves."""
