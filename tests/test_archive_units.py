@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import pytest
 from rbak.repo.catalog import list_backups, load_manifest
 from rbak.config import Config
 from rbak.errors import ConfigError
-from rbak.format.archive import Tick, TickStream, tick_key
+from rbak.format.archive import Tick, TickStream, assemble, tick_key
 from rbak.format.manifest import BackupManifest, SegmentMetadata, StreamGap, StreamInfo
+from rbak.repo.retention import RetentionPolicy, plan_retention, stored_backups
 from rbak.storage import open_storage
 
 
@@ -91,3 +93,108 @@ def test_manifests_without_archive_fields_keep_the_spec_bytes():
     m = BackupManifest("b", 1, 2, queues=[])
     assert "archive" not in m.to_json_obj()
     assert StreamGap(1, 5).to_json_obj() == {"from_offset": 1, "to_offset": 5, "count": 5}
+
+
+def test_prune_never_deletes_the_open_generation_nor_the_newest_one(tmp_path):
+    """An archive of three generations: the first two closed (the first holds the data, the second is
+    idle and found a gap), the third open and idle. No rule of ``rbak prune`` deletes the open one
+    (rbak archive is writing it), the newest one, or what they link to; other backups are pruned as
+    before."""
+    st = open_storage(str(tmp_path / "store"))
+    gens = [f"arc.20261206T00000{i}.000Z" for i in range(3)]
+    s1 = seg(f"{gens[0]}/queues/v/s/segment-0001.zst", 1, 5, 10)
+
+    def gen_ticks(i: int, segs, last, gaps=()) -> list[Tick]:
+        out = [tick(gens[i], 0, 10 * i, [], last), tick(gens[i], 1, 10 * i + 5, segs, last, gaps)]
+        for t in out:
+            t.created_at = t.written_at = 1_000 * (i + 1) + t.sequence
+            for ts in t.streams:
+                ts.info.previous_backup = gens[i - 1] if i else None
+        return out
+
+    closed = [gen_ticks(0, [s1], 4), gen_ticks(1, [], 4, [StreamGap(5, 9, 15, 19)])]
+    for g, ticks in zip(gens, closed):
+        st.put(f"{g}/manifest.json", assemble(ticks, open_=False).to_json())
+    for t in gen_ticks(2, [], 4):
+        st.put(tick_key(gens[2], t.sequence), t.to_json())
+    old = BackupManifest("old.20261205T000000.000Z", 1, 2, queues=[])  # an ordinary backup, older
+    st.put(f"{old.backup_id}/manifest.json", old.to_json())
+    stored = stored_backups(list_backups(st, ""))
+    assert [(b.backup_id, b.archive, b.archive_open) for b in stored][1:] == [
+        (gens[0], "arc", False), (gens[1], "arc", False), (gens[2], "arc", True)]
+    now = _dt.datetime(2027, 1, 1, tzinfo=_dt.timezone.utc)
+    for policy in (RetentionPolicy(max_age=_dt.timedelta(seconds=1)), RetentionPolicy(keep_last=1),
+                   RetentionPolicy(keep_daily=0, max_age=_dt.timedelta(seconds=1))):
+        plan = plan_retention(stored, policy, now)
+        assert plan.delete == [old.backup_id] or plan.delete == [], (policy, plan.lines())
+        assert plan.keep[-3:] == gens, (policy, plan.lines())
+        why = dict(zip(plan.keep, [v.reasons for v in plan.verdicts if v.keep]))
+        assert any("open generation of archive arc" in r for r in why[gens[2]]), why
+        assert any(f"base of {gens[2]}" in r for r in why[gens[1]]), why
+    # once the open generation is closed by the next start, the closed newest one is what is kept
+    st.put(f"{gens[2]}/manifest.json", assemble(gen_ticks(2, [], 4), open_=False).to_json())
+    plan = plan_retention(stored_backups(list_backups(st, "")), RetentionPolicy(max_age=_dt.timedelta(seconds=1)), now)
+    assert plan.keep == gens and plan.delete == [old.backup_id], plan.lines()
+    assert "the newest generation of archive arc" in " ".join(plan.verdicts[-1].reasons)
+
+
+def test_the_offset_split_from_the_header_bytes_gives_the_same_records():
+    """The archive's fast path (``split_offset``) takes the offset out of the content header bytes: the
+    records it builds are byte for byte those of pika's full decode, and any other header falls back."""
+    import pika
+
+    from rbak.backup.convert import BROKER_HEADERS, to_record
+    from rbak.broker.deliveries import Deliver, properties
+    from rbak.broker.stream_reader import split_offset
+    from rbak.format.record import encode_record
+
+    def raw(**kw) -> bytes:
+        return b"".join(pika.BasicProperties(**kw).encode())
+
+    def offset_raw(offset: int, **kw) -> bytes:
+        """As the broker sends it: x-stream-offset a signed 64-bit int ('l'), whatever its value."""
+        big = 0x0102030405060708
+        r = raw(headers={"x-stream-offset": big}, **kw)
+        return r.replace(big.to_bytes(8, "big"), offset.to_bytes(8, "big"))
+
+    cases = [offset_raw(7), offset_raw(2 ** 40 + 3, delivery_mode=2),
+             offset_raw(0, content_type="application/json", content_encoding="gzip", message_id="m-1",
+                        timestamp=1_700_000_000, app_id="app")]
+    method = Deliver(5, False, "ex", "rk")
+    for r in cases:
+        split = split_offset(r)
+        assert split is not None, r
+        full = properties(r)
+        assert split[0] == full.headers["x-stream-offset"]
+        slow = to_record(method, full, b"body", "v", "s", 1, BROKER_HEADERS, stream_offset=split[0])
+        fast = to_record(method, properties(split[1]), b"body", "v", "s", 1, BROKER_HEADERS, stream_offset=split[0])
+        assert encode_record(fast) == encode_record(slow)
+    for other in (raw(headers={"x-stream-offset": 2 ** 40, "user": "x"}), raw(headers={"x-stream-offset": 7}), raw(headers={"user": 1}), raw(delivery_mode=2),
+                  raw(headers={"x-stream-offsex": 7}), b"", b"\x20"):
+        assert split_offset(other) is None
+
+
+def test_archive_status_reads_recoverable_until_lag_and_gaps_from_the_storage(tmp_path):
+    """What the operator's RabbitMQArchive status reads: the newest generation (open here), its
+    recoverable-until and the lag from it, every gap of every generation, the records archived."""
+    from rbak.archive.status import archive_status
+
+    st = open_storage(str(tmp_path / "store"))
+    g0, g1 = "arc.20261206T000000.000Z", "arc.20261206T000100.000Z"
+    s1 = seg(f"{g0}/queues/v/s/segment-0001.zst", 1, 5, 10)
+    closed = [tick(g0, 0, 5, [], None), tick(g0, 1, 15, [s1], 4)]
+    st.put(f"{g0}/manifest.json", assemble(closed, open_=False).to_json())
+    gap = StreamGap(5, 9, 15, 19)
+    for t in (tick(g1, 0, 15, [], 4), tick(g1, 1, 60_000, [], 4, [gap])):
+        t.created_at = 2_000
+        st.put(tick_key(g1, t.sequence), t.to_json())
+    other = BackupManifest("other.20261206T000000.000Z", 1, 2, queues=[])
+    st.put(f"{other.backup_id}/manifest.json", other.to_json())
+    s = archive_status(st, "arc")
+    assert (s.generations, s.newest, s.open, s.ticks, s.records) == (2, g1, True, 2, 5)
+    assert s.recoverable_until == 60_000 and s.recoverable_until_utc == "1970-01-01T00:01:00.000+00:00"
+    assert s.lag_seconds(now=90.5) == 30.5
+    assert [(g.vhost, g.stream, g.generation, g.from_offset, g.to_offset, g.count) for g in s.gaps] == [
+        ("v", "s", g1, 5, 9, 5)]
+    assert s.to_json_obj(now=90.5)["gaps"][0]["before_timestamp"] == 19
+    assert archive_status(st, "nothing").to_json_obj()["newest"] is None

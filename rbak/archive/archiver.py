@@ -38,7 +38,6 @@ from .. import __version__, metrics
 from ..backup.lease import ARCHIVE_LEASE_QUEUE, Lease
 from ..backup.lease import acquire as acquire_lease
 from ..backup.pipeline import SegmentStore
-from ..backup.segments import AsyncSegmentWriter
 from ..backup.stream_chain import ChainDecision, StreamBase, decide
 from ..broker.connect import connect
 from ..broker.stream_reader import probe_offset
@@ -52,11 +51,16 @@ from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
 from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
 from ..broker.management import ManagementClient, QueueInfo
 from ..storage.base import Storage
-from .follower import Durable, StreamFollower, stream_info
+from .follower import Durable, FollowerGroup, StreamFollower, stream_info
+from .store_pool import StorePool, StreamSegments
 
 log = logging.getLogger(__name__)
 
 POLL_SECS = 0.05
+GROUP_STREAMS = 50  # streams read on one AMQP connection by one thread
+CREDIT_BUDGET = 20_000  # deliveries the reads may hold unacked, all streams together ...
+MIN_PREFETCH = 50  # ... but never fewer than this per stream
+MAX_ERRORS = 100  # the summary keeps the newest errors met (one per retry while a broker or storage is away)
 
 
 @dataclass(slots=True)
@@ -179,14 +183,14 @@ class Archiver:
                                   "follows streams only (classic and quorum queues are backed up by rbak backup)")
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
-                if lease is None:
-                    lease = self._take_lease(client, vhosts)
-                if lease is None:
-                    break
                 try:
+                    if lease is None:  # a broker away (restarting) fails this too: retried below
+                        lease = self._take_lease(client, vhosts)
+                    if lease is None:
+                        break
                     self._generation(client, lease, vhosts)
                 except (RbakError, OSError) as e:
-                    self.summary.errors.append(str(e))
+                    self.summary.errors = self.summary.errors[-(MAX_ERRORS - 1):] + [str(e)]  # bounded: an outage
                     metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                     log.error("archive %s: %s; starting again from what the storage holds in %gs", self.name, e,
                               self.opts.retry_secs)
@@ -290,24 +294,25 @@ class Archiver:
                        self._plan(client, newest, prev_w), prev_w)
         self.summary.generations.append(gid)
         self._write_tick(g)  # tick 0: each stream's link and start
-        followers = []
         failure: BaseException | None = None
+        pool = StorePool()
+        groups = self._groups(g, pool)
         try:
-            for st in g.streams.values():
-                if st.present:
-                    st.follower = self._follower(g, st)
-                    followers.append(st.follower)
-                    st.follower.start()
+            for grp in groups:
+                grp.start()
             self.state = "archiving"
             metrics.archive_waiting().set(0)
-            log.info("archive %s: generation %s follows %d stream(s)", self.name, gid, len(followers))
+            log.info("archive %s: generation %s follows %d stream(s) on %d connection(s)", self.name, gid,
+                     sum(len(grp.followers) for grp in groups), len(groups))
             self._follow(g, client, lease, vhosts)
         except BaseException as e:  # noqa: BLE001 - the generation is closed first, then it is raised
             failure = e
-        for f in followers:
-            f.stop()
-        for f in followers:
-            f.done.wait(max(30.0, self.opts.max_delay_secs * 4))
+        for grp in groups:
+            grp.stop()
+        for grp in groups:
+            for f in grp.followers if grp.started else ():
+                f.done.wait(max(30.0, self.opts.max_delay_secs * 4))
+        pool.close()
         try:
             self._close(g)
         except (RbakError, OSError) as e:
@@ -367,7 +372,25 @@ class Archiver:
                                    epochs.get(key, 1), False, None)
         return out
 
-    def _follower(self, g: Generation, st: StreamState) -> StreamFollower:
+    def _groups(self, g: Generation, pool: StorePool) -> list[FollowerGroup]:
+        """A follower per stream on the broker, read ``GROUP_STREAMS`` to a connection and thread (per vhost).
+        Each stream's credit shrinks as streams grow in number, so what the reads may hold in memory stays
+        about ``CREDIT_BUDGET`` deliveries however many streams are followed."""
+        by_vhost: dict[str, list[StreamFollower]] = {}
+        for st in g.streams.values():
+            if st.present:
+                st.follower = self._follower(g, st, pool)
+                by_vhost.setdefault(st.vhost, []).append(st.follower)
+        n = sum(len(fs) for fs in by_vhost.values())
+        prefetch = max(MIN_PREFETCH, min(self.cfg.backup.prefetch_count, CREDIT_BUDGET // max(n, 1)))
+        groups = []
+        for vhost, fs in sorted(by_vhost.items()):
+            for i in range(0, len(fs), GROUP_STREAMS):
+                groups.append(FollowerGroup(self.source, vhost, fs[i:i + GROUP_STREAMS], prefetch,
+                                            f"rbak-archive {self.name} {vhost} #{i // GROUP_STREAMS + 1}"))
+        return groups
+
+    def _follower(self, g: Generation, st: StreamState, pool: StorePool) -> StreamFollower:
         b = self.cfg.backup
         records = metrics.archive_records().labels(vhost=st.vhost, stream=st.name)
         nbytes = metrics.archive_bytes().labels(vhost=st.vhost, stream=st.name)
@@ -379,11 +402,9 @@ class Archiver:
 
         def writer(vhost: str, name: str, first: int, on_durable: Callable[[SegmentMetadata, Any], None]):
             store = SegmentStore(self.storage, g.layout, g.codec, self.compression, vhost, name, "stream")
-            return AsyncSegmentWriter(store, self.compression, self.level, b.segment_max_bytes, 1 << 40, first,
-                                      on_durable)
+            return StreamSegments(pool, store, self.compression, self.level, b.segment_max_bytes, first, on_durable)
 
-        return StreamFollower(self.source, st.vhost, st.name, st.decision, st.durable, writer, b.prefetch_count,
-                              f"rbak-archive {self.name} {st.vhost}/{st.name}", count)
+        return StreamFollower(st.vhost, st.name, st.decision, st.durable, writer, count)
 
     # ------------------------------------------------------------------
     def _follow(self, g: Generation, client: ManagementClient, lease: Lease, vhosts: list[str]) -> None:
@@ -450,9 +471,12 @@ class Archiver:
             if all(self._flushed(st.follower, seq) for st in live if st.follower is not None):
                 break
             time.sleep(POLL_SECS)
+        flushed = time.monotonic()
         self._collect(g, seq)
         self._write_tick(g)
-        self._tick_secs = 0.7 * self._tick_secs + 0.3 * (time.monotonic() - began)
+        took = time.monotonic() - began
+        self._tick_secs = 0.7 * self._tick_secs + 0.3 * took
+        log.debug("archive %s: tick %d took %.3f s (flush %.3f s)", self.name, len(g.ticks) - 1, took, flushed - began)
 
     @staticmethod
     def _flushed(f: StreamFollower, seq: int) -> bool:
@@ -482,8 +506,8 @@ class Archiver:
                     cu = at - margin  # nothing committed, nothing read: complete up to the probe
                 elif end is not None and durable.last_offset is not None and end <= durable.last_offset:
                     cu = at - margin
-            if cu is None and durable.last_ts is not None:
-                cu = durable.last_ts - 1
+            if cu is None and durable.last_ts is not None and not (a is not None and a.behind):
+                cu = durable.last_ts - 1  # read caught up: every record committed before it was read is durable
             if cu is not None:
                 st.complete_until = max(st.complete_until or cu, cu)
 

@@ -1,9 +1,10 @@
-"""One stream followed without end: the backup's read, record and segment stages, flushed on each tick.
+"""Streams followed without end: the backup's record stage and segments, flushed on each tick.
 
-A follower reads its stream by offset (``broker.stream_reader.read_stream`` with ``on_idle``, on
-its own connection and thread), hands each delivery to the backup's ``RecordThread`` and
-``AsyncSegmentWriter`` (the same records, the same segments, stored by the same ``SegmentStore``),
-and closes its open segment whenever the archiver asks (a tick). What it reports is only what the
+A ``FollowerGroup`` reads up to ``archiver.GROUP_STREAMS`` streams of a vhost by offset on one AMQP
+connection and one thread (a channel and an ``x-stream-offset`` consumer each) and hands each
+delivery to its stream's ``StreamFollower``: the backup's ``RecordThread`` builds the same records,
+a ``store_pool.StreamSegments`` closes segments whenever the archiver asks (a tick) and stores them
+on the archive's shared pool (the same ``SegmentStore``). What a follower reports is only what the
 storage holds: ``on_durable`` moves its durable position, never the read.
 
 Each record's ``backed_up_at`` is when the follower read it, as in a backup (non-decreasing; over
@@ -12,8 +13,8 @@ that does gives the chunk's time instead). A caught-up follower reads a record m
 it is committed, so a point-in-time restore selects records by about when they were published; one
 catching up stamps them late, never early.
 
-When the follower has had no delivery for a moment and the archiver asks, it probes the stream's
-committed end over the stream protocol (``broker.stream_end``): an end it has already made
+When the follower has had no delivery for ``QUIET_SECS`` and the archiver asks, its group probes the
+stream's committed end over the stream protocol (``broker.stream_end.EndProber``): an end it has already made
 durable proves the stream complete up to the instant of the probe, so an idle stream's
 recovery point advances with no data written.
 """
@@ -24,29 +25,28 @@ import hashlib
 import logging
 import threading
 import time
+from functools import partial
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..backup.convert import BROKER_HEADERS, to_record
 from ..backup.record_thread import RecordThread
-from ..backup.segments import AsyncSegmentWriter
 from ..backup.stream_chain import NON_MESSAGE_SLACK, ChainDecision
 from ..broker.connect import connect
-from ..broker.stream_end import probe_end
-from ..broker.stream_reader import chunk_timestamp, read_stream
+from ..broker.deliveries import Deliver, properties, to_delivery
+from ..broker.stream_end import EndProber
+from ..broker.stream_reader import chunk_timestamp, split_offset, stream_offset
 from ..config import ConnectionConfig
-from ..errors import AmqpError
+from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost
 from ..format.manifest import SegmentMetadata, StreamGap, StreamInfo
 
 log = logging.getLogger(__name__)
 
 IDLE_SECS = 0.2  # how often a quiet read looks at the archiver's requests
-QUIET_SECS = 0.5  # no delivery for this long: the stream's end is probed before a tick
+QUIET_SECS = 2.0  # no delivery for this long: the stream's end is probed before a tick (a busier stream's last record says as much)
+BEHIND_SLACK = 2_000  # more than this many committed records past the read: a backlog, not in flight
+THREADED_UP_TO = 2  # a group of at most this many streams encodes each on a thread of its own
 UNSETTLED_MARGIN_MS = 500  # a probe that cannot rule out a chunk in flight proves a little less
-
-
-class _Stop(Exception):
-    """The archiver is stopping: leave the read (what was read is flushed)."""
 
 
 @dataclass(slots=True)
@@ -68,18 +68,20 @@ class FlushAnswer:
     seq: int
     target: int | None
     probe: tuple[int, int | None, int] | None
+    behind: bool = False  # the committed end was far past what was read: a backlog (after an outage)
 
 
 class StreamFollower:
-    def __init__(self, source: ConnectionConfig, vhost: str, name: str, decision: ChainDecision, durable: Durable,
-                 writer: Callable[[str, str, int, Callable[[SegmentMetadata, Any], None]], AsyncSegmentWriter],
-                 prefetch: int, conn_name: str, on_bytes: Callable[[int, int], None] | None = None):
-        self.source, self.vhost, self.name = source, vhost, name
+    """One stream's follow: its records, segments, flush answers and durable position. It owns no
+    thread and no connection: a ``FollowerGroup`` reads it with others on one connection."""
+
+    def __init__(self, vhost: str, name: str, decision: ChainDecision, durable: Durable,
+                 writer: Callable[[str, str, int, Callable[[SegmentMetadata, Any], None]], Any],
+                 on_bytes: Callable[[int, int], None] | None = None):
+        self.vhost, self.name = vhost, name
         self.decision = decision
         self.durable = durable
         self._writer = writer
-        self.prefetch = prefetch
-        self.conn_name = conn_name
         self.on_bytes = on_bytes
         self.lock = threading.Lock()
         self.new_segments: list[SegmentMetadata] = []
@@ -90,27 +92,15 @@ class StreamFollower:
         self.flush_request = 0
         self.answer: FlushAnswer | None = None
         self.error: BaseException | None = None
-        self.stopping = threading.Event()
         self.done = threading.Event()
-        self._thread: threading.Thread | None = None
         self._rt: RecordThread | None = None
-        self._conn: Any = None
         self.records = 0
+        self._min_offset = decision.start if isinstance(decision.start, int) else -1
+        self.behind_slack = BEHIND_SLACK  # records committed past the read that still count as caught up
 
     @property
     def where(self) -> str:
         return f"stream {self.name!r} in vhost {self.vhost!r}"
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"rbak-archive {self.vhost}/{self.name}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def pending(self) -> bool:
         """Records read but not yet named by a tick (or segments durable but not taken)."""
@@ -123,43 +113,35 @@ class StreamFollower:
             segs, self.new_segments = self.new_segments, []
             return segs, replace(self.durable)
 
-    # -- the follower's thread ----------------------------------------------------------------
-    def _run(self) -> None:
-        rt = None
-        error: BaseException | None = None
-        try:
-            self._conn = connect(self.source, self.vhost, name=self.conn_name)
-            rt = self._rt = RecordThread(self._writer(self.vhost, self.name, self.durable.next_sequence,
-                                                      self._on_durable), self._build)
-            read_stream(self._conn, self.vhost, self.name, self.decision.start, self._sink, prefetch=self.prefetch,
-                        idle_secs=IDLE_SECS, on_idle=self._idle)
-            if not self.stopping.is_set():
-                error = AmqpError(f"{self.where}: the broker cancelled the archive's consumer (the stream was "
-                                  "deleted, or its leader moved)")
-        except _Stop:
-            pass
-        except BaseException as e:  # noqa: BLE001 - reported to the archiver, which starts again from storage
-            error = e
+    # -- on its group's thread ----------------------------------------------------------------
+    def open(self, threaded: bool) -> None:
+        """``threaded``: records are encoded on a thread of the stream's own (a stream read alone, where
+        it overlaps the read), else on the group's reading thread (many streams: no thread each)."""
+        self._rt = RecordThread(self._writer(self.vhost, self.name, self.durable.next_sequence, self._on_durable),
+                                self._build, threaded=threaded)
+
+    def finish(self, error: BaseException | None) -> None:
+        """The read ended (``error``: why, None when the archiver stops): what was read is stored first."""
+        rt = self._rt
         try:
             if rt is not None:
-                rt.close()  # what was read is good whatever ended the read: stored before the thread ends
+                rt.close()
         except BaseException as e:  # noqa: BLE001
             error = error or e
             rt.abort()  # type: ignore[union-attr]
-        try:
-            self.error = error
-        finally:
-            if self._conn is not None:
-                try:
-                    self._conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
-            self.done.set()
+        self.error = error
+        self.done.set()
 
     def _build(self, d: tuple) -> Any:
         return to_record(d[0], d[1], d[2], self.vhost, self.name, d[3], BROKER_HEADERS, stream_offset=d[4])
 
-    def _sink(self, method: Any, props: Any, body: bytes, offset: int) -> None:
+    def deliver(self, method: Any, props: Any, body: bytes, off: int | None = None) -> None:
+        """One delivery, in order; ``off``: its offset when the caller took it from the header bytes."""
+        if off is None:
+            off = stream_offset(props)
+        if off is not None and off < self._min_offset:
+            return  # a chunk may start before the requested offset
+        offset = off if off is not None else -1
         chunk_ts = chunk_timestamp(props)
         ts = max(chunk_ts if chunk_ts is not None else int(time.time() * 1000), self._last_ts)
         if self._first:
@@ -173,7 +155,6 @@ class StreamFollower:
         self.last_delivery = time.monotonic()
         if self.on_bytes is not None:
             self.on_bytes(1, len(body))
-        self._serve(quiet=False)
 
     def _first_record(self, offset: int, ts: int) -> None:
         """A later first offset than asked: the stream's retention removed the ones between (a gap)."""
@@ -187,33 +168,35 @@ class StreamFollower:
             log.warning("%s: offsets %d..%d (at most %d message(s)) were removed by the stream's retention before "
                         "the archive read them; recorded as a gap", self.where, start, offset - 1, gap.count)
 
-    def _idle(self) -> bool:
-        self._serve(quiet=time.monotonic() - self.last_delivery >= QUIET_SECS)
-        return True
-
-    def _serve(self, quiet: bool) -> None:
-        """Answer the archiver's flush request, if a new one came; leave when it stops."""
-        if self.stopping.is_set():
-            raise _Stop()
+    def serve(self, probe: Callable[[str], int | None] | None) -> None:
+        """Answer the archiver's flush request, if a new one came. ``probe`` (the stream's committed end,
+        settled or not) when the stream has been quiet for ``QUIET_SECS``."""
         seq = self.flush_request
         if self.answer is not None and self.answer.seq >= seq:
             return
         assert self._rt is not None
         target = self.received
         self._rt.flush()
-        probe = None
-        if quiet:
+        answer = None
+        behind = False
+        if probe is not None and time.monotonic() - self.last_delivery >= QUIET_SECS:
             at = int(time.time() * 1000)
-            end = probe_end(self.source, self._conn, self.vhost, self.name, settled=True)
+            end = probe("settled")
             margin = 0
             if end is None:  # a chunk may be in flight (or 3.10, which cannot say): the unsettled end
-                end = probe_end(self.source, self._conn, self.vhost, self.name)
+                end = probe("")
                 margin = UNSETTLED_MARGIN_MS
-            probe = (at, end, margin)
-        self.answer = FlushAnswer(seq, target, probe)
+            answer = (at, end, margin)
+        elif probe is not None and target is not None:
+            # A record's stamp is when it was read: read from a backlog, it proves nothing about the
+            # records committed before it and not read yet. Far behind the committed end, the stream's
+            # complete-until must not move by its last record's stamp (the archiver keeps the last one).
+            end = probe("")
+            behind = end is not None and end - target > self.behind_slack
+        self.answer = FlushAnswer(seq, target, answer, behind)
 
     def _on_durable(self, meta: SegmentMetadata, tag: Any) -> None:
-        """On the segment thread, once a segment is stored: the durable position moves."""
+        """On a storing thread, once a segment is stored (in sequence order): the durable position moves."""
         offset, ts, body, chunk_ts = tag
         sha = hashlib.sha256(body).hexdigest()
         with self.lock:
@@ -223,6 +206,113 @@ class StreamFollower:
     def stream_info(self, durable: Durable) -> StreamInfo:
         """The manifest's ``stream`` record for what is durable (the chain decision's link, gaps so far)."""
         return stream_info(self.decision, durable, self.lock)
+
+
+class FollowerGroup:
+    """Streams of one vhost read on one AMQP connection by one thread: a channel and a consumer
+    (``x-stream-offset``) per stream, deliveries handed to each stream's follower as they arrive,
+    acked in batches (acks only move a stream consumer's credit). Each stream's credit is its
+    prefetch, so what waits in memory is bounded by ``prefetch`` deliveries per stream; quiet
+    streams' ends are probed on one stream-protocol connection (``broker.stream_end.EndProber``).
+
+    A failure of the connection ends every follower of the group with it (the archiver starts
+    again from the storage); the broker cancelling one consumer (a stream deleted) ends that one."""
+
+    def __init__(self, source: ConnectionConfig, vhost: str, followers: list[StreamFollower], prefetch: int,
+                 conn_name: str):
+        self.source, self.vhost, self.followers = source, vhost, followers
+        self.prefetch = prefetch
+        self.conn_name = conn_name
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"rbak-archive {self.conn_name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self) -> None:
+        conn = None
+        prober = None
+        subs: list[tuple[Any, str, StreamFollower]] = []
+        error: BaseException | None = None
+        try:
+            conn = connect(self.source, self.vhost, name=self.conn_name)
+            prober = EndProber(self.source, conn, self.vhost)
+            for f in self.followers:
+                f.open(threaded=len(self.followers) <= THREADED_UP_TO)
+                ch = conn.channel()
+                ch.qos(self.prefetch)
+                start = f.decision.start
+                subs.append((ch, ch.consume(f.name, {"x-stream-offset": start if isinstance(start, str)
+                                                     else int(start)}), f))
+            self._loop(conn, prober, subs)
+        except BaseException as e:  # noqa: BLE001 - reported to the archiver, which starts again from storage
+            error = e
+        live = [f for f in self.followers if not f.done.is_set()]
+        if isinstance(error, ChannelClosedByBroker):
+            error = AmqpError(f"vhost {self.vhost!r}: the broker closed a stream's channel: {error.code} {error.text}")
+        elif isinstance(error, ConnectionLost):
+            error = AmqpConnectionError(f"vhost {self.vhost!r}: the archive's connection was lost ({error})")
+        for f in live:
+            f.finish(None if self.stopping.is_set() and error is None else error)
+        if prober is not None:
+            prober.close()
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _loop(self, conn: Any, prober: "EndProber", subs: list[tuple[Any, str, StreamFollower]]) -> None:
+        ack_every = max(1, self.prefetch // 2)
+        unacked = {id(ch): (0, 0) for ch, _, _ in subs}  # channel -> (unacked count, last delivery tag)
+        live = list(subs)
+
+        def ready() -> bool:
+            return self.stopping.is_set() or any(ch.deliveries or tag in ch.cancelled or not ch.is_open
+                                                 for ch, tag, _ in live)
+
+        while live:
+            conn.pump(ready, timeout=IDLE_SECS)
+            if self.stopping.is_set():
+                return
+            for ch, tag, f in list(live):
+                if ch.deliveries:
+                    batch, ch.deliveries = ch.deliveries, []
+                    n, last = unacked[id(ch)]
+                    for item in batch:
+                        split = split_offset(item[4])
+                        if split is not None:  # the common case: the offset is the only header
+                            f.deliver(Deliver(item[0], item[1], item[2], item[3]), properties(split[1]), item[5],
+                                      split[0])
+                        else:
+                            method, props, body = to_delivery(item)
+                            f.deliver(method, props, body)
+                        n, last = n + 1, item[0]
+                        if n >= ack_every:
+                            ch.ack(last, multiple=True)
+                            n = 0
+                    unacked[id(ch)] = (n, last)
+                elif tag in ch.cancelled or not ch.is_open:
+                    conn.check()  # the connection itself: every stream of the group ends with it
+                    live.remove((ch, tag, f))
+                    why = ch.closed_by
+                    f.finish(AmqpError(f"{f.where}: the broker " + (
+                        f"closed the archive's channel: {why.code} {why.text}" if why is not None else
+                        "cancelled the archive's consumer (the stream was deleted, or its leader moved)")))
+                    continue
+                f.serve(partial(_probe, prober, f.name))
+
+
+def _probe(prober: EndProber, stream: str, settled: str) -> int | None:
+    return prober.end(stream, bool(settled))
 
 
 def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None = None) -> StreamInfo:

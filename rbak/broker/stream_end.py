@@ -204,26 +204,7 @@ def stream_end(host: str, port: int, vhost: str, stream: str, user: str, passwor
         if cluster_name is not None and props.get("cluster_name") not in (None, cluster_name):
             raise StreamProtocolError(f"{host}:{port} belongs to cluster {props.get('cluster_name')!r}, "
                                       f"not {cluster_name!r}")
-        chunks: list[StreamEnd] = []
-
-        def on_frame(key: int, body: bytes) -> None:
-            if key == _DELIVER and body[:1] == b"\x01":
-                _magic, _type, _entries, records, _ts, _epoch, first, *_ = _CHUNK_HEADER.unpack_from(body, 1)
-                chunks.append(StreamEnd(first, first + records - 1))
-
-        c.response(_SUBSCRIBE, c.request(_SUBSCRIBE, b"\x01" + _string(stream) + struct.pack(">HH", _OFFSET_LAST, 1)
-                                          + _map({})), on_frame)
-        c.response(_UNSUBSCRIBE, c.request(_UNSUBSCRIBE, b"\x01"), on_frame)
-        end = max(chunks, key=lambda e: e.last_offset) if chunks else None
-        if (end is None or settled) and _version(props.get("version", "")) >= STATS_SINCE:
-            stats = _stats(c.response(_STREAM_STATS, c.request(_STREAM_STATS, _string(stream))))
-            committed, written = stats.get("committed_chunk_id"), stats.get("last_chunk_id")
-            if end is None and committed == -1 and written == -1:
-                end = EMPTY  # nothing written, nothing committed
-            elif settled and (end is None or committed != written or committed != end.chunk_first):
-                end = None  # a chunk is written but not yet committed: the end is still moving
-        elif settled:
-            end = None  # 3.10: no StreamStats to confirm nothing is in flight
+        end = _end_on(c, props, stream, settled)
         try:
             c.request(_CLOSE, struct.pack(">H", 1) + _string("rbak: done"))
         except OSError:
@@ -233,6 +214,75 @@ def stream_end(host: str, port: int, vhost: str, stream: str, user: str, passwor
         raise StreamProtocolError(f"stream connection to {host}:{port} failed ({e})") from None
     finally:
         c.close()
+
+
+def _end_on(c: _Conn, props: dict[str, str], stream: str, settled: bool) -> StreamEnd | None:
+    """``stream_end`` on an open connection (one subscription at a time: id 1, unsubscribed before return)."""
+    chunks: list[StreamEnd] = []
+
+    def on_frame(key: int, body: bytes) -> None:
+        if key == _DELIVER and body[:1] == b"\x01":
+            _magic, _type, _entries, records, _ts, _epoch, first, *_ = _CHUNK_HEADER.unpack_from(body, 1)
+            chunks.append(StreamEnd(first, first + records - 1))
+
+    c.response(_SUBSCRIBE, c.request(_SUBSCRIBE, b"\x01" + _string(stream) + struct.pack(">HH", _OFFSET_LAST, 1)
+                                      + _map({})), on_frame)
+    c.response(_UNSUBSCRIBE, c.request(_UNSUBSCRIBE, b"\x01"), on_frame)
+    end = max(chunks, key=lambda e: e.last_offset) if chunks else None
+    if (end is None or settled) and _version(props.get("version", "")) >= STATS_SINCE:
+        stats = _stats(c.response(_STREAM_STATS, c.request(_STREAM_STATS, _string(stream))))
+        committed, written = stats.get("committed_chunk_id"), stats.get("last_chunk_id")
+        if end is None and committed == -1 and written == -1:
+            end = EMPTY  # nothing written, nothing committed
+        elif settled and (end is None or committed != written or committed != end.chunk_first):
+            end = None  # a chunk is written but not yet committed: the end is still moving
+    elif settled:
+        end = None  # 3.10: no StreamStats to confirm nothing is in flight
+    return end
+
+
+class EndProber:
+    """``probe_end`` for many streams of one vhost on one stream-protocol connection, kept open
+    between probes (``rbak archive`` probes every quiet stream at each tick: one connection per probe
+    was a TCP and SASL handshake per stream per tick). A failed probe closes the connection (the next
+    one opens another) and answers None, as ``probe_end`` does."""
+
+    def __init__(self, cfg: "ConnectionConfig", conn, vhost: str):
+        self.cfg, self.vhost = cfg, vhost
+        cluster = (conn.server_properties or {}).get("cluster_name")
+        self.cluster = cluster.decode(errors="replace") if isinstance(cluster, bytes) else cluster
+        self._c: _Conn | None = None
+        self._props: dict[str, str] = {}
+
+    def end(self, stream: str, settled: bool = False) -> int | None:
+        from .connect import ssl_context
+
+        cfg = self.cfg
+        try:
+            if self._c is None:
+                ctx = (ssl_context(cfg), cfg.tls.server_name or cfg.host) if cfg.use_tls else None
+                try:
+                    self._c, self._props = _open(cfg.host, cfg.stream_port, self.vhost, cfg.username, cfg.password,
+                                                 cfg.connection_timeout_secs, ctx)
+                except (OSError, struct.error) as e:
+                    raise StreamProtocolError(f"cannot open a stream connection to {cfg.host}:{cfg.stream_port} "
+                                              f"({e})") from None
+                got = self._props.get("cluster_name")
+                if self.cluster is not None and got not in (None, self.cluster):
+                    raise StreamProtocolError(f"{cfg.host}:{cfg.stream_port} belongs to cluster {got!r}, "
+                                              f"not {self.cluster!r}")
+            end = _end_on(self._c, self._props, stream, settled)
+        except (StreamProtocolError, OSError, struct.error) as e:
+            self.close()
+            log.info("stream %r in vhost %r: the end is found by a quiet period (stream protocol on port %d: %s)",
+                     stream, self.vhost, cfg.stream_port, e)
+            return None
+        return end.last_offset if end is not None else None
+
+    def close(self) -> None:
+        if self._c is not None:
+            self._c.close()
+            self._c = None
 
 
 def probe_end(cfg: "ConnectionConfig", conn, vhost: str, stream: str, settled: bool = False) -> int | None:

@@ -12,6 +12,7 @@ end (streams have no exact depth over AMQP: a passive declare reports 0 on
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -33,6 +34,38 @@ def stream_offset(props) -> int | None:
         return None
     v = h.get("x-stream-offset")
     return int(v) if v is not None else None
+
+
+_OFFSET_ONLY = b"\x0fx-stream-offsetl"  # a header table of one entry: x-stream-offset, a signed 64-bit int
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+
+
+def split_offset(raw: bytes) -> tuple[int, bytes] | None:
+    """``(offset, the content header without its header table)`` when the broker's ``x-stream-offset``
+    is the delivery's only header (what a stream holds of messages published without headers), else
+    None. The header bytes then differ by the offset alone, so without them every delivery shares one
+    decoded properties object, where pika decoded each delivery's table (~40% of the archive's reading
+    thread, profiled)."""
+    if len(raw) < 2:
+        return None
+    flags = (raw[0] << 8) | raw[1]
+    if not flags & 0x2000 or flags & 0x0001:
+        return None
+    pos = 2
+    try:
+        if flags & 0x8000:  # content_type, then content_encoding: short strings before the headers
+            pos += 1 + raw[pos]
+        if flags & 0x4000:
+            pos += 1 + raw[pos]
+        (size,) = _U32.unpack_from(raw, pos)
+    except (IndexError, struct.error):
+        return None
+    if size != 25 or raw[pos + 4:pos + 21] != _OFFSET_ONLY or len(raw) < pos + 29:
+        return None
+    (offset,) = _I64.unpack_from(raw, pos + 21)
+    rest = flags & ~0x2000
+    return offset, bytes(((rest >> 8) & 0xFF, rest & 0xFF)) + raw[2:pos] + raw[pos + 29:]
 
 
 def read_stream(

@@ -18,7 +18,12 @@ Then, whatever the rules say:
 - an incomplete backup (a manifest with ``completed_at`` null: possibly still
   running) is never deleted, nor is a backup the policy does not own;
 - every backup a kept backup's incremental streams continue (its chain,
-  transitively) is kept, because restoring the kept one needs it.
+  transitively) is kept, because restoring the kept one needs it;
+- a continuous archive's (``rbak archive``) open generation is never deleted (it is being
+  written: a delete would leave its later ticks without their first, unreadable), and each
+  archive's newest generation is kept: it holds the archive's recoverable-until and any gap
+  found since, and the next generation links to it. Through the chains, that keeps every
+  generation a restore to the recoverable-until walks.
 
 ``plan_retention`` returns every backup with the reasons it is kept or deleted,
 so callers print what they keep and why.
@@ -54,6 +59,8 @@ class StoredBackup:
     depends_on: frozenset[str] = frozenset()  # backups its incremental streams continue
     owned: bool = True  # made by this policy (others are never deleted, but their chains are kept)
     holds_data: bool = True  # a message, or definitions by intent (``BackupManifest.holds_data``)
+    archive: str | None = None  # a generation of this continuous archive (``rbak archive``)
+    archive_open: bool = False  # ... still being written (assembled from its ticks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +157,17 @@ def plan_retention(backups: Iterable[StoredBackup], policy: RetentionPolicy, now
         elif not b.complete:
             why[b.backup_id].append("incomplete (may still be running)")
             keep.add(b.backup_id)
+    newest_gen: dict[str, StoredBackup] = {}
+    for b in allb:  # oldest first: the last one seen of each archive is its newest
+        if b.archive is not None:
+            newest_gen[b.archive] = b
+    for b in allb:
+        if b.archive_open:
+            why[b.backup_id].append(f"the open generation of archive {b.archive} (rbak archive is writing it)")
+            keep.add(b.backup_id)
+        elif b.archive is not None and newest_gen[b.archive] is b:
+            why[b.backup_id].append(f"the newest generation of archive {b.archive} (its recoverable-until)")
+            keep.add(b.backup_id)
     last = done or owned_done  # the newest backup holding data (else the newest complete one)
     if last and last[-1].backup_id not in keep:
         why[last[-1].backup_id].append("the newest complete backup" + (" holding data" if done else ""))
@@ -184,7 +202,9 @@ def stored_backups(entries, owns=lambda _bid: True) -> list[StoredBackup]:
     out = []
     for e in entries:
         m = e.manifest
+        arc = m.archive if m else None
         out.append(StoredBackup(e.backup_id, m.created_at if m else 0, e.complete,
                                 frozenset(m.depends_on) if m else frozenset(), owns(e.backup_id),
-                                m.holds_data if m else True))
+                                m.holds_data if m else True, arc.name if arc else None,
+                                bool(arc and arc.open)))
     return out

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pika
+import pytest
 from support.backups import fast_publish
 from support.brokers import wait_until
 
@@ -162,7 +163,8 @@ def test_recovery_point_proven_by_a_restore(broker, vhost_factory, tmp_path):
     # the follower's read ends; the archiver closes that generation and goes on with the streams left
     wait_until(lambda: len(generations(path)) >= 2, timeout=120, what="the archive to go on after the loss")
     summary = arc.stop()
-    assert summary["errors"] and all("orders" in e for e in summary["errors"]), summary["errors"]
+    # the loss is met by the follower (its consumer cancelled) or by the listing before a tick, whichever first
+    assert all("orders" in e for e in summary["errors"]), summary["errors"]
     newest = generations(path)[-1]
     assert newest["status"] == "complete" and newest["archive"]["recoverable_until"] is not None
     w = newest["archive"]["recoverable_until"]
@@ -413,7 +415,7 @@ def test_a_cut_connection_and_a_storage_that_stalls_lose_nothing(broker, vhost_f
 
     def follower_connections() -> list[str]:
         return [c["name"] for c in broker.api("GET", "/api/connections") or []
-                if (c.get("client_properties") or {}).get("connection_name", "").startswith(f"rbak-archive arc {vhost}/")]
+                if (c.get("client_properties") or {}).get("connection_name", "").startswith(f"rbak-archive arc {vhost} #")]
 
     names = wait_until(follower_connections, timeout=120, what="the follower's connection listed")
     for name in names:
@@ -505,3 +507,174 @@ def test_an_envelope_encrypted_archive_has_a_data_key_per_generation(rmq43, vhos
     declare_stream(broker, fresh, "env")
     assert restore_into(tmp_path, broker, store, gens[-1]["backup_id"], vhost, fresh, sections=enc)["ok"]
     assert bodies(broker, fresh, "env") == sent
+
+
+def test_prune_while_archiving_keeps_the_open_generation_and_its_chain(broker, vhost_factory, tmp_path):
+    """``rbak prune`` run beside a live archiver, with rules that would delete every generation (all
+    older than a second; the open one idle, so no keep rule counts it): the open generation and every
+    generation it links to stay, the archiver goes on in it, and a restore has every record once, in order."""
+    vhost, fresh = vhost_factory(broker), vhost_factory(broker)
+    declare_stream(broker, vhost, "p")
+    store = fs_storage(tmp_path)
+    path = str(tmp_path / "store")
+    sent = [b"p-%d" % i for i in range(120)]
+    fast_publish(broker, vhost, "p", sent[:100])
+    arc = Archiver(archive_config(tmp_path, broker, vhost, store, generation_ticks=2, idle_tick_secs=1),
+                   tmp_path / "a.log").running()
+    wait_until(lambda: archived(path) == 100, timeout=120, what="the first records archived")
+    # a few more generations: the newest ones idle (holding no record)
+    seen = len(generations(path))
+    wait_until(lambda: len(generations(path)) >= seen + 2, timeout=120, what="idle generations")
+    before = generations(path)
+    assert before[-1]["total_messages"] == 0, before[-1]  # open, or just closed: the next one not ticked yet
+    for rules in (["--max-age", "1s"], ["--keep-last", "1"], ["--keep-daily", "0", "--max-age", "1s"]):
+        out = json.loads(rbak("prune", "--path", path, *rules, "--format", "json").stdout)
+        assert out["deleted"] == [], (rules, out["verdicts"])
+    now = generations(path)
+    assert {g["backup_id"] for g in before} <= {g["backup_id"] for g in now}
+    newest = [v for v in out["verdicts"] if v["backup_id"].startswith("arc.")][-1]  # open, or closed since
+    assert any(r.startswith(("the open generation of archive arc", "the newest generation of archive arc"))
+               for r in newest["reasons"]), newest
+    fast_publish(broker, vhost, "p", sent[100:])
+    wait_until(lambda: archived(path) == 120, timeout=120, what="the archive to go on after the prune")
+    arc.stop()
+    gens = generations(path)
+    for g in gens:
+        rbak("validate", "--path", path, "--backup-id", g["backup_id"])
+    declare_stream(broker, fresh, "p")
+    assert restore_into(tmp_path, broker, store, gens[-1]["backup_id"], vhost, fresh)["ok"]
+    assert bodies(broker, fresh, "p") == sent
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+OUTAGE_SECS = 120
+
+
+def test_the_storage_unreachable_for_minutes_loses_nothing(rmq43, vhost_factory, tmp_path, s3_bucket):
+    """The storage is unreachable for two minutes while a publisher goes on: the lag grows and is reported,
+    the archiver's memory stays flat (it reads no further than it can store), it catches up once the storage
+    is back, and a restore has every record once, in order. On 4.3.6 only: the outage is the test's cost."""
+    from urllib.parse import urlsplit
+
+    from support.holdproxy import HoldProxy
+
+    broker = rmq43
+    vhost, fresh = vhost_factory(broker), vhost_factory(broker)
+    declare_stream(broker, vhost, "o")
+    ep = urlsplit(s3_bucket.endpoint)
+    proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
+    store = json.dumps({"backend": "s3", "bucket": s3_bucket.bucket, "prefix": s3_bucket.prefix,
+                        "endpoint": proxy.url, "path_style": True, "region": "us-east-1"})
+    port = free_port()
+    cfg = archive_config(tmp_path, broker, vhost, store, retry_secs=1,
+                         sections={"metrics": {"enabled": True, "port": port, "bind": "127.0.0.1"}})
+    arc = Archiver(cfg, tmp_path / "a.log").running()
+    pub = SteadyPublisher(broker, vhost, "o", rate=200)
+    pub.start()
+    wait_until(lambda: archived(s3_bucket) >= 400, timeout=120, what="the archive to follow the publisher")
+    key = f'rbak_archive_lag_seconds{{stream="o",vhost="{vhost}"}}'
+    before = rss_mib(arc.proc.pid)
+    proxy.down()
+    t0 = time.monotonic()
+    rss, lags = [], []
+    while time.monotonic() - t0 < OUTAGE_SECS:
+        time.sleep(5)
+        rss.append(rss_mib(arc.proc.pid))
+        lags.append(scrape(port).get(key, 0.0))
+    proxy.up()
+    up_at = time.monotonic()
+    backlog = len(pub.confirmed)  # published before the storage came back
+    assert lags[-1] >= OUTAGE_SECS - 15 and lags == sorted(lags), lags  # it grows all along, and is reported
+    assert max(rss) <= max(before + 64, 300), (before, rss)  # flat: nothing piles up in memory
+    assert max(rss[len(rss) // 2:]) <= max(rss[:len(rss) // 2]) + 16, rss
+    wait_until(lambda: scrape(port).get(key, 1e9) < 5, timeout=300, what="the lag back under 5 s")
+    caught_up = time.monotonic() - up_at
+    # the lag is the broker's, not the read's: under 5 s only once the backlog is archived
+    assert archived(s3_bucket) >= backlog, (archived(s3_bucket), backlog)
+    pub.halt.set()
+    pub.join(30)
+    assert pub.error is None
+    wait_until(lambda: archived(s3_bucket) == len(pub.confirmed), timeout=120, what="every record archived")
+    summary = arc.stop()
+    proxy.close()
+    assert summary["errors"], "the outage was met and reported"
+    declare_stream(broker, fresh, "o")
+    out = restore_into(tmp_path, broker, s3_storage(s3_bucket), generations(s3_bucket)[-1]["backup_id"], vhost, fresh)
+    assert out["ok"], out
+    assert bodies(broker, fresh, "o") == [b for b, _ in pub.confirmed]
+    print(f"\noutage {OUTAGE_SECS} s at 200 msg/s: lag peaked at {max(lags):.0f} s, RSS {before:.0f} -> "
+          f"{max(rss):.0f} MiB, lag under 5 s {caught_up:.0f} s after the storage came back")
+
+
+@pytest.mark.broker
+def test_the_broker_restarted_under_the_archiver_loses_nothing(tmp_path):
+    """A private 3.10.8 node (never the shared brokers) is stopped and started again while the archiver
+    follows its stream and a publisher waits for it: the archiver starts again from the storage once the
+    node is back, and a restore has every confirmed record once, in order."""
+    from support.private_node import private_node
+
+    stream_port = free_port()
+    with private_node("3.10", conf=[f"stream.listeners.tcp.1 = {stream_port}"],
+                      plugins=("rabbitmq_management", "rabbitmq_stream")) as node:
+        node.add_vhost("src")
+        node.add_vhost("dst")
+        amqp = f"amqp://guest:guest@127.0.0.1:{node.port}/"
+        cfg = tmp_path / "archive.yaml"
+        cfg.write_text(json.dumps({
+            "mode": "archive",
+            "source": {"amqp_url": amqp + "src", "management_url": f"http://127.0.0.1:{node.management_port}",
+                       "stream_port": stream_port, "queues": {"vhosts": ["src"]}},
+            "storage": json.loads(fs_storage(tmp_path)),
+            "archive": {"name": "arc", "max_delay_secs": MAX_DELAY, "idle_tick_secs": 2, "retry_secs": 1}}))
+        sent: list[bytes] = []
+
+        def publish(n: int) -> None:
+            conn = node.connect("src")
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("r", durable=True, arguments={"x-queue-type": "stream"})
+            for _ in range(n):
+                body = b"r-%d" % len(sent)
+                ch.basic_publish("", "r", body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+                sent.append(body)
+            conn.close()
+
+        publish(200)
+        path = str(tmp_path / "store")
+        arc = Archiver(cfg, tmp_path / "a.log").running()
+        wait_until(lambda: archived(path) == 200, timeout=120, what="the first records archived")
+        node.stop()
+        time.sleep(3)  # the archiver meets the broker away: its generation is closed, it retries
+        node.start()
+        publish(150)
+        wait_until(lambda: archived(path) == 350, timeout=180, what="the archive to go on after the restart")
+        summary = arc.stop()
+        assert summary["errors"], "the restart was met and reported"
+        gens = generations(path)
+        assert len(gens) >= 2 and all(g["status"] == "complete" for g in gens), gens
+        conn = node.connect("dst")
+        conn.channel().queue_declare("r", durable=True, arguments={"x-queue-type": "stream"})
+        conn.close()
+        cfg_r = tmp_path / "restore.yaml"
+        cfg_r.write_text(json.dumps({
+            "mode": "restore", "backup_id": gens[-1]["backup_id"],
+            "target": {"amqp_url": amqp + "dst", "management_url": f"http://127.0.0.1:{node.management_port}"},
+            "storage": json.loads(fs_storage(tmp_path)), "restore": {"vhost_mapping": {"src": "dst"}}}))
+        assert json.loads(rbak("restore", "--config", str(cfg_r), "--json").stdout)["ok"]
+        got = []
+        conn = node.connect("dst")
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=1000)
+        for method, _props, body in ch.consume("r", arguments={"x-stream-offset": "first"}, inactivity_timeout=2):
+            if method is None:
+                break
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+        conn.close()
+        assert got == sent

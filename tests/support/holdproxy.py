@@ -4,6 +4,9 @@ A test that needs a request of the operator to be in flight at a given moment (a
 answer, without making every request slow) arms ``hold_next(pattern, seconds)``: the next
 request whose bytes contain ``pattern`` waits ``seconds`` before it is forwarded; ``holding``
 is set meanwhile. Everything else passes through unchanged.
+
+``down()`` makes the storage unreachable (an outage, for as long as a test wants): every open
+connection is cut and every new one is closed at once; ``up()`` ends it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class HoldProxy:
         self.holding = threading.Event()
         self.held = 0  # requests held so far
         self._stop = threading.Event()
+        self._down = threading.Event()
+        self._open: set[socket.socket] = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -33,6 +38,20 @@ class HoldProxy:
     def hold_next(self, pattern: bytes, seconds: float) -> None:
         with self._lock:
             self._pattern, self._seconds = pattern, seconds
+
+    def down(self) -> None:
+        """The storage is unreachable: open connections are cut, new ones closed at once."""
+        self._down.set()
+        with self._lock:
+            cut, self._open = list(self._open), set()
+        for s in cut:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def up(self) -> None:
+        self._down.clear()
 
     def close(self) -> None:
         self._stop.set()
@@ -44,11 +63,18 @@ class HoldProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            if self._down.is_set():
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target)
             except OSError:
                 client.close()
                 continue
+            with self._lock:
+                self._open.update((client, upstream))
+            if self._down.is_set():  # went down meanwhile
+                self.down()
             threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
@@ -61,6 +87,8 @@ class HoldProxy:
         except OSError:
             pass
         finally:
+            with self._lock:
+                self._open.difference_update((src, dst))
             for s in (src, dst):
                 try:
                     s.shutdown(socket.SHUT_RDWR)
