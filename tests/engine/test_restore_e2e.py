@@ -17,7 +17,7 @@ from rbak.restore import run_restore  # noqa: E402
 from rbak.format.amqp091 import encode_basic_properties  # noqa: E402
 from rbak.config import ConnectionConfig, DefinitionsSelection  # noqa: E402
 from rbak.restore.options import RestoreOptions  # noqa: E402
-from rbak.restore.publisher import ConfirmingPublisher  # noqa: E402
+from rbak.broker.amqp091_publisher import ConfirmingPublisher  # noqa: E402
 
 HOSTILE = "a/b c%d ünï 🐇"
 QUEUES = {  # name -> (type, routing key on e2e.x, headers, properties, bodies)
