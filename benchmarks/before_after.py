@@ -9,7 +9,8 @@ never share a module; the pairs alternate which goes first. Cases (1 KiB persist
 
 - ``backup-classic`` / ``backup-quorum``: one queue of ``--messages``, backed up (msg/s);
 - ``backup-many``: 300 classic queues of 50 (msg/s: per-queue cost);
-- ``restore-091``: those ``--messages`` restored into a fresh queue over AMQP 0-9-1 (msg/s).
+- ``restore-091``: those ``--messages`` restored into a fresh queue over AMQP 0-9-1 (msg/s);
+- ``restore-10``: the same over AMQP 1.0 (``restore.protocol: amqp10``; a 4.x broker: the default rmq43).
 
 Prints each round, the medians and the ratio after/before per case (1.00: no change; the
 issue-32 bar is no case below 0.95).
@@ -31,7 +32,7 @@ sys.path.insert(1, os.path.dirname(HERE))  # rbak, for filling the queues (the m
 
 from bench_common import BROKER_HELP, BROKERS, Broker, fill, load  # noqa: E402
 
-CASES = ("backup-classic", "backup-quorum", "backup-many", "restore-091")
+CASES = ("backup-classic", "backup-quorum", "backup-many", "restore-091", "restore-10")
 
 CHILD = r"""
 import json, os, sys, time, uuid
@@ -63,13 +64,17 @@ else:
     target = "restored-" + uuid.uuid4().hex[:8]
     with pika.BlockingConnection(pika.URLParameters(amqp)) as c:
         c.channel().queue_declare(target, durable=True)
-    opts = RestoreOptions(backup_id=os.environ["BENCH_BACKUP_ID"], protocol="amqp091",
+    protocol = "amqp10" if case == "restore-10" else "amqp091"
+    opts = RestoreOptions(backup_id=os.environ["BENCH_BACKUP_ID"], protocol=protocol,
                           target=ConnectionConfig(amqp_url=amqp, management_url=mgmt),
                           queue_mapping=((f"{vh}/classic-0", target),))
     t = time.perf_counter()
     s = run_restore(open_storage(store), opts)
     secs = time.perf_counter() - t
     assert s.confirmed == int(n), s.confirmed
+    assert [q.protocol for q in s.queues] == [protocol], [q.protocol for q in s.queues]
+    with pika.BlockingConnection(pika.URLParameters(amqp)) as c:  # each round's copy would pile up in the broker
+        c.channel().queue_delete(target)
     print(json.dumps({"secs": secs, "messages": s.confirmed}))
 """
 
@@ -101,7 +106,7 @@ def main() -> None:
         print(f"  {k}: {t} at {rev or '?'}")
     rates: dict[tuple[str, str], list[float]] = {}
     with broker.vhost() as vh, tempfile.TemporaryDirectory() as tmp:
-        if {"backup-classic", "restore-091"} & set(cases):
+        if {"backup-classic", "restore-091", "restore-10"} & set(cases):
             fill(broker, vh, ["classic-0"], a.messages)
         if "backup-quorum" in cases:
             fill(broker, vh, ["quorum-0"], a.messages, {"x-queue-type": "quorum"})
@@ -114,7 +119,7 @@ def main() -> None:
                 for k in order:
                     store = os.path.join(tmp, k)
                     env = {}
-                    if case == "restore-091":
+                    if case.startswith("restore"):
                         if k not in restore_from:  # the backup it restores: taken by the same tree
                             restore_from[k] = run(trees[k], "backup-classic", broker, vh, store, a.messages, {})["id"]
                         env = {"BENCH_BACKUP_ID": restore_from[k]}
