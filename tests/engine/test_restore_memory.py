@@ -18,6 +18,7 @@ from rbak.broker.memory import MemoryBroker, MemoryMessage
 from rbak.commands import restore as restore_cmd
 from rbak.errors import PublishError, RestoreError
 from rbak.format.amqp091 import decode_basic_properties
+from rbak.format.record import Long, Table
 from rbak.restore import run_restore
 from rbak.restore.checkpoint import RestoreCheckpoint
 from rbak.restore.engine import checkpoint_fingerprint
@@ -278,3 +279,20 @@ def test_the_cli_reports_a_refused_queue_in_its_json_and_exits_non_zero(monkeypa
     (q,) = out["queues"]
     assert (q["status"], q["confirmed"], q["failed"]) == ("failed", 5, 5)
     assert broker.bodies(V, "orders") == bodies[:5]
+
+
+def test_a_record_1_0_cannot_carry_switches_the_rest_of_the_queue_to_0_9_1_in_order():
+    storage = MemoryStorage()
+    records = make_records(V, "orders", _bodies(6), every_type=False)
+    records[3] = dataclasses.replace(records[3], headers=(("nested", Table((("k", Long(1)),))),))  # 1.0: no tables
+    build_backup(storage, "b", [(V, "orders", "classic", records)])
+    broker = _broker("orders")
+
+    (q,) = run_restore(storage, _options(broker, protocol="amqp10")).queues
+
+    assert (q.status, q.protocol, q.published, q.confirmed) == ("restored", "amqp10+amqp091", 6, 6)
+    assert [(m.body, m.encoding) for m in broker.messages(V, "orders")] == [
+        (b"m-0", "amqp10"), (b"m-1", "amqp10"), (b"m-2", "amqp10"),
+        (b"m-3", "amqp091"), (b"m-4", "amqp091"), (b"m-5", "amqp091")]
+    _, headers = decode_basic_properties(broker.messages(V, "orders")[3].header)
+    assert headers_equal(headers, (("nested", Table((("k", Long(1)),))),))
