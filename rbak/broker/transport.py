@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..config import ConnectionConfig
 from ..errors import AmqpError
-from ..management import ManagementClient
+from .management import ManagementClient
 from .amqp091_publisher import ConfirmingPublisher
 from .connect import connect
 from .publisher import Encoding, Publisher

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..broker.transport import Transport
 from ..config import ConnectionConfig
-from ..crypto import ObjectCodec
+from ..sealing.crypto import ObjectCodec
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
 from .source import BackupSource

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from ..broker.transport import AmqpTransport, Transport
 from ..config import ConnectionConfig, DefinitionsSelection, QueueSelection
-from ..crypto import load_keyring
-from ..envelope import KmsSettings
+from ..sealing.crypto import load_keyring
+from ..sealing.envelope import KmsSettings
 from ..errors import ConfigError
 
 PublishMode = Literal["exchange", "queue"]

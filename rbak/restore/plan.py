@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Mapping
 
 from ..config import QueueSelection, queue_selected
-from ..crypto import EncryptionInfo
+from ..sealing.crypto import EncryptionInfo
 from ..errors import ConfigError
 from ..format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 from ..format.record import BackupRecord

@@ -16,7 +16,7 @@ from typing import Any, Callable, cast
 from .. import metrics
 from ..broker.declare import queue_counts
 from ..broker.transport import ManagementApi, TargetConnection
-from ..crypto import ChainCodec, ObjectCodec, codec_for
+from ..sealing.crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, ManifestError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
 from ..format.record import BackupRecord, properties_key

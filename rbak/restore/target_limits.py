@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ManagementApiError
-from ..management import q
+from ..broker.management import q
 
 NUMERIC = ("max-length", "max-length-bytes", "message-ttl", "expires", "delivery-limit")
 BY_ARGUMENT = ("overflow", "dead-letter-exchange", "dead-letter-routing-key")
