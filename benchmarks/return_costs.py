@@ -74,7 +74,7 @@ def _amqp10(broker: Broker, vh: str, name: str, outcome: str) -> None:
     from proton import Delivery
 
     from rbak.config import ConnectionConfig
-    from rbak.restore.amqp10_publisher import _Wire
+    from rbak.broker.amqp10_publisher import _Wire
 
     w = _Wire(ConnectionConfig(amqp_url=broker.amqp_url(vh)), vh)
     try:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from ..errors import AmqpError, ChannelClosedByBroker, QueueAccessRefused, QueueLocked, QueueNotFound
 from .channels import CONTROL, kept_channel
-from .wire import Connection
+from .transport import TargetConnection
 
 
 class QueueCounts(NamedTuple):
@@ -23,7 +23,7 @@ class QueueCounts(NamedTuple):
     consumers: int
 
 
-def passive_declare(conn: Connection, vhost: str, queue: str) -> QueueCounts:
+def passive_declare(conn: TargetConnection, vhost: str, queue: str) -> QueueCounts:
     """``queue``'s counts in ``vhost`` (the vhost ``conn`` is open on); raises ``QueueNotFound``,
     ``QueueLocked``, ``QueueAccessRefused`` or ``AmqpError``, each naming vhost and queue."""
     ch = kept_channel(conn, CONTROL)
@@ -33,7 +33,7 @@ def passive_declare(conn: Connection, vhost: str, queue: str) -> QueueCounts:
         raise refusal(e, vhost, queue) from None
 
 
-def queue_counts(conn: Connection, vhost: str, queue: str) -> QueueCounts | None:
+def queue_counts(conn: TargetConnection, vhost: str, queue: str) -> QueueCounts | None:
     """``passive_declare``, or None when the queue does not exist (a restore target not created yet)."""
     try:
         return passive_declare(conn, vhost, queue)

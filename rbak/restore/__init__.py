@@ -1,7 +1,7 @@
 """Restore: publish an RBAK backup's records (and optionally its definitions) into a broker.
 
-``options`` (what to do), ``plan`` (pure: which segments, where to), ``fields``
-(exact AMQP property/header encoding), ``publisher`` (confirms + mandatory),
+``options`` (what to do), ``plan`` (pure: which segments, where to), ``record_publisher``
+(a queue's records over 0-9-1 or 1.0, through ``broker.publisher.Publisher``: confirms + mandatory),
 ``checkpoint`` (resumable), ``definitions`` (import with rollback snapshot),
 ``queue_restore`` (one queue: ``restore_queue_segments``, the reusable unit), ``engine`` (orchestration).
 """

@@ -3,7 +3,8 @@
 Queues are restored concurrently by a bounded pool (``max_concurrent_queues``,
 one AMQP connection per running queue); within a queue records are published
 in backup order on one channel, so they are enqueued in that order. One
-queue's run is ``queue_restore.restore_queue_segments``.
+queue's run is ``queue_restore.restore_queue_segments``. The checks before the first publish share
+one connection per target vhost (``TargetConnections``).
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-
+from .. import metrics
+from ..broker.transport import TargetConnection, Transport
 from ..errors import ManifestError, RbakError, RestoreError
 from ..format.manifest import BackupManifest
 from ..storage.base import Storage
-from .. import metrics
 from .chain import expand_chains
 from .checkpoint import QueueState, open_checkpoint
+from .definitions import definition_vhosts, import_definitions
+from .message_size import oversize_records, refusal as oversize_refusal, target_limit
 from .options import RestoreOptions
 from .plan import QueuePlan, check_selection, plan_restore, resolve_target_vhosts
 from .queue_restore import QueueResult, count_selected, plan_codec, restore_queue_segments, target_problems
+from .record_publisher import version_of
 from .source import BackupSource
 from .target_limits import refusal
 
@@ -118,8 +122,6 @@ def resolve_restore(source: BackupSource, manifest: BackupManifest,
     """Every mapping key and selection checked against the backup, the target URL's vhost applied:
     (the options to plan with, where each source vhost goes). The one step for every restore path
     (CLI engine, Spark driver); raises ``ConfigError`` (exit 2) before the broker is touched."""
-    from .definitions import definition_vhosts
-
     def_vhosts = definition_vhosts(source, manifest, options)
     check_selection(manifest, options, def_vhosts)
     options, targets = resolve_target_vhosts(manifest, options, def_vhosts)
@@ -154,7 +156,6 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     plans = plan_restore(manifest, options)
     if on_plan is not None:
         on_plan(plans)
-    chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
     if options.restore_messages:
         check_before_publishing(source, manifest, plans, options)
     for line in summary.targets:  # where it goes, before anything is imported or published
@@ -162,11 +163,24 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     if options.restore_messages:
         for p in plans:
             log.info("restore plan: %s/%s -> %s/%s", p.source_vhost, p.source_queue, p.target_vhost, p.target_queue)
-    if options.restore_messages or options.restore_definitions or options.definitions_dry_run:
-        refuse_split_target(plans, options)
-    if options.restore_definitions or options.definitions_dry_run:
-        from .definitions import import_definitions
+    checks = TargetConnections(options.broker())
+    try:
+        return _checked_restore(source, manifest, plans, options, summary, checks, t0, on_progress)
+    finally:
+        checks.close()
 
+
+def _checked_restore(source: BackupSource, manifest: BackupManifest, plans: list[QueuePlan], options: RestoreOptions,
+                     summary: RestoreSummary, checks: TargetConnections, t0: float,
+                     on_progress: Callable[[QueueResult], None] | None) -> RestoreSummary:
+    """``run_restore`` from the target checks on: definitions, then every queue. ``checks`` holds the
+    connections of the checks before the first publish, closed before the queues' runs open theirs."""
+    dry = summary.dry_run
+    chains = {(q.vhost, q.name): q.chain for q in manifest.queues if q.chain}
+    if options.restore_messages or options.restore_definitions or options.definitions_dry_run:
+        refuse_split_target(plans, options, checks)
+    if options.restore_definitions or options.definitions_dry_run:
+        checks.close()  # the import changes the target and can take long: the checks after it connect again
         if not dry:
             log.info("restore writes the target's definitions (a rollback snapshot) and a report beside backup %s, "
                      "or under %s when the storage refuses writes", options.backup_id, options.write_dir or "(nowhere)")
@@ -192,8 +206,10 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     cp = open_checkpoint(options.checkpoint_state, checkpoint_fingerprint(options))
     try:
         kept = [p for p in plans if skipped_by_definitions(p, summary.definitions) is None]
-        refuse_lossy_targets(source, kept, options, lambda p: cp.load(p.source_vhost, p.source_queue))
-        size_checked = refuse_oversize(source, kept, options, lambda p: cp.load(p.source_vhost, p.source_queue))
+        refuse_lossy_targets(source, kept, options, lambda p: cp.load(p.source_vhost, p.source_queue), checks)
+        size_checked = refuse_oversize(source, kept, options, lambda p: cp.load(p.source_vhost, p.source_queue),
+                                       checks)
+        checks.close()
 
         def work(p: QueuePlan) -> QueueResult:
             try:
@@ -231,51 +247,81 @@ def run_restore(storage: Storage, options: RestoreOptions, on_progress: Callable
     return summary
 
 
+class TargetConnections:
+    """The connections of a restore's checks before its first publish: one per target vhost, opened when
+    first asked for and kept until ``close``, so the split-target, lossy-target and message-size checks
+    share them (they opened one each). A vhost that cannot be connected is tried again on the next ask."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self._open: dict[str, TargetConnection] = {}
+
+    def get(self, vhost: str) -> TargetConnection:
+        """The connection to ``vhost``; raises the transport's ``RbakError`` when it cannot be opened."""
+        conn = self._open.get(vhost)
+        if conn is None:
+            conn = self._open[vhost] = self.transport.connect(vhost)
+        return conn
+
+    def close(self) -> None:
+        for conn in self._open.values():
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a close that fails leaves nothing behind
+                pass
+        self._open.clear()
+
+
 def refuse_lossy_targets(source: BackupSource, plans: list[QueuePlan], options: RestoreOptions,
-                         state_of: Callable[[QueuePlan], QueueState | None]) -> None:
+                         state_of: Callable[[QueuePlan], QueueState | None],
+                         checks: TargetConnections | None = None) -> None:
     """Every target judged before the first publish of the whole restore (``target_limits``): one
     lossy target refuses the restore, naming each such queue and setting. ``state_of`` gives a queue's
-    checkpoint (None: leave it to its own run). Each queue's run checks its target again."""
+    checkpoint (None: leave it to its own run). Each queue's run checks its target again. ``checks``:
+    the restore's check connections (None: opened and closed here)."""
     if options.allow_lossy_target or not plans:
         return
-    from ..broker.connect import connect
-    from ..broker.management import ManagementClient
-
-    problems: list[str] = []
-    by_vhost: dict[str, list[QueuePlan]] = {}
-    for p in plans:
-        by_vhost.setdefault(p.target_vhost, []).append(p)
+    own = checks is None
+    conns = TargetConnections(options.broker()) if checks is None else checks
     try:
-        client = ManagementClient.for_connection(options.target, "target")
-    except RbakError:
-        return  # each queue's run fails on it with its own clear error
-    with client:
-        for vhost, ps in by_vhost.items():
-            try:
-                conn = connect(options.target, vhost, "target")
-            except RbakError:
-                continue  # a missing vhost, refused credentials, TLS: the queues' runs name it
-            try:
-                for p in ps:
-                    state = state_of(p)
-                    if state is None or state.done:
-                        continue
-                    try:
-                        reasons, _ = target_problems(conn, client, source, p, options, plan_codec(p, options), state)
-                    except RbakError:
-                        continue  # the queue's run reports it
-                    if reasons:
-                        problems.append(refusal(p.target_label, reasons))
-            finally:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
+        problems = _lossy_problems(source, plans, options, state_of, conns)
+    finally:
+        if own:
+            conns.close()
     if problems:
         more = f" (and {len(problems) - 1} more target(s) like it)" if len(problems) > 1 else ""
         for msg in problems:
             log.error("%s", msg)
         raise RestoreError(problems[0] + more)
+
+
+def _lossy_problems(source: BackupSource, plans: list[QueuePlan], options: RestoreOptions,
+                    state_of: Callable[[QueuePlan], QueueState | None], checks: TargetConnections) -> list[str]:
+    problems: list[str] = []
+    by_vhost: dict[str, list[QueuePlan]] = {}
+    for p in plans:
+        by_vhost.setdefault(p.target_vhost, []).append(p)
+    try:
+        client = options.broker().management()
+    except RbakError:
+        return []  # each queue's run fails on it with its own clear error
+    with client:
+        for vhost, ps in by_vhost.items():
+            try:
+                conn = checks.get(vhost)
+            except RbakError:
+                continue  # a missing vhost, refused credentials, TLS: the queues' runs name it
+            for p in ps:
+                state = state_of(p)
+                if state is None or state.done:
+                    continue
+                try:
+                    reasons, _ = target_problems(conn, client, source, p, options, plan_codec(p, options), state)
+                except RbakError:
+                    continue  # the queue's run reports it
+                if reasons:
+                    problems.append(refusal(p.target_label, reasons))
+    return problems
 
 
 def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, definitions: Any) -> None:
@@ -285,10 +331,8 @@ def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, defin
     wanted = sorted({p.target_vhost for p in plans})
     if not wanted:
         return
-    from ..broker.management import ManagementClient
-
     try:
-        with ManagementClient.for_connection(options.target, "target") as client:
+        with options.broker().management() as client:
             known = set(client.vhosts())
     except RbakError:
         return
@@ -302,30 +346,28 @@ def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, defin
                            f"{options.target.management_url} (or user {options.target.mgmt_username!r} cannot see it); "
                            f"nothing was published: create it, restore with --definitions (restore.restore_definitions), "
                            f"or map vhost {', '.join(map(repr, srcs))} elsewhere")
+
+
 def refuse_oversize(source: BackupSource, plans: list[QueuePlan], options: RestoreOptions,
-                    state_of: Callable[[QueuePlan], QueueState | None]) -> bool:
+                    state_of: Callable[[QueuePlan], QueueState | None],
+                    checks: TargetConnections | None = None) -> bool:
     """Before the first publish of the whole restore: a record over the target's max_message_size
     (``message_size``) refuses the restore, naming each such queue with the size, the limit and the
     setting. With ``allow_oversize_skip`` each queue's run skips and lists them instead. True when
-    every queue with a state was checked here (its run need not read its segments again)."""
+    every queue with a state was checked here (its run need not read its segments again). ``checks``:
+    the restore's check connections (None: one opened and closed here)."""
     if options.allow_oversize_skip or not plans:
         return False
-    from ..broker.connect import connect
-    from .message_size import oversize_records, refusal as oversize_refusal, target_limit
-    from .record_publisher import version_of
-
     vhost = plans[0].target_vhost
+    conns = TargetConnections(options.broker()) if checks is None else checks
     try:
-        conn = connect(options.target, vhost, "target")
+        conn = conns.get(vhost)
+        lim = target_limit(conns.transport, options.target, vhost, version_of(conn))
     except RbakError:
         return False  # the queues' runs name it
-    try:
-        lim = target_limit(options.target, vhost, version_of(conn))
     finally:
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001
-            pass
+        if checks is None:
+            conns.close()
     if lim is None:
         return False
     problems: list[str] = []
@@ -358,37 +400,33 @@ def skipped_by_definitions(p: QueuePlan, definitions: Any) -> QueueResult | None
                        error="transient queue not declared on this target (restore.transient_queues: skip)")
 
 
-
-
-def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions) -> None:
+def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions,
+                        checks: TargetConnections | None = None) -> None:
     """One line when ``target.management_url`` answers for another cluster than ``target.amqp_url``:
     the lossy-target, vhost and definitions checks would read one broker while the messages go to
     another (management_url defaults to :15672 whatever the AMQP port, so a restore into a second
     broker on one host split this way, and a max-length target there dropped messages). Compared by
     cluster name: the AMQP handshake's and the management API's. Either one unreachable leaves it to
-    the steps that need them, which name what failed."""
-    from ..broker.connect import connect
-    from ..broker.management import ManagementClient
-
+    the steps that need them, which name what failed. ``checks``: the restore's check connections
+    (None: one opened and closed here)."""
+    conns = TargetConnections(options.broker()) if checks is None else checks
     amqp_cluster = None
-    for vhost in dict.fromkeys([*(p.target_vhost for p in plans), "/"]):  # the target vhost may not exist yet
-        try:
-            conn = connect(options.target, vhost, "target")
-        except RbakError:
-            continue
-        try:
+    try:
+        for vhost in dict.fromkeys([*(p.target_vhost for p in plans), "/"]):  # the target vhost may not exist yet
+            try:
+                conn = conns.get(vhost)
+            except RbakError:
+                continue
             raw = (conn.server_properties or {}).get("cluster_name")
             amqp_cluster = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        finally:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - a close that fails leaves nothing behind
-                pass
-        break
+            break
+    finally:
+        if checks is None:
+            conns.close()
     if not amqp_cluster:
         return
     try:
-        with ManagementClient.for_connection(options.target, "target") as client:
+        with options.broker().management() as client:
             mgmt_cluster = client.overview().get("cluster_name")
     except RbakError:
         return

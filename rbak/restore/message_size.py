@@ -6,8 +6,8 @@ publish until the first such message and fail there. The backup records each seg
 (``SegmentMetadata.max_body_bytes``, an rbak extension); a backup written before that, or by another
 tool, is scanned, but only in segments whose uncompressed payload could hold a body over the limit.
 
-The limit itself: a 4.x broker announces it in every AMQP 1.0 attach (``max-message-size``), read here
-on one short connection per target (the anonymous terminus, so no queue is touched). 3.x says it
+The limit itself: a 4.x broker announces it in every AMQP 1.0 attach (``max-message-size``), read by the
+transport on one short connection per target (the anonymous terminus, so no queue is touched). 3.x says it
 nowhere an rbak client can read (not in the management API either): the check is then skipped, with a
 warning. Bodies are compared (what the 0-9-1 check counts); a body that fits but whose AMQP 1.0
 encoding does not is published over 0-9-1 by the record publisher.
@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from ..broker.transport import Transport
 from ..config import ConnectionConfig
 from ..sealing.crypto import ObjectCodec
 from .options import RestoreOptions
@@ -50,27 +52,28 @@ class Oversize:
         return {"segment": self.segment, "index": self.index, "bytes": self.size}
 
 
-_cache: dict[tuple[str, int, str], SizeLimit | None] = {}
+_cache: dict[Hashable, SizeLimit | None] = {}
 _lock = threading.Lock()
 
 
-def target_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...],
+def target_limit(transport: Transport, target: ConnectionConfig, vhost: str, version: tuple[int, ...],
                  skip_asked: bool = False) -> SizeLimit | None:
     """The target's max_message_size, or None when it cannot be read (3.x, TLS, no Proton, no answer:
     said at DEBUG (documented: restore.md), or as a warning when ``skip_asked``, since allow_oversize_skip
     cannot take effect then).
     Read once per broker and process (every queue of a restore asks)."""
-    key = (target.host, target.port, target.username)
+    key = transport.key
     with _lock:
         if key in _cache:
             return _cache[key]
-    found = _read_limit(target, vhost, version, logging.WARNING if skip_asked else logging.DEBUG)
+    found = _read_limit(transport, target, vhost, version, logging.WARNING if skip_asked else logging.DEBUG)
     with _lock:
         _cache[key] = found
     return found
 
 
-def _read_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...], level: int) -> SizeLimit | None:
+def _read_limit(transport: Transport, target: ConnectionConfig, vhost: str, version: tuple[int, ...],
+                level: int) -> SizeLimit | None:
     shown = ".".join(map(str, version)) or "unknown"
     if not version or version < (4, 0):
         log.log(level, "the target (RabbitMQ %s) does not say its %s (RabbitMQ 3.x reports it nowhere a client can "
@@ -81,20 +84,12 @@ def _read_limit(target: ConnectionConfig, vhost: str, version: tuple[int, ...], 
         log.log(level, "the target's %s is not read over TLS (AMQP 1.0 attach): not checked before publishing",
                 SETTING)
         return None
-    try:
-        from proton.utils import BlockingConnection
-    except ImportError:
+    if not transport.amqp10:
         log.log(level, "python-qpid-proton is not installed: the target's %s is not checked before publishing",
                 SETTING)
         return None
     try:
-        conn = BlockingConnection(f"amqp://{target.host}:{target.port}", timeout=target.connection_timeout_secs,
-                                  user=target.username, password=target.password, virtual_host=f"vhost:{vhost}",
-                                  allowed_mechs="PLAIN", allow_insecure_mechs=True)
-        try:
-            limit = conn.create_sender(None).link.remote_max_message_size
-        finally:
-            conn.close()
+        limit = transport.max_message_size(vhost)
     except Exception as e:  # noqa: BLE001 - no answer: the publish itself still fails clearly
         log.log(level, "cannot read the target's %s over AMQP 1.0 (%s): not checked before publishing", SETTING, e)
         return None

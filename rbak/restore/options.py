@@ -3,17 +3,21 @@
 Built from a validated config (``options_from_config``) by the CLI and the
 operator, or directly by the Spark restore job, which ships it to executors:
 so it holds plain values only (no sockets, no SSL contexts, no storage
-objects). The broker, the queue selection and the definitions selection are
+objects), apart from ``transport``, which only tests set (a ``broker.memory.MemoryBroker`` in place of
+the target broker; None, the default, is the broker ``target`` names). The broker, the queue selection and the definitions selection are
 the config's own sections (``ConnectionConfig``, ``QueueSelection``,
 ``DefinitionsSelection``): one name per concept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from ..broker.transport import AmqpTransport, Transport
 from ..config import ConnectionConfig, DefinitionsSelection, QueueSelection
+from ..sealing.crypto import load_keyring
+from ..sealing.envelope import KmsSettings
 from ..errors import ConfigError
 
 PublishMode = Literal["exchange", "queue"]
@@ -54,13 +58,17 @@ class RestoreOptions:
     kms_region: str | None = None  # envelope backups wrapped by KMS (encryption.kms_region)
     kms_endpoint_url: str | None = None  # (encryption.kms_endpoint_url; else AWS_ENDPOINT_URL_KMS)
     write_dir: str | None = "./rbak-restore"  # rollback snapshot and report when the storage refuses writes
+    transport: Transport | None = field(default=None, repr=False, compare=False)  # tests: a broker in memory
+
+    def broker(self) -> Transport:
+        """Where the target's connections, publishers and management API come from: ``transport`` when a
+        test set one, else the broker ``target`` names."""
+        return self.transport if self.transport is not None else AmqpTransport(self.target)
 
     def keyring(self) -> dict[str, bytes]:
         """The keys for encrypted backups: the configured ones, else ``RBAK_ENCRYPTION_KEYS`` (Spark executors)."""
         if self.keys:
             return dict(self.keys)
-        from ..sealing.crypto import load_keyring
-
         return load_keyring()
 
     def with_data_key(self, source: Any, manifest: Any) -> "RestoreOptions":
@@ -76,10 +84,6 @@ class RestoreOptions:
                 if info is not None and info.envelope and info.key_id not in have}
         if not todo:
             return self
-        from dataclasses import replace
-
-        from ..sealing.envelope import KmsSettings
-
         ring = self.keyring()
         for bid, info in sorted(todo.items()):  # source: a restore.source.BackupSource
             ring = source.data_key(bid, info, ring, KmsSettings(self.kms_region, self.kms_endpoint_url))

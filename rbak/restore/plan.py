@@ -11,9 +11,11 @@ window edge are filtered record by record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Mapping
 
+from ..config import QueueSelection, queue_selected
 from ..sealing.crypto import EncryptionInfo
 from ..errors import ConfigError
 from ..format.manifest import BackupManifest, QueueBackup, SegmentMetadata
@@ -122,8 +124,6 @@ def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionIn
 
 def _closest(name: str, names: Iterable[str]) -> str:
     """`` (closest: 'a', 'b')`` for an error message, or ``""``."""
-    import difflib
-
     near = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.5)
     return f" (closest: {', '.join(map(repr, near))})" if near else ""
 
@@ -140,8 +140,6 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
     into the original place; an ``include`` that matches nothing would publish nothing and "succeed".
     Names are the backup's: its queues, the queues it lists as skipped, and ``definition_vhosts`` (the
     vhosts of its definitions, when a restore imports them)."""
-    from ..config import QueueSelection, queue_selected
-
     bid = manifest.backup_id
     pairs = {(q.vhost, q.name, q.queue_type) for q in manifest.queues}
     vhosts = {v for v, _, _ in pairs} | {s.vhost for s in manifest.queue_status} | set(definition_vhosts)
@@ -200,8 +198,6 @@ def resolve_target_vhosts(manifest: BackupManifest, options: RestoreOptions,
 
     ``definition_vhosts``: the vhosts of the definitions the restore imports (they move the same way).
     """
-    from dataclasses import replace
-
     sel = options.queues
     if options.restore_messages:
         srcs = {q.vhost for q in manifest.queues if sel.matches(q.vhost, q.name, q.queue_type, q.message_count)}

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, cast
 
 from .. import metrics
+from ..broker.declare import queue_counts
+from ..broker.transport import ManagementApi, TargetConnection
 from ..sealing.crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, ManifestError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
@@ -21,9 +23,6 @@ from ..format.record import BackupRecord, properties_key
 from .checkpoint import NullCheckpoint, QueueCheckpoint, QueueState
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
-from ..broker.connect import connect
-from ..broker.wire import Connection
-from ..broker.declare import queue_counts
 from .message_size import oversize_records, refusal as oversize_refusal, target_limit
 from .record_publisher import RecordPublisher, version_of
 from .source import BackupSource
@@ -104,13 +103,13 @@ def count_selected(source: BackupSource, plan: QueuePlan, options: RestoreOption
 # --------------------------------------------------------------------------
 
 
-def queue_depth(conn: Connection, vhost: str, queue: str) -> int | None:
+def queue_depth(conn: TargetConnection, vhost: str, queue: str) -> int | None:
     """Messages ready in ``queue`` (a passive declare); None when it does not exist."""
     counts = queue_counts(conn, vhost, queue)
     return None if counts is None else counts.messages
 
 
-def stable_depth(conn: Connection, vhost: str, queue: str, settle_secs: float = 0.3,
+def stable_depth(conn: TargetConnection, vhost: str, queue: str, settle_secs: float = 0.3,
                  attempts: int = 20) -> int | None:
     """Depth once two reads ``settle_secs`` apart agree (a killed publisher's last messages may still be landing)."""
     last = queue_depth(conn, vhost, queue)
@@ -170,7 +169,7 @@ def record_body_at(source: BackupSource, plan: QueuePlan, sequence: int, index: 
     return None
 
 
-def target_contents(conn: Connection, plan: QueuePlan,
+def target_contents(conn: TargetConnection, plan: QueuePlan,
                     options: RestoreOptions) -> tuple[int | None, int | None]:
     """(messages in the target, and for a stream target its next offset); depth None: no such queue.
 
@@ -191,7 +190,7 @@ def held_description(depth: int | None, next_offset: int | None) -> str | None:
     return f"messages (its next offset is {next_offset})" if next_offset else None
 
 
-def prepare_target(conn: Connection, plan: QueuePlan, options: RestoreOptions,
+def prepare_target(conn: TargetConnection, plan: QueuePlan, options: RestoreOptions,
                    cp: QueueCheckpoint, state: QueueState, res: QueueResult,
                    body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
     """Check the target before the first publish, or find what a killed run left in it.
@@ -250,7 +249,7 @@ def _incoming_body_bytes(source: BackupSource, plan: QueuePlan, options: Restore
     return total
 
 
-def target_problems(conn: Connection, client: Any, source: BackupSource, plan: QueuePlan,
+def target_problems(conn: TargetConnection, client: ManagementApi, source: BackupSource, plan: QueuePlan,
                     options: RestoreOptions, codec: ObjectCodec | None, state: QueueState,
                     skip_extra: int = 0) -> tuple[list[str], TargetLimits | None]:
     """(why the target may drop, expire or dead-letter what is still to publish, its limits); both
@@ -282,13 +281,11 @@ def target_problems(conn: Connection, client: Any, source: BackupSource, plan: Q
     return reasons, limits
 
 
-def check_target_limits(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
+def check_target_limits(conn: TargetConnection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
                         codec: ObjectCodec | None, state: QueueState, res: QueueResult, skip_extra: int) -> TargetLimits | None:
     """Refuse a lossy target before publishing (unless ``allow_lossy_target``: then say so and go on)."""
-    from ..broker.management import ManagementClient
-
     try:
-        with ManagementClient.for_connection(options.target, "target") as client:
+        with options.broker().management() as client:
             reasons, limits = target_problems(conn, client, source, plan, options, codec, state, skip_extra)
     except RestoreError as e:
         if not options.allow_lossy_target:
@@ -305,7 +302,7 @@ def check_target_limits(conn: Connection, source: BackupSource, plan: QueuePlan,
     return limits
 
 
-def verify_target_depth(conn: Connection, plan: QueuePlan, options: RestoreOptions, res: QueueResult,
+def verify_target_depth(conn: TargetConnection, plan: QueuePlan, options: RestoreOptions, res: QueueResult,
                         limits: TargetLimits | None) -> None:
     """After the last confirm: the target must hold what it held before plus every confirmed record.
 
@@ -356,7 +353,7 @@ def verify_target_depth(conn: Connection, plan: QueuePlan, options: RestoreOptio
                        f"({initial_depth} before + {res.confirmed} confirmed): {why}{lossy}{ttl_note}")
 
 
-def _depth_and_consumers(conn: Connection, vhost: str, queue: str) -> tuple[int | None, int]:
+def _depth_and_consumers(conn: TargetConnection, vhost: str, queue: str) -> tuple[int | None, int]:
     counts = queue_counts(conn, vhost, queue)
     return (None, 0) if counts is None else counts
 
@@ -366,7 +363,7 @@ def restore_queue_segments(
     plan: QueuePlan,
     options: RestoreOptions,
     checkpoint: QueueCheckpoint | None = None,
-    connection: Connection | None = None,
+    connection: TargetConnection | None = None,
     on_progress: Callable[[QueueResult], None] | None = None,
     size_checked: bool = False,
 ) -> QueueResult:
@@ -398,7 +395,7 @@ def restore_queue_segments(
         res.confirmed = state.confirmed
         return res
     own = connection is None
-    conn = connect(options.target, plan.target_vhost, "target") if connection is None else connection
+    conn = options.broker().connect(plan.target_vhost) if connection is None else connection
     try:
         prepared = prepare_target(conn, plan, options, cp, state, res,
                                   lambda seq, idx: record_body_at(source, plan, seq, idx, options, codec))
@@ -493,13 +490,14 @@ class _Progress:
         self._m_fail.inc(self.pub.failed)
 
 
-def check_message_sizes(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
+def check_message_sizes(conn: TargetConnection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
                         codec: ObjectCodec | None, resume: tuple[int, int], checked: bool) -> int | None:
     """Refuse the queue before its first publish when a record still to publish is over the target's
     max_message_size (``message_size``), unless ``checked`` (the whole restore's preflight did, so an
     older backup's segments are not scanned twice). With ``allow_oversize_skip``: the limit, above which
     ``_publish`` skips and lists records as they come (no scan). None: nothing to skip, or no limit known."""
-    lim = target_limit(options.target, plan.target_vhost, version_of(conn), options.allow_oversize_skip)
+    lim = target_limit(options.broker(), options.target, plan.target_vhost, version_of(conn),
+                       options.allow_oversize_skip)
     if lim is None:
         return None
     if options.allow_oversize_skip:

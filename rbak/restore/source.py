@@ -22,6 +22,7 @@ from ..errors import NotFoundError, StorageError
 from ..format.manifest import BackupManifest, EncryptionInfo, SegmentMetadata
 from ..format.reader import read_segment
 from ..format.record import BackupRecord
+from ..storage import open_storage
 from ..storage.base import Storage
 from ..repo.validate import preflight_problems
 
@@ -76,8 +77,6 @@ class BackupSource:
         except StorageError as e:
             if not self.write_dir:
                 raise
-            from ..storage import open_storage
-
             root = os.path.abspath(os.path.expanduser(self.write_dir))
             os.makedirs(root, exist_ok=True)
             write(open_storage("file://" + root))

@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..broker.stream_end import probe_end
 from ..broker.stream_reader import read_stream
-from ..broker.wire import Connection
+from ..broker.transport import TargetConnection, wire_connection
 from ..config import ConnectionConfig
 from ..errors import CheckpointError, RestoreError
 
@@ -51,7 +52,7 @@ class LandedTail:
         return len(self.digests)
 
 
-def _read_offsets(conn: Connection, vhost: str, queue: str, first: int | str, sink,
+def _read_offsets(conn: TargetConnection, vhost: str, queue: str, first: int | str, sink: Callable[[int, bytes], None],
                   idle_secs: float, end: int | None = None) -> None:
     """``sink(offset, body)`` for each message from ``first`` (the backup's stream reader: acks only
     return credit), ending at offset ``end`` when known, else after ``idle_secs`` without a delivery. A
@@ -65,19 +66,19 @@ def _read_offsets(conn: Connection, vhost: str, queue: str, first: int | str, si
                                f"the backup restores a stream into it")
         sink(off, body)
 
-    read_stream(conn, vhost, queue, first, check, prefetch=_PREFETCH, idle_secs=idle_secs, end_offset=end)
+    read_stream(wire_connection(conn), vhost, queue, first, check, prefetch=_PREFETCH, idle_secs=idle_secs, end_offset=end)
 
 
-def settled_end(target: ConnectionConfig | None, conn: Connection, vhost: str, queue: str) -> int | None:
+def settled_end(target: ConnectionConfig | None, conn: TargetConnection, vhost: str, queue: str) -> int | None:
     """The stream's last offset (-1: empty) from the stream protocol, only when no written chunk is
     still uncommitted (3.11+); None: find the end by reading until a quiet period instead."""
-    end = probe_end(target, conn, vhost, queue, settled=True) if target is not None else None
+    end = probe_end(target, wire_connection(conn), vhost, queue, settled=True) if target is not None else None
     if end is None:
         log.info("stream %r in vhost %r: its end is found by a quiet period", queue, vhost)
     return end
 
 
-def stream_next_offset(conn: Connection, vhost: str, queue: str, idle_secs: float = 1.0,
+def stream_next_offset(conn: TargetConnection, vhost: str, queue: str, idle_secs: float = 1.0,
                        target: ConnectionConfig | None = None) -> int:
     """The offset the next message published to the stream will get; 0 for an empty stream.
 
@@ -97,7 +98,7 @@ def stream_next_offset(conn: Connection, vhost: str, queue: str, idle_secs: floa
     return last + 1
 
 
-def landed_tail(conn: Connection, vhost: str, queue: str, initial_offset: int, confirmed: int,
+def landed_tail(conn: TargetConnection, vhost: str, queue: str, initial_offset: int, confirmed: int,
                 limit: int, last_confirmed: bytes | None = None, idle_secs: float = 1.0,
                 target: ConnectionConfig | None = None) -> LandedTail:
     """The messages a killed run left after its checkpoint, checked against the checkpoint.

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ManagementApiError
+from ..broker.management import q
 
 NUMERIC = ("max-length", "max-length-bytes", "message-ttl", "expires", "delivery-limit")
 BY_ARGUMENT = ("overflow", "dead-letter-exchange", "dead-letter-routing-key")
@@ -157,8 +158,6 @@ def read_limits(client: Any, vhost: str, queue: str, queue_type: str | None = No
 def _queue_record(client: Any, vhost: str, queue: str) -> dict[str, Any] | None:
     """``GET /api/queues/{vhost}/{name}``; a name the URL cannot carry (``.``, ``..``: HTTP clients resolve
     dot segments) is found in the vhost's listing instead."""
-    from ..broker.management import q
-
     if queue not in (".", ".."):
         try:
             info = client.request("GET", f"queues/{q(vhost)}/{q(queue)}")

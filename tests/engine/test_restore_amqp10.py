@@ -154,7 +154,7 @@ def test_explicit_amqp10_on_3_x_fails_naming_the_field(broker, vhost, tmp_path):
 
 @ON_4X
 def test_missing_target_queue_over_1_0_fails_naming_it(broker, vhost):
-    from rbak.restore.amqp10_publisher import Amqp10Publisher
+    from rbak.broker.amqp10_publisher import Amqp10Publisher
 
     target = options_for(broker, "b").target
     with pytest.raises(PublishError, match="queue 'gone'") as e:

@@ -17,7 +17,7 @@ from rbak.restore import run_restore
 from rbak.format.amqp091 import encode_basic_properties
 from rbak.config import ConnectionConfig, DefinitionsSelection
 from rbak.restore.options import RestoreOptions
-from rbak.restore.publisher import ConfirmingPublisher
+from rbak.broker.amqp091_publisher import ConfirmingPublisher
 
 HOSTILE = "a/b c%d ünï 🐇"
 QUEUES = {  # name -> (type, routing key on e2e.x, headers, properties, bodies)

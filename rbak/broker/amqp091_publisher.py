@@ -1,4 +1,4 @@
-"""Publishing with publisher confirms and ``mandatory``, pipelined, on rbak's own connection.
+"""The AMQP 0-9-1 ``Publisher``: publisher confirms and ``mandatory``, pipelined, on rbak's own connection.
 
 A record counts as restored only when the broker has confirmed it and every record
 published before it (``confirmed_token`` is the token of the last record of that
@@ -24,8 +24,9 @@ import time
 from collections import OrderedDict
 from typing import Hashable
 
-from ..broker.wire import Connection, Content
 from ..errors import AmqpError, ChannelClosedByBroker, ConnectionLost, PublishError
+from .publisher import Encoding
+from .wire import Connection, Content
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ BLOCKED_TIMEOUT = 300.0  # seconds a blocked connection (broker alarm) is waited
 
 class ConfirmingPublisher:
     """One channel in confirm mode with at most ``window`` unconfirmed messages."""
+
+    encoding: Encoding = "amqp091"
 
     def __init__(self, connection: Connection, label: str, window: int = 500, confirms: bool = True):
         self.label = label  # "queue 'q' in vhost 'v'" for error messages
@@ -146,6 +149,10 @@ class ConfirmingPublisher:
             f"the broker blocked the connection publishing {self.label} for {BLOCKED_TIMEOUT:.0f} s (a memory or "
             "disk alarm: see the broker's log); the messages not confirmed were not restored")
         raise PublishError(self.failure)
+
+    def fits(self, size: int) -> bool:
+        """0-9-1 announces no limit: the broker refuses an oversize body at publish (a channel close)."""
+        return True
 
     def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes, token: Hashable) -> None:
         """Send one message; blocks (pumping I/O) while the window is full. Raises on a failure."""

@@ -1,47 +1,45 @@
-"""Publishing over AMQP 1.0 (RabbitMQ 4.x) with Qpid Proton's C engine, pipelined.
+"""The AMQP 1.0 ``Publisher`` (RabbitMQ 4.x), on Qpid Proton's C engine, pipelined.
 
-Same contract as ``publisher.ConfirmingPublisher``: a record counts as restored
-only once the broker accepted it and every record before it (``confirmed`` and
-the last token of that prefix); anything but ``accepted`` (rejected, released,
-modified), a detached link or a closed connection raises ``PublishError``
-naming the queue. One unsettled link per queue to the v2 address
-``/queues/<name>`` keeps the queue's order. Used only with ``restore.protocol:
+Same contract as ``amqp091_publisher.ConfirmingPublisher`` (``publisher``): a message counts as
+confirmed only once the broker accepted it and every message before it (``confirmed`` and the last
+token of that prefix); anything but ``accepted`` (rejected, released, modified), a detached link or a
+closed connection raises ``PublishError`` naming the queue. One unsettled link per queue to the v2
+address ``/queues/<name>`` keeps the queue's order. The restore uses it only with ``restore.protocol:
 amqp10``: against rbak's own 0-9-1 connection it was not faster in the measurements
-(``benchmarks/restore_protocol.py``, docs/performance.md), so ``auto`` is 0-9-1. The
-sections are encoded by ``amqp10_message``.
+(``benchmarks/restore_protocol.py``, docs/performance.md), so ``auto`` is 0-9-1. The restore encodes
+the sections (``restore.amqp10_message``).
+
+Importing this module imports Proton (about 160 ms): ``transport`` imports it only for a restore that
+speaks AMQP 1.0 or reads a 4.x target's max-message-size.
 """
 
 from __future__ import annotations
 
 import select
+import socket
 import time
 from collections import deque
 from collections.abc import Hashable
 from typing import Any
 from urllib.parse import quote
 
+from proton import SASL, Connection, Delivery, Endpoint, Transport
+from proton.utils import BlockingConnection
+
 from ..config import ConnectionConfig
 from ..errors import AmqpConnectionError, AmqpError, PublishError
 from ..format.amqp10 import data_section
+from .publisher import Encoding
 
 STALL_SECS = 300.0  # no credit this long: the broker is blocking publishers (alarm), as pika's blocked timeout
-
-
-def proton_available() -> bool:
-    try:
-        import proton
-        import proton.utils  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Amqp10Publisher:
     """One sender link to a queue with at most ``window`` unsettled messages."""
 
-    def __init__(self, target: ConnectionConfig, vhost: str, queue: str, label: str, window: int = 500):
-        from proton import Delivery
+    encoding: Encoding = "amqp10"
 
+    def __init__(self, target: ConnectionConfig, vhost: str, queue: str, label: str, window: int = 500):
         self.label = label
         self.window = max(1, window)
         self.published = self.confirmed = self.failed = 0
@@ -96,8 +94,9 @@ class Amqp10Publisher:
             self._last_done_token = token
             self._advanced = True
 
-    def publish(self, sections: bytes, body: bytes, token: Hashable) -> None:
-        """Send one message (``sections`` from ``amqp10_message``); blocks while no credit or the window is full."""
+    def publish(self, exchange: str, routing_key: str, sections: bytes, body: bytes, token: Hashable) -> None:
+        """Send one message to the link's queue (``exchange`` and ``routing_key`` are not used: the link has
+        one address); blocks while there is no credit or the window is full."""
         if self.failure is not None:
             raise PublishError(self.failure)
         size = len(sections) + len(body) + 8
@@ -125,6 +124,7 @@ class Amqp10Publisher:
             self._pump(0)
 
     def take_progress(self) -> tuple[bool, Hashable]:
+        """(whether the accepted prefix grew since the last call, its last token)."""
         adv, self._advanced = self._advanced, False
         return adv, self._last_done_token
 
@@ -133,6 +133,7 @@ class Amqp10Publisher:
         return len(self._inflight)
 
     def drain(self, timeout: float = 120.0) -> None:
+        """Wait until every message sent is accepted (or raise)."""
         deadline = time.monotonic() + timeout
         self._pump(0)
         while self._inflight:
@@ -153,10 +154,6 @@ class _Wire:
     a Python event object per settled delivery cost more CPU than the publishing itself."""
 
     def __init__(self, target: ConnectionConfig, vhost: str):
-        import socket
-
-        from proton import Connection, Transport
-
         self.where = f"amqp://{target.host}:{target.port} vhost {vhost!r} (AMQP 1.0)"
         try:
             self.sock = socket.create_connection((target.host, target.port), timeout=target.connection_timeout_secs)
@@ -203,8 +200,6 @@ class _Wire:
 
     def problem(self, link: Any) -> str | None:
         """What the broker closed (link, session, connection) and why; a failed login included."""
-        from proton import SASL, Endpoint
-
         if self.transport.sasl().outcome not in (None, SASL.OK):
             return f"connection: authentication failed for user {self.conn.user!r}"
         for what, ep in (("link", link), ("session", self.session), ("connection", self.conn)):
@@ -219,8 +214,6 @@ class _Wire:
 
     def sender(self, address: str, timeout: float) -> Any:
         """A sender link the broker attached to ``address``, or an error with the broker's reason."""
-        from proton import Endpoint
-
         link = self.session.sender(f"rbak-restore {address}")
         link.target.address = address
         link.open()
@@ -246,12 +239,13 @@ class _Wire:
             pass
 
 
-def check_amqp10_supported(target: ConnectionConfig, version: tuple[int, ...], field: str = "restore.protocol") -> None:
-    """Raise unless this target can be reached over AMQP 1.0 here (an explicit ``amqp10`` setting)."""
-    if version and version < (4, 0):
-        raise AmqpError(f"{field}: amqp10 needs RabbitMQ 4.0 or later (native AMQP 1.0 with /queues/ addresses); "
-                        f"the target runs {'.'.join(map(str, version))}: use amqp091 or auto")
-    if not proton_available():
-        raise AmqpError(f"{field}: amqp10 needs the python-qpid-proton package (pip install python-qpid-proton)")
-    if target.use_tls:
-        raise AmqpError(f"{field}: amqp10 is not supported with TLS targets yet; use amqp091 or auto")
+def announced_max_message_size(target: ConnectionConfig, vhost: str) -> int | None:
+    """The max-message-size a 4.x broker announces in its AMQP 1.0 attach (None or 0: none), read on one
+    short connection with the anonymous terminus, so no queue is touched; raises whatever Proton raises."""
+    conn = BlockingConnection(f"amqp://{target.host}:{target.port}", timeout=target.connection_timeout_secs,
+                              user=target.username, password=target.password, virtual_host=f"vhost:{vhost}",
+                              allowed_mechs="PLAIN", allow_insecure_mechs=True)
+    try:
+        return conn.create_sender(None).link.remote_max_message_size
+    finally:
+        conn.close()
