@@ -24,14 +24,19 @@ forkserver that imports rbak once (no per-child import cost) and are reused acro
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
+import signal
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import NoReaderProcess, RbakError, ReaderProcessError
+from ..logsafe import install
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -40,6 +45,9 @@ if TYPE_CHECKING:
     from .checkpoint import QueueProgress
 
 log = logging.getLogger(__name__)
+
+Send = Callable[[tuple], None]
+"""A child's locked ``pipe.send`` (``child_setup``)."""
 
 PRELOAD = ["rbak.backup.reader_process", "rbak.backup.engine"]
 # A queue goes to a child only when the listing reported at least this many messages: a small
@@ -54,7 +62,7 @@ def worth_a_child(q: "QueueInfo") -> bool:
 
 def available() -> bool:
     """Processes need the forkserver start method (Linux, macOS); elsewhere the reads stay threads."""
-    import multiprocessing
+    import multiprocessing  # lazy: 10 ms of every rbak command's start-up (measured), for backups with children
 
     return "forkserver" in multiprocessing.get_all_start_methods()
 
@@ -120,8 +128,7 @@ class ReaderProcesses:
                  codec=None):
         """``target(pipe, cfg, log level, environment, codec)``: a child's main function (the engine's
         ``reader_child_main``, which runs ``serve``)."""
-        import multiprocessing
-        import tempfile
+        import multiprocessing  # lazy: see available()
 
         try:  # the forkserver's socket lives in a temporary directory
             tempfile.gettempdir()
@@ -235,9 +242,6 @@ class RecordingCheckpoint:
 def _die_with_parent() -> None:
     parent = os.getppid()
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -245,8 +249,6 @@ def _die_with_parent() -> None:
         os._exit(70)
 
     def watch() -> None:
-        import time
-
         while True:
             time.sleep(1.0)
             if os.getppid() != parent:
@@ -270,7 +272,7 @@ class _PipeLog(logging.Handler):
             pass
 
 
-def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Callable[[tuple], None]:
+def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Send:
     """A child's start: it dies with its parent, takes the run's environment, and sends every log
     record to the parent (which logs it through its own handlers). Returns the pipe's locked ``send``."""
     _die_with_parent()
@@ -281,8 +283,6 @@ def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Callable[[tuple],
     def send(msg: tuple) -> None:
         with lock:
             pipe.send(msg)
-
-    from ..logsafe import install
 
     root = logging.getLogger()
     for h in list(root.handlers):
