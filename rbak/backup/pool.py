@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..broker.connect import connect
@@ -114,7 +114,7 @@ class QueuePool:
     classic queues to, and the checkpoint's periodic sync meanwhile."""
 
     def __init__(self, eng: RunServices, ckpt: Checkpoint, cluster: str, version: str | None,
-                 child_main: Callable[..., None]):
+                 child_main: reader_process.ChildMain):
         self.eng, self.ckpt, self.cluster, self.version, self.child_main = eng, ckpt, cluster, version, child_main
         self.conns = Connections(eng.cfg)
         self.readers: reader_process.ReaderProcesses | None = None

@@ -63,15 +63,17 @@ def clear_previous(eng: QueueServices, ckpt: Checkpoint, vhost: str, name: str, 
 
 
 class QueueRecords:
-    """Builds a classic or quorum queue's records (``stages.RecordBuilder``) on the encoder thread."""
+    """Builds a classic or quorum queue's records on the encoder thread: ``build`` is the record
+    thread's ``stages.RecordBuilder`` (a bound method costs what a closure did; ``__call__`` more)."""
 
     __slots__ = ("vhost", "name")
 
     def __init__(self, vhost: str, name: str):
         self.vhost, self.name = vhost, name
 
-    def __call__(self, item: QueuedDelivery) -> BackupRecord:
-        return to_record(item[0], item[1], item[2], self.vhost, self.name, item[3])
+    def build(self, item: QueuedDelivery) -> BackupRecord:
+        method, props, body, backed_up_at = item
+        return to_record(method, props, body, self.vhost, self.name, backed_up_at)
 
 
 class CutSource:
@@ -114,7 +116,7 @@ class QueueJob(Job):
                            read_timeout=b.read_timeout_secs, deadline=svc.deadline(), throttle=svc.throttle)
         svc.progress("start", vhost=vhost, queue=name, total=depth)
         # the pipeline (pipeline.py): the read's intake -> records encoded on their own thread -> segments -> storage
-        writer = RecordThread(svc.segment_writer(vhost, name, q.queue_type, 1), QueueRecords(vhost, name))
+        writer = RecordThread(svc.segment_writer(vhost, name, q.queue_type, 1), QueueRecords(vhost, name).build)
         counter = ReadCounter(svc.progress, vhost, name, q.queue_type, with_bytes=True)
         intake = QueueIntake(writer, counter, quorum)
         try:

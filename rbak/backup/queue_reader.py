@@ -302,6 +302,7 @@ class QueueRead:
         before calling itself short."""
         conn, res, where, sink, quorum, budget = self.conn, self.res, self.where, self.sink, self.quorum, self.budget
         read_timeout, throttle, deadline = self.opts.read_timeout, self.opts.throttle, self.opts.deadline
+        depth = self.depth
         consumers = self.tags.setdefault(ch.number, [])
         earlier = sum(len(t) for n, t in self.tags.items() if n != ch.number)
         taken = 0
@@ -318,10 +319,10 @@ class QueueRead:
                     if counts.consumers <= earlier + len(consumers) and idle < read_timeout:
                         continue  # no other consumer: what this read was given is still on its way
                     if counts.consumers > earlier + len(consumers):
-                        res.short = _short(where, res.records, self.depth,
+                        res.short = _short(where, res.records, depth,
                                            f"no message arrived for {idle:g}s and the queue has none ready")
                     else:
-                        res.short = _short(where, res.records, self.depth, f"no message arrived for {idle:g}s, the "
+                        res.short = _short(where, res.records, depth, f"no message arrived for {idle:g}s, the "
                                            "queue has none ready and no other consumer", "the rest left the queue "
                                            "meanwhile: expired, purged or dead-lettered")
                     self.depth = res.records
@@ -329,14 +330,14 @@ class QueueRead:
                 if idle < read_timeout:
                     continue  # messages are ready but not reaching us yet: wait up to read_timeout
                 raise AmqpError(f"{where}: no message arrived for {idle:g}s after {res.records} of "
-                                f"{self.depth} (backup.read_timeout_secs); every message was returned to the queue")
+                                f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
             idle = 0.0
             _take(res, where, sink, method, props, body, quorum, budget)
             taken += 1
             if throttle is not None:
                 throttle(res.records)
-            _check_deadline(deadline, where, res.records, self.depth)
-            if taken >= want or res.records >= self.depth:
+            _check_deadline(deadline, where, res.records, depth)
+            if taken >= want or res.records >= depth:
                 return True
         return False
 

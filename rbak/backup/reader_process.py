@@ -5,7 +5,7 @@ channel and consumer round trips: as threads of one process, the reads of a back
 used more than one core (8 workers reached 1.2-1.3x one worker on 2 cores) and a backup of
 1,000 small queues spent its time switching the GIL between threads. Here each engine
 worker thread borrows a child process, sends it one classic queue, and relays what comes
-back; the child runs the same per-queue code (``BackupEngine._one_queue``: passive declare,
+back; the child runs the same per-queue code (``pool.back_up_queue``: passive declare,
 one channel, messages returned by closing it, segments stored atomically by its own
 segment thread) with its own AMQP connection per vhost.
 
@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import NoReaderProcess, RbakError, ReaderProcessError
 from ..logsafe import install
@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[tuple], None]
 """A child's locked ``pipe.send`` (``child_setup``)."""
+
+
+class ChildMain(Protocol):
+    """A child's main function (``engine.reader_child_main``, which runs ``serve``)."""
+
+    def __call__(self, pipe: Any, cfg: Config, level: int, env: dict[str, str], codec: Any, /) -> None: ...
 
 PRELOAD = ["rbak.backup.reader_process", "rbak.backup.engine"]
 # A queue goes to a child only when the listing reported at least this many messages: a small
@@ -84,7 +90,7 @@ class ChildResult:
 
 # ---------------------------------------------------------------------- parent side
 class _Child:
-    def __init__(self, ctx, cfg: "Config", codec, target: Callable[..., None], ready_timeout: float = 120.0):
+    def __init__(self, ctx, cfg: "Config", codec, target: ChildMain, ready_timeout: float = 120.0):
         self.conn, child_end = ctx.Pipe()
         level = logging.getLogger().getEffectiveLevel()
         # the forkserver keeps the environment of its start: this run's (storage credentials) goes along
@@ -124,7 +130,7 @@ class _Child:
 class ReaderProcesses:
     """A bounded set of child processes lent to the engine's worker threads, one queue at a time."""
 
-    def __init__(self, cfg: "Config", limit: int, target: Callable[..., None], spare_dir: str | None = None,
+    def __init__(self, cfg: "Config", limit: int, target: ChildMain, spare_dir: str | None = None,
                  codec=None):
         """``target(pipe, cfg, log level, environment, codec)``: a child's main function (the engine's
         ``reader_child_main``, which runs ``serve``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..broker.connect import connect
@@ -25,6 +25,7 @@ from .lease import Lease
 from .lease import acquire as acquire_lease
 from .management import ManagementClient, QueueInfo
 from .pool import QueuePool
+from .reader_process import ChildMain
 from .preflight import NackSupport, PolicyCache, check_read_permissions, probe_read_permissions
 from .resume import check_existing, seed_checkpoint
 from .selection import select_queues
@@ -40,7 +41,7 @@ log = logging.getLogger("rbak.backup.engine")  # the run's log lines keep the en
 class BackupRun:
     """One execution of a backup engine: ``run()`` returns its summary, or raises (partial: with it)."""
 
-    def __init__(self, eng: RunServices, child_main: Callable[..., None]):
+    def __init__(self, eng: RunServices, child_main: ChildMain):
         self.eng, self.child_main = eng, child_main
         self.source = eng.source
         self.client = ManagementClient.for_connection(self.source, "source")

@@ -37,16 +37,18 @@ log = logging.getLogger(__name__)
 
 
 class StreamRecords:
-    """Builds a stream's records (``stages.RecordBuilder``): broker headers dropped, the offset kept."""
+    """Builds a stream's records (``build``: the record thread's ``stages.RecordBuilder``): broker
+    headers dropped, the offset kept."""
 
     __slots__ = ("vhost", "name")
 
     def __init__(self, vhost: str, name: str):
         self.vhost, self.name = vhost, name
 
-    def __call__(self, item: QueuedDelivery) -> BackupRecord:
-        return to_record(item[0], item[1], item[2], self.vhost, self.name, item[3], BROKER_HEADERS,
-                         stream_offset=item[4])
+    def build(self, item: QueuedDelivery) -> BackupRecord:
+        method, props, body, backed_up_at, offset = item
+        return to_record(method, props, body, self.vhost, self.name, backed_up_at, BROKER_HEADERS,
+                         stream_offset=offset)
 
 
 class StreamJob(Job):
@@ -66,7 +68,7 @@ class StreamJob(Job):
         # the pipeline (pipeline.py): the read's intake -> records encoded on their own thread -> segments
         # -> storage; a segment's tag is its last offset, checkpointed once the segment is stored (durable)
         writer = RecordThread(svc.segment_writer(vhost, name, "stream", prog.next_sequence, self.durable),
-                              StreamRecords(vhost, name))
+                              StreamRecords(vhost, name).build)
         counter = ReadCounter(svc.progress, vhost, name, "stream", with_bytes=False)
         intake = StreamIntake(writer, counter, self, svc.throttle)
         try:
