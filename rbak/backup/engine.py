@@ -29,11 +29,11 @@ from typing import Any
 
 from .. import metrics
 from ..config import Config, ConnectionConfig
-from ..envelope import writer_codec
+from ..sealing.envelope import writer_codec
 from ..errors import ConfigError
 from ..format.compression import Compression
 from ..format.manifest import BackupOrigin, BackupOwner, QueueBackup
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from . import reader_process
 from .checkpoint import Checkpoint

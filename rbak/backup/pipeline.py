@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 from .. import metrics
-from ..crypto import ObjectCodec
+from ..sealing.crypto import ObjectCodec
 from ..format.compression import Compression
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from . import cut_repair
 from .convert import delivery_count

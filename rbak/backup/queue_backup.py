@@ -1,4 +1,4 @@
-"""One classic or quorum queue into segments, without costing the source a message.
+"""One classic or quorum queue into segments, without costing the source a message (``QueueJob``).
 
 Before a single message is taken: skip what cannot or should not be read
 (exclusive queues, queues with consumers when configured), resolve the quorum
@@ -17,23 +17,22 @@ import time
 from typing import TYPE_CHECKING
 
 from ..broker.connect import connect
-from ..errors import (AmqpConnectionError, QueueLocked, QueueNotFound, QueueRefused, QueueSkipped, RbakError,
-                      ReadCut, ShortRead)
-from ..format.manifest import QueueBackup
-from ..format.record import BackupRecord
-from .checkpoint import Checkpoint, Guard, QueueProgress
-from . import cut_repair
-from .convert import to_record
 from ..broker.declare import passive_declare
 from ..broker.wire import Connection
+from ..errors import (AmqpConnectionError, DeliveryLimitError, QueueLocked, QueueNotFound, QueueRefused,
+                      QueueSkipped, RbakError, ReadCut, ShortRead)
+from ..format.manifest import QueueBackup
+from ..format.record import BackupRecord
+from . import cut_repair
+from .checkpoint import Checkpoint, Guard, QueueProgress
+from .convert import to_record
 from .guard_store import merge
+from .jobs import Job
 from .limits import budget_ceiling, may_take, refuse_delayed_retry, version_tuple
 from .management import QueueInfo
-from .preflight import (live_priorities, quorum_settings, single_active_reason, skip_reason)
-from ..errors import DeliveryLimitError
-from .jobs import Job
-from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, ReadOptions, read_queue
 from .pipeline import QueueIntake, ReadCounter
+from .preflight import live_priorities, quorum_settings, single_active_reason, skip_reason
+from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, ReadOptions, read_queue
 from .record_thread import RecordThread
 from .stages import QueuedDelivery
 

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import NoReaderProcess, RbakError, ReaderProcessError
-from ..logsafe import install
+from ..base.logsafe import install
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..format.manifest import QueueBackup
-    from ..management import QueueInfo
+    from ..broker.management import QueueInfo
     from .checkpoint import QueueProgress
 
 log = logging.getLogger(__name__)

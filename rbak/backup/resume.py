@@ -12,12 +12,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..catalog import latest_complete
-from ..crypto import ObjectCodec, codec_for
-from ..envelope import data_key, with_data_key
+from ..repo.catalog import latest_complete
+from ..sealing.crypto import ObjectCodec, codec_for
+from ..sealing.envelope import data_key, with_data_key
 from ..errors import ConfigError, NotFoundError, RbakError
 from ..format.manifest import BackupManifest, BackupOrigin, EncryptionInfo
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from .checkpoint import Checkpoint
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..broker.connect import connect
 from ..broker.wire import Connection
-from ..envelope import write_wraps
+from ..sealing.envelope import write_wraps
 from ..errors import BackupError, ConfigError, PartialBackupError
 from ..format.manifest import PARTIAL_STATUSES, BackupManifest, QueueBackup, QueueStatus
 from .checkpoint import Checkpoint, storage_scope

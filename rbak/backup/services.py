@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..config import Config, ConnectionConfig
-    from ..crypto import ObjectCodec
+    from ..sealing.crypto import ObjectCodec
     from ..format.manifest import BackupOrigin
     from ..format.compression import Compression
-    from ..keys import BackupLayout
-    from ..management import ManagementClient
+    from ..format.layout import BackupLayout
+    from ..broker.management import ManagementClient
     from ..storage.base import Storage
     from .checkpoint import Checkpoint
     from .guard_store import GuardStore

@@ -36,7 +36,7 @@ class StreamSink(Protocol):
 
 class Progress(Protocol):
     """``progress(event, **kw)``: ``plan`` (queues, records or None), ``start`` (vhost, queue, total),
-    ``advance`` (vhost, queue, n, bytes), ``done`` (vhost, queue, summary); see ``rbak.progress.backup_events``."""
+    ``advance`` (vhost, queue, n, bytes), ``done`` (vhost, queue, summary); see ``rbak.repo.progress.backup_events``."""
 
     def __call__(self, event: str, /, **kw: Any) -> None: ...
 

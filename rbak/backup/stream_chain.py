@@ -21,10 +21,10 @@ import logging
 import sqlite3
 from dataclasses import dataclass, field
 
-from ..catalog import latest_validation, list_backups, validation_failed
+from ..repo.catalog import latest_validation, list_backups, validation_failed
 from ..errors import NotFoundError, RbakError
 from ..format.manifest import StreamGap, StreamInfo
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from ..broker.stream_reader import ProbedRecord
 

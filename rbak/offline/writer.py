@@ -25,13 +25,13 @@ from typing import Callable, Iterable, Sequence
 from .. import __version__
 from ..errors import ConfigError, RbakError
 from ..format.compression import Compression
-from ..crypto import ObjectCodec
-from ..envelope import write_wraps
+from ..sealing.crypto import ObjectCodec
+from ..sealing.envelope import write_wraps
 from ..format.manifest import BackupManifest, QueueBackup, QueueStatus
 from ..format.record import BackupRecord
 from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
-from ..keys import BackupLayout
-from ..progress import Tracker, counted
+from ..format.layout import BackupLayout
+from ..repo.progress import Tracker, counted
 from ..storage import Storage, open_storage
 from ..storage.base import Spool
 

@@ -17,14 +17,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ...crypto import ObjectCodec
+from ...sealing.crypto import ObjectCodec
 from ...errors import ConfigError
 from ...format.compression import Compression
 from ...format.manifest import QueueStatus
 from ...format.segment import DEFAULT_SEGMENT_MAX_BYTES
 from ...format.record import BackupRecord
-from ...keys import BackupLayout
-from ...progress import Tracker
+from ...format.layout import BackupLayout
+from ...repo.progress import Tracker
 from ...storage.base import Storage
 from .chunks import DamagedRegion
 from .reader import read_db

@@ -22,12 +22,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ...crypto import ObjectCodec
+from ...sealing.crypto import ObjectCodec
 from ...errors import ImportFormatError
 from ...format.compression import Compression
 from ...format.manifest import BackupManifest
 from ...format.record import BackupRecord
-from ...progress import Tracker
+from ...repo.progress import Tracker
 from ...storage.base import Storage
 from ..writer import WriteOptions, now_ms, write_backup
 from . import cqv1, cqv2, quorum, streams
