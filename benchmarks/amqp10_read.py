@@ -54,7 +54,7 @@ def read_091(b: Broker, vh: str, q: str, n: int) -> float:
         got[0] += 1
 
     t = time.perf_counter()
-    res = queue_reader.read_queue(conn, vh, q, "quorum", n, sink, delivery_limit=1000)
+    res = queue_reader.read_queue(conn, vh, q, "quorum", n, sink, queue_reader.ReadOptions(delivery_limit=1000))
     took = time.perf_counter() - t
     conn.close()
     assert got[0] == n == res.records, (got, n)

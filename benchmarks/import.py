@@ -67,7 +67,7 @@ from rbak.format.compression import DEFAULT_ZSTD_LEVEL
 from rbak.format.record import encode_record
 from rbak.format.segment import DEFAULT_SEGMENT_MAX_BYTES
 from rbak.offline.rabbitmq.damage import ImportContext
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, iter_queues
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir, iter_queues
 
 BIG = 64 * 1024
 SMALL = 1024
@@ -174,7 +174,7 @@ def kind_section(a, tmp: Path) -> None:
         for i in range(a.repeat):
             out = tmp / f"out-{kind}"
             t = time.perf_counter()
-            import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{kind}", compression="none", types={kind})
+            import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{kind}", RabbitImportOptions(compression="none", types={kind}))
             times.append(time.perf_counter() - t)
             shutil.rmtree(out, ignore_errors=True)
         ratio = t_floor / min(times)
@@ -359,8 +359,8 @@ def main() -> int:
             for i in range(a.repeat):
                 out = tmp / f"out-{comp}"
                 t = time.perf_counter()
-                res = import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{comp}", compression=comp,
-                                          types={"classic"})
+                res = import_rabbitmq_dir(str(data_dir), f"file://{out}", f"bench-{comp}", 
+                                          RabbitImportOptions(compression=comp, types={"classic"}))
                 times.append(time.perf_counter() - t)
                 if i == 0:
                     print(f"  {comp}: {res.manifest.total_messages} messages, "

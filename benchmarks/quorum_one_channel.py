@@ -50,7 +50,7 @@ def read_once(b: Broker, vh: str, q: str, n: int, per_channel: int, limit: int) 
         got[0] += 1
 
     t = time.perf_counter()
-    res = queue_reader.read_queue(conn, vh, q, "quorum", n, sink, delivery_limit=limit)
+    res = queue_reader.read_queue(conn, vh, q, "quorum", n, sink, queue_reader.ReadOptions(delivery_limit=limit))
     took = time.perf_counter() - t
     conn.close()
     assert got[0] == n == res.records, (got, n)

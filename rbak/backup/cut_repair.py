@@ -46,11 +46,12 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 from urllib.parse import quote
 
 from ..errors import RbakError
-from .queue_reader import read_queue
+from ..broker.wire import Connection
+from .queue_reader import QueueRead, ReadOptions, read_queue
 
 log = logging.getLogger(__name__)
 
@@ -231,19 +232,28 @@ def returned_ready(client: Any, vhost: str, queue: str, ready: int, wait_secs: f
         sleep(0.5)
 
 
-def repair(connect: Callable[[], Any], counts: Callable[[Any], tuple[int, int]], vhost: str, queue: str,
-           depth: int, taken: Taken, *, delivery_limit: int | None, margin: int, return_mode: str,
-           read_timeout: float, returned: Callable[[int], int | None] = lambda _ready: None) -> Repair:
-    """Restore ``[B, A, C]`` after a cut (module docstring). ``connect()`` opens a fresh connection
-    to the vhost; ``counts(conn)`` is the queue's (ready messages, consumers) by passive declare;
-    ``returned(ready)`` how many of them wait in its returns (``returned_ready``), or None."""
+class RepairSource(Protocol):
+    """The broker side of a repair (``queue_backup`` provides it for the queue the cut read left)."""
+
+    def connect(self) -> Connection:
+        """A fresh connection to the queue's vhost."""
+
+    def counts(self, conn: Connection) -> tuple[int, int]:
+        """The queue's (ready messages, consumers), by passive declare."""
+
+    def returned(self, ready: int) -> int | None:
+        """How many of the ``ready`` messages wait in the queue's returns (``returned_ready``), or None."""
+
+
+def repair(source: RepairSource, vhost: str, queue: str, depth: int, taken: Taken, opts: ReadOptions) -> Repair:
+    """Restore ``[B, A, C]`` after a cut (module docstring), with reads bounded by ``opts`` (the cut
+    read's delivery limit, margin, return mode and read timeout)."""
     try:
-        conn = connect()
+        conn = source.connect()
     except (RbakError, OSError) as e:
         return Repair(False, f"rbak could not reconnect to put it back in order ({e})")
     try:
-        return _repair(conn, counts, vhost, queue, depth, taken, delivery_limit, margin, return_mode, read_timeout,
-                       returned)
+        return _repair(conn, source, vhost, queue, depth, taken, opts)
     except RbakError as e:
         return Repair(False, f"putting it back in order failed ({e})")
     finally:
@@ -253,9 +263,9 @@ def repair(connect: Callable[[], Any], counts: Callable[[Any], tuple[int, int]],
             pass
 
 
-def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, queue: str, depth: int,
-            taken: Taken, limit: int | None, margin: int, mode: str, read_timeout: float,
-            returned: Callable[[int], int | None]) -> Repair:
+def _repair(conn: Connection, source: RepairSource, vhost: str, queue: str, depth: int, taken: Taken,
+            opts: ReadOptions) -> Repair:
+    counts = source.counts
     deadline = time.monotonic() + SETTLE_SECS
     ready, consumers = counts(conn)
     while (ready < depth or consumers) and time.monotonic() < deadline:
@@ -269,13 +279,12 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
     if ready < depth:
         return Repair(False, f"not put back in order: it holds {ready} of the {depth} messages it held when "
                              f"the backup started")
-    in_returns = returned(ready)
+    in_returns = source.returned(ready)
     first = in_returns if in_returns is not None and 0 < in_returns < ready else ready
     log.info("queue %r in vhost %r: %d ready, %s of them returned (management API): the check read takes %d",
              queue, vhost, ready, "an unknown number" if in_returns is None else in_returns, first)
     whole = Seen()
-    res = read_queue(conn, vhost, queue, "quorum", first, whole.sink, delivery_limit=limit, margin=margin,
-                     return_mode=mode, read_timeout=read_timeout)
+    res = read_queue(conn, vhost, queue, "quorum", first, whole.sink, opts)
     if res.records < first:
         return Repair(False, f"not put back in order: a check read took {res.records} of {first} messages")
     if first < ready and not all(whole.redelivered):
@@ -289,8 +298,7 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
         # check read has just given back behind them. Whether that put the queue back in order is
         # read from the queue itself: all of it, given back in order (the order it finds stays).
         again = Seen()
-        res = read_queue(conn, vhost, queue, "quorum", ready, again.sink, delivery_limit=limit, margin=margin,
-                         return_mode=mode, read_timeout=read_timeout)
+        res = read_queue(conn, vhost, queue, "quorum", ready, again.sink, opts)
         count = max(whole.max_count, again.max_count)
         p = len(lead)
         if res.records == ready and p and again.ids[:p] == lead and again.ids.count(lead[0]) == 1 \
@@ -315,12 +323,11 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
         if plan is None:
             return Repair(False, "not put back in order: the parts the broker gave back could not be placed with "
                                  "certainty", whole.max_count)
-        return _reorder(conn, vhost, queue, whole, plan, limit, margin, mode, read_timeout)
+        return _reorder(conn, vhost, queue, whole, plan, opts)
     if j == 0:
         return Repair(True, "its order was checked and is unchanged", whole.max_count)
     ahead = Seen()
-    res = read_queue(conn, vhost, queue, "quorum", j, ahead.sink, delivery_limit=limit, margin=margin,
-                     return_mode=mode, read_timeout=read_timeout)
+    res = read_queue(conn, vhost, queue, "quorum", j, ahead.sink, opts)
     if ahead.ids != whole.ids[:j]:
         return Repair(False, f"not put back in order: the queue changed while rbak was putting it back (moved "
                              f"{res.records} messages)", max(whole.max_count, ahead.max_count))
@@ -330,20 +337,18 @@ def _repair(conn: Any, counts: Callable[[Any], tuple[int, int]], vhost: str, que
                         f"broker had placed ahead behind the others)", max(whole.max_count, ahead.max_count))
 
 
-def _reorder(conn: Any, vhost: str, queue: str, whole: Seen, plan: Plan, limit: int | None, margin: int,
-             mode: str, read_timeout: float) -> Repair:
+def _reorder(conn: Connection, vhost: str, queue: str, whole: Seen, plan: Plan, opts: ReadOptions) -> Repair:
     """Read the queue again in ``plan.segments``, each held on channels of its own, check each is what
     the check read saw there, and give them back in ``plan.order`` (each return joins the tail of the
     returns, so the order they are given back in is the queue's). Anything unexpected gives them back
     as they were read, which leaves the order as it was."""
-    held: list[Callable[[], None]] = []
+    held: list[QueueRead] = []
     count = whole.max_count
     why = ""
     try:
         for a, b in plan.segments:
             part = Seen()
-            res = read_queue(conn, vhost, queue, "quorum", b - a, part.sink, delivery_limit=limit, margin=margin,
-                             return_mode=mode, read_timeout=read_timeout, hold=held)
+            res = read_queue(conn, vhost, queue, "quorum", b - a, part.sink, opts, hold=held)
             count = max(count, part.max_count)
             if part.ids != whole.ids[a:b]:
                 why = f"the queue changed while rbak was putting it back (read {res.records} of {b - a} in one part)"
@@ -352,7 +357,7 @@ def _reorder(conn: Any, vhost: str, queue: str, whole: Seen, plan: Plan, limit: 
         why = f"putting it back in order failed ({e})"
     order = range(len(held)) if why else plan.order
     for i in order:
-        held[i]()
+        held[i].give_back()
     if not why and not conn.is_open:  # channels not closed by us come back in the broker's order
         why = "the connection was lost while rbak gave the parts back"
     if why:

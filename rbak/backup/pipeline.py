@@ -3,6 +3,7 @@ writer and the segment store.
 
     queue_reader.read_queue / stream_reader.read_stream   (the delivery source: one broker connection)
       -> QueueIntake / StreamIntake    (counts, watches delivery counts, queues the delivery)
+         (the joints between the stages are the Protocols of ``stages``)
       -> record_thread.RecordThread    (builds and encodes records on an encoder thread)
       -> segments.AsyncSegmentWriter   (rotates segments, compresses, on its own thread)
       -> SegmentStore                  (seals with the run's codec and puts the object in storage)
@@ -13,13 +14,17 @@ Each stage is an object a reader can open; nothing is carried by closures.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from .. import metrics
+from ..sealing.crypto import ObjectCodec
+from ..format.compression import Compression
 from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from . import cut_repair
 from .convert import delivery_count
+from .queue_reader import describe_message
+from .stages import FirstOffset, Progress, RecordSink, Throttle
 
 #: Metrics and progress events are updated every this many messages (a lock per message costs throughput).
 STEP = 500
@@ -30,8 +35,8 @@ class SegmentStore:
     puts it under the queue's key and counts it. Called on the segment writer's thread; returns the
     key, or (key, stored bytes) when sealed (the manifest records the sealed object's size and hash)."""
 
-    def __init__(self, storage: Storage, layout: BackupLayout, codec: Any, compression: Any, vhost: str, queue: str,
-                 queue_type: str):
+    def __init__(self, storage: Storage, layout: BackupLayout, codec: ObjectCodec, compression: Compression, vhost: str,
+                 queue: str, queue_type: str):
         self.storage, self.layout, self.codec, self.compression = storage, layout, codec, compression
         self.vhost, self.queue = vhost, queue
         self._segments = metrics.segments_written().labels(vhost=vhost, queue=queue, queue_type=queue_type)
@@ -48,7 +53,7 @@ class SegmentStore:
 class ReadCounter:
     """A read's messages and bytes, reported to the metrics and as progress events every ``STEP``."""
 
-    def __init__(self, progress: Callable[..., None], vhost: str, queue: str, queue_type: str, with_bytes: bool):
+    def __init__(self, progress: Progress, vhost: str, queue: str, queue_type: str, with_bytes: bool):
         self.progress, self.vhost, self.queue, self.with_bytes = progress, vhost, queue, with_bytes
         self._read = metrics.messages_read().labels(vhost=vhost, queue=queue, queue_type=queue_type)
         self._bytes = metrics.bytes_read().labels(vhost=vhost, queue=queue, queue_type=queue_type)
@@ -74,16 +79,15 @@ class ReadCounter:
 
 
 class QueueIntake:
-    """Where a classic or quorum read's deliveries go (``read_queue``'s sink).
+    """Where a classic or quorum read's deliveries go (``read_queue``'s ``DeliverySink``).
 
     Quorum deliveries are watched first: the highest ``x-delivery-count`` seen (and which message had
     it: the delivery guard records it) and the first ``cut_repair.PREFIX`` messages (what a cut's
     repair compares against). Then each delivery is queued for the record thread with the time it
     was taken."""
 
-    def __init__(self, put: Callable[[tuple, Any, int], None], counter: ReadCounter, quorum: bool,
-                 describe: Callable[[int, Any], str]):
-        self.put, self.counter, self.quorum, self.describe = put, counter, quorum, describe
+    def __init__(self, records: RecordSink, counter: ReadCounter, quorum: bool):
+        self.put, self.counter, self.quorum = records.put, counter, quorum
         self.taken = cut_repair.Taken()
         self.max_count = 0
         self.nearest = ""  # the message with the highest x-delivery-count
@@ -95,27 +99,26 @@ class QueueIntake:
             self.taken.see(n, method.delivery_tag, props, body)
             c = delivery_count(props)
             if c > self.max_count or not self.nearest:
-                self.max_count, self.nearest = c, self.describe(n + 1, props)
+                self.max_count, self.nearest = c, describe_message(n + 1, props)
         self.put((method, props, body, int(time.time() * 1000)), None, len(body))
         self.counter.add(len(body))
 
 
 class StreamIntake:
-    """Where a stream read's deliveries go (``read_stream``'s sink).
+    """Where a stream read's deliveries go (``read_stream``'s ``StreamSink``).
 
-    The first delivery's offset is handed to ``on_first`` (a later one than asked means retention
-    removed the ones between: a gap in the chain); the last is kept (the next backup's link); each
-    is queued with its offset, which tags its segment: once the segment is stored, that offset is
-    the checkpoint's position."""
+    The first delivery's offset goes to ``watcher.first_offset`` (a later one than asked means
+    retention removed the ones between: a gap in the chain); the last is kept (the next backup's
+    link); each is queued with its offset, which tags its segment: once the segment is stored, that
+    offset is the checkpoint's position."""
 
-    def __init__(self, put: Callable[[tuple, Any, int], None], counter: ReadCounter,
-                 on_first: Callable[[int], None], throttle: Callable[[int], None] | None):
-        self.put, self.counter, self.on_first, self.throttle = put, counter, on_first, throttle
+    def __init__(self, records: RecordSink, counter: ReadCounter, watcher: FirstOffset, throttle: Throttle | None):
+        self.put, self.counter, self.watcher, self.throttle = records.put, counter, watcher, throttle
         self.last: tuple[bytes, Any] | None = None
 
     def __call__(self, method: Any, props: Any, body: bytes, offset: int) -> None:
         if self.counter.count == 0:
-            self.on_first(offset)
+            self.watcher.first_offset(offset)
         self.put((method, props, body, int(time.time() * 1000), offset), offset, len(body))
         self.counter.add(len(body))
         self.last = (body, props)

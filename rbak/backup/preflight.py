@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -21,10 +22,11 @@ from typing import Any, Callable
 
 from ..broker.deliveries import receive
 from ..broker.wire import PERSISTENT, Connection
-from ..errors import ChannelClosedByBroker, QueueRefused, QueueSkipped, RbakError
+from ..errors import ChannelClosedByBroker, ConfigError, QueueRefused, QueueSkipped, RbakError
 from .convert import delivery_count
 from .limits import QueueSettings, resolve_settings, version_tuple
 from .management import ManagementClient, QueueInfo
+from .management import q as quote
 from .priorities import priorities_matter, priority_levels, refuse_live_priorities
 
 log = logging.getLogger(__name__)
@@ -56,9 +58,7 @@ class PolicyCache:
 
 
 def _q(name: str) -> str:
-    from .management import q
-
-    return q(name)
+    return quote(name)
 
 
 def quorum_settings(q: QueueInfo, client: ManagementClient, policies: PolicyCache, version: str | None,
@@ -251,11 +251,6 @@ def check_read_permissions(client: ManagementClient, user: str, queues: list[Que
     """Refuse, before anything is written, queues ``user`` may not read: from the management API
     (``/api/permissions/VHOST/USER`` answers administrators only), else by ``probe(vhost, queues)``
     over AMQP (``probe_read_permissions``)."""
-    import re
-
-    from ..errors import ConfigError
-    from .management import q as quote
-
     denied: list[str] = []
     for vhost in sorted({x.vhost for x in queues}):
         try:

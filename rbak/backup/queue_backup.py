@@ -1,4 +1,4 @@
-"""One classic or quorum queue into segments, without costing the source a message.
+"""One classic or quorum queue into segments, without costing the source a message (``QueueJob``).
 
 Before a single message is taken: skip what cannot or should not be read
 (exclusive queues, queues with consumers when configured), resolve the quorum
@@ -17,22 +17,24 @@ import time
 from typing import TYPE_CHECKING
 
 from ..broker.connect import connect
-from ..errors import (AmqpConnectionError, QueueLocked, QueueNotFound, QueueRefused, QueueSkipped, ReadCut,
-                      ShortRead)
-from ..format.manifest import QueueBackup
-from .checkpoint import Checkpoint, Guard, QueueProgress
-from . import cut_repair
-from .convert import to_record
 from ..broker.declare import passive_declare
 from ..broker.wire import Connection
+from ..errors import (AmqpConnectionError, DeliveryLimitError, QueueLocked, QueueNotFound, QueueRefused,
+                      QueueSkipped, RbakError, ReadCut, ShortRead)
+from ..format.manifest import QueueBackup
+from ..format.record import BackupRecord
+from . import cut_repair
+from .checkpoint import Checkpoint, Guard, QueueProgress
+from .convert import to_record
 from .guard_store import merge
+from .jobs import Job
 from .limits import budget_ceiling, may_take, refuse_delayed_retry, version_tuple
 from .management import QueueInfo
-from .preflight import (live_priorities, quorum_settings, single_active_reason, skip_reason)
-from ..errors import DeliveryLimitError
-from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, describe_message, read_queue
 from .pipeline import QueueIntake, ReadCounter
+from .preflight import live_priorities, quorum_settings, single_active_reason, skip_reason
+from .queue_reader import CLOSE, NACK, QUORUM_PREFETCH, ReadOptions, read_queue
 from .record_thread import RecordThread
+from .stages import QueuedDelivery
 
 if TYPE_CHECKING:
     from .services import QueueServices
@@ -52,93 +54,134 @@ def passive_info(conn: Connection, vhost: str, queue: str) -> tuple[int, int]:
         raise QueueSkipped(f"queue {queue!r} in vhost {vhost!r}: deleted before the backup read it") from None
 
 
-def clear_previous(eng: "QueueServices", ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress | None) -> None:
+def clear_previous(eng: QueueServices, ckpt: Checkpoint, vhost: str, name: str, prog: QueueProgress | None) -> None:
     """An interrupted earlier read of this queue is dropped (its messages went back): read from the head."""
     if prog is not None or eng.storage.exists(eng.layout.segment(vhost, name, 1, eng.compression)):
         eng.storage.delete_prefix(eng.layout.queue_dir(vhost, name) + "/")
         ckpt.reset(vhost, name)
 
 
-def backup_queue(eng: "QueueServices", q: QueueInfo, ckpt: Checkpoint, conn, cluster: str, version: str | None,
-                 prog: QueueProgress | None) -> QueueBackup:
+class QueueRecords:
+    """Builds a classic or quorum queue's records on the encoder thread: ``build`` is the record
+    thread's ``stages.RecordBuilder`` (a bound method costs what a closure did; ``__call__`` more)."""
+
+    __slots__ = ("vhost", "name")
+
+    def __init__(self, vhost: str, name: str):
+        self.vhost, self.name = vhost, name
+
+    def build(self, item: QueuedDelivery) -> BackupRecord:
+        method, props, body, backed_up_at = item
+        return to_record(method, props, body, self.vhost, self.name, backed_up_at)
+
+
+class CutSource:
+    """The broker side of a cut read's repair (``cut_repair.RepairSource``): the run's source,
+    passive declares, and the management API's count of returned messages."""
+
+    def __init__(self, svc: QueueServices, vhost: str, name: str, version: str | None, counter: ReadCounter):
+        self.svc, self.vhost, self.name, self.version, self.counter = svc, vhost, name, version, counter
+
+    def connect(self) -> Connection:
+        return connect(self.svc.source, self.vhost)
+
+    def counts(self, conn: Connection) -> tuple[int, int]:
+        return passive_info(conn, self.vhost, self.name)
+
+    def returned(self, ready: int) -> int | None:
+        return cut_repair.returned_ready(self.svc.client, self.vhost, self.name, ready,
+                                         reported=version_tuple(self.version) >= (4, 0), taken=self.counter.count)
+
+
+class QueueJob(Job):
     """Classic / quorum: all or nothing per run (an interrupted read is redone from the head)."""
-    vhost, name, qtype = q.vhost, q.name, q.queue_type
-    where = f"queue {name!r} in vhost {vhost!r}"
-    clear_previous(eng, ckpt, vhost, name, prog)
-    reason = skip_reason(q, None, False)  # exclusive (the listing said so)
-    if reason:
-        raise QueueSkipped(f"{where}: {reason}")
-    started = time.monotonic()  # the depth below is what the read must reach: measured now
-    depth, consumers = passive_info(conn, vhost, name)
-    reason = skip_reason(q, consumers, eng.cfg.backup.skip_queues_with_consumers) or \
-        single_active_reason(q, consumers, eng.client)
-    sel = eng.source.queues
-    if not reason and sel.too_few(qtype, depth):  # exact here; the listing's figure can be seconds old
-        reason = f"held {depth} message(s), fewer than source.queues.min_messages ({sel.min_messages})"
-    if reason:
-        raise QueueSkipped(f"{where}: {reason}")
-    quorum = qtype == "quorum"
-    limit, mode, single = quorum_preflight(eng, q, conn, version, consumers, depth) if quorum else (None, CLOSE, False)
-    guard_now = _guard(eng, ckpt, cluster, vhost, name) if quorum else None
-    if quorum and depth == 0:
-        _set_guard(eng, ckpt, cluster, vhost, name, Guard(0, limit, ""))  # seen empty: no count of ours remains
-    elif quorum and limit is not None and mode == CLOSE:
-        _check_guard(eng, guard_now, where, limit, version)
-    # an auto-delete queue is deleted when its last consumer goes: read it without one
-    use_get = q.auto_delete and not quorum
-    eng.progress("start", vhost=vhost, queue=name, total=depth)
-    # the pipeline (pipeline.py): the read's intake -> records encoded on their own thread -> segments -> storage
-    writer = RecordThread(eng.segment_writer(vhost, name, qtype, 1),
-                          lambda d: to_record(d[0], d[1], d[2], vhost, name, d[3]))
-    counter = ReadCounter(eng.progress, vhost, name, qtype, with_bytes=True)
-    intake = QueueIntake(writer.put, counter, quorum, describe_message)
-    try:
-        res = read_queue(conn, vhost, name, qtype, depth, intake, delivery_limit=limit,
-                         margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode, single_consumer=single,
-                         use_get=use_get, read_timeout=eng.cfg.backup.read_timeout_secs,
-                         deadline=eng.deadline(), throttle=eng.throttle)
-    except BaseException as e:
-        writer.abort()
-        if quorum and isinstance(e, DeliveryLimitError):
-            intake.stopped = 1  # the message at its limit was taken too, and went back
-            intake.max_count = max(intake.max_count, e.count)
-            intake.nearest = intake.nearest or e.message_name
-        if isinstance(e, ReadCut):
-            fixed = cut_repair.repair(lambda: connect(eng.source, vhost), lambda c: passive_info(c, vhost, name),
-                                      vhost, name, depth, intake.taken, delivery_limit=limit,
-                                      margin=eng.cfg.backup.delivery_limit_margin, return_mode=mode,
-                                      read_timeout=eng.cfg.backup.read_timeout_secs,
-                                      returned=lambda ready: cut_repair.returned_ready(
-                                          eng.client, vhost, name, ready, reported=version_tuple(version) >= (4, 0),
-                                          taken=counter.count))
-            # its reads saw the counts the cut left; the guard below adds their own return
-            intake.max_count = max(intake.max_count, fixed.max_count)
-            if fixed.repaired:
-                raise AmqpConnectionError(f"{e.lost}{e.context}; {fixed.why}") from None
-            raise ReadCut(f"{e}; {fixed.why}", e.lost, e.context) from None
-        raise
-    finally:
-        if quorum and counter.count + intake.stopped:
-            # close: every message taken went back with one more delivery on its count;
-            # nack (4.3+): with none (only a lost connection counts one)
-            left = intake.max_count + (1 if mode == CLOSE else 0)
-            _set_guard(eng, ckpt, cluster, vhost, name, Guard(left, limit, intake.nearest))
-    segments = writer.close()
-    counter.finish()
-    qb = QueueBackup(vhost, name, qtype, expected_messages=depth)
-    for s in segments:
-        qb.add_segment(s)
-    if qb.message_count < depth:
-        raise ShortRead(qb, res.short or f"read {qb.message_count} of the {depth} messages the queue held when the "
-                        "read started")
-    risk = eng.lease_risk(vhost, started)
-    if risk:  # recorded partial and read again by a rerun (no completed progress is kept)
-        raise ShortRead(qb, risk)
-    ckpt.save(QueueProgress(vhost, name, qtype, depth, qb.message_count, writer.next_sequence, segments, True))
-    return qb
+
+    def run(self, conn: Connection) -> QueueBackup:
+        svc, ckpt, q, vhost, name, where = self.svc, self.ckpt, self.q, self.vhost, self.name, self.where
+        clear_previous(svc, ckpt, vhost, name, self.prog)
+        started = time.monotonic()  # the depth below is what the read must reach: measured now
+        depth, consumers = self._depth(conn)
+        quorum = q.queue_type == "quorum"
+        limit, mode, single = quorum_preflight(svc, q, conn, self.version, consumers, depth) if quorum \
+            else (None, CLOSE, False)
+        guard_now = _guard(svc, ckpt, self.cluster, vhost, name) if quorum else None
+        if quorum and depth == 0:
+            self._set_guard(Guard(0, limit, ""))  # seen empty: no count of ours remains
+        elif quorum and limit is not None and mode == CLOSE:
+            _check_guard(svc, guard_now, where, limit, self.version)
+        b = svc.cfg.backup
+        # an auto-delete queue is deleted when its last consumer goes: read it without one
+        opts = ReadOptions(limit, b.delivery_limit_margin, mode, single, use_get=q.auto_delete and not quorum,
+                           read_timeout=b.read_timeout_secs, deadline=svc.deadline(), throttle=svc.throttle)
+        svc.progress("start", vhost=vhost, queue=name, total=depth)
+        # the pipeline (pipeline.py): the read's intake -> records encoded on their own thread -> segments -> storage
+        writer = RecordThread(svc.segment_writer(vhost, name, q.queue_type, 1), QueueRecords(vhost, name).build)
+        counter = ReadCounter(svc.progress, vhost, name, q.queue_type, with_bytes=True)
+        intake = QueueIntake(writer, counter, quorum)
+        try:
+            res = read_queue(conn, vhost, name, q.queue_type, depth, intake, opts)
+        except BaseException as e:
+            writer.abort()
+            if quorum and isinstance(e, DeliveryLimitError):
+                intake.stopped = 1  # the message at its limit was taken too, and went back
+                intake.max_count = max(intake.max_count, e.count)
+                intake.nearest = intake.nearest or e.message_name
+            if isinstance(e, ReadCut):
+                raise self._repaired(e, depth, intake, counter, opts) from None
+            raise
+        finally:
+            if quorum and counter.count + intake.stopped:
+                # close: every message taken went back with one more delivery on its count;
+                # nack (4.3+): with none (only a lost connection counts one)
+                self._set_guard(Guard(intake.max_count + (1 if mode == CLOSE else 0), limit, intake.nearest))
+        segments = writer.close()
+        counter.finish()
+        qb = QueueBackup(vhost, name, q.queue_type, expected_messages=depth)
+        for s in segments:
+            qb.add_segment(s)
+        if qb.message_count < depth:
+            raise ShortRead(qb, res.short or f"read {qb.message_count} of the {depth} messages the queue held when "
+                            "the read started")
+        risk = svc.lease_risk(vhost, started)
+        if risk:  # recorded partial and read again by a rerun (no completed progress is kept)
+            raise ShortRead(qb, risk)
+        ckpt.save(QueueProgress(vhost, name, q.queue_type, depth, qb.message_count, writer.next_sequence, segments,
+                                True))
+        return qb
+
+    def _depth(self, conn: Connection) -> tuple[int, int]:
+        """(depth, consumers) by passive declare, or ``QueueSkipped`` for a queue this run does not read."""
+        svc, q = self.svc, self.q
+        reason = skip_reason(q, None, False)  # exclusive (the listing said so)
+        if reason:
+            raise QueueSkipped(f"{self.where}: {reason}")
+        depth, consumers = passive_info(conn, q.vhost, q.name)
+        reason = skip_reason(q, consumers, svc.cfg.backup.skip_queues_with_consumers) or \
+            single_active_reason(q, consumers, svc.client)
+        sel = svc.source.queues
+        if not reason and sel.too_few(q.queue_type, depth):  # exact here; the listing's figure can be seconds old
+            reason = f"held {depth} message(s), fewer than source.queues.min_messages ({sel.min_messages})"
+        if reason:
+            raise QueueSkipped(f"{self.where}: {reason}")
+        return depth, consumers
+
+    def _repaired(self, e: ReadCut, depth: int, intake: QueueIntake, counter: ReadCounter,
+                  opts: ReadOptions) -> RbakError:
+        """The error of a cut read, once ``cut_repair`` tried to put the queue back in order."""
+        bounds = ReadOptions(opts.delivery_limit, opts.margin, opts.return_mode, read_timeout=opts.read_timeout)
+        fixed = cut_repair.repair(CutSource(self.svc, self.vhost, self.name, self.version, counter), self.vhost,
+                                  self.name, depth, intake.taken, bounds)
+        # its reads saw the counts the cut left; the guard adds their own return
+        intake.max_count = max(intake.max_count, fixed.max_count)
+        if fixed.repaired:
+            return AmqpConnectionError(f"{e.lost}{e.context}; {fixed.why}")
+        return ReadCut(f"{e}; {fixed.why}", e.lost, e.context)
+
+    def _set_guard(self, g: Guard) -> None:
+        _set_guard(self.svc, self.ckpt, self.cluster, self.vhost, self.name, g)
 
 
-def quorum_preflight(eng: "QueueServices", q: QueueInfo, conn, version: str | None, consumers: int,
+def quorum_preflight(eng: QueueServices, q: QueueInfo, conn: Connection, version: str | None, consumers: int,
                      depth: int) -> tuple[int | None, str, bool]:
     """(delivery limit, how messages go back, single active consumer) of a quorum queue, or
     ``QueueRefused`` before anything is taken: delayed retries a return would trigger, priorities a
@@ -160,17 +203,17 @@ def quorum_preflight(eng: "QueueServices", q: QueueInfo, conn, version: str | No
     return limit, mode, settings.single_active
 
 
-def _guard(eng: "QueueServices", ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:
+def _guard(eng: QueueServices, ckpt: Checkpoint, cluster: str, vhost: str, name: str) -> Guard | None:
     """The local guard merged with the one beside the backups (newest wins)."""
     return merge(ckpt.guard(cluster, vhost, name), eng.guards.load(vhost, name))
 
 
-def _set_guard(eng: "QueueServices", ckpt: Checkpoint, cluster: str, vhost: str, name: str, g: Guard) -> None:
+def _set_guard(eng: QueueServices, ckpt: Checkpoint, cluster: str, vhost: str, name: str, g: Guard) -> None:
     g = ckpt.set_guard(cluster, vhost, name, g)
     eng.guards.save(vhost, name, g, eng.backup_id)
 
 
-def _check_guard(eng: "QueueServices", g: Guard | None, where: str, limit: int, version: str | None) -> None:
+def _check_guard(eng: QueueServices, g: Guard | None, where: str, limit: int, version: str | None) -> None:
     """Refuse before reading when one more backup would leave a message at ``limit - margin`` or more.
 
     Without a guard the lowest count a message can have (0) is checked: a limit within the

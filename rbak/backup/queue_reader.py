@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost, DeliveryLimitError, ReadCut
 from ..broker.channels import READING, kept_channel
@@ -54,6 +54,7 @@ from ..broker.deliveries import Deliver, properties, receive
 from ..broker.wire import Channel, Connection
 from .convert import delivery_count
 from .limits import budget_ceiling, may_take
+from .stages import DeliverySink, Throttle
 
 log = logging.getLogger(__name__)
 # 4.3+ quorum queues (the nack return): the consumer's own x-consumer-timeout takes precedence over the
@@ -99,10 +100,7 @@ class ReadResult:
     last_redelivered: bool = False  # it came from the queue's returns (an earlier backup or consumer)
 
 
-Sink = Callable[[object, object, bytes], None]
-
-
-def describe_message(position: int, props) -> str:
+def describe_message(position: int, props: Any) -> str:
     mid = getattr(props, "message_id", None)
     return f"message #{position}" + (f" (message_id {mid!r})" if mid else "")
 
@@ -131,138 +129,242 @@ def next_window(previous: int, max_seen: int, limit: int | None, remaining: int,
     return max(1, min(w, remaining))
 
 
-def read_queue(
-    conn: Connection,
-    vhost: str,
-    queue: str,
-    queue_type: str,
-    depth: int,
-    sink: Sink,
-    *,
-    delivery_limit: int | None = None,
-    margin: int = 1,
-    return_mode: str = CLOSE,
-    single_consumer: bool = False,
-    use_get: bool = False,
-    read_timeout: float = 30.0,
-    deadline: float | None = None,
-    throttle: Callable[[int], None] | None = None,
-    hold: list[Callable[[], None]] | None = None,
-) -> ReadResult:
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """How a read takes messages and gives them back (the ``backup.*`` settings a read honours).
+
+    ``return_mode`` NACK: quorum messages go back by ``basic.nack(multiple, requeue)`` after the
+    consumer is cancelled (4.3+: no delivery counted); CLOSE: by closing the channels. ``margin``:
+    ``backup.delivery_limit_margin``; the read stops at a message whose count would reach
+    ``delivery_limit - margin`` once returned (``limits.may_take``). ``single_consumer``: a
+    single-active-consumer quorum queue, read by one consumer (a second one would wait behind the
+    first and receive nothing): no windows, at most QUORUM_PREFETCH. ``use_get``: basic.get instead
+    of a consumer (an auto-delete queue is deleted when its last consumer goes away)."""
+
+    delivery_limit: int | None = None
+    margin: int = 1
+    return_mode: str = CLOSE
+    single_consumer: bool = False
+    use_get: bool = False
+    read_timeout: float = 30.0
+    deadline: float | None = None
+    throttle: Throttle | None = None
+
+
+DEFAULT_READ = ReadOptions()
+
+
+def read_queue(conn: Connection, vhost: str, queue: str, queue_type: str, depth: int, sink: DeliverySink,
+               opts: ReadOptions = DEFAULT_READ, *, hold: list[QueueRead] | None = None) -> ReadResult:
     """Read the first ``depth`` messages of a classic or quorum queue without acking any.
 
-    ``sink(method, properties, body)`` receives each one in queue order. On any
-    error every message is still returned (nacked and/or the channels closed, first
-    opened first) and the error names the queue. ``use_get``: basic.get instead of a
-    consumer (an auto-delete queue is deleted when its last consumer goes away).
-    ``return_mode`` NACK: quorum messages go back by ``basic.nack(multiple, requeue)``
-    after the consumer is cancelled (4.3+: no delivery counted); CLOSE: by closing.
-    ``margin``: ``backup.delivery_limit_margin``; the read stops at a message whose count
-    would reach ``delivery_limit - margin`` once returned (``limits.may_take``).
-    ``single_consumer``: a single-active-consumer quorum queue, read by one consumer (a second
-    one would wait behind the first and receive nothing): no windows, at most QUORUM_PREFETCH.
-    ``hold`` (quorum): the read keeps its messages, even on an error, and appends the function that
-    gives them back, for a caller that returns several reads in an order of its own (``cut_repair``).
+    ``sink(method, properties, body)`` receives each one in queue order. On any error every
+    message is still returned (nacked and/or the channels closed, first opened first) and the
+    error names the queue. ``hold`` (quorum): the read keeps its messages, even on an error, and
+    appends itself, whose ``give_back`` returns them, for a caller that returns several reads in
+    an order of its own (``cut_repair``).
     """
-    res = ReadResult()
-    where = f"queue {queue!r} in vhost {vhost!r}"
     if depth <= 0:
-        return res
-    quorum = queue_type == "quorum"
-    nack = quorum and return_mode == NACK
-    ceiling = budget_ceiling(delivery_limit, margin) if quorum else None
-    # nack returns never reach a limit
-    budget = None if nack or ceiling is None or delivery_limit is None else (ceiling, delivery_limit)
-    # windows stay bounded by the limit with nack too: a lost connection returns by close, which counts.
-    # next_window narrows once a message seen would be AT its bound after this read: the highest count
-    # a message may be taken at is ceiling - 2 (returned at ceiling - 1)
-    window_limit = None if ceiling is None else ceiling - 1
-    channels: list[Channel] = []
-    ends: dict[int, list[int]] = {}  # channel number -> the last delivery tag of each of its windows
-    tags: dict[int, list[str]] = {}  # channel number -> its consumers, oldest first
-    cancelled: list[Channel] = []  # channels with a consumer the broker cancelled (4.3: a consumer timeout)
-    error: BaseException | None = None
-    # small classic reads share one channel per connection (reading_channel)
-    shared = not use_get and not quorum and depth <= SHARED_MAX_DEPTH
-    try:
-        if use_get:
-            ch = conn.channel()
-            channels.append(ch)
-            depth = _read_by_get(ch, queue, res, where, depth, sink, quorum, budget, throttle, deadline)
+        return ReadResult()
+    return QueueRead(conn, vhost, queue, queue_type == "quorum", depth, sink, opts).run(hold)
+
+
+class QueueRead:
+    """One read's state: its channels, their consumers (tags) and window ends, the consumers the
+    broker cancelled, and the delivery budget; the read modes (consumer windows, basic.get) and
+    the return are its methods."""
+
+    def __init__(self, conn: Connection, vhost: str, queue: str, quorum: bool, depth: int, sink: DeliverySink,
+                 opts: ReadOptions = DEFAULT_READ):
+        self.conn, self.vhost, self.queue, self.quorum, self.depth = conn, vhost, queue, quorum, depth
+        self.sink, self.opts = sink, opts
+        self.where = f"queue {queue!r} in vhost {vhost!r}"
+        self.res = ReadResult()
+        self.nack = quorum and opts.return_mode == NACK
+        ceiling = budget_ceiling(opts.delivery_limit, opts.margin) if quorum else None
+        limit = opts.delivery_limit
+        # nack returns never reach a limit
+        self.budget = None if self.nack or ceiling is None or limit is None else (ceiling, limit)
+        # windows stay bounded by the limit with nack too: a lost connection returns by close, which counts.
+        # next_window narrows once a message seen would be AT its bound after this read: the highest count
+        # a message may be taken at is ceiling - 2 (returned at ceiling - 1)
+        self.window_limit = None if ceiling is None else ceiling - 1
+        self.channels: list[Channel] = []
+        self.ends: dict[int, list[int]] = {}  # channel number -> the last delivery tag of each of its windows
+        self.tags: dict[int, list[str]] = {}  # channel number -> its consumers, oldest first
+        self.cancelled: list[Channel] = []  # channels with a consumer the broker cancelled (4.3: a consumer timeout)
+        # small classic reads share one channel per connection (reading_channel)
+        self.shared = not opts.use_get and not quorum and depth <= SHARED_MAX_DEPTH
+        self.quiet = False  # give_back: the read failed, the return may fail too
+
+    def run(self, hold: list[QueueRead] | None = None) -> ReadResult:
+        error: BaseException | None = None
+        try:
+            if self.opts.use_get:
+                self.by_get()
+            else:
+                self.by_consumers()
+            # once per read: a cancel the broker sent while we were taking what had already arrived. Only
+            # a read over several channels waits for one (a cancelled earlier channel's messages could
+            # reach a later one twice); one channel holds every message it took, so what is already here
+            # is enough, and the 50 ms wait per queue was most of a many-queue backup's time (issue 20)
+            # With the nack return every consumer holds HOLD_ARGUMENTS (a day's consumer timeout), so no
+            # timeout cancel can be late: what is already here is checked without the wait.
+            several = len(self.channels) > 1
+            self.check_cancelled(wait=0.05 if several and not self.nack else 0.0)
+            if several:
+                # an earlier channel closed by the broker (consumer_timeout) gave its messages back
+                # while later channels were reading: they may hold those again (duplicates)
+                _check_open(self.channels, self.where, self.res.records, self.depth)
+            self.res.channels = len(self.channels)
+            return self.res
+        except ChannelClosedByBroker as e:
+            error = e
+            raise _channel_closed_error(e, self.where, self.res.records, self.depth) from None
+        except ConnectionLost as e:
+            error = e
+            raise self._cut(e) from None
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            self.quiet = error is not None
+            if hold is not None and not self.shared:
+                hold.append(self)  # the caller gives these back when it chooses (cut_repair)
+            elif not (self.shared and error is None and _give_back(self.channels, self.tags, self.queue, self.where)):
+                _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
+                                 settle=self.queue if self.quorum and len(self.channels) > 1 else None)
+
+    def give_back(self) -> None:
+        """Return a held read's messages (``read_queue(hold=...)``), first-opened channel first."""
+        _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
+                         settle=self.queue)
+
+    def _cut(self, e: ConnectionLost) -> AmqpError:
+        res, depth, n = self.res, self.depth, len(self.channels)
+        lost = (f"{self.where}: the connection was lost after {res.records} of {depth} messages ({e}); "
+                "the broker returns every unacked message to the queue")
+        note = _rotation_note(self.quorum, res, depth)
+        context = ", behind the ones it had not taken (the queue's messages had been returned before)"
+        if not note:
+            note = _channels_note(self.quorum, n)
+            context = f" (it held them on {n} channels, which the broker gives back in no particular order)"
+        if note:
+            return ReadCut(lost + note, lost, context)
+        return AmqpConnectionError(lost)
+
+    def by_consumers(self) -> None:
+        """Consumer windows: one channel for a classic queue; quorum windows as consumers of one
+        channel after another (up to MAX_CONSUMERS_PER_CHANNEL each), each with a prefetch of
+        exactly what it takes."""
+        conn, res, quorum, channels, where = self.conn, self.res, self.quorum, self.channels, self.where
         window = windows = on_channel = 0
-        while res.records < depth and not use_get:
+        while res.records < self.depth:
             if quorum:
-                window = min(depth, QUORUM_PREFETCH) if single_consumer else \
-                    next_window(window, res.max_delivery_count, window_limit, depth - res.records, windows)
+                window = min(self.depth, QUORUM_PREFETCH) if self.opts.single_consumer else \
+                    next_window(window, res.max_delivery_count, self.window_limit, self.depth - res.records, windows)
                 windows += 1
-            want = window if quorum else depth - res.records
+            want = window if quorum else self.depth - res.records
             if quorum and channels and on_channel < MAX_CONSUMERS_PER_CHANNEL:
                 ch = channels[-1]  # the next window is one more consumer there (its own basic.qos below)
                 on_channel += 1
-                _check_open(channels + [None], where, res.records, depth)  # e.g. 3.x/4.0's consumer_timeout
+                _check_open(channels + [None], where, res.records, self.depth)  # e.g. 3.x/4.0's consumer_timeout
             else:
-                ch = reading_channel(conn) if shared else conn.channel()
+                ch = reading_channel(conn) if self.shared else conn.channel()
                 channels.append(ch)
                 on_channel = 1
-            if not shared:
+            if not self.shared:
                 # quorum: prefetch exactly what this channel takes, so no consumer ever has spare
                 # credit: otherwise messages returned by an earlier channel would be redelivered to
                 # a later channel and come back out of order. classic: prefetch 0, one channel.
                 ch.qos(want if quorum else 0)
-            _check_open(channels, where, res.records, depth)
-            filled, depth = _fill(conn, ch, vhost, queue, where, res, want, depth, sink, quorum, budget,
-                                  read_timeout, throttle, deadline, HOLD_ARGUMENTS if nack else None,
-                                  tags.setdefault(ch.number, []),
-                                  sum(len(t) for n, t in tags.items() if n != ch.number))
+            _check_open(channels, where, res.records, self.depth)
+            filled = self.fill(ch, want)
             if quorum:
-                ends.setdefault(ch.number, []).append(res.last_tag)
+                self.ends.setdefault(ch.number, []).append(res.last_tag)
             if not filled:
-                cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
+                self.cancelled.append(ch)  # the generator ended: the broker cancelled the consumer
             # a filled channel keeps its consumer until the return (no credit left, so it receives
             # nothing): if a delivery times out on 4.3 the broker then cancels it and releases the
             # messages uncounted, where a consumer we had cancelled would get its channel closed (406)
-            _check_cancelled(conn, channels, tags, cancelled, where, res.records, depth)
-        # once per read: a cancel the broker sent while we were taking what had already arrived. Only
-        # a read over several channels waits for one (a cancelled earlier channel's messages could
-        # reach a later one twice); one channel holds every message it took, so what is already here
-        # is enough, and the 50 ms wait per queue was most of a many-queue backup's time (issue 20)
-        # With the nack return every consumer holds HOLD_ARGUMENTS (a day's consumer timeout), so no
-        # timeout cancel can be late: what is already here is checked without the wait.
-        _check_cancelled(conn, channels, tags, cancelled, where, res.records, depth,
-                         wait=0.05 if len(channels) > 1 and not nack else 0.0)
-        if len(channels) > 1:
-            # an earlier channel closed by the broker (consumer_timeout) gave its messages back
-            # while later channels were reading: they may hold those again (duplicates)
-            _check_open(channels, where, res.records, depth)
-        res.channels = len(channels)
-        return res
-    except ChannelClosedByBroker as e:
-        error = e
-        raise _channel_closed_error(e, where, res.records, depth) from None
-    except ConnectionLost as e:
-        error = e
-        lost = (f"{where}: the connection was lost after {res.records} of {depth} messages ({e}); "
-                "the broker returns every unacked message to the queue")
-        note = _rotation_note(quorum, res, depth)
-        context = ", behind the ones it had not taken (the queue's messages had been returned before)"
-        if not note:
-            note = _channels_note(quorum, len(channels))
-            context = f" (it held them on {len(channels)} channels, which the broker gives back in no particular order)"
-        if note:
-            raise ReadCut(lost + note, lost, context) from None
-        raise AmqpConnectionError(lost) from None
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        if hold is not None and not shared:
-            # the caller gives these back when it chooses (cut_repair: several reads, returned in another order)
-            quiet = error is not None
-            hold.append(lambda: _return_in_order(channels, tags, where, nack, quiet=quiet, ends=ends,
-                                                 settle=queue))
-        elif not (shared and error is None and _give_back(channels, tags, queue, where)):
-            _return_in_order(channels, tags, where, nack, quiet=error is not None, ends=ends,
-                             settle=queue if quorum and len(channels) > 1 else None)
+            self.check_cancelled()
+
+    def fill(self, ch: Channel, want: int) -> bool:
+        """Take up to ``want`` messages by a new consumer on ``ch``: False if the broker cancelled it.
+
+        The depth shrinks when the queue runs dry early (another consumer holds the rest). The
+        consumer's tag joins the channel's (cancelled oldest first when the read ends); the read's
+        consumers on its other channels count as its own too.
+
+        A queue with none ready and no consumer but this read's has handed what is left to this read:
+        the deliveries are on their way (a broker slow to send them: 3.10.8 took over 2 s to start
+        a 50,000-message quorum read on a loaded machine), so the read waits up to ``read_timeout``
+        before calling itself short."""
+        conn, res, where, sink, quorum, budget = self.conn, self.res, self.where, self.sink, self.quorum, self.budget
+        read_timeout, throttle, deadline = self.opts.read_timeout, self.opts.throttle, self.opts.deadline
+        depth = self.depth
+        consumers = self.tags.setdefault(ch.number, [])
+        earlier = sum(len(t) for n, t in self.tags.items() if n != ch.number)
+        taken = 0
+        idle = 0.0
+        check = min(read_timeout, DRY_CHECK_SECS)
+        ch.deliveries.clear()  # an earlier consumer's leftovers (held unacked, returned with the channel's)
+        tag = ch.consume(self.queue, HOLD_ARGUMENTS if self.nack else None)
+        consumers.append(tag)
+        for method, props, body in receive(conn, ch, tag, check):
+            if method is None:
+                idle += check
+                counts = passive_declare(conn, self.vhost, self.queue)
+                if counts.messages == 0:
+                    if counts.consumers <= earlier + len(consumers) and idle < read_timeout:
+                        continue  # no other consumer: what this read was given is still on its way
+                    if counts.consumers > earlier + len(consumers):
+                        res.short = _short(where, res.records, depth,
+                                           f"no message arrived for {idle:g}s and the queue has none ready")
+                    else:
+                        res.short = _short(where, res.records, depth, f"no message arrived for {idle:g}s, the "
+                                           "queue has none ready and no other consumer", "the rest left the queue "
+                                           "meanwhile: expired, purged or dead-lettered")
+                    self.depth = res.records
+                    return True
+                if idle < read_timeout:
+                    continue  # messages are ready but not reaching us yet: wait up to read_timeout
+                raise AmqpError(f"{where}: no message arrived for {idle:g}s after {res.records} of "
+                                f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
+            idle = 0.0
+            _take(res, where, sink, method, props, body, quorum, budget)
+            taken += 1
+            if throttle is not None:
+                throttle(res.records)
+            _check_deadline(deadline, where, res.records, depth)
+            if taken >= want or res.records >= depth:
+                return True
+        return False
+
+    def by_get(self) -> None:
+        """basic.get one message at a time: no consumer is registered, so an auto-delete queue stays."""
+        ch = self.conn.channel()
+        self.channels.append(ch)
+        res, where, throttle, deadline = self.res, self.where, self.opts.throttle, self.opts.deadline
+        while res.records < self.depth:
+            got = ch.get(self.queue)
+            if got is None:
+                res.short = _short(where, res.records, self.depth, "basic.get found the queue empty")
+                self.depth = res.records
+                return
+            m = got.method
+            _take(res, where, self.sink, Deliver(m.delivery_tag, m.redelivered, m.exchange, m.routing_key),
+                  properties(got.raw_properties), got.body, self.quorum, self.budget)
+            if throttle is not None:
+                throttle(res.records)
+            _check_deadline(deadline, where, res.records, self.depth)
+
+    def check_cancelled(self, wait: float = 0.0) -> None:
+        """4.3 cancels a consumer whose delivery outlived its consumer timeout and returns those messages
+        at once: a later channel could then receive them again, so the read fails (nothing is lost).
+        What arrived is taken first (``wait`` s at most)."""
+        _check_cancelled(self.conn, self.channels, self.tags, self.cancelled, self.where, self.res.records,
+                         self.depth, wait)
 
 
 def _rotation_note(quorum: bool, res: ReadResult, depth: int) -> str:
@@ -350,55 +452,6 @@ def _channel_closed_error(e: ChannelClosedByBroker, where: str, records: int, de
                      f"{e.code} {e.text}{hint}; every unacked message returned to the queue")
 
 
-def _fill(conn: Connection, ch: Channel, vhost: str, queue: str, where: str, res: ReadResult, want: int,
-          depth: int, sink: Sink, quorum: bool, budget: tuple[int, int] | None, read_timeout: float, throttle,
-          deadline, arguments: dict | None, consumers: list[str], earlier: int = 0) -> tuple[bool, int]:
-    """Take up to ``want`` messages by a new consumer on ``ch``: (False if the broker cancelled it, depth).
-
-    The depth shrinks when the queue runs dry early (another consumer holds the rest). The
-    consumer's tag joins ``consumers`` (the channel's, cancelled oldest first when the read ends);
-    ``earlier``: this read's consumers on its other channels.
-
-    A queue with none ready and no consumer but this read's has handed what is left to this read:
-    the deliveries are on their way (a broker slow to send them: 3.10.8 took over 2 s to start
-    a 50,000-message quorum read on a loaded machine), so the read waits up to ``read_timeout``
-    before calling itself short."""
-    taken = 0
-    idle = 0.0
-    check = min(read_timeout, DRY_CHECK_SECS)
-    ch.deliveries.clear()  # an earlier consumer's leftovers (held unacked, returned with the channel's)
-    tag = ch.consume(queue, arguments)
-    consumers.append(tag)
-    for method, props, body in receive(conn, ch, tag, check):
-        if method is None:
-            idle += check
-            counts = passive_declare(conn, vhost, queue)
-            if counts.messages == 0:
-                if counts.consumers <= earlier + len(consumers) and idle < read_timeout:
-                    continue  # no other consumer: what this read was given is still on its way
-                if counts.consumers > earlier + len(consumers):
-                    res.short = _short(where, res.records, depth,
-                                       f"no message arrived for {idle:g}s and the queue has none ready")
-                else:
-                    res.short = _short(where, res.records, depth, f"no message arrived for {idle:g}s, the queue "
-                                       "has none ready and no other consumer", "the rest left the queue meanwhile: "
-                                       "expired, purged or dead-lettered")
-                return True, res.records
-            if idle < read_timeout:
-                continue  # messages are ready but not reaching us yet: wait up to read_timeout
-            raise AmqpError(f"{where}: no message arrived for {idle:g}s after {res.records} of "
-                            f"{depth} (backup.read_timeout_secs); every message was returned to the queue")
-        idle = 0.0
-        _take(res, where, sink, method, props, body, quorum, budget)
-        taken += 1
-        if throttle is not None:
-            throttle(res.records)
-        _check_deadline(deadline, where, res.records, depth)
-        if taken >= want or res.records >= depth:
-            return True, depth
-    return False, depth
-
-
 def _short(where: str, records: int, depth: int, how: str,
            cause: str = "another consumer, or another backup, holds the rest unacked") -> str:
     """The reason a read fell short (the queue is recorded as partial, never as complete)."""
@@ -407,7 +460,7 @@ def _short(where: str, records: int, depth: int, how: str,
     return why
 
 
-def _take(res: ReadResult, where: str, sink: Sink, method, props, body, quorum: bool,
+def _take(res: ReadResult, where: str, sink: DeliverySink, method: Any, props: Any, body: bytes, quorum: bool,
           budget: tuple[int, int] | None) -> None:
     """Check one delivered message against the delivery budget BEFORE it counts as taken, then hand it on.
 
@@ -461,24 +514,6 @@ def _check_deadline(deadline: float | None, where: str, records: int, depth: int
     if deadline is not None and time.monotonic() > deadline:
         raise AmqpError(f"{where}: the read took longer than allowed (backup.max_duration_secs) after "
                         f"{records} of {depth} messages; every message was returned to the queue")
-
-
-def _read_by_get(ch, queue: str, res: ReadResult, where: str, depth: int, sink: Sink, quorum: bool,
-                 budget: tuple[int, int] | None,
-                 throttle, deadline) -> int:
-    """basic.get one message at a time: no consumer is registered, so an auto-delete queue stays."""
-    while res.records < depth:
-        got = ch.get(queue)
-        if got is None:
-            res.short = _short(where, res.records, depth, "basic.get found the queue empty")
-            return res.records
-        m = got.method
-        _take(res, where, sink, Deliver(m.delivery_tag, m.redelivered, m.exchange, m.routing_key),
-              properties(got.raw_properties), got.body, quorum, budget)
-        if throttle is not None:
-            throttle(res.records)
-        _check_deadline(deadline, where, res.records, depth)
-    return depth
 
 
 def _check_open(channels: list, where: str, records: int, depth: int) -> None:

@@ -5,7 +5,7 @@ channel and consumer round trips: as threads of one process, the reads of a back
 used more than one core (8 workers reached 1.2-1.3x one worker on 2 cores) and a backup of
 1,000 small queues spent its time switching the GIL between threads. Here each engine
 worker thread borrows a child process, sends it one classic queue, and relays what comes
-back; the child runs the same per-queue code (``BackupEngine._one_queue``: passive declare,
+back; the child runs the same per-queue code (``pool.back_up_queue``: passive declare,
 one channel, messages returned by closing it, segments stored atomically by its own
 segment thread) with its own AMQP connection per vhost.
 
@@ -24,14 +24,19 @@ forkserver that imports rbak once (no per-child import cost) and are reused acro
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
+import signal
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import NoReaderProcess, RbakError, ReaderProcessError
+from ..base.logsafe import install
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -40,6 +45,15 @@ if TYPE_CHECKING:
     from .checkpoint import QueueProgress
 
 log = logging.getLogger(__name__)
+
+Send = Callable[[tuple], None]
+"""A child's locked ``pipe.send`` (``child_setup``)."""
+
+
+class ChildMain(Protocol):
+    """A child's main function (``engine.reader_child_main``, which runs ``serve``)."""
+
+    def __call__(self, pipe: Any, cfg: Config, level: int, env: dict[str, str], codec: Any, /) -> None: ...
 
 PRELOAD = ["rbak.backup.reader_process", "rbak.backup.engine"]
 # A queue goes to a child only when the listing reported at least this many messages: a small
@@ -54,7 +68,7 @@ def worth_a_child(q: "QueueInfo") -> bool:
 
 def available() -> bool:
     """Processes need the forkserver start method (Linux, macOS); elsewhere the reads stay threads."""
-    import multiprocessing
+    import multiprocessing  # lazy: 10 ms of every rbak command's start-up (measured), for backups with children
 
     return "forkserver" in multiprocessing.get_all_start_methods()
 
@@ -76,7 +90,7 @@ class ChildResult:
 
 # ---------------------------------------------------------------------- parent side
 class _Child:
-    def __init__(self, ctx, cfg: "Config", codec, target: Callable[..., None], ready_timeout: float = 120.0):
+    def __init__(self, ctx, cfg: "Config", codec, target: ChildMain, ready_timeout: float = 120.0):
         self.conn, child_end = ctx.Pipe()
         level = logging.getLogger().getEffectiveLevel()
         # the forkserver keeps the environment of its start: this run's (storage credentials) goes along
@@ -116,12 +130,11 @@ class _Child:
 class ReaderProcesses:
     """A bounded set of child processes lent to the engine's worker threads, one queue at a time."""
 
-    def __init__(self, cfg: "Config", limit: int, target: Callable[..., None], spare_dir: str | None = None,
+    def __init__(self, cfg: "Config", limit: int, target: ChildMain, spare_dir: str | None = None,
                  codec=None):
         """``target(pipe, cfg, log level, environment, codec)``: a child's main function (the engine's
         ``reader_child_main``, which runs ``serve``)."""
-        import multiprocessing
-        import tempfile
+        import multiprocessing  # lazy: see available()
 
         try:  # the forkserver's socket lives in a temporary directory
             tempfile.gettempdir()
@@ -235,9 +248,6 @@ class RecordingCheckpoint:
 def _die_with_parent() -> None:
     parent = os.getppid()
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -245,8 +255,6 @@ def _die_with_parent() -> None:
         os._exit(70)
 
     def watch() -> None:
-        import time
-
         while True:
             time.sleep(1.0)
             if os.getppid() != parent:
@@ -270,7 +278,7 @@ class _PipeLog(logging.Handler):
             pass
 
 
-def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Callable[[tuple], None]:
+def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Send:
     """A child's start: it dies with its parent, takes the run's environment, and sends every log
     record to the parent (which logs it through its own handlers). Returns the pipe's locked ``send``."""
     _die_with_parent()
@@ -281,8 +289,6 @@ def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Callable[[tuple],
     def send(msg: tuple) -> None:
         with lock:
             pipe.send(msg)
-
-    from ..base.logsafe import install
 
     root = logging.getLogger()
     for h in list(root.handlers):

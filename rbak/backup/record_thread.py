@@ -31,10 +31,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..format.manifest import SegmentMetadata
 from .segments import AsyncSegmentWriter
+from .stages import RecordBuilder
 
 #: Deliveries per hand-off: ~50 ms of pika's work, so the encoder thread needs the GIL a few times
 #: per batch, not per message. Every time it takes the GIL, the reading thread, which gives the GIL
@@ -50,7 +51,6 @@ MAX_BATCHES = 2
 #: Encode on a thread of its own (False: the same batches, encoded on the reading thread).
 THREADED = True
 
-Build = Callable[[tuple], Any]  # one queued delivery -> BackupRecord
 _STOP = None
 _FLUSH = ("flush",)  # a marker batch: close the open segment (``flush``)
 
@@ -60,7 +60,7 @@ class RecordThread:
     ``writer`` in order on one encoder thread. ``tag`` of a segment's last record reaches
     ``on_durable`` as with ``AsyncSegmentWriter.append_encoded``."""
 
-    def __init__(self, writer: AsyncSegmentWriter, build: Build, batch: int = BATCH,
+    def __init__(self, writer: AsyncSegmentWriter, build: RecordBuilder, batch: int = BATCH,
                  max_batches: int = MAX_BATCHES, batch_bytes: int = BATCH_BYTES, threaded: bool | None = None):
         self.writer = writer
         self._build = build

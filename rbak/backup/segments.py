@@ -13,13 +13,16 @@ rotation rules are ``SegmentWriter``'s (size and age).
 from __future__ import annotations
 
 import bisect
+import os
+import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..format.compression import Compression, check_level
 from ..format.manifest import SegmentMetadata
 from ..format.record import BackupRecord
 from ..format.segment import SegmentBuffer, SegmentPipeline, SegmentSink, store_segment
+from .stages import OnDurable
 
 
 def _lower_priority() -> None:
@@ -27,9 +30,6 @@ def _lower_priority() -> None:
     what holds the source's messages, so it goes first; ``max_inflight`` stops the writer from
     falling behind by more than two segments."""
     try:
-        import os
-        import threading
-
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # Linux: per-thread nice
     except (AttributeError, OSError):
         pass
@@ -41,7 +41,7 @@ class AsyncSegmentWriter:
 
     def __init__(self, sink: SegmentSink, compression: Compression, level: int | None,
                  max_bytes: int, max_interval_ms: int, first_sequence: int = 1,
-                 on_durable: Callable[[SegmentMetadata, Any], None] | None = None, max_inflight: int = 2):
+                 on_durable: OnDurable | None = None, max_inflight: int = 2):
         self._sink = sink
         self.compression = compression
         self.level = check_level(compression, level)

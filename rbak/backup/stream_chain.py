@@ -21,6 +21,7 @@ import logging
 import sqlite3
 from dataclasses import dataclass, field
 
+from ..repo.catalog import latest_validation, list_backups, validation_failed
 from ..errors import NotFoundError, RbakError
 from ..format.manifest import StreamGap, StreamInfo
 from ..format.layout import BackupLayout
@@ -115,8 +116,6 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
     rbak recorded stream positions fall back to that backup's stored
     ``state/offsets.db`` (its own rows: it lives in this storage too).
     """
-    from ..repo.catalog import latest_validation, list_backups, validation_failed
-
     try:
         entries = [e for e in list_backups(storage, prefix) if e.complete and e.backup_id != exclude]
     except RbakError as err:

@@ -36,22 +36,14 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
 
 
 def cmd_import_mosquitto(args: argparse.Namespace) -> int:
-    from ..offline.mosquitto import import_mosquitto_db  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
+    from ..offline.mosquitto import MosquittoImportOptions, import_mosquitto_db  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else
     with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),
                               prefix=args.prefix) as ps:
-        summary = import_mosquitto_db(
-            args.file,
-            args.to,
-            args.backup_id,
-            prefix=args.prefix,
-            compression=args.compression,
-            skip_damaged=args.skip_damaged,
-            vhost=args.vhost,
-            codec=codec,
-            progress=ps.tracker,
-        )
+        opts = MosquittoImportOptions(prefix=args.prefix, compression=args.compression,
+                                      skip_damaged=args.skip_damaged, vhost=args.vhost)
+        summary = import_mosquitto_db(args.file, args.to, args.backup_id, opts, codec=codec, progress=ps.tracker)
     print("\n".join(summary.lines()))
     if summary.partial:  # --skip-damaged stepped over damage: recorded in the manifest, and a distinct exit
         print(f"backup {args.backup_id!r} is PARTIAL: damaged data was skipped (see 'rbak describe')", file=sys.stderr)

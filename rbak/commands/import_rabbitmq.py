@@ -45,21 +45,17 @@ def register(subparsers, import_subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
+    from ..offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else
     with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),
                               prefix=args.prefix) as ps:
-        res = import_rabbitmq_dir(
-            args.path, args.to, args.backup_id, prefix=args.prefix, compression=args.compression,
-            skip_damaged=args.skip_damaged,
-            vhosts=set(args.vhost) if args.vhost else None,
-            queues=set(args.queue) if args.queue else None,
-            types={t.strip() for t in args.types.split(",") if t.strip()},
-            from_offset=args.from_offset,
-            codec=codec,
-            progress=ps.tracker,
-        )
+        opts = RabbitImportOptions(prefix=args.prefix, compression=args.compression, skip_damaged=args.skip_damaged,
+                                   vhosts=set(args.vhost) if args.vhost else None,
+                                   queues=set(args.queue) if args.queue else None,
+                                   types={t.strip() for t in args.types.split(",") if t.strip()},
+                                   from_offset=args.from_offset)
+        res = import_rabbitmq_dir(args.path, args.to, args.backup_id, opts, codec=codec, progress=ps.tracker)
     m = res.manifest
     out = sys.stdout
     counts: dict[str, list[int]] = {}

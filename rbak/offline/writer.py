@@ -19,16 +19,19 @@ import operator
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from .. import __version__
 from ..errors import ConfigError, RbakError
 from ..format.compression import Compression
 from ..sealing.crypto import ObjectCodec
+from ..sealing.envelope import write_wraps
 from ..format.manifest import BackupManifest, QueueBackup, QueueStatus
 from ..format.record import BackupRecord
 from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
 from ..format.layout import BackupLayout
+from ..repo.progress import Tracker, counted
 from ..storage import Storage, open_storage
 from ..storage.base import Spool
 
@@ -62,55 +65,56 @@ def _batches(records: Iterable[BackupRecord], size: int, max_body_bytes: int = 4
         yield batch
 
 
+def _body_len(r: BackupRecord) -> int:
+    return len(r.body or b"")
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def write_backup(
-    storage_url: str | Storage,
-    backup_id: str,
-    queues: Iterable[QueueRecords],
-    prefix: str = "",
-    compression: Compression | str = Compression.ZSTD,
-    level: int | None = None,
-    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
-    source_cluster: str | None = None,
-    rabbitmq_version: str | None = None,
-    codec: ObjectCodec | None = None,
-    progress=None,
-    statuses: Callable[[], list[QueueStatus]] | None = None,
-) -> BackupManifest:
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    """Where and how an import's backup is written, and the source its manifest names."""
+
+    prefix: str = ""
+    compression: Compression | str = Compression.ZSTD
+    level: int | None = None
+    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+    source_cluster: str | None = None
+    rabbitmq_version: str | None = None
+
+
+def write_backup(storage_url: str | Storage, backup_id: str, queues: Iterable[QueueRecords],
+                 opts: WriteOptions = WriteOptions(), *, codec: ObjectCodec | None = None,
+                 progress: Tracker | None = None, statuses: Callable[[], list[QueueStatus]] | None = None,
+                 ) -> BackupManifest:
     """Store every queue's records as segments, then the manifest; returns the manifest.
 
     ``codec`` (``commands.secrets.import_codec``) seals every segment like an encrypted backup's; the manifest
     stays plaintext and names the key id (envelope: the data key, whose wraps are stored first and
-    deleted with the segments when the import fails). ``progress`` (an ``rbak.repo.progress.Tracker``) counts queues,
-    records and body bytes as they are read. ``statuses`` is asked, once every queue is read, for
-    what the import could not recover (``ImportContext.queue_statuses``): the manifest records it, so
-    ``list``, ``describe`` and ``validate`` call the backup partial, never complete."""
+    deleted with the segments when the import fails). ``progress`` counts queues, records and body
+    bytes as they are read. ``statuses`` is asked, once every queue is read, for what the import
+    could not recover (``ImportContext.queue_statuses``): the manifest records it, so ``list``,
+    ``describe`` and ``validate`` call the backup partial, never complete."""
     codec = codec or ObjectCodec(backup_id)
     if progress is not None:
-        from ..repo.progress import counted
-
-        queues = counted(progress, queues, lambda r: len(r.body or b""))
-    if isinstance(compression, str):
-        compression = Compression.parse(compression)
-    layout = BackupLayout(backup_id, prefix)
+        queues = counted(progress, queues, _body_len)
+    compression = Compression.parse(opts.compression) if isinstance(opts.compression, str) else opts.compression
+    layout = BackupLayout(backup_id, opts.prefix)
     storage = open_storage(storage_url) if isinstance(storage_url, str) else storage_url
     own_storage = isinstance(storage_url, str)
     # Decoding (Python) runs here; compressing, hashing and storing in the pipeline's threads.
-    run = _ImportRun(storage, layout, compression, level, segment_max_bytes, codec,
+    run = _ImportRun(storage, layout, compression, opts.level, opts.segment_max_bytes, codec,
                      SegmentPipeline(workers=PIPELINE_WORKERS, max_inflight=PIPELINE_WORKERS), _Encoder())
     try:
         if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
             raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
         if codec.wraps:  # envelope: the wrapped data key is stored before anything it seals, as a backup does
-            from ..sealing.envelope import write_wraps
-
             run.written += write_wraps(storage, layout, codec.wraps)
             codec.wraps = []
-        manifest = BackupManifest(backup_id=backup_id, created_at=now_ms(), source_cluster=source_cluster,
-                                  rabbitmq_version=rabbitmq_version, backup_tool_version=__version__,
+        manifest = BackupManifest(backup_id=backup_id, created_at=now_ms(), source_cluster=opts.source_cluster,
+                                  rabbitmq_version=opts.rabbitmq_version, backup_tool_version=__version__,
                                   encryption=codec.info)
         seen: set[tuple[str, str]] = set()
         for vhost, name, queue_type, records in queues:

@@ -110,7 +110,7 @@ def test_a_publish_during_the_read_is_what_reorders(broker, vhost):
     with two priority-9 messages published while it holds the queue. 4.x serves the returned
     messages first, so the new ones come after held lower-priority ones (a control queue fed the
     same messages without a backup delivers them first); 3.10 quorum queues are FIFO: no change."""
-    from rbak.backup.queue_reader import CLOSE, NACK, read_queue
+    from rbak.backup.queue_reader import CLOSE, NACK, ReadOptions, read_queue
 
     _publish(broker, vhost, "held")
     _publish(broker, vhost, "control")
@@ -131,7 +131,7 @@ def test_a_publish_during_the_read_is_what_reorders(broker, vhost):
             publish_new("held")
 
     with broker.wire(vhost) as conn:
-        read_queue(conn, vhost, "held", "quorum", N, sink, return_mode=NACK if broker.name == "rmq43" else CLOSE)
+        read_queue(conn, vhost, "held", "quorum", N, sink, ReadOptions(return_mode=NACK if broker.name == "rmq43" else CLOSE))
     publish_new("control")
     after = [x[0] for x in drain(broker, vhost, "held")]
     without_backup = [x[0] for x in drain(broker, vhost, "control")]

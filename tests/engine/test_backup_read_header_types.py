@@ -9,7 +9,7 @@ import pika.spec
 import pytest
 
 from rbak.backup.convert import BROKER_HEADERS, to_record
-from rbak.backup.queue_reader import read_queue
+from rbak.backup.queue_reader import ReadOptions, read_queue
 from rbak.broker.stream_reader import read_stream
 from rbak.format.amqp091 import encode_basic_properties
 from rbak.format.record import BackupProperties, Double, Float, Long, Short
@@ -41,7 +41,7 @@ def test_reads_keep_header_types(broker, vhost, how):
     got = []
     with broker.wire(vhost) as conn:
         read_queue(conn, vhost, "q", "classic", 3, lambda m, p, b: got.append(to_record(m, p, b, vhost, "q", 0)),
-                   use_get=how == "basic.get")
+                   ReadOptions(use_get=how == "basic.get"))
         assert conn.is_open
     assert [r.body for r in got] == [b"m-0", b"m-1", b"m-2"]
     _same(got)

@@ -47,8 +47,8 @@ def test_processes_back_up_what_threads_do(broker, vhost, tmp_path, monkeypatch)
         eng = BackupEngine(backup_config(broker, vhost, store, "rp", tmp_path / f"st-{mode}.db",
                                          max_concurrent_queues=3, reader_processes=mode, segment_max_bytes=4096))
         summaries[mode], engines[mode] = eng.run(), eng
-    assert engines[True]._child_connections > 0 and not engines[True]._readers_failed  # children did read
-    assert engines[False]._child_connections == 0
+    assert engines[True].child_connections > 0 and not engines[True].readers_failed  # children did read
+    assert engines[False].child_connections == 0
     got = {}
     for mode, s in summaries.items():
         assert s.completed and not s.failed and s.total_messages == 5 * 300 + 5
@@ -80,7 +80,7 @@ def test_no_child_falls_back_to_threads(broker, vhost, tmp_path, monkeypatch, ca
     with caplog.at_level(logging.WARNING):
         s = eng.run()
     assert s.completed and not s.failed and s.total_messages == 150
-    assert eng._readers_failed and eng._child_connections == 0
+    assert eng.readers_failed and eng.child_connections == 0
     assert "cannot start a reader process" in caplog.text
     m = load(tmp_path / "store", "fb")
     for name, bodies in queues.items():
@@ -187,7 +187,7 @@ def test_processes_store_into_s3(rmq310, vhost_factory, s3_bucket, tmp_path, mon
     eng = BackupEngine(cfg)
     s = eng.run()
     assert s.completed and s.total_messages == 600
-    assert eng._child_connections > 0 and not eng._readers_failed
+    assert eng.child_connections > 0 and not eng.readers_failed
     storage = open_storage(s3_bucket.url_with_prefix(""))
     m = load_manifest(storage, "rp-s3", "rp")
     assert m.is_complete and {q.name: q.message_count for q in m.queues} == {n: 200 for n in queues}

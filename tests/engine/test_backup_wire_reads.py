@@ -14,7 +14,7 @@ import pytest
 
 from rbak.backup import BackupEngine
 from rbak.broker import deliveries
-from rbak.backup.queue_reader import read_queue
+from rbak.backup.queue_reader import ReadOptions, read_queue
 from rbak.broker.stream_reader import read_stream
 from rbak.errors import BackupError, RbakError
 from rbak.format.record import Long, LongString
@@ -237,7 +237,7 @@ def test_heartbeats_during_a_long_read(broker, vhost):
         assert conn.heartbeat == 2
         t0 = time.monotonic()
         read_queue(conn, vhost, "hb", "classic", n, lambda m, p, body: got.append(body),
-                   throttle=lambda _n: time.sleep(0.04))
+                   ReadOptions(throttle=lambda _n: time.sleep(0.04)))
         took = time.monotonic() - t0
         assert took > 2 * 2 + 1, took  # longer than the broker waits for a silent peer (two intervals)
         assert got == bodies and conn.is_open

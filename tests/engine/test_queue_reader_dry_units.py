@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rbak.backup import queue_reader
-from rbak.backup.queue_reader import ReadResult, _fill
+from rbak.backup.queue_reader import QueueRead, ReadOptions
 from rbak.broker.declare import QueueCounts
 
 
@@ -35,10 +35,10 @@ def run_fill(monkeypatch, idles: int, counts: QueueCounts, messages: int, read_t
     monkeypatch.setattr(queue_reader, "receive", receive)
     monkeypatch.setattr(queue_reader, "passive_declare", lambda conn, vhost, queue: declares.append(1) or counts)
     got: list[bytes] = []
-    res = ReadResult()
-    filled, depth = _fill(None, FakeChannel(), "/", "q", "queue 'q'", res, 10, 10,
-                          lambda m, p, b: got.append(b), False, None, read_timeout, None, None, None, [])
-    return res, got, depth, len(declares)
+    read = QueueRead(None, "/", "q", False, 10, lambda m, p, b: got.append(b),
+                     ReadOptions(read_timeout=read_timeout))
+    read.fill(FakeChannel(), 10)
+    return read.res, got, read.depth, len(declares)
 
 
 def test_a_slow_broker_with_no_other_consumer_is_waited_for(monkeypatch):

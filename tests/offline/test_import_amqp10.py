@@ -34,7 +34,7 @@ from rbak.format.segment import decode_segment
 from rbak.format import amqp10
 from rbak.offline.rabbitmq import mc_amqp
 from rbak.format.amqp10 import Value, decode_bare_message, decode_value
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir
 from rbak.storage import open_storage
 
 MAIN, LIVE, ODD, BAD = "a10-main", "a10-live", "a10-odd", "a10-bad"
@@ -252,7 +252,7 @@ def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, 
 
     data_dir, live = node_dir
     url = f"file://{tmp_path}/b"
-    res = import_rabbitmq_dir(str(data_dir), url, "a10", queues={MAIN})
+    res = import_rabbitmq_dir(str(data_dir), url, "a10", RabbitImportOptions(queues={MAIN}))
     assert not res.ctx.skipped
     recs = _read_backup(url, "a10")[MAIN]
     assert len(recs) == N_MESSAGES
@@ -318,7 +318,7 @@ def test_import_restore_equals_live_amqp091_delivery(node_dir, tmp_path, rmq40, 
     assert dict(m13.headers)["x-correlation-id"] == Bytes(b"\xff\x00bin") and m13.body == b"y" * 6000
 
     # Values RabbitMQ 4.0.5 cannot hand a 0-9-1 consumer: rbak's documented mapping.
-    assert not import_rabbitmq_dir(str(data_dir), url, "odd", queues={ODD}).ctx.skipped
+    assert not import_rabbitmq_dir(str(data_dir), url, "odd", RabbitImportOptions(queues={ODD})).ctx.skipped
     (odd,) = _read_backup(url, "odd")[ODD]
     assert dict(odd.headers) == {"u": LongString("urn:uuid:00112233-4455-6677-8899-aabbccddeeff"),
                                  "c": LongString("é")}
@@ -328,10 +328,10 @@ def test_unmappable_value_is_reported_with_file_and_offset(node_dir, tmp_path):
     data_dir, _ = node_dir
     url = f"file://{tmp_path}/b"
     with pytest.raises(ImportFormatError) as ei:
-        import_rabbitmq_dir(str(data_dir), url, "bad1", queues={BAD})
+        import_rabbitmq_dir(str(data_dir), url, "bad1", RabbitImportOptions(queues={BAD}))
     msg = str(ei.value)
     assert ".qs at byte" in msg and "decimal32" in msg and "application property 'dec'" in msg, msg
-    res = import_rabbitmq_dir(str(data_dir), url, "bad2", queues={BAD}, skip_damaged=True)
+    res = import_rabbitmq_dir(str(data_dir), url, "bad2", RabbitImportOptions(queues={BAD}, skip_damaged=True))
     assert len(res.ctx.skipped) == 1 and "decimal32" in res.ctx.skipped[0].reason
     assert [r.body for r in _read_backup(url, "bad2")[BAD]] == [b"before", b"after"]
 

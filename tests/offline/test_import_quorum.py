@@ -23,7 +23,7 @@ from rbak.errors import ImportFormatError
 from rbak.offline.rabbitmq import ra_log
 from rbak.offline.rabbitmq.damage import ImportContext
 from rbak.offline.rabbitmq.quorum import erlang_binary_literal
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
 
 from support.node_qs_scenarios import DELIVERY_HEADERS
@@ -69,7 +69,7 @@ def test_quorum_wal_cut_short_and_damaged(shared_root, tmp_path):
     logs = ra_log.read_server_logs(str(sysdir), ImportContext())
     last_at = max(e[3] for log in logs.values() for e in log.entries.values() if e[2] == wal)
     Path(wal).write_bytes(data[:end] + data[last_at: end - 5])
-    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w1", types={"quorum"})
+    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w1", RabbitImportOptions(types={"quorum"}))
     assert any("stopped mid-write" in n or "cut short" in n for n in res.ctx.notes), res.ctx.notes
     assert not res.ctx.skipped and res.manifest.state == "complete"
     # One flipped byte in the middle of the WAL: named with file and offset; --skip-damaged goes on.
@@ -80,10 +80,10 @@ def test_quorum_wal_cut_short_and_damaged(shared_root, tmp_path):
     bad[data.find(victim) + len(victim) // 2] ^= 0x55
     Path(wal).write_bytes(bytes(bad))
     with pytest.raises(ImportFormatError) as e:
-        import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w2", types={"quorum"})
+        import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w2", RabbitImportOptions(types={"quorum"}))
     assert wal in str(e.value) and "byte" in str(e.value)
     assert "skipped" not in str(e.value), "a fatal error must not say the rest was skipped"
-    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w3", types={"quorum"}, skip_damaged=True)
+    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "w3", RabbitImportOptions(types={"quorum"}, skip_damaged=True))
     assert res.ctx.skipped and all(s.path == wal or s.path.startswith(str(sysdir)) for s in res.ctx.skipped)
 
 

@@ -23,7 +23,7 @@ from support.node_limit_scenarios import (
 from support.node_qs_scenarios import assert_same_records as _same
 from support.node_qs_scenarios import versioned_scenario as scenario
 
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir
 
 
 def _bodies(sc, q):
@@ -36,7 +36,7 @@ def test_limits_and_dead_letters_import_what_a_consumer_read(name, shared_root, 
     sc = scenario(name, shared_root)
     before = snapshot(sc.data_dir)
     url = f"file://{tmp_path}/b"
-    res = import_rabbitmq_dir(str(sc.data_dir), url, "l1", types={"quorum"})
+    res = import_rabbitmq_dir(str(sc.data_dir), url, "l1", RabbitImportOptions(types={"quorum"}))
     assert snapshot(sc.data_dir) == before
     _m, got = read_backup(url, "l1")
     for key, refs in sc.quorum.items():
@@ -83,7 +83,7 @@ def test_limits_and_dead_letters_from_a_snapshot(name, shared_root, tmp_path):
     if not sc.version.startswith("4.3"):  # 4.3's Ra snapshotted after the last publishes (only the state is tested)
         assert after > 100, "the publishes past the limit should be replayed after the snapshot"
     url = f"file://{tmp_path}/b"
-    res = import_rabbitmq_dir(str(sc.data_dir), url, "s1", types={"quorum"})
+    res = import_rabbitmq_dir(str(sc.data_dir), url, "s1", RabbitImportOptions(types={"quorum"}))
     _m, got = read_backup(url, "s1")
     for key, refs in sc.quorum.items():
         _same(got.get(key, []), refs, key)

@@ -10,13 +10,13 @@ from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
 from support.node_qs_scenarios import assert_same_records as _same
 from support.node_qs_scenarios import versioned_scenario as scenario
 
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir
 
 
 def _import(sc, tmp_path, bid="r1"):
     before = snapshot(sc.data_dir)
     url = f"file://{tmp_path}/b"
-    res = import_rabbitmq_dir(str(sc.data_dir), url, bid, types={"quorum"})
+    res = import_rabbitmq_dir(str(sc.data_dir), url, bid, RabbitImportOptions(types={"quorum"}))
     assert snapshot(sc.data_dir) == before
     return res, read_backup(url, bid)[1]
 

@@ -25,7 +25,7 @@ from rbak.cli import main as rbak_main
 from rbak.errors import ImportFormatError, SnapshotStateError
 from rbak.offline.rabbitmq.damage import ImportContext
 from rbak.offline.rabbitmq import ra_log
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir
 
 KEY = ("/", "qq-snap")
 
@@ -111,10 +111,9 @@ def test_damaged_snapshot_names_file_and_offset(shared_root, tmp_path):
     for i, (what, bad) in enumerate(cases.items()):
         Path(snap.path).write_bytes(bad)
         with pytest.raises(ImportFormatError) as e:
-            import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", f"d{i}", types={"quorum"})
+            import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", f"d{i}", RabbitImportOptions(types={"quorum"}))
         assert snap.path in str(e.value) and "byte" in str(e.value), (what, str(e.value))
-        res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", f"s{i}", types={"quorum"},
-                                  skip_damaged=True)
+        res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", f"s{i}", RabbitImportOptions(types={"quorum"}, skip_damaged=True))
         assert [s.path for s in res.ctx.skipped] == [snap.path], (what, res.ctx.skipped)
         assert any("qq-snap" in n and "snapshot is damaged" in n for n in res.ctx.notes), res.ctx.notes
         _m, got = read_backup(f"file://{tmp_path}/b", f"s{i}")
@@ -174,7 +173,7 @@ def test_half_written_newer_snapshot_falls_back_as_ra_does(shared_root, tmp_path
     newer = Path(snap.path).parent.parent / f"{term_hex}_{int(idx_hex, 16) + 5:0{len(idx_hex)}X}"
     newer.mkdir()
     (newer / "snapshot.dat").write_bytes(data[: len(data) // 2])
-    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "f1", types={"quorum"})
+    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "f1", RabbitImportOptions(types={"quorum"}))
     assert not res.ctx.skipped
     assert any("recovered from the older snapshot" in n and str(newer) in n for n in res.ctx.notes), res.ctx.notes
     _m, got = read_backup(f"file://{tmp_path}/b", "f1")
@@ -187,7 +186,7 @@ def test_messages_the_broker_expired_stay_expired(name, shared_root, tmp_path):
     """x-message-ttl and per-message expiration: what rabbit_fifo dropped while the node ran (the
     log shows when) is not imported; a message shielded by a live one in front of it still is."""
     sc = scenario(name, shared_root)
-    res = import_rabbitmq_dir(str(sc.data_dir), f"file://{tmp_path}/b", "t1", types={"quorum"})
+    res = import_rabbitmq_dir(str(sc.data_dir), f"file://{tmp_path}/b", "t1", RabbitImportOptions(types={"quorum"}))
     assert not res.ctx.skipped
     _m, got = read_backup(f"file://{tmp_path}/b", "t1")
     for key in (("/", "qq-ttl"), ("/", "qq-exp")):
@@ -209,7 +208,7 @@ def test_expiry_does_not_depend_on_when_the_import_runs(name, shared_root, tmp_p
 
     sc = scenario(name, shared_root)
     now = f"file://{tmp_path}/now"
-    import_rabbitmq_dir(str(sc.data_dir), now, "t1", types={"quorum"})
+    import_rabbitmq_dir(str(sc.data_dir), now, "t1", RabbitImportOptions(types={"quorum"}))
     later = f"file://{tmp_path}/later"
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, RBAK_TEST_CLOCK_AHEAD=str(2 * 86400), PYTHONPATH=os.pathsep.join(

@@ -29,7 +29,7 @@ from rbak.format.record import (
 )
 from rbak.offline.rabbitmq import amqp_props, cqv1, erlang_terms
 from rbak.offline.rabbitmq.damage import ImportContext
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, queue_dir_name, vhost_dir_name
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir, queue_dir_name, vhost_dir_name
 from rbak.storage import open_storage
 
 
@@ -137,7 +137,7 @@ def test_names_recovered_when_name_files_are_missing(shared_root, tmp_path):
     shutil.copytree(sc.data_dir, copy)
     for p in list(copy.rglob(".queue_name")) + list(copy.rglob(".vhost")):
         p.unlink()
-    res = import_rabbitmq_dir(str(copy), "memory://names-1", "n1", types={"classic"})  # the scenario's classic queues
+    res = import_rabbitmq_dir(str(copy), "memory://names-1", "n1", RabbitImportOptions(types={"classic"}))  # the scenario's classic queues
     names = {(q.vhost, q.name): q.exported for q in res.queues}
     want = res_expected(sc)
     assert names == {k: n for k, n in want.items() if k != (VHOST2, "empty")}  # 'empty' has no directory
@@ -145,7 +145,7 @@ def test_names_recovered_when_name_files_are_missing(shared_root, tmp_path):
     # Without Mnesia too: vhosts and default-exchange routing keys from the stored messages.
     for p in [*copy.glob("*.DC[DL]"), *copy.glob("*.LOG"), *copy.glob("*.DAT")]:
         p.unlink()
-    res = import_rabbitmq_dir(str(copy), "memory://names-2", "n2", skip_damaged=True, types={"classic"})
+    res = import_rabbitmq_dir(str(copy), "memory://names-2", "n2", RabbitImportOptions(skip_damaged=True, types={"classic"}))
     names = {(q.vhost, q.name) for q in res.queues}
     assert {("/", "v1-mixed"), ("/", "v2-mixed"), ("/", "dlx-target"), (VHOST2, "q-ünï-✓"), (VHOST2, "many-v2")} <= names
 

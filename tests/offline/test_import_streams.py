@@ -21,7 +21,7 @@ from support.node_scenarios import get_scenario
 from rbak.cli import main as rbak_main
 from rbak.errors import ImportFormatError
 from rbak.offline.rabbitmq import osiris
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir
 from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
 
 VERSIONS = ["4.0", "4.3", "3.10"]
@@ -76,13 +76,12 @@ def test_from_offset_and_types(shared_root, tmp_path, capsys):
     refs = sc.streams[("/", "orders-stream")]
     start = refs[len(refs) // 2].offset
     url = f"file://{tmp_path}/b"
-    res = import_rabbitmq_dir(str(sc.data_dir), url, "f1", types={"stream"}, from_offset=start,
-                              queues={"orders-stream"})
+    res = import_rabbitmq_dir(str(sc.data_dir), url, "f1", RabbitImportOptions(types={"stream"}, from_offset=start, queues={"orders-stream"}))
     _, got = read_backup(url, "f1")
     _same(got[("/", "orders-stream")], [r for r in refs if r.offset >= start], ("/", "orders-stream"))
     assert [q.kind for q in res.queues] == ["stream"]
     with pytest.raises(ImportFormatError, match="--types: unknown queue type"):
-        import_rabbitmq_dir(str(sc.data_dir), url, "f2", types={"stream", "lazy"})
+        import_rabbitmq_dir(str(sc.data_dir), url, "f2", RabbitImportOptions(types={"stream", "lazy"}))
     # Classic only: streams are named as left behind.
     assert rbak_main(["import", "rabbitmq-dir", str(sc.data_dir), "--to", url, "--backup-id", "f3",
                       "--types", "classic"]) == 0
@@ -109,11 +108,11 @@ def test_damaged_chunk_named_and_skippable(shared_root, tmp_path):
     data[h2.data_pos + 5] ^= 0xFF  # one byte of the second chunk's data
     Path(seg).write_bytes(bytes(data))
     with pytest.raises(ImportFormatError) as e:
-        import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "d1", types={"stream"})
+        import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "d1", RabbitImportOptions(types={"stream"}))
     assert seg in str(e.value) and f"byte {h2.pos}" in str(e.value) and "CRC" in str(e.value)
     assert "skipped" not in str(e.value), "a fatal error must not say the chunk was skipped"
     assert not (tmp_path / "b" / "d1").exists() or not any((tmp_path / "b" / "d1").rglob("*"))
-    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "d2", types={"stream"}, skip_damaged=True)
+    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "d2", RabbitImportOptions(types={"stream"}, skip_damaged=True))
     assert len(res.ctx.skipped) == 1 and res.ctx.skipped[0].offset == h2.pos
     assert res.ctx.skipped[0].reason.endswith("chunk skipped") and res.manifest.state == "partial"
     _, got = read_backup(f"file://{tmp_path}/b", "d2")
@@ -138,7 +137,7 @@ def test_cut_tail_is_dropped_as_osiris_recovery_does(shared_root, tmp_path):
     # cut short) that no index record names. Recovery drops it; so does the import, with a note.
     Path(seg).write_bytes(data[: last.end - 3])
     index.write_bytes(idx[:-29])
-    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "t1", types={"stream"})
+    res = import_rabbitmq_dir(str(copy), f"file://{tmp_path}/b", "t1", RabbitImportOptions(types={"stream"}))
     assert any("past the last indexed chunk" in n for n in res.ctx.notes), res.ctx.notes
     assert not res.ctx.skipped and res.manifest.state == "complete"
     _, got = read_backup(f"file://{tmp_path}/b", "t1")

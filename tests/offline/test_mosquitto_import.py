@@ -18,7 +18,7 @@ from rbak.format.compression import Compression
 from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp
 from rbak.format.segment import decode_segment
 from rbak.offline.mosquitto import read_db
-from rbak.offline.mosquitto import import_mosquitto_db
+from rbak.offline.mosquitto import MosquittoImportOptions, import_mosquitto_db
 from rbak.offline.mosquitto.mapping import mqtt_to_amqp, subscription_queue, topic_matches
 from rbak.storage import open_storage
 from rbak.repo.validate import validate_backup
@@ -59,7 +59,7 @@ def test_import_real_file_exact_records(real_db, tmp_path, compression):
     path, t0, _ = real_db
     url = f"file://{tmp_path}/store"
     now = int(time.time() * 1000)
-    summary = import_mosquitto_db(path, url, "mq-1", prefix="offline", compression=compression, vhost="iot", now_ms=now)
+    summary = import_mosquitto_db(path, url, "mq-1", MosquittoImportOptions(prefix="offline", compression=compression, vhost="iot", now_ms=now))
     s = summary.stats
     assert (s.retained, s.queued, s.incoming, s.expired, s.dangling, s.unreferenced) == (2, 9, 0, 0, 0, 0)
     # a QoS 0 message for a QoS 1/2 subscription stays in the qos1 queue, as in RabbitMQ's plugin
@@ -115,7 +115,7 @@ def test_import_real_file_exact_records(real_db, tmp_path, compression):
 def test_expired_messages_are_skipped_and_counted(real_db, tmp_path):
     path, _, _ = real_db
     later = (int(time.time()) + 7200) * 1000  # the v5 message expires after an hour
-    summary = import_mosquitto_db(path, f"file://{tmp_path}", "later", now_ms=later)
+    summary = import_mosquitto_db(path, f"file://{tmp_path}", "later", MosquittoImportOptions(now_ms=later))
     assert summary.stats.expired == 2 and summary.stats.queued == 7
     assert summary.stats.expired_sessions == 1  # sub-v5's 3600 s session expiry has passed by then
     assert any("expired" in line for line in summary.lines())
@@ -204,7 +204,7 @@ def test_restore_into_fresh_vhost_and_consume(real_db, tmp_path, broker, vhost):
 def test_import_to_real_s3_over_http(real_db, s3_bucket):
     """The same import into a moto S3 server (storage is the ordinary backend)."""
     path, _, _ = real_db
-    summary = import_mosquitto_db(path, str(s3_bucket), "s3-mq", prefix="mosq")
+    summary = import_mosquitto_db(path, str(s3_bucket), "s3-mq", MosquittoImportOptions(prefix="mosq"))
     assert summary.stats.exported == 11
     storage = open_storage(str(s3_bucket))
     assert validate_backup(storage, "s3-mq", "mosq", deep=True).ok
@@ -264,7 +264,7 @@ def test_many_segments_keep_order(tmp_path):
     db = tmp_path / "mosquitto.db"
     write_db(db, chunks)
     url = f"file://{tmp_path}/s"
-    summary = import_mosquitto_db(db, url, "big", segment_max_bytes=64 * 1024)
+    summary = import_mosquitto_db(db, url, "big", MosquittoImportOptions(segment_max_bytes=64 * 1024))
     m = load_manifest(open_storage(url), "big")
     (q,) = m.queues
     assert q.name == "mqtt-subscription-bigqos1" and q.message_count == n

@@ -11,7 +11,7 @@ from rbak.repo.catalog import load_manifest
 from rbak.errors import ConfigError, ImportFormatError, StorageError
 from rbak.format.record import BackupRecord
 from rbak.format.segment import decode_segment
-from rbak.offline.writer import write_backup
+from rbak.offline.writer import WriteOptions, write_backup
 from rbak.storage import open_storage
 from rbak.storage.fs import FilesystemStorage
 from rbak.repo.validate import validate_backup
@@ -30,8 +30,7 @@ def files_under(root) -> list[str]:
 def test_queues_of_many_segments_keep_order(tmp_path, compression):
     queues = {("/", "a"): records(700, "a"), ("v2", "b"): records(30, "b"), ("v2", "c"): records(900, "c")}
     url = f"file://{tmp_path}"
-    m = write_backup(url, "many", [(v, q, "classic", rs) for (v, q), rs in queues.items()],
-                     compression=compression, segment_max_bytes=64 * 1024)
+    m = write_backup(url, "many", [(v, q, "classic", rs) for (v, q), rs in queues.items()], WriteOptions(compression=compression, segment_max_bytes=64 * 1024))
     storage = open_storage(url)
     assert load_manifest(storage, "many").to_json() == m.to_json() and m.completed_at is not None
     assert [(q.vhost, q.name) for q in m.queues] == list(queues)
@@ -50,8 +49,7 @@ def test_decode_error_midway_deletes_stored_segments_and_keeps_the_message(tmp_p
 
     with pytest.raises(ImportFormatError) as e:
         write_backup(f"file://{tmp_path}", "broken", [("/", "ok", "classic", records(500, "ok")),
-                                                       ("/", "x", "classic", failing())],
-                     compression="zstd", segment_max_bytes=32 * 1024)
+                                                       ("/", "x", "classic", failing())], WriteOptions(compression="zstd", segment_max_bytes=32 * 1024))
     assert e.value.args == ("queue x: file 7.idx at offset 4096: injected damage",)
     assert files_under(tmp_path) == []  # no segment, no manifest, no temp file
 
@@ -65,8 +63,7 @@ def test_storage_error_in_a_writer_thread_reaches_the_caller_unchanged(tmp_path)
 
     store = Flaky(tmp_path)
     with pytest.raises(StorageError) as e:
-        write_backup(store, "flaky", [("/", "q", "classic", records(3000, "q"))], compression="none",
-                     segment_max_bytes=32 * 1024)
+        write_backup(store, "flaky", [("/", "q", "classic", records(3000, "q"))], WriteOptions(compression="none", segment_max_bytes=32 * 1024))
     assert e.value.args == (f"file://{tmp_path}: cannot write key 'flaky/queues/_default/q/segment-0004': "
                             "injected disk full",)
     assert files_under(tmp_path) == []

@@ -14,7 +14,7 @@ from rbak.repo.catalog import load_manifest
 from rbak.errors import StorageError
 from rbak.format import segment
 from rbak.format.record import BackupRecord
-from rbak.offline.writer import write_backup
+from rbak.offline.writer import WriteOptions, write_backup
 from rbak.storage.fs import FileSpool, FilesystemStorage
 from rbak.repo.validate import validate_backup
 
@@ -89,7 +89,7 @@ def test_streamed_segments_are_the_files_stored_whole(tmp_path, small_chunks, sa
     streamed = FilesystemStorage(tmp_path / "a")
     whole = WholePuts(tmp_path / "b")
     for st, src in ((streamed, source), (whole, list(recs))):
-        write_backup(st, "x", [("/", "q", "classic", src)], compression="none", segment_max_bytes=max_bytes)
+        write_backup(st, "x", [("/", "q", "classic", src)], WriteOptions(compression="none", segment_max_bytes=max_bytes))
     a, b = stored(streamed, "x"), stored(whole, "x")
     assert len(a) > 3 and [x[:3] for x in a] == [x[:3] for x in b]
     assert [x[3] for x in a] == [x[3] for x in b]
@@ -135,10 +135,8 @@ def test_a_record_past_the_reserved_size_waits_for_the_stretches_being_written(t
     recs = [BackupRecord(body=os.urandom(1000), delivery_tag=i + 1, backed_up_at=7000) for i in range(512)]
     recs += [BackupRecord(body=os.urandom(5_000_000), delivery_tag=513, backed_up_at=7000)]
     recs += [BackupRecord(body=os.urandom(1000), delivery_tag=514 + i, backed_up_at=7000) for i in range(100)]
-    write_backup(FilesystemStorage(tmp_path / "a"), "x", [("/", "q", "classic", Hinted(recs))], compression="none",
-                 segment_max_bytes=8 << 20)
-    write_backup(WholePuts(tmp_path / "b"), "x", [("/", "q", "classic", list(recs))], compression="none",
-                 segment_max_bytes=8 << 20)
+    write_backup(FilesystemStorage(tmp_path / "a"), "x", [("/", "q", "classic", Hinted(recs))], WriteOptions(compression="none", segment_max_bytes=8 << 20))
+    write_backup(WholePuts(tmp_path / "b"), "x", [("/", "q", "classic", list(recs))], WriteOptions(compression="none", segment_max_bytes=8 << 20))
     assert len(refused) == 1  # the growth was refused once, then done after the drain
     a, b = stored(FilesystemStorage(tmp_path / "a"), "x"), stored(FilesystemStorage(tmp_path / "b"), "x")
     assert a == b and len(a) == 2
@@ -154,8 +152,7 @@ def test_a_failing_spool_write_reaches_the_caller_and_leaves_nothing(tmp_path, s
 
     monkeypatch.setattr(FileSpool, "write_at", write_at)
     with pytest.raises(StorageError) as e:
-        write_backup(FilesystemStorage(tmp_path), "flaky", [("/", "q", "classic", Hinted(records(600)))],
-                     compression="none", segment_max_bytes=256 * 1024)
+        write_backup(FilesystemStorage(tmp_path), "flaky", [("/", "q", "classic", Hinted(records(600)))], WriteOptions(compression="none", segment_max_bytes=256 * 1024))
     assert e.value.args == (f"file://{tmp_path}: cannot write key 'flaky/queues/_default/q/segment-0003': "
                             "injected disk full",)
     assert files_under(tmp_path) == []  # no segment, no manifest, no temp file
@@ -173,8 +170,7 @@ def test_a_failure_while_decoding_discards_the_segment_being_streamed(tmp_path, 
     open_spool = FilesystemStorage.open_spool
     monkeypatch.setattr(FilesystemStorage, "open_spool", lambda self, key: opened.append(key) or open_spool(self, key))
     with pytest.raises(StorageError, match="injected"):
-        write_backup(FilesystemStorage(tmp_path), "broken", [("/", "q", "classic", Failing(records(1800)))],
-                     compression="none", segment_max_bytes=64 * 1024 * 1024)
+        write_backup(FilesystemStorage(tmp_path), "broken", [("/", "q", "classic", Failing(records(1800)))], WriteOptions(compression="none", segment_max_bytes=64 * 1024 * 1024))
     assert opened and files_under(tmp_path) == []
 
 
@@ -182,5 +178,5 @@ def test_compressed_and_encrypted_segments_are_stored_whole(tmp_path, monkeypatc
     opened = []
     monkeypatch.setattr(FilesystemStorage, "open_spool",
                         lambda self, key: opened.append(key))  # would return None: whole puts
-    write_backup(FilesystemStorage(tmp_path), "z", [("/", "q", "classic", records(50))], compression="zstd")
+    write_backup(FilesystemStorage(tmp_path), "z", [("/", "q", "classic", records(50))], WriteOptions(compression="zstd"))
     assert opened == []

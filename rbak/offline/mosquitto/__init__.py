@@ -17,12 +17,12 @@ from .chunks import (
     SubChunk,
     UnknownChunk,
 )
-from .importer import MosquittoImportSummary, import_mosquitto_db
+from .importer import MosquittoImportOptions, MosquittoImportSummary, import_mosquitto_db
 from .reader import parse_db, read_db
 from .writer import encode_chunk, encode_db, write_db
 
 __all__ = [
     "MAGIC", "CfgChunk", "ChunkType", "ClientChunk", "ClientMsgChunk", "DamagedRegion", "Direction", "MosquittoDb",
-    "MosquittoImportSummary", "MqttProperties", "MsgState", "MsgStoreChunk", "RetainChunk", "SubChunk",
+    "MosquittoImportOptions", "MosquittoImportSummary", "MqttProperties", "MsgState", "MsgStoreChunk", "RetainChunk", "SubChunk",
     "UnknownChunk", "encode_chunk", "encode_db", "import_mosquitto_db", "parse_db", "read_db", "write_db",
 ]

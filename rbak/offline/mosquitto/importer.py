@@ -11,21 +11,25 @@ deletes the segments it wrote.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 
+from ...sealing.crypto import ObjectCodec
 from ...errors import ConfigError
 from ...format.compression import Compression
 from ...format.manifest import QueueStatus
 from ...format.segment import DEFAULT_SEGMENT_MAX_BYTES
+from ...format.record import BackupRecord
 from ...format.layout import BackupLayout
+from ...repo.progress import Tracker
 from ...storage.base import Storage
 from .chunks import DamagedRegion
 from .reader import read_db
 from .mapping import MappingStats, iter_records
-from ..writer import write_backup
+from ..writer import WriteOptions, write_backup
 
 log = logging.getLogger(__name__)
 
@@ -75,36 +79,41 @@ class MosquittoImportSummary:
         return out
 
 
-def import_mosquitto_db(
-    path: str | os.PathLike[str],
-    to: str | Storage,
-    backup_id: str,
-    *,
-    prefix: str = "",
-    compression: Compression | str = Compression.ZSTD,
-    skip_damaged: bool = False,
-    vhost: str = "/",
-    now_ms: int | None = None,
-    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES,
-    codec=None,
-    progress=None,
-) -> MosquittoImportSummary:
-    layout = BackupLayout(backup_id, prefix)
-    comp = Compression.parse(compression, "--compression")
+@dataclass(frozen=True, slots=True)
+class MosquittoImportOptions:
+    """How ``import_mosquitto_db`` reads the file and writes its backup (``rbak import mosquitto-db``'s flags).
+
+    ``vhost``: where the messages' queues go; ``now_ms``: the time expiries are judged at (default: now)."""
+
+    prefix: str = ""
+    compression: Compression | str = Compression.ZSTD
+    skip_damaged: bool = False
+    vhost: str = "/"
+    now_ms: int | None = None
+    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+
+
+def import_mosquitto_db(path: str | os.PathLike[str], to: str | Storage, backup_id: str,
+                        opts: MosquittoImportOptions = MosquittoImportOptions(), *, codec: ObjectCodec | None = None,
+                        progress: Tracker | None = None) -> MosquittoImportSummary:
+    vhost = opts.vhost
+    layout = BackupLayout(backup_id, opts.prefix)
+    comp = Compression.parse(opts.compression, "--compression")
     if not vhost:
         raise ConfigError("--vhost: must not be empty")
     src = os.fspath(path)
-    db = read_db(src, skip_damaged=skip_damaged)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    db = read_db(src, skip_damaged=opts.skip_damaged)
+    now = int(time.time() * 1000) if opts.now_ms is None else opts.now_ms
     stats = MappingStats()
     summary = MosquittoImportSummary(backup_id, src, db.header.version, stats, list(db.damaged))
     records = iter_records(db, vhost=vhost, now_ms=now, stats=stats)  # grouped by queue
     queues = ((vhost, name, "classic", recs)
-              for name, recs in itertools.groupby(records, key=lambda r: r.source_queue))
-    manifest = write_backup(to, backup_id, queues, prefix=prefix, compression=comp, progress=progress,
-                            segment_max_bytes=segment_max_bytes,
-                            source_cluster=f"mosquitto:{os.path.abspath(src)}", codec=codec,
-                            statuses=lambda: _damage_status(vhost, src, db.damaged))
+              for name, recs in itertools.groupby(records, key=_source_queue))
+    manifest = write_backup(to, backup_id, queues,
+                            WriteOptions(prefix=opts.prefix, compression=comp,
+                                         segment_max_bytes=opts.segment_max_bytes,
+                                         source_cluster=f"mosquitto:{os.path.abspath(src)}"),
+                            codec=codec, progress=progress, statuses=partial(_damage_status, vhost, src, db.damaged))
     summary.segments = manifest.total_segments
     summary.bytes_written = manifest.total_bytes
     summary.manifest_key = layout.manifest
@@ -112,7 +121,11 @@ def import_mosquitto_db(
     return summary
 
 
-def _damage_status(vhost: str, src: str, damaged) -> list[QueueStatus]:
+def _source_queue(r: BackupRecord) -> str:
+    return r.source_queue
+
+
+def _damage_status(vhost: str, src: str, damaged: list[DamagedRegion]) -> list[QueueStatus]:
     """Skipped damage makes the backup partial (which queues it cost is unknown: named by the file)."""
     if not damaged:
         return []

@@ -29,6 +29,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 from ...errors import TermError
+from ...format.backend import speedups
 
 VERSION = 131
 
@@ -392,8 +393,6 @@ def _freeze(x: Any) -> Any:
 def _load_fast() -> Callable[..., Any] | None:
     """``erl_decode`` of the optional C helper (``rbak/format/_erlterm.c``), configured with this
     module's classes and atom caches; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
-    from ...format.backend import speedups
-
     fn = getattr(speedups, "erl_decode", None)
     if fn is None:
         return None

@@ -32,6 +32,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
+import lz4.frame
+import zstandard
+
 from .damage import ImportContext
 from ...errors import ChunkError
 
@@ -191,12 +194,8 @@ def _decompress(comp: int, payload: bytes, uncompressed_len: int) -> bytes:
     if comp == 1:
         return gzip.decompress(payload)
     if comp == 4:
-        import zstandard
-
         return zstandard.ZstdDecompressor().decompress(payload, max_output_size=uncompressed_len)
     if comp == 3:
-        import lz4.frame
-
         return lz4.frame.decompress(payload)
     raise ValueError(f"sub-batch compression {COMPRESSION.get(comp, comp)} is not supported")
 

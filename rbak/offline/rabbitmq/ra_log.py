@@ -40,6 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from .damage import ImportContext
+from .erlang_terms import Atom, binary_to_term
 from ...errors import TermError
 
 WAL_MAGIC = b"RAWA"
@@ -205,8 +206,6 @@ class Snapshot:
 def read_snapshot(path: str, ctx: ImportContext) -> Snapshot | None:
     """One ``snapshot.dat``: every check Ra's own ``ra_log_snapshot`` makes (magic, version, CRC32 of
     the rest, meta size), each failure reported with the file and byte offset."""
-    from .erlang_terms import binary_to_term
-
     with open(path, "rb") as f:
         data = f.read()
     if data[:4] != SNAP_MAGIC:
@@ -242,8 +241,6 @@ def read_snapshot(path: str, ctx: ImportContext) -> Snapshot | None:
 
 
 def _atom(name: str):
-    from .erlang_terms import Atom
-
     return Atom(name)
 
 

@@ -22,14 +22,21 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from ...sealing.crypto import ObjectCodec
 from ...errors import ImportFormatError
+from ...format.compression import Compression
 from ...format.manifest import BackupManifest
 from ...format.record import BackupRecord
-from . import cqv1, cqv2
+from ...repo.progress import Tracker
+from ...storage.base import Storage
+from ..writer import WriteOptions, now_ms, write_backup
+from . import cqv1, cqv2, quorum, streams
 from .damage import ImportContext
 from .msg_store import MessageStore
+from .names import queue_resources_in
 from .recovery_terms import QueueTerms, read_recovery_terms
 from .stored_message import StoredMessage, to_record
+from .streams import stream_records
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +127,6 @@ def mnesia_resources(node_dir: str) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     if not os.path.isdir(node_dir):
         return found
-    from .names import queue_resources_in
 
     for name in os.listdir(node_dir):
         if not name.endswith((".DCD", ".DCL", ".LOG", ".DAT")):
@@ -388,33 +394,34 @@ def running_node(node_dir: str) -> tuple[bool, str] | None:
     return None
 
 
-def import_rabbitmq_dir(
-    path: str,
-    storage_url,
-    backup_id: str,
-    prefix: str = "",
-    compression="zstd",
-    skip_damaged: bool = False,
-    vhosts: set[str] | None = None,
-    queues: set[str] | None = None,
-    types: set[str] | None = None,
-    from_offset: int | None = None,
-    codec=None,
-    progress=None,
-) -> ImportResult:
-    """Read a stopped node's data directory into a new RBAK backup.
+@dataclass(frozen=True, slots=True)
+class RabbitImportOptions:
+    """What ``import_rabbitmq_dir`` reads and how it writes (``rbak import rabbitmq-dir``'s flags).
 
-    ``types`` picks among classic queues, quorum queues and streams (default
-    all); ``from_offset`` starts every stream there instead of at its first offset."""
-    from . import streams
-    from ..writer import now_ms, write_backup
+    ``types`` picks among classic queues, quorum queues and streams (default all); ``vhosts`` and
+    ``queues`` narrow by name (default all); ``from_offset`` starts every stream there instead of at
+    its first offset."""
 
-    types = set(QUEUE_TYPES) if not types else set(types)
+    prefix: str = ""
+    compression: Compression | str = "zstd"
+    skip_damaged: bool = False
+    vhosts: set[str] | None = None
+    queues: set[str] | None = None
+    types: set[str] | None = None
+    from_offset: int | None = None
+
+
+def import_rabbitmq_dir(path: str, storage_url: str | Storage, backup_id: str,
+                        opts: RabbitImportOptions = RabbitImportOptions(), *, codec: ObjectCodec | None = None,
+                        progress: Tracker | None = None) -> ImportResult:
+    """Read a stopped node's data directory into a new RBAK backup."""
+    vhosts, queues, from_offset = opts.vhosts, opts.queues, opts.from_offset
+    types = set(QUEUE_TYPES) if not opts.types else set(opts.types)
     bad = types - set(QUEUE_TYPES)
     if bad:
         raise ImportFormatError(f"--types: unknown queue type(s) {', '.join(sorted(bad))} "
                                 f"(choose from {', '.join(QUEUE_TYPES)})")
-    ctx = ImportContext(skip_damaged=skip_damaged)
+    ctx = ImportContext(skip_damaged=opts.skip_damaged)
     started = now_ms()
     node_dir = os.path.dirname(os.path.dirname(find_vhosts_dir(path)))
     live = running_node(node_dir)
@@ -438,8 +445,6 @@ def import_rabbitmq_dir(
                 done.append(iq)
                 yield iq.vhost, iq.name, "classic", recs
         if "quorum" in types:
-            from . import quorum
-
             for qq, recs in quorum.iter_quorum_queues(node_dir, ctx, started):
                 if wanted(qq.vhost, qq.name):
                     done.append(qq)  # type: ignore[arg-type]  # an ImportedQueue look-alike (kind "quorum")
@@ -452,17 +457,14 @@ def import_rabbitmq_dir(
                 done.append(iq)
                 yield sd.vhost, sd.name, "stream", _stream_records(iq, sd, ctx, started, from_offset)
 
-    manifest = write_backup(
-        storage_url, backup_id, gen(), prefix=prefix, compression=compression,
-        source_cluster=os.path.basename(node_dir) or None, codec=codec, progress=progress,
-        statuses=ctx.queue_statuses,
-    )
+    manifest = write_backup(storage_url, backup_id, gen(),
+                            WriteOptions(prefix=opts.prefix, compression=opts.compression,
+                                         source_cluster=os.path.basename(node_dir) or None),
+                            codec=codec, progress=progress, statuses=ctx.queue_statuses)
     return ImportResult(manifest, done, ctx)
 
 
 def _stream_records(iq: ImportedQueue, sd, ctx: ImportContext, started: int, from_offset: int | None):
-    from .streams import stream_records
-
     yield from stream_records(sd, ctx, started, from_offset)
     iq.exported = sd.exported
     iq.detail = (f"offsets {sd.first_offset}-{sd.last_offset}" if sd.exported else "no messages"

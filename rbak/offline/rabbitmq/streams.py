@@ -1,7 +1,7 @@
 """Every stream of a stopped node (``<node dir>/stream/<dir>/``) as RBAK records.
 
 A record is what the online stream backup stores for the same message (see
-``rbak.backup.engine._stream``): the message as an AMQP 0-9-1 consumer gets
+``rbak.backup.stream_backup.StreamJob``): the message as an AMQP 0-9-1 consumer gets
 it, minus the ``x-stream-offset``/``x-stream-chunk-timestamp`` headers the
 broker adds on delivery, with ``delivery_tag`` the message's stream offset
 (the RBAK spec's meaning of ``delivery_tag`` for streams) and
