@@ -18,6 +18,7 @@ import yaml
 from .crds_parts import (CRON_MESSAGE, CRON_RE, DURATION_RE, TIME_RE, _b, _i, _name, _obj, _s, _strlist, broker_schema,
                          condition_schema, encryption_schema, pod_overrides, run_summary_schema, spark_schema,
                          storage_schema)
+from .archive_crd import ARCHIVE_COLUMNS, archive_spec_schema, archive_status_schema
 from .crds_verify import restore_drill_status_schema, verify_schema
 from .progress_status import printer_columns, progress_schema
 
@@ -25,6 +26,7 @@ GROUP = "rbak.io"
 VERSION = "v1alpha1"
 BACKUP_PLURAL = "rabbitmqbackups"
 RESTORE_PLURAL = "rabbitmqrestores"
+ARCHIVE_PLURAL = "rabbitmqarchives"
 # The RabbitMQ cluster operator's RabbitmqCluster (read for status.defaultUser.secretReference).
 RABBITMQ_GROUP = "rabbitmq.com"
 SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"  # kubeflow spark-operator
@@ -363,9 +365,15 @@ def _crd(*, kind: str, plural: str, singular: str, short: list[str], spec: dict,
     }
 
 
+def archive_crd() -> dict[str, Any]:
+    return _crd(kind="RabbitMQArchive", plural=ARCHIVE_PLURAL, singular="rabbitmqarchive", short=["rmqarchive"],
+                spec=archive_spec_schema(), status=archive_status_schema(), columns=ARCHIVE_COLUMNS)
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name under crds/ -> CRD object."""
-    return {f"{BACKUP_PLURAL}.yaml": backup_crd(), f"{RESTORE_PLURAL}.yaml": restore_crd()}
+    return {f"{BACKUP_PLURAL}.yaml": backup_crd(), f"{RESTORE_PLURAL}.yaml": restore_crd(),
+            f"{ARCHIVE_PLURAL}.yaml": archive_crd()}
 
 
 def render(crd: dict[str, Any]) -> str:

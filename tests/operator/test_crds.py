@@ -196,3 +196,27 @@ def test_cel_string_literals_use_only_valid_escapes(kind):
             if "\\" in rest:
                 bad.append(f"{path}: {rule}")
     assert bad == []
+
+
+def _archive(**spec) -> dict:
+    base = {"broker": {"rabbitmqClusterReference": {"name": "rabbitmq"}},
+            "storage": {"s3": {"bucket": "archive-bucket"}}}
+    return {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQArchive", "metadata": {"name": "a"},
+            "spec": {**base, **spec}}
+
+
+def test_archive_crd_columns_short_name_and_rules():
+    _structural(_schema("RabbitMQArchive"))
+    crd = crds.archive_crd()
+    assert crd["spec"]["names"]["shortNames"] == ["rmqarchive"]
+    ver = crd["spec"]["versions"][0]
+    assert ver["subresources"] == {"status": {}}
+    assert [c["name"] for c in ver["additionalPrinterColumns"]] == [
+        "Phase", "RPO", "Lag", "Recoverable Until", "Streams", "Gaps", "Age"]
+    spec = _schema("RabbitMQArchive")["properties"]["spec"]["properties"]
+    assert spec["rpoSeconds"]["default"] == 30 and spec["maxDelaySeconds"]["default"] == 5
+    assert check(_archive(rpoSeconds=10, maxDelaySeconds=5, suspend=True)) == []
+    assert check(_archive(rpoSeconds=3, maxDelaySeconds=5)) == [
+        ".spec: spec.maxDelaySeconds must not exceed spec.rpoSeconds: the objective could never be met"]
+    assert any("rpoSeconds" in p for p in check(_archive(rpoSeconds=0)))
+    assert any("deletionPolicy" in p for p in check(_archive(deletionPolicy="purge")))

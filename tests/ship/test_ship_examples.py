@@ -39,6 +39,8 @@ def test_expected_examples_exist():
     assert "rbak.io/backup-now" in on_demand["metadata"]["annotations"]
     restore = by_name["restore-pitr.yaml"]["spec"]
     assert restore["pitr"]["start"] and restore["pitr"]["end"] and restore["vhostMapping"] and restore["queueMapping"]
+    archive = by_name["archive-orders-s3.yaml"]
+    assert archive["kind"] == "RabbitMQArchive" and archive["spec"]["rpoSeconds"] == 30
 
 
 def test_the_checker_rejects_what_the_api_server_would():

@@ -380,7 +380,7 @@ class RealServer:
         ours = [c for c in foreign if c["metadata"]["name"] not in self.preexisting]
         if ours:
             kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": ours}))
-        kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", *names)
+        kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", "rabbitmqarchives.rbak.io", *names)
         self.namespace = NS
         if self.external:
             self.namespace = f"rbak-e2e-{uuid.uuid4().hex[:8]}"
