@@ -25,9 +25,9 @@ from rbak.errors import RbakError
 
 from datetime import timedelta
 
-from . import blocking, bodies, clock, metrics, policy, progress, resource_metrics, tasks, wake, wakeups
+from . import archive_reconciler, blocking, bodies, clock, metrics, policy, progress, resource_metrics, tasks, wake, wakeups
 from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
-from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
+from .crds import ARCHIVE_PLURAL, BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
 from .events import post as _event
 from .k8s import ApiError, Kube, connection_info
 from .restore_reconciler import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
@@ -169,6 +169,40 @@ async def restore_event(type: str, body: kopf.Body, name: str, namespace: str | 
     if wakeups.object_changed(key, body):
         wakeups.poke(key)
     _ensure_tasks("restore", namespace, name, body.get("status"), logger)
+
+
+@kopf.on.delete(GROUP, VERSION, ARCHIVE_PLURAL, when=_delete_policy)
+def archive_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """deletionPolicy delete: the archiver's Deployment first (nothing written after), then the archive's
+    generations (object-locked ones stay until their lock expires). Never blocks deletion."""
+    try:
+        outcome = archive_reconciler.delete_archive_data(Kube(), dict(body), logger)
+        if outcome is not None:
+            deleted, locked = outcome
+            _event(body, "Normal", "ArchiveDeleted", f"deleted {len(deleted)} archive generations (deletionPolicy "
+                   "delete)" + (f"; kept {len(locked)} still object-locked: {', '.join(locked)}" if locked else ""))
+    except (RbakError, ApiError) as e:
+        _event(body, "Warning", "ArchiveKept", f"could not delete the archive: {e}")
+        logger.warning("deletionPolicy delete: %s; letting the object go, archive kept", e)
+
+
+@kopf.on.event(GROUP, VERSION, ARCHIVE_PLURAL)
+async def archive_event(type: str, body: kopf.Body, name: str, namespace: str | None,  # noqa: A002
+                        logger: kopf.Logger, **_: Any) -> None:
+    """The archive's loop reads the object from here (no GET per pass); a spec change wakes it."""
+    namespace = namespace or ""
+    key = ("archive", namespace, name)
+    if type == "DELETED":
+        resource_metrics.forget(ARCHIVE_PLURAL, namespace, name)
+        archive_reconciler.forget(key)
+        wakeups.poke(key)
+        wakeups.forget(key)
+        return
+    archive_reconciler.remember(key, dict(body))
+    if wakeups.object_changed(key, body):
+        wakeups.poke(key)
+    tasks.ensure(key, lambda: _loop(archive_reconciler.archive_pass, "archive", name, namespace, tasks.stopping(),
+                                    logger))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from .crds import (
+    ARCHIVE_PLURAL,
     BACKUP_PLURAL,
     GROUP,
     RABBITMQ_CLUSTERS,
@@ -187,6 +188,38 @@ class Kube:
 
     def get_restore(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_cr(RESTORE_PLURAL, namespace, name)
+
+    def get_archive(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get_cr(ARCHIVE_PLURAL, namespace, name)
+
+    # -- a RabbitMQArchive's Deployment and ConfigMap -------------------------
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call("GET", _path("apps", "v1", "deployments", namespace, name), ok_missing=True)
+
+    def create_deployment(self, body: dict[str, Any]) -> bool:
+        res = self._call("POST", _path("apps", "v1", "deployments", body["metadata"]["namespace"]), body,
+                         ok_conflict=True)
+        return res is not False
+
+    def replace_deployment(self, body: dict[str, Any]) -> bool:
+        """PUT (``body`` carries the resourceVersion read): False when it changed since."""
+        meta = body["metadata"]
+        res = self._call("PUT", _path("apps", "v1", "deployments", meta["namespace"], meta["name"]), body,
+                         ok_conflict=True)
+        return res is not False
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        self._call("DELETE", _path("apps", "v1", "deployments", namespace, name),
+                   {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}, ok_missing=True)
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call("GET", _path("", "v1", "configmaps", namespace, name), ok_missing=True)
+
+    def replace_configmap(self, body: dict[str, Any]) -> bool:
+        meta = body["metadata"]
+        res = self._call("PUT", _path("", "v1", "configmaps", meta["namespace"], meta["name"]), body,
+                         ok_conflict=True)
+        return res is not False
 
     # -- jobs, pods, configmaps, secrets -------------------------------------
     def list_jobs(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
