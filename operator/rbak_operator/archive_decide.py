@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -184,7 +185,9 @@ def view(tick: Tick | None, now_ms: int, spec: dict[str, Any], previous: dict[st
                            [])
     overdue = overdue_seconds(tick.written_at, now_ms, max_delay_seconds(spec))
     old = {(s.get("vhost"), s.get("name")): s for s in previous.get("streams") or []}
-    streams, all_gaps, gap_messages = [], [], 0
+    streams: list[dict[str, Any]] = []
+    all_gaps: list[str] = []
+    gap_messages = 0
     for s in sorted(tick.streams, key=lambda s: (s.vhost, s.name)):
         prev = old.get((s.vhost, s.name)) or {}
         texts = list(prev.get("gaps") or [])
@@ -198,7 +201,8 @@ def view(tick: Tick | None, now_ms: int, spec: dict[str, Any], previous: dict[st
         entry: dict[str, Any] = {"vhost": s.vhost, "name": s.name, "epoch": s.epoch, "present": s.present,
                                  "firstOffset": s.info.first_offset, "archivedOffset": s.info.last_offset,
                                  "completeUntil": _ms_time(cu),
-                                 "lagSeconds": None if cu is None else int((tick.written_at - cu) / 1000 + overdue),
+                                 "lagSeconds": None if cu is None else math.ceil(max(0.0, (tick.written_at - cu) / 1000
+                                                                                     + overdue)),
                                  "gapMessages": counted, "gaps": texts}
         streams.append({k: v for k, v in entry.items() if v is not None})
         all_gaps.extend(f"{s.vhost}/{s.name} {t}" for t in texts)
@@ -210,7 +214,7 @@ def view(tick: Tick | None, now_ms: int, spec: dict[str, Any], previous: dict[st
     if ru is not None:
         status["recoverableUntil"] = _ms_time(ru)
     if lag is not None:
-        status["lagSeconds"] = int(lag)
+        status["lagSeconds"] = math.ceil(lag)  # rounded up: lagSeconds > rpoSeconds exactly when RPOMet is false
     return ArchiveView(status, lag, overdue, all_gaps)
 
 
@@ -275,14 +279,15 @@ def _offsets(status: dict[str, Any]) -> Any:
             for s in status.get("streams") or []]
 
 
-def status_patch(written: dict[str, Any], new: dict[str, Any], since_write: float, lag_step: float) -> dict[str, Any]:
+def status_patch(written: dict[str, Any], new: dict[str, Any], since_write: float, lag_step: float,
+                 progress_every: float = PROGRESS_WRITE_SECS) -> dict[str, Any]:
     """The merge patch to write now ({}: nothing). ``written``: the status as last written;
     ``since_write``: seconds since it was written (the operator counts from its own start when it did
     not write it itself).
 
     - phase, conditions, streams and gaps: at once;
     - the lag: at once when it moved by ``lag_step`` or more (freshness: a lag change shows within a poll);
-    - archived offsets that moved: at most every PROGRESS_WRITE_SECS;
+    - archived offsets that moved: at most every ``progress_every`` seconds;
     - anything else (an idle archive's recoverable-until): at most every IDLE_WRITE_SECS."""
     changed = {k: v for k, v in new.items() if written.get(k) != v}
     changed.update({k: None for k in written if k not in new and k in VOLATILE})
@@ -293,7 +298,7 @@ def status_patch(written: dict[str, Any], new: dict[str, Any], since_write: floa
     old_lag, new_lag = written.get("lagSeconds"), new.get("lagSeconds")
     if (old_lag is None) != (new_lag is None) or (new_lag is not None and abs(new_lag - old_lag) >= lag_step):
         return changed
-    if _offsets(written) != _offsets(new) and since_write >= PROGRESS_WRITE_SECS:
+    if _offsets(written) != _offsets(new) and since_write >= progress_every:
         return changed
     if since_write >= IDLE_WRITE_SECS:
         return changed

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rbak.errors import RbakError
@@ -24,7 +24,7 @@ from rbak.format.archive import TICK_DIR, Tick
 from rbak.keys import BACKUP_ID_RE
 
 from . import clock, events, rbakconfig
-from .archive_decide import (applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
+from .archive_decide import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
                              resource_name, status_patch, view)
 from .credentials import resolve_broker
 from .crds import ARCHIVE_PLURAL
@@ -36,6 +36,7 @@ log = logging.getLogger("rbak_operator")
 
 POLL = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_ARCHIVE_POLL_SECONDS", "10")))
 RESYNC_SECS = float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", str(6 * 3600)))
+PROGRESS_SECS = float(os.environ.get("RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS", str(PROGRESS_WRITE_SECS)))
 METRICS_PORT = int(os.environ.get("RBAK_ARCHIVE_METRICS_PORT", "9100"))
 
 Key = tuple[str, str, str]
@@ -72,6 +73,12 @@ def forget(key: Key) -> None:
         _states.pop(key, None)
 
 
+def wall_now() -> datetime:
+    """The archive is judged on wall time (the archiver stamps its ticks with it), not the operator's
+    schedule clock (``clock``, which tests may fake)."""
+    return datetime.now(timezone.utc)
+
+
 def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[str, Any] | str, list[datetime | None]]:
     """One pass: the patch written (or GONE), and when the next is due (the next storage poll)."""
     key = ("archive", namespace, name)
@@ -80,7 +87,7 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
         state = _states.setdefault(key, ArchiveState())
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return GONE, []
-    now = clock.now()
+    now = wall_now()
     mono = time.monotonic()
     ensure_archiver(kube, body, state, mono, logger)
     tick, storage_error = read_newest_tick(kube, body, state, logger)
@@ -98,7 +105,7 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
            "deployment": resource_name(name), "configMap": resource_name(name)}
     if meta.get("generation") is not None:
         new["observedGeneration"] = meta["generation"]
-    patch = status_patch(written, new, mono - state.last_write, lag_step(spec))
+    patch = status_patch(written, new, mono - state.last_write, lag_step(spec), PROGRESS_SECS)
     if patch:
         kube.patch_status(ARCHIVE_PLURAL, namespace, name, patch)
         state.written = {k: v for k, v in {**written, **patch}.items() if v is not None}

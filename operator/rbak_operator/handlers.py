@@ -201,8 +201,34 @@ async def archive_event(type: str, body: kopf.Body, name: str, namespace: str | 
     archive_reconciler.remember(key, dict(body))
     if wakeups.object_changed(key, body):
         wakeups.poke(key)
-    tasks.ensure(key, lambda: _loop(archive_reconciler.archive_pass, "archive", name, namespace, tasks.stopping(),
-                                    logger))
+    tasks.ensure(key, lambda: _archive_loop(name, namespace, tasks.stopping(), logger))
+
+
+async def _archive_loop(name: str, namespace: str, stopped: asyncio.Event, logger) -> None:
+    """An archive's passes: one every poll interval of wall-clock time (the archive's ticks are stamped
+    in wall time, whatever clock the schedules run on), sooner when its spec changed."""
+    kube = Kube()
+    key = ("archive", namespace, name)
+    wakeups.flag(key)
+    failures = 0
+    log.info("archive %s/%s: reconcile loop started", namespace, name)
+    try:
+        while not stopped.is_set():
+            try:
+                result, _ = await blocking.run(archive_reconciler.archive_pass, kube, namespace, name, logger)
+                if result == GONE:
+                    return
+                failures = 0
+            except ApiError as e:
+                failures += 1
+                logger.warning("archive %s/%s: API error %s %s; retrying", namespace, name, e.status, e.reason)
+            except Exception:  # never let one bad object kill its loop
+                failures += 1
+                logger.exception("archive %s/%s: reconcile failed; retrying", namespace, name)
+            delay = wake.backoff(failures) if failures else archive_reconciler.POLL
+            await wakeups.sleep_for(key, delay.total_seconds(), stopped)
+    finally:
+        wakeups.forget(key)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})

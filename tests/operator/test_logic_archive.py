@@ -78,11 +78,11 @@ def test_deployment_one_replica_suspend_scales_to_zero_and_hash_follows_the_spec
 def test_view_of_a_current_idle_archive_meets_the_objective():
     v = ad.view(tick(T0 - 20_000, T0 - 20_400), T0, SPEC, {})  # the last idle tick 20 s ago
     assert v.lag == pytest.approx(0.4) and v.overdue == 0
-    assert v.status["recoverableUntil"] == "2026-05-28T20:26:19Z" and v.status["lagSeconds"] == 0
+    assert v.status["recoverableUntil"] == "2026-05-28T20:26:19Z" and v.status["lagSeconds"] == 1
     assert v.status["streamCount"] == 2 and v.status["gapMessages"] == 0
     assert v.status["streams"][0] == {"vhost": "orders", "name": "events.a", "epoch": 1, "present": True,
                                       "firstOffset": 0, "archivedOffset": 99, "completeUntil": "2026-05-28T20:26:19Z",
-                                      "lagSeconds": 0, "gapMessages": 0, "gaps": []}
+                                      "lagSeconds": 1, "gapMessages": 0, "gaps": []}
     phase, conds = ad.conditions(v, SPEC, None, NOW, 1)
     assert phase == "Archiving"
     assert {c["type"]: (c["status"], c["reason"]) for c in conds} == {
@@ -92,7 +92,7 @@ def test_view_of_a_current_idle_archive_meets_the_objective():
 def test_overdue_ticks_make_the_lag_grow_and_the_objective_missed():
     # last tick 80 s ago: due after 30 + 5 + 5 s, so 40 s overdue; lag 0.4 + 40
     v = ad.view(tick(T0 - 80_000, T0 - 80_400), T0, SPEC, {})
-    assert v.overdue == pytest.approx(40.0) and v.status["lagSeconds"] == 40
+    assert v.overdue == pytest.approx(40.0) and v.status["lagSeconds"] == 41
     phase, conds = ad.conditions(v, SPEC, None, NOW, 1)
     by = {c["type"]: c for c in conds}
     assert phase == "Lagging"
@@ -217,7 +217,7 @@ def pass_env(monkeypatch):
     monkeypatch.setattr(ar, "open_backup_storage", lambda kube, ns, spec: storage)
     monkeypatch.setattr(ar.events, "post", lambda *a, **k: None)
     clock_ms = [T0]
-    monkeypatch.setattr(ar.clock, "now", lambda: datetime.fromtimestamp(clock_ms[0] / 1000, timezone.utc))
+    monkeypatch.setattr(ar, "wall_now", lambda: datetime.fromtimestamp(clock_ms[0] / 1000, timezone.utc))
     key = ("archive", "ns", "orders")
     yield storage, clock_ms, key
     ar.forget(key)

@@ -1,0 +1,153 @@
+"""RabbitMQArchive end to end: the real operator on the real API server, the local kubelet running the
+archiver's Deployment as a long-running process, a real broker's stream (3.10.8) and moto S3 behind a
+proxy that can hold one upload (the storage unreachable for a while).
+
+One archive lives through the phases a user meets, so the archiver starts once: the status shows RPOMet
+and a recoverableUntil that advances; the archiver's pod is SIGKILLed mid-publish and replaced; the
+storage holds a segment upload, RPOMet turns false and then true again; a restore of the archive holds
+every message published, once, in order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from urllib.parse import quote, urlsplit
+
+import pytest
+from support.backups import fast_publish
+from support.brokers import unique_name
+from support.holdproxy import HoldProxy
+from support.op_e2e import API, Cluster
+from support.opcluster import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, moto_s3, e2e_kube):
+    """This module's operator polls the archive's storage every second and writes moved offsets at once."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=e2e_kube, operator_env={
+        "RBAK_OPERATOR_ARCHIVE_POLL_SECONDS": "1", "RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS": "0",
+        "RBAK_ARCHIVE_METRICS_PORT": "0"})
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _status(cluster: Cluster, name: str) -> dict:
+    return (cluster.http.get(API, "rabbitmqarchives", name) or {}).get("status") or {}
+
+
+def _where(cluster: Cluster, name: str, pred):
+    """A waiter: the status once ``pred(status)`` holds, else None."""
+    def probe():
+        s = _status(cluster, name)
+        return s if pred(s) else None
+    return probe
+
+
+def _cond(status: dict, ctype: str) -> str | None:
+    return next((c["status"] for c in status.get("conditions") or [] if c["type"] == ctype), None)
+
+
+def _stream(status: dict) -> dict:
+    return (status.get("streams") or [{}])[0]
+
+
+def _restore(broker, env, generation: str, src: str, dst: str, tmp_path) -> dict:
+    cfg = tmp_path / "restore.json"
+    cfg.write_text(json.dumps({
+        "mode": "restore", "backup_id": generation,
+        "target": {"amqp_url": broker.amqp_url(dst), "management_url": broker.management_url},
+        "storage": {"backend": "s3", "bucket": env.bucket.bucket, "prefix": env.bucket.prefix,
+                    "endpoint": env.bucket.endpoint, "path_style": True, "region": "us-east-1"},
+        "restore": {"vhost_mapping": {src: dst}}}))
+    r = subprocess.run([sys.executable, "-m", "rbak", "restore", "--config", str(cfg), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    return json.loads(r.stdout)
+
+
+def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, rmq310, tmp_path):
+    broker, vhost = rmq310, env.vhost
+    broker.declare_queue(vhost, "events.a", arguments={"x-queue-type": "stream"})
+    sent: list[bytes] = []
+
+    def publish(n: int) -> None:
+        batch = [b"a-%d" % (len(sent) + i) for i in range(n)]
+        fast_publish(broker, vhost, "events.a", batch)
+        sent.extend(batch)
+
+    ep = urlsplit(env.bucket.endpoint)
+    proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
+    name = f"{env.tag}-arc"
+    storage = {"s3": {**env.storage["s3"], "endpoint": proxy.url}}
+    spec = {"broker": {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/{quote(vhost, safe='')}",
+                       "managementUrl": broker.management_url, "credentialsSecretRef": {"name": f"{env.tag}-rmq"}},
+            "queues": {"vhosts": [vhost]}, "storage": storage, "rpoSeconds": 5, "maxDelaySeconds": 1}
+    publish(200)
+    cluster.http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
+                                                  "metadata": {"name": name}, "spec": spec})
+    deployment = f"rbak-archive-{name}"
+    diag = lambda: f"{_status(cluster, name)}\n{cluster.runner.deployment_output(deployment)[-3000:]}\n{cluster.logs()}"  # noqa: E731
+    try:
+        dep = wait_for(lambda: cluster.http.get("apps/v1", "deployments", deployment), timeout=60,
+                       what="the archiver's Deployment", diag=diag)
+        assert dep["spec"]["replicas"] == 1
+        assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
+            "archive", "--config", "/etc/rbak/config.yaml"]
+
+        # 1. the status shows the objective met and a recoverable-until that advances
+        st = wait_for(_where(cluster, name, lambda s: _cond(s, "RPOMet") == "True"
+                                 and _stream(s).get("archivedOffset") == 199),
+                      timeout=120, what="RPOMet with the first 200 archived", diag=diag)
+        assert st["phase"] == "Archiving" and _cond(st, "Ready") == "True" and _cond(st, "Degraded") == "False"
+        assert st["streamCount"] == 1 and st["gapMessages"] == 0 and st["lagSeconds"] <= 5
+        assert _stream(st)["name"] == "events.a" and _stream(st)["vhost"] == vhost
+        first_ru = st["recoverableUntil"]
+        time.sleep(1.1)  # recoverableUntil has whole seconds
+        publish(100)
+        st = wait_for(_where(cluster, name, lambda s: _stream(s).get("archivedOffset") == 299
+                                 and s.get("recoverableUntil", "") > first_ru),
+                      timeout=120, what="recoverableUntil to advance", diag=diag)
+
+        # 2. the archiver's pod killed mid-publish: a replacement resumes
+        publish(100)
+        killed = cluster.runner.kill_deployment_pod(deployment)
+        publish(100)
+        wait_for(lambda: cluster.runner.pod_starts[-1] != killed, timeout=60, what="a replacement pod", diag=diag)
+        publish(100)
+        wait_for(lambda: _stream(_status(cluster, name)).get("archivedOffset") == len(sent) - 1
+                 and _cond(_status(cluster, name), "RPOMet") == "True",
+                 timeout=120, what="the replacement to catch up", diag=diag)
+
+        # 3. the storage holds the next segment upload for 40 s: the objective is missed, then met again
+        proxy.hold_next(b"segment-", 40)
+        publish(50)
+        st = wait_for(_where(cluster, name, lambda s: _cond(s, "RPOMet") == "False"),
+                      timeout=60, what="RPOMet false while the storage holds the upload", diag=diag)
+        assert st["phase"] == "Lagging" and st["lagSeconds"] > 5
+        assert proxy.held == 1
+        st = wait_for(_where(cluster, name, lambda s: _cond(s, "RPOMet") == "True"
+                                 and _stream(s).get("archivedOffset") == len(sent) - 1),
+                      timeout=120, what="RPOMet true again after the storage answered", diag=diag)
+        assert _cond(st, "Degraded") == "False" and st["gapMessages"] == 0
+
+        # a restore of the newest generation (the chain walks back through the killed pod's) holds all
+        fresh = unique_name("test-op-fresh")
+        broker.create_vhost(fresh)
+        try:
+            broker.declare_queue(fresh, "events.a", arguments={"x-queue-type": "stream"})
+            out = _restore(broker, env, st["generation"], vhost, fresh, tmp_path)
+            assert out["ok"], out
+            assert [m.body for m in broker.read_stream(fresh, "events.a", "first")] == sent
+        finally:
+            broker.delete_vhost(fresh)
+    finally:
+        cluster.http.delete(API, "rabbitmqarchives", name)
+        cluster.http.delete("apps/v1", "deployments", deployment)  # no garbage collector on this server
+        wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")
+        proxy.close()
