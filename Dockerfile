@@ -63,6 +63,7 @@ RUN pip install --no-compile --requirement requirements/image.txt
 COPY pyproject.toml setup.py README.md ./
 COPY rbak/ rbak/
 COPY operator/rbak_operator/ operator/rbak_operator/
+COPY operator/rbak_kubectl/ operator/rbak_kubectl/
 # rbak and rbak_operator (pyproject finds both), with the C speedup compiled here; the build
 # fails if it is missing (setup.py's extension is optional, so pip would not) or if Proton
 # was built without TLS.

@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
-from rbak_operator.naming import manual_run_name, scheduled_run_name  # noqa: E402
+from rbak_operator.decide.naming import manual_run_name, scheduled_run_name  # noqa: E402
 from support.kubeapi import KubeApi, binaries_problem  # noqa: E402
 
 NAMESPACES = 10

@@ -27,6 +27,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 TREES = {
     "rbak": ("",),
     "operator/rbak_operator": ("", "operator"),
+    "operator/rbak_kubectl": ("", "operator"),
     "spark": ("", "spark"),
     "tests": ("", "operator", "spark", "test"),
     "benchmarks": ("", "operator", "spark", "test"),
@@ -55,7 +56,7 @@ def declared(extras: tuple[str, ...]) -> set[str]:
 
 def local_names() -> set[str]:
     """Top-level names that are this repo's own modules (tests import helpers by bare name)."""
-    names = {"rbak", "rbak_operator", "rbak_spark"}
+    names = {"rbak", "rbak_operator", "rbak_kubectl", "rbak_spark"}
     for p in ROOT.rglob("*.py"):
         if ".git" not in p.parts:
             names.add(p.stem)
@@ -101,7 +102,7 @@ def test_every_import_is_declared(tree):
 
 def package_modules() -> list[str]:
     mods = []
-    for base, pkg in ((ROOT, "rbak"), (ROOT / "operator", "rbak_operator"), (ROOT / "spark", "rbak_spark")):
+    for base, pkg in ((ROOT, "rbak"), (ROOT / "operator", "rbak_operator"), (ROOT / "operator", "rbak_kubectl"), (ROOT / "spark", "rbak_spark")):
         for p in sorted((base / pkg).rglob("*.py")):
             if p.stem == "__main__":  # runs the program on import
                 continue

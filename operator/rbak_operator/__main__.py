@@ -64,7 +64,7 @@ def _leave(code: int) -> int:
     (an unreachable storage endpoint, a slow API server): Python would wait for its pool thread, holding
     a stopped pod in Terminating until the kubelet's SIGKILL and its replica's handover with it. The
     pass is abandoned safely: every pass re-reads what it decides on, so the next leader redoes it."""
-    from . import blocking
+    from rbak_operator.runtime import blocking
 
     blocked = blocking.busy()
     if blocked:
@@ -81,9 +81,10 @@ def main() -> int:
 
     # the CLI's log filter: no credentials (botocore at DEBUG, URL passwords), no raw control bytes
     configure(os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"))
-    from . import handlers, metrics  # noqa: F401  handlers: registers the handlers
-    from .k8s import Kube
-    from .leader import Elector, LeaseConfig
+    from rbak_operator import handlers  # noqa: F401  handlers: registers the handlers
+    from rbak_operator.metrics import runs as metrics
+    from rbak_operator.kube.client import Kube
+    from rbak_operator.runtime.leader import Elector, LeaseConfig
 
     namespaces = [n for n in os.environ.get("RBAK_OPERATOR_NAMESPACES", "").split(",") if n]
 
@@ -94,7 +95,7 @@ def main() -> int:
         kopf's cleanup: kopf awaits it without a thread (for a threading.Event kopf would block an
         executor thread, which keeps the process alive after a SIGTERM stopped kopf), and a flag that
         stayed unset would be a task kopf waits 5 s for after every SIGTERM."""
-        from . import tasks
+        from rbak_operator.runtime import tasks
 
         flag = tasks.stopping()
         if elector is not None and stop is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .crds_parts import _b, _i, _name, _obj, _s, _strlist, broker_schema, condition_schema, encryption_schema, storage_schema
+from rbak_operator.crds.parts import _b, _i, _name, _obj, _s, _strlist, broker_schema, condition_schema, encryption_schema, storage_schema
 
 DEFAULT_RPO_SECONDS = 30
 DEFAULT_MAX_DELAY_SECONDS = 5

@@ -22,13 +22,14 @@ from rbak.errors import ConfigError
 from rbak.format.archive import Tick
 from rbak.format.manifest import StreamGap
 
-from . import naming
-from .archive_crd import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_RPO_SECONDS
-from .bodies import _container, _env, _volumes, common_labels, owner_reference
-from .clock import fmt
-from .rbakconfig import (CONFIG_DIR, CONFIG_FILE, ENV_STATE, PodEnv, ResolvedBroker, _dedupe, _queues,
+from rbak_operator.archive_crd import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_RPO_SECONDS
+from rbak_operator.decide import naming
+from rbak_operator.decide.bodies import _container, _env, _volumes, common_labels, owner_reference
+from rbak_operator.decide.bodies import configmap_body as _configmap_body
+from rbak_operator.runtime.clock import fmt
+from rbak_operator.decide.rbakconfig import (CONFIG_DIR, CONFIG_FILE, ENV_STATE, PodEnv, ResolvedBroker, _dedupe, _queues,
                          backup_encryption, backup_vhosts, broker_connection, storage_section)
-from .status import set_condition
+from rbak_operator.decide.status import set_condition
 
 L_ARCHIVE = "rbak.io/archive"
 A_SPEC_HASH = "rbak.io/spec-hash"
@@ -92,10 +93,8 @@ def archive_args(metrics_port: int = METRICS_PORT) -> list[str]:
 
 
 def configmap_body(owner: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    from .bodies import configmap_body as cm
-
     meta = owner["metadata"]
-    return cm(resource_name(meta["name"]), meta["namespace"], owner, cfg, labels(meta["name"]))
+    return _configmap_body(resource_name(meta["name"]), meta["namespace"], owner, cfg, labels(meta["name"]))
 
 
 def deployment_body(owner: dict[str, Any], env: list[PodEnv], config_map: dict[str, Any],

@@ -23,14 +23,16 @@ from rbak.errors import RbakError
 from rbak.format.archive import TICK_DIR, Tick
 from rbak.keys import BACKUP_ID_RE
 
-from . import clock, events, rbakconfig
-from .archive_decide import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
+from rbak_operator.decide import rbakconfig
+from rbak_operator.kube import events
+from rbak_operator.runtime import clock
+from rbak_operator.archive_decide import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
                              resource_name, status_patch, view)
-from .credentials import resolve_broker
-from .crds import ARCHIVE_PLURAL
-from .k8s import Kube
-from .status import GONE
-from .storage_access import open_backup_storage
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.crds.schema import ARCHIVE_PLURAL
+from rbak_operator.kube.client import Kube
+from rbak_operator.decide.status import GONE
+from rbak_operator.reconcile.storage import open_backup_storage
 
 log = logging.getLogger("rbak_operator")
 

@@ -25,15 +25,19 @@ from rbak.errors import RbakError
 
 from datetime import timedelta
 
-from . import archive_reconciler, blocking, bodies, clock, metrics, policy, progress, resource_metrics, tasks, wake, wakeups
-from .backup_reconciler import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
-from .crds import ARCHIVE_PLURAL, BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
-from .events import post as _event
-from .k8s import ApiError, Kube, connection_info
-from .restore_reconciler import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
-from .progress_status import watched_run
-from .status import GONE
-from .storage_access import delete_owned_backups
+from rbak_operator import archive_reconciler
+from rbak_operator.runtime import blocking, clock, tasks, wakeups
+from rbak_operator.decide import bodies, policy, wake
+from rbak_operator.metrics import runs as metrics, resources as resource_metrics
+from rbak_operator.reconcile import progress
+from rbak_operator.reconcile.backup import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
+from rbak_operator.crds.schema import ARCHIVE_PLURAL, BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
+from rbak_operator.kube.events import post as _event
+from rbak_operator.kube.client import ApiError, Kube, connection_info
+from rbak_operator.reconcile.restore import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
+from rbak_operator.decide.progress import watched_run
+from rbak_operator.decide.status import GONE
+from rbak_operator.reconcile.storage import delete_owned_backups
 
 log = logging.getLogger("rbak_operator")
 

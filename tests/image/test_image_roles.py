@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(900), py
 
 CONFIG_DIR = "/etc/rbak"  # where the operator mounts the run's ConfigMap
 STATE_DIR = "/var/run/rbak"  # the Job's emptyDir
-JOB_COMMAND = ["python", "-m", "rbak"]  # the Jobs' container command (rbak_operator.bodies)
+JOB_COMMAND = ["python", "-m", "rbak"]  # the Jobs' container command (rbak_operator.decide.bodies)
 
 
 @pytest.fixture(scope="module")

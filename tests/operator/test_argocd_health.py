@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rbak_operator import drill, handlers
-from rbak_operator.status import RunState
+from rbak_operator.reconcile import drill
+from rbak_operator import handlers
+from rbak_operator.decide.status import RunState
 from support.require import require
 from test_handlers_fake import (
     LOG,
@@ -90,7 +91,7 @@ def test_backup_healthy_progressing_healthy(clock, pvc):
 
 
 def test_backup_progress_summary_is_shown(clock, pvc):
-    from rbak_operator.progress_status import progress_patch
+    from rbak_operator.decide.progress import progress_patch
 
     from rbak.progress import ProgressRecord
 

@@ -13,7 +13,7 @@ import pytest
 from rbak.catalog import list_backups
 from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, QueueBackup, SegmentMetadata
 from rbak.storage.url import open_storage
-from rbak_operator import clock as op_clock
+from rbak_operator.runtime import clock as op_clock
 from rbak_operator import handlers
 
 NS = "ns"
@@ -230,7 +230,7 @@ def test_spark_validation_above_threshold(clock, pvc):
 def test_retention_waits_for_the_validation(clock, pvc, outcome):
     """keepLast: 1 with validation after the run: the older good backup goes only once
     the new one has passed validation, never for a new one that fails it."""
-    from rbak_operator.naming import manual_run_name
+    from rbak_operator.decide.naming import manual_run_name
 
     old = manual_run_name("b", "old")
     write_backup(pvc, old, 1, 100)
@@ -322,7 +322,7 @@ def test_restore_of_a_missing_backup_fails_with_the_reason(clock, pvc):
 
 
 def test_restore_whose_mapping_or_selection_names_nothing_is_refused_in_its_status(clock, pvc):
-    from rbak_operator.restore_checks import check_restore_spec
+    from rbak_operator.decide.restore_checks import check_restore_spec
 
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj()
@@ -370,7 +370,7 @@ def test_deletion_policy_delete_removes_only_own_backups(pvc):
     try:
         handlers.backup_delete(body=body, name="b", namespace=NS, spec=body["spec"], logger=LOG)
     finally:
-        from rbak_operator.k8s import Kube
+        from rbak_operator.kube.client import Kube
 
         handlers.Kube = Kube
     assert [e.backup_id for e in list_backups(pvc)] == ["other-20300101-0005"]
@@ -430,7 +430,7 @@ def _stream_backup(storage, backup_id, created_ms, previous=None, origin=None):
 
 def test_retention_keeps_the_chain_of_a_kept_backup(clock, pvc):
     """keepLast: 1 (and GFS fields): the base the newest incremental backup continues is not deleted."""
-    from rbak_operator.naming import manual_run_name
+    from rbak_operator.decide.naming import manual_run_name
 
     base, older = manual_run_name("b", "base"), manual_run_name("b", "older")
     _stream_backup(pvc, older, 1)  # a full backup nobody continues: may go
@@ -475,7 +475,7 @@ def test_short_read_backup_shows_as_partial(clock, pvc):
     """Issue 27: a queue read short of its depth (status partial, expected/read) makes the run partial:
     Ready condition, lastRun and the last-run-failed metric say so, with both numbers."""
     from rbak.format.manifest import QueueStatus
-    from rbak_operator import resource_metrics as rm
+    from rbak_operator.metrics import resources as rm
 
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})

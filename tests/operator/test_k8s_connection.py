@@ -1,4 +1,4 @@
-"""How the operator's own client (rbak_operator.k8s) and kopf's login connect to a cluster.
+"""How the operator's own client (rbak_operator.kube.client) and kopf's login connect to a cluster.
 
 A small TLS "API server" here (the CI's test CA, tests/support/tls.py) answers
 the few paths the checks need and logs what it was sent; the client runs in a
@@ -100,7 +100,7 @@ def kubeconfig(path: Path, server: str, ca: Path, user: dict) -> Path:
 # Runs in a fresh process: the operator's calls and kopf's login answer, as JSON.
 CLIENT = """
 import json, sys
-from rbak_operator.k8s import ApiError, Kube, connection_info
+from rbak_operator.kube.client import ApiError, Kube, connection_info
 out = {}
 try:
     k = Kube()
@@ -181,7 +181,7 @@ def test_no_cluster_and_no_kubeconfig_is_a_clear_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "operator"), str(ROOT)]), HOME=str(tmp_path),
                KUBECONFIG=str(tmp_path / "missing-kubeconfig"))
-    p = subprocess.run([sys.executable, "-c", "from rbak_operator.k8s import Kube; Kube().get_backup('d', 'b')"],
+    p = subprocess.run([sys.executable, "-c", "from rbak_operator.kube.client import Kube; Kube().get_backup('d', 'b')"],
                        check=False, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "cannot reach Kubernetes: not in a cluster" in p.stderr

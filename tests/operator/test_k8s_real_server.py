@@ -1,4 +1,4 @@
-"""The operator's own client (rbak_operator.k8s) against a real Kubernetes API server.
+"""The operator's own client (rbak_operator.kube.client) against a real Kubernetes API server.
 
 Issue 28, defect 3: on a machine that sets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``
 the old requests client failed every call with CERTIFICATE_VERIFY_FAILED. Here
@@ -28,7 +28,7 @@ SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 CLIENT = """
 import json, sys
-from rbak_operator.k8s import ApiError, Kube, connection_info
+from rbak_operator.kube.client import ApiError, Kube, connection_info
 ns = sys.argv[1]
 
 def job(name, run):
@@ -91,7 +91,7 @@ def test_operator_makes_an_on_demand_job_with_requests_ca_bundle_set(kube_api, t
     """The whole operator (kopf's watches through its login, the reconciler's calls through k8s.py) on the
     real server with both variables set: an on-demand RabbitMQBackup gets its ConfigMap, Job and status.
     No kubelet here, so the Job never runs; the broker and bucket are never contacted."""
-    from rbak_operator.naming import manual_run_name
+    from rbak_operator.decide.naming import manual_run_name
     from support.opcluster import wait_for
 
     kube_api.kubectl("apply", "-f", str(ROOT / "crds"))

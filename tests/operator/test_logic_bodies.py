@@ -13,7 +13,7 @@ import yaml
 
 from rbak.config import Config
 from rbak.errors import ConfigError
-from rbak_operator import bodies, naming, rbakconfig
+from rbak_operator.decide import bodies, naming, rbakconfig
 from support.operator_specs import CLUSTER_SPEC, DNS_LABEL, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
 

@@ -10,10 +10,11 @@ from datetime import datetime, timedelta, timezone
 import kubernetes_validate
 import pytest
 import yaml
-from rbak_operator import bodies, drill
-from rbak_operator import resource_metrics as rm
-from rbak_operator.clock import fmt
-from rbak_operator.status import RunState
+from rbak_operator.decide import bodies
+from rbak_operator.reconcile import drill
+from rbak_operator.metrics import resources as rm
+from rbak_operator.runtime.clock import fmt
+from rbak_operator.decide.status import RunState
 from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
 from rbak.config import Config

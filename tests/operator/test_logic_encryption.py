@@ -15,7 +15,8 @@ import yaml
 from rbak.config import Config
 from rbak.crypto import DEFAULT_KEYS_ENV
 from rbak.errors import ConfigError
-from rbak_operator import bodies, crds, rbakconfig
+from rbak_operator.decide import bodies, rbakconfig
+from rbak_operator.crds import schema as crds
 
 from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
@@ -169,8 +170,8 @@ def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
     Spark executors run from flags alone)."""
     from rbak.drill import options_from_config as drill_options
     from rbak.restore.options import options_from_config as restore_options
-    from rbak_operator import drill
-    from rbak_operator.restore_reconciler import restore_encryption
+    from rbak_operator.reconcile import drill
+    from rbak_operator.reconcile.restore import restore_encryption
 
     spec = {**CLUSTER_SPEC, "encryption": KMS_ENC,
             "verify": {"restoreDrill": {"schedule": "0 4 * * 0"}}}
@@ -224,7 +225,7 @@ def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
 def test_a_restore_sets_its_own_kms_access_or_takes_the_backups():
     """Each of keysSecretRef and kms comes from the restore when it sets it, else from the backup; a
     restore from spec.storage (no backup to inherit from) sets its own; without kms nothing is added."""
-    from rbak_operator.restore_reconciler import restore_encryption
+    from rbak_operator.reconcile.restore import restore_encryption
 
     own_kms = {"endpointUrl": "https://kms.other.internal"}
     assert restore_encryption({"kms": own_kms}, KMS_ENC) == {"kms": own_kms, "keysSecretRef": {"name": "rbak-keys"}}

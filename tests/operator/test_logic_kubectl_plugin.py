@@ -5,7 +5,7 @@ report. The commands themselves run against the real API server in test_kubectl_
 from __future__ import annotations
 
 import pytest
-from rbak_operator.kubectl_plugin import (PluginError, parse_pitr, report_drill, request_unpicked, status_row, table,
+from rbak_kubectl.plugin import (PluginError, parse_pitr, report_drill, request_unpicked, status_row, table,
                                          vhost_mapping, waits_for_active)
 
 

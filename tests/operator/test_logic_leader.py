@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from rbak_operator import leader
-from rbak_operator.leader import CREATE, RENEW, TAKE, WAIT, Elector, LeaseConfig, Record, Seen, decide
+from rbak_operator.runtime import leader
+from rbak_operator.runtime.leader import CREATE, RENEW, TAKE, WAIT, Elector, LeaseConfig, Record, Seen, decide
 
 
 def rec(holder: str, renew: str = "t1", duration: int = 15, transitions: int = 0) -> Record:

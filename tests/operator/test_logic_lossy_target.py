@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rbak.config import Config
 from rbak.restore.options import options_from_config
-from rbak_operator import rbakconfig
+from rbak_operator.decide import rbakconfig
 from support.operator_specs import CLUSTER_SPEC, SECRET_ENV
 
 

@@ -9,9 +9,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rbak.progress import ProgressRecord
-from rbak_operator import bodies, crds
-from rbak_operator import resource_metrics as rm
-from rbak_operator.progress_status import (
+from rbak_operator.decide import bodies
+from rbak_operator.crds import schema as crds
+from rbak_operator.metrics import resources as rm
+from rbak_operator.decide.progress import (
     cleared, printer_columns, progress_patch, progress_schema, status_progress, watched_run,
 )
 

@@ -8,7 +8,7 @@ from itertools import islice
 import pytest
 
 from rbak.errors import ConfigError
-from rbak_operator.schedule import ScheduleError, decide, parse_schedule
+from rbak_operator.decide.schedule import ScheduleError, decide, parse_schedule
 
 UTC = timezone.utc
 

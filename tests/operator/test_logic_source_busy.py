@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rbak_operator import policy
+from rbak_operator.decide import policy
 
 
 def spec(url=None, ref=None, vhosts=None):
@@ -20,7 +20,7 @@ def test_source_of():
 
 
 def test_the_url_vhost_scopes_the_backup_config():
-    from rbak_operator import rbakconfig
+    from rbak_operator.decide import rbakconfig
 
     def vhosts(**kw):
         base = {"broker": {"amqpUrl": kw.pop("url"), "managementUrl": "http://r:15672",

@@ -8,9 +8,9 @@ import pytest
 
 from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, QueueBackup, SegmentMetadata
-from rbak_operator import policy
+from rbak_operator.decide import policy
 from rbak.units import human_bytes as human_size
-from rbak_operator.status import (RunState, in_pod_validation, job_state, manifest_counts, push_history,
+from rbak_operator.decide.status import (RunState, in_pod_validation, job_state, manifest_counts, push_history,
                                   run_summary, set_condition, spark_state)
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
@@ -166,7 +166,7 @@ def test_owned_by_the_recorded_owner_not_the_name():
 
 
 def test_backup_ids_differ_across_namespaces_and_objects():
-    from rbak_operator import naming
+    from rbak_operator.decide import naming
 
     run = naming.manual_run_name("twin", "1")
     ids = {naming.run_backup_id(run, ns, uid) for ns, uid in (("a", "u1"), ("b", "u1"), ("a", "u2"), ("a", None))}
@@ -225,7 +225,7 @@ def test_pitr_bounds():
 
 @pytest.mark.parametrize("name", ["nightly", "n" * 120, "Odd.Name_x"])
 def test_owned_matches_every_generated_name(name):
-    from rbak_operator import naming
+    from rbak_operator.decide import naming
 
     slot = datetime(2026, 11, 22, 11, 0, tzinfo=timezone.utc)
     meta = {"namespace": "ns", "name": name}
@@ -242,7 +242,7 @@ def _waiting_pod(created, waiting=None, init=False, phase="Pending", conditions=
 
 
 def test_start_failure_past_the_bound_only():
-    from rbak_operator.status import start_failure
+    from rbak_operator.decide.status import start_failure
 
     now = datetime(2030, 1, 1, 0, 10, tzinfo=timezone.utc)
     secret = {"reason": "CreateContainerConfigError", "message": 'secret "rmq" not found'}
@@ -276,14 +276,14 @@ def test_start_failure_past_the_bound_only():
     ("rbak: something else", "RunFailed"),
 ])
 def test_failure_reasons_are_specific(message, reason):
-    from rbak_operator.status import failure_reason
+    from rbak_operator.decide.status import failure_reason
 
     assert failure_reason(RunState("Failed", "BackoffLimitExceeded", message)) == reason
     assert failure_reason(RunState("Failed", "SecretMissing", "pod ...")) == "SecretMissing"
 
 
 def test_errors_in_the_spec_words():
-    from rbak_operator.status import in_user_words
+    from rbak_operator.decide.status import in_user_words
 
     bad = "rbak: Management API error: http://r:15672/api/overview: 401 (check source.management_username/password)"
     assert in_user_words(bad, "backup").endswith("(check the username and password in the Secret of "

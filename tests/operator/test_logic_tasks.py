@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rbak_operator import tasks
+from rbak_operator.runtime import tasks
 
 
 def test_one_task_per_key_and_one_rerun_for_asks_while_it_ran():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rbak.validate import ValidationReport, store_report
 from rbak.storage import open_storage
-from rbak_operator.storage_access import report_problems
+from rbak_operator.reconcile.storage import report_problems
 
 
 def test_an_unverified_report_is_named_and_a_failed_one_lists_its_problems(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta, timezone
 
-from rbak_operator import wake, wakeups
+from rbak_operator.decide import wake
+from rbak_operator.runtime import wakeups
 
 NOW = datetime(2026, 11, 28, 10, 0, 0, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
@@ -31,7 +32,7 @@ def test_backup_times_include_the_next_drill():
 
 
 def test_backup_times_include_the_next_check_of_a_signed_drill_report():
-    from rbak_operator.drill import EVIDENCE_RECHECK
+    from rbak_operator.reconcile.drill import EVIDENCE_RECHECK
 
     d = {"signer": "SHA256:ab", "lastJob": "n-drill-1", "backupId": "b1", "evidenceCheckTime": "2026-11-28T10:00:00Z"}
     assert wake.backup_times({"restoreDrill": d}, None)[2] == NOW + EVIDENCE_RECHECK

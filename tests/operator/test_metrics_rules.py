@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from rbak_operator import resource_metrics as rm
+from rbak_operator.metrics import resources as rm
 from support.require import require
 from support.ship import prometheus_rules
 
@@ -97,7 +97,7 @@ def test_the_issue_alerts_exist():
 
 def test_the_failure_alerts_and_the_docs_name_every_reason():
     """Issue 44: the reason label is specific; the alerts and docs/operator.md name every value it takes."""
-    from rbak_operator.status import FAILURE_REASONS
+    from rbak_operator.decide.status import FAILURE_REASONS
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
     for alert in ("RbakBackupFailed", "RbakRestoreFailed"):

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 from support.opcluster import wait_for
-from rbak_operator.naming import manual_run_name
+from rbak_operator.decide.naming import manual_run_name
 from support.s3 import free_port
 from support.op_e2e import (
     Cluster,
@@ -127,7 +127,7 @@ def test_a_drill_finds_a_damaged_backup_and_names_the_queue(cluster, env):
 def test_drill_api_calls_are_within_the_declared_rbac(cluster, env):
     """The drills' calls (Jobs, ConfigMaps, pods, Secrets, events, status) are all in the chart's RBAC.
     The test runs its own drill: it must not depend on which tests ran before it."""
-    from rbak_operator.api_calls import used_api_calls
+    from rbak_operator.kube.api_calls import used_api_calls
 
     cluster.needs_audit_log()
     _fill(env)

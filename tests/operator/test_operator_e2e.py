@@ -21,7 +21,7 @@ import pytest
 
 from rbak.catalog import list_backups, load_manifest
 from rbak.storage.url import open_storage
-from rbak_operator.naming import manual_run_name
+from rbak_operator.decide.naming import manual_run_name
 
 import support.sparkcrd as sparkcrd
 from support.op_e2e import (API, backup_id, bucket_root as _bucket_root, create_backup,

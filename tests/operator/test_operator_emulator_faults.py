@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rbak_operator.naming import manual_run_name
+from rbak_operator.decide.naming import manual_run_name
 from support.op_e2e import Cluster, create_backup, trigger, wait_run
 from support.opcluster import wait_for
 

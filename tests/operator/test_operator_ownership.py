@@ -53,7 +53,7 @@ def _status(http, name: str) -> dict:
 
 def _wait(http, name: str, value: str) -> dict:
     """The finished run of trigger ``value`` of ``name`` in ``http``'s namespace."""
-    from rbak_operator.naming import manual_run_name
+    from rbak_operator.decide.naming import manual_run_name
 
     job = manual_run_name(name, value)
     return wait_for(lambda: (lr := _status(http, name).get("lastRun") or {}).get("jobName") == job

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from rbak.catalog import list_backups
-from rbak_operator import crds
+from rbak_operator.crds import schema as crds
 
 from support.opcluster import wait_for
-from rbak_operator.naming import run_backup_id
+from rbak_operator.decide.naming import run_backup_id
 from support.op_e2e import (API, backup_id, create_backup, good_and_failed_run, metric_samples, restart_with_metrics, s3,
                             trigger, wait_run)
 

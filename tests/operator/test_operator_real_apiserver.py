@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from rbak_operator.api_calls import used_api_calls
+from rbak_operator.kube.api_calls import used_api_calls
 from support.kplugin import console_script, plugin_env
 from support.op_e2e import API, bucket_root, create_backup, s3, trigger, wait_run
 from support.opcluster import wait_for
@@ -137,7 +137,7 @@ def test_deletion_while_a_progress_read_is_in_flight_is_not_held_for_a_minute(cl
 
     from rbak.keys import progress_prefix
     from rbak.progress import latest_progress
-    from rbak_operator.progress_status import fmt_epoch
+    from rbak_operator.decide.progress import fmt_epoch
     from support.holdproxy import HoldProxy
     from test_operator_progress_e2e import GATE_DIR
 
@@ -203,9 +203,9 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     from cryptography.hazmat.primitives.asymmetric import ed25519
     from datetime import timedelta
 
-    from rbak_operator.clock import parse_time
-    from rbak_operator.drill import EVIDENCE_RECHECK
-    from rbak_operator.drill import manual_run_name as drill_run
+    from rbak_operator.runtime.clock import parse_time
+    from rbak_operator.reconcile.drill import EVIDENCE_RECHECK
+    from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
     from rbak.drill import find_drill_report
     from rbak.evidence import fingerprint
@@ -358,7 +358,7 @@ def test_kms_only_envelope_backup_drills_and_restores_at_its_kms_endpoint(cluste
     import yaml
 
     from rbak.catalog import latest_validation
-    from rbak_operator.drill import manual_run_name as drill_run
+    from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
     orders = [f"kms-order-{i}".encode() for i in range(9)]
     env.broker.publish(env.vhost, "orders", orders, declare={})

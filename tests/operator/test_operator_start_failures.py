@@ -12,9 +12,9 @@ from datetime import timedelta
 
 import pytest
 
-from rbak_operator.clock import parse_time
-from rbak_operator.naming import manual_run_name
-from rbak_operator.status import A_START_FAILED, START_TIMEOUT
+from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.naming import manual_run_name
+from rbak_operator.decide.status import A_START_FAILED, START_TIMEOUT
 
 from support.op_e2e import API, create_backup, trigger, wait_run
 from support.opcluster import wait_for
@@ -74,7 +74,7 @@ def test_missing_secret_fails_the_run_naming_it_and_the_next_run_goes(cluster, e
     ok = wait_run(cluster, name, job=manual_run_name(name, "2"), phase="Succeeded", timeout=120)
     assert ok["messages"] == 2
     if not cluster.external:  # the Job's mark and deadline: a call the chart's RBAC grants (api_calls.py)
-        from rbak_operator.api_calls import used_api_calls
+        from rbak_operator.kube.api_calls import used_api_calls
 
         made = cluster.emu.api_calls()
         assert ("batch", "jobs", "patch") in made and not made - used_api_calls(), sorted(made - used_api_calls())
@@ -90,7 +90,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_run(cluster, env):
     assert (w["reason"], w["message"]) == ("ImagePullBackOff", 'Back-off pulling image "registry.invalid/rbak:nope"'), w
     assert run["reason"] == "ImagePull" and "registry.invalid/rbak:nope" in run["message"], run
     # the failure metric's label says so too
-    from rbak_operator import resource_metrics as rm
+    from rbak_operator.metrics import resources as rm
 
     got = {(m, lab.get("reason")): v for m, lab, v in rm.samples("backup", cluster.backup(name))}
     assert got[("rbak_backup_last_run_failed", "ImagePull")] == 1.0
@@ -121,7 +121,7 @@ def test_errors_name_the_spec_fields_and_the_reason_is_specific(cluster, env):
     """A vhost that does not exist and a restore into a queue that holds messages: the reason says which
     (VhostMissing, TargetNotEmpty: also the metric's label), the message names the spec's fields, never the
     run's config keys (source.queues.vhosts, restore.allow_non_empty: no RabbitMQRestore field)."""
-    from rbak_operator import resource_metrics as rm
+    from rbak_operator.metrics import resources as rm
 
     name = f"{env.tag}-novhost"
     create_backup(cluster, env, name, queues={"vhosts": [f"{env.vhost}-missing"]})

@@ -16,8 +16,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from rbak_operator import bodies
-from rbak_operator.naming import manual_run_name, scheduled_run_name
+from rbak_operator.decide import bodies
+from rbak_operator.decide.naming import manual_run_name, scheduled_run_name
 from support.op_e2e import API, Cluster, create_backup, trigger, wait_run
 from support.opcluster import wait_for
 

@@ -269,7 +269,7 @@ def test_no_kopf_peering_anywhere():
 def test_every_operator_env_var_the_chart_sets_is_read_by_the_operator():
     import re
 
-    source = "\n".join(p.read_text() for p in (ROOT / "operator" / "rbak_operator").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "operator" / "rbak_operator").rglob("*.py"))
     read = set(re.findall(r"\b(?:environ|env)\.get\(\s*[\"']([A-Z0-9_]+)[\"']", source))
     assert {"RBAK_OPERATOR_NAMESPACES", "RBAK_LEASE_NAME", "POD_NAME"} <= read  # the pattern sees reads
     for values in VALUE_SETS.values():

@@ -1,7 +1,7 @@
 """Every command the operator puts into a pod is one the image provides.
 
 The Job and SparkApplication bodies come from the operator's own pure
-builders (``rbak_operator.bodies``); their commands are checked against the
+builders (``rbak_operator.decide.bodies``); their commands are checked against the
 Dockerfile (what is installed where) and their arguments are parsed by the real
 argparse parsers of the programs the image runs.
 """
@@ -22,7 +22,7 @@ S3 = {"s3": {"bucket": "rabbitmq-backups", "prefix": "prod", "region": "eu-west-
 
 
 def job_bodies() -> dict[str, dict]:
-    from rbak_operator import bodies, rbakconfig
+    from rbak_operator.decide import bodies, rbakconfig
 
     url = rbakconfig.storage_url(S3)
     common = dict(namespace="messaging", owner=OWNER, spec={}, storage=S3, secret_env=[],
@@ -70,7 +70,7 @@ def test_job_commands_are_rbak_cli_invocations_the_image_runs(kind):
 def test_job_pods_run_as_the_image_user_with_writable_state():
     df = parse(ROOT / "Dockerfile")
     uid, _, _ = df.effective("runtime", "USER").value.partition(":")
-    from rbak_operator import rbakconfig
+    from rbak_operator.decide import rbakconfig
 
     for job in job_bodies().values():
         pod = job["spec"]["template"]["spec"]
@@ -91,7 +91,7 @@ def test_job_image_is_the_one_the_chart_configures():
     objs = manifests(render_chart({"image": {"repository": "registry.example.com/rbak", "tag": "1.2.3"}}))
     env = {e["name"]: e.get("value") for e in
            find(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    from rbak_operator import bodies
+    from rbak_operator.decide import bodies
 
     old = os.environ.get("RBAK_IMAGE")
     os.environ["RBAK_IMAGE"] = env["RBAK_IMAGE"]
@@ -142,7 +142,7 @@ def spark_restore_arguments() -> list[list[str]]:
     list literal assigned to the name passed as arguments=; expressions become
     placeholder values, flags stay as written.
     """
-    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "operator" / "rbak_operator").glob("*.py"))]
+    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "operator" / "rbak_operator").rglob("*.py"))]
     found = []
     for fn in (node for tree in trees for node in ast.walk(tree)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -164,7 +164,7 @@ def spark_restore_arguments() -> list[list[str]]:
 
 
 def test_spark_application_scripts_exist_in_the_spark_image_and_accept_the_arguments():
-    from rbak_operator import bodies
+    from rbak_operator.decide import bodies
 
     df = parse(ROOT / "Dockerfile")
     assert f"spark/ {bodies.SPARK_FILES}/" in [i.value for i in df.stages["spark"].all("COPY")]
@@ -193,7 +193,7 @@ def test_spark_applications_run_the_spark_image_the_chart_configures():
         "explicit": ({"spark": {"image": "registry.example.com/rbak-spark@sha256:" + "ef" * 32}},
                      "registry.example.com/rbak-spark@sha256:" + "ef" * 32),
     }
-    from rbak_operator import bodies
+    from rbak_operator.decide import bodies
 
     saved = {k: os.environ.get(k) for k in ("RBAK_IMAGE", "RBAK_SPARK_IMAGE")}
     try:

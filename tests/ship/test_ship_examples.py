@@ -100,7 +100,7 @@ def test_operator_created_objects_are_owned_and_carry_no_gitops_tracking():
     They are owner-referenced to the RabbitMQBackup (shown as its children, GC'd
     with it) and must not inherit the app's tracking label/annotation from it.
     """
-    from rbak_operator import bodies
+    from rbak_operator.decide import bodies
 
     owner = load(EXAMPLES / "backup-nightly-s3.yaml")
     owner["metadata"].update(namespace="messaging", uid="8f14e45f-ceea-467f-a0e6-5f1c3e2b9a71")

@@ -221,7 +221,7 @@ def test_freeze_rejects_a_loose_pin():
 
 
 def test_image_installs_the_operator_and_spark_jobs_where_pods_expect_them():
-    from rbak_operator import bodies
+    from rbak_operator.decide import bodies
 
     df = parse(DOCKERFILE)
     build_copies = {ins.value for ins in df.stages["build"].all("COPY")}

@@ -1,6 +1,6 @@
 """The chart grants the operator exactly the API calls its code makes, no more, no less.
 
-The operator lists them in ``rbak_operator.api_calls.USED_API_CALLS`` (its
+The operator lists them in ``rbak_operator.kube.api_calls.USED_API_CALLS`` (its
 end-to-end test checks the real process stays inside that set, from the API
 emulator's request log); here the chart's rendered Roles are compared with it
 for every RBAC shape the chart produces.
@@ -17,7 +17,7 @@ LEASES = {("coordination.k8s.io", "leases")}
 
 
 def used() -> set[tuple[str, str, str]]:
-    from rbak_operator.api_calls import used_api_calls
+    from rbak_operator.kube.api_calls import used_api_calls
 
     return used_api_calls()
 

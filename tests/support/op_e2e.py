@@ -10,7 +10,7 @@ import pytest
 
 from rbak.catalog import load_manifest
 from rbak.storage.url import open_storage
-from rbak_operator.clock import parse_time
+from rbak_operator.runtime.clock import parse_time
 from support.opcluster import Emulator, Http, KubeHttp, Operator, PodRunner, RealServer, wait_for
 
 
@@ -141,7 +141,7 @@ def create_backup(cluster: Cluster, env, name: str, **spec) -> dict:
 def backup_id(cluster: Cluster, name: str, job: str) -> str:
     """The backup id of run ``job`` of RabbitMQBackup ``name``: the Job's name and the object's tag
     (its namespace and uid), as the operator makes it (``naming.run_backup_id``)."""
-    from rbak_operator.naming import run_backup_id
+    from rbak_operator.decide.naming import run_backup_id
 
     meta = cluster.backup(name)["metadata"]
     return run_backup_id(job, meta["namespace"], meta.get("uid"))

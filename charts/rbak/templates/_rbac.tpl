@@ -13,7 +13,7 @@ tests/ship/test_rbac.py fails on any difference, in either direction.
   verbs: [list, watch]
 {{- end -}}
 
-{{/* Per watched namespace (or cluster-wide when watching all): operator/rbak_operator/api_calls.py. */}}
+{{/* Per watched namespace (or cluster-wide when watching all): operator/rbak_operator/kube/api_calls.py. */}}
 {{- define "rbak.operatorNamespacedRules" -}}
 - apiGroups: [rbak.io]
   resources: [rabbitmqbackups, rabbitmqrestores, rabbitmqarchives]

@@ -1,5 +1,5 @@
 -- Argo CD health check for rbak.io RabbitMQBackup (Lua 5.1, as Argo CD runs it).
--- Reads only what the rbak operator writes (operator/rbak_operator/backup_reconciler.py):
+-- Reads only what the rbak operator writes (operator/rbak_operator/reconcile/backup.py):
 --   Degraded    - condition Ready=False (a failed, partial or not validating run, an invalid
 --                 schedule), a later validation that failed, or a failed restore drill
 --   Suspended   - spec.suspend: scheduled runs are skipped

@@ -1,5 +1,5 @@
 -- Argo CD health check for rbak.io RabbitMQRestore (Lua 5.1, as Argo CD runs it).
--- Reads only what the rbak operator writes (operator/rbak_operator/restore_reconciler.py):
+-- Reads only what the rbak operator writes (operator/rbak_operator/reconcile/restore.py):
 --   Healthy     - phase Succeeded: the restore's run finished and the target confirmed it
 --   Degraded    - phase Failed (an invalid spec or a failed run), with condition Completed's message
 --   Progressing - not started yet, running, or being deleted

@@ -21,10 +21,10 @@ from typing import Any
 
 from rbak.errors import RbakError
 
-from . import bodies, naming, rbakconfig, schedule
-from .clock import fmt, parse_time
-from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker
-from .status import RunState, job_state
+from rbak_operator.decide import bodies, naming, rbakconfig, schedule
+from rbak_operator.runtime.clock import fmt, parse_time
+from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker
+from rbak_operator.decide.status import RunState, job_state
 
 log = logging.getLogger("rbak_operator")
 
@@ -193,7 +193,7 @@ def _stored_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: st
     storage cannot be read (or is a PVC the operator does not mount)."""
     from rbak.drill import find_drill_report
 
-    from .storage_access import open_backup_storage
+    from rbak_operator.reconcile.storage import open_backup_storage
 
     spec = body.get("spec") or {}
     try:
@@ -216,8 +216,8 @@ def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str
     last successful run's."""
     from rbak.catalog import latest_complete
 
-    from .policy import owned
-    from .storage_access import open_backup_storage
+    from rbak_operator.decide.policy import owned
+    from rbak_operator.reconcile.storage import open_backup_storage
 
     spec, meta = body.get("spec") or {}, body["metadata"]
     try:
@@ -315,7 +315,7 @@ def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str,
 def _start(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], run: str, slot: datetime,
            now: datetime, event) -> None:
     """ConfigMap + Job of one drill (same name for the same slot or trigger: a second create is a no-op)."""
-    from .credentials import resolve_broker
+    from rbak_operator.kube.credentials import resolve_broker
 
     meta, spec = body["metadata"], body.get("spec") or {}
     backup_id = _pick_backup(kube, body, body.get("status") or {})

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from .clock import parse_time
+from rbak_operator.runtime.clock import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def _ts(v: Any) -> float | None:
 def schedule_period(spec: dict[str, Any], now: datetime) -> float | None:
     if not spec.get("schedule"):
         return None
-    from .schedule import parse_schedule
+    from rbak_operator.decide.schedule import parse_schedule
 
     try:
         it = parse_schedule(spec["schedule"], spec.get("timeZone")).slots_after(now)

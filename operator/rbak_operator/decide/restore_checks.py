@@ -32,7 +32,7 @@ def check_restore_spec(spec: dict[str, Any], target: dict[str, Any] | None, mani
     from rbak.restore.options import RestoreOptions
     from rbak.restore.plan import check_selection, resolve_target_vhosts
 
-    from .rbakconfig import _queues
+    from rbak_operator.decide.rbakconfig import _queues
 
     if spec.get("restoreDefinitions"):
         return None

@@ -13,10 +13,12 @@ from typing import Any
 
 from rbak.errors import RbakError
 
-from . import events, metrics, policy, rbakconfig
-from .clock import fmt
-from .credentials import MissingSecret
-from .k8s import Kube
+from rbak_operator.kube import events
+from rbak_operator.metrics import runs as metrics
+from rbak_operator.decide import policy, rbakconfig
+from rbak_operator.runtime.clock import fmt
+from rbak_operator.kube.credentials import MissingSecret
+from rbak_operator.kube.client import Kube
 
 log = logging.getLogger("rbak_operator")
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-log = logging.getLogger("rbak_operator.tasks")
+log = logging.getLogger("rbak_operator.runtime.tasks")
 
 Key = tuple[str, ...]
 

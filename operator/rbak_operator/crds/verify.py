@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .crds_parts import CRON_MESSAGE, CRON_RE, _b, _i, _obj, _s, _strlist, broker_schema
+from rbak_operator.crds.parts import CRON_MESSAGE, CRON_RE, _b, _i, _obj, _s, _strlist, broker_schema
 
 
 def verify_schema() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from datetime import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from . import clock
+from rbak_operator.runtime import clock
 
 Key = tuple[str, str, str]  # (kind: "backup" | "restore", namespace, name)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, Iterable
 
-from .clock import parse_time
+from rbak_operator.runtime.clock import parse_time
 
 MIN_DELAY = timedelta(seconds=1)  # a due time already past (clock skew, a slot the pass held back) never spins
 
@@ -26,7 +26,7 @@ def backup_times(status: dict[str, Any], next_slot: datetime | None) -> list[dat
     """A RabbitMQBackup's timed duties: its next slot (also while suspended: a slot passing then is
     recorded as skipped, so resuming never runs it), its next restore drill, and the next check of
     the last drill's signed report."""
-    from .drill import evidence_recheck_time
+    from rbak_operator.reconcile.drill import evidence_recheck_time
 
     drill = status.get("restoreDrill") or {}
     return [next_slot, parse_time(drill["nextRunTime"]) if drill.get("nextRunTime") else None,

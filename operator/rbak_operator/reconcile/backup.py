@@ -18,15 +18,19 @@ from typing import Any
 
 from rbak.errors import RbakError
 
-from . import bodies, clock, drill, events, metrics, naming, policy, progress_status, rbakconfig, schedule, wake, wakeups
-from .clock import fmt, parse_time
-from .credentials import resolve_broker
-from .crds import BACKUP_PLURAL
-from .k8s import Kube
-from .startup import check_start
-from .status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
+from rbak_operator.decide import bodies, naming, policy, progress as progress_status, rbakconfig, schedule, wake
+from rbak_operator.runtime import clock, wakeups
+from rbak_operator.reconcile import drill
+from rbak_operator.kube import events
+from rbak_operator.metrics import runs as metrics
+from rbak_operator.runtime.clock import fmt, parse_time
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.crds.schema import BACKUP_PLURAL
+from rbak_operator.kube.client import Kube
+from rbak_operator.reconcile.startup import check_start
+from rbak_operator.decide.status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
                      spark_state)
-from .storage_access import apply_retention, load_manifest_safe, report_problems
+from rbak_operator.reconcile.storage import apply_retention, load_manifest_safe, report_problems
 
 TRIGGER_ANNOTATION = "rbak.io/backup-now"
 DEFAULT_DEADLINE = 600  # a slot older than this is not (re)created after a crash without startingDeadlineSeconds

@@ -28,11 +28,11 @@ from typing import Any
 from rbak.errors import RbakError
 from rbak.progress import latest_progress
 
-from .crds import BACKUP_PLURAL, RESTORE_PLURAL
-from .naming import run_backup_id
-from .progress_status import INTERVAL, progress_patch, watched_run
+from rbak_operator.crds.schema import BACKUP_PLURAL, RESTORE_PLURAL
+from rbak_operator.decide.naming import run_backup_id
+from rbak_operator.decide.progress import INTERVAL, progress_patch, watched_run
 
-log = logging.getLogger("rbak_operator.progress")
+log = logging.getLogger("rbak_operator.reconcile.progress")
 
 
 
@@ -51,7 +51,7 @@ def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
     import json
     import time
 
-    from .storage_access import open_backup_storage
+    from rbak_operator.reconcile.storage import open_backup_storage
 
     key = (namespace, json.dumps(storage_spec, sort_keys=True))
     now = time.monotonic()
@@ -71,7 +71,7 @@ def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
 def poll(kube, kind: str, namespace: str, name: str) -> str | None:
     """One tick: read the newest record of the object's running Job and patch the status if it changed.
     The run followed, or None when the object is gone or runs no Job (the follower then ends)."""
-    from . import rbakconfig
+    from rbak_operator.decide import rbakconfig
 
     plural = BACKUP_PLURAL if kind == "backup" else RESTORE_PLURAL
     body = kube.get_cr(plural, namespace, name)  # fresh: the run may have ended since kopf's last event
@@ -101,8 +101,8 @@ def poll(kube, kind: str, namespace: str, name: str) -> str | None:
 
 async def follow(kind: str, namespace: str, name: str, stopped: asyncio.Event, logger) -> None:
     """Poll every INTERVAL seconds while the object runs a Job (the calls on the operator's progress pool)."""
-    from . import blocking
-    from .k8s import ApiError, Kube
+    from rbak_operator.runtime import blocking
+    from rbak_operator.kube.client import ApiError, Kube
 
     kube = Kube()
     while not stopped.is_set():

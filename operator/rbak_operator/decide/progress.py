@@ -11,7 +11,7 @@ from typing import Any
 from rbak.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
 from rbak.units import human_bytes
 
-from .clock import fmt
+from rbak_operator.runtime.clock import fmt
 
 STATE = {"running": "Running", FINISHED: "Finished", FAILED: "Failed"}
 INTERVAL = float(os.environ.get("RBAK_OPERATOR_PROGRESS_SECONDS", "5"))

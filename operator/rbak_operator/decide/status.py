@@ -17,7 +17,7 @@ from typing import Any
 from rbak.units import human_bytes
 from rbak.format.manifest import BackupManifest
 
-from .clock import fmt, parse_time
+from rbak_operator.runtime.clock import fmt, parse_time
 
 SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}
 

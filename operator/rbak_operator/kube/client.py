@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .crds import (
+from rbak_operator.crds.schema import (
     ARCHIVE_PLURAL,
     BACKUP_PLURAL,
     GROUP,
@@ -179,7 +179,7 @@ class Kube:
     def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         obj = self._call("PATCH", _path(GROUP, VERSION, plural, namespace, name, "status"), {"status": status},
                          content_type="application/merge-patch+json")
-        from .resource_metrics import observe
+        from rbak_operator.metrics.resources import observe
 
         observe(plural, obj)  # the per-resource gauges follow every status the operator writes
 

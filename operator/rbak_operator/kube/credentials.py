@@ -19,7 +19,7 @@ from typing import Any
 
 from rbak.errors import RbakError
 
-from .rbakconfig import ResolvedBroker
+from rbak_operator.decide.rbakconfig import ResolvedBroker
 
 CONNECTION_SECRET_KEYS = ("uri", "username", "password")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from . import naming
-from .crds import BACKUP_PLURAL, GROUP, SPARK_GROUP, SPARK_VERSION, VERSION
-from .rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, PodEnv, ValueEnv
+from rbak_operator.decide import naming
+from rbak_operator.crds.schema import BACKUP_PLURAL, GROUP, SPARK_GROUP, SPARK_VERSION, VERSION
+from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, PodEnv, ValueEnv
 
 DEFAULT_IMAGE = os.environ.get("RBAK_IMAGE", "ghcr.io/rbak/rbak:0.1.0")
 # Spark pods need pyspark and a JRE: the image's "-spark" variant (see Dockerfile).
@@ -178,7 +178,7 @@ def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str
 
 
 def progress_env(run_id: str) -> list[dict[str, Any]]:
-    from .progress_status import INTERVAL, RUN_ID_ENV, INTERVAL_ENV
+    from rbak_operator.decide.progress import INTERVAL, RUN_ID_ENV, INTERVAL_ENV
 
     return [{"name": RUN_ID_ENV, "value": run_id}, {"name": INTERVAL_ENV, "value": f"{INTERVAL:g}"}]
 

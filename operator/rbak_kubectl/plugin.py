@@ -26,10 +26,10 @@ from typing import Any, Callable
 
 from rbak.errors import RbakError
 
-from . import bodies, naming
-from .crds import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
-from .k8s import ApiError, Connection, Kube, _path, use_connection
-from .status import restore_summary_line
+from rbak_operator.decide import bodies, naming
+from rbak_operator.crds.schema import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
+from rbak_operator.kube.client import ApiError, Connection, Kube, _path, use_connection
+from rbak_operator.decide.status import restore_summary_line
 
 PROG = "kubectl rbak"
 USER_AGENT = "kubectl-rbak"
@@ -79,7 +79,7 @@ def connect(kubeconfig: str | None, context: str | None) -> Connection:
     has_file = bool(kubeconfig) or any(os.path.exists(os.path.expanduser(p))
                                        for p in where.split(os.pathsep) if p)
     if not has_file and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        from .k8s import SA_NAMESPACE
+        from rbak_operator.kube.client import SA_NAMESPACE
 
         kconfig.load_incluster_config(client_configuration=cfg)
         ns = open(SA_NAMESPACE).read().strip() if os.path.exists(SA_NAMESPACE) else None
@@ -130,8 +130,8 @@ class Ctx:
 
     def storage(self, body: dict[str, Any]):
         """(storage, prefix) of a RabbitMQBackup, opened with the credentials its Secret holds."""
-        from . import rbakconfig
-        from .storage_access import open_backup_storage
+        from rbak_operator.decide import rbakconfig
+        from rbak_operator.reconcile.storage import open_backup_storage
 
         name = body["metadata"]["name"]
         spec = body.get("spec") or {}
@@ -324,7 +324,7 @@ def status_row(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_backup(c: Ctx) -> int:
-    from .backup_reconciler import TRIGGER_ANNOTATION
+    from rbak_operator.reconcile.backup import TRIGGER_ANNOTATION
 
     name = c.args.name
     c.backup(name)
@@ -363,7 +363,7 @@ def waits_for_active(concurrency_policy: str | None, active: list[str]) -> bool:
     """Whether the operator holds a trigger back until the active runs end (``policy.concurrency``)."""
     from rbak.errors import ConfigError
 
-    from . import policy
+    from rbak_operator.decide import policy
 
     try:
         return policy.concurrency(concurrency_policy, active) == "skip"
@@ -402,7 +402,7 @@ def report_run(run: str, h: dict[str, Any]) -> int:
 
 
 def cmd_drill(c: Ctx) -> int:
-    from . import drill
+    from rbak_operator.reconcile import drill
 
     name = c.args.name
     body = c.backup(name)
@@ -461,7 +461,7 @@ def cmd_list(c: Ctx) -> int:
     from rbak.commands.inspect import fmt_ts, list_notes, list_obj
     from rbak.units import human_bytes
 
-    from . import policy
+    from rbak_operator.decide import policy
 
     name = c.args.name
     body = c.backup(name)
@@ -582,7 +582,7 @@ def vhost_mapping(values: list[str], backup_vhosts: list[str] | None, bid: str) 
 def cmd_restore(c: Ctx) -> int:
     from rbak.catalog import load_manifest
 
-    from .storage_access import open_backup_storage
+    from rbak_operator.reconcile.storage import open_backup_storage
 
     name, bid = c.args.name, c.args.backup_id
     body = c.backup(name)
@@ -594,7 +594,7 @@ def cmd_restore(c: Ctx) -> int:
     except RbakError as e:
         raise PluginError(f"RabbitMQBackup {c.ns}/{name}: {e}") from None
     if st is not None:  # refuse a backup that is not there before creating anything
-        from . import rbakconfig
+        from rbak_operator.decide import rbakconfig
 
         try:
             m = load_manifest(st, bid, rbakconfig.storage_prefix(storage))

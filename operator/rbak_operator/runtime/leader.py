@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .k8s import ApiError, Kube, connection
+from rbak_operator.kube.client import ApiError, Kube, connection
 
-log = logging.getLogger("rbak_operator.leader")
+log = logging.getLogger("rbak_operator.runtime.leader")
 
 CREATE, RENEW, TAKE, WAIT = "create", "renew", "take", "wait"
 

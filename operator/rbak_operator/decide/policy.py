@@ -18,7 +18,7 @@ from rbak.format.manifest import BackupManifest
 from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
 from rbak.retention import parse_duration as _parse_duration
 
-from .clock import parse_time
+from rbak_operator.runtime.clock import parse_time
 
 __all__ = ["StoredBackup", "retention_plan", "retention_victims", "parse_duration"]
 
@@ -46,7 +46,7 @@ def owned(backup_id: str, manifest: BackupManifest | None, meta: Mapping[str, An
     records (namespace, name and, when both know it, uid), never by the shape of its id. A manifest
     without a recorded origin (an older operator's) falls back to the id's shape; a backup without a
     manifest is nobody's (retention and deletion leave it)."""
-    from .naming import owns
+    from rbak_operator.decide.naming import owns
 
     if manifest is None:
         return False
@@ -140,7 +140,7 @@ def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[s
     vhosts are ``queues.vhosts``, else the URL's vhost (``rbakconfig.backup_vhosts``)."""
     from urllib.parse import urlsplit
 
-    from .rbakconfig import backup_vhosts
+    from rbak_operator.decide.rbakconfig import backup_vhosts
 
     broker = spec.get("broker") or {}
     ref = broker.get("rabbitmqClusterReference") or {}

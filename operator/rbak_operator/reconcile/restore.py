@@ -7,16 +7,19 @@ from typing import Any
 
 from rbak.errors import RbakError
 
-from . import bodies, clock, events, metrics, naming, policy, rbakconfig
-from .clock import fmt, parse_time
-from .credentials import resolve_broker
-from .crds import RESTORE_PLURAL
-from .k8s import Kube
-from .startup import check_start
-from .status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
+from rbak_operator.decide import bodies, naming, policy, rbakconfig
+from rbak_operator.runtime import clock
+from rbak_operator.kube import events
+from rbak_operator.metrics import runs as metrics
+from rbak_operator.runtime.clock import fmt, parse_time
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.crds.schema import RESTORE_PLURAL
+from rbak_operator.kube.client import Kube
+from rbak_operator.reconcile.startup import check_start
+from rbak_operator.decide.status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
                      run_result, set_condition, spark_state)
-from .restore_checks import backup_broker_as_target, check_restore_spec
-from .storage_access import load_manifest_safe, open_backup_storage
+from rbak_operator.decide.restore_checks import backup_broker_as_target, check_restore_spec
+from rbak_operator.reconcile.storage import load_manifest_safe, open_backup_storage
 
 
 class RestoreSpecError(RbakError):

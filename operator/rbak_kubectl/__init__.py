@@ -1,0 +1,1 @@
+"""``kubectl rbak``: the kubectl plugin that triggers, follows and inspects rbak's custom resources."""

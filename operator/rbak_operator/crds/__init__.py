@@ -1,0 +1,1 @@
+"""The CRDs as Python data: the schema fragments, the generated ``crds/*.yaml`` and their verification."""

@@ -1,0 +1,1 @@
+"""Prometheus metrics of the operator: run counters and per-resource gauges."""
