@@ -25,7 +25,7 @@ from rbak.errors import RbakError
 
 from datetime import timedelta
 
-from rbak_operator import archive_reconciler
+from rbak_operator.reconcile import archive as archive_reconciler
 from rbak_operator.runtime import blocking, clock, tasks, wakeups
 from rbak_operator.decide import bodies, policy, wake
 from rbak_operator.metrics import runs as metrics, resources as resource_metrics

@@ -11,8 +11,8 @@ from rbak.errors import ConfigError
 from rbak.format.archive import Tick, TickStream, tick_key
 from rbak.format.manifest import StreamGap, StreamInfo
 from rbak.storage.memory import MemoryStorage
-from rbak_operator import archive_decide as ad
-from rbak_operator import archive_reconciler as ar
+from rbak_operator.decide import archive as ad
+from rbak_operator.reconcile import archive as ar
 
 T0 = 1_780_000_000_000  # ms
 NOW = datetime.fromtimestamp(T0 / 1000, timezone.utc)

@@ -18,7 +18,7 @@ import yaml
 from rbak_operator.crds.parts import (CRON_MESSAGE, CRON_RE, DURATION_RE, TIME_RE, _b, _i, _name, _obj, _s, _strlist, broker_schema,
                          condition_schema, encryption_schema, pod_overrides, run_summary_schema, spark_schema,
                          storage_schema)
-from rbak_operator.archive_crd import ARCHIVE_COLUMNS, archive_spec_schema, archive_status_schema
+from rbak_operator.crds.archive import ARCHIVE_COLUMNS, archive_spec_schema, archive_status_schema
 from rbak_operator.crds.verify import restore_drill_status_schema, verify_schema
 from rbak_operator.decide.progress import printer_columns, progress_schema
 

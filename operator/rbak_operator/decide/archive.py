@@ -22,7 +22,7 @@ from rbak.errors import ConfigError
 from rbak.format.archive import Tick
 from rbak.format.manifest import StreamGap
 
-from rbak_operator.archive_crd import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_RPO_SECONDS
+from rbak_operator.crds.archive import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_RPO_SECONDS
 from rbak_operator.decide import naming
 from rbak_operator.decide.bodies import _container, _env, _volumes, common_labels, owner_reference
 from rbak_operator.decide.bodies import configmap_body as _configmap_body

@@ -1,5 +1,5 @@
 """One pass over a RabbitMQArchive: its ConfigMap and Deployment follow the spec, and its status follows
-the archive in the storage (the newest tick), written only when it changed enough (archive_decide).
+the archive in the storage (the newest tick), written only when it changed enough (decide/archive.py).
 
 A pass costs no API request unless something is to be done: the object comes from the watch
 (``remember``), the storage client is kept between passes (its Secret is read again only when the
@@ -26,7 +26,7 @@ from rbak.keys import BACKUP_ID_RE
 from rbak_operator.decide import rbakconfig
 from rbak_operator.kube import events
 from rbak_operator.runtime import clock
-from rbak_operator.archive_decide import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
+from rbak_operator.decide.archive import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
                              resource_name, status_patch, view)
 from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import ARCHIVE_PLURAL
