@@ -215,7 +215,7 @@ def test_server_refuses_bad_restores(kube: KubeApi):
     restore["metadata"] = {"name": "r"}
     both = {**restore, "spec": {**restore["spec"], "storage": {"pvc": {"claimName": "x"}}}}
     r = kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(both), check=False)
-    assert r.returncode != 0 and "set exactly one of spec.backupRef or spec.storage" in r.stderr, r.stderr
+    assert r.returncode != 0 and "set exactly one of spec.backupRef, spec.storage or spec.archiveRef" in r.stderr, r.stderr
     kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(restore))
     # immutable once created (a CEL transition rule: the server compares with the stored object)
     changed = {**restore, "spec": {**restore["spec"], "dryRun": not restore["spec"].get("dryRun", False)}}

@@ -139,14 +139,14 @@ def _status(t: Tick, now_ms: int = T0, previous=None) -> dict:
     return {**v.status, "phase": phase, "conditions": conds}
 
 
-def test_status_writes_idle_hourly_progress_every_30s_and_lag_changes_at_once():
+def test_status_writes_idle_every_3h_progress_every_30s_and_lag_changes_at_once():
     first = _status(tick(T0 - 1000, T0 - 1400))
     assert ad.status_patch({}, first, 0.0, 7.5) == first
-    # idle: only recoverable-until moved (a new tick 30 s later): nothing to write until an hour passed
+    # idle: only recoverable-until moved (a new tick 30 s later): nothing to write until 3 hours passed
     idle = _status(tick(T0 + 29_000, T0 + 28_600, seq=4), T0 + 30_000, first)
     assert ad.status_patch(first, idle, 30.0, 7.5) == {}
-    assert ad.status_patch(first, idle, 3599.0, 7.5) == {}
-    assert set(ad.status_patch(first, idle, 3600.0, 7.5)) == {"recoverableUntil", "lastTickTime", "streams"}
+    assert ad.status_patch(first, idle, 3 * 3600 - 1, 7.5) == {}
+    assert set(ad.status_patch(first, idle, 3 * 3600, 7.5)) == {"recoverableUntil", "lastTickTime", "streams"}
     # the lag jumped by 10 s (>= the step): written at once
     behind = _status(tick(T0 + 29_000, T0 + 18_000, seq=4), T0 + 30_000, first)
     assert ad.status_patch(first, behind, 1.0, 7.5)["lagSeconds"] == 11
@@ -263,3 +263,18 @@ def test_a_bad_spec_is_failed_naming_the_field(pass_env, caplog):
     assert kube.status["phase"] == "Failed" and ready["reason"] == "InvalidSpec"
     assert ready["message"] == "Configuration error: spec.storage: set exactly one of s3 or pvc"
     assert not kube.deployments
+
+
+def test_restore_point_defaults_to_recoverable_and_refuses_past_it():
+    ru = T0 + 1234
+    assert ad.restore_point(None, ru, "orders") == ru
+    assert ad.restore_point("recoverable", ru, "orders") == ru
+    assert ad.restore_point(str(T0), ru, "orders") == T0
+    assert ad.restore_point("2026-05-28T20:26:40.000Z", ru, "orders") == T0
+    with pytest.raises(ConfigError, match=r"spec.archiveRef.pointInTime: 2026-05-28T20:26:42Z is after the archive's "
+                                          r"recoverable-until 2026-05-28T20:26:41.234Z"):
+        ad.restore_point("2026-05-28T20:26:42Z", ru, "orders")
+    with pytest.raises(ConfigError, match=r"spec.archiveRef.name: the archive 'orders' holds no recoverable-until"):
+        ad.restore_point(None, None, "orders")
+    with pytest.raises(ConfigError, match=r"spec.archiveRef.pointInTime: 'yesterday' is not RFC 3339"):
+        ad.restore_point("yesterday", ru, "orders")

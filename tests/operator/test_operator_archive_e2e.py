@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from urllib.parse import quote, urlsplit
 
 import pytest
@@ -113,6 +114,10 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
         st = wait_for(_where(cluster, name, lambda s: _stream(s).get("archivedOffset") == 299
                                  and s.get("recoverableUntil", "") > first_ru),
                       timeout=120, what="recoverableUntil to advance", diag=diag)
+        time.sleep(1)  # an instant after every record so far was read, before any later one
+        point = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        before_point = list(sent)
+        time.sleep(1)
 
         # 2. the archiver's pod killed mid-publish: a replacement resumes
         publish(100)
@@ -137,15 +142,28 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
         assert _cond(st, "Degraded") == "False" and st["gapMessages"] == 0
 
         # a restore of the newest generation (the chain walks back through the killed pod's) holds all
-        fresh = unique_name("test-op-fresh")
-        broker.create_vhost(fresh)
+        fresh, at_point = unique_name("test-op-fresh"), unique_name("test-op-pit")
+        for v in (fresh, at_point):
+            broker.create_vhost(v)
+            broker.declare_queue(v, "events.a", arguments={"x-queue-type": "stream"})
         try:
-            broker.declare_queue(fresh, "events.a", arguments={"x-queue-type": "stream"})
             out = _restore(broker, env, st["generation"], vhost, fresh, tmp_path)
             assert out["ok"], out
             assert [m.body for m in broker.read_stream(fresh, "events.a", "first")] == sent
+            # a RabbitMQRestore of the archive to an instant: every stream up to it, nothing after
+            rname = f"{env.tag}-pit"
+            cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
+                                                          "metadata": {"name": rname},
+                                                          "spec": {"archiveRef": {"name": name, "pointInTime": point},
+                                                                   "vhostMapping": {vhost: at_point}}})
+            rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
+                           .get("phase") in ("Succeeded", "Failed") and s, timeout=120, what="the restore", diag=diag)
+            assert rst["phase"] == "Succeeded", rst
+            assert rst["pointInTime"] == point and rst["backupId"].startswith(name + ".")
+            assert [m.body for m in broker.read_stream(at_point, "events.a", "first")] == before_point
         finally:
             broker.delete_vhost(fresh)
+            broker.delete_vhost(at_point)
     finally:
         cluster.http.delete(API, "rabbitmqarchives", name)
         cluster.http.delete("apps/v1", "deployments", deployment)  # no garbage collector on this server

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rbak_operator.crds.parts import _b, _i, _name, _obj, _s, _strlist, broker_schema, condition_schema, encryption_schema, storage_schema
+from rbak_operator.crds.parts import TIME_RE, _b, _i, _name, _obj, _s, _strlist, broker_schema, condition_schema, encryption_schema, storage_schema
 
+# RFC 3339 or epoch ms (as spec.pitr takes them), or "recoverable": the archive's recoverable-until
+POINT_IN_TIME_RE = "^(recoverable|" + TIME_RE[1:-1] + ")$"
 DEFAULT_RPO_SECONDS = 30
 DEFAULT_MAX_DELAY_SECONDS = 5
 
@@ -113,4 +115,19 @@ def archive_status_schema() -> dict[str, Any]:
             "streams": {"type": "array", "description": "per stream", "maxItems": 200,
                         "items": stream_status_schema()},
         },
+    )
+
+
+def archive_ref_schema() -> dict[str, Any]:
+    """A RabbitMQRestore's ``spec.archiveRef``: restore every stream of an archive up to one instant."""
+    return _obj(
+        "a RabbitMQArchive in this namespace: every stream of its archive restored up to pointInTime (its storage, "
+        "and its broker as the default target); the streams must exist on the target (declare them first)",
+        {
+            "name": _name("RabbitMQArchive name"),
+            "pointInTime": {"x-kubernetes-int-or-string": True, "pattern": POINT_IN_TIME_RE,
+                            "description": "restore every stream up to this instant (RFC 3339 or epoch ms); "
+                                           "'recoverable' (default): the archive's recoverable-until"},
+        },
+        ["name"],
     )

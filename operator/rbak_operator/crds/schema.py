@@ -18,7 +18,7 @@ import yaml
 from rbak_operator.crds.parts import (CRON_MESSAGE, CRON_RE, DURATION_RE, TIME_RE, _b, _i, _name, _obj, _s, _strlist, broker_schema,
                          condition_schema, encryption_schema, pod_overrides, run_summary_schema, spark_schema,
                          storage_schema)
-from rbak_operator.crds.archive import ARCHIVE_COLUMNS, archive_spec_schema, archive_status_schema
+from rbak_operator.crds.archive import ARCHIVE_COLUMNS, archive_ref_schema, archive_spec_schema, archive_status_schema
 from rbak_operator.crds.verify import restore_drill_status_schema, verify_schema
 from rbak_operator.decide.progress import printer_columns, progress_schema
 
@@ -235,6 +235,7 @@ def restore_spec_schema() -> dict[str, Any]:
                 },
                 ["name"],
             ),
+            "archiveRef": archive_ref_schema(),
             "storage": storage_schema(),
             "backupId": _s(
                 "backup id in spec.storage (default: the latest complete backup)",
@@ -283,8 +284,12 @@ def restore_spec_schema() -> dict[str, Any]:
         },
         **{
             "x-kubernetes-validations": [
-                {"rule": "has(self.backupRef) != has(self.storage)", "message": "set exactly one of spec.backupRef or spec.storage"},
-                {"rule": "has(self.backupRef) || has(self.target)", "message": "spec.target is required when restoring from spec.storage"},
+                {"rule": "[has(self.backupRef), has(self.storage), has(self.archiveRef)].filter(x, x).size() == 1",
+                 "message": "set exactly one of spec.backupRef, spec.storage or spec.archiveRef"},
+                {"rule": "has(self.backupRef) || has(self.archiveRef) || has(self.target)",
+                 "message": "spec.target is required when restoring from spec.storage"},
+                {"rule": "!has(self.archiveRef) || !has(self.pitr)",
+                 "message": "spec.pitr: not with spec.archiveRef (set spec.archiveRef.pointInTime)"},
                 {"rule": "self == oldSelf", "message": "a RabbitMQRestore is immutable: create a new one"},
             ]
         },
@@ -298,7 +303,8 @@ def restore_status_schema() -> dict[str, Any]:
             "phase": _s("Pending, Running, Succeeded, Failed", enum=["Pending", "Running", "Succeeded", "Failed"]),
             "observedGeneration": _i("spec generation acted on"),
             "conditions": condition_schema(),
-            "backupId": _s("the backup being restored"),
+            "backupId": _s("the backup being restored (archiveRef: the archive's newest generation)"),
+            "pointInTime": _s("archiveRef: every stream restored up to this instant", format="date-time"),
             "engine": _s("job or spark", enum=["job", "spark"]),
             "jobName": _s("Job running it"),
             "sparkApplicationName": _s("SparkApplication running it"),

@@ -37,9 +37,10 @@ IDLE_TICK_SECS = 30  # the archiver's archive.idle_tick_secs: the longest a heal
 TICK_GRACE_SECS = 5  # a tick may come this much later than due (the upload, a slow listing) before it is overdue
 METRICS_PORT = 9100
 # status writes: offsets that moved are written at most this often; an idle archive (only its
-# recoverable-until moves) at most this often, so 100 idle archives cost <= 1 write per object per hour
+# recoverable-until moves) at most every 3 h, so an idle archive costs 1/3 write per hour (with the
+# 6-hourly resync's Deployment GET, 0.5 request per object per hour: benchmarks/operator_scale.py)
 PROGRESS_WRITE_SECS = 30.0
-IDLE_WRITE_SECS = 3600.0
+IDLE_WRITE_SECS = 3 * 3600.0
 VOLATILE = ("recoverableUntil", "lagSeconds", "lastTickTime", "generation", "streams")
 
 
@@ -307,3 +308,29 @@ def status_patch(written: dict[str, Any], new: dict[str, Any], since_write: floa
 def lag_step(spec: dict[str, Any]) -> float:
     """A lag change this large is written at once: a quarter of the objective, at least 5 s."""
     return max(5.0, rpo_seconds(spec) / 4)
+
+
+def restore_point(point_in_time: Any, recoverable_until: int | None, archive: str) -> int:
+    """The instant (epoch ms) a restore of ``spec.archiveRef`` goes up to: ``pointInTime`` (RFC 3339 or
+    epoch ms), or the archive's recoverable-until (``recoverable``, the default). Refused past the
+    recoverable-until: some stream would not be complete up to it."""
+    if recoverable_until is None:
+        raise ConfigError(f"spec.archiveRef.name: the archive {archive!r} holds no recoverable-until yet "
+                          "(no tick names every stream)")
+    if point_in_time is None or str(point_in_time).strip().lower() == "recoverable":
+        return recoverable_until
+    text = str(point_in_time).strip()
+    try:
+        ms = int(text) if text.isdigit() else int(datetime.fromisoformat(text.replace("Z", "+00:00").replace(
+            "z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        raise ConfigError(f"spec.archiveRef.pointInTime: {text!r} is not RFC 3339, epoch milliseconds or "
+                          "'recoverable'") from None
+    if ms > recoverable_until:
+        raise ConfigError(f"spec.archiveRef.pointInTime: {text} is after the archive's recoverable-until "
+                          f"{_ms_iso(recoverable_until)}: not every stream is archived up to it")
+    return ms
+
+
+def _ms_iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
