@@ -27,7 +27,7 @@ from typing import Any, Callable
 from rbak.errors import RbakError
 
 from rbak_operator.decide import bodies, naming
-from rbak_operator.crds.schema import BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
+from rbak_operator.crds.schema import ARCHIVE_PLURAL, BACKUP_PLURAL, GROUP, RESTORE_PLURAL, VERSION
 from rbak_operator.kube.client import ApiError, Connection, Kube, _path, use_connection
 from rbak_operator.decide.status import restore_summary_line
 
@@ -128,19 +128,25 @@ class Ctx:
             raise PluginError(f'RabbitMQBackup "{name}" not found in namespace "{self.ns}"')
         return body
 
+    def archive(self, name: str) -> dict[str, Any]:
+        body = self.kube.get_archive(self.ns, name)
+        if body is None:
+            raise PluginError(f'RabbitMQArchive "{name}" not found in namespace "{self.ns}"')
+        return body
+
     def storage(self, body: dict[str, Any]):
-        """(storage, prefix) of a RabbitMQBackup, opened with the credentials its Secret holds."""
+        """(storage, prefix) of a RabbitMQBackup or RabbitMQArchive, opened with the credentials its Secret holds."""
         from rbak_operator.decide import rbakconfig
         from rbak_operator.reconcile.storage import open_backup_storage
 
-        name = body["metadata"]["name"]
+        name, kind = body["metadata"]["name"], body.get("kind") or "RabbitMQBackup"
         spec = body.get("spec") or {}
         try:
             st = open_backup_storage(self.kube, self.ns, spec.get("storage"))
         except RbakError as e:
-            raise PluginError(f"RabbitMQBackup {self.ns}/{name}: {e}") from None
+            raise PluginError(f"{kind} {self.ns}/{name}: {e}") from None
         if st is None:
-            raise PluginError(f"RabbitMQBackup {self.ns}/{name}: spec.storage is a PersistentVolumeClaim, which is "
+            raise PluginError(f"{kind} {self.ns}/{name}: spec.storage is a PersistentVolumeClaim, which is "
                               "only readable inside the cluster (use rbak list in a pod that mounts it)")
         return st, rbakconfig.storage_prefix(spec.get("storage"))
 
@@ -222,13 +228,19 @@ def _shown(status: dict[str, Any], dotted: str) -> str:
 # --------------------------------------------------------------------------
 
 def cmd_status(c: Ctx) -> int:
-    objs = [c.backup(c.args.name)] if c.args.name else sorted(
+    named_archive = c.args.name is not None and c.kube.get_backup(c.ns, c.args.name) is None \
+        and c.kube.get_archive(c.ns, c.args.name) is not None
+    objs = [] if named_archive else [c.backup(c.args.name)] if c.args.name else sorted(
         c.kube.list_cr(BACKUP_PLURAL, c.ns), key=lambda b: b["metadata"]["name"])
     restores, why_not = restores_of(c, c.args.name)
     if c.args.output == "json":
-        out(json.dumps([status_row(b) for b in objs] + [restore_row(r) for r in restores], indent=2))
+        archives = archives_in(c, c.args.name)[0]
+        out(json.dumps([status_row(b) for b in objs] + [restore_row(r) for r in restores]
+                       + [archive_row(a) for a in archives], indent=2))
         return 0
-    if not objs:
+    if named_archive:
+        pass
+    elif not objs:
         out(f"No RabbitMQBackups in namespace {c.ns}.")
     else:
         rows, notes = [], []
@@ -249,9 +261,47 @@ def cmd_status(c: Ctx) -> int:
         out()
         for line in table(["RESTORE", "FROM", "BACKUP ID", "PHASE", "RESTORED", "TARGET", "FINISHED"], rows) + notes:
             out(line)
-    if why_not:
-        out(why_not)
+    archives, why_not_archives = archives_in(c, c.args.name)
+    if archives:
+        rows, notes = [], []
+        for a in archives:
+            r = archive_row(a)
+            rows.append([r["name"], r["phase"], r["rpo"], r["lag"], r["recoverableUntil"], r["streams"], r["gaps"]])
+            notes += [f"{r['name']}: {m}" for m in r["notes"]]
+        out()
+        for line in table(["ARCHIVE", "PHASE", "RPO", "LAG", "RECOVERABLE UNTIL", "STREAMS", "GAPS"], rows) + notes:
+            out(line)
+    for why in (why_not, why_not_archives):
+        if why:
+            out(why)
     return 0
+
+
+def archives_in(c: Ctx, name: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """The namespace's RabbitMQArchives (the one named ``name`` when there is one), by name."""
+    try:
+        items = c.kube.list_cr(ARCHIVE_PLURAL, c.ns)
+    except ApiError as e:
+        return [], f"(RabbitMQArchives not listed: HTTP {e.status} {e.reason})"
+    if name and any(a["metadata"]["name"] == name for a in items):
+        items = [a for a in items if a["metadata"]["name"] == name]
+    elif name:
+        items = []
+    return sorted(items, key=lambda a: a["metadata"]["name"]), None
+
+
+def archive_row(body: dict[str, Any]) -> dict[str, Any]:
+    """One RabbitMQArchive's line of ``status``: the printer columns, and why it misses its objective or
+    is degraded."""
+    spec, st = body.get("spec") or {}, body.get("status") or {}
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    notes = [f"{t} {c.get('reason')}: {c.get('message')}" for t, c in conds.items()
+             if (t in ("Ready", "RPOMet") and c.get("status") == "False") or (t == "Degraded" and c.get("status") == "True")]
+    return {"kind": "RabbitMQArchive", "name": body["metadata"]["name"], "phase": st.get("phase") or "Pending",
+            "rpo": f"{spec.get('rpoSeconds', 30)}s",
+            "lag": f"{st['lagSeconds']}s" if st.get("lagSeconds") is not None else None,
+            "recoverableUntil": st.get("recoverableUntil"), "streams": st.get("streamCount"),
+            "gaps": st.get("gapMessages"), "rpoMet": (conds.get("RPOMet") or {}).get("status"), "notes": notes}
 
 
 def restores_of(c: Ctx, backup: str | None) -> tuple[list[dict[str, Any]], str | None]:
@@ -262,7 +312,8 @@ def restores_of(c: Ctx, backup: str | None) -> tuple[list[dict[str, Any]], str |
     except ApiError as e:
         return [], f"(RabbitMQRestores not listed: HTTP {e.status} {e.reason})"
     if backup:
-        items = [r for r in items if ((r.get("spec") or {}).get("backupRef") or {}).get("name") == backup]
+        items = [r for r in items if (((r.get("spec") or {}).get("backupRef") or (r.get("spec") or {}).get("archiveRef")
+                                       or {}).get("name")) == backup]
     return sorted(items, key=lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"])), None
 
 
@@ -270,6 +321,7 @@ def restore_row(body: dict[str, Any]) -> dict[str, Any]:
     """One RabbitMQRestore's line of ``status``: what it restores from, its phase and outcome."""
     spec, st = body.get("spec") or {}, body.get("status") or {}
     ref = spec.get("backupRef") or {}
+    aref = spec.get("archiveRef") or {}
     phase = st.get("phase") or "Pending"
     prog = st.get("progress") or {}
     if prog.get("summary") and phase == "Running":
@@ -282,7 +334,9 @@ def restore_row(body: dict[str, Any]) -> dict[str, Any]:
         notes.append(restore_summary_line(st))
     targets = st.get("targetVhosts") or []
     return {"kind": "RabbitMQRestore", "name": body["metadata"]["name"],
-            "backup": f"rabbitmqbackup/{ref['name']}" if ref.get("name") else "spec.storage",
+            "backup": f"rabbitmqbackup/{ref['name']}" if ref.get("name") else f"rabbitmqarchive/{aref['name']}"
+            + (f" @ {st.get('pointInTime') or aref.get('pointInTime') or 'recoverable'}") if aref.get("name")
+            else "spec.storage",
             "backupId": st.get("backupId") or ref.get("backupId"), "phase": phase, "messages": st.get("messages"),
             "published": st.get("publishedMessages"), "confirmed": st.get("confirmedMessages"),
             "dryRun": bool(st.get("dryRun")), "target": ",".join(targets) or None, "targetQueues": st.get("targetQueues"),
@@ -493,13 +547,23 @@ def cmd_describe(c: Ctx) -> int:
     from rbak.commands.inspect import describe_obj, fmt_ts
     from rbak.units import human_bytes
 
-    name, bid = c.args.name, c.args.backup_id
-    body = c.backup(name)
-    st, prefix = c.storage(body)
+    if c.args.archive:
+        if c.args.backup_id is not None:
+            raise PluginError(f"describe --archive {c.args.archive}: give at most one GENERATION (a backup id)")
+        body = c.archive(c.args.archive)
+        st, prefix = c.storage(body)
+        name, bid = c.args.archive, c.args.name or newest_generation(st, prefix, c.args.archive)
+        describe_archive_status(body)
+    else:
+        name, bid = c.args.name, c.args.backup_id
+        if not name or not bid:
+            raise PluginError("describe: give NAME BACKUP_ID (a RabbitMQBackup's), or --archive NAME [GENERATION]")
+        body = c.backup(name)
+        st, prefix = c.storage(body)
     try:
         m = load_manifest(st, bid, prefix)
     except RbakError as e:
-        raise PluginError(f"RabbitMQBackup {c.ns}/{name}: BACKUP_ID {bid!r}: {e}") from None
+        raise PluginError(f"{body.get('kind') or 'RabbitMQBackup'} {c.ns}/{name}: BACKUP_ID {bid!r}: {e}") from None
     obj = describe_obj(m)
     if c.args.output == "json":
         out(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -526,6 +590,9 @@ def cmd_describe(c: Ctx) -> int:
             f"{d.user_count} users")
     if m.depends_on:
         out(f"Continues:   {', '.join(sorted(m.depends_on))}")
+    if m.archive is not None:
+        out(f"Archive:     {m.archive.name} ({'open' if m.archive.open else 'closed'}, {m.archive.ticks} ticks), "
+            f"recoverable until {obj.get('archive', {}).get('recoverable_until_utc') or fmt_ts(m.archive.recoverable_until)}")
     out()
     rows = [[q.vhost, q.name, q.queue_type, q.message_count, len(q.segments), human_bytes(q.size_bytes),
              fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp)] for q in m.queues]
@@ -537,6 +604,32 @@ def cmd_describe(c: Ctx) -> int:
     for q, g in m.gaps:
         out(f"gap {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} ({g.count} message(s)) in no backup")
     return 0
+
+
+def newest_generation(st: Any, prefix: str, archive: str) -> str:
+    from rbak_operator.reconcile.archive import generations
+
+    gens = generations(st, prefix, archive)
+    if not gens:
+        raise PluginError(f"RabbitMQArchive {archive}: nothing archived yet (no generation in its storage)")
+    return gens[-1]
+
+
+def describe_archive_status(body: dict[str, Any]) -> None:
+    """The archive's status as the operator wrote it from the storage (before the generation's own lines)."""
+    r = archive_row(body)
+    st = body.get("status") or {}
+    out(f"Archive:     rabbitmqarchive/{r['name']}: {r['phase']}, lag {r['lag'] or '-'} (objective {r['rpo']}), "
+        f"RPOMet {r['rpoMet'] or 'Unknown'}")
+    out(f"Recoverable: until {r['recoverableUntil'] or '-'} (newest tick {st.get('lastTickTime') or '-'})")
+    for s in st.get("streams") or []:
+        out(f"Stream:      {s.get('vhost')}/{s.get('name')}: archived to offset {s.get('archivedOffset')}, "
+            f"lag {s.get('lagSeconds')}s, gaps {s.get('gapMessages', 0)}")
+        for g in s.get("gaps") or []:
+            out(f"  gap {g}")
+    for n in r["notes"]:
+        out(f"Note:        {n}")
+    out()
 
 
 def parse_pitr(text: str) -> dict[str, Any]:
@@ -584,7 +677,11 @@ def cmd_restore(c: Ctx) -> int:
 
     from rbak_operator.reconcile.storage import open_backup_storage
 
+    if c.args.archive:
+        return restore_archive(c)
     name, bid = c.args.name, c.args.backup_id
+    if not name or not bid:
+        raise PluginError("restore: give NAME --backup-id BACKUP_ID (a RabbitMQBackup's), or --archive NAME")
     body = c.backup(name)
     pitr = parse_pitr(c.args.pitr) if c.args.pitr else None
     storage = (body.get("spec") or {}).get("storage")
@@ -616,6 +713,42 @@ def cmd_restore(c: Ctx) -> int:
     except ApiError as e:
         raise PluginError(f"RabbitMQRestore {c.ns}/{rname} refused: HTTP {e.status} {e.reason}") from None
     out(f"rabbitmqrestore/{rname} created (backup {bid} of rabbitmqbackup/{name})")
+    return follow_restore(c, rname)
+
+
+def restore_archive(c: Ctx) -> int:
+    """``restore --archive NAME [--pitr TIME]``: every stream of the archive up to TIME (default: its
+    recoverable-until); the operator refuses a TIME past it, naming the field."""
+    from rbak.config.validation import parse_time_bound
+
+    name = c.args.archive
+    if c.args.name or c.args.backup_id:
+        raise PluginError(f"restore --archive {name}: the archive's newest generation is restored (its chain walks "
+                          "back); give no NAME or --backup-id")
+    c.archive(name)
+    point = (c.args.pitr or "recoverable").strip()
+    if point.lower() != "recoverable":
+        if ".." in point:
+            raise PluginError(f"--pitr {point}: with --archive, one TIME (RFC 3339 or epoch ms) or 'recoverable'")
+        try:
+            parse_time_bound(point, "--pitr")
+        except RbakError as e:
+            raise PluginError(str(e).removeprefix("Configuration error: ")) from None
+    spec: dict[str, Any] = {"archiveRef": {"name": name, "pointInTime": int(point) if point.isdigit() else point}}
+    if c.args.to_vhost:
+        spec["vhostMapping"] = vhost_mapping(c.args.to_vhost, None, name)
+    rname = c.args.restore_name or naming.dns_label(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RabbitMQRestore",
+           "metadata": {"name": rname, "namespace": c.ns}, "spec": spec}
+    try:
+        c.kube.create_cr(RESTORE_PLURAL, c.ns, obj)
+    except ApiError as e:
+        raise PluginError(f"RabbitMQRestore {c.ns}/{rname} refused: HTTP {e.status} {e.reason}") from None
+    out(f"rabbitmqrestore/{rname} created (rabbitmqarchive/{name} up to {point})")
+    return follow_restore(c, rname)
+
+
+def follow_restore(c: Ctx, rname: str) -> int:
     if c.args.no_wait:
         return 0
     seen: dict[str, Any] = {}
@@ -727,15 +860,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("list", "the backups in the object's storage")
     p.add_argument("name", metavar="NAME")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p = cmd("describe", "one stored backup: totals and queues")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("backup_id", metavar="BACKUP_ID")
+    p = cmd("describe", "one stored backup: totals and queues (--archive NAME: an archive's status and generation)")
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("backup_id", metavar="BACKUP_ID", nargs="?")
+    p.add_argument("--archive", metavar="ARCHIVE", help="a RabbitMQArchive: its status, then its newest generation "
+                   "(or the one NAME names)")
     p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
-    p = cmd("restore", "create a RabbitMQRestore of a backup and follow it", wait=True)
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--backup-id", required=True, help="the backup to restore (kubectl rbak list NAME)")
+    p = cmd("restore", "create a RabbitMQRestore of a backup (or an archive) and follow it", wait=True)
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("--backup-id", help="the backup to restore (kubectl rbak list NAME)")
+    p.add_argument("--archive", metavar="ARCHIVE", help="restore every stream of a RabbitMQArchive up to --pitr TIME "
+                   "(default: its recoverable-until)")
     p.add_argument("--pitr", metavar="START..END", help="restore only messages backed up in this window "
-                   "(RFC 3339 times or epoch milliseconds; either side may be empty)")
+                   "(RFC 3339 times or epoch milliseconds; either side may be empty); with --archive one TIME "
+                   "or 'recoverable'")
     p.add_argument("--to-vhost", action="append", default=[], metavar="[SOURCE=]TARGET",
                    help="restore a vhost into another one (TARGET alone: the backup's only vhost); repeatable")
     p.add_argument("--name", dest="restore_name", metavar="RESTORE", help="name of the RabbitMQRestore "

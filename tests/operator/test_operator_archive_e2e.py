@@ -20,6 +20,7 @@ import pytest
 from support.backups import fast_publish
 from support.brokers import unique_name
 from support.holdproxy import HoldProxy
+from support.kplugin import console_script, plugin_env
 from support.op_e2e import API, Cluster
 from support.opcluster import wait_for
 
@@ -74,6 +75,15 @@ def _restore(broker, env, generation: str, src: str, dst: str, tmp_path) -> dict
 
 def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, rmq310, tmp_path):
     broker, vhost = rmq310, env.vhost
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    console_script(bin_dir)
+    penv = plugin_env(cluster.emu.kube, bin_dir)
+
+    def plugin(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["kubectl-rbak", *args, "-n", cluster.http.ns], env=penv, capture_output=True,
+                              text=True, timeout=300, check=False)
+
     broker.declare_queue(vhost, "events.a", arguments={"x-queue-type": "stream"})
     sent: list[bytes] = []
 
@@ -150,17 +160,33 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
             out = _restore(broker, env, st["generation"], vhost, fresh, tmp_path)
             assert out["ok"], out
             assert [m.body for m in broker.read_stream(fresh, "events.a", "first")] == sent
-            # a RabbitMQRestore of the archive to an instant: every stream up to it, nothing after
+            # kubectl rbak restore --archive: a RabbitMQRestore of every stream up to the instant, nothing after
             rname = f"{env.tag}-pit"
-            cluster.http.create(API, "rabbitmqrestores", {"apiVersion": API, "kind": "RabbitMQRestore",
-                                                          "metadata": {"name": rname},
-                                                          "spec": {"archiveRef": {"name": name, "pointInTime": point},
-                                                                   "vhostMapping": {vhost: at_point}}})
-            rst = wait_for(lambda: (s := (cluster.http.get(API, "rabbitmqrestores", rname) or {}).get("status") or {})
-                           .get("phase") in ("Succeeded", "Failed") and s, timeout=120, what="the restore", diag=diag)
+            r = plugin("restore", "--archive", name, "--pitr", point, "--to-vhost", f"{vhost}={at_point}",
+                       "--name", rname)
+            assert r.returncode == 0, (r.stdout, r.stderr, diag())
+            assert r.stdout.splitlines()[0] == f"rabbitmqrestore/{rname} created (rabbitmqarchive/{name} up to {point})"
+            assert r.stdout.splitlines()[-1].startswith(f"rabbitmqrestore/{rname}: Succeeded: backup {name}.")
+            obj = cluster.http.get(API, "rabbitmqrestores", rname)
+            assert obj["spec"] == {"archiveRef": {"name": name, "pointInTime": point},
+                                   "vhostMapping": {vhost: at_point}, **{k: v for k, v in obj["spec"].items()
+                                                                         if k not in ("archiveRef", "vhostMapping")}}
+            rst = obj["status"]
             assert rst["phase"] == "Succeeded", rst
             assert rst["pointInTime"] == point and rst["backupId"].startswith(name + ".")
             assert [m.body for m in broker.read_stream(at_point, "events.a", "first")] == before_point
+            # kubectl rbak status and describe show the archive
+            r = plugin("status", name)
+            assert r.returncode == 0, r.stderr
+            row = next(line.split() for line in r.stdout.splitlines() if line.startswith(name + " "))
+            now_st = _status(cluster, name)
+            assert row == [name, "Archiving", "5s", f"{now_st['lagSeconds']}s", now_st["recoverableUntil"], "1", "0"]
+            r = plugin("describe", "--archive", name)
+            assert r.returncode == 0, r.stderr
+            out = r.stdout.splitlines()
+            assert out[0].startswith(f"Archive:     rabbitmqarchive/{name}: Archiving, lag ") and "RPOMet True" in out[0]
+            assert f"Stream:      {vhost}/events.a: archived to offset {len(sent) - 1}," in r.stdout
+            assert any(line.startswith(f"Archive:     {name} (open, ") and "recoverable until 20" in line for line in out)
         finally:
             broker.delete_vhost(fresh)
             broker.delete_vhost(at_point)

@@ -25,6 +25,7 @@ from rbak.keys import BACKUP_ID_RE
 
 from rbak_operator.decide import rbakconfig
 from rbak_operator.kube import events
+from rbak_operator.metrics import resources
 from rbak_operator.runtime import clock
 from rbak_operator.decide.archive import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
                              resource_name, status_patch, view)
@@ -107,6 +108,8 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
            "deployment": resource_name(name), "configMap": resource_name(name)}
     if meta.get("generation") is not None:
         new["observedGeneration"] = meta["generation"]
+    # the gauges follow every pass (the lag moves between status writes)
+    resources.observe(ARCHIVE_PLURAL, {"metadata": meta, "spec": spec, "status": {**written, **new}})
     patch = status_patch(written, new, mono - state.last_write, lag_step(spec), PROGRESS_SECS)
     if patch:
         kube.patch_status(ARCHIVE_PLURAL, namespace, name, patch)
