@@ -29,7 +29,7 @@ def build_backup(store: str, backup_id: str, queues: int, n: int, size: int) -> 
     from rbak.format.manifest import BackupManifest, QueueBackup
     from rbak.format.record import BackupProperties, BackupRecord
     from rbak.format.segment import SegmentWriter
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
     from rbak.storage import open_storage
 
     storage = open_storage(f"file://{store}")

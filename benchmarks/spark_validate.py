@@ -6,7 +6,7 @@ Writes (once; reused while its manifest is there) a backup of at least
 ``--gb`` GB of uncompressed record bytes with rbak's segment writer (lz4,
 random 2 KiB bodies, 64 MiB segments (rbak's default is 128 MiB), 8 queues), then times in this one run:
 
-* ``rbak.validate.validate_backup(deep=True)`` in this process, with the
+* ``rbak.repo.validate.validate_backup(deep=True)`` in this process, with the
   CLI's default ``--workers 4`` threads (what ``rbak validate --deep`` runs);
 * ``spark/validate.py``'s ``run_validate`` at ``local[1]`` and ``local[2]``
   (session start-up excluded, one warm-up on a tiny backup first).
@@ -28,11 +28,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "spark"))
 
-from rbak.catalog import load_manifest  # noqa: E402
+from rbak.repo.catalog import load_manifest  # noqa: E402
 from rbak.errors import NotFoundError  # noqa: E402
 from rbak.format.compression import Compression  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
-from rbak.validate import validate_backup  # noqa: E402
+from rbak.repo.validate import validate_backup  # noqa: E402
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 
 BACKUP_ID = "bench-validate"

@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _json_asked(argv):
             _print_json(output.failure(None, e.exit_code, e))
         return e.exit_code
-    from .logsafe import configure
+    from .base.logsafe import configure
 
     # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
     configure(logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO, stream=sys.stderr)

@@ -23,8 +23,8 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import RbakError
-from .keys import BACKUP_ID_RE
-from .retention import RetentionPolicy
+from .format.layout import BACKUP_ID_RE
+from .repo.retention import RetentionPolicy
 from .storage.base import Storage
 
 PROBE_DIR = ".rbak-doctor"
@@ -113,7 +113,7 @@ def kept_backups(entries: Any, policy: RetentionPolicy | None, now: _dt.datetime
     """What prune keeps of these catalogue entries under ``policy`` (none given: every backup), oldest
     first: the same ``plan_retention`` prune runs, so the chain bases and the newest backup it keeps
     whatever their age are in it."""
-    from .retention import plan_retention, stored_backups
+    from .repo.retention import plan_retention, stored_backups
 
     backups = stored_backups(entries)
     created = {b.backup_id: b.created_at_ms for b in backups}
@@ -293,7 +293,7 @@ def judge_clock(server_date: str | None, sent: float, received: float) -> Findin
 
 
 def judge_free_space(free: int, total: int, newest_backup: int | None) -> Finding:
-    from .units import human_bytes
+    from .base.units import human_bytes
 
     msg = f"{human_bytes(free)} free of {human_bytes(total)}"
     fix = "free space or grow the volume (or prune old backups: rbak prune)"
@@ -327,7 +327,7 @@ def _error_code(e: Exception) -> str:
 
 def _kept_in(storage: Storage, policy: RetentionPolicy | None, prefix: str) -> list[KeptBackup] | None:
     """What prune would keep in this storage now (None when the catalogue cannot be read)."""
-    from .catalog import list_backups
+    from .repo.catalog import list_backups
 
     try:
         return kept_backups(list_backups(storage, prefix), policy, _dt.datetime.now(_dt.timezone.utc))
@@ -462,7 +462,7 @@ def _remove_versions(c: Any, bucket: str, key: str) -> str | None:
 
 
 def check_directory(path: str, storage: Storage, prefix: str = "") -> list[Finding]:
-    from .catalog import list_backups
+    from .repo.catalog import list_backups
 
     out: list[Finding] = []
     if not os.path.exists(path):

@@ -20,7 +20,7 @@ The scratch vhost is deleted in a ``finally`` (a failure half-way, or SIGTERM
 turned into an exception by the CLI, still removes it). The report is stored
 next to the backup under a new key per drill (``drills/<ts>-<id>.json``), so
 the write-once (Object Lock) mode holds. With ``drill.signing_key_file`` the report is
-signed (Ed25519, ``rbak.evidence``) before it is stored: evidence an auditor can check
+signed (Ed25519, ``rbak.repo.evidence``) before it is stored: evidence an auditor can check
 with ``rbak drill verify`` and the public key.
 """
 
@@ -40,7 +40,7 @@ import orjson
 from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
 from .errors import ConfigError, DrillError, NotFoundError, RbakError
 from .format.manifest import BackupManifest, QueueBackup
-from .keys import DRILLS_DIR, BackupLayout, check_backup_id
+from .format.layout import DRILLS_DIR, BackupLayout, check_backup_id
 from .restore.options import RestoreOptions
 from .storage.base import Storage
 
@@ -93,7 +93,7 @@ class DrillReport:
     manifest_sha256: str | None = None  # of manifest.json as stored: which backup exactly was drilled
     broker_version: str | None = None  # the drill target's RabbitMQ version
     finished_at: str = ""
-    signature: dict[str, Any] | None = None  # rbak.evidence.sign over the rest (only when a key is configured)
+    signature: dict[str, Any] | None = None  # rbak.repo.evidence.sign over the rest (only when a key is configured)
 
     @property
     def failed_queues(self) -> list[QueueCheck]:
@@ -110,7 +110,7 @@ class DrillReport:
 
     def sign(self, key: Any) -> None:
         """Sign the report as it is now (call again after any change: the signature covers every field)."""
-        from .evidence import sign
+        from .repo.evidence import sign
 
         self.signature = None
         self.signature = sign(self.to_json_obj(), key)
@@ -155,11 +155,11 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
     keys = tuple(sorted(cfg.encryption.keyring().items()))
     signing_key = None
     if cfg.drill.signing_key_file:
-        from .evidence import load_signing_key
+        from .repo.evidence import load_signing_key
 
         signing_key = load_signing_key(cfg.drill.signing_key_file)  # before the drill: a bad key fails fast
     elif cfg.drill.signing_key_env:
-        from .evidence import signing_key_from_env
+        from .repo.evidence import signing_key_from_env
 
         signing_key = signing_key_from_env(cfg.drill.signing_key_env)
     return DrillOptions(target=conn, prefix=cfg.storage.prefix or "",
@@ -242,7 +242,7 @@ def judge(check: QueueCheck) -> QueueCheck:
 
 
 def choose_backup(storage: Storage, options: DrillOptions) -> str:
-    from .catalog import latest_complete
+    from .repo.catalog import latest_complete
 
     if options.backup_id:
         return check_backup_id(options.backup_id)
@@ -300,7 +300,7 @@ def _create_scratch(client: Any, name: str, avoid: set[str], options: DrillOptio
 
     ``attempted`` is called just before the PUT: from then on the vhost may exist (a signal may cut the
     request after the broker made it), so the caller deletes it whatever happens next."""
-    from .management import q
+    from .broker.management import q
 
     if name in avoid or client.exists(f"vhosts/{q(name)}") is not None:
         raise DrillError(f"scratch vhost {name!r} already exists; refusing to use it")
@@ -315,7 +315,7 @@ def run_drill(storage: Storage, options: DrillOptions,
               on_scratch_created: Callable[[str], None] | None = None) -> DrillReport:
     """Restore a backup into a scratch vhost, compare it, delete the vhost; never raises for a failed
     check (the report says why), raises only for what stops the drill before a vhost exists."""
-    from .management import ManagementClient
+    from .broker.management import ManagementClient
 
     t0 = time.monotonic()
     drill_id = options.drill_id or new_drill_id()
@@ -368,7 +368,7 @@ def run_drill(storage: Storage, options: DrillOptions,
 
 def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None:
     """Delete the scratch vhost (its queues go with it); retried, and any failure recorded as the drill's."""
-    from .management import q
+    from .broker.management import q
 
     err: RbakError | None = None
     assert report.scratch_vhost is not None  # named before the vhost PUT was sent
@@ -441,7 +441,7 @@ def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "", 
                        ) -> str | None:
     """Write the report (signed when a key is given) as a new object next to the backup; a storage
     failure is logged, not fatal."""
-    from .validate import utc_stamp
+    from .repo.validate import utc_stamp
 
     def unstored() -> None:
         report.report_key = None
@@ -471,7 +471,7 @@ def find_drill_report(storage: Storage, backup_id: str, prefix: str = "", drill_
                       ) -> tuple[str, dict[str, Any]] | None:
     """(key, report) of the newest drill report of a backup (of ``drill_id`` when given), or None; an
     unreadable one counts as a failed drill."""
-    from .catalog import newest_report
+    from .repo.catalog import newest_report
 
     found = newest_report(storage, BackupLayout(backup_id, prefix).drills_dir,
                           lambda name: drill_id is None or name.endswith(f"-{drill_id}.json"))

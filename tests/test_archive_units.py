@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rbak.catalog import list_backups, load_manifest
+from rbak.repo.catalog import list_backups, load_manifest
 from rbak.config import Config
 from rbak.errors import ConfigError
 from rbak.format.archive import Tick, TickStream, tick_key

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import orjson
 
-from rbak.catalog import latest_complete, latest_validation
+from rbak.repo.catalog import latest_complete, latest_validation
 from rbak.storage import open_storage
-from rbak.validate import store_report
+from rbak.repo.validate import store_report
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 
 

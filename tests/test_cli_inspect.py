@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rbak.format.manifest import BackupManifest
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""rbak/crypto.py: sealed objects, keyrings, the manifest's encryption field; S3 SSE arguments."""
+"""rbak/sealing/crypto.py: sealed objects, keyrings, the manifest's encryption field; S3 SSE arguments."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rbak.crypto import (MAGIC, EncryptionInfo, ObjectCodec, aad_for, codec_for, generate_key, load_keyring, open_, parse_header, seal)
+from rbak.sealing.crypto import (MAGIC, EncryptionInfo, ObjectCodec, aad_for, codec_for, generate_key, load_keyring, open_, parse_header, seal)
 from rbak.errors import ConfigError, EncryptionError, StorageError
 from rbak.format.manifest import BackupManifest
 from rbak.storage import open_storage

@@ -24,7 +24,7 @@ from rbak.doctor import (
     retention_horizon,
 )
 from rbak.format.manifest import BackupManifest, QueueBackup, SegmentMetadata, StreamInfo
-from rbak.retention import RetentionPolicy
+from rbak.repo.retention import RetentionPolicy
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess:

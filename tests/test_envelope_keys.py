@@ -1,4 +1,4 @@
-"""rbak/envelope.py without a broker: data keys, keyring wraps, rewrap, tampering, the config and
+"""rbak/sealing/envelope.py without a broker: data keys, keyring wraps, rewrap, tampering, the config and
 manifest fields. Broker and moto (S3, KMS, Object Lock) tests: tests/engine/test_envelope.py."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import orjson
 import pytest
 
 from rbak.config import Config
-from rbak.crypto import ObjectCodec, codec_for
-from rbak.envelope import (KEYRING, Kek, KeySources, WrapRecord, data_key, fingerprint, new_data_key, rewrap,
+from rbak.sealing.crypto import ObjectCodec, codec_for
+from rbak.sealing.envelope import (KEYRING, Kek, KeySources, WrapRecord, data_key, fingerprint, new_data_key, rewrap,
                            with_data_key, write_wraps)
 from rbak.errors import ConfigError, EncryptionError
 from rbak.format.manifest import BackupManifest, EncryptionInfo
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 
 K1, K2, K3 = os.urandom(32), os.urandom(32), os.urandom(32)

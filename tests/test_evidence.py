@@ -1,4 +1,4 @@
-"""rbak.evidence without a broker: canonical payload, and malformed signatures refused with the member named."""
+"""rbak.repo.evidence without a broker: canonical payload, and malformed signatures refused with the member named."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from rbak.errors import EvidenceError
-from rbak.evidence import canonical, sign, verify
+from rbak.repo.evidence import canonical, sign, verify
 
 
 def test_canonical_is_sorted_compact_utf8_without_the_signature():

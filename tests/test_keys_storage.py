@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rbak.errors import ConfigError, NotFoundError, StorageError, UnsupportedStorageError
 from rbak.format.compression import Compression
-from rbak.keys import (
+from rbak.format.layout import (
     HASHED_MARK, MAX_COMPONENT, BackupLayout, decode_name, decode_vhost, encode_name, encode_vhost, parse_segment_key,
 )
 from rbak.storage import FilesystemStorage, MemoryStorage, open_storage

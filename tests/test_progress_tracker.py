@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rbak.catalog import list_backups
+from rbak.repo.catalog import list_backups
 from rbak.errors import ConfigError, ProgressError
-from rbak.keys import progress_key, progress_prefix
-from rbak.progress import (FAILED, FINISHED, RUNNING, PlainLines, ProgressRecord, ProgressSession, RichBar, StorageReporter, Tracker, backup_events, cli_session, counted, latest_progress, restore_events, validate_events)
+from rbak.format.layout import progress_key, progress_prefix
+from rbak.repo.progress import (FAILED, FINISHED, RUNNING, PlainLines, ProgressRecord, ProgressSession, RichBar, StorageReporter, Tracker, backup_events, cli_session, counted, latest_progress, restore_events, validate_events)
 from rbak.storage.memory import MemoryStorage
 
 
@@ -279,7 +279,7 @@ def test_counted_records_keep_their_sources_length_hint():
 def test_deleting_a_backup_takes_its_progress_records_but_no_other_runs():
     import datetime as dt
 
-    from rbak.immutable import delete_backup
+    from rbak.repo.immutable import delete_backup
 
     class Locked(MemoryStorage):
         def locked_until(self, key):

@@ -1,4 +1,4 @@
-"""rbak.retention.plan_retention over random backup histories (hypothesis) and a few fixed cases."""
+"""rbak.repo.retention.plan_retention over random backup histories (hypothesis) and a few fixed cases."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbak.errors import ConfigError
-from rbak.retention import RetentionPolicy, StoredBackup, parse_duration, plan_retention
+from rbak.repo.retention import RetentionPolicy, StoredBackup, parse_duration, plan_retention
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 HOUR = 3600 * 1000

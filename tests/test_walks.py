@@ -21,7 +21,7 @@ def test_the_restore_walk_is_short_and_only_goes_down():
     # of the restore package only the engine (which opens the source) and the source see storage
     assert [m for m in mods if m.startswith("rbak.restore.")] == ["rbak.restore.engine", "rbak.restore.source"]
     # and the walk reaches what restore reads through it: manifests, keys, segments
-    assert {"rbak.catalog", "rbak.envelope", "rbak.format.reader"} <= set(mods)
+    assert {"rbak.repo.catalog", "rbak.sealing.envelope", "rbak.format.reader"} <= set(mods)
 
 
 def test_the_walk_sees_a_climb_and_a_stored_value(tmp_path):
@@ -29,7 +29,7 @@ def test_the_walk_sees_a_climb_and_a_stored_value(tmp_path):
         "rbak/__init__.py": "",
         "rbak/restore/__init__.py": "",
         "rbak/restore/engine.py": """
-            from ..catalog import load
+            from ..repo.catalog import load
             from .plan import plan
             from .holder import Holder
 
@@ -49,7 +49,8 @@ def test_the_walk_sees_a_climb_and_a_stored_value(tmp_path):
                 def records(self):
                     return read(self._s)
         """,
-        "rbak/catalog.py": "def load(storage, bid):\n    return storage.get(bid)\n",
+        "rbak/repo/__init__.py": "",
+        "rbak/repo/catalog.py": "def load(storage, bid):\n    return storage.get(bid)\n",
         "rbak/format/__init__.py": "",
         "rbak/format/reader.py": "def read(where):\n    return where.get('k')\n",
     }
@@ -60,10 +61,10 @@ def test_the_walk_sees_a_climb_and_a_stored_value(tmp_path):
     steps = Walker(load_tree(tmp_path)).walk("rbak.restore.engine", "run", "storage")
     assert [(s.module, s.function, s.param) for s in steps] == [
         ("rbak.restore.engine", "run", "storage"),
-        ("rbak.catalog", "load", "storage"),
+        ("rbak.repo.catalog", "load", "storage"),
         ("rbak.restore.plan", "plan", "storage"),  # by keyword
         ("rbak.restore.holder", "Holder.__init__", "storage"),
         ("rbak.restore.holder", "Holder.records", "self._s"),  # stored on the object, used by a method
         ("rbak.format.reader", "read", "where"),
     ]
-    assert climbs(steps) == [("rbak.catalog", "rbak.restore.plan")]
+    assert climbs(steps) == [("rbak.repo.catalog", "rbak.restore.plan")]

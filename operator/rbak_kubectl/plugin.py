@@ -511,9 +511,9 @@ def report_drill(run: str, d: dict[str, Any]) -> int:
 
 
 def cmd_list(c: Ctx) -> int:
-    from rbak.catalog import list_backups
+    from rbak.repo.catalog import list_backups
     from rbak.commands.inspect import fmt_ts, list_notes, list_obj
-    from rbak.units import human_bytes
+    from rbak.base.units import human_bytes
 
     from rbak_operator.decide import policy
 
@@ -543,9 +543,9 @@ def cmd_list(c: Ctx) -> int:
 
 
 def cmd_describe(c: Ctx) -> int:
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
     from rbak.commands.inspect import describe_obj, fmt_ts
-    from rbak.units import human_bytes
+    from rbak.base.units import human_bytes
 
     if c.args.archive:
         if c.args.backup_id is not None:
@@ -673,7 +673,7 @@ def vhost_mapping(values: list[str], backup_vhosts: list[str] | None, bid: str) 
 
 
 def cmd_restore(c: Ctx) -> int:
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
 
     from rbak_operator.reconcile.storage import open_backup_storage
 

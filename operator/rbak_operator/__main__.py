@@ -77,7 +77,7 @@ def _leave(code: int) -> int:
 
 
 def main() -> int:
-    from rbak.logsafe import configure
+    from rbak.base.logsafe import configure
 
     # the CLI's log filter: no credentials (botocore at DEBUG, URL passwords), no raw control bytes
     configure(os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"))

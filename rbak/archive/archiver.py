@@ -42,15 +42,15 @@ from ..backup.segments import AsyncSegmentWriter
 from ..backup.stream_chain import ChainDecision, StreamBase, decide
 from ..broker.connect import connect
 from ..broker.stream_reader import probe_offset
-from ..catalog import open_archive_manifest
+from ..repo.catalog import open_archive_manifest
 from ..config import Config, ConnectionConfig
-from ..envelope import write_wraps, writer_codec
+from ..sealing.envelope import write_wraps, writer_codec
 from ..errors import BackupLeaseError, ConfigError, NotFoundError, RbakError
 from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
 from ..format.compression import Compression, check_level
 from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
-from ..keys import BACKUP_ID_RE, BackupLayout, normalize_prefix
-from ..management import ManagementClient, QueueInfo
+from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
+from ..broker.management import ManagementClient, QueueInfo
 from ..storage.base import Storage
 from .follower import Durable, StreamFollower, stream_info
 

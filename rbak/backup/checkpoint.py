@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..crypto import ObjectCodec
+from ..sealing.crypto import ObjectCodec
 from ..errors import CheckpointError, NotFoundError, StorageError
 from ..format.manifest import SegmentMetadata
 from ..storage.base import Storage

@@ -18,11 +18,11 @@ import orjson
 from ..errors import ManagementApiError
 from ..format.compression import Compression, compress
 from ..format.manifest import DefinitionsBackup
-from ..definitions_doc import filter_queues, scope_to_vhosts
-from ..keys import BackupLayout
-from ..crypto import ObjectCodec
+from ..base.definitions_doc import filter_queues, scope_to_vhosts
+from ..format.layout import BackupLayout
+from ..sealing.crypto import ObjectCodec
 from ..storage.base import Storage
-from ..management import ManagementClient
+from ..broker.management import ManagementClient
 
 
 def export_definitions(client: ManagementClient, selection: Any = None) -> dict:

@@ -30,14 +30,14 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..config import Config, ConnectionConfig
-from ..crypto import codec_for
-from ..envelope import writer_codec
+from ..sealing.crypto import codec_for
+from ..sealing.envelope import writer_codec
 from ..errors import (AmqpError, BackupError, ConfigError, ConnectionLost, DeliveryLimitError, NotFoundError,
                       NoReaderProcess, PartialBackupError, QueueRefused, QueueSkipped, RbakError, ShortRead)
 from ..format.compression import Compression
 from ..format.manifest import (PARTIAL_STATUSES, BackupManifest, BackupOrigin, BackupOwner, QueueBackup, QueueStatus,
                                SegmentMetadata)
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from .. import metrics
 from ..broker.connect import connect
@@ -45,7 +45,7 @@ from .checkpoint import Checkpoint, QueueProgress, storage_scope
 from .definitions import export_definitions, store_definitions
 from .guard_store import GuardStore
 from .limits import resolve_delivery_limit
-from ..management import ManagementClient, QueueInfo
+from ..broker.management import ManagementClient, QueueInfo
 from .lease import ARCHIVE_LEASE_QUEUE, LEASE_QUEUE, Lease
 from .lease import acquire as acquire_lease
 from .preflight import (PROBE_QUEUE_PREFIX, NackSupport, PolicyCache, check_read_permissions,
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[..., None]
 """``progress(event, **kw)``: ``plan`` (queues, records or None), ``start`` (vhost, queue, total),
-``advance`` (vhost, queue, n, bytes), ``done`` (vhost, queue, summary); see ``rbak.progress.backup_events``."""
+``advance`` (vhost, queue, n, bytes), ``done`` (vhost, queue, summary); see ``rbak.repo.progress.backup_events``."""
 
 
 def _noop(event: str, **kw: Any) -> None:
@@ -182,7 +182,7 @@ class BackupEngine(StreamBackup):
             origin = self.origin(cluster)
             created_at = self._check_existing(origin)
             if self.codec.wraps:  # envelope: the wrapped data key is stored before anything it seals
-                from ..envelope import write_wraps
+                from ..sealing.envelope import write_wraps
 
                 write_wraps(storage, layout, self.codec.wraps)
                 self.codec.wraps = []
@@ -367,8 +367,8 @@ class BackupEngine(StreamBackup):
         keys, and store no new wraps; one backup never mixes two data keys."""
         if not (old.encryption and old.encryption.envelope and self.codec.info and self.codec.info.envelope):
             return
-        from ..crypto import ObjectCodec
-        from ..envelope import data_key
+        from ..sealing.crypto import ObjectCodec
+        from ..sealing.envelope import data_key
 
         dek, _ = data_key(self.storage, self.layout, old.encryption, self.cfg.encryption.key_sources())
         self.codec = ObjectCodec(self.backup_id, old.encryption, dek)
@@ -378,7 +378,7 @@ class BackupEngine(StreamBackup):
         if not ckpt.has_backup():
             ckpt.seed_from_storage(self.storage, self.layout.offsets_db, own_backup=True, cross=True, codec=self.codec)
         try:
-            from ..catalog import latest_complete
+            from ..repo.catalog import latest_complete
 
             entry = latest_complete(self.storage, self.cfg.storage.prefix or "")
         except RbakError as e:
@@ -392,7 +392,7 @@ class BackupEngine(StreamBackup):
             return
         prev = BackupLayout(entry.backup_id, self.cfg.storage.prefix or "")
         try:
-            from ..envelope import with_data_key
+            from ..sealing.envelope import with_data_key
 
             ring = with_data_key(self.storage, self.cfg.storage.prefix or "", entry.backup_id,
                                  previous.encryption, self._keyring(), self.cfg.encryption.kms(), required=False)

@@ -18,7 +18,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from ..errors import NotFoundError, StorageError
-from ..keys import guard_key
+from ..format.layout import guard_key
 from ..storage.base import Storage
 from .checkpoint import Guard
 

@@ -25,7 +25,7 @@ from typing import Callable
 from ..broker.wire import Connection
 from ..errors import BackupLeaseError, ChannelClosedByBroker, ConfigError, ManagementApiError
 from ..config import Config
-from ..management import ManagementClient, q
+from ..broker.management import ManagementClient, q
 
 log = logging.getLogger(__name__)
 

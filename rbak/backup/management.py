@@ -1,7 +1,7 @@
-"""The backup side's names for the one Management API client (``rbak.management``)."""
+"""The backup side's names for the one Management API client (``rbak.broker.management``)."""
 
 from __future__ import annotations
 
-from ..management import ManagementClient, QueueInfo, q
+from ..broker.management import ManagementClient, QueueInfo, q
 
 __all__ = ["ManagementClient", "QueueInfo", "q"]

@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable
 
 from .. import metrics
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from . import cut_repair
 from .convert import delivery_count

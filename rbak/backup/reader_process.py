@@ -36,7 +36,7 @@ from ..errors import NoReaderProcess, RbakError, ReaderProcessError
 if TYPE_CHECKING:
     from ..config import Config
     from ..format.manifest import QueueBackup
-    from ..management import QueueInfo
+    from ..broker.management import QueueInfo
     from .checkpoint import QueueProgress
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ def child_setup(pipe: Any, level: int, env: dict[str, str]) -> Callable[[tuple],
         with lock:
             pipe.send(msg)
 
-    from ..logsafe import install
+    from ..base.logsafe import install
 
     root = logging.getLogger()
     for h in list(root.handlers):

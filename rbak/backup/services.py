@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from ..config import Config, ConnectionConfig
     from ..format.compression import Compression
     from ..format.manifest import SegmentMetadata
-    from ..keys import BackupLayout
-    from ..management import ManagementClient
+    from ..format.layout import BackupLayout
+    from ..broker.management import ManagementClient
     from ..storage.base import Storage
     from .guard_store import GuardStore
     from .preflight import NackSupport, PolicyCache

@@ -17,7 +17,7 @@ from ..config import Config, ConnectionConfig
 from ..errors import RbakError
 from ..format.manifest import QueueBackup, SegmentMetadata, StreamInfo
 from ..format.reader import read_segment
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from .checkpoint import Checkpoint, QueueProgress
 from .convert import BROKER_HEADERS, to_record

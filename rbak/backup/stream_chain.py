@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import NotFoundError, RbakError
 from ..format.manifest import StreamGap, StreamInfo
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage.base import Storage
 from ..broker.stream_reader import ProbedRecord
 
@@ -115,7 +115,7 @@ def stream_bases(storage: Storage, prefix: str, cluster: str, exclude: str,
     rbak recorded stream positions fall back to that backup's stored
     ``state/offsets.db`` (its own rows: it lives in this storage too).
     """
-    from ..catalog import latest_validation, list_backups, validation_failed
+    from ..repo.catalog import latest_validation, list_backups, validation_failed
 
     try:
         entries = [e for e in list_backups(storage, prefix) if e.complete and e.backup_id != exclude]

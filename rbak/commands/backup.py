@@ -2,7 +2,7 @@
 
 With no config, the embedded default backs up the local broker
 (amqp://guest:guest@localhost:5672, management on 15672) to ``./rbak-backups``.
-Progress (``rbak.progress``): a rich bar on a terminal, plain periodic log lines otherwise;
+Progress (``rbak.repo.progress``): a rich bar on a terminal, plain periodic log lines otherwise;
 ``--json`` prints the summary as JSON on stdout.
 """
 
@@ -26,7 +26,7 @@ def register(sub, import_sub) -> None:
     p.add_argument("--vhost", action="append", metavar="VHOST",
                    help="back up only this vhost (repeatable; overrides source.queues.vhosts)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    from .. import progress
+    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
@@ -64,7 +64,7 @@ def build_config(args):
         cfg.backup_id = args.backup_id
     if not cfg.backup_id:
         cfg.backup_id = default_backup_id()
-    from ..keys import check_backup_id
+    from ..format.layout import check_backup_id
 
     check_backup_id(cfg.backup_id, "--backup-id" if args.backup_id else "backup_id")
     if args.path:
@@ -101,7 +101,7 @@ def _apply_path(cfg, path: str) -> None:
 
 
 def run(args) -> int:
-    from .. import progress
+    from ..repo import progress
     from ..backup import BackupEngine
     from .. import metrics as bmetrics
 

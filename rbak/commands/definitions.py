@@ -35,7 +35,7 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
 
 
 def _client(conn: Any, role: str):
-    from ..management import ManagementClient
+    from ..broker.management import ManagementClient
 
     return ManagementClient.for_connection(conn, role)
 

@@ -65,7 +65,7 @@ def retention_from_file(path: str) -> dict[str, Any]:
 
 
 def policy_from_args(args: argparse.Namespace):
-    from ..retention import RetentionPolicy, parse_duration
+    from ..repo.retention import RetentionPolicy, parse_duration
 
     given = {n: getattr(args, n) for n in ("keep_last", "keep_daily", "keep_weekly", "keep_monthly", "max_age")
              if getattr(args, n) is not None}

@@ -54,7 +54,7 @@ def _raise_on_sigterm(signum: int, _frame: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..drill import options_from_config, run_drill
-    from ..keys import check_backup_id
+    from ..format.layout import check_backup_id
 
     if not args.config:
         from ..errors import ConfigError
@@ -111,8 +111,8 @@ def verify(args: argparse.Namespace) -> int:
     import orjson
 
     from ..errors import EvidenceError
-    from ..evidence import load_public_key
-    from ..evidence import verify as check
+    from ..repo.evidence import load_public_key
+    from ..repo.evidence import verify as check
 
     data = read_report(args.report)
     try:

@@ -28,14 +28,14 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
                    help="export what can be read from a damaged file and report what was skipped")
     p.add_argument("--vhost", default="/", help="vhost recorded for the messages (default /)")
     add_encryption_args(p)
-    from .. import progress
+    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=cmd_import_mosquitto)
 
 
 def cmd_import_mosquitto(args: argparse.Namespace) -> int:
-    from .. import progress
+    from ..repo import progress
     from ..offline.mosquitto import import_mosquitto_db
     from ..storage import open_storage
 

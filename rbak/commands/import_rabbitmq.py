@@ -37,7 +37,7 @@ def register(subparsers, import_subparsers) -> None:
     p.add_argument("--from-offset", type=int, default=None, metavar="N",
                    help="start every stream at this offset instead of the first one present")
     add_encryption_args(p)
-    from .. import progress
+    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
@@ -45,7 +45,7 @@ def register(subparsers, import_subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
-    from .. import progress
+    from ..repo import progress
     from ..storage import open_storage
 
     codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else

@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 
 from . import output
 from ..errors import UnverifiedError, ValidationError
-from ..units import human_bytes
-from ..catalog import list_backups, load_manifest
-from ..crypto import load_keyring
+from ..base.units import human_bytes
+from ..repo.catalog import list_backups, load_manifest
+from ..sealing.crypto import load_keyring
 from ..format.manifest import BackupManifest
-from ..validate import UNVERIFIED, store_report, unverified_line, validate_backup
+from ..repo.validate import UNVERIFIED, store_report, unverified_line, validate_backup
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
     p.add_argument("--write-report", action="store_true",
                    help="store the report next to the backup (validation/report-<ts>.json); a backup whose newest "
                         "report failed is skipped when a restore picks the latest backup")
-    from .. import progress
+    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=cmd_validate)
@@ -200,8 +200,8 @@ def describe_obj(m: BackupManifest) -> dict:
 
 def key_wraps(storage, backup_id: str, prefix: str) -> list[dict]:
     """The wrap objects of an envelope backup: which key-encryption keys can open its data key."""
-    from ..envelope import read_wraps
-    from ..keys import BackupLayout
+    from ..sealing.envelope import read_wraps
+    from ..format.layout import BackupLayout
 
     out: list[dict] = []
     for key, rec in read_wraps(storage, BackupLayout(backup_id, prefix)):
@@ -274,7 +274,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .. import progress
+    from ..repo import progress
 
     storage = _existing_storage(args.path)
     m = load_manifest(storage, args.backup_id, args.prefix)

@@ -35,9 +35,9 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
 
 
 def cmd_rewrap(args: argparse.Namespace) -> int:
-    from ..catalog import list_backups, load_manifest
-    from ..crypto import load_keyring
-    from ..envelope import Kek, KeySources, KmsSettings, RewrapResult, rewrap
+    from ..repo.catalog import list_backups, load_manifest
+    from ..sealing.crypto import load_keyring
+    from ..sealing.envelope import Kek, KeySources, KmsSettings, RewrapResult, rewrap
     from ..storage import open_storage
 
     to = Kek.parse(args.to, "--to")

@@ -6,11 +6,11 @@ import argparse
 import sys
 from datetime import datetime, timezone
 
-from ..catalog import list_backups
+from ..repo.catalog import list_backups
 from . import output
 from ..errors import ConfigError, RbakError, StorageError
-from ..immutable import delete_backup, retained_until
-from ..retention import RetentionPolicy, parse_duration, plan_retention, stored_backups
+from ..repo.immutable import delete_backup, retained_until
+from ..repo.retention import RetentionPolicy, parse_duration, plan_retention, stored_backups
 from ..storage import open_storage
 
 

@@ -59,7 +59,7 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--keys-file", default=None, help="encryption keyring for encrypted backups (a file or a mounted "
                    "Secret directory; RBAK_ENCRYPTION_KEYS is also read; without --config)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    from .. import progress
+    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
@@ -84,7 +84,7 @@ def _overrides(args: Any) -> dict[str, Any]:
 
 def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
-    from ..catalog import latest_complete
+    from ..repo.catalog import latest_complete
     from .secrets import url_from
 
     if args.config:
@@ -125,7 +125,7 @@ def build(args: Any):
         check_url(args.management_url, ("http", "https"), "--management-url")
     target = local_target(url, args.management_url)
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
-    from ..crypto import load_keyring
+    from ..sealing.crypto import load_keyring
 
     keys = tuple(sorted(load_keyring(args.keys_file).items()))
     return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, keys=keys, **opts), None
@@ -143,7 +143,7 @@ def _pitr(args: Any, storage: Any, options: Any) -> Any:
     if args.pitr_start is not None:
         start = parse_time_bound(args.pitr_start, "--pitr-start")
     if args.pitr_end is not None and args.pitr_end.strip().lower() == "recoverable":
-        from ..catalog import load_manifest
+        from ..repo.catalog import load_manifest
 
         m = load_manifest(storage, options.backup_id, options.prefix)
         if m.archive is None or m.archive.recoverable_until is None:
@@ -165,7 +165,7 @@ def run(args: Any) -> int:
         from ..metrics import serve  # the same endpoint and path handling as `rbak backup`
 
         serve(metrics_cfg)
-    from .. import progress
+    from ..repo import progress
 
     with progress.cli_session("restore", options.backup_id, args, storage=storage, prefix=options.prefix,
                               display=not options.dry_run) as ps:

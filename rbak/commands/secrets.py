@@ -13,7 +13,7 @@ import os
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..envelope import KmsSettings, writer_codec
+from ..sealing.envelope import KmsSettings, writer_codec
 
 log = logging.getLogger("rbak")
 

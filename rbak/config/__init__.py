@@ -457,18 +457,18 @@ class EncryptionConfig(_Section):
                                                 "`AWS_ENDPOINT_URL_KMS`, else AWS.")
 
     def keyring(self) -> dict[str, bytes]:
-        from ..crypto import load_keyring  # here, not on top: `import rbak.config` stays light (no numpy/zstd)
+        from ..sealing.crypto import load_keyring  # here, not on top: `import rbak.config` stays light (no numpy/zstd)
 
         return load_keyring(self.keys_file, self.keys_env, self.key_id)
 
     def kms(self):
-        from ..envelope import KmsSettings
+        from ..sealing.envelope import KmsSettings
 
         return KmsSettings(self.kms_region, self.kms_endpoint_url)
 
     def key_sources(self):
         """Every key-encryption key this config gives, and those a new backup's data key is wrapped by."""
-        from ..envelope import KMS, KEYRING, Kek, KeySources
+        from ..sealing.envelope import KMS, KEYRING, Kek, KeySources
 
         wrap_with = ((Kek(KEYRING, self.key_id),) if self.key_id else ()) + (
             (Kek(KMS, self.kms_key_id),) if self.kms_key_id else ())
@@ -592,7 +592,7 @@ class Config(_Section):
 
     def layout(self):
         """The ``BackupLayout`` of this config's backup id and storage prefix."""
-        from ..keys import BackupLayout  # here, not on top: see keyring()
+        from ..format.layout import BackupLayout  # here, not on top: see keyring()
 
         if not self.backup_id:
             raise ConfigError("backup_id: required")

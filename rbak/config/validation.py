@@ -291,7 +291,7 @@ def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None
 
 
 def _check_config(cfg: Config, errors: list[str]) -> None:
-    from ..keys import check_backup_id, normalize_prefix  # here: `import rbak.config` stays light (no numpy/zstd)
+    from ..format.layout import check_backup_id, normalize_prefix  # here: `import rbak.config` stays light (no numpy/zstd)
 
     if cfg.backup_id is not None:
         try:
@@ -383,6 +383,6 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
 
 
 def _archive_name_ok(name: str) -> bool:
-    from ..keys import BACKUP_ID_RE
+    from ..format.layout import BACKUP_ID_RE
 
     return bool(BACKUP_ID_RE.match(name)) and ".." not in name and len(name) <= 160

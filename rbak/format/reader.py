@@ -148,7 +148,7 @@ def fetch_segment(storage: _Readable, seg: SegmentMetadata, verify_checksum: boo
 
     With ``problems`` given, size and SHA-256 mismatches are appended there
     (so validate reports them all) instead of raised; frame errors always raise.
-    ``codec`` (``rbak.crypto.ObjectCodec``) opens an encrypted backup's objects: size and
+    ``codec`` (``rbak.sealing.crypto.ObjectCodec``) opens an encrypted backup's objects: size and
     SHA-256 describe the stored (sealed) bytes, the frame the opened ones.
     """
     sealed = codec is not None and codec.encrypted

@@ -24,11 +24,11 @@ from typing import Callable, Iterable, Sequence
 from .. import __version__
 from ..errors import ConfigError, RbakError
 from ..format.compression import Compression
-from ..crypto import ObjectCodec
+from ..sealing.crypto import ObjectCodec
 from ..format.manifest import BackupManifest, QueueBackup, QueueStatus
 from ..format.record import BackupRecord
 from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
-from ..keys import BackupLayout
+from ..format.layout import BackupLayout
 from ..storage import Storage, open_storage
 from ..storage.base import Spool
 
@@ -84,13 +84,13 @@ def write_backup(
 
     ``codec`` (``commands.secrets.import_codec``) seals every segment like an encrypted backup's; the manifest
     stays plaintext and names the key id (envelope: the data key, whose wraps are stored first and
-    deleted with the segments when the import fails). ``progress`` (an ``rbak.progress.Tracker``) counts queues,
+    deleted with the segments when the import fails). ``progress`` (an ``rbak.repo.progress.Tracker``) counts queues,
     records and body bytes as they are read. ``statuses`` is asked, once every queue is read, for
     what the import could not recover (``ImportContext.queue_statuses``): the manifest records it, so
     ``list``, ``describe`` and ``validate`` call the backup partial, never complete."""
     codec = codec or ObjectCodec(backup_id)
     if progress is not None:
-        from ..progress import counted
+        from ..repo.progress import counted
 
         queues = counted(progress, queues, lambda r: len(r.body or b""))
     if isinstance(compression, str):
@@ -105,7 +105,7 @@ def write_backup(
         if storage.exists(layout.manifest) or next(iter(storage.list(layout.root + "/")), None) is not None:
             raise ConfigError(f"backup_id: a backup {backup_id!r} already exists at {layout.root}/; refusing to overwrite it")
         if codec.wraps:  # envelope: the wrapped data key is stored before anything it seals, as a backup does
-            from ..envelope import write_wraps
+            from ..sealing.envelope import write_wraps
 
             run.written += write_wraps(storage, layout, codec.wraps)
             codec.wraps = []

@@ -97,7 +97,7 @@ def detect_capabilities(overview: dict[str, Any], feature_flags: list[dict[str, 
 
 
 def capabilities_of(client: Any) -> TargetCapabilities:
-    """Ask the target's management API (``rbak.management.ManagementClient``)."""
+    """Ask the target's management API (``rbak.broker.management.ManagementClient``)."""
     return detect_capabilities(client.overview(), client.feature_flags(), client.deprecated_features())
 
 

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 
-from ..crypto import codec_for
-from ..definitions_doc import KINDS, VHOST_KINDS, counts, identity, prune_bindings, scope_to_vhosts
+from ..sealing.crypto import codec_for
+from ..base.definitions_doc import KINDS, VHOST_KINDS, counts, identity, prune_bindings, scope_to_vhosts
 from ..errors import IncompatibleDefinitionsError, ManagementApiError, NotFoundError, RbakError, SerializationError
 from ..format.compression import Compression, compress, decompress
 from ..format.manifest import BackupManifest
-from ..keys import BackupLayout
-from ..management import ManagementClient
+from ..format.layout import BackupLayout
+from ..broker.management import ManagementClient
 from .compat import DefinitionChange, adapt_definitions, capabilities_of
 from ..config import DefinitionsSelection
 from .options import RestoreOptions

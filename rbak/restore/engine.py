@@ -239,7 +239,7 @@ def refuse_lossy_targets(source: BackupSource, plans: list[QueuePlan], options: 
     if options.allow_lossy_target or not plans:
         return
     from ..broker.connect import connect
-    from ..management import ManagementClient
+    from ..broker.management import ManagementClient
 
     problems: list[str] = []
     by_vhost: dict[str, list[QueuePlan]] = {}
@@ -285,7 +285,7 @@ def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, defin
     wanted = sorted({p.target_vhost for p in plans})
     if not wanted:
         return
-    from ..management import ManagementClient
+    from ..broker.management import ManagementClient
 
     try:
         with ManagementClient.for_connection(options.target, "target") as client:
@@ -368,7 +368,7 @@ def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions) -> None
     cluster name: the AMQP handshake's and the management API's. Either one unreachable leaves it to
     the steps that need them, which name what failed."""
     from ..broker.connect import connect
-    from ..management import ManagementClient
+    from ..broker.management import ManagementClient
 
     amqp_cluster = None
     for vhost in dict.fromkeys([*(p.target_vhost for p in plans), "/"]):  # the target vhost may not exist yet

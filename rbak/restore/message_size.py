@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ConnectionConfig
-from ..crypto import ObjectCodec
+from ..sealing.crypto import ObjectCodec
 from .options import RestoreOptions
 from .plan import QueuePlan, record_in_window, segment_fully_inside
 from .source import BackupSource

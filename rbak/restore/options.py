@@ -59,7 +59,7 @@ class RestoreOptions:
         """The keys for encrypted backups: the configured ones, else ``RBAK_ENCRYPTION_KEYS`` (Spark executors)."""
         if self.keys:
             return dict(self.keys)
-        from ..crypto import load_keyring
+        from ..sealing.crypto import load_keyring
 
         return load_keyring()
 
@@ -78,7 +78,7 @@ class RestoreOptions:
             return self
         from dataclasses import replace
 
-        from ..envelope import KmsSettings
+        from ..sealing.envelope import KmsSettings
 
         ring = self.keyring()
         for bid, info in sorted(todo.items()):  # source: a restore.source.BackupSource

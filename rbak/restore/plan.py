@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
-from ..crypto import EncryptionInfo
+from ..sealing.crypto import EncryptionInfo
 from ..errors import ConfigError
 from ..format.manifest import BackupManifest, QueueBackup, SegmentMetadata
 from ..format.record import BackupRecord

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, cast
 
 from .. import metrics
-from ..crypto import ChainCodec, ObjectCodec, codec_for
+from ..sealing.crypto import ChainCodec, ObjectCodec, codec_for
 from ..errors import CheckpointError, ManifestError, RbakError, RestoreError, SerializationError
 from ..format.amqp091 import encode_basic_properties
 from ..format.record import BackupRecord, properties_key
@@ -285,7 +285,7 @@ def target_problems(conn: Connection, client: Any, source: BackupSource, plan: Q
 def check_target_limits(conn: Connection, source: BackupSource, plan: QueuePlan, options: RestoreOptions,
                         codec: ObjectCodec | None, state: QueueState, res: QueueResult, skip_extra: int) -> TargetLimits | None:
     """Refuse a lossy target before publishing (unless ``allow_lossy_target``: then say so and go on)."""
-    from ..management import ManagementClient
+    from ..broker.management import ManagementClient
 
     try:
         with ManagementClient.for_connection(options.target, "target") as client:

@@ -20,9 +20,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..definitions_doc import identity
+from ..base.definitions_doc import identity
 from ..errors import ManagementApiError
-from ..management import ManagementClient, q
+from ..broker.management import ManagementClient, q
 
 # deletion order: dependants first
 DELETE_ORDER = ("bindings", "queues", "exchanges", "policies", "parameters", "permissions", "topic_permissions",

@@ -15,15 +15,15 @@ import logging
 import os
 from typing import Callable, Iterable, Iterator, Mapping
 
-from ..catalog import load_manifest
-from ..crypto import ObjectCodec
-from ..envelope import KmsSettings, with_data_key
+from ..repo.catalog import load_manifest
+from ..sealing.crypto import ObjectCodec
+from ..sealing.envelope import KmsSettings, with_data_key
 from ..errors import NotFoundError, StorageError
 from ..format.manifest import BackupManifest, EncryptionInfo, SegmentMetadata
 from ..format.reader import read_segment
 from ..format.record import BackupRecord
 from ..storage.base import Storage
-from ..validate import preflight_problems
+from ..repo.validate import preflight_problems
 
 log = logging.getLogger(__name__)
 

@@ -157,7 +157,7 @@ def read_limits(client: Any, vhost: str, queue: str, queue_type: str | None = No
 def _queue_record(client: Any, vhost: str, queue: str) -> dict[str, Any] | None:
     """``GET /api/queues/{vhost}/{name}``; a name the URL cannot carry (``.``, ``..``: HTTP clients resolve
     dot segments) is found in the vhost's listing instead."""
-    from ..management import q
+    from ..broker.management import q
 
     if queue not in (".", ".."):
         try:

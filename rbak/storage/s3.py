@@ -3,7 +3,7 @@
 Credentials come from boto3's standard chain (env, profile, IRSA, instance
 role) unless given explicitly. ``sse``/``sse_kms_key_id`` ask S3 to encrypt
 every object put (SSE-S3 or SSE-KMS); rbak's own client-side encryption is
-``rbak.crypto``. Objects above ``multipart_threshold`` go up as
+``rbak.sealing.crypto``. Objects above ``multipart_threshold`` go up as
 a multipart upload, which S3 makes visible only once complete, so ``put`` is
 atomic on S3 too.
 """

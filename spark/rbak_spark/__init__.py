@@ -2,7 +2,7 @@
 
 Thin layers over the ``rbak`` library: executors open storage with
 ``rbak.storage.open_storage`` (no S3A), check segments with
-``rbak.validate.check_segment`` and publish with ``rbak.restore``; nothing
+``rbak.repo.validate.check_segment`` and publish with ``rbak.restore``; nothing
 here re-implements the format or the restore rules.
 """
 

@@ -172,7 +172,7 @@ class RbakReader(DataSourceReader):
             yield f
 
     def partitions(self):
-        from rbak.catalog import load_manifest
+        from rbak.repo.catalog import load_manifest
         from rbak.storage import open_storage
 
         with open_storage(self.url) as storage:
@@ -221,7 +221,7 @@ class RbakReader(DataSourceReader):
         # an encrypted backup's segments opened with the executor's RBAK_ENCRYPTION_KEYS.
         codec = None
         if p.key_id is not None:
-            from rbak.crypto import EncryptionInfo, codec_for
+            from rbak.sealing.crypto import EncryptionInfo, codec_for
 
             from .executor import keyring_for
 

@@ -15,7 +15,7 @@ _storages: dict = {}
 
 def storage_for(url: str):
     """The worker's storage for ``url``, opened on first use."""
-    from rbak.logsafe import install
+    from rbak.base.logsafe import install
     from rbak.storage import open_storage
 
     install()  # this worker's records (botocore's headers at DEBUG, queue names) filtered like the driver's
@@ -33,8 +33,8 @@ def keyring_for(storage, url: str, prefix: str, backup_id: str, info):
     """The worker's ``RBAK_ENCRYPTION_KEYS``, plus an envelope backup's data key (``info``: its
     ``EncryptionInfo``), unwrapped once per worker: one KMS call per worker, not one per segment.
     ``None`` for the data key when no key-encryption key the worker has opens it."""
-    from rbak.crypto import load_keyring
-    from rbak.envelope import with_data_key
+    from rbak.sealing.crypto import load_keyring
+    from rbak.sealing.envelope import with_data_key
 
     ring = load_keyring()
     if info is None or not info.envelope:

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from rbak.errors import CheckpointError, NotFoundError
-from rbak.keys import BackupLayout, encode_name, encode_vhost
+from rbak.format.layout import BackupLayout, encode_name, encode_vhost
 from rbak.restore.checkpoint import QueueState
 
 PROGRESS_DIR = "spark-restore"

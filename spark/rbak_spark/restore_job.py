@@ -198,7 +198,7 @@ def group_units(units: list[RestoreUnit], per_task: int) -> list[list[RestoreUni
 def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> dict:
     """Executor side: publish one run with the engine; its result dict."""
     from rbak.errors import RbakError
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
     from rbak.restore.engine import checkpoint_fingerprint
     from rbak.restore.queue_restore import QueueResult, restore_queue_segments
     from rbak.restore.source import BackupSource
@@ -254,7 +254,7 @@ def run_units(url: str, options, progress_id: str, tasks: Iterable[list[RestoreU
 
 def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id: str) -> None:
     """Split queues skip the engine's empty-target check (runs overlap), so do it here, once."""
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
     from rbak.errors import RestoreError
     from rbak.restore.queue_restore import held_description, target_contents
     from rbak.broker.connect import connect
@@ -285,7 +285,7 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
 def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> None:
     """Every target judged before any executor publishes (``rbak.restore.target_limits``), as ``rbak restore``
     does; a queue with stored progress is left to its executor, which checks what is still to publish."""
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
     from rbak.restore.checkpoint import QueueState
     from rbak.restore.engine import refuse_lossy_targets, refuse_oversize
     from rbak.restore.source import BackupSource
@@ -309,7 +309,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
 
     ``publishers_per_task`` runs (queues) share one task, each publishing on its own thread.
     """
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
     from rbak.restore.engine import (load_complete_manifest, refuse_missing_vhosts, resolve_restore, run_restore,
                                      skipped_by_definitions)
     from rbak.restore.plan import plan_restore

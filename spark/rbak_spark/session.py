@@ -26,8 +26,8 @@ SQL_CONF = {
 
 def setup_logging() -> None:
     """The CLI's logging on a job's driver: level from ``$RBAK_LOG_LEVEL`` (default WARNING),
-    records filtered of credentials and control characters (``rbak.logsafe``)."""
-    from rbak.logsafe import configure
+    records filtered of credentials and control characters (``rbak.base.logsafe``)."""
+    from rbak.base.logsafe import configure
 
     configure(os.environ.get("RBAK_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr)
 

@@ -1,4 +1,4 @@
-"""Distributed deep validation: ``rbak.validate.check_segment`` on executors.
+"""Distributed deep validation: ``rbak.repo.validate.check_segment`` on executors.
 
 The driver loads the manifest and runs the manifest-level checks; every
 segment becomes one task (largest first, so the long ones start early; small
@@ -48,9 +48,9 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id:
     """Executor side: check each (vhost, queue, segment-metadata) and say what was found. An encrypted
     backup (``encryption``: the manifest's field) is opened with the executor's ``RBAK_ENCRYPTION_KEYS``;
     without that key only stored sizes and checksums are checked."""
-    from rbak.crypto import EncryptionInfo, codec_for
+    from rbak.sealing.crypto import EncryptionInfo, codec_for
     from rbak.format.manifest import SegmentMetadata
-    from rbak.validate import SegmentCheck, check_segment
+    from rbak.repo.validate import SegmentCheck, check_segment
 
     from .executor import keyring_for, storage_for
 
@@ -74,10 +74,10 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id:
 def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: str | None = None,
                  partitions: int | None = None, write_report: bool = True) -> dict:
     """Validate a backup with Spark; returns the report (also stored unless ``write_report`` is false)."""
-    from rbak.catalog import load_manifest
-    from rbak.keys import BackupLayout
+    from rbak.repo.catalog import load_manifest
+    from rbak.format.layout import BackupLayout
     from rbak.storage import open_storage
-    from rbak.validate import SegmentCheck, ValidationReport, backup_problems, store_report, utc_stamp
+    from rbak.repo.validate import SegmentCheck, ValidationReport, backup_problems, store_report, utc_stamp
 
     url = str(url)  # a str subclass would be pickled by reference to its module
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -151,7 +151,7 @@ def unverified_reason(encryption, checks: list) -> str | None:
 
 
 def summary_lines(out: dict) -> list[str]:
-    from rbak.validate import unverified_line
+    from rbak.repo.validate import unverified_line
 
     s = out["summary"]
     verdict = {"valid": "OK", "unverified": "UNVERIFIED"}.get(out.get("result", ""), "FAILED")
@@ -184,7 +184,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
     from rbak.errors import RbakError
     from rbak.storage.url import open_existing_storage
 

@@ -438,7 +438,7 @@ def test_a_cut_connection_and_a_storage_that_stalls_lose_nothing(broker, vhost_f
 
 def archive_records(path: str, vhost: str, stream: str) -> list:
     """Every record the archive holds of a stream, generation after generation, as stored."""
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
     from rbak.format.reader import read_segment
     from rbak.storage import open_storage
 

@@ -212,7 +212,7 @@ def test_backup_to_s3_with_prefix(rmq310, vhost_factory, s3_bucket, tmp_path):
             "team/a/on-s3/definitions/definitions.json.zst"} <= keys
     seg = [k for k in keys if k.startswith(f"team/a/on-s3/queues/{vhost}/s3q/segment-")]
     assert seg == [f"team/a/on-s3/queues/{vhost}/s3q/segment-0001.zst"]
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
 
     m = load_manifest(cfg.storage.open(), "on-s3", "team/a")
     assert m.is_complete and m.find_queue(vhost, "s3q").message_count == 3

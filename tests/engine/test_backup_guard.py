@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from rbak.backup import BackupEngine
-from rbak.keys import guard_key
+from rbak.format.layout import guard_key
 from rbak.storage import open_storage
 
 from support.backups import backup_config, drain, fast_publish, load, records

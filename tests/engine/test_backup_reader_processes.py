@@ -164,10 +164,10 @@ offset_storage: {{path: "{tmp_path / 'state' / 'offsets.db'}", sync_interval_sec
 
 def test_processes_store_into_s3(rmq310, vhost_factory, s3_bucket, tmp_path, monkeypatch):
     """A child opens the same S3 storage from the configuration (credentials from the run's environment)."""
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
     from rbak.config import Config
     from rbak.storage import open_storage
-    from rbak.validate import validate_backup
+    from rbak.repo.validate import validate_backup
 
     monkeypatch.setattr(reader_process, "MIN_MESSAGES", 100)
     broker = rmq310

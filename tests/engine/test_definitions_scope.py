@@ -11,7 +11,7 @@ from support.restores import options_for  # noqa: E402
 from rbak.backup.definitions import scope_definitions  # noqa: E402
 from rbak.config import QueueSelection  # noqa: E402
 from rbak.errors import IncompatibleDefinitionsError, ManagementApiError  # noqa: E402
-from rbak.management import ManagementClient  # noqa: E402
+from rbak.broker.management import ManagementClient  # noqa: E402
 from rbak.restore.compat import TargetCapabilities, adapt_definitions, capabilities_of, detect_capabilities  # noqa: E402
 from rbak.restore.definitions import apply_definitions  # noqa: E402
 from support.brokers import unique_name  # noqa: E402
@@ -194,7 +194,7 @@ def test_transient_queues_declared_durable_or_skipped_with_their_messages(broker
 
     from rbak.format.compression import Compression, compress
     from rbak.format.manifest import DefinitionsBackup
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
     from rbak.restore import definitions, run_restore
 
     storage = storage_for(tmp_path)

@@ -18,7 +18,7 @@ import yaml
 from support.backups import fast_publish
 from support.brokers import wait_until
 
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 
 QUEUES = {"orders": "classic", "payments": "quorum", "events": "stream"}

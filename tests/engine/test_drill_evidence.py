@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from support.s3 import storage_url
 
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 
 QUEUES = {"orders": "classic", "payments": "quorum", "events": "stream"}
@@ -169,7 +169,7 @@ def test_a_changed_payload_a_wrong_key_and_an_unsigned_report_are_refused(signed
             in p.stderr), p.stderr
 
     # Re-signed by another key (embedded with its public key): valid on its own, refused against the real key.
-    from rbak.evidence import sign
+    from rbak.repo.evidence import sign
 
     def resign(r):
         r["passed"] = False

@@ -14,9 +14,9 @@ import sys
 import orjson
 
 from rbak.backup import BackupEngine
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.config import Config
-from rbak.crypto import MAGIC
+from rbak.sealing.crypto import MAGIC
 from rbak.storage import open_storage
 
 from support.backups import fast_publish

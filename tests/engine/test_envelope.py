@@ -15,9 +15,9 @@ import boto3
 import orjson
 
 from rbak.backup import BackupEngine
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.config import Config
-from rbak.crypto import MAGIC
+from rbak.sealing.crypto import MAGIC
 from rbak.storage import open_storage
 
 from support.backups import fast_publish
@@ -214,10 +214,10 @@ def test_resumed_envelope_backup_keeps_its_data_key_and_a_drill_opens_it(rmq43, 
     import pytest
     import yaml
 
-    from rbak.envelope import KEYRING, Kek, KeySources, new_data_key, write_wraps
+    from rbak.sealing.envelope import KEYRING, Kek, KeySources, new_data_key, write_wraps
     from rbak.errors import ConfigError
     from rbak.format.manifest import BackupManifest
-    from rbak.keys import BackupLayout
+    from rbak.format.layout import BackupLayout
 
     vhost = vhost_factory(rmq43)
     fast_publish(rmq43, vhost, "orders", [b"r-%d" % i for i in range(80)], declare={})

@@ -9,12 +9,12 @@ import time
 import pytest
 
 from rbak.backup import BackupEngine
-from rbak.catalog import list_backups, load_manifest
+from rbak.repo.catalog import list_backups, load_manifest
 from rbak.config import Config
 from rbak.errors import ConfigError
-from rbak.immutable import delete_backup, retained_until
+from rbak.repo.immutable import delete_backup, retained_until
 from rbak.storage import open_storage
-from rbak.validate import validate_backup
+from rbak.repo.validate import validate_backup
 
 from support.backups import fast_publish
 from support.s3 import S3Bucket

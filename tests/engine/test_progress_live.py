@@ -11,13 +11,13 @@ import sys
 import time
 
 from rbak.backup import BackupEngine
-from rbak.catalog import list_backups
-from rbak.progress import (
+from rbak.repo.catalog import list_backups
+from rbak.repo.progress import (
     FINISHED, RUNNING, ProgressRecord, ProgressSession, StorageReporter, Tracker, backup_events, latest_progress, restore_events,
 )
 from rbak.restore import run_restore
 from rbak.storage.base import Storage
-from rbak.validate import validate_backup
+from rbak.repo.validate import validate_backup
 
 from support.backups import backup_config, fast_publish
 from support.restores import options_for, storage_for
@@ -142,7 +142,7 @@ def test_retention_removes_a_write_once_backups_progress_records_once_unlocked(r
                                                                               tmp_path):
     import datetime as dt
 
-    from rbak.immutable import delete_backup
+    from rbak.repo.immutable import delete_backup
     from rbak.storage import open_storage
 
     vh = vhost_factory(rmq310)

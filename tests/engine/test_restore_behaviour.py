@@ -11,7 +11,7 @@ from support.restores import build_backup, consume_all, declare, make_records, o
 from rbak.errors import ManagementApiError, RestoreError  # noqa: E402
 from rbak.format.compression import Compression, compress, decompress  # noqa: E402
 from rbak.format.manifest import DefinitionsBackup  # noqa: E402
-from rbak.keys import BackupLayout  # noqa: E402
+from rbak.format.layout import BackupLayout  # noqa: E402
 from rbak.restore import run_restore  # noqa: E402
 from rbak.config import ConnectionConfig, DefinitionsSelection, TlsConfig  # noqa: E402
 

@@ -44,7 +44,7 @@ def test_restore_without_a_backup_id_uses_the_newest_complete_backup(broker, vho
 
     # b-2024-02 gets damaged and a validation with --write-report proves it: the next restore that
     # picks the latest backup skips it (saying so) and takes b-2024-01.
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
 
     seg = load_manifest(storage, "b-2024-02").queues[0].segments[0]
     data = bytearray(storage.get(seg.key))

@@ -12,7 +12,7 @@ from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest, QueueBackup
 from rbak.restore.options import RestoreOptions
 from rbak.restore.plan import check_selection, plan_restore, resolve_target_vhosts
-from rbak.retention import RetentionPolicy, StoredBackup, plan_retention
+from rbak.repo.retention import RetentionPolicy, StoredBackup, plan_retention
 
 
 def manifest(*queues: tuple[str, str, int], bid: str = "b") -> BackupManifest:

@@ -17,7 +17,7 @@ import pika.exceptions
 import pytest
 
 from rbak.backup import BackupEngine
-from rbak.management import ManagementClient
+from rbak.broker.management import ManagementClient
 from rbak.restore import run_restore
 from rbak.restore.compat import capabilities_of
 from rbak.config import ConnectionConfig

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.format.manifest import QueueStatus
 from rbak.storage import open_storage
 from support.restores import build_backup, make_records  # noqa: E402

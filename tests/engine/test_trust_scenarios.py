@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.storage import open_storage
 
 from support.brokers import wait_until

@@ -21,7 +21,7 @@ import yaml
 
 from rbak.format.compression import Compression, compress
 from rbak.format.manifest import BackupManifest, DefinitionsBackup
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
 

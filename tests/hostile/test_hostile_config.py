@@ -98,7 +98,7 @@ def test_vv_logs_no_authorization_header(s3_bucket, tmp_path):
 def test_log_lines_escape_control_characters():
     import logging
 
-    from rbak.logsafe import SafeLogFilter
+    from rbak.base.logsafe import SafeLogFilter
 
     rec = logging.LogRecord("x", logging.WARNING, __file__, 1, "queue %r %s", ("a\x00b", "c\x1b[2J\nFAKE"), None)
     SafeLogFilter().filter(rec)

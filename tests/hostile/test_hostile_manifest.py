@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from rbak.format.compression import Compression
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 from support.rss import BOUND_MIB, rbak_measured
 from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.offline.mosquitto import ClientChunk, ClientMsgChunk, MsgStoreChunk, SubChunk, write_db
 from rbak.storage import open_storage
 from support.rss import BOUND_MIB, rbak_measured

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from rbak.backup import BackupEngine
-from rbak.keys import MAX_COMPONENT, BackupLayout, decode_name, encode_name, encode_vhost
+from rbak.format.layout import MAX_COMPONENT, BackupLayout, decode_name, encode_name, encode_vhost
 from support.backups import backup_config, load  # noqa: E402
 
 LONG = "é" * 127

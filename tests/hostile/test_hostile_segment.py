@@ -13,7 +13,7 @@ import struct
 import pytest
 import zstandard
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.format.compression import Compression
 from rbak.format.reader import read_segment
 from rbak.errors import SegmentError

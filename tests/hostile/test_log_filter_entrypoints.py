@@ -1,4 +1,4 @@
-"""Issue 15: the log filter of the CLI (credentials and control characters, ``rbak.logsafe``) is
+"""Issue 15: the log filter of the CLI (credentials and control characters, ``rbak.base.logsafe``) is
 installed by every entry point: the operator's startup, the Spark jobs' drivers and their
 executors' workers. Each is run in its own process (logging is per process) with a real
 botocore DEBUG record (a signed S3 request to moto: ``Authorization: AWS4-HMAC-SHA256
@@ -44,9 +44,9 @@ def fake_session(*a, **k):
     emit()
     raise RbakError("stop here")
 session.get_session = fake_session
-import rbak.catalog, rbak.storage.url  # validate_job checks --path and --backup-id before Spark starts
+import rbak.repo.catalog, rbak.storage.url  # validate_job checks --path and --backup-id before Spark starts
 rbak.storage.url.open_existing_storage = lambda *a, **k: None
-rbak.catalog.load_manifest = lambda *a, **k: None
+rbak.repo.catalog.load_manifest = lambda *a, **k: None
 from rbak_spark.{job} import main
 assert main(ARGV) != 0
 """ for job in ("restore_job", "validate_job", "export_job")},

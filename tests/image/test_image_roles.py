@@ -18,7 +18,7 @@ import pika
 import pytest
 import yaml
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.storage.url import open_storage
 from support import container
 from support.container import IMAGE, SPARK_IMAGE, Role

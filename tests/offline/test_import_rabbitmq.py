@@ -103,7 +103,7 @@ def test_import_gives_exactly_the_unacked_messages(name, shared_root, tmp_path, 
         # CQv2 with 4096 entries per segment: the 4200-message queue spans two .qi files.
         assert (qdir(sc.data_dir, VHOST2, "many-v2") / "1.qi").exists()
 
-    from rbak.validate import validate_backup
+    from rbak.repo.validate import validate_backup
 
     assert validate_backup(open_storage(url), "imp-1", "", deep=True).ok
 

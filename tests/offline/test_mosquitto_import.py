@@ -10,7 +10,7 @@ import pytest
 from support.require import require, require_that  # noqa: E402
 from support.mosquitto import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # noqa: E402
 
-from rbak.catalog import load_manifest  # noqa: E402
+from rbak.repo.catalog import load_manifest  # noqa: E402
 from rbak.cli import main as rbak_main  # noqa: E402
 from rbak.config import ConnectionConfig  # noqa: E402
 from rbak.errors import ConfigError, ImportFormatError  # noqa: E402
@@ -21,7 +21,7 @@ from rbak.offline.mosquitto import read_db  # noqa: E402
 from rbak.offline.mosquitto import import_mosquitto_db  # noqa: E402
 from rbak.offline.mosquitto.mapping import mqtt_to_amqp, subscription_queue, topic_matches  # noqa: E402
 from rbak.storage import open_storage  # noqa: E402
-from rbak.validate import validate_backup  # noqa: E402
+from rbak.repo.validate import validate_backup  # noqa: E402
 
 require("paho.mqtt.client", "paho-mqtt")
 require_that(None if os.path.exists(MOSQUITTO) else f"{MOSQUITTO} is missing; .ci/setup installs mosquitto")
@@ -278,9 +278,9 @@ def test_many_segments_keep_order(tmp_path):
 
 def test_encrypted_import_seals_segments_and_reads_back_with_the_key_only(real_db, tmp_path, capsys):
     """An import holds the same personal data a backup does: --encrypt-key-id seals it the same way."""
-    from rbak.crypto import generate_key, load_keyring
+    from rbak.sealing.crypto import generate_key, load_keyring
     from rbak.format.reader import read_segment
-    from rbak.crypto import codec_for
+    from rbak.sealing.crypto import codec_for
 
     path, _, _ = real_db
     keys = tmp_path / "keys.yaml"
@@ -319,7 +319,7 @@ def test_encrypted_import_seals_segments_and_reads_back_with_the_key_only(real_d
 
 def test_rabbitmq_dir_import_takes_the_same_encryption_flags(tmp_path, capsys):
     """Same flags, same rule: a key id missing from the keyring stops the import before it reads the node."""
-    from rbak.crypto import generate_key
+    from rbak.sealing.crypto import generate_key
 
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"k1: {generate_key()}\n")
@@ -433,8 +433,8 @@ def test_envelope_import_wrapped_by_moto_kms_then_rewrapped_to_a_keyring_key(rea
     import boto3
     import orjson
 
-    from rbak.crypto import codec_for
-    from rbak.envelope import KmsSettings, with_data_key
+    from rbak.sealing.crypto import codec_for
+    from rbak.sealing.envelope import KmsSettings, with_data_key
     from rbak.format.reader import read_segment
 
     path, _, _ = real_db

@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.errors import ConfigError, ImportFormatError, StorageError
 from rbak.format.record import BackupRecord
 from rbak.format.segment import decode_segment
 from rbak.offline.writer import write_backup
 from rbak.storage import open_storage
 from rbak.storage.fs import FilesystemStorage
-from rbak.validate import validate_backup
+from rbak.repo.validate import validate_backup
 
 
 def records(n: int, tag: str) -> list[BackupRecord]:

@@ -10,13 +10,13 @@ import threading
 
 import pytest
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.errors import StorageError
 from rbak.format import segment
 from rbak.format.record import BackupRecord
 from rbak.offline.writer import write_backup
 from rbak.storage.fs import FileSpool, FilesystemStorage
-from rbak.validate import validate_backup
+from rbak.repo.validate import validate_backup
 
 pytestmark = pytest.mark.skipif(segment._reserve is None, reason="segments are streamed only with the C helper")
 

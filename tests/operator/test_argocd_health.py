@@ -94,7 +94,7 @@ def test_backup_healthy_progressing_healthy(clock, pvc):
 def test_backup_progress_summary_is_shown(clock, pvc):
     from rbak_operator.decide.progress import progress_patch
 
-    from rbak.progress import ProgressRecord
+    from rbak.repo.progress import ProgressRecord
 
     k = FakeKube()
     k.objs[("backup", "b")] = backup_obj(validate={"enabled": False})

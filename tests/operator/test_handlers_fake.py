@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from rbak.catalog import list_backups
+from rbak.repo.catalog import list_backups
 from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, QueueBackup, SegmentMetadata
 from rbak.storage.url import open_storage
 from rbak_operator.runtime import clock as op_clock

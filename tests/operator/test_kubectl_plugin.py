@@ -23,10 +23,10 @@ from support.opcluster import wait_for
 from support.require import unavailable
 from support.s3 import create_bucket
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.commands.inspect import fmt_ts
 from rbak.storage.url import open_storage
-from rbak.units import human_bytes
+from rbak.base.units import human_bytes
 
 # One worker builds the scene (with -n, --dist loadgroup keeps an xdist_group together).
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(400),

@@ -62,7 +62,7 @@ def test_a_signing_key_secret_reaches_the_drill_as_an_env_var_the_config_names(m
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from rbak.evidence import fingerprint
+    from rbak.repo.evidence import fingerprint
 
     spec = _with_drill(URL_SPEC, signingKeySecretRef={"name": "drill-signing"})
     cfg, env = drill.drill_config(spec, "prod", "b1")
@@ -129,7 +129,7 @@ def test_result_from_the_stored_report():
 def test_a_signed_report_shows_its_signer_and_a_changed_one_fails_the_drill():
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from rbak.evidence import fingerprint, sign
+    from rbak.repo.evidence import fingerprint, sign
 
     key = Ed25519PrivateKey.generate()
     report = {"passed": True, "scratch_vhost": "rbak-drill-b1-x", "backup_id": "b1",
@@ -296,7 +296,7 @@ def test_a_stored_signed_report_is_verified_again_and_a_changed_one_clears_the_s
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from rbak.evidence import fingerprint, sign
+    from rbak.repo.evidence import fingerprint, sign
 
     key = Ed25519PrivateKey.generate()
     signer = fingerprint(key.public_key())
@@ -353,7 +353,7 @@ def test_a_stored_signed_report_is_verified_again_and_a_changed_one_clears_the_s
 def test_recheck_names_a_removed_or_resigned_report():
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from rbak.evidence import fingerprint, sign
+    from rbak.repo.evidence import fingerprint, sign
 
     key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     report = {"passed": True, "backup_id": "b1", "queues": []}

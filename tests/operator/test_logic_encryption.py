@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rbak.config import Config
-from rbak.crypto import DEFAULT_KEYS_ENV
+from rbak.sealing.crypto import DEFAULT_KEYS_ENV
 from rbak.errors import ConfigError
 from rbak_operator.decide import bodies, rbakconfig
 from rbak_operator.crds import schema as crds
@@ -38,7 +38,7 @@ def test_encrypted_backup_config_loads_with_the_keyring_from_the_secret_env():
     loaded = Config.from_dict(cfg, env=SECRET_ENV)
     assert loaded.encryption.enabled and loaded.encryption.key_id == "2026-11"
     assert (loaded.storage.sse, loaded.storage.sse_kms_key_id) == ("aws:kms", "arn:aws:kms:eu-west-1:1:key/x")
-    from rbak.crypto import load_keyring
+    from rbak.sealing.crypto import load_keyring
 
     assert load_keyring(loaded.encryption.keys_file, loaded.encryption.keys_env, loaded.encryption.key_id,
                         environ={"RBAK_ENCRYPTION_KEYS": f"2026-11: {key}"}) == {"2026-11": base64.b64decode(key)}

@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 from prometheus_client import REGISTRY
 
-from rbak.progress import ProgressRecord
+from rbak.repo.progress import ProgressRecord
 from rbak_operator.decide import bodies
 from rbak_operator.crds import schema as crds
 from rbak_operator.metrics import resources as rm

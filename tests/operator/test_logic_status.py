@@ -9,7 +9,7 @@ import pytest
 from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, QueueBackup, SegmentMetadata
 from rbak_operator.decide import policy
-from rbak.units import human_bytes as human_size
+from rbak.base.units import human_bytes as human_size
 from rbak_operator.decide.status import (RunState, in_pod_validation, job_state, manifest_counts, push_history,
                                   run_summary, set_condition, spark_state)
 

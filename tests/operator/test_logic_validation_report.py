@@ -3,7 +3,7 @@ check (nothing decrypted) is named as such, never taken for a pass or a list of 
 
 from __future__ import annotations
 
-from rbak.validate import ValidationReport, store_report
+from rbak.repo.validate import ValidationReport, store_report
 from rbak.storage import open_storage
 from rbak_operator.reconcile.storage import report_problems
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pytest
 
-from rbak.catalog import list_backups, load_manifest
+from rbak.repo.catalog import list_backups, load_manifest
 from rbak.storage.url import open_storage
 from rbak_operator.decide.naming import manual_run_name
 
@@ -431,8 +431,8 @@ def e2e_encrypted_backup_validates_and_restores_with_keys_from_a_secret(cluster,
     object but the manifest is sealed; in-pod deep validation opens them; a backupRef restore inherits the keys."""
     import base64
 
-    from rbak.catalog import load_manifest
-    from rbak.crypto import MAGIC
+    from rbak.repo.catalog import load_manifest
+    from rbak.sealing.crypto import MAGIC
 
     bodies = [f"secret-{i}".encode() for i in range(12)]
     env.broker.publish(env.vhost, "pii", bodies, declare={})

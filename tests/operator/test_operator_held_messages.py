@@ -7,7 +7,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 
 from support.brokers import wait_until
 from support.op_e2e import create_backup, s3, trigger, wait_run

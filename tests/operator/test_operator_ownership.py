@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from rbak.catalog import list_backups, load_manifest
+from rbak.repo.catalog import list_backups, load_manifest
 from rbak.format.segment import decode_segment
 
 from support.op_e2e import API, backup_id, create_backup, s3, trigger, wait_run

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rbak.catalog import list_backups
+from rbak.repo.catalog import list_backups
 from rbak_operator.crds import schema as crds
 
 from support.opcluster import wait_for

@@ -25,7 +25,7 @@ from support.kplugin import console_script, plugin_env
 from support.op_e2e import API, bucket_root, create_backup, s3, trigger, wait_run
 from support.opcluster import wait_for
 
-from rbak.catalog import list_backups, load_manifest
+from rbak.repo.catalog import list_backups, load_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -135,8 +135,8 @@ def test_deletion_while_a_progress_read_is_in_flight_is_not_held_for_a_minute(cl
     tick's storage read is held by a proxy while the object is deleted."""
     from urllib.parse import urlsplit
 
-    from rbak.keys import progress_prefix
-    from rbak.progress import latest_progress
+    from rbak.format.layout import progress_prefix
+    from rbak.repo.progress import latest_progress
     from rbak_operator.decide.progress import fmt_epoch
     from support.holdproxy import HoldProxy
     from test_operator_progress_e2e import GATE_DIR
@@ -208,7 +208,7 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
     from rbak.drill import find_drill_report
-    from rbak.evidence import fingerprint
+    from rbak.repo.evidence import fingerprint
 
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -306,7 +306,7 @@ def test_envelope_encrypted_backup_restores_through_the_operator(cluster, env, m
     import boto3
     import orjson
 
-    from rbak.crypto import MAGIC
+    from rbak.sealing.crypto import MAGIC
 
     orders = [f"card-{i}".encode() for i in range(12)]
     audit = [f"audit-{i}".encode() for i in range(5)]
@@ -357,7 +357,7 @@ def test_kms_only_envelope_backup_drills_and_restores_at_its_kms_endpoint(cluste
     import boto3
     import yaml
 
-    from rbak.catalog import latest_validation
+    from rbak.repo.catalog import latest_validation
     from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
     orders = [f"kms-order-{i}".encode() for i in range(9)]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 import os
 
-from rbak.catalog import load_manifest
-from rbak.crypto import EncryptionInfo, ObjectCodec
+from rbak.repo.catalog import load_manifest
+from rbak.sealing.crypto import EncryptionInfo, ObjectCodec
 from rbak.format.segment import sha256_hex
 from rbak.storage import open_storage
-from rbak.validate import validate_backup
+from rbak.repo.validate import validate_backup
 from rbak_spark.synthetic import QueueSpec, write_backup
 from rbak_spark.validate_job import run_validate
 
@@ -60,7 +60,7 @@ def test_spark_validate_and_read_an_encrypted_backup(spark, tmp_path, capsys):
         with_executor_keys(spark, None)
         out = run_validate(spark, url, "enc")  # no key: stored sizes and SHA-256 only, proving nothing
         assert_unverified(out, m.total_segments, "key id 'k1' is not in the executors' keyring (RBAK_ENCRYPTION_KEYS)")
-        from rbak.catalog import latest_complete, latest_validation
+        from rbak.repo.catalog import latest_complete, latest_validation
 
         assert latest_validation(storage, "enc")[1]["result"] == "unverified"
         assert latest_complete(storage).backup_id == "enc"  # not failed either: as if never validated
@@ -97,8 +97,8 @@ def test_spark_validate_and_read_an_encrypted_backup(spark, tmp_path, capsys):
 def test_spark_validate_and_read_an_envelope_backup(spark, tmp_path):
     """Executors unwrap the data key with their own RBAK_ENCRYPTION_KEYS (once per worker); a key
     rotated in with a new wrap is enough on its own."""
-    from rbak.envelope import KEYRING, Kek, KeySources, new_data_key, rewrap, write_wraps
-    from rbak.keys import BackupLayout
+    from rbak.sealing.envelope import KEYRING, Kek, KeySources, new_data_key, rewrap, write_wraps
+    from rbak.format.layout import BackupLayout
 
     url = f"file://{tmp_path}"
     storage = open_storage(url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rbak.errors import CheckpointError
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 from rbak_spark.progress import StorageProgress, reset_progress
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.config import ConnectionConfig
 from rbak.restore.options import RestoreOptions
 from rbak.restore.plan import plan_queue

@@ -13,7 +13,7 @@ import pika.exceptions
 
 from rbak.format.compression import Compression, compress
 from rbak.format.manifest import DefinitionsBackup
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.restore import definitions
 from rbak.config import ConnectionConfig
 from rbak.restore.options import RestoreOptions

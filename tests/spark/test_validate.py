@@ -13,9 +13,9 @@ import pytest
 from rbak.format.compression import Compression
 from rbak.format.record import BackupRecord
 from rbak.format.segment import encode_segment
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
-from rbak.validate import validate_backup
+from rbak.repo.validate import validate_backup
 from rbak_spark.synthetic import QueueSpec, write_backup
 from rbak_spark.validate_job import run_validate
 

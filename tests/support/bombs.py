@@ -11,7 +11,7 @@ import zstandard
 from rbak.format.compression import Compression
 from rbak.format.manifest import BackupManifest
 from rbak.format.segment import END_MAGIC, VERSION, SegmentHeader, sha256_hex
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 
 
 GIB = 1024**3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rbak.catalog import load_manifest
+from rbak.repo.catalog import load_manifest
 from rbak.storage.url import open_storage
 from rbak_operator.runtime.clock import parse_time
 from support.opcluster import Emulator, Http, KubeHttp, Operator, PodRunner, RealServer, wait_for

@@ -14,7 +14,7 @@ from rbak.format.record import (
     ShortString, Table, Timestamp,
 )
 from rbak.format.segment import SegmentWriter
-from rbak.keys import BackupLayout
+from rbak.format.layout import BackupLayout
 from rbak.format.amqp091 import decode_basic_properties, header_equal, read_back
 from rbak.config import ConnectionConfig
 from rbak.restore.options import RestoreOptions

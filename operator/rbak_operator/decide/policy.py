@@ -1,6 +1,6 @@
 """Decisions with no I/O: concurrency, retention, Job history, restore engine, times.
 
-Retention is ``rbak.retention.plan_retention`` (the same function as
+Retention is ``rbak.repo.retention.plan_retention`` (the same function as
 ``rbak prune``): it only ever deletes COMPLETE backups that this
 RabbitMQBackup made (their id starts with the object's run-name prefix),
 never the newest complete one, never an incomplete (possibly still running)
@@ -15,8 +15,8 @@ from typing import Any
 
 from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest
-from rbak.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
-from rbak.retention import parse_duration as _parse_duration
+from rbak.repo.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
+from rbak.repo.retention import parse_duration as _parse_duration
 
 from rbak_operator.runtime.clock import parse_time
 

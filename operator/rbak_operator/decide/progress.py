@@ -8,15 +8,15 @@ from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Any
 
-from rbak.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
-from rbak.units import human_bytes
+from rbak.repo.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
+from rbak.base.units import human_bytes
 
 from rbak_operator.runtime.clock import fmt
 
 STATE = {"running": "Running", FINISHED: "Finished", FAILED: "Failed"}
 INTERVAL = float(os.environ.get("RBAK_OPERATOR_PROGRESS_SECONDS", "5"))
 """Seconds between a Job's progress records and between the operator's reads of them."""
-RUN_ID_ENV, INTERVAL_ENV = ENV_RUN_ID, ENV_INTERVAL  # the CLI's names (rbak.progress)
+RUN_ID_ENV, INTERVAL_ENV = ENV_RUN_ID, ENV_INTERVAL  # the CLI's names (rbak.repo.progress)
 
 
 def watched_run(kind: str, status: Mapping[str, Any] | None) -> str | None:

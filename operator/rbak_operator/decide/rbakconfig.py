@@ -24,7 +24,7 @@ STATE_DIR = "/var/run/rbak"
 PVC_MOUNT = "/var/lib/rbak"
 CONFIG_DIR = "/etc/rbak"
 CONFIG_FILE = "config.yaml"
-ENV_KEYS = "RBAK_ENCRYPTION_KEYS"  # rbak.crypto.DEFAULT_KEYS_ENV: read by every rbak command
+ENV_KEYS = "RBAK_ENCRYPTION_KEYS"  # rbak.sealing.crypto.DEFAULT_KEYS_ENV: read by every rbak command
 KEYRING_KEY = "keyring"
 # boto3's per-service endpoint, read by every KMS client a pod makes: also the commands run from flags
 # alone (a validation Job or init container, Spark executors unwrapping a data key), which have no config
@@ -191,7 +191,7 @@ def storage_section(storage: dict[str, Any] | None, field: str = "spec.storage")
 
 def storage_prefix(storage: dict[str, Any] | None) -> str:
     """The key prefix backups live under (rbak keys carry it: ``{prefix}/{backup_id}/...``)."""
-    from rbak.keys import normalize_prefix
+    from rbak.format.layout import normalize_prefix
 
     return normalize_prefix(((storage or {}).get("s3") or {}).get("prefix") or "")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rbak.units import human_bytes
+from rbak.base.units import human_bytes
 from rbak.format.manifest import BackupManifest
 
 from rbak_operator.runtime.clock import fmt, parse_time

@@ -139,7 +139,7 @@ def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
     """``signer`` (the key fingerprint) of a signed report that verifies against its embedded key; a
     signed report that does not verify fails the drill (its evidence was changed after signing)."""
     from rbak.errors import EvidenceError
-    from rbak.evidence import verify
+    from rbak.repo.evidence import verify
 
     try:
         return {"signer": verify(report, where="drill report").fingerprint}
@@ -162,7 +162,7 @@ def recheck_evidence(d: dict[str, Any], found: tuple[str, dict[str, Any]] | None
     names; else the drill counts as failed, the message names the object and the changed field, and
     the signer is cleared (the status never vouches for evidence that no longer verifies)."""
     from rbak.errors import EvidenceError
-    from rbak.evidence import verify
+    from rbak.repo.evidence import verify
 
     job, signer = d.get("lastJob"), d.get("signer")
     if found is None:
@@ -214,7 +214,7 @@ def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str)
 def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str | None:
     """This object's newest complete backup in storage (what a backupRef restore would take), else the
     last successful run's."""
-    from rbak.catalog import latest_complete
+    from rbak.repo.catalog import latest_complete
 
     from rbak_operator.decide.policy import owned
     from rbak_operator.reconcile.storage import open_backup_storage

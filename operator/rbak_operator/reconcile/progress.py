@@ -26,7 +26,7 @@ import threading
 from typing import Any
 
 from rbak.errors import RbakError
-from rbak.progress import latest_progress
+from rbak.repo.progress import latest_progress
 
 from rbak_operator.crds.schema import BACKUP_PLURAL, RESTORE_PLURAL
 from rbak_operator.decide.naming import run_backup_id

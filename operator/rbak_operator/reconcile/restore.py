@@ -62,7 +62,7 @@ def resolve_archive_restore(kube: Kube, body: dict[str, Any]) -> tuple[dict, dic
 
 def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dict, str, int | None, dict]:
     """(target broker, storage, backup id, stored bytes, backup's spark settings) of a restore."""
-    from rbak.catalog import latest_complete, load_manifest
+    from rbak.repo.catalog import latest_complete, load_manifest
 
     meta, spec = body["metadata"], body.get("spec") or {}
     ns = meta["namespace"]

@@ -56,7 +56,7 @@ def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any] | No
 
 
 def load_manifest_safe(kube: Kube, namespace: str, storage_spec: dict[str, Any] | None, backup_id: str, logger):
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
 
     try:
         st = open_backup_storage(kube, namespace, storage_spec)
@@ -76,7 +76,7 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
     ``spark/validate.py`` and ``rbak validate --write-report`` store names
     every bad segment key.
     """
-    from rbak.catalog import latest_validation
+    from rbak.repo.catalog import latest_validation
 
     spec = body.get("spec") or {}
     try:
@@ -91,7 +91,7 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
         log.warning("cannot read the validation report of %s: %s", backup_id, e)
         return ""
     if report.get("result") == "unverified":  # a deep check that decrypted nothing: the key is the cause
-        from rbak.validate import unverified_line
+        from rbak.repo.validate import unverified_line
 
         return f"{unverified_line(str(report.get('unverified')))} (report {key})"
     problems = [str(p) for p in report.get("all_problems") or []]
@@ -102,11 +102,11 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
 
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
-    """Delete old complete backups made by this object, per spec.retention (``rbak.retention``: chains kept;
+    """Delete old complete backups made by this object, per spec.retention (``rbak.repo.retention``: chains kept;
     object-locked ones once their lock has expired)."""
-    from rbak.catalog import list_backups
-    from rbak.immutable import delete_backup
-    from rbak.retention import stored_backups
+    from rbak.repo.catalog import list_backups
+    from rbak.repo.immutable import delete_backup
+    from rbak.repo.retention import stored_backups
 
     meta, spec = body["metadata"], body.get("spec") or {}
     try:
@@ -148,8 +148,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
 def delete_owned_backups(kube: Kube, body: Mapping[str, Any], logger) -> tuple[list[str], list[str]] | None:
     """deletionPolicy delete: (deleted, still object-locked) of the backups this object made; raises
     ``RbakError`` when the storage cannot be read, None when it is not reachable from here."""
-    from rbak.catalog import list_backups
-    from rbak.immutable import delete_backup
+    from rbak.repo.catalog import list_backups
+    from rbak.repo.immutable import delete_backup
 
     meta, spec = body["metadata"], body.get("spec") or {}
     st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))

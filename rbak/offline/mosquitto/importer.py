@@ -20,7 +20,7 @@ from ...errors import ConfigError
 from ...format.compression import Compression
 from ...format.manifest import QueueStatus
 from ...format.segment import DEFAULT_SEGMENT_MAX_BYTES
-from ...keys import BackupLayout
+from ...format.layout import BackupLayout
 from ...storage.base import Storage
 from .chunks import DamagedRegion
 from .reader import read_db

@@ -8,7 +8,7 @@ import time
 
 _gate = os.environ.get("RBAK_TEST_PROGRESS_GATE")
 if _gate:
-    import rbak.progress as _p
+    import rbak.repo.progress as _p
 
     _orig = _p.Tracker.finish_queue
 

@@ -24,9 +24,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
-from .units import human_bytes
-from .errors import ProgressError, RbakError, StorageError
-from .keys import check_backup_id, progress_key, progress_prefix
+from ..base.units import human_bytes
+from ..errors import ProgressError, RbakError, StorageError
+from ..format.layout import check_backup_id, progress_key, progress_prefix
 
 log = logging.getLogger("rbak.progress")
 

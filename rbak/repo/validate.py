@@ -15,14 +15,14 @@ from typing import Any, Callable, Iterable, Mapping
 import orjson
 
 from .catalog import load_manifest
-from .crypto import ObjectCodec, codec_for
-from .errors import NotFoundError, RbakError, SegmentError
-from .format.compression import Compression, decompress
-from .format.manifest import BackupManifest, SegmentMetadata
-from .format.reader import SegmentStats, fetch_segment, iter_record_chunks
-from .format.segment import sha256_hex
-from .keys import BackupLayout
-from .storage.base import Storage
+from ..sealing.crypto import ObjectCodec, codec_for
+from ..errors import NotFoundError, RbakError, SegmentError
+from ..format.compression import Compression, decompress
+from ..format.manifest import BackupManifest, SegmentMetadata
+from ..format.reader import SegmentStats, fetch_segment, iter_record_chunks
+from ..format.segment import sha256_hex
+from ..format.layout import BackupLayout
+from ..storage.base import Storage
 
 
 VALID, INVALID, UNVERIFIED = "valid", "invalid", "unverified"
@@ -92,7 +92,7 @@ class ValidationReport:
 
 def check_segment_bytes(data: bytes, seg: SegmentMetadata, codec: ObjectCodec | None = None) -> SegmentCheck:
     """Every deep check of one segment's stored bytes (already fetched) against its manifest entry."""
-    from .storage.memory import MemoryStorage
+    from ..storage.memory import MemoryStorage
 
     mem = MemoryStorage()
     mem._data[seg.key] = bytes(data)  # noqa: SLF001 - a private one-object store, no copy semantics needed
@@ -274,9 +274,9 @@ def validate_backup(
         f"by the stream's retention before this backup" for q, g in m.gaps]
     unwrap_error = None
     if deep and m.encryption is not None and m.encryption.envelope:
-        from .envelope import KeySources, KmsSettings, data_key
-        from .errors import EncryptionError
-        from .keys import BackupLayout
+        from ..sealing.envelope import KeySources, KmsSettings, data_key
+        from ..errors import EncryptionError
+        from ..format.layout import BackupLayout
 
         try:
             dek, _ = data_key(storage, BackupLayout(backup_id, prefix), m.encryption,

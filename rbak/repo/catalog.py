@@ -8,13 +8,13 @@ from typing import Callable
 
 import orjson
 
-from .errors import ManifestError, NotFoundError
-from .format.archive import TICK_DIR, Tick, assemble
-from .format.manifest import BackupManifest
-from .keys import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix, rebase_key
-from .storage.base import Storage
+from ..errors import ManifestError, NotFoundError
+from ..format.archive import TICK_DIR, Tick, assemble
+from ..format.manifest import BackupManifest
+from ..format.layout import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix, rebase_key
+from ..storage.base import Storage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("rbak.catalog")  # the name log filters and docs know, kept when the module moved to repo/
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ from urllib.parse import quote
 
 import requests
 
-from .errors import ManagementApiError
+from ..errors import ManagementApiError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("rbak.management")  # the name log filters know, kept when the module moved to broker/
 
 DEFINITIONS_TIMEOUT_SECS = 60.0  # a large cluster's export takes a while
 

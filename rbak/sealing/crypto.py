@@ -32,8 +32,8 @@ import os
 import struct
 from typing import Mapping
 
-from .errors import ConfigError, EncryptionError
-from .format.manifest import EncryptionInfo  # the manifest field; rbak.crypto.EncryptionInfo still imports
+from ..errors import ConfigError, EncryptionError
+from ..format.manifest import EncryptionInfo  # the manifest field; rbak.sealing.crypto.EncryptionInfo still imports
 
 MAGIC = b"RBKE"
 VERSION = 1
@@ -212,7 +212,7 @@ class ObjectCodec:
         self.backup_id = backup_id
         self.info = info
         self.key = key
-        self.wraps = wraps or []  # envelope: the data key's wraps (rbak.envelope.WrapRecord), to store first
+        self.wraps = wraps or []  # envelope: the data key's wraps (rbak.sealing.envelope.WrapRecord), to store first
 
     @property
     def encrypted(self) -> bool:
@@ -249,7 +249,7 @@ class ObjectCodec:
 
 def writer_codec(backup_id: str, enc) -> ObjectCodec:
     """How a new backup's objects are stored: sealed with ``enc.key_id`` when ``enc.enabled``
-    (``enc``: the config's ``encryption`` section; ``rbak.envelope.writer_codec`` adds envelopes)."""
+    (``enc``: the config's ``encryption`` section; ``rbak.sealing.envelope.writer_codec`` adds envelopes)."""
     if not enc.enabled:
         return ObjectCodec(backup_id)
     return sealing_codec(backup_id, enc.key_id, enc.keyring())

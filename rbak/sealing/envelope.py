@@ -2,7 +2,7 @@
 
 Why: a backup sealed directly with a keyring key can only leave that key by being re-encrypted,
 which Object Lock forbids. Here segments are sealed with the backup's DEK (the same cipher and
-object layout as ``rbak.crypto``; the sealed header names ``dek-<fingerprint>``), and the DEK is
+object layout as ``rbak.sealing.crypto``; the sealed header names ``dek-<fingerprint>``), and the DEK is
 wrapped by one or more key-encryption keys (KEKs): keyring keys (AES-256-GCM) or AWS KMS keys
 (``kms.encrypt``/``decrypt`` through boto3, with an encryption context naming the backup). Each
 wrap is its own object, ``<backup>/keys/<source>-<kek id>.wrap.json``, written once; rotating to
@@ -25,9 +25,9 @@ from typing import Any, Iterable, Mapping
 
 import orjson
 
-from .errors import ConfigError, EncryptionError, NotFoundError, RbakError
-from .format.manifest import EncryptionInfo
-from .keys import WRAP_SUFFIX, BackupLayout
+from ..errors import ConfigError, EncryptionError, NotFoundError, RbakError
+from ..format.manifest import EncryptionInfo
+from ..format.layout import WRAP_SUFFIX, BackupLayout
 
 KEYRING = "keyring"
 KMS = "kms"
@@ -324,7 +324,7 @@ def with_data_key(storage, prefix: str | None, backup_id: str, info: EncryptionI
                   keyring: Mapping[str, bytes] | None, kms: KmsSettings | None = None,
                   required: bool = True) -> dict[str, bytes]:
     """``keyring`` plus the backup's data key (under its ``dek-`` id) when it uses an envelope: what
-    ``rbak.crypto.codec_for`` then opens it with. ``required=False``: a data key no KEK opens is left
+    ``rbak.sealing.crypto.codec_for`` then opens it with. ``required=False``: a data key no KEK opens is left
     out (validate checks sizes and checksums without it) instead of raising."""
     ring = dict(keyring or {})
     if info is None or not info.envelope or info.key_id in ring:

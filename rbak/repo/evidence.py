@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from .errors import EvidenceError
+from ..errors import EvidenceError
 
 FORMAT = "rbak-drill-evidence/1"
 FIELD = "signature"

@@ -19,9 +19,9 @@ import hashlib
 import re
 from urllib.parse import quote, unquote
 
-from .errors import ConfigError
-from .format.compression import Compression
-from .format.segment import segment_file_name
+from ..errors import ConfigError
+from .compression import Compression
+from .segment import segment_file_name
 
 DEFAULT_VHOST = "/"
 DEFAULT_VHOST_DIR = "_default"

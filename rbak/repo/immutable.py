@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from .keys import BackupLayout, progress_prefix
-from .storage.base import Storage
+from ..format.layout import BackupLayout, progress_prefix
+from ..storage.base import Storage
 
 
 def retained_until(storage: Storage, backup_id: str, prefix: str | None = "") -> _dt.datetime | None:
