@@ -21,7 +21,7 @@ from typing import Any
 
 from rbak.errors import RbakError
 from rbak.format.archive import TICK_DIR, Tick
-from rbak.keys import BACKUP_ID_RE
+from rbak.format.layout import BACKUP_ID_RE
 
 from rbak_operator.decide import rbakconfig
 from rbak_operator.kube import events
@@ -207,7 +207,7 @@ def newest_tick(storage: Any, prefix: str, name: str) -> Tick | None:
 def delete_archive_data(kube: Kube, body: dict[str, Any], logger) -> tuple[list[str], list[str]] | None:
     """deletionPolicy delete: stop the archiver, then delete its generations; (deleted, still
     object-locked), or None when the storage is not reachable from here."""
-    from rbak.immutable import delete_backup
+    from rbak.repo.immutable import delete_backup
 
     meta, spec = body["metadata"], body.get("spec") or {}
     kube.delete_deployment(meta["namespace"], resource_name(meta["name"]))

@@ -32,7 +32,7 @@ class RestoreSpecError(RbakError):
 def resolve_archive_restore(kube: Kube, body: dict[str, Any]) -> tuple[dict, dict, str, int | None, int]:
     """``spec.archiveRef``: (target broker, storage, the archive's newest generation, its stored bytes, the
     instant in epoch ms every stream is restored up to)."""
-    from rbak.catalog import load_manifest
+    from rbak.repo.catalog import load_manifest
 
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, ref = meta["namespace"], spec["archiveRef"]
