@@ -21,6 +21,7 @@ from support.backups import fast_publish
 from support.brokers import unique_name
 from support.holdproxy import HoldProxy
 from support.kplugin import console_script, plugin_env
+from rbak_operator.kube.api_calls import used_api_calls
 from support.op_e2e import API, Cluster
 from support.opcluster import wait_for
 
@@ -57,6 +58,20 @@ def _cond(status: dict, ctype: str) -> str | None:
 
 def _stream(status: dict) -> dict:
     return (status.get("streams") or [{}])[0]
+
+
+def _operator_calls(cluster: Cluster) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the operator process made: the server's audit log without the test's, the
+    local kubelet's, kubectl's and kubectl rbak's requests."""
+    out = set()
+    for ev in cluster.emu.kube.audit_events():
+        agent, ref = ev.get("userAgent", ""), ev.get("objectRef") or {}
+        if agent.startswith(("python-requests", "kubectl/", "kubectl-rbak")) or not ref.get("resource") \
+                or (ev.get("user") or {}).get("username") == "system:apiserver":
+            continue
+        out.add((ref.get("apiGroup", ""), ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else ""),
+                 ev["verb"]))
+    return out
 
 
 def _restore(broker, env, generation: str, src: str, dst: str, tmp_path) -> dict:
@@ -187,6 +202,11 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
             assert out[0].startswith(f"Archive:     rabbitmqarchive/{name}: Archiving, lag ") and "RPOMet True" in out[0]
             assert f"Stream:      {vhost}/events.a: archived to offset {len(sent) - 1}," in r.stdout
             assert any(line.startswith(f"Archive:     {name} (open, ") and "recoverable until 20" in line for line in out)
+            # every call the operator made is in its declared RBAC (the new verbs: Deployments, ConfigMap updates)
+            if not cluster.external:  # an existing cluster's audit log is not ours to read
+                made = _operator_calls(cluster)
+                assert not made - used_api_calls(), sorted(made - used_api_calls())
+                assert {("apps", "deployments", "create"), ("rbak.io", "rabbitmqarchives/status", "patch")} <= made
         finally:
             broker.delete_vhost(fresh)
             broker.delete_vhost(at_point)
