@@ -22,7 +22,8 @@ from support.brokers import unique_name
 from support.holdproxy import HoldProxy
 from support.kplugin import console_script, plugin_env
 from rbak_operator.kube.api_calls import used_api_calls
-from support.op_e2e import API, Cluster
+from rbak_operator.reconcile.archive import newest_tick
+from support.op_e2e import API, Cluster, bucket_root
 from support.opcluster import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -215,3 +216,50 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
         cluster.http.delete("apps/v1", "deployments", deployment)  # no garbage collector on this server
         wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")
         proxy.close()
+
+
+def test_suspend_scales_to_zero_and_a_gap_retention_made_is_degraded(cluster, env, rmq310):
+    """Suspended, the archiver's pod stops; the stream's retention removes what it had not read; resumed,
+    the archive records the gap and the status says Degraded, naming the stream and the exact offsets."""
+    broker, vhost = rmq310, env.vhost
+    broker.declare_queue(vhost, "r", arguments={"x-queue-type": "stream", "x-max-length-bytes": 30_000,
+                                                 "x-stream-max-segment-size-bytes": 5_000})
+    body = b"x" * 900
+    fast_publish(broker, vhost, "r", [body + b"%04d" % i for i in range(10)])
+    name = f"{env.tag}-ret"
+    deployment = f"rbak-archive-{name}"
+    spec = {"broker": {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/{quote(vhost, safe='')}",
+                       "managementUrl": broker.management_url, "credentialsSecretRef": {"name": f"{env.tag}-rmq"}},
+            "queues": {"vhosts": [vhost]}, "storage": env.storage, "rpoSeconds": 5, "maxDelaySeconds": 1}
+    cluster.http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
+                                                  "metadata": {"name": name}, "spec": spec})
+    diag = lambda: f"{_status(cluster, name)}\n{cluster.runner.deployment_output(deployment)[-3000:]}\n{cluster.logs()}"  # noqa: E731
+    try:
+        wait_for(_where(cluster, name, lambda s: _stream(s).get("archivedOffset") == 9 and _cond(s, "RPOMet") == "True"),
+                 timeout=120, what="the first records archived", diag=diag)
+        cluster.http.patch(API, "rabbitmqarchives", name, {"spec": {"suspend": True}})
+        wait_for(lambda: cluster.http.get("apps/v1", "deployments", deployment)["spec"]["replicas"] == 0
+                 and deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped", diag=diag)
+        # what the stopped archiver's last tick names (its SIGTERM flush included): the status follows it
+        tick = newest_tick(bucket_root(env), env.bucket.prefix, name)
+        archived_last = tick.streams[0].info.last_offset
+        assert archived_last is not None and archived_last >= 9
+        wait_for(_where(cluster, name, lambda s: s.get("phase") == "Suspended"
+                        and _stream(s).get("archivedOffset") == archived_last), timeout=60, what="Suspended", diag=diag)
+        for i in range(10, 300, 10):  # nobody reads: segments roll over and retention drops the oldest
+            fast_publish(broker, vhost, "r", [body + b"%04d" % j for j in range(i, i + 10)])
+        wait_for(lambda: broker.read_stream(vhost, "r")[0].headers["x-stream-offset"] > archived_last + 2,
+                 timeout=60, what="retention to remove the first segments")
+        first_left = int(broker.read_stream(vhost, "r", "first")[0].headers["x-stream-offset"])
+        cluster.http.patch(API, "rabbitmqarchives", name, {"spec": {"suspend": False}})
+        st = wait_for(_where(cluster, name, lambda s: _cond(s, "Degraded") == "True"), timeout=120,
+                      what="Degraded after the gap", diag=diag)
+        gap = f"{vhost}/r offsets {archived_last + 1}..{first_left - 1} ({first_left - 1 - archived_last} messages)"
+        degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+        assert degraded["reason"] == "GapRecorded"
+        assert degraded["message"].startswith(f"retention removed messages before the archive read them: {gap} between ")
+        assert st["gapMessages"] == first_left - 1 - archived_last
+    finally:
+        cluster.http.delete(API, "rabbitmqarchives", name)
+        cluster.http.delete("apps/v1", "deployments", deployment)
+        wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")
