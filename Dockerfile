@@ -57,39 +57,41 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/rbak/bin:$PATH 
     PIP_CONSTRAINT="/src/requirements/build.txt /src/requirements/image.txt"
 RUN python3 -m venv /opt/rbak
 WORKDIR /src
-COPY requirements/ requirements/
-# Dependencies first: this layer is reused while only rbak's own code changes.
+# Dependencies first, from the two files that pin them: this layer (and the Spark packages'
+# below) is reused until a pin changes, whatever else changes in the repo.
+COPY requirements/build.txt requirements/image.txt requirements/
 RUN pip install --no-compile --requirement requirements/image.txt
-COPY pyproject.toml setup.py README.md ./
-COPY rbak/ rbak/
-COPY operator/rbak_operator/ operator/rbak_operator/
-COPY operator/rbak_kubectl/ operator/rbak_kubectl/
-# rbak and rbak_operator (pyproject finds both), with the C speedup compiled here; the build
-# fails if it is missing (setup.py's extension is optional, so pip would not) or if Proton
-# was built without TLS.
-RUN pip install --no-compile --no-deps . \
- && python -I -c "import rbak.format._speedups, proton; assert proton.SSL.present(), 'Proton without TLS'"
 
 # The Spark packages beside the venv, in /opt/rbak-spark (the same layout: lib/python3.11/
 # site-packages, bin): the spark image copies just them over the runtime image's /opt/rbak,
 # not a second copy of the whole venv. spark.txt pins everything they need beyond image.txt.
 # pyspark's sdist (no pyproject.toml) goes through pip's legacy `setup.py install` with the
 # venv's setuptools, the one Debian's python3-venv bundles (fixed in bookworm): building a
-# 456 MB wheel first (--use-pep517) cost a minute more here.
+# 456 MB wheel first (--use-pep517) cost a minute more here. Built from the dependencies'
+# stage, not rbak's: a change to rbak's code reuses it.
 FROM build AS build-spark
 ARG PIP_CERT
+COPY requirements/spark.txt requirements/
 RUN pip install --no-compile --no-deps --prefix /opt/rbak-spark --requirement requirements/spark.txt
 
-# What is copied into the images: the venv without pip, setuptools and the dependencies'
-# tests, botocore's models of services rbak never calls and extension modules' symbols,
-# its bytecode compiled (a read-only root filesystem takes no .pyc files); docker/slim-venv.
-FROM build AS venv
-COPY docker/slim-venv /usr/local/bin/slim-venv
-RUN slim-venv /opt/rbak
-
+# What the spark image adds: the Spark packages without what no rbak job runs (docker/slim-venv).
 FROM build-spark AS venv-spark
 COPY docker/slim-venv /usr/local/bin/slim-venv
-RUN slim-venv /opt/rbak /opt/rbak-spark
+RUN slim-venv --spark /opt/rbak /opt/rbak-spark
+
+# rbak and rbak_operator (pyproject finds both), with the C speedup compiled here.
+FROM build AS venv
+ARG PIP_CERT
+COPY pyproject.toml setup.py README.md ./
+COPY rbak/ rbak/
+COPY operator/ operator/
+RUN pip install --no-compile --no-deps .
+# What the images ship: the venv without pip, setuptools, the dependencies' tests and what
+# rbak never imports, its bytecode compiled (a read-only root filesystem takes no .pyc files);
+# the build fails if any module of rbak does not import afterwards or its C speedup is missing
+# (setup.py's extension is optional, so pip would not fail) or Proton lacks TLS. docker/slim-venv.
+COPY docker/slim-venv /usr/local/bin/slim-venv
+RUN slim-venv /opt/rbak
 
 # ---------------------------------------------------------------- runtime
 FROM debian:${DEBIAN_SUITE}-slim AS runtime
@@ -125,11 +127,15 @@ ARG JRE_VERSION
 USER 0:0
 # Debian's headless OpenJDK 17 (default-jre-headless in bookworm); /usr/lib/jvm/default-java
 # is its arch-independent home. Its postinst links man pages into man1, which slim images
-# leave out: without the directory the install fails.
+# leave out: without the directory the install fails. Two files of the package no Spark pod
+# reads go (20 MB): javac's ct.sym (the compiler's platform signatures) and the class-data
+# archive for heaps over 32 GB (classes_nocoops.jsa; a JVM without it starts without that
+# cache). Nothing else of Java is touched.
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
  && apt-get install -y --no-install-recommends default-jre-headless="${JRE_VERSION}" \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && rm -f /usr/lib/jvm/default-java/lib/ct.sym /usr/lib/jvm/default-java/lib/server/classes_nocoops.jsa
 ENV JAVA_HOME=/usr/lib/jvm/default-java \
     SPARK_HOME=/opt/rbak/lib/python3.11/site-packages/pyspark \
     PYSPARK_PYTHON=/opt/rbak/bin/python \

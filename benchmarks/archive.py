@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.backups import fast_publish  # noqa: E402
-from support.brokers import BROKERS, unique_name  # noqa: E402
+from support.backups import fast_publish
+from support.brokers import BROKERS, unique_name
 
-from rbak.archive.archiver import Archiver  # noqa: E402
-from rbak.config import Config  # noqa: E402
-from rbak.format.archive import Tick  # noqa: E402
+from rbak.archive.archiver import Archiver
+from rbak.config import Config
+from rbak.format.archive import Tick
 
 BODY = 1024
 

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))  # rbak, for filling the queues (the measured runs import their own tree)
 
-from bench_common import BROKER_HELP, BROKERS, Broker, fill, load  # noqa: E402
+from bench_common import BROKER_HELP, BROKERS, Broker, fill, load
 
 CASES = ("backup-classic", "backup-quorum", "backup-many", "restore-091")
 

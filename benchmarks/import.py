@@ -60,14 +60,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.private_node import PrivateNode  # noqa: E402
+from support.private_node import PrivateNode
 
-from rbak.format.batch import encode_records  # noqa: E402
-from rbak.format.compression import DEFAULT_ZSTD_LEVEL  # noqa: E402
-from rbak.format.record import encode_record  # noqa: E402
-from rbak.format.segment import DEFAULT_SEGMENT_MAX_BYTES  # noqa: E402
-from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, iter_queues  # noqa: E402
+from rbak.format.batch import encode_records
+from rbak.format.compression import DEFAULT_ZSTD_LEVEL
+from rbak.format.record import encode_record
+from rbak.format.segment import DEFAULT_SEGMENT_MAX_BYTES
+from rbak.offline.rabbitmq.damage import ImportContext
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, iter_queues
 
 BIG = 64 * 1024
 SMALL = 1024

@@ -44,11 +44,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator"), str(REPO)]
-from rbak.format.archive import Tick, TickStream, tick_key  # noqa: E402
-from rbak.format.manifest import StreamInfo  # noqa: E402
-from rbak_operator.decide.archive import IDLE_WRITE_SECS  # noqa: E402
-from rbak_operator.decide.naming import manual_run_name, scheduled_run_name  # noqa: E402
-from support.kubeapi import KubeApi, binaries_problem  # noqa: E402
+from rbak.format.archive import Tick, TickStream, tick_key
+from rbak.format.manifest import StreamInfo
+from rbak_operator.decide.archive import IDLE_WRITE_SECS
+from rbak_operator.decide.naming import manual_run_name, scheduled_run_name
+from support.kubeapi import KubeApi, binaries_problem
 
 NAMESPACES = 10
 RESYNC_HOURS = 6.0

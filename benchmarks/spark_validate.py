@@ -28,12 +28,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "spark"))
 
-from rbak.repo.catalog import load_manifest  # noqa: E402
-from rbak.errors import NotFoundError  # noqa: E402
-from rbak.format.compression import Compression  # noqa: E402
-from rbak.storage import open_storage  # noqa: E402
-from rbak.repo.validate import validate_backup  # noqa: E402
-from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
+from rbak.repo.catalog import load_manifest
+from rbak.errors import NotFoundError
+from rbak.format.compression import Compression
+from rbak.storage import open_storage
+from rbak.repo.validate import validate_backup
+from rbak_spark.synthetic import QueueSpec, write_backup
 
 BACKUP_ID = "bench-validate"
 BODY = 2048

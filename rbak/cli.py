@@ -18,6 +18,7 @@ import sys
 from typing import Any, NoReturn, Sequence
 
 from . import __version__
+from .base.logsafe import configure
 from .commands import output
 from .errors import RbakError, UsageError
 
@@ -80,7 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _json_asked(argv):
             _print_json(output.failure(None, e.exit_code, e))
         return e.exit_code
-    from .base.logsafe import configure
 
     # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
     configure(logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO, stream=sys.stderr)

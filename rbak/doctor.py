@@ -22,10 +22,17 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import botocore.exceptions
+
+from .base.units import human_bytes
 from .errors import RbakError
 from .format.layout import BACKUP_ID_RE
-from .repo.retention import RetentionPolicy
+from .repo.catalog import list_backups
+from .repo.retention import RetentionPolicy, plan_retention, stored_backups
 from .storage.base import Storage
+from .storage.fs import FilesystemStorage
+from .storage.s3 import S3Storage
+from .storage.url import open_storage
 
 PROBE_DIR = ".rbak-doctor"
 SKEW_WARN = 30.0  # seconds: Object Lock retain-until dates and backup ids come from the local clock
@@ -113,8 +120,6 @@ def kept_backups(entries: Any, policy: RetentionPolicy | None, now: _dt.datetime
     """What prune keeps of these catalogue entries under ``policy`` (none given: every backup), oldest
     first: the same ``plan_retention`` prune runs, so the chain bases and the newest backup it keeps
     whatever their age are in it."""
-    from .repo.retention import plan_retention, stored_backups
-
     backups = stored_backups(entries)
     created = {b.backup_id: b.created_at_ms for b in backups}
     plan = plan_retention(backups, policy or RetentionPolicy(), now)
@@ -293,8 +298,6 @@ def judge_clock(server_date: str | None, sent: float, received: float) -> Findin
 
 
 def judge_free_space(free: int, total: int, newest_backup: int | None) -> Finding:
-    from .base.units import human_bytes
-
     msg = f"{human_bytes(free)} free of {human_bytes(total)}"
     fix = "free space or grow the volume (or prune old backups: rbak prune)"
     if newest_backup is not None and free < newest_backup:
@@ -311,8 +314,6 @@ def judge_free_space(free: int, total: int, newest_backup: int | None) -> Findin
 
 
 def _code(e: Exception) -> str:
-    import botocore.exceptions
-
     if isinstance(e, botocore.exceptions.ClientError):
         err = e.response.get("Error", {})
         return f"{err.get('Code', '?')}: {err.get('Message', '')}".rstrip(": ")
@@ -320,15 +321,11 @@ def _code(e: Exception) -> str:
 
 
 def _error_code(e: Exception) -> str:
-    import botocore.exceptions
-
     return e.response.get("Error", {}).get("Code", "") if isinstance(e, botocore.exceptions.ClientError) else ""
 
 
 def _kept_in(storage: Storage, policy: RetentionPolicy | None, prefix: str) -> list[KeptBackup] | None:
     """What prune would keep in this storage now (None when the catalogue cannot be read)."""
-    from .repo.catalog import list_backups
-
     try:
         return kept_backups(list_backups(storage, prefix), policy, _dt.datetime.now(_dt.timezone.utc))
     except RbakError:
@@ -336,8 +333,6 @@ def _kept_in(storage: Storage, policy: RetentionPolicy | None, prefix: str) -> l
 
 
 def check_s3(storage: Any, policy: RetentionPolicy | None, rbak_prefix: str = "") -> list[Finding]:
-    import botocore.exceptions
-
     c, bucket, prefix = storage.client, storage.bucket, storage.prefix
     errs = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
     out: list[Finding] = []
@@ -386,8 +381,6 @@ def check_s3(storage: Any, policy: RetentionPolicy | None, rbak_prefix: str = ""
 def probe_s3(storage: Any) -> list[Finding]:
     """put, get, list and delete one small object under ``<prefix>/.rbak-doctor/``; every version of it
     is removed after (a version the bucket's default retention locks stays hidden behind its marker)."""
-    import botocore.exceptions
-
     c, bucket = storage.client, storage.bucket
     key = storage.full_key(f"{PROBE_DIR}/probe-{uuid.uuid4().hex}")
     body = b"rbak doctor probe: safe to delete\n"
@@ -431,8 +424,6 @@ def _remove_versions(c: Any, bucket: str, key: str) -> str | None:
     """Delete every version of the probe, then its delete markers (only when no version is left: a
     marker is what hides a version the bucket's default retention locks). The latest retain-until
     date of a version left, or None."""
-    import botocore.exceptions
-
     errs = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
     left: list[str] = []
     try:
@@ -462,8 +453,6 @@ def _remove_versions(c: Any, bucket: str, key: str) -> str | None:
 
 
 def check_directory(path: str, storage: Storage, prefix: str = "") -> list[Finding]:
-    from .repo.catalog import list_backups
-
     out: list[Finding] = []
     if not os.path.exists(path):
         return [Finding("error", "directory", f"{path} does not exist", f"mkdir -p {path} (or fix --path)")]
@@ -496,10 +485,6 @@ def check_directory(path: str, storage: Storage, prefix: str = "") -> list[Findi
 
 def run_doctor(url: str, policy: RetentionPolicy | None, prefix: str = "") -> list[Finding]:
     """Every finding for a storage URL (file://, a bare path, or s3://)."""
-    from .storage.fs import FilesystemStorage
-    from .storage.s3 import S3Storage
-    from .storage.url import open_storage
-
     storage = open_storage(url)
     if isinstance(storage, S3Storage):
         return check_s3(storage, policy, prefix)

@@ -34,14 +34,27 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from .broker.connect import connect
+from .broker.deliveries import receive
+from .broker.management import ManagementClient
+from .broker.management import q as path_segment
 from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
 from .errors import ConfigError, DrillError, NotFoundError, RbakError
-from .format.manifest import BackupManifest, QueueBackup
 from .format.layout import DRILLS_DIR, BackupLayout, check_backup_id
+from .format.manifest import BackupManifest, QueueBackup
+from .format.reader import read_segment
+from .repo.catalog import latest_complete, newest_report
+from .repo.evidence import load_signing_key, sign, signing_key_from_env
+from .repo.validate import utc_stamp
+from .restore.engine import load_complete_manifest
 from .restore.options import RestoreOptions
+from .restore.plan import plan_queue, plan_restore
+from .restore.queue_restore import plan_codec, restore_queue_segments
+from .restore.source import BackupSource
 from .storage.base import Storage
 
 log = logging.getLogger(__name__)
@@ -110,8 +123,6 @@ class DrillReport:
 
     def sign(self, key: Any) -> None:
         """Sign the report as it is now (call again after any change: the signature covers every field)."""
-        from .repo.evidence import sign
-
         self.signature = None
         self.signature = sign(self.to_json_obj(), key)
 
@@ -155,12 +166,8 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
     keys = tuple(sorted(cfg.encryption.keyring().items()))
     signing_key = None
     if cfg.drill.signing_key_file:
-        from .repo.evidence import load_signing_key
-
         signing_key = load_signing_key(cfg.drill.signing_key_file)  # before the drill: a bad key fails fast
     elif cfg.drill.signing_key_env:
-        from .repo.evidence import signing_key_from_env
-
         signing_key = signing_key_from_env(cfg.drill.signing_key_env)
     return DrillOptions(target=conn, prefix=cfg.storage.prefix or "",
                         backup_id=backup_id or (cfg.backup_id if cfg.mode != "backup" else None),
@@ -178,8 +185,6 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
 
 def without_credentials(url: str) -> str:
     """A URL without its ``user:password@`` (the report is stored, and signed, next to the backup)."""
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(url or "")
     if "@" not in parts.netloc:
         return url
@@ -242,8 +247,6 @@ def judge(check: QueueCheck) -> QueueCheck:
 
 
 def choose_backup(storage: Storage, options: DrillOptions) -> str:
-    from .repo.catalog import latest_complete
-
     if options.backup_id:
         return check_backup_id(options.backup_id)
     entry = latest_complete(storage, options.prefix, with_data=True)
@@ -255,8 +258,6 @@ def choose_backup(storage: Storage, options: DrillOptions) -> str:
 def expected_hash(storage: Storage, q: QueueBackup, codec: Any) -> RecordHash:
     """Hash of a queue's records as the backup holds them (size and SHA-256 of every segment checked);
     ``codec``: the queue's plan's (``plan_codec``: an incremental stream's links each with its own key)."""
-    from .format.reader import read_segment
-
     h = RecordHash()
     for seg in q.segments:
         for _, r in read_segment(storage, seg, True, codec=codec):
@@ -270,8 +271,6 @@ def read_back(conn: Any, queue: str, expected: int, idle_secs: float, stream: bo
 
     Stops ``idle_secs`` after the last delivery, or half a second after the
     expected count arrived (so extra messages are still seen)."""
-    from .broker.deliveries import receive
-
     h = RecordHash()
     ch = conn.channel()
     ch.qos(500)
@@ -300,23 +299,19 @@ def _create_scratch(client: Any, name: str, avoid: set[str], options: DrillOptio
 
     ``attempted`` is called just before the PUT: from then on the vhost may exist (a signal may cut the
     request after the broker made it), so the caller deletes it whatever happens next."""
-    from .broker.management import q
-
-    if name in avoid or client.exists(f"vhosts/{q(name)}") is not None:
+    if name in avoid or client.exists(f"vhosts/{path_segment(name)}") is not None:
         raise DrillError(f"scratch vhost {name!r} already exists; refusing to use it")
     attempted()
-    client.request("PUT", f"vhosts/{q(name)}", {"description": "rbak restore drill (deleted when the drill ends)"})
+    client.request("PUT", f"vhosts/{path_segment(name)}", {"description": "rbak restore drill (deleted when the drill ends)"})
     perm = {"configure": ".*", "write": ".*", "read": ".*"}
     for user in {client.username, _amqp_user(options.target)}:
-        client.request("PUT", f"permissions/{q(name)}/{q(user)}", perm)
+        client.request("PUT", f"permissions/{path_segment(name)}/{path_segment(user)}", perm)
 
 
 def run_drill(storage: Storage, options: DrillOptions,
               on_scratch_created: Callable[[str], None] | None = None) -> DrillReport:
     """Restore a backup into a scratch vhost, compare it, delete the vhost; never raises for a failed
     check (the report says why), raises only for what stops the drill before a vhost exists."""
-    from .broker.management import ManagementClient
-
     t0 = time.monotonic()
     drill_id = options.drill_id or new_drill_id()
     backup_id = choose_backup(storage, options)
@@ -328,8 +323,6 @@ def run_drill(storage: Storage, options: DrillOptions,
         ropts = RestoreOptions(backup_id=backup_id, prefix=options.prefix, target=options.target,
                                produce_batch_size=options.produce_batch_size, keys=options.keys,
                                kms_region=options.kms_region, kms_endpoint_url=options.kms_endpoint_url)
-        from .restore.engine import load_complete_manifest
-        from .restore.source import BackupSource
 
         manifest = load_complete_manifest(BackupSource(storage, options.prefix), ropts)
         report.manifest_sha256 = hashlib.sha256(storage.get(BackupLayout(backup_id, options.prefix).manifest)
@@ -350,7 +343,7 @@ def run_drill(storage: Storage, options: DrillOptions,
                 f" (and {len(failed) - 1} more queue(s))" if len(failed) > 1 else "")
     except RbakError as e:
         report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
-    except Exception as e:  # noqa: BLE001 - a drill reports every failure, and still cleans up
+    except Exception as e:  # a drill reports every failure, and still cleans up
         log.exception("restore drill %s of backup %r", drill_id, backup_id)
         report.passed, report.reason = False, f"backup {backup_id!r}: {type(e).__name__}: {e}"
     finally:
@@ -368,11 +361,9 @@ def run_drill(storage: Storage, options: DrillOptions,
 
 def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None:
     """Delete the scratch vhost (its queues go with it); retried, and any failure recorded as the drill's."""
-    from .broker.management import q
-
     err: RbakError | None = None
     assert report.scratch_vhost is not None  # named before the vhost PUT was sent
-    path = f"vhosts/{q(report.scratch_vhost)}"
+    path = f"vhosts/{path_segment(report.scratch_vhost)}"
     for _ in range(attempts):
         try:
             client.delete(path)
@@ -392,11 +383,6 @@ def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None
 def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOptions, options: DrillOptions,
                   report: DrillReport, scratch: str) -> None:
     """Restore every queue into ``scratch`` (``report.scratch_vhost``), read it back and judge it."""
-    from .restore.queue_restore import plan_codec, restore_queue_segments
-    from .restore.plan import plan_queue, plan_restore
-    from .restore.source import BackupSource
-    from .broker.connect import connect
-
     source = BackupSource(storage, options.prefix)
     names = scratch_queue_names(manifest.queues)
     vmap = tuple(sorted({(qb.vhost, scratch) for qb in manifest.queues}))
@@ -441,8 +427,6 @@ def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "", 
                        ) -> str | None:
     """Write the report (signed when a key is given) as a new object next to the backup; a storage
     failure is logged, not fatal."""
-    from .repo.validate import utc_stamp
-
     def unstored() -> None:
         report.report_key = None
         if signing_key is not None:
@@ -471,8 +455,6 @@ def find_drill_report(storage: Storage, backup_id: str, prefix: str = "", drill_
                       ) -> tuple[str, dict[str, Any]] | None:
     """(key, report) of the newest drill report of a backup (of ``drill_id`` when given), or None; an
     unreadable one counts as a failed drill."""
-    from .repo.catalog import newest_report
-
     found = newest_report(storage, BackupLayout(backup_id, prefix).drills_dir,
                           lambda name: drill_id is None or name.endswith(f"-{drill_id}.json"))
     if found is None:

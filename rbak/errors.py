@@ -234,7 +234,7 @@ class ShortRead(RbakError):
         self.reason = reason
         super().__init__(f"queue {backup.name!r} in vhost {backup.vhost!r}: {reason}")
 
-    def __reduce__(self):  # crosses from a reader process
+    def __reduce__(self) -> tuple[type[ShortRead], tuple[Any, str]]:  # crosses from a reader process
         return (ShortRead, (self.backup, self.reason))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import REGISTRY, Counter, Gauge, make_wsgi_app
@@ -40,43 +41,43 @@ def _get(kind, name: str, doc: str, labels: tuple[str, ...]):
         return kind(name, doc, labels)
 
 
-def messages_read():
+def messages_read() -> Counter:
     return _get(Counter, "rabbitmq_backup_messages_read", "Messages read by backups.", Q_LABELS)
 
 
-def bytes_read():
+def bytes_read() -> Counter:
     return _get(Counter, "rabbitmq_backup_bytes_read", "Message body bytes read by backups.", Q_LABELS)
 
 
-def segments_written():
+def segments_written() -> Counter:
     return _get(Counter, "rabbitmq_backup_segments_written", "Segments written by backups.", Q_LABELS)
 
 
-def segment_bytes():
+def segment_bytes() -> Counter:
     return _get(Counter, "rabbitmq_backup_segment_bytes", "Segment bytes (compressed) written.", Q_LABELS)
 
 
-def checkpoint_syncs():
+def checkpoint_syncs() -> Counter:
     return _get(Counter, "rabbitmq_backup_checkpoint_syncs", "Checkpoint database syncs to storage.", ())
 
 
-def active_connections():
+def active_connections() -> Gauge:
     return _get(Gauge, "rabbitmq_backup_active_connections", "Open AMQP connections of the backup.", ())
 
 
-def published():
+def published() -> Counter:
     return _get(Counter, "rabbitmq_backup_messages_published", "Messages published by restores.", T_LABELS)
 
 
-def confirmed():
+def confirmed() -> Counter:
     return _get(Counter, "rabbitmq_backup_messages_confirmed", "Restored messages confirmed by the broker.", T_LABELS)
 
 
-def failed():
+def failed() -> Counter:
     return _get(Counter, "rabbitmq_backup_messages_failed", "Restored messages returned, nacked or lost.", T_LABELS)
 
 
-def errors():
+def errors() -> Counter:
     return _get(Counter, "rabbitmq_backup_errors", "Errors by kind.", ("error_type",))
 
 
@@ -109,7 +110,7 @@ def serve(cfg: MetricsConfig):
     """Serve ``cfg.path`` on ``cfg.bind:cfg.port`` in a daemon thread; returns the server (``.shutdown()``)."""
     app = make_wsgi_app(REGISTRY)
 
-    def only_path(environ, start_response):
+    def only_path(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO", "/") != cfg.path:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [f"metrics are at {cfg.path}\n".encode()]
@@ -129,33 +130,33 @@ def serve(cfg: MetricsConfig):
 A_LABELS = ("vhost", "stream")
 
 
-def archive_lag():
+def archive_lag() -> Gauge:
     return _get(Gauge, "rbak_archive_lag_seconds", "How far behind the broker the archive's complete-until of "
                 "each stream is (from the broker's committed end and chunk timestamps).", A_LABELS)
 
 
-def archive_recoverable():
+def archive_recoverable() -> Gauge:
     return _get(Gauge, "rbak_archive_recoverable_timestamp_seconds", "Every record the broker stamped up to this "
                 "time (epoch seconds) is archived, per stream.", A_LABELS)
 
 
-def archive_records():
+def archive_records() -> Counter:
     return _get(Counter, "rbak_archive_records", "Records read by the archiver.", A_LABELS)
 
 
-def archive_bytes():
+def archive_bytes() -> Counter:
     return _get(Counter, "rbak_archive_bytes", "Message body bytes read by the archiver.", A_LABELS)
 
 
-def archive_gaps():
+def archive_gaps() -> Gauge:
     return _get(Gauge, "rbak_archive_gaps", "Gaps (offsets the stream's retention removed before the archive read "
                 "them) recorded in the open generation, per stream.", A_LABELS)
 
 
-def archive_uploads():
+def archive_uploads() -> Counter:
     return _get(Counter, "rbak_archive_uploads", "Objects the archiver stored, by kind (segment, tick, manifest).",
                 ("kind",))
 
 
-def archive_waiting():
+def archive_waiting() -> Gauge:
     return _get(Gauge, "rbak_archive_waiting", "1 while another archiver of this source holds the archive lease.", ())

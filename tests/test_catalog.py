@@ -8,7 +8,7 @@ import orjson
 from rbak.repo.catalog import latest_complete, latest_validation
 from rbak.storage import open_storage
 from rbak.repo.validate import store_report
-from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
+from rbak_spark.synthetic import QueueSpec, write_backup
 
 
 def test_latest_complete_skips_a_backup_whose_last_validation_failed(tmp_path, caplog):

@@ -13,7 +13,7 @@ import yaml
 from rbak.format.manifest import BackupManifest
 from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
-from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
+from rbak_spark.synthetic import QueueSpec, write_backup
 
 QUEUES = [QueueSpec("/", "orders", 300, 200), QueueSpec("staging", "a/b ..%", 120, 100)]
 

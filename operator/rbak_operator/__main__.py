@@ -5,7 +5,7 @@ RBAK_OPERATOR_STANDALONE  1: no leader election (a single replica, tests)
 RBAK_LEASE_NAME           the Lease replicas elect their leader on (default rbak-operator),
 RBAK_LEASE_NAMESPACE      in this namespace (default POD_NAMESPACE, then the service account's);
 POD_NAME                  this replica's identity in it (default hostname-pid);
-RBAK_LEASE_SECONDS        lease duration (default 15): see leader.py
+RBAK_LEASE_SECONDS        lease duration (default 15): see runtime/leader.py
 RBAK_OPERATOR_LIVENESS    liveness endpoint, e.g. http://0.0.0.0:8081/healthz
 RBAK_OPERATOR_RESYNC_SECONDS, RBAK_OPERATOR_WATCH_TIMEOUT_SECONDS,
 RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS, RBAK_METRICS_PORT, RBAK_IMAGE: see
@@ -28,6 +28,13 @@ from urllib.parse import urlsplit
 
 import kopf
 
+from rbak.base.logsafe import configure
+from rbak_operator import handlers  # noqa: F401  registers the kopf handlers
+from rbak_operator.kube.client import Kube
+from rbak_operator.metrics import runs as metrics
+from rbak_operator.runtime import blocking, tasks
+from rbak_operator.runtime.leader import Elector, LeaseConfig
+
 
 @contextlib.contextmanager
 def standby_liveness(endpoint: str | None) -> Iterator[None]:
@@ -39,7 +46,7 @@ def standby_liveness(endpoint: str | None) -> Iterator[None]:
     url = urlsplit(endpoint)
 
     class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             ok = self.path.split("?")[0] == (url.path or "/")
             self.send_response(200 if ok else 404)
             self.send_header("Content-Type", "application/json")
@@ -64,8 +71,6 @@ def _leave(code: int) -> int:
     (an unreachable storage endpoint, a slow API server): Python would wait for its pool thread, holding
     a stopped pod in Terminating until the kubelet's SIGKILL and its replica's handover with it. The
     pass is abandoned safely: every pass re-reads what it decides on, so the next leader redoes it."""
-    from rbak_operator.runtime import blocking
-
     blocked = blocking.busy()
     if blocked:
         logging.getLogger("rbak_operator").info("exiting; %d blocked call(s) abandoned", blocked)
@@ -77,14 +82,8 @@ def _leave(code: int) -> int:
 
 
 def main() -> int:
-    from rbak.base.logsafe import configure
-
     # the CLI's log filter: no credentials (botocore at DEBUG, URL passwords), no raw control bytes
     configure(os.environ.get("RBAK_OPERATOR_LOG_LEVEL", "INFO"))
-    from rbak_operator import handlers  # noqa: F401  handlers: registers the handlers
-    from rbak_operator.metrics import runs as metrics
-    from rbak_operator.kube.client import Kube
-    from rbak_operator.runtime.leader import Elector, LeaseConfig
 
     namespaces = [n for n in os.environ.get("RBAK_OPERATOR_NAMESPACES", "").split(",") if n]
 
@@ -95,8 +94,6 @@ def main() -> int:
         kopf's cleanup: kopf awaits it without a thread (for a threading.Event kopf would block an
         executor thread, which keeps the process alive after a SIGTERM stopped kopf), and a flag that
         stayed unset would be a task kopf waits 5 s for after every SIGTERM."""
-        from rbak_operator.runtime import tasks
-
         flag = tasks.stopping()
         if elector is not None and stop is not None:
             loop = asyncio.get_running_loop()

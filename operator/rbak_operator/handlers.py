@@ -1,20 +1,17 @@
-"""kopf handlers: the glue between kopf and the reconcilers.
+"""kopf handlers: the glue between kopf and the operator's own runtime.
 
-Each RabbitMQBackup or RabbitMQRestore has a loop of its own (tasks.py) that runs a pass
-(``backup_reconciler.backup_pass`` / ``restore_reconciler.reconcile_restore``) on a thread pool,
-then sleeps until something changes or a time comes due: the object's spec, annotations or deletion, an event of a Job or SparkApplication it
-owns (watched by label, mapped back by ownerReference), its next slot or drill (wake.py), or the
-safety resync (``RBAK_OPERATOR_RESYNC_SECONDS``, default 6 h). An idle object costs no API call
-between those (benchmarks/operator_scale.py measures it against the former 10 s loop, run from
-the git revision that still had it). A loop starts with its object's first watch event and ends when
-the object is gone; a running Job's progress is followed the same way. Deletion, metrics start-up and
-login are here too; which replica runs all this is leader.py's (a Lease).
-Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
+kopf delivers the watch events of our objects and of the Jobs and SparkApplications they own, logs in,
+and runs the start-up and cleanup hooks; nothing else. Each event wakes or starts the object's loop
+(``runtime.loop``, whose docstring is the per-object model) with its kind's pass
+(``reconcile.backup.backup_pass`` / ``reconcile.restore.restore_pass`` /
+``reconcile.archive.archive_pass``), and a running Job's progress
+follower (``reconcile.progress``). Deletion with ``deletionPolicy: delete``, metrics start-up and the
+per-resource gauges of a deleted object are here too; which replica runs all this is
+``runtime.leader``'s (a Lease). Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -22,27 +19,32 @@ from typing import Any
 import kopf
 
 from rbak.errors import RbakError
-
-from datetime import timedelta
-
+from rbak_operator.crds.schema import (
+    ARCHIVE_PLURAL,
+    BACKUP_PLURAL,
+    GROUP,
+    RESTORE_PLURAL,
+    SPARK_GROUP,
+    SPARK_PLURAL,
+    SPARK_VERSION,
+    VERSION,
+)
+from rbak_operator.decide import bodies, policy
+from rbak_operator.decide.progress import watched_run
+from rbak_operator.decide.status import GONE  # noqa: F401 (tests compare a pass's result with it here)
+from rbak_operator.kube.client import Kube, connection_info
+from rbak_operator.kube.errors import ApiError
+from rbak_operator.kube.events import post as _event
+from rbak_operator.metrics import resources as resource_metrics
+from rbak_operator.metrics import runs as metrics
 from rbak_operator.reconcile import archive as archive_reconciler
-from rbak_operator.runtime import blocking, clock, tasks, wakeups
-from rbak_operator.decide import bodies, policy, wake
-from rbak_operator.metrics import runs as metrics, resources as resource_metrics
 from rbak_operator.reconcile import progress
 from rbak_operator.reconcile.backup import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
-from rbak_operator.crds.schema import ARCHIVE_PLURAL, BACKUP_PLURAL, GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION, VERSION
-from rbak_operator.kube.events import post as _event
-from rbak_operator.kube.client import ApiError, Kube, connection_info
 from rbak_operator.reconcile.restore import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
-from rbak_operator.decide.progress import watched_run
-from rbak_operator.decide.status import GONE
 from rbak_operator.reconcile.storage import delete_owned_backups
+from rbak_operator.runtime import loop, tasks, wakeups
 
 log = logging.getLogger("rbak_operator")
-
-RESYNC = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", str(6 * 3600))))
-
 
 # --------------------------------------------------------------------------
 # start-up and cleanup: settings, metrics, our tasks
@@ -72,38 +74,8 @@ async def stop_tasks(**_: Any) -> None:
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
     """In-cluster service account or kubeconfig (exec/OIDC plugins too), as the kubernetes client reads them
-    for the operator's own calls (k8s.py): one configuration for both."""
+    for the operator's own calls (kube/client.py): one configuration for both."""
     return connection_info()
-
-
-async def _loop(reconcile, kind: str, name: str, namespace: str, stopped: asyncio.Event, logger) -> None:
-    """Run a pass, sleep until woken or due (wake.py), repeat until stopped or the object is gone/finished.
-
-    ``reconcile`` returns (result, the times the next pass is due for); result GONE ends the loop."""
-    kube = Kube()
-    key = (kind, namespace, name)
-    wakeups.flag(key)  # from now on, watch events wake this loop
-    failures = 0
-    log.info("%s %s/%s: reconcile loop started", kind, namespace, name)
-    try:
-        while not stopped.is_set():
-            times: list = []
-            try:
-                result, times = await blocking.run(reconcile, kube, namespace, name, logger)
-                if result == GONE:
-                    return
-                failures = 0
-            except ApiError as e:
-                failures += 1
-                logger.warning("%s %s/%s: API error %s %s; retrying", kind, namespace, name, e.status, e.reason)
-            except Exception:  # never let one bad object kill its loop
-                failures += 1
-                logger.exception("%s %s/%s: reconcile failed; retrying", kind, namespace, name)
-            now = clock.now()
-            due = now + wake.backoff(failures) if failures else wake.next_wake(times, now, RESYNC)
-            await wakeups.sleep_until(key, due, stopped)
-    finally:
-        wakeups.forget(key)
 
 
 def _restore_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[Any, list]:
@@ -117,7 +89,7 @@ def _ensure_tasks(kind: str, namespace: str, name: str, status: Any, logger: Any
     reconcile = backup_pass if kind == "backup" else _restore_pass
     if kind == "restore" and (status or {}).get("phase") in ("Succeeded", "Failed"):
         return  # a finished restore has nothing left to do (its pass would only say so)
-    tasks.ensure(key, lambda: _loop(reconcile, kind, name, namespace, tasks.stopping(), logger))
+    tasks.ensure(key, lambda: loop.run(reconcile, kind, name, namespace, tasks.stopping(), logger))
     if watched_run(kind, status) is not None:
         tasks.ensure((*key, "progress"), lambda: progress.follow(kind, namespace, name, tasks.stopping(), logger))
 
@@ -205,34 +177,8 @@ async def archive_event(type: str, body: kopf.Body, name: str, namespace: str | 
     archive_reconciler.remember(key, dict(body))
     if wakeups.object_changed(key, body):
         wakeups.poke(key)
-    tasks.ensure(key, lambda: _archive_loop(name, namespace, tasks.stopping(), logger))
-
-
-async def _archive_loop(name: str, namespace: str, stopped: asyncio.Event, logger) -> None:
-    """An archive's passes: one every poll interval of wall-clock time (the archive's ticks are stamped
-    in wall time, whatever clock the schedules run on), sooner when its spec changed."""
-    kube = Kube()
-    key = ("archive", namespace, name)
-    wakeups.flag(key)
-    failures = 0
-    log.info("archive %s/%s: reconcile loop started", namespace, name)
-    try:
-        while not stopped.is_set():
-            try:
-                result, _ = await blocking.run(archive_reconciler.archive_pass, kube, namespace, name, logger)
-                if result == GONE:
-                    return
-                failures = 0
-            except ApiError as e:
-                failures += 1
-                logger.warning("archive %s/%s: API error %s %s; retrying", namespace, name, e.status, e.reason)
-            except Exception:  # never let one bad object kill its loop
-                failures += 1
-                logger.exception("archive %s/%s: reconcile failed; retrying", namespace, name)
-            delay = wake.backoff(failures) if failures else archive_reconciler.POLL
-            await wakeups.sleep_for(key, delay.total_seconds(), stopped)
-    finally:
-        wakeups.forget(key)
+    tasks.ensure(key, lambda: loop.run(archive_reconciler.archive_pass, "archive", name, namespace,
+                                       tasks.stopping(), logger, poll=archive_reconciler.POLL))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})

@@ -485,7 +485,7 @@ class BackupEngine(StreamBackup):
                         qs.status, qs.error = "failed", str(e)
                         metrics.errors().labels(error_type=metrics.error_type(e)).inc()
                         log.error("%s", e)
-                    except Exception as e:  # noqa: BLE001 - one queue's bug must not lose the others
+                    except Exception as e:  # one queue's bug must not lose the others
                         qs.status, qs.error = "failed", f"{type(e).__name__}: {e}"
                         metrics.errors().labels(error_type="other").inc()
                         log.exception("queue %s/%s failed", q.vhost, q.name)

@@ -313,7 +313,7 @@ def serve(pipe: Any, send: Callable[[tuple], None],
         try:
             qb, opened = read(q, cluster, version, ckpt)
             send(("ok", ChildResult(qb, ckpt.saved, ckpt.resets, opened)))
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent as it was
+        except BaseException as e:  # every failure goes back to the parent as it was
             try:
                 send(("error", e))
             except Exception:  # noqa: BLE001 - an exception that does not pickle

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Callable
 
 _SECRET_HEADERS = re.compile(
     r"""(?ix)
@@ -58,11 +59,11 @@ class SafeLogFilter(logging.Filter):
         return True
 
 
-def _safe_factory(previous):
+def _safe_factory(previous: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     def factory(*args, **kwargs) -> logging.LogRecord:
         return sanitize(previous(*args, **kwargs))
 
-    factory.rbak_safe = True
+    factory.rbak_safe = True  # type: ignore[attr-defined]  # the mark install() looks for
     return factory
 
 

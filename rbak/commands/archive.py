@@ -12,7 +12,9 @@ import json
 import signal
 from typing import Any
 
+from ..config import load_config
 from ..errors import ConfigError
+from ..metrics import serve
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -26,8 +28,7 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
 
 
 def run(args: Any) -> int:
-    from ..archive.archiver import Archiver
-    from ..config import load_config
+    from ..archive.archiver import Archiver  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     cfg = load_config(args.config)
     if cfg.mode != "archive":
@@ -35,8 +36,6 @@ def run(args: Any) -> int:
     if args.metrics_port is not None:
         cfg.metrics.enabled, cfg.metrics.port = True, args.metrics_port
     if cfg.metrics.enabled:
-        from ..metrics import serve
-
         serve(cfg.metrics)
     archiver = Archiver(cfg)
 

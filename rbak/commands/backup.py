@@ -8,9 +8,16 @@ Progress (``rbak.repo.progress``): a rich bar on a terminal, plain periodic log 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from .. import metrics as bmetrics
+from ..config import Config, config_reference_markdown, default_backup_id, json_schema, load_config
+from ..errors import ConfigError
+from ..format.layout import check_backup_id
+from ..repo import progress
 from . import output
 
 log = logging.getLogger("rbak.backup")
@@ -26,7 +33,6 @@ def register(sub, import_sub) -> None:
     p.add_argument("--vhost", action="append", metavar="VHOST",
                    help="back up only this vhost (repeatable; overrides source.queues.vhosts)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
@@ -41,8 +47,6 @@ def register(sub, import_sub) -> None:
 
 
 def reference(args) -> int:
-    from ..config import config_reference_markdown, json_schema
-
     if args.json_schema:
         print(json.dumps(json_schema(), indent=2))
     elif args.output_schema:
@@ -52,10 +56,7 @@ def reference(args) -> int:
     return 0
 
 
-def build_config(args):
-    from ..config import Config, default_backup_id, load_config
-    from ..errors import ConfigError
-
+def build_config(args: argparse.Namespace) -> Config:
     if args.config:
         cfg = load_config(args.config)
     else:
@@ -64,21 +65,19 @@ def build_config(args):
         cfg.backup_id = args.backup_id
     if not cfg.backup_id:
         cfg.backup_id = default_backup_id()
-    from ..format.layout import check_backup_id
 
     check_backup_id(cfg.backup_id, "--backup-id" if args.backup_id else "backup_id")
     if args.path:
         _apply_path(cfg, args.path)
-    if getattr(args, "vhost", None):
-        cfg.source.queues.vhosts = list(args.vhost)
     if cfg.mode != "backup":
         raise ConfigError(f"mode: {args.config} is a {cfg.mode!r} configuration; rbak backup needs mode: backup")
+    if getattr(args, "vhost", None):
+        assert cfg.source is not None  # a backup config without a source is refused when loaded
+        cfg.source.queues.vhosts = list(args.vhost)
     return cfg
 
 
 def _apply_path(cfg, path: str) -> None:
-    from urllib.parse import parse_qs, unquote, urlsplit
-
     if "://" not in path:
         cfg.storage.backend, cfg.storage.path = "filesystem", path
         return
@@ -95,17 +94,14 @@ def _apply_path(cfg, path: str) -> None:
         cfg.storage.endpoint = qs.get("endpoint", cfg.storage.endpoint)
         cfg.storage.path_style = qs.get("path_style", "").lower() in ("1", "true", "yes") or cfg.storage.path_style
     else:
-        from ..errors import ConfigError
-
         raise ConfigError(f"--path: unsupported storage URL {path!r} (a directory, file://, s3:// or memory://)")
 
 
 def run(args) -> int:
-    from ..repo import progress
-    from ..backup import BackupEngine
-    from .. import metrics as bmetrics
+    from ..backup import BackupEngine  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     cfg = build_config(args)
+    assert cfg.backup_id is not None  # build_config sets one
     server = bmetrics.serve(cfg.metrics) if cfg.metrics.enabled else None
     try:
         storage = cfg.storage.open()

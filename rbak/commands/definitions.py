@@ -17,8 +17,11 @@ import os
 import sys
 from typing import Any
 
-from . import output
+from ..config import QueueSelection, load_config
 from ..errors import ConfigError
+from ..format.compression import Compression, compress
+from ..restore.options import RestoreOptions, options_from_config
+from . import output
 
 
 def register(subparsers: Any, _import_subparsers: Any) -> None:
@@ -35,15 +38,13 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
 
 
 def _client(conn: Any, role: str):
-    from ..broker.management import ManagementClient
+    from ..broker.management import ManagementClient  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     return ManagementClient.for_connection(conn, role)
 
 
 def run_export(args: Any) -> int:
-    from ..config import load_config
-
-    from ..backup.definitions import scope_definitions
+    from ..backup.definitions import scope_definitions  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     cfg = load_config(args.config)
     conn = cfg.source or cfg.target
@@ -69,10 +70,7 @@ def run_export(args: Any) -> int:
 
 
 def run_import(args: Any) -> int:
-    from ..config import load_config
-    from ..restore.definitions import apply_definitions, parse_definitions, rollback_timestamp
-    from ..config import QueueSelection
-    from ..restore.options import RestoreOptions, options_from_config
+    from ..restore.definitions import apply_definitions, parse_definitions, rollback_timestamp  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     cfg = load_config(args.config)
     if cfg.target is None:
@@ -98,8 +96,6 @@ def run_import(args: Any) -> int:
     def write_rollback(data: bytes) -> str:
         ts = rollback_timestamp()
         if cfg.backup_id and cfg.storage is not None:
-            from ..format.compression import Compression, compress
-
             comp = Compression.parse(cfg.backup.compression)
             key = cfg.layout().rollback_definitions(ts, comp)
             storage = cfg.storage.open()

@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from . import output
+import yaml
+
 from ..errors import ConfigError, StorageSettingsError
+from ..repo.retention import RetentionPolicy, parse_duration
+from . import output
 
 RETENTION_KEYS = {"keepLast": "keep_last", "keepDaily": "keep_daily", "keepWeekly": "keep_weekly",
                   "keepMonthly": "keep_monthly", "maxAge": "max_age"}
@@ -38,8 +41,6 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
 
 def retention_from_file(path: str) -> dict[str, Any]:
     """The retention fields of a YAML file, snake_case."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
@@ -65,8 +66,6 @@ def retention_from_file(path: str) -> dict[str, Any]:
 
 
 def policy_from_args(args: argparse.Namespace):
-    from ..repo.retention import RetentionPolicy, parse_duration
-
     given = {n: getattr(args, n) for n in ("keep_last", "keep_daily", "keep_weekly", "keep_monthly", "max_age")
              if getattr(args, n) is not None}
     if args.retention_file:
@@ -79,7 +78,7 @@ def policy_from_args(args: argparse.Namespace):
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import run_doctor
+    from ..doctor import run_doctor  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     findings = run_doctor(args.path, policy_from_args(args), args.prefix)
     errors = [f for f in findings if f.severity == "error"]

@@ -16,9 +16,17 @@ from __future__ import annotations
 import argparse
 import signal
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import orjson
+
+from ..config import load_config
+from ..errors import ConfigError, DrillError, EvidenceError, StorageError, Terminated
+from ..format.layout import check_backup_id
+from ..repo.evidence import load_public_key
+from ..repo.evidence import verify as check
+from ..storage.url import open_storage
 from . import output
-from ..errors import Terminated
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -52,13 +60,9 @@ def _raise_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..drill import options_from_config, run_drill
-    from ..format.layout import check_backup_id
+    from ..drill import options_from_config, run_drill  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     if not args.config:
-        from ..errors import ConfigError
-
         raise ConfigError("rbak drill: --config is required to run a drill (or: rbak drill verify REPORT)")
     cfg = load_config(args.config)
     if args.drill_id:
@@ -78,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
         for line in report.lines():
             print(line)
     if not report.passed:
-        from ..errors import DrillError
-
         raise DrillError(f"FAILED: {report.reason}")
     return 0
 
@@ -87,17 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
 def read_report(where: str) -> bytes:
     """The bytes of a report given as a file path or a storage URL of the object."""
-    from ..errors import EvidenceError, StorageError
-
     if "://" not in where:
         try:
             with open(where, "rb") as f:
                 return f.read()
         except OSError as e:
             raise EvidenceError(f"REPORT {where}: {e.strerror or e}") from None
-    from urllib.parse import urlsplit, urlunsplit
-
-    from ..storage.url import open_storage
 
     parts = urlsplit(where)
     folder, _, name = parts.path.rstrip("/").rpartition("/")
@@ -108,12 +105,6 @@ def read_report(where: str) -> bytes:
 
 
 def verify(args: argparse.Namespace) -> int:
-    import orjson
-
-    from ..errors import EvidenceError
-    from ..repo.evidence import load_public_key
-    from ..repo.evidence import verify as check
-
     data = read_report(args.report)
     try:
         report = orjson.loads(data)

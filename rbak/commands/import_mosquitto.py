@@ -7,6 +7,8 @@ import sys
 
 from ..errors import PARTIAL_EXIT_CODE
 from ..format.compression import Compression
+from ..repo import progress
+from ..storage import open_storage
 from .secrets import add_encryption_args, import_codec_from
 
 
@@ -28,16 +30,13 @@ def register(sub: argparse._SubParsersAction, imp: argparse._SubParsersAction) -
                    help="export what can be read from a damaged file and report what was skipped")
     p.add_argument("--vhost", default="/", help="vhost recorded for the messages (default /)")
     add_encryption_args(p)
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=cmd_import_mosquitto)
 
 
 def cmd_import_mosquitto(args: argparse.Namespace) -> int:
-    from ..repo import progress
-    from ..offline.mosquitto import import_mosquitto_db
-    from ..storage import open_storage
+    from ..offline.mosquitto import import_mosquitto_db  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else
     with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),

@@ -7,6 +7,8 @@ import sys
 
 from ..errors import PARTIAL_EXIT_CODE
 from ..format.compression import Compression
+from ..repo import progress
+from ..storage import open_storage
 from .secrets import add_encryption_args, import_codec_from
 
 
@@ -37,16 +39,13 @@ def register(subparsers, import_subparsers) -> None:
     p.add_argument("--from-offset", type=int, default=None, metavar="N",
                    help="start every stream at this offset instead of the first one present")
     add_encryption_args(p)
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
-    from ..repo import progress
-    from ..storage import open_storage
+    from ..offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     codec = import_codec_from(args, args.backup_id)  # a missing key stops the import before anything else
     with progress.cli_session("import", args.backup_id, args, storage=lambda: open_storage(args.to),

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-from . import output
-from ..errors import UnverifiedError, ValidationError
+import yaml
+
 from ..base.units import human_bytes
+from ..errors import UnverifiedError, ValidationError
+from ..format.layout import BackupLayout
+from ..repo import progress
 from ..repo.catalog import list_backups, load_manifest
-from ..sealing.crypto import load_keyring
-from ..format.manifest import BackupManifest
+from ..repo.report import describe_obj, encrypted_label, fmt_ms, fmt_ts, list_notes, list_obj
 from ..repo.validate import UNVERIFIED, store_report, unverified_line, validate_backup
+from ..sealing.crypto import load_keyring
+from ..sealing.envelope import read_wraps
+from ..storage.url import open_existing_storage
+from . import output
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -42,27 +51,13 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
     p.add_argument("--write-report", action="store_true",
                    help="store the report next to the backup (validation/report-<ts>.json); a backup whose newest "
                         "report failed is skipped when a restore picks the latest backup")
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=cmd_validate)
 
 
-def fmt_ts(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def fmt_ms(ms: int | None) -> str:
-    """An instant to the millisecond (an archive's recoverable-until)."""
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-def _console():
-    from rich.console import Console
+def _console() -> "Console":
+    from rich.console import Console  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     # piped (a script, a test, `| grep`): no 80-column wrap that splits a backup id or a note over lines
     # (COLUMNS is no guide there: pytest and some shells export 80 to children that write to a pipe)
@@ -71,34 +66,8 @@ def _console():
 
 def _existing_storage(path: str):
     """The storage at ``--path``; a directory that does not exist is an error (``open_existing_storage``)."""
-    from ..storage.url import open_existing_storage
 
     return open_existing_storage(path)
-
-
-def list_obj(entries: list) -> list[dict]:
-    """The JSON of ``list`` (also ``kubectl rbak list -o json``)."""
-    out = []
-    for e in entries:
-        m = e.manifest
-        out.append({
-            "backup_id": e.backup_id,
-            "status": e.status,
-            "created_at": m.created_at if m else None,
-            "completed_at": m.completed_at if m else None,
-            "total_messages": m.total_messages if m else None,
-            "total_bytes": m.total_bytes if m else None,
-            "total_segments": m.total_segments if m else None,
-            "queues": len(m.queues) if m else None,
-            "queue_status": [x.to_json_obj() for x in m.queue_status] if m else [],
-            "gaps": sum(g.count for _, g in m.gaps) if m else 0,
-            "depends_on": sorted(m.depends_on) if m else [],
-            "content": m.content if m else None,
-            "encrypted": m.encryption is not None if m else None,
-            "error": e.error,
-            **({"archive": m.archive.to_json_obj()} if m is not None and m.archive is not None else {}),
-        })
-    return out
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -106,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         output.emit(args, list_obj(entries))
         return 0
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     if not entries:
         print(f"no backups at {args.path}")
@@ -124,84 +93,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def encrypted_label(m: BackupManifest) -> str:
-    """``yes (key K)``, ``yes (envelope)`` or ``no``: whether a backup's segments are sealed."""
-    if m.encryption is None:
-        return "no"
-    return "yes (envelope)" if m.encryption.envelope else f"yes (key {m.encryption.key_id})"
-
-
-def list_notes(m: BackupManifest) -> str:
-    """What ``list`` says beside the status: empty or definitions-only, not-backed-up queues, gaps, the chain."""
-    out = []
-    if m.content == "empty" and m.is_complete:
-        out.append("empty: no message (restore without an id and prune's keep rules pass over it)")
-    elif m.content == "definitions-only":
-        out.append("definitions only (by backup.definitions_only)")
-    short = [s for s in m.queue_status if s.status == "partial"]
-    if short:
-        out.append(", ".join(f"{s.vhost}/{s.name} " + (f"read {s.read} of {s.expected}" if s.expected is not None
-                                                        else "damaged data skipped") for s in short[:3])
-                   + (f" (+{len(short) - 3} more)" if len(short) > 3 else ""))
-    rest = len(m.queue_status) - len(short)
-    if rest:
-        out.append(f"{rest} queue(s) not backed up")
-    gaps = sum(g.count for _, g in m.gaps)
-    if gaps:
-        out.append(f"gaps: {gaps} message(s)")
-    if m.depends_on:
-        out.append("continues " + ", ".join(sorted(m.depends_on)))
-    if m.archive is not None:
-        out.append(f"archive {m.archive.name} ({'open' if m.archive.open else 'closed'}), recoverable until "
-                   f"{fmt_ms(m.archive.recoverable_until)}")
-    return "; ".join(out)
-
-
-def describe_obj(m: BackupManifest) -> dict:
-    """The JSON of ``describe``: the Rust tool's keys first, then more detail."""
-    return {
-        "backup_id": m.backup_id,
-        "status": m.state,
-        "created_at": m.created_at,
-        "completed_at": m.completed_at,
-        "source_cluster": m.source_cluster,
-        "rabbitmq_version": m.rabbitmq_version,
-        "backup_tool_version": m.backup_tool_version,
-        "total_messages": m.total_messages,
-        "total_bytes": m.total_bytes,
-        "total_segments": m.total_segments,
-        "definitions": m.definitions.to_json_obj() if m.definitions else None,
-        "encryption": m.encryption.to_json_obj() if m.encryption else None,
-        "encrypted": m.encryption is not None,
-        "content": m.content,
-        "queues": [
-            {
-                "name": q.name,
-                "vhost": q.vhost,
-                "queue_type": q.queue_type,
-                "message_count": q.message_count,
-                **({"expected_messages": q.expected_messages} if q.expected_messages is not None else {}),
-                "first_message_timestamp": q.first_message_timestamp,
-                "last_message_timestamp": q.last_message_timestamp,
-                "segments": len(q.segments),
-                "size_bytes": q.size_bytes,
-                "max_body_bytes": q.max_body_bytes,  # None: not recorded (older backups; a restore scans)
-                **({"stream": q.stream.to_json_obj()} if q.stream is not None else {}),
-            }
-            for q in m.queues
-        ],
-        "queue_status": [s.to_json_obj() for s in m.queue_status],
-        "gaps": [{"vhost": q.vhost, "name": q.name, **g.to_json_obj()} for q, g in m.gaps],
-        "depends_on": sorted(m.depends_on),
-        **({"archive": {**m.archive.to_json_obj(), "recoverable_until_utc": fmt_ms(m.archive.recoverable_until)}}
-           if m.archive is not None else {}),
-    }
-
-
 def key_wraps(storage, backup_id: str, prefix: str) -> list[dict]:
     """The wrap objects of an envelope backup: which key-encryption keys can open its data key."""
-    from ..sealing.envelope import read_wraps
-    from ..format.layout import BackupLayout
 
     out: list[dict] = []
     for key, rec in read_wraps(storage, BackupLayout(backup_id, prefix)):
@@ -223,11 +116,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
         output.emit(args, obj)
         return 0
     if args.format == "yaml":
-        import yaml
 
         print(yaml.safe_dump(obj, sort_keys=False, allow_unicode=True), end="")
         return 0
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     c = _console()
     c.print(f"[bold]Backup[/bold] {m.backup_id} ({obj['status']})")
@@ -274,7 +166,6 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ..repo import progress
 
     storage = _existing_storage(args.path)
     m = load_manifest(storage, args.backup_id, args.prefix)

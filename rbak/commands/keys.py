@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from . import output
 from ..errors import ConfigError, EncryptionError
+from ..repo.catalog import list_backups, load_manifest
+from ..sealing.crypto import load_keyring
+from ..sealing.envelope import Kek, KeySources, KmsSettings, RewrapResult, rewrap
+from ..storage import open_storage
+from . import output
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -35,11 +39,6 @@ def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) 
 
 
 def cmd_rewrap(args: argparse.Namespace) -> int:
-    from ..repo.catalog import list_backups, load_manifest
-    from ..sealing.crypto import load_keyring
-    from ..sealing.envelope import Kek, KeySources, KmsSettings, RewrapResult, rewrap
-    from ..storage import open_storage
-
     to = Kek.parse(args.to, "--to")
     from_ = Kek.parse(args.from_, "--from") if args.from_ else None
     if from_ == to:

@@ -11,6 +11,7 @@ queues, a report that found problems). ``SCHEMA`` describes it (``rbak config-re
 
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 RESULT = "_json_result"  # the attribute of the parsed arguments holding the emitted result
@@ -65,8 +66,6 @@ def partial_of(err: BaseException | None) -> Any:
         if v is not None and hasattr(v, "to_json_obj"):
             return v.to_json_obj()
         if v is not None:
-            from dataclasses import asdict, is_dataclass
-
             if is_dataclass(v) and not isinstance(v, type):
                 return asdict(v)
     return None

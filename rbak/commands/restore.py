@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
-from . import output
+from ..config import load_config, parse_time_bound
 from ..config.validation import check_url
 from ..errors import ConfigError, NotFoundError, RestoreError
+from ..metrics import serve
+from ..repo import progress
+from ..repo.catalog import latest_complete, load_manifest
+from ..restore.engine import run_restore
 from ..restore.options import RestoreOptions, local_target, options_from_config
+from ..sealing.crypto import load_keyring
+from ..storage import open_storage
+from . import output, result_file
+from .secrets import url_from
 
 log = logging.getLogger("rbak.restore")
 
@@ -59,7 +68,6 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--keys-file", default=None, help="encryption keyring for encrypted backups (a file or a mounted "
                    "Secret directory; RBAK_ENCRYPTION_KEYS is also read; without --config)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    from ..repo import progress
 
     progress.add_arguments(p)
     p.set_defaults(handler=run)
@@ -84,12 +92,7 @@ def _overrides(args: Any) -> dict[str, Any]:
 
 def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
-    from ..repo.catalog import latest_complete
-    from .secrets import url_from
-
     if args.config:
-        from ..config import load_config
-
         # flags that say what the config file says: one of the two would be silently ignored
         clash = [flag for flag, value in (("--path", args.path), ("--prefix", args.prefix),
                                           ("--target-url", args.target_url), ("--target-url-file", args.target_url_file),
@@ -103,7 +106,6 @@ def build(args: Any):
             raise ConfigError(f"{args.config}: mode: must be restore for `rbak restore`, got {cfg.mode!r}")
         storage = cfg.storage.open()
         return storage, options_from_config(cfg, **_overrides(args)), cfg.metrics
-    from ..storage import open_storage
 
     storage = open_storage(args.path or DEFAULT_PATH)
     backup_id = args.backup_id
@@ -125,7 +127,6 @@ def build(args: Any):
         check_url(args.management_url, ("http", "https"), "--management-url")
     target = local_target(url, args.management_url)
     opts = {k: v for k, v in _overrides(args).items() if v is not None}
-    from ..sealing.crypto import load_keyring
 
     keys = tuple(sorted(load_keyring(args.keys_file).items()))
     return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, keys=keys, **opts), None
@@ -133,18 +134,12 @@ def build(args: Any):
 
 def _pitr(args: Any, storage: Any, options: Any) -> Any:
     """``--pitr-start`` / ``--pitr-end`` applied to the options (``recoverable``: the archive's recoverable-until)."""
-    from dataclasses import replace
-
-    from ..config import parse_time_bound
-
     if getattr(args, "pitr_end", None) is None and getattr(args, "pitr_start", None) is None:
         return options
     start, end = options.window_start_ms, options.window_end_ms
     if args.pitr_start is not None:
         start = parse_time_bound(args.pitr_start, "--pitr-start")
     if args.pitr_end is not None and args.pitr_end.strip().lower() == "recoverable":
-        from ..repo.catalog import load_manifest
-
         m = load_manifest(storage, options.backup_id, options.prefix)
         if m.archive is None or m.archive.recoverable_until is None:
             raise ConfigError(f"--pitr-end recoverable: backup {options.backup_id!r} is not a generation of an archive "
@@ -157,21 +152,15 @@ def _pitr(args: Any, storage: Any, options: Any) -> Any:
 
 
 def run(args: Any) -> int:
-    from ..restore.engine import run_restore
-
     storage, options, metrics_cfg = build(args)
     options = _pitr(args, storage, options)
     if metrics_cfg is not None and metrics_cfg.enabled:
-        from ..metrics import serve  # the same endpoint and path handling as `rbak backup`
-
         serve(metrics_cfg)
-    from ..repo import progress
 
     with progress.cli_session("restore", options.backup_id, args, storage=storage, prefix=options.prefix,
                               display=not options.dry_run) as ps:
         on_plan, on_progress = progress.restore_events(ps.tracker)
         summary = run_restore(storage, options, on_progress=on_progress, on_plan=on_plan)
-    from . import result_file
 
     result_file.write(result_file.restore_result(summary))
     if args.json:

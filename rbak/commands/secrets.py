@@ -12,6 +12,7 @@ import logging
 import os
 from urllib.parse import urlsplit
 
+from ..config import EncryptionConfig
 from ..errors import ConfigError
 from ..sealing.envelope import KmsSettings, writer_codec
 
@@ -87,8 +88,6 @@ def import_codec(backup_id: str, key_id: str | None, keys_file: str | None, enve
     """The codec of a backup written by an import (``--encrypt-key-id``, ``--envelope``, ``--kms-key-id``):
     built from the ``encryption`` section a backup with these settings has, through ``writer_codec``, so
     an import is sealed and its data key wrapped exactly as a backup's; no key id, no encryption."""
-    from ..config import EncryptionConfig
-
     kms = kms or KmsSettings()
     enc = EncryptionConfig(enabled=bool(key_id or kms_key_id), key_id=key_id, keys_file=keys_file,
                            envelope=envelope, kms_key_id=kms_key_id, kms_region=kms.region,

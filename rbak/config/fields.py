@@ -13,7 +13,7 @@ MASK = "***"
 
 
 def doc_field(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None,
-              required: bool = False, min: float | None = None, max: float | None = None,
+              required: bool = False, min: float | None = None, max: float | None = None,  # noqa: A002 - min and max: the names the reference and callers use
               secret: bool = False) -> Any:
     """A dataclass field with its reference documentation and constraints."""
     meta = {"doc": doc, "required": required, "min": min, "max": max, "secret": secret}

@@ -6,8 +6,10 @@ import os
 import re
 import typing
 
+import yaml
+
 from ..errors import ConfigError, DuplicateKeyError
-from . import Config
+from .model import Config
 
 
 def yaml_error_text(e: Exception) -> str:
@@ -24,14 +26,12 @@ def yaml_error_text(e: Exception) -> str:
     return f"{where}{problem}"
 
 
-def _strict_loader():
+def _strict_loader() -> type[yaml.SafeLoader]:
     """``yaml.SafeLoader`` that refuses duplicate mapping keys (naming the key and its line)."""
-    import yaml
-
     class StrictLoader(yaml.SafeLoader):
         pass
 
-    def construct_mapping(loader, node, deep=False):
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict = {}
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
@@ -53,8 +53,6 @@ def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | No
                 overrides: typing.Mapping[str, typing.Any] | None = None) -> Config:
     """Read and validate a YAML config file; ``overrides``: top-level keys a command-line flag sets,
     validated with the file (``--backup-id`` with a restore config that names none)."""
-    import yaml
-
     p = os.fspath(path)
     try:
         with open(p, "rb") as f:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 import typing
 from typing import Any, Literal, Union
 
-from . import Config
+from .model import Config
 from .validation import _hints, _join
-
 
 # --------------------------------------------------------------------------
 # Reference export (README and JSON schema), generated from the dataclasses.
@@ -141,8 +141,6 @@ def json_schema(cls: type = Config) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--json-schema":
-        import json
-
         print(json.dumps(json_schema(), indent=2))
     else:
         print(config_reference_markdown())

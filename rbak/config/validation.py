@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import os
 import re
 import types
 import typing
-from pathlib import Path
 from typing import Any, Literal, Union
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from . import Config, ConnectionConfig, mask_url
+from .fields import mask_url
 
 
 # --------------------------------------------------------------------------
@@ -277,112 +275,3 @@ def check_url(url: str, schemes: tuple[str, ...], path: str) -> None:
     _check_url(url, schemes, path, errors)
     if errors:
         raise ConfigError(errors[0])
-
-
-def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None:
-    _check_url(c.amqp_url, ("amqp", "amqps"), f"{path}.amqp_url", errors)
-    _check_url(c.management_url, ("http", "https"), f"{path}.management_url", errors)
-    for name in ("ca_cert", "client_cert", "client_key"):
-        v = getattr(c.tls, name)
-        if v and not os.path.isfile(v):
-            errors.append(f"{path}.tls.{name}: file not found: {v!r}")
-    if bool(c.tls.client_cert) != bool(c.tls.client_key):
-        errors.append(f"{path}.tls: client_cert and client_key go together (one is missing)")
-
-
-def _check_config(cfg: Config, errors: list[str]) -> None:
-    from ..format.layout import check_backup_id, normalize_prefix  # here: `import rbak.config` stays light (no numpy/zstd)
-
-    if cfg.backup_id is not None:
-        try:
-            check_backup_id(cfg.backup_id)
-        except ConfigError as e:
-            errors.append(e.args[0])
-    if cfg.mode == "restore" and not cfg.backup_id:
-        errors.append("backup_id: required when mode is restore")
-    if cfg.mode in ("backup", "archive") and cfg.source is None:
-        errors.append(f"source: required when mode is {cfg.mode}")
-    if cfg.mode == "archive" and not _archive_name_ok(cfg.archive.name):
-        errors.append(f"archive.name: {cfg.archive.name!r} is not a valid name (letters, digits, '.', '_', '-')")
-    if cfg.mode == "restore" and cfg.target is None:
-        errors.append("target: required when mode is restore")
-    if cfg.mode == "drill" and cfg.source is None and cfg.target is None and cfg.drill.target is None:
-        errors.append("drill.target: required when mode is drill and there is no source or target")
-    if cfg.drill.target is not None:
-        _check_connection(cfg.drill.target, "drill.target", errors)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", cfg.drill.scratch_vhost_prefix or ""):
-        errors.append(f"drill.scratch_vhost_prefix: {cfg.drill.scratch_vhost_prefix!r} must be 1-64 letters, digits, "
-                      "'.', '_' or '-', starting with a letter or digit")
-    if cfg.drill.signing_key_file is not None and cfg.drill.signing_key_env is not None:
-        errors.append("drill.signing_key_env: give either it or drill.signing_key_file, not both")
-    if cfg.drill.signing_key_file is not None and not Path(cfg.drill.signing_key_file).is_file():
-        errors.append(f"drill.signing_key_file: {cfg.drill.signing_key_file!r} is not a readable file")
-    if cfg.source is not None:
-        _check_connection(cfg.source, "source", errors)
-    if cfg.target is not None:
-        _check_connection(cfg.target, "target", errors)
-    st = cfg.storage
-    if st.backend == "filesystem" and not st.path:
-        errors.append("storage.path: required when storage.backend is filesystem")
-    if st.backend == "s3" and not st.bucket:
-        errors.append("storage.bucket: required when storage.backend is s3")
-    if st.backend in ("azure", "gcs"):
-        errors.append(f"storage.backend: {st.backend} is not supported yet; use s3 or filesystem")
-    if st.sse_kms_key_id and st.sse != "aws:kms":
-        errors.append("storage.sse_kms_key_id: only used with sse: aws:kms")
-    if st.object_lock_mode and st.backend != "s3":
-        errors.append("storage.object_lock_mode: only for the s3 backend")
-    if st.object_lock_mode and not st.object_lock_retain_days:
-        errors.append("storage.object_lock_retain_days: required (> 0) with object_lock_mode")
-    enc = cfg.encryption
-    if enc.enabled and not enc.key_id and not (enc.envelope and enc.kms_key_id):
-        errors.append("encryption.key_id: required when encryption.enabled is true"
-                      + (" (or encryption.kms_key_id with envelope: true)" if enc.envelope else ""))
-    named = [f"encryption.{n}" for n in ("key_id", "keys_file", "keys_env", "kms_key_id") if getattr(enc, n)]
-    named += ["encryption.envelope"] if enc.envelope else []
-    if cfg.mode == "backup" and not enc.enabled and named:  # never a silent plaintext backup
-        errors.append(f"encryption.enabled: is false but {', '.join(named)} is set: this backup would be stored in "
-                      f"plaintext; set encryption.enabled: true to encrypt it, or remove the encryption section")
-    if enc.kms_key_id and not enc.envelope:
-        errors.append("encryption.kms_key_id: a KMS key only wraps data keys: set encryption.envelope: true")
-    for name in ("kms_region", "kms_endpoint_url"):
-        if getattr(enc, name) is not None and not getattr(enc, name).strip():
-            errors.append(f"encryption.{name}: must not be empty")
-    if enc.kms_endpoint_url and not enc.kms_endpoint_url.startswith(("http://", "https://")):
-        errors.append(f"encryption.kms_endpoint_url: {enc.kms_endpoint_url!r} is not an http(s) URL")
-    if bool(st.access_key_id) != bool(st.secret_access_key):
-        errors.append("storage: access_key_id and secret_access_key go together (one is missing)")
-    try:
-        normalize_prefix(st.prefix)
-    except ConfigError as e:
-        errors.append(e.args[0])
-    try:
-        start, end = cfg.restore.window_ms()
-        if start is not None and end is not None and start > end:
-            errors.append(f"restore.time_window_start: {start} is after time_window_end {end}")
-    except ConfigError as e:
-        errors.append(e.args[0])
-    if not cfg.metrics.path.startswith("/"):
-        errors.append(f"metrics.path: must start with '/', got {cfg.metrics.path!r}")
-    from . import QueueSelection
-
-    for sel_path, conn in (("target.queues", cfg.target), ("drill.target.queues", cfg.drill.target)):
-        if conn is not None and conn.queues != QueueSelection():
-            errors.append(f"{sel_path}: not used, so it would select nothing: a restore selects queues with "
-                          f"restore.queues, and a drill covers every queue of the backup; move it or remove it")
-    if cfg.backup.definitions_only:
-        if not cfg.backup.include_definitions:
-            errors.append("backup.definitions_only: needs backup.include_definitions: true (it would back up nothing)")
-        if cfg.source is not None and cfg.source.queues != QueueSelection():
-            errors.append("source.queues: not used with backup.definitions_only: true (no queue is backed up); "
-                          "remove one of them")
-    for sel_path, sel in (("source.queues", cfg.source.queues if cfg.source else None),
-                          ("target.queues", cfg.target.queues if cfg.target else None)):
-        if sel is not None and not sel.types:
-            errors.append(f"{sel_path}.types: must list at least one of classic, quorum, stream")
-
-
-def _archive_name_ok(name: str) -> bool:
-    from ..format.layout import BACKUP_ID_RE
-
-    return bool(BACKUP_ID_RE.match(name)) and ".." not in name and len(name) <= 160

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
 from ..errors import Amqp10Error
+from .backend import speedups
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,15 +264,13 @@ class _Decoder:
         return Value(kind, tuple(items)), body_end
 
 
-def _load_fast():
+def _load_fast() -> Callable[..., Any] | None:
     """``amqp_value`` of the optional C helper (``rbak/format/_amqp10.c``), given this module's
     ``Value`` and constants; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
-    from .backend import speedups
-
     fn = getattr(speedups, "amqp_value", None)
     if fn is None:
         return None
-    speedups.amqp_configure(Value, dict(_CONSTANTS))
+    speedups.amqp_configure(Value, dict(_CONSTANTS))  # type: ignore[union-attr]  # fn is None without speedups
     return fn
 
 

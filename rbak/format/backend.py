@@ -24,7 +24,7 @@ def _load() -> tuple[ModuleType | None, bool]:
     if policy not in ("auto", "0", "1"):
         raise ImportError(f"{ENV}={policy!r}: use 0 (pure Python), 1 (C helper required) or auto")
     try:
-        from . import _speedups
+        from . import _speedups  # noqa: PLC0415 - the optional C helper
     except ImportError as e:
         if policy == "1":
             raise ImportError(f"{ENV}=1 but the C helper rbak.format._speedups is not built: {e}") from e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import io
 import threading
 
 import lz4.frame
@@ -99,8 +100,6 @@ def decompress(data: bytes | memoryview, compression: Compression, max_output: i
         if compression is Compression.ZSTD:
             reader = _zstd_decompressor().stream_reader(data, read_across_frames=True)
         elif compression is Compression.LZ4:
-            import io
-
             reader = lz4.frame.LZ4FrameFile(io.BytesIO(data), mode="rb")
         else:  # pragma: no cover - the enum has three members
             raise CompressionError(f"unknown compression {compression!r}")

@@ -398,7 +398,7 @@ class SegmentStream:
         """Hand the payload written since the last call to the file, once ``STREAM_CHUNK_BYTES`` have gathered."""
         if seg.end - self.done < STREAM_CHUNK_BYTES:
             return
-        with memoryview(seg._buf) as mv:
+        with memoryview(seg._buf) as mv:  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
             self._jobs.append(self._pool.submit(_write_chunk, self.spool, mv[self.done: seg.end], self.done))
             if self._sha is not None:  # hashed beside the write, on another core
                 self._jobs.append(self._hash_pool.submit(_hash_chunk, self._sha, mv[self.done: seg.end]))
@@ -526,7 +526,7 @@ class SegmentPipeline:
                 seg = self._free.popleft()
             except IndexError:
                 break
-            if seg._limit == limit:
+            if seg._limit == limit:  # noqa: SLF001 - SegmentBuffer's own limit, in its own module
                 return seg
         return SegmentBuffer(max_bytes)
 
@@ -669,9 +669,9 @@ class SegmentWriter:
         thread that would otherwise wait (the import's encoder while the first records are decoded):
         faulting in 128 MiB costs about as much as writing it. Nothing for a buffer already warm."""
         seg = self._seg
-        if self._spool is not None and seg.count == 0 and seg.stream is None and len(seg._buf) < self._stream_room():
+        if self._spool is not None and seg.count == 0 and seg.stream is None and len(seg._buf) < self._stream_room():  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
             assert _reserve is not None  # a spool is kept only with the C helper (``streamable``)
-            _reserve(seg._buf, self._stream_room(), True)
+            _reserve(seg._buf, self._stream_room(), True)  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
 
     def _start_stream(self, seg: SegmentBuffer) -> None:
         """Only for records whose source knows how many are left (a quorum queue after its replay,
@@ -685,7 +685,7 @@ class SegmentWriter:
         if spool is None:
             return
         # Room for a full segment (pages untouched until written): the buffer never grows under a view.
-        _reserve(seg._buf, self._stream_room())
+        _reserve(seg._buf, self._stream_room())  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
         seg.stream = SegmentStream(spool, *self._pipeline.stream_pools())
 
     def _guess_header(self, seg: SegmentBuffer, expect: int) -> None:

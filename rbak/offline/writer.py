@@ -216,7 +216,7 @@ class _Encoder:
     error unchanged (nothing after it runs). Only this thread touches the segment writers and
     submits to the pipeline until ``close`` returns."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rbak-import-encode")
         self._pending: deque[Future] = deque()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,6 @@ def load_signing_key(path: str, field: str = "drill.signing_key_file") -> Ed2551
 
 def signing_key_from_env(name: str, env: Any = None, field: str = "drill.signing_key_env") -> Ed25519PrivateKey:
     """The Ed25519 private key whose PEM is in an environment variable (the operator's Secret)."""
-    import os
-
     data = (os.environ if env is None else env).get(name)
     if not data:
         raise EvidenceError(f"{field}: environment variable {name} is not set (or empty)")

@@ -14,16 +14,17 @@ from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
-from .catalog import load_manifest
-from ..sealing.crypto import ObjectCodec, codec_for
-from ..errors import NotFoundError, RbakError, SegmentError
+from ..errors import EncryptionError, NotFoundError, RbakError, SegmentError
 from ..format.compression import Compression, decompress
+from ..format.layout import BackupLayout
 from ..format.manifest import BackupManifest, SegmentMetadata
 from ..format.reader import SegmentStats, fetch_segment, iter_record_chunks
 from ..format.segment import sha256_hex
-from ..format.layout import BackupLayout
+from ..sealing.crypto import ObjectCodec, codec_for
+from ..sealing.envelope import KeySources, KmsSettings, data_key
 from ..storage.base import Storage
-
+from ..storage.memory import MemoryStorage
+from .catalog import load_manifest
 
 VALID, INVALID, UNVERIFIED = "valid", "invalid", "unverified"
 
@@ -92,8 +93,6 @@ class ValidationReport:
 
 def check_segment_bytes(data: bytes, seg: SegmentMetadata, codec: ObjectCodec | None = None) -> SegmentCheck:
     """Every deep check of one segment's stored bytes (already fetched) against its manifest entry."""
-    from ..storage.memory import MemoryStorage
-
     mem = MemoryStorage()
     mem._data[seg.key] = bytes(data)  # noqa: SLF001 - a private one-object store, no copy semantics needed
     return check_segment(mem, seg, codec)
@@ -274,10 +273,6 @@ def validate_backup(
         f"by the stream's retention before this backup" for q, g in m.gaps]
     unwrap_error = None
     if deep and m.encryption is not None and m.encryption.envelope:
-        from ..sealing.envelope import KeySources, KmsSettings, data_key
-        from ..errors import EncryptionError
-        from ..format.layout import BackupLayout
-
         try:
             dek, _ = data_key(storage, BackupLayout(backup_id, prefix), m.encryption,
                               KeySources(dict(keyring or {}), kms or KmsSettings()))

@@ -32,6 +32,10 @@ import os
 import struct
 from typing import Mapping
 
+import yaml
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from ..errors import ConfigError, EncryptionError
 from ..format.manifest import EncryptionInfo  # the manifest field; rbak.sealing.crypto.EncryptionInfo still imports
 
@@ -56,8 +60,6 @@ def _header(key_id: str, nonce: bytes) -> bytes:
 
 def aead(key: bytes):
     """The AES-256-GCM cipher of a 32-byte key."""
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
     if len(key) != KEY_SIZE:
         raise ConfigError(f"an AES-256-GCM key is {KEY_SIZE} bytes, got {len(key)}")
     return AESGCM(key)
@@ -89,8 +91,6 @@ def parse_header(blob: bytes | memoryview, where: str) -> tuple[str, bytes, int]
 
 def open_(key_id: str, key: bytes, blob: bytes | memoryview, aad: bytes, where: str = "object") -> bytes:
     """The plaintext of a sealed object; EncryptionError naming ``where`` and the key id otherwise."""
-    from cryptography.exceptions import InvalidTag
-
     found, nonce, end = parse_header(blob, where)
     if found != key_id:
         raise EncryptionError(f"{where}: sealed with key id {found!r}, expected {key_id!r}")
@@ -142,8 +142,6 @@ def _looks_base64(b: bytes) -> bool:
 
 def parse_keyring_text(text: str, where: str, default_id: str | None = None) -> dict[str, bytes]:
     """``{id: base64 key}`` as YAML or JSON; a bare key belongs to ``default_id``."""
-    import yaml
-
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import orjson
+from cryptography.exceptions import InvalidTag
 
 from ..errors import ConfigError, EncryptionError, NotFoundError, RbakError
-from ..format.manifest import EncryptionInfo
 from ..format.layout import WRAP_SUFFIX, BackupLayout
+from ..format.manifest import EncryptionInfo
+from .crypto import ObjectCodec, aead
+from .crypto import writer_codec as direct_codec
 
 KEYRING = "keyring"
 KMS = "kms"
@@ -60,7 +63,7 @@ class KmsSettings:
     endpoint_url: str | None = None
 
     def client(self, region: str | None = None):
-        import boto3
+        import boto3  # noqa: PLC0415 - boto3 takes ~1 s to import; only KMS users pay it
 
         return boto3.session.Session().client("kms", region_name=self.region or region,
                                               endpoint_url=self.endpoint_url)
@@ -181,7 +184,6 @@ def wrap(backup_id: str, dek: bytes, kek: Kek, sources: KeySources) -> WrapRecor
         if key is None:
             raise ConfigError(f"key-encryption key {kek}: not in the keyring (encryption.keys_file, "
                               "encryption.keys_env or RBAK_ENCRYPTION_KEYS)")
-        from .crypto import aead
 
         nonce = os.urandom(NONCE_SIZE)
         wrapped = nonce + aead(key).encrypt(nonce, dek, _aad(backup_id, kek.key_id, fp))
@@ -190,7 +192,7 @@ def wrap(backup_id: str, dek: bytes, kek: Kek, sources: KeySources) -> WrapRecor
     try:
         client = sources.kms.client(region)
         resp = client.encrypt(KeyId=kek.key_id, Plaintext=dek, EncryptionContext=_kms_context(backup_id, fp))
-    except Exception as e:  # botocore's ClientError/EndpointConnectionError/NoRegionError: one line naming the key
+    except Exception as e:  # noqa: BLE001 - botocore's ClientError/EndpointConnectionError/NoRegionError: one line naming the key
         raise EncryptionError(f"key-encryption key {kek}: KMS encrypt failed: {e}") from None
     return WrapRecord(backup_id, KMS, kek.key_id, ALG_KMS, fp, resp["CiphertextBlob"], now,
                       region or client.meta.region_name)
@@ -204,9 +206,6 @@ def unwrap(rec: WrapRecord, sources: KeySources, where: str) -> bytes:
             raise EncryptionError(f"{where}: key {rec.kek_id!r} is not in the keyring")
         if rec.algorithm != ALG_KEYRING or len(rec.wrapped_key) <= NONCE_SIZE:
             raise EncryptionError(f"{where}: unsupported or truncated keyring wrap ({rec.algorithm})")
-        from cryptography.exceptions import InvalidTag
-
-        from .crypto import aead
 
         try:
             dek = aead(key).decrypt(rec.wrapped_key[:NONCE_SIZE], rec.wrapped_key[NONCE_SIZE:],
@@ -221,7 +220,7 @@ def unwrap(rec: WrapRecord, sources: KeySources, where: str) -> bytes:
             resp = sources.kms.client(rec.region).decrypt(
                 KeyId=rec.kek_id, CiphertextBlob=rec.wrapped_key,
                 EncryptionContext=_kms_context(rec.backup_id, rec.dek_fingerprint))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any botocore or KMS failure, named in one line
             raise EncryptionError(f"{where}: KMS key {rec.kek_id!r} did not unwrap it: {e}") from None
         dek = resp["Plaintext"]
     if len(dek) != DEK_SIZE or fingerprint(dek) != rec.dek_fingerprint:
@@ -244,8 +243,6 @@ def new_data_key(backup_id: str, sources: KeySources) -> tuple[bytes, Encryption
 def writer_codec(backup_id: str, enc):
     """How a new backup's objects are stored (``enc``: the config's ``encryption`` section): with
     ``envelope``, sealed with a new data key whose wraps the codec carries until they are stored."""
-    from .crypto import ObjectCodec, writer_codec as direct_codec
-
     if not (enc.enabled and enc.envelope):
         return direct_codec(backup_id, enc)
     dek, info, wraps = new_data_key(backup_id, enc.key_sources())

@@ -10,7 +10,7 @@ __all__ = ["Storage", "FilesystemStorage", "MemoryStorage", "open_storage", "che
 
 def __getattr__(name: str):  # boto3 is heavy: import the S3 backend on first use
     if name == "S3Storage":
-        from .s3 import S3Storage
+        from .s3 import S3Storage  # noqa: PLC0415 - boto3 takes ~1 s to import; only S3 users pay it
 
         return S3Storage
     raise AttributeError(name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import io
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import boto3
 import botocore.config
@@ -124,7 +124,7 @@ class S3Storage(Storage):
         )
 
     @property
-    def client(self):
+    def client(self) -> Any:  # boto3's S3 client (no type information installed)
         """The boto3 S3 client (``rbak doctor`` reads the bucket's settings with it)."""
         return self._client
 
@@ -171,7 +171,7 @@ class S3Storage(Storage):
                 self._client.put_object(Bucket=self.bucket, Key=k, Body=body, **extra)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise self._err("put", key, e) from None
-        except Exception as e:  # boto3's transfer manager wraps errors in its own types
+        except Exception as e:  # noqa: BLE001 - boto3's transfer manager wraps errors in its own types
             raise self._err("put", key, e) from None
 
     def get(self, key: str) -> bytes:

@@ -12,6 +12,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..errors import NotFoundError, StorageError, UnsupportedStorageError
 from .base import Storage
+from .fs import FilesystemStorage
+from .memory import MemoryStorage
 
 _TRUE = {"1", "true", "yes", "on"}
 _S3_PARAMS = {"region", "endpoint", "path_style", "sse", "sse_kms_key_id", "object_lock_mode",
@@ -32,14 +34,10 @@ def open_storage(url: str) -> Storage:
         raise StorageError("empty storage URL")
     url = url.strip()
     if "://" not in url:
-        from .fs import FilesystemStorage
-
         return FilesystemStorage(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
-        from .fs import FilesystemStorage
-
         if parts.netloc not in ("", "localhost"):
             raise StorageError(f"file URL {url!r} must be file:///absolute/path")
         path = unquote(parts.path)
@@ -47,12 +45,10 @@ def open_storage(url: str) -> Storage:
             raise StorageError(f"file URL {url!r} has no path")
         return FilesystemStorage(path, url=url)
     if scheme == "memory":
-        from .memory import MemoryStorage
-
         name = parts.netloc + parts.path
         return MemoryStorage.named(name) if name else MemoryStorage()
     if scheme == "s3":
-        from .s3 import S3Storage
+        from .s3 import S3Storage  # noqa: PLC0415 - boto3 takes ~1 s to import; only S3 users pay it
 
         q = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         unknown = set(q) - _S3_PARAMS
@@ -80,8 +76,6 @@ def open_storage(url: str) -> Storage:
 def open_existing_storage(url: str) -> Storage:
     """The storage at ``url`` for reading; a directory that does not exist is an error, never "no
     backups" (a typo must not look like an empty storage)."""
-    from .fs import FilesystemStorage
-
     st = open_storage(url)
     if isinstance(st, FilesystemStorage) and not st.root.is_dir():
         what = "is not a directory" if st.root.exists() else "does not exist"

@@ -29,7 +29,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from rbak.config import parse_time_bound
+from rbak.errors import ConfigError
+from rbak.format.manifest import SegmentMetadata
+from rbak.format.reader import read_segment
+from rbak.format.record import Array, Bytes, Table, Void
+from rbak.format.segment import HEADER_SIZE, read_header
+from rbak.repo.catalog import load_manifest
+from rbak.sealing.crypto import EncryptionInfo, codec_for
+from rbak.storage import open_storage
 
 NAME = "rbak"
 
@@ -89,8 +100,6 @@ def headers_to_plain(headers) -> dict[str, Any]:
 
 
 def _plain(v: Any) -> Any:
-    from rbak.format.record import Array, Bytes, Table, Void
-
     t = type(v)
     if t is Void:
         return None
@@ -120,9 +129,6 @@ def _to_ms(value: Any, round_up: bool) -> int | None:
 
 class RbakReader(DataSourceReader):
     def __init__(self, options: dict[str, str]):
-        from rbak.config import parse_time_bound
-        from rbak.errors import ConfigError
-
         self.url = options.get("path") or options.get("url") or ""
         if not self.url:
             raise ConfigError('rbak data source: give the storage URL as load("<url>") or option("path", ...)')
@@ -149,7 +155,7 @@ class RbakReader(DataSourceReader):
         cur = getattr(self, attr)
         setattr(self, attr, values if cur is None else cur & values)
 
-    def pushFilters(self, filters):
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's DataSourceReader names it
         """Prune by time and by vhost/queue; every filter still goes back to Spark."""
         # Spark 4.1 filter pushdown (4.0 has no filter classes and never calls this)
         from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
@@ -171,13 +177,10 @@ class RbakReader(DataSourceReader):
                     self._restrict(attr, set(f.value))
             yield f
 
-    def partitions(self):
-        from rbak.repo.catalog import load_manifest
-        from rbak.storage import open_storage
-
+    def partitions(self) -> list[InputPartition]:
         with open_storage(self.url) as storage:
             manifest = load_manifest(storage, self.backup_id, self.prefix)
-        parts = []
+        parts: list[InputPartition] = []
         for q in manifest.queues:
             if self.vhosts is not None and q.vhost not in self.vhosts:
                 continue
@@ -205,9 +208,6 @@ class RbakReader(DataSourceReader):
     def read(self, partition) -> Iterator[tuple]:
         if not isinstance(partition, SegmentPartition):
             return
-        from rbak.format.manifest import SegmentMetadata
-        from rbak.format.reader import read_segment
-        from rbak.format.segment import HEADER_SIZE, read_header
 
         from .executor import storage_for
 
@@ -221,8 +221,6 @@ class RbakReader(DataSourceReader):
         # an encrypted backup's segments opened with the executor's RBAK_ENCRYPTION_KEYS.
         codec = None
         if p.key_id is not None:
-            from rbak.sealing.crypto import EncryptionInfo, codec_for
-
             from .executor import keyring_for
 
             info = EncryptionInfo(p.key_id, dek_fingerprint=p.dek_fingerprint)
@@ -241,8 +239,6 @@ _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_UTC)
 
 
 def rows_of_segment(p: SegmentPartition, records) -> Iterator[tuple]:
-    import orjson
-
     lo, hi = p.hard_start_ms, p.hard_end_ms
     for i, r in enumerate(records):
         ts = r.backed_up_at

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import threading
 
+from rbak.base.logsafe import install
+from rbak.sealing.crypto import load_keyring
+from rbak.sealing.envelope import with_data_key
+from rbak.storage import open_storage
+
 _lock = threading.Lock()
 _storages: dict = {}
 
 
 def storage_for(url: str):
     """The worker's storage for ``url``, opened on first use."""
-    from rbak.base.logsafe import install
-    from rbak.storage import open_storage
-
     install()  # this worker's records (botocore's headers at DEBUG, queue names) filtered like the driver's
     with _lock:
         s = _storages.get(url)
@@ -33,9 +35,6 @@ def keyring_for(storage, url: str, prefix: str, backup_id: str, info):
     """The worker's ``RBAK_ENCRYPTION_KEYS``, plus an envelope backup's data key (``info``: its
     ``EncryptionInfo``), unwrapped once per worker: one KMS call per worker, not one per segment.
     ``None`` for the data key when no key-encryption key the worker has opens it."""
-    from rbak.sealing.crypto import load_keyring
-    from rbak.sealing.envelope import with_data_key
-
     ring = load_keyring()
     if info is None or not info.envelope:
         return ring

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rbak.errors import RbakError
+
 
 def run_export(spark, url: str, backup_id: str, output: str, prefix: str = "", partition_by: list[str] | None = None,
                mode: str = "errorifexists", time_window_start=None, time_window_end=None) -> int:
@@ -28,7 +30,7 @@ def run_export(spark, url: str, backup_id: str, output: str, prefix: str = "", p
     return spark.read.parquet(output).count() if mode != "append" else -1
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="spark/export.py", description="Write an rbak backup to Parquet.")
     ap.add_argument("--path", required=True, help="storage URL of the backups")
     ap.add_argument("--backup-id", required=True)
@@ -43,8 +45,6 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    from rbak.errors import RbakError
-
     from .session import get_session, setup_logging
 
     setup_logging()

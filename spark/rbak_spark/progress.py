@@ -37,14 +37,13 @@ import orjson
 from rbak.errors import CheckpointError, NotFoundError
 from rbak.format.layout import BackupLayout, encode_name, encode_vhost
 from rbak.restore.checkpoint import QueueState
+from rbak.restore.engine import checkpoint_fingerprint
 
 PROGRESS_DIR = "spark-restore"
 DONE_INDEX = 2**62  # "past the last record": a segment known done only by implication
 
 
 def default_progress_id(options) -> str:
-    from rbak.restore.engine import checkpoint_fingerprint
-
     u = urlsplit(options.target.amqp_url)
     fp = dict(checkpoint_fingerprint(options), target=f"{u.hostname}:{u.port or ''}")
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]

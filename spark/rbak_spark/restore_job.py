@@ -28,11 +28,34 @@ import argparse
 import dataclasses
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import orjson
 
-if TYPE_CHECKING:  # imported where used (executors import little)
+from rbak.broker.connect import connect
+from rbak.config import load_config, parse_time_bound
+from rbak.errors import ConfigError, RbakError, RestoreError
+from rbak.format.layout import BackupLayout
+from rbak.restore.checkpoint import QueueState
+from rbak.restore.definitions import import_definitions
+from rbak.restore.engine import (
+    checkpoint_fingerprint,
+    load_complete_manifest,
+    refuse_lossy_targets,
+    refuse_missing_vhosts,
+    refuse_oversize,
+    resolve_restore,
+    run_restore,
+    skipped_by_definitions,
+)
+from rbak.restore.options import RestoreOptions, local_target, options_from_config
+from rbak.restore.plan import plan_restore
+from rbak.restore.queue_restore import QueueResult, held_description, restore_queue_segments, target_contents
+from rbak.restore.source import BackupSource
+from rbak.storage import open_storage
+
+if TYPE_CHECKING:  # only for annotations
     from rbak.format.manifest import SegmentMetadata
     from rbak.restore.plan import QueuePlan
 
@@ -58,8 +81,6 @@ class RestoreUnit:
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
-    from rbak.errors import ConfigError
-
     out = {}
     for it in items or []:
         if "=" not in it:
@@ -73,10 +94,6 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
 
 def build_options(args: argparse.Namespace):
     """(storage URL, RestoreOptions) exactly as ``rbak restore`` would build them, flags overriding the file."""
-    from rbak.config import load_config, parse_time_bound
-    from rbak.errors import ConfigError
-    from rbak.restore.options import RestoreOptions, local_target, options_from_config
-
     start = parse_time_bound(args.time_window_start, "--time-window-start")
     end = parse_time_bound(args.time_window_end, "--time-window-end")
     vmap, qmap = _pairs(args.vhost_map, "--vhost-map"), _pairs(args.queue_map, "--queue-map")
@@ -197,12 +214,6 @@ def group_units(units: list[RestoreUnit], per_task: int) -> list[list[RestoreUni
 
 def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> dict:
     """Executor side: publish one run with the engine; its result dict."""
-    from rbak.errors import RbakError
-    from rbak.format.layout import BackupLayout
-    from rbak.restore.engine import checkpoint_fingerprint
-    from rbak.restore.queue_restore import QueueResult, restore_queue_segments
-    from rbak.restore.source import BackupSource
-
     from .progress import StorageProgress
 
     layout = BackupLayout(options.backup_id, options.prefix)
@@ -234,8 +245,6 @@ def run_unit(storage, url: str, options, progress_id: str, u: RestoreUnit) -> di
 
 def run_units(url: str, options, progress_id: str, tasks: Iterable[list[RestoreUnit]]) -> Iterator[dict]:
     """Executor side: each task's runs published concurrently (one thread and channel each)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from .executor import storage_for
 
     storage = storage_for(url)
@@ -254,11 +263,6 @@ def run_units(url: str, options, progress_id: str, tasks: Iterable[list[RestoreU
 
 def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id: str) -> None:
     """Split queues skip the engine's empty-target check (runs overlap), so do it here, once."""
-    from rbak.format.layout import BackupLayout
-    from rbak.errors import RestoreError
-    from rbak.restore.queue_restore import held_description, target_contents
-    from rbak.broker.connect import connect
-
     from .progress import queue_progress_prefix
 
     if options.allow_non_empty:
@@ -285,16 +289,11 @@ def _check_split_targets(storage, options, units: list[RestoreUnit], progress_id
 def _refuse_lossy_targets(storage, options, plans: list, progress_id: str) -> None:
     """Every target judged before any executor publishes (``rbak.restore.target_limits``), as ``rbak restore``
     does; a queue with stored progress is left to its executor, which checks what is still to publish."""
-    from rbak.format.layout import BackupLayout
-    from rbak.restore.checkpoint import QueueState
-    from rbak.restore.engine import refuse_lossy_targets, refuse_oversize
-    from rbak.restore.source import BackupSource
-
     from .progress import queue_progress_prefix
 
     layout = BackupLayout(options.backup_id, options.prefix)
 
-    def state_of(p):
+    def state_of(p: QueuePlan) -> QueueState | None:
         if any(True for _ in storage.list(queue_progress_prefix(layout, progress_id, p.source_vhost, p.source_queue))):
             return None
         return QueueState(None, 0, False, {})
@@ -309,18 +308,9 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
 
     ``publishers_per_task`` runs (queues) share one task, each publishing on its own thread.
     """
-    from rbak.format.layout import BackupLayout
-    from rbak.restore.engine import (load_complete_manifest, refuse_missing_vhosts, resolve_restore, run_restore,
-                                     skipped_by_definitions)
-    from rbak.restore.plan import plan_restore
-    from rbak.restore.source import BackupSource
-    from rbak.storage import open_storage
-
     from .progress import PROGRESS_DIR, default_progress_id, reset_progress
 
     if ordering not in ("strict", "relaxed"):
-        from rbak.errors import ConfigError
-
         raise ConfigError(f"--ordering: must be strict or relaxed, got {ordering!r}")
     url = str(url)  # a str subclass would be pickled by reference to its module
     t0 = time.perf_counter()
@@ -344,8 +334,6 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     plans = all_plans = plan_restore(manifest, options)
     definitions = None
     if options.restore_definitions or options.definitions_dry_run:
-        from rbak.restore.definitions import import_definitions
-
         definitions = import_definitions(source, manifest, options)
     refuse_missing_vhosts(plans, options, definitions)
     skipped = [r for r in (skipped_by_definitions(p, definitions) for p in plans) if r is not None]
@@ -384,8 +372,6 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
 
 def _refuse_speculation(spark) -> None:
     if spark.conf.get("spark.speculation", "false").lower() == "true":
-        from rbak.errors import ConfigError
-
         raise ConfigError("spark.speculation is on: a speculative copy of a task would publish messages twice; turn it off")
 
 
@@ -469,8 +455,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rbak.errors import RbakError
-
     from .session import get_session, setup_logging
 
     setup_logging()

@@ -14,6 +14,8 @@ import sys
 import tempfile
 import zipfile
 
+from rbak.base.logsafe import configure
+
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # SQL settings every rbak job wants: the data source prunes segments only
@@ -27,8 +29,6 @@ SQL_CONF = {
 def setup_logging() -> None:
     """The CLI's logging on a job's driver: level from ``$RBAK_LOG_LEVEL`` (default WARNING),
     records filtered of credentials and control characters (``rbak.base.logsafe``)."""
-    from rbak.base.logsafe import configure
-
     configure(os.environ.get("RBAK_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr)
 
 
@@ -49,7 +49,7 @@ def ship_package(spark) -> None:
         return
     path = _zip_package()
     sc.addPyFile(path)
-    sc._rbak_spark_shipped = True  # the zip stays: Spark serves it from this path to new executors
+    sc._rbak_spark_shipped = True  # noqa: SLF001 - the zip stays: Spark serves it from this path to new executors
 
 
 def get_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None):

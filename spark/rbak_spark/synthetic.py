@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass
 
 from rbak.format.compression import Compression
+from rbak.format.layout import BackupLayout
 from rbak.format.manifest import BackupManifest, QueueBackup
 from rbak.format.record import BackupProperties, BackupRecord, Long, LongString
 from rbak.format.segment import SegmentWriter
-from rbak.format.layout import BackupLayout
 
 
 @dataclass(frozen=True)

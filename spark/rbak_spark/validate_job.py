@@ -13,10 +13,27 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import heapq
 import sys
 import time
 from typing import Iterable, Iterator
 
+from rbak.errors import UNVERIFIED_EXIT_CODE, RbakError
+from rbak.format.layout import BackupLayout
+from rbak.format.manifest import SegmentMetadata
+from rbak.repo.catalog import load_manifest
+from rbak.repo.validate import (
+    SegmentCheck,
+    ValidationReport,
+    backup_problems,
+    check_segment,
+    store_report,
+    unverified_line,
+    utc_stamp,
+)
+from rbak.sealing.crypto import EncryptionInfo, codec_for
+from rbak.storage import open_storage
+from rbak.storage.url import open_existing_storage
 
 MAX_TASKS = 20_000
 TASK_BYTES = 64 * 1024 * 1024  # below this, Spark's per-task cost (~50 ms) starts to show
@@ -31,8 +48,6 @@ def task_count(items: list, parallelism: int) -> int:
 
 def group_segments(items: list, n: int) -> list[list]:
     """``n`` groups of similar total size (largest first into the lightest group), each largest first."""
-    import heapq
-
     groups: list[list] = [[] for _ in range(max(1, min(n, len(items))))]
     heap = [(0, i) for i in range(len(groups))]
     for it in sorted(items, key=lambda it: -it[2]["size_bytes"]):
@@ -48,10 +63,6 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id:
     """Executor side: check each (vhost, queue, segment-metadata) and say what was found. An encrypted
     backup (``encryption``: the manifest's field) is opened with the executor's ``RBAK_ENCRYPTION_KEYS``;
     without that key only stored sizes and checksums are checked."""
-    from rbak.sealing.crypto import EncryptionInfo, codec_for
-    from rbak.format.manifest import SegmentMetadata
-    from rbak.repo.validate import SegmentCheck, check_segment
-
     from .executor import keyring_for, storage_for
 
     storage = storage_for(url)
@@ -64,7 +75,7 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id:
         t0 = time.perf_counter()
         try:
             check = check_segment(storage, seg, codec)
-        except Exception as e:  # a bug or an unexpected storage failure must not hide the other segments
+        except Exception as e:  # noqa: BLE001 - a bug or an unexpected storage failure must not hide the other segments
             check = SegmentCheck(key=seg.key, ok=False, problems=[f"check failed: {type(e).__name__}: {e}"])
         out = check.to_json_obj()
         out.update(vhost=vhost, queue=queue, sequence=seg.sequence, seconds=round(time.perf_counter() - t0, 4))
@@ -74,11 +85,6 @@ def check_partition(url: str, items: Iterable[tuple[str, str, dict]], backup_id:
 def run_validate(spark, url: str, backup_id: str, prefix: str = "", report_key: str | None = None,
                  partitions: int | None = None, write_report: bool = True) -> dict:
     """Validate a backup with Spark; returns the report (also stored unless ``write_report`` is false)."""
-    from rbak.repo.catalog import load_manifest
-    from rbak.format.layout import BackupLayout
-    from rbak.storage import open_storage
-    from rbak.repo.validate import SegmentCheck, ValidationReport, backup_problems, store_report, utc_stamp
-
     url = str(url)  # a str subclass would be pickled by reference to its module
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
@@ -151,8 +157,6 @@ def unverified_reason(encryption, checks: list) -> str | None:
 
 
 def summary_lines(out: dict) -> list[str]:
-    from rbak.repo.validate import unverified_line
-
     s = out["summary"]
     verdict = {"valid": "OK", "unverified": "UNVERIFIED"}.get(out.get("result", ""), "FAILED")
     lines = [
@@ -184,10 +188,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rbak.repo.catalog import load_manifest
-    from rbak.errors import RbakError
-    from rbak.storage.url import open_existing_storage
-
     from .session import get_session, setup_logging
 
     setup_logging()
@@ -201,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     except RbakError as e:
         print(str(e), file=sys.stderr)
         return e.exit_code
-    from rbak.errors import UNVERIFIED_EXIT_CODE
 
     print("\n".join(summary_lines(out)))
     if out.get("result") == "unverified":

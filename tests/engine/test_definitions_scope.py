@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pika
 import pytest
-from support.restores import options_for  # noqa: E402
+from support.restores import options_for
 
-from rbak.backup.definitions import scope_definitions  # noqa: E402
-from rbak.config import QueueSelection  # noqa: E402
-from rbak.errors import IncompatibleDefinitionsError, ManagementApiError  # noqa: E402
-from rbak.broker.management import ManagementClient  # noqa: E402
-from rbak.restore.compat import TargetCapabilities, adapt_definitions, capabilities_of, detect_capabilities  # noqa: E402
-from rbak.restore.definitions import apply_definitions  # noqa: E402
-from support.brokers import unique_name  # noqa: E402
+from rbak.backup.definitions import scope_definitions
+from rbak.config import QueueSelection
+from rbak.errors import IncompatibleDefinitionsError, ManagementApiError
+from rbak.broker.management import ManagementClient
+from rbak.restore.compat import TargetCapabilities, adapt_definitions, capabilities_of, detect_capabilities
+from rbak.restore.definitions import apply_definitions
+from support.brokers import unique_name
 
 FULL = {"queue": ".*", "configure": ".*", "write": ".*", "read": ".*"}
 

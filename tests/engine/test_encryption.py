@@ -20,7 +20,7 @@ from rbak.sealing.crypto import MAGIC
 from rbak.storage import open_storage
 
 from support.backups import fast_publish
-from support.restores import consume_all  # noqa: E402
+from support.restores import consume_all
 
 K1, K2 = os.urandom(32), os.urandom(32)
 

@@ -6,14 +6,14 @@ import json
 import os
 
 import pytest
-from support.restores import build_backup, consume_all, declare, make_records, options_for, storage_for  # noqa: E402
+from support.restores import build_backup, consume_all, declare, make_records, options_for, storage_for
 
-from rbak.errors import ManagementApiError, RestoreError  # noqa: E402
-from rbak.format.compression import Compression, compress, decompress  # noqa: E402
-from rbak.format.manifest import DefinitionsBackup  # noqa: E402
-from rbak.format.layout import BackupLayout  # noqa: E402
-from rbak.restore import run_restore  # noqa: E402
-from rbak.config import ConnectionConfig, DefinitionsSelection, TlsConfig  # noqa: E402
+from rbak.errors import ManagementApiError, RestoreError
+from rbak.format.compression import Compression, compress, decompress
+from rbak.format.manifest import DefinitionsBackup
+from rbak.format.layout import BackupLayout
+from rbak.restore import run_restore
+from rbak.config import ConnectionConfig, DefinitionsSelection, TlsConfig
 
 T0 = 1_700_000_000_000
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import yaml
-from support.restores import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
+from support.restores import build_backup, consume_all, declare, make_records, storage_for
 
-from rbak.format.compression import Compression, decompress  # noqa: E402
+from rbak.format.compression import Compression, decompress
 
 
 def rbak(*args, check=True):

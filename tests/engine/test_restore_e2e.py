@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from support.restores import (  # noqa: E402
+from support.restores import (
     EVERY_HEADER, EVERY_PROPERTY, STREAM_HEADERS, STREAM_PROPERTY, consume_all, expected_after_restore,
     headers_equal,
 )
 
-from rbak.backup.engine import run_backup  # noqa: E402
-from rbak.config import Config  # noqa: E402
-from rbak.format.record import Long  # noqa: E402
-from rbak.restore import run_restore  # noqa: E402
-from rbak.format.amqp091 import encode_basic_properties  # noqa: E402
-from rbak.config import ConnectionConfig, DefinitionsSelection  # noqa: E402
-from rbak.restore.options import RestoreOptions  # noqa: E402
-from rbak.restore.publisher import ConfirmingPublisher  # noqa: E402
+from rbak.backup.engine import run_backup
+from rbak.config import Config
+from rbak.format.record import Long
+from rbak.restore import run_restore
+from rbak.format.amqp091 import encode_basic_properties
+from rbak.config import ConnectionConfig, DefinitionsSelection
+from rbak.restore.options import RestoreOptions
+from rbak.restore.publisher import ConfirmingPublisher
 
 HOSTILE = "a/b c%d ünï 🐇"
 QUEUES = {  # name -> (type, routing key on e2e.x, headers, properties, bodies)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from support.restores import build_backup, consume_all, declare, make_records, storage_for  # noqa: E402
+from support.restores import build_backup, consume_all, declare, make_records, storage_for
 
 N = 12_000
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from support.restores import (  # noqa: E402
+from support.restores import (
     HOSTILE_NAMES, build_backup, consume_all, declare, expected_after_restore, headers_equal, make_records, options_for,
     storage_for,
 )
 
-from rbak.restore import run_restore  # noqa: E402
+from rbak.restore import run_restore
 
 
 @pytest.mark.parametrize("qtype", ["classic", "quorum", "stream"])

@@ -26,7 +26,7 @@ from rbak.storage import open_storage
 
 from support.backups import backup_config
 from support.require import require_that
-from support.private_node import PrivateNode, chroot_ready, private_node  # noqa: E402
+from support.private_node import PrivateNode, chroot_ready, private_node
 
 DENY = "deprecated_features.permit.transient_nonexcl_queues = false"
 

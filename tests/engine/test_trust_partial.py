@@ -9,7 +9,7 @@ import sys
 from rbak.repo.catalog import load_manifest
 from rbak.format.manifest import QueueStatus
 from rbak.storage import open_storage
-from support.restores import build_backup, make_records  # noqa: E402
+from support.restores import build_backup, make_records
 
 
 def _cli(*args, cwd):

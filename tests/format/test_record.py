@@ -8,8 +8,8 @@ import os
 
 import orjson
 import pytest
-from rbak.format import backend  # noqa: E402
-from support.require import unavailable  # noqa: E402
+from rbak.format import backend
+from support.require import unavailable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -23,7 +23,7 @@ from rbak.format.compression import Compression, compress
 from rbak.format.manifest import BackupManifest, DefinitionsBackup
 from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
-from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
+from rbak_spark.synthetic import QueueSpec, write_backup
 
 
 def rbak(*args):

@@ -20,8 +20,8 @@ from rbak.format.compression import Compression
 from rbak.format.layout import BackupLayout
 from rbak.storage import open_storage
 from support.rss import BOUND_MIB, rbak_measured
-from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
-from support.bombs import GIB, frame, replace_segment, zstd_zeros  # noqa: E402
+from rbak_spark.synthetic import QueueSpec, write_backup
+from support.bombs import GIB, frame, replace_segment, zstd_zeros
 
 
 def restore(broker, url, *extra, backup_id="b1"):

@@ -14,7 +14,7 @@ import sys
 
 from rbak.backup import BackupEngine
 from rbak.format.layout import MAX_COMPONENT, BackupLayout, decode_name, encode_name, encode_vhost
-from support.backups import backup_config, load  # noqa: E402
+from support.backups import backup_config, load
 
 LONG = "é" * 127
 

@@ -15,11 +15,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.node_dirs import qdir, scenario, shared_root  # noqa: E402,F401
-from support.node_scenarios import VHOST2  # noqa: E402
+from support.node_dirs import qdir, scenario, shared_root  # noqa: F401
+from support.node_scenarios import VHOST2
 
-from rbak.offline.rabbitmq.rabbitmq_dir import vhost_dir_name  # noqa: E402
-from support.rss import BOUND_MIB, rbak_measured  # noqa: E402
+from rbak.offline.rabbitmq.rabbitmq_dir import vhost_dir_name
+from support.rss import BOUND_MIB, rbak_measured
 
 
 def copy_of(shared_root, tmp_path):

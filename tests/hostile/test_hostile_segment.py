@@ -21,7 +21,7 @@ from rbak.storage import open_storage
 from support.bombs import GIB, frame, lz4_zeros, replace_segment, zstd_declaring, zstd_zeros
 from support.rss import BOUND_MIB, rbak_measured
 
-from rbak_spark.synthetic import QueueSpec, write_backup  # noqa: E402
+from rbak_spark.synthetic import QueueSpec, write_backup
 
 
 @pytest.fixture

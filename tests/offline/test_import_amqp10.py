@@ -22,20 +22,20 @@ from pathlib import Path
 
 import pika
 import pytest
-from support.require import require, require_that  # noqa: E402
-from support.private_node import CHROOT, PrivateNode, chroot_ready  # noqa: E402
+from support.require import require, require_that
+from support.private_node import CHROOT, PrivateNode, chroot_ready
 
-from rbak.errors import Amqp10Error, ImportFormatError, MappingError, MessageFormatError, MqttMappingError  # noqa: E402
-from rbak.format.manifest import BackupManifest  # noqa: E402
-from rbak.format.record import (  # noqa: E402
+from rbak.errors import Amqp10Error, ImportFormatError, MappingError, MessageFormatError, MqttMappingError
+from rbak.format.manifest import BackupManifest
+from rbak.format.record import (
     VOID, Array, BackupProperties, Bool, Bytes, Double, Float, Long, LongString, Short, Table, Timestamp,
 )
-from rbak.format.segment import decode_segment  # noqa: E402
-from rbak.format import amqp10  # noqa: E402
-from rbak.offline.rabbitmq import mc_amqp  # noqa: E402
-from rbak.format.amqp10 import Value, decode_bare_message, decode_value  # noqa: E402
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
-from rbak.storage import open_storage  # noqa: E402
+from rbak.format.segment import decode_segment
+from rbak.format import amqp10
+from rbak.offline.rabbitmq import mc_amqp
+from rbak.format.amqp10 import Value, decode_bare_message, decode_value
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from rbak.storage import open_storage
 
 MAIN, LIVE, ODD, BAD = "a10-main", "a10-live", "a10-odd", "a10-bad"
 N_MESSAGES = 14  # exported from MAIN; LIVE also holds one MQTT QoS 0 (transient) message
@@ -422,7 +422,7 @@ def test_stored_message_errors_are_message_format_errors():
     from rbak.offline.rabbitmq.erlang_terms import Atom
     from rbak.offline.rabbitmq.stored_message import message_from_term
 
-    A = Atom
+    A = Atom  # noqa: N806 - Atom's short name in the literal terms below
     good = (A("v1"), [], _bare(PROPS, DATA1), 0, [], len(PROPS), 0x75)
     anns = {A("x"): b"", A("rk"): [b"q"], A("d"): A("true")}
     m = message_from_term((A("mc"), A("mc_amqp"), good, anns))

@@ -16,19 +16,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.node_qs_scenarios import _body  # noqa: E402
+from support.node_qs_scenarios import _body
 
-from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.errors import ImportFormatError  # noqa: E402
-from rbak.offline.rabbitmq import ra_log  # noqa: E402
-from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
-from rbak.offline.rabbitmq.quorum import erlang_binary_literal  # noqa: E402
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
-from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
+from rbak.cli import main as rbak_main
+from rbak.errors import ImportFormatError
+from rbak.offline.rabbitmq import ra_log
+from rbak.offline.rabbitmq.damage import ImportContext
+from rbak.offline.rabbitmq.quorum import erlang_binary_literal
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
 
-from support.node_qs_scenarios import DELIVERY_HEADERS  # noqa: E402,F401
-from support.node_qs_scenarios import assert_same_records as _same  # noqa: E402
-from support.node_qs_scenarios import versioned_scenario as scenario  # noqa: E402
+from support.node_qs_scenarios import DELIVERY_HEADERS
+from support.node_qs_scenarios import assert_same_records as _same
+from support.node_qs_scenarios import versioned_scenario as scenario
 
 
 @pytest.mark.slow

@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-import support.node_snap_scenarios  # noqa: E402,F401 - registers the qsnap-* scenarios
-from support.node_qs_scenarios import DELIVERY_HEADERS  # noqa: E402,F401
-from support.node_qs_scenarios import assert_same_records as _same  # noqa: E402
-from support.node_qs_scenarios import versioned_scenario as scenario  # noqa: E402
-from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
+import support.node_snap_scenarios  # noqa: F401 - registers the qsnap-* scenarios
+from support.node_qs_scenarios import DELIVERY_HEADERS
+from support.node_qs_scenarios import assert_same_records as _same
+from support.node_qs_scenarios import versioned_scenario as scenario
+from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
 
-from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.errors import ImportFormatError, SnapshotStateError  # noqa: E402
-from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
-from rbak.offline.rabbitmq import ra_log  # noqa: E402
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
+from rbak.cli import main as rbak_main
+from rbak.errors import ImportFormatError, SnapshotStateError
+from rbak.offline.rabbitmq.damage import ImportContext
+from rbak.offline.rabbitmq import ra_log
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
 
 KEY = ("/", "qq-snap")
 

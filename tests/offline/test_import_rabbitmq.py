@@ -17,20 +17,20 @@ from pathlib import Path
 
 import pika
 import pytest
-from support.private_node import rawable  # noqa: E402
-from support.node_dirs import qdir, read_backup, scenario, shared_root, snapshot  # noqa: E402,F401 - shared_root is a fixture
-from support.node_scenarios import ALL_HEADERS_EXP, ALL_HEADERS_PUB, VHOST2, Msg  # noqa: E402
+from support.private_node import rawable
+from support.node_dirs import qdir, read_backup, scenario, shared_root, snapshot  # noqa: F401 - shared_root is a fixture
+from support.node_scenarios import ALL_HEADERS_EXP, ALL_HEADERS_PUB, VHOST2, Msg
 
-from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.errors import ImportFormatError, PropertiesError, TermError  # noqa: E402
-from rbak.format.manifest import BackupManifest  # noqa: E402
-from rbak.format.record import (  # noqa: E402
+from rbak.cli import main as rbak_main
+from rbak.errors import ImportFormatError, PropertiesError, TermError
+from rbak.format.manifest import BackupManifest
+from rbak.format.record import (
     Array, BackupProperties, Bool, Long, LongString, Table, Timestamp, decimal_header,
 )
-from rbak.offline.rabbitmq import amqp_props, cqv1, erlang_terms  # noqa: E402
-from rbak.offline.rabbitmq.damage import ImportContext  # noqa: E402
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, queue_dir_name, vhost_dir_name  # noqa: E402
-from rbak.storage import open_storage  # noqa: E402
+from rbak.offline.rabbitmq import amqp_props, cqv1, erlang_terms
+from rbak.offline.rabbitmq.damage import ImportContext
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir, queue_dir_name, vhost_dir_name
+from rbak.storage import open_storage
 
 
 # --------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def test_amqp_properties_every_field_type():
     with pytest.raises(PropertiesError, match="at byte"):
         amqp_props.decode_properties(raw_bin[:-3])
     # The decoded 'P_basic' form (as a dead-lettered message on 3.10 is stored).
-    A = erlang_terms.Atom
+    A = erlang_terms.Atom  # noqa: N806 - Atom's short name in the literal terms below
     p_basic = (A("P_basic"), b"text/plain", A("undefined"),
                [(b"n", A("long"), 5), (b"t", A("table"), [(b"b", A("bool"), A("true"))]),
                 (b"a", A("array"), [(A("longstr"), b"v"), (A("decimal"), (2, 12345))])],

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 from support.require import require_that
-from support.private_node import chroot_ready  # noqa: E402
-from support.node_scenarios import get_scenario  # noqa: E402
+from support.private_node import chroot_ready
+from support.node_scenarios import get_scenario
 
-from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.errors import ImportFormatError  # noqa: E402
-from rbak.offline.rabbitmq import osiris  # noqa: E402
-from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir  # noqa: E402
-from support.node_dirs import read_backup, shared_root, snapshot  # noqa: E402,F401
+from rbak.cli import main as rbak_main
+from rbak.errors import ImportFormatError
+from rbak.offline.rabbitmq import osiris
+from rbak.offline.rabbitmq.rabbitmq_dir import import_rabbitmq_dir
+from support.node_dirs import read_backup, shared_root, snapshot  # noqa: F401
 
 VERSIONS = ["4.0", "4.3", "3.10"]
 

@@ -7,21 +7,21 @@ import time
 from pathlib import Path
 
 import pytest
-from support.require import require, require_that  # noqa: E402
-from support.mosquitto import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db  # noqa: E402
+from support.require import require, require_that
+from support.mosquitto import CORR, MOSQUITTO, V5_PAYLOAD, write_sample_db
 
-from rbak.repo.catalog import load_manifest  # noqa: E402
-from rbak.cli import main as rbak_main  # noqa: E402
-from rbak.config import ConnectionConfig  # noqa: E402
-from rbak.errors import ConfigError, ImportFormatError  # noqa: E402
-from rbak.format.compression import Compression  # noqa: E402
-from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp  # noqa: E402
-from rbak.format.segment import decode_segment  # noqa: E402
-from rbak.offline.mosquitto import read_db  # noqa: E402
-from rbak.offline.mosquitto import import_mosquitto_db  # noqa: E402
-from rbak.offline.mosquitto.mapping import mqtt_to_amqp, subscription_queue, topic_matches  # noqa: E402
-from rbak.storage import open_storage  # noqa: E402
-from rbak.repo.validate import validate_backup  # noqa: E402
+from rbak.repo.catalog import load_manifest
+from rbak.cli import main as rbak_main
+from rbak.config import ConnectionConfig
+from rbak.errors import ConfigError, ImportFormatError
+from rbak.format.compression import Compression
+from rbak.format.record import Array, Bool, Bytes, LongString, Short, Timestamp
+from rbak.format.segment import decode_segment
+from rbak.offline.mosquitto import read_db
+from rbak.offline.mosquitto import import_mosquitto_db
+from rbak.offline.mosquitto.mapping import mqtt_to_amqp, subscription_queue, topic_matches
+from rbak.storage import open_storage
+from rbak.repo.validate import validate_backup
 
 require("paho.mqtt.client", "paho-mqtt")
 require_that(None if os.path.exists(MOSQUITTO) else f"{MOSQUITTO} is missing; .ci/setup installs mosquitto")

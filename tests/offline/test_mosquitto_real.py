@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.require import require, require_that, unavailable  # noqa: E402
-from support.mosquitto import (  # noqa: E402
+from support.require import require, require_that, unavailable
+from support.mosquitto import (
     CORR,
     MOSQUITTO,
     V5_PAYLOAD,
@@ -27,7 +27,7 @@ from support.mosquitto import (  # noqa: E402
     write_sample_db,
 )
 
-from rbak.offline.mosquitto import (  # noqa: E402
+from rbak.offline.mosquitto import (
     ClientChunk,
     ClientMsgChunk,
     CfgChunk,

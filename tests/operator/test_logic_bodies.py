@@ -156,10 +156,10 @@ def test_storage_url_round_trips_through_open_storage():
 def _job(spec, validate=True):
     cfg, env = rbakconfig.backup_config(spec, "prod", "nightly-20261122-2300")
     vargs = bodies.validate_args(rbakconfig.storage_url(spec["storage"]), "nightly-20261122-2300", True) if validate else None
-    return cfg, bodies.job_body(
+    return cfg, bodies.job_body(bodies.JobRun(
         name="nightly-20261122-2300", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
         secret_env=env, args=bodies.backup_args(), labels=bodies.backup_run_labels("nightly", "schedule"),
-        annotations={bodies.A_SLOT: "2026-11-22T23:00:00Z"}, validate_args=vargs)
+        annotations={bodies.A_SLOT: "2026-11-22T23:00:00Z"}, validate_args=vargs))
 
 
 @pytest.mark.parametrize("spec", [CLUSTER_SPEC, URL_SPEC], ids=["cluster-s3", "url-pvc"])

@@ -13,7 +13,7 @@ import yaml
 from rbak_operator.decide import bodies
 from rbak_operator.reconcile import drill
 from rbak_operator.metrics import resources as rm
-from rbak_operator.runtime.clock import fmt
+from rbak_operator.decide.times import fmt
 from rbak_operator.decide.status import RunState
 from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 

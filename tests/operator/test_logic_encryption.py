@@ -42,9 +42,9 @@ def test_encrypted_backup_config_loads_with_the_keyring_from_the_secret_env():
 
     assert load_keyring(loaded.encryption.keys_file, loaded.encryption.keys_env, loaded.encryption.key_id,
                         environ={"RBAK_ENCRYPTION_KEYS": f"2026-11: {key}"}) == {"2026-11": base64.b64decode(key)}
-    job = bodies.job_body(name="nightly-1", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
+    job = bodies.job_body(bodies.JobRun(name="nightly-1", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
                           secret_env=env, args=bodies.backup_args(), labels=bodies.backup_run_labels("nightly", "manual"),
-                          validate_args=bodies.validate_args("s3://b", "nightly-1", True))
+                          validate_args=bodies.validate_args("s3://b", "nightly-1", True)))
     kubernetes_validate.validate(job, K8S, strict=True)
     pod = job["spec"]["template"]["spec"]
     for c in pod["initContainers"] + pod["containers"]:  # backup and its validation both get the keys
@@ -179,15 +179,15 @@ def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
     cfg, env = rbakconfig.backup_config(spec, "prod", "b-1")
     e = Config.from_dict(cfg, env=SECRET_ENV).encryption
     assert (e.kms_region, e.kms_endpoint_url) == ("eu-west-1", "https://kms.vpce.internal")
-    made.append(bodies.job_body(name="b-1", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
+    made.append(bodies.job_body(bodies.JobRun(name="b-1", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
                                 secret_env=env, args=bodies.backup_args(), labels=bodies.backup_run_labels("n", "manual"),
-                                validate_args=bodies.validate_args("s3://b", "b-1", True)))
+                                validate_args=bodies.validate_args("s3://b", "b-1", True))))
     venv = rbakconfig.validation_env(spec)
     assert {x.env for x in venv} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RBAK_ENCRYPTION_KEYS",
                                      "AWS_ENDPOINT_URL_KMS"}
-    made.append(bodies.job_body(name="b-1-validate", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
+    made.append(bodies.job_body(bodies.JobRun(name="b-1-validate", namespace="prod", owner=OWNER, spec=spec, storage=spec["storage"],
                                 secret_env=venv, args=bodies.validate_args("s3://b", "b-1", True),
-                                labels=bodies.common_labels("validate"), with_config=False))
+                                labels=bodies.common_labels("validate"), with_config=False)))
     made.append(bodies.spark_application_body(name="b-1-validate", namespace="prod", owner=OWNER, spark={},
                                               script="validate.py", arguments=["--backup-id", "b-1"],
                                               secret_env=venv, config_name=None, labels=bodies.common_labels("validate")))
@@ -204,8 +204,8 @@ def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
     assert rcfg["encryption"] == {"kms_region": "eu-west-1", "kms_endpoint_url": "https://kms.vpce.internal"}
     ropts = restore_options(Config.from_dict(rcfg, env=SECRET_ENV))
     assert (ropts.kms_region, ropts.kms_endpoint_url) == ("eu-west-1", "https://kms.vpce.internal")
-    made.append(bodies.job_body(name="r-restore", namespace="prod", owner=OWNER, spec={}, storage=CLUSTER_SPEC["storage"],
-                                secret_env=renv, args=bodies.restore_args(), labels=bodies.restore_labels("r")))
+    made.append(bodies.job_body(bodies.JobRun(name="r-restore", namespace="prod", owner=OWNER, spec={}, storage=CLUSTER_SPEC["storage"],
+                                secret_env=renv, args=bodies.restore_args(), labels=bodies.restore_labels("r"))))
     made.append(bodies.spark_application_body(name="r-restore", namespace="prod", owner=OWNER, spark={},
                                               script="restore.py", arguments=["--backup-id", "b-1"], secret_env=renv,
                                               config_name="r-restore", labels=bodies.restore_labels("r")))

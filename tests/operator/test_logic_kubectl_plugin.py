@@ -5,8 +5,9 @@ report. The commands themselves run against the real API server in test_kubectl_
 from __future__ import annotations
 
 import pytest
-from rbak_kubectl.plugin import (PluginError, archive_row, parse_pitr, report_drill, request_unpicked, status_row, table,
-                                         vhost_mapping, waits_for_active)
+from rbak_kubectl.context import PluginError, request_unpicked, table
+from rbak_kubectl.runs import archive_row, report_drill, status_row, waits_for_active
+from rbak_kubectl.stored import parse_pitr, vhost_mapping
 
 
 @pytest.mark.parametrize("text, window", [

@@ -12,9 +12,8 @@ from rbak.repo.progress import ProgressRecord
 from rbak_operator.decide import bodies
 from rbak_operator.crds import schema as crds
 from rbak_operator.metrics import resources as rm
-from rbak_operator.decide.progress import (
-    cleared, printer_columns, progress_patch, progress_schema, status_progress, watched_run,
-)
+from rbak_operator.crds.parts import printer_columns, progress_schema
+from rbak_operator.decide.progress import cleared, progress_patch, status_progress, watched_run
 
 
 def rec(**kw) -> ProgressRecord:
@@ -77,10 +76,10 @@ def test_crds_carry_the_progress_columns_and_accept_the_status(kind):
 
 
 def test_run_jobs_report_progress_under_their_own_name():
-    job = bodies.job_body(name="nightly-manual-1", namespace="prod", owner={"apiVersion": "rbak.io/v1alpha1",
+    job = bodies.job_body(bodies.JobRun(name="nightly-manual-1", namespace="prod", owner={"apiVersion": "rbak.io/v1alpha1",
                           "kind": "RabbitMQBackup", "metadata": {"name": "nightly", "uid": "u"}}, spec={},
                           storage={"s3": {"bucket": "b"}}, secret_env=[], args=bodies.backup_args(), labels={},
-                          validate_args=["validate"], progress_id="nightly-manual-1")
+                          validate_args=["validate"], progress_id="nightly-manual-1"))
     pod = job["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
     assert env["RBAK_PROGRESS_ID"] == "nightly-manual-1" and float(env["RBAK_PROGRESS_INTERVAL"]) > 0

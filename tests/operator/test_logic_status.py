@@ -118,7 +118,7 @@ def test_history_newest_first_bounded_and_unique():
 
 # -- policy ------------------------------------------------------------------
 
-def B(i, complete=True, age_days=0.0):
+def B(i, complete=True, age_days=0.0):  # noqa: N802 - a short constructor for the tables below
     return policy.StoredBackup(f"nightly-{i:02d}", int((NOW - timedelta(days=age_days)).timestamp() * 1000) + i, complete)
 
 

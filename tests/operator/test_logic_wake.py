@@ -32,7 +32,7 @@ def test_backup_times_include_the_next_drill():
 
 
 def test_backup_times_include_the_next_check_of_a_signed_drill_report():
-    from rbak_operator.reconcile.drill import EVIDENCE_RECHECK
+    from rbak_operator.decide.wake import EVIDENCE_RECHECK
 
     d = {"signer": "SHA256:ab", "lastJob": "n-drill-1", "backupId": "b1", "evidenceCheckTime": "2026-11-28T10:00:00Z"}
     assert wake.backup_times({"restoreDrill": d}, None)[2] == NOW + EVIDENCE_RECHECK

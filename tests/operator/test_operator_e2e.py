@@ -178,7 +178,7 @@ class _Hook:
             return
         try:
             self.result = self.action()
-        except BaseException as e:  # reported by the test, not lost in the runner's thread
+        except BaseException as e:  # noqa: BLE001 - reported by the test, not lost in the runner's thread
             self.error = e
         self.fired.set()
 

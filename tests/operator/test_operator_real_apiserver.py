@@ -203,8 +203,8 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     from cryptography.hazmat.primitives.asymmetric import ed25519
     from datetime import timedelta
 
-    from rbak_operator.runtime.clock import parse_time
-    from rbak_operator.reconcile.drill import EVIDENCE_RECHECK
+    from rbak_operator.decide.times import parse_time
+    from rbak_operator.decide.wake import EVIDENCE_RECHECK
     from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
     from rbak.drill import find_drill_report

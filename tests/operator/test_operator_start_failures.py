@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.times import parse_time
 from rbak_operator.decide.naming import manual_run_name
 from rbak_operator.decide.status import A_START_FAILED, START_TIMEOUT
 

@@ -28,11 +28,11 @@ def job_bodies() -> dict[str, dict]:
     common = dict(namespace="messaging", owner=OWNER, spec={}, storage=S3, secret_env=[],
                   labels=bodies.backup_run_labels("nightly", "schedule"))
     return {
-        "backup+validate": bodies.job_body(name="nightly-20260101-0200", args=bodies.backup_args(),
+        "backup+validate": bodies.job_body(bodies.JobRun(name="nightly-20260101-0200", args=bodies.backup_args(),
                                            validate_args=bodies.validate_args(url, "nightly-20260101-0200", True),
-                                           **common),
-        "backup": bodies.job_body(name="nightly-manual-1", args=bodies.backup_args(), **common),
-        "restore": bodies.job_body(name="r-restore", args=bodies.restore_args(), **common),
+                                           **common)),
+        "backup": bodies.job_body(bodies.JobRun(name="nightly-manual-1", args=bodies.backup_args(), **common)),
+        "restore": bodies.job_body(bodies.JobRun(name="r-restore", args=bodies.restore_args(), **common)),
     }
 
 
@@ -97,8 +97,8 @@ def test_job_image_is_the_one_the_chart_configures():
     os.environ["RBAK_IMAGE"] = env["RBAK_IMAGE"]
     try:
         fresh = importlib.reload(bodies)
-        job = fresh.job_body(name="x", namespace="n", owner=OWNER, spec={}, storage=S3, secret_env=[],
-                             args=fresh.backup_args(), labels={})
+        job = fresh.job_body(fresh.JobRun(name="x", namespace="n", owner=OWNER, spec={}, storage=S3, secret_env=[],
+                             args=fresh.backup_args(), labels={}))
         assert containers(job)[0]["image"] == "registry.example.com/rbak:1.2.3"
     finally:
         if old is None:

@@ -109,8 +109,8 @@ def test_operator_created_objects_are_owned_and_carry_no_gitops_tracking():
     labels = bodies.backup_run_labels("nightly", "schedule")
     made = [
         bodies.configmap_body("nightly-x", "messaging", owner, {"mode": "backup"}, labels),
-        bodies.job_body(name="nightly-x", namespace="messaging", owner=owner, spec=owner["spec"],
-                        storage=owner["spec"]["storage"], secret_env=[], args=bodies.backup_args(), labels=labels),
+        bodies.job_body(bodies.JobRun(name="nightly-x", namespace="messaging", owner=owner, spec=owner["spec"],
+                        storage=owner["spec"]["storage"], secret_env=[], args=bodies.backup_args(), labels=labels)),
         bodies.spark_application_body(name="nightly-x", namespace="messaging", owner=owner, spark={},
                                       script="restore.py", arguments=[], secret_env=[], config_name=None,
                                       labels=labels),

@@ -20,7 +20,7 @@ from support.dockerfile import parse
 from support.ship import ROOT, tool
 
 sys.path.insert(0, str(ROOT / "requirements"))
-import freeze  # noqa: E402  (requirements/freeze.py)
+import freeze  # (requirements/freeze.py)
 
 DOCKERFILE = ROOT / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "rbak-entrypoint"
@@ -220,32 +220,48 @@ def test_freeze_rejects_a_loose_pin():
         freeze.parse("boto3==1.0\nnumpy>=1.24\n")
 
 
+def rbak_install_stage(df) -> str:
+    """The stage whose RUN is the `pip install .` of rbak itself."""
+    found = [name for name, stage in df.stages.items()
+             if any(re.search(r"pip install [^&]*--no-deps \.(\s|$)", i.value) for i in stage.all("RUN"))]
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_image_installs_the_operator_and_spark_jobs_where_pods_expect_them():
     from rbak_operator.decide import bodies
 
     df = parse(DOCKERFILE)
-    build_copies = {ins.value for ins in df.stages["build"].all("COPY")}
-    assert "operator/rbak_operator/ operator/rbak_operator/" in build_copies
-    assert "rbak/ rbak/" in build_copies
-    # pyproject's package finder must pick rbak_operator up from operator/ for `pip install .`
+    copies = {ins.value for ins in df.stages[rbak_install_stage(df)].all("COPY")}
+    assert "rbak/ rbak/" in copies
+    # pyproject's package finder picks rbak_operator up from operator/ for `pip install .`: every
+    # directory it searches is copied whole (the packages' own layout is not the Dockerfile's)
     import tomllib
     find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert "operator" in find["where"] and "rbak_operator" in find["include"]
+    for where in find["where"]:
+        assert where == "." or f"{where}/ {where}/" in copies, (where, copies)
     spark_copies = [i.value for i in df.stages["spark"].all("COPY")]
     assert f"spark/ {bodies.SPARK_FILES}/" in spark_copies
 
 
 def test_the_c_speedup_is_compiled_in_a_stage_with_a_compiler():
-    """setup.py's optional extension is silently skipped without a compiler: the build stage
-    has one (the runtime not), and the build fails if the extension is missing."""
+    """setup.py's optional extension is silently skipped without a compiler: rbak is installed in
+    a stage built on the one with the compiler (the runtime has none), and the build fails if the
+    extension is missing (docker/slim-venv, run after the install, asserts it is there)."""
     assert "Extension(" in (ROOT / "setup.py").read_text()
     df = parse(DOCKERFILE)
     installs = apt_installs(df)
     assert {"gcc", "python3-dev"} <= {p for p, _ in installs["build"]}
     assert not {"gcc", "python3-dev"} & {p for p, _ in installs["runtime"] + installs.get("spark", [])}
-    assert any("_speedups" in i.value for i in df.stages["build"].all("RUN")), "the build must fail if it is missing"
+    stage = rbak_install_stage(df)
+    assert "build" in [s.name for s in df.lineage(stage)], stage
+    runs = [i.value for i in df.stages[stage].all("RUN")]
+    install = next(n for n, r in enumerate(runs) if "--no-deps ." in r)
+    assert any(r.startswith("slim-venv /opt/rbak") for r in runs[install + 1:]), runs
+    assert 'assert extensions, "rbak was installed without its C speedup"' in (ROOT / "docker" / "slim-venv").read_text()
     copies = [i.value for i in df.stages["runtime"].all("COPY")]
-    assert "--from=venv /opt/rbak /opt/rbak" in copies, copies
+    assert f"--from={stage} /opt/rbak /opt/rbak" in copies, copies
 
 
 # ---- the entrypoint script, run for real -------------------------------------

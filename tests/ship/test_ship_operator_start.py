@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from support.ship import ROOT, find, granted, manifests, render_chart
-from support.opcluster import Emulator, Http, wait_for  # noqa: E402
+from support.opcluster import Emulator, Http, wait_for
 
 
 def list_namespaces_fix(monkeypatch) -> None:

@@ -11,7 +11,7 @@ from rbak.errors import ManifestError
 from rbak.config import ConnectionConfig
 from rbak.restore.options import RestoreOptions
 from rbak_spark.restore_job import run_restore_job, summary_lines
-from support.backups import backup_config  # noqa: E402
+from support.backups import backup_config
 
 STREAM = {"x-queue-type": "stream"}
 

@@ -21,7 +21,7 @@ from rbak.storage import open_storage
 from rbak_spark.restore_job import run_restore_job
 from rbak_spark.synthetic import QueueSpec, write_backup
 from support.require import require_that
-from support.private_node import chroot_ready, private_node  # noqa: E402
+from support.private_node import chroot_ready, private_node
 
 
 def write_with_definitions(url: str, backup_id: str, vhost: str) -> None:

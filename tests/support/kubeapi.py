@@ -89,7 +89,7 @@ class _Kubectl:
         """os.environ plus KUBECONFIG, for subprocesses (kubectl, kopf, the operator)."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,  # noqa: A002 - subprocess.run's name for it
                 timeout: float = 120) -> subprocess.CompletedProcess:
         """Run kubectl against this cluster; ``check`` raises with its stderr on failure."""
         cmd = [self.kubectl_path(), "--kubeconfig", str(self.kubeconfig), *args]

@@ -336,7 +336,7 @@ def trixie_mosquitto() -> list[str] | str:
                 with urlopen(f"{mirror}/{rel}", timeout=60) as r:
                     deb.write_bytes(r.read())
                 subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True, capture_output=True)
-        except Exception as e:  # no network, no dpkg-deb, ...
+        except Exception as e:  # noqa: BLE001 - no network, no dpkg-deb, ...
             shutil.rmtree(tmp, ignore_errors=True)
             return f"cannot fetch trixie's mosquitto: {e}"
         shutil.rmtree(tmp / "debs")

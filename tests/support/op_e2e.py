@@ -10,7 +10,7 @@ import pytest
 
 from rbak.repo.catalog import load_manifest
 from rbak.storage.url import open_storage
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.times import parse_time
 from support.opcluster import Emulator, Http, KubeHttp, Operator, PodRunner, RealServer, wait_for
 
 

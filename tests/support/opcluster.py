@@ -501,12 +501,12 @@ class PodRunner:
                     t = threading.Thread(target=self._run_spark, args=(app,), daemon=True)
                     self._running[name] = t
                     t.start()
-            except Exception as e:  # the emulator going away at teardown
+            except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
                 self.errors.append(repr(e))
             if self.runs_deployments:
                 try:
                     self._sync_deployments()
-                except Exception as e:  # the server going away at teardown
+                except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
                     self.errors.append(repr(e))
             self._stop.wait(0.3)
 
@@ -580,7 +580,7 @@ class PodRunner:
         self.outputs[pod.name] = pod.log.read_text(errors="replace") if pod.log.exists() else ""
         try:
             self.http.delete("v1", "pods", pod.name, self.ns)
-        except Exception as e:  # the server going away at teardown
+        except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
             self.errors.append(f"{pod.name}: {e!r}")
 
     def kill_deployment_pod(self, name: str) -> str:
@@ -773,7 +773,7 @@ class PodRunner:
                 if p.returncode != 0:
                     ok = False
                     break
-        except Exception as e:  # a Secret deleted between the start check and the container: a crash here
+        except Exception as e:  # noqa: BLE001 - a Secret deleted between the start check and the container: a crash here
             ok = False
             statuses.append({"name": "setup", "_kind": "main", "ready": False, "restartCount": 0, "image": "",
                              "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": str(e)}}})
@@ -789,7 +789,7 @@ class PodRunner:
                     **({} if ok else {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"})}
             st = {"active": 0, "conditions": [cond], **({"succeeded": 1, "completionTime": _now()} if ok else {"failed": 1})}
             self.http.patch("batch/v1", "jobs", name, {"status": st}, self.ns, "status")
-        except Exception as e:  # the Job was deleted meanwhile (Replace)
+        except Exception as e:  # noqa: BLE001 - the Job was deleted meanwhile (Replace)
             self.errors.append(f"{name}: {e!r}")
 
 
@@ -824,7 +824,7 @@ def _run_spark_app(runner: "PodRunner", app: dict) -> None:
         out = (p.stdout or "") + (p.stderr or "")
         # spark-operator's own words: the driver's exit code, never its output.
         ok, err = p.returncode == 0, f"driver container failed with ExitCode: {p.returncode}, Reason: Error"
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure reading the driver pod is the run's failure
         ok, out, err = False, repr(e), "driver pod not found"
     runner.outputs["spark:" + name] = out
     state = {"state": "COMPLETED"} if ok else {"state": "FAILED", "errorMessage": err}

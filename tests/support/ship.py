@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.require import require_tool  # noqa: E402
+from support.require import require_tool
 import yaml
 from support.crds import cel_failures
 

@@ -15,12 +15,30 @@ from typing import Any
 
 import yaml
 
-from rbak_operator.crds.parts import (CRON_MESSAGE, CRON_RE, DURATION_RE, TIME_RE, _b, _i, _name, _obj, _s, _strlist, broker_schema,
-                         condition_schema, encryption_schema, pod_overrides, run_summary_schema, spark_schema,
-                         storage_schema)
+from rbak_operator.crds.parts import (
+    CRON_MESSAGE,
+    CRON_RE,
+    DURATION_RE,
+    TIME_RE,
+    boolean,
+    broker_schema,
+    condition_schema,
+    encryption_schema,
+    integer,
+    k8s_name,
+    obj,
+    pod_overrides,
+    printer_columns,
+    progress_schema,
+    restore_drill_status_schema,
+    run_summary_schema,
+    spark_schema,
+    storage_schema,
+    string,
+    strlist,
+    verify_schema,
+)
 from rbak_operator.crds.archive import ARCHIVE_COLUMNS, archive_ref_schema, archive_spec_schema, archive_status_schema
-from rbak_operator.crds.verify import restore_drill_status_schema, verify_schema
-from rbak_operator.decide.progress import printer_columns, progress_schema
 
 GROUP = "rbak.io"
 VERSION = "v1alpha1"
@@ -61,43 +79,43 @@ def backup_crd() -> dict[str, Any]:
 
 
 def backup_spec_schema() -> dict[str, Any]:
-    return _obj(
+    return obj(
         "What to back up, where, and when.",
         {
             "broker": broker_schema("The RabbitMQ to back up."),
-            "queues": _obj(
+            "queues": obj(
                 "Which queues (default: all)",
                 {
-                    "include": _strlist("queue name globs to include"),
-                    "exclude": _strlist("queue name globs to exclude"),
-                    "vhosts": _strlist("vhosts (default: all)"),
+                    "include": strlist("queue name globs to include"),
+                    "exclude": strlist("queue name globs to exclude"),
+                    "vhosts": strlist("vhosts (default: all)"),
                     "types": {
                         "type": "array",
                         "description": "queue types",
                         "items": {"type": "string", "enum": ["classic", "quorum", "stream"]},
                     },
-                    "minMessages": _i("skip queues with fewer messages", minimum=0),
+                    "minMessages": integer("skip queues with fewer messages", minimum=0),
                 },
             ),
             "storage": storage_schema(),
-            "compression": _s("segment compression", enum=["zstd", "lz4", "none"], default="zstd"),
-            "compressionLevel": _i("zstd level", minimum=1, maximum=22, default=3),
-            "segmentMaxBytes": _i("rotate a segment after this many uncompressed bytes", minimum=1024),
-            "segmentMaxIntervalMs": _i("rotate a segment after this many ms", minimum=1000),
-            "includeDefinitions": _b("also store the broker definitions", default=True),
+            "compression": string("segment compression", enum=["zstd", "lz4", "none"], default="zstd"),
+            "compressionLevel": integer("zstd level", minimum=1, maximum=22, default=3),
+            "segmentMaxBytes": integer("rotate a segment after this many uncompressed bytes", minimum=1024),
+            "segmentMaxIntervalMs": integer("rotate a segment after this many ms", minimum=1000),
+            "includeDefinitions": boolean("also store the broker definitions", default=True),
             **schedule_fields(),
             "retention": retention_schema(),
-            "deletionPolicy": _s(
+            "deletionPolicy": string(
                 "on deleting this object: retain (default) keeps stored backups; delete removes the ones it made",
                 enum=["retain", "delete"],
                 default="retain",
             ),
-            "validate": _obj(
+            "validate": obj(
                 "verify each backup after its run",
                 {
-                    "enabled": _b("validate after each run", default=True),
-                    "deep": _b("decompress and check every record", default=False),
-                    "sparkThresholdBytes": _i(
+                    "enabled": boolean("validate after each run", default=True),
+                    "deep": boolean("decompress and check every record", default=False),
+                    "sparkThresholdBytes": integer(
                         "above this stored size, validate with a SparkApplication instead of in the Job", minimum=0
                     ),
                 },
@@ -113,20 +131,20 @@ def backup_spec_schema() -> dict[str, Any]:
 
 
 def backup_status_schema() -> dict[str, Any]:
-    return _obj(
+    return obj(
         "Observed state, read from Jobs and manifest.json.",
         {
-            "phase": _s("Pending, Scheduled, Running, Succeeded, Failed, Suspended", enum=[
+            "phase": string("Pending, Scheduled, Running, Succeeded, Failed, Suspended", enum=[
                 "Pending", "Scheduled", "Running", "Succeeded", "Failed", "Suspended"]),
-            "observedGeneration": _i("spec generation last acted on"),
+            "observedGeneration": integer("spec generation last acted on"),
             "conditions": condition_schema(),
-            "lastScheduleTime": _s("last slot acted on (written before its Job is created)", format="date-time"),
-            "lastSuccessfulTime": _s("end of the last successful run", format="date-time"),
-            "nextScheduleTime": _s("next slot", format="date-time"),
-            "lastBackupId": _s("backup id of the last successful run"),
-            "lastScheduledRun": _s("Job/backup id of the last slot started (re-created after a crash)"),
-            "lastManualTrigger": _s("value of the rbak.io/backup-now annotation last run"),
-            "active": _strlist("Jobs running now"),
+            "lastScheduleTime": string("last slot acted on (written before its Job is created)", format="date-time"),
+            "lastSuccessfulTime": string("end of the last successful run", format="date-time"),
+            "nextScheduleTime": string("next slot", format="date-time"),
+            "lastBackupId": string("backup id of the last successful run"),
+            "lastScheduledRun": string("Job/backup id of the last slot started (re-created after a crash)"),
+            "lastManualTrigger": string("value of the rbak.io/backup-now annotation last run"),
+            "active": strlist("Jobs running now"),
             "lastRun": run_summary_schema("the most recent finished run"),
             "history": {
                 "type": "array",
@@ -134,11 +152,11 @@ def backup_status_schema() -> dict[str, Any]:
                 "maxItems": 20,
                 "items": run_summary_schema("a finished run"),
             },
-            "missedSchedules": _i("slots not run because they were past startingDeadlineSeconds or forbidden"),
-            "lastMissedTime": _s("last missed slot", format="date-time"),
-            "retention": _obj(
+            "missedSchedules": integer("slots not run because they were past startingDeadlineSeconds or forbidden"),
+            "lastMissedTime": string("last missed slot", format="date-time"),
+            "retention": obj(
                 "what the retention policy deleted",
-                {"deletedTotal": _i("backups deleted so far"), "lastDeleted": _strlist("ids deleted last time")},
+                {"deletedTotal": integer("backups deleted so far"), "lastDeleted": strlist("ids deleted last time")},
             ),
             "restoreDrill": restore_drill_status_schema(),
             "progress": progress_schema(),
@@ -150,50 +168,50 @@ def backup_status_schema() -> dict[str, Any]:
 def schedule_fields() -> dict[str, Any]:
     """When runs start: the cron, its time zone, suspension, concurrency and Job history limits."""
     return {
-        "schedule": _s(
+        "schedule": string(
             CRON_MESSAGE.replace("must be", "is"),
             minLength=1,
             maxLength=128,
             **{"x-kubernetes-validations": [{"rule": f"self.matches('{CRON_RE}')", "message": CRON_MESSAGE}]},
         ),
-        "timeZone": _s(
+        "timeZone": string(
             "IANA time zone of the schedule (default UTC), e.g. Europe/Berlin",
             pattern=r"^[A-Za-z0-9_+\-]+(/[A-Za-z0-9_+\-]+)*$",
             maxLength=64,
         ),
-        "suspend": _b("stop scheduling new runs (running ones finish; on-demand still works)", default=False),
-        "concurrencyPolicy": _s(
+        "suspend": boolean("stop scheduling new runs (running ones finish; on-demand still works)", default=False),
+        "concurrencyPolicy": string(
             "a due run while one is active: Forbid skips it, Allow runs both, Replace stops the old one",
             enum=["Forbid", "Allow", "Replace"],
             default="Forbid",
         ),
-        "startingDeadlineSeconds": _i(
+        "startingDeadlineSeconds": integer(
             "a slot missed by more than this (operator down) is recorded as missed, not run", minimum=0
         ),
-        "successfulJobsHistoryLimit": _i("finished successful Jobs kept", minimum=0, maximum=100, default=3),
-        "failedJobsHistoryLimit": _i("finished failed Jobs kept", minimum=0, maximum=100, default=3),
+        "successfulJobsHistoryLimit": integer("finished successful Jobs kept", minimum=0, maximum=100, default=3),
+        "failedJobsHistoryLimit": integer("finished failed Jobs kept", minimum=0, maximum=100, default=3),
     }
 
 
 def retention_schema() -> dict[str, Any]:
-    return _obj(
+    return obj(
         "Which old complete backups this policy deletes (whole backups only; never one a kept backup's "
         "incremental streams continue, never an incomplete one). Unset: keep all.",
         {
-            "keepLast": _i("keep the newest N complete backups", minimum=1),
-            "keepDaily": _i("keep the newest backup of each of the last N days that have one (UTC)", minimum=0),
-            "keepWeekly": _i("keep the newest backup of each of the last N ISO weeks that have one", minimum=0),
-            "keepMonthly": _i("keep the newest backup of each of the last N months that have one", minimum=0),
-            "maxAge": _s("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
+            "keepLast": integer("keep the newest N complete backups", minimum=1),
+            "keepDaily": integer("keep the newest backup of each of the last N days that have one (UTC)", minimum=0),
+            "keepWeekly": integer("keep the newest backup of each of the last N ISO weeks that have one", minimum=0),
+            "keepMonthly": integer("keep the newest backup of each of the last N months that have one", minimum=0),
+            "maxAge": string("delete complete backups older than this, e.g. 30d, 12h, 2w", pattern=DURATION_RE),
         },
     )
 
 
 def object_lock_schema() -> dict[str, Any]:
-    return _obj(
+    return obj(
         "S3 Object Lock (bucket created with it): every object written once and locked; retention deletes "
         "a backup only after its lock expired",
-        {"mode": _s("lock mode", enum=["GOVERNANCE", "COMPLIANCE"]),
+        {"mode": string("lock mode", enum=["GOVERNANCE", "COMPLIANCE"]),
          "retainDays": {"type": "number", "minimum": 0,
                         "description": "days each object stays locked"}},
         ["mode", "retainDays"],
@@ -224,26 +242,26 @@ def restore_crd() -> dict[str, Any]:
 
 
 def restore_spec_schema() -> dict[str, Any]:
-    return _obj(
+    return obj(
         "What to restore, from where, into which broker.",
         {
-            "backupRef": _obj(
+            "backupRef": obj(
                 "a RabbitMQBackup in this namespace: its storage, and its broker as the default target",
                 {
-                    "name": _name("RabbitMQBackup name"),
-                    "backupId": _s("backup id (default: the latest complete backup)", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"),
+                    "name": k8s_name("RabbitMQBackup name"),
+                    "backupId": string("backup id (default: the latest complete backup)", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"),
                 },
                 ["name"],
             ),
             "archiveRef": archive_ref_schema(),
             "storage": storage_schema(),
-            "backupId": _s(
+            "backupId": string(
                 "backup id in spec.storage (default: the latest complete backup)",
                 pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$",
             ),
             "target": broker_schema("The RabbitMQ to restore into (default: the referenced backup's broker)."),
             "encryption": encryption_schema(backup=False),
-            "pitr": _obj(
+            "pitr": obj(
                 "point in time window on each message's backup time: RFC 3339 or epoch milliseconds",
                 {
                     "start": {"x-kubernetes-int-or-string": True, "pattern": TIME_RE, "description": "window start"},
@@ -260,25 +278,25 @@ def restore_spec_schema() -> dict[str, Any]:
                 "description": "source queue -> target queue",
                 "additionalProperties": {"type": "string", "minLength": 1},
             },
-            "queues": _obj(
+            "queues": obj(
                 "which queues of the backup to restore (default: all)",
-                {"include": _strlist("queue name globs"), "exclude": _strlist("queue name globs"),
-                 "vhosts": _strlist("vhosts")},
+                {"include": strlist("queue name globs"), "exclude": strlist("queue name globs"),
+                 "vhosts": strlist("vhosts")},
             ),
-            "restoreDefinitions": _b("import the backup's definitions first", default=False),
-            "overwriteUsers": _b("let the definitions import replace existing users' passwords, tags and "
+            "restoreDefinitions": boolean("import the backup's definitions first", default=False),
+            "overwriteUsers": boolean("let the definitions import replace existing users' passwords, tags and "
                                  "permissions", default=False),
-            "definitionsStrict": _b("refuse definitions the target would reject instead of adapting them",
+            "definitionsStrict": boolean("refuse definitions the target would reject instead of adapting them",
                                     default=False),
-            "transientQueues": _s("transient non-exclusive queues on a target that denies them",
+            "transientQueues": string("transient non-exclusive queues on a target that denies them",
                                   enum=["durable", "skip"], default="durable"),
-            "dryRun": _b("report what would be published, publish nothing", default=False),
-            "allowLossyTarget": _b("publish into target queues whose max-length, message TTL or expiry (argument "
+            "dryRun": boolean("report what would be published, publish nothing", default=False),
+            "allowLossyTarget": boolean("publish into target queues whose max-length, message TTL or expiry (argument "
                                    "or policy) may drop, expire or dead-letter restored messages; the restore "
                                    "still fails if a target holds fewer messages than were confirmed",
                                    default=False),
-            "engine": _s("job, spark, or auto (spark above sparkThresholdBytes)", enum=["job", "spark", "auto"], default="auto"),
-            "sparkThresholdBytes": _i("auto picks spark when the backup is larger", minimum=0, default=10 * 1024**3),
+            "engine": string("job, spark, or auto (spark above sparkThresholdBytes)", enum=["job", "spark", "auto"], default="auto"),
+            "sparkThresholdBytes": integer("auto picks spark when the backup is larger", minimum=0, default=10 * 1024**3),
             "spark": spark_schema(),
             **pod_overrides(),
         },
@@ -297,34 +315,34 @@ def restore_spec_schema() -> dict[str, Any]:
 
 
 def restore_status_schema() -> dict[str, Any]:
-    return _obj(
+    return obj(
         "Observed state of the restore",
         {
-            "phase": _s("Pending, Running, Succeeded, Failed", enum=["Pending", "Running", "Succeeded", "Failed"]),
-            "observedGeneration": _i("spec generation acted on"),
+            "phase": string("Pending, Running, Succeeded, Failed", enum=["Pending", "Running", "Succeeded", "Failed"]),
+            "observedGeneration": integer("spec generation acted on"),
             "conditions": condition_schema(),
-            "backupId": _s("the backup being restored (archiveRef: the archive's newest generation)"),
-            "pointInTime": _s("archiveRef: every stream restored up to this instant", format="date-time"),
-            "engine": _s("job or spark", enum=["job", "spark"]),
-            "jobName": _s("Job running it"),
-            "sparkApplicationName": _s("SparkApplication running it"),
-            "startTime": _s("start", format="date-time"),
-            "completionTime": _s("end", format="date-time"),
+            "backupId": string("the backup being restored (archiveRef: the archive's newest generation)"),
+            "pointInTime": string("archiveRef: every stream restored up to this instant", format="date-time"),
+            "engine": string("job or spark", enum=["job", "spark"]),
+            "jobName": string("Job running it"),
+            "sparkApplicationName": string("SparkApplication running it"),
+            "startTime": string("start", format="date-time"),
+            "completionTime": string("end", format="date-time"),
             "durationSeconds": {"type": "number", "description": "wall time"},
-            "messages": _i("messages restored: published and confirmed by the target (0 in a dry run)"),
-            "publishedMessages": _i("messages published to the target"),
-            "confirmedMessages": _i("messages the target confirmed"),
-            "wouldPublish": _i("a dry run: the messages a restore would publish"),
+            "messages": integer("messages restored: published and confirmed by the target (0 in a dry run)"),
+            "publishedMessages": integer("messages published to the target"),
+            "confirmedMessages": integer("messages the target confirmed"),
+            "wouldPublish": integer("a dry run: the messages a restore would publish"),
             "dryRun": {"type": "boolean", "description": "a dry run: nothing was published"},
             "targetVhosts": {"type": "array", "items": {"type": "string"}, "description": "the vhosts restored into"},
             "targetQueues": {"type": "array", "items": {"type": "string"},
                              "description": "the queues restored into, as vhost/queue (at most 50)"},
             "failedQueues": {"type": "array", "items": {"type": "string"}, "description": "target queues that failed"},
-            "backupMessages": _i("messages in the backup (from manifest.json)"),
-            "bytes": _i("stored bytes of the backup"),
-            "size": _s("stored size, human readable"),
-            "reason": _s("why it ended so"),
-            "message": _s("details"),
+            "backupMessages": integer("messages in the backup (from manifest.json)"),
+            "bytes": integer("stored bytes of the backup"),
+            "size": string("stored size, human readable"),
+            "reason": string("why it ended so"),
+            "message": string("details"),
             "progress": progress_schema(),
             "kopf": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },

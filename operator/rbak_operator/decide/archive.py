@@ -21,15 +21,25 @@ from typing import Any
 from rbak.errors import ConfigError
 from rbak.format.archive import Tick
 from rbak.format.manifest import StreamGap
-
 from rbak_operator.crds.archive import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_RPO_SECONDS
 from rbak_operator.decide import naming
 from rbak_operator.decide.bodies import _container, _env, _volumes, common_labels, owner_reference
 from rbak_operator.decide.bodies import configmap_body as _configmap_body
-from rbak_operator.runtime.clock import fmt
-from rbak_operator.decide.rbakconfig import (CONFIG_DIR, CONFIG_FILE, ENV_STATE, PodEnv, ResolvedBroker, _dedupe, _queues,
-                         backup_encryption, backup_vhosts, broker_connection, storage_section)
+from rbak_operator.decide.rbakconfig import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    ENV_STATE,
+    PodEnv,
+    ResolvedBroker,
+    _dedupe,
+    backup_encryption,
+    backup_vhosts,
+    broker_connection,
+    queue_selection,
+    storage_section,
+)
 from rbak_operator.decide.status import set_condition
+from rbak_operator.decide.times import fmt
 
 L_ARCHIVE = "rbak.io/archive"
 A_SPEC_HASH = "rbak.io/spec-hash"
@@ -69,7 +79,7 @@ def archive_config(spec: dict[str, Any], namespace: str, name: str,
         raise ConfigError(f"spec.maxDelaySeconds: {max_delay_seconds(spec)} exceeds spec.rpoSeconds "
                           f"{rpo_seconds(spec)}: the objective could never be met")
     source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
-    queues = _queues(spec.get("queues"))
+    queues = queue_selection(spec.get("queues"))
     if backup_vhosts(spec):
         queues["vhosts"] = backup_vhosts(spec)
     if queues:

@@ -9,12 +9,14 @@ credential: pods get them from ``secretKeyRef`` env vars.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from rbak_operator.decide import naming
 from rbak_operator.crds.schema import BACKUP_PLURAL, GROUP, SPARK_GROUP, SPARK_VERSION, VERSION
+from rbak_operator.decide import naming
+from rbak_operator.decide.progress import INTERVAL, INTERVAL_ENV, RUN_ID_ENV
 from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ENV_STATE, PVC_MOUNT, STATE_DIR, PodEnv, ValueEnv
 
 DEFAULT_IMAGE = os.environ.get("RBAK_IMAGE", "ghcr.io/rbak/rbak:0.1.0")
@@ -128,19 +130,36 @@ def _volumes(config_name: str | None, storage: dict[str, Any]) -> tuple[list[dic
     return vols, mounts
 
 
-def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str, Any], storage: dict[str, Any],
-             secret_env: list[PodEnv], args: list[str], labels: dict[str, str],
-             annotations: dict[str, str] | None = None,
-             validate_args: list[str] | None = None, config_name: str | None = None,
-             with_config: bool = True, progress_id: str | None = None) -> dict[str, Any]:
-    """A run's Job; with ``validate_args`` the run is an init container and validation the main one.
+@dataclass(frozen=True)
+class JobRun:
+    """What a run's Job is made of: its identity and owner, the pod's settings, the container's command.
 
-    ``progress_id``: the run stores progress records under that id in the storage (``RBAK_PROGRESS_ID``),
-    which the operator shows in the status while the Job runs.
+    ``validate_args``: the run is an init container and validation the main one. ``progress_id``: the run
+    stores progress records under that id in the storage (``RBAK_PROGRESS_ID``), which the operator shows
+    in the status while the Job runs. ``with_config=False`` (a validation Job, whose command takes flags
+    only) mounts no ConfigMap, so it cannot hang on a run's ConfigMap that the Job history limit already
+    deleted."""
 
-    ``with_config=False`` (a validation Job, whose command takes flags only)
-    mounts no ConfigMap, so it cannot hang on a run's ConfigMap that the
-    Job history limit already deleted."""
+    name: str
+    namespace: str
+    owner: dict[str, Any]
+    spec: dict[str, Any]  # the object's spec: pod overrides (resources, serviceAccountName, deadline, ...)
+    storage: dict[str, Any]
+    secret_env: list[PodEnv]
+    args: list[str]
+    labels: dict[str, str]
+    annotations: dict[str, str] | None = None
+    validate_args: list[str] | None = None
+    config_name: str | None = None
+    with_config: bool = True
+    progress_id: str | None = None
+
+
+def job_body(run: JobRun) -> dict[str, Any]:
+    """A run's Job (see ``JobRun``)."""
+    name, namespace, owner, spec, storage = run.name, run.namespace, run.owner, run.spec, run.storage
+    secret_env, args, labels, annotations = run.secret_env, run.args, run.labels, run.annotations
+    validate_args, config_name, with_config, progress_id = run.validate_args, run.config_name, run.with_config, run.progress_id
     vols, mounts = _volumes((config_name or name) if with_config else None, storage)
     env = _env(secret_env)
     run_env = env + progress_env(progress_id) if progress_id else env
@@ -178,8 +197,6 @@ def job_body(*, name: str, namespace: str, owner: dict[str, Any], spec: dict[str
 
 
 def progress_env(run_id: str) -> list[dict[str, Any]]:
-    from rbak_operator.decide.progress import INTERVAL, RUN_ID_ENV, INTERVAL_ENV
-
     return [{"name": RUN_ID_ENV, "value": run_id}, {"name": INTERVAL_ENV, "value": f"{INTERVAL:g}"}]
 
 

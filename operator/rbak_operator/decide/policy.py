@@ -9,16 +9,18 @@ one, and never a backup that a kept backup's incremental streams continue.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from rbak.errors import ConfigError
 from rbak.format.manifest import BackupManifest
 from rbak.repo.retention import RetentionPlan, RetentionPolicy, StoredBackup, plan_retention
 from rbak.repo.retention import parse_duration as _parse_duration
-
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.naming import owns
+from rbak_operator.decide.rbakconfig import backup_vhosts
+from rbak_operator.decide.times import parse_time
 
 __all__ = ["StoredBackup", "retention_plan", "retention_victims", "parse_duration"]
 
@@ -46,8 +48,6 @@ def owned(backup_id: str, manifest: BackupManifest | None, meta: Mapping[str, An
     records (namespace, name and, when both know it, uid), never by the shape of its id. A manifest
     without a recorded origin (an older operator's) falls back to the id's shape; a backup without a
     manifest is nobody's (retention and deletion leave it)."""
-    from rbak_operator.decide.naming import owns
-
     if manifest is None:
         return False
     origin = manifest.origin
@@ -138,10 +138,6 @@ def source_of(spec: Mapping[str, Any], namespace: str) -> tuple[str, frozenset[s
 
     The broker is the RabbitmqCluster reference (namespace/name) or the AMQP URL's host and port; the
     vhosts are ``queues.vhosts``, else the URL's vhost (``rbakconfig.backup_vhosts``)."""
-    from urllib.parse import urlsplit
-
-    from rbak_operator.decide.rbakconfig import backup_vhosts
-
     broker = spec.get("broker") or {}
     ref = broker.get("rabbitmqClusterReference") or {}
     if ref.get("name"):

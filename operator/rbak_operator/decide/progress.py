@@ -4,14 +4,13 @@ status patch, and the CRD's schema and printer columns (no kopf here: ``crds.py`
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from rbak.repo.progress import ENV_INTERVAL, ENV_RUN_ID, FAILED, FINISHED, ProgressRecord
 from rbak.base.units import human_bytes
-
-from rbak_operator.runtime.clock import fmt
+from rbak_operator.decide.times import fmt
 
 STATE = {"running": "Running", FINISHED: "Finished", FAILED: "Failed"}
 INTERVAL = float(os.environ.get("RBAK_OPERATOR_PROGRESS_SECONDS", "5"))
@@ -78,43 +77,3 @@ def progress_patch(status: dict[str, Any] | None, run: str | None, rec: Progress
 def cleared(status: dict[str, Any] | None, running: bool) -> dict[str, Any]:
     """``{"progress": None}`` when a run has ended but its progress is still shown."""
     return {"progress": None} if not running and (status or {}).get("progress") else {}
-
-
-def progress_schema() -> dict[str, Any]:
-    s = lambda d, **kw: {"type": "string", "description": d, **kw}  # noqa: E731
-    i = lambda d: {"type": "integer", "description": d}  # noqa: E731
-    return {
-        "type": "object",
-        "description": "live progress of the running Job (from its progress records in the storage); "
-                       "removed when the run ends",
-        "properties": {
-            "runName": s("the run (Job) reporting"),
-            "state": s("Running, Finished or Failed", enum=["Running", "Finished", "Failed"]),
-            "summary": s("queues done of total and messages, e.g. '3/10 queues, 12000 msgs (40%)'"),
-            "queues": s("queues done / total"),
-            "queuesDone": i("queues finished"),
-            "queuesTotal": i("queues in the run"),
-            "messages": i("messages read (backup) or confirmed (restore) so far"),
-            "messagesTotal": i("messages expected, when known"),
-            "percent": i("messages / messagesTotal in percent"),
-            "bytes": i("message body bytes so far"),
-            "size": s("bytes, human readable"),
-            "rate": s("recent messages per second, human readable"),
-            "messagesPerSecond": {"type": "number", "description": "recent messages per second"},
-            "currentQueue": s("the queue being worked on (vhost/name)"),
-            "startTime": s("when the run started", format="date-time"),
-            "updateTime": s("when the Job wrote this", format="date-time"),
-        },
-    }
-
-
-def printer_columns(kind: str) -> list[tuple[str, str, str, int]]:
-    """(name, type, jsonPath, priority) of the progress columns of ``kubectl get``."""
-    return [
-        ("Progress", "string", ".status.progress.summary", 0),
-        ("Rate", "string", ".status.progress.rate", 0),
-        ("Current Queue", "string", ".status.progress.currentQueue", 1),
-        ("Transferred", "string", ".status.progress.size", 1),
-    ]
-
-

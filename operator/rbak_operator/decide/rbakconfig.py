@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from rbak.errors import ConfigError
+from rbak.format.layout import normalize_prefix
 
 ENV_USER = "RBAK_BROKER_USERNAME"
 ENV_PASS = "RBAK_BROKER_PASSWORD"
@@ -191,8 +192,6 @@ def storage_section(storage: dict[str, Any] | None, field: str = "spec.storage")
 
 def storage_prefix(storage: dict[str, Any] | None) -> str:
     """The key prefix backups live under (rbak keys carry it: ``{prefix}/{backup_id}/...``)."""
-    from rbak.format.layout import normalize_prefix
-
     return normalize_prefix(((storage or {}).get("s3") or {}).get("prefix") or "")
 
 
@@ -273,8 +272,6 @@ def backup_encryption(spec: dict[str, Any], storage: dict[str, Any]) -> tuple[di
 
 def url_vhost(broker: dict[str, Any] | None) -> str | None:
     """The vhost ``spec.broker.amqpUrl`` names (``amqp://host/%2f`` names ``/``), None when it names none."""
-    from urllib.parse import unquote
-
     url = (broker or {}).get("amqpUrl") if not (broker or {}).get("rabbitmqClusterReference") else None
     path = urlsplit(url).path if url else ""
     return unquote(path[1:]) if len(path) > 1 else None
@@ -290,7 +287,8 @@ def backup_vhosts(spec: Mapping[str, Any]) -> list[str]:
     return [v] if v is not None else []
 
 
-def _queues(sel: dict[str, Any] | None) -> dict[str, Any]:
+def queue_selection(sel: dict[str, Any] | None) -> dict[str, Any]:
+    """The spec's queue selection as rbak's config keys (``queues:`` of the YAML)."""
     out: dict[str, Any] = {}
     sel = sel or {}
     for k in ("include", "exclude", "vhosts", "types"):
@@ -307,7 +305,7 @@ def backup_config(spec: dict[str, Any], namespace: str, backup_id: str,
     """Config for ``rbak backup`` of one run, and the Secret env the pod needs. ``owner``: the
     RabbitMQBackup's metadata, recorded in the manifest (``backup.owner``)."""
     source, env1 = broker_connection(spec.get("broker"), namespace, "spec.broker", resolved)
-    queues = _queues(spec.get("queues"))
+    queues = queue_selection(spec.get("queues"))
     if backup_vhosts(spec):  # the URL's vhost scopes the backup when spec.queues.vhosts is absent
         queues["vhosts"] = backup_vhosts(spec)
     if queues:
@@ -369,7 +367,7 @@ def restore_config(spec: dict[str, Any], namespace: str, backup_id: str, target:
         restore["vhost_mapping"] = dict(spec["vhostMapping"])
     if spec.get("queueMapping"):
         restore["queue_mapping"] = dict(spec["queueMapping"])
-    q = _queues(spec.get("queues"))
+    q = queue_selection(spec.get("queues"))
     if q:
         restore["queues"] = q
     cfg = {

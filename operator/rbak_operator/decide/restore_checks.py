@@ -7,7 +7,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from rbak.config import ConnectionConfig, QueueSelection
 from rbak.errors import ConfigError
+from rbak.restore.options import RestoreOptions
+from rbak.restore.plan import check_selection, resolve_target_vhosts
+from rbak_operator.decide.rbakconfig import queue_selection
 
 # rbak's config key paths, as the spec names them
 SPEC_FIELDS = (("restore.vhost_mapping", "spec.vhostMapping"), ("restore.queue_mapping", "spec.queueMapping"),
@@ -28,12 +32,6 @@ def check_restore_spec(spec: dict[str, Any], target: dict[str, Any] | None, mani
     """The refusal (one line, naming spec fields) of a restore whose mappings or selection name nothing
     in ``manifest`` or whose target URL's vhost conflicts, else None. Definitions restores are left to
     the run (their vhosts are in the definitions, which the operator does not read)."""
-    from rbak.config import ConnectionConfig, QueueSelection
-    from rbak.restore.options import RestoreOptions
-    from rbak.restore.plan import check_selection, resolve_target_vhosts
-
-    from rbak_operator.decide.rbakconfig import _queues
-
     if spec.get("restoreDefinitions"):
         return None
     url = (target or {}).get("amqpUrl") or "amqp://cluster"  # a cluster reference names no vhost
@@ -42,7 +40,7 @@ def check_restore_spec(spec: dict[str, Any], target: dict[str, Any] | None, mani
             manifest.backup_id, target=ConnectionConfig(amqp_url=url),
             vhost_mapping=tuple(sorted((spec.get("vhostMapping") or {}).items())),
             queue_mapping=tuple(sorted((spec.get("queueMapping") or {}).items())),
-            queues=QueueSelection(**_queues(spec.get("queues"))))
+            queues=QueueSelection(**queue_selection(spec.get("queues"))))
         check_selection(manifest, opts)
         resolve_target_vhosts(manifest, opts)
     except ConfigError as e:

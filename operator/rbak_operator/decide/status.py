@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rbak.base.units import human_bytes
 from rbak.format.manifest import BackupManifest
-
-from rbak_operator.runtime.clock import fmt, parse_time
+from rbak.base.units import human_bytes
+from rbak_operator.decide.times import fmt, parse_time
 
 SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed"}
 

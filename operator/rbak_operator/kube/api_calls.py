@@ -7,7 +7,16 @@ made no call outside this set (from the emulator's request log).
 
 from __future__ import annotations
 
-from rbak_operator.crds.schema import ARCHIVE_PLURAL, BACKUP_PLURAL, GROUP, RABBITMQ_CLUSTERS, RABBITMQ_GROUP, RESTORE_PLURAL, SPARK_GROUP, SPARK_PLURAL
+from rbak_operator.crds.schema import (
+    ARCHIVE_PLURAL,
+    BACKUP_PLURAL,
+    GROUP,
+    RABBITMQ_CLUSTERS,
+    RABBITMQ_GROUP,
+    RESTORE_PLURAL,
+    SPARK_GROUP,
+    SPARK_PLURAL,
+)
 
 # (apiGroup, resource, verbs); "" is the core group.
 USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

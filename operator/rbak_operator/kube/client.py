@@ -11,7 +11,15 @@ the CA of that configuration and nothing else: ``REQUESTS_CA_BUNDLE`` and
 The calls go through ``ApiClient``'s generic request methods with plain JSON,
 so none of the client's generated models is imported (start-up time), and
 every method below maps to one entry of ``api_calls.USED_API_CALLS``. Label
-selectors are the server's to apply.
+selectors are the server's to apply. A failed call raises the typed errors of
+``kube.errors`` (``NotFound``, ``Conflict``, under ``RbakError``); the methods
+that expect one say what they return instead. No side effect besides the call:
+the gauges that follow a status write are the caller's (``metrics.resources``).
+
+``kubernetes`` and ``kopf`` are imported inside the functions that need them:
+importing ``kubernetes.client`` takes about 1.8 s and ``kopf`` 4.3 s
+(``python -X importtime``, this machine), which ``kubectl rbak`` and the pure
+modules' importers need not pay.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+import urllib3
 
 from rbak_operator.crds.schema import (
     ARCHIVE_PLURAL,
@@ -38,19 +48,15 @@ from rbak_operator.crds.schema import (
     SPARK_VERSION,
     VERSION,
 )
+from rbak_operator.kube.errors import ApiError, Conflict, NotFound, api_error
 
 if TYPE_CHECKING:
+    import kopf
     from kubernetes.client import ApiClient, Configuration
 
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 TIMEOUT = float(os.environ.get("RBAK_OPERATOR_API_TIMEOUT", "30"))
 USER_AGENT = "rbak-operator"
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, reason: str, method: str, path: str):
-        self.status, self.reason = status, reason
-        super().__init__(f"{method} {path}: HTTP {status} {reason}")
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class Connection:
 
 def load_connection() -> Connection:
     """In-cluster service account, else the kubeconfig's current context."""
-    from kubernetes import config as kconfig
+    from kubernetes import config as kconfig  # lazy: about 1.8 s (module docstring)
     from kubernetes.client import Configuration
 
     cfg = Configuration()
@@ -114,7 +120,7 @@ def _client() -> ApiClient:
     conn = connection()
     with _lock:
         if _api is None:
-            from kubernetes.client import ApiClient
+            from kubernetes.client import ApiClient  # lazy: about 1.8 s (module docstring)
 
             _api = ApiClient(conn.config)
             _api.user_agent = _agent
@@ -125,7 +131,9 @@ def _sel(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
 
 
-def _path(group: str, version: str, plural: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+def resource_path(group: str, version: str, plural: str, namespace: str, name: str | None = None,
+                  sub: str | None = None) -> str:
+    """The URL path of a namespaced resource (``group`` "" is the core API), of one object, of a subresource."""
     root = f"/api/{version}" if not group else f"/apis/{group}/{version}"
     p = f"{root}/namespaces/{quote(namespace, safe='')}/{plural}"
     if name is not None:
@@ -135,15 +143,17 @@ def _path(group: str, version: str, plural: str, namespace: str, name: str | Non
     return p
 
 
+LEASES = ("coordination.k8s.io", "v1", "leases")
+
+
 class Kube:
     """The operator's API calls; every method maps to one entry of USED_API_CALLS."""
 
-    def _call(self, method: str, path: str, body: Any = None, params: dict | None = None,
-              content_type: str = "application/json", ok_missing: bool = False, ok_conflict: bool = False,
-              raw: bool = False):
-        """The decoded JSON answer (``raw``: the bytes, e.g. a pod's log)."""
-        import urllib3
-        from kubernetes.client.exceptions import ApiException
+    def request(self, method: str, path: str, body: Any = None, params: dict | None = None,
+                content_type: str = "application/json", raw: bool = False) -> Any:
+        """The decoded JSON answer (``raw``: the bytes, e.g. a pod's log). Raises ``ApiError``, typed by
+        status (``NotFound``, ``Conflict``). Public for callers with calls of their own (``kubectl rbak``)."""
+        from kubernetes.client.exceptions import ApiException  # lazy: about 1.8 s (module docstring)
 
         api = _client()
         headers = {"Accept": "*/*" if raw else "application/json"}
@@ -158,30 +168,45 @@ class Kube:
         except urllib3.exceptions.HTTPError as e:  # unreachable after urllib3's retries
             raise ApiError(0, str(e)[:300], method, path) from None
         data = r.read()
-        if r.status == 404 and ok_missing:
-            return None
-        if r.status == 409 and ok_conflict:
-            return False
         if r.status >= 400:
             try:
                 reason = json.loads(data).get("message") or r.reason
             except (ValueError, AttributeError):
                 reason = r.reason
-            raise ApiError(r.status, str(reason)[:300], method, path)
+            raise api_error(r.status, str(reason)[:300], method, path)
         if raw:
             return data
         return json.loads(data) if data else {}
 
+    def _get(self, path: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.request("GET", path)
+        except NotFound:
+            return None
+
+    def _create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The created object, or None when one of that name exists already."""
+        try:
+            return self.request("POST", path, body)
+        except Conflict:
+            return None
+
+    def _gone_ok(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> None:
+        """A DELETE or PATCH of an object that may be gone already (then nothing to do)."""
+        try:
+            self.request(method, path, body, content_type=content_type)
+        except NotFound:
+            pass
+
     # -- our custom resources -------------------------------------------------
     def get_cr(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path(GROUP, VERSION, plural, namespace, name), ok_missing=True)
+        return self._get(resource_path(GROUP, VERSION, plural, namespace, name))
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        obj = self._call("PATCH", _path(GROUP, VERSION, plural, namespace, name, "status"), {"status": status},
-                         content_type="application/merge-patch+json")
-        from rbak_operator.metrics.resources import observe
-
-        observe(plural, obj)  # the per-resource gauges follow every status the operator writes
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The object as the server wrote it (for the caller's per-resource gauges)."""
+        return self.request("PATCH", resource_path(GROUP, VERSION, plural, namespace, name, "status"),
+                            {"status": status}, content_type="application/merge-patch+json")
 
     def get_backup(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_cr(BACKUP_PLURAL, namespace, name)
@@ -194,69 +219,72 @@ class Kube:
 
     # -- a RabbitMQArchive's Deployment and ConfigMap -------------------------
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path("apps", "v1", "deployments", namespace, name), ok_missing=True)
+        return self._get(resource_path("apps", "v1", "deployments", namespace, name))
 
     def create_deployment(self, body: dict[str, Any]) -> bool:
-        res = self._call("POST", _path("apps", "v1", "deployments", body["metadata"]["namespace"]), body,
-                         ok_conflict=True)
-        return res is not False
+        """False when a Deployment of that name exists already."""
+        return self._create(resource_path("apps", "v1", "deployments", body["metadata"]["namespace"]), body) is not None
 
     def replace_deployment(self, body: dict[str, Any]) -> bool:
         """PUT (``body`` carries the resourceVersion read): False when it changed since."""
         meta = body["metadata"]
-        res = self._call("PUT", _path("apps", "v1", "deployments", meta["namespace"], meta["name"]), body,
-                         ok_conflict=True)
-        return res is not False
+        try:
+            self.request("PUT", resource_path("apps", "v1", "deployments", meta["namespace"], meta["name"]), body)
+        except Conflict:
+            return False
+        return True
 
     def delete_deployment(self, namespace: str, name: str) -> None:
-        self._call("DELETE", _path("apps", "v1", "deployments", namespace, name),
-                   {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"}, ok_missing=True)
+        self._gone_ok("DELETE", resource_path("apps", "v1", "deployments", namespace, name),
+                      {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"})
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path("", "v1", "configmaps", namespace, name), ok_missing=True)
+        return self._get(resource_path("", "v1", "configmaps", namespace, name))
 
     def replace_configmap(self, body: dict[str, Any]) -> bool:
+        """PUT (``body`` carries the resourceVersion read): False when it changed since."""
         meta = body["metadata"]
-        res = self._call("PUT", _path("", "v1", "configmaps", meta["namespace"], meta["name"]), body,
-                         ok_conflict=True)
-        return res is not False
+        try:
+            self.request("PUT", resource_path("", "v1", "configmaps", meta["namespace"], meta["name"]), body)
+        except Conflict:
+            return False
+        return True
 
     # -- jobs, pods, configmaps, secrets -------------------------------------
     def list_jobs(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-        res = self._call("GET", _path("batch", "v1", "jobs", namespace), params={"labelSelector": _sel(labels)})
+        res = self.request("GET", resource_path("batch", "v1", "jobs", namespace), params={"labelSelector": _sel(labels)})
         return res.get("items") or []
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path("batch", "v1", "jobs", namespace, name), ok_missing=True)
+        return self._get(resource_path("batch", "v1", "jobs", namespace, name))
 
     def create_job(self, body: dict[str, Any]) -> bool:
         """False when a Job of that name already exists (the slot ran already)."""
-        res = self._call("POST", _path("batch", "v1", "jobs", body["metadata"]["namespace"]), body, ok_conflict=True)
-        return res is not False
+        return self._create(resource_path("batch", "v1", "jobs", body["metadata"]["namespace"]), body) is not None
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self._call("DELETE", _path("batch", "v1", "jobs", namespace, name),
-                   {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}, ok_missing=True)
+        self._gone_ok("DELETE", resource_path("batch", "v1", "jobs", namespace, name),
+                      {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"})
 
     def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A merge patch of a Job (a run whose pod cannot start: its failure mark and deadline)."""
-        self._call("PATCH", _path("batch", "v1", "jobs", namespace, name), patch,
-                   content_type="application/merge-patch+json", ok_missing=True)
+        self._gone_ok("PATCH", resource_path("batch", "v1", "jobs", namespace, name), patch,
+                      content_type="application/merge-patch+json")
 
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        res = self._call("GET", _path("", "v1", "pods", namespace), params={"labelSelector": _sel({"job-name": job_name})})
+        res = self.request("GET", resource_path("", "v1", "pods", namespace),
+                           params={"labelSelector": _sel({"job-name": job_name})})
         return res.get("items") or []
 
     def create_configmap(self, body: dict[str, Any]) -> bool:
-        res = self._call("POST", _path("", "v1", "configmaps", body["metadata"]["namespace"]), body, ok_conflict=True)
-        return res is not False
+        return self._create(resource_path("", "v1", "configmaps", body["metadata"]["namespace"]), body) is not None
 
     def delete_configmap(self, namespace: str, name: str) -> None:
-        self._call("DELETE", _path("", "v1", "configmaps", namespace, name), ok_missing=True)
+        self._gone_ok("DELETE", resource_path("", "v1", "configmaps", namespace, name))
 
     def secret_values(self, namespace: str, name: str) -> dict[str, str] | None:
         """Decoded data of a Secret, or None when it does not exist."""
-        s = self._call("GET", _path("", "v1", "secrets", namespace, name), ok_missing=True)
+        s = self._get(resource_path("", "v1", "secrets", namespace, name))
         if s is None:
             return None
         out = {k: base64.b64decode(v).decode() for k, v in (s.get("data") or {}).items()}
@@ -266,45 +294,41 @@ class Kube:
     # -- RabbitMQ cluster-operator ---------------------------------------------
     def get_rabbitmq_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A RabbitmqCluster, or None when it (or its CRD) does not exist."""
-        return self._call("GET", _path(RABBITMQ_GROUP, RABBITMQ_VERSION, RABBITMQ_CLUSTERS, namespace, name),
-                          ok_missing=True)
+        return self._get(resource_path(RABBITMQ_GROUP, RABBITMQ_VERSION, RABBITMQ_CLUSTERS, namespace, name))
 
     # -- spark-operator --------------------------------------------------------
     def create_spark_app(self, body: dict[str, Any]) -> bool:
-        res = self._call("POST", _path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL,
-                                       body["metadata"]["namespace"]), body, ok_conflict=True)
-        return res is not False
+        path = resource_path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, body["metadata"]["namespace"])
+        return self._create(path, body) is not None
 
     def get_spark_app(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, namespace, name),
-                          ok_missing=True)
+        return self._get(resource_path(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, namespace, name))
 
     # -- leader election ---------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call("GET", _path("coordination.k8s.io", "v1", "leases", namespace, name), ok_missing=True)
+        return self._get(resource_path(*LEASES, namespace, name))
 
     def create_lease(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The created Lease, or None when another replica created it first."""
-        res = self._call("POST", _path("coordination.k8s.io", "v1", "leases", body["metadata"]["namespace"]), body,
-                         ok_conflict=True)
-        return None if res is False else res
+        return self._create(resource_path(*LEASES, body["metadata"]["namespace"]), body)
 
     def update_lease(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The Lease as written, or None when it changed since ``body``'s resourceVersion was read."""
         meta = body["metadata"]
-        res = self._call("PUT", _path("coordination.k8s.io", "v1", "leases", meta["namespace"], meta["name"]), body,
-                         ok_conflict=True)
-        return None if res is False else res
+        try:
+            return self.request("PUT", resource_path(*LEASES, meta["namespace"], meta["name"]), body)
+        except Conflict:
+            return None
 
 
-def connection_info():
+def connection_info() -> kopf.ConnectionInfo:
     """The same connection as a ``kopf.ConnectionInfo`` (the login handler's answer).
 
     kopf calls its login handlers again when the server answers 401, so an
     expired exec-plugin or service-account token is read afresh here (the
     client's refresh hook runs inside ``get_api_key_with_prefix``).
     """
-    import kopf
+    import kopf  # lazy: about 4.3 s (module docstring); only the operator logs kopf in
 
     conn = connection()
     cfg = conn.config

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from rbak.errors import RbakError
-
 from rbak_operator.decide.rbakconfig import ResolvedBroker
 
 CONNECTION_SECRET_KEYS = ("uri", "username", "password")

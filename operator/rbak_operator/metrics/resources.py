@@ -16,7 +16,8 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from rbak_operator.runtime.clock import parse_time
+from rbak_operator.decide.schedule import parse_schedule
+from rbak_operator.decide.times import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ def _ts(v: Any) -> float | None:
 def schedule_period(spec: dict[str, Any], now: datetime) -> float | None:
     if not spec.get("schedule"):
         return None
-    from rbak_operator.decide.schedule import parse_schedule
 
     try:
         it = parse_schedule(spec["schedule"], spec.get("timeZone")).slots_after(now)

@@ -22,17 +22,28 @@ from typing import Any
 from rbak.errors import RbakError
 from rbak.format.archive import TICK_DIR, Tick
 from rbak.format.layout import BACKUP_ID_RE
-
-from rbak_operator.decide import rbakconfig
-from rbak_operator.kube import events
-from rbak_operator.metrics import resources
-from rbak_operator.runtime import clock
-from rbak_operator.decide.archive import (PROGRESS_WRITE_SECS, applied_hash, archive_config, conditions, configmap_body, deployment_body, lag_step,
-                             resource_name, status_patch, view)
-from rbak_operator.kube.credentials import resolve_broker
+from rbak.repo.immutable import delete_backup
 from rbak_operator.crds.schema import ARCHIVE_PLURAL
-from rbak_operator.kube.client import Kube
+from rbak_operator.decide import rbakconfig
+from rbak_operator.decide.archive import (
+    PROGRESS_WRITE_SECS,
+    applied_hash,
+    archive_config,
+    conditions,
+    configmap_body,
+    deployment_body,
+    lag_step,
+    resource_name,
+    status_patch,
+    view,
+)
 from rbak_operator.decide.status import GONE
+from rbak_operator.decide.times import fmt
+from rbak_operator.kube import events
+from rbak_operator.kube.client import Kube
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.kube.errors import ApiError
+from rbak_operator.metrics import resources
 from rbak_operator.reconcile.storage import open_backup_storage
 
 log = logging.getLogger("rbak_operator")
@@ -102,7 +113,7 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
     if state.config_error:
         conds = [c for c in conds if c["type"] != "Ready"] + [
             {"type": "Ready", "status": "False", "reason": "InvalidSpec", "message": state.config_error[:1000],
-             "lastTransitionTime": clock.fmt(now)}]
+             "lastTransitionTime": fmt(now)}]
         phase = "Failed"
     new = {**v.status, "phase": phase, "conditions": conds, "archiveName": name,
            "deployment": resource_name(name), "configMap": resource_name(name)}
@@ -129,6 +140,8 @@ def ensure_archiver(kube: Kube, body: dict[str, Any], state: ArchiveState, mono:
     try:
         resolved = resolve_broker(kube, spec.get("broker"), ns, "spec.broker")
         cfg, env = archive_config(spec, ns, name, resolved)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:  # a spec or Secret problem: said in the status, tried again when the spec changes
         if state.config_error != str(e):
             events.post(body, "Warning", "InvalidSpec", str(e))
@@ -177,6 +190,8 @@ def read_newest_tick(kube: Kube, body: dict[str, Any], state: ArchiveState, logg
         if state.storage is None:
             return state.last_tick, "the storage (a PersistentVolumeClaim) is not mounted in the operator"
         tick = newest_tick(state.storage, rbakconfig.storage_prefix(spec.get("storage")), meta["name"])
+    except ApiError:
+        raise  # the API's failure (reading the storage's Secret) retries the pass
     except (RbakError, OSError) as e:
         state.storage = None  # its Secret is read again next time (rotated keys)
         logger.warning("archive %s/%s: cannot read the storage: %s", meta["namespace"], meta["name"], e)
@@ -207,8 +222,6 @@ def newest_tick(storage: Any, prefix: str, name: str) -> Tick | None:
 def delete_archive_data(kube: Kube, body: dict[str, Any], logger) -> tuple[list[str], list[str]] | None:
     """deletionPolicy delete: stop the archiver, then delete its generations; (deleted, still
     object-locked), or None when the storage is not reachable from here."""
-    from rbak.repo.immutable import delete_backup
-
     meta, spec = body["metadata"], body.get("spec") or {}
     kube.delete_deployment(meta["namespace"], resource_name(meta["name"]))
     st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))

@@ -17,20 +17,29 @@ from datetime import datetime
 from typing import Any
 
 from rbak.errors import RbakError
-
-from rbak_operator.decide import bodies, naming, policy, progress as progress_status, rbakconfig, schedule, wake
-from rbak_operator.runtime import clock, wakeups
-from rbak_operator.reconcile import drill
-from rbak_operator.kube import events
-from rbak_operator.metrics import runs as metrics
-from rbak_operator.runtime.clock import fmt, parse_time
-from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import BACKUP_PLURAL
+from rbak_operator.decide import bodies, naming, policy, rbakconfig, schedule, wake
+from rbak_operator.decide import progress
+from rbak_operator.decide.status import (
+    GONE,
+    RunState,
+    in_pod_validation,
+    job_state,
+    push_history,
+    run_summary,
+    set_condition,
+    spark_state,
+)
+from rbak_operator.decide.times import fmt, parse_time
+from rbak_operator.kube import events
 from rbak_operator.kube.client import Kube
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.metrics import runs as metrics
+from rbak_operator.metrics.resources import observe  # the gauges follow every status written
+from rbak_operator.reconcile import drill
 from rbak_operator.reconcile.startup import check_start
-from rbak_operator.decide.status import (GONE, RunState, in_pod_validation, job_state, push_history, run_summary, set_condition,
-                     spark_state)
 from rbak_operator.reconcile.storage import apply_retention, load_manifest_safe, report_problems
+from rbak_operator.runtime import clock, wakeups
 
 TRIGGER_ANNOTATION = "rbak.io/backup-now"
 DEFAULT_DEADLINE = 600  # a slot older than this is not (re)created after a crash without startingDeadlineSeconds
@@ -239,6 +248,8 @@ def retention_step(p: BackupPass) -> None:
         return
     deleted = apply_retention(p.kube, p.body, p.now, p.logger)
     if deleted:
+        metrics.RETENTION_DELETED.inc(len(deleted))
+        events.post(p.body, "Normal", "RetentionApplied", f"deleted old backups: {', '.join(deleted)}")
         ret = dict(p.status.get("retention") or {})
         p.patch["retention"] = {"deletedTotal": int(ret.get("deletedTotal") or 0) + len(deleted), "lastDeleted": deleted}
 
@@ -255,7 +266,7 @@ def manual_trigger_step(p: BackupPass) -> None:
         for a in p.active:
             p.kube.delete_job(p.namespace, a)
     run_name = naming.manual_run_name(p.name, trigger_value)
-    p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastManualTrigger": trigger_value})
+    observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastManualTrigger": trigger_value}))
     p.status["lastManualTrigger"] = trigger_value
     if start_backup_run(p.kube, p.body, run_name, "manual", None, trigger_value):
         p.active.append(run_name)
@@ -272,7 +283,7 @@ def schedule_step(p: BackupPass) -> bool:
     except RbakError as e:
         p.condition("Ready", "False", "InvalidSchedule", str(e))
         p.patch.update(phase="Failed", conditions=p.conditions)
-        p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, p.patch)
+        observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, p.patch))
         return False
     last = parse_time(p.status["lastScheduleTime"]) if p.status.get("lastScheduleTime") else None
     created = parse_time(p.meta["creationTimestamp"]) if p.meta.get("creationTimestamp") else None
@@ -344,7 +355,7 @@ def run_slot(p: BackupPass, d: schedule.SlotDecision) -> None:
         return
     run_name = naming.scheduled_run_name(p.name, d.slot)
     # Persist the slot BEFORE creating the Job: a restart sees it and never runs it twice.
-    p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastScheduleTime": fmt(d.slot), "lastScheduledRun": run_name})
+    observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, {"lastScheduleTime": fmt(d.slot), "lastScheduledRun": run_name}))
     p.patch.pop("lastScheduleTime", None)
     if start_backup_run(p.kube, p.body, run_name, "schedule", d.slot):
         p.active.append(run_name)
@@ -392,12 +403,12 @@ def write_status(p: BackupPass) -> dict[str, Any]:
         p.condition("Ready", "True", "Configured", "waiting for the first run")
     p.patch["phase"] = phase
     p.patch["conditions"] = p.conditions
-    p.patch.update(progress_status.cleared(p.status, bool(active)))  # the run ended: its counts are in lastRun
+    p.patch.update(progress.cleared(p.status, bool(active)))  # the run ended: its counts are in lastRun
     if p.generation is not None:
         p.patch["observedGeneration"] = p.generation
     changed = {k: v for k, v in p.patch.items() if p.status.get(k) != v}
     if changed:
-        p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, changed)
+        observe(BACKUP_PLURAL, p.kube.patch_status(BACKUP_PLURAL, p.namespace, p.name, changed))
     return changed
 
 
@@ -421,9 +432,9 @@ def start_backup_run(kube: Kube, body: dict[str, Any], run_name: str, trigger: s
     if trigger_value is not None:
         annotations[bodies.A_TRIGGER_VALUE] = trigger_value[:256]
     kube.create_configmap(bodies.configmap_body(run_name, ns, body, cfg, labels))
-    job = bodies.job_body(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
+    job = bodies.job_body(bodies.JobRun(name=run_name, namespace=ns, owner=body, spec=spec, storage=spec["storage"],
                           secret_env=secret_env, args=bodies.backup_args(), labels=labels,
-                          annotations=annotations, validate_args=vargs, progress_id=backup_id)
+                          annotations=annotations, validate_args=vargs, progress_id=backup_id))
     created = kube.create_job(job)
     if created:
         metrics.STARTED.labels("backup", trigger).inc()
@@ -449,9 +460,9 @@ def start_validation(kube: Kube, body: dict[str, Any], summary: dict[str, Any], 
             arguments=["--path", url, "--backup-id", bid, *(["--prefix", prefix] if prefix else [])],
             secret_env=storage_env, config_name=None, labels=labels))
     else:
-        kube.create_job(bodies.job_body(
+        kube.create_job(bodies.job_body(bodies.JobRun(
             name=vname, namespace=ns, owner=body, spec=spec, storage=spec["storage"], secret_env=storage_env,
-            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, with_config=False))
+            args=bodies.validate_args(url, bid, bool(validate.get("deep")), prefix), labels=labels, with_config=False)))
     summary.update(validation="Pending", validationRun=vname, validationEngine=engine)
     events.post(body, "Normal", "ValidationStarted", f"validating backup {bid} with {engine} {vname}")
 

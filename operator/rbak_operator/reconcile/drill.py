@@ -14,17 +14,24 @@ functions decide the config, the Job and the result; ``reconcile`` applies them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
-from rbak.errors import RbakError
-
+from rbak.repo.catalog import latest_complete
+from rbak.drill import find_drill_report
+from rbak.errors import EvidenceError, RbakError
+from rbak.repo.evidence import verify
 from rbak_operator.decide import bodies, naming, rbakconfig, schedule
-from rbak_operator.runtime.clock import fmt, parse_time
+from rbak_operator.decide.policy import owned
 from rbak_operator.decide.rbakconfig import CONFIG_DIR, CONFIG_FILE, ResolvedBroker
 from rbak_operator.decide.status import RunState, job_state
+from rbak_operator.decide.times import fmt, parse_time
+from rbak_operator.decide.wake import EVIDENCE_RECHECK, evidence_recheck_time  # noqa: F401 (EVIDENCE_RECHECK: drill's setting)
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.kube.errors import ApiError
+from rbak_operator.reconcile.storage import open_backup_storage
 
 log = logging.getLogger("rbak_operator")
 
@@ -33,8 +40,6 @@ TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill n
 KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
 SIGNING_KEY_ENV = "RBAK_DRILL_SIGNING_KEY"  # drill.signing_key_env of the Job's config
 SIGNING_KEY_KEY = "signing.pem"  # default key in spec.verify.restoreDrill.signingKeySecretRef
-# How often the stored signed report of the last drill is verified again (one GET and LIST per backup)
-EVIDENCE_RECHECK = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_EVIDENCE_RECHECK_SECONDS", "3600")))
 
 
 # --------------------------------------------------------------------------
@@ -53,8 +58,6 @@ def drill_run_name(backup_name: str, slot: datetime) -> str:
 
 
 def manual_run_name(backup_name: str, trigger_value: str) -> str:
-    import hashlib
-
     return naming.dns_label(f"{backup_name}-drill-manual-{hashlib.sha256(trigger_value.encode()).hexdigest()[:8]}")
 
 
@@ -106,10 +109,10 @@ def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: 
     meta = owner["metadata"]
     d = drill_spec(spec) or {}
     pod = {**spec, **{k: d[k] for k in ("resources", "activeDeadlineSeconds") if d.get(k)}}
-    return bodies.job_body(name=run_name, namespace=meta["namespace"], owner=owner, spec=pod,
+    return bodies.job_body(bodies.JobRun(name=run_name, namespace=meta["namespace"], owner=owner, spec=pod,
                            storage=spec.get("storage") or {}, secret_env=secret_env,
                            args=drill_args(backup_id, run_name), labels=drill_labels(meta["name"]),
-                           annotations={bodies.A_BACKUP_ID: backup_id, bodies.A_SLOT: fmt(slot)})
+                           annotations={bodies.A_BACKUP_ID: backup_id, bodies.A_SLOT: fmt(slot)}))
 
 
 def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str, job_name: str) -> dict[str, Any]:
@@ -138,22 +141,10 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
 def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
     """``signer`` (the key fingerprint) of a signed report that verifies against its embedded key; a
     signed report that does not verify fails the drill (its evidence was changed after signing)."""
-    from rbak.errors import EvidenceError
-    from rbak.repo.evidence import verify
-
     try:
         return {"signer": verify(report, where="drill report").fingerprint}
     except EvidenceError as e:
         return {"result": "Failed", "reason": "DrillEvidenceInvalid", "message": str(e)[:1000], "signer": None}
-
-
-def evidence_recheck_time(d: dict[str, Any]) -> datetime | None:
-    """When the stored report of the last drill is next verified again: only while the status names
-    its signer (None otherwise); a status without ``evidenceCheckTime`` is due at once."""
-    if not (d.get("signer") and d.get("lastJob") and d.get("backupId")):
-        return None
-    checked = d.get("evidenceCheckTime") or d.get("lastRunTime")
-    return parse_time(checked) + EVIDENCE_RECHECK if checked else datetime.min.replace(tzinfo=timezone.utc)
 
 
 def recheck_evidence(d: dict[str, Any], found: tuple[str, dict[str, Any]] | None) -> dict[str, Any]:
@@ -161,9 +152,6 @@ def recheck_evidence(d: dict[str, Any], found: tuple[str, dict[str, Any]] | None
     its key and JSON, None when it is gone): {} while it verifies, signed by the key the status
     names; else the drill counts as failed, the message names the object and the changed field, and
     the signer is cleared (the status never vouches for evidence that no longer verifies)."""
-    from rbak.errors import EvidenceError
-    from rbak.repo.evidence import verify
-
     job, signer = d.get("lastJob"), d.get("signer")
     if found is None:
         return {"result": "Failed", "reason": "DrillEvidenceMissing", "signer": None,
@@ -191,16 +179,14 @@ def _stored_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: st
                    ) -> tuple[str, dict[str, Any]] | None | str:
     """(key, report) of a drill's stored report, None when there is none, READ_FAILED when the
     storage cannot be read (or is a PVC the operator does not mount)."""
-    from rbak.drill import find_drill_report
-
-    from rbak_operator.reconcile.storage import open_backup_storage
-
     spec = body.get("spec") or {}
     try:
         st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
         if st is None:
             return READ_FAILED
         return find_drill_report(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")), drill_id)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         log.warning("cannot read the drill report of %s: %s", backup_id, e)
         return READ_FAILED
@@ -214,11 +200,6 @@ def _read_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: str)
 def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str | None:
     """This object's newest complete backup in storage (what a backupRef restore would take), else the
     last successful run's."""
-    from rbak.repo.catalog import latest_complete
-
-    from rbak_operator.decide.policy import owned
-    from rbak_operator.reconcile.storage import open_backup_storage
-
     spec, meta = body.get("spec") or {}, body["metadata"]
     try:
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
@@ -226,6 +207,8 @@ def _pick_backup(kube: Any, body: dict[str, Any], status: dict[str, Any]) -> str
                                 accept=lambda e: owned(e.backup_id, e.manifest, meta)) if st is not None else None
         if entry is not None:
             return entry.backup_id
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         log.warning("cannot list the backups of %s: %s", body["metadata"]["name"], e)
     return status.get("lastBackupId")
@@ -284,6 +267,8 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
             if trigger and trigger != cur.get("lastManualTrigger") and not cur.get("active"):
                 cur["lastManualTrigger"] = trigger
                 _start(kube, body, d, cur, manual_run_name(name, trigger), now, now, event)
+        except ApiError:
+            raise  # the API's failure retries the pass (ApiError is a RbakError too)
         except RbakError as e:
             cur.update(result="Failed", reason="InvalidSpec", message=str(e)[:1000], lastRunTime=fmt(now))
     # None clears a field (merge patch) only where the status has it: an unchanged status is not re-patched
@@ -315,8 +300,6 @@ def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str,
 def _start(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], run: str, slot: datetime,
            now: datetime, event) -> None:
     """ConfigMap + Job of one drill (same name for the same slot or trigger: a second create is a no-op)."""
-    from rbak_operator.kube.credentials import resolve_broker
-
     meta, spec = body["metadata"], body.get("spec") or {}
     backup_id = _pick_backup(kube, body, body.get("status") or {})
     if not backup_id:

@@ -21,16 +21,22 @@ manifest, as before).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+import time
 from typing import Any
 
 from rbak.errors import RbakError
 from rbak.repo.progress import latest_progress
-
 from rbak_operator.crds.schema import BACKUP_PLURAL, RESTORE_PLURAL
+from rbak_operator.decide import rbakconfig
 from rbak_operator.decide.naming import run_backup_id
 from rbak_operator.decide.progress import INTERVAL, progress_patch, watched_run
+from rbak_operator.kube.client import ApiError, Kube
+from rbak_operator.metrics.resources import observe  # the gauges follow every status written
+from rbak_operator.reconcile.storage import open_backup_storage
+from rbak_operator.runtime import blocking
 
 log = logging.getLogger("rbak_operator.reconcile.progress")
 
@@ -48,11 +54,6 @@ STORAGE_TTL = 300.0  # re-read the credentials Secret now and then: rotated keys
 def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
     """The object's storage, opened once per spec for a few minutes (a Secret read and a new S3 client
     on every tick would not be cheap)."""
-    import json
-    import time
-
-    from rbak_operator.reconcile.storage import open_backup_storage
-
     key = (namespace, json.dumps(storage_spec, sort_keys=True))
     now = time.monotonic()
     with _lock:
@@ -71,8 +72,6 @@ def _storage(kube, namespace: str, storage_spec: dict[str, Any]):
 def poll(kube, kind: str, namespace: str, name: str) -> str | None:
     """One tick: read the newest record of the object's running Job and patch the status if it changed.
     The run followed, or None when the object is gone or runs no Job (the follower then ends)."""
-    from rbak_operator.decide import rbakconfig
-
     plural = BACKUP_PLURAL if kind == "backup" else RESTORE_PLURAL
     body = kube.get_cr(plural, namespace, name)  # fresh: the run may have ended since kopf's last event
     if body is None:
@@ -95,15 +94,12 @@ def poll(kube, kind: str, namespace: str, name: str) -> str | None:
     rec = latest_progress(st, rbakconfig.storage_prefix(storage_spec), kind, key)
     patch = progress_patch(status, run, rec, key)
     if patch:
-        kube.patch_status(plural, namespace, name, patch)
+        observe(plural, kube.patch_status(plural, namespace, name, patch))
     return run
 
 
 async def follow(kind: str, namespace: str, name: str, stopped: asyncio.Event, logger) -> None:
     """Poll every INTERVAL seconds while the object runs a Job (the calls on the operator's progress pool)."""
-    from rbak_operator.runtime import blocking
-    from rbak_operator.kube.client import ApiError, Kube
-
     kube = Kube()
     while not stopped.is_set():
         try:

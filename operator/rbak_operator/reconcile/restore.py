@@ -6,23 +6,36 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from rbak.repo.catalog import latest_complete, load_manifest
 from rbak.errors import RbakError
-
-from rbak_operator.decide import bodies, naming, policy, rbakconfig
-from rbak_operator.runtime import clock
-from rbak_operator.kube import events
-from rbak_operator.metrics import runs as metrics
-from rbak_operator.runtime.clock import fmt, parse_time
-from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.crds.schema import RESTORE_PLURAL
-from rbak_operator.kube.client import Kube
-from rbak_operator.reconcile.startup import check_start
-from rbak_operator.decide.status import (GONE, RunState, failure_reason, in_user_words, job_state, manifest_counts, restore_outcome, restore_summary_line,
-                     run_result, set_condition, spark_state)
+from rbak_operator.decide import bodies, naming, policy, rbakconfig
 from rbak_operator.decide.restore_checks import backup_broker_as_target, check_restore_spec
 from rbak_operator.decide.archive import restore_point
+from rbak_operator.decide.status import (
+    GONE,
+    RunState,
+    failure_reason,
+    in_user_words,
+    job_state,
+    manifest_counts,
+    restore_outcome,
+    restore_summary_line,
+    run_result,
+    set_condition,
+    spark_state,
+)
+from rbak_operator.decide.times import fmt, parse_time
+from rbak_operator.kube import events
+from rbak_operator.kube.client import Kube
+from rbak_operator.kube.credentials import resolve_broker
+from rbak_operator.kube.errors import ApiError
+from rbak_operator.metrics import runs as metrics
+from rbak_operator.metrics.resources import observe  # the gauges follow every status written
 from rbak_operator.reconcile.archive import generations as archive_generations
+from rbak_operator.reconcile.startup import check_start
 from rbak_operator.reconcile.storage import load_manifest_safe, open_backup_storage
+from rbak_operator.runtime import clock
 
 
 class RestoreSpecError(RbakError):
@@ -32,8 +45,6 @@ class RestoreSpecError(RbakError):
 def resolve_archive_restore(kube: Kube, body: dict[str, Any]) -> tuple[dict, dict, str, int | None, int]:
     """``spec.archiveRef``: (target broker, storage, the archive's newest generation, its stored bytes, the
     instant in epoch ms every stream is restored up to)."""
-    from rbak.repo.catalog import load_manifest
-
     meta, spec = body["metadata"], body.get("spec") or {}
     ns, ref = meta["namespace"], spec["archiveRef"]
     archive = kube.get_archive(ns, ref["name"])
@@ -62,8 +73,6 @@ def resolve_archive_restore(kube: Kube, body: dict[str, Any]) -> tuple[dict, dic
 
 def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dict, str, int | None, dict]:
     """(target broker, storage, backup id, stored bytes, backup's spark settings) of a restore."""
-    from rbak.repo.catalog import latest_complete, load_manifest
-
     meta, spec = body["metadata"], body.get("spec") or {}
     ns = meta["namespace"]
     ref = spec.get("backupRef")
@@ -179,10 +188,12 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
         if point is not None:  # every stream up to the same instant (rbak restore's time_window_end)
             rspec = {**rspec, "pitr": {"end": point}}
         cfg, secret_env = rbakconfig.restore_config(rspec, namespace, backup_id, target, storage, resolved)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         patch = {"phase": "Failed", "reason": "InvalidSpec", "message": str(e), "completionTime": fmt(now),
                  "conditions": set_condition(status.get("conditions"), "Completed", "False", "InvalidSpec", str(e), now, gen)}
-        kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
+        observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, patch))
         events.post(body, "Warning", "RestoreFailed", str(e))
         metrics.RUNS.labels("restore", "failed").inc()
         return patch
@@ -196,7 +207,7 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
         start["pointInTime"] = datetime.fromtimestamp(point / 1000, timezone.utc).isoformat(
             timespec="milliseconds").replace("+00:00", "Z")
     start["sparkApplicationName" if engine == "spark" else "jobName"] = run
-    kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None})
+    observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None}))
     labels = bodies.restore_labels(name)
     kube.create_configmap(bodies.configmap_body(run, namespace, body, cfg, labels))
     if engine == "spark":
@@ -208,10 +219,10 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
             name=run, namespace=namespace, owner=body, spark=spark, script="restore.py", arguments=args,
             secret_env=secret_env, config_name=run, labels=labels))
     else:
-        created = kube.create_job(bodies.job_body(
+        created = kube.create_job(bodies.job_body(bodies.JobRun(
             name=run, namespace=namespace, owner=body, spec=spec, storage=storage, secret_env=secret_env,
             args=bodies.restore_args(), labels=labels, annotations={bodies.A_BACKUP_ID: backup_id},
-            progress_id=naming.run_backup_id(run, namespace, meta.get("uid"))))  # unique across namespaces
+            progress_id=naming.run_backup_id(run, namespace, meta.get("uid")))))  # unique across namespaces
     if created:
         metrics.STARTED.labels("restore", "manual").inc()
         events.post(body, "Normal", "RestoreStarted", f"restoring backup {backup_id} with {engine} {run}")
@@ -275,7 +286,7 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     patch["conditions"] = set_condition(conds, "Completed", "True" if ok else "False",
                                         "RestoreSucceeded" if ok else reason,
                                         message or st.reason or st.phase, now, gen)
-    kube.patch_status(RESTORE_PLURAL, namespace, name, patch)
+    observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, patch))
     metrics.RUNS.labels("restore", st.phase.lower()).inc()
     if started:
         metrics.DURATION.labels("restore").observe(patch.get("durationSeconds", 0))

@@ -10,9 +10,9 @@ import json
 from datetime import datetime
 from typing import Any
 
-from rbak_operator.runtime.clock import fmt
-from rbak_operator.kube.client import Kube
 from rbak_operator.decide.status import A_START_FAILED, RunState, job_state, start_failure
+from rbak_operator.decide.times import fmt
+from rbak_operator.kube.client import Kube
 
 
 def check_start(kube: Kube, namespace: str, job: dict[str, Any], now: datetime) -> tuple[RunState, datetime | None]:

@@ -7,27 +7,28 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from rbak.repo.catalog import latest_validation, list_backups, load_manifest
 from rbak.errors import RbakError
-
-from rbak_operator.kube import events
-from rbak_operator.metrics import runs as metrics
+from rbak.repo.immutable import delete_backup
+from rbak.repo.retention import stored_backups
+from rbak.storage import open_storage
+from rbak.storage.s3 import SHORT, S3Storage
+from rbak.repo.validate import unverified_line
 from rbak_operator.decide import policy, rbakconfig
-from rbak_operator.runtime.clock import fmt
-from rbak_operator.kube.credentials import MissingSecret
+from rbak_operator.decide.times import fmt
 from rbak_operator.kube.client import Kube
+from rbak_operator.kube.credentials import MissingSecret
+from rbak_operator.kube.errors import ApiError
 
 log = logging.getLogger("rbak_operator")
 
 
 def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any] | None):
     """The backup storage as the operator can read it, or None (a PVC not mounted here)."""
-    from rbak.storage import open_storage
-    from rbak.storage.s3 import SHORT, S3Storage
-
     s3 = (storage or {}).get("s3")
     if s3:
         # None: boto3 finds its own (IRSA, instance role, environment).
@@ -56,13 +57,13 @@ def open_backup_storage(kube: Kube, namespace: str, storage: dict[str, Any] | No
 
 
 def load_manifest_safe(kube: Kube, namespace: str, storage_spec: dict[str, Any] | None, backup_id: str, logger):
-    from rbak.repo.catalog import load_manifest
-
     try:
         st = open_backup_storage(kube, namespace, storage_spec)
         if st is None:
             return None
         return load_manifest(st, backup_id, rbakconfig.storage_prefix(storage_spec))
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         logger.warning("cannot read manifest of %s: %s", backup_id, e)
         return None
@@ -76,8 +77,6 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
     ``spark/validate.py`` and ``rbak validate --write-report`` store names
     every bad segment key.
     """
-    from rbak.repo.catalog import latest_validation
-
     spec = body.get("spec") or {}
     try:
         st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
@@ -87,11 +86,12 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
         if found is None:
             return ""
         key, report = found
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         log.warning("cannot read the validation report of %s: %s", backup_id, e)
         return ""
     if report.get("result") == "unverified":  # a deep check that decrypted nothing: the key is the cause
-        from rbak.repo.validate import unverified_line
 
         return f"{unverified_line(str(report.get('unverified')))} (report {key})"
     problems = [str(p) for p in report.get("all_problems") or []]
@@ -103,11 +103,8 @@ def report_problems(kube: Kube, body: dict[str, Any], backup_id: str, limit: int
 
 def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> list[str]:
     """Delete old complete backups made by this object, per spec.retention (``rbak.repo.retention``: chains kept;
-    object-locked ones once their lock has expired)."""
-    from rbak.repo.catalog import list_backups
-    from rbak.repo.immutable import delete_backup
-    from rbak.repo.retention import stored_backups
-
+    object-locked ones once their lock has expired). The ids deleted: the caller counts them and posts the
+    event, so reading and deleting in the storage has no metrics or events side effect."""
     meta, spec = body["metadata"], body.get("spec") or {}
     try:
         st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
@@ -115,6 +112,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
             return []
         prefix = rbakconfig.storage_prefix(spec.get("storage"))
         entries = list_backups(st, prefix)
+    except ApiError:
+        raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
         logger.warning("retention: cannot list backups: %s", e)
         return []
@@ -135,11 +134,8 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
                 logger.info("retention: %s is object-locked until %s; deleting it later", bid, fmt(locked))
                 continue
             deleted.append(bid)
-            metrics.RETENTION_DELETED.inc()
         except RbakError as e:
             logger.warning("retention: cannot delete %s: %s", bid, e)
-    if deleted:
-        events.post(body, "Normal", "RetentionApplied", f"deleted old backups: {', '.join(deleted)}")
     return deleted
 
 
@@ -148,9 +144,6 @@ def apply_retention(kube: Kube, body: dict[str, Any], now: datetime, logger) -> 
 def delete_owned_backups(kube: Kube, body: Mapping[str, Any], logger) -> tuple[list[str], list[str]] | None:
     """deletionPolicy delete: (deleted, still object-locked) of the backups this object made; raises
     ``RbakError`` when the storage cannot be read, None when it is not reachable from here."""
-    from rbak.repo.catalog import list_backups
-    from rbak.repo.immutable import delete_backup
-
     meta, spec = body["metadata"], body.get("spec") or {}
     st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
     if st is None:

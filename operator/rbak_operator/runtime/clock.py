@@ -1,19 +1,24 @@
-"""The operator's notion of "now", injectable for tests.
+"""The operator's "now": the one seam where a test steps time, documented here and read nowhere else.
 
 ``RBAK_OPERATOR_CLOCK_FILE`` names a file holding an RFC 3339 time or epoch
 seconds: when set, "now" is read from it on every call, so an end-to-end test
 can step a real operator process across schedule slots without waiting.
-``RBAK_OPERATOR_NOW_OFFSET`` (seconds) shifts the real clock instead.
+``RBAK_OPERATOR_NOW_OFFSET`` (seconds) shifts the real clock instead. Every
+pass and sleep asks ``now()`` (the pure decisions get the time as an argument),
+so these two variables are the only test switch in the operator; the chart
+sets neither.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
-from typing import overload
+
+from rbak_operator.decide.times import parse_time
 
 
 def now() -> datetime:
+    """The time every pass and sleep goes by: the clock file's, else the wall clock plus the offset."""
     path = os.environ.get("RBAK_OPERATOR_CLOCK_FILE")
     if path:
         try:
@@ -29,27 +34,3 @@ def now() -> datetime:
 def is_fake() -> bool:
     """True when "now" comes from RBAK_OPERATOR_CLOCK_FILE: it may jump, so sleepers re-read it often."""
     return bool(os.environ.get("RBAK_OPERATOR_CLOCK_FILE"))
-
-
-def parse_time(text: str) -> datetime:
-    """RFC 3339 or epoch seconds -> aware UTC datetime."""
-    t = text.strip()
-    try:
-        return datetime.fromtimestamp(float(t), timezone.utc)
-    except ValueError:
-        pass
-    dt = datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc)
-
-
-@overload
-def fmt(dt: datetime) -> str: ...
-@overload
-def fmt(dt: datetime | None) -> str | None: ...
-def fmt(dt: datetime | None) -> str | None:
-    """Kubernetes' time format: RFC 3339 UTC, whole seconds, 'Z'."""
-    if dt is None:
-        return None
-    return dt.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")

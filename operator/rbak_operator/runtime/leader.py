@@ -16,6 +16,19 @@ no finalizer of its own on our objects. The rules follow client-go:
 
 Correctness never depends on this: slots are persisted before Jobs start and each slot maps to one Job name.
 ``decide`` is the pure part; ``Elector`` does the calls.
+
+Why not the pinned client's ``kubernetes.leaderelection`` (``LeaderElection`` with a ``LeaseLock``, read in
+kubernetes 37.0.1): it cannot do three of the rules above, and one more thing the operator needs.
+
+- It never releases the Lease: ``run`` returns after ``onstopped_leading`` with the record still naming
+  this replica, so every rolling update waits a full lease duration for the standby to take over.
+- It measures the lease on the wall clock (``time.time()`` for ``observed_time_milliseconds`` and the
+  renew deadline): a node's clock step shortens or stretches a lease; ``Elector`` uses ``time.monotonic``.
+- ``acquire`` loops forever with no stop flag, so a standby that gets SIGTERM cannot stop waiting and
+  release nothing; ``Elector.acquire`` and ``hold`` take a ``threading.Event``.
+- ``LeaseLock`` calls ``client.CoordinationV1Api()`` on the client's global default configuration and its
+  generated models, not the connection the operator loaded (``kube.client.connection``: in-cluster or the
+  kubeconfig with exec plugins) nor its plain-JSON calls listed in ``kube.api_calls`` (the RBAC source).
 """
 
 from __future__ import annotations

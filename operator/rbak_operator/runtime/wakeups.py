@@ -1,7 +1,7 @@
 """The live side of event-driven reconciliation: one wake-up flag per object, and an index
 of what the watches have shown.
 
-A RabbitMQBackup's or RabbitMQRestore's loop (handlers.py) sleeps on its flag until its due
+A RabbitMQBackup's or RabbitMQRestore's loop (loop.py) sleeps on its flag until its due
 time (wake.py). Watch events set the flag: the object's own spec, annotation or deletion
 changes, and every event of a Job or SparkApplication it owns (mapped back through
 ``ownerReferences``). The object's own status patches do not: they are what a pass just wrote.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from datetime import datetime
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from rbak_operator.runtime import clock

@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 from ...errors import TermError
 
 VERSION = 131
@@ -389,7 +389,7 @@ def _freeze(x: Any) -> Any:
     return x
 
 
-def _load_fast():
+def _load_fast() -> Callable[..., Any] | None:
     """``erl_decode`` of the optional C helper (``rbak/format/_erlterm.c``), configured with this
     module's classes and atom caches; None with ``RBAK_SPEEDUPS=0`` or an install without it."""
     from ...format.backend import speedups
@@ -397,7 +397,7 @@ def _load_fast():
     fn = getattr(speedups, "erl_decode", None)
     if fn is None:
         return None
-    speedups.erl_configure(Atom, ImproperList, BitBinary, Opaque, _LATIN1_ATOMS, _UTF8_ATOMS)
+    speedups.erl_configure(Atom, ImproperList, BitBinary, Opaque, _LATIN1_ATOMS, _UTF8_ATOMS)  # type: ignore[union-attr]  # fn is None without speedups
     return fn
 
 

@@ -27,7 +27,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterable
 
 from .erlang_terms import Atom, ImproperList
 from .fifo_delayed import RetryConfig
@@ -153,7 +153,7 @@ def expiry_note(expires: int | None, last_active: int | None, stop_ts: int, had_
 class SizedDeque(deque):
     """A deque of messages that keeps the sum of their ``size`` (``msg_bytes_enqueue`` for the returns)."""
 
-    def __init__(self, items=()):
+    def __init__(self, items: Iterable[Any] = ()) -> None:
         super().__init__(items)
         self.bytes = sum(m.size for m in self)
 
@@ -169,7 +169,7 @@ class SizedDeque(deque):
         for m in ms:
             self.append(m)
 
-    def popleft(self):
+    def popleft(self) -> Any:
         m = super().popleft()
         self.bytes -= m.size
         return m

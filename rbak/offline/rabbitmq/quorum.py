@@ -222,7 +222,7 @@ class QueueRecords:
 
     __slots__ = ("source", "left")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.source: Iterator[BackupRecord] = iter(())
         self.left = 0
 

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from ...errors import ImportFormatError
 from ...format.manifest import BackupManifest
@@ -296,7 +296,7 @@ def iter_queues(
             s.close()
 
 
-def _chain(first, rest):
+def _chain(first: Any, rest: Iterable[Any]) -> Iterator[Any]:
     yield first
     yield from rest
 
@@ -432,7 +432,7 @@ def import_rabbitmq_dir(
     def wanted(vhost: str, name: str) -> bool:
         return (not vhosts or vhost in vhosts) and (not queues or name in queues)
 
-    def gen():
+    def gen() -> Iterator[tuple[str, str, str, Any]]:
         if "classic" in types:
             for iq, recs in iter_queues(path, ctx, started, vhosts, queues):
                 done.append(iq)
@@ -442,7 +442,7 @@ def import_rabbitmq_dir(
 
             for qq, recs in quorum.iter_quorum_queues(node_dir, ctx, started):
                 if wanted(qq.vhost, qq.name):
-                    done.append(qq)  # an ImportedQueue look-alike (kind "quorum")
+                    done.append(qq)  # type: ignore[arg-type]  # an ImportedQueue look-alike (kind "quorum")
                     yield qq.vhost, qq.name, "quorum", recs
         if "stream" in types:
             for sd in streams.stream_dirs(node_dir, ctx):
