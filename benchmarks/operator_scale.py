@@ -14,6 +14,13 @@ same run, on a fresh etcd + API server per phase (tests/support/kubeapi.py):
   owner's ``status.lastRun`` says Succeeded. Median of 20. Target <= 2 s.
 - **burst**: N objects whose slots fall in the same minute: the time from the slot until every
   Job exists, and that each slot has exactly one Job. Target <= 60 s for N = 1000.
+- **archives** (issue 48, this checkout's operator only): N idle RabbitMQArchives whose storage (a
+  PVC the operator reads, ``RBAK_OPERATOR_PVC_ROOT``) gets a new tick every 30 s, as an idle
+  archiver writes it; the operator's requests in the window per object per hour (the Deployment and
+  ConfigMap made at start-up are before it), the shares of what comes less often than a window added:
+  the 6-hourly resync (one Deployment GET) and the status refresh of an idle archive (every 3 h).
+  Then one archive's ticks fall 60 s behind: the time until its ``status.lagSeconds`` shows it.
+  Targets: <= 1 request per object per hour; a lag change shown within 30 s.
 
     python benchmarks/operator_scale.py [--n 100 1000] [--window 120] [--modes poll events] [--baseline-rev REV]
 
@@ -36,13 +43,18 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator"), str(REPO)]
+from rbak.format.archive import Tick, TickStream, tick_key
+from rbak.format.manifest import StreamInfo
+from rbak_operator.decide.archive import IDLE_WRITE_SECS
 from rbak_operator.decide.naming import manual_run_name, scheduled_run_name
 from support.kubeapi import KubeApi, binaries_problem
 
 NAMESPACES = 10
 RESYNC_HOURS = 6.0
 RESYNC_REQUESTS = 2  # a pass on an idle object: GET it, LIST its Jobs
+ARCHIVE_RESYNC_REQUESTS = 1  # an idle archive's resync: GET its Deployment
+ARCHIVE_TICK_SECS = 30  # an idle archiver's tick interval (rbak archive's idle_tick_secs, as the operator sets it)
 BASELINE_REV = "57952a1"  # the last revision whose operator passed every 10 s (issue 30's "today")
 OPERATOR_DIRS: dict[str, Path] = {"events": REPO / "operator"}
 
@@ -61,7 +73,7 @@ class Server:
     def __init__(self, workdir: Path) -> None:
         self.kube = KubeApi.start(workdir)
         self.kube.kubectl("apply", "-f", str(REPO / "crds"))
-        self.kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io")
+        self.kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", "rabbitmqarchives.rbak.io")
         self.ctx = ssl.create_default_context(cafile=str(self.kube.ca_file))
         self._audit_pos = 0
 
@@ -130,8 +142,8 @@ def create_fleet(srv: Server, n: int, schedule: str | None, prefix: str = "b") -
 
 
 class OperatorProc:
-    def __init__(self, srv: Server, mode: str, log: Path) -> None:
-        env = {**os.environ, "KUBECONFIG": str(srv.kube.kubeconfig),
+    def __init__(self, srv: Server, mode: str, log: Path, extra_env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, **(extra_env or {}), "KUBECONFIG": str(srv.kube.kubeconfig),
                "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIRS[mode]), str(REPO)]),
                "RBAK_OPERATOR_STANDALONE": "1", "RBAK_METRICS_PORT": "0",
                "RBAK_IMAGE": "rbak:bench", "RBAK_OPERATOR_LOG_LEVEL": "WARNING"}
@@ -280,6 +292,89 @@ def burst(mode: str, n: int, work: Path) -> dict:
         srv.stop()
 
 
+class IdleArchives:
+    """N idle archives' storage: every ARCHIVE_TICK_SECS a new tick per archive, complete up to its write
+    (what an idle archiver writes); ``behind[name]`` seconds hold one's recoverable-until back."""
+
+    def __init__(self, root: Path, names: list[tuple[str, str]]) -> None:
+        self.root, self.names = root, names
+        self.seq = 0
+        self.behind: dict[str, float] = {}
+
+    def path(self, name: str) -> Path:
+        return self.root / "archive" / "archives" / name
+
+    def tick(self) -> None:
+        now = int(time.time() * 1000)
+        for _, name in self.names:
+            gen = f"{name}.20261206T000000.000Z"
+            ru = now - 300 - int(1000 * self.behind.get(name, 0))
+            t = Tick(name, gen, self.seq, now, now, ru,
+                     [TickStream("orders", "events", StreamInfo(first_offset=0, last_offset=99), 1, ru, True)])
+            f = self.path(name) / tick_key(gen, self.seq)
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_bytes(t.to_json())
+        self.seq += 1
+
+
+def archive_body(name: str, ns: str) -> dict:
+    return {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQArchive", "metadata": {"name": name, "namespace": ns},
+            "spec": {"broker": {"amqpUrl": f"amqp://{name}.{ns}.svc:5672/", "managementUrl": f"http://{name}.{ns}.svc:15672",
+                                "credentialsSecretRef": {"name": "rmq"}},
+                     "storage": {"pvc": {"claimName": "archive", "path": f"archives/{name}"}}}}
+
+
+def archives(n: int, window: float, work: Path) -> dict:
+    srv = Server(work / f"archives-{n}")
+    op = None
+    try:
+        create_fleet(srv, 0, None)  # the namespaces and Secrets
+        names = [(f"team-{i % NAMESPACES}", f"a-{i}") for i in range(n)]
+        store = IdleArchives(work / f"archives-{n}-pvc", names)
+        store.tick()
+        for ns, name in names:
+            srv.call("POST", f"/apis/rbak.io/v1alpha1/namespaces/{ns}/rabbitmqarchives", archive_body(name, ns))
+        op = OperatorProc(srv, "events", work / f"archives-{n}.log", {"RBAK_OPERATOR_PVC_ROOT": str(store.root)})
+        last = [time.monotonic()]
+
+        def ticking(pred):
+            def probe():
+                if time.monotonic() - last[0] >= ARCHIVE_TICK_SECS:
+                    store.tick()
+                    last[0] = time.monotonic()
+                return pred()
+            return probe
+
+        def archiving() -> bool:
+            items = srv.call("GET", "/apis/rbak.io/v1alpha1/rabbitmqarchives")["items"]
+            return len(items) == n and all((a.get("status") or {}).get("phase") == "Archiving" for a in items)
+        wait_until(ticking(archiving), max(120, n * 0.5), f"{n} archives Archiving", every=1)
+        time.sleep(10)
+        srv.mark()
+        cpu0, t0 = op.cpu_seconds(), time.monotonic()
+        wait_until(ticking(lambda: time.monotonic() - t0 >= window), window + 60, "the window", every=0.5)
+        elapsed = time.monotonic() - t0
+        reqs = srv.operator_requests()
+        per_hour = reqs / n / (elapsed / 3600) + ARCHIVE_RESYNC_REQUESTS / RESYNC_HOURS + 3600 / IDLE_WRITE_SECS
+        cpu = 100 * (op.cpu_seconds() - cpu0) / elapsed
+        # a lag change: archive a-0's next tick is 60 s behind
+        ns0, name0 = names[0]
+        store.behind[name0] = 60
+        store.tick()
+        last[0] = t1 = time.monotonic()
+
+        def shown():
+            st = srv.call("GET", f"/apis/rbak.io/v1alpha1/namespaces/{ns0}/rabbitmqarchives/{name0}").get("status") or {}
+            return (st.get("lagSeconds") or 0) >= 60
+        wait_until(ticking(shown), 120, "the lag change in the status", every=0.2)
+        return {"requests": reqs, "window_s": round(elapsed), "per_object_hour": per_hour, "rss_mib": op.rss_mib(),
+                "cpu_pct": cpu, "lag_shown_s": time.monotonic() - t1}
+    finally:
+        if op:
+            op.stop()
+        srv.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[100, 1000])
@@ -287,7 +382,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--modes", nargs="+", default=["poll", "events"],
                     help="poll: the operator of --baseline-rev (named --baseline-name); events: this checkout's")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["idle", "latency", "burst"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["idle", "latency", "burst", "archives"])
     ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the former operator")
     ap.add_argument("--baseline-name", default="poll", help="what to call it in the output (another revision "
                     "than the 10 s loop's: e.g. kopf-daemons for c031837)")
@@ -320,6 +415,14 @@ def main() -> int:
                 print(f"burst    {mode:6} N={n:5}: {r['jobs']} Jobs ({r['missing']} missing, {r['extra']} extra, "
                       f"{r['jobs'] - r['distinct']} duplicate) in {r['seconds']:.1f}s, operator restarted midway: "
                       f"{r['restarted']}", flush=True)
+        if "archives" not in a.skip and "events" in a.modes:
+            for n in a.n:
+                r = res[("archives", n)] = archives(n, a.window, work)
+                ok = r["per_object_hour"] <= 1 and r["lag_shown_s"] <= 30
+                print(f"archives events N={n:5}: {r['per_object_hour']:.2f} req/object/hour ({r['requests']} in "
+                      f"{r['window_s']}s; resync and 3-hourly refresh shares added), RSS {r['rss_mib']:.0f} MiB, CPU {r['cpu_pct']:.1f}%; "
+                      f"a 60 s lag shown in {r['lag_shown_s']:.1f}s; target <= 1 and <= 30 s: "
+                      f"{'PASS' if ok else 'BELOW'}", flush=True)
     print(f"\nload average: {os.getloadavg()}")
     if base in a.modes and "events" in a.modes:
         for n in a.n:

@@ -114,18 +114,24 @@ class Ctx:
             raise PluginError(f'RabbitMQBackup "{name}" not found in namespace "{self.ns}"')
         return body
 
+    def archive(self, name: str) -> dict[str, Any]:
+        body = self.kube.get_archive(self.ns, name)
+        if body is None:
+            raise PluginError(f'RabbitMQArchive "{name}" not found in namespace "{self.ns}"')
+        return body
+
     def storage(self, body: dict[str, Any]):
-        """(storage, prefix) of a RabbitMQBackup, opened with the credentials its Secret holds."""
-        name = body["metadata"]["name"]
+        """(storage, prefix) of a RabbitMQBackup or RabbitMQArchive, opened with the credentials its Secret holds."""
+        name, kind = body["metadata"]["name"], body.get("kind") or "RabbitMQBackup"
         spec = body.get("spec") or {}
         try:
             st = open_backup_storage(self.kube, self.ns, spec.get("storage"))
         except ApiError:
             raise  # the API's own error line (ApiError is a RbakError too)
         except RbakError as e:
-            raise PluginError(f"RabbitMQBackup {self.ns}/{name}: {e}") from None
+            raise PluginError(f"{kind} {self.ns}/{name}: {e}") from None
         if st is None:
-            raise PluginError(f"RabbitMQBackup {self.ns}/{name}: spec.storage is a PersistentVolumeClaim, which is "
+            raise PluginError(f"{kind} {self.ns}/{name}: spec.storage is a PersistentVolumeClaim, which is "
                               "only readable inside the cluster (use rbak list in a pod that mounts it)")
         return st, rbakconfig.storage_prefix(spec.get("storage"))
 

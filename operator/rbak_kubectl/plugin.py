@@ -71,15 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("list", "the backups in the object's storage")
     p.add_argument("name", metavar="NAME")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p = cmd("describe", "one stored backup: totals and queues")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("backup_id", metavar="BACKUP_ID")
+    p = cmd("describe", "one stored backup: totals and queues (--archive NAME: an archive's status and generation)")
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("backup_id", metavar="BACKUP_ID", nargs="?")
+    p.add_argument("--archive", metavar="ARCHIVE", help="a RabbitMQArchive: its status, then its newest generation "
+                   "(or the one NAME names)")
     p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
-    p = cmd("restore", "create a RabbitMQRestore of a backup and follow it", wait=True)
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--backup-id", required=True, help="the backup to restore (kubectl rbak list NAME)")
+    p = cmd("restore", "create a RabbitMQRestore of a backup (or an archive) and follow it", wait=True)
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("--backup-id", help="the backup to restore (kubectl rbak list NAME)")
+    p.add_argument("--archive", metavar="ARCHIVE", help="restore every stream of a RabbitMQArchive up to --pitr TIME "
+                   "(default: its recoverable-until)")
     p.add_argument("--pitr", metavar="START..END", help="restore only messages backed up in this window "
-                   "(RFC 3339 times or epoch milliseconds; either side may be empty)")
+                   "(RFC 3339 times or epoch milliseconds; either side may be empty); with --archive one TIME "
+                   "or 'recoverable'")
     p.add_argument("--to-vhost", action="append", default=[], metavar="[SOURCE=]TARGET",
                    help="restore a vhost into another one (TARGET alone: the backup's only vhost); repeatable")
     p.add_argument("--name", dest="restore_name", metavar="RESTORE", help="name of the RabbitMQRestore "

@@ -9,7 +9,7 @@ from typing import Any
 
 from rbak.errors import ConfigError
 from rbak_kubectl.context import Ctx, PluginError, out, table
-from rbak_operator.crds.schema import BACKUP_PLURAL, RESTORE_PLURAL
+from rbak_operator.crds.schema import ARCHIVE_PLURAL, BACKUP_PLURAL, RESTORE_PLURAL
 from rbak_operator.decide import bodies, naming, policy
 from rbak_operator.decide.status import restore_summary_line
 from rbak_operator.kube.errors import ApiError
@@ -18,13 +18,19 @@ from rbak_operator.reconcile.backup import TRIGGER_ANNOTATION
 
 
 def cmd_status(c: Ctx) -> int:
-    objs = [c.backup(c.args.name)] if c.args.name else sorted(
+    named_archive = c.args.name is not None and c.kube.get_backup(c.ns, c.args.name) is None \
+        and c.kube.get_archive(c.ns, c.args.name) is not None
+    objs = [] if named_archive else [c.backup(c.args.name)] if c.args.name else sorted(
         c.kube.list_cr(BACKUP_PLURAL, c.ns), key=lambda b: b["metadata"]["name"])
     restores, why_not = restores_of(c, c.args.name)
     if c.args.output == "json":
-        out(json.dumps([status_row(b) for b in objs] + [restore_row(r) for r in restores], indent=2))
+        archives = archives_in(c, c.args.name)[0]
+        out(json.dumps([status_row(b) for b in objs] + [restore_row(r) for r in restores]
+                       + [archive_row(a) for a in archives], indent=2))
         return 0
-    if not objs:
+    if named_archive:
+        pass
+    elif not objs:
         out(f"No RabbitMQBackups in namespace {c.ns}.")
     else:
         rows, notes = [], []
@@ -45,9 +51,47 @@ def cmd_status(c: Ctx) -> int:
         out()
         for line in table(["RESTORE", "FROM", "BACKUP ID", "PHASE", "RESTORED", "TARGET", "FINISHED"], rows) + notes:
             out(line)
-    if why_not:
-        out(why_not)
+    archives, why_not_archives = archives_in(c, c.args.name)
+    if archives:
+        rows, notes = [], []
+        for a in archives:
+            r = archive_row(a)
+            rows.append([r["name"], r["phase"], r["rpo"], r["lag"], r["recoverableUntil"], r["streams"], r["gaps"]])
+            notes += [f"{r['name']}: {m}" for m in r["notes"]]
+        out()
+        for line in table(["ARCHIVE", "PHASE", "RPO", "LAG", "RECOVERABLE UNTIL", "STREAMS", "GAPS"], rows) + notes:
+            out(line)
+    for why in (why_not, why_not_archives):
+        if why:
+            out(why)
     return 0
+
+
+def archives_in(c: Ctx, name: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """The namespace's RabbitMQArchives (the one named ``name`` when there is one), by name."""
+    try:
+        items = c.kube.list_cr(ARCHIVE_PLURAL, c.ns)
+    except ApiError as e:
+        return [], f"(RabbitMQArchives not listed: HTTP {e.status} {e.reason})"
+    if name and any(a["metadata"]["name"] == name for a in items):
+        items = [a for a in items if a["metadata"]["name"] == name]
+    elif name:
+        items = []
+    return sorted(items, key=lambda a: a["metadata"]["name"]), None
+
+
+def archive_row(body: dict[str, Any]) -> dict[str, Any]:
+    """One RabbitMQArchive's line of ``status``: the printer columns, and why it misses its objective or
+    is degraded."""
+    spec, st = body.get("spec") or {}, body.get("status") or {}
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    notes = [f"{t} {c.get('reason')}: {c.get('message')}" for t, c in conds.items()
+             if (t in ("Ready", "RPOMet") and c.get("status") == "False") or (t == "Degraded" and c.get("status") == "True")]
+    return {"kind": "RabbitMQArchive", "name": body["metadata"]["name"], "phase": st.get("phase") or "Pending",
+            "rpo": f"{spec.get('rpoSeconds', 30)}s",
+            "lag": f"{st['lagSeconds']}s" if st.get("lagSeconds") is not None else None,
+            "recoverableUntil": st.get("recoverableUntil"), "streams": st.get("streamCount"),
+            "gaps": st.get("gapMessages"), "rpoMet": (conds.get("RPOMet") or {}).get("status"), "notes": notes}
 
 
 def restores_of(c: Ctx, backup: str | None) -> tuple[list[dict[str, Any]], str | None]:
@@ -58,7 +102,8 @@ def restores_of(c: Ctx, backup: str | None) -> tuple[list[dict[str, Any]], str |
     except ApiError as e:
         return [], f"(RabbitMQRestores not listed: HTTP {e.status} {e.reason})"
     if backup:
-        items = [r for r in items if ((r.get("spec") or {}).get("backupRef") or {}).get("name") == backup]
+        items = [r for r in items if (((r.get("spec") or {}).get("backupRef") or (r.get("spec") or {}).get("archiveRef")
+                                       or {}).get("name")) == backup]
     return sorted(items, key=lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"])), None
 
 
@@ -66,6 +111,7 @@ def restore_row(body: dict[str, Any]) -> dict[str, Any]:
     """One RabbitMQRestore's line of ``status``: what it restores from, its phase and outcome."""
     spec, st = body.get("spec") or {}, body.get("status") or {}
     ref = spec.get("backupRef") or {}
+    aref = spec.get("archiveRef") or {}
     phase = st.get("phase") or "Pending"
     prog = st.get("progress") or {}
     if prog.get("summary") and phase == "Running":
@@ -78,7 +124,9 @@ def restore_row(body: dict[str, Any]) -> dict[str, Any]:
         notes.append(restore_summary_line(st))
     targets = st.get("targetVhosts") or []
     return {"kind": "RabbitMQRestore", "name": body["metadata"]["name"],
-            "backup": f"rabbitmqbackup/{ref['name']}" if ref.get("name") else "spec.storage",
+            "backup": f"rabbitmqbackup/{ref['name']}" if ref.get("name") else f"rabbitmqarchive/{aref['name']}"
+            + (f" @ {st.get('pointInTime') or aref.get('pointInTime') or 'recoverable'}") if aref.get("name")
+            else "spec.storage",
             "backupId": st.get("backupId") or ref.get("backupId"), "phase": phase, "messages": st.get("messages"),
             "published": st.get("publishedMessages"), "confirmed": st.get("confirmedMessages"),
             "dryRun": bool(st.get("dryRun")), "target": ",".join(targets) or None, "targetQueues": st.get("targetQueues"),

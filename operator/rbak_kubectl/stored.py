@@ -1,4 +1,4 @@
-"""``kubectl rbak list``, ``describe`` and ``restore``: what a RabbitMQBackup's storage holds, read with the
+"""``kubectl rbak list``, ``describe`` and ``restore``: what a RabbitMQBackup's (or RabbitMQArchive's) storage holds, read with the
 credentials of the Secret the object names and shown as ``rbak list``/``describe`` show it
 (``rbak.repo.report``), and a RabbitMQRestore of one of those backups."""
 
@@ -16,11 +16,12 @@ from rbak.errors import RbakError
 from rbak.repo.report import describe_obj, fmt_ts, list_notes, list_obj
 from rbak.base.units import human_bytes
 from rbak_kubectl.context import Ctx, PluginError, out, table
-from rbak_kubectl.runs import show_progress
+from rbak_kubectl.runs import archive_row, show_progress
 from rbak_operator.crds.schema import GROUP, RESTORE_PLURAL, VERSION
 from rbak_operator.decide import naming, policy, rbakconfig
 from rbak_operator.decide.status import restore_summary_line
 from rbak_operator.kube.errors import ApiError
+from rbak_operator.reconcile.archive import generations
 from rbak_operator.reconcile.storage import open_backup_storage
 
 
@@ -51,13 +52,23 @@ def cmd_list(c: Ctx) -> int:
 
 
 def cmd_describe(c: Ctx) -> int:
-    name, bid = c.args.name, c.args.backup_id
-    body = c.backup(name)
-    st, prefix = c.storage(body)
+    if c.args.archive:
+        if c.args.backup_id is not None:
+            raise PluginError(f"describe --archive {c.args.archive}: give at most one GENERATION (a backup id)")
+        body = c.archive(c.args.archive)
+        st, prefix = c.storage(body)
+        name, bid = c.args.archive, c.args.name or newest_generation(st, prefix, c.args.archive)
+        describe_archive_status(body)
+    else:
+        name, bid = c.args.name, c.args.backup_id
+        if not name or not bid:
+            raise PluginError("describe: give NAME BACKUP_ID (a RabbitMQBackup's), or --archive NAME [GENERATION]")
+        body = c.backup(name)
+        st, prefix = c.storage(body)
     try:
         m = load_manifest(st, bid, prefix)
     except RbakError as e:
-        raise PluginError(f"RabbitMQBackup {c.ns}/{name}: BACKUP_ID {bid!r}: {e}") from None
+        raise PluginError(f"{body.get('kind') or 'RabbitMQBackup'} {c.ns}/{name}: BACKUP_ID {bid!r}: {e}") from None
     obj = describe_obj(m)
     if c.args.output == "json":
         out(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -82,6 +93,9 @@ def cmd_describe(c: Ctx) -> int:
             f"{d.user_count} users")
     if m.depends_on:
         out(f"Continues:   {', '.join(sorted(m.depends_on))}")
+    if m.archive is not None:
+        out(f"Archive:     {m.archive.name} ({'open' if m.archive.open else 'closed'}, {m.archive.ticks} ticks), "
+            f"recoverable until {obj.get('archive', {}).get('recoverable_until_utc') or fmt_ts(m.archive.recoverable_until)}")
     out()
     rows = [[q.vhost, q.name, q.queue_type, q.message_count, len(q.segments), human_bytes(q.size_bytes),
              fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp)] for q in m.queues]
@@ -93,6 +107,30 @@ def cmd_describe(c: Ctx) -> int:
     for q, g in m.gaps:
         out(f"gap {q.vhost}/{q.name}: offsets {g.from_offset}..{g.to_offset} ({g.count} message(s)) in no backup")
     return 0
+
+
+def newest_generation(st: Any, prefix: str, archive: str) -> str:
+    gens = generations(st, prefix, archive)
+    if not gens:
+        raise PluginError(f"RabbitMQArchive {archive}: nothing archived yet (no generation in its storage)")
+    return gens[-1]
+
+
+def describe_archive_status(body: dict[str, Any]) -> None:
+    """The archive's status as the operator wrote it from the storage (before the generation's own lines)."""
+    r = archive_row(body)
+    st = body.get("status") or {}
+    out(f"Archive:     rabbitmqarchive/{r['name']}: {r['phase']}, lag {r['lag'] or '-'} (objective {r['rpo']}), "
+        f"RPOMet {r['rpoMet'] or 'Unknown'}")
+    out(f"Recoverable: until {r['recoverableUntil'] or '-'} (newest tick {st.get('lastTickTime') or '-'})")
+    for s in st.get("streams") or []:
+        out(f"Stream:      {s.get('vhost')}/{s.get('name')}: archived to offset {s.get('archivedOffset')}, "
+            f"lag {s.get('lagSeconds')}s, gaps {s.get('gapMessages', 0)}")
+        for g in s.get("gaps") or []:
+            out(f"  gap {g}")
+    for n in r["notes"]:
+        out(f"Note:        {n}")
+    out()
 
 
 def parse_pitr(text: str) -> dict[str, Any]:
@@ -134,7 +172,11 @@ def vhost_mapping(values: list[str], backup_vhosts: list[str] | None, bid: str) 
 
 
 def cmd_restore(c: Ctx) -> int:
+    if c.args.archive:
+        return restore_archive(c)
     name, bid = c.args.name, c.args.backup_id
+    if not name or not bid:
+        raise PluginError("restore: give NAME --backup-id BACKUP_ID (a RabbitMQBackup's), or --archive NAME")
     body = c.backup(name)
     pitr = parse_pitr(c.args.pitr) if c.args.pitr else None
     storage = (body.get("spec") or {}).get("storage")
@@ -166,6 +208,41 @@ def cmd_restore(c: Ctx) -> int:
     except ApiError as e:
         raise PluginError(f"RabbitMQRestore {c.ns}/{rname} refused: HTTP {e.status} {e.reason}") from None
     out(f"rabbitmqrestore/{rname} created (backup {bid} of rabbitmqbackup/{name})")
+    return follow_restore(c, rname)
+
+
+def restore_archive(c: Ctx) -> int:
+    """``restore --archive NAME [--pitr TIME]``: every stream of the archive up to TIME (default: its
+    recoverable-until); the operator refuses a TIME past it, naming the field."""
+    name = c.args.archive
+    if c.args.name or c.args.backup_id:
+        raise PluginError(f"restore --archive {name}: the archive's newest generation is restored (its chain walks "
+                          "back); give no NAME or --backup-id")
+    c.archive(name)
+    point = (c.args.pitr or "recoverable").strip()
+    if point.lower() != "recoverable":
+        if ".." in point:
+            raise PluginError(f"--pitr {point}: with --archive, one TIME (RFC 3339 or epoch ms) or 'recoverable'")
+        try:
+            parse_time_bound(point, "--pitr")
+        except RbakError as e:
+            raise PluginError(str(e).removeprefix("Configuration error: ")) from None
+    spec: dict[str, Any] = {"archiveRef": {"name": name, "pointInTime": int(point) if point.isdigit() else point}}
+    if c.args.to_vhost:
+        spec["vhostMapping"] = vhost_mapping(c.args.to_vhost, None, name)
+    rname = c.args.restore_name or naming.dns_label(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RabbitMQRestore",
+           "metadata": {"name": rname, "namespace": c.ns}, "spec": spec}
+    try:
+        c.kube.create_cr(RESTORE_PLURAL, c.ns, obj)
+    except ApiError as e:
+        raise PluginError(f"RabbitMQRestore {c.ns}/{rname} refused: HTTP {e.status} {e.reason}") from None
+    out(f"rabbitmqrestore/{rname} created (rabbitmqarchive/{name} up to {point})")
+    return follow_restore(c, rname)
+
+
+def follow_restore(c: Ctx, rname: str) -> int:
+    """Follow a RabbitMQRestore to its end (unless ``--no-wait``)."""
     if c.args.no_wait:
         return 0
     seen: dict[str, Any] = {}

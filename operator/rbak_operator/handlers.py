@@ -3,7 +3,8 @@
 kopf delivers the watch events of our objects and of the Jobs and SparkApplications they own, logs in,
 and runs the start-up and cleanup hooks; nothing else. Each event wakes or starts the object's loop
 (``runtime.loop``, whose docstring is the per-object model) with its kind's pass
-(``reconcile.backup.backup_pass`` / ``reconcile.restore.restore_pass``), and a running Job's progress
+(``reconcile.backup.backup_pass`` / ``reconcile.restore.restore_pass`` /
+``reconcile.archive.archive_pass``), and a running Job's progress
 follower (``reconcile.progress``). Deletion with ``deletionPolicy: delete``, metrics start-up and the
 per-resource gauges of a deleted object are here too; which replica runs all this is
 ``runtime.leader``'s (a Lease). Run with ``kopf run -m rbak_operator.handlers`` or ``python -m rbak_operator``.
@@ -19,6 +20,7 @@ import kopf
 
 from rbak.errors import RbakError
 from rbak_operator.crds.schema import (
+    ARCHIVE_PLURAL,
     BACKUP_PLURAL,
     GROUP,
     RESTORE_PLURAL,
@@ -35,6 +37,7 @@ from rbak_operator.kube.errors import ApiError
 from rbak_operator.kube.events import post as _event
 from rbak_operator.metrics import resources as resource_metrics
 from rbak_operator.metrics import runs as metrics
+from rbak_operator.reconcile import archive as archive_reconciler
 from rbak_operator.reconcile import progress
 from rbak_operator.reconcile.backup import backup_pass, reconcile_backup  # noqa: F401 (reconcile_backup: tests call it here)
 from rbak_operator.reconcile.restore import reconcile_restore, restore_pass  # noqa: F401 (reconcile_restore: tests call it here)
@@ -142,6 +145,40 @@ async def restore_event(type: str, body: kopf.Body, name: str, namespace: str | 
     if wakeups.object_changed(key, body):
         wakeups.poke(key)
     _ensure_tasks("restore", namespace, name, body.get("status"), logger)
+
+
+@kopf.on.delete(GROUP, VERSION, ARCHIVE_PLURAL, when=_delete_policy)
+def archive_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """deletionPolicy delete: the archiver's Deployment first (nothing written after), then the archive's
+    generations (object-locked ones stay until their lock expires). Never blocks deletion."""
+    try:
+        outcome = archive_reconciler.delete_archive_data(Kube(), dict(body), logger)
+        if outcome is not None:
+            deleted, locked = outcome
+            _event(body, "Normal", "ArchiveDeleted", f"deleted {len(deleted)} archive generations (deletionPolicy "
+                   "delete)" + (f"; kept {len(locked)} still object-locked: {', '.join(locked)}" if locked else ""))
+    except (RbakError, ApiError) as e:
+        _event(body, "Warning", "ArchiveKept", f"could not delete the archive: {e}")
+        logger.warning("deletionPolicy delete: %s; letting the object go, archive kept", e)
+
+
+@kopf.on.event(GROUP, VERSION, ARCHIVE_PLURAL)
+async def archive_event(type: str, body: kopf.Body, name: str, namespace: str | None,  # noqa: A002
+                        logger: kopf.Logger, **_: Any) -> None:
+    """The archive's loop reads the object from here (no GET per pass); a spec change wakes it."""
+    namespace = namespace or ""
+    key = ("archive", namespace, name)
+    if type == "DELETED":
+        resource_metrics.forget(ARCHIVE_PLURAL, namespace, name)
+        archive_reconciler.forget(key)
+        wakeups.poke(key)
+        wakeups.forget(key)
+        return
+    archive_reconciler.remember(key, dict(body))
+    if wakeups.object_changed(key, body):
+        wakeups.poke(key)
+    tasks.ensure(key, lambda: loop.run(archive_reconciler.archive_pass, "archive", name, namespace,
+                                       tasks.stopping(), logger, poll=archive_reconciler.POLL))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={bodies.L_MANAGED: "rbak-operator"})

@@ -26,13 +26,14 @@ CRDS = ROOT / "crds"
 EXAMPLES = ROOT / "examples"
 BACKUP_CRD = "rabbitmqbackups.rbak.io"
 RESTORE_CRD = "rabbitmqrestores.rbak.io"
+ARCHIVE_CRD = "rabbitmqarchives.rbak.io"
 
 
 @pytest.fixture(scope="module")
 def kube(kube_api: KubeApi) -> Iterator[KubeApi]:
     """The server with crds/ applied as shipped (and established)."""
     kube_api.kubectl("apply", "-f", str(CRDS))
-    kube_api.wait_established(BACKUP_CRD, RESTORE_CRD)
+    kube_api.wait_established(BACKUP_CRD, RESTORE_CRD, ARCHIVE_CRD)
     yield kube_api
     for ns in _made:  # the operator tests on this server must not reconcile these (unreachable storages)
         kube_api.delete_rbak_objects(ns)
@@ -62,7 +63,7 @@ def _apply(kube: KubeApi, ns: str, obj: dict, check: bool = True):
 
 def test_shipped_crds_are_accepted_and_established(kube: KubeApi):
     """`kubectl apply -f crds/` as a user does: the server compiles every CEL rule."""
-    out = kube.kubectl("get", "crd", BACKUP_CRD, RESTORE_CRD, "-o", "json").stdout
+    out = kube.kubectl("get", "crd", BACKUP_CRD, RESTORE_CRD, ARCHIVE_CRD, "-o", "json").stdout
     for crd in json.loads(out)["items"]:
         conds = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conds.get("Established") == "True", crd["metadata"]["name"]
@@ -70,7 +71,7 @@ def test_shipped_crds_are_accepted_and_established(kube: KubeApi):
         assert "NonStructuralSchema" not in conds, crd["status"]["conditions"]
     # the same files again are unchanged (idempotent apply, nothing the server rewrote away)
     again = kube.kubectl("apply", "-f", str(CRDS)).stdout
-    assert again.count("unchanged") == 2, again
+    assert again.count("unchanged") == 3, again
 
 
 def test_crds_server_side_apply(kube: KubeApi):
@@ -127,7 +128,7 @@ def test_examples_apply_one_by_one_and_as_kustomize_overlay(kube: KubeApi):
     want = sorted(f"{d['kind'].lower()}.rbak.io/{d['metadata']['name']}" for d in docs)
     assert sorted(line.split()[0] for line in r.stdout.splitlines()) == want, r.stdout
     assert all(line.endswith(" created") for line in r.stdout.splitlines()), r.stdout
-    got = kube.kubectl("get", "rabbitmqbackups,rabbitmqrestores", "-n", overlay_ns, "-o", "name").stdout.split()
+    got = kube.kubectl("get", "rabbitmqbackups,rabbitmqrestores,rabbitmqarchives", "-n", overlay_ns, "-o", "name").stdout.split()
     assert sorted(got) == want, got
 
 
@@ -214,7 +215,7 @@ def test_server_refuses_bad_restores(kube: KubeApi):
     restore["metadata"] = {"name": "r"}
     both = {**restore, "spec": {**restore["spec"], "storage": {"pvc": {"claimName": "x"}}}}
     r = kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(both), check=False)
-    assert r.returncode != 0 and "set exactly one of spec.backupRef or spec.storage" in r.stderr, r.stderr
+    assert r.returncode != 0 and "set exactly one of spec.backupRef, spec.storage or spec.archiveRef" in r.stderr, r.stderr
     kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(restore))
     # immutable once created (a CEL transition rule: the server compares with the stored object)
     changed = {**restore, "spec": {**restore["spec"], "dryRun": not restore["spec"].get("dryRun", False)}}

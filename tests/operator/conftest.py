@@ -53,7 +53,8 @@ def env(cluster, rmq310, moto_s3, s3_bucket):
         yield e
     finally:
         # Delete this test's objects so their reconcile loops end and the server stays small.
-        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), ("batch/v1", "jobs"),
+        for api, plural in ((API, "rabbitmqrestores"), (API, "rabbitmqbackups"), (API, "rabbitmqarchives"),
+                            ("batch/v1", "jobs"),
                             ("sparkoperator.k8s.io/v1beta2", "sparkapplications")):
             for o in http.items(api, plural):
                 if o["metadata"]["name"].startswith(tag):

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "charts" / "rbak" / "files" / "argocd"
 REFUSED = "rbak: AMQP error: ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN"
 KEYS = {"resource.customizations.health.rbak.io_RabbitMQBackup": "rabbitmqbackup-health.lua",
-        "resource.customizations.health.rbak.io_RabbitMQRestore": "rabbitmqrestore-health.lua"}
+        "resource.customizations.health.rbak.io_RabbitMQRestore": "rabbitmqrestore-health.lua",
+        "resource.customizations.health.rbak.io_RabbitMQArchive": "rabbitmqarchive-health.lua"}
 
 
 def health(script: str, obj: dict) -> tuple[str, str]:
@@ -265,3 +266,39 @@ def test_docs_snippet_is_the_shipped_scripts(doc):
     assert set(data) == set(KEYS)
     for key, script in KEYS.items():
         assert data[key] == (SCRIPTS / script).read_text(), f"{doc}: {key} differs from files/argocd/{script}"
+
+
+def _archive_status(tick_written_ago_ms: int, behind_ms: int, gaps: list | None = None, suspend: bool = False) -> dict:
+    """The status the operator's decisions (decide/archive.py) write for a tick this old and this far behind."""
+    from datetime import datetime, timezone
+
+    from rbak.format.archive import Tick, TickStream
+    from rbak.format.manifest import StreamInfo
+    from rbak_operator.decide import archive as ad
+
+    now_ms = 1_780_000_000_000
+    written = now_ms - tick_written_ago_ms
+    info = StreamInfo(first_offset=0, last_offset=9, gaps=gaps or [])
+    tick = Tick("a", "a.20261206T000000.000Z", 1, written, written, written - behind_ms,
+                [TickStream("v", "s", info, 1, written - behind_ms, True)])
+    spec = {"rpoSeconds": 30, "suspend": suspend}
+    v = ad.view(tick, now_ms, spec, {})
+    phase, conds = ad.conditions(v, spec, None, datetime.fromtimestamp(now_ms / 1000, timezone.utc), 1)
+    return {"metadata": {"name": "a"}, "spec": spec, "status": {**v.status, "phase": phase, "conditions": conds}}
+
+
+def test_archive_health_follows_rpomet_gaps_and_suspend():
+    from rbak.format.manifest import StreamGap
+
+    assert health("rabbitmqarchive-health.lua", {"metadata": {"name": "a"}, "spec": {}}) == (
+        "Progressing", "Waiting for the rbak operator to read the archive")
+    status, message = health("rabbitmqarchive-health.lua", _archive_status(5_000, 300))
+    assert status == "Healthy" and message.startswith("Recoverable until ") and message.endswith(", lag 1s")
+    assert health("rabbitmqarchive-health.lua", _archive_status(5_000, 45_000)) == (
+        "Degraded", "Recovery point objective missed: the archive is more than rpoSeconds=30 behind: recoverable "
+        "until 2026-05-28T20:25:50Z")
+    gap = _archive_status(5_000, 300, [StreamGap(10, 19)])
+    assert health("rabbitmqarchive-health.lua", gap) == (
+        "Degraded", "retention removed messages before the archive read them: v/s offsets 10..19 (10 messages)")
+    assert health("rabbitmqarchive-health.lua", _archive_status(5_000, 300, suspend=True)) == (
+        "Suspended", "Suspended: the archiver is scaled to 0")

@@ -158,7 +158,7 @@ def test_bad_restores_are_rejected(field, value, message):
 def test_restore_needs_exactly_one_source_and_a_target_for_storage():
     obj = _restore()
     obj["spec"]["storage"] = {"s3": {"bucket": "bkt"}}
-    assert any("exactly one of spec.backupRef or spec.storage" in e for e in check(obj))
+    assert any("exactly one of spec.backupRef, spec.storage or spec.archiveRef" in e for e in check(obj))
     del obj["spec"]["backupRef"]
     assert any("spec.target is required" in e for e in check(obj))
     obj["spec"]["target"] = {"rabbitmqClusterReference": {"name": "r"}}
@@ -196,3 +196,39 @@ def test_cel_string_literals_use_only_valid_escapes(kind):
             if "\\" in rest:
                 bad.append(f"{path}: {rule}")
     assert bad == []
+
+
+def _archive(**spec) -> dict:
+    base = {"broker": {"rabbitmqClusterReference": {"name": "rabbitmq"}},
+            "storage": {"s3": {"bucket": "archive-bucket"}}}
+    return {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQArchive", "metadata": {"name": "a"},
+            "spec": {**base, **spec}}
+
+
+def test_archive_crd_columns_short_name_and_rules():
+    _structural(_schema("RabbitMQArchive"))
+    crd = crds.archive_crd()
+    assert crd["spec"]["names"]["shortNames"] == ["rmqarchive"]
+    ver = crd["spec"]["versions"][0]
+    assert ver["subresources"] == {"status": {}}
+    assert [c["name"] for c in ver["additionalPrinterColumns"]] == [
+        "Phase", "RPO", "Lag", "Recoverable Until", "Streams", "Gaps", "Age"]
+    spec = _schema("RabbitMQArchive")["properties"]["spec"]["properties"]
+    assert spec["rpoSeconds"]["default"] == 30 and spec["maxDelaySeconds"]["default"] == 5
+    assert check(_archive(rpoSeconds=10, maxDelaySeconds=5, suspend=True)) == []
+    assert check(_archive(rpoSeconds=3, maxDelaySeconds=5)) == [
+        ".spec: spec.maxDelaySeconds must not exceed spec.rpoSeconds: the objective could never be met"]
+    assert any("rpoSeconds" in p for p in check(_archive(rpoSeconds=0)))
+    assert any("deletionPolicy" in p for p in check(_archive(deletionPolicy="purge")))
+
+
+def test_restore_takes_exactly_one_source_and_archive_ref_refuses_pitr():
+    base = {"apiVersion": "rbak.io/v1alpha1", "kind": "RabbitMQRestore", "metadata": {"name": "r"}}
+    ok = {**base, "spec": {"archiveRef": {"name": "orders", "pointInTime": "2026-12-06T08:12:19.5Z"}}}
+    assert check(ok) == []
+    assert check({**base, "spec": {"archiveRef": {"name": "orders", "pointInTime": "recoverable"}}}) == []
+    assert check({**base, "spec": {"archiveRef": {"name": "orders"}, "backupRef": {"name": "nightly"}}}) == [
+        ".spec: set exactly one of spec.backupRef, spec.storage or spec.archiveRef"]
+    assert check({**base, "spec": {"archiveRef": {"name": "orders"}, "pitr": {"end": 5}}}) == [
+        ".spec: spec.pitr: not with spec.archiveRef (set spec.archiveRef.pointInTime)"]
+    assert any("pointInTime" in p for p in check({**base, "spec": {"archiveRef": {"name": "o", "pointInTime": "soon"}}}))

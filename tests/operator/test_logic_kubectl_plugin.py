@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from rbak_kubectl.context import PluginError, request_unpicked, table
-from rbak_kubectl.runs import report_drill, status_row, waits_for_active
+from rbak_kubectl.runs import archive_row, report_drill, status_row, waits_for_active
 from rbak_kubectl.stored import parse_pitr, vhost_mapping
 
 
@@ -122,3 +122,38 @@ def test_a_request_no_operator_acted_on_is_named_and_any_status_change_counts_as
     drill = request_unpicked("prod", body({}), "rbak.io/backup-now", "v1", {}, acted,
                              "status.restoreDrill.lastManualTrigger")
     assert drill is not None and "(status.restoreDrill.lastManualTrigger is unset)" in drill
+
+
+def test_archive_row_shows_the_columns_and_why_the_objective_is_missed():
+    body = {"metadata": {"name": "orders"}, "spec": {"rpoSeconds": 10},
+            "status": {"phase": "Lagging", "lagSeconds": 42, "recoverableUntil": "2026-12-06T08:12:19Z",
+                       "streamCount": 2, "gapMessages": 50, "conditions": [
+                           {"type": "Ready", "status": "True", "reason": "Archiving", "message": "ok"},
+                           {"type": "RPOMet", "status": "False", "reason": "ObjectiveMissed", "message": "behind"},
+                           {"type": "Degraded", "status": "True", "reason": "GapRecorded", "message": "v/s 1..50"}]}}
+    r = archive_row(body)
+    assert [r[k] for k in ("name", "phase", "rpo", "lag", "recoverableUntil", "streams", "gaps", "rpoMet")] == [
+        "orders", "Lagging", "10s", "42s", "2026-12-06T08:12:19Z", 2, 50, "False"]
+    assert r["notes"] == ["RPOMet ObjectiveMissed: behind", "Degraded GapRecorded: v/s 1..50"]
+    fresh = archive_row({"metadata": {"name": "new"}, "spec": {}})
+    assert (fresh["phase"], fresh["rpo"], fresh["lag"], fresh["notes"]) == ("Pending", "30s", None, [])
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["restore", "--archive", "orders", "--backup-id", "x"], "restore --archive orders: the archive's newest generation"),
+    (["restore", "orders"], "restore: give NAME --backup-id BACKUP_ID (a RabbitMQBackup's), or --archive NAME"),
+    (["describe", "orders"], "describe: give NAME BACKUP_ID (a RabbitMQBackup's), or --archive NAME [GENERATION]"),
+])
+def test_archive_flags_refused_before_any_call(argv, error, capsys):
+    """Wrong combinations are one line naming the flags, before the plugin reads anything from the cluster."""
+    from rbak_kubectl import plugin
+
+    args = plugin.build_parser().parse_args(argv)
+
+    class NoKube:
+        def __getattr__(self, name):
+            raise AssertionError(f"no API call expected, got {name}")
+
+    with pytest.raises(PluginError) as e:
+        plugin.COMMANDS[args.command](plugin.Ctx(NoKube(), "ns", args))  # type: ignore[arg-type]
+    assert str(e.value).startswith(error)

@@ -93,6 +93,27 @@ def test_the_issue_alerts_exist():
     assert by_name["RbakBackupFailed"] == {"rbak_backup_last_run_failed"}
     assert by_name["RbakBackupValidationFailed"] == {"rbak_backup_validation_failed"}
     assert by_name["RbakRestoreFailed"] == {"rbak_restore_failed"}
+    assert by_name["RbakArchiveRPOBreached"] == {"rbak_archive_status_lag_seconds", "rbak_archive_rpo_seconds"}
+    assert next(r for r in RULES if r["alert"] == "RbakArchiveRPOBreached")["for"] == "3m"
+    assert by_name["RbakArchiveGap"] == {"rbak_archive_gap_messages"}
+    assert by_name["RbakArchiveDown"] == {"rbak_archive_ticking"}
+
+
+def test_archive_samples_judge_the_lag_from_the_status():
+    """What the RPO alert compares: an archive over its objective has lag > rpo; a suspended one is not 'down'."""
+    obj = {"metadata": {"namespace": "messaging", "name": "orders"}, "spec": {"rpoSeconds": 30},
+           "status": {"lagSeconds": 41, "recoverableUntil": "2026-11-24T11:59:19Z", "gapMessages": 50, "conditions": [
+               {"type": "Ready", "status": "False", "reason": "TicksOverdue"},
+               {"type": "RPOMet", "status": "False", "reason": "ObjectiveMissed"}]}}
+    lab = {"rbak_namespace": "messaging", "archive": "orders"}
+    assert sorted(rm.samples("archive", obj)) == sorted([
+        ("rbak_archive_rpo_seconds", lab, 30.0), ("rbak_archive_status_lag_seconds", lab, 41.0),
+        ("rbak_archive_rpo_met", lab, 0.0),
+        ("rbak_archive_status_recoverable_timestamp_seconds", lab, datetime(2026, 11, 24, 11, 59, 19,
+                                                                            tzinfo=timezone.utc).timestamp()),
+        ("rbak_archive_gap_messages", lab, 50.0), ("rbak_archive_ticking", lab, 0.0)])
+    suspended = {**obj, "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Suspended"}]}}
+    assert [m for m, _, _ in rm.samples("archive", suspended)] == ["rbak_archive_rpo_seconds", "rbak_archive_gap_messages"]
 
 
 def test_the_failure_alerts_and_the_docs_name_every_reason():

@@ -131,7 +131,7 @@ def test_chart_crds_are_the_repo_crds(tmp_path):
     assert link.is_symlink() and link.resolve() == (ROOT / "crds").resolve()
     assert not os.path.isabs(os.readlink(link)), "a relative link survives clones and Argo CD checkouts"
     repo = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
-    assert set(repo) == {"rabbitmqbackups.yaml", "rabbitmqrestores.yaml"}
+    assert set(repo) == {"rabbitmqbackups.yaml", "rabbitmqrestores.yaml", "rabbitmqarchives.yaml"}
     chart = helm_python.Chart.load(str(CHART))
     try:
         archive = chart.save(str(tmp_path))
@@ -147,7 +147,7 @@ def test_rendered_crds_equal_the_repo_crds_plus_keep_policy():
     objs = manifests(render_chart({}))
     crds = {o["spec"]["names"]["kind"]: o for o in find(objs, "CustomResourceDefinition")}
     repo = load_crds()
-    assert set(crds) == set(repo) == {"RabbitMQBackup", "RabbitMQRestore"}
+    assert set(crds) == set(repo) == {"RabbitMQBackup", "RabbitMQRestore", "RabbitMQArchive"}
     for kind, crd in crds.items():
         assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
         assert canonical_json(crd["spec"]) == canonical_json(repo[kind]["spec"]), f"{kind} spec changed in rendering"

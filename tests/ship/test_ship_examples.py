@@ -39,6 +39,8 @@ def test_expected_examples_exist():
     assert "rbak.io/backup-now" in on_demand["metadata"]["annotations"]
     restore = by_name["restore-pitr.yaml"]["spec"]
     assert restore["pitr"]["start"] and restore["pitr"]["end"] and restore["vhostMapping"] and restore["queueMapping"]
+    archive = by_name["archive-orders-s3.yaml"]
+    assert archive["kind"] == "RabbitMQArchive" and archive["spec"]["rpoSeconds"] == 30
 
 
 def test_the_checker_rejects_what_the_api_server_would():
@@ -192,3 +194,18 @@ def test_up_sh_helm_flags_fit_the_chart():
     objs = manifests(render_chart(values))  # validates against values.schema.json too
     dep = next(o for o in objs if o["kind"] == "Deployment")
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "rbak:dev"
+
+
+def test_continuous_archiving_docs_show_the_example_that_applies():
+    """docs/operator.md and the chart README show docs/examples/rabbitmqarchive-s3.yaml as it is (the
+    real-k8s checks apply that file), and the restore of an archive the same way."""
+    archive = (ROOT / "docs" / "examples" / "rabbitmqarchive-s3.yaml").read_text().rstrip()
+    restore = (ROOT / "docs" / "examples" / "rabbitmqrestore-archive.yaml").read_text().rstrip()
+    for doc in ("docs/operator.md", "charts/rbak/README.md"):
+        text = (ROOT / doc).read_text()
+        section = text[text.index("## Continuous archiving\n"):]
+        section = section[:section.index("\n## ", 5)]
+        assert f"```yaml\n{archive}\n```" in section, doc
+    assert f"```yaml\n{restore}\n```" in (ROOT / "docs" / "operator.md").read_text()
+    assert crd_problems(load(ROOT / "docs" / "examples" / "rabbitmqarchive-s3.yaml")) == []
+    assert crd_problems(load(ROOT / "docs" / "examples" / "rabbitmqrestore-archive.yaml")) == []

@@ -103,7 +103,7 @@ class _Kubectl:
     def delete_rbak_objects(self, namespace: str) -> None:
         """Delete a test's RabbitMQBackups/Restores (finalizers dropped first: no operator may be
         there to release them), so later operators on this server do not reconcile leftovers."""
-        kinds = "rabbitmqbackups.rbak.io,rabbitmqrestores.rbak.io"
+        kinds = "rabbitmqbackups.rbak.io,rabbitmqrestores.rbak.io,rabbitmqarchives.rbak.io"
         names = self.kubectl("-n", namespace, "get", kinds, "-o", "name", check=False).stdout.split()
         for name in names:
             self.kubectl("-n", namespace, "patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',

@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -380,7 +381,7 @@ class RealServer:
         ours = [c for c in foreign if c["metadata"]["name"] not in self.preexisting]
         if ours:
             kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": ours}))
-        kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", *names)
+        kube.wait_established("rabbitmqbackups.rbak.io", "rabbitmqrestores.rbak.io", "rabbitmqarchives.rbak.io", *names)
         self.namespace = NS
         if self.external:
             self.namespace = f"rbak-e2e-{uuid.uuid4().hex[:8]}"
@@ -421,6 +422,22 @@ class RealServer:
             self.kube.kubectl("delete", "namespace", self.namespace, "--wait=false", "--ignore-not-found", check=False)
 
 
+@dataclass
+class DeploymentPod:
+    """The one pod a Deployment runs here: a process."""
+
+    name: str
+    template: str
+    proc: subprocess.Popen
+    log: Path
+    grace: int
+    started: float = field(default_factory=time.monotonic)
+
+
+def _template_key(dep: dict) -> str:
+    return json.dumps(dep["spec"]["template"], sort_keys=True)
+
+
 class PodRunner:
     """Plays kubelet and the Job controller for Jobs in the emulator."""
 
@@ -442,6 +459,9 @@ class PodRunner:
         self.extra_env: dict[str, str] = {}  # added to every pod (PYTHONPATH: prepended), like a mutating webhook
         # the images this node has (the operator's RBAK_IMAGE, its -spark variant): any other cannot be pulled
         self.images: set[str] = {"rbak:test", "rbak:test-spark"}
+        self.runs_deployments = isinstance(http, KubeHttp)  # kmock's emulator serves no Deployments
+        self.deployment_pods: dict[str, DeploymentPod] = {}  # Deployment name -> its running pod
+        self.pod_starts: list[str] = []  # pod names of Deployments, in start order (replacements too)
 
     def _before(self, run: str, container: str) -> None:
         for hook in list(self.hooks):
@@ -454,6 +474,8 @@ class PodRunner:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+        for name in list(self.deployment_pods):
+            self._stop_deployment_pod(name)
         for t in list(self._running.values()):
             t.join(60)
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -481,7 +503,97 @@ class PodRunner:
                     t.start()
             except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
                 self.errors.append(repr(e))
+            if self.runs_deployments:
+                try:
+                    self._sync_deployments()
+                except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
+                    self.errors.append(repr(e))
             self._stop.wait(0.3)
+
+    # -- Deployments: one long-running pod each, as the Deployment and ReplicaSet controllers and a
+    # kubelet run it (restartPolicy Always): replaced when it exits or is killed, stopped (SIGTERM, then
+    # SIGKILL after terminationGracePeriodSeconds) when the Deployment is deleted, scaled to 0, or its
+    # pod template changes (strategy Recreate: the old pod is gone before the new one starts).
+    def _sync_deployments(self) -> None:
+        deps = {d["metadata"]["name"]: d for d in self.http.items("apps/v1", "deployments", self.ns)}
+        for name in list(self.deployment_pods):
+            d = deps.get(name)
+            cur = self.deployment_pods[name]
+            if d is None or int(d["spec"].get("replicas", 1)) < 1 or cur.template != _template_key(d):
+                self._stop_deployment_pod(name)
+        for name, d in deps.items():
+            if int(d["spec"].get("replicas", 1)) < 1:
+                continue
+            cur = self.deployment_pods.get(name)
+            if cur is not None and cur.proc.poll() is None:
+                continue
+            if cur is not None:  # it exited or was killed: a new pod, as the ReplicaSet makes one
+                self._stop_deployment_pod(name)
+                if time.monotonic() - cur.started < 1.0:
+                    continue  # a crash loop backs off
+            self._start_deployment_pod(name, d)
+
+    def _start_deployment_pod(self, name: str, dep: dict) -> None:
+        if self.container_mode:
+            self.errors.append(f"deployment {name}: container mode runs Jobs only")
+            return
+        pod_spec = dep["spec"]["template"]["spec"]
+        pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+        workdir = self._tmp / pod_name
+        workdir.mkdir(parents=True, exist_ok=True)
+        labels = dict((dep["spec"]["template"].get("metadata") or {}).get("labels") or {})
+        self.http.create("v1", "pods", {"apiVersion": "v1", "kind": "Pod",
+                                        "metadata": {"name": pod_name, "labels": labels},
+                                        "spec": {**pod_spec, "schedulingGates": [{"name": SCHEDULING_GATE}]},
+                                        "status": {"phase": "Pending"}}, self.ns)
+        c = pod_spec["containers"][0]
+        try:
+            mounts = self._mounts(pod_spec, workdir)
+            env = {k: self._map(v, mounts) for k, v in self._env(c).items()}
+        except LookupError as e:  # a missing Secret or ConfigMap: the pod waits (CreateContainerConfigError)
+            self.outputs[pod_name] = f"{pod_name}: CreateContainerConfigError: {e}"
+            self.http.delete("v1", "pods", pod_name, self.ns)
+            return
+        cmd = list(c.get("command") or []) + list(c.get("args") or [])
+        if cmd and cmd[0] == "python":
+            cmd[0] = sys.executable
+        cmd = [self._map(a, mounts) for a in cmd]
+        log = open(workdir / "output.log", "ab")
+        proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.deployment_pods[name] = DeploymentPod(pod_name, _template_key(dep), proc, workdir / "output.log",
+                                                   int(pod_spec.get("terminationGracePeriodSeconds") or 30))
+        self.pod_starts.append(pod_name)
+        self.http.patch("v1", "pods", pod_name, {"status": {"phase": "Running"}}, self.ns, "status")
+
+    def _stop_deployment_pod(self, name: str) -> None:
+        pod = self.deployment_pods.pop(name, None)
+        if pod is None:
+            return
+        if pod.proc.poll() is None:
+            pod.proc.terminate()
+            try:
+                pod.proc.wait(pod.grace)
+            except subprocess.TimeoutExpired:
+                pod.proc.kill()
+                pod.proc.wait(10)
+        self.outputs[pod.name] = pod.log.read_text(errors="replace") if pod.log.exists() else ""
+        try:
+            self.http.delete("v1", "pods", pod.name, self.ns)
+        except Exception as e:  # noqa: BLE001 - the emulator going away at teardown
+            self.errors.append(f"{pod.name}: {e!r}")
+
+    def kill_deployment_pod(self, name: str) -> str:
+        """SIGKILL the Deployment's running pod (a node lost, an eviction); the runner replaces it.
+        Returns the killed pod's name."""
+        pod = self.deployment_pods[name]
+        pod.proc.kill()
+        pod.proc.wait(10)
+        return pod.name
+
+    def deployment_output(self, name: str) -> str:
+        pod = self.deployment_pods.get(name)
+        return pod.log.read_text(errors="replace") if pod is not None and pod.log.exists() else ""
 
     def _env(self, container: dict) -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self._tmp),

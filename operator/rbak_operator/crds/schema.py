@@ -38,11 +38,13 @@ from rbak_operator.crds.parts import (
     strlist,
     verify_schema,
 )
+from rbak_operator.crds.archive import ARCHIVE_COLUMNS, archive_ref_schema, archive_spec_schema, archive_status_schema
 
 GROUP = "rbak.io"
 VERSION = "v1alpha1"
 BACKUP_PLURAL = "rabbitmqbackups"
 RESTORE_PLURAL = "rabbitmqrestores"
+ARCHIVE_PLURAL = "rabbitmqarchives"
 # The RabbitMQ cluster operator's RabbitmqCluster (read for status.defaultUser.secretReference).
 RABBITMQ_GROUP = "rabbitmq.com"
 SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"  # kubeflow spark-operator
@@ -251,6 +253,7 @@ def restore_spec_schema() -> dict[str, Any]:
                 },
                 ["name"],
             ),
+            "archiveRef": archive_ref_schema(),
             "storage": storage_schema(),
             "backupId": string(
                 "backup id in spec.storage (default: the latest complete backup)",
@@ -299,8 +302,12 @@ def restore_spec_schema() -> dict[str, Any]:
         },
         **{
             "x-kubernetes-validations": [
-                {"rule": "has(self.backupRef) != has(self.storage)", "message": "set exactly one of spec.backupRef or spec.storage"},
-                {"rule": "has(self.backupRef) || has(self.target)", "message": "spec.target is required when restoring from spec.storage"},
+                {"rule": "[has(self.backupRef), has(self.storage), has(self.archiveRef)].filter(x, x).size() == 1",
+                 "message": "set exactly one of spec.backupRef, spec.storage or spec.archiveRef"},
+                {"rule": "has(self.backupRef) || has(self.archiveRef) || has(self.target)",
+                 "message": "spec.target is required when restoring from spec.storage"},
+                {"rule": "!has(self.archiveRef) || !has(self.pitr)",
+                 "message": "spec.pitr: not with spec.archiveRef (set spec.archiveRef.pointInTime)"},
                 {"rule": "self == oldSelf", "message": "a RabbitMQRestore is immutable: create a new one"},
             ]
         },
@@ -314,7 +321,8 @@ def restore_status_schema() -> dict[str, Any]:
             "phase": string("Pending, Running, Succeeded, Failed", enum=["Pending", "Running", "Succeeded", "Failed"]),
             "observedGeneration": integer("spec generation acted on"),
             "conditions": condition_schema(),
-            "backupId": string("the backup being restored"),
+            "backupId": string("the backup being restored (archiveRef: the archive's newest generation)"),
+            "pointInTime": string("archiveRef: every stream restored up to this instant", format="date-time"),
             "engine": string("job or spark", enum=["job", "spark"]),
             "jobName": string("Job running it"),
             "sparkApplicationName": string("SparkApplication running it"),
@@ -381,9 +389,15 @@ def _crd(*, kind: str, plural: str, singular: str, short: list[str], spec: dict,
     }
 
 
+def archive_crd() -> dict[str, Any]:
+    return _crd(kind="RabbitMQArchive", plural=ARCHIVE_PLURAL, singular="rabbitmqarchive", short=["rmqarchive"],
+                spec=archive_spec_schema(), status=archive_status_schema(), columns=ARCHIVE_COLUMNS)
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name under crds/ -> CRD object."""
-    return {f"{BACKUP_PLURAL}.yaml": backup_crd(), f"{RESTORE_PLURAL}.yaml": restore_crd()}
+    return {f"{BACKUP_PLURAL}.yaml": backup_crd(), f"{RESTORE_PLURAL}.yaml": restore_crd(),
+            f"{ARCHIVE_PLURAL}.yaml": archive_crd()}
 
 
 def render(crd: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ made no call outside this set (from the emulator's request log).
 from __future__ import annotations
 
 from rbak_operator.crds.schema import (
+    ARCHIVE_PLURAL,
     BACKUP_PLURAL,
     GROUP,
     RABBITMQ_CLUSTERS,
@@ -23,10 +24,14 @@ USED_API_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (GROUP, f"{BACKUP_PLURAL}/status", ("get", "patch")),
     (GROUP, RESTORE_PLURAL, ("get", "list", "watch", "patch")),
     (GROUP, f"{RESTORE_PLURAL}/status", ("get", "patch")),
+    (GROUP, ARCHIVE_PLURAL, ("get", "list", "watch", "patch")),
+    (GROUP, f"{ARCHIVE_PLURAL}/status", ("get", "patch")),
+    # a RabbitMQArchive's archiver: read, created, replaced on spec changes, deleted (deletionPolicy delete)
+    ("apps", "deployments", ("get", "create", "update", "delete")),
     # watched: a run's end wakes its owner; patched: a run whose pod cannot start is marked Failed
     ("batch", "jobs", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "pods", ("list",)),
-    ("", "configmaps", ("get", "create", "delete")),
+    ("", "configmaps", ("get", "create", "update", "delete")),
     ("", "secrets", ("get",)),
     ("", "events", ("create",)),
     (SPARK_GROUP, SPARK_PLURAL, ("get", "list", "watch", "create", "delete")),

@@ -36,6 +36,7 @@ from urllib.parse import quote
 import urllib3
 
 from rbak_operator.crds.schema import (
+    ARCHIVE_PLURAL,
     BACKUP_PLURAL,
     GROUP,
     RABBITMQ_CLUSTERS,
@@ -212,6 +213,42 @@ class Kube:
 
     def get_restore(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_cr(RESTORE_PLURAL, namespace, name)
+
+    def get_archive(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get_cr(ARCHIVE_PLURAL, namespace, name)
+
+    # -- a RabbitMQArchive's Deployment and ConfigMap -------------------------
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(resource_path("apps", "v1", "deployments", namespace, name))
+
+    def create_deployment(self, body: dict[str, Any]) -> bool:
+        """False when a Deployment of that name exists already."""
+        return self._create(resource_path("apps", "v1", "deployments", body["metadata"]["namespace"]), body) is not None
+
+    def replace_deployment(self, body: dict[str, Any]) -> bool:
+        """PUT (``body`` carries the resourceVersion read): False when it changed since."""
+        meta = body["metadata"]
+        try:
+            self.request("PUT", resource_path("apps", "v1", "deployments", meta["namespace"], meta["name"]), body)
+        except Conflict:
+            return False
+        return True
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        self._gone_ok("DELETE", resource_path("apps", "v1", "deployments", namespace, name),
+                      {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"})
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(resource_path("", "v1", "configmaps", namespace, name))
+
+    def replace_configmap(self, body: dict[str, Any]) -> bool:
+        """PUT (``body`` carries the resourceVersion read): False when it changed since."""
+        meta = body["metadata"]
+        try:
+            self.request("PUT", resource_path("", "v1", "configmaps", meta["namespace"], meta["name"]), body)
+        except Conflict:
+            return False
+        return True
 
     # -- jobs, pods, configmaps, secrets -------------------------------------
     def list_jobs(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 B = ("rbak_namespace", "backup")
 R = ("rbak_namespace", "restore")
+A = ("rbak_namespace", "archive")
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rbak_backup_last_success_timestamp_seconds": ("Completion time of the last successful backup run", B),
     "rbak_backup_last_duration_seconds": ("Wall time of the last finished backup run", B),
@@ -39,6 +40,16 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rbak_restore_messages": ("Messages restored", R),
     "rbak_restore_bytes": ("Stored bytes of the backup restored", R),
     "rbak_restore_failed": ("1 when the restore failed (label reason), 0 when it succeeded", R + ("reason",)),
+    # RabbitMQArchive: judged from the archive's newest tick in the storage, set at every pass (not only
+    # when the status is written), so the lag is current within a poll
+    "rbak_archive_status_lag_seconds": ("How far the archive's recoverable-until is behind now (0 for an idle "
+                                        "archive whose watermark advances)", A),
+    "rbak_archive_rpo_seconds": ("The archive's recovery point objective (spec.rpoSeconds)", A),
+    "rbak_archive_rpo_met": ("1 when the archive's lag is within its objective, 0 when not", A),
+    "rbak_archive_status_recoverable_timestamp_seconds": ("Every stream of the archive is archived up to this time", A),
+    "rbak_archive_gap_messages": ("Messages the streams' retention removed before the archive read them", A),
+    "rbak_archive_ticking": ("1 while the archiver's ticks reach the storage on time, 0 when they are overdue or "
+                             "none was ever written (no sample while suspended)", A),
 }
 _GAUGES = {name: Gauge(name, doc, list(labels)) for name, (doc, labels) in METRICS.items()}
 _seen: dict[tuple[str, str, str], list[tuple[str, tuple[str, ...]]]] = {}
@@ -91,6 +102,20 @@ def samples(kind: str, obj: dict[str, Any], now: datetime | None = None) -> list
                 out.append(("rbak_backup_restore_drill_last_run_timestamp_seconds", lab, t))
         if (p := schedule_period(spec, now or datetime.now(timezone.utc))) is not None:
             out.append(("rbak_backup_schedule_period_seconds", lab, p))
+    elif kind == "archive":
+        lab = {"rbak_namespace": ns, "archive": name}
+        conds = {c.get("type"): c for c in st.get("conditions") or []}
+        out.append(("rbak_archive_rpo_seconds", lab, float(spec.get("rpoSeconds") or 30)))
+        if st.get("lagSeconds") is not None:
+            out.append(("rbak_archive_status_lag_seconds", lab, float(st["lagSeconds"])))
+        if (conds.get("RPOMet") or {}).get("status") in ("True", "False"):
+            out.append(("rbak_archive_rpo_met", lab, 1.0 if conds["RPOMet"]["status"] == "True" else 0.0))
+        if (t := _ts(st.get("recoverableUntil"))) is not None:
+            out.append(("rbak_archive_status_recoverable_timestamp_seconds", lab, t))
+        out.append(("rbak_archive_gap_messages", lab, float(st.get("gapMessages") or 0)))
+        ready = conds.get("Ready") or {}
+        if ready.get("reason") not in ("Suspended", "InvalidSpec", None):
+            out.append(("rbak_archive_ticking", lab, 1.0 if ready.get("status") == "True" else 0.0))
     else:
         lab = {"rbak_namespace": ns, "restore": name}
         phase = st.get("phase")
@@ -112,7 +137,7 @@ def observe(plural: str, obj: dict[str, Any] | None) -> None:
     """Set the gauges of one object (as the API returned it after a status patch); never raises."""
     if not isinstance(obj, dict):
         return
-    kind = "backup" if plural == "rabbitmqbackups" else "restore" if plural == "rabbitmqrestores" else None
+    kind = {"rabbitmqbackups": "backup", "rabbitmqrestores": "restore", "rabbitmqarchives": "archive"}.get(plural)
     if kind is None:
         return
     try:
@@ -135,7 +160,7 @@ def observe(plural: str, obj: dict[str, Any] | None) -> None:
 def forget(plural: str, namespace: str, name: str) -> list[tuple[str, tuple[str, ...]]]:
     """Drop every series of a deleted object (whatever reason label it carried, seen by this process
     or not); returns the (metric, labels) removed."""
-    kind = "backup" if plural == "rabbitmqbackups" else "restore"
+    kind = {"rabbitmqbackups": "backup", "rabbitmqarchives": "archive"}.get(plural, "restore")
     _seen.pop((kind, namespace, name), None)
     removed = []
     for metric, (_doc, labelnames) in METRICS.items():

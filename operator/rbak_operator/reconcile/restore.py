@@ -3,6 +3,7 @@ size threshold), then follow it to the end and write the outcome with the manife
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from rbak.repo.catalog import latest_complete, load_manifest
@@ -10,6 +11,7 @@ from rbak.errors import RbakError
 from rbak_operator.crds.schema import RESTORE_PLURAL
 from rbak_operator.decide import bodies, naming, policy, rbakconfig
 from rbak_operator.decide.restore_checks import backup_broker_as_target, check_restore_spec
+from rbak_operator.decide.archive import restore_point
 from rbak_operator.decide.status import (
     GONE,
     RunState,
@@ -30,6 +32,7 @@ from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.kube.errors import ApiError
 from rbak_operator.metrics import runs as metrics
 from rbak_operator.metrics.resources import observe  # the gauges follow every status written
+from rbak_operator.reconcile.archive import generations as archive_generations
 from rbak_operator.reconcile.startup import check_start
 from rbak_operator.reconcile.storage import load_manifest_safe, open_backup_storage
 from rbak_operator.runtime import clock
@@ -37,6 +40,35 @@ from rbak_operator.runtime import clock
 
 class RestoreSpecError(RbakError):
     prefix = "Restore spec error"
+
+
+def resolve_archive_restore(kube: Kube, body: dict[str, Any]) -> tuple[dict, dict, str, int | None, int]:
+    """``spec.archiveRef``: (target broker, storage, the archive's newest generation, its stored bytes, the
+    instant in epoch ms every stream is restored up to)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    ns, ref = meta["namespace"], spec["archiveRef"]
+    archive = kube.get_archive(ns, ref["name"])
+    if archive is None:
+        raise RestoreSpecError(f"spec.archiveRef.name: RabbitMQArchive {ns}/{ref['name']} not found")
+    aspec = archive.get("spec") or {}
+    storage, target = aspec.get("storage"), spec.get("target") or backup_broker_as_target(aspec.get("broker"))
+    if not storage or not target:
+        raise RestoreSpecError(f"spec.archiveRef.name: RabbitMQArchive {ns}/{ref['name']} has no spec.storage "
+                               "or spec.broker")
+    st = open_backup_storage(kube, ns, storage)
+    if st is None:
+        raise RestoreSpecError(f"spec.archiveRef.name: the storage of RabbitMQArchive {ns}/{ref['name']} is a "
+                               "PVC the operator cannot read; restore it with spec.storage and spec.backupId")
+    prefix = rbakconfig.storage_prefix(storage)
+    gens = archive_generations(st, prefix, ref["name"])
+    if not gens:
+        raise RestoreSpecError(f"spec.archiveRef.name: RabbitMQArchive {ns}/{ref['name']} has archived nothing yet")
+    m = load_manifest(st, gens[-1], prefix)
+    end = restore_point(ref.get("pointInTime"), m.archive.recoverable_until if m.archive else None, ref["name"])
+    refusal = check_restore_spec(spec, target, m)
+    if refusal:
+        raise RestoreSpecError(refusal)
+    return target, storage, gens[-1], m.total_bytes, end
 
 
 def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dict, str, int | None, dict]:
@@ -103,13 +135,15 @@ def restore_encryption(own: dict[str, Any] | None, backup: dict[str, Any] | None
 
 
 def with_backup_keys(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
-    """A restore's spec with the referenced RabbitMQBackup's keys and KMS access where it names none itself."""
+    """A restore's spec with the referenced RabbitMQBackup's (or RabbitMQArchive's) keys and KMS access
+    where it names none itself."""
     spec = body.get("spec") or {}
-    ref = spec.get("backupRef")
+    ref = spec.get("backupRef") or spec.get("archiveRef")
     own = spec.get("encryption") or {}
     if not ref or (own.get("keysSecretRef") and own.get("kms")):
         return spec
-    backup = kube.get_backup(body["metadata"]["namespace"], ref["name"]) or {}
+    ns = body["metadata"]["namespace"]
+    backup = (kube.get_backup(ns, ref["name"]) if spec.get("backupRef") else kube.get_archive(ns, ref["name"])) or {}
     enc = restore_encryption(own, (backup.get("spec") or {}).get("encryption"))
     return {**spec, "encryption": enc} if enc else spec
 
@@ -140,13 +174,20 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
     now = clock.now()
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace, name, gen = meta["namespace"], meta["name"], meta.get("generation")
+    point: int | None = None
     try:
-        target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
+        if spec.get("archiveRef"):
+            target, storage, backup_id, nbytes, point = resolve_archive_restore(kube, body)
+            spark = spec.get("spark") or {}
+        else:
+            target, storage, backup_id, nbytes, spark = resolve_restore(kube, body, logger)
         engine = policy.restore_engine(spec.get("engine"), nbytes, spec.get("sparkThresholdBytes"))
         run = naming.restore_run_name(name)
         resolved = resolve_broker(kube, target, namespace, "spec.target")
-        cfg, secret_env = rbakconfig.restore_config(with_backup_keys(kube, body), namespace, backup_id, target,
-                                                    storage, resolved)
+        rspec = with_backup_keys(kube, body)
+        if point is not None:  # every stream up to the same instant (rbak restore's time_window_end)
+            rspec = {**rspec, "pitr": {"end": point}}
+        cfg, secret_env = rbakconfig.restore_config(rspec, namespace, backup_id, target, storage, resolved)
     except ApiError:
         raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
@@ -162,6 +203,9 @@ def start_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], logg
                                          f"restoring {backup_id} with {engine}", now, gen)}
     if nbytes is not None:
         start["bytes"] = nbytes
+    if point is not None:
+        start["pointInTime"] = datetime.fromtimestamp(point / 1000, timezone.utc).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
     start["sparkApplicationName" if engine == "spark" else "jobName"] = run
     observe(RESTORE_PLURAL, kube.patch_status(RESTORE_PLURAL, namespace, name, {k: v for k, v in start.items() if v is not None}))
     labels = bodies.restore_labels(name)
@@ -222,6 +266,9 @@ def finish_restore(kube: Kube, body: dict[str, Any], status: dict[str, Any], st:
     if ref:
         b = kube.get_backup(namespace, ref["name"]) or {}
         storage = (b.get("spec") or {}).get("storage")
+    elif spec.get("archiveRef"):
+        a = kube.get_archive(namespace, spec["archiveRef"]["name"]) or {}
+        storage = (a.get("spec") or {}).get("storage")
     m = load_manifest_safe(kube, namespace, storage, status.get("backupId", ""), logger) if storage else None
     if m is not None:  # the backup's size; its message total is not what was restored
         c = manifest_counts(m)

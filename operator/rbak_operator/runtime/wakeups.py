@@ -84,6 +84,18 @@ def sources_in(namespace: str) -> dict[str, Any] | None:
         return dict(known) if known else None
 
 
+async def sleep_for(key: Key, seconds: float, stopped: asyncio.Event) -> None:
+    """Sleep ``seconds`` of wall-clock time, or until the object's flag or ``stopped`` is set."""
+    ev = flag(key)
+    waits = {asyncio.ensure_future(ev.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    ev.clear()
+
+
 async def sleep_until(key: Key, due: datetime, stopped: asyncio.Event) -> None:
     """Sleep until ``due`` on the operator's clock, the object's flag, or ``stopped`` (operator shutdown)."""
     ev = flag(key)

@@ -1,0 +1,145 @@
+"""The schema of ``RabbitMQArchive``: a continuous archiver (``rbak archive``) the operator keeps running.
+
+The broker, the stream selection, the storage and the encryption are a RabbitMQBackup's fragments
+(``crds.parts``), so one spec reads like the other. The status is written from what the archive in
+the storage says (its newest tick), never from the pod's word alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rbak_operator.crds.parts import (
+    TIME_RE,
+    boolean,
+    broker_schema,
+    condition_schema,
+    encryption_schema,
+    integer,
+    k8s_name,
+    obj,
+    storage_schema,
+    string,
+    strlist,
+)
+
+# RFC 3339 or epoch ms (as spec.pitr takes them), or "recoverable": the archive's recoverable-until
+POINT_IN_TIME_RE = "^(recoverable|" + TIME_RE[1:-1] + ")$"
+DEFAULT_RPO_SECONDS = 30
+DEFAULT_MAX_DELAY_SECONDS = 5
+
+# (name, type, JSONPath, priority): `kubectl get rmqarchive`
+ARCHIVE_COLUMNS: list[tuple[str, str, str, int]] = [
+    ("Phase", "string", ".status.phase", 0),
+    ("RPO", "integer", ".spec.rpoSeconds", 0),
+    ("Lag", "integer", ".status.lagSeconds", 0),
+    ("Recoverable Until", "string", ".status.recoverableUntil", 0),
+    ("Streams", "integer", ".status.streamCount", 0),
+    ("Gaps", "integer", ".status.gapMessages", 0),
+    ("Age", "date", ".metadata.creationTimestamp", 0),
+]
+
+
+def archive_spec_schema() -> dict[str, Any]:
+    return obj(
+        "Which streams to archive continuously, from which broker, into which storage, and the recovery point "
+        "objective the status is judged against.",
+        {
+            "broker": broker_schema("The RabbitMQ whose streams are archived."),
+            "queues": obj(
+                "which streams (default: every stream the credentials can see); classic and quorum queues are "
+                "never archived (a RabbitMQBackup backs them up)",
+                {
+                    "include": strlist("stream name globs to include"),
+                    "exclude": strlist("stream name globs to exclude"),
+                    "vhosts": strlist("vhosts (default: all); one archiver per vhost runs at a time (a lease)"),
+                },
+            ),
+            "storage": storage_schema(),
+            "rpoSeconds": integer("recovery point objective: RPOMet turns false when the archive's lag exceeds it",
+                             minimum=1, maximum=86400, default=DEFAULT_RPO_SECONDS),
+            "maxDelaySeconds": integer("a record is stored and named by a tick at most this long after it was read "
+                                  "(rbak archive's archive.max_delay_secs)", minimum=1, maximum=3600,
+                                  default=DEFAULT_MAX_DELAY_SECONDS),
+            "compression": string("segment compression", enum=["zstd", "lz4", "none"], default="zstd"),
+            "encryption": encryption_schema(backup=True),
+            "suspend": boolean("scale the archiver to 0 (the archive stays; its lag grows and RPOMet turns false)",
+                          default=False),
+            "deletionPolicy": string(
+                "on deleting this object: retain (default) keeps the archive's generations; delete removes them",
+                enum=["retain", "delete"], default="retain"),
+            "image": string("container image running rbak (default: the operator's RBAK_IMAGE)", minLength=1),
+            "imagePullPolicy": string("image pull policy", enum=["Always", "IfNotPresent", "Never"]),
+            "serviceAccountName": k8s_name("service account of the archiver's pod"),
+            "resources": {
+                "type": "object",
+                "description": "the archiver container's resources (requests/limits)",
+                "properties": {
+                    "requests": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
+                    "limits": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
+                },
+            },
+        },
+        ["broker", "storage"],
+        **{"x-kubernetes-validations": [{
+            "rule": "!has(self.maxDelaySeconds) || !has(self.rpoSeconds) || self.maxDelaySeconds <= self.rpoSeconds",
+            "message": "spec.maxDelaySeconds must not exceed spec.rpoSeconds: the objective could never be met",
+        }]},
+    )
+
+
+def stream_status_schema() -> dict[str, Any]:
+    return obj(
+        "one archived stream, from the newest tick in the storage",
+        {
+            "vhost": string("vhost"),
+            "name": string("stream name"),
+            "epoch": integer("1 + times the stream was deleted and declared again"),
+            "present": boolean("the stream is on the broker (false: gone, its archive kept)"),
+            "firstOffset": integer("first offset archived in the newest generation"),
+            "archivedOffset": integer("last offset archived (its segment durable and named by a tick)"),
+            "completeUntil": string("every record the broker stamped up to this instant is archived", format="date-time"),
+            "lagSeconds": integer("how far the stream's complete-until is behind now"),
+            "gapMessages": integer("messages the stream's retention removed before the archive read them"),
+            "gaps": strlist("recorded gaps: 'offsets A..B (N messages) between T1 and T2'"),
+        },
+    )
+
+
+def archive_status_schema() -> dict[str, Any]:
+    return obj(
+        "Observed state, read from the archive's newest tick in the storage.",
+        {
+            "phase": string("Pending (no tick yet), Archiving, Lagging (over the objective), Suspended, Failed",
+                        enum=["Pending", "Archiving", "Lagging", "Suspended", "Failed"]),
+            "observedGeneration": integer("spec generation last acted on"),
+            "conditions": condition_schema(),
+            "archiveName": string("the archive's name in the storage: its generations are <name>.<UTC time>"),
+            "deployment": string("the Deployment running rbak archive"),
+            "configMap": string("the ConfigMap holding its config"),
+            "generation": string("the newest generation (a backup id)"),
+            "lastTickTime": string("when the newest tick was written", format="date-time"),
+            "recoverableUntil": string("every stream is archived up to this instant: a restore to it is consistent "
+                                   "across streams", format="date-time"),
+            "lagSeconds": integer("now minus recoverableUntil, as of the newest tick plus how overdue the next one is"),
+            "streamCount": integer("streams in the archive"),
+            "gapMessages": integer("messages lost to retention before the archive read them (every recorded gap)"),
+            "streams": {"type": "array", "description": "per stream", "maxItems": 200,
+                        "items": stream_status_schema()},
+        },
+    )
+
+
+def archive_ref_schema() -> dict[str, Any]:
+    """A RabbitMQRestore's ``spec.archiveRef``: restore every stream of an archive up to one instant."""
+    return obj(
+        "a RabbitMQArchive in this namespace: every stream of its archive restored up to pointInTime (its storage, "
+        "and its broker as the default target); the streams must exist on the target (declare them first)",
+        {
+            "name": k8s_name("RabbitMQArchive name"),
+            "pointInTime": {"x-kubernetes-int-or-string": True, "pattern": POINT_IN_TIME_RE,
+                            "description": "restore every stream up to this instant (RFC 3339 or epoch ms); "
+                                           "'recoverable' (default): the archive's recoverable-until"},
+        },
+        ["name"],
+    )
