@@ -68,7 +68,7 @@ def worth_a_child(q: "QueueInfo") -> bool:
 
 def available() -> bool:
     """Processes need the forkserver start method (Linux, macOS); elsewhere the reads stay threads."""
-    import multiprocessing  # lazy: 10 ms of every rbak command's start-up (measured), for backups with children
+    import multiprocessing  # noqa: PLC0415 - lazy: 10 ms of every rbak command's start-up (measured), for backups with children
 
     return "forkserver" in multiprocessing.get_all_start_methods()
 
@@ -134,7 +134,7 @@ class ReaderProcesses:
                  codec=None):
         """``target(pipe, cfg, log level, environment, codec)``: a child's main function (the engine's
         ``reader_child_main``, which runs ``serve``)."""
-        import multiprocessing  # lazy: see available()
+        import multiprocessing  # noqa: PLC0415 - lazy: see available()
 
         try:  # the forkserver's socket lives in a temporary directory
             tempfile.gettempdir()

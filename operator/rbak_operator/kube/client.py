@@ -69,8 +69,8 @@ class Connection:
 
 def load_connection() -> Connection:
     """In-cluster service account, else the kubeconfig's current context."""
-    from kubernetes import config as kconfig  # lazy: about 1.8 s (module docstring)
-    from kubernetes.client import Configuration
+    from kubernetes import config as kconfig  # noqa: PLC0415 - lazy: about 1.8 s (module docstring)
+    from kubernetes.client import Configuration  # noqa: PLC0415 - lazy, as the line above
 
     cfg = Configuration()
     try:
@@ -120,7 +120,7 @@ def _client() -> ApiClient:
     conn = connection()
     with _lock:
         if _api is None:
-            from kubernetes.client import ApiClient  # lazy: about 1.8 s (module docstring)
+            from kubernetes.client import ApiClient  # noqa: PLC0415 - lazy: about 1.8 s (module docstring)
 
             _api = ApiClient(conn.config)
             _api.user_agent = _agent
@@ -153,7 +153,7 @@ class Kube:
                 content_type: str = "application/json", raw: bool = False) -> Any:
         """The decoded JSON answer (``raw``: the bytes, e.g. a pod's log). Raises ``ApiError``, typed by
         status (``NotFound``, ``Conflict``). Public for callers with calls of their own (``kubectl rbak``)."""
-        from kubernetes.client.exceptions import ApiException  # lazy: about 1.8 s (module docstring)
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415 - lazy: about 1.8 s (module docstring)
 
         api = _client()
         headers = {"Accept": "*/*" if raw else "application/json"}
@@ -328,7 +328,7 @@ def connection_info() -> kopf.ConnectionInfo:
     expired exec-plugin or service-account token is read afresh here (the
     client's refresh hook runs inside ``get_api_key_with_prefix``).
     """
-    import kopf  # lazy: about 4.3 s (module docstring); only the operator logs kopf in
+    import kopf  # noqa: PLC0415 - lazy: about 4.3 s (module docstring); only the operator logs kopf in
 
     conn = connection()
     cfg = conn.config

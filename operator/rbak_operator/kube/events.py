@@ -10,7 +10,7 @@ log = logging.getLogger("rbak_operator")
 
 
 def post(body: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
-    import kopf  # here, not at import: kubectl-rbak reads storage through modules that import this one
+    import kopf  # noqa: PLC0415 - here, not at import: kubectl-rbak reads storage through modules that import this one
 
     try:
         # kopf reads apiVersion, kind and metadata of any mapping; ours are the API's JSON objects.
