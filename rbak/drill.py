@@ -38,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from .broker.cluster import split_broker
 from .broker.connect import connect
 from .broker.deliveries import receive
 from .broker.management import ManagementClient
@@ -327,7 +328,11 @@ def run_drill(storage: Storage, options: DrillOptions,
         manifest = load_complete_manifest(BackupSource(storage, options.prefix), ropts)
         report.manifest_sha256 = hashlib.sha256(storage.get(BackupLayout(backup_id, options.prefix).manifest)
                                                 ).hexdigest()
-        report.broker_version = str(client.overview().get("rabbitmq_version") or "") or None
+        overview = client.overview()
+        report.broker_version = str(overview.get("rabbitmq_version") or "") or None
+        problem = split_broker("target", options.target, overview.get("cluster_name"))
+        if problem:  # the scratch vhost would be made on one broker and restored into on another
+            raise DrillError(f"{problem}; no scratch vhost was created")
         sources = {qb.vhost for qb in manifest.queues}
         report.scratch_vhost = scratch = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
         _create_scratch(client, scratch, sources, options, lambda: created.append(True))

@@ -39,6 +39,7 @@ from ..backup.lease import ARCHIVE_LEASE_QUEUE, Lease
 from ..backup.lease import acquire as acquire_lease
 from ..backup.pipeline import SegmentStore
 from ..backup.stream_chain import ChainDecision, StreamBase, decide
+from ..broker.cluster import split_broker
 from ..broker.connect import connect
 from ..broker.stream_reader import probe_offset
 from ..repo.catalog import open_archive_manifest
@@ -171,6 +172,10 @@ class Archiver:
         lease: Lease | None = None
         threading.Thread(target=self._lag_loop, name="rbak-archive-lag", daemon=True).start()
         try:
+            problem = split_broker("source", self.source, client.overview().get("cluster_name"),
+                                   self.source.queues.vhosts)
+            if problem:
+                raise ConfigError(f"{problem}; nothing was archived")
             known = client.vhosts()
             missing = [v for v in self.source.queues.vhosts if v not in known]
             if missing:  # as rbak backup says it, not as the management API's 404 for one vhost's queues
