@@ -57,9 +57,15 @@ class BackupRun:
             eng.lease = lease
             cluster = ov.get("cluster_name") or ov.get("node") or self.source.host
             version = ov.get("rabbitmq_version")
-            manifest, summary = self._begin(cluster, version, queues)
+            # the checkpoint opens before anything is stored: a state path it cannot use fails the run with
+            # the storage untouched (no in-progress manifest a next run would take for this one to resume)
             ckpt = Checkpoint(eng.cfg.offset_storage.path, eng.backup_id,
                               storage_scope(eng.storage, eng.cfg.storage.prefix))
+            try:
+                manifest, summary = self._begin(cluster, version, queues)
+            except BaseException:
+                ckpt.close()
+                raise
             eng.client, eng.policies, eng.nack = self.client, PolicyCache(self.client), NackSupport(version)
             eng.guards = GuardStore(eng.storage, eng.cfg.storage.prefix or "", cluster)
             try:
