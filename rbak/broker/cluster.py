@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ..config import ConnectionConfig, mask_url
-from ..errors import RbakError
+from ..errors import AmqpAuthenticationError
 from .connect import connect
 
 
@@ -38,12 +38,13 @@ def split_cluster(role: str, conn: ConnectionConfig, amqp_cluster: str | None, m
 def split_broker(role: str, conn: ConnectionConfig, mgmt_cluster: str | None, vhosts: Iterable[str] = ()) -> str | None:
     """``split_cluster`` for a configuration whose AMQP side is rbak's 0-9-1 connection (backup, archive,
     drill): the first of ``vhosts``, the URL's vhost, then ``/`` that opens tells the AMQP side's cluster.
-    None opening leaves it to the steps that need them, which name what failed."""
+    None opening (refused logins) leaves it to the steps that need them, which name what failed; a port
+    that cannot be reached or does not speak AMQP fails here, at once, with that connection's error."""
     for vhost in dict.fromkeys([*vhosts, conn.url_vhost, "/"]):
         try:
             c = connect(conn, vhost, role)
-        except RbakError:
-            continue
+        except AmqpAuthenticationError:
+            continue  # this vhost refused (or the login did: the steps that need it say so)
         try:
             amqp_cluster = amqp_cluster_name(c.server_properties)
         finally:
