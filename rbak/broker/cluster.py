@@ -23,13 +23,15 @@ def amqp_cluster_name(server_properties: dict[str, Any] | None) -> str | None:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 
 
-def split_cluster(role: str, conn: ConnectionConfig, amqp_cluster: str | None, mgmt_cluster: str | None) -> str | None:
+def split_cluster(role: str, conn: ConnectionConfig, amqp_cluster: str | None, mgmt_cluster: str | None,
+                  flag: str = "") -> str | None:
     """The one line naming both URLs and both clusters when ``role.management_url`` answers for
-    another cluster than ``role.amqp_url`` (``role``: the config section, ``source`` or ``target``);
+    another cluster than ``role.amqp_url`` (``role``: the config section: ``source``, ``target``,
+    ``drill.target``; ``flag``: the command-line option that sets the management URL, if any);
     None when they agree or either name is unknown (the steps that need that side name what failed)."""
     if not amqp_cluster or not mgmt_cluster or amqp_cluster == mgmt_cluster:
         return None
-    flag = " (--management-url)" if role == "target" else ""  # restore's flag; a backup has only its config
+    flag = f" ({flag})" if flag else ""
     return (f"{role}.management_url {mask_url(conn.management_url)} answers for cluster {mgmt_cluster!r}, but "
             f"{role}.amqp_url {conn.safe_amqp_url} is cluster {amqp_cluster!r}: point {role}.management_url{flag} "
             f"at the broker {role}.amqp_url names")

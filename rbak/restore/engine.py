@@ -430,6 +430,6 @@ def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions,
             mgmt_cluster = client.overview().get("cluster_name")
     except RbakError:
         return
-    problem = split_cluster("target", options.target, amqp_cluster, mgmt_cluster)
+    problem = split_cluster("target", options.target, amqp_cluster, mgmt_cluster, "--management-url")
     if problem:
         raise RestoreError(f"{problem}; nothing was restored")

@@ -78,3 +78,23 @@ def test_rbak_archive_takes_the_same_check(rmq40, rmq310, vhost_factory, tmp_pat
     assert f"source.management_url {rmq310.management_url} answers for cluster" in r.stderr, r.stderr
     assert "nothing was archived" in r.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_rbak_drill_takes_the_same_check_before_making_a_scratch_vhost(rmq40, rmq310, vhost_factory, tmp_path):
+    vhost = vhost_factory(rmq40)
+    rmq40.publish(vhost, "q", [b"m1"], declare={})
+    assert _backup(_config(tmp_path, rmq40.amqp_port, rmq40.management_url, vhost)).returncode == 0
+    mgmt_cluster = rmq310.api("GET", "/api/overview")["cluster_name"]
+    cfg = _config(tmp_path, rmq40.amqp_port, rmq310.management_url, vhost)
+    r = subprocess.run([sys.executable, "-m", "rbak", "drill", "--config", str(cfg), "--backup-id", "b1", "--json",
+                        "--drill-id", "split1"], capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(r.stdout)
+    amqp_cluster = rmq40.api("GET", "/api/overview")["cluster_name"]
+    assert rep["passed"] is False and rep["scratch_vhost"] is None
+    assert rep["reason"] == (
+        f"backup 'b1': source.management_url {rmq310.management_url} answers for cluster {mgmt_cluster!r}, but "
+        f"source.amqp_url amqp://guest:***@127.0.0.1:{rmq40.amqp_port}/%2f is cluster {amqp_cluster!r}: point "
+        "source.management_url at the broker source.amqp_url names; no scratch vhost was created")
+    for b in (rmq40, rmq310):
+        assert not [v for v in b.api("GET", "/api/vhosts") if "split1" in v["name"]]
