@@ -38,12 +38,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from .broker.cluster import split_broker
 from .broker.connect import connect
 from .broker.deliveries import receive
 from .broker.management import ManagementClient
 from .broker.management import q as path_segment
 from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
-from .errors import ConfigError, DrillError, NotFoundError, RbakError
+from .errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
 from .format.layout import DRILLS_DIR, BackupLayout, check_backup_id
 from .format.manifest import BackupManifest, QueueBackup
 from .format.reader import read_segment
@@ -156,6 +157,7 @@ class DrillOptions:
     signing_key: Any = field(default=None, repr=False)  # Ed25519PrivateKey: sign the report
     kms_region: str | None = None  # envelope backups wrapped by KMS (encryption.kms_*)
     kms_endpoint_url: str | None = None
+    section: str = "drill.target"  # the config section ``target`` came from (named by errors)
 
 
 def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | None = None) -> DrillOptions:
@@ -169,7 +171,8 @@ def options_from_config(cfg: Any, backup_id: str | None = None, drill_id: str | 
         signing_key = load_signing_key(cfg.drill.signing_key_file)  # before the drill: a bad key fails fast
     elif cfg.drill.signing_key_env:
         signing_key = signing_key_from_env(cfg.drill.signing_key_env)
-    return DrillOptions(target=conn, prefix=cfg.storage.prefix or "",
+    section = "drill.target" if cfg.drill.target else "source" if cfg.source else "target"
+    return DrillOptions(target=conn, section=section, prefix=cfg.storage.prefix or "",
                         backup_id=backup_id or (cfg.backup_id if cfg.mode != "backup" else None),
                         drill_id=drill_id or "", scratch_prefix=cfg.drill.scratch_vhost_prefix,
                         read_timeout_secs=cfg.drill.read_timeout_secs,
@@ -327,7 +330,14 @@ def run_drill(storage: Storage, options: DrillOptions,
         manifest = load_complete_manifest(BackupSource(storage, options.prefix), ropts)
         report.manifest_sha256 = hashlib.sha256(storage.get(BackupLayout(backup_id, options.prefix).manifest)
                                                 ).hexdigest()
-        report.broker_version = str(client.overview().get("rabbitmq_version") or "") or None
+        overview = client.overview()
+        report.broker_version = str(overview.get("rabbitmq_version") or "") or None
+        try:
+            problem = split_broker(options.section, options.target, overview.get("cluster_name"))
+        except AmqpError:  # an AMQP side that cannot be reached fails the restore step, which names it
+            problem = None
+        if problem:  # the scratch vhost would be made on one broker and restored into on another
+            raise DrillError(f"{problem}; no scratch vhost was created")
         sources = {qb.vhost for qb in manifest.queues}
         report.scratch_vhost = scratch = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
         _create_scratch(client, scratch, sources, options, lambda: created.append(True))

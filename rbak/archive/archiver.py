@@ -39,12 +39,13 @@ from ..backup.lease import ARCHIVE_LEASE_QUEUE, Lease
 from ..backup.lease import acquire as acquire_lease
 from ..backup.pipeline import SegmentStore
 from ..backup.stream_chain import ChainDecision, StreamBase, decide
+from ..broker.cluster import split_broker
 from ..broker.connect import connect
 from ..broker.stream_reader import probe_offset
 from ..repo.catalog import open_archive_manifest
 from ..config import Config, ConnectionConfig
 from ..sealing.envelope import write_wraps, writer_codec
-from ..errors import BackupLeaseError, ConfigError, NotFoundError, RbakError
+from ..errors import AmqpError, BackupLeaseError, ConfigError, NotFoundError, RbakError
 from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
 from ..format.compression import Compression, check_level
 from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
@@ -171,6 +172,13 @@ class Archiver:
         lease: Lease | None = None
         threading.Thread(target=self._lag_loop, name="rbak-archive-lag", daemon=True).start()
         try:
+            try:
+                problem = split_broker("source", self.source, client.overview().get("cluster_name"),
+                                       self.source.queues.vhosts)
+            except AmqpError:  # a broker away (restarting): the loop below retries, naming it
+                problem = None
+            if problem:
+                raise ConfigError(f"{problem}; nothing was archived")
             known = client.vhosts()
             missing = [v for v in self.source.queues.vhosts if v not in known]
             if missing:  # as rbak backup says it, not as the management API's 404 for one vhost's queues

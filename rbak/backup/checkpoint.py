@@ -114,7 +114,10 @@ class Checkpoint:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as e:
-            raise CheckpointError(f"{path}: cannot open the checkpoint database: {e}") from None
+            raise CheckpointError(
+                f"offset_storage.path {path}: cannot open the checkpoint database: {e}; set offset_storage.path "
+                "to a file in a writable directory (in the container image: ${RBAK_STATE_DIR}/offsets.db, with "
+                "RBAK_STATE_DIR a writable volume; its working directory is read-only)") from None
         self._lock = threading.Lock()
         self._dirty = False
 

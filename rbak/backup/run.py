@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..broker.cluster import split_broker
 from ..broker.connect import connect
 from ..broker.wire import Connection
 from ..sealing.envelope import write_wraps
@@ -56,9 +57,15 @@ class BackupRun:
             eng.lease = lease
             cluster = ov.get("cluster_name") or ov.get("node") or self.source.host
             version = ov.get("rabbitmq_version")
-            manifest, summary = self._begin(cluster, version, queues)
+            # the checkpoint opens before anything is stored: a state path it cannot use fails the run with
+            # the storage untouched (no in-progress manifest a next run would take for this one to resume)
             ckpt = Checkpoint(eng.cfg.offset_storage.path, eng.backup_id,
                               storage_scope(eng.storage, eng.cfg.storage.prefix))
+            try:
+                manifest, summary = self._begin(cluster, version, queues)
+            except BaseException:
+                ckpt.close()
+                raise
             eng.client, eng.policies, eng.nack = self.client, PolicyCache(self.client), NackSupport(version)
             eng.guards = GuardStore(eng.storage, eng.cfg.storage.prefix or "", cluster)
             try:
@@ -80,6 +87,7 @@ class BackupRun:
         eng, client, source = self.eng, self.client, self.source
         sel = source.queues
         ov = client.overview()
+        self._refuse_split_source(ov)
         known = client.vhosts()
         missing = [v for v in sel.vhosts if v not in known]
         if missing:
@@ -105,6 +113,15 @@ class BackupRun:
                 lease.release()
                 raise
         return ov, queues, lease
+
+    def _refuse_split_source(self, ov: dict[str, Any]) -> None:
+        """A ``source.management_url`` answering for another cluster than ``source.amqp_url`` is refused
+        (exit 2): the queues listed on one broker would be read on the other, found missing, and the backup
+        would be "complete" and empty. The first vhost the AMQP side opens tells its cluster (the configured
+        ones, the URL's, then ``/``); none opening leaves it to the steps that need them, which name it."""
+        problem = split_broker("source", self.source, ov.get("cluster_name"), self.source.queues.vhosts)
+        if problem:
+            raise ConfigError(f"{problem}; nothing was backed up")
 
     def _lease_connection(self, vhost: str, name: str) -> Connection:
         return connect(self.source, vhost, name=name)

@@ -344,10 +344,24 @@ class Connection:
         except ConnectionLost as e:
             if refused is not None and e.code in (0, 403, 530):  # a refused login ends the socket or closes 403
                 raise refused from None
+            if reply is pika.spec.Connection.Start:
+                raise ConnectionLost(self._no_greeting("closed the connection"), e.code, e.text) from None
             raise
         if not ok:
+            if reply is pika.spec.Connection.Start:
+                raise AmqpConnectionError(self._no_greeting(f"sent no answer within {timeout:g} s"))
             raise AmqpConnectionError(f"{self.params.where}: no answer to {step} within {timeout:g} s")
         return self._reply0
+
+    def _no_greeting(self, what: str) -> str:
+        """Why a server that never greeted in AMQP 0-9-1 failed the connection: most often ``amqp_url``
+        names another port of the host (the management API's :15672 answers HTTP, after ~5 s)."""
+        p = self.params
+        http = bytes(self._held[:5]) == b"HTTP/"
+        return (f"{p.where}: the server {what} before greeting in AMQP 0-9-1"
+                f"{' and answered in HTTP' if http else ''}: port {p.port} may not be an AMQP listener (the "
+                f"management API's HTTP port?); point the AMQP URL at the broker's AMQP port (5672 by default, "
+                f"5671 with TLS)")
 
     # -- channels ------------------------------------------------------------------------------
     def channel(self) -> Channel:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from ..base.units import human_bytes
-from ..errors import UnverifiedError, ValidationError
+from ..errors import StorageError, UnverifiedError, ValidationError
 from ..format.layout import BackupLayout
 from ..repo import progress
 from ..repo.catalog import list_backups, load_manifest
@@ -72,8 +72,10 @@ def _existing_storage(path: str):
 
 def cmd_list(args: argparse.Namespace) -> int:
     entries = list_backups(_existing_storage(args.path), args.prefix)
+    unreadable = [e for e in entries if e.unreadable]
     if args.format == "json":
         output.emit(args, list_obj(entries))
+        _refuse_unreadable(unreadable)
         return 0
     from rich.table import Table  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
@@ -87,10 +89,22 @@ def cmd_list(args: argparse.Namespace) -> int:
         t.add_row(
             e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
             str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
-            human_bytes(m.total_bytes) if m else "-", encrypted_label(m) if m else "-", list_notes(m) if m else "",
+            human_bytes(m.total_bytes) if m else "-", encrypted_label(m) if m else "-",
+            list_notes(m) if m else (e.error or ""),
         )
     _console().print(t)
+    _refuse_unreadable(unreadable)
     return 0
+
+
+def _refuse_unreadable(unreadable: list) -> None:
+    """After the listing: every backup whose manifest could not be read, named on stderr, and exit 1
+    (a script must not take a listing missing a backup for the whole storage)."""
+    for e in unreadable:
+        print(f"rbak: backup {e.backup_id!r}: {e.error}", file=sys.stderr)
+    if unreadable:
+        raise StorageError(f"{len(unreadable)} backup(s) listed as unreadable (their manifest could not be read: "
+                           f"{', '.join(repr(e.backup_id) for e in unreadable)}); the others are listed")
 
 
 def key_wraps(storage, backup_id: str, prefix: str) -> list[dict]:

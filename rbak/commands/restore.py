@@ -169,8 +169,11 @@ def run(args: Any) -> int:
         print_summary(summary)
     if not summary.ok:
         failed = summary.failed_queues
-        raise RestoreError(f"{len(failed)} queue(s) failed, first {failed[0].source_vhost}/{failed[0].source_queue}: "
-                           f"{failed[0].error}")
+        first, said = failed[0], f"{RestoreError.prefix}: "
+        why = first.error or ""
+        why = why[len(said):] if why.startswith(said) else why  # this line says "Restore error" once
+        raise RestoreError(f"{len(failed)} queue(s) failed, first queue {first.source_queue!r} in vhost "
+                           f"{first.source_vhost!r}: {why}")
     return 0
 
 

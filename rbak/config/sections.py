@@ -348,7 +348,10 @@ class RestoreOptions(_Section):
     max_concurrent_queues: int = doc_field(4, "Queues restored at the same time.", min=1, max=256)
     produce_batch_size: int = doc_field(500, "Messages in flight (unconfirmed) per queue.", min=1, max=100_000)
     dry_run: bool = doc_field(False, "Read and report what would be published; publish nothing.")
-    checkpoint_state: Optional[str] = doc_field(None, "Local file recording restore progress, so a rerun resumes without duplicates.")
+    checkpoint_state: Optional[str] = doc_field(None, "Local file recording restore progress, so a rerun resumes without "
+                                                "duplicates. Unset (the default): no checkpoint, a rerun of a killed "
+                                                "restore does not resume (it finds its targets non-empty). A relative path is relative to the working "
+                                                "directory (read-only in the image: use `${RBAK_STATE_DIR}/...`).")
     vhost_mapping: dict[str, str] = doc_field(doc="Restore vhost `src` into vhost `dst` (`{src: dst}`).", factory=dict)
     queue_mapping: dict[str, str] = doc_field(doc="Rename queues: key `vhost/queue` or `queue`, value the new queue name.", factory=dict)
     allow_non_empty: bool = doc_field(False, "Publish into queues that already hold messages (refused by default).")

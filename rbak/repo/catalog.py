@@ -8,7 +8,7 @@ from typing import Callable
 
 import orjson
 
-from ..errors import ManifestError, NotFoundError
+from ..errors import ManifestError, NotFoundError, StorageError
 from ..format.archive import TICK_DIR, Tick, assemble
 from ..format.manifest import BackupManifest
 from ..format.layout import MANIFEST_NAME, BACKUP_ID_RE, VALIDATION_DIR, BackupLayout, normalize_prefix, rebase_key
@@ -19,11 +19,14 @@ log = logging.getLogger("rbak.catalog")  # the name log filters and docs know, k
 
 @dataclass(frozen=True, slots=True)
 class BackupEntry:
-    """One backup folder found in storage; ``manifest`` is None when it has none."""
+    """One backup folder found in storage; ``manifest`` is None when it has none. ``unreadable``: its
+    manifest is there but could not be read (a storage error: permissions, I/O) or parsed; ``error`` says
+    which key and why."""
 
     backup_id: str
     manifest: BackupManifest | None
     error: str | None = None
+    unreadable: bool = False
 
     @property
     def complete(self) -> bool:
@@ -75,7 +78,8 @@ def rebase_manifest(m: BackupManifest, layout: BackupLayout) -> BackupManifest:
 
 
 def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]:
-    """Every backup folder under the prefix, sorted by creation time then id."""
+    """Every backup folder under the prefix, sorted by creation time then id. A manifest that cannot be
+    read or parsed is an entry with ``unreadable`` and its ``error`` (naming the key), not a failure."""
     base = normalize_prefix(prefix)
     base = base + "/" if base else ""
     entries = []
@@ -90,8 +94,8 @@ def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]
                 entries.append(BackupEntry(name, open_archive_manifest(storage, f"{base}{name}")))
             except (ManifestError, NotFoundError) as e:
                 entries.append(BackupEntry(name, None, error=str(e)))
-        except ManifestError as e:
-            entries.append(BackupEntry(name, None, error=str(e)))
+        except (ManifestError, StorageError) as e:  # one unreadable manifest never hides the others
+            entries.append(BackupEntry(name, None, error=str(e), unreadable=True))
     entries.sort(key=lambda e: (e.manifest.created_at if e.manifest else 0, e.backup_id))
     return entries
 

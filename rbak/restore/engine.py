@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .. import metrics
+from ..broker.cluster import amqp_cluster_name, split_cluster
 from ..broker.transport import TargetConnection, Transport
 from ..errors import ManifestError, RbakError, RestoreError
 from ..format.manifest import BackupManifest
@@ -417,8 +418,7 @@ def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions,
                 conn = conns.get(vhost)
             except RbakError:
                 continue
-            raw = (conn.server_properties or {}).get("cluster_name")
-            amqp_cluster = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            amqp_cluster = amqp_cluster_name(conn.server_properties)
             break
     finally:
         if checks is None:
@@ -430,8 +430,6 @@ def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions,
             mgmt_cluster = client.overview().get("cluster_name")
     except RbakError:
         return
-    if mgmt_cluster and mgmt_cluster != amqp_cluster:
-        raise RestoreError(
-            f"target.management_url {options.target.management_url} answers for cluster {mgmt_cluster!r}, but "
-            f"target.amqp_url {options.target.host}:{options.target.port} is cluster {amqp_cluster!r}: point "
-            f"target.management_url (--management-url) at the broker the messages go to; nothing was restored")
+    problem = split_cluster("target", options.target, amqp_cluster, mgmt_cluster, "--management-url")
+    if problem:
+        raise RestoreError(f"{problem}; nothing was restored")

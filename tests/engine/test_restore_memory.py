@@ -274,11 +274,28 @@ def test_the_cli_reports_a_refused_queue_in_its_json_and_exits_non_zero(monkeypa
     assert code == RestoreError.exit_code and code != 0
     out = json.loads(capsys.readouterr().out)
     assert (out["ok"], out["exit_code"], out["error"]["class"]) == (False, code, "RestoreError")
-    assert out["error"]["message"].startswith("Restore error: 1 queue(s) failed, first prod/orders: AMQP error: "
+    assert out["error"]["message"].startswith("Restore error: 1 queue(s) failed, first queue 'orders' in vhost 'prod': AMQP error: "
                                               "the broker rejected (nack) a message")
     (q,) = out["queues"]
     assert (q["status"], q["confirmed"], q["failed"]) == ("failed", 5, 5)
     assert broker.bodies(V, "orders") == bodies[:5]
+
+
+def test_the_cli_says_restore_error_once_and_names_the_queue_as_rbak_does(monkeypatch, capsys):
+    """A new user's trial of issue 49: "Restore error: ... first //trial49-q: Restore error: ..."."""
+    storage = MemoryStorage()
+    build_backup(storage, "b", [("/", "trial49-q", "classic", make_records("/", "trial49-q", _bodies(3)))])
+    broker = MemoryBroker()
+    broker.declare("/", "other")  # the vhost is there, the queue is not
+    monkeypatch.setattr(restore_cmd, "build", lambda args: (storage, _options(broker, write_dir=None), None))
+
+    code = cli.main(["restore", "--backup-id", "b"])
+
+    assert code == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == ("rbak: Restore error: 1 queue(s) failed, first queue 'trial49-q' in vhost '/': queue 'trial49-q' "
+                   "in vhost '/' does not exist (restore the definitions first, or create it); it is the target of "
+                   "queue 'trial49-q' in vhost '/'"), err
 
 
 def test_a_record_1_0_cannot_carry_switches_the_rest_of_the_queue_to_0_9_1_in_order():
