@@ -60,9 +60,11 @@ OPERATOR_DIRS: dict[str, Path] = {"events": REPO / "operator"}
 
 
 def checkout_baseline(rev: str, into: Path) -> Path:
-    """The operator package of ``rev`` (git archive), run beside this checkout's rbak."""
+    """The operator package of ``rev`` with the rbak of the same revision (git archive): rbak's module paths
+    move between revisions, so the former operator cannot run beside this checkout's rbak."""
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "operator"], check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "operator", "rbak"], check=True,
+                             capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into / "operator"
 
@@ -144,13 +146,13 @@ def create_fleet(srv: Server, n: int, schedule: str | None, prefix: str = "b") -
 class OperatorProc:
     def __init__(self, srv: Server, mode: str, log: Path, extra_env: dict[str, str] | None = None) -> None:
         env = {**os.environ, **(extra_env or {}), "KUBECONFIG": str(srv.kube.kubeconfig),
-               "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIRS[mode]), str(REPO)]),
+               "PYTHONPATH": os.pathsep.join([str(OPERATOR_DIRS[mode]), str(OPERATOR_DIRS[mode].parent)]),
                "RBAK_OPERATOR_STANDALONE": "1", "RBAK_METRICS_PORT": "0",
                "RBAK_IMAGE": "rbak:bench", "RBAK_OPERATOR_LOG_LEVEL": "WARNING"}
         for k in ("RBAK_OPERATOR_CLOCK_FILE", "RBAK_OPERATOR_TICK_SECONDS", "RBAK_OPERATOR_NOW_OFFSET"):
             env.pop(k, None)
         self.log = open(log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "rbak_operator"], env=env, cwd=REPO,
+        self.proc = subprocess.Popen([sys.executable, "-m", "rbak_operator"], env=env, cwd=OPERATOR_DIRS[mode].parent,
                                      stdout=self.log, stderr=subprocess.STDOUT)
 
     def rss_mib(self) -> float:
