@@ -200,13 +200,7 @@ def cmd_restore(c: Ctx) -> int:
         spec["pitr"] = pitr
     if c.args.to_vhost:
         spec["vhostMapping"] = vhost_mapping(c.args.to_vhost, vhosts, bid)
-    rname = c.args.restore_name or naming.dns_label(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
-    obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RabbitMQRestore",
-           "metadata": {"name": rname, "namespace": c.ns}, "spec": spec}
-    try:
-        c.kube.create_cr(RESTORE_PLURAL, c.ns, obj)
-    except ApiError as e:
-        raise PluginError(f"RabbitMQRestore {c.ns}/{rname} refused: HTTP {e.status} {e.reason}") from None
+    rname = create_restore(c, name, spec)
     out(f"rabbitmqrestore/{rname} created (backup {bid} of rabbitmqbackup/{name})")
     return follow_restore(c, rname)
 
@@ -230,15 +224,21 @@ def restore_archive(c: Ctx) -> int:
     spec: dict[str, Any] = {"archiveRef": {"name": name, "pointInTime": int(point) if point.isdigit() else point}}
     if c.args.to_vhost:
         spec["vhostMapping"] = vhost_mapping(c.args.to_vhost, None, name)
-    rname = c.args.restore_name or naming.dns_label(f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    rname = create_restore(c, name, spec)
+    out(f"rabbitmqrestore/{rname} created (rabbitmqarchive/{name} up to {point})")
+    return follow_restore(c, rname)
+
+
+def create_restore(c: Ctx, source: str, spec: dict[str, Any]) -> str:
+    """Create the RabbitMQRestore (``--restore-name`` or SOURCE plus the time); its name. A refusal names it."""
+    rname = c.args.restore_name or naming.dns_label(f"{source}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
     obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RabbitMQRestore",
            "metadata": {"name": rname, "namespace": c.ns}, "spec": spec}
     try:
         c.kube.create_cr(RESTORE_PLURAL, c.ns, obj)
     except ApiError as e:
         raise PluginError(f"RabbitMQRestore {c.ns}/{rname} refused: HTTP {e.status} {e.reason}") from None
-    out(f"rabbitmqrestore/{rname} created (rabbitmqarchive/{name} up to {point})")
-    return follow_restore(c, rname)
+    return rname
 
 
 def follow_restore(c: Ctx, rname: str) -> int:
