@@ -3,6 +3,9 @@
 Layout and the reading/writing steps are those of ``segment-format.md``.
 Every check the spec lists raises ``SegmentError`` naming the storage key,
 so a damaged file is never a traceback and never a silent wrong answer.
+
+This module is the one codec of the file: ``segment_buffer`` builds a segment in
+place and ``segment_writer`` rotates them, both with its header and footer.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ FOOTER_SIZE = 8
 MIN_SEGMENT_SIZE = HEADER_SIZE + FOOTER_SIZE
 
 _HEADER = struct.Struct("<4sBBxxQqq")
-_FOOTER = struct.Struct("<I4s")
-_LEN = struct.Struct("<I")
+FOOTER = struct.Struct("<I4s")
+"""The footer: CRC-32 of everything before it, then ``END_MAGIC``."""
+RECORD_LENGTH = struct.Struct("<I")
+"""The u32 LE length in front of each record's JSON in the payload."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,13 @@ class SegmentHeader:
     def pack(self) -> bytes:
         return _HEADER.pack(
             MAGIC, self.version, int(self.compression), self.record_count,
+            self.first_timestamp, self.last_timestamp,
+        )
+
+    def pack_into(self, buf: bytearray) -> None:
+        """Write the header over the first ``HEADER_SIZE`` bytes of ``buf`` (a segment framed in place)."""
+        _HEADER.pack_into(
+            buf, 0, MAGIC, self.version, int(self.compression), self.record_count,
             self.first_timestamp, self.last_timestamp,
         )
 
@@ -89,7 +101,7 @@ def verify_frame(data: bytes | memoryview, key: str = "<segment>") -> SegmentHea
         raise SegmentError(key, f"too short: {n} bytes, a segment has at least {MIN_SEGMENT_SIZE}")
     if data[:4] != MAGIC:
         raise SegmentError(key, f"bad start magic {bytes(data[:4])!r}, expected {MAGIC!r}")
-    stored_crc, end_magic = _FOOTER.unpack_from(data, n - FOOTER_SIZE)
+    stored_crc, end_magic = FOOTER.unpack_from(data, n - FOOTER_SIZE)
     if end_magic != END_MAGIC:
         raise SegmentError(key, f"bad end magic {bytes(end_magic)!r}, expected {END_MAGIC!r} (truncated?)")
     actual_crc = zlib.crc32(memoryview(data)[: n - FOOTER_SIZE])
@@ -103,7 +115,7 @@ def iter_payload(payload: bytes | memoryview, key: str = "<segment>") -> Iterato
     mv = memoryview(payload)
     n = len(mv)
     pos = 0
-    unpack = _LEN.unpack_from
+    unpack = RECORD_LENGTH.unpack_from
     while pos < n:
         if pos + 4 > n:
             raise SegmentError(key, f"truncated record length at byte {pos} of the payload")
@@ -173,7 +185,7 @@ def frame_segment(
     header = SegmentHeader(VERSION, compression, record_count, first_ts, last_ts).pack()
     body = payload if compression is Compression.NONE else compress(payload, compression, level)
     crc = zlib.crc32(body, zlib.crc32(header))
-    return b"".join((header, body, _FOOTER.pack(crc, END_MAGIC)))
+    return b"".join((header, body, FOOTER.pack(crc, END_MAGIC)))
 
 
 def encode_segment(

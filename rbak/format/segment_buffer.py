@@ -19,7 +19,7 @@ from .manifest import SegmentMetadata
 from .backend import speedups as _speedups
 from .batch import encode_records
 from .record import BackupRecord
-from .segment import _FOOTER, _HEADER, _LEN, END_MAGIC, FOOTER_SIZE, HEADER_SIZE, MAGIC, VERSION, sha256_hex
+from .segment import END_MAGIC, FOOTER, FOOTER_SIZE, HEADER_SIZE, RECORD_LENGTH, VERSION, SegmentHeader, sha256_hex
 
 _BODY = attrgetter("body")
 _append_payload = getattr(_speedups, "append_payload", None)  # None: pure Python (RBAK_SPEEDUPS=0, no C helper)
@@ -27,6 +27,8 @@ _crc32_combine = getattr(_speedups, "crc32_combine", None)
 if _crc32_combine is None:
     _append_payload = None  # an older helper: the running CRC needs both
 _reserve = getattr(_speedups, "reserve", None) if _append_payload is not None else None
+CAN_STREAM = _reserve is not None
+"""Whether a ``SegmentBuffer`` can ``reserve`` room (the C helper): a ``SegmentStream`` needs it."""
 
 
 SegmentSink = Callable[[int, memoryview], "str | tuple[str, bytes | bytearray | memoryview]"]
@@ -69,6 +71,24 @@ class SegmentBuffer:
     def payload_bytes(self) -> int:
         return self.end - HEADER_SIZE
 
+    @property
+    def limit(self) -> int:
+        """The file size of a full segment of this buffer (header, ``max_bytes`` payload, footer)."""
+        return self._limit
+
+    def reserve(self, size: int) -> None:
+        """Room for ``size`` bytes without growing (pages untouched until written), so the buffer never
+        grows under a ``SegmentStream``'s view. Only with the C helper (``CAN_STREAM``)."""
+        assert _reserve is not None
+        _reserve(self._buf, size)
+
+    def warm(self, size: int) -> None:
+        """Map the pages of the first ``size`` bytes now (zeroed, GIL-free), unless already that big.
+        Only with the C helper (``CAN_STREAM``)."""
+        assert _reserve is not None
+        if len(self._buf) < size:
+            _reserve(self._buf, size, True)
+
     def add(self, record_json: bytes | memoryview, backed_up_at: int, body_len: int = -1) -> int:
         """Append one record ([u32 LE length][JSON]); returns the payload size so far. ``body_len``: its
         body's length (-1: not told, and the segment's largest body is then not known)."""
@@ -78,7 +98,7 @@ class SegmentBuffer:
         buf = self._buf
         # Within the high-water mark a plain memcpy into warm pages; past it the
         # bytearray grows by itself (amortised, no zero-filling first).
-        buf[pos:start] = _LEN.pack(len(record_json))
+        buf[pos:start] = RECORD_LENGTH.pack(len(record_json))
         buf[start:end] = record_json
         self.end = end
         self._payload_crc = None  # frame() computes it
@@ -131,7 +151,7 @@ class SegmentBuffer:
             self._buf[HEADER_SIZE:n] = packed  # grows the buffer if the payload did not compress
             del packed
         buf = self._buf
-        _HEADER.pack_into(buf, 0, MAGIC, VERSION, int(compression), self.count, self.first_ts, self.last_ts)
+        SegmentHeader(VERSION, compression, self.count, self.first_ts, self.last_ts).pack_into(buf)
         if compression is Compression.NONE and self._payload_crc is not None:
             # the payload's CRC was taken as add_from wrote it: join the header's to it
             assert _crc32_combine is not None  # only the C helper's add_from keeps the payload's CRC
@@ -139,7 +159,7 @@ class SegmentBuffer:
         else:
             with memoryview(buf) as mv, mv[:n] as body:
                 crc = zlib.crc32(body)
-        buf[n : n + FOOTER_SIZE] = _FOOTER.pack(crc, END_MAGIC)  # no view alive: may grow
+        buf[n : n + FOOTER_SIZE] = FOOTER.pack(crc, END_MAGIC)  # no view alive: may grow
         with memoryview(buf) as mv:
             return mv[: n + FOOTER_SIZE]
 

@@ -14,8 +14,8 @@ from .compression import Compression, check_level
 from .manifest import SegmentMetadata
 from .batch import encode_records
 from .record import BackupRecord, encode_record
-from .segment import _HEADER, FOOTER_SIZE, HEADER_SIZE, MAGIC, VERSION
-from .segment_buffer import _reserve, SegmentBuffer, SegmentSink, SegmentStream, store_segment
+from .segment import FOOTER_SIZE, HEADER_SIZE, VERSION, SegmentHeader
+from .segment_buffer import CAN_STREAM, SegmentBuffer, SegmentSink, SegmentStream, store_segment
 
 DEFAULT_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
 DEFAULT_SEGMENT_MAX_INTERVAL_MS = 60_000
@@ -65,7 +65,7 @@ class SegmentPipeline:
                 seg = self._free.popleft()
             except IndexError:
                 break
-            if seg._limit == limit:  # noqa: SLF001 - SegmentBuffer's own limit, in its own module
+            if seg.limit == limit:
                 return seg
         return SegmentBuffer(max_bytes)
 
@@ -144,7 +144,7 @@ class SegmentWriter:
         # Segments written to their files as they grow (``SegmentStream``): only uncompressed ones (a
         # compressed payload exists only once the segment is complete), through a pipeline, with the
         # C helper (it writes records without growing a reserved buffer).
-        streamable = pipeline is not None and compression is Compression.NONE and _reserve is not None
+        streamable = pipeline is not None and compression is Compression.NONE and CAN_STREAM
         self._spool = spool if streamable else None
         self._seg = pipeline.take_buffer(max_bytes) if pipeline is not None else SegmentBuffer(max_bytes)
         self._started = 0.0
@@ -208,9 +208,8 @@ class SegmentWriter:
         thread that would otherwise wait (the import's encoder while the first records are decoded):
         faulting in 128 MiB costs about as much as writing it. Nothing for a buffer already warm."""
         seg = self._seg
-        if self._spool is not None and seg.count == 0 and seg.stream is None and len(seg._buf) < self._stream_room():  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
-            assert _reserve is not None  # a spool is kept only with the C helper (``streamable``)
-            _reserve(seg._buf, self._stream_room(), True)  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
+        if self._spool is not None and seg.count == 0 and seg.stream is None:  # a spool: the C helper (``streamable``)
+            seg.warm(self._stream_room())
 
     def _start_stream(self, seg: SegmentBuffer) -> None:
         """Only for records whose source knows how many are left (a quorum queue after its replay,
@@ -219,12 +218,11 @@ class SegmentWriter:
         measured on an idle machine, the writes and their writeback then compete with its decoding
         for the cores and the import came out slower (stream 0.82x of the floor against 0.91x)."""
         # Called only with a spool, which is kept only with a pipeline and the C helper (``streamable``).
-        assert self._spool is not None and self._pipeline is not None and _reserve is not None
+        assert self._spool is not None and self._pipeline is not None
         spool = self._spool(self.next_sequence)
         if spool is None:
             return
-        # Room for a full segment (pages untouched until written): the buffer never grows under a view.
-        _reserve(seg._buf, self._stream_room())  # noqa: SLF001 - SegmentBuffer's own buffer, in its own module
+        seg.reserve(self._stream_room())  # room for a full segment: the buffer never grows under a view
         seg.stream = SegmentStream(spool, *self._pipeline.stream_pools())
 
     def _guess_header(self, seg: SegmentBuffer, expect: int) -> None:
@@ -237,7 +235,7 @@ class SegmentWriter:
             return  # more segments to come: hashing as written would be wasted
         assert seg.stream is not None  # called for a segment being streamed
         try:
-            seg.stream.guess(_HEADER.pack(MAGIC, VERSION, int(self.compression), expect, seg.first_ts, seg.first_ts))
+            seg.stream.guess(SegmentHeader(VERSION, self.compression, expect, seg.first_ts, seg.first_ts).pack())
         except struct.error:  # out of the header's range: the real header says what is wrong
             pass
 
