@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost, DeliveryLimitError, ReadCut
-from ..broker.channels import READING, kept_channel
+from ..broker.channels import CONTROL, READING, kept_channel
 from ..broker.declare import passive_declare
 from ..broker.deliveries import Deliver, properties, receive
 from ..broker.wire import Channel, Connection
@@ -232,8 +232,10 @@ class QueueRead:
             if hold is not None and not self.shared:
                 hold.append(self)  # the caller gives these back when it chooses (cut_repair)
             elif not (self.shared and error is None and _give_back(self.channels, self.tags, self.queue, self.where)):
+                # a quorum read waits for its returns even on one channel: the next reader (the next backup's
+                # depth, a cut's repair) otherwise found the queue short while they landed (issue 46)
                 _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
-                                 settle=self.queue if self.quorum and len(self.channels) > 1 else None)
+                                 settle=self.queue if self.quorum else None)
 
     def give_back(self) -> None:
         """Return a held read's messages (``read_queue(hold=...)``), first-opened channel first."""
@@ -536,8 +538,9 @@ def _return_in_order(channels: list[Channel], tags: dict[int, list[str]], where:
     ``settle`` (the quorum queue's name): wait until each channel's messages are back before the next
     channel gives its own back. A Close-Ok (or a nack) does not mean the queue has taken the returns:
     each channel process hands them to the queue on its own, so under load a later channel's could
-    land first (3.10.8 under a parallel suite, issue 42). Used where the order across channels
-    matters and the wait costs little: reads over several channels, and reads held for cut_repair.
+    land first (3.10.8 under a parallel suite, issue 42), and the last channel's could land after the
+    next reader had looked: a passive declare from another connection right after a one-channel read
+    of 100,000 saw 0 ready (3.10.8, issue 46). Used for every quorum read.
     """
     for i, ch in enumerate(channels):
         probe = _settle_probe(channels, i) if settle else None
@@ -556,24 +559,23 @@ def _return_in_order(channels: list[Channel], tags: dict[int, list[str]], where:
                     upto.append(0)  # what is left (messages the broker pushed that were not taken)
                     for t in upto:
                         ch.nack(t, multiple=True, requeue=True)
-                ch.close()
+            ch.close()  # one the broker closed (a 404) leaves the connection's channels only here
         except Exception as e:  # noqa: BLE001 - the connection may be gone; the broker requeues anyway
             if not quiet:
                 log.debug("%s: returning a channel's messages: %r", where, e)
         held = max((ends or {}).get(ch.number) or [0])
         if probe is not None and settle and before is not None and held:
             _await_returns(probe, settle, before + held, where)
-        if probe is not None and probe not in channels:
-            _close_quietly(probe)
 
 
 def _settle_probe(channels: list[Channel], i: int) -> Channel | None:
     """A channel to watch the queue's depth on while channel ``i`` gives back: the next channel of the
-    read (still open, its consumers about to be cancelled), or a fresh one after the last."""
+    read (still open, its consumers about to be cancelled), or after the last the connection's kept
+    ``CONTROL`` channel (never consumes; no channel opened per read)."""
     if i + 1 < len(channels) and channels[i + 1].is_open:
         return channels[i + 1]
     try:
-        return channels[i].conn.channel() if channels[i].conn.is_open else None
+        return kept_channel(channels[i].conn, CONTROL) if channels[i].conn.is_open else None
     except Exception:  # noqa: BLE001 - no probe: the returns are given back without the wait
         return None
 
@@ -582,6 +584,8 @@ def _ready(probe: Channel, queue: str) -> int | None:
     try:
         return probe.declare_passive(queue)[0]
     except Exception:  # noqa: BLE001 - the probe's channel is gone (or the queue): no wait
+        if not probe.is_open:
+            probe.close()  # a 404 closed it: off the connection's channels (the next probe opens another)
         return None
 
 
@@ -598,10 +602,3 @@ def _await_returns(probe: Channel, queue: str, want: int, where: str) -> None:
                         "next channel gives its own back anyway", where, ready, want, RETURN_SETTLE_SECS)
             return
         time.sleep(0.01)
-
-
-def _close_quietly(ch: Channel) -> None:
-    try:
-        ch.close()
-    except Exception:  # noqa: BLE001 - the connection may be gone
-        pass

@@ -74,7 +74,7 @@ def give_back(settle: str | None) -> tuple[list[int], Conn]:
 def test_each_channel_waits_for_the_one_before_it_to_land():
     landed, conn = give_back(settle="q")
     assert landed == [1, 2, 3]
-    assert conn.opened == 1  # a probe channel for the last one, closed again
+    assert conn.opened == 1  # the probe for the last one: the connection's kept control channel
 
 
 def test_without_the_wait_a_slow_return_lands_behind_a_later_one():
