@@ -5,7 +5,7 @@ queue out of order (3.10.8, a cut repair's check read over three channels in a p
 
 from __future__ import annotations
 
-from rbak.backup.queue_reader import _return_in_order
+from rbak.backup.read_return import _return_in_order
 
 
 class Queue:
