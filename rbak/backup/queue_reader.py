@@ -54,7 +54,7 @@ from ..broker.deliveries import Deliver, properties, receive
 from ..broker.wire import Channel, Connection
 from .convert import delivery_count
 from .limits import budget_ceiling, may_take
-from .read_return import _give_back, _return_in_order
+from .read_return import return_in_order, return_shared
 from .stages import DeliverySink, Throttle
 
 log = logging.getLogger(__name__)
@@ -231,16 +231,17 @@ class QueueRead:
             self.quiet = error is not None
             if hold is not None and not self.shared:
                 hold.append(self)  # the caller gives these back when it chooses (cut_repair)
-            elif not (self.shared and error is None and _give_back(self.channels, self.tags, self.queue, self.where)):
+            elif not (self.shared and error is None
+                      and return_shared(self.channels, self.tags, self.queue, self.where)):
                 # a quorum read waits for its returns even on one channel: the next reader (the next backup's
                 # depth, a cut's repair) otherwise found the queue short while they landed (issue 46)
-                _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
-                                 settle=self.queue if self.quorum else None)
+                return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
+                                settle=self.queue if self.quorum else None)
 
     def give_back(self) -> None:
         """Return a held read's messages (``read_queue(hold=...)``), first-opened channel first."""
-        _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
-                         settle=self.queue)
+        return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
+                        settle=self.queue)
 
     def _cut(self, e: ConnectionLost) -> AmqpError:
         res, depth, n = self.res, self.depth, len(self.channels)
@@ -399,7 +400,7 @@ def reading_channel(conn: Connection) -> Channel:
     processes on every queue: most of a many-queue backup (issue 20: 1,000 x 100). A read
     gives its messages back by cancelling its consumer and ``basic.nack(multiple, requeue)``,
     which requeues a classic queue's messages exactly as a channel close does (the same
-    requeue, to their original positions), then waits for the requeue (``_give_back``). A
+    requeue, to their original positions), then waits for the requeue (``return_shared``). A
     failed read closes the channel instead, and the next read opens a fresh one.
     """
     return kept_channel(conn, READING, _no_prefetch_cap)

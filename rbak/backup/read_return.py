@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 RETURN_SETTLE_SECS = 30.0  # _await_returns: how long one channel's returns may take to land
 
 
-def _give_back(channels: list[Channel], tags: dict[int, list[str]], queue: str, where: str) -> bool:
+def return_shared(channels: list[Channel], tags: dict[int, list[str]], queue: str, where: str) -> bool:
     """Return a shared reading channel's messages and keep it (True), or False: close it instead.
 
     ``basic.nack`` has no reply, and the queue requeues asynchronously: a passive declare from
@@ -49,7 +49,7 @@ def _cancel(ch: Channel, tags: dict[int, list[str]]) -> None:
         mine.pop(0)
 
 
-def _return_in_order(channels: list[Channel], tags: dict[int, list[str]], where: str, nack: bool, quiet: bool,
+def return_in_order(channels: list[Channel], tags: dict[int, list[str]], where: str, nack: bool, quiet: bool,
                      ends: dict[int, list[int]] | None = None, settle: str | None = None) -> None:
     """Give every message back, first-opened channel first: that is what keeps a quorum queue's order.
 
