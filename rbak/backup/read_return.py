@@ -11,6 +11,10 @@ from ..broker.wire import Channel
 
 log = logging.getLogger(__name__)
 RETURN_SETTLE_SECS = 30.0  # _await_returns: how long one channel's returns may take to land
+# A small read's returns land within a millisecond or two: polls start that short and double up to
+# 10 ms, so the wait of every quorum read (issue 46) costs about one poll, not a 10 ms sleep.
+SETTLE_FIRST_PAUSE = 0.0005
+SETTLE_MAX_PAUSE = 0.01
 
 
 def return_shared(channels: list[Channel], tags: dict[int, list[str]], queue: str, where: str) -> bool:
@@ -115,6 +119,7 @@ def _await_returns(probe: Channel, queue: str, want: int, where: str) -> None:
     """Poll the queue's ready count until ``want`` (the count before the return plus what it gave
     back); a queue that another client drains may never get there, so the wait is bounded."""
     deadline = time.monotonic() + RETURN_SETTLE_SECS
+    pause = SETTLE_FIRST_PAUSE
     while True:
         ready = _ready(probe, queue)
         if ready is None or ready >= want:
@@ -123,4 +128,5 @@ def _await_returns(probe: Channel, queue: str, want: int, where: str) -> None:
             log.warning("%s: %d of the %d ready messages expected after a channel's return after %.0f s; the "
                         "next channel gives its own back anyway", where, ready, want, RETURN_SETTLE_SECS)
             return
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 2, SETTLE_MAX_PAUSE)
