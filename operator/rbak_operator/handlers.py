@@ -31,7 +31,6 @@ from rbak_operator.crds.schema import (
 )
 from rbak_operator.decide import bodies, policy
 from rbak_operator.decide.progress import watched_run
-from rbak_operator.decide.status import GONE  # noqa: F401 (tests compare a pass's result with it here)
 from rbak_operator.kube.client import Kube, connection_info
 from rbak_operator.kube.errors import ApiError
 from rbak_operator.kube.events import post as _event
