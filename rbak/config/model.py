@@ -179,9 +179,9 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
                       + (" (or encryption.kms_key_id with envelope: true)" if enc.envelope else ""))
     named = [f"encryption.{n}" for n in ("key_id", "keys_file", "keys_env", "kms_key_id") if getattr(enc, n)]
     named += ["encryption.envelope"] if enc.envelope else []
-    if cfg.mode == "backup" and not enc.enabled and named:  # never a silent plaintext backup
-        errors.append(f"encryption.enabled: is false but {', '.join(named)} is set: this backup would be stored in "
-                      f"plaintext; set encryption.enabled: true to encrypt it, or remove the encryption section")
+    if cfg.mode in ("backup", "archive") and not enc.enabled and named:  # never a silent plaintext backup or archive
+        errors.append(f"encryption.enabled: is false but {', '.join(named)} is set: this {cfg.mode} would be stored "
+                      f"in plaintext; set encryption.enabled: true to encrypt it, or remove the encryption section")
     if enc.kms_key_id and not enc.envelope:
         errors.append("encryption.kms_key_id: a KMS key only wraps data keys: set encryption.envelope: true")
     for name in ("kms_region", "kms_endpoint_url"):
