@@ -201,24 +201,25 @@ def _check_archive_end(storage: Any, m: BackupManifest, prefix: str, end: int, f
 
 
 def _pitr(args: Any, storage: Any, options: Any) -> Any:
-    """``--pitr-start`` / ``--pitr-end`` applied to the options (``recoverable``: the archive's recoverable-until)."""
-    if getattr(args, "pitr_end", None) is None and getattr(args, "pitr_start", None) is None:
-        return options
+    """``--pitr-start`` / ``--pitr-end`` applied to the options (``recoverable``: the archive's recoverable-until);
+    an end an archive generation cannot stand for (the flag's or ``restore.time_window_end``) is refused."""
     start, end = options.window_start_ms, options.window_end_ms
-    if args.pitr_start is not None:
+    where = "restore.time_window_end"
+    if getattr(args, "pitr_start", None) is not None:
         start = parse_time_bound(args.pitr_start, "--pitr-start")
-    if args.pitr_end is not None and args.pitr_end.strip().lower() == "recoverable":
+    if getattr(args, "pitr_end", None) is not None and args.pitr_end.strip().lower() == "recoverable":
         m = load_manifest(storage, options.backup_id, options.prefix)
         if m.archive is None or m.archive.recoverable_until is None:
             raise ConfigError(f"--pitr-end recoverable: backup {options.backup_id!r} is not a generation of an archive "
                               "with a recoverable-until time")
         end = m.archive.recoverable_until
         print(f"rbak: restoring up to the archive's recoverable-until {end} ms", file=sys.stderr)
-    elif args.pitr_end is not None:
-        end = parse_time_bound(args.pitr_end, "--pitr-end")
-        assert end is not None  # a string was given
+        return replace(options, window_start_ms=start, window_end_ms=end)
+    if getattr(args, "pitr_end", None) is not None:
+        end, where = parse_time_bound(args.pitr_end, "--pitr-end"), "--pitr-end"
+    if end is not None:
         _check_archive_end(storage, load_manifest(storage, options.backup_id, options.prefix), options.prefix,
-                           end, "--pitr-end")
+                           end, where)
     return replace(options, window_start_ms=start, window_end_ms=end)
 
 

@@ -58,6 +58,15 @@ def test_restore_picks_the_named_archive_and_refuses_times_it_cannot_stand_for(b
         f"rbak: Configuration error: --pitr-end: {utc(ru + 1)} is after the archive's recoverable-until {utc(ru)} "
         f"(generation {gen['backup_id']!r} of archive 'orders'): records after it are not known complete across "
         "streams; restore the newest generation (--archive orders), 'recoverable', or an earlier time")
+    cfg = tmp_path / "restore.yaml"
+    cfg.write_text(json.dumps({"mode": "restore", "backup_id": gen["backup_id"], "storage": json.loads(store),
+                               "target": {"amqp_url": broker.amqp_url(fresh), "management_url": broker.management_url},
+                               "restore": {"time_window_end": ru + 1}}))
+    r = rbak("restore", "--config", str(cfg), check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[-1].startswith(
+        f"rbak: Configuration error: restore.time_window_end: {utc(ru + 1)} is after the archive's recoverable-until "
+        f"{utc(ru)} (generation {gen['backup_id']!r} of archive 'orders')"), r.stderr
     before = gen["created_at"] - 1
     r = rbak("restore", *target, "--backup-id", gen["backup_id"], "--pitr-end", utc(before), check=False)
     assert r.returncode == 2, r.stderr
