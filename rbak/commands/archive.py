@@ -75,7 +75,7 @@ def preflight(src: ConnectionConfig) -> None:
         except RbakError:
             return
         vhost = src.named_vhost
-        if vhost is not None and vhost not in known:
+        if vhost is not None and vhost not in known and vhost not in src.queues.vhosts:  # else named as selected
             raise ConfigError(f"source.amqp_url: vhost {vhost!r} does not exist on {src.management_url} (vhosts user "
                               f"{src.mgmt_username!r} can see: {', '.join(map(repr, known[:10]))}"
                               f"{', ...' if len(known) > 10 else ''}); nothing was archived")
