@@ -414,7 +414,7 @@ class EncryptionConfig(_Section):
     key id (with `envelope`: the backup's own data key, stored wrapped under `keys/`). Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
     read, so restore and validate of encrypted backups need only the keys, not `enabled`."""
 
-    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`). A `mode: backup` config that names "
+    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`). A `mode: backup` or `mode: archive` config that names "
                               "`key_id`, `keys_file`, `keys_env`, `envelope` or `kms_key_id` without `enabled: true` is "
                               "refused (exit 2): a key in the config never leaves a backup in plaintext silently. "
                               "Restore and drill configs name keys without it, to read encrypted backups.")
