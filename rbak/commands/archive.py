@@ -15,7 +15,7 @@ import struct
 from typing import Any
 
 from ..config import ConnectionConfig, load_config
-from ..errors import ConfigError, RbakError, StreamProtocolError
+from ..errors import AmqpConnectionError, ConfigError, RbakError, StreamProtocolError
 from ..metrics import serve
 
 log = logging.getLogger("rbak.archive")
@@ -64,10 +64,19 @@ def preflight(src: ConnectionConfig) -> None:
     a vhost in ``amqp_url`` that does not exist (the selection never used it: every vhost was archived),
     and a ``stream_port`` of another cluster (the 5552 default on a host running several brokers), where
     each tick's end probe falls back, logged at INFO only. A broker that does not answer is left to the
-    archiver, which retries and names it."""
-    from ..broker.management import ManagementClient  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
+    archiver, which retries and names it; a port that answers in HTTP (``amqp_url`` at the management
+    port) is a setting, refused."""
+    from ..broker.connect import answers_http, connect  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
+    from ..broker.management import ManagementClient  # noqa: PLC0415 - start-up, as above
     from ..broker.stream_end import stream_cluster  # noqa: PLC0415 - start-up, as above
 
+    try:
+        connect(src, src.named_vhost or "/", "source", "rbak archive (start check)").close()
+    except AmqpConnectionError as e:
+        if answers_http(src):
+            raise ConfigError(f"source.amqp_url: {e} (it answers in HTTP); nothing was archived") from None
+    except RbakError:
+        pass  # refused credentials or a vhost that is not there: named below, or retried by the archiver
     client = ManagementClient.for_connection(src, "source")
     try:
         try:

@@ -63,3 +63,18 @@ def test_a_stream_port_nobody_listens_on_is_a_warning(broker, vhost, tmp_path):
     assert (f"WARNING rbak.archive: source.stream_port: no stream listener answers on 127.0.0.1:{port} ([Errno 111] "
             "Connection refused): each stream's end is found by a quiet period instead of being asked "
             "(docs/archive.md)") in log.read_text()
+
+
+def test_an_amqp_url_at_the_management_port_under_another_host_name_is_refused(broker, vhost, tmp_path):
+    """The trial's F5: ``localhost:15674`` beside ``http://127.0.0.1:15674`` passes the config's same-port check,
+    and the archiver took the HTTP answer for a broker away, retrying for ever. It answers in HTTP: refused at start."""
+    declare_stream(broker, vhost, "s")
+    cfg = archive_config(tmp_path, broker, vhost, fs_storage(tmp_path))
+    edit(cfg, amqp_url=f"amqp://guest:guest@localhost:{broker.mgmt_port}/{vhost}")
+    r = run_archive(cfg)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.splitlines()[-1]
+    assert line.startswith(f"rbak: Configuration error: source.amqp_url: AMQP error: amqp://localhost:{broker.mgmt_port} "), line
+    assert f"port {broker.mgmt_port} may not be an AMQP listener" in line, line
+    assert line.endswith(" (it answers in HTTP); nothing was archived"), line
+    assert not (tmp_path / "store").exists()
