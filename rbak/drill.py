@@ -45,6 +45,7 @@ from .broker.management import ManagementClient
 from .broker.management import q as path_segment
 from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
 from .errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
+from .format.archive import TICK_DIR
 from .format.layout import DRILLS_DIR, BackupLayout, check_backup_id
 from .format.manifest import BackupManifest, QueueBackup
 from .format.reader import read_segment
@@ -108,16 +109,20 @@ class DrillReport:
     broker_version: str | None = None  # the drill target's RabbitMQ version
     finished_at: str = ""
     signature: dict[str, Any] | None = None  # rbak.repo.evidence.sign over the rest (only when a key is configured)
+    # a drill of a continuous archive (rbak.archive_drill): a JSON object of ``ArchiveDrill`` (None: a backup's)
+    archive: dict[str, Any] | None = None
 
     @property
     def failed_queues(self) -> list[QueueCheck]:
         return [q for q in self.queues if not q.passed]
 
     def to_json_obj(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("queues", "signature")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("queues", "signature", "archive")}
         d["duration_secs"] = round(self.duration_secs, 3)
         d["result"] = "Passed" if self.passed else "Failed"
         d["queues"] = [q.to_json_obj() for q in self.queues]
+        if self.archive is not None:  # only an archive drill's: a backup drill's report is as it was
+            d["archive"] = self.archive
         if self.signature is not None:
             d["signature"] = self.signature
         return d
@@ -451,9 +456,9 @@ def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "", 
     if signing_key is not None:
         report.sign(signing_key)  # the key it is stored under is part of the evidence
     try:
-        if not storage.exists(layout.manifest):
+        if not storage.exists(layout.manifest) and next(iter(storage.list(f"{layout.root}/{TICK_DIR}/")), None) is None:
             unstored()
-            return None  # no such backup: never start a folder for it
+            return None  # no such backup (nor an open archive generation): never start a folder for it
         storage.put(key, orjson.dumps(report.to_json_obj(), option=orjson.OPT_INDENT_2))
     except RbakError as e:
         log.warning("could not store the drill report %s: %s", key, e)
