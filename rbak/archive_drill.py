@@ -55,6 +55,7 @@ from .drill import (
     without_credentials,
 )
 from .errors import AmqpError, DrillError, NotFoundError, RbakError
+from .format.layout import BACKUP_ID_RE
 from .format.manifest import BackupManifest, QueueBackup
 from .repo.catalog import list_backups
 from .restore.chain import stream_chain
@@ -210,6 +211,13 @@ def judge(check: StreamCheck, restored: list[tuple[int, bytes]], read_back: list
 # --------------------------------------------------------------------------
 # The drill.
 # --------------------------------------------------------------------------
+
+
+def generation_ids(storage: Storage, prefix: str, name: str) -> list[str]:
+    """The backup ids ``<name>.<UTC time>`` of archive ``name``'s generations, oldest first (one LIST)."""
+    base = prefix + "/" if prefix else ""
+    return sorted(d for d in storage.list_dirs(base)
+                  if d.startswith(name + ".") and BACKUP_ID_RE.match(d) and d[len(name) + 1:][:1].isdigit())
 
 
 def newest_generation(storage: Storage, prefix: str, name: str) -> BackupManifest:
