@@ -1,10 +1,11 @@
-"""A RabbitMQArchive's restore drill end to end: the real operator on the real API server, the local kubelet
+"""A RabbitMQArchive's restore drill and deletion end to end: the real operator on the real API server, the local kubelet
 running the archiver's Deployment and the drill's Job (``rbak drill --archive``), RabbitMQ 3.10.8 and moto S3.
 
 The drill restores the archive's state of a few seconds ago into a scratch vhost and compares it with the
 live stream; status.restoreDrill shows the recovery point achieved beside rpoSeconds, the RTO and the signed
 evidence, which ``rbak drill verify`` accepts (and refuses once tampered with). With the archiver stopped and
-the live stream replaced by other records, the next drill fails naming the stream and the offset."""
+the live stream replaced by other records, the next drill fails naming the stream and the offset. With
+deletionPolicy delete, the generations are deleted only once the archiver's pod is gone."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import json
 import subprocess
 import sys
 import time
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.backups import fast_publish
+from support.holdproxy import HoldProxy
 from support.op_e2e import API, Cluster, bucket_root
 from support.opcluster import wait_for
 
@@ -145,3 +147,48 @@ def test_an_archive_drill_measures_the_recovery_point_and_finds_a_mismatch(clust
         cluster.http.delete(API, "rabbitmqarchives", name)
         cluster.http.delete("apps/v1", "deployments", deployment)
         wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")
+
+
+def test_deletion_waits_for_the_archiver_pod_before_deleting_the_archive(cluster, env, rmq310):
+    """deletionPolicy delete: the archiver's SIGTERM flush (its generation's manifest, held 10 s by the storage)
+    lands before the operator deletes the generations, so nothing of the archive is left behind."""
+    broker, vhost = rmq310, env.vhost
+    broker.declare_queue(vhost, "events.d", arguments={"x-queue-type": "stream"})
+    fast_publish(broker, vhost, "events.d", [b"d-%d" % i for i in range(20)])
+    ep = urlsplit(env.bucket.endpoint)
+    proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
+    name = f"{env.tag}-del"
+    deployment = f"rbak-archive-{name}"
+    spec = {"broker": {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/{quote(vhost, safe='')}",
+                       "managementUrl": broker.management_url, "credentialsSecretRef": {"name": f"{env.tag}-rmq"}},
+            "queues": {"vhosts": [vhost]}, "storage": {"s3": {**env.storage["s3"], "endpoint": proxy.url}},
+            "rpoSeconds": 10, "maxDelaySeconds": 1, "deletionPolicy": "delete"}
+    cluster.http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
+                                                  "metadata": {"name": name}, "spec": spec})
+    diag = lambda: f"{_status(cluster, name)}\n{cluster.runner.deployment_output(deployment)[-3000:]}\n{cluster.logs()}"  # noqa: E731
+    root = bucket_root(env)
+
+    def stored() -> list[str]:
+        return [k for k in root.list(f"{env.bucket.prefix}/") if k.startswith(f"{env.bucket.prefix}/{name}.")]
+
+    try:
+        wait_for(lambda: (_status(cluster, name).get("streams") or [{}])[0].get("archivedOffset") == 19,
+                 timeout=120, what="the records archived", diag=diag)
+        assert stored()
+        gen = _status(cluster, name)["generation"]
+        # the archiver's last write on SIGTERM: its generation's manifest (a PUT: the operator's reads pass)
+        proxy.hold_next(f"PUT /{env.bucket.bucket}/{env.bucket.prefix}/{gen}/manifest.json".encode(), 10)
+        cluster.http.delete(API, "rabbitmqarchives", name)
+        wait_for(lambda: proxy.holding.is_set(), timeout=60, what="the archiver's manifest upload held", diag=diag)
+        time.sleep(3)
+        assert stored(), "the generations were deleted while the archiver was still writing"
+        wait_for(lambda: cluster.http.get(API, "rabbitmqarchives", name) is None, timeout=120,
+                 what="the archive object gone", diag=diag)
+        assert proxy.held == 1 and deployment not in cluster.runner.deployment_pods
+        time.sleep(2)
+        assert stored() == [], "left behind after the deletion"
+    finally:
+        cluster.http.delete(API, "rabbitmqarchives", name)
+        cluster.http.delete("apps/v1", "deployments", deployment)
+        wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")
+        proxy.close()

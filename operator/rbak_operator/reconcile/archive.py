@@ -30,9 +30,12 @@ from rbak_operator.decide.archive import (
     applied_hash,
     archive_config,
     conditions,
+    L_ARCHIVE,
     configmap_body,
     deployment_body,
+    labels,
     lag_step,
+    max_delay_seconds,
     resource_name,
     status_patch,
     view,
@@ -55,6 +58,8 @@ POLL = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_ARCHIVE_POLL_SECOND
 RESYNC_SECS = float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", str(6 * 3600)))
 PROGRESS_SECS = float(os.environ.get("RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS", str(PROGRESS_WRITE_SECS)))
 METRICS_PORT = int(os.environ.get("RBAK_ARCHIVE_METRICS_PORT", "9100"))
+# deletionPolicy delete waits this long (plus 4 max delays: the archiver's flush) for the pod to go per try
+DELETE_WAIT_SECS = float(os.environ.get("RBAK_OPERATOR_ARCHIVE_DELETE_WAIT_SECONDS", "60"))
 
 Key = tuple[str, str, str]
 
@@ -250,11 +255,49 @@ def newest_tick(storage: Any, prefix: str, name: str) -> Tick | None:
     return None
 
 
-def delete_archive_data(kube: Kube, body: dict[str, Any], logger) -> tuple[list[str], list[str]] | None:
-    """deletionPolicy delete: stop the archiver, then delete its generations; (deleted, still
-    object-locked), or None when the storage is not reachable from here."""
+WRITER_LIVE = "writer-live"  # delete_archive_data: the archiver's pod still runs; nothing was deleted
+
+
+def archiver_pods(kube: Kube, namespace: str, name: str) -> list[str]:
+    """The archiver's pods the API still lists (running or terminating: either may still write)."""
+    sel = {L_ARCHIVE: labels(name)[L_ARCHIVE], "app.kubernetes.io/component": "archive"}
+    return [p["metadata"]["name"] for p in kube.list_pods(namespace, sel)
+            if ((p.get("status") or {}).get("phase")) not in ("Succeeded", "Failed")]
+
+
+def stop_archiver(kube: Kube, namespace: str, deployment: str) -> None:
+    """Scale the Deployment to 0 (its pod gets SIGTERM whether or not a garbage collector follows the
+    delete), then delete it."""
+    dep = kube.get_deployment(namespace, deployment)
+    if dep is not None and (dep.get("spec") or {}).get("replicas") != 0:
+        dep["spec"]["replicas"] = 0
+        kube.replace_deployment(dep)  # a conflict: the delete below stops it all the same
+    kube.delete_deployment(namespace, deployment)
+
+
+def wait_archiver_gone(kube: Kube, namespace: str, name: str, timeout: float) -> list[str]:
+    """Wait (at most ``timeout`` seconds) until no archiver pod of ``name`` is left; the ones still there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = archiver_pods(kube, namespace, name)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(1.0)
+
+
+def delete_archive_data(kube: Kube, body: dict[str, Any], logger
+                        ) -> tuple[list[str], list[str]] | str | None:
+    """deletionPolicy delete: stop the archiver, wait until its pod is gone (its SIGTERM flush writes the
+    generation's manifest), then delete its generations; (deleted, still object-locked), None when the
+    storage is not reachable from here, WRITER_LIVE when a pod still runs after the wait (nothing deleted:
+    the caller retries later, never deleting under a live writer)."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    kube.delete_deployment(meta["namespace"], resource_name(meta["name"]))
+    stop_archiver(kube, meta["namespace"], resource_name(meta["name"]))
+    left = wait_archiver_gone(kube, meta["namespace"], meta["name"],
+                              DELETE_WAIT_SECS + 4 * max_delay_seconds(spec))
+    if left:
+        logger.warning("deletionPolicy delete: archiver pod(s) %s still running; archive kept for now", left)
+        return WRITER_LIVE
     st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
     if st is None:
         logger.warning("deletionPolicy delete: storage not reachable from the operator; archive kept")
