@@ -37,21 +37,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .broker.cluster import split_broker
 from .broker.connect import connect
-from .broker.management import ManagementClient
 from .broker.stream_reader import read_stream
 from .config import ConnectionConfig
 from .drill import (
     DrillOptions,
     DrillReport,
     RecordHash,
-    _create_scratch,
-    _remove_scratch,
+    in_scratch_vhost,
     new_drill_id,
     scratch_queue_names,
     scratch_vhost_name,
-    store_drill_report,
     without_credentials,
 )
 from .errors import AmqpError, DrillError, NotFoundError, RbakError
@@ -275,50 +271,24 @@ def run_archive_drill(storage: Storage, options: DrillOptions, archive: str,
                         restore_point(now_ms, ru, lookback_secs), live_target=without_credentials(live.management_url))
     report = DrillReport(drill_id, gen.backup_id, without_credentials(options.target.management_url),
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    client = ManagementClient.for_connection(options.target, "target")
-    created: list[bool] = []
-    try:
-        overview = client.overview()
-        report.broker_version = str(overview.get("rabbitmq_version") or "") or None
-        try:
-            problem = split_broker(options.section, options.target, overview.get("cluster_name"))
-        except AmqpError:
-            problem = None
-        if problem:
-            raise DrillError(f"{problem}; no scratch vhost was created")
+
+    def work(make_scratch: Callable[[set[str]], str]) -> list[str]:
         ropts = RestoreOptions(backup_id=gen.backup_id, prefix=options.prefix, target=options.target,
                                produce_batch_size=options.produce_batch_size, keys=options.keys,
                                kms_region=options.kms_region, kms_endpoint_url=options.kms_endpoint_url,
                                window_end_ms=info.restore_point)
         source = BackupSource(storage, options.prefix)
         manifest = load_complete_manifest(source, ropts)
-        report.scratch_vhost = scratch = scratch_vhost_name(gen.backup_id, drill_id, options.scratch_prefix)
-        _create_scratch(client, scratch, {q.vhost for q in manifest.queues}, options, lambda: created.append(True))
-        if on_scratch_created is not None:
-            on_scratch_created(scratch)
+        report.scratch_vhost = scratch_vhost_name(gen.backup_id, drill_id, options.scratch_prefix)
+        scratch = make_scratch({q.vhost for q in manifest.queues})
         _drill_streams(storage, source, gen, manifest, ropts, options, info, scratch, live)
-        failed = [s for s in info.streams if not s.passed]
-        report.passed = not failed
-        if failed:
-            report.reason = f"archive {archive!r}: {failed[0].error}" + (
-                f" (and {len(failed) - 1} more stream(s))" if len(failed) > 1 else "")
-    except RbakError as e:
-        report.passed, report.reason = False, f"archive {archive!r}: {e.args[0] if e.args else e}"
-    except Exception as e:  # a drill reports every failure, and still cleans up
-        log.exception("restore drill %s of archive %r", drill_id, archive)
-        report.passed, report.reason = False, f"archive {archive!r}: {type(e).__name__}: {e}"
-    finally:
-        if created:
-            _remove_scratch(client, report)
-        client.close()
+        return [s.error or "failed" for s in info.streams if not s.passed]
+
+    def finish() -> None:
         report.archive = info.to_json_obj()
-        report.duration_secs = time.monotonic() - t0
-        report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if options.store_report:
-        store_drill_report(storage, report, options.prefix, options.signing_key)
-    elif options.signing_key is not None:
-        report.sign(options.signing_key)
-    return report
+
+    return in_scratch_vhost(storage, options, report, t0, f"archive {archive!r}", "stream", work,
+                            on_scratch_created, finish)
 
 
 def _drill_streams(storage: Storage, source: BackupSource, gen: BackupManifest, manifest: BackupManifest,
