@@ -22,6 +22,7 @@ from support.backups import fast_publish
 from support.holdproxy import HoldProxy
 from support.op_e2e import API, Cluster, bucket_root
 from support.opcluster import wait_for
+from test_operator_archive_e2e import _cond, _operator_calls, _status, cluster  # noqa: F401 (cluster: the fixture)
 
 from rbak.repo.evidence import fingerprint
 from rbak_operator.kube.api_calls import used_api_calls
@@ -30,25 +31,6 @@ from rbak_operator.reconcile.archive import newest_tick
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 
 LOOKBACK = 3
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3, e2e_kube):
-    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=e2e_kube, operator_env={
-        "RBAK_OPERATOR_ARCHIVE_POLL_SECONDS": "1", "RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS": "0",
-        "RBAK_ARCHIVE_METRICS_PORT": "0"})
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def _status(cluster: Cluster, name: str) -> dict:
-    return (cluster.http.get(API, "rabbitmqarchives", name) or {}).get("status") or {}
-
-
-def _cond(status: dict, ctype: str) -> str | None:
-    return next((c["status"] for c in status.get("conditions") or [] if c["type"] == ctype), None)
 
 
 def _drill_of(cluster: Cluster, name: str, trigger: str):
@@ -138,8 +120,6 @@ def test_an_archive_drill_measures_the_recovery_point_and_finds_a_mismatch(clust
         assert d["message"] == (f"archive {name!r}: stream 'events.a' in vhost {vhost!r}: record at offset 0 "
                                 "restored with another hash than the live stream's")
         if not cluster.external:
-            from test_operator_archive_e2e import _operator_calls
-
             made = _operator_calls(cluster)
             assert not made - used_api_calls(), sorted(made - used_api_calls())
             assert ("batch", "jobs", "create") in made
