@@ -366,18 +366,18 @@ def _start(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, An
            now: datetime, event) -> None:
     """ConfigMap + Job of one drill (same name for the same slot or trigger: a second create is a no-op)."""
     meta, spec = body["metadata"], body.get("spec") or {}
+    picked = meta["name"] if is_archive(body) else _pick_backup(kube, body, body.get("status") or {})
+    if not picked:
+        cur.update(result="Skipped", reason="NoBackup", message="no complete backup to drill yet",
+                   lastRunTime=fmt(now))
+        return
     target = d.get("target") or spec.get("broker")
     resolved = resolve_broker(kube, target, meta["namespace"], f"{FIELD}.target" if d.get("target") else "spec.broker")
     if is_archive(body):  # the Job finds the archive's newest generation itself
-        backup_id, what = meta["name"], f"archive {meta['name']}"
+        backup_id, what = picked, f"archive {picked}"
         source = resolve_broker(kube, spec.get("broker"), meta["namespace"], "spec.broker")
         cfg, env = archive_drill_config(spec, meta["namespace"], resolved, source)
     else:
-        picked = _pick_backup(kube, body, body.get("status") or {})
-        if not picked:
-            cur.update(result="Skipped", reason="NoBackup", message="no complete backup to drill yet",
-                       lastRunTime=fmt(now))
-            return
         backup_id, what = picked, f"backup {picked}"
         cfg, env = drill_config(spec, meta["namespace"], backup_id, resolved)
     kube.create_configmap(bodies.configmap_body(run, meta["namespace"], body, cfg, drill_labels(drill_base(body))))
