@@ -71,7 +71,11 @@ def _raise_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..archive_drill import report_lines, run_archive_drill  # noqa: PLC0415 - start-up, as the next line
+    from ..archive_drill import (  # noqa: PLC0415 - start-up, as the next line
+        DEFAULT_LOOKBACK_SECS,
+        report_lines,
+        run_archive_drill,
+    )
     from ..drill import options_from_config, run_drill  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     if not args.config:
@@ -88,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         check_backup_id(args.archive, "--archive")
     elif args.lookback is not None:
         raise ConfigError("--lookback: only with --archive NAME")
+    elif cfg.drill.lookback_secs != DEFAULT_LOOKBACK_SECS:
+        raise ConfigError(f"drill.lookback_secs: {cfg.drill.lookback_secs:g} is used only by a drill of an archive "
+                          "(--archive NAME); a backup drill restores the whole backup")
     lookback = cfg.drill.lookback_secs if args.lookback is None else args.lookback
     if not 0 <= lookback <= 7 * 86400:
         raise ConfigError(f"--lookback: {lookback:g} is not between 0 and 604800 seconds")

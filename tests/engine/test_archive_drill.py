@@ -148,6 +148,10 @@ def test_refusals_name_the_option(rmq43, vhost_factory, tmp_path):
     assert r.returncode == 2 and "--backup-id: not with --archive" in r.stderr
     r = rbak("drill", "--config", str(cfg), "--lookback", "5")
     assert r.returncode == 2 and "--lookback: only with --archive NAME" in r.stderr
+    with_lookback = archive_config(tmp_path, rmq43, vhost, fs_storage(tmp_path), name="arc2",
+                                   sections={"drill": {"lookback_secs": 60}})
+    r = rbak("drill", "--config", str(with_lookback))
+    assert r.returncode == 2 and "drill.lookback_secs: 60 is used only by a drill of an archive" in r.stderr
     r = rbak("drill", "--config", str(cfg), "--archive", "nothing")
     assert r.returncode != 0 and "archive 'nothing' has no generation" in r.stderr
 
