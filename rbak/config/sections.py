@@ -495,3 +495,7 @@ class DrillConfig(_Section):
     signing_key_env: Optional[str] = doc_field(None, "Name of an environment variable holding that key's PEM "
                                                "instead (how the operator passes it from a Secret); not with "
                                                "`signing_key_file`.")
+    lookback_secs: float = doc_field(300.0, "A drill of a continuous archive (`rbak drill --archive NAME`) restores "
+                                     "the archive as it was this long ago (never past its recoverable-until) and "
+                                     "compares it with the live streams, which must still hold those offsets.",
+                                     min=0, max=7 * 86400)
