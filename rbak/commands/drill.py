@@ -71,12 +71,12 @@ def _raise_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..archive_drill import (  # noqa: PLC0415 - start-up, as the next line
+    from ..drill.archive import (  # noqa: PLC0415 - start-up, as the next line
         DEFAULT_LOOKBACK_SECS,
         report_lines,
         run_archive_drill,
     )
-    from ..drill import options_from_config, run_drill  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
+    from ..drill.backup import options_from_config, run_drill  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
 
     if not args.config:
         raise ConfigError("rbak drill: --config is required to run a drill (or: rbak drill verify REPORT)")

@@ -37,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .broker.connect import connect
-from .broker.stream_reader import read_stream
-from .config import ConnectionConfig
-from .drill import (
+from ..broker.connect import connect
+from ..broker.stream_reader import read_stream
+from ..config import ConnectionConfig
+from .backup import (
     DrillOptions,
     DrillReport,
     RecordHash,
@@ -50,17 +50,17 @@ from .drill import (
     scratch_vhost_name,
     without_credentials,
 )
-from .errors import AmqpError, DrillError, NotFoundError, RbakError
-from .format.layout import BACKUP_ID_RE
-from .format.manifest import BackupManifest, QueueBackup
-from .repo.catalog import list_backups
-from .restore.chain import stream_chain
-from .restore.engine import load_complete_manifest
-from .restore.options import RestoreOptions
-from .restore.plan import plan_restore, record_in_window
-from .restore.queue_restore import plan_codec, restore_queue_segments
-from .restore.source import BackupSource
-from .storage.base import Storage
+from ..errors import AmqpError, DrillError, NotFoundError, RbakError
+from ..format.layout import BACKUP_ID_RE
+from ..format.manifest import BackupManifest, QueueBackup
+from ..repo.catalog import list_backups
+from ..restore.chain import stream_chain
+from ..restore.engine import load_complete_manifest
+from ..restore.options import RestoreOptions
+from ..restore.plan import plan_restore, record_in_window
+from ..restore.queue_restore import plan_codec, restore_queue_segments
+from ..restore.source import BackupSource
+from ..storage.base import Storage
 
 log = logging.getLogger(__name__)
 

@@ -38,26 +38,26 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from .broker.cluster import split_broker
-from .broker.connect import connect
-from .broker.deliveries import receive
-from .broker.management import ManagementClient
-from .broker.management import q as path_segment
-from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
-from .errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
-from .format.archive import TICK_DIR
-from .format.layout import DRILLS_DIR, BackupLayout, check_backup_id
-from .format.manifest import BackupManifest, QueueBackup
-from .format.reader import read_segment
-from .repo.catalog import latest_complete, newest_report
-from .repo.evidence import load_signing_key, sign, signing_key_from_env
-from .repo.validate import utc_stamp
-from .restore.engine import load_complete_manifest
-from .restore.options import RestoreOptions
-from .restore.plan import plan_queue, plan_restore
-from .restore.queue_restore import plan_codec, restore_queue_segments
-from .restore.source import BackupSource
-from .storage.base import Storage
+from ..broker.cluster import split_broker
+from ..broker.connect import connect
+from ..broker.deliveries import receive
+from ..broker.management import ManagementClient
+from ..broker.management import q as path_segment
+from ..config import SCRATCH_VHOST_PREFIX, ConnectionConfig
+from ..errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
+from ..format.archive import TICK_DIR
+from ..format.layout import DRILLS_DIR, BackupLayout, check_backup_id
+from ..format.manifest import BackupManifest, QueueBackup
+from ..format.reader import read_segment
+from ..repo.catalog import latest_complete, newest_report
+from ..repo.evidence import load_signing_key, sign, signing_key_from_env
+from ..repo.validate import utc_stamp
+from ..restore.engine import load_complete_manifest
+from ..restore.options import RestoreOptions
+from ..restore.plan import plan_queue, plan_restore
+from ..restore.queue_restore import plan_codec, restore_queue_segments
+from ..restore.source import BackupSource
+from ..storage.base import Storage
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class DrillReport:
     broker_version: str | None = None  # the drill target's RabbitMQ version
     finished_at: str = ""
     signature: dict[str, Any] | None = None  # rbak.repo.evidence.sign over the rest (only when a key is configured)
-    # a drill of a continuous archive (rbak.archive_drill): a JSON object of ``ArchiveDrill`` (None: a backup's)
+    # a drill of a continuous archive (rbak.drill.archive): a JSON object of ``ArchiveDrill`` (None: a backup's)
     archive: dict[str, Any] | None = None
 
     @property

@@ -126,7 +126,7 @@ class Verified:
                 f"{r.get('scratch_vhost')!r} {'removed' if r.get('scratch_vhost_removed') else 'NOT removed'}"),
                f"time: {r.get('started_at')} .. {r.get('finished_at') or '?'} ({r.get('duration_secs')} s)"]
         a = r.get("archive")
-        if isinstance(a, dict):  # a drill of a continuous archive (rbak.archive_drill)
+        if isinstance(a, dict):  # a drill of a continuous archive (rbak.drill.archive)
             return out[:2] + out[3:] + self._archive_lines(a)
         for q in queues:
             out.append(f"  {q.get('vhost')}/{q.get('queue')} ({q.get('queue_type')}): expected "

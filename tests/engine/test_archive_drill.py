@@ -15,7 +15,7 @@ from support.backups import fast_publish
 from support.brokers import wait_until
 from test_archive import Archiver, archive_config, declare_stream, fs_storage, generations
 
-from rbak.archive_drill import first_mismatch, restore_point
+from rbak.drill.archive import first_mismatch, restore_point
 
 LOOKBACK = 8.0
 

@@ -18,7 +18,7 @@ from rbak_operator.decide.status import RunState
 from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
 from rbak.config import Config
-from rbak.drill import options_from_config
+from rbak.drill.backup import options_from_config
 from rbak.errors import RbakError
 
 DRILL_TARGET = {"amqpUrl": "amqp://staging.example.com:5672/%2f", "managementUrl": "http://staging.example.com:15672",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from rbak.archive_drill import generation_ids
+from rbak.drill.archive import generation_ids
 from rbak.errors import RbakError
 from rbak.format.archive import TICK_DIR, Tick
 from rbak.repo.immutable import delete_backup

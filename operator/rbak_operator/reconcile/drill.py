@@ -19,9 +19,9 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from rbak.archive_drill import generation_ids as archive_generations
+from rbak.drill.archive import generation_ids as archive_generations
 from rbak.repo.catalog import latest_complete
-from rbak.drill import find_drill_report
+from rbak.drill.backup import find_drill_report
 from rbak.errors import EvidenceError, RbakError
 from rbak.repo.evidence import verify
 from rbak_operator.decide import bodies, naming, rbakconfig, schedule
