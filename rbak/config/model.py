@@ -118,11 +118,13 @@ def default_backup_id(now: _dt.datetime | None = None) -> str:
     return "backup-" + now.strftime("%Y%m%dT%H%M%SZ")
 
 
-def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None:
+def _check_connection(c: ConnectionConfig, path: str, errors: list[str], long_running: bool = False) -> None:
+    """``long_running``: ``rbak archive``, which retries a broker that does not answer for ever, so one port
+    given for two protocols is refused before any connection; a one-shot run fails at once, naming the port."""
     before = len(errors)
     _check_url(c.amqp_url, ("amqp", "amqps"), f"{path}.amqp_url", errors)
     _check_url(c.management_url, ("http", "https"), f"{path}.management_url", errors)
-    if len(errors) == before:
+    if long_running and len(errors) == before:
         _check_ports(c, path, errors)
     for name in ("ca_cert", "client_cert", "client_key"):
         v = getattr(c.tls, name)
@@ -174,7 +176,7 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
     if cfg.drill.signing_key_file is not None and not Path(cfg.drill.signing_key_file).is_file():
         errors.append(f"drill.signing_key_file: {cfg.drill.signing_key_file!r} is not a readable file")
     if cfg.source is not None:
-        _check_connection(cfg.source, "source", errors)
+        _check_connection(cfg.source, "source", errors, long_running=cfg.mode == "archive")
     if cfg.target is not None:
         _check_connection(cfg.target, "target", errors)
     st = cfg.storage
