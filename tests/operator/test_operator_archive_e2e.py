@@ -71,11 +71,13 @@ def _stream(status: dict) -> dict:
 
 def _operator_calls(cluster: Cluster) -> set[tuple[str, str, str]]:
     """(group, resource, verb) the operator process made: the server's audit log without the test's, the
-    local kubelet's, kubectl's and kubectl rbak's requests."""
+    local kubelet's, kubectl's and kubectl rbak's requests, and those of other test modules sharing the server
+    (before this cluster started, or a test helper's ``urllib``)."""
     out = set()
     for ev in cluster.emu.kube.audit_events():
         agent, ref = ev.get("userAgent", ""), ev.get("objectRef") or {}
-        if agent.startswith(("python-requests", "kubectl/", "kubectl-rbak")) or not ref.get("resource") \
+        if agent.startswith(("python-requests", "kubectl/", "kubectl-rbak", "Python-urllib")) or not ref.get("resource") \
+                or ev["requestReceivedTimestamp"] < cluster.emu.since \
                 or (ev.get("user") or {}).get("username") == "system:apiserver":
             continue
         out.add((ref.get("apiGroup", ""), ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else ""),
