@@ -253,6 +253,7 @@ class EndProber:
         self.cluster = cluster.decode(errors="replace") if isinstance(cluster, bytes) else cluster
         self._c: _Conn | None = None
         self._props: dict[str, str] = {}
+        self.failed = False  # the last probe could not ask (None then says nothing about the stream)
 
     def end(self, stream: str, settled: bool = False) -> int | None:
         from .connect import ssl_context
@@ -274,9 +275,11 @@ class EndProber:
             end = _end_on(self._c, self._props, stream, settled)
         except (StreamProtocolError, OSError, struct.error) as e:
             self.close()
+            self.failed = True
             log.info("stream %r in vhost %r: the end is found by a quiet period (stream protocol on port %d: %s)",
                      stream, self.vhost, cfg.stream_port, e)
             return None
+        self.failed = False
         return end.last_offset if end is not None else None
 
     def close(self) -> None:
