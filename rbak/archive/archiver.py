@@ -72,8 +72,9 @@ CREDIT_BUDGET = 20_000  # deliveries the reads may hold unacked, all streams tog
 MIN_PREFETCH = 50  # ... but never fewer than this per stream
 MAX_ERRORS = 100  # the summary keeps the newest errors met (one per retry while a broker or storage is away)
 TICK_POLL_SECS = 0.01  # a tick looks at its segments this often while it waits for them
-MIN_WAIT_SECS = 0.2  # a tick waits at least this long for the segments it asked for ...
-SETTLE_SAMPLES = 200  # ... else 1.5x the 90th percentile of the last this many segments' flush-to-durable times
+MIN_WAIT_SECS = 0.2  # a tick waits at least this long for the segments it asked for, else 1.25x (+0.1 s) ...
+READ_MARGIN_SECS = 0.25  # head-room for the broker's own publish -> delivery time (a loaded broker's p99)
+SETTLE_TICKS = 20  # ... the slowest of the last this many ticks' flush-to-durable times (each tick's 90th percentile)
 MAX_PROBES = 256  # probes kept per stream while its read is behind them (older ones are dropped: a later claim)
 
 
@@ -168,7 +169,7 @@ class Archiver:
         self.summary = ArchiveSummary(self.name, self.storage.url)
         self.state = "starting"
         self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
-        self._settle: deque[float] = deque(maxlen=SETTLE_SAMPLES)  # flush request -> segment durable (s)
+        self._settle: deque[float] = deque(maxlen=SETTLE_TICKS)  # per tick: flush request -> segments durable (s)
         self._puts: deque[float] = deque(maxlen=20)  # tick PUTs (s)
         self._unprobed: set[str] = set()  # streams whose complete-until fell back to read times (warned once)
 
@@ -471,19 +472,20 @@ class Archiver:
                     return
 
     def wait_secs(self) -> float:
-        """How long a tick waits for the segments it asked for: 1.5x the 90th percentile of recent
-        flush-to-durable times (at least ``MIN_WAIT_SECS``, at most half of ``max_delay_secs``)."""
+        """How long a tick waits for the segments it asked for: 1.25x (+0.1 s) the slowest of the last
+        ``SETTLE_TICKS`` ticks' flush-to-durable times, each tick's the 90th percentile over its streams
+        (so one stalled stream among many does not stretch it); at least ``MIN_WAIT_SECS``, at most half
+        of ``max_delay_secs``. A segment missing a tick costs its records one tick interval more."""
         half = self.opts.max_delay_secs / 2
         if not self._settle:
-            return min(half, max(MIN_WAIT_SECS, 1.0))
-        xs = sorted(self._settle)
-        return min(half, max(MIN_WAIT_SECS, 1.5 * xs[int(0.9 * (len(xs) - 1))]))
+            return min(half, 1.0)
+        return min(half, max(MIN_WAIT_SECS, 1.25 * max(self._settle) + 0.1))
 
     def headroom(self) -> float:
-        """How much earlier than ``max_delay_secs`` after the last one a tick starts: its wait plus its
-        PUT (the slowest of the last 20), at most half of ``max_delay_secs``."""
+        """How much earlier than ``max_delay_secs`` after the last one a tick starts: its wait, its PUT
+        (the slowest of the last 20) and ``READ_MARGIN_SECS``, at most half of ``max_delay_secs``."""
         put = max(self._puts) if self._puts else 0.1
-        return min(self.opts.max_delay_secs / 2, self.wait_secs() + put)
+        return min(self.opts.max_delay_secs / 2, self.wait_secs() + put + READ_MARGIN_SECS)
 
     def _listed(self, g: Generation, client: ManagementClient, present: set[str]) -> bool:
         """List the selection again: False when it changed (a new generation starts), else True and
@@ -515,19 +517,23 @@ class Archiver:
         wait = max(self.opts.max_delay_secs, 2.0) if final else self.wait_secs()
         deadline = began + wait
         waiting = {st.key: st.follower for st in live if st.follower is not None}
+        settled: list[float] = []
         while waiting and (final or not self.stopping.is_set()):
             now = time.monotonic()
             for key, f in list(waiting.items()):
                 if self._flushed(f, seq):
                     del waiting[key]
                     if f.error is None and self._stored_one(f, seq, before[key]):
-                        self._settle.append(now - began)  # a segment was asked for and is durable
+                        settled.append(now - began)  # a segment was asked for and is durable
             if not waiting or now >= deadline:
                 break
             time.sleep(TICK_POLL_SECS)
         for key, f in waiting.items():  # not durable by the deadline: named by a later tick, counted as slow
             if f.answer is None or f.answer.seq < seq or self._stored_one(f, seq, before[key]):
-                self._settle.append(wait)
+                settled.append(wait)
+        if settled and not final:
+            settled.sort()
+            self._settle.append(settled[int(0.9 * (len(settled) - 1))])
         flushed = time.monotonic()
         self._collect(g, seq)
         self._write_tick(g)
