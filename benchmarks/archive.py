@@ -494,6 +494,8 @@ def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: 
             proc.terminate()
             proc.wait(120)
             store.stop()
+            if os.environ.get("ARCHIVE_BENCH_LOG"):  # the archiver's -vv log, kept for a look
+                shutil.copy(log, os.environ["ARCHIVE_BENCH_LOG"])
             text = log.read_text().splitlines()
             took = [float(line.split(" took ")[1].split()[0]) for line in text if " took " in line]
             left = [int(line.split(", ")[-1].split()[0]) for line in text if " left to the next tick" in line]

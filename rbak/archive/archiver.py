@@ -518,8 +518,14 @@ class Archiver:
         deadline = began + wait
         waiting = {st.key: st.follower for st in live if st.follower is not None}
         settled: list[float] = []
+        unanswered = dict(waiting)
+        answered = 0.0
         while waiting and (final or not self.stopping.is_set()):
             now = time.monotonic()
+            for key, f in list(unanswered.items()):
+                if f.answer is not None and f.answer.seq >= seq:
+                    del unanswered[key]
+                    answered = now - began
             for key, f in list(waiting.items()):
                 if self._flushed(f, seq):
                     del waiting[key]
@@ -538,8 +544,9 @@ class Archiver:
         self._collect(g, seq)
         self._write_tick(g)
         self._puts.append(time.monotonic() - flushed)
-        log.debug("archive %s: tick %d took %.3f s (flush %.3f s, %d stream(s) left to the next tick)", self.name,
-                  len(g.ticks) - 1, time.monotonic() - began, flushed - began, len(waiting))
+        log.debug("archive %s: tick %d took %.3f s (answers %.3f s, flush %.3f s, %d stream(s) left to the next "
+                  "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, flushed - began,
+                  len(waiting))
         return True
 
     @staticmethod

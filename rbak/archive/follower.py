@@ -28,7 +28,6 @@ import hashlib
 import logging
 import threading
 import time
-from functools import partial
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -45,7 +44,7 @@ from ..format.manifest import SegmentMetadata, StreamGap, StreamInfo
 
 log = logging.getLogger(__name__)
 
-IDLE_SECS = 0.2  # how often a quiet read looks at the archiver's requests
+IDLE_SECS = 0.05  # how often a quiet read looks at the archiver's requests (a tick waits for it)
 CATCHUP_SECS = 0.5  # a flush waits at most this long for the read to reach the end probed (longer: a backlog)
 THREADED_UP_TO = 2  # a group of at most this many streams encodes each on a thread of its own
 EMPTY_MARGIN_MS = 500  # no chunk delivered and no StreamStats to confirm the stream empty (3.10): a little less
@@ -180,21 +179,25 @@ class StreamFollower:
             log.warning("%s: offsets %d..%d (at most %d message(s)) were removed by the stream's retention before "
                         "the archive read them; recorded as a gap", self.where, start, offset - 1, gap.count)
 
-    def serve(self, probe: Callable[[], tuple[int | None, bool]] | None) -> None:
-        """Answer the archiver's flush request, if a new one came: probe the committed end (``probe``:
-        (end, answered)), read on until it is read (``CATCHUP_SECS`` at most: further is a backlog), then
-        hand the open segment to the store. Called after every batch read, and every ``IDLE_SECS``."""
+    def wants_probe(self) -> int | None:
+        """The flush request not probed yet, if any."""
         seq = self.flush_request
-        if self.answer is not None and self.answer.seq >= seq:
+        if self._asked == seq or (self.answer is not None and self.answer.seq >= seq):
+            return None
+        return seq
+
+    def probed(self, seq: int, probe: Probe | None) -> None:
+        """The committed end probed for flush request ``seq`` (None: the stream protocol could not say)."""
+        self._asked, self._asked_at, self._probed = seq, time.monotonic(), probe
+
+    def serve(self) -> None:
+        """Answer the archiver's flush request once it is probed: read on until the committed end probed
+        is read (``CATCHUP_SECS`` at most: further is a backlog), then hand the open segment to the store.
+        Called after every batch read, and every ``IDLE_SECS``."""
+        seq = self.flush_request
+        if self._asked != seq or (self.answer is not None and self.answer.seq >= seq):
             return
         assert self._rt is not None
-        if self._asked != seq:
-            self._asked, self._asked_at, self._probed = seq, time.monotonic(), None
-            if probe is not None:
-                at = int(time.time() * 1000)
-                end, answered = probe()
-                if answered:
-                    self._probed = Probe(at, end, EMPTY_MARGIN_MS if end is None else 0)
         p = self._probed
         if (p is not None and p.end is not None and p.end >= 0 and (self.received is None or self.received < p.end)
                 and time.monotonic() - self._asked_at < CATCHUP_SECS):
@@ -285,12 +288,13 @@ class FollowerGroup:
 
         def ready() -> bool:
             return self.stopping.is_set() or any(ch.deliveries or tag in ch.cancelled or not ch.is_open
-                                                 for ch, tag, _ in live)
+                                                 or f.wants_probe() is not None for ch, tag, f in live)
 
         while live:
             conn.pump(ready, timeout=IDLE_SECS)
             if self.stopping.is_set():
                 return
+            probe_all(prober, [f for _, _, f in live])
             for ch, tag, f in list(live):
                 if ch.deliveries:
                     batch, ch.deliveries = ch.deliveries, []
@@ -316,13 +320,22 @@ class FollowerGroup:
                         f"closed the archive's channel: {why.code} {why.text}" if why is not None else
                         "cancelled the archive's consumer (the stream was deleted, or its leader moved)")))
                     continue
-                f.serve(partial(_probe, prober, f.name))
+                f.serve()
 
 
-def _probe(prober: EndProber, stream: str) -> tuple[int | None, bool]:
-    """The stream's committed end, and whether the stream protocol answered at all."""
-    end = prober.end(stream)
-    return end, not prober.failed
+def probe_all(prober: EndProber, followers: list[StreamFollower]) -> None:
+    """Probe the committed end of every follower with a new flush request, all in one round trip."""
+    asked = [(f, seq) for f in followers if (seq := f.wants_probe()) is not None]
+    if not asked:
+        return
+    at = int(time.time() * 1000)
+    ends = prober.ends([f.name for f, _ in asked])
+    for f, seq in asked:
+        if ends is None or f.name not in ends:
+            f.probed(seq, None)
+        else:
+            end = ends[f.name]
+            f.probed(seq, Probe(at, end, EMPTY_MARGIN_MS if end is None else 0))
 
 
 def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None = None) -> StreamInfo:
