@@ -486,8 +486,13 @@ def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: 
             def named() -> int:
                 return sum(sg.record_count for _, t in store.ticks() for st in t.streams for sg in st.segments)
 
-            deadline = time.time() + 120
-            while named() < n and time.time() < deadline:
+            last, since = -1, time.time()  # until all are named, or 20 s without progress (the publisher's
+            while time.time() - since < 20:  # count may include a tail the broker never got)
+                k = named()
+                if k >= n:
+                    break
+                if k != last:
+                    last, since = k, time.time()
                 time.sleep(1)
             bare_halt.set()
             bare.join(30)

@@ -116,6 +116,9 @@ class Generation:
     # wall-clock ms at which the selection was last listed and found unchanged: a stream created after it
     # may hold messages no tick names yet, so recoverable-until never passes it
     listed_ms: int | None = None
+    # followers whose segment missed the last tick's deadline, with that tick's flush request: once they
+    # are durable a tick names them at once, not a whole interval later
+    late: dict[str, tuple[StreamFollower, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -450,6 +453,10 @@ class Archiver:
                 failed = [st for st in g.streams.values() if st.follower is not None and st.follower.error is not None]
                 if failed:
                     raise failed[0].follower.error  # type: ignore[union-attr,misc]
+                if g.late and all(self._flushed(f, seq) for f, seq in g.late.values()):
+                    self._name_late(g)
+                    if len(g.ticks) >= self.opts.generation_ticks:
+                        return
                 self.stopping.wait(min(POLL_SECS, max(0.0, next_tick - time.monotonic())))
             now = time.monotonic()
             # ticks start max_delay_secs minus the head-room apart: a record read just after this tick's
@@ -541,6 +548,7 @@ class Archiver:
             settled.sort()
             self._settle.append(settled[int(0.9 * (len(settled) - 1))])
         flushed = time.monotonic()
+        g.late = {key: (f, seq) for key, f in waiting.items()}
         self._collect(g, seq)
         self._write_tick(g)
         self._puts.append(time.monotonic() - flushed)
@@ -548,6 +556,16 @@ class Archiver:
                   "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, flushed - began,
                   len(waiting))
         return True
+
+    def _name_late(self, g: Generation) -> None:
+        """The segments that missed the last tick's deadline are durable now: one tick names them (and
+        whatever else became durable), with no new flush (no extra segment for the other streams)."""
+        g.late = {}
+        began = time.monotonic()
+        self._collect(g, None)
+        self._write_tick(g)
+        log.debug("archive %s: tick %d named the segments late for the last one (%.3f s)", self.name,
+                  len(g.ticks) - 1, time.monotonic() - began)
 
     @staticmethod
     def _stored_one(f: StreamFollower, seq: int, before: int | None) -> bool:

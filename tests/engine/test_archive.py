@@ -485,6 +485,7 @@ def test_a_slow_store_for_one_stream_does_not_hold_back_the_tick_naming_the_othe
                      and in_tick(t, "fast").segments), None)
 
     t = wait_until(fast_tick, timeout=60, what="a tick naming fast's second segment")
+    held_until = time.time() + 10  # the hold (20 s) is still on for at least this long
     assert proxy.holding.is_set() or proxy.held == 1, "the slow stream's upload was held"
     fast, slow = in_tick(t, "fast"), in_tick(t, "slow")
     assert slow.info.last_offset == 9 and not slow.segments  # held: not named
@@ -497,8 +498,8 @@ def test_a_slow_store_for_one_stream_does_not_hold_back_the_tick_naming_the_othe
     assert t.recoverable_until is not None and t.recoverable_until <= slow.complete_until
     later = wait_until(lambda: next((x for x in s3_ticks(s3_bucket) if in_tick(x, "slow").info.last_offset == 19),
                                     None), timeout=120, what="a later tick naming the held segment")
-    assert (later.generation, later.sequence) > (t.generation, t.sequence)
-    assert in_tick(later, "slow").complete_until >= published  # caught up: complete past the second batch
+    assert (later.generation, later.sequence) > (t.generation, t.sequence) and later.written_at > held_until * 1000
+    assert in_tick(later, "slow").complete_until >= slow.committed.at  # named: complete up to that probe
     arc.stop()
     proxy.close()
     status = archive_status(open_storage(s3_bucket), "arc")
