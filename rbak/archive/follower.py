@@ -223,8 +223,9 @@ class FollowerGroup:
     """Streams of one vhost read on one AMQP connection by one thread: a channel and a consumer
     (``x-stream-offset``) per stream, deliveries handed to each stream's follower as they arrive,
     acked in batches (acks only move a stream consumer's credit). Each stream's credit is its
-    prefetch, so what waits in memory is bounded by ``prefetch`` deliveries per stream; quiet
-    streams' ends are probed on one stream-protocol connection (``broker.stream_end.EndProber``).
+    prefetch, so what waits in memory is bounded by ``prefetch`` deliveries per stream; every
+    streams' committed ends are probed at each tick on one stream-protocol connection, all at once
+    (``broker.stream_end.EndProber.ends``).
 
     A failure of the connection ends every follower of the group with it (the archiver starts
     again from the storage); the broker cancelling one consumer (a stream deleted) ends that one."""
