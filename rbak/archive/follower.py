@@ -224,7 +224,7 @@ class FollowerGroup:
     (``x-stream-offset``) per stream, deliveries handed to each stream's follower as they arrive,
     acked in batches (acks only move a stream consumer's credit). Each stream's credit is its
     prefetch, so what waits in memory is bounded by ``prefetch`` deliveries per stream; every
-    streams' committed ends are probed at each tick on one stream-protocol connection, all at once
+    stream's committed end is probed at each tick on one stream-protocol connection, all at once
     (``broker.stream_end.EndProber.ends``).
 
     A failure of the connection ends every follower of the group with it (the archiver starts
