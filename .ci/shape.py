@@ -145,6 +145,13 @@ def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def operator_unit(module: str) -> str:
+    """The operator's top-level unit a module belongs to: its folder (``runtime``, ``kube``...) or, for a
+    loose module (``handlers``, ``__main__``, every module of the flat operator), the module itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
 def functions(tree: ast.Module):
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -249,8 +256,12 @@ def measure() -> dict[str, object]:
         for c in cfg.get("contracts", [])
         if any(("rbak_operator" in str(v) or "rbak_spark" in str(v)) for k, v in c.items() if k != "name")
     )
+    # The issue's goal is folders that show the flow: with ~45 small modules a module count cannot go below
+    # 44 (a tree), so the arrows between the operator's folders and loose modules are counted too.
+    op_unit_edges = {(operator_unit(a), operator_unit(b)) for a, b in op_edges if operator_unit(a) != operator_unit(b)}
     return {
         "operator import arrows between its modules": len(op_edges),
+        "operator import arrows between its folders and loose modules": len(op_unit_edges),
         "operator/spark contracts in CI": op_contracts,
         "BackupEngine lines / backup/engine.py lines": f"{engine_cls} / {engine_file}",
         "read_queue lines": read_queue,
@@ -263,7 +274,8 @@ def measure() -> dict[str, object]:
         "largest Python module (lines)": f"{largest[1]} ({largest[0]})",
         "loose top-level modules in rbak/": f"{len(loose)} ({', '.join(loose)})",
         "module cycles in rbak": len(cycles),
-        "_detail": {"many_params": many_params, "private": private_calls, "cycles": cycles},
+        "_detail": {"many_params": many_params, "private": private_calls, "cycles": cycles,
+                    "operator_unit_arrows": sorted(f"{a} -> {b}" for a, b in op_unit_edges)},
     }
 
 

@@ -65,7 +65,7 @@ from support.private_node import PrivateNode
 from rbak.format.batch import encode_records
 from rbak.format.compression import DEFAULT_ZSTD_LEVEL
 from rbak.format.record import encode_record
-from rbak.format.segment import DEFAULT_SEGMENT_MAX_BYTES
+from rbak.format.segment_writer import DEFAULT_SEGMENT_MAX_BYTES
 from rbak.offline.rabbitmq.damage import ImportContext
 from rbak.offline.rabbitmq.rabbitmq_dir import RabbitImportOptions, import_rabbitmq_dir, iter_queues
 

@@ -46,7 +46,7 @@ def build_backup(store: str, backup_id: str, queues: list[str], n: int, size: in
     from rbak.format.compression import Compression
     from rbak.format.manifest import BackupManifest, QueueBackup
     from rbak.format.record import BackupProperties, BackupRecord
-    from rbak.format.segment import SegmentWriter
+    from rbak.format.segment_writer import SegmentWriter
     from rbak.format.layout import BackupLayout
     from rbak.storage import open_storage
 

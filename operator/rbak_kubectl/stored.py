@@ -123,6 +123,15 @@ def describe_archive_status(body: dict[str, Any]) -> None:
     out(f"Archive:     rabbitmqarchive/{r['name']}: {r['phase']}, lag {r['lag'] or '-'} (objective {r['rpo']}), "
         f"RPOMet {r['rpoMet'] or 'Unknown'}")
     out(f"Recoverable: until {r['recoverableUntil'] or '-'} (newest tick {st.get('lastTickTime') or '-'})")
+    d = st.get("restoreDrill") or {}
+    if d.get("result"):  # the last drill: the recovery point it measured beside the objective
+        out(f"Drill:       {d['result']} at {d.get('lastRunTime') or '-'}: recovery point achieved "
+            f"{d.get('recoveryPointSeconds', '-')}s (objective {r['rpo']}), RTO {d.get('restoreSeconds', '-')}s, "
+            f"restored up to {d.get('restorePoint') or '-'}" + (f", signed by {d['signer']}" if d.get("signer") else ""))
+        if d.get("result") != "Passed":
+            out(f"  {d.get('reason')}: {d.get('message')}")
+        if d.get("evidenceKey"):
+            out(f"  evidence {d['evidenceKey']}")
     for s in st.get("streams") or []:
         out(f"Stream:      {s.get('vhost')}/{s.get('name')}: archived to offset {s.get('archivedOffset')}, "
             f"lag {s.get('lagSeconds')}s, gaps {s.get('gapMessages', 0)}")

@@ -31,7 +31,6 @@ from rbak_operator.crds.schema import (
 )
 from rbak_operator.decide import bodies, policy
 from rbak_operator.decide.progress import watched_run
-from rbak_operator.decide.status import GONE  # noqa: F401 (tests compare a pass's result with it here)
 from rbak_operator.kube.client import Kube, connection_info
 from rbak_operator.kube.errors import ApiError
 from rbak_operator.kube.events import post as _event
@@ -94,6 +93,9 @@ def _ensure_tasks(kind: str, namespace: str, name: str, status: Any, logger: Any
         tasks.ensure((*key, "progress"), lambda: progress.follow(kind, namespace, name, tasks.stopping(), logger))
 
 
+DELETE_RETRY_SECS = 30  # an archive's deletion retried while its archiver's pod still runs
+
+
 def _delete_policy(spec: kopf.Spec, **_: Any) -> bool:
     return spec.get("deletionPolicy") == "delete"
 
@@ -149,11 +151,17 @@ async def restore_event(type: str, body: kopf.Body, name: str, namespace: str | 
 
 @kopf.on.delete(GROUP, VERSION, ARCHIVE_PLURAL, when=_delete_policy)
 def archive_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    """deletionPolicy delete: the archiver's Deployment first (nothing written after), then the archive's
-    generations (object-locked ones stay until their lock expires). Never blocks deletion."""
+    """deletionPolicy delete: the archiver's Deployment first, then, once its pod is gone (nothing written
+    after), the archive's generations (object-locked ones stay until their lock expires). While the pod
+    still runs the deletion waits and is retried (kopf keeps the finalizer): data is never deleted under a
+    live writer. Other failures do not block deletion (the archive is kept)."""
     try:
         outcome = archive_reconciler.delete_archive_data(Kube(), dict(body), logger)
-        if outcome is not None:
+        if outcome == archive_reconciler.WRITER_LIVE:
+            _event(body, "Warning", "ArchiveDeleteWaiting", "the archiver's pod is still running: the archive is "
+                   "deleted once it has stopped (retried)")
+            raise kopf.TemporaryError("the archiver's pod is still running", delay=DELETE_RETRY_SECS)
+        if isinstance(outcome, tuple):
             deleted, locked = outcome
             _event(body, "Normal", "ArchiveDeleted", f"deleted {len(deleted)} archive generations (deletionPolicy "
                    "delete)" + (f"; kept {len(locked)} still object-locked: {', '.join(locked)}" if locked else ""))

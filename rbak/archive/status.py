@@ -98,14 +98,20 @@ class ArchiveStatus:
                              "behind": p.behind} for p in self.streams]}
 
 
+def archive_generations(storage: Storage, name: str, prefix: str | None = "") -> list[BackupManifest]:
+    """Archive ``name``'s generations, oldest first: by the manifest's archive name, never by the id's
+    prefix (``orders-eu.<time>`` is not archive ``orders``'s)."""
+    gens = [e.manifest for e in list_backups(storage, prefix)
+            if e.manifest is not None and e.manifest.archive is not None and e.manifest.archive.name == name]
+    gens.sort(key=lambda m: (m.created_at, m.backup_id))
+    return gens
+
+
 def archive_status(storage: Storage, name: str, prefix: str | None = "") -> ArchiveStatus:
     """The state of archive ``name`` under ``prefix`` (one LIST, and a GET per generation's manifest or
     per tick of the open one)."""
     st = ArchiveStatus(name)
-    gens: list[BackupManifest] = [e.manifest for e in list_backups(storage, prefix)
-                                  if e.manifest is not None and e.manifest.archive is not None
-                                  and e.manifest.archive.name == name]
-    gens.sort(key=lambda m: (m.created_at, m.backup_id))
+    gens = archive_generations(storage, name, prefix)
     st.generations = len(gens)
     for m in gens:
         st.records += m.total_messages

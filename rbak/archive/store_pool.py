@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from ..format.compression import Compression, check_level
 from ..format.manifest import SegmentMetadata
 from ..format.record import BackupRecord
-from ..format.segment import SegmentBuffer, SegmentSink, store_segment
+from ..format.segment_buffer import SegmentBuffer, SegmentSink, store_segment
 
 #: Threads storing segments for the whole archive: compression, hashing and uploads release the GIL,
 #: so a few overlap uploads without a thread per stream.

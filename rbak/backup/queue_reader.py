@@ -54,6 +54,7 @@ from ..broker.deliveries import Deliver, properties, receive
 from ..broker.wire import Channel, Connection
 from .convert import delivery_count
 from .limits import budget_ceiling, may_take
+from .read_return import return_in_order, return_shared
 from .stages import DeliverySink, Throttle
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,6 @@ SHARED_MAX_DEPTH = 256
 DRY_CHECK_SECS = 2.0
 
 CLOSE = "close"  # return by closing the channels (every broker; counts as a delivery on quorum queues)
-RETURN_SETTLE_SECS = 30.0  # _await_returns: how long one channel's returns may take to land
 NACK = "nack"  # cancel, then basic.nack(multiple, requeue): 4.3+ quorum queues count no delivery
 
 
@@ -231,14 +231,17 @@ class QueueRead:
             self.quiet = error is not None
             if hold is not None and not self.shared:
                 hold.append(self)  # the caller gives these back when it chooses (cut_repair)
-            elif not (self.shared and error is None and _give_back(self.channels, self.tags, self.queue, self.where)):
-                _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
-                                 settle=self.queue if self.quorum and len(self.channels) > 1 else None)
+            elif not (self.shared and error is None
+                      and return_shared(self.channels, self.tags, self.queue, self.where)):
+                # a quorum read waits for its returns even on one channel: the next reader (the next backup's
+                # depth, a cut's repair) otherwise found the queue short while they landed (issue 46)
+                return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
+                                settle=self.queue if self.quorum else None)
 
     def give_back(self) -> None:
         """Return a held read's messages (``read_queue(hold=...)``), first-opened channel first."""
-        _return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
-                         settle=self.queue)
+        return_in_order(self.channels, self.tags, self.where, self.nack, quiet=self.quiet, ends=self.ends,
+                        settle=self.queue)
 
     def _cut(self, e: ConnectionLost) -> AmqpError:
         res, depth, n = self.res, self.depth, len(self.channels)
@@ -397,7 +400,7 @@ def reading_channel(conn: Connection) -> Channel:
     processes on every queue: most of a many-queue backup (issue 20: 1,000 x 100). A read
     gives its messages back by cancelling its consumer and ``basic.nack(multiple, requeue)``,
     which requeues a classic queue's messages exactly as a channel close does (the same
-    requeue, to their original positions), then waits for the requeue (``_give_back``). A
+    requeue, to their original positions), then waits for the requeue (``return_shared``). A
     failed read closes the channel instead, and the next read opens a fresh one.
     """
     return kept_channel(conn, READING, _no_prefetch_cap)
@@ -405,42 +408,6 @@ def reading_channel(conn: Connection) -> Channel:
 
 def _no_prefetch_cap(ch: Channel) -> None:
     ch.qos(0)  # explicit: a broker's default_consumer_prefetch would cap the read
-
-
-def _give_back(channels: list[Channel], tags: dict[int, list[str]], queue: str, where: str) -> bool:
-    """Return a shared reading channel's messages and keep it (True), or False: close it instead.
-
-    ``basic.nack`` has no reply, and the queue requeues asynchronously: a passive declare from
-    another connection 14 ms after a nack of 100,000 saw 0 messages (3.10.8), so a backup started
-    right after this one could find the queue short. The passive declare that follows on the same
-    channel asks the queue process itself for its depth, and Erlang delivers the channel's requeue
-    to it first, so once the reply arrives every message is back. (A channel close reaches the
-    queue ahead of any later reader's declare too: one 1 ms after a close of 100,000 waited for
-    the requeue and saw them all.)
-
-    The cancel is awaited before the nack is sent: deliveries the queue sent before it took the
-    cancel reach the channel before the Cancel-Ok, so the nack covers them. Sent together, the nack
-    could overtake them and leave them held by this channel."""
-    if len(channels) != 1 or not channels[0].is_open:
-        return False
-    ch = channels[0]
-    try:
-        _cancel(ch, tags)  # first: a consumer still there would receive what the nack requeues
-        ch.deliveries.clear()  # what arrived and was not taken goes back with the nack: never the next read's
-        ch.nack(0, multiple=True, requeue=True)
-        ch.declare_passive(queue)
-        return True
-    except Exception as e:  # noqa: BLE001 - closing gives everything back too
-        log.debug("%s: returning the shared channel's messages: %r", where, e)
-        return False
-
-
-def _cancel(ch: Channel, tags: dict[int, list[str]]) -> None:
-    """Cancel ``ch``'s consumers, oldest first, each awaiting its Cancel-Ok (nothing is delivered after it)."""
-    mine = tags.get(ch.number) or []
-    while mine:
-        ch.cancel(mine[0])
-        mine.pop(0)
 
 
 def _channel_closed_error(e: ChannelClosedByBroker, where: str, records: int, depth: int) -> AmqpError:
@@ -523,85 +490,3 @@ def _check_open(channels: list, where: str, records: int, depth: int) -> None:
                 f"{where}: the broker closed channel {i} of the read after {records} of {depth} messages (most "
                 "likely its consumer_timeout: raise it for this queue, e.g. the x-consumer-timeout argument or "
                 "policy on 3.12+/4.x, or rabbitmq.conf consumer_timeout); every unacked message returned to the queue")
-
-
-def _return_in_order(channels: list[Channel], tags: dict[int, list[str]], where: str, nack: bool, quiet: bool,
-                     ends: dict[int, list[int]] | None = None, settle: str | None = None) -> None:
-    """Give every message back, first-opened channel first: that is what keeps a quorum queue's order.
-
-    Each channel's consumers are cancelled first (so none can receive what is returned). NACK:
-    then ``basic.nack(multiple, requeue)`` up to the end of each window in turn (``ends``: one
-    consumer's messages after another, as they were taken), then everything left; then close.
-
-    ``settle`` (the quorum queue's name): wait until each channel's messages are back before the next
-    channel gives its own back. A Close-Ok (or a nack) does not mean the queue has taken the returns:
-    each channel process hands them to the queue on its own, so under load a later channel's could
-    land first (3.10.8 under a parallel suite, issue 42). Used where the order across channels
-    matters and the wait costs little: reads over several channels, and reads held for cut_repair.
-    """
-    for i, ch in enumerate(channels):
-        probe = _settle_probe(channels, i) if settle else None
-        before = _ready(probe, settle) if probe is not None and settle else None
-        try:
-            if ch.is_open:
-                # cancelled before the close: closing a 3.10.8 / 4.0.5 quorum channel whose consumer was
-                # still there returned its window's first two messages swapped, about 1 backup in 3
-                # (test_five_runs_then_fresh_dir...)
-                _cancel(ch, tags)
-                if nack:
-                    upto: list[int] = []
-                    for t in (ends or {}).get(ch.number, []):
-                        if t > (upto[-1] if upto else 0):  # a window that took nothing has no end of its own
-                            upto.append(t)
-                    upto.append(0)  # what is left (messages the broker pushed that were not taken)
-                    for t in upto:
-                        ch.nack(t, multiple=True, requeue=True)
-                ch.close()
-        except Exception as e:  # noqa: BLE001 - the connection may be gone; the broker requeues anyway
-            if not quiet:
-                log.debug("%s: returning a channel's messages: %r", where, e)
-        held = max((ends or {}).get(ch.number) or [0])
-        if probe is not None and settle and before is not None and held:
-            _await_returns(probe, settle, before + held, where)
-        if probe is not None and probe not in channels:
-            _close_quietly(probe)
-
-
-def _settle_probe(channels: list[Channel], i: int) -> Channel | None:
-    """A channel to watch the queue's depth on while channel ``i`` gives back: the next channel of the
-    read (still open, its consumers about to be cancelled), or a fresh one after the last."""
-    if i + 1 < len(channels) and channels[i + 1].is_open:
-        return channels[i + 1]
-    try:
-        return channels[i].conn.channel() if channels[i].conn.is_open else None
-    except Exception:  # noqa: BLE001 - no probe: the returns are given back without the wait
-        return None
-
-
-def _ready(probe: Channel, queue: str) -> int | None:
-    try:
-        return probe.declare_passive(queue)[0]
-    except Exception:  # noqa: BLE001 - the probe's channel is gone (or the queue): no wait
-        return None
-
-
-def _await_returns(probe: Channel, queue: str, want: int, where: str) -> None:
-    """Poll the queue's ready count until ``want`` (the count before the return plus what it gave
-    back); a queue that another client drains may never get there, so the wait is bounded."""
-    deadline = time.monotonic() + RETURN_SETTLE_SECS
-    while True:
-        ready = _ready(probe, queue)
-        if ready is None or ready >= want:
-            return
-        if time.monotonic() >= deadline:
-            log.warning("%s: %d of the %d ready messages expected after a channel's return after %.0f s; the "
-                        "next channel gives its own back anyway", where, ready, want, RETURN_SETTLE_SECS)
-            return
-        time.sleep(0.01)
-
-
-def _close_quietly(ch: Channel) -> None:
-    try:
-        ch.close()
-    except Exception:  # noqa: BLE001 - the connection may be gone
-        pass

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 from ..format.compression import Compression, check_level
 from ..format.manifest import SegmentMetadata
 from ..format.record import BackupRecord
-from ..format.segment import SegmentBuffer, SegmentPipeline, SegmentSink, store_segment
+from ..format.segment_buffer import SegmentBuffer, SegmentSink, store_segment
+from ..format.segment_writer import SegmentPipeline
 from .stages import OnDurable
 
 

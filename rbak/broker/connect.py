@@ -11,6 +11,7 @@ reading messages.
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 
 from .wire import Connection, Params
@@ -50,3 +51,17 @@ def connect(conn: ConnectionConfig, vhost: str, role: str = "source", name: str 
     """Open a connection to ``vhost`` or raise an ``AmqpError`` naming host, port and vhost
     (``role``: the config section, ``source`` or ``target``)."""
     return Connection.open(connection_params(conn, vhost, role, name))
+
+
+def answers_http(conn: ConnectionConfig, timeout: float = 5.0) -> bool:
+    """Whether ``amqp_url``'s port is an HTTP listener (the management API's port under another host name):
+    asked in HTTP only after an AMQP connection failed, so that a long-running process can tell a setting
+    to fix from a broker that is away (which it retries). Plain AMQP only: over TLS a failure says enough."""
+    if conn.use_tls:
+        return False
+    try:
+        with socket.create_connection((conn.host, conn.port), timeout=timeout) as s:
+            s.sendall(b"GET / HTTP/1.0\r\nHost: " + conn.host.encode("idna") + b"\r\n\r\n")
+            return s.recv(5) == b"HTTP/"
+    except (OSError, UnicodeError):
+        return False

@@ -168,6 +168,20 @@ def _open(host: str, port: int, vhost: str, user: str, password: str, timeout: f
         raise
 
 
+def stream_cluster(cfg: "ConnectionConfig") -> str | None:
+    """The cluster name the listener on ``cfg.stream_port`` gives in its peer properties (before any login),
+    so a start can refuse a port of another cluster, where every probe would only fall back."""
+    from .connect import ssl_context
+
+    ctx = (ssl_context(cfg), cfg.tls.server_name or cfg.host) if cfg.use_tls else None
+    c = _Conn(cfg.host, cfg.stream_port, cfg.connection_timeout_secs, ctx)
+    try:
+        props, _ = _read_map(c.response(_PEER_PROPERTIES, c.request(_PEER_PROPERTIES, _map({"product": "rbak"}))), 0)
+    finally:
+        c.close()
+    return props.get("cluster_name")
+
+
 def _version(v: str) -> tuple[int, ...]:
     """``"4.3.6"`` -> (4, 3, 6); anything unparsable -> () (older than every release)."""
     parts = []

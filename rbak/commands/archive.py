@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
+import struct
 from typing import Any
 
-from ..config import load_config
-from ..errors import ConfigError
+from ..config import ConnectionConfig, load_config
+from ..errors import AmqpConnectionError, ConfigError, RbakError, StreamProtocolError
 from ..metrics import serve
+
+log = logging.getLogger("rbak.archive")
 
 
 def register(sub: argparse._SubParsersAction, _imp: argparse._SubParsersAction) -> None:
@@ -35,6 +39,8 @@ def run(args: Any) -> int:
         raise ConfigError(f"mode: {args.config} is a {cfg.mode!r} configuration; rbak archive needs mode: archive")
     if args.metrics_port is not None:
         cfg.metrics.enabled, cfg.metrics.port = True, args.metrics_port
+    assert cfg.source is not None  # required for mode: archive (the config check)
+    preflight(cfg.source)
     if cfg.metrics.enabled:
         serve(cfg.metrics)
     archiver = Archiver(cfg)
@@ -51,3 +57,47 @@ def run(args: Any) -> int:
         print(f"archive {summary.archive}: {len(summary.generations)} generation(s), {summary.segments} segment(s), "
               f"{summary.records} record(s); recoverable until {summary.to_json_obj()['recoverable_until_utc']}")
     return 0
+
+
+def preflight(src: ConnectionConfig) -> None:
+    """Refuse at start what the archiver would otherwise live with for ever (a new user's trial, TRIAL.md):
+    a vhost in ``amqp_url`` that does not exist (the selection never used it: every vhost was archived),
+    and a ``stream_port`` of another cluster (the 5552 default on a host running several brokers), where
+    each tick's end probe falls back, logged at INFO only. A broker that does not answer is left to the
+    archiver, which retries and names it; a port that answers in HTTP (``amqp_url`` at the management
+    port) is a setting, refused."""
+    from ..broker.connect import answers_http, connect  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
+    from ..broker.management import ManagementClient  # noqa: PLC0415 - start-up, as above
+    from ..broker.stream_end import stream_cluster  # noqa: PLC0415 - start-up, as above
+
+    try:
+        connect(src, src.named_vhost or "/", "source", "rbak archive (start check)").close()
+    except AmqpConnectionError as e:
+        if answers_http(src):
+            raise ConfigError(f"source.amqp_url: {e} (it answers in HTTP); nothing was archived") from None
+    except RbakError:
+        pass  # refused credentials or a vhost that is not there: named below, or retried by the archiver
+    client = ManagementClient.for_connection(src, "source")
+    try:
+        try:
+            cluster, known = client.overview().get("cluster_name"), client.vhosts()
+        except RbakError:
+            return
+        vhost = src.named_vhost
+        if vhost is not None and vhost not in known and vhost not in src.queues.vhosts:  # else named as selected
+            raise ConfigError(f"source.amqp_url: vhost {vhost!r} does not exist on {src.management_url} (vhosts user "
+                              f"{src.mgmt_username!r} can see: {', '.join(map(repr, known[:10]))}"
+                              f"{', ...' if len(known) > 10 else ''}); nothing was archived")
+        try:
+            stream = stream_cluster(src)
+        except (StreamProtocolError, OSError, struct.error) as e:
+            log.warning("source.stream_port: no stream listener answers on %s:%d (%s): each stream's end is found "
+                        "by a quiet period instead of being asked (docs/archive.md)", src.host, src.stream_port,
+                        e or type(e).__name__)
+            return
+        if cluster and stream and stream != cluster:
+            raise ConfigError(f"source.stream_port: {src.host}:{src.stream_port} answers for cluster {stream!r}, but "
+                              f"{src.management_url} is cluster {cluster!r}: set source.stream_port to this broker's "
+                              "stream port (default 5552); nothing was archived")
+    finally:
+        client.close()

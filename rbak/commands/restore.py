@@ -5,22 +5,26 @@ target the local broker (``amqp://guest:guest@localhost:5672``, management on
 15672), definitions NOT imported, non-empty target queues refused. Without
 ``--backup-id`` the newest COMPLETE backup in the storage is used and named on
 stderr before anything is published (incomplete backups are never chosen);
-``--dry-run`` shows what that would do.
+``--dry-run`` shows what that would do. ``--archive NAME``: the newest generation
+of that ``rbak archive`` (its chain walks back through the older ones).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import sys
 from dataclasses import replace
 from typing import Any
 
+from ..archive.status import archive_generations
 from ..config import load_config, parse_time_bound
 from ..config.validation import check_url
 from ..errors import ConfigError, NotFoundError, RestoreError
 from ..metrics import serve
 from ..repo import progress
-from ..repo.catalog import latest_complete, load_manifest
+from ..format.manifest import BackupManifest
+from ..repo.catalog import BackupEntry, latest_complete, list_backups, load_manifest
 from ..restore.engine import run_restore
 from ..restore.options import RestoreOptions, local_target, options_from_config
 from ..sealing.crypto import load_keyring
@@ -40,6 +44,9 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--path", help=f"storage URL or directory of the backups (default {DEFAULT_PATH}; refused with --config)")
     p.add_argument("--prefix", default=None, help="storage key prefix (without --config)")
     p.add_argument("--backup-id", help="backup to restore (default: the newest complete one)")
+    p.add_argument("--archive", metavar="NAME", default=None,
+                   help="restore the archive NAME (`rbak archive`'s archive.name) from its newest generation, "
+                        "whose chain walks back through the older ones (without --config; not with --backup-id)")
     p.add_argument("--target-url", help="AMQP URL of the target broker (without --config; a password here is "
                                         "visible in ps: prefer $RBAK_TARGET_URL or --target-url-file)")
     p.add_argument("--target-url-file", help="file holding the target's AMQP URL (e.g. a mounted secret)")
@@ -94,7 +101,7 @@ def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
     if args.config:
         # flags that say what the config file says: one of the two would be silently ignored
-        clash = [flag for flag, value in (("--path", args.path), ("--prefix", args.prefix),
+        clash = [flag for flag, value in (("--path", args.path), ("--prefix", args.prefix), ("--archive", args.archive),
                                           ("--target-url", args.target_url), ("--target-url-file", args.target_url_file),
                                           ("--management-url", args.management_url), ("--keys-file", args.keys_file))
                  if value is not None]
@@ -109,7 +116,9 @@ def build(args: Any):
 
     storage = open_storage(args.path or DEFAULT_PATH)
     backup_id = args.backup_id
-    if not backup_id:
+    if args.archive is not None:
+        backup_id = _archive_newest(storage, args.archive, args.prefix or "", args.backup_id)
+    elif not backup_id:
         empty: list[str] = []
         entry = latest_complete(storage, args.prefix or "", with_data=True, skipped_empty=empty)
         if entry is None:
@@ -117,6 +126,7 @@ def build(args: Any):
                                 + (f" (only empty ones: {', '.join(map(repr, empty))})" if empty else "")
                                 + "; pass --backup-id or --path")
         backup_id = entry.backup_id
+        _one_archive_only(storage, args.prefix or "", entry)
         why = (f" (passing over {len(empty)} newer empty backup(s) that hold no message: "
                f"{', '.join(map(repr, empty))})" if empty else "")
         print(f"rbak: restoring the newest complete backup {backup_id!r} from {storage.url}{why}", file=sys.stderr)
@@ -132,22 +142,84 @@ def build(args: Any):
     return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, keys=keys, **opts), None
 
 
+def _archive_names(storage: Any, prefix: str) -> list[str]:
+    return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
+                   if e.manifest is not None and e.manifest.archive is not None})
+
+
+def _archive_newest(storage: Any, name: str, prefix: str, backup_id: str | None) -> str:
+    """The newest generation of archive ``name``: a restore of it walks every older one."""
+    if backup_id:
+        raise ConfigError(f"--archive {name}: give either --archive or --backup-id, not both")
+    gens = archive_generations(storage, name, prefix)
+    if not gens:
+        names = _archive_names(storage, prefix)
+        raise NotFoundError(f"--archive {name}: no generation of archive {name!r} at {storage.url}"
+                            + (f" (prefix {prefix!r})" if prefix else "")
+                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
+    newest = gens[-1].backup_id
+    print(f"rbak: restoring archive {name!r} from its newest generation {newest!r} ({len(gens)} generation(s))",
+          file=sys.stderr)
+    return newest
+
+
+def _one_archive_only(storage: Any, prefix: str, entry: BackupEntry) -> None:
+    """A default pick among several archives' generations would restore whichever wrote last: refused."""
+    if entry.manifest is None or entry.manifest.archive is None:
+        return
+    names = _archive_names(storage, prefix)
+    if len(names) > 1:
+        raise ConfigError(f"{storage.url} holds the archives {', '.join(map(repr, names))}; the newest complete backup "
+                          f"{entry.backup_id!r} is archive {entry.manifest.archive.name!r}'s: pass --archive NAME "
+                          "(or --backup-id) to say which one to restore")
+
+
+def _utc(ms: int) -> str:
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _check_archive_end(storage: Any, m: BackupManifest, prefix: str, end: int, flag: str) -> None:
+    """A point in time an archive generation cannot stand for is refused: past its recoverable-until (later
+    records are not known complete across streams), or before the archive's first generation (nothing)."""
+    info = m.archive
+    if info is None:
+        return
+    if info.recoverable_until is None:
+        raise ConfigError(f"{flag}: generation {m.backup_id!r} of archive {info.name!r} holds no recoverable-until "
+                          "yet: nothing in it is known complete")
+    if end > info.recoverable_until:
+        raise ConfigError(f"{flag}: {_utc(end)} is after the archive's recoverable-until {_utc(info.recoverable_until)} "
+                          f"(generation {m.backup_id!r} of archive {info.name!r}): records after it are not known "
+                          f"complete across streams; restore the newest generation (--archive {info.name}), "
+                          "'recoverable', or an earlier time")
+    gens = archive_generations(storage, info.name, prefix)
+    first = gens[0] if gens else m
+    if end < first.created_at:
+        raise ConfigError(f"{flag}: {_utc(end)} is before archive {info.name!r} began ({_utc(first.created_at)}, "
+                          f"its first generation {first.backup_id!r}): no record is stamped that early, "
+                          "nothing would be restored")
+
+
 def _pitr(args: Any, storage: Any, options: Any) -> Any:
-    """``--pitr-start`` / ``--pitr-end`` applied to the options (``recoverable``: the archive's recoverable-until)."""
-    if getattr(args, "pitr_end", None) is None and getattr(args, "pitr_start", None) is None:
-        return options
+    """``--pitr-start`` / ``--pitr-end`` applied to the options (``recoverable``: the archive's recoverable-until);
+    an end an archive generation cannot stand for (the flag's or ``restore.time_window_end``) is refused."""
     start, end = options.window_start_ms, options.window_end_ms
-    if args.pitr_start is not None:
+    where = "restore.time_window_end"
+    if getattr(args, "pitr_start", None) is not None:
         start = parse_time_bound(args.pitr_start, "--pitr-start")
-    if args.pitr_end is not None and args.pitr_end.strip().lower() == "recoverable":
+    if getattr(args, "pitr_end", None) is not None and args.pitr_end.strip().lower() == "recoverable":
         m = load_manifest(storage, options.backup_id, options.prefix)
         if m.archive is None or m.archive.recoverable_until is None:
             raise ConfigError(f"--pitr-end recoverable: backup {options.backup_id!r} is not a generation of an archive "
                               "with a recoverable-until time")
         end = m.archive.recoverable_until
         print(f"rbak: restoring up to the archive's recoverable-until {end} ms", file=sys.stderr)
-    elif args.pitr_end is not None:
-        end = parse_time_bound(args.pitr_end, "--pitr-end")
+        return replace(options, window_start_ms=start, window_end_ms=end)
+    if getattr(args, "pitr_end", None) is not None:
+        end, where = parse_time_bound(args.pitr_end, "--pitr-end"), "--pitr-end"
+    if end is not None:
+        _check_archive_end(storage, load_manifest(storage, options.backup_id, options.prefix), options.prefix,
+                           end, where)
     return replace(options, window_start_ms=start, window_end_ms=end)
 
 

@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from .fields import _Section, doc_field
@@ -118,14 +119,30 @@ def default_backup_id(now: _dt.datetime | None = None) -> str:
 
 
 def _check_connection(c: ConnectionConfig, path: str, errors: list[str]) -> None:
+    before = len(errors)
     _check_url(c.amqp_url, ("amqp", "amqps"), f"{path}.amqp_url", errors)
     _check_url(c.management_url, ("http", "https"), f"{path}.management_url", errors)
+    if len(errors) == before:
+        _check_ports(c, path, errors)
     for name in ("ca_cert", "client_cert", "client_key"):
         v = getattr(c.tls, name)
         if v and not os.path.isfile(v):
             errors.append(f"{path}.tls.{name}: file not found: {v!r}")
     if bool(c.tls.client_cert) != bool(c.tls.client_key):
         errors.append(f"{path}.tls: client_cert and client_key go together (one is missing)")
+
+
+def _check_ports(c: ConnectionConfig, path: str, errors: list[str]) -> None:
+    """One port given for two protocols: `rbak archive` retried the management port as AMQP for ever."""
+    m = urlsplit(c.management_url)
+    mgmt = ((m.hostname or "").lower(), m.port or (443 if m.scheme == "https" else 80))
+    if (c.host.lower(), c.port) == mgmt:
+        errors.append(f"{path}.amqp_url: {c.host}:{c.port} is {path}.management_url's address (the management API "
+                      "speaks HTTP): point amqp_url at the broker's AMQP port (5672 by default, 5671 with TLS)")
+    elif c.stream_port in (c.port, mgmt[1] if mgmt[0] == c.host.lower() else None):
+        errors.append(f"{path}.stream_port: {c.stream_port} is the port of {path}."
+                      f"{'amqp_url' if c.stream_port == c.port else 'management_url'}: set the broker's stream "
+                      "protocol port (5552 by default)")
 
 
 def _check_config(cfg: Config, errors: list[str]) -> None:
@@ -179,9 +196,9 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
                       + (" (or encryption.kms_key_id with envelope: true)" if enc.envelope else ""))
     named = [f"encryption.{n}" for n in ("key_id", "keys_file", "keys_env", "kms_key_id") if getattr(enc, n)]
     named += ["encryption.envelope"] if enc.envelope else []
-    if cfg.mode == "backup" and not enc.enabled and named:  # never a silent plaintext backup
-        errors.append(f"encryption.enabled: is false but {', '.join(named)} is set: this backup would be stored in "
-                      f"plaintext; set encryption.enabled: true to encrypt it, or remove the encryption section")
+    if cfg.mode in ("backup", "archive") and not enc.enabled and named:  # never a silent plaintext backup or archive
+        errors.append(f"encryption.enabled: is false but {', '.join(named)} is set: this {cfg.mode} would be stored "
+                      f"in plaintext; set encryption.enabled: true to encrypt it, or remove the encryption section")
     if enc.kms_key_id and not enc.envelope:
         errors.append("encryption.kms_key_id: a KMS key only wraps data keys: set encryption.envelope: true")
     for name in ("kms_region", "kms_endpoint_url"):

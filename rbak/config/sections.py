@@ -414,7 +414,7 @@ class EncryptionConfig(_Section):
     key id (with `envelope`: the backup's own data key, stored wrapped under `keys/`). Keys are read from `keys_env`/`RBAK_ENCRYPTION_KEYS` and `keys_file` whenever a backup is
     read, so restore and validate of encrypted backups need only the keys, not `enabled`."""
 
-    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`). A `mode: backup` config that names "
+    enabled: bool = doc_field(False, "Encrypt this backup (with the key `key_id`). A `mode: backup` or `mode: archive` config that names "
                               "`key_id`, `keys_file`, `keys_env`, `envelope` or `kms_key_id` without `enabled: true` is "
                               "refused (exit 2): a key in the config never leaves a backup in plaintext silently. "
                               "Restore and drill configs name keys without it, to read encrypted backups.")
@@ -495,3 +495,7 @@ class DrillConfig(_Section):
     signing_key_env: Optional[str] = doc_field(None, "Name of an environment variable holding that key's PEM "
                                                "instead (how the operator passes it from a Secret); not with "
                                                "`signing_key_file`.")
+    lookback_secs: float = doc_field(300.0, "A drill of a continuous archive (`rbak drill --archive NAME`) restores "
+                                     "the archive as it was this long ago (never past its recoverable-until) and "
+                                     "compares it with the live streams, which must still hold those offsets.",
+                                     min=0, max=7 * 86400)

@@ -6,9 +6,8 @@ from .record import (
     Array, BackupProperties, BackupRecord, Bool, Bytes, Double, Float, HeaderValue, Long,
     LongString, Short, ShortString, Table, Timestamp, Void, decode_record, encode_record,
 )
-from .segment import (
-    Segment, SegmentHeader, SegmentWriter, decode_segment, encode_segment, read_header, verify_frame,
-)
+from .segment import Segment, SegmentHeader, decode_segment, encode_segment, read_header, verify_frame
+from .segment_writer import SegmentWriter
 
 __all__ = [
     "Compression", "BackupManifest", "DefinitionsBackup", "QueueBackup", "SegmentMetadata",

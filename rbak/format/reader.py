@@ -14,7 +14,6 @@ failure is a ``SegmentError`` naming the key.
 from __future__ import annotations
 
 import hashlib
-import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
@@ -27,7 +26,9 @@ from .batch import decode_payload_records, decode_records
 from .compression import Compression
 from .manifest import SegmentMetadata
 from .record import BackupRecord
-from .segment import FOOTER_SIZE, HEADER_SIZE, MIN_SEGMENT_SIZE, SegmentHeader, read_header, verify_frame
+from .segment import (
+    FOOTER, FOOTER_SIZE, HEADER_SIZE, MIN_SEGMENT_SIZE, RECORD_LENGTH, SegmentHeader, read_header, verify_frame,
+)
 
 IN_MEMORY_LIMIT = 192 * 1024 * 1024
 """Compressed files up to this size are fetched in one request; larger ones by ranges, twice."""
@@ -37,8 +38,6 @@ MAX_RECORD_BYTES = 256 * 1024 * 1024
 """No record may claim more (RabbitMQ's own limit is 512 MiB on 3.x, 16-128 MiB by default)."""
 CHUNK_RECORDS = 1024
 CHUNK_BYTES = 8 * 1024 * 1024
-_LEN = struct.Struct("<I")
-_FOOTER = struct.Struct("<I4s")
 
 
 class _Readable(Protocol):
@@ -112,7 +111,7 @@ def _check_whole_by_ranges(storage: _Readable, key: str, size: int) -> tuple[Seg
         sha.update(got)
         crc = zlib.crc32(got[: max(0, body_end - pos)], crc)
         pos += len(got)
-    stored_crc, end_magic = _FOOTER.unpack(storage.get_range(key, body_end, FOOTER_SIZE))
+    stored_crc, end_magic = FOOTER.unpack(storage.get_range(key, body_end, FOOTER_SIZE))
     if end_magic != b"KABR":
         raise SegmentError(key, f"bad end magic {end_magic!r}, expected b'KABR' (truncated?)")
     if crc != stored_crc:
@@ -274,7 +273,7 @@ def iter_record_chunks(fetched: FetchedSegment, seg: SegmentMetadata, start: int
             break
         if not fill(4):
             raise SegmentError(key, f"truncated record length at byte {src.total - (len(buf) - pos)} of the payload")
-        (length,) = _LEN.unpack_from(buf, pos)
+        (length,) = RECORD_LENGTH.unpack_from(buf, pos)
         offset = src.total - (len(buf) - pos)
         if length > MAX_RECORD_BYTES or offset + 4 + length > limit:
             raise SegmentError(key, f"record {index} at byte {offset} of the payload claims {length} bytes, "
@@ -328,7 +327,7 @@ def _decode_chunk(part: memoryview, key: str, first: int) -> list[BackupRecord]:
         raws = []
         mv, pos = part, 0
         while pos < len(mv):
-            (n,) = _LEN.unpack_from(mv, pos)
+            (n,) = RECORD_LENGTH.unpack_from(mv, pos)
             raws.append(mv[pos + 4: pos + 4 + n])
             pos += 4 + n
         return decode_records(raws)

@@ -29,7 +29,7 @@ from ..sealing.crypto import ObjectCodec
 from ..sealing.envelope import write_wraps
 from ..format.manifest import BackupManifest, QueueBackup, QueueStatus
 from ..format.record import BackupRecord
-from ..format.segment import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
+from ..format.segment_writer import DEFAULT_SEGMENT_MAX_BYTES, SegmentPipeline, SegmentWriter
 from ..format.layout import BackupLayout
 from ..repo.progress import Tracker, counted
 from ..storage import Storage, open_storage

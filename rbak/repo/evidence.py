@@ -125,6 +125,9 @@ class Verified:
                (f"target: {r.get('target')} (RabbitMQ {r.get('broker_version') or '?'}), scratch vhost "
                 f"{r.get('scratch_vhost')!r} {'removed' if r.get('scratch_vhost_removed') else 'NOT removed'}"),
                f"time: {r.get('started_at')} .. {r.get('finished_at') or '?'} ({r.get('duration_secs')} s)"]
+        a = r.get("archive")
+        if isinstance(a, dict):  # a drill of a continuous archive (rbak.drill.archive)
+            return out[:2] + out[3:] + self._archive_lines(a)
         for q in queues:
             out.append(f"  {q.get('vhost')}/{q.get('queue')} ({q.get('queue_type')}): expected "
                        f"{q.get('expected_count')}, restored and read back {q.get('actual_count')}, record hash "
@@ -133,6 +136,22 @@ class Verified:
                 if r.get("passed") else "did NOT restore as the backup holds it")
         out.append(f"proves: backup {r.get('backup_id')} (manifest {str(r.get('manifest_sha256'))[:16]}...) {what}, "
                    f"as reported by the holder of key {self.fingerprint}")
+        return out
+
+
+    def _archive_lines(self, a: dict[str, Any]) -> list[str]:
+        r = self.report
+        out = [f"archive {a.get('name')}, generation {a.get('generation')}: recovery point achieved "
+               f"{a.get('recovery_point_secs')} s (recoverable until {a.get('recoverable_until_utc')} at the drill); "
+               f"restored up to {a.get('restore_point_utc')} in {a.get('restore_secs')} s (RTO)"]
+        for s in a.get("streams") or []:
+            out.append(f"  {s.get('vhost')}/{s.get('stream')}: offsets {s.get('first_offset')}..{s.get('last_offset')}"
+                       f", {s.get('restored_count')} restored, {s.get('live_count')} live, record hash "
+                       f"{s.get('restored_hash') or '-'} ({'match' if s.get('passed') else 'MISMATCH'})")
+        what = ("restored into a scratch vhost and matched the live streams record by record" if r.get("passed")
+                else "did NOT match the live streams")
+        out.append(f"proves: archive {a.get('name')} up to {a.get('restore_point_utc')} {what}, as reported by the "
+                   f"holder of key {self.fingerprint}")
         return out
 
 

@@ -14,7 +14,7 @@ from rbak.format.compression import Compression
 from rbak.format.layout import BackupLayout
 from rbak.format.manifest import BackupManifest, QueueBackup
 from rbak.format.record import BackupProperties, BackupRecord, Long, LongString
-from rbak.format.segment import SegmentWriter
+from rbak.format.segment_writer import SegmentWriter
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,7 @@ def test_a_bad_signing_key_file_is_named_before_any_drill(tmp_path):
 
 
 def test_the_report_names_the_target_without_its_credentials():
-    from rbak.drill import without_credentials
+    from rbak.drill.backup import without_credentials
 
     assert without_credentials("http://admin:s3cret@rabbit:15672/api") == "http://rabbit:15672/api"
     assert without_credentials("https://rabbit:15671") == "https://rabbit:15671"

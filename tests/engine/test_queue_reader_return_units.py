@@ -5,7 +5,7 @@ queue out of order (3.10.8, a cut repair's check read over three channels in a p
 
 from __future__ import annotations
 
-from rbak.backup.queue_reader import _return_in_order
+from rbak.backup.read_return import return_in_order
 
 
 class Queue:
@@ -64,7 +64,7 @@ def give_back(settle: str | None) -> tuple[list[int], Conn]:
     conn = Conn(Queue(ready=0, slow=1, lag=5))
     channels = [Chan(conn, n, 2000) for n in (1, 2, 3)]
     ends = {n: [1000, 2000] for n in (1, 2, 3)}
-    _return_in_order(channels, {}, "queue 'q'", nack=False, quiet=False, ends=ends, settle=settle)  # type: ignore[arg-type]
+    return_in_order(channels, {}, "queue 'q'", nack=False, quiet=False, ends=ends, settle=settle)  # type: ignore[arg-type]
     conn.queue.tick()
     for _ in range(10):
         conn.queue.tick()
@@ -74,7 +74,7 @@ def give_back(settle: str | None) -> tuple[list[int], Conn]:
 def test_each_channel_waits_for_the_one_before_it_to_land():
     landed, conn = give_back(settle="q")
     assert landed == [1, 2, 3]
-    assert conn.opened == 1  # a probe channel for the last one, closed again
+    assert conn.opened == 1  # the probe for the last one: the connection's kept control channel
 
 
 def test_without_the_wait_a_slow_return_lands_behind_a_later_one():

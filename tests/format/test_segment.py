@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from rbak.errors import SegmentError
 from rbak.format.compression import Compression
 from rbak.format.record import BackupRecord, encode_record
-from rbak.format.segment import (
-    SegmentWriter, decode_segment, encode_segment, read_header, segment_file_name,
-)
+from rbak.format.segment import decode_segment, encode_segment, read_header, segment_file_name
+from rbak.format.segment_writer import SegmentWriter
 
 from .strategies import records as record_strategy
 

@@ -12,9 +12,9 @@ import pytest
 from rbak.errors import StorageError
 from rbak.format.compression import Compression
 from rbak.format.record import BackupRecord, encode_record
-from rbak.format.segment import (
-    SegmentBuffer, SegmentPipeline, SegmentWriter, decode_segment, encode_segment, frame_segment,
-)
+from rbak.format.segment import decode_segment, encode_segment, frame_segment
+from rbak.format.segment_buffer import SegmentBuffer
+from rbak.format.segment_writer import SegmentPipeline, SegmentWriter
 
 
 def recs(n: int, size: int = 300, start: int = 0) -> list[BackupRecord]:
@@ -166,7 +166,7 @@ def test_big_segments_hashed_beside_the_sink_describe_the_stored_bytes(sealed):
     """Segments past PARALLEL_HASH_BYTES are hashed in a helper thread while the sink stores them;
     the checksum is still that of the bytes stored (the sealed ones when the sink seals), and the
     buffer is reused afterwards (the helper kept no view)."""
-    from rbak.format.segment import PARALLEL_HASH_BYTES, store_segment
+    from rbak.format.segment_buffer import PARALLEL_HASH_BYTES, store_segment
 
     stored = {}
 

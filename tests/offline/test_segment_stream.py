@@ -12,13 +12,13 @@ import pytest
 
 from rbak.repo.catalog import load_manifest
 from rbak.errors import StorageError
-from rbak.format import segment
+from rbak.format import segment_buffer
 from rbak.format.record import BackupRecord
 from rbak.offline.writer import WriteOptions, write_backup
 from rbak.storage.fs import FileSpool, FilesystemStorage
 from rbak.repo.validate import validate_backup
 
-pytestmark = pytest.mark.skipif(segment._reserve is None, reason="segments are streamed only with the C helper")
+pytestmark = pytest.mark.skipif(not segment_buffer.CAN_STREAM, reason="segments are streamed only with the C helper")
 
 
 class WholePuts(FilesystemStorage):
@@ -67,7 +67,7 @@ def stored(storage, backup_id):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(segment, "STREAM_CHUNK_BYTES", 16 * 1024)
+    monkeypatch.setattr(segment_buffer, "STREAM_CHUNK_BYTES", 16 * 1024)
 
 
 @pytest.mark.parametrize("same_ts", [True, False])
@@ -75,13 +75,13 @@ def small_chunks(monkeypatch):
 @pytest.mark.parametrize("max_bytes", [256 * 1024, 3 << 20])  # a batch fills several segments / a segment has several
 def test_streamed_segments_are_the_files_stored_whole(tmp_path, small_chunks, same_ts, lie, max_bytes, monkeypatch):
     early: dict[str, str | None] = {}  # segment key -> its hash if taken as it was written
-    finish_hash = segment.SegmentStream.finish_hash
+    finish_hash = segment_buffer.SegmentStream.finish_hash
 
     def record(self, data):
         early[self.spool.key] = finish_hash(self, data)
         return early[self.spool.key]
 
-    monkeypatch.setattr(segment.SegmentStream, "finish_hash", record)
+    monkeypatch.setattr(segment_buffer.SegmentStream, "finish_hash", record)
     recs = records(1500, same_ts)
     source = list(recs) if lie is None else Hinted(recs, lie)  # None: a generator-like source, no hint
     if lie is None:
@@ -119,7 +119,7 @@ def test_a_record_past_the_reserved_size_waits_for_the_stretches_being_written(t
 
     monkeypatch.setattr(FileSpool, "write_at", write_at)
     refused = []
-    add_from = segment.SegmentBuffer.add_from
+    add_from = segment_buffer.SegmentBuffer.add_from
 
     def counting_add_from(self, *a):
         try:
@@ -129,7 +129,7 @@ def test_a_record_past_the_reserved_size_waits_for_the_stretches_being_written(t
             refused_once.set()
             raise
 
-    monkeypatch.setattr(segment.SegmentBuffer, "add_from", counting_add_from)
+    monkeypatch.setattr(segment_buffer.SegmentBuffer, "add_from", counting_add_from)
     # A first batch (512 records) streams its stretch, then a record whose JSON (~18 MB) is past the
     # 8 MiB segment's reserve arrives in the next batch: the buffer may grow only once that stretch is written.
     recs = [BackupRecord(body=os.urandom(1000), delivery_tag=i + 1, backed_up_at=7000) for i in range(512)]

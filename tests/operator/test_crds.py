@@ -212,7 +212,7 @@ def test_archive_crd_columns_short_name_and_rules():
     ver = crd["spec"]["versions"][0]
     assert ver["subresources"] == {"status": {}}
     assert [c["name"] for c in ver["additionalPrinterColumns"]] == [
-        "Phase", "RPO", "Lag", "Recoverable Until", "Streams", "Gaps", "Age"]
+        "Phase", "RPO", "Lag", "Recoverable Until", "Streams", "Gaps", "Age", "Drill RPO", "Last Drill"]
     spec = _schema("RabbitMQArchive")["properties"]["spec"]["properties"]
     assert spec["rpoSeconds"]["default"] == 30 and spec["maxDelaySeconds"]["default"] == 5
     assert check(_archive(rpoSeconds=10, maxDelaySeconds=5, suspend=True)) == []

@@ -15,6 +15,7 @@ from rbak.format.manifest import BackupManifest, BackupOrigin, BackupOwner, Queu
 from rbak.storage.url import open_storage
 from rbak_operator.runtime import clock as op_clock
 from rbak_operator import handlers
+from rbak_operator.decide.status import GONE
 
 NS = "ns"
 LOG = logging.getLogger("test")
@@ -306,7 +307,7 @@ def test_restore_auto_engine_from_manifest_size(clock, pvc, threshold, engine):
     else:
         # the backup's total is not what was restored: without the run's result no restored count is claimed
         assert st["phase"] == "Succeeded" and st["backupMessages"] == 7 and "messages" not in st
-    assert handlers.reconcile_restore(k, NS, "r", LOG) == handlers.GONE  # finished: its loop ends
+    assert handlers.reconcile_restore(k, NS, "r", LOG) == GONE  # finished: its loop ends
 
 
 def test_restore_of_a_missing_backup_fails_with_the_reason(clock, pvc):

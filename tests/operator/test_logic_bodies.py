@@ -84,6 +84,17 @@ def test_url_config_and_pvc():
         ("RBAK_BROKER_USERNAME", "rmq-user", "user"), ("RBAK_BROKER_PASSWORD", "rmq-user", "pass")}
 
 
+def test_broker_stream_port_reaches_the_config_of_every_kind():
+    """``spec.broker.streamPort`` takes effect (a broker whose stream listener is not 5552); absent, rbak's default."""
+    assert Config.from_dict(rbakconfig.backup_config(URL_SPEC, "prod", "b-1")[0], env=SECRET_ENV).source.stream_port == 5552
+    for spec in (URL_SPEC, CLUSTER_SPEC):
+        withport = {**spec, "broker": {**spec["broker"], "streamPort": 5554}}
+        cfg, _ = rbakconfig.backup_config(withport, "prod", "b-1")
+        assert Config.from_dict(cfg, env=SECRET_ENV).source.stream_port == 5554
+    cfg, _ = rbakconfig.restore_config({}, "prod", "b", {**URL_SPEC["broker"], "streamPort": 5553}, CLUSTER_SPEC["storage"])
+    assert cfg["target"]["stream_port"] == 5553
+
+
 def test_unset_secret_env_is_a_config_error_naming_the_variable():
     cfg, _ = rbakconfig.backup_config(URL_SPEC, "prod", "b-1")
     with pytest.raises(ConfigError, match="RBAK_BROKER_PASSWORD"):

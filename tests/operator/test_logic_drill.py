@@ -18,7 +18,7 @@ from rbak_operator.decide.status import RunState
 from support.operator_specs import CLUSTER_SPEC, K8S, OWNER, SECRET_ENV, SLOT, URL_SPEC
 
 from rbak.config import Config
-from rbak.drill import options_from_config
+from rbak.drill.backup import options_from_config
 from rbak.errors import RbakError
 
 DRILL_TARGET = {"amqpUrl": "amqp://staging.example.com:5672/%2f", "managementUrl": "http://staging.example.com:15672",
@@ -368,3 +368,68 @@ def test_recheck_names_a_removed_or_resigned_report():
                                    "that signed drill j1")
     stripped = drill.recheck_evidence(d, ("k", report))
     assert stripped["reason"] == "DrillEvidenceInvalid" and "k: not signed" in stripped["message"]
+
+
+# --------------------------------------------------------------------------
+# A RabbitMQArchive's drill (rbak drill --archive)
+# --------------------------------------------------------------------------
+
+def _archive_owner(spec: dict) -> dict:
+    o = _owner(spec)
+    o["kind"], o["metadata"] = "RabbitMQArchive", {**o["metadata"], "name": "orders"}
+    return o
+
+
+@pytest.mark.parametrize("spec", [CLUSTER_SPEC, URL_SPEC], ids=["cluster", "url"])
+def test_an_archive_drill_job_runs_rbak_drill_archive_and_its_config_loads(spec):
+    spec = _with_drill(spec, lookbackSeconds=120)
+    owner = _archive_owner(spec)
+    cfg, env = drill.archive_drill_config(spec, "prod")
+    base = drill.drill_base(owner)
+    assert base == "orders-archive"  # never the Jobs of a RabbitMQBackup named orders
+    run = drill.drill_run_name(base, SLOT)
+    job = drill.drill_job(owner, run, "orders", env, SLOT)
+    kubernetes_validate.validate(job, K8S, strict=True)
+    assert job["metadata"]["labels"][bodies.L_DRILLS] == "orders-archive"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["drill", "--config", "/etc/rbak/config.yaml", "--archive", "orders", "--drill-id", run, "--json"]
+    cm = bodies.configmap_body(run, "prod", owner, cfg, drill.drill_labels(base))
+    loaded = Config.from_dict(yaml.safe_load(cm["data"]["config.yaml"]), env=SECRET_ENV)
+    assert loaded.mode == "drill" and loaded.source is not None and loaded.drill.target is not None
+    assert loaded.drill.lookback_secs == 120.0 and "backup_id" not in cfg
+    assert loaded.source.management_url == loaded.drill.target.management_url  # default target: the archived broker
+
+
+def test_an_archive_drill_status_shows_the_recovery_point_beside_the_objective():
+    report = {"passed": True, "scratch_vhost": "rbak-drill-orders.1-x", "report_key": "p/orders.1/drills/t-x.json",
+              "archive": {"generation": "orders.1", "recovery_point_secs": 2.5, "restore_secs": 0.8,
+                          "restore_point_utc": "2026-12-06T08:00:00.000Z",
+                          "recoverable_until_utc": "2026-12-06T08:04:58.000Z",
+                          "streams": [{"vhost": "o", "stream": "a", "restored_count": 10, "passed": True},
+                                      {"vhost": "o", "stream": "b", "restored_count": 5, "passed": True}]}}
+    out = drill.drill_result(_state("Complete"), report, "orders", "orders-archive-drill-x")
+    assert {k: out[k] for k in ("result", "reason", "backupId", "streams", "messages", "failedStreams",
+                                "recoveryPointSeconds", "restoreSeconds", "restorePoint", "evidenceKey",
+                                "signer")} == {
+        "result": "Passed", "reason": "DrillPassed", "backupId": "orders.1", "streams": 2, "messages": 15,
+        "failedStreams": [], "recoveryPointSeconds": 2.5, "restoreSeconds": 0.8,
+        "restorePoint": "2026-12-06T08:00:00.000Z", "evidenceKey": "p/orders.1/drills/t-x.json", "signer": None}
+    failed = {**report, "passed": False, "reason": "archive 'orders': stream 'b' in vhost 'o': record at offset 3 "
+                                                  "missing from the restore"}
+    failed["archive"] = {**report["archive"], "streams": [report["archive"]["streams"][0],
+                                                          {"vhost": "o", "stream": "b", "passed": False}]}
+    out = drill.drill_result(_state("Complete"), failed, "orders", "orders-archive-drill-x")
+    assert out["result"] == "Failed" and out["failedStreams"] == ["o/b"] and out["message"] == failed["reason"]
+
+
+def test_the_archive_drill_reconciler_runs_only_when_something_is_due():
+    from rbak_operator.reconcile.archive import drill_quiet
+
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
+    assert drill_quiet(None, now) and drill_quiet({}, now)
+    assert drill_quiet({"nextRunTime": "2026-12-07T06:00:00Z"}, now)
+    assert not drill_quiet({"nextRunTime": "2026-12-06T11:59:00Z"}, now)  # a slot is due
+    assert not drill_quiet({"nextRunTime": "2026-12-07T06:00:00Z", "active": "orders-archive-drill-x"}, now)
+    signed = {"nextRunTime": "2026-12-07T06:00:00Z", "signer": "SHA256:ab", "lastJob": "j", "backupId": "orders.1"}
+    assert not drill_quiet({**signed, "evidenceCheckTime": "2026-12-06T10:00:00Z"}, now)  # the hourly recheck
+    assert drill_quiet({**signed, "evidenceCheckTime": "2026-12-06T11:30:00Z"}, now)

@@ -168,7 +168,7 @@ def test_every_pod_of_an_envelope_kms_backup_reaches_the_same_kms():
     Spark driver and executors) all reach the KMS endpoint the backup wrapped its data key at: in their
     config where the command reads one, and as AWS_ENDPOINT_URL_KMS in every container (validation and
     Spark executors run from flags alone)."""
-    from rbak.drill import options_from_config as drill_options
+    from rbak.drill.backup import options_from_config as drill_options
     from rbak.restore.options import options_from_config as restore_options
     from rbak_operator.reconcile import drill
     from rbak_operator.reconcile.restore import restore_encryption

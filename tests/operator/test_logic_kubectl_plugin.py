@@ -157,3 +157,21 @@ def test_archive_flags_refused_before_any_call(argv, error, capsys):
     with pytest.raises(PluginError) as e:
         plugin.COMMANDS[args.command](plugin.Ctx(NoKube(), "ns", args))  # type: ignore[arg-type]
     assert str(e.value).startswith(error)
+
+
+def test_describe_archive_shows_the_last_drill_beside_the_objective(capsys):
+    from rbak_kubectl.stored import describe_archive_status
+
+    body = {"metadata": {"name": "orders"}, "spec": {"rpoSeconds": 30},
+            "status": {"phase": "Archiving", "restoreDrill": {
+                "result": "Failed", "reason": "DrillFailed", "lastRunTime": "2026-12-06T06:00:12Z",
+                "message": "archive 'orders': stream 'a' in vhost 'o': record at offset 3 missing from the restore",
+                "recoveryPointSeconds": 1.8, "restoreSeconds": 0.4, "restorePoint": "2026-12-06T05:55:10.000Z",
+                "evidenceKey": "p/orders.1/drills/t-x.json", "signer": "SHA256:ab"}}}
+    describe_archive_status(body)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:5] == [
+        "Drill:       Failed at 2026-12-06T06:00:12Z: recovery point achieved 1.8s (objective 30s), RTO 0.4s, "
+        "restored up to 2026-12-06T05:55:10.000Z, signed by SHA256:ab",
+        "  DrillFailed: archive 'orders': stream 'a' in vhost 'o': record at offset 3 missing from the restore",
+        "  evidence p/orders.1/drills/t-x.json"]

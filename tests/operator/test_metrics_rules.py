@@ -152,3 +152,21 @@ def test_the_chart_renders_the_rules_and_the_dashboard():
     off = manifests(render_chart({}))
     assert find(off, "PrometheusRule") == [] and not [o for o in find(off, "ConfigMap")
                                                     if o["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_archive_drill_samples_and_their_alert():
+    """The archive's last drill: failed (with its reason), the recovery point achieved and the RTO; the chart's
+    RbakArchiveDrillFailed reads the first."""
+    lab = {"rbak_namespace": "messaging", "archive": "orders"}
+    obj = {"metadata": {"namespace": "messaging", "name": "orders"}, "spec": {"rpoSeconds": 30},
+           "status": {"restoreDrill": {"result": "Failed", "reason": "DrillFailed", "recoveryPointSeconds": 2.5,
+                                       "restoreSeconds": 0.75}}}
+    drill = [s for s in rm.samples("archive", obj) if "drill" in s[0]]
+    assert drill == [("rbak_archive_drill_failed", {**lab, "reason": "DrillFailed"}, 1.0),
+                     ("rbak_archive_drill_recovery_point_seconds", lab, 2.5),
+                     ("rbak_archive_drill_restore_seconds", lab, 0.75)]
+    passed = {**obj, "status": {"restoreDrill": {"result": "Passed", "reason": "DrillPassed"}}}
+    assert [s for s in rm.samples("archive", passed) if "drill" in s[0]] == [
+        ("rbak_archive_drill_failed", {**lab, "reason": ""}, 0.0)]
+    rule = next(r for r in RULES if r["alert"] == "RbakArchiveDrillFailed")
+    assert metric_names(rule["expr"]) == {"rbak_archive_drill_failed"} and rule["labels"]["severity"] == "critical"

@@ -4,12 +4,15 @@ proxy that can hold one upload (the storage unreachable for a while).
 
 One archive lives through the phases a user meets, so the archiver starts once: the status shows RPOMet
 and a recoverableUntil that advances; the archiver's pod is SIGKILLed mid-publish and replaced; the
-storage holds a segment upload, RPOMet turns false and then true again; a restore of the archive holds
+storage holds a segment upload, RPOMet turns false and the chart's RbakArchiveRPOBreached expression fires
+on the operator's live metrics (and the archiver pod's own lag metric is over the objective), then all
+recover; a restore of the archive holds
 every message published, once, in order."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +28,9 @@ from rbak_operator.kube.api_calls import used_api_calls
 from rbak_operator.reconcile.archive import newest_tick
 from support.op_e2e import API, Cluster, bucket_root
 from support.opcluster import wait_for
+from support.promql_eval import evaluate, scrape
+from support.s3 import free_port
+from support.ship import prometheus_rules
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -32,9 +38,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, moto_s3, e2e_kube):
     """This module's operator polls the archive's storage every second and writes moved offsets at once."""
+    port = free_port()  # the operator's /metrics: the chart's alert expressions are evaluated on it
     c = Cluster(tmp_path_factory.mktemp("cluster"), kube=e2e_kube, operator_env={
         "RBAK_OPERATOR_ARCHIVE_POLL_SECONDS": "1", "RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS": "0",
-        "RBAK_ARCHIVE_METRICS_PORT": "0"})
+        "RBAK_ARCHIVE_METRICS_PORT": "0", "RBAK_METRICS_PORT": str(port), "RBAK_METRICS_BIND": "127.0.0.1"})
+    c.metrics_port = port
     try:
         yield c
     finally:
@@ -73,6 +81,22 @@ def _operator_calls(cluster: Cluster) -> set[tuple[str, str, str]]:
         out.add((ref.get("apiGroup", ""), ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else ""),
                  ev["verb"]))
     return out
+
+
+def _rpo_alert(cluster: Cluster, name: str) -> list:
+    """The samples RbakArchiveRPOBreached's expression returns for this archive now (its ``for:`` aside)."""
+    rule = next(r for r in prometheus_rules() if r["alert"] == "RbakArchiveRPOBreached")
+    samples = evaluate(rule["expr"], scrape(f"http://127.0.0.1:{cluster.metrics_port}/metrics"))
+    return [(lab, v) for lab, v in samples if lab.get("archive") == name and lab.get("rbak_namespace") == cluster.http.ns]
+
+
+def _pod_lag(cluster: Cluster, deployment: str) -> float:
+    """The archiver pod's largest ``rbak_archive_lag_seconds`` (its --metrics-port: 0 here, so any free port,
+    which its log names)."""
+    ports = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", cluster.runner.deployment_output(deployment))
+    assert ports, "the archiver's log names no metrics port"
+    lags = [v for _, v in scrape(f"http://127.0.0.1:{ports[-1]}/metrics").get("rbak_archive_lag_seconds", [])]
+    return max(lags) if lags else 0.0
 
 
 def _restore(broker, env, generation: str, src: str, dst: str, tmp_path) -> dict:
@@ -162,9 +186,19 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
                       timeout=60, what="RPOMet false while the storage holds the upload", diag=diag)
         assert st["phase"] == "Lagging" and st["lagSeconds"] > 5
         assert proxy.held == 1
+        # the chart's RbakArchiveRPOBreached expression, on the operator's live metrics, fires for this archive
+        firing = _rpo_alert(cluster, name)
+        assert firing and firing[0][1] > 5, firing
+        # and the archiver's own metrics (its --metrics-port) say the same: its lag is over the objective
+        wait_for(lambda: _pod_lag(cluster, deployment) > 5, timeout=30, what="the pod's lag over the objective",
+                 diag=diag)
         st = wait_for(_where(cluster, name, lambda s: _cond(s, "RPOMet") == "True"
                                  and _stream(s).get("archivedOffset") == len(sent) - 1),
                       timeout=120, what="RPOMet true again after the storage answered", diag=diag)
+        wait_for(lambda: _rpo_alert(cluster, name) == [], timeout=30, what="the alert expression to stop firing",
+                 diag=diag)
+        wait_for(lambda: _pod_lag(cluster, deployment) <= 5, timeout=30, what="the pod's lag within the objective",
+                 diag=diag)
         assert _cond(st, "Degraded") == "False" and st["gapMessages"] == 0
 
         # a restore of the newest generation (the chain walks back through the killed pod's) holds all

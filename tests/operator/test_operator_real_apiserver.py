@@ -207,7 +207,7 @@ def test_signed_drill_shows_its_signer_and_the_stored_report_verifies(cluster, e
     from rbak_operator.decide.wake import EVIDENCE_RECHECK
     from rbak_operator.reconcile.drill import manual_run_name as drill_run
 
-    from rbak.drill import find_drill_report
+    from rbak.drill.backup import find_drill_report
     from rbak.repo.evidence import fingerprint
 
     key = ed25519.Ed25519PrivateKey.generate()

@@ -13,7 +13,7 @@ from rbak.format.record import (
     VOID, Array, BackupProperties, BackupRecord, Bool, Bytes, Double, Float, Long, LongString, Short,
     ShortString, Table, Timestamp,
 )
-from rbak.format.segment import SegmentWriter
+from rbak.format.segment_writer import SegmentWriter
 from rbak.format.layout import BackupLayout
 from rbak.format.amqp091 import decode_basic_properties, header_equal, read_back
 from rbak.config import ConnectionConfig

@@ -7,6 +7,7 @@ the storage says (its newest tick), never from the pod's word alone.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from rbak_operator.crds.parts import (
@@ -18,9 +19,11 @@ from rbak_operator.crds.parts import (
     integer,
     k8s_name,
     obj,
+    restore_drill_status_schema,
     storage_schema,
     string,
     strlist,
+    verify_schema,
 )
 
 # RFC 3339 or epoch ms (as spec.pitr takes them), or "recoverable": the archive's recoverable-until
@@ -37,6 +40,8 @@ ARCHIVE_COLUMNS: list[tuple[str, str, str, int]] = [
     ("Streams", "integer", ".status.streamCount", 0),
     ("Gaps", "integer", ".status.gapMessages", 0),
     ("Age", "date", ".metadata.creationTimestamp", 0),
+    ("Drill RPO", "number", ".status.restoreDrill.recoveryPointSeconds", 1),  # -o wide: the last drill's
+    ("Last Drill", "string", ".status.restoreDrill.result", 1),
 ]
 
 
@@ -79,6 +84,7 @@ def archive_spec_schema() -> dict[str, Any]:
                     "limits": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}},
                 },
             },
+            "verify": archive_verify_schema(),
         },
         ["broker", "storage"],
         **{"x-kubernetes-validations": [{
@@ -129,6 +135,7 @@ def archive_status_schema() -> dict[str, Any]:
             "gapMessages": integer("messages lost to retention before the archive read them (every recorded gap)"),
             "streams": {"type": "array", "description": "per stream", "maxItems": 200,
                         "items": stream_status_schema()},
+            "restoreDrill": archive_drill_status_schema(),
         },
     )
 
@@ -146,3 +153,37 @@ def archive_ref_schema() -> dict[str, Any]:
         },
         ["name"],
     )
+
+
+def archive_verify_schema() -> dict[str, Any]:
+    """``spec.verify.restoreDrill`` as a RabbitMQBackup has it, plus ``lookbackSeconds``: what is drilled is the
+    archive's state of a few minutes ago, compared with the live streams (``rbak drill --archive``)."""
+    verify = copy.deepcopy(verify_schema())
+    drill = verify["properties"]["restoreDrill"]
+    drill["description"] = (
+        "Restore drills of the archive: on their own schedule, restore every stream as the archive held it "
+        "lookbackSeconds ago (never past its recoverable-until) into a scratch vhost on the target, compare it "
+        "record by record with the live source streams over the same offsets, delete the scratch vhost, and record "
+        "the recovery point achieved and the restore time (RTO) in status.restoreDrill and the signed report.")
+    drill["properties"]["lookbackSeconds"] = integer(
+        "how far back the drilled state is; the live streams must still hold it (their retention)", minimum=0,
+        maximum=604800, default=300)
+    return verify
+
+
+def archive_drill_status_schema() -> dict[str, Any]:
+    """``status.restoreDrill`` of a backup, plus what an archive drill measures."""
+    st = copy.deepcopy(restore_drill_status_schema())
+    props = st["properties"]
+    props["backupId"] = string("the generation drilled (the archive's newest when the drill started)")
+    props.update({
+        "recoveryPointSeconds": {"type": "number", "description": "recovery point achieved: how far the archive's "
+                                 "recoverable-until was behind the drill's start (compare with spec.rpoSeconds)"},
+        "restoreSeconds": {"type": "number", "description": "RTO: wall time of the restore into the scratch vhost"},
+        "restorePoint": string("every stream was restored up to this instant", format="date-time"),
+        "recoverableUntil": string("the archive's recoverable-until when the drill started", format="date-time"),
+        "streams": integer("streams compared"),
+        "failedStreams": strlist("streams that did not match the live ones, 'vhost/name'"),
+        "evidenceKey": string("storage key of the drill's report (signed with signingKeySecretRef)"),
+    })
+    return st

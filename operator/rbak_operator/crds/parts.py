@@ -78,6 +78,8 @@ def broker_schema(desc: str) -> dict[str, Any]:
                 pattern=r"^amqps?://[^@\s]+$",
             ),
             "managementUrl": string("management API base URL, e.g. http://rabbitmq.ns.svc:15672", pattern=r"^https?://\S+$"),
+            "streamPort": integer("stream protocol port on the broker's AMQP host (streams' offsets are read there; "
+                                  "default 5552)", minimum=1, maximum=65535),
             "credentialsSecretRef": obj(
                 "Secret holding the broker user; the values reach the pod as env vars, never the spec or a ConfigMap.",
                 {

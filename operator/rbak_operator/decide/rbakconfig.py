@@ -134,8 +134,11 @@ def broker_connection(broker: dict[str, Any] | None, namespace: str, field: str 
     if not isinstance(broker, dict):
         raise ConfigError(f"{field}: required")
     ref = broker.get("rabbitmqClusterReference")
+    port = broker.get("streamPort")
+    stream = {} if port is None else {"stream_port": int(port)}  # absent: rbak's default, 5552
     if ref:
-        return _cluster_reference(ref, namespace, field, resolved, vhost_path)
+        conn, env = _cluster_reference(ref, namespace, field, resolved, vhost_path)
+        return {**conn, **stream}, env
     url = broker.get("amqpUrl")
     creds = broker.get("credentialsSecretRef") or {}
     if not url:
@@ -155,6 +158,7 @@ def broker_connection(broker: dict[str, Any] | None, namespace: str, field: str 
         "management_url": broker["managementUrl"],
         "management_username": f"${{{ENV_USER}}}",
         "management_password": f"${{{ENV_PASS}}}",
+        **stream,
     }
     env = [SecretEnv(ENV_USER, creds["name"], creds.get("usernameKey") or "username"),
            SecretEnv(ENV_PASS, creds["name"], creds.get("passwordKey") or "password")]

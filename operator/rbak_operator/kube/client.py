@@ -272,8 +272,10 @@ class Kube:
                       content_type="application/merge-patch+json")
 
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        res = self.request("GET", resource_path("", "v1", "pods", namespace),
-                           params={"labelSelector": _sel({"job-name": job_name})})
+        return self.list_pods(namespace, {"job-name": job_name})
+
+    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        res = self.request("GET", resource_path("", "v1", "pods", namespace), params={"labelSelector": _sel(labels)})
         return res.get("items") or []
 
     def create_configmap(self, body: dict[str, Any]) -> bool:

@@ -50,6 +50,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rbak_archive_gap_messages": ("Messages the streams' retention removed before the archive read them", A),
     "rbak_archive_ticking": ("1 while the archiver's ticks reach the storage on time, 0 when they are overdue or "
                              "none was ever written (no sample while suspended)", A),
+    # the last drill of the archive (spec.verify.restoreDrill: rbak drill --archive)
+    "rbak_archive_drill_failed": ("1 when the archive's last drill failed (label reason), 0 when it passed",
+                                  A + ("reason",)),
+    "rbak_archive_drill_recovery_point_seconds": ("Recovery point the last drill achieved: how far the archive's "
+                                                  "recoverable-until was behind its start", A),
+    "rbak_archive_drill_restore_seconds": ("RTO of the last drill: wall time of its restore", A),
 }
 _GAUGES = {name: Gauge(name, doc, list(labels)) for name, (doc, labels) in METRICS.items()}
 _seen: dict[tuple[str, str, str], list[tuple[str, tuple[str, ...]]]] = {}
@@ -116,6 +122,15 @@ def samples(kind: str, obj: dict[str, Any], now: datetime | None = None) -> list
         ready = conds.get("Ready") or {}
         if ready.get("reason") not in ("Suspended", "InvalidSpec", None):
             out.append(("rbak_archive_ticking", lab, 1.0 if ready.get("status") == "True" else 0.0))
+        drill = st.get("restoreDrill") or {}
+        if drill.get("result") in ("Passed", "Failed"):
+            failed = drill["result"] == "Failed"
+            out.append(("rbak_archive_drill_failed", {**lab, "reason": (drill.get("reason") or "") if failed else ""},
+                        1.0 if failed else 0.0))
+            for metric, field in (("rbak_archive_drill_recovery_point_seconds", "recoveryPointSeconds"),
+                                  ("rbak_archive_drill_restore_seconds", "restoreSeconds")):
+                if drill.get(field) is not None:
+                    out.append((metric, lab, float(drill[field])))
     else:
         lab = {"rbak_namespace": ns, "restore": name}
         phase = st.get("phase")

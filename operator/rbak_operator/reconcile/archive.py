@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from rbak.drill.archive import generation_ids
 from rbak.errors import RbakError
 from rbak.format.archive import TICK_DIR, Tick
-from rbak.format.layout import BACKUP_ID_RE
 from rbak.repo.immutable import delete_backup
 from rbak_operator.crds.schema import ARCHIVE_PLURAL
 from rbak_operator.decide import rbakconfig
@@ -30,21 +30,27 @@ from rbak_operator.decide.archive import (
     applied_hash,
     archive_config,
     conditions,
+    L_ARCHIVE,
     configmap_body,
     deployment_body,
+    labels,
     lag_step,
+    max_delay_seconds,
     resource_name,
     status_patch,
     view,
 )
 from rbak_operator.decide.status import GONE
-from rbak_operator.decide.times import fmt
+from rbak_operator.decide.times import fmt, parse_time
+from rbak_operator.decide.wake import evidence_recheck_time
 from rbak_operator.kube import events
 from rbak_operator.kube.client import Kube
 from rbak_operator.kube.credentials import resolve_broker
 from rbak_operator.kube.errors import ApiError
 from rbak_operator.metrics import resources
+from rbak_operator.reconcile import drill
 from rbak_operator.reconcile.storage import open_backup_storage
+from rbak_operator.runtime import clock
 
 log = logging.getLogger("rbak_operator")
 
@@ -52,6 +58,8 @@ POLL = timedelta(seconds=float(os.environ.get("RBAK_OPERATOR_ARCHIVE_POLL_SECOND
 RESYNC_SECS = float(os.environ.get("RBAK_OPERATOR_RESYNC_SECONDS", str(6 * 3600)))
 PROGRESS_SECS = float(os.environ.get("RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS", str(PROGRESS_WRITE_SECS)))
 METRICS_PORT = int(os.environ.get("RBAK_ARCHIVE_METRICS_PORT", "9100"))
+# deletionPolicy delete waits this long (plus 4 max delays: the archiver's flush) for the pod to go per try
+DELETE_WAIT_SECS = float(os.environ.get("RBAK_OPERATOR_ARCHIVE_DELETE_WAIT_SECONDS", "60"))
 
 Key = tuple[str, str, str]
 
@@ -68,6 +76,7 @@ class ArchiveState:
     written: dict[str, Any] | None = None  # the status as this operator last wrote it
     last_write: float = field(default_factory=time.monotonic)
     config_error: str | None = None
+    drill_intent: str | None = None  # spec.verify and the drill trigger as the drill reconciler last saw them
 
 
 _lock = threading.Lock()
@@ -117,6 +126,9 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
         phase = "Failed"
     new = {**v.status, "phase": phase, "conditions": conds, "archiveName": name,
            "deployment": resource_name(name), "configMap": resource_name(name)}
+    restore_drill = drill_pass(kube, body, state, written)
+    if restore_drill is not None:
+        new["restoreDrill"] = restore_drill
     if meta.get("generation") is not None:
         new["observedGeneration"] = meta["generation"]
     # the gauges follow every pass (the lag moves between status writes)
@@ -127,6 +139,32 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
         state.written = {k: v for k, v in {**written, **patch}.items() if v is not None}
         state.last_write = mono
     return patch, [now + POLL]
+
+
+def drill_pass(kube: Kube, body: dict[str, Any], state: ArchiveState, written: dict[str, Any]
+               ) -> dict[str, Any] | None:
+    """``status.restoreDrill``: the drill reconciler (a Job list) runs only when it has something to do (a
+    drill running, a slot or an evidence check due, a new trigger, a changed spec); else the status as
+    written, so an idle archive's drills cost no request between slots."""
+    old = written.get("restoreDrill")
+    spec, meta = body.get("spec") or {}, body["metadata"]
+    now = clock.now()
+    intent = json.dumps([spec.get("verify"), (meta.get("annotations") or {}).get(drill.TRIGGER_ANNOTATION)],
+                        sort_keys=True, default=str)
+    if drill_quiet(old, now) and intent == state.drill_intent:
+        return old
+    result = drill.reconcile(kube, {**body, "status": written}, now, events.post)
+    state.drill_intent = intent
+    return result
+
+
+def drill_quiet(d: dict[str, Any] | None, now: datetime) -> bool:
+    """Nothing for the drill reconciler now: no drill running, the next slot and evidence check not due."""
+    if not d:
+        return True
+    due = [parse_time(d["nextRunTime"])] if d.get("nextRunTime") else []
+    check = evidence_recheck_time(d)
+    return not d.get("active") and all(t > now for t in due + ([check] if check else []))
 
 
 def ensure_archiver(kube: Kube, body: dict[str, Any], state: ArchiveState, mono: float, logger) -> None:
@@ -203,9 +241,7 @@ def read_newest_tick(kube: Kube, body: dict[str, Any], state: ArchiveState, logg
 
 def generations(storage: Any, prefix: str, name: str) -> list[str]:
     """The archive's generations (backup ids ``<name>.<UTC time>``), oldest first."""
-    base = prefix + "/" if prefix else ""
-    return sorted(d for d in storage.list_dirs(base)
-                  if d.startswith(name + ".") and BACKUP_ID_RE.match(d) and d[len(name) + 1:][:1].isdigit())
+    return generation_ids(storage, prefix, name)
 
 
 def newest_tick(storage: Any, prefix: str, name: str) -> Tick | None:
@@ -219,11 +255,49 @@ def newest_tick(storage: Any, prefix: str, name: str) -> Tick | None:
     return None
 
 
-def delete_archive_data(kube: Kube, body: dict[str, Any], logger) -> tuple[list[str], list[str]] | None:
-    """deletionPolicy delete: stop the archiver, then delete its generations; (deleted, still
-    object-locked), or None when the storage is not reachable from here."""
+WRITER_LIVE = "writer-live"  # delete_archive_data: the archiver's pod still runs; nothing was deleted
+
+
+def archiver_pods(kube: Kube, namespace: str, name: str) -> list[str]:
+    """The archiver's pods the API still lists (running or terminating: either may still write)."""
+    sel = {L_ARCHIVE: labels(name)[L_ARCHIVE], "app.kubernetes.io/component": "archive"}
+    return [p["metadata"]["name"] for p in kube.list_pods(namespace, sel)
+            if ((p.get("status") or {}).get("phase")) not in ("Succeeded", "Failed")]
+
+
+def stop_archiver(kube: Kube, namespace: str, deployment: str) -> None:
+    """Scale the Deployment to 0 (its pod gets SIGTERM whether or not a garbage collector follows the
+    delete), then delete it."""
+    dep = kube.get_deployment(namespace, deployment)
+    if dep is not None and (dep.get("spec") or {}).get("replicas") != 0:
+        dep["spec"]["replicas"] = 0
+        kube.replace_deployment(dep)  # a conflict: the delete below stops it all the same
+    kube.delete_deployment(namespace, deployment)
+
+
+def wait_archiver_gone(kube: Kube, namespace: str, name: str, timeout: float) -> list[str]:
+    """Wait (at most ``timeout`` seconds) until no archiver pod of ``name`` is left; the ones still there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = archiver_pods(kube, namespace, name)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(1.0)
+
+
+def delete_archive_data(kube: Kube, body: dict[str, Any], logger
+                        ) -> tuple[list[str], list[str]] | str | None:
+    """deletionPolicy delete: stop the archiver, wait until its pod is gone (its SIGTERM flush writes the
+    generation's manifest), then delete its generations; (deleted, still object-locked), None when the
+    storage is not reachable from here, WRITER_LIVE when a pod still runs after the wait (nothing deleted:
+    the caller retries later, never deleting under a live writer)."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    kube.delete_deployment(meta["namespace"], resource_name(meta["name"]))
+    stop_archiver(kube, meta["namespace"], resource_name(meta["name"]))
+    left = wait_archiver_gone(kube, meta["namespace"], meta["name"],
+                              DELETE_WAIT_SECS + 4 * max_delay_seconds(spec))
+    if left:
+        logger.warning("deletionPolicy delete: archiver pod(s) %s still running; archive kept for now", left)
+        return WRITER_LIVE
     st = open_backup_storage(kube, meta["namespace"], spec.get("storage"))
     if st is None:
         logger.warning("deletionPolicy delete: storage not reachable from the operator; archive kept")

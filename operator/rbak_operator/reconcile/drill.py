@@ -19,8 +19,9 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from rbak.drill.archive import generation_ids as archive_generations
 from rbak.repo.catalog import latest_complete
-from rbak.drill import find_drill_report
+from rbak.drill.backup import find_drill_report
 from rbak.errors import EvidenceError, RbakError
 from rbak.repo.evidence import verify
 from rbak_operator.decide import bodies, naming, rbakconfig, schedule
@@ -40,6 +41,9 @@ TRIGGER_ANNOTATION = "rbak.io/drill-now"  # each distinct value runs one drill n
 KEEP_JOBS = 2  # finished drill Jobs (and their ConfigMaps) kept for kubectl logs
 SIGNING_KEY_ENV = "RBAK_DRILL_SIGNING_KEY"  # drill.signing_key_env of the Job's config
 SIGNING_KEY_KEY = "signing.pem"  # default key in spec.verify.restoreDrill.signingKeySecretRef
+ARCHIVE_KIND = "RabbitMQArchive"
+DEFAULT_LOOKBACK_SECONDS = 300  # spec.verify.restoreDrill.lookbackSeconds of a RabbitMQArchive (rbak's default)
+ARCHIVE_REPORT_GENERATIONS = 3  # an archive drill's report is looked for in this many newest generations
 
 
 # --------------------------------------------------------------------------
@@ -50,6 +54,17 @@ def drill_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
     """The drill settings when drills are on, else None."""
     d = ((spec.get("verify") or {}).get("restoreDrill")) or {}
     return d if d.get("enabled", True) and d.get("schedule") else None
+
+
+def is_archive(body: dict[str, Any]) -> bool:
+    """A RabbitMQArchive's drill (``rbak drill --archive``), else a RabbitMQBackup's."""
+    return body.get("kind") == ARCHIVE_KIND
+
+
+def drill_base(body: dict[str, Any]) -> str:
+    """What a drill's Job names and labels start with: an archive's differ from a backup's of the same name."""
+    name = body["metadata"]["name"]
+    return f"{name}-archive" if is_archive(body) else name
 
 
 def drill_run_name(backup_name: str, slot: datetime) -> str:
@@ -98,9 +113,26 @@ def drill_config(spec: dict[str, Any], namespace: str, backup_id: str,
     return cfg, list(seen.values())
 
 
-def drill_args(backup_id: str, drill_id: str) -> list[str]:
-    return ["drill", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--backup-id", backup_id, "--drill-id", drill_id,
-            "--json"]
+def archive_drill_config(spec: dict[str, Any], namespace: str, resolved_target: ResolvedBroker | None = None,
+                         resolved_source: ResolvedBroker | None = None
+                         ) -> tuple[dict[str, Any], list[rbakconfig.PodEnv]]:
+    """Config for ``rbak drill --archive``: as a backup drill's, plus ``source`` (the archived broker: its
+    live streams are what the restore is compared with) and ``drill.lookback_secs``."""
+    cfg, env = drill_config(spec, namespace, "", resolved_target)
+    cfg.pop("backup_id")
+    source, env_source = rbakconfig.broker_connection(spec.get("broker"), namespace, "spec.broker", resolved_source)
+    cfg["source"] = source
+    d = drill_spec(spec) or {}
+    cfg["drill"]["lookback_secs"] = float(d.get("lookbackSeconds") or DEFAULT_LOOKBACK_SECONDS)
+    seen: dict[str, rbakconfig.PodEnv] = {}
+    for e in env + env_source:
+        seen.setdefault(e.env, e)
+    return cfg, list(seen.values())
+
+
+def drill_args(backup_id: str, drill_id: str, archive: str | None = None) -> list[str]:
+    what = ["--archive", archive] if archive is not None else ["--backup-id", backup_id]
+    return ["drill", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", *what, "--drill-id", drill_id, "--json"]
 
 
 def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: list[rbakconfig.PodEnv],
@@ -109,9 +141,10 @@ def drill_job(owner: dict[str, Any], run_name: str, backup_id: str, secret_env: 
     meta = owner["metadata"]
     d = drill_spec(spec) or {}
     pod = {**spec, **{k: d[k] for k in ("resources", "activeDeadlineSeconds") if d.get(k)}}
+    archive = meta["name"] if is_archive(owner) else None
     return bodies.job_body(bodies.JobRun(name=run_name, namespace=meta["namespace"], owner=owner, spec=pod,
                            storage=spec.get("storage") or {}, secret_env=secret_env,
-                           args=drill_args(backup_id, run_name), labels=drill_labels(meta["name"]),
+                           args=drill_args(backup_id, run_name, archive), labels=drill_labels(drill_base(owner)),
                            annotations={bodies.A_BACKUP_ID: backup_id, bodies.A_SLOT: fmt(slot)}))
 
 
@@ -120,6 +153,10 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
     out: dict[str, Any] = {"lastJob": job_name, "backupId": backup_id, "lastRunTime": fmt(state.end or state.start)}
     if state.duration is not None:
         out["durationSeconds"] = round(state.duration, 3)
+    if report is not None and isinstance(report.get("archive"), dict):
+        out.update(archive_drill_result(report))
+        out.update(evidence_status(report) if report.get("signature") is not None else {"signer": None})
+        return out
     if report is not None:
         passed = bool(report.get("passed"))
         queues = report.get("queues") or []
@@ -136,6 +173,25 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
     out.update(result="Failed", reason=state.reason or "DrillJobFailed", signer=None,
                message=(state.message or "the drill Job ended without storing a report")[:1000])
     return out
+
+
+def archive_drill_result(report: dict[str, Any]) -> dict[str, Any]:
+    """``status.restoreDrill`` fields of an archive drill's report: the recovery point achieved beside the
+    objective, the RTO, the point restored and where the evidence is."""
+    a = report["archive"]
+    passed = bool(report.get("passed"))
+    streams = a.get("streams") or []
+    compared = sum(int(s.get("restored_count") or 0) for s in streams)
+    return {"result": "Passed" if passed else "Failed", "reason": "DrillPassed" if passed else "DrillFailed",
+            "message": (f"{len(streams)} stream(s) restored up to {a.get('restore_point_utc')} into a scratch vhost "
+                        f"and matched the live streams ({compared} records)" if passed
+                        else str(report.get("reason") or "the drill failed"))[:1000],
+            "backupId": a.get("generation"), "scratchVhost": report.get("scratch_vhost"), "streams": len(streams),
+            "messages": compared,
+            "failedStreams": [f"{s.get('vhost')}/{s.get('stream')}" for s in streams if not s.get("passed")][:20],
+            "recoveryPointSeconds": a.get("recovery_point_secs"), "restoreSeconds": a.get("restore_secs"),
+            "restorePoint": a.get("restore_point_utc"), "recoverableUntil": a.get("recoverable_until_utc"),
+            "evidenceKey": report.get("report_key")}
 
 
 def evidence_status(report: dict[str, Any]) -> dict[str, Any]:
@@ -184,7 +240,16 @@ def _stored_report(kube: Any, body: dict[str, Any], backup_id: str, drill_id: st
         st = open_backup_storage(kube, body["metadata"]["namespace"], spec.get("storage"))
         if st is None:
             return READ_FAILED
-        return find_drill_report(st, backup_id, rbakconfig.storage_prefix(spec.get("storage")), drill_id)
+        prefix = rbakconfig.storage_prefix(spec.get("storage"))
+        if is_archive(body):  # stored next to the generation the drill found newest: look from the newest back
+            gens = archive_generations(st, prefix, body["metadata"]["name"])
+            ids = [backup_id] if backup_id in gens else list(reversed(gens))[:ARCHIVE_REPORT_GENERATIONS]
+            for gid in ids:
+                found = find_drill_report(st, gid, prefix, drill_id)
+                if found is not None:
+                    return found
+            return None
+        return find_drill_report(st, backup_id, prefix, drill_id)
     except ApiError:
         raise  # the API's failure retries the pass (ApiError is a RbakError too)
     except RbakError as e:
@@ -218,12 +283,12 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
     """One pass: record a finished drill Job, start a due one. Returns the new ``status.restoreDrill``
     (None: drills off and nothing recorded)."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    ns, name = meta["namespace"], meta["name"]
+    ns = meta["namespace"]
     old = dict((body.get("status") or {}).get("restoreDrill") or {})
     if not old and drill_spec(spec) is None:
         return None  # drills never configured: not even a Job list per pass
     cur = dict(old)
-    jobs = kube.list_jobs(ns, {bodies.L_DRILLS: naming.label_value(name)})
+    jobs = kube.list_jobs(ns, {bodies.L_DRILLS: naming.label_value(drill_base(body))})
     states = {j["metadata"]["name"]: job_state(j) for j in jobs}
     def ended(n: str) -> tuple[str, str]:
         return (fmt(states[n].end) or "~", n)  # by end time (manual and scheduled names do not sort by time)
@@ -266,7 +331,7 @@ def reconcile(kube: Any, body: dict[str, Any], now: datetime, event) -> dict[str
             trigger = (meta.get("annotations") or {}).get(TRIGGER_ANNOTATION)
             if trigger and trigger != cur.get("lastManualTrigger") and not cur.get("active"):
                 cur["lastManualTrigger"] = trigger
-                _start(kube, body, d, cur, manual_run_name(name, trigger), now, now, event)
+                _start(kube, body, d, cur, manual_run_name(drill_base(body), trigger), now, now, event)
         except ApiError:
             raise  # the API's failure retries the pass (ApiError is a RbakError too)
         except RbakError as e:
@@ -294,22 +359,28 @@ def _schedule(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str,
         return
     assert dec.slot is not None, "a run decision carries its slot"
     cur["lastScheduleTime"] = fmt(dec.slot)
-    _start(kube, body, d, cur, drill_run_name(meta["name"], dec.slot), dec.slot, now, event)
+    _start(kube, body, d, cur, drill_run_name(drill_base(body), dec.slot), dec.slot, now, event)
 
 
 def _start(kube: Any, body: dict[str, Any], d: dict[str, Any], cur: dict[str, Any], run: str, slot: datetime,
            now: datetime, event) -> None:
     """ConfigMap + Job of one drill (same name for the same slot or trigger: a second create is a no-op)."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    backup_id = _pick_backup(kube, body, body.get("status") or {})
-    if not backup_id:
+    picked = meta["name"] if is_archive(body) else _pick_backup(kube, body, body.get("status") or {})
+    if not picked:
         cur.update(result="Skipped", reason="NoBackup", message="no complete backup to drill yet",
                    lastRunTime=fmt(now))
         return
     target = d.get("target") or spec.get("broker")
     resolved = resolve_broker(kube, target, meta["namespace"], f"{FIELD}.target" if d.get("target") else "spec.broker")
-    cfg, env = drill_config(spec, meta["namespace"], backup_id, resolved)
-    kube.create_configmap(bodies.configmap_body(run, meta["namespace"], body, cfg, drill_labels(meta["name"])))
+    if is_archive(body):  # the Job finds the archive's newest generation itself
+        backup_id, what = picked, f"archive {picked}"
+        source = resolve_broker(kube, spec.get("broker"), meta["namespace"], "spec.broker")
+        cfg, env = archive_drill_config(spec, meta["namespace"], resolved, source)
+    else:
+        backup_id, what = picked, f"backup {picked}"
+        cfg, env = drill_config(spec, meta["namespace"], backup_id, resolved)
+    kube.create_configmap(bodies.configmap_body(run, meta["namespace"], body, cfg, drill_labels(drill_base(body))))
     if kube.create_job(drill_job(body, run, backup_id, env, slot)):
         cur["active"] = run
-        event(body, "Normal", "RestoreDrillStarted", f"restore drill {run} of backup {backup_id} started")
+        event(body, "Normal", "RestoreDrillStarted", f"restore drill {run} of {what} started")

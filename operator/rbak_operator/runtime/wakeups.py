@@ -21,7 +21,7 @@ from rbak_operator.runtime import clock
 
 Key = tuple[str, str, str]  # (kind: "backup" | "restore", namespace, name)
 
-OWNER_KINDS = {"RabbitMQBackup": "backup", "RabbitMQRestore": "restore"}
+OWNER_KINDS = {"RabbitMQBackup": "backup", "RabbitMQRestore": "restore", "RabbitMQArchive": "archive"}
 FAKE_CLOCK_POLL = 0.5  # seconds: with RBAK_OPERATOR_CLOCK_FILE, "now" can jump at any time
 REAL_CLOCK_CAP = 30.0  # seconds: a sleep re-reads the wall clock at least this often (suspend, NTP steps)
 

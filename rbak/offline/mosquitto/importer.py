@@ -21,7 +21,7 @@ from ...sealing.crypto import ObjectCodec
 from ...errors import ConfigError
 from ...format.compression import Compression
 from ...format.manifest import QueueStatus
-from ...format.segment import DEFAULT_SEGMENT_MAX_BYTES
+from ...format.segment_writer import DEFAULT_SEGMENT_MAX_BYTES
 from ...format.record import BackupRecord
 from ...format.layout import BackupLayout
 from ...repo.progress import Tracker

@@ -38,25 +38,26 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from .broker.cluster import split_broker
-from .broker.connect import connect
-from .broker.deliveries import receive
-from .broker.management import ManagementClient
-from .broker.management import q as path_segment
-from .config import SCRATCH_VHOST_PREFIX, ConnectionConfig
-from .errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
-from .format.layout import DRILLS_DIR, BackupLayout, check_backup_id
-from .format.manifest import BackupManifest, QueueBackup
-from .format.reader import read_segment
-from .repo.catalog import latest_complete, newest_report
-from .repo.evidence import load_signing_key, sign, signing_key_from_env
-from .repo.validate import utc_stamp
-from .restore.engine import load_complete_manifest
-from .restore.options import RestoreOptions
-from .restore.plan import plan_queue, plan_restore
-from .restore.queue_restore import plan_codec, restore_queue_segments
-from .restore.source import BackupSource
-from .storage.base import Storage
+from ..broker.cluster import split_broker
+from ..broker.connect import connect
+from ..broker.deliveries import receive
+from ..broker.management import ManagementClient
+from ..broker.management import q as path_segment
+from ..config import SCRATCH_VHOST_PREFIX, ConnectionConfig
+from ..errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
+from ..format.archive import TICK_DIR
+from ..format.layout import DRILLS_DIR, BackupLayout, check_backup_id
+from ..format.manifest import BackupManifest, QueueBackup
+from ..format.reader import read_segment
+from ..repo.catalog import latest_complete, newest_report
+from ..repo.evidence import load_signing_key, sign, signing_key_from_env
+from ..repo.validate import utc_stamp
+from ..restore.engine import load_complete_manifest
+from ..restore.options import RestoreOptions
+from ..restore.plan import plan_queue, plan_restore
+from ..restore.queue_restore import plan_codec, restore_queue_segments
+from ..restore.source import BackupSource
+from ..storage.base import Storage
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +109,20 @@ class DrillReport:
     broker_version: str | None = None  # the drill target's RabbitMQ version
     finished_at: str = ""
     signature: dict[str, Any] | None = None  # rbak.repo.evidence.sign over the rest (only when a key is configured)
+    # a drill of a continuous archive (rbak.drill.archive): a JSON object of ``ArchiveDrill`` (None: a backup's)
+    archive: dict[str, Any] | None = None
 
     @property
     def failed_queues(self) -> list[QueueCheck]:
         return [q for q in self.queues if not q.passed]
 
     def to_json_obj(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("queues", "signature")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("queues", "signature", "archive")}
         d["duration_secs"] = round(self.duration_secs, 3)
         d["result"] = "Passed" if self.passed else "Failed"
         d["queues"] = [q.to_json_obj() for q in self.queues]
+        if self.archive is not None:  # only an archive drill's: a backup drill's report is as it was
+            d["archive"] = self.archive
         if self.signature is not None:
             d["signature"] = self.signature
         return d
@@ -320,16 +325,42 @@ def run_drill(storage: Storage, options: DrillOptions,
     backup_id = choose_backup(storage, options)
     report = DrillReport(drill_id, backup_id, without_credentials(options.target.management_url),
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    client = ManagementClient.for_connection(options.target, "target")
-    created: list[bool] = []  # non-empty once the vhost PUT was sent
-    try:
+
+    def work(make_scratch: Callable[[set[str]], str]) -> list[str]:
         ropts = RestoreOptions(backup_id=backup_id, prefix=options.prefix, target=options.target,
                                produce_batch_size=options.produce_batch_size, keys=options.keys,
                                kms_region=options.kms_region, kms_endpoint_url=options.kms_endpoint_url)
-
         manifest = load_complete_manifest(BackupSource(storage, options.prefix), ropts)
         report.manifest_sha256 = hashlib.sha256(storage.get(BackupLayout(backup_id, options.prefix).manifest)
                                                 ).hexdigest()
+        report.scratch_vhost = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
+        scratch = make_scratch({qb.vhost for qb in manifest.queues})
+        _drill_queues(storage, manifest, ropts, options, report, scratch)
+        return [q.error or "failed" for q in report.failed_queues]  # judge() fails a queue only with an error
+
+    return in_scratch_vhost(storage, options, report, t0, f"backup {backup_id!r}", "queue", work,
+                            on_scratch_created)
+
+
+def in_scratch_vhost(storage: Storage, options: DrillOptions, report: DrillReport, t0: float, what: str, noun: str,
+                     work: Callable[[Callable[[set[str]], str]], list[str]],
+                     on_scratch_created: Callable[[str], None] | None = None,
+                     on_finish: Callable[[], None] | None = None) -> DrillReport:
+    """The frame of every drill (a backup's, an archive's): the target checked (its version; one cluster
+    behind both URLs), ``work(make_scratch)`` run, the scratch vhost deleted whatever happens, the report
+    finished, stored and signed. ``work`` calls ``make_scratch(source vhosts)`` to create the vhost named
+    ``report.scratch_vhost`` and returns the errors of the checks that failed; ``what`` starts the reason."""
+    client = ManagementClient.for_connection(options.target, "target")
+    created: list[bool] = []  # non-empty once the vhost PUT was sent
+
+    def make_scratch(avoid: set[str]) -> str:
+        assert report.scratch_vhost is not None  # work names it first
+        _create_scratch(client, report.scratch_vhost, avoid, options, lambda: created.append(True))
+        if on_scratch_created is not None:
+            on_scratch_created(report.scratch_vhost)
+        return report.scratch_vhost
+
+    try:
         overview = client.overview()
         report.broker_version = str(overview.get("rabbitmq_version") or "") or None
         try:
@@ -338,28 +369,22 @@ def run_drill(storage: Storage, options: DrillOptions,
             problem = None
         if problem:  # the scratch vhost would be made on one broker and restored into on another
             raise DrillError(f"{problem}; no scratch vhost was created")
-        sources = {qb.vhost for qb in manifest.queues}
-        report.scratch_vhost = scratch = scratch_vhost_name(backup_id, drill_id, options.scratch_prefix)
-        _create_scratch(client, scratch, sources, options, lambda: created.append(True))
-        if on_scratch_created is not None:
-            on_scratch_created(scratch)
-        _drill_queues(storage, manifest, ropts, options, report, scratch)
-        failed = report.failed_queues
-        report.passed = not failed
-        if failed:
-            first_error = failed[0].error
-            assert first_error is not None  # judge() fails a queue only with an error
-            report.reason = f"backup {backup_id!r}: " + first_error + (
-                f" (and {len(failed) - 1} more queue(s))" if len(failed) > 1 else "")
+        errors = work(make_scratch)
+        report.passed = not errors
+        if errors:
+            report.reason = f"{what}: {errors[0]}" + (
+                f" (and {len(errors) - 1} more {noun}(s))" if len(errors) > 1 else "")
     except RbakError as e:
-        report.passed, report.reason = False, f"backup {backup_id!r}: {e.args[0] if e.args else e}"
+        report.passed, report.reason = False, f"{what}: {e.args[0] if e.args else e}"
     except Exception as e:  # a drill reports every failure, and still cleans up
-        log.exception("restore drill %s of backup %r", drill_id, backup_id)
-        report.passed, report.reason = False, f"backup {backup_id!r}: {type(e).__name__}: {e}"
+        log.exception("restore drill %s of %s", report.drill_id, what)
+        report.passed, report.reason = False, f"{what}: {type(e).__name__}: {e}"
     finally:
         if created:
             _remove_scratch(client, report)  # a 404 (the PUT never landed) counts as removed
         client.close()
+        if on_finish is not None:
+            on_finish()
         report.duration_secs = time.monotonic() - t0
         report.finished_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if options.store_report:
@@ -451,9 +476,9 @@ def store_drill_report(storage: Storage, report: DrillReport, prefix: str = "", 
     if signing_key is not None:
         report.sign(signing_key)  # the key it is stored under is part of the evidence
     try:
-        if not storage.exists(layout.manifest):
+        if not storage.exists(layout.manifest) and next(iter(storage.list(f"{layout.root}/{TICK_DIR}/")), None) is None:
             unstored()
-            return None  # no such backup: never start a folder for it
+            return None  # no such backup (nor an open archive generation): never start a folder for it
         storage.put(key, orjson.dumps(report.to_json_obj(), option=orjson.OPT_INDENT_2))
     except RbakError as e:
         log.warning("could not store the drill report %s: %s", key, e)

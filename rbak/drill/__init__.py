@@ -1,0 +1,1 @@
+"""Restore drills: a backup's (``backup``) and a continuous archive's (``archive``), proven in a scratch vhost."""
