@@ -1,31 +1,43 @@
 """``rbak archive``: lag percentiles, throughput against a bare client, and metadata writes when idle.
 
 On one CI broker (``--broker rmq310|rmq40|rmq43``, default rmq43), in private vhosts deleted
-afterwards, with the file backend (each object's mtime is when it became durable):
+afterwards. ``--storage file`` (default: each object's mtime is when it became durable) or
+``--storage s3``: a moto server of the benchmark's own (``moto_server`` in a process of its own, or
+``--s3-endpoint URL``), reached over HTTP as AWS would be; a tick's durable time is when a LIST
+every 50 ms first saw it (late by at most that and the LIST).
 
-1. lag: ``--rate`` msg/s (default 1,000) of 1 KiB for ``--seconds`` (default 30) on one stream,
-   each body carrying its publish time; the archiver runs with the default ``max_delay_secs`` (5).
-   A record's lag is the mtime of the first tick naming its segment minus its publish time (what
-   the issue asks: publish -> durable and named). Prints p50 / p99 / p99.9 beside the targets
-   (p99 <= 5 s, p99.9 <= 15 s).
+1. lag (``--only lag``): ``--rate`` msg/s (default 1,000) of 1 KiB for ``--seconds`` (default 30) on one
+   stream, each body carrying its publish time, ``--publishers`` processes sharing the rate; the
+   archiver runs as ``rbak archive`` in a process of its own with the default ``max_delay_secs`` (5).
+   A record's lag is the durable time of the first tick naming its segment minus its publish time
+   (what the issue asks: publish -> durable and named). Prints p50 / p99 / p99.9 beside the targets
+   (p99 <= 5 s, p99.9 <= 15 s), the load average, and a bare pika consumer's lag (publish ->
+   received) on the same stream in the same run. ``--only scale`` is the same over
+   ``--scale-streams`` streams at ``--scale-rate`` msg/s each, with the archiver's RSS and threads.
 2. throughput: ``--messages`` (default 100,000) x 1 KiB already in a stream. Baseline: a bare pika
    consumer (prefetch 2,000, ``x-stream-offset: first``) reading them all, in the same run. Then the
    archiver from scratch (``max_delay_secs: 1``, so its progress is seen every second) until every
    record is named by a tick. Its sustained rate is the records named between its first tick naming
    any and the tick naming the last, over the time between them; the rate with its start-up and
-   last tick included is printed too. Ratios beside the target (>= 0.8).
+   last tick included is printed too. Ratios beside the target (>= 0.8). File backend.
 3. idle: ``--idle-streams`` (default 20) streams with nothing published, the archiver running for
    ``--idle-seconds`` (default 65): the objects it writes, extrapolated to an hour, beside what one
    object per stream per tick would cost (target <= 120 metadata writes per hour, 0 data objects).
 
-    python benchmarks/archive.py [--broker rmq43] [--rate 1000] [--seconds 30] [--messages 100000]
+    python benchmarks/archive.py --only lag --broker rmq43 --storage s3 --rate 5000 --seconds 30
+    python benchmarks/archive.py --only scale --broker rmq310 --storage file --scale-streams 50 --scale-rate 100
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
+import multiprocessing
+import os
+import shutil
+import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +52,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from support.backups import fast_publish
 from support.brokers import BROKERS, unique_name
+from support.s3 import FAKE_ENV, create_bucket, s3_client
 
 from rbak.archive.archiver import Archiver
 from rbak.config import Config
@@ -102,30 +115,6 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-class TickTimes(logging.Handler):
-    """The archiver's own account of each tick's duration (its debug line)."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.took: list[float] = []
-        self.flush_took: list[float] = []
-        log = logging.getLogger("rbak.archive.archiver")
-        log.setLevel(logging.DEBUG)
-        log.addHandler(self)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if " took " in msg:
-            self.took.append(float(msg.split(" took ")[1].split()[0]))
-            self.flush_took.append(float(msg.split("(flush ")[1].split()[0]))
-
-    def line(self) -> str:
-        if not self.took:
-            return "no tick"
-        return (f"{len(self.took)} ticks took p50 {percentile(self.took, .5):.2f} s, max {max(self.took):.2f} s "
-                f"(their flush p50 {percentile(self.flush_took, .5):.2f} s)")
-
-
 def bare_follower(broker, vhost: str, queue: str, halt: threading.Event, lags: list[float]) -> None:
     """The baseline of the lag: a bare pika consumer following the same stream in the same run, its lag
     publish -> received (no storage at all)."""
@@ -143,52 +132,6 @@ def bare_follower(broker, vhost: str, queue: str, halt: threading.Event, lags: l
         if got % 1000 == 0:
             ch.basic_ack(method.delivery_tag, multiple=True)
     conn.close()
-
-
-def lag(broker, rate: float, seconds: float) -> None:
-    vh = unique_name("bench")
-    broker.create_vhost(vh)
-    try:
-        broker.declare_queue(vh, "lag", arguments={"x-queue-type": "stream"})
-        with tempfile.TemporaryDirectory() as tmp:
-            store = Path(tmp) / "store"
-            a, t = start(config(broker, vh, store))
-            times = TickTimes()
-            while a.state != "archiving":  # steady state: start-up is the throughput part's business
-                time.sleep(0.1)
-            halt, bare_lags = threading.Event(), []
-            bare = threading.Thread(target=bare_follower, args=(broker, vh, "lag", halt, bare_lags), daemon=True)
-            bare.start()
-            time.sleep(1)
-            n, achieved = paced_publish(broker, vh, ["lag"], rate, seconds)
-            deadline = time.time() + 120
-            while named_records(store) < n and time.time() < deadline:
-                time.sleep(0.5)
-            halt.set()
-            bare.join(30)
-            a.stop()
-            t.join(120)
-            logging.getLogger("rbak.archive.archiver").removeHandler(times)
-            from rbak.format.reader import read_segment
-            from rbak.storage import open_storage
-
-            st = open_storage(str(store))
-            lags = []
-            for mtime, tick in ticks(store):
-                for ts in tick.streams:
-                    for seg in ts.segments:
-                        for _, r in read_segment(st, seg):
-                            lags.append(mtime - struct.unpack(">d", r.body[:8])[0])
-            print(f"lag ({broker.name}, {rate:g} msg/s x 1 KiB asked, {achieved:,.0f} published, {seconds:g} s, "
-                  f"max_delay_secs 5): {len(lags)} of {n} "
-                  f"records; p50 {percentile(lags, .5):.2f} s, p99 {percentile(lags, .99):.2f} s (target <= 5), "
-                  f"p99.9 {percentile(lags, .999):.2f} s (target <= 15); {times.line()}")
-            if bare_lags:
-                print(f"lag baseline ({broker.name}, same run): a bare pika consumer following the stream received "
-                      f"{len(bare_lags)} of {n} with p50 {percentile(bare_lags, .5):.2f} s, p99 "
-                      f"{percentile(bare_lags, .99):.2f} s, p99.9 {percentile(bare_lags, .999):.2f} s after their publish")
-    finally:
-        broker.delete_vhost(vh)
 
 
 def throughput(broker, messages: int) -> None:
@@ -360,40 +303,172 @@ def proc_status(pid: int) -> tuple[float, int]:
     return rss, threads
 
 
-def scale(broker, streams: int, per_stream_rate: float, seconds: float) -> None:
-    """``streams`` streams, each receiving ``per_stream_rate`` msg/s of 1 KiB (bodies stamped), archived by
-    ``rbak archive`` in its own process: its RSS and threads sampled all along, its AMQP connections
-    counted by the management API, and the lag percentiles of every record (as ``lag``)."""
-    import json
-    import subprocess
+class FileStore:
+    """The file backend: a tick is durable at its file's mtime."""
 
+    name = "file"
+
+    def __init__(self, tmp: Path):
+        self.root = tmp / "store"
+
+    def section(self) -> dict:
+        return {"backend": "filesystem", "path": str(self.root)}
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def open(self):
+        from rbak.storage import open_storage
+
+        return open_storage(str(self.root))
+
+    def ticks(self) -> list[tuple[float, Tick]]:
+        return ticks(self.root)
+
+
+class S3Store:
+    """A fresh bucket on a moto server: a tick is durable when a LIST first sees it (every 50 ms)."""
+
+    name = "s3 (moto)"
+
+    def __init__(self, endpoint: str):
+        os.environ.update(FAKE_ENV)  # moto's fake credentials, for this process and the archiver's
+        self.endpoint = endpoint
+        self.bucket = create_bucket(endpoint, unique_name("bench"))
+        self.seen: dict[str, float] = {}
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def section(self) -> dict:
+        return {"backend": "s3", "bucket": self.bucket.bucket, "endpoint": self.endpoint, "path_style": True,
+                "region": "us-east-1"}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(10)
+
+    def _watch(self) -> None:
+        c = s3_client(self.endpoint)
+        gens: list[str] = []
+        next_dirs = 0.0
+        while not self._halt.wait(0.05):
+            now = time.monotonic()
+            if now >= next_dirs:
+                r = c.list_objects_v2(Bucket=self.bucket.bucket, Delimiter="/")
+                gens = [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+                next_dirs = now + 1.0
+            for g in gens[-2:]:
+                for page in c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket.bucket,
+                                                                         Prefix=g + "archive/"):
+                    t = time.time()
+                    for o in page.get("Contents", []):
+                        self.seen.setdefault(o["Key"], t)
+
+    def open(self):
+        from rbak.storage import open_storage
+
+        return open_storage(self.bucket.url)
+
+    def ticks(self) -> list[tuple[float, Tick]]:
+        c = s3_client(self.endpoint)
+        return sorted(((t, Tick.from_json(c.get_object(Bucket=self.bucket.bucket, Key=k)["Body"].read(), k))
+                       for k, t in list(self.seen.items())), key=lambda x: x[0])
+
+
+def moto_server() -> tuple[str, subprocess.Popen]:
+    """A moto S3 server in a process of its own (not a thread: it would share the benchmark's GIL)."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    exe = shutil.which("moto_server") or "moto_server"
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def _publisher(broker, vhost: str, queues: list[str], rate: float, seconds: float, out) -> None:
+    out.put(paced_publish(broker, vhost, queues, rate, seconds))
+
+
+def publish_in_processes(broker, vhost: str, queues: list[str], rate: float, seconds: float,
+                         processes: int) -> tuple[int, float]:
+    """``paced_publish`` split over ``processes`` (each a share of the streams, or of the rate when fewer
+    streams than processes): (messages, the rate achieved, all together)."""
+    if processes <= 1:
+        return paced_publish(broker, vhost, queues, rate, seconds)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    shares = [queues[i::processes] or queues for i in range(processes)]
+    procs = [ctx.Process(target=_publisher, args=(broker, vhost, share, rate / processes, seconds, out))
+             for share in shares]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    n = sum(k for k, _ in got)
+    return n, n / (time.monotonic() - t0)
+
+
+def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: float, publishers: int,
+           s3_endpoint: str | None, what: str) -> None:
+    """``streams`` streams, each receiving ``per_stream_rate`` msg/s of 1 KiB (bodies stamped), archived by
+    ``rbak archive`` in its own process (default settings): its RSS and threads sampled all along, its
+    connections counted by the management API, the lag percentiles of every record, and a bare pika
+    consumer following the first stream in the same run as the baseline."""
     vh = unique_name("bench")
     broker.create_vhost(vh)
     proc = None
+    moto = None
+    load0 = os.getloadavg()
     try:
-        names = [f"s-{i:03d}" for i in range(streams)]
+        names = ["lag"] if streams == 1 else [f"s-{i:03d}" for i in range(streams)]
         with broker.wire(vh) as conn:
             ch = conn.channel()
             for n in names:
                 ch.declare(n, durable=True, arguments={"x-queue-type": "stream"})
         with tempfile.TemporaryDirectory() as tmp:
-            store = Path(tmp) / "store"
+            if storage == "s3":
+                if s3_endpoint is None:
+                    s3_endpoint, moto = moto_server()
+                store: FileStore | S3Store = S3Store(s3_endpoint)
+            else:
+                store = FileStore(Path(tmp))
             cfg = Path(tmp) / "archive.json"
             cfg.write_text(json.dumps({
                 "mode": "archive",
                 "source": {"amqp_url": broker.amqp_url(vh), "management_url": broker.management_url,
                            "stream_port": broker.stream_port, "queues": {"vhosts": [vh]}},
-                "storage": {"backend": "filesystem", "path": str(store)}, "archive": {"name": "bench"}}))
+                "storage": store.section(), "archive": {"name": "bench"}}))
             log = Path(tmp) / "archive.log"
+            env = {**os.environ, **FAKE_ENV, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+            store.start()
             proc = subprocess.Popen([sys.executable, "-m", "rbak", "-vv", "archive", "--config", str(cfg)],
-                                    stdout=subprocess.DEVNULL, stderr=open(log, "wb"), cwd=str(REPO))
+                                    stdout=subprocess.DEVNULL, stderr=open(log, "wb"), cwd=str(REPO), env=env)
             t0 = time.monotonic()
             while "follows" not in log.read_text() and time.monotonic() - t0 < 300 and proc.poll() is None:
                 time.sleep(0.2)
             started = time.monotonic() - t0
             samples = [proc_status(proc.pid)]
-            total = per_stream_rate * streams
             halt = threading.Event()
+            bare_halt, bare_lags = threading.Event(), []
+            bare = threading.Thread(target=bare_follower, args=(broker, vh, names[0], bare_halt, bare_lags),
+                                    daemon=True)
+            bare.start()
+            time.sleep(1)
 
             def sample() -> None:
                 while not halt.wait(2):
@@ -401,39 +476,61 @@ def scale(broker, streams: int, per_stream_rate: float, seconds: float) -> None:
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-            n, achieved = paced_publish(broker, vh, names, total, seconds)
+            n, achieved = publish_in_processes(broker, vh, names, per_stream_rate * streams, seconds, publishers)
+            load1 = os.getloadavg()
             halt.set()
             sampler.join()
             conns = [c for c in broker.api("GET", "/api/connections") or [] if c.get("vhost") == vh]
             amqp = sum(1 for c in conns if "AMQP" in str(c.get("protocol")))
-            deadline = time.time() + 120
-            while named_records(store) < n and time.time() < deadline:
-                time.sleep(0.5)
-                samples.append(proc_status(proc.pid))
+
+            def named() -> int:
+                return sum(sg.record_count for _, t in store.ticks() for st in t.streams for sg in st.segments)
+
+            last, since = -1, time.time()  # until all are named, or 20 s without progress (the publisher's
+            while time.time() - since < 20:  # count may include a tail the broker never got)
+                k = named()
+                if k >= n:
+                    break
+                if k != last:
+                    last, since = k, time.time()
+                time.sleep(1)
+            bare_halt.set()
+            bare.join(30)
             proc.terminate()
             proc.wait(120)
-            took = [float(line.split(" took ")[1].split()[0]) for line in log.read_text().splitlines() if " took " in line]
-            if took:
-                print(f"ticks: {len(took)}, each took p50 {percentile(took, .5):.2f} s, max {max(took):.2f} s")
+            store.stop()
+            if os.environ.get("ARCHIVE_BENCH_LOG"):  # the archiver's -vv log, kept for a look
+                shutil.copy(log, os.environ["ARCHIVE_BENCH_LOG"])
+            text = log.read_text().splitlines()
+            took = [float(line.split(" took ")[1].split()[0]) for line in text if " took " in line]
+            left = [int(line.split(", ")[-1].split()[0]) for line in text if " left to the next tick" in line]
             from rbak.format.reader import read_segment
-            from rbak.storage import open_storage
 
-            st = open_storage(str(store))
-            lags = [mtime - struct.unpack(">d", r.body[:8])[0] for mtime, tick in ticks(store) for ts in tick.streams
+            st = store.open()
+            lags = [mtime - struct.unpack(">d", r.body[:8])[0] for mtime, tick in store.ticks() for ts in tick.streams
                     for seg in ts.segments for _, r in read_segment(st, seg)]
         rss = [r for r, _ in samples]
-        print(f"scale ({broker.name}, {streams} streams x {per_stream_rate:g} msg/s x 1 KiB asked, {achieved:,.0f} "
-              f"msg/s published, {seconds:g} s): started in {started:.1f} s; {amqp} AMQP and {len(conns) - amqp} stream-protocol "
-              f"connection(s), threads "
-              f"{samples[0][1]} at start, peak {max(t for _, t in samples)}; RSS {rss[0]:.0f} MiB at start, peak "
-              f"{max(rss):.0f} MiB, last {rss[-1]:.0f} MiB (target <= 300 with 200 streams)")
+        print(f"{what} ({broker.name}, {store.name}, {streams} stream(s) x {per_stream_rate:g} msg/s x 1 KiB asked, "
+              f"{achieved:,.0f} msg/s published by {publishers} process(es), {seconds:g} s; load average "
+              f"{load0[0]:.2f} before, {load1[0]:.2f} at the end of publishing): started in {started:.1f} s; "
+              f"{amqp} AMQP and {len(conns) - amqp} stream-protocol connection(s); threads peak "
+              f"{max(t for _, t in samples)}; RSS {rss[0]:.0f} MiB at start, peak {max(rss):.0f} MiB")
+        if took:
+            print(f"  ticks: {len(took)}, each took p50 {percentile(took, .5):.2f} s, max {max(took):.2f} s; "
+                  f"{sum(1 for k in left if k)} left a stream's segment to the next tick")
         if lags:
-            print(f"lag ({broker.name}, {streams} streams x {per_stream_rate:g} msg/s): {len(lags)} of {n} records; "
-                  f"p50 {percentile(lags, .5):.2f} s, p99 {percentile(lags, .99):.2f} s (target <= 5), "
-                  f"p99.9 {percentile(lags, .999):.2f} s (target <= 15)")
+            print(f"  lag publish -> durable and named: {len(lags)} of {n} records; p50 {percentile(lags, .5):.2f} s, "
+                  f"p99 {percentile(lags, .99):.2f} s (target <= 5), p99.9 {percentile(lags, .999):.2f} s "
+                  f"(target <= 15), max {max(lags):.2f} s")
+        if bare_lags:
+            print(f"  baseline, same run: a bare pika consumer following {names[0]!r} received {len(bare_lags)} with "
+                  f"p50 {percentile(bare_lags, .5):.2f} s, p99 {percentile(bare_lags, .99):.2f} s, p99.9 "
+                  f"{percentile(bare_lags, .999):.2f} s after their publish")
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
+        if moto is not None:
+            moto.kill()
         broker.delete_vhost(vh)
 
 
@@ -451,16 +548,20 @@ def main() -> None:
     ap.add_argument("--outage-rate", type=float, default=2000)
     ap.add_argument("--outage-seconds", type=float, default=600)
     ap.add_argument("--only", choices=("lag", "throughput", "idle", "scale", "catchup"))
+    ap.add_argument("--storage", choices=("file", "s3"), default="file", help="lag and scale: file, or S3 on moto")
+    ap.add_argument("--s3-endpoint", help="an S3 (moto) endpoint to use instead of starting one")
+    ap.add_argument("--publishers", type=int, default=1, help="lag and scale: publisher processes sharing the rate")
     a = ap.parse_args()
     broker = BROKERS[a.broker]
     if a.only in (None, "lag"):
-        lag(broker, a.rate, a.seconds)
+        follow(broker, a.storage, 1, a.rate, a.seconds, a.publishers, a.s3_endpoint, "lag")
     if a.only in (None, "throughput"):
         throughput(broker, a.messages)
     if a.only in (None, "idle"):
         idle(broker, a.idle_streams, a.idle_seconds)
     if a.only in (None, "scale"):
-        scale(broker, a.scale_streams, a.scale_rate, a.scale_seconds)
+        follow(broker, a.storage, a.scale_streams, a.scale_rate, a.scale_seconds, a.publishers, a.s3_endpoint,
+               "scale")
     if a.only in (None, "catchup"):
         catchup(broker, a.outage_rate, a.outage_seconds)
 

@@ -198,3 +198,32 @@ def test_archive_status_reads_recoverable_until_lag_and_gaps_from_the_storage(tm
         ("v", "s", g1, 5, 9, 5)]
     assert s.to_json_obj(now=90.5)["gaps"][0]["before_timestamp"] == 19
     assert archive_status(st, "nothing").to_json_obj()["newest"] is None
+
+
+def test_the_committed_end_rides_in_ticks_and_manifests_and_archive_status_reads_it(tmp_path):
+    """Each tick records every stream's committed end as probed (an rbak extension: old readers ignore it);
+    the manifest assembled from the ticks keeps the newest, and ``archive_status`` shows it beside the
+    archived offset. A tick without it (an older archiver) reads as before."""
+    from rbak.archive.status import archive_status
+    from rbak.format.manifest import CommittedEnd
+
+    st = open_storage(str(tmp_path / "store"))
+    g = "arc.20261206T000000.000Z"
+    t0, t1 = tick(g, 0, 5, [], None), tick(g, 1, 15, [seg(f"{g}/queues/v/s/segment-0001.zst", 1, 5, 10)], 4)
+    t1.streams[0].committed = CommittedEnd(9, 14)  # the broker had 0-9 at 14 ms; the archive holds 0-4
+    t1.streams[1].committed = CommittedEnd(-1, 14)  # empty
+    raw = json.loads(t1.to_json())
+    assert raw["streams"][0]["committed"] == {"offset": 9, "at": 14}
+    assert "committed" not in json.loads(t0.to_json())["streams"][0]  # an older tick's bytes, unchanged
+    for t in (t0, t1):
+        st.put(tick_key(g, t.sequence), t.to_json())
+    back = Tick.from_json(t1.to_json(), "t1")
+    assert [s.committed for s in back.streams] == [CommittedEnd(9, 14), CommittedEnd(-1, 14)]
+    m = load_manifest(st, g)
+    assert m.archive is not None and m.archive.committed == {"v/s": CommittedEnd(9, 14), "v/idle": CommittedEnd(-1, 14)}
+    assert BackupManifest.from_json(m.to_json(), "m").archive.committed == m.archive.committed  # type: ignore[union-attr]
+    s = archive_status(st, "arc")
+    assert [(p.vhost, p.stream, p.archived_offset, p.committed_offset, p.committed_at, p.behind) for p in s.streams] == [
+        ("v", "idle", None, -1, 14, 0), ("v", "s", 4, 9, 14, 5)]
+    assert s.to_json_obj()["streams"][1] == {"vhost": "v", "name": "s", "archived_offset": 4, "committed_offset": 9,
+                                             "committed_at": 14, "behind": 5}

@@ -15,12 +15,20 @@ generation holds. A crash at any moment therefore loses nothing the broker still
 duplicates nothing: the records of a segment stored after the last tick are read again into the
 next generation, and the unnamed segment is never read.
 
-The watermark: stream ``s`` is complete up to ``C_s`` when every record stamped (``backed_up_at``:
-read by the follower) at or before ``C_s`` is in a segment named by a tick: the stamp of its last
-durable record (minus 1 ms), or, when its follower was quiet and the stream's committed end (probed
-over the stream protocol) was already durable, the instant of that probe: nothing committed by then
-is missing. ``recoverable_until`` = min of ``C_s`` over the streams on the broker: one instant up to
-which every stream is complete, so a restore to it (``--pitr-end``) is consistent across streams.
+The watermark: stream ``s`` is complete up to ``C_s`` when every record the broker had committed by
+``C_s`` is in a segment named by a tick. At each tick the follower probes the stream's committed end
+``E`` at instant ``P`` (over the stream protocol) before it closes its segment; once the stream's
+durable offset reaches ``E`` and a tick names it, ``C_s`` moves to ``P``. Records are stamped when
+read (after their commit), so every record stamped at or before ``C_s`` is archived too. Where the
+stream protocol cannot answer, ``C_s`` falls back to the last durable record's read time (minus
+1 ms), which overstates after a backlog (logged). ``recoverable_until`` = min of ``C_s`` over the
+streams on the broker: one instant up to which every stream is complete, so a restore to it
+(``--pitr-end``) is consistent across streams.
+
+A tick waits for the segments it asked for only until a head-room deadline (measured store times):
+what is durable by then is named, a slower store goes to the next tick, and no stream's
+complete-until passes a segment no tick names. Ticks start ``max_delay_secs`` minus that head-room
+apart, so a record read just after one tick is durable and named within ``max_delay_secs``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,11 +57,11 @@ from ..sealing.envelope import write_wraps, writer_codec
 from ..errors import AmqpError, BackupLeaseError, ConfigError, NotFoundError, RbakError
 from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
 from ..format.compression import Compression, check_level
-from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
+from ..format.manifest import BackupManifest, CommittedEnd, SegmentMetadata, StreamGap
 from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
 from ..broker.management import ManagementClient, QueueInfo
 from ..storage.base import Storage
-from .follower import Durable, FollowerGroup, StreamFollower, stream_info
+from .follower import Durable, FollowerGroup, Probe, StreamFollower, stream_info
 from .store_pool import StorePool, StreamSegments
 
 log = logging.getLogger(__name__)
@@ -62,6 +71,11 @@ GROUP_STREAMS = 50  # streams read on one AMQP connection by one thread
 CREDIT_BUDGET = 20_000  # deliveries the reads may hold unacked, all streams together ...
 MIN_PREFETCH = 50  # ... but never fewer than this per stream
 MAX_ERRORS = 100  # the summary keeps the newest errors met (one per retry while a broker or storage is away)
+TICK_POLL_SECS = 0.01  # a tick looks at its segments this often while it waits for them
+MIN_WAIT_SECS = 0.2  # a tick waits at least this long for the segments it asked for, else 1.25x (+0.1 s) ...
+READ_MARGIN_SECS = 0.25  # head-room for the broker's own publish -> delivery time (a loaded broker's p99)
+SETTLE_TICKS = 20  # ... the slowest of the last this many ticks' flush-to-durable times (each tick's 90th percentile)
+MAX_PROBES = 256  # probes kept per stream while its read is behind them (older ones are dropped: a later claim)
 
 
 @dataclass(slots=True)
@@ -78,6 +92,8 @@ class StreamState:
     follower: StreamFollower | None = None
     unticked: list[SegmentMetadata] = field(default_factory=list)
     segments: list[SegmentMetadata] = field(default_factory=list)  # named by a tick (this generation)
+    probes: list[Probe] = field(default_factory=list)  # committed ends not yet durable (oldest first)
+    committed: CommittedEnd | None = None  # the newest probe, recorded in each tick
 
     @property
     def key(self) -> str:
@@ -100,6 +116,9 @@ class Generation:
     # wall-clock ms at which the selection was last listed and found unchanged: a stream created after it
     # may hold messages no tick names yet, so recoverable-until never passes it
     listed_ms: int | None = None
+    # followers whose segment missed the last tick's deadline, with that tick's flush request: once they
+    # are durable a tick names them at once, not a whole interval later
+    late: dict[str, tuple[StreamFollower, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,7 +172,9 @@ class Archiver:
         self.summary = ArchiveSummary(self.name, self.storage.url)
         self.state = "starting"
         self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
-        self._tick_secs = 0.0  # how long a tick takes (moving average)
+        self._settle: deque[float] = deque(maxlen=SETTLE_TICKS)  # per tick: flush request -> segments durable (s)
+        self._puts: deque[float] = deque(maxlen=20)  # tick PUTs (s)
+        self._unprobed: set[str] = set()  # streams whose complete-until fell back to read times (warned once)
 
     def stop(self) -> None:
         """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
@@ -419,7 +440,7 @@ class Archiver:
         """Ticks until stopped, a follower fails, the lease is lost, the selection changes or the
         generation is full; the caller closes the generation."""
         delay = self.opts.max_delay_secs
-        next_tick = time.monotonic() + delay
+        next_tick = time.monotonic() + delay - self.headroom()
         next_list = time.monotonic() + self.opts.relist_secs
         present = {k for k, st in g.streams.items() if st.present}
         if not self._listed(g, client, present):
@@ -432,27 +453,46 @@ class Archiver:
                 failed = [st for st in g.streams.values() if st.follower is not None and st.follower.error is not None]
                 if failed:
                     raise failed[0].follower.error  # type: ignore[union-attr,misc]
-                self.stopping.wait(POLL_SECS)
+                if g.late and all(self._flushed(f, seq) for f, seq in g.late.values()):
+                    self._name_late(g)
+                    if len(g.ticks) >= self.opts.generation_ticks:
+                        return
+                self.stopping.wait(min(POLL_SECS, max(0.0, next_tick - time.monotonic())))
             now = time.monotonic()
-            # the next tick comes early by what a tick takes (flush, upload, tick put), so a record read just
-            # after this one is still named within max_delay_secs
-            next_tick = max(next_tick + delay - min(max(self._tick_secs, 0.3), delay / 2), now + delay / 4)
+            # ticks start max_delay_secs minus the head-room apart: a record read just after this tick's
+            # flush is durable and named by the next one within max_delay_secs
+            next_tick = max(now + delay / 4, min(next_tick, now) + delay - self.headroom())
             if set(lease.connections) != set(vhosts):
                 log.warning("archive %s: the archive lease was lost; closing generation %s", self.name, g.backup_id)
                 return
             busy = any(st.follower.pending() or st.unticked for st in g.streams.values() if st.follower is not None)
-            log.debug("archive %s: tick due (busy %s): %s", self.name, busy,
-                      [(st.key, st.follower.received, st.follower.durable.last_offset)
-                       for st in g.streams.values() if st.follower is not None])
             due = busy or now - g.last_tick_mono >= self.opts.idle_tick_secs
-            if due or now >= next_list:  # every tick lists first: its recoverable-until covers new streams
+            if due:  # every tick lists too (while its segments are stored): its recoverable-until covers new streams
+                next_list = now + self.opts.relist_secs
+                if not self._tick(g, lambda: self._listed(g, client, present)):
+                    return
+                if len(g.ticks) >= self.opts.generation_ticks:
+                    return  # full: closed, and the next one starts
+            elif now >= next_list:
                 next_list = now + self.opts.relist_secs
                 if not self._listed(g, client, present):
                     return
-            if due:
-                self._tick(g)
-                if len(g.ticks) >= self.opts.generation_ticks:
-                    return  # full: closed, and the next one starts
+
+    def wait_secs(self) -> float:
+        """How long a tick waits for the segments it asked for: 1.25x (+0.1 s) the slowest of the last
+        ``SETTLE_TICKS`` ticks' flush-to-durable times, each tick's the 90th percentile over its streams
+        (so one stalled stream among many does not stretch it); at least ``MIN_WAIT_SECS``, at most half
+        of ``max_delay_secs``. A segment missing a tick costs its records one tick interval more."""
+        half = self.opts.max_delay_secs / 2
+        if not self._settle:
+            return min(half, 1.0)
+        return min(half, max(MIN_WAIT_SECS, 1.25 * max(self._settle) + 0.1))
+
+    def headroom(self) -> float:
+        """How much earlier than ``max_delay_secs`` after the last one a tick starts: its wait, its PUT
+        (the slowest of the last 20) and ``READ_MARGIN_SECS``, at most half of ``max_delay_secs``."""
+        put = max(self._puts) if self._puts else 0.1
+        return min(self.opts.max_delay_secs / 2, self.wait_secs() + put + READ_MARGIN_SECS)
 
     def _listed(self, g: Generation, client: ManagementClient, present: set[str]) -> bool:
         """List the selection again: False when it changed (a new generation starts), else True and
@@ -464,27 +504,74 @@ class Archiver:
         g.listed_ms = began
         return True
 
-    def _tick(self, g: Generation, final: bool = False) -> None:
-        """Every follower closes its segment; once they are durable (or a deadline passed), one tick names them.
-        ``final``: the last tick before stopping (SIGTERM), which still waits for the flush."""
+    def _tick(self, g: Generation, listed: Callable[[], bool] | None = None, final: bool = False) -> bool:
+        """Every follower probes its committed end and closes its segment; the segments durable by the
+        head-room deadline (``wait_secs``) are named by one tick, slower ones by a later tick. ``listed``:
+        the selection listed again while the segments are stored (False: it changed, no tick is written).
+        ``final``: the last tick before stopping (SIGTERM), which waits for every segment."""
         g.flush_seq += 1
         seq = g.flush_seq
         began = time.monotonic()
         live = [st for st in g.streams.values() if st.follower is not None and not st.follower.done.is_set()]
+        before: dict[str, int | None] = {}
         for st in live:
             assert st.follower is not None
+            with st.follower.lock:
+                before[st.key] = st.follower.durable.last_offset
             st.follower.flush_request = seq
-        deadline = time.monotonic() + max(self.opts.max_delay_secs, 2.0)
-        while live and time.monotonic() < deadline and (final or not self.stopping.is_set()):
-            if all(self._flushed(st.follower, seq) for st in live if st.follower is not None):
+        if listed is not None and not listed():
+            return False
+        wait = max(self.opts.max_delay_secs, 2.0) if final else self.wait_secs()
+        deadline = began + wait
+        waiting = {st.key: st.follower for st in live if st.follower is not None}
+        settled: list[float] = []
+        unanswered = dict(waiting)
+        answered = 0.0
+        while waiting and (final or not self.stopping.is_set()):
+            now = time.monotonic()
+            for key, f in list(unanswered.items()):
+                if f.answer is not None and f.answer.seq >= seq:
+                    del unanswered[key]
+                    answered = now - began
+            for key, f in list(waiting.items()):
+                if self._flushed(f, seq):
+                    del waiting[key]
+                    if f.error is None and self._stored_one(f, seq, before[key]):
+                        settled.append(now - began)  # a segment was asked for and is durable
+            if not waiting or now >= deadline:
                 break
-            time.sleep(POLL_SECS)
+            time.sleep(TICK_POLL_SECS)
+        for key, f in waiting.items():  # not durable by the deadline: named by a later tick, counted as slow
+            if f.answer is None or f.answer.seq < seq or self._stored_one(f, seq, before[key]):
+                settled.append(wait)
+        if settled and not final:
+            settled.sort()
+            self._settle.append(settled[int(0.9 * (len(settled) - 1))])
         flushed = time.monotonic()
+        g.late = {key: (f, seq) for key, f in waiting.items()}
         self._collect(g, seq)
         self._write_tick(g)
-        took = time.monotonic() - began
-        self._tick_secs = 0.7 * self._tick_secs + 0.3 * took
-        log.debug("archive %s: tick %d took %.3f s (flush %.3f s)", self.name, len(g.ticks) - 1, took, flushed - began)
+        self._puts.append(time.monotonic() - flushed)
+        log.debug("archive %s: tick %d took %.3f s (answers %.3f s, flush %.3f s, %d stream(s) left to the next "
+                  "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, flushed - began,
+                  len(waiting))
+        return True
+
+    def _name_late(self, g: Generation) -> None:
+        """The segments that missed the last tick's deadline are durable now: one tick names them (and
+        whatever else became durable), with no new flush (no extra segment for the other streams)."""
+        g.late = {}
+        began = time.monotonic()
+        self._collect(g, None)
+        self._write_tick(g)
+        log.debug("archive %s: tick %d named the segments late for the last one (%.3f s)", self.name,
+                  len(g.ticks) - 1, time.monotonic() - began)
+
+    @staticmethod
+    def _stored_one(f: StreamFollower, seq: int, before: int | None) -> bool:
+        """The answer to ``seq`` asked for a segment: records read past what was durable at the request."""
+        a = f.answer
+        return a is not None and a.seq == seq and a.target is not None and a.target != before
 
     @staticmethod
     def _flushed(f: StreamFollower, seq: int) -> bool:
@@ -498,7 +585,9 @@ class Archiver:
         return a.target is None or (last is not None and last >= a.target)
 
     def _collect(self, g: Generation, seq: int | None) -> None:
-        """Take each follower's durable segments and move each stream's complete-until."""
+        """Take each follower's durable segments and move each stream's complete-until: to the newest
+        probe whose committed end is durable (exact), or, for a flush the stream protocol could not
+        probe, to the last durable record's read time."""
         for st in g.streams.values():
             f = st.follower
             if f is None:
@@ -506,18 +595,40 @@ class Archiver:
             segs, durable = f.take()
             st.unticked.extend(segs)
             st.durable = durable
-            cu: int | None = None
-            a = f.answer
-            if seq is not None and a is not None and a.seq == seq and a.probe is not None:
-                at, end, margin = a.probe
-                if durable.last_offset is None and f.received is None and (end is None or end < 0):
-                    cu = at - margin  # nothing committed, nothing read: complete up to the probe
-                elif end is not None and durable.last_offset is not None and end <= durable.last_offset:
-                    cu = at - margin
-            if cu is None and durable.last_ts is not None and not (a is not None and a.behind):
-                cu = durable.last_ts - 1  # read caught up: every record committed before it was read is durable
+            a = f.answer if seq is not None else None
+            if a is not None and a.seq != seq:
+                a = None
+            if a is not None and a.probe is not None:
+                st.probes = (st.probes + [a.probe])[-MAX_PROBES:]
+                st.committed = CommittedEnd(a.probe.end, a.probe.at)
+            cu = self._claim(st, durable, f.received)
+            if a is not None and a.probe is None and durable.last_ts is not None:
+                if st.key not in self._unprobed:
+                    self._unprobed.add(st.key)
+                    log.warning("archive %s: %s: the stream protocol did not answer; its complete-until follows "
+                                "the read times of its records (after a backlog they overstate it)", self.name,
+                                st.key)
+                cu = max(cu or 0, durable.last_ts - 1)
             if cu is not None:
                 st.complete_until = max(st.complete_until or cu, cu)
+
+    @staticmethod
+    def _claim(st: StreamState, durable: Durable, received: int | None) -> int | None:
+        """The newest probe instant whose committed end is durable (its probes up to it are dropped)."""
+        best: int | None = None
+        keep: list[Probe] = []
+        for p in st.probes:
+            if p.end is None:  # no chunk delivered, unconfirmed: only while nothing was read at all
+                ok = durable.last_offset is None and received is None
+            else:
+                ok = p.end < 0 or (durable.last_offset is not None and durable.last_offset >= p.end)
+            if ok:
+                best = p.at - p.margin
+                keep = []
+            else:
+                keep.append(p)
+        st.probes = keep
+        return best
 
     def _watermark(self, g: Generation) -> int | None:
         cus = [st.complete_until for st in g.streams.values() if st.present]
@@ -538,7 +649,7 @@ class Archiver:
         return Tick(self.name, g.backup_id, sequence, _now_ms(), g.created_at, w,
                     [TickStream(st.vhost, st.name, stream_info(st.decision, st.durable,
                                                                st.follower.lock if st.follower else None),
-                                st.epoch, st.complete_until, st.present, list(st.unticked))
+                                st.epoch, st.complete_until, st.present, list(st.unticked), st.committed)
                      for st in sorted(g.streams.values(), key=lambda s: (s.vhost, s.name))],
                     g.cluster, g.version, __version__, g.codec.info)
 

@@ -13,10 +13,13 @@ that does gives the chunk's time instead). A caught-up follower reads a record m
 it is committed, so a point-in-time restore selects records by about when they were published; one
 catching up stamps them late, never early.
 
-When the follower has had no delivery for ``QUIET_SECS`` and the archiver asks, its group probes the
-stream's committed end over the stream protocol (``broker.stream_end.EndProber``): an end it has already made
-durable proves the stream complete up to the instant of the probe, so an idle stream's
-recovery point advances with no data written.
+At every flush request (a tick) the group first probes the stream's committed end over the stream
+protocol (``broker.stream_end.EndProber``), then keeps reading until it has read that end (at most
+``CATCHUP_SECS``), then closes the segment. Every record the broker had committed at the probe's
+instant is then in the flushed segment (or an earlier one), so once it is durable and named the
+stream is complete up to that instant: exact, where a record's read time says nothing about records
+committed before it and not read yet (a backlog). An idle stream's recovery point advances the same
+way, with no data written.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import hashlib
 import logging
 import threading
 import time
-from functools import partial
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -42,11 +44,10 @@ from ..format.manifest import SegmentMetadata, StreamGap, StreamInfo
 
 log = logging.getLogger(__name__)
 
-IDLE_SECS = 0.2  # how often a quiet read looks at the archiver's requests
-QUIET_SECS = 2.0  # no delivery for this long: the stream's end is probed before a tick (a busier stream's last record says as much)
-BEHIND_SLACK = 2_000  # more than this many committed records past the read: a backlog, not in flight
+IDLE_SECS = 0.05  # how often a quiet read looks at the archiver's requests (a tick waits for it)
+CATCHUP_SECS = 0.5  # a flush waits at most this long for the read to reach the end probed (longer: a backlog)
 THREADED_UP_TO = 2  # a group of at most this many streams encodes each on a thread of its own
-UNSETTLED_MARGIN_MS = 500  # a probe that cannot rule out a chunk in flight proves a little less
+EMPTY_MARGIN_MS = 500  # no chunk delivered and no StreamStats to confirm the stream empty (3.10): a little less
 
 
 @dataclass(slots=True)
@@ -60,15 +61,25 @@ class Durable:
     next_sequence: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The stream's committed end ``end`` (-1: empty; None: no chunk delivered, unconfirmed) at ``at`` (ms):
+    every record the broker had committed by ``at`` has an offset at most ``end``."""
+
+    at: int
+    end: int | None
+    margin: int = 0  # ms the claim is moved back when the end could not be confirmed
+
+
 @dataclass(slots=True)
 class FlushAnswer:
     """A follower's answer to flush request ``seq``: everything read up to ``target`` was handed to
-    the segment writer; ``probe``: (instant ms, committed end or None, margin ms) when it was quiet."""
+    the segment writer; ``probe``: the committed end probed before (None: the stream protocol could not
+    say, so the archiver falls back to the records' read times)."""
 
     seq: int
     target: int | None
-    probe: tuple[int, int | None, int] | None
-    behind: bool = False  # the committed end was far past what was read: a backlog (after an outage)
+    probe: Probe | None
 
 
 class StreamFollower:
@@ -86,7 +97,6 @@ class StreamFollower:
         self.lock = threading.Lock()
         self.new_segments: list[SegmentMetadata] = []
         self.received: int | None = durable.last_offset
-        self.last_delivery = 0.0
         self._last_ts = durable.last_ts or 0
         self._first = True
         self.flush_request = 0
@@ -96,7 +106,9 @@ class StreamFollower:
         self._rt: RecordThread | None = None
         self.records = 0
         self._min_offset = decision.start if isinstance(decision.start, int) else -1
-        self.behind_slack = BEHIND_SLACK  # records committed past the read that still count as caught up
+        self._asked = 0  # the flush request probed so far ...
+        self._probed: Probe | None = None  # ... its probe ...
+        self._asked_at = 0.0  # ... and when (monotonic)
 
     @property
     def where(self) -> str:
@@ -152,7 +164,6 @@ class StreamFollower:
         self._rt.put((method, props, body, ts, offset), (offset, ts, body, chunk_ts), len(body))
         self.received = offset
         self.records += 1
-        self.last_delivery = time.monotonic()
         if self.on_bytes is not None:
             self.on_bytes(1, len(body))
 
@@ -168,32 +179,32 @@ class StreamFollower:
             log.warning("%s: offsets %d..%d (at most %d message(s)) were removed by the stream's retention before "
                         "the archive read them; recorded as a gap", self.where, start, offset - 1, gap.count)
 
-    def serve(self, probe: Callable[[str], int | None] | None) -> None:
-        """Answer the archiver's flush request, if a new one came. ``probe`` (the stream's committed end,
-        settled or not) when the stream has been quiet for ``QUIET_SECS``."""
+    def wants_probe(self) -> int | None:
+        """The flush request not probed yet, if any."""
         seq = self.flush_request
-        if self.answer is not None and self.answer.seq >= seq:
+        if self._asked == seq or (self.answer is not None and self.answer.seq >= seq):
+            return None
+        return seq
+
+    def probed(self, seq: int, probe: Probe | None) -> None:
+        """The committed end probed for flush request ``seq`` (None: the stream protocol could not say)."""
+        self._asked, self._asked_at, self._probed = seq, time.monotonic(), probe
+
+    def serve(self) -> None:
+        """Answer the archiver's flush request once it is probed: read on until the committed end probed
+        is read (``CATCHUP_SECS`` at most: further is a backlog), then hand the open segment to the store.
+        Called after every batch read, and every ``IDLE_SECS``."""
+        seq = self.flush_request
+        if self._asked != seq or (self.answer is not None and self.answer.seq >= seq):
             return
         assert self._rt is not None
+        p = self._probed
+        if (p is not None and p.end is not None and p.end >= 0 and (self.received is None or self.received < p.end)
+                and time.monotonic() - self._asked_at < CATCHUP_SECS):
+            return  # what the broker committed by the probe is still being read
         target = self.received
         self._rt.flush()
-        answer = None
-        behind = False
-        if probe is not None and time.monotonic() - self.last_delivery >= QUIET_SECS:
-            at = int(time.time() * 1000)
-            end = probe("settled")
-            margin = 0
-            if end is None:  # a chunk may be in flight (or 3.10, which cannot say): the unsettled end
-                end = probe("")
-                margin = UNSETTLED_MARGIN_MS
-            answer = (at, end, margin)
-        elif probe is not None and target is not None:
-            # A record's stamp is when it was read: read from a backlog, it proves nothing about the
-            # records committed before it and not read yet. Far behind the committed end, the stream's
-            # complete-until must not move by its last record's stamp (the archiver keeps the last one).
-            end = probe("")
-            behind = end is not None and end - target > self.behind_slack
-        self.answer = FlushAnswer(seq, target, answer, behind)
+        self.answer = FlushAnswer(seq, target, p)
 
     def _on_durable(self, meta: SegmentMetadata, tag: Any) -> None:
         """On a storing thread, once a segment is stored (in sequence order): the durable position moves."""
@@ -212,8 +223,9 @@ class FollowerGroup:
     """Streams of one vhost read on one AMQP connection by one thread: a channel and a consumer
     (``x-stream-offset``) per stream, deliveries handed to each stream's follower as they arrive,
     acked in batches (acks only move a stream consumer's credit). Each stream's credit is its
-    prefetch, so what waits in memory is bounded by ``prefetch`` deliveries per stream; quiet
-    streams' ends are probed on one stream-protocol connection (``broker.stream_end.EndProber``).
+    prefetch, so what waits in memory is bounded by ``prefetch`` deliveries per stream; every
+    stream's committed end is probed at each tick on one stream-protocol connection, all at once
+    (``broker.stream_end.EndProber.ends``).
 
     A failure of the connection ends every follower of the group with it (the archiver starts
     again from the storage); the broker cancelling one consumer (a stream deleted) ends that one."""
@@ -277,12 +289,13 @@ class FollowerGroup:
 
         def ready() -> bool:
             return self.stopping.is_set() or any(ch.deliveries or tag in ch.cancelled or not ch.is_open
-                                                 for ch, tag, _ in live)
+                                                 or f.wants_probe() is not None for ch, tag, f in live)
 
         while live:
             conn.pump(ready, timeout=IDLE_SECS)
             if self.stopping.is_set():
                 return
+            probe_all(prober, [f for _, _, f in live])
             for ch, tag, f in list(live):
                 if ch.deliveries:
                     batch, ch.deliveries = ch.deliveries, []
@@ -308,11 +321,22 @@ class FollowerGroup:
                         f"closed the archive's channel: {why.code} {why.text}" if why is not None else
                         "cancelled the archive's consumer (the stream was deleted, or its leader moved)")))
                     continue
-                f.serve(partial(_probe, prober, f.name))
+                f.serve()
 
 
-def _probe(prober: EndProber, stream: str, settled: str) -> int | None:
-    return prober.end(stream, bool(settled))
+def probe_all(prober: EndProber, followers: list[StreamFollower]) -> None:
+    """Probe the committed end of every follower with a new flush request, all in one round trip."""
+    asked = [(f, seq) for f in followers if (seq := f.wants_probe()) is not None]
+    if not asked:
+        return
+    at = int(time.time() * 1000)
+    ends = prober.ends([f.name for f, _ in asked])
+    for f, seq in asked:
+        if ends is None or f.name not in ends:
+            f.probed(seq, None)
+        else:
+            end = ends[f.name]
+            f.probed(seq, Probe(at, end, EMPTY_MARGIN_MS if end is None else 0))
 
 
 def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None = None) -> StreamInfo:

@@ -5,7 +5,8 @@ talks to the process: the storage is the truth, as it is for a restore).
 ``archive_status(storage, name, prefix)`` is the stable entry point: the newest generation, whether
 it is open, the recoverable-until (epoch ms and UTC), the lag (now minus recoverable-until, as
 ``rbak_archive_lag_seconds`` reports it for the slowest stream), every gap retention made across the
-generations, and each stream's epoch and complete-until.
+generations, each stream's epoch, and each stream's archived offset beside the broker's committed
+offset as the archiver last probed it (so "how far behind the broker" is read from the storage).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import datetime as _dt
 import time
 from dataclasses import dataclass, field
 
+from ..format.archive import stream_key
 from ..format.manifest import BackupManifest
 from ..repo.catalog import list_backups
 from ..storage.base import Storage
@@ -36,6 +38,25 @@ class ArchiveGap:
         return self.to_offset - self.from_offset + 1
 
 
+@dataclass(frozen=True, slots=True)
+class StreamPosition:
+    """One stream of the newest generation: its last archived offset (durable and named by a tick) and
+    the broker's committed end at the archiver's newest probe (``committed_at``, epoch ms)."""
+
+    vhost: str
+    stream: str
+    archived_offset: int | None
+    committed_offset: int | None
+    committed_at: int | None
+
+    @property
+    def behind(self) -> int | None:
+        """Offsets the broker had committed and the archive did not hold, at the probe (None: unknown)."""
+        if self.committed_offset is None:
+            return None
+        return max(0, self.committed_offset - (-1 if self.archived_offset is None else self.archived_offset))
+
+
 @dataclass(slots=True)
 class ArchiveStatus:
     name: str
@@ -48,6 +69,7 @@ class ArchiveStatus:
     gaps: list[ArchiveGap] = field(default_factory=list)
     epochs: dict[str, int] = field(default_factory=dict)  # "vhost/stream" -> epoch
     records: int = 0  # in every generation
+    streams: list[StreamPosition] = field(default_factory=list)  # the newest generation's, by vhost and name
 
     @property
     def recoverable_until_utc(self) -> str | None:
@@ -70,7 +92,10 @@ class ArchiveStatus:
                 "gaps": [{"vhost": g.vhost, "stream": g.stream, "generation": g.generation,
                           "from_offset": g.from_offset, "to_offset": g.to_offset, "count": g.count,
                           "after_timestamp": g.after_timestamp, "before_timestamp": g.before_timestamp}
-                         for g in self.gaps]}
+                         for g in self.gaps],
+                "streams": [{"vhost": p.vhost, "name": p.stream, "archived_offset": p.archived_offset,
+                             "committed_offset": p.committed_offset, "committed_at": p.committed_at,
+                             "behind": p.behind} for p in self.streams]}
 
 
 def archive_generations(storage: Storage, name: str, prefix: str | None = "") -> list[BackupManifest]:
@@ -102,4 +127,8 @@ def archive_status(storage: Storage, name: str, prefix: str | None = "") -> Arch
         st.recoverable_until = info.recoverable_until
         st.last_write = newest.completed_at
         st.epochs = dict(info.epochs)
+        for q in sorted(newest.queues, key=lambda q: (q.vhost, q.name)):
+            c = info.committed.get(stream_key(q.vhost, q.name))
+            st.streams.append(StreamPosition(q.vhost, q.name, q.stream.last_offset if q.stream else None,
+                                             c.offset if c else None, c.at if c else None))
     return st

@@ -255,11 +255,60 @@ def _end_on(c: _Conn, props: dict[str, str], stream: str, settled: bool) -> Stre
     return end
 
 
+def _ends_on(c: _Conn, props: dict[str, str], streams: list[str]) -> dict[str, StreamEnd | None]:
+    """``_end_on`` for up to 255 streams at once, pipelined: every subscribe (ids 1..n) goes out before
+    any answer is read, then every unsubscribe, so the probe costs one round trip, not one per stream.
+    A stream the broker refuses (gone) is absent from the answer; None: no chunk and none confirmed."""
+    chunks: dict[int, StreamEnd] = {}
+    refused: set[int] = set()
+    pending: dict[int, int] = {}  # correlation id -> subscription id
+
+    def on_frame(key: int, body: bytes) -> None:
+        if key == _DELIVER:
+            sub = body[0]
+            _magic, _type, _entries, records, _ts, _epoch, first, *_ = _CHUNK_HEADER.unpack_from(body, 1)
+            end = StreamEnd(first, first + records - 1)
+            if sub not in chunks or chunks[sub].last_offset < end.last_offset:
+                chunks[sub] = end
+
+    def answers(key: int) -> None:
+        while pending:
+            k, body = c.frame()
+            corr = struct.unpack_from(">I", body)[0] if k & _RESPONSE else None
+            if k == (key | _RESPONSE) and corr in pending:
+                if struct.unpack_from(">H", body, 4)[0] != _OK:
+                    refused.add(pending[corr])
+                del pending[corr]
+            elif k != _HEARTBEAT:
+                on_frame(k, body)
+
+    for i, stream in enumerate(streams, 1):
+        pending[c.request(_SUBSCRIBE, bytes([i]) + _string(stream) + struct.pack(">HH", _OFFSET_LAST, 1)
+                          + _map({}))] = i
+    answers(_SUBSCRIBE)
+    for i in range(1, len(streams) + 1):
+        if i not in refused:
+            pending[c.request(_UNSUBSCRIBE, bytes([i]))] = i
+    answers(_UNSUBSCRIBE)
+    out: dict[str, StreamEnd | None] = {}
+    stats = _version(props.get("version", "")) >= STATS_SINCE
+    for i, stream in enumerate(streams, 1):
+        if i in refused:
+            continue
+        end = chunks.get(i)
+        if end is None and stats:
+            st = _stats(c.response(_STREAM_STATS, c.request(_STREAM_STATS, _string(stream))))
+            if st.get("committed_chunk_id") == -1 and st.get("last_chunk_id") == -1:
+                end = EMPTY
+        out[stream] = end
+    return out
+
+
 class EndProber:
-    """``probe_end`` for many streams of one vhost on one stream-protocol connection, kept open
-    between probes (``rbak archive`` probes every quiet stream at each tick: one connection per probe
-    was a TCP and SASL handshake per stream per tick). A failed probe closes the connection (the next
-    one opens another) and answers None, as ``probe_end`` does."""
+    """Committed ends of many streams of one vhost on one stream-protocol connection, kept open
+    between probes (``rbak archive`` probes every stream it follows at each tick: one connection per
+    probe was a TCP and SASL handshake per stream per tick), all of them in one pipelined round trip.
+    A failed probe closes the connection (the next one opens another) and answers None."""
 
     def __init__(self, cfg: "ConnectionConfig", conn, vhost: str):
         self.cfg, self.vhost = cfg, vhost
@@ -268,30 +317,40 @@ class EndProber:
         self._c: _Conn | None = None
         self._props: dict[str, str] = {}
 
-    def end(self, stream: str, settled: bool = False) -> int | None:
+    def ends(self, streams: list[str]) -> dict[str, int | None] | None:
+        """Every stream's committed end (-1: empty; None: no chunk, unconfirmed) in one pipelined round
+        trip (``_ends_on``), at most 255 at once; a stream the broker refused is absent; None when the
+        stream protocol could not be asked at all."""
+        out: dict[str, int | None] = {}
+        try:
+            for i in range(0, len(streams), 255):
+                c = self._connect()
+                for name, end in _ends_on(c, self._props, streams[i:i + 255]).items():
+                    out[name] = end.last_offset if end is not None else None
+        except (StreamProtocolError, OSError, struct.error) as e:
+            self.close()
+            log.info("vhost %r: the stream protocol on port %d did not answer (%s)", self.vhost, self.cfg.stream_port, e)
+            return None
+        return out
+
+    def _connect(self) -> _Conn:
         from .connect import ssl_context
 
         cfg = self.cfg
-        try:
-            if self._c is None:
-                ctx = (ssl_context(cfg), cfg.tls.server_name or cfg.host) if cfg.use_tls else None
-                try:
-                    self._c, self._props = _open(cfg.host, cfg.stream_port, self.vhost, cfg.username, cfg.password,
-                                                 cfg.connection_timeout_secs, ctx)
-                except (OSError, struct.error) as e:
-                    raise StreamProtocolError(f"cannot open a stream connection to {cfg.host}:{cfg.stream_port} "
-                                              f"({e})") from None
-                got = self._props.get("cluster_name")
-                if self.cluster is not None and got not in (None, self.cluster):
-                    raise StreamProtocolError(f"{cfg.host}:{cfg.stream_port} belongs to cluster {got!r}, "
-                                              f"not {self.cluster!r}")
-            end = _end_on(self._c, self._props, stream, settled)
-        except (StreamProtocolError, OSError, struct.error) as e:
-            self.close()
-            log.info("stream %r in vhost %r: the end is found by a quiet period (stream protocol on port %d: %s)",
-                     stream, self.vhost, cfg.stream_port, e)
-            return None
-        return end.last_offset if end is not None else None
+        if self._c is None:
+            ctx = (ssl_context(cfg), cfg.tls.server_name or cfg.host) if cfg.use_tls else None
+            try:
+                self._c, self._props = _open(cfg.host, cfg.stream_port, self.vhost, cfg.username, cfg.password,
+                                             cfg.connection_timeout_secs, ctx)
+            except (OSError, struct.error) as e:
+                raise StreamProtocolError(f"cannot open a stream connection to {cfg.host}:{cfg.stream_port} "
+                                          f"({e})") from None
+            got = self._props.get("cluster_name")
+            if self.cluster is not None and got not in (None, self.cluster):
+                self.close()
+                raise StreamProtocolError(f"{cfg.host}:{cfg.stream_port} belongs to cluster {got!r}, "
+                                          f"not {self.cluster!r}")
+        return self._c
 
     def close(self) -> None:
         if self._c is not None:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from ..errors import ManifestError
-from .manifest import ArchiveInfo, BackupManifest, EncryptionInfo, QueueBackup, SegmentMetadata, StreamInfo
+from .manifest import ArchiveInfo, BackupManifest, CommittedEnd, EncryptionInfo, QueueBackup, SegmentMetadata, StreamInfo
 
 TICK_DIR = "archive"
 TICK_FORMAT = "rbak-archive-tick/1"
@@ -42,14 +42,19 @@ class TickStream:
     name: str
     info: StreamInfo
     epoch: int = 1
-    complete_until: int | None = None  # ms: every record the broker stamped up to here is archived
+    complete_until: int | None = None  # ms: every record the broker committed by here is archived
     present: bool = True  # False: the stream is gone from the broker; its link is carried on
     segments: list[SegmentMetadata] = field(default_factory=list)
+    committed: CommittedEnd | None = None  # the broker's committed end, probed at this tick (rbak extension)
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"vhost": self.vhost, "name": self.name, "epoch": self.epoch, "present": self.present,
-                "complete_until": self.complete_until, "stream": self.info.to_json_obj(),
-                "segments": [s.to_json_obj() for s in self.segments]}
+        out: dict[str, Any] = {
+            "vhost": self.vhost, "name": self.name, "epoch": self.epoch, "present": self.present,
+            "complete_until": self.complete_until, "stream": self.info.to_json_obj(),
+            "segments": [s.to_json_obj() for s in self.segments]}
+        if self.committed is not None:
+            out["committed"] = self.committed.to_json_obj()
+        return out
 
     @classmethod
     def from_json_obj(cls, d: Any, where: str) -> "TickStream":
@@ -59,9 +64,11 @@ class TickStream:
         if not isinstance(segs, list):
             raise ManifestError(f"{where}: 'segments' must be a list")
         cu = d.get("complete_until")
+        committed = d.get("committed")
         return cls(d["vhost"], d["name"], StreamInfo.from_json_obj(d.get("stream") or {}, f"{where} stream"),
                    int(d.get("epoch") or 1), cu if isinstance(cu, int) else None, d.get("present") is not False,
-                   [SegmentMetadata.from_json_obj(s, f"{where} segment {i}") for i, s in enumerate(segs)])
+                   [SegmentMetadata.from_json_obj(s, f"{where} segment {i}") for i, s in enumerate(segs)],
+                   CommittedEnd.from_json_obj(committed, f"{where} committed") if committed is not None else None)
 
 
 @dataclass(slots=True)
@@ -133,6 +140,8 @@ def assemble(ticks: list[Tick], open_: bool) -> BackupManifest:
                        backup_tool_version=last.tool_version, queues=sorted(queues, key=lambda q: (q.vhost, q.name)),
                        encryption=last.encryption,
                        archive=ArchiveInfo(last.archive, last.recoverable_until, open_, len(ticks),
-                                           {stream_key(s.vhost, s.name): s.epoch for s in last.streams}))
+                                           {stream_key(s.vhost, s.name): s.epoch for s in last.streams},
+                                           {stream_key(s.vhost, s.name): s.committed for s in last.streams
+                                            if s.committed is not None}))
     m.recompute_totals()
     return m

@@ -438,6 +438,76 @@ def test_a_cut_connection_and_a_storage_that_stalls_lose_nothing(broker, vhost_f
     assert bodies(broker, fresh, "c") == sent
 
 
+def s3_ticks(bucket) -> list:
+    """Every tick in the bucket, oldest generation and sequence first."""
+    from rbak.format.archive import Tick
+
+    keys = [k for k in bucket.keys() if "/archive/tick-" in k]
+    return sorted((Tick.from_json(bucket.get(k), k) for k in keys), key=lambda t: (t.generation, t.sequence))
+
+
+def in_tick(t, name: str):
+    return next(s for s in t.streams if s.name == name)
+
+
+def test_a_slow_store_for_one_stream_does_not_hold_back_the_tick_naming_the_others(broker, vhost_factory, tmp_path,
+                                                                                   s3_bucket):
+    """The storage holds one stream's segment upload for 20 s (max_delay_secs 8). The tick naming the other
+    stream's segment is written within the head-room after it was read, not after the held upload (nor, as
+    before, after a max_delay_secs deadline); the held stream's complete-until does not pass what no tick
+    names, while the tick records the committed end the broker reported for it; a later tick names it.
+    At the end ``archive_status`` shows each stream's archived offset equal to its committed one."""
+    from urllib.parse import urlsplit
+
+    from rbak.archive.status import archive_status
+    from rbak.storage import open_storage
+    from support.holdproxy import HoldProxy
+
+    vhost = vhost_factory(broker)
+    for name in ("fast", "slow"):
+        declare_stream(broker, vhost, name)
+    ep = urlsplit(s3_bucket.endpoint)
+    proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
+    store = json.dumps({"backend": "s3", "bucket": s3_bucket.bucket, "prefix": s3_bucket.prefix,
+                        "endpoint": proxy.url, "path_style": True, "region": "us-east-1"})
+    cfg = archive_config(tmp_path, broker, vhost, store, max_delay_secs=8)
+    for name in ("fast", "slow"):
+        fast_publish(broker, vhost, name, [b"%s-%d" % (name.encode(), i) for i in range(10)])
+    arc = Archiver(cfg, tmp_path / "a.log").running()
+    wait_until(lambda: archived(s3_bucket) == 20, timeout=120, what="the first records archived")
+    proxy.hold_next(b"/slow/segment-", 20)
+    for name in ("fast", "slow"):
+        fast_publish(broker, vhost, name, [b"%s-%d" % (name.encode(), i) for i in range(10, 20)])
+    published = int(time.time() * 1000)  # confirmed: both streams' offsets 10-19 are committed by now
+
+    def fast_tick():
+        return next((t for t in s3_ticks(s3_bucket) if in_tick(t, "fast").info.last_offset == 19
+                     and in_tick(t, "fast").segments), None)
+
+    t = wait_until(fast_tick, timeout=60, what="a tick naming fast's second segment")
+    held_until = time.time() + 10  # the hold (20 s) is still on for at least this long
+    assert proxy.holding.is_set() or proxy.held == 1, "the slow stream's upload was held"
+    fast, slow = in_tick(t, "fast"), in_tick(t, "slow")
+    assert slow.info.last_offset == 9 and not slow.segments  # held: not named
+    assert slow.committed is not None and slow.committed.offset == 19, slow.committed  # the broker had 0-19
+    assert fast.committed is not None and fast.committed.offset == 19
+    # the tick began with the probe (its flush request) and waited only the head-room (at most half of
+    # max_delay_secs), not for the held upload; before, a tick waited for every stream up to max_delay_secs
+    assert t.written_at - fast.committed.at < 4_000, t.written_at - fast.committed.at
+    assert slow.complete_until is not None and slow.complete_until < published, (slow.complete_until, published)
+    assert t.recoverable_until is not None and t.recoverable_until <= slow.complete_until
+    later = wait_until(lambda: next((x for x in s3_ticks(s3_bucket) if in_tick(x, "slow").info.last_offset == 19),
+                                    None), timeout=120, what="a later tick naming the held segment")
+    assert (later.generation, later.sequence) > (t.generation, t.sequence) and later.written_at > held_until * 1000
+    assert in_tick(later, "slow").complete_until >= slow.committed.at  # named: complete up to that probe
+    arc.stop()
+    proxy.close()
+    status = archive_status(open_storage(s3_bucket), "arc")
+    assert [(p.stream, p.archived_offset, p.committed_offset, p.behind) for p in status.streams] == [
+        ("fast", 19, 19, 0), ("slow", 19, 19, 0)]
+    assert [r.body for r in archive_records(s3_bucket, vhost, "slow")] == [b"slow-%d" % i for i in range(20)]
+
+
 def archive_records(path: str, vhost: str, stream: str) -> list:
     """Every record the archive holds of a stream, generation after generation, as stored."""
     from rbak.repo.catalog import load_manifest

@@ -278,3 +278,22 @@ def test_restore_point_defaults_to_recoverable_and_refuses_past_it():
         ad.restore_point(None, None, "orders")
     with pytest.raises(ConfigError, match=r"spec.archiveRef.pointInTime: 'yesterday' is not RFC 3339"):
         ad.restore_point("yesterday", ru, "orders")
+
+
+def test_each_stream_shows_the_committed_offset_beside_the_archived_one():
+    """The tick's committed end (as the archiver probed it) is in the status; a moved committed offset is
+    progress (written at most every 30 s), an idle archive's newer probe instant alone is not."""
+    from rbak.format.manifest import CommittedEnd
+
+    def streams(committed: int, at: int) -> list[TickStream]:
+        return [TickStream("orders", "events.a", StreamInfo(first_offset=0, last_offset=99), 1, T0 - 1400, True,
+                           committed=CommittedEnd(committed, at))]
+
+    first = _status(tick(T0 - 1000, T0 - 1400, streams(120, T0 - 1500)))
+    assert first["streams"][0]["archivedOffset"] == 99 and first["streams"][0]["committedOffset"] == 120
+    assert first["streams"][0]["committedAt"] == "2026-05-28T20:26:38Z"
+    idle = _status(tick(T0 + 29_000, T0 + 28_600, streams(120, T0 + 28_500), seq=4), T0 + 30_000, first)
+    assert ad.status_patch(first, idle, 30.0, 7.5) == {}
+    moved = _status(tick(T0 + 29_000, T0 + 28_600, streams(300, T0 + 28_500), seq=4), T0 + 30_000, first)
+    assert ad.status_patch(first, moved, 10.0, 7.5) == {}
+    assert ad.status_patch(first, moved, 30.0, 7.5)["streams"][0]["committedOffset"] == 300

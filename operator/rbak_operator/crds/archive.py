@@ -104,6 +104,9 @@ def stream_status_schema() -> dict[str, Any]:
             "present": boolean("the stream is on the broker (false: gone, its archive kept)"),
             "firstOffset": integer("first offset archived in the newest generation"),
             "archivedOffset": integer("last offset archived (its segment durable and named by a tick)"),
+            "committedOffset": integer("the broker's last committed offset when the archiver last probed it "
+                                       "(committedAt): archivedOffset reaches it when the archive is caught up"),
+            "committedAt": string("when the archiver probed committedOffset", format="date-time"),
             "completeUntil": string("every record the broker stamped up to this instant is archived", format="date-time"),
             "lagSeconds": integer("how far the stream's complete-until is behind now"),
             "gapMessages": integer("messages the stream's retention removed before the archive read them"),

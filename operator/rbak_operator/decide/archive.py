@@ -210,6 +210,8 @@ def view(tick: Tick | None, now_ms: int, spec: dict[str, Any], previous: dict[st
         cu = s.complete_until
         entry: dict[str, Any] = {"vhost": s.vhost, "name": s.name, "epoch": s.epoch, "present": s.present,
                                  "firstOffset": s.info.first_offset, "archivedOffset": s.info.last_offset,
+                                 "committedOffset": s.committed.offset if s.committed is not None else None,
+                                 "committedAt": _ms_time(s.committed.at) if s.committed is not None else None,
                                  "completeUntil": _ms_time(cu),
                                  "lagSeconds": None if cu is None else math.ceil(max(0.0, (tick.written_at - cu) / 1000
                                                                                      + overdue)),
@@ -277,15 +279,16 @@ def conditions(v: ArchiveView, spec: dict[str, Any], existing: list[dict[str, An
 
 def _shape(status: dict[str, Any]) -> Any:
     """The fields whose change is always written at once (everything but the moving figures)."""
-    streams = [{k: v for k, v in s.items() if k not in ("archivedOffset", "firstOffset", "completeUntil",
-                                                         "lagSeconds")} for s in status.get("streams") or []]
+    streams = [{k: v for k, v in s.items() if k not in ("archivedOffset", "firstOffset", "committedOffset",
+                                                         "committedAt", "completeUntil", "lagSeconds")}
+               for s in status.get("streams") or []]
     conds = [{k: c.get(k) for k in ("type", "status", "reason", "message")} for c in status.get("conditions") or []]
     rest = {k: v for k, v in status.items() if k not in VOLATILE and k != "conditions"}
     return json.dumps([rest, conds, streams], sort_keys=True, default=str)
 
 
 def _offsets(status: dict[str, Any]) -> Any:
-    return [(s.get("vhost"), s.get("name"), s.get("firstOffset"), s.get("archivedOffset"))
+    return [(s.get("vhost"), s.get("name"), s.get("firstOffset"), s.get("archivedOffset"), s.get("committedOffset"))
             for s in status.get("streams") or []]
 
 
