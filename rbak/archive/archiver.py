@@ -60,8 +60,8 @@ from ..format.manifest import BackupManifest, CommittedEnd, SegmentMetadata, Str
 from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
 from ..broker.management import ManagementClient, QueueInfo
 from ..storage.base import Storage
-from .follower import Durable, FollowerGroup, Probe, StreamFollower, stream_info
-from .state import ArchiveSummary, Generation, StreamState, _now_ms, _utc
+from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
+from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class Archiver:
     def _lag_loop(self) -> None:
         """The lag gauges grow every second while nothing is archived (a storage outage, a broker away)."""
         while not self.stopping.wait(1.0):
-            now = _now_ms()
+            now = now_ms()
             for (vhost, name), cu in list(self._complete.items()):
                 metrics.archive_lag().labels(vhost=vhost, stream=name).set(max(0.0, (now - cu) / 1000))
 
@@ -243,7 +243,7 @@ class Archiver:
             write_wraps(self.storage, layout, codec.wraps)
             codec.wraps = []
         prev_w = newest.archive.recoverable_until if newest is not None and newest.archive is not None else None
-        g = Generation(gid, layout, _now_ms(), cluster, ov.get("rabbitmq_version"), codec,
+        g = Generation(gid, layout, now_ms(), cluster, ov.get("rabbitmq_version"), codec,
                        self._plan(client, newest, prev_w), prev_w)
         self.summary.generations.append(gid)
         self._write_tick(g)  # tick 0: each stream's link and start
@@ -297,7 +297,7 @@ class Archiver:
                 if d.warning:
                     log.warning("archive %s: %s", self.name, d.warning)
                 if d.gaps:  # the lost records were stamped after the last one archived, before this probe
-                    d.gaps = [StreamGap(gp.from_offset, gp.to_offset, last_ts.get((q.vhost, q.name)), _now_ms())
+                    d.gaps = [StreamGap(gp.from_offset, gp.to_offset, last_ts.get((q.vhost, q.name)), now_ms())
                               for gp in d.gaps]
                 epoch = epochs.get(stream_key(q.vhost, q.name), 1) + (1 if d.recreated else 0)
                 cont = d.previous_backup is not None
@@ -377,7 +377,7 @@ class Archiver:
                 failed = [st for st in g.streams.values() if st.follower is not None and st.follower.error is not None]
                 if failed:
                     raise failed[0].follower.error  # type: ignore[union-attr,misc]
-                if g.late and all(self._flushed(f, seq) for f, seq in g.late.values()):
+                if g.late and all(flushed(f, seq) for f, seq in g.late.values()):
                     self._name_late(g)
                     if len(g.ticks) >= self.opts.generation_ticks:
                         return
@@ -421,7 +421,7 @@ class Archiver:
     def _listed(self, g: Generation, client: ManagementClient, present: set[str]) -> bool:
         """List the selection again: False when it changed (a new generation starts), else True and
         ``g.listed_ms`` moves to when the listing began."""
-        began = _now_ms()
+        began = now_ms()
         if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
             log.info("archive %s: the selected streams changed; starting a new generation", self.name)
             return False
@@ -458,26 +458,26 @@ class Archiver:
                     del unanswered[key]
                     answered = now - began
             for key, f in list(waiting.items()):
-                if self._flushed(f, seq):
+                if flushed(f, seq):
                     del waiting[key]
-                    if f.error is None and self._stored_one(f, seq, before[key]):
+                    if f.error is None and stored_one(f, seq, before[key]):
                         settled.append(now - began)  # a segment was asked for and is durable
             if not waiting or now >= deadline:
                 break
             time.sleep(TICK_POLL_SECS)
         for key, f in waiting.items():  # not durable by the deadline: named by a later tick, counted as slow
-            if f.answer is None or f.answer.seq < seq or self._stored_one(f, seq, before[key]):
+            if f.answer is None or f.answer.seq < seq or stored_one(f, seq, before[key]):
                 settled.append(wait)
         if settled and not final:
             settled.sort()
             self._settle.append(settled[int(0.9 * (len(settled) - 1))])
-        flushed = time.monotonic()
+        named_at = time.monotonic()
         g.late = {key: (f, seq) for key, f in waiting.items()}
         self._collect(g, seq)
         self._write_tick(g)
-        self._puts.append(time.monotonic() - flushed)
+        self._puts.append(time.monotonic() - named_at)
         log.debug("archive %s: tick %d took %.3f s (answers %.3f s, flush %.3f s, %d stream(s) left to the next "
-                  "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, flushed - began,
+                  "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, named_at - began,
                   len(waiting))
         return True
 
@@ -490,23 +490,6 @@ class Archiver:
         self._write_tick(g)
         log.debug("archive %s: tick %d named the segments late for the last one (%.3f s)", self.name,
                   len(g.ticks) - 1, time.monotonic() - began)
-
-    @staticmethod
-    def _stored_one(f: StreamFollower, seq: int, before: int | None) -> bool:
-        """The answer to ``seq`` asked for a segment: records read past what was durable at the request."""
-        a = f.answer
-        return a is not None and a.seq == seq and a.target is not None and a.target != before
-
-    @staticmethod
-    def _flushed(f: StreamFollower, seq: int) -> bool:
-        a = f.answer
-        if f.error is not None or f.done.is_set():
-            return True
-        if a is None or a.seq < seq:
-            return False
-        with f.lock:
-            last = f.durable.last_offset
-        return a.target is None or (last is not None and last >= a.target)
 
     def _collect(self, g: Generation, seq: int | None) -> None:
         """Take each follower's durable segments and move each stream's complete-until: to the newest
@@ -525,7 +508,7 @@ class Archiver:
             if a is not None and a.probe is not None:
                 st.probes = (st.probes + [a.probe])[-MAX_PROBES:]
                 st.committed = CommittedEnd(a.probe.end, a.probe.at)
-            cu = self._claim(st, durable, f.received)
+            cu = st.claim(durable, f.received)
             if a is not None and a.probe is None and durable.last_ts is not None:
                 if st.key not in self._unprobed:
                     self._unprobed.add(st.key)
@@ -536,28 +519,10 @@ class Archiver:
             if cu is not None:
                 st.complete_until = max(st.complete_until or cu, cu)
 
-    @staticmethod
-    def _claim(st: StreamState, durable: Durable, received: int | None) -> int | None:
-        """The newest probe instant whose committed end is durable (its probes up to it are dropped)."""
-        best: int | None = None
-        keep: list[Probe] = []
-        for p in st.probes:
-            if p.end is None:  # no chunk delivered, unconfirmed: only while nothing was read at all
-                ok = durable.last_offset is None and received is None
-            else:
-                ok = p.end < 0 or (durable.last_offset is not None and durable.last_offset >= p.end)
-            if ok:
-                best = p.at - p.margin
-                keep = []
-            else:
-                keep.append(p)
-        st.probes = keep
-        return best
-
     def _watermark(self, g: Generation) -> int | None:
         cus = [st.complete_until for st in g.streams.values() if st.present]
         if not cus:
-            w: int | None = _now_ms()
+            w: int | None = now_ms()
         elif any(c is None for c in cus):
             w = None
         else:
@@ -570,7 +535,7 @@ class Archiver:
         return w if prev is None else max(w, prev)
 
     def _tick_object(self, g: Generation, sequence: int, w: int | None) -> Tick:
-        return Tick(self.name, g.backup_id, sequence, _now_ms(), g.created_at, w,
+        return Tick(self.name, g.backup_id, sequence, now_ms(), g.created_at, w,
                     [TickStream(st.vhost, st.name, stream_info(st.decision, st.durable,
                                                                st.follower.lock if st.follower else None),
                                 st.epoch, st.complete_until, st.present, list(st.unticked), st.committed)
@@ -594,7 +559,7 @@ class Archiver:
         s.ticks += 1
         s.recoverable_until = tick.recoverable_until
         metrics.archive_uploads().labels(kind="tick").inc()
-        now = _now_ms()
+        now = now_ms()
         for ts in tick.streams:
             s.segments += len(ts.segments)
             metrics.archive_uploads().labels(kind="segment").inc(len(ts.segments))
@@ -620,7 +585,7 @@ class Archiver:
         self._account(g, final)
         self.summary.ticks -= 1  # the manifest, not a tick
         log.info("archive %s: generation %s closed (%d segment(s), recoverable until %s)", self.name, g.backup_id,
-                 m.total_segments, _utc(w))
+                 m.total_segments, utc_text(w))
 
 
 def run_archive(cfg: Config, storage: Storage | None = None) -> ArchiveSummary:

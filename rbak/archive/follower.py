@@ -351,3 +351,21 @@ def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None 
                       previous_backup=d.previous_backup, previous_last_offset=d.previous_last_offset,
                       last_record_sha256=durable.last_sha256, last_chunk_timestamp=durable.last_chunk_timestamp,
                       recreated=d.recreated, gaps=gaps)
+
+
+def stored_one(f: StreamFollower, seq: int, before: int | None) -> bool:
+    """The answer to ``seq`` asked for a segment: records read past what was durable at the request."""
+    a = f.answer
+    return a is not None and a.seq == seq and a.target is not None and a.target != before
+
+
+def flushed(f: StreamFollower, seq: int) -> bool:
+    """The follower answered flush request ``seq`` and what it read by then is durable (or it ended)."""
+    a = f.answer
+    if f.error is not None or f.done.is_set():
+        return True
+    if a is None or a.seq < seq:
+        return False
+    with f.lock:
+        last = f.durable.last_offset
+    return a.target is None or (last is not None and last >= a.target)

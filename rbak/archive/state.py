@@ -37,6 +37,23 @@ class StreamState:
     def key(self) -> str:
         return stream_key(self.vhost, self.name)
 
+    def claim(self, durable: Durable, received: int | None) -> int | None:
+        """The newest probe instant whose committed end is durable (its probes up to it are dropped)."""
+        best: int | None = None
+        keep: list[Probe] = []
+        for p in self.probes:
+            if p.end is None:  # no chunk delivered, unconfirmed: only while nothing was read at all
+                ok = durable.last_offset is None and received is None
+            else:
+                ok = p.end < 0 or (durable.last_offset is not None and durable.last_offset >= p.end)
+            if ok:
+                best = p.at - p.margin
+                keep = []
+            else:
+                keep.append(p)
+        self.probes = keep
+        return best
+
 
 @dataclass(slots=True)
 class Generation:
@@ -77,16 +94,16 @@ class ArchiveSummary:
         gaps = [dict(vhost=s["vhost"], name=s["name"], **g) for s in self.streams for g in s.get("gaps", [])]
         return {"archive": self.archive, "storage": self.storage, "generations": self.generations,
                 "recoverable_until": self.recoverable_until,
-                "recoverable_until_utc": _utc(self.recoverable_until), "ticks": self.ticks,
+                "recoverable_until_utc": utc_text(self.recoverable_until), "ticks": self.ticks,
                 "segments": self.segments, "records": self.records, "streams": self.streams, "gaps": gaps,
                 "errors": self.errors}
 
 
-def _utc(ms: int | None) -> str | None:
+def utc_text(ms: int | None) -> str | None:
     if ms is None:
         return None
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
     return int(time.time() * 1000)
