@@ -205,7 +205,7 @@ def test_the_committed_end_rides_in_ticks_and_manifests_and_archive_status_reads
     the manifest assembled from the ticks keeps the newest, and ``archive_status`` shows it beside the
     archived offset. A tick without it (an older archiver) reads as before."""
     from rbak.archive.status import archive_status
-    from rbak.format.manifest import CommittedEnd
+    from rbak.format.manifest_archive import CommittedEnd
 
     st = open_storage(str(tmp_path / "store"))
     g = "arc.20261206T000000.000Z"

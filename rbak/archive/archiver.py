@@ -56,7 +56,8 @@ from ..sealing.envelope import write_wraps, writer_codec
 from ..errors import AmqpError, BackupLeaseError, ConfigError, NotFoundError, RbakError
 from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
 from ..format.compression import Compression, check_level
-from ..format.manifest import BackupManifest, CommittedEnd, SegmentMetadata, StreamGap
+from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
+from ..format.manifest_archive import CommittedEnd
 from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
 from ..broker.management import ManagementClient, QueueInfo
 from ..storage.base import Storage

@@ -12,7 +12,8 @@ from typing import Any
 from ..backup.stream_chain import ChainDecision
 from ..format.archive import Tick, stream_key
 from ..format.layout import BackupLayout
-from ..format.manifest import CommittedEnd, SegmentMetadata
+from ..format.manifest import SegmentMetadata
+from ..format.manifest_archive import CommittedEnd
 from .follower import Durable, Probe, StreamFollower
 
 

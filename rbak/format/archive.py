@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 
 from ..errors import ManifestError
-from .manifest import ArchiveInfo, BackupManifest, CommittedEnd, EncryptionInfo, QueueBackup, SegmentMetadata, StreamInfo
+from .manifest import BackupManifest, EncryptionInfo, QueueBackup, SegmentMetadata, StreamInfo
+from .manifest_archive import ArchiveInfo, CommittedEnd
 
 TICK_DIR = "archive"
 TICK_FORMAT = "rbak-archive-tick/1"

@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 
 from ..errors import ManifestError
+from .manifest_archive import ArchiveInfo
+from .manifest_fields import _opt, _req
 
 ENCRYPTION_ALGORITHM = "AES-256-GCM"
 
@@ -385,63 +387,6 @@ class DefinitionsBackup:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class CommittedEnd:
-    """A stream's committed end as the archiver probed it (rbak extension): ``offset``, the broker's last
-    committed offset (-1: empty; None: the broker could not say) at ``at`` (epoch ms). Every record the
-    broker had committed by ``at`` has an offset at most ``offset``."""
-
-    offset: int | None
-    at: int
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return {"offset": self.offset, "at": self.at}
-
-    @classmethod
-    def from_json_obj(cls, d: Any, where: str) -> "CommittedEnd":
-        if not isinstance(d, dict):
-            raise ManifestError(f"{where}: must be a JSON object")
-        return cls(_opt(d, "offset", int, where), _req(d, "at", int, where))
-
-
-@dataclass(slots=True)
-class ArchiveInfo:
-    """rbak's ``archive`` field: this backup is one generation of a continuous archive (``rbak archive``).
-
-    ``recoverable_until`` (epoch ms): every stream of the archive holds, in this generation's chain,
-    every record the broker stamped at or before it, so a restore to it is consistent across
-    streams. ``open``: the generation is still being written (the manifest was assembled from its
-    ticks, not stored)."""
-
-    name: str
-    recoverable_until: int | None = None
-    open: bool = False
-    ticks: int = 0
-    epochs: dict[str, int] = field(default_factory=dict)  # "vhost/stream" -> epoch (1 + times recreated)
-    committed: dict[str, CommittedEnd] = field(default_factory=dict)  # "vhost/stream" -> the newest probe
-
-    def to_json_obj(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "recoverable_until": self.recoverable_until, "open": self.open,
-                               "ticks": self.ticks, "epochs": dict(self.epochs)}
-        if self.committed:  # written only when probed: older generations keep their bytes
-            out["committed"] = {k: c.to_json_obj() for k, c in self.committed.items()}
-        return out
-
-    @classmethod
-    def from_json_obj(cls, d: Any, where: str = "archive") -> "ArchiveInfo":
-        if not isinstance(d, dict):
-            raise ManifestError(f"{where}: must be a JSON object")
-        epochs = d.get("epochs") or {}
-        if not isinstance(epochs, dict) or not all(_type_ok(v, int) for v in epochs.values()):
-            raise ManifestError(f"{where}: 'epochs' must map stream names to integers")
-        committed = d.get("committed") or {}
-        if not isinstance(committed, dict):
-            raise ManifestError(f"{where}: 'committed' must map stream names to objects")
-        return cls(_req(d, "name", str, where), _opt(d, "recoverable_until", int, where), d.get("open") is True,
-                   _opt(d, "ticks", int, where) or 0, dict(epochs),
-                   {k: CommittedEnd.from_json_obj(v, f"{where} committed {k!r}") for k, v in committed.items()})
-
-
 @dataclass(slots=True)
 class BackupManifest:
     backup_id: str
@@ -586,29 +531,3 @@ class BackupManifest:
         except orjson.JSONDecodeError as e:
             raise ManifestError(f"{where}: not valid JSON: {e}") from None
         return cls.from_json_obj(obj, where)
-
-
-def _type_ok(v: Any, typ: type) -> bool:
-    if typ is int:
-        return isinstance(v, int) and not isinstance(v, bool)
-    return isinstance(v, typ)
-
-
-def _req(d: dict[str, Any], name: str, typ: type, where: str) -> Any:
-    if not isinstance(d, dict):
-        raise ManifestError(f"{where}: must be a JSON object")
-    if name not in d or d[name] is None:
-        raise ManifestError(f"{where}: missing required field '{name}'")
-    v = d[name]
-    if not _type_ok(v, typ):
-        raise ManifestError(f"{where}: field '{name}' must be {typ.__name__}, got {type(v).__name__}")
-    return v
-
-
-def _opt(d: dict[str, Any], name: str, typ: type, where: str) -> Any:
-    v = d.get(name)
-    if v is None:
-        return None
-    if not _type_ok(v, typ):
-        raise ManifestError(f"{where}: field '{name}' must be {typ.__name__} or null, got {type(v).__name__}")
-    return v

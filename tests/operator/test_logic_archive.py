@@ -283,7 +283,7 @@ def test_restore_point_defaults_to_recoverable_and_refuses_past_it():
 def test_each_stream_shows_the_committed_offset_beside_the_archived_one():
     """The tick's committed end (as the archiver probed it) is in the status; a moved committed offset is
     progress (written at most every 30 s), an idle archive's newer probe instant alone is not."""
-    from rbak.format.manifest import CommittedEnd
+    from rbak.format.manifest_archive import CommittedEnd
 
     def streams(committed: int, at: int) -> list[TickStream]:
         return [TickStream("orders", "events.a", StreamInfo(first_offset=0, last_offset=99), 1, T0 - 1400, True,
