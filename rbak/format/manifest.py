@@ -13,7 +13,7 @@ import orjson
 
 from ..errors import ManifestError
 from .manifest_archive import ArchiveInfo
-from .manifest_fields import _opt, _req
+from .manifest_fields import optional, required
 
 ENCRYPTION_ALGORITHM = "AES-256-GCM"
 
@@ -89,15 +89,15 @@ class SegmentMetadata:
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "segment") -> "SegmentMetadata":
         return cls(
-            key=_req(d, "key", str, where),
-            sequence=_req(d, "sequence", int, where),
-            record_count=_req(d, "record_count", int, where),
-            size_bytes=_req(d, "size_bytes", int, where),
-            uncompressed_bytes=_opt(d, "uncompressed_bytes", int, where) or 0,
-            first_timestamp=_opt(d, "first_timestamp", int, where),
-            last_timestamp=_opt(d, "last_timestamp", int, where),
-            checksum=_opt(d, "checksum", str, where) or "",
-            max_body_bytes=_opt(d, "max_body_bytes", int, where),
+            key=required(d, "key", str, where),
+            sequence=required(d, "sequence", int, where),
+            record_count=required(d, "record_count", int, where),
+            size_bytes=required(d, "size_bytes", int, where),
+            uncompressed_bytes=optional(d, "uncompressed_bytes", int, where) or 0,
+            first_timestamp=optional(d, "first_timestamp", int, where),
+            last_timestamp=optional(d, "last_timestamp", int, where),
+            checksum=optional(d, "checksum", str, where) or "",
+            max_body_bytes=optional(d, "max_body_bytes", int, where),
         )
 
 
@@ -123,10 +123,10 @@ class StreamGap:
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "gap") -> "StreamGap":
-        a, b = _req(d, "from_offset", int, where), _req(d, "to_offset", int, where)
+        a, b = required(d, "from_offset", int, where), required(d, "to_offset", int, where)
         if b < a:
             raise ManifestError(f"{where}: to_offset {b} is before from_offset {a}")
-        return cls(a, b, _opt(d, "after_timestamp", int, where), _opt(d, "before_timestamp", int, where))
+        return cls(a, b, optional(d, "after_timestamp", int, where), optional(d, "before_timestamp", int, where))
 
 
 @dataclass(slots=True)
@@ -174,12 +174,12 @@ class StreamInfo:
             raise ManifestError(f"{where}: 'gaps' must be a list")
         rec = d.get("recreated")
         return cls(
-            first_offset=_opt(d, "first_offset", int, where),
-            last_offset=_opt(d, "last_offset", int, where),
-            previous_backup=_opt(d, "previous_backup", str, where),
-            previous_last_offset=_opt(d, "previous_last_offset", int, where),
-            last_record_sha256=_opt(d, "last_record_sha256", str, where),
-            last_chunk_timestamp=_opt(d, "last_chunk_timestamp", int, where),
+            first_offset=optional(d, "first_offset", int, where),
+            last_offset=optional(d, "last_offset", int, where),
+            previous_backup=optional(d, "previous_backup", str, where),
+            previous_last_offset=optional(d, "previous_last_offset", int, where),
+            last_record_sha256=optional(d, "last_record_sha256", str, where),
+            last_chunk_timestamp=optional(d, "last_chunk_timestamp", int, where),
             recreated=bool(rec) if isinstance(rec, bool) else False,
             gaps=[StreamGap.from_json_obj(g, f"{where} gap {i}") for i, g in enumerate(gaps)],
         )
@@ -201,7 +201,7 @@ class BackupOwner:
 
     @classmethod
     def from_json_obj(cls, d: Any, where: str) -> "BackupOwner":
-        return cls(_req(d, "namespace", str, where), _req(d, "name", str, where), _opt(d, "uid", str, where))
+        return cls(required(d, "namespace", str, where), required(d, "name", str, where), optional(d, "uid", str, where))
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +229,7 @@ class BackupOrigin:
         if vh is not None and (not isinstance(vh, list) or not all(isinstance(v, str) for v in vh)):
             raise ManifestError(f"{where}: 'vhosts' must be a list of strings or null")
         owner = d.get("owner")
-        return cls(_req(d, "cluster", str, where), tuple(vh) if vh is not None else None,
+        return cls(required(d, "cluster", str, where), tuple(vh) if vh is not None else None,
                    BackupOwner.from_json_obj(owner, f"{where} owner") if owner is not None else None)
 
 
@@ -260,11 +260,11 @@ class QueueStatus:
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "queue_status") -> "QueueStatus":
-        status = _req(d, "status", str, where)
+        status = required(d, "status", str, where)
         if status not in QUEUE_STATUSES:
             raise ManifestError(f"{where}: status {status!r} is not one of {', '.join(QUEUE_STATUSES)}")
-        return cls(_req(d, "vhost", str, where), _req(d, "name", str, where), status,
-                   _opt(d, "reason", str, where) or "", _opt(d, "expected", int, where), _opt(d, "read", int, where))
+        return cls(required(d, "vhost", str, where), required(d, "name", str, where), status,
+                   optional(d, "reason", str, where) or "", optional(d, "expected", int, where), optional(d, "read", int, where))
 
 
 @dataclass(slots=True)
@@ -335,8 +335,8 @@ class QueueBackup:
 
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "queue") -> "QueueBackup":
-        vhost = _req(d, "vhost", str, where)
-        name = _req(d, "name", str, where)
+        vhost = required(d, "vhost", str, where)
+        name = required(d, "name", str, where)
         here = f"{where} {vhost!r}/{name!r}"
         segs = d.get("segments")
         segs = [] if segs is None else segs
@@ -345,14 +345,14 @@ class QueueBackup:
         return cls(
             vhost=vhost,
             name=name,
-            queue_type=_opt(d, "queue_type", str, here) or "classic",
+            queue_type=optional(d, "queue_type", str, here) or "classic",
             segments=[SegmentMetadata.from_json_obj(s, f"{here} segment {i}") for i, s in enumerate(segs)],
-            message_count=_opt(d, "message_count", int, here) or 0,
-            first_message_timestamp=_opt(d, "first_message_timestamp", int, here),
-            last_message_timestamp=_opt(d, "last_message_timestamp", int, here),
+            message_count=optional(d, "message_count", int, here) or 0,
+            first_message_timestamp=optional(d, "first_message_timestamp", int, here),
+            last_message_timestamp=optional(d, "last_message_timestamp", int, here),
             stream=StreamInfo.from_json_obj(d["stream"], f"{here} stream") if d.get("stream") is not None else None,
-            expected_messages=_opt(d, "expected_messages", int, here),
-            held_by_consumers=_opt(d, "held_by_consumers", int, here),
+            expected_messages=optional(d, "expected_messages", int, here),
+            held_by_consumers=optional(d, "held_by_consumers", int, here),
         )
 
 
@@ -378,12 +378,12 @@ class DefinitionsBackup:
     @classmethod
     def from_json_obj(cls, d: dict[str, Any], where: str = "definitions") -> "DefinitionsBackup":
         return cls(
-            key=_req(d, "key", str, where),
-            vhost_count=_opt(d, "vhost_count", int, where) or 0,
-            queue_count=_opt(d, "queue_count", int, where) or 0,
-            exchange_count=_opt(d, "exchange_count", int, where) or 0,
-            user_count=_opt(d, "user_count", int, where) or 0,
-            size_bytes=_opt(d, "size_bytes", int, where) or 0,
+            key=required(d, "key", str, where),
+            vhost_count=optional(d, "vhost_count", int, where) or 0,
+            queue_count=optional(d, "queue_count", int, where) or 0,
+            exchange_count=optional(d, "exchange_count", int, where) or 0,
+            user_count=optional(d, "user_count", int, where) or 0,
+            size_bytes=optional(d, "size_bytes", int, where) or 0,
         )
 
 
@@ -502,21 +502,21 @@ class BackupManifest:
         if not isinstance(queues, list):
             raise ManifestError(f"{where}: 'queues' must be a list")
         m = cls(
-            backup_id=_req(d, "backup_id", str, where),
-            created_at=_req(d, "created_at", int, where),
-            completed_at=_opt(d, "completed_at", int, where),
-            source_cluster=_opt(d, "source_cluster", str, where),
-            rabbitmq_version=_opt(d, "rabbitmq_version", str, where),
-            backup_tool_version=_opt(d, "backup_tool_version", str, where) or "",
+            backup_id=required(d, "backup_id", str, where),
+            created_at=required(d, "created_at", int, where),
+            completed_at=optional(d, "completed_at", int, where),
+            source_cluster=optional(d, "source_cluster", str, where),
+            rabbitmq_version=optional(d, "rabbitmq_version", str, where),
+            backup_tool_version=optional(d, "backup_tool_version", str, where) or "",
             definitions=DefinitionsBackup.from_json_obj(defs, f"{where} definitions") if defs else None,
             queues=[QueueBackup.from_json_obj(q, f"{where} queue {i}") for i, q in enumerate(queues)],
             encryption=EncryptionInfo.from_json_obj(d["encryption"], where) if d.get("encryption") is not None else None,
             origin=BackupOrigin.from_json_obj(d["origin"], where) if d.get("origin") is not None else None,
             archive=ArchiveInfo.from_json_obj(d["archive"], f"{where} archive") if d.get("archive") is not None else None,
         )
-        m.total_messages = _opt(d, "total_messages", int, where) or 0
-        m.total_bytes = _opt(d, "total_bytes", int, where) or 0
-        m.total_segments = _opt(d, "total_segments", int, where) or 0
+        m.total_messages = optional(d, "total_messages", int, where) or 0
+        m.total_bytes = optional(d, "total_bytes", int, where) or 0
+        m.total_segments = optional(d, "total_segments", int, where) or 0
         qs = d.get("queue_status") or []
         if not isinstance(qs, list):
             raise ManifestError(f"{where}: 'queue_status' must be a list")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ManifestError
-from .manifest_fields import _opt, _req, _type_ok
+from .manifest_fields import optional, required, type_ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class CommittedEnd:
     def from_json_obj(cls, d: Any, where: str) -> "CommittedEnd":
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: must be a JSON object")
-        return cls(_opt(d, "offset", int, where), _req(d, "at", int, where))
+        return cls(optional(d, "offset", int, where), required(d, "at", int, where))
 
 
 @dataclass(slots=True)
@@ -57,11 +57,11 @@ class ArchiveInfo:
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: must be a JSON object")
         epochs = d.get("epochs") or {}
-        if not isinstance(epochs, dict) or not all(_type_ok(v, int) for v in epochs.values()):
+        if not isinstance(epochs, dict) or not all(type_ok(v, int) for v in epochs.values()):
             raise ManifestError(f"{where}: 'epochs' must map stream names to integers")
         committed = d.get("committed") or {}
         if not isinstance(committed, dict):
             raise ManifestError(f"{where}: 'committed' must map stream names to objects")
-        return cls(_req(d, "name", str, where), _opt(d, "recoverable_until", int, where), d.get("open") is True,
-                   _opt(d, "ticks", int, where) or 0, dict(epochs),
+        return cls(required(d, "name", str, where), optional(d, "recoverable_until", int, where), d.get("open") is True,
+                   optional(d, "ticks", int, where) or 0, dict(epochs),
                    {k: CommittedEnd.from_json_obj(v, f"{where} committed {k!r}") for k, v in committed.items()})
