@@ -115,6 +115,19 @@ def _restore(broker, env, generation: str, src: str, dst: str, tmp_path) -> dict
     return json.loads(r.stdout)
 
 
+def _create_archive(cluster: Cluster, env, broker, name: str, storage: dict | None = None):
+    """A RabbitMQArchive of ``env.vhost`` (objective 5 s, ticks every second); its Deployment's name and a
+    diagnostic (status, the archiver's log, the operator's) for the waits."""
+    spec = {"broker": {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/{quote(env.vhost, safe='')}",
+                       "managementUrl": broker.management_url, "credentialsSecretRef": {"name": f"{env.tag}-rmq"}},
+            "queues": {"vhosts": [env.vhost]}, "storage": storage or env.storage, "rpoSeconds": 5, "maxDelaySeconds": 1}
+    cluster.http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
+                                                  "metadata": {"name": name}, "spec": spec})
+    deployment = f"rbak-archive-{name}"
+    return deployment, lambda: (f"{_status(cluster, name)}\n{cluster.runner.deployment_output(deployment)[-3000:]}"
+                                f"\n{cluster.logs()}")
+
+
 def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, rmq310, tmp_path):
     broker, vhost = rmq310, env.vhost
     bin_dir = tmp_path / "bin"
@@ -138,14 +151,8 @@ def test_archive_status_pod_killed_storage_held_and_exact_restore(cluster, env, 
     proxy = HoldProxy(ep.hostname or "127.0.0.1", ep.port or 80)
     name = f"{env.tag}-arc"
     storage = {"s3": {**env.storage["s3"], "endpoint": proxy.url}}
-    spec = {"broker": {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/{quote(vhost, safe='')}",
-                       "managementUrl": broker.management_url, "credentialsSecretRef": {"name": f"{env.tag}-rmq"}},
-            "queues": {"vhosts": [vhost]}, "storage": storage, "rpoSeconds": 5, "maxDelaySeconds": 1}
     publish(200)
-    cluster.http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
-                                                  "metadata": {"name": name}, "spec": spec})
-    deployment = f"rbak-archive-{name}"
-    diag = lambda: f"{_status(cluster, name)}\n{cluster.runner.deployment_output(deployment)[-3000:]}\n{cluster.logs()}"  # noqa: E731
+    deployment, diag = _create_archive(cluster, env, broker, name, storage)
     try:
         dep = wait_for(lambda: cluster.http.get("apps/v1", "deployments", deployment), timeout=60,
                        what="the archiver's Deployment", diag=diag)
@@ -263,13 +270,7 @@ def test_suspend_scales_to_zero_and_a_gap_retention_made_is_degraded(cluster, en
     body = b"x" * 900
     fast_publish(broker, vhost, "r", [body + b"%04d" % i for i in range(10)])
     name = f"{env.tag}-ret"
-    deployment = f"rbak-archive-{name}"
-    spec = {"broker": {"amqpUrl": f"amqp://{broker.host}:{broker.amqp_port}/{quote(vhost, safe='')}",
-                       "managementUrl": broker.management_url, "credentialsSecretRef": {"name": f"{env.tag}-rmq"}},
-            "queues": {"vhosts": [vhost]}, "storage": env.storage, "rpoSeconds": 5, "maxDelaySeconds": 1}
-    cluster.http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
-                                                  "metadata": {"name": name}, "spec": spec})
-    diag = lambda: f"{_status(cluster, name)}\n{cluster.runner.deployment_output(deployment)[-3000:]}\n{cluster.logs()}"  # noqa: E731
+    deployment, diag = _create_archive(cluster, env, broker, name)
     try:
         wait_for(_where(cluster, name, lambda s: (_stream(s).get("archivedOffset") or -1) >= 9 and _cond(s, "RPOMet") == "True"),
                  timeout=120, what="the first records archived", diag=diag)
