@@ -182,3 +182,33 @@ def test_operator_and_archiver_pod_survive_each_others_restarts(cluster, env, rm
         cluster.http.delete("apps/v1", "deployments", deployment)  # no garbage collector on this server
         wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")
         broker.delete_vhost(fresh)
+
+
+def test_a_configmap_deleted_by_hand_is_restored_when_the_operator_starts(cluster, env, rmq310):
+    """The archiver's ConfigMap deleted while its Deployment stays: a replacement pod could not start. The
+    operator's next start (as its 6-hourly resync) writes it back, with the same data, and says so; the
+    Deployment is left as it was."""
+    broker, vhost = rmq310, env.vhost
+    broker.declare_queue(vhost, "events.c", arguments={"x-queue-type": "stream"})
+    name = f"{env.tag}-cm"
+    deployment, diag = _create_archive(cluster, env, broker, name)
+    try:
+        wait_for(lambda: cluster.http.get("v1", "configmaps", deployment), timeout=60, what="the ConfigMap", diag=diag)
+        cm = cluster.http.get("v1", "configmaps", deployment)
+        dep = cluster.http.get("apps/v1", "deployments", deployment)
+        cluster.operator.kill()
+        cluster.http.delete("v1", "configmaps", deployment)
+        assert cluster.http.get("v1", "configmaps", deployment) is None
+        cluster.operator = cluster.start_operator()
+        back = wait_for(lambda: cluster.http.get("v1", "configmaps", deployment), timeout=60,
+                        what="the ConfigMap restored", diag=diag)
+        assert back["data"] == cm["data"] and back["metadata"]["uid"] != cm["metadata"]["uid"]
+        wait_for(lambda: "ArchiverConfigRestored" in _reasons(cluster, name), timeout=30, what="the event", diag=diag)
+        assert _reasons(cluster, name) == ["ArchiverConfigRestored", "ArchiverCreated"]
+        dep2 = cluster.http.get("apps/v1", "deployments", deployment)
+        assert (dep2["metadata"]["uid"], dep2["metadata"]["resourceVersion"]) == (
+            dep["metadata"]["uid"], dep["metadata"]["resourceVersion"])
+    finally:
+        cluster.http.delete(API, "rabbitmqarchives", name)
+        cluster.http.delete("apps/v1", "deployments", deployment)  # no garbage collector on this server
+        wait_for(lambda: deployment not in cluster.runner.deployment_pods, timeout=60, what="the pod stopped")

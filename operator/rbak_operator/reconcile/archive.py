@@ -203,17 +203,23 @@ def ensure_archiver(kube: Kube, body: dict[str, Any], state: ArchiveState, mono:
             return
         events.post(body, "Normal", "ArchiverUpdated", f"updated Deployment {dep['metadata']['name']}"
                     + (" (suspended: 0 replicas)" if spec.get("suspend") else ""))
+    elif _replace_configmap(kube, cm):  # at start and at the resync: a ConfigMap deleted or edited by hand
+        events.post(body, "Normal", "ArchiverConfigRestored", f"restored ConfigMap {cm['metadata']['name']}")
     state.applied_spec, state.next_check = intent, mono + RESYNC_SECS
 
 
-def _replace_configmap(kube: Kube, cm: dict[str, Any]) -> None:
+def _replace_configmap(kube: Kube, cm: dict[str, Any]) -> bool:
+    """Make the ConfigMap hold ``cm``'s data; True when it had to be written (missing or different)."""
     meta = cm["metadata"]
     old = kube.get_configmap(meta["namespace"], meta["name"])
     if old is None:
         kube.create_configmap(cm)
-    elif old.get("data") != cm.get("data"):
+        return True
+    if old.get("data") != cm.get("data"):
         cm = dict(cm, metadata={**meta, "resourceVersion": old["metadata"].get("resourceVersion")})
         kube.replace_configmap(cm)
+        return True
+    return False
 
 
 def read_newest_tick(kube: Kube, body: dict[str, Any], state: ArchiveState, logger) -> tuple[Tick | None, str | None]:
