@@ -144,3 +144,19 @@ def test_a_drill_target_stream_port_of_another_cluster_is_said(archived, rmq43, 
             "stream's end is found by a quiet period and the RTO reported is inflated; set source.stream_port to this "
             "broker's stream port\n")
     assert want in r.stderr, r.stderr[-2000:]
+
+
+def test_describe_shows_each_streams_committed_end_beside_what_is_archived(archived):
+    """The broker's committed end as last probed was in --format json only; the text now says it too."""
+    _vhost, _cfg, path, _pub = archived
+    gen = generations(path, "orders")[-1]
+    r = rbak("describe", "--path", path, "--backup-id", gen["backup_id"])
+    assert r.returncode == 0, r.stderr
+    committed = gen["archive"]["committed"]
+    for s, last in (("events.a", 69), ("events.b", 29)):
+        key = next(k for k in committed if k.endswith("/" + s))
+        at = datetime.fromtimestamp(committed[key]["at"] / 1000, timezone.utc)
+        at_text = at.strftime("%Y-%m-%d %H:%M:%S.") + f"{committed[key]['at'] % 1000:03d} UTC"
+        assert committed[key]["offset"] == last
+        assert (f"  committed  {key}: broker's end offset {last} at {at_text}, archived up to {last}, 0 behind\n"
+                in r.stdout), r.stdout
