@@ -144,6 +144,7 @@ def test_a_drill_target_stream_port_of_another_cluster_is_said(archived, rmq43, 
             "stream's end is found by a quiet period and the RTO reported is inflated; set source.stream_port to this "
             "broker's stream port\n")
     assert want in r.stderr, r.stderr[-2000:]
+    assert " proton: " not in r.stderr, "qpid-proton's connect/disconnect lines at INFO are noise"
 
 
 def test_describe_shows_each_streams_committed_end_beside_what_is_archived(archived):
