@@ -87,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pika logs every dropped socket with a traceback at ERROR; rbak reports
     # connection failures itself, naming the queue, so keep pika quiet unless -vv.
     logging.getLogger("pika").setLevel(logging.DEBUG if args.verbose >= 2 else logging.CRITICAL)
+    # qpid-proton logs each AMQP 1.0 connect and disconnect at INFO: noise between a drill's lines
+    logging.getLogger("proton").setLevel(logging.DEBUG if args.verbose >= 2 else logging.WARNING)
     err: BaseException | None = None
     message: str | None = None
     try:

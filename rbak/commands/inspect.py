@@ -155,6 +155,16 @@ def cmd_describe(args: argparse.Namespace) -> int:
         a = m.archive
         c.print(f"  archive    {a.name}: generation {'open' if a.open else 'closed'}, {a.ticks} tick(s); "
                 f"recoverable until {fmt_ms(a.recoverable_until)} ({a.recoverable_until} ms)", markup=False)
+        for q in m.queues:  # what the broker held at the last probe, beside what is archived (else JSON only)
+            ce = a.committed.get(f"{q.vhost}/{q.name}")
+            if ce is not None:
+                last = q.stream.last_offset if q.stream is not None else None
+                behind = ""
+                if last is not None and ce.offset is not None and ce.offset >= 0:
+                    behind = f", {max(0, ce.offset - last)} behind"
+                end = "unknown" if ce.offset is None else "none (empty)" if ce.offset < 0 else ce.offset
+                c.print(f"  committed  {q.vhost}/{q.name}: broker's end offset {end} at {fmt_ms(ce.at)}, "
+                        f"archived up to {'-' if last is None else last}{behind}", markup=False)
     if m.definitions:
         d = m.definitions
         c.print(f"  definitions {d.vhost_count} vhosts, {d.queue_count} queues, "

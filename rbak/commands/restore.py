@@ -213,7 +213,7 @@ def _pitr(args: Any, storage: Any, options: Any) -> Any:
             raise ConfigError(f"--pitr-end recoverable: backup {options.backup_id!r} is not a generation of an archive "
                               "with a recoverable-until time")
         end = m.archive.recoverable_until
-        print(f"rbak: restoring up to the archive's recoverable-until {end} ms", file=sys.stderr)
+        print(f"rbak: restoring up to the archive's recoverable-until {_utc(end)} ({end} ms)", file=sys.stderr)
         return replace(options, window_start_ms=start, window_end_ms=end)
     if getattr(args, "pitr_end", None) is not None:
         end, where = parse_time_bound(args.pitr_end, "--pitr-end"), "--pitr-end"
@@ -223,8 +223,23 @@ def _pitr(args: Any, storage: Any, options: Any) -> Any:
     return replace(options, window_start_ms=start, window_end_ms=end)
 
 
+def _no_archive_definitions(args: Any, storage: Any, options: Any) -> None:
+    """An archive generation stores no definitions: asking to import them is refused before anything is done,
+    rather than failing as a missing object once the restore has started."""
+    if not (options.restore_definitions or options.definitions_dry_run) or not options.backup_id:
+        return
+    m = load_manifest(storage, options.backup_id, options.prefix)
+    if m.archive is not None:
+        flag = ("--definitions-dry-run" if args.definitions_dry_run else "--definitions" if args.definitions
+                else "restore.restore_definitions")
+        raise ConfigError(f"{flag}: backup {options.backup_id!r} is a generation of archive {m.archive.name!r}, which "
+                          "stores no definitions: declare its streams in the target first (or import a definitions "
+                          "export taken by rbak backup or rbak definitions-export), then restore without it")
+
+
 def run(args: Any) -> int:
     storage, options, metrics_cfg = build(args)
+    _no_archive_definitions(args, storage, options)
     options = _pitr(args, storage, options)
     if metrics_cfg is not None and metrics_cfg.enabled:
         serve(metrics_cfg)

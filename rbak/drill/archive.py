@@ -50,10 +50,11 @@ from .backup import (
     scratch_vhost_name,
     without_credentials,
 )
-from ..errors import AmqpError, DrillError, NotFoundError, RbakError
+from ..errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
 from ..format.layout import BACKUP_ID_RE
 from ..format.manifest import BackupManifest, QueueBackup
 from ..repo.catalog import list_backups
+from ..repo.evidence import scratch_words
 from ..restore.chain import stream_chain
 from ..restore.engine import load_complete_manifest
 from ..restore.options import RestoreOptions
@@ -216,14 +217,23 @@ def generation_ids(storage: Storage, prefix: str, name: str) -> list[str]:
                   if d.startswith(name + ".") and BACKUP_ID_RE.match(d) and d[len(name) + 1:][:1].isdigit())
 
 
+def generations(storage: Storage, prefix: str, name: str) -> list[BackupManifest]:
+    """Archive ``name``'s generations, oldest first (an open one as its ticks assemble it). None is an error
+    that names the archives the storage holds: a typo'd name is then plain."""
+    found = [e.manifest for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.archive is not None]
+    gens = sorted((m for m in found if m.archive is not None and m.archive.name == name),
+                  key=lambda m: (m.created_at, m.backup_id))
+    if not gens:
+        names = sorted({m.archive.name for m in found if m.archive is not None})
+        raise NotFoundError(f"--archive {name}: no generation of archive {name!r} at {storage.url}"
+                            + (f" (prefix {prefix!r})" if prefix else "")
+                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
+    return gens
+
+
 def newest_generation(storage: Storage, prefix: str, name: str) -> BackupManifest:
     """The newest generation of archive ``name`` (an open one as its ticks assemble it)."""
-    gens = [e.manifest for e in list_backups(storage, prefix)
-            if e.manifest is not None and e.manifest.archive is not None and e.manifest.archive.name == name]
-    if not gens:
-        raise NotFoundError(f"{storage.url}: archive {name!r} has no generation under prefix {prefix!r} "
-                            "(rbak archive writes <name>.<UTC time>)")
-    return max(gens, key=lambda m: (m.created_at, m.backup_id))
+    return generations(storage, prefix, name)[-1]
 
 
 def archived_offsets(manifest: BackupManifest, q: QueueBackup, load: Callable[[str], BackupManifest]
@@ -260,15 +270,22 @@ def run_archive_drill(storage: Storage, options: DrillOptions, archive: str,
     t0 = time.monotonic()
     drill_id = options.drill_id or new_drill_id()
     now_ms = int(time.time() * 1000)
-    gen = newest_generation(storage, options.prefix, archive)
-    assert gen.archive is not None  # newest_generation keeps generations only
+    gens = generations(storage, options.prefix, archive)
+    gen, first = gens[-1], gens[0]
+    assert gen.archive is not None  # generations keeps an archive's generations only
     ru = gen.archive.recoverable_until
     if ru is None:
         raise DrillError(f"archive {archive!r}: generation {gen.backup_id!r} holds no recoverable-until yet (no "
                          "tick names every stream): nothing to drill")
+    point = restore_point(now_ms, ru, lookback_secs)
+    if point < first.created_at:  # no record is stamped that early: a drill comparing nothing would pass
+        raise ConfigError(f"--lookback {lookback_secs:g} (drill.lookback_secs): the restore point {utc(point)} is "
+                          f"before archive {archive!r} began ({utc(first.created_at)}, its first generation "
+                          f"{first.backup_id!r}): the drill would compare no record; the archive is "
+                          f"{max(0.0, (now_ms - first.created_at) / 1000):.0f} s old: give a shorter lookback")
     live = live or options.target
     info = ArchiveDrill(archive, gen.backup_id, now_ms, ru, (now_ms - ru) / 1000, lookback_secs,
-                        restore_point(now_ms, ru, lookback_secs), live_target=without_credentials(live.management_url))
+                        point, live_target=without_credentials(live.management_url))
     report = DrillReport(drill_id, gen.backup_id, without_credentials(options.target.management_url),
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
@@ -417,20 +434,21 @@ def report_lines(report: DrillReport) -> list[str]:
     out = []
     for s in a.get("streams") or []:
         state = "ok" if s.get("passed") else f"FAILED: {s.get('error')}"
-        out.append(f"{s['vhost']}/{s['stream']}: offsets {s.get('first_offset')}..{s.get('last_offset')}: "
+        span = "no offsets" if s.get("first_offset") is None else f"offsets {s['first_offset']}..{s.get('last_offset')}"
+        out.append(f"{s['vhost']}/{s['stream']}: {span}: "
                    f"{s.get('restored_count')} restored, {s.get('read_back_count')} read back, "
                    f"{s.get('live_count')} in the live stream; {state}" + (f" ({s['note']})" if s.get("note") else ""))
     verdict = "PASSED" if report.passed else f"FAILED: {report.reason}"
     rto = a.get("restore_secs")
     out.append(f"drill {report.drill_id} of archive {a.get('name')} (generation {a.get('generation')}): recovery "
                f"point achieved {a.get('recovery_point_secs')} s (recoverable until {a.get('recoverable_until_utc')}), "
-               f"restored up to {a.get('restore_point_utc')} in {rto if rto is not None else '-'} s (RTO) into "
-               f"scratch vhost {report.scratch_vhost!r} ({'removed' if report.scratch_vhost_removed else 'NOT removed'}"
-               f"): {verdict}")
+               + (f"restored up to {a.get('restore_point_utc')} in {rto} s (RTO) into " if rto is not None
+                  else f"nothing restored (restore point {a.get('restore_point_utc')}), ")
+               + f"{scratch_words(report.scratch_vhost, report.scratch_vhost_removed)}: {verdict}")
     if report.signature is not None:
         out.append(f"report {report.report_key or '(not stored)'} signed by key {report.signature['key_fingerprint']}")
     return out
 
 
 __all__ = ["DEFAULT_LOOKBACK_SECS", "ArchiveDrill", "RecordHash", "StreamCheck", "first_mismatch", "judge",
-           "record_digest", "report_lines", "restore_point", "run_archive_drill"]
+           "generations", "record_digest", "report_lines", "restore_point", "run_archive_drill"]

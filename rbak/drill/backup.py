@@ -43,14 +43,23 @@ from ..broker.connect import connect
 from ..broker.deliveries import receive
 from ..broker.management import ManagementClient
 from ..broker.management import q as path_segment
+from ..broker.stream_end import stream_cluster
 from ..config import SCRATCH_VHOST_PREFIX, ConnectionConfig
-from ..errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
+from ..errors import (
+    AmqpError,
+    ConfigError,
+    DrillError,
+    ManagementApiError,
+    NotFoundError,
+    RbakError,
+    StreamProtocolError,
+)
 from ..format.archive import TICK_DIR
 from ..format.layout import DRILLS_DIR, BackupLayout, check_backup_id
 from ..format.manifest import BackupManifest, QueueBackup
 from ..format.reader import read_segment
 from ..repo.catalog import latest_complete, newest_report
-from ..repo.evidence import load_signing_key, sign, signing_key_from_env
+from ..repo.evidence import load_signing_key, scratch_words, sign, signing_key_from_env
 from ..repo.validate import utc_stamp
 from ..restore.engine import load_complete_manifest
 from ..restore.options import RestoreOptions
@@ -140,8 +149,8 @@ class DrillReport:
                        f"{q.actual_count if q.actual_count is not None else '-'}, hash "
                        f"{'match' if q.hash_match else 'MISMATCH' if q.actual_hash else '-'}; {state}")
         verdict = "PASSED" if self.passed else f"FAILED: {self.reason}"
-        out.append(f"drill {self.drill_id} of backup {self.backup_id}: {len(self.queues)} queue(s) in scratch vhost "
-                   f"{self.scratch_vhost!r} ({'removed' if self.scratch_vhost_removed else 'NOT removed'}), "
+        out.append(f"drill {self.drill_id} of backup {self.backup_id}: {len(self.queues)} queue(s) in "
+                   f"{scratch_words(self.scratch_vhost, self.scratch_vhost_removed)}, "
                    f"{self.duration_secs:.1f} s: {verdict}")
         if self.signature is not None:
             out.append(f"report {self.report_key or '(not stored)'} signed by key {self.signature['key_fingerprint']}")
@@ -350,7 +359,7 @@ def in_scratch_vhost(storage: Storage, options: DrillOptions, report: DrillRepor
     behind both URLs), ``work(make_scratch)`` run, the scratch vhost deleted whatever happens, the report
     finished, stored and signed. ``work`` calls ``make_scratch(source vhosts)`` to create the vhost named
     ``report.scratch_vhost`` and returns the errors of the checks that failed; ``what`` starts the reason."""
-    client = ManagementClient.for_connection(options.target, "target")
+    client = ManagementClient.for_connection(options.target, options.section)  # errors name the config's key
     created: list[bool] = []  # non-empty once the vhost PUT was sent
 
     def make_scratch(avoid: set[str]) -> str:
@@ -361,7 +370,7 @@ def in_scratch_vhost(storage: Storage, options: DrillOptions, report: DrillRepor
         return report.scratch_vhost
 
     try:
-        overview = client.overview()
+        overview = _overview_as_admin(client, options.section)
         report.broker_version = str(overview.get("rabbitmq_version") or "") or None
         try:
             problem = split_broker(options.section, options.target, overview.get("cluster_name"))
@@ -369,6 +378,7 @@ def in_scratch_vhost(storage: Storage, options: DrillOptions, report: DrillRepor
             problem = None
         if problem:  # the scratch vhost would be made on one broker and restored into on another
             raise DrillError(f"{problem}; no scratch vhost was created")
+        _warn_stream_port(options, overview.get("cluster_name"))
         errors = work(make_scratch)
         report.passed = not errors
         if errors:
@@ -382,6 +392,8 @@ def in_scratch_vhost(storage: Storage, options: DrillOptions, report: DrillRepor
     finally:
         if created:
             _remove_scratch(client, report)  # a 404 (the PUT never landed) counts as removed
+        else:  # stopped before the PUT: no vhost was made, so none is reported made (or removed)
+            report.scratch_vhost = None
         client.close()
         if on_finish is not None:
             on_finish()
@@ -392,6 +404,41 @@ def in_scratch_vhost(storage: Storage, options: DrillOptions, report: DrillRepor
     elif options.signing_key is not None:
         report.sign(options.signing_key)
     return report
+
+
+def _warn_stream_port(options: DrillOptions, cluster: str | None) -> None:
+    """A stream port of another cluster (the default 5552 on a host running several brokers) makes every
+    scratch stream's end a quiet period: the drill still judges right, but its RTO is inflated. Said."""
+    t = options.target
+    try:
+        stream = stream_cluster(t)
+    except (StreamProtocolError, OSError, struct.error):
+        return  # nobody listens there: the restore says so itself
+    if cluster and stream and stream != cluster:
+        log.warning("%s.stream_port: %s:%d answers for cluster %r, but %s is cluster %r: each scratch stream's end "
+                    "is found by a quiet period and the RTO reported is inflated; set %s.stream_port to this broker's "
+                    "stream port", options.section, t.host, t.stream_port, stream, without_credentials(t.management_url),
+                    cluster, options.section)
+
+
+def _overview_as_admin(client: ManagementClient, section: str) -> dict[str, Any]:
+    """The target's overview, once its user is known to hold the administrator tag the scratch vhost needs:
+    without it the broker answers 401 to the vhost's GET as to a wrong password, which would mislead."""
+    try:
+        overview = client.overview()
+        me = client.request("GET", "whoami") or {}
+    except ManagementApiError as e:
+        if e.status == 401:
+            raise DrillError(f"{e.args[0]}; a drill's user also needs the administrator tag (it creates and deletes "
+                             "the scratch vhost); no scratch vhost was created") from None
+        raise
+    tags = me.get("tags") or []
+    tags = tags.split(",") if isinstance(tags, str) else list(tags)  # a string before RabbitMQ 3.9
+    if "administrator" not in tags:
+        raise DrillError(f"{section}: user {client.username!r} has the tags {', '.join(tags) or '(none)'}; a drill "
+                         "needs the administrator tag (it creates and deletes the scratch vhost); no scratch vhost "
+                         "was created")
+    return overview
 
 
 def _remove_scratch(client: Any, report: DrillReport, attempts: int = 3) -> None:

@@ -105,6 +105,13 @@ def sign(report: dict[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
             "payload": base64.b64encode(payload).decode(), "value": base64.b64encode(key.sign(payload)).decode()}
 
 
+def scratch_words(vhost: str | None, removed: bool | None) -> str:
+    """How a report's scratch vhost is shown: a drill stopped before its PUT created none, so none was removed."""
+    if vhost is None:
+        return "no scratch vhost (none was created)"
+    return f"scratch vhost {vhost!r} ({'removed' if removed else 'NOT removed'})"
+
+
 @dataclass(frozen=True)
 class Verified:
     """A report whose signature holds and whose visible fields are the signed ones."""
@@ -122,8 +129,8 @@ class Verified:
                f"drill {r.get('drill_id')} of backup {r.get('backup_id')}: {r.get('result')}"
                + (f" ({r.get('reason')})" if r.get("reason") else ""),
                f"backup manifest SHA-256: {r.get('manifest_sha256') or '-'}",
-               (f"target: {r.get('target')} (RabbitMQ {r.get('broker_version') or '?'}), scratch vhost "
-                f"{r.get('scratch_vhost')!r} {'removed' if r.get('scratch_vhost_removed') else 'NOT removed'}"),
+               (f"target: {r.get('target')} (RabbitMQ {r.get('broker_version') or '?'}), "
+                f"{scratch_words(r.get('scratch_vhost'), r.get('scratch_vhost_removed'))}"),
                f"time: {r.get('started_at')} .. {r.get('finished_at') or '?'} ({r.get('duration_secs')} s)"]
         a = r.get("archive")
         if isinstance(a, dict):  # a drill of a continuous archive (rbak.drill.archive)
@@ -143,13 +150,15 @@ class Verified:
         r = self.report
         out = [f"archive {a.get('name')}, generation {a.get('generation')}: recovery point achieved "
                f"{a.get('recovery_point_secs')} s (recoverable until {a.get('recoverable_until_utc')} at the drill); "
-               f"restored up to {a.get('restore_point_utc')} in {a.get('restore_secs')} s (RTO)"]
+               + (f"restored up to {a.get('restore_point_utc')} in {a.get('restore_secs')} s (RTO)"
+                  if a.get("restore_secs") is not None else f"nothing restored (restore point {a.get('restore_point_utc')})")]
         for s in a.get("streams") or []:
             out.append(f"  {s.get('vhost')}/{s.get('stream')}: offsets {s.get('first_offset')}..{s.get('last_offset')}"
                        f", {s.get('restored_count')} restored, {s.get('live_count')} live, record hash "
                        f"{s.get('restored_hash') or '-'} ({'match' if s.get('passed') else 'MISMATCH'})")
         what = ("restored into a scratch vhost and matched the live streams record by record" if r.get("passed")
-                else "did NOT match the live streams")
+                else "did NOT match the live streams" if a.get("streams")
+                else "was NOT compared with the live streams (the drill failed before it)")
         out.append(f"proves: archive {a.get('name')} up to {a.get('restore_point_utc')} {what}, as reported by the "
                    f"holder of key {self.fingerprint}")
         return out
