@@ -130,7 +130,9 @@ class Verified:
                + (f" ({r.get('reason')})" if r.get("reason") else ""),
                f"backup manifest SHA-256: {r.get('manifest_sha256') or '-'}",
                (f"target: {r.get('target')} (RabbitMQ {r.get('broker_version') or '?'}), "
-                f"{scratch_words(r.get('scratch_vhost'), r.get('scratch_vhost_removed'))}"),
+                + (f"scratch vhost {r.get('scratch_vhost')!r} "
+                   f"{'removed' if r.get('scratch_vhost_removed') else 'NOT removed'}" if r.get("scratch_vhost")
+                   else scratch_words(None, None))),
                f"time: {r.get('started_at')} .. {r.get('finished_at') or '?'} ({r.get('duration_secs')} s)"]
         a = r.get("archive")
         if isinstance(a, dict):  # a drill of a continuous archive (rbak.drill.archive)
