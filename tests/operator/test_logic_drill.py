@@ -400,6 +400,15 @@ def test_an_archive_drill_job_runs_rbak_drill_archive_and_its_config_loads(spec)
     assert loaded.source.management_url == loaded.drill.target.management_url  # default target: the archived broker
 
 
+@pytest.mark.parametrize("spec", [CLUSTER_SPEC, URL_SPEC], ids=["cluster", "url"])
+def test_an_archive_drill_lookback_of_zero_takes_effect(spec):
+    """``lookbackSeconds: 0`` (drill up to the recoverable-until itself) is a value, not "unset" (it read 300)."""
+    cfg, _ = drill.archive_drill_config(_with_drill(spec, lookbackSeconds=0), "prod")
+    assert cfg["drill"]["lookback_secs"] == 0.0
+    cfg, _ = drill.archive_drill_config(_with_drill(spec), "prod")
+    assert cfg["drill"]["lookback_secs"] == float(drill.DEFAULT_LOOKBACK_SECONDS)
+
+
 def test_an_archive_drill_status_shows_the_recovery_point_beside_the_objective():
     report = {"passed": True, "scratch_vhost": "rbak-drill-orders.1-x", "report_key": "p/orders.1/drills/t-x.json",
               "archive": {"generation": "orders.1", "recovery_point_secs": 2.5, "restore_secs": 0.8,

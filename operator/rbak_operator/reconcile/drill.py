@@ -123,7 +123,8 @@ def archive_drill_config(spec: dict[str, Any], namespace: str, resolved_target: 
     source, env_source = rbakconfig.broker_connection(spec.get("broker"), namespace, "spec.broker", resolved_source)
     cfg["source"] = source
     d = drill_spec(spec) or {}
-    cfg["drill"]["lookback_secs"] = float(d.get("lookbackSeconds") or DEFAULT_LOOKBACK_SECONDS)
+    look = d.get("lookbackSeconds")
+    cfg["drill"]["lookback_secs"] = float(DEFAULT_LOOKBACK_SECONDS if look is None else look)  # 0: now
     seen: dict[str, rbakconfig.PodEnv] = {}
     for e in env + env_source:
         seen.setdefault(e.env, e)
