@@ -76,8 +76,9 @@ def main() -> int:
             waits.append(read_all(b, vh, queues, a.messages, True))
             nones.append(read_all(b, vh, queues, a.messages, False))
             print(f"pair {i + 1}: with the wait {waits[-1]:.2f} ms/queue, without {nones[-1]:.2f} ms/queue", flush=True)
-        print(f"{a.broker} {b.version()} {a.queues} quorum queues x {a.messages}: median {statistics.median(waits):.2f} "
-              f"ms/queue with the wait, {statistics.median(nones):.2f} without; load {os.getloadavg()[0]:.1f}")
+        w, n = statistics.median(waits), statistics.median(nones)
+        print(f"{a.broker} {b.version()} {a.queues} quorum queues x {a.messages}: median {w:.2f} "
+              f"ms/queue with the wait, {n:.2f} without: ratio without/with {n / w:.2f}; load {os.getloadavg()[0]:.1f}")
     return 0
 
 

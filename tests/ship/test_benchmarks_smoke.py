@@ -34,6 +34,7 @@ LANE: dict[str, tuple[list[str], str, tuple]] = {
                  "--management-url", "http://localhost:15674"],
                 r"ratio rbak / pika-pipelined \(mean of the runs before and after\): \d+\.\d+", ()),
     "quorum_one_channel": (["--messages", "300", "--repeat", "1"], r"median ratio \d+\.\d+", ()),
+    "quorum_settle": (["--queues", "5", "--messages", "2", "--repeat", "1"], r"ratio without/with \d+\.\d+", ()),
     "amqp10_read": (["--messages", "300", "--repeat", "1"], r"median ratio 1\.0/0-9-1 \d+\.\d+", ()),
     "restore_scale": (["parallel", "--per-queue", "200", "--repeat", "1"],
                       r"RESULT restore 4 queues in parallel vs one publisher rmq310: ratio \d+\.\d+", ()),
