@@ -30,14 +30,19 @@ def test_an_archive_config_naming_a_key_without_enabled_is_refused(enc, named):
             "set encryption.enabled: true to encrypt it, or remove the encryption section") in str(e.value)
 
 
+def run_archive(tmp_path, d: dict) -> subprocess.CompletedProcess:
+    """``rbak archive --config`` on ``d`` written to a file, as a user runs it."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(json.dumps(d))
+    return subprocess.run([sys.executable, "-m", "rbak", "archive", "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=120)
+
+
 def test_the_archive_cli_refuses_a_key_without_enabled_before_writing(tmp_path):
     store = tmp_path / "store"
     d = archive_dict(encryption={"key_id": "k1"})
     d["storage"]["path"] = str(store)
-    cfg = tmp_path / "a.yaml"
-    cfg.write_text(json.dumps(d))
-    r = subprocess.run([sys.executable, "-m", "rbak", "archive", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=120)
+    r = run_archive(tmp_path, d)
     assert r.returncode == 2, r.stderr
     assert r.stderr.splitlines()[-1] == ("  - encryption.enabled: is false but encryption.key_id is set: this archive "
                                          "would be stored in plaintext; set encryption.enabled: true to encrypt it, "
@@ -49,10 +54,7 @@ def test_an_amqp_url_at_the_management_port_is_refused_before_any_connection(tmp
     """The archiver retried it for ever (ERROR every 10 s); it is one port given for two protocols."""
     d = archive_dict()
     d["source"].update(amqp_url="amqp://guest:guest@127.0.0.1:15674/orders", management_url="http://127.0.0.1:15674")
-    cfg = tmp_path / "a.yaml"
-    cfg.write_text(json.dumps(d))
-    r = subprocess.run([sys.executable, "-m", "rbak", "archive", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=120)
+    r = run_archive(tmp_path, d)
     assert r.returncode == 2, r.stderr
     assert r.stderr.splitlines()[-1] == ("  - source.amqp_url: 127.0.0.1:15674 is source.management_url's address (the "
                                          "management API speaks HTTP): point amqp_url at the broker's AMQP port (5672 "

@@ -182,6 +182,17 @@ def stream_cluster(cfg: "ConnectionConfig") -> str | None:
     return props.get("cluster_name")
 
 
+NO_STREAM_LISTENER = (StreamProtocolError, OSError, struct.error)  # what ``stream_cluster`` raises when none answers
+
+
+def foreign_stream_cluster(cfg: "ConnectionConfig", cluster: str | None) -> str | None:
+    """The cluster ``cfg.stream_port`` answers for when it is not ``cluster`` (the 5552 default on a host running
+    several brokers); None when it is the same or either name is unknown. Raises one of ``NO_STREAM_LISTENER``
+    when nobody answers there; each caller says what that costs it."""
+    stream = stream_cluster(cfg)
+    return stream if cluster and stream and stream != cluster else None
+
+
 def _version(v: str) -> tuple[int, ...]:
     """``"4.3.6"`` -> (4, 3, 6); anything unparsable -> () (older than every release)."""
     parts = []

@@ -11,11 +11,10 @@ import argparse
 import json
 import logging
 import signal
-import struct
 from typing import Any
 
 from ..config import ConnectionConfig, load_config
-from ..errors import AmqpConnectionError, ConfigError, RbakError, StreamProtocolError
+from ..errors import AmqpConnectionError, ConfigError, RbakError
 from ..metrics import serve
 
 log = logging.getLogger("rbak.archive")
@@ -68,7 +67,7 @@ def preflight(src: ConnectionConfig) -> None:
     port) is a setting, refused."""
     from ..broker.connect import answers_http, connect  # noqa: PLC0415 - start-up, see rbak/commands/__init__.py
     from ..broker.management import ManagementClient  # noqa: PLC0415 - start-up, as above
-    from ..broker.stream_end import stream_cluster  # noqa: PLC0415 - start-up, as above
+    from ..broker.stream_end import NO_STREAM_LISTENER, foreign_stream_cluster  # noqa: PLC0415 - start-up, as above
 
     try:
         connect(src, src.named_vhost or "/", "source", "rbak archive (start check)").close()
@@ -89,13 +88,13 @@ def preflight(src: ConnectionConfig) -> None:
                               f"{src.mgmt_username!r} can see: {', '.join(map(repr, known[:10]))}"
                               f"{', ...' if len(known) > 10 else ''}); nothing was archived")
         try:
-            stream = stream_cluster(src)
-        except (StreamProtocolError, OSError, struct.error) as e:
+            stream = foreign_stream_cluster(src, cluster)
+        except NO_STREAM_LISTENER as e:
             log.warning("source.stream_port: no stream listener answers on %s:%d (%s): each stream's end is found "
                         "by a quiet period instead of being asked (docs/archive.md)", src.host, src.stream_port,
                         e or type(e).__name__)
             return
-        if cluster and stream and stream != cluster:
+        if stream is not None:
             raise ConfigError(f"source.stream_port: {src.host}:{src.stream_port} answers for cluster {stream!r}, but "
                               f"{src.management_url} is cluster {cluster!r}: set source.stream_port to this broker's "
                               "stream port (default 5552); nothing was archived")

@@ -43,7 +43,7 @@ from ..broker.connect import connect
 from ..broker.deliveries import receive
 from ..broker.management import ManagementClient
 from ..broker.management import q as path_segment
-from ..broker.stream_end import stream_cluster
+from ..broker.stream_end import NO_STREAM_LISTENER, foreign_stream_cluster
 from ..config import SCRATCH_VHOST_PREFIX, ConnectionConfig
 from ..errors import (
     AmqpError,
@@ -52,7 +52,6 @@ from ..errors import (
     ManagementApiError,
     NotFoundError,
     RbakError,
-    StreamProtocolError,
 )
 from ..format.archive import TICK_DIR
 from ..format.layout import DRILLS_DIR, BackupLayout, check_backup_id
@@ -411,10 +410,10 @@ def _warn_stream_port(options: DrillOptions, cluster: str | None) -> None:
     scratch stream's end a quiet period: the drill still judges right, but its RTO is inflated. Said."""
     t = options.target
     try:
-        stream = stream_cluster(t)
-    except (StreamProtocolError, OSError, struct.error):
+        stream = foreign_stream_cluster(t, cluster)
+    except NO_STREAM_LISTENER:
         return  # nobody listens there: the restore says so itself
-    if cluster and stream and stream != cluster:
+    if stream is not None:
         log.warning("%s.stream_port: %s:%d answers for cluster %r, but %s is cluster %r: each scratch stream's end "
                     "is found by a quiet period and the RTO reported is inflated; set %s.stream_port to this broker's "
                     "stream port", options.section, t.host, t.stream_port, stream, without_credentials(t.management_url),
