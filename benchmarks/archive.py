@@ -303,6 +303,14 @@ def proc_status(pid: int) -> tuple[float, int]:
     return rss, threads
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a process has used so far (0 for none), from /proc."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class FileStore:
     """The file backend: a tick is durable at its file's mtime."""
 
@@ -476,8 +484,10 @@ def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: 
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
+            cpu0 = cpu_seconds(proc.pid), cpu_seconds(moto.pid if moto else None), time.monotonic()
             n, achieved = publish_in_processes(broker, vh, names, per_stream_rate * streams, seconds, publishers)
             load1 = os.getloadavg()
+            cpu1 = cpu_seconds(proc.pid), cpu_seconds(moto.pid if moto else None), time.monotonic()
             halt.set()
             sampler.join()
             conns = [c for c in broker.api("GET", "/api/connections") or [] if c.get("vhost") == vh]
@@ -514,7 +524,9 @@ def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: 
               f"{achieved:,.0f} msg/s published by {publishers} process(es), {seconds:g} s; load average "
               f"{load0[0]:.2f} before, {load1[0]:.2f} at the end of publishing): started in {started:.1f} s; "
               f"{amqp} AMQP and {len(conns) - amqp} stream-protocol connection(s); threads peak "
-              f"{max(t for _, t in samples)}; RSS {rss[0]:.0f} MiB at start, peak {max(rss):.0f} MiB")
+              f"{max(t for _, t in samples)}; RSS {rss[0]:.0f} MiB at start, peak {max(rss):.0f} MiB; CPU while "
+              f"publishing: archiver {(cpu1[0] - cpu0[0]) / (cpu1[2] - cpu0[2]):.0%} of a core"
+              + (f", moto {(cpu1[1] - cpu0[1]) / (cpu1[2] - cpu0[2]):.0%}" if moto else ""))
         if took:
             print(f"  ticks: {len(took)}, each took p50 {percentile(took, .5):.2f} s, max {max(took):.2f} s; "
                   f"{sum(1 for k in left if k)} left a stream's segment to the next tick")

@@ -36,6 +36,10 @@ COMMAND_MODULES = (
     "import_mosquitto", # import mosquitto-db
 )
 
+#: Libraries' loggers and their level below -vvv (which sets DEBUG on each).
+_QUIET_LIBRARIES = {"pika": logging.CRITICAL, "proton": logging.WARNING, "botocore": logging.INFO,
+                    "boto3": logging.INFO, "s3transfer": logging.INFO, "urllib3": logging.INFO}
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse's usage and message on stderr as ever, then a ``UsageError`` (exit 2) the CLI
@@ -56,7 +60,7 @@ def _json_asked(argv: Sequence[str]) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rbak", description="RabbitMQ backups in the RBAK format")
     parser.add_argument("--version", action="version", version=f"rbak {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: rbak's debug log; -vvv: the libraries' too)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     imp = sub.add_parser("import", help="turn a broker's on-disk files into an RBAK backup")
     imp_sub = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
@@ -82,13 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_json(output.failure(None, e.exit_code, e))
         return e.exit_code
 
-    # no credentials (botocore's Authorization at -vv, URL passwords) or raw control bytes in logs
+    # no credentials (botocore's Authorization at -vvv, URL passwords) or raw control bytes in logs
     configure(logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO, stream=sys.stderr)
-    # pika logs every dropped socket with a traceback at ERROR; rbak reports
-    # connection failures itself, naming the queue, so keep pika quiet unless -vv.
-    logging.getLogger("pika").setLevel(logging.DEBUG if args.verbose >= 2 else logging.CRITICAL)
-    # qpid-proton logs each AMQP 1.0 connect and disconnect at INFO: noise between a drill's lines
-    logging.getLogger("proton").setLevel(logging.DEBUG if args.verbose >= 2 else logging.WARNING)
+    # -vv is rbak's own debug log; the libraries' debug logs come with -vvv. botocore logs every request
+    # it signs at DEBUG: an archiver storing a segment per stream per tick at -vv spent most of its
+    # storing threads' time in the log handler's lock (py-spy, 2026-12-06), which moved its lag.
+    # pika logs every dropped socket with a traceback at ERROR; rbak reports connection failures
+    # itself, naming the queue; qpid-proton logs each AMQP 1.0 connect and disconnect at INFO.
+    libraries = args.verbose >= 3
+    for name, quiet in _QUIET_LIBRARIES.items():
+        logging.getLogger(name).setLevel(logging.DEBUG if libraries else quiet)
     err: BaseException | None = None
     message: str | None = None
     try:

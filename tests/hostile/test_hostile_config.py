@@ -1,7 +1,7 @@
 """Hostile configs and command lines: errors never echo secrets; logs never carry them.
 
 YAML syntax errors, duplicate keys, billion-laughs, credentials on the
-command line, and botocore's request headers at ``-vv``.
+command line, and botocore's request headers at ``-vvv``.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def test_a_password_on_the_command_line_is_warned_about_and_env_or_file_accepted
     assert vh
 
 
-def test_vv_logs_no_authorization_header(s3_bucket, tmp_path):
-    r = rbak("-vv", "list", "--path", str(s3_bucket))
+def test_vvv_logs_no_authorization_header(s3_bucket, tmp_path):
+    r = rbak("-vvv", "list", "--path", str(s3_bucket))
     assert r.returncode == 0, r.stderr[-2000:]
     log = r.stderr
     assert "botocore" in log  # the debug logs are there...
@@ -93,6 +93,9 @@ def test_vv_logs_no_authorization_header(s3_bucket, tmp_path):
     key = os.environ.get("AWS_SECRET_ACCESS_KEY")
     if key:
         assert key not in log
+    r = rbak("-vv", "list", "--path", str(s3_bucket))  # rbak's own debug log only
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "DEBUG botocore" not in r.stderr and "DEBUG urllib3" not in r.stderr
 
 
 def test_log_lines_escape_control_characters():
