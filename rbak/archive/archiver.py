@@ -74,7 +74,7 @@ MIN_PREFETCH = 50  # ... but never fewer than this per stream
 MAX_ERRORS = 100  # the summary keeps the newest errors met (one per retry while a broker or storage is away)
 TICK_POLL_SECS = 0.01  # a tick looks at its segments this often while it waits for them
 MIN_WAIT_SECS = 0.2  # a tick waits at least this long for the segments it asked for, else 1.25x (+0.1 s) ...
-READ_MARGIN_SECS = 0.25  # head-room for the broker's own publish -> delivery time (a loaded broker's p99)
+READ_MARGIN_SECS = 0.5  # head-room for the publish -> delivery time and a tick slower than the last ones
 SETTLE_TICKS = 20  # ... the slowest of the last this many ticks' flush-to-durable times (each tick's 90th percentile)
 MAX_PROBES = 256  # probes kept per stream while its read is behind them (older ones are dropped: a later claim)
 
