@@ -134,8 +134,12 @@ class Taps:
         return [out[k] for k in sorted(out)]
 
     def prepare(self, client: ManagementClient) -> None:
-        """At start: every tap checked, its stream declared and its bindings made as its queue's."""
-        self._add(client, self.resolve(client, strict=True))
+        """At start: every tap checked (nothing is declared until all are), its stream declared and its
+        bindings made as its queue's."""
+        taps = self.resolve(client, strict=True)
+        for t in taps:
+            self._existing(client, t)
+        self._add(client, taps)
         self.sync(client, force=True)
 
     def _add(self, client: ManagementClient, taps: list[Tap]) -> None:
@@ -151,20 +155,26 @@ class Taps:
     def _declare(self, client: ManagementClient, t: Tap) -> None:
         args = {"x-queue-type": "stream", "x-max-age": self.cfg.max_age,
                 "x-max-length-bytes": self.cfg.max_length_bytes}
-        found = client.queue(t.vhost, t.stream)
+        found = self._existing(client, t)
         if found is None:
             client.declare_queue(t.vhost, t.stream, args)
             log.info("archive %s: declared %s (max-age %s, max-length-bytes %d)", self.archive, t.label,
                      self.cfg.max_age, self.cfg.max_length_bytes)
-        elif found.queue_type != "stream":
-            raise ConfigError(f"archive.taps.include: queue {t.queue!r} in vhost {t.vhost!r}: its tap stream's "
-                              f"name {t.stream!r} is taken by a {found.queue_type} queue (names under "
-                              f"{TAP_PREFIX!r} are rbak's); nothing was archived")
         else:
             kept = {k: found.arguments.get(k) for k in args if k != "x-queue-type"}
             if kept != {k: v for k, v in args.items() if k != "x-queue-type"}:
                 self._once(t.stream, "%s keeps its arguments %s (a stream's arguments cannot change; use a policy, "
                            "or delete the stream to declare it again)", t.label, kept)
+
+    @staticmethod
+    def _existing(client: ManagementClient, t: Tap) -> QueueInfo | None:
+        """The tap stream if it exists; a queue of another type under its name is refused."""
+        found = client.queue(t.vhost, t.stream)
+        if found is not None and found.queue_type != "stream":
+            raise ConfigError(f"archive.taps.include: queue {t.queue!r} in vhost {t.vhost!r}: its tap stream's "
+                              f"name {t.stream!r} is taken by a {found.queue_type} queue (names under "
+                              f"{TAP_PREFIX!r} are rbak's); nothing was archived")
+        return found
 
     def sync(self, client: ManagementClient, force: bool = False) -> None:
         """New queues the patterns match get a tap; each tap gets the bindings its queue has now and loses
