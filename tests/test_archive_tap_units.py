@@ -18,12 +18,7 @@ from rbak.repo.report import list_notes, list_obj
 from rbak.restore.options import RestoreOptions
 from rbak.restore.plan import check_selection, plan_restore
 from rbak.storage import open_storage
-
-
-def archive_dict(**archive) -> dict:
-    return {"mode": "archive",
-            "source": {"amqp_url": "amqp://guest:guest@localhost:5672/%2f", "queues": {"vhosts": ["v"]}},
-            "storage": {"backend": "filesystem", "path": "/tmp/x"}, "archive": archive}
+from test_archive_units import archive_dict
 
 
 def test_a_taps_section_without_include_or_with_a_bad_max_age_is_refused_naming_the_field():

@@ -194,7 +194,15 @@ class Taps:
                 self._once(f"gone {t.vhost}/{t.queue}", "%s: the queue is gone; its tap stream stays, with the "
                            "bindings it had", t.label)
                 continue
-            have = {_key(b): b for b in client.queue_bindings(t.vhost, t.stream) if b["source"]}
+            try:
+                have = {_key(b): b for b in client.queue_bindings(t.vhost, t.stream) if b["source"]}
+            except ManagementApiError as e:  # deleted under a running archiver that still has it in archive.taps
+                if e.status != 404:
+                    raise
+                log.warning("archive %s: %s was deleted while archive.taps names its queue; declaring it again (a "
+                            "new epoch of the stream)", self.archive, t.label)
+                self._declare(client, t)
+                have = {}
             for k in sorted(want.keys() - have.keys()):
                 b = want[k]
                 try:
