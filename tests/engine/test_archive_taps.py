@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pika
 from support.brokers import wait_until
@@ -138,3 +139,31 @@ def test_taps_that_cannot_work_are_refused_at_start(broker, vhost, tmp_path):
             "nothing was archived")
     assert not (tmp_path / "store").exists()
     assert not [q for q in broker.list_queues(vhost) if q["name"].startswith("rbak.tap.") and q["name"] != "rbak.tap.cq"]
+
+
+def test_an_archive_drill_compares_a_tap_with_the_live_tap_stream(rmq43, vhost_factory, tmp_path):
+    """A drill restores a tap as the stream it is archived as (into the scratch vhost, which has no queue ``qq``)
+    and compares it with the live tap; the tapped queue is not read."""
+    broker, vhost = rmq43, vhost_factory(rmq43)
+    broker.api("PUT", f"/api/exchanges/{vhost}/orders", json={"type": "direct", "durable": True})
+    broker.declare_queue(vhost, "qq", arguments={"x-queue-type": "quorum"})
+    bind(broker, vhost, "orders", "qq", "k")
+    store, path = fs_storage(tmp_path), str(tmp_path / "store")
+    cfg = archive_config(tmp_path, broker, vhost, store, taps={"include": ["qq"]})
+    arc = Archiver(cfg, tmp_path / "archiver.log").running()
+    try:
+        broker.publish(vhost, "", [b"d-%d" % i for i in range(20)], exchange="orders", routing_key="k")
+        wait_until(lambda: archived(path).get("rbak.tap.qq") == 20, timeout=120, what="the tap archived")
+        read_by = int(time.time() * 1000)
+        wait_until(lambda: (generations(path)[-1]["archive"]["recoverable_until"] or 0) > read_by + 2500,
+                   timeout=120, what="recoverable-until past the look-back")
+        r = subprocess.run([sys.executable, "-m", "rbak", "drill", "--config", str(cfg), "--archive", "arc",
+                            "--lookback", "2", "--json"], capture_output=True, text=True, timeout=300)
+    finally:
+        arc.stop()
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    rep = json.loads(r.stdout)
+    (st,) = rep["archive"]["streams"]
+    assert st["stream"] == "rbak.tap.qq" and st["passed"], st
+    assert (st["restored_count"], st["read_back_count"], st["live_count"]) == (20, 20, 20), st
+    assert broker.message_count(vhost, "qq") == 20
