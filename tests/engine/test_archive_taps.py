@@ -167,3 +167,26 @@ def test_an_archive_drill_compares_a_tap_with_the_live_tap_stream(rmq43, vhost_f
     assert st["stream"] == "rbak.tap.qq" and st["passed"], st
     assert (st["restored_count"], st["read_back_count"], st["live_count"]) == (20, 20, 20), st
     assert broker.message_count(vhost, "qq") == 20
+
+
+def test_a_queue_declared_while_archiving_that_a_pattern_matches_gets_a_tap(rmq43, vhost_factory, tmp_path):
+    broker, vhost = rmq43, vhost_factory(rmq43)
+    broker.api("PUT", f"/api/exchanges/{vhost}/orders", json={"type": "direct", "durable": True})
+    broker.declare_queue(vhost, "orders.a")
+    bind(broker, vhost, "orders", "orders.a", "a")
+    store, path = fs_storage(tmp_path), str(tmp_path / "store")
+    log = tmp_path / "archiver.log"
+    arc = Archiver(archive_config(tmp_path, broker, vhost, store, taps={"include": ["orders.*"]}), log).running()
+    broker.declare_queue(vhost, "orders.b", arguments={"x-queue-type": "quorum"})
+    bind(broker, vhost, "orders", "orders.b", "b")
+    wait_until(lambda: bindings(broker, vhost, "rbak.tap.orders.b") == [("orders", "b")]
+               if broker.queue_info(vhost, "rbak.tap.orders.b") else False, timeout=60, what="the new tap")
+    broker.publish(vhost, "", [b"b-0", b"b-1"], exchange="orders", routing_key="b")
+    broker.publish(vhost, "", [b"a-0"], exchange="orders", routing_key="a")
+    wait_until(lambda: archived(path).get("rbak.tap.orders.b") == 2 and archived(path).get("rbak.tap.orders.a") == 1,
+               timeout=120, what="both taps archived")
+    summary = arc.stop()
+    assert summary["errors"] == [], summary["errors"]
+    assert f"declared tap 'rbak.tap.orders.b' of queue 'orders.b' in vhost {vhost!r}" in log.read_text()
+    assert {t["queue"]: t["queue_type"] for t in generations(path)[-1]["taps"]} == {"orders.a": "classic",
+                                                                                    "orders.b": "quorum"}
