@@ -100,10 +100,12 @@ def verdict(name: str, ratio: float, target: float, *, at_most: bool = False, de
     return line
 
 
-def publish_confirmed(port: int, vh: str, messages, window: int = 2000, host: str = "localhost") -> int:
+def publish_confirmed(port: int, vh: str, messages, window: int = 2000, host: str = "localhost",
+                      exchange: str = "") -> int:
     """Publish ``(queue, body)`` messages as persistent octet-streams with publisher confirms, up to
     ``window`` unconfirmed (pika's blocking confirm mode waits for each: too slow to fill big queues).
-    On rbak's own connection, which the benchmarks do not measure here. Raises on a nack."""
+    On rbak's own connection, which the benchmarks do not measure here. Raises on a nack. With
+    ``exchange``, each ``queue`` is the routing key through it."""
     from rbak.broker.wire import Connection, Params
 
     raw = b"".join(pika.BasicProperties(delivery_mode=2, content_type="application/octet-stream").encode())
@@ -124,7 +126,7 @@ def publish_confirmed(port: int, vh: str, messages, window: int = 2000, host: st
             ch.acks.clear()
 
         for q, body in messages:
-            ch.publish("", q, raw, body, flush=False)
+            ch.publish(exchange, q, raw, body, flush=False)
             sent += 1
             pending.add(sent)
             if sent % 200 == 0:

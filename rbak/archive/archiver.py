@@ -64,6 +64,7 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
+from .taps import Taps, select_streams
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class Archiver:
         self._settle: deque[float] = deque(maxlen=SETTLE_TICKS)  # per tick: flush request -> segments durable (s)
         self._puts: deque[float] = deque(maxlen=20)  # tick PUTs (s)
         self._unprobed: set[str] = set()  # streams whose complete-until fell back to read times (warned once)
+        self.taps = Taps(cfg.archive.taps, cfg.source.queues.vhosts, self.name) if cfg.archive.taps else None
 
     def stop(self) -> None:
         """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
@@ -131,6 +133,8 @@ class Archiver:
                 raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
                                   f"{self.source.management_url} (vhosts user {self.source.mgmt_username!r} can see: "
                                   f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
+            if self.taps is not None:  # checked (exit 2), then each tap stream declared and bound
+                self.taps.prepare(client)
             streams = self._select(client)
             if not streams:
                 raise ConfigError(f"source.queues: selects no stream on {self.source.management_url}; rbak archive "
@@ -159,15 +163,7 @@ class Archiver:
         return self.summary
 
     def _select(self, client: ManagementClient) -> list[QueueInfo]:
-        sel = self.source.queues
-        infos: list[QueueInfo] = []
-        if sel.vhosts:
-            for v in sel.vhosts:
-                infos.extend(client.queues(v))
-        else:
-            infos = client.queues()
-        return sorted((q for q in infos if q.queue_type == "stream" and sel.matches(q.vhost, q.name, "stream")),
-                      key=lambda q: (q.vhost, q.name))
+        return select_streams(client, self.source.queues, self.taps)
 
     def _take_lease(self, client: ManagementClient, vhosts: list[str]) -> Lease | None:
         """The archive lease on every vhost (exclusive queue ``rbak.lease.archive``), waiting for as long as
@@ -304,7 +300,8 @@ class Archiver:
                 cont = d.previous_backup is not None
                 durable = Durable(d.previous_last_offset, d.previous_sha256, d.previous_chunk_timestamp,
                                   last_ts.get((q.vhost, q.name)) if cont else None)
-                st = StreamState(q.vhost, q.name, d, durable, epoch, True, prev_w if cont else None)
+                st = StreamState(q.vhost, q.name, d, durable, epoch, True, prev_w if cont else None,
+                                 tap=self.taps.of(q.vhost, q.name) if self.taps is not None else None)
                 out[st.key] = st
         finally:
             for c in conns.values():
@@ -323,7 +320,7 @@ class Archiver:
                               previous_chunk_timestamp=info.last_chunk_timestamp)
             out[key] = StreamState(vhost, name, d, Durable(info.last_offset, info.last_record_sha256,
                                                            info.last_chunk_timestamp, None),
-                                   epochs.get(key, 1), False, None)
+                                   epochs.get(key, 1), False, None, tap=info.tap)
         return out
 
     def _groups(self, g: Generation, pool: StorePool) -> list[FollowerGroup]:
@@ -423,6 +420,8 @@ class Archiver:
         """List the selection again: False when it changed (a new generation starts), else True and
         ``g.listed_ms`` moves to when the listing began."""
         began = now_ms()
+        if self.taps is not None:  # each tap's bindings follow its queue's (and new queues the patterns match)
+            self.taps.sync(client)
         if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
             log.info("archive %s: the selected streams changed; starting a new generation", self.name)
             return False
@@ -538,7 +537,7 @@ class Archiver:
     def _tick_object(self, g: Generation, sequence: int, w: int | None) -> Tick:
         return Tick(self.name, g.backup_id, sequence, now_ms(), g.created_at, w,
                     [TickStream(st.vhost, st.name, stream_info(st.decision, st.durable,
-                                                               st.follower.lock if st.follower else None),
+                                                               st.follower.lock if st.follower else None, st.tap),
                                 st.epoch, st.complete_until, st.present, list(st.unticked), st.committed)
                      for st in sorted(g.streams.values(), key=lambda s: (s.vhost, s.name))],
                     g.cluster, g.version, __version__, g.codec.info)

@@ -40,7 +40,7 @@ from ..broker.stream_end import EndProber
 from ..broker.stream_reader import chunk_timestamp, split_offset, stream_offset
 from ..config import ConnectionConfig
 from ..errors import AmqpConnectionError, AmqpError, ChannelClosedByBroker, ConnectionLost
-from ..format.manifest import SegmentMetadata, StreamGap, StreamInfo
+from ..format.manifest import SegmentMetadata, StreamGap, StreamInfo, TapOf
 
 log = logging.getLogger(__name__)
 
@@ -344,8 +344,9 @@ def probe_all(prober: EndProber, followers: list[StreamFollower]) -> None:
             f.probed(seq, Probe(at, end, EMPTY_MARGIN_MS if end is None else 0))
 
 
-def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None = None) -> StreamInfo:
-    """A stream's ``stream`` record: its chain decision (link, gaps) and what is durable of it."""
+def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None = None,
+                tap: TapOf | None = None) -> StreamInfo:
+    """A stream's ``stream`` record: its chain decision (link, gaps), what is durable of it, the queue it taps."""
     if lock is not None:
         with lock:
             gaps = list(d.gaps)
@@ -355,7 +356,7 @@ def stream_info(d: ChainDecision, durable: Durable, lock: threading.Lock | None 
     return StreamInfo(first_offset=d.first_offset if stored else None, last_offset=durable.last_offset,
                       previous_backup=d.previous_backup, previous_last_offset=d.previous_last_offset,
                       last_record_sha256=durable.last_sha256, last_chunk_timestamp=durable.last_chunk_timestamp,
-                      recreated=d.recreated, gaps=gaps)
+                      recreated=d.recreated, gaps=gaps, tap=tap)
 
 
 def stored_one(f: StreamFollower, seq: int, before: int | None) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from ..backup.stream_chain import ChainDecision
 from ..format.archive import Tick, stream_key
 from ..format.layout import BackupLayout
-from ..format.manifest import SegmentMetadata
+from ..format.manifest import SegmentMetadata, TapOf
 from ..format.manifest_archive import CommittedEnd
 from .follower import Durable, Probe, StreamFollower
 
@@ -33,6 +33,7 @@ class StreamState:
     segments: list[SegmentMetadata] = field(default_factory=list)  # named by a tick (this generation)
     probes: list[Probe] = field(default_factory=list)  # committed ends not yet durable (oldest first)
     committed: CommittedEnd | None = None  # the newest probe, recorded in each tick
+    tap: TapOf | None = None  # the queue this tap stream records (archive.taps), kept in its manifest entry
 
     @property
     def key(self) -> str:

@@ -161,6 +161,23 @@ class ManagementClient:
             raise
         return _queue_info(d or {"name": name}, vhost)
 
+    def declare_queue(self, vhost: str, name: str, arguments: dict[str, Any]) -> None:
+        """A durable queue (``x-queue-type`` in ``arguments``); an existing one with other arguments is refused."""
+        self.request("PUT", f"queues/{q(vhost)}/{q(name)}", {"durable": True, "auto_delete": False,
+                                                            "arguments": arguments})
+
+    def queue_bindings(self, vhost: str, name: str) -> list[dict[str, Any]]:
+        """Every binding of a queue, the default exchange's (``source`` ``""``) included."""
+        return self.request("GET", f"queues/{q(vhost)}/{q(name)}/bindings") or []
+
+    def bind_queue(self, vhost: str, exchange: str, queue: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        self.request("POST", f"bindings/{q(vhost)}/e/{q(exchange)}/q/{q(queue)}",
+                     {"routing_key": routing_key, "arguments": arguments})
+
+    def unbind_queue(self, vhost: str, exchange: str, queue: str, properties_key: str) -> bool:
+        """Remove one binding (``properties_key`` as the bindings listing gives it); False: already gone."""
+        return self.delete(f"bindings/{q(vhost)}/e/{q(exchange)}/q/{q(queue)}/{q(properties_key)}")
+
     def policies(self, vhost: str) -> list[dict[str, Any]]:
         return self.request("GET", f"policies/{q(vhost)}") or []
 

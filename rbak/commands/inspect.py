@@ -171,7 +171,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
                 f"{d.exchange_count} exchanges, {d.user_count} users")
     t = Table("VHOST", "QUEUE", "TYPE", "MESSAGES", "SEGMENTS", "SIZE", "FIRST", "LAST", box=None, pad_edge=False)
     for q in m.queues:
-        t.add_row(q.vhost, q.name, q.queue_type, str(q.message_count), str(len(q.segments)),
+        tap = q.stream.tap if q.stream is not None else None
+        t.add_row(q.vhost, q.name, q.queue_type + (f", tap of {tap.queue}" if tap else ""), str(q.message_count), str(len(q.segments)),
                   human_bytes(q.size_bytes), fmt_ts(q.first_message_timestamp), fmt_ts(q.last_message_timestamp))
     c.print(t)
     for s in m.queue_status:
@@ -186,6 +187,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
                     f"{q.stream.previous_last_offset}")
         elif q.stream is not None and q.stream.recreated:
             c.print(f"  recreated {q.vhost}/{q.name}: the stream was declared again; backed up from its first offset")
+        if q.stream is not None and q.stream.tap is not None:
+            tap = q.stream.tap
+            c.print(f"  tap {q.vhost}/{q.name}: what was published to {tap.queue_type} queue {tap.queue!r} through "
+                    f"its bindings (not what remained in it, nor what came through the default exchange); "
+                    f"restored into {tap.queue!r} by default", markup=False)
     return 0
 
 

@@ -162,6 +162,13 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
         errors.append(f"source: required when mode is {cfg.mode}")
     if cfg.mode == "archive" and not _archive_name_ok(cfg.archive.name):
         errors.append(f"archive.name: {cfg.archive.name!r} is not a valid name (letters, digits, '.', '_', '-')")
+    taps = cfg.archive.taps
+    if taps is not None and not taps.include:
+        errors.append("archive.taps.include: name at least one classic or quorum queue to tap (nothing is tapped "
+                      "by default)")
+    if taps is not None and not re.fullmatch(r"[1-9][0-9]*[YMDhms]", taps.max_age):
+        errors.append(f"archive.taps.max_age: {taps.max_age!r} is not a stream max-age (a number and Y, M, D, h, m "
+                      "or s, e.g. 7D)")
     if cfg.mode == "restore" and cfg.target is None:
         errors.append("target: required when mode is restore")
     if cfg.mode == "drill" and cfg.source is None and cfg.target is None and cfg.drill.target is None:

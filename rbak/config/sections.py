@@ -457,6 +457,23 @@ class EncryptionConfig(_Section):
 
 
 @dataclass(repr=False)
+class TapsConfig(_Section):
+    """Queue taps (`archive.taps`): classic and quorum queues archived through a stream `rbak.tap.<queue>` that
+    `rbak archive` declares and binds as the queue is bound. It records what exchanges route to the queue, not
+    what remained in it; what is published straight to the queue (the default exchange) is not recorded."""
+
+    include: list[str] = doc_field(doc="Queues to tap (globs or exact names; `vhost/queue` when the pattern has a "
+                                   "`/`), as `source.queues`. Required: nothing is tapped by default.", factory=list)
+    exclude: list[str] = doc_field(doc="Queues not to tap (globs or exact names); wins over `include`.", factory=list)
+    vhosts: list[str] = doc_field(doc="Vhosts to look in; empty: those of `source.queues.vhosts` (every vhost when "
+                                  "that is empty too).", factory=list)
+    max_age: str = doc_field("7D", "Retention of each tap stream (`x-max-age`: a number and `Y`, `M`, `D`, `h`, `m` "
+                             "or `s`): how long it keeps what the archiver has not read yet, e.g. while it is down.")
+    max_length_bytes: int = doc_field(10 * 1024 ** 3, "Size cap of each tap stream (`x-max-length-bytes`).",
+                                      min=1_000_000)
+
+
+@dataclass(repr=False)
 class ArchiveOptions(_Section):
     """Continuous stream archiving (`rbak archive`, `mode: archive`): every stream `source.queues` selects is
     followed and archived as generations of backups named `<name>.<UTC time>` (docs/archive.md)."""
@@ -474,6 +491,8 @@ class ArchiveOptions(_Section):
     relist_secs: float = doc_field(30.0, "How often the stream selection is listed again when no tick is due "
                                    "(new, deleted or recreated streams start a new generation); every tick lists it "
                                    "too, and recoverable-until never passes the last listing.", min=1, max=86400)
+    taps: Optional[TapsConfig] = doc_field(None, "Classic and quorum queues to archive continuously through a tap "
+                                           "stream each (docs/archive.md, \"Queue taps\").")
 
 
 @dataclass(repr=False)

@@ -315,7 +315,9 @@ def _drill_streams(storage: Storage, source: BackupSource, gen: BackupManifest, 
     live stream."""
     names = scratch_queue_names(manifest.queues)
     vmap = tuple(sorted({(q.vhost, scratch) for q in manifest.queues}))
-    qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
+    # every stream mapped, even to its own name: a queue tap's stream is then restored as a stream (compared with
+    # the live tap), not into the queue it taps (restore.plan.tap_target)
+    qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items()))
     ropts = dataclasses.replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(source, manifest)
     plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
     restored: dict[tuple[str, str], list[tuple[int, bytes]]] = {}

@@ -467,7 +467,7 @@ def _drill_queues(storage: Storage, manifest: BackupManifest, ropts: RestoreOpti
     source = BackupSource(storage, options.prefix)
     names = scratch_queue_names(manifest.queues)
     vmap = tuple(sorted({(qb.vhost, scratch) for qb in manifest.queues}))
-    qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items() if s != n))
+    qmap = tuple(sorted((f"{v}/{n}", s) for (v, n), s in names.items()))  # all: a queue tap stays a stream
     ropts = replace(ropts, vhost_mapping=vmap, queue_mapping=qmap).with_data_key(source, manifest)
     plans = {(p.source_vhost, p.source_queue): p for p in plan_restore(manifest, ropts)}
     conn = connect(options.target, scratch, "target")

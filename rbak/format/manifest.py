@@ -129,6 +129,22 @@ class StreamGap:
         return cls(a, b, optional(d, "after_timestamp", int, where), optional(d, "before_timestamp", int, where))
 
 
+@dataclass(frozen=True, slots=True)
+class TapOf:
+    """The queue a tap stream records (rbak extension, ``rbak archive`` with ``archive.taps``): what was
+    published to that classic or quorum queue through its bindings, so a restore targets it by default."""
+
+    queue: str
+    queue_type: str  # "classic" or "quorum"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"queue": self.queue, "queue_type": self.queue_type}
+
+    @classmethod
+    def from_json_obj(cls, d: Any, where: str) -> "TapOf":
+        return cls(required(d, "queue", str, where), required(d, "queue_type", str, where))
+
+
 @dataclass(slots=True)
 class StreamInfo:
     """Where a stream backup sits in its stream (rbak's extra ``stream`` field of a queue).
@@ -148,6 +164,7 @@ class StreamInfo:
     last_chunk_timestamp: int | None = None
     recreated: bool = False
     gaps: list[StreamGap] = field(default_factory=list)
+    tap: TapOf | None = None  # rbak extension: this stream taps a classic or quorum queue
 
     @property
     def gap_count(self) -> int:
@@ -163,6 +180,7 @@ class StreamInfo:
             "last_chunk_timestamp": self.last_chunk_timestamp,
             "recreated": self.recreated,
             "gaps": [g.to_json_obj() for g in self.gaps],
+            **({"tap": self.tap.to_json_obj()} if self.tap is not None else {}),
         }
 
     @classmethod
@@ -182,6 +200,7 @@ class StreamInfo:
             last_chunk_timestamp=optional(d, "last_chunk_timestamp", int, where),
             recreated=bool(rec) if isinstance(rec, bool) else False,
             gaps=[StreamGap.from_json_obj(g, f"{where} gap {i}") for i, g in enumerate(gaps)],
+            tap=TapOf.from_json_obj(d["tap"], f"{where} tap") if d.get("tap") is not None else None,
         )
 
 

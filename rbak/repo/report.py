@@ -43,8 +43,15 @@ def list_obj(entries: list) -> list[dict]:
             "encrypted": m.encryption is not None if m else None,
             "error": e.error,
             **({"archive": m.archive.to_json_obj()} if m is not None and m.archive is not None else {}),
+            **({"taps": taps} if (taps := _taps(m)) else {}),
         })
     return out
+
+
+def _taps(m: BackupManifest | None) -> list[dict]:
+    """The queue taps of an archive generation: each tap stream and the queue it records."""
+    return [{"vhost": q.vhost, "stream": q.name, **q.stream.tap.to_json_obj()} for q in (m.queues if m else [])
+            if q.stream is not None and q.stream.tap is not None]
 
 
 def encrypted_label(m: BackupManifest) -> str:
@@ -77,6 +84,10 @@ def list_notes(m: BackupManifest) -> str:
     if m.archive is not None:
         out.append(f"archive {m.archive.name} ({'open' if m.archive.open else 'closed'}), recoverable until "
                    f"{fmt_ms(m.archive.recoverable_until)}")
+    taps = [f"{q.vhost}/{q.stream.tap.queue}" for q in m.queues if q.stream is not None and q.stream.tap is not None]
+    if taps:
+        out.append(f"{len(taps)} queue tap(s): {', '.join(taps[:3])}" + (f" (+{len(taps) - 3} more)" if len(taps) > 3
+                                                                          else ""))
     return "; ".join(out)
 
 

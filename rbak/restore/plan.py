@@ -98,6 +98,16 @@ def filter_records(records: Iterable[BackupRecord], start_ms: int | None, end_ms
             yield i, r
 
 
+def tap_target(q: QueueBackup, queue_mapping: Mapping[str, str]) -> tuple[str, str]:
+    """(target queue, its type): a queue tap's stream (``rbak archive``'s ``archive.taps``) goes into the queue
+    it tapped, unless ``queue_mapping`` maps the stream's name or the tapped queue's; any other queue into its
+    own (mapped) name."""
+    tap = q.stream.tap if q.stream is not None else None
+    if tap is None or f"{q.vhost}/{q.name}" in queue_mapping or q.name in queue_mapping:
+        return map_queue(q.vhost, q.name, queue_mapping), q.queue_type
+    return map_queue(q.vhost, tap.queue, queue_mapping), tap.queue_type
+
+
 def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionInfo | None = None) -> QueuePlan:
     start, end = options.window_start_ms, options.window_end_ms
     kept, skipped, skipped_records = [], 0, 0
@@ -107,12 +117,13 @@ def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionIn
         else:
             skipped += 1
             skipped_records += seg.record_count
+    target, queue_type = tap_target(q, options.queue_map)
     return QueuePlan(
         source_vhost=q.vhost,
         source_queue=q.name,
-        queue_type=q.queue_type,
+        queue_type=queue_type,
         target_vhost=map_vhost(q.vhost, options.vhost_map),
-        target_queue=map_queue(q.vhost, q.name, options.queue_map),
+        target_queue=target,
         segments=tuple(kept),
         skipped_segments=skipped,
         skipped_records=skipped_records,
@@ -149,6 +160,8 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
                 raise ConfigError(f"restore.vhost_mapping: key {key!r} names no vhost of backup {bid!r}"
                                   f"{_closest(key, vhosts)}; its vhosts: {_some(vhosts)}")
     names = {f"{v}/{n}" for v, n, _ in pairs} | {n for _, n, _ in pairs}
+    taps = [(q.vhost, q.stream.tap.queue) for q in manifest.queues if q.stream is not None and q.stream.tap]
+    names |= {f"{v}/{n}" for v, n in taps} | {n for _, n in taps}  # a tapped queue's name maps its tap too
     for key in sorted(options.queue_map):
         if key not in names:
             raise ConfigError(f"restore.queue_mapping: key {key!r} names no queue of backup {bid!r} (keys are "

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
+from rbak.config import Config
 from rbak.errors import ConfigError
 from rbak.format.archive import Tick, TickStream, tick_key
 from rbak.format.manifest import StreamGap, StreamInfo
@@ -46,6 +47,19 @@ def test_config_follows_the_spec_and_keeps_credentials_out():
     assert [(e.env, e.secret, e.key) for e in env] == [
         ("RBAK_BROKER_USERNAME", "rmq", "username"), ("RBAK_BROKER_PASSWORD", "rmq", "password"),
         ("AWS_ACCESS_KEY_ID", "s3", "AWS_ACCESS_KEY_ID"), ("AWS_SECRET_ACCESS_KEY", "s3", "AWS_SECRET_ACCESS_KEY")]
+
+
+def test_spec_taps_become_archive_taps_and_the_config_loads():
+    spec = {**SPEC, "taps": {"include": ["orders", "payments.*"], "exclude": ["payments.dlq"], "maxAge": "2D",
+                             "maxLengthBytes": 5_000_000}}
+    cfg, _ = ad.archive_config(spec, "ns", "orders")
+    assert cfg["archive"]["taps"] == {"include": ["orders", "payments.*"], "exclude": ["payments.dlq"],
+                                      "max_age": "2D", "max_length_bytes": 5_000_000}
+    taps = Config.from_dict(cfg, env={"RBAK_BROKER_USERNAME": "u", "RBAK_BROKER_PASSWORD": "p",
+                                    "RBAK_STATE_DIR": "/tmp"}).archive.taps
+    assert taps is not None and (taps.include, taps.max_age, taps.max_length_bytes) == (
+        ["orders", "payments.*"], "2D", 5_000_000)
+    assert "taps" not in ad.archive_config(SPEC, "ns", "orders")[0]["archive"]
 
 
 def test_config_refuses_a_delay_over_the_objective_naming_the_fields():

@@ -47,6 +47,7 @@ LANE: dict[str, tuple[list[str], str, tuple]] = {
                          r"ratio 1\.0/0-9-1: lowest median \d+\.\d+", ()),
     "return_costs": (["rmq43"], r"rmq43 [\d.]+: no limit set, 21 closes: messages left \d", ()),
     "live_consumer": (["rmq43", "classic"], r"rmq43 .*classic.*received", ()),
+    "tap_cost": (["rmq43", "--messages", "300"], r"RESULT tap publish rate with/without rmq43 .*: ratio \d+\.\d+", ()),
     "import": (["--size-mb", "2", "--qs-size-mb", "1", "--repeat", "1"], r"best full-import ratio: \d+\.\d+", (SLOW,)),
     "spark_validate": (["--gb", "0.005", "--repeat", "1"], r"local\[2\] / local\[1\] = \d+\.\d+x", (SLOW,)),
     "spark_restore": (["--per-queue", "100", "--masters", "local[1]", "--per-task", "1", "--repeat", "1"],

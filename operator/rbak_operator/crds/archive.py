@@ -60,6 +60,22 @@ def archive_spec_schema() -> dict[str, Any]:
                     "vhosts": strlist("vhosts (default: all); one archiver per vhost runs at a time (a lease)"),
                 },
             ),
+            "taps": obj(
+                "classic and quorum queues archived through a stream rbak.tap.<queue> the archiver declares and binds "
+                "as the queue is bound: it records what exchanges route to the queue, not what remained in it, and "
+                "not what is published straight to it through the default exchange (docs/archive.md, Queue taps)",
+                {
+                    "include": {**strlist("queue name globs or names to tap (vhost/queue when a pattern has a /)"),
+                                "minItems": 1},
+                    "exclude": strlist("queue name globs not to tap"),
+                    "vhosts": strlist("vhosts to look in (default: spec.queues.vhosts)"),
+                    "maxAge": string("each tap stream's retention (x-max-age), e.g. 7D", pattern="^[1-9][0-9]*[YMDhms]$",
+                                     default="7D"),
+                    "maxLengthBytes": integer("each tap stream's size cap (x-max-length-bytes)", minimum=1_000_000,
+                                              default=10 * 1024 ** 3),
+                },
+                ["include"],
+            ),
             "storage": storage_schema(),
             "rpoSeconds": integer("recovery point objective: RPOMet turns false when the archive's lag exceeds it",
                              minimum=1, maximum=86400, default=DEFAULT_RPO_SECONDS),

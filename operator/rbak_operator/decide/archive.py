@@ -96,6 +96,13 @@ def archive_config(spec: dict[str, Any], namespace: str, name: str,
     }
     if encryption:
         cfg["encryption"] = encryption
+    taps = spec.get("taps")
+    if taps:  # rbak archive's archive.taps, key for key
+        cfg["archive"]["taps"] = {k: list(taps[k]) for k in ("include", "exclude", "vhosts") if taps.get(k)}
+        if taps.get("maxAge"):
+            cfg["archive"]["taps"]["max_age"] = taps["maxAge"]
+        if taps.get("maxLengthBytes") is not None:
+            cfg["archive"]["taps"]["max_length_bytes"] = int(taps["maxLengthBytes"])
     return cfg, _dedupe([*env1, *env2, *env3])
 
 

@@ -1,0 +1,231 @@
+"""Queue taps (``archive.taps``): a classic or quorum queue archived continuously through a stream.
+
+For each tapped queue ``Q`` the archiver declares a durable stream ``rbak.tap.Q`` and binds it with
+every binding ``Q`` has, so each exchange that routes a message to ``Q`` routes a copy to the tap in
+the same routing decision (a publisher's confirm covers both). The tap is then archived as any
+stream. It records what was *published to* ``Q`` through exchanges, not what remained in it, and
+never what was published straight to ``Q`` through the default exchange, which cannot be bound.
+
+Why bindings and not a shovel (local shovels of RabbitMQ 4.2+ included): a shovel whose source is the
+queue consumes and acks, so it takes the messages away from the queue's consumers; one whose source is
+an exchange declares a queue of its own bound with one routing key, which is a binding with an extra
+hop, a plugin to enable and a second confirm. A binding works the same on every version.
+
+Nothing here touches ``Q`` or its messages, and nothing is deleted but a binding of the tap that ``Q``
+no longer has: the tap stream and its bindings stay when the archiver stops, which is what lets it
+catch up after it was down (docs/archive.md, "Queue taps", says how to remove a tap).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..broker.management import ManagementClient, QueueInfo
+from ..config.sections import QueueSelection, TapsConfig, queue_selected
+from ..errors import ConfigError, ManagementApiError
+from ..format.manifest import TapOf
+
+log = logging.getLogger(__name__)
+
+TAP_PREFIX = "rbak.tap."  # a name rbak keeps for itself: a queue of another type under it is refused
+SYNC_SECS = 1.0  # bindings are compared at each listing, at most this often
+Binding = tuple[str, str, str]  # exchange, routing key, arguments (canonical JSON)
+
+
+@dataclass(frozen=True, slots=True)
+class Tap:
+    vhost: str
+    queue: str
+    queue_type: str
+
+    @property
+    def stream(self) -> str:
+        return TAP_PREFIX + self.queue
+
+    @property
+    def of(self) -> TapOf:
+        return TapOf(self.queue, self.queue_type)
+
+    @property
+    def label(self) -> str:
+        return f"tap {self.stream!r} of queue {self.queue!r} in vhost {self.vhost!r}"
+
+
+def untappable(q: QueueInfo) -> str | None:
+    """Why a queue cannot be tapped, or None."""
+    if q.queue_type == "stream":
+        return "is a stream: streams are archived as they are (select it in source.queues)"
+    if q.queue_type not in ("classic", "quorum"):
+        return f"is a {q.queue_type} queue; only classic and quorum queues can be tapped"
+    if q.exclusive:
+        return "is exclusive: it belongs to one connection and goes with it"
+    if q.auto_delete:
+        return "is auto-delete: it goes with its last consumer"
+    if len((TAP_PREFIX + q.name).encode()) > 255:
+        return f"has a name too long for its tap stream {TAP_PREFIX + q.name!r} (255 bytes at most)"
+    return None
+
+
+def _key(b: dict[str, Any]) -> Binding:
+    return b["source"], b.get("routing_key") or "", json.dumps(b.get("arguments") or {}, sort_keys=True)
+
+
+class Taps:
+    """The tapped queues of an archive: checked at start (``prepare``), followed at each listing (``sync``)."""
+
+    def __init__(self, cfg: TapsConfig, source_vhosts: list[str], archive: str):
+        self.cfg = cfg
+        self.vhosts = list(cfg.vhosts or source_vhosts)  # empty: every vhost
+        self.archive = archive
+        self.taps: dict[tuple[str, str], Tap] = {}  # (vhost, tap stream) -> tap
+        self._said: set[str] = set()  # warnings given once
+        self._synced = 0.0
+
+    def streams(self) -> set[tuple[str, str]]:
+        return set(self.taps)
+
+    def of(self, vhost: str, stream: str) -> TapOf | None:
+        t = self.taps.get((vhost, stream))
+        return t.of if t is not None else None
+
+    def _once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning("archive %s: " + msg, self.archive, *args)
+
+    def resolve(self, client: ManagementClient, strict: bool) -> list[Tap]:
+        """The queues ``include`` names, each tappable. ``strict`` (at start): a vhost, pattern or queue that
+        does not fit is refused (``ConfigError`` naming the field and the queue); later it is warned about once
+        and left out (a queue deleted while the archive runs keeps its tap stream, which is archived as it is)."""
+        cfg = self.cfg
+        if strict:
+            known = client.vhosts()
+            missing = [v for v in self.vhosts if v not in known]
+            if missing:
+                raise ConfigError(f"archive.taps.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
+                                  f"{client.base}")
+        infos = [i for v in self.vhosts for i in client.queues(v)] if self.vhosts else client.queues()
+        out: dict[tuple[str, str], Tap] = {}
+        where = f"in vhost(s) {', '.join(map(repr, self.vhosts))}" if self.vhosts else "in any vhost"
+        for pat in cfg.include:
+            exact = not any(c in pat for c in "*?[")
+            hits = [q for q in infos if queue_selected(q.vhost, q.name, None, [pat], cfg.exclude, self.vhosts, [])]
+            found = 0
+            for q in hits:
+                problem = untappable(q)
+                if problem is None:
+                    out[(q.vhost, q.name)] = Tap(q.vhost, q.name, q.queue_type)
+                    found += 1
+                elif exact or q.queue_type != "stream":  # a glob's streams (taps included) are not queues to tap
+                    msg = f"archive.taps.include: {pat!r}: queue {q.name!r} in vhost {q.vhost!r} {problem}"
+                    if strict:
+                        raise ConfigError(msg + "; nothing was archived")
+                    self._once(msg, "%s; not tapped", msg)
+            if not found:
+                msg = (f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
+                       f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}")
+                if strict:
+                    raise ConfigError(msg + "; nothing was archived")
+                self._once(msg, "%s (now)", msg)
+        return [out[k] for k in sorted(out)]
+
+    def prepare(self, client: ManagementClient) -> None:
+        """At start: every tap checked (nothing is declared until all are), its stream declared and its
+        bindings made as its queue's."""
+        taps = self.resolve(client, strict=True)
+        for t in taps:
+            self._existing(client, t)
+        self._add(client, taps)
+        self.sync(client, force=True)
+
+    def _add(self, client: ManagementClient, taps: list[Tap]) -> None:
+        for t in taps:
+            if (t.vhost, t.stream) in self.taps:
+                continue
+            self._declare(client, t)
+            self.taps[(t.vhost, t.stream)] = t
+            log.warning("archive %s: %s records what exchanges route to the queue; messages published straight "
+                        "to it through the default exchange (routing key %r) are NOT recorded", self.archive,
+                        t.label, t.queue)
+
+    def _declare(self, client: ManagementClient, t: Tap) -> None:
+        args = {"x-queue-type": "stream", "x-max-age": self.cfg.max_age,
+                "x-max-length-bytes": self.cfg.max_length_bytes}
+        found = self._existing(client, t)
+        if found is None:
+            client.declare_queue(t.vhost, t.stream, args)
+            log.info("archive %s: declared %s (max-age %s, max-length-bytes %d)", self.archive, t.label,
+                     self.cfg.max_age, self.cfg.max_length_bytes)
+        else:
+            kept = {k: found.arguments.get(k) for k in args if k != "x-queue-type"}
+            if kept != {k: v for k, v in args.items() if k != "x-queue-type"}:
+                self._once(t.stream, "%s keeps its arguments %s (a stream's arguments cannot change; use a policy, "
+                           "or delete the stream to declare it again)", t.label, kept)
+
+    @staticmethod
+    def _existing(client: ManagementClient, t: Tap) -> QueueInfo | None:
+        """The tap stream if it exists; a queue of another type under its name is refused."""
+        found = client.queue(t.vhost, t.stream)
+        if found is not None and found.queue_type != "stream":
+            raise ConfigError(f"archive.taps.include: queue {t.queue!r} in vhost {t.vhost!r}: its tap stream's "
+                              f"name {t.stream!r} is taken by a {found.queue_type} queue (names under "
+                              f"{TAP_PREFIX!r} are rbak's); nothing was archived")
+        return found
+
+    def sync(self, client: ManagementClient, force: bool = False) -> None:
+        """New queues the patterns match get a tap; each tap gets the bindings its queue has now and loses
+        those it no longer has (both logged). A queue that is gone keeps its tap stream, said once."""
+        now = time.monotonic()
+        if not force and now - self._synced < SYNC_SECS:
+            return
+        self._synced = now
+        if not force:
+            self._add(client, self.resolve(client, strict=False))
+        for t in self.taps.values():
+            try:
+                want = {_key(b): b for b in client.queue_bindings(t.vhost, t.queue) if b["source"]}
+            except ManagementApiError as e:
+                if e.status != 404:
+                    raise
+                self._once(f"gone {t.vhost}/{t.queue}", "%s: the queue is gone; its tap stream stays, with the "
+                           "bindings it had", t.label)
+                continue
+            try:
+                have = {_key(b): b for b in client.queue_bindings(t.vhost, t.stream) if b["source"]}
+            except ManagementApiError as e:  # deleted under a running archiver that still has it in archive.taps
+                if e.status != 404:
+                    raise
+                log.warning("archive %s: %s was deleted while archive.taps names its queue; declaring it again (a "
+                            "new epoch of the stream)", self.archive, t.label)
+                self._declare(client, t)
+                have = {}
+            for k in sorted(want.keys() - have.keys()):
+                b = want[k]
+                try:
+                    client.bind_queue(t.vhost, b["source"], t.stream, k[1], b.get("arguments") or {})
+                except ManagementApiError as e:  # the exchange deleted since the listing: the next sync sees it
+                    log.warning("archive %s: %s: binding from exchange %r not made: %s", self.archive, t.label,
+                                b["source"], e)
+                    continue
+                log.info("archive %s: %s: bound to exchange %r with routing key %r%s, as the queue is", self.archive,
+                         t.label, b["source"], k[1], f" and arguments {k[2]}" if k[2] != "{}" else "")
+            for k in sorted(have.keys() - want.keys()):
+                client.unbind_queue(t.vhost, k[0], t.stream, have[k]["properties_key"])
+                log.info("archive %s: %s: unbound from exchange %r with routing key %r, as the queue no longer is "
+                         "bound so", self.archive, t.label, k[0], k[1])
+
+
+def select_streams(client: ManagementClient, sel: QueueSelection, taps: Taps | None) -> list[QueueInfo]:
+    """The streams an archive follows: those ``source.queues`` selects, and the tap streams."""
+    vhosts = sel.vhosts
+    if taps is not None:
+        vhosts = sorted(set(sel.vhosts) | set(taps.vhosts)) if sel.vhosts and taps.vhosts else []
+    infos = [i for v in vhosts for i in client.queues(v)] if vhosts else client.queues()
+    tapped = taps.streams() if taps is not None else set()
+    return sorted((q for q in infos if q.queue_type == "stream"
+                   and (sel.matches(q.vhost, q.name, "stream") or (q.vhost, q.name) in tapped)),
+                  key=lambda q: (q.vhost, q.name))
