@@ -21,6 +21,7 @@ import pytest
 
 from rbak.config import ConnectionConfig
 from rbak.errors import ConfigError
+from rbak.format.manifest import StreamInfo
 from rbak.repo.catalog import load_manifest
 from rbak.restore.options import RestoreOptions
 from rbak.storage import open_storage
@@ -33,6 +34,7 @@ from support.brokers import BROKERS, unique_name, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the archive tests' helpers
 from test_archive import Archiver, archive_config, declare_stream, fs_storage, generations
+from test_encrypted import RING, encrypted_backup, with_executor_keys
 
 STREAMS = ("audit", "orders")  # the data source's (vhost, queue) order
 A = {"orders": [b"a-%d" % i for i in range(30)], "audit": [b"b-%d" % i for i in range(20)]}
@@ -224,3 +226,28 @@ def test_spark_validate_on_archive_generations(spark, arc, rmq43, tmp_path, caps
                                   "--master", "local[2]"]) == 1
         said = capsys.readouterr().out
         assert "FAILED" in said and key in said and "SHA-256 mismatch" in said, said
+
+
+def test_data_source_chain_opens_each_link_as_its_own_backup(spark, tmp_path):
+    """An encrypted chain (an encrypted archive's generations are one): each segment is sealed with its own
+    backup's id in the AAD, so an earlier link's segments must be opened as that backup's, not the newest's."""
+    url = f"file://{tmp_path}"
+    storage = open_storage(url)
+    for bid, prev in (("e1", None), ("e2", "e1")):
+        m = encrypted_backup(url, bid)[1]
+        for q in m.queues:
+            n = q.message_count
+            first = 0 if prev is None else n
+            q.queue_type = "stream"
+            q.stream = StreamInfo(first_offset=first, last_offset=first + n - 1, previous_backup=prev,
+                                  previous_last_offset=None if prev is None else n - 1)
+        storage.put(f"{bid}/manifest.json", m.to_json())
+    try:
+        with_executor_keys(spark, RING)
+        rows = read_backup(spark, url, "e2", chain="true").collect()
+    finally:
+        with_executor_keys(spark, None)
+    orders = sorted((r for r in rows if r.queue == "orders"), key=lambda r: (r.segment_sequence, r.record_index))
+    assert [r.properties.message_id for r in orders] == [f"orders-{i}" for i in range(80)] * 2
+    assert [r.segment_key.split("/")[0] for r in orders] == ["e1"] * 80 + ["e2"] * 80
+    assert len(rows) == 240
