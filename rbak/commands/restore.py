@@ -11,20 +11,25 @@ of that ``rbak archive`` (its chain walks back through the older ones).
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import sys
 from dataclasses import replace
 from typing import Any
 
-from ..archive.status import archive_generations
+from ..archive.restore_point import (
+    archive_names,
+    check_archive_end,
+    newest_generation,
+    recoverable_end,
+    refuse_definitions,
+    utc,
+)
 from ..config import load_config, parse_time_bound
 from ..config.validation import check_url
 from ..errors import ConfigError, NotFoundError, RestoreError
 from ..metrics import serve
 from ..repo import progress
-from ..format.manifest import BackupManifest
-from ..repo.catalog import BackupEntry, latest_complete, list_backups, load_manifest
+from ..repo.catalog import BackupEntry, latest_complete, load_manifest
 from ..restore.engine import run_restore
 from ..restore.options import RestoreOptions, local_target, options_from_config
 from ..sealing.crypto import load_keyring
@@ -142,23 +147,12 @@ def build(args: Any):
     return storage, RestoreOptions(backup_id=backup_id, prefix=args.prefix or "", target=target, keys=keys, **opts), None
 
 
-def _archive_names(storage: Any, prefix: str) -> list[str]:
-    return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
-                   if e.manifest is not None and e.manifest.archive is not None})
-
-
 def _archive_newest(storage: Any, name: str, prefix: str, backup_id: str | None) -> str:
     """The newest generation of archive ``name``: a restore of it walks every older one."""
     if backup_id:
         raise ConfigError(f"--archive {name}: give either --archive or --backup-id, not both")
-    gens = archive_generations(storage, name, prefix)
-    if not gens:
-        names = _archive_names(storage, prefix)
-        raise NotFoundError(f"--archive {name}: no generation of archive {name!r} at {storage.url}"
-                            + (f" (prefix {prefix!r})" if prefix else "")
-                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
-    newest = gens[-1].backup_id
-    print(f"rbak: restoring archive {name!r} from its newest generation {newest!r} ({len(gens)} generation(s))",
+    newest, count = newest_generation(storage, name, prefix)
+    print(f"rbak: restoring archive {name!r} from its newest generation {newest!r} ({count} generation(s))",
           file=sys.stderr)
     return newest
 
@@ -167,37 +161,11 @@ def _one_archive_only(storage: Any, prefix: str, entry: BackupEntry) -> None:
     """A default pick among several archives' generations would restore whichever wrote last: refused."""
     if entry.manifest is None or entry.manifest.archive is None:
         return
-    names = _archive_names(storage, prefix)
+    names = archive_names(storage, prefix)
     if len(names) > 1:
         raise ConfigError(f"{storage.url} holds the archives {', '.join(map(repr, names))}; the newest complete backup "
                           f"{entry.backup_id!r} is archive {entry.manifest.archive.name!r}'s: pass --archive NAME "
                           "(or --backup-id) to say which one to restore")
-
-
-def _utc(ms: int) -> str:
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def _check_archive_end(storage: Any, m: BackupManifest, prefix: str, end: int, flag: str) -> None:
-    """A point in time an archive generation cannot stand for is refused: past its recoverable-until (later
-    records are not known complete across streams), or before the archive's first generation (nothing)."""
-    info = m.archive
-    if info is None:
-        return
-    if info.recoverable_until is None:
-        raise ConfigError(f"{flag}: generation {m.backup_id!r} of archive {info.name!r} holds no recoverable-until "
-                          "yet: nothing in it is known complete")
-    if end > info.recoverable_until:
-        raise ConfigError(f"{flag}: {_utc(end)} is after the archive's recoverable-until {_utc(info.recoverable_until)} "
-                          f"(generation {m.backup_id!r} of archive {info.name!r}): records after it are not known "
-                          f"complete across streams; restore the newest generation (--archive {info.name}), "
-                          "'recoverable', or an earlier time")
-    gens = archive_generations(storage, info.name, prefix)
-    first = gens[0] if gens else m
-    if end < first.created_at:
-        raise ConfigError(f"{flag}: {_utc(end)} is before archive {info.name!r} began ({_utc(first.created_at)}, "
-                          f"its first generation {first.backup_id!r}): no record is stamped that early, "
-                          "nothing would be restored")
 
 
 def _pitr(args: Any, storage: Any, options: Any) -> Any:
@@ -208,18 +176,14 @@ def _pitr(args: Any, storage: Any, options: Any) -> Any:
     if getattr(args, "pitr_start", None) is not None:
         start = parse_time_bound(args.pitr_start, "--pitr-start")
     if getattr(args, "pitr_end", None) is not None and args.pitr_end.strip().lower() == "recoverable":
-        m = load_manifest(storage, options.backup_id, options.prefix)
-        if m.archive is None or m.archive.recoverable_until is None:
-            raise ConfigError(f"--pitr-end recoverable: backup {options.backup_id!r} is not a generation of an archive "
-                              "with a recoverable-until time")
-        end = m.archive.recoverable_until
-        print(f"rbak: restoring up to the archive's recoverable-until {_utc(end)} ({end} ms)", file=sys.stderr)
+        end = recoverable_end(load_manifest(storage, options.backup_id, options.prefix), "--pitr-end")
+        print(f"rbak: restoring up to the archive's recoverable-until {utc(end)} ({end} ms)", file=sys.stderr)
         return replace(options, window_start_ms=start, window_end_ms=end)
     if getattr(args, "pitr_end", None) is not None:
         end, where = parse_time_bound(args.pitr_end, "--pitr-end"), "--pitr-end"
     if end is not None:
-        _check_archive_end(storage, load_manifest(storage, options.backup_id, options.prefix), options.prefix,
-                           end, where)
+        check_archive_end(storage, load_manifest(storage, options.backup_id, options.prefix), options.prefix,
+                          end, where)
     return replace(options, window_start_ms=start, window_end_ms=end)
 
 
@@ -228,13 +192,9 @@ def _no_archive_definitions(args: Any, storage: Any, options: Any) -> None:
     rather than failing as a missing object once the restore has started."""
     if not (options.restore_definitions or options.definitions_dry_run) or not options.backup_id:
         return
-    m = load_manifest(storage, options.backup_id, options.prefix)
-    if m.archive is not None:
-        flag = ("--definitions-dry-run" if args.definitions_dry_run else "--definitions" if args.definitions
-                else "restore.restore_definitions")
-        raise ConfigError(f"{flag}: backup {options.backup_id!r} is a generation of archive {m.archive.name!r}, which "
-                          "stores no definitions: declare its streams in the target first (or import a definitions "
-                          "export taken by rbak backup or rbak definitions-export), then restore without it")
+    flag = ("--definitions-dry-run" if args.definitions_dry_run else "--definitions" if args.definitions
+            else "restore.restore_definitions")
+    refuse_definitions(load_manifest(storage, options.backup_id, options.prefix), flag)
 
 
 def run(args: Any) -> int:

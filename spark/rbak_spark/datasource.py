@@ -2,10 +2,15 @@
 
     spark.read.format("rbak").option("backup_id", "b1").load("s3://bucket/backups?...")
 
-Options: ``backup_id`` (required), ``prefix``, ``time_window_start`` /
+Options: ``backup_id`` (or ``archive``), ``prefix``, ``time_window_start`` /
 ``time_window_end`` (epoch ms or RFC 3339, inclusive, the CLI restore's PITR
-rule: rows outside are dropped). The path is an rbak storage URL, opened on
+rule: rows outside are dropped), ``chain``. The path is an rbak storage URL, opened on
 the executors with ``rbak.storage.open_storage``.
+
+``chain`` ("true"): an incremental stream's earlier backups too, as a restore walks them
+(``rbak.restore.chain``: every link checked; ``segment_sequence`` then numbers the segments
+along the chain, ``segment_key`` says whose they are). ``archive`` NAME: that ``rbak archive``'s
+newest generation (open or closed) with its chain, i.e. every record the archive holds.
 
 One partition per segment. Segments are pruned before any is read, using the
 segment timestamps (the manifest's copy of the segment header's; the header
@@ -32,6 +37,7 @@ from typing import Any, Iterator
 import orjson
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from rbak.archive.restore_point import newest_generation
 from rbak.config import parse_time_bound
 from rbak.errors import ConfigError
 from rbak.format.manifest import SegmentMetadata
@@ -39,6 +45,7 @@ from rbak.format.reader import read_segment
 from rbak.format.record import Array, Bytes, Table, Void
 from rbak.format.segment import HEADER_SIZE, read_header
 from rbak.repo.catalog import load_manifest
+from rbak.restore.chain import expand_chains
 from rbak.sealing.crypto import EncryptionInfo, codec_for
 from rbak.storage import open_storage
 
@@ -133,8 +140,14 @@ class RbakReader(DataSourceReader):
         if not self.url:
             raise ConfigError('rbak data source: give the storage URL as load("<url>") or option("path", ...)')
         self.backup_id = options.get("backup_id") or ""
-        if not self.backup_id:
-            raise ConfigError("rbak data source: option 'backup_id' is required")
+        self.archive = options.get("archive") or ""
+        if bool(self.backup_id) == bool(self.archive):
+            raise ConfigError("rbak data source: option 'backup_id' (a backup, or a generation of an archive) or "
+                              "option 'archive' (an archive's newest generation and its chain) is required, not both")
+        chain = (options.get("chain") or ("true" if self.archive else "false")).strip().lower()
+        if chain not in ("true", "false"):
+            raise ConfigError(f"rbak data source: option 'chain' must be true or false, got {chain!r}")
+        self.chain = chain == "true"
         self.prefix = options.get("prefix") or ""
         self.hard_start = parse_time_bound(options.get("time_window_start"), "option time_window_start")
         self.hard_end = parse_time_bound(options.get("time_window_end"), "option time_window_end")
@@ -179,7 +192,11 @@ class RbakReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         with open_storage(self.url) as storage:
+            if self.archive:
+                self.backup_id = newest_generation(storage, self.archive, self.prefix, "option archive")[0]
             manifest = load_manifest(storage, self.backup_id, self.prefix)
+            if self.chain:
+                manifest, _ = expand_chains(manifest, lambda bid: load_manifest(storage, bid, self.prefix))
         parts: list[InputPartition] = []
         for q in manifest.queues:
             if self.vhosts is not None and q.vhost not in self.vhosts:
@@ -193,12 +210,13 @@ class RbakReader(DataSourceReader):
                     s.first_timestamp, s.last_timestamp, self.start_ms, self.end_ms
                 ):
                     continue
+                bid = q.link_of.get(s.key, manifest.backup_id)  # an earlier link's segment: its backup's key
+                enc = q.link_encryption.get(bid) if bid != manifest.backup_id else manifest.encryption
                 parts.append(SegmentPartition(
                     self.url, s.key, q.vhost, q.name, q.queue_type, s.sequence,
                     s.first_timestamp, s.last_timestamp, self.start_ms, self.end_ms,
-                    self.hard_start, self.hard_end, s.to_json_obj(), self.backup_id,
-                    manifest.encryption.key_id if manifest.encryption else None, self.prefix,
-                    manifest.encryption.dek_fingerprint if manifest.encryption else None,
+                    self.hard_start, self.hard_end, s.to_json_obj(), bid,
+                    enc.key_id if enc else None, self.prefix, enc.dek_fingerprint if enc else None,
                 ))
         # Spark wants at least one partition; an empty one reads nothing.
         return parts or [InputPartition(None)]
@@ -281,11 +299,13 @@ def register(spark) -> None:
     spark.dataSource.register(RbakDataSource)
 
 
-def read_backup(spark, url: str, backup_id: str, prefix: str = "", **options: Any):
-    """The DataFrame of a backup (options as the module docstring)."""
+def read_backup(spark, url: str, backup_id: str | None, prefix: str = "", **options: Any):
+    """The DataFrame of a backup (options as the module docstring; ``archive=NAME`` with ``backup_id`` None)."""
     register(spark)
     url = str(url)
-    reader = spark.read.format(NAME).option("backup_id", backup_id).option("prefix", prefix or "")
+    reader = spark.read.format(NAME).option("prefix", prefix or "")
+    if backup_id is not None:
+        reader = reader.option("backup_id", backup_id)
     for k, v in options.items():
         if v is not None:
             reader = reader.option(k, str(v))

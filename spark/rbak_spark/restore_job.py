@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import orjson
 
+from rbak.archive.restore_point import check_archive_end, newest_generation, recoverable_end, refuse_definitions
 from rbak.broker.connect import connect
 from rbak.config import load_config, parse_time_bound
 from rbak.errors import ConfigError, RbakError, RestoreError
@@ -52,6 +53,7 @@ from rbak.restore.engine import (
 from rbak.restore.options import RestoreOptions, local_target, options_from_config
 from rbak.restore.plan import plan_restore
 from rbak.restore.queue_restore import QueueResult, held_description, restore_queue_segments, target_contents
+from rbak.repo.catalog import load_manifest
 from rbak.restore.source import BackupSource
 from rbak.storage import open_storage
 
@@ -95,7 +97,34 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
 def build_options(args: argparse.Namespace):
     """(storage URL, RestoreOptions) exactly as ``rbak restore`` would build them, flags overriding the file."""
     start = parse_time_bound(args.time_window_start, "--time-window-start")
-    end = parse_time_bound(args.time_window_end, "--time-window-end")
+    recoverable = (args.time_window_end or "").strip().lower() == "recoverable"
+    end = None if recoverable else parse_time_bound(args.time_window_end, "--time-window-end")
+    url, opts = _options(args, start, end)
+    if recoverable:  # an archive generation's recoverable-until, as `rbak restore --pitr-end recoverable`
+        with open_storage(url) as storage:
+            end = recoverable_end(load_manifest(storage, opts.backup_id, opts.prefix), "--time-window-end")
+        opts = dataclasses.replace(opts, window_end_ms=end)
+    return url, opts
+
+
+def resolve_archive(args: argparse.Namespace) -> None:
+    """``--archive NAME``: its newest generation (whose chain walks every older one) as ``--backup-id``,
+    found by the manifests' archive name as ``rbak restore --archive`` finds it."""
+    if getattr(args, "archive", None) is None:
+        return
+    if args.config:
+        raise ConfigError(f"--archive {args.archive}: not with --config (name the generation as backup_id there)")
+    if args.backup_id:
+        raise ConfigError(f"--archive {args.archive}: give either --archive or --backup-id, not both")
+    if not args.path:
+        raise ConfigError(f"--archive {args.archive}: give the storage with --path URL")
+    with open_storage(args.path) as storage:
+        args.backup_id, count = newest_generation(storage, args.archive, args.prefix or "")
+    print(f"restoring archive {args.archive!r} from its newest generation {args.backup_id!r} "
+          f"({count} generation(s))", file=sys.stderr)
+
+
+def _options(args: argparse.Namespace, start: int | None, end: int | None):
     vmap, qmap = _pairs(args.vhost_map, "--vhost-map"), _pairs(args.queue_map, "--queue-map")
     if args.config:
         cfg = load_config(args.config)
@@ -318,6 +347,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     source = BackupSource(storage, options.prefix, options.write_dir)
     warnings: list[str] = []
     manifest = load_complete_manifest(source, options, warnings)  # incremental streams: their whole chain, checked
+    _check_archive(storage, manifest, options)
     options = options.with_data_key(source, manifest)  # envelope: the data key travels with the options
     options, targets = resolve_restore(source, manifest, options)  # mappings, selections, the URL's vhost
     for line in targets:
@@ -368,6 +398,18 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     storage.put(key, orjson.dumps(out, option=orjson.OPT_INDENT_2))
     out["summary_key"] = key
     return out
+
+
+def _check_archive(storage, manifest, options) -> None:
+    """An archive generation: the point in time and definitions ``rbak restore`` would refuse are refused here
+    too (``rbak.archive.restore_point``), before anything is published."""
+    if manifest.archive is None:
+        return
+    if options.restore_definitions or options.definitions_dry_run:
+        refuse_definitions(manifest, "restore.restore_definitions")
+    if options.window_end_ms is not None:
+        check_archive_end(storage, manifest, options.prefix, options.window_end_ms,
+                          "--time-window-end (restore.time_window_end)")
 
 
 def _refuse_speculation(spark) -> None:
@@ -425,6 +467,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config", help="rbak YAML config (mode: restore); flags below override it")
     ap.add_argument("--path", help="storage URL (default: the config's storage)")
     ap.add_argument("--backup-id")
+    ap.add_argument("--archive", metavar="NAME", help="an `rbak archive`'s newest generation, whose chain walks back "
+                                                      "through the older ones (with --path; not with --backup-id)")
     ap.add_argument("--prefix", default=None)
     ap.add_argument("--target-amqp-url")
     ap.add_argument("--target-management-url")
@@ -432,7 +476,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--publish-mode", choices=["exchange", "queue"], default=None)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--time-window-start", help="epoch ms or RFC 3339")
-    ap.add_argument("--time-window-end", help="epoch ms or RFC 3339")
+    ap.add_argument("--time-window-end", help="epoch ms or RFC 3339; 'recoverable': an archive generation's "
+                                              "recoverable-until (later points are refused for an archive)")
     ap.add_argument("--vhost-map", action="append", metavar="SRC=DST")
     ap.add_argument("--queue-map", action="append", metavar="[VHOST/]QUEUE=NEW")
     ap.add_argument("--allow-non-empty", action="store_true")
@@ -460,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args(argv)
     try:
+        resolve_archive(args)
         url, options = build_options(args)
         spark = get_session(f"rbak-restore-{options.backup_id}", args.master)
         out = run_restore_job(spark, url, options, args.ordering, args.progress_id, args.reset_progress,

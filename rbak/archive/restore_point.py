@@ -1,0 +1,75 @@
+"""What a restore of an archive generation may be asked: one rule for ``rbak restore`` and the Spark
+restore, so a point in time either restore takes means the same records and one refused by either is
+refused by both (a Spark job that silently restored past the recoverable-until would claim records
+that are not known complete across streams).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from ..errors import ConfigError, NotFoundError
+from ..format.manifest import BackupManifest
+from ..repo.catalog import list_backups
+from ..storage.base import Storage
+from .status import archive_generations
+
+
+def utc(ms: int) -> str:
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def archive_names(storage: Storage, prefix: str) -> list[str]:
+    return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
+                   if e.manifest is not None and e.manifest.archive is not None})
+
+
+def newest_generation(storage: Storage, name: str, prefix: str, flag: str = "--archive") -> tuple[str, int]:
+    """(backup id of archive ``name``'s newest generation, how many it has): a restore of it walks every
+    older one. Raises ``NotFoundError`` naming the archives the storage does hold."""
+    gens = archive_generations(storage, name, prefix)
+    if not gens:
+        names = archive_names(storage, prefix)
+        raise NotFoundError(f"{flag} {name}: no generation of archive {name!r} at {storage.url}"
+                            + (f" (prefix {prefix!r})" if prefix else "")
+                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
+    return gens[-1].backup_id, len(gens)
+
+
+def recoverable_end(m: BackupManifest, flag: str) -> int:
+    """The point in time ``recoverable`` names: generation ``m``'s recoverable-until (epoch ms)."""
+    if m.archive is None or m.archive.recoverable_until is None:
+        raise ConfigError(f"{flag} recoverable: backup {m.backup_id!r} is not a generation of an archive "
+                          "with a recoverable-until time")
+    return m.archive.recoverable_until
+
+
+def check_archive_end(storage: Storage, m: BackupManifest, prefix: str, end: int, flag: str) -> None:
+    """A point in time an archive generation cannot stand for is refused: past its recoverable-until (later
+    records are not known complete across streams), or before the archive's first generation (nothing)."""
+    info = m.archive
+    if info is None:
+        return
+    if info.recoverable_until is None:
+        raise ConfigError(f"{flag}: generation {m.backup_id!r} of archive {info.name!r} holds no recoverable-until "
+                          "yet: nothing in it is known complete")
+    if end > info.recoverable_until:
+        raise ConfigError(f"{flag}: {utc(end)} is after the archive's recoverable-until {utc(info.recoverable_until)} "
+                          f"(generation {m.backup_id!r} of archive {info.name!r}): records after it are not known "
+                          f"complete across streams; restore the newest generation (--archive {info.name}), "
+                          "'recoverable', or an earlier time")
+    gens = archive_generations(storage, info.name, prefix)
+    first = gens[0] if gens else m
+    if end < first.created_at:
+        raise ConfigError(f"{flag}: {utc(end)} is before archive {info.name!r} began ({utc(first.created_at)}, "
+                          f"its first generation {first.backup_id!r}): no record is stamped that early, "
+                          "nothing would be restored")
+
+
+def refuse_definitions(m: BackupManifest, flag: str) -> None:
+    """An archive generation stores no definitions: asking to import them is refused before anything is done,
+    rather than failing as a missing object once the restore has started."""
+    if m.archive is not None:
+        raise ConfigError(f"{flag}: backup {m.backup_id!r} is a generation of archive {m.archive.name!r}, which "
+                          "stores no definitions: declare its streams in the target first (or import a definitions "
+                          "export taken by rbak backup or rbak definitions-export), then restore without it")
