@@ -13,7 +13,7 @@ import pika
 import pytest
 from support.backups import fast_publish
 from support.brokers import wait_until
-from test_archive import Archiver, archive_config, declare_stream, fs_storage, generations
+from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations
 
 from rbak.drill.archive import first_mismatch, restore_point
 

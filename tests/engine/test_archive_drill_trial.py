@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.brokers import wait_until
-from test_archive import Archiver, archive_config, declare_stream, fs_storage, generations
+from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations
 from test_archive_drill import publish, signing_key
 
 

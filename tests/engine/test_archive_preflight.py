@@ -10,7 +10,7 @@ import sys
 
 from support.brokers import BROKERS, unique_name
 from support.s3 import free_port
-from test_archive import Archiver, archive_config, declare_stream, fs_storage
+from support.archives import Archiver, archive_config, declare_stream, fs_storage
 
 
 def run_archive(cfg) -> subprocess.CompletedProcess:

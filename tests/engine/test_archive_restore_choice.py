@@ -12,7 +12,7 @@ import json
 
 from support.backups import fast_publish
 from support.brokers import wait_until
-from test_archive import Archiver, archive_config, bodies, declare_stream, fs_storage, generations, rbak
+from support.archives import Archiver, archive_config, bodies, declare_stream, fs_storage, generations, rbak
 
 
 def utc(ms: int) -> str:

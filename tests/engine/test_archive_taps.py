@@ -12,7 +12,7 @@ import time
 
 import pika
 from support.brokers import wait_until
-from test_archive import Archiver, archive_config, declare_stream, fs_storage, generations, rbak, restore_into
+from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations, rbak, restore_into
 
 
 def bind(broker, vhost: str, exchange: str, queue: str, key: str) -> None:

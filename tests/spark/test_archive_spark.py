@@ -29,11 +29,9 @@ from rbak_spark import restore_job, validate_job
 from rbak_spark.datasource import read_backup
 from rbak_spark.restore_job import run_restore_job
 from rbak_spark.validate_job import run_validate
+from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations
 from support.backups import fast_publish
 from support.brokers import BROKERS, unique_name, wait_until
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the archive tests' helpers
-from test_archive import Archiver, archive_config, declare_stream, fs_storage, generations
 from test_encrypted import RING, encrypted_backup, with_executor_keys
 
 STREAMS = ("audit", "orders")  # the data source's (vhost, queue) order
