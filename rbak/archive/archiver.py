@@ -368,9 +368,13 @@ class Archiver:
         if not self._listed(g, client, present):
             return
         while True:
-            while time.monotonic() < next_tick:
-                if self.stopping.is_set():
-                    self._tick(g, final=True)  # what was read is named, with a fresh recoverable-until
+            while time.monotonic() < next_tick or self.stopping.is_set():  # a stop met in a tick ends here too
+                if self.stopping.is_set():  # what was read is named, with a fresh probe and listing
+                    try:  # F12: the last busy tick's listing capped it, short of records that tick named
+                        self._listed(g, client, present)  # a failed or changed listing keeps that cap
+                    except (RbakError, OSError) as e:
+                        log.warning("archive %s: no listing at the stop (%s)", self.name, e)
+                    self._tick(g, final=True)
                     return
                 failed = [st for st in g.streams.values() if st.follower is not None and st.follower.error is not None]
                 if failed:
