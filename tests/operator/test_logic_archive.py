@@ -294,6 +294,22 @@ def test_restore_point_defaults_to_recoverable_and_refuses_past_it():
         ad.restore_point("yesterday", ru, "orders")
 
 
+def test_restore_point_before_the_archive_began_is_refused_naming_its_range():
+    ru, began = T0 + 1234, T0 - 60_000
+    span = ("; archive 'orders' can be restored to a point from 2026-05-28T20:25:40.000Z (its first generation "
+            "began) to 2026-05-28T20:26:41.234Z (its recoverable-until)")
+    assert ad.restore_point(str(began), ru, "orders", began) == began
+    assert ad.restore_point("recoverable", ru, "orders", began) == ru
+    with pytest.raises(ConfigError) as e:
+        ad.restore_point("2026-05-28T20:25:39.999Z", ru, "orders", began)
+    assert str(e.value) == ("Configuration error: spec.archiveRef.pointInTime: 2026-05-28T20:25:39.999Z is before "
+                            "archive 'orders' began: no record is stamped that early, nothing would be restored" + span)
+    with pytest.raises(ConfigError) as e:
+        ad.restore_point(str(ru + 1), ru, "orders", began)
+    assert str(e.value) == (f"Configuration error: spec.archiveRef.pointInTime: {ru + 1} is after the archive's "
+                            "recoverable-until 2026-05-28T20:26:41.234Z: not every stream is archived up to it" + span)
+
+
 def test_each_stream_shows_the_committed_offset_beside_the_archived_one():
     """The tick's committed end (as the archiver probed it) is in the status; a moved committed offset is
     progress (written at most every 30 s), an idle archive's newer probe instant alone is not."""

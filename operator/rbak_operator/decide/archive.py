@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rbak.errors import ConfigError
@@ -46,6 +46,7 @@ A_SPEC_HASH = "rbak.io/spec-hash"
 IDLE_TICK_SECS = 30  # the archiver's archive.idle_tick_secs: the longest a healthy archive goes without a tick
 TICK_GRACE_SECS = 5  # a tick may come this much later than due (the upload, a slow listing) before it is overdue
 METRICS_PORT = 9100
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # status writes: offsets that moved are written at most this often; an idle archive (only its
 # recoverable-until moves) at most every 3 h, so an idle archive costs 1/3 write per hour (with the
 # 6-hourly resync's Deployment GET, 0.5 request per object per hour: benchmarks/operator_scale.py)
@@ -330,26 +331,41 @@ def lag_step(spec: dict[str, Any]) -> float:
     return max(5.0, rpo_seconds(spec) / 4)
 
 
-def restore_point(point_in_time: Any, recoverable_until: int | None, archive: str) -> int:
+def restore_point(point_in_time: Any, recoverable_until: int | None, archive: str, began: int | None = None) -> int:
     """The instant (epoch ms) a restore of ``spec.archiveRef`` goes up to: ``pointInTime`` (RFC 3339 or
     epoch ms), or the archive's recoverable-until (``recoverable``, the default). Refused past the
-    recoverable-until: some stream would not be complete up to it."""
+    recoverable-until (some stream would not be complete up to it) and before ``began``, when the archive's
+    first generation began (no record is stamped that early: the restore Job would be refused, or restore
+    nothing), on reconcile, naming the range the archive can be restored to."""
     if recoverable_until is None:
         raise ConfigError(f"spec.archiveRef.name: the archive {archive!r} holds no recoverable-until yet "
                           "(no tick names every stream)")
-    if point_in_time is None or str(point_in_time).strip().lower() == "recoverable":
+    if is_recoverable(point_in_time):
         return recoverable_until
     text = str(point_in_time).strip()
     try:
-        ms = int(text) if text.isdigit() else int(datetime.fromisoformat(text.replace("Z", "+00:00").replace(
-            "z", "+00:00")).timestamp() * 1000)
+        at = None if text.isdigit() else datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        if at is not None and at.tzinfo is None:
+            raise ValueError(text)  # the CRD asks for a zone: no local time of the operator's
+        # exact milliseconds: a float's 0.999 ms short would pass a bound the instant is on
+        ms = int(text) if at is None else (at - EPOCH) // timedelta(milliseconds=1)
     except ValueError:
         raise ConfigError(f"spec.archiveRef.pointInTime: {text!r} is not RFC 3339, epoch milliseconds or "
                           "'recoverable'") from None
+    span = (f"; archive {archive!r} can be restored to a point from {_ms_iso(began)} (its first generation "
+            f"began) to {_ms_iso(recoverable_until)} (its recoverable-until)" if began is not None else "")
     if ms > recoverable_until:
         raise ConfigError(f"spec.archiveRef.pointInTime: {text} is after the archive's recoverable-until "
-                          f"{_ms_iso(recoverable_until)}: not every stream is archived up to it")
+                          f"{_ms_iso(recoverable_until)}: not every stream is archived up to it{span}")
+    if began is not None and ms < began:
+        raise ConfigError(f"spec.archiveRef.pointInTime: {text} is before archive {archive!r} began: no record is "
+                          f"stamped that early, nothing would be restored{span}")
     return ms
+
+
+def is_recoverable(point_in_time: Any) -> bool:
+    """``pointInTime`` unset or ``recoverable``: the newest recoverable-until, always in the archive's range."""
+    return point_in_time is None or str(point_in_time).strip().lower() == "recoverable"
 
 
 def _ms_iso(ms: int) -> str:

@@ -7,11 +7,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rbak.repo.catalog import latest_complete, load_manifest
-from rbak.errors import RbakError
+from rbak.errors import NotFoundError, RbakError
+from rbak.format.manifest import BackupManifest
 from rbak_operator.crds.schema import RESTORE_PLURAL
 from rbak_operator.decide import bodies, naming, policy, rbakconfig
 from rbak_operator.decide.restore_checks import backup_broker_as_target, check_restore_spec
-from rbak_operator.decide.archive import restore_point
+from rbak_operator.decide.archive import is_recoverable, restore_point
 from rbak_operator.decide.status import (
     GONE,
     RunState,
@@ -64,11 +65,24 @@ def resolve_archive_restore(kube: Kube, body: dict[str, Any]) -> tuple[dict, dic
     if not gens:
         raise RestoreSpecError(f"spec.archiveRef.name: RabbitMQArchive {ns}/{ref['name']} has archived nothing yet")
     m = load_manifest(st, gens[-1], prefix)
-    end = restore_point(ref.get("pointInTime"), m.archive.recoverable_until if m.archive else None, ref["name"])
+    began = None if is_recoverable(ref.get("pointInTime")) else first_began(st, prefix, gens, m)
+    end = restore_point(ref.get("pointInTime"), m.archive.recoverable_until if m.archive else None, ref["name"],
+                        began)
     refusal = check_restore_spec(spec, target, m)
     if refusal:
         raise RestoreSpecError(refusal)
     return target, storage, gens[-1], m.total_bytes, end
+
+
+def first_began(st: Any, prefix: str, gens: list[str], newest: BackupManifest) -> int:
+    """When the archive's first generation began (its manifest's, or its ticks' if open): no record of the
+    archive is stamped earlier. A generation that never named anything (no manifest, no tick) is skipped."""
+    for gid in gens[:-1]:
+        try:
+            return load_manifest(st, gid, prefix).created_at
+        except NotFoundError:
+            continue
+    return newest.created_at
 
 
 def resolve_restore(kube: Kube, body: dict[str, Any], logger) -> tuple[dict, dict, str, int | None, dict]:
