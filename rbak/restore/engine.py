@@ -343,10 +343,13 @@ def refuse_missing_vhosts(plans: list[QueuePlan], options: RestoreOptions, defin
     missing = [v for v in wanted if v not in known and v not in created]
     if missing:
         srcs = sorted({p.source_vhost for p in plans if p.target_vhost in missing})
+        archive = next((p.archive for p in plans if p.archive is not None), None)
+        create = ("create it, restore with --definitions (restore.restore_definitions)" if archive is None else
+                  f"create it and declare its streams there (archive {archive!r} stores no definitions to restore; "
+                  "a definitions export taken by rbak backup or rbak definitions-export can be imported instead)")
         raise RestoreError(f"target vhost {', '.join(map(repr, missing))} does not exist on "
                            f"{options.target.management_url} (or user {options.target.mgmt_username!r} cannot see it); "
-                           f"nothing was published: create it, restore with --definitions (restore.restore_definitions), "
-                           f"or map vhost {', '.join(map(repr, srcs))} elsewhere")
+                           f"nothing was published: {create}, or map vhost {', '.join(map(repr, srcs))} elsewhere")
 
 
 def refuse_oversize(source: BackupSource, plans: list[QueuePlan], options: RestoreOptions,

@@ -39,6 +39,7 @@ class QueuePlan:
     # an incremental stream's earlier links: segment key -> its backup, and each such backup's encryption
     link_of: Mapping[str, str] = field(default_factory=dict)
     link_encryption: Mapping[str, EncryptionInfo | None] = field(default_factory=dict)
+    archive: str | None = None  # the archive the backup is a generation of: it stores no definitions to restore
 
     @property
     def candidate_records(self) -> int:
@@ -245,7 +246,8 @@ def plan_restore(manifest: BackupManifest, options: RestoreOptions) -> list[Queu
     Two backed-up queues mapped onto the same target queue would interleave
     unpredictably under concurrency, so that is a configuration error.
     """
-    plans = [plan_queue(q, options, manifest.encryption) for q in manifest.queues
+    archive = manifest.archive.name if manifest.archive is not None else None
+    plans = [replace(plan_queue(q, options, manifest.encryption), archive=archive) for q in manifest.queues
              if options.queues.matches(q.vhost, q.name, q.queue_type, q.message_count)]
     seen: dict[tuple[str, str], QueuePlan] = {}
     for p in plans:

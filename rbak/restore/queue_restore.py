@@ -190,6 +190,15 @@ def held_description(depth: int | None, next_offset: int | None) -> str | None:
     return f"messages (its next offset is {next_offset})" if next_offset else None
 
 
+def missing_target_advice(plan: QueuePlan) -> str:
+    """What to do about a target queue that does not exist: an archive has no definitions to restore first."""
+    if plan.archive is None:
+        return "restore the definitions first, or create it"
+    return (f"archive {plan.archive!r} stores no definitions: declare it (x-queue-type: stream, with the source "
+            "stream's retention arguments), or import a definitions export taken by rbak backup or rbak "
+            "definitions-export, then restore again")
+
+
 def prepare_target(conn: TargetConnection, plan: QueuePlan, options: RestoreOptions,
                    cp: QueueCheckpoint, state: QueueState, res: QueueResult,
                    body_at: Callable[[int, int], bytes | None]) -> tuple[int, LandedTail | None] | None:
@@ -203,8 +212,8 @@ def prepare_target(conn: TargetConnection, plan: QueuePlan, options: RestoreOpti
     if state.initial_depth is None and not state.segments:  # fresh
         depth, next_offset = target_contents(conn, plan, options)
         if depth is None and options.publish_mode == "queue":
-            raise RestoreError(f"{target} does not exist (restore the definitions first, or create it); "
-                               f"it is the target of {plan.label}")
+            raise RestoreError(f"{target} does not exist ({missing_target_advice(plan)}); it is the target of "
+                               f"{plan.label}")
         held = held_description(depth, next_offset)
         if held:
             if options.skip_existing:
