@@ -168,14 +168,15 @@ class Ctx:
                                   "(is the rbak operator running?); it goes on without this command")
             time.sleep(POLL_SECONDS)
 
-    def request_now(self, name: str, annotation: str, what: str, run_name: Callable[[str], str]
-                    ) -> tuple[str, str, dict[str, Any]]:
-        """Ask the operator to act now, the way a user does: a new value of ``annotation`` on NAME.
-        Prints the request and the Job it will make; returns (value, Job name, status as the patch left it)."""
+    def request_now(self, name: str, annotation: str, what: str, run_name: Callable[[str], str],
+                    plural: str = BACKUP_PLURAL) -> tuple[str, str, dict[str, Any]]:
+        """Ask the operator to act now, the way a user does: a new value of ``annotation`` on NAME (a
+        RabbitMQBackup, or the object of ``plural``). Prints the request and the Job it will make; returns
+        (value, Job name, status as the patch left it)."""
         value = unique_value()
-        body = self.kube.patch_cr(BACKUP_PLURAL, self.ns, name, {"metadata": {"annotations": {annotation: value}}})
+        body = self.kube.patch_cr(plural, self.ns, name, {"metadata": {"annotations": {annotation: value}}})
         run = run_name(value)
-        out(f"rabbitmqbackup/{name}: {what} requested ({annotation}={value})")
+        out(f"{plural[:-1]}/{name}: {what} requested ({annotation}={value})")
         out(f"job/{run}")
         return value, run, body.get("status") or {}
 
@@ -194,10 +195,11 @@ def request_unpicked(ns: str, body: dict[str, Any], annotation: str, value: str,
         return None
     name = body["metadata"]["name"]
     now = (body["metadata"].get("annotations") or {}).get(annotation)
+    kind = body.get("kind") or "RabbitMQBackup"
     if now != value:
-        return (f"RabbitMQBackup {ns}/{name}: {annotation} is now {now!r}, another request replaced {value!r}, "
+        return (f"{kind} {ns}/{name}: {annotation} is now {now!r}, another request replaced {value!r}, "
                 "and its status is unchanged")
-    return (f"RabbitMQBackup {ns}/{name} still has {annotation}={value} and its status is unchanged since it was "
+    return (f"{kind} {ns}/{name} still has {annotation}={value} and its status is unchanged since it was "
             f"set ({ack} is {shown(st, ack)}); the request stays: an operator that starts runs it")
 
 

@@ -89,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restore a vhost into another one (TARGET alone: the backup's only vhost); repeatable")
     p.add_argument("--name", dest="restore_name", metavar="RESTORE", help="name of the RabbitMQRestore "
                    "(default NAME-<UTC time>)")
-    p = cmd("drill", "run a restore drill now and follow it", wait=True)
-    p.add_argument("name", metavar="NAME")
+    p = cmd("drill", "run a restore drill now and follow it (--archive NAME: a RabbitMQArchive's)", wait=True)
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("--archive", metavar="ARCHIVE", help="drill a RabbitMQArchive: its state of a few minutes ago "
+                   "(spec.verify.restoreDrill.lookbackSeconds) restored and compared with the live streams")
     p = cmd("logs", "the logs of the last (or running) run's pod")
     p.add_argument("name", metavar="NAME")
     p = cmd("suspend", "stop scheduled runs (spec.suspend: true)")

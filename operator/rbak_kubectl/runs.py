@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from rbak.errors import ConfigError
-from rbak_kubectl.context import Ctx, PluginError, out, table
+from rbak_kubectl.context import Ctx, PluginError, out, request_unpicked, table
 from rbak_operator.crds.schema import ARCHIVE_PLURAL, BACKUP_PLURAL, RESTORE_PLURAL
 from rbak_operator.decide import bodies, naming, policy
 from rbak_operator.decide.status import restore_summary_line
@@ -240,27 +240,39 @@ def report_run(run: str, h: dict[str, Any]) -> int:
 
 
 def cmd_drill(c: Ctx) -> int:
-    name = c.args.name
-    body = c.backup(name)
+    """A RabbitMQBackup's drill (NAME), or a RabbitMQArchive's (``--archive NAME``: ``rbak drill --archive``,
+    the archive's state of a few minutes ago restored and compared with the live streams)."""
+    if bool(c.args.name) == bool(c.args.archive):
+        raise PluginError("drill: give NAME (a RabbitMQBackup's drill) or --archive NAME (a RabbitMQArchive's), "
+                          + ("not both" if c.args.name else "one of them"))
+    name = c.args.archive or c.args.name
+    kind, plural = ("RabbitMQArchive", ARCHIVE_PLURAL) if c.args.archive else ("RabbitMQBackup", BACKUP_PLURAL)
+
+    def read() -> dict[str, Any]:
+        return c.archive(name) if c.args.archive else c.backup(name)
+
+    body = read()
     if drill.drill_spec(body.get("spec") or {}) is None:
-        raise PluginError(f"RabbitMQBackup {c.ns}/{name}: {drill.FIELD} is not enabled (it needs a schedule): "
+        raise PluginError(f"{kind} {c.ns}/{name}: {drill.FIELD} is not enabled (it needs a schedule): "
                           "the operator runs no drill for it")
+    base = drill.drill_base({**body, "kind": kind})
     value, run, before = c.request_now(name, drill.TRIGGER_ANNOTATION, "restore drill",
-                                       lambda v: drill.manual_run_name(name, v))
+                                       lambda v: drill.manual_run_name(base, v), plural)
     if c.args.no_wait:
         return 0
     seen: dict[str, bool] = {}
 
     def step() -> int | None:
-        d = (c.backup(name).get("status") or {}).get("restoreDrill") or {}
+        d = (read().get("status") or {}).get("restoreDrill") or {}
         if run in (d.get("recordedJobs") or []) and d.get("lastJob") == run:
-            return report_drill(run, d)
+            return report_drill(run, d, archive=bool(c.args.archive))
         if d.get("active") == run:
             if not seen.get("running"):
                 seen["running"] = True
                 job = c.kube.get_job(c.ns, run) or {}
                 bid = ((job.get("metadata") or {}).get("annotations") or {}).get(bodies.A_BACKUP_ID)
-                out(f"job/{run}: running" + (f" (backup {bid})" if bid else ""))
+                out(f"job/{run}: running" + (f" (archive {name})" if c.args.archive else f" (backup {bid})" if bid
+                                             else ""))
         elif d.get("lastManualTrigger") == value and run not in (d.get("recordedJobs") or []):
             out(f"job/{run}: not started: {d.get('reason')}: {d.get('message')}")
             return 1
@@ -271,24 +283,38 @@ def cmd_drill(c: Ctx) -> int:
             d = st.get("restoreDrill") or {}
             return d.get("lastManualTrigger") == value or d.get("active") == run
 
-        return c.unpicked_request(name, drill.TRIGGER_ANNOTATION, value, before, acted,
-                                  "status.restoreDrill.lastManualTrigger")
+        return request_unpicked(c.ns, {**read(), "kind": kind}, drill.TRIGGER_ANNOTATION, value, before, acted,
+                                "status.restoreDrill.lastManualTrigger")
 
-    return c.wait(f"RabbitMQBackup {c.ns}/{name} drill {run}", step, unpicked)
+    return c.wait(f"{kind} {c.ns}/{name} drill {run}", step, unpicked)
 
 
-def report_drill(run: str, d: dict[str, Any]) -> int:
+def report_drill(run: str, d: dict[str, Any], archive: bool = False) -> int:
+    """The drill's result line: a backup drill's backup and messages, an archive drill's generation, the
+    recovery point it achieved and the RTO (its records are in the message) when its report said them (a Job
+    that stored none leaves an earlier drill's figures in the status: not shown as this one's)."""
     line = f"job/{run}: {d.get('result')}: {d.get('message')}"
-    facts = [f"backup {d.get('backupId')}"]
-    if d.get("messages") is not None:
-        facts.append(f"{d['messages']} messages")
-    if d.get("scratchVhost"):
+    reported = d.get("reason") in ("DrillPassed", "DrillFailed")
+    facts = []
+    if not archive:
+        facts.append(f"backup {d.get('backupId')}")
+        if d.get("messages") is not None:
+            facts.append(f"{d['messages']} messages")
+    elif reported:
+        facts.append(f"generation {d.get('backupId')}")
+        if d.get("recoveryPointSeconds") is not None:
+            facts.append(f"recovery point achieved {d['recoveryPointSeconds']}s")
+        if d.get("restoreSeconds") is not None:
+            facts.append(f"RTO {d['restoreSeconds']}s")
+    if d.get("scratchVhost") and (reported or not archive):
         facts.append(f"scratch vhost {d['scratchVhost']}")
     if d.get("signer"):
         facts.append(f"signed by {d['signer']}")
-    out(f"{line} ({', '.join(facts)})")
-    if d.get("failedQueues"):
+    out(line + (f" ({', '.join(facts)})" if facts else ""))
+    if d.get("failedQueues") and not archive:
         out(f"failed queues: {', '.join(d['failedQueues'])}")
+    if d.get("failedStreams") and archive and reported:
+        out(f"failed streams: {', '.join(d['failedStreams'])}")
     return 0 if d.get("result") == "Passed" else 1
 
 

@@ -17,6 +17,7 @@ from support.restores import build_backup, make_records
 from support.s3 import create_bucket
 
 from rbak.storage.url import open_storage
+from rbak_operator.reconcile.drill import manual_run_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -42,14 +43,23 @@ def idle(tmp_path_factory, kube_api, moto_s3):
         "storage": {"s3": {"bucket": bucket.bucket, "prefix": bucket.prefix, "endpoint": bucket.endpoint,
                            "pathStyle": True, "region": "us-east-1", "credentialsSecretRef": {"name": f"{tag}-s3"}}},
         "verify": {"restoreDrill": {"schedule": "0 4 * * *"}}}})
+    archive = f"{tag}-orders"  # a RabbitMQArchive with drills on, and one without
+    for aname, verify in ((archive, {"verify": {"restoreDrill": {"schedule": "0 4 * * *"}}}), (f"{tag}-quiet", {})):
+        http.create(API, "rabbitmqarchives", {"apiVersion": API, "kind": "RabbitMQArchive",
+                                              "metadata": {"name": aname}, "spec": {
+            "broker": {"amqpUrl": "amqp://127.0.0.1:5672/%2f", "managementUrl": "http://127.0.0.1:15672",
+                       "credentialsSecretRef": {"name": f"{tag}-rmq"}},
+            "storage": {"s3": {"bucket": bucket.bucket, "prefix": bucket.prefix, "endpoint": bucket.endpoint,
+                               "pathStyle": True, "region": "us-east-1"}}, **verify}})
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     console_script(bin_dir)
     env = plugin_env(kube_api, bin_dir)
     try:
-        yield type("Idle", (), {"name": name, "backup_id": f"{tag}-b1", "env": env, "http": http})
+        yield type("Idle", (), {"name": name, "backup_id": f"{tag}-b1", "env": env, "http": http, "archive": archive,
+                                "quiet": f"{tag}-quiet"})
     finally:
-        for plural in ("rabbitmqrestores", "rabbitmqbackups"):
+        for plural in ("rabbitmqrestores", "rabbitmqbackups", "rabbitmqarchives"):
             for o in http.items(API, plural):
                 if o["metadata"]["name"].startswith(tag):
                     http.delete(API, plural, o["metadata"]["name"])
@@ -78,6 +88,32 @@ def test_a_request_nobody_acts_on_is_named_within_the_pickup_timeout(idle, comma
                         f"still has {annotation}={value} and its status is unchanged since it was set ({ack} is "
                         f"unset); the request stays: an operator that starts runs it. Is the operator running? "
                         f"{PODS}\n")
+
+
+def test_an_archive_drill_nobody_acts_on_is_named_within_the_pickup_timeout(idle):
+    """``drill --archive``: the request is the archive's own annotation, its Job named as the operator names it."""
+    r = run(idle, "drill", "--archive", idle.archive)
+    assert r.returncode == 1, r
+    out = r.stdout.splitlines()
+    m = re.fullmatch(rf"rabbitmqarchive/{idle.archive}: restore drill requested \(rbak\.io/drill-now=(\S+)\)", out[0])
+    assert m and out[1:] == [f"job/{manual_run_name(idle.archive + '-archive', m.group(1))}"], out
+    body = idle.http.get(API, "rabbitmqarchives", idle.archive)
+    assert body["metadata"]["annotations"]["rbak.io/drill-now"] == m.group(1) and not body.get("status")
+    assert r.stderr == (f"error: no rbak operator acted on the request within 3s: RabbitMQArchive "
+                        f"default/{idle.archive} still has rbak.io/drill-now={m.group(1)} and its status is unchanged "
+                        "since it was set (status.restoreDrill.lastManualTrigger is unset); the request stays: an "
+                        f"operator that starts runs it. Is the operator running? {PODS}\n")
+
+
+@pytest.mark.parametrize("args, error", [
+    (["drill", "--archive", "{quiet}"], "RabbitMQArchive default/{quiet}: spec.verify.restoreDrill is not enabled "
+                                        "(it needs a schedule): the operator runs no drill for it"),
+    (["drill", "--archive", "nope"], 'RabbitMQArchive "nope" not found in namespace "default"'),
+])
+def test_an_archive_drill_that_cannot_run_is_refused_before_any_request(idle, args, error):
+    r = run(idle, *[a.format(quiet=idle.quiet) for a in args])
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: {error.format(quiet=idle.quiet)}\n")
+    assert "annotations" not in idle.http.get(API, "rabbitmqarchives", idle.quiet)["metadata"]
 
 
 def test_a_restore_nobody_acts_on_is_named_within_the_pickup_timeout(idle):

@@ -85,6 +85,27 @@ def test_failed_drill_exits_1_and_names_the_queues(capsys):
                                        "failed queues: shop/orders\n")
 
 
+def test_an_archive_drill_reports_the_recovery_point_and_rto_and_its_failed_streams(capsys):
+    passed = {"result": "Passed", "reason": "DrillPassed", "backupId": "orders.20261206T081219.576Z",
+              "message": "1 stream(s) restored up to 2026-12-06T08:12:19.500Z into a scratch vhost and matched the "
+                         "live streams (100 records)", "messages": 100, "recoveryPointSeconds": 1.8,
+              "restoreSeconds": 0.4, "scratchVhost": "rbak-drill-x", "signer": "SHA256:ab", "failedStreams": []}
+    assert report_drill("orders-archive-drill-manual-x", passed, archive=True) == 0
+    assert capsys.readouterr().out == (
+        "job/orders-archive-drill-manual-x: Passed: 1 stream(s) restored up to 2026-12-06T08:12:19.500Z into a "
+        "scratch vhost and matched the live streams (100 records) (generation orders.20261206T081219.576Z, recovery "
+        "point achieved 1.8s, RTO 0.4s, scratch vhost rbak-drill-x, signed by SHA256:ab)\n")
+    failed = {**passed, "result": "Failed", "reason": "DrillFailed", "failedStreams": ["o/a"],
+              "message": "archive 'orders': stream 'a' in vhost 'o': record at offset 3 missing from the restore"}
+    assert report_drill("r", failed, archive=True) == 1
+    assert capsys.readouterr().out.splitlines()[1:] == ["failed streams: o/a"]
+    # a Job that stored no report: the earlier drill's figures still in the status are not this one's
+    no_report = {**passed, "result": "Failed", "reason": "DrillJobFailed", "backupId": "orders",
+                 "message": "the drill Job ended without storing a report", "signer": None}
+    assert report_drill("r", no_report, archive=True) == 1
+    assert capsys.readouterr().out == "job/r: Failed: the drill Job ended without storing a report\n"
+
+
 def test_table_is_kubectls_layout():
     assert table(["NAME", "PHASE"], [["a-long-name", None], ["b", "Running"]]) == [
         "NAME          PHASE", "a-long-name   -", "b             Running"]
@@ -143,6 +164,9 @@ def test_archive_row_shows_the_columns_and_why_the_objective_is_missed():
     (["restore", "--archive", "orders", "--backup-id", "x"], "restore --archive orders: the archive's newest generation"),
     (["restore", "orders"], "restore: give NAME --backup-id BACKUP_ID (a RabbitMQBackup's), or --archive NAME"),
     (["describe", "orders"], "describe: give NAME BACKUP_ID (a RabbitMQBackup's), or --archive NAME [GENERATION]"),
+    (["drill"], "drill: give NAME (a RabbitMQBackup's drill) or --archive NAME (a RabbitMQArchive's), one of them"),
+    (["drill", "nightly", "--archive", "orders"], "drill: give NAME (a RabbitMQBackup's drill) or --archive NAME (a "
+                                                  "RabbitMQArchive's), not both"),
 ])
 def test_archive_flags_refused_before_any_call(argv, error, capsys):
     """Wrong combinations are one line naming the flags, before the plugin reads anything from the cluster."""

@@ -10,6 +10,7 @@ deletionPolicy delete, the generations are deleted only once the archiver's pod 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.backups import fast_publish
 from support.holdproxy import HoldProxy
+from support.kplugin import console_script, plugin_env
 from support.op_e2e import API, Cluster, bucket_root
 from support.opcluster import wait_for
 from test_operator_archive_e2e import _cond, _operator_calls, _status, cluster  # noqa: F401 (cluster: the fixture)
@@ -78,8 +80,22 @@ def test_an_archive_drill_measures_the_recovery_point_and_finds_a_mismatch(clust
         seen = int((time.time() + LOOKBACK + 1) * 1000)
         wait_for(lambda: (newest_tick(bucket_root(env), env.bucket.prefix, name).recoverable_until or 0) > seen,
                  timeout=120, what="the recoverable-until past the look-back", diag=diag)
-        cluster.http.patch(API, "rabbitmqarchives", name, {"metadata": {"annotations": {"rbak.io/drill-now": "1"}}})
-        d = wait_for(_drill_of(cluster, name, "1"), timeout=180, what="the drill recorded", diag=diag)
+        # kubectl rbak drill --archive: requested the way a user asks the operator, followed to its result
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        console_script(bin_dir)
+        r = subprocess.run(["kubectl-rbak", "drill", "--archive", name, "-n", cluster.http.ns],
+                           env=plugin_env(cluster.emu.kube, bin_dir), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (r.stdout, r.stderr, diag())
+        out = r.stdout.splitlines()
+        m = re.fullmatch(rf"rabbitmqarchive/{name}: restore drill requested \(rbak\.io/drill-now=(\S+)\)", out[0])
+        assert m, out
+        d = wait_for(_drill_of(cluster, name, m.group(1)), timeout=30, what="the drill recorded", diag=diag)
+        run = d["lastJob"]
+        assert out[1] == f"job/{run}" and all(line == f"job/{run}: running (archive {name})" for line in out[2:-1])
+        assert out[-1] == (f"job/{run}: Passed: {d['message']} (generation {d['backupId']}, recovery point achieved "
+                           f"{d['recoveryPointSeconds']}s, RTO {d['restoreSeconds']}s, scratch vhost "
+                           f"{d['scratchVhost']}, signed by {d['signer']})"), out
         assert d["result"] == "Passed", d
         assert d["reason"] == "DrillPassed" and d["streams"] == 1 and d["messages"] == 100 and d["failedStreams"] == []
         assert d["message"].startswith(f"1 stream(s) restored up to {d['restorePoint']} into a scratch vhost")
