@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from support.backups import fast_publish
 from support.brokers import unique_name, wait_until
-from test_archive import Archiver, archive_config, bodies, declare_stream, fs_storage, generations, rbak
+from support.archives import Archiver, archive_config, bodies, declare_stream, fs_storage, generations, rbak
 
 
 def test_a_missing_stream_or_vhost_gets_advice_an_archive_can_follow(rmq43, vhost_factory, tmp_path):

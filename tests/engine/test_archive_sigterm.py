@@ -8,7 +8,7 @@ import json
 import time
 
 from support.backups import fast_publish
-from test_archive import MAX_DELAY, Archiver, archive_config, bodies, declare_stream, fs_storage, generations, rbak, \
+from support.archives import MAX_DELAY, Archiver, archive_config, bodies, declare_stream, fs_storage, generations, rbak, \
     restore_into
 
 N = 200
