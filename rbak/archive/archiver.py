@@ -133,12 +133,20 @@ class Archiver:
                 raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
                                   f"{self.source.management_url} (vhosts user {self.source.mgmt_username!r} can see: "
                                   f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
+            taps = self.taps.resolve(client, strict=True) if self.taps is not None else []
+            sel = self.source.queues
+            # with taps, an ``include`` of its own that selects nothing is a typo, not "the taps alone"; checked
+            # before any tap stream is declared
+            if ((self.taps is None or sel.include) and not select_streams(client, sel, None)
+                    and not any(sel.matches(t.vhost, t.stream, "stream") for t in taps)):
+                raise ConfigError(
+                    f"source.queues: {'include ' + repr(sel.include) + ' ' if sel.include else ''}selects no stream on "
+                    f"{self.source.management_url}; rbak archive follows streams only (a classic or quorum queue is "
+                    "archived through archive.taps" + ("; to archive only the taps, leave source.queues.include out "
+                    "or include 'rbak.tap.*')" if self.taps is not None else ")"))
             if self.taps is not None:  # checked (exit 2), then each tap stream declared and bound
-                self.taps.prepare(client)
+                self.taps.prepare(client, taps)
             streams = self._select(client)
-            if not streams:
-                raise ConfigError(f"source.queues: selects no stream on {self.source.management_url}; rbak archive "
-                                  "follows streams only (classic and quorum queues are backed up by rbak backup)")
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
                 try:

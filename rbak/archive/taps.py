@@ -126,17 +126,22 @@ class Taps:
                         raise ConfigError(msg + "; nothing was archived")
                     self._once(msg, "%s; not tapped", msg)
             if not found:
-                msg = (f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
+                # a queue the pattern names but ``exclude`` takes out is named as such, not as missing
+                excluded = [f"queue {q.name!r} in vhost {q.vhost!r}" for q in infos if not hits
+                            and (exact or untappable(q) is None)
+                            and queue_selected(q.vhost, q.name, None, [pat], [], self.vhosts, [])]
+                msg = (f"archive.taps.include: {pat!r}: {', '.join(excluded[:5])} excluded by archive.taps.exclude "
+                       f"{cfg.exclude!r}" if excluded else
+                       f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
                        f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}")
                 if strict:
                     raise ConfigError(msg + "; nothing was archived")
                 self._once(msg, "%s (now)", msg)
         return [out[k] for k in sorted(out)]
 
-    def prepare(self, client: ManagementClient) -> None:
-        """At start: every tap checked (nothing is declared until all are), its stream declared and its
-        bindings made as its queue's."""
-        taps = self.resolve(client, strict=True)
+    def prepare(self, client: ManagementClient, taps: list[Tap]) -> None:
+        """At start, with ``resolve(strict=True)``'s taps: every tap checked (nothing is declared until all are),
+        its stream declared and its bindings made as its queue's."""
         for t in taps:
             self._existing(client, t)
         self._add(client, taps)
