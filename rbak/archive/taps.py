@@ -65,6 +65,8 @@ def untappable(q: QueueInfo) -> str | None:
         return "is exclusive: it belongs to one connection and goes with it"
     if q.auto_delete:
         return "is auto-delete: it goes with its last consumer"
+    if q.name.startswith(TAP_PREFIX):
+        return f"is named under {TAP_PREFIX!r} (rbak's names: a tap's name, not a queue to tap)"
     if len((TAP_PREFIX + q.name).encode()) > 255:
         return f"has a name too long for its tap stream {TAP_PREFIX + q.name!r} (255 bytes at most)"
     return None
@@ -122,7 +124,7 @@ class Taps:
                     found += 1
                 elif exact or q.queue_type != "stream":  # a glob's streams (taps included) are not queues to tap
                     msg = f"archive.taps.include: {pat!r}: queue {q.name!r} in vhost {q.vhost!r} {problem}"
-                    if strict:
+                    if strict and exact:  # a glob's transient queue (an app's exclusive reply queue) is skipped
                         raise ConfigError(msg + "; nothing was archived")
                     self._once(msg, "%s; not tapped", msg)
             if not found:
