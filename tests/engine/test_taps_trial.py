@@ -23,6 +23,11 @@ def bind(broker, vhost: str, exchange: str, queue: str, key: str) -> None:
     broker.api("POST", f"/api/bindings/{vhost}/e/{exchange}/q/{queue}", json={"routing_key": key, "arguments": {}})
 
 
+def bind_keys(broker, vhost: str, queue: str) -> list[tuple[str, str]]:
+    return sorted((b["source"], b["routing_key"]) for b in broker.api("GET", f"/api/queues/{vhost}/{queue}/bindings")
+                  if b["source"])
+
+
 def shop(broker, vhost: str) -> None:
     """Two quorum queues with similar names (orders, orders-eu) bound to a topic exchange, and a stream."""
     broker.api("PUT", f"/api/exchanges/{vhost}/ex", json={"type": "topic", "durable": True})
@@ -105,7 +110,15 @@ def test_a_glob_skips_an_exclusive_reply_queue_and_taps_the_rest(rmq43, vhost_fa
         conn.channel().queue_declare("orders.reply", exclusive=True)
         arc = Archiver(archive_config(tmp_path, broker, vhost, fs_storage(tmp_path), name="orders",
                                       taps={"include": ["orders*"]}), log).running()
+        # F11: a tapped queue deleted under the archiver: its bindings read as an empty list (not a 404), so the
+        # tap was unbound "as the queue no longer is bound so" and the documented warning never came
+        broker.api("DELETE", f"/api/queues/{vhost}/orders-eu")
+        wait_until(lambda: "the queue is gone" in log.read_text(), timeout=30, what="the deleted queue said")
         summary = arc.stop()
+    text = log.read_text()
+    assert (f"tap 'rbak.tap.orders-eu' of queue 'orders-eu' in vhost {vhost!r}: the queue is gone; its tap stream "
+            "stays, with the bindings it had") in text and "unbound" not in text, text[-3000:]
+    assert bind_keys(broker, vhost, "rbak.tap.orders-eu") == [("ex", "orders-eu.#")]
     assert (f"archive.taps.include: 'orders*': queue 'orders.reply' in vhost {vhost!r} is exclusive: it belongs "
             "to one connection and goes with it; not tapped") in log.read_text()
     assert taps_of(broker, vhost) == ["rbak.tap.orders", "rbak.tap.orders-eu"]
