@@ -212,6 +212,10 @@ class Taps:
                            "bindings it had", t.label)
                 continue
             want = {_key(b): b for b in of_queue if b["source"]}
+            if not want:  # a queue only ever published to straight (the default exchange): a tap that stays empty
+                self._once(f"unbound {t.vhost}/{t.queue}", "%s: the queue is bound to no exchange but the default "
+                           "one, so the tap records nothing until it is (what is published straight to the queue is "
+                           "not recorded)", t.label)
             try:
                 have = {_key(b): b for b in client.queue_bindings(t.vhost, t.stream) if b["source"]}
             except ManagementApiError as e:  # deleted under a running archiver that still has it in archive.taps

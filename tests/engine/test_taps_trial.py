@@ -105,6 +105,7 @@ def test_a_glob_skips_an_exclusive_reply_queue_and_taps_the_rest(rmq43, vhost_fa
     """F6: include ['orders*'] was refused as long as an application held an exclusive queue the glob matched."""
     broker, vhost = rmq43, vhost_factory(rmq43)
     shop(broker, vhost)
+    broker.declare_queue(vhost, "orders-us", arguments={"x-queue-type": "quorum"})  # published to straight only
     log = tmp_path / "archiver.log"
     with pika.BlockingConnection(pika.URLParameters(broker.amqp_url(vhost))) as conn:
         conn.channel().queue_declare("orders.reply", exclusive=True)
@@ -119,10 +120,16 @@ def test_a_glob_skips_an_exclusive_reply_queue_and_taps_the_rest(rmq43, vhost_fa
     assert (f"tap 'rbak.tap.orders-eu' of queue 'orders-eu' in vhost {vhost!r}: the queue is gone; its tap stream "
             "stays, with the bindings it had") in text and "unbound" not in text, text[-3000:]
     assert bind_keys(broker, vhost, "rbak.tap.orders-eu") == [("ex", "orders-eu.#")]
+    # F12: a tap of a queue bound to no exchange records nothing, ever; only the generic warning said so
+    assert (f"tap 'rbak.tap.orders-us' of queue 'orders-us' in vhost {vhost!r}: the queue is bound to no exchange "
+            "but the default one, so the tap records nothing until it is (what is published straight to the queue "
+            "is not recorded)") in text
+    assert text.count("the queue is bound to no exchange") == 1  # said once, not at every listing
     assert (f"archive.taps.include: 'orders*': queue 'orders.reply' in vhost {vhost!r} is exclusive: it belongs "
             "to one connection and goes with it; not tapped") in log.read_text()
-    assert taps_of(broker, vhost) == ["rbak.tap.orders", "rbak.tap.orders-eu"]
-    assert [s["name"] for s in summary["streams"]] == ["events.s", "rbak.tap.orders", "rbak.tap.orders-eu"]
+    assert taps_of(broker, vhost) == ["rbak.tap.orders", "rbak.tap.orders-eu", "rbak.tap.orders-us"]
+    assert [s["name"] for s in summary["streams"]] == ["events.s", "rbak.tap.orders", "rbak.tap.orders-eu",
+                                                       "rbak.tap.orders-us"]
 
 
 @pytest.fixture
