@@ -93,6 +93,9 @@ def test_a_user_s_mistakes_in_archive_taps_are_refused_naming_what_is_wrong(rmq4
     assert refused(cfg(include=["rbak.tap.mine"])) == (
         f"{HEAD}archive.taps.include: 'rbak.tap.mine': queue 'rbak.tap.mine' in vhost {vhost!r} is named under "
         "'rbak.tap.' (rbak's names: a tap's name, not a queue to tap); nothing was archived")
+    # F13: a tap listed twice was accepted silently
+    r = archive(cfg(include=["orders", "orders-eu", "orders"]))
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == "  - archive.taps.include: 'orders' listed twice", r.stderr
     # F5: the minimum of max_length_bytes was printed as 1e+06
     r = archive(cfg(include=["orders"], max_length_bytes=10))
     assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
@@ -215,6 +218,10 @@ def test_the_crd_refuses_a_blank_tap_pattern(kube_api):
     r = kube_api.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
     assert r.returncode == 1 and 'spec.taps.include[0]: Invalid value: "": spec.taps.include[0] in body should be ' \
         "at least 1 chars long" in r.stderr, r.stderr
+    # F13: a tap listed twice was accepted (and deduplicated) by the CRD and by rbak archive alike
+    obj["spec"]["taps"] = {"include": ["orders", "orders"]}
+    r = kube_api.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
+    assert r.returncode == 1 and 'spec.taps.include[1]: Duplicate value: "orders"' in r.stderr, r.stderr
 
 
 @pytest.mark.xfail(strict=True, reason="open finding: an exact name in source.queues.include that names nothing "

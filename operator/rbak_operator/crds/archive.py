@@ -66,8 +66,8 @@ def archive_spec_schema() -> dict[str, Any]:
                 "not what is published straight to it through the default exchange (docs/archive.md, Queue taps)",
                 {
                     "include": {**strlist("queue name globs or names to tap (vhost/queue when a pattern has a /)",
-                                          minLength=1), "minItems": 1},
-                    "exclude": strlist("queue name globs not to tap", minLength=1),
+                                          minLength=1), "minItems": 1, "x-kubernetes-list-type": "set"},
+                    "exclude": {**strlist("queue name globs not to tap", minLength=1), "x-kubernetes-list-type": "set"},
                     "vhosts": strlist("vhosts to look in (default: spec.queues.vhosts)"),
                     "maxAge": string("each tap stream's retention (x-max-age), e.g. 7D", pattern="^[1-9][0-9]*[YMDhms]$",
                                      default="7D"),
