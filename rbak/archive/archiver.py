@@ -64,7 +64,7 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
-from .taps import Taps, select_streams
+from .taps import Taps, check_selection, select_streams
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +134,8 @@ class Archiver:
                                   f"{self.source.management_url} (vhosts user {self.source.mgmt_username!r} can see: "
                                   f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
             taps = self.taps.resolve(client, strict=True) if self.taps is not None else []
-            sel = self.source.queues
-            # with taps, an ``include`` of its own that selects nothing is a typo, not "the taps alone"; checked
-            # before any tap stream is declared
-            if ((self.taps is None or sel.include) and not select_streams(client, sel, None)
-                    and not any(sel.matches(t.vhost, t.stream, "stream") for t in taps)):
-                raise ConfigError(
-                    f"source.queues: {'include ' + repr(sel.include) + ' ' if sel.include else ''}selects no stream on "
-                    f"{self.source.management_url}; rbak archive follows streams only (a classic or quorum queue is "
-                    "archived through archive.taps" + ("; to archive only the taps, leave source.queues.include out "
-                    "or include 'rbak.tap.*')" if self.taps is not None else ")"))
+            check_selection(client, self.source.queues, taps if self.taps is not None else None,
+                            self.source.management_url)
             if self.taps is not None:  # checked (exit 2), then each tap stream declared and bound
                 self.taps.prepare(client, taps)
             streams = self._select(client)

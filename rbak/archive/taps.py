@@ -18,6 +18,7 @@ catch up after it was down (docs/archive.md, "Queue taps", says how to remove a 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -251,3 +252,31 @@ def select_streams(client: ManagementClient, sel: QueueSelection, taps: Taps | N
     return sorted((q for q in infos if q.queue_type == "stream"
                    and (sel.matches(q.vhost, q.name, "stream") or (q.vhost, q.name) in tapped)),
                   key=lambda q: (q.vhost, q.name))
+
+
+def check_selection(client: ManagementClient, sel: QueueSelection, taps: list[Tap] | None, where: str) -> None:
+    """At start, before any tap stream is declared: each ``source.queues.include`` pattern names a stream (or a tap
+    about to be declared), as ``rbak backup`` refuses a pattern that matches no queue, and the selection is not
+    empty. With taps, an ``include`` of its own that selects nothing is a typo, not "the taps alone"."""
+    infos = [i for v in sel.vhosts for i in client.queues(v)] if sel.vhosts else client.queues()
+    streams = [(q.vhost, q.name) for q in infos if q.queue_type == "stream"] + [(t.vhost, t.stream) for t in taps or []]
+    scope = f" in vhost(s) {', '.join(map(repr, sel.vhosts))}" if sel.vhosts else ""
+    for pat in sel.include:
+        if not any(queue_selected(v, n, None, [pat], [], sel.vhosts, []) for v, n in streams):
+            other = [f"{q.name!r} is a {q.queue_type} queue" for q in infos
+                     if queue_selected(q.vhost, q.name, None, [pat], [], sel.vhosts, [])]
+            why = (f" ({', '.join(other[:3])}: archive it through archive.taps)" if other else
+                   _closest(pat, [n for _, n in streams]))
+            raise ConfigError(f"source.queues.include: {pat!r} matches no stream on {where}{scope}{why}; nothing "
+                              "was archived")
+    if (taps is None or sel.include) and not any(sel.matches(v, n, "stream") for v, n in streams):
+        raise ConfigError(
+            f"source.queues: {'include ' + repr(sel.include) + ' ' if sel.include else ''}selects no stream on "
+            f"{where}{scope}; rbak archive follows streams only (a classic or quorum queue is archived through "
+            "archive.taps" + ("; to archive only the taps, leave source.queues.include out or include 'rbak.tap.*')"
+                              if taps is not None else ")"))
+
+
+def _closest(name: str, names: list[str]) -> str:
+    near = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.5)
+    return f" (closest: {', '.join(map(repr, near))})" if near else ""
