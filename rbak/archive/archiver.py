@@ -64,7 +64,7 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
-from .taps import Taps, select_streams
+from .taps import Taps, check_selection, select_streams
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +133,12 @@ class Archiver:
                 raise ConfigError(f"source.queues.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
                                   f"{self.source.management_url} (vhosts user {self.source.mgmt_username!r} can see: "
                                   f"{', '.join(map(repr, known[:10]))}{', ...' if len(known) > 10 else ''})")
+            taps = self.taps.resolve(client, strict=True) if self.taps is not None else []
+            check_selection(client, self.source.queues, taps if self.taps is not None else None,
+                            self.source.management_url)
             if self.taps is not None:  # checked (exit 2), then each tap stream declared and bound
-                self.taps.prepare(client)
+                self.taps.prepare(client, taps)
             streams = self._select(client)
-            if not streams:
-                raise ConfigError(f"source.queues: selects no stream on {self.source.management_url}; rbak archive "
-                                  "follows streams only (classic and quorum queues are backed up by rbak backup)")
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
                 try:

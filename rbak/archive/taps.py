@@ -18,6 +18,7 @@ catch up after it was down (docs/archive.md, "Queue taps", says how to remove a 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -65,6 +66,8 @@ def untappable(q: QueueInfo) -> str | None:
         return "is exclusive: it belongs to one connection and goes with it"
     if q.auto_delete:
         return "is auto-delete: it goes with its last consumer"
+    if q.name.startswith(TAP_PREFIX):
+        return f"is named under {TAP_PREFIX!r} (rbak's names: a tap's name, not a queue to tap)"
     if len((TAP_PREFIX + q.name).encode()) > 255:
         return f"has a name too long for its tap stream {TAP_PREFIX + q.name!r} (255 bytes at most)"
     return None
@@ -122,21 +125,26 @@ class Taps:
                     found += 1
                 elif exact or q.queue_type != "stream":  # a glob's streams (taps included) are not queues to tap
                     msg = f"archive.taps.include: {pat!r}: queue {q.name!r} in vhost {q.vhost!r} {problem}"
-                    if strict:
+                    if strict and exact:  # a glob's transient queue (an app's exclusive reply queue) is skipped
                         raise ConfigError(msg + "; nothing was archived")
                     self._once(msg, "%s; not tapped", msg)
             if not found:
-                msg = (f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
+                # a queue the pattern names but ``exclude`` takes out is named as such, not as missing
+                excluded = [f"queue {q.name!r} in vhost {q.vhost!r}" for q in infos if not hits
+                            and (exact or untappable(q) is None)
+                            and queue_selected(q.vhost, q.name, None, [pat], [], self.vhosts, [])]
+                msg = (f"archive.taps.include: {pat!r}: {', '.join(excluded[:5])} excluded by archive.taps.exclude "
+                       f"{cfg.exclude!r}" if excluded else
+                       f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
                        f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}")
                 if strict:
                     raise ConfigError(msg + "; nothing was archived")
                 self._once(msg, "%s (now)", msg)
         return [out[k] for k in sorted(out)]
 
-    def prepare(self, client: ManagementClient) -> None:
-        """At start: every tap checked (nothing is declared until all are), its stream declared and its
-        bindings made as its queue's."""
-        taps = self.resolve(client, strict=True)
+    def prepare(self, client: ManagementClient, taps: list[Tap]) -> None:
+        """At start, with ``resolve(strict=True)``'s taps: every tap checked (nothing is declared until all are),
+        its stream declared and its bindings made as its queue's."""
         for t in taps:
             self._existing(client, t)
         self._add(client, taps)
@@ -176,6 +184,19 @@ class Taps:
                               f"{TAP_PREFIX!r} are rbak's); nothing was archived")
         return found
 
+    @staticmethod
+    def _queue_bindings(client: ManagementClient, t: Tap) -> list[dict[str, Any]] | None:
+        """The tapped queue's bindings, None when it is gone. Its existence is asked first: the bindings of a
+        deleted queue are an empty list on 3.10.8 and 4.3.6, not a 404, and would unbind the tap."""
+        if client.queue(t.vhost, t.queue) is None:
+            return None
+        try:
+            return client.queue_bindings(t.vhost, t.queue)
+        except ManagementApiError as e:
+            if e.status != 404:
+                raise
+            return None
+
     def sync(self, client: ManagementClient, force: bool = False) -> None:
         """New queues the patterns match get a tap; each tap gets the bindings its queue has now and loses
         those it no longer has (both logged). A queue that is gone keeps its tap stream, said once."""
@@ -186,14 +207,16 @@ class Taps:
         if not force:
             self._add(client, self.resolve(client, strict=False))
         for t in self.taps.values():
-            try:
-                want = {_key(b): b for b in client.queue_bindings(t.vhost, t.queue) if b["source"]}
-            except ManagementApiError as e:
-                if e.status != 404:
-                    raise
+            of_queue = self._queue_bindings(client, t)
+            if of_queue is None:
                 self._once(f"gone {t.vhost}/{t.queue}", "%s: the queue is gone; its tap stream stays, with the "
                            "bindings it had", t.label)
                 continue
+            want = {_key(b): b for b in of_queue if b["source"]}
+            if not want:  # a queue only ever published to straight (the default exchange): a tap that stays empty
+                self._once(f"unbound {t.vhost}/{t.queue}", "%s: the queue is bound to no exchange but the default "
+                           "one, so the tap records nothing until it is (what is published straight to the queue is "
+                           "not recorded)", t.label)
             try:
                 have = {_key(b): b for b in client.queue_bindings(t.vhost, t.stream) if b["source"]}
             except ManagementApiError as e:  # deleted under a running archiver that still has it in archive.taps
@@ -229,3 +252,31 @@ def select_streams(client: ManagementClient, sel: QueueSelection, taps: Taps | N
     return sorted((q for q in infos if q.queue_type == "stream"
                    and (sel.matches(q.vhost, q.name, "stream") or (q.vhost, q.name) in tapped)),
                   key=lambda q: (q.vhost, q.name))
+
+
+def check_selection(client: ManagementClient, sel: QueueSelection, taps: list[Tap] | None, where: str) -> None:
+    """At start, before any tap stream is declared: each ``source.queues.include`` pattern names a stream (or a tap
+    about to be declared), as ``rbak backup`` refuses a pattern that matches no queue, and the selection is not
+    empty. With taps, an ``include`` of its own that selects nothing is a typo, not "the taps alone"."""
+    infos = [i for v in sel.vhosts for i in client.queues(v)] if sel.vhosts else client.queues()
+    streams = [(q.vhost, q.name) for q in infos if q.queue_type == "stream"] + [(t.vhost, t.stream) for t in taps or []]
+    scope = f" in vhost(s) {', '.join(map(repr, sel.vhosts))}" if sel.vhosts else ""
+    for pat in sel.include:
+        if not any(queue_selected(v, n, None, [pat], [], sel.vhosts, []) for v, n in streams):
+            other = [f"{q.name!r} is a {q.queue_type} queue" for q in infos
+                     if queue_selected(q.vhost, q.name, None, [pat], [], sel.vhosts, [])]
+            why = (f" ({', '.join(other[:3])}: archive it through archive.taps)" if other else
+                   _closest(pat, [n for _, n in streams]))
+            raise ConfigError(f"source.queues.include: {pat!r} matches no stream on {where}{scope}{why}; nothing "
+                              "was archived")
+    if (taps is None or sel.include) and not any(sel.matches(v, n, "stream") for v, n in streams):
+        raise ConfigError(
+            f"source.queues: {'include ' + repr(sel.include) + ' ' if sel.include else ''}selects no stream on "
+            f"{where}{scope}; rbak archive follows streams only (a classic or quorum queue is archived through "
+            "archive.taps" + ("; to archive only the taps, leave source.queues.include out or include 'rbak.tap.*')"
+                              if taps is not None else ")"))
+
+
+def _closest(name: str, names: list[str]) -> str:
+    near = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.5)
+    return f" (closest: {', '.join(map(repr, near))})" if near else ""

@@ -14,7 +14,10 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ..archive.restore_point import (
     archive_names,
@@ -51,7 +54,8 @@ def register(subparsers: Any, _import_subparsers: Any) -> None:
     p.add_argument("--backup-id", help="backup to restore (default: the newest complete one)")
     p.add_argument("--archive", metavar="NAME", default=None,
                    help="restore the archive NAME (`rbak archive`'s archive.name) from its newest generation, "
-                        "whose chain walks back through the older ones (without --config; not with --backup-id)")
+                        "whose chain walks back through the older ones (with --path, or with a --config that names "
+                        "no backup_id; not with --backup-id)")
     p.add_argument("--target-url", help="AMQP URL of the target broker (without --config; a password here is "
                                         "visible in ps: prefer $RBAK_TARGET_URL or --target-url-file)")
     p.add_argument("--target-url-file", help="file holding the target's AMQP URL (e.g. a mounted secret)")
@@ -102,22 +106,34 @@ def _overrides(args: Any) -> dict[str, Any]:
     return o
 
 
+ARCHIVE_PENDING = "archive.pending"  # the config's backup_id until --archive's newest generation is found
+
+
 def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
     if args.config:
         # flags that say what the config file says: one of the two would be silently ignored
-        clash = [flag for flag, value in (("--path", args.path), ("--prefix", args.prefix), ("--archive", args.archive),
+        clash = [flag for flag, value in (("--path", args.path), ("--prefix", args.prefix),
                                           ("--target-url", args.target_url), ("--target-url-file", args.target_url_file),
                                           ("--management-url", args.management_url), ("--keys-file", args.keys_file))
                  if value is not None]
         if clash:
             raise ConfigError(f"{', '.join(clash)}: not used with --config {args.config}: set storage, target and "
                               "encryption in the file (or drop --config)")
-        cfg = load_config(args.config, overrides={"backup_id": args.backup_id} if args.backup_id else None)
+        if args.archive is not None:  # the generation is found in the config's storage; the file names none
+            if args.backup_id:
+                raise ConfigError(f"--archive {args.archive}: give either --archive or --backup-id, not both")
+        cfg = load_config(args.config, overrides={"backup_id": args.backup_id or ARCHIVE_PENDING}
+                          if args.backup_id or args.archive else None)
+        if args.archive is not None and "backup_id" in (yaml.safe_load(Path(args.config).read_text()) or {}):
+            raise ConfigError(f"--archive {args.archive}: {args.config} names a backup_id; give one of the two")
         if cfg.mode != "restore":
             raise ConfigError(f"{args.config}: mode: must be restore for `rbak restore`, got {cfg.mode!r}")
         storage = cfg.storage.open()
-        return storage, options_from_config(cfg, **_overrides(args)), cfg.metrics
+        options = options_from_config(cfg, **_overrides(args))
+        if args.archive is not None:
+            options = replace(options, backup_id=_archive_newest(storage, args.archive, options.prefix, None))
+        return storage, options, cfg.metrics
 
     storage = open_storage(args.path or DEFAULT_PATH)
     backup_id = args.backup_id

@@ -166,6 +166,10 @@ def _check_config(cfg: Config, errors: list[str]) -> None:
     if taps is not None and not taps.include:
         errors.append("archive.taps.include: name at least one classic or quorum queue to tap (nothing is tapped "
                       "by default)")
+    for key, pats in (("include", taps.include), ("exclude", taps.exclude)) if taps is not None else ():
+        twice = sorted({p for p in pats if pats.count(p) > 1})
+        if twice:  # the second copy would do nothing: a copy-paste slip, likely meant as another queue
+            errors.append(f"archive.taps.{key}: {', '.join(map(repr, twice))} listed twice")
     if taps is not None and not re.fullmatch(r"[1-9][0-9]*[YMDhms]", taps.max_age):
         errors.append(f"archive.taps.max_age: {taps.max_age!r} is not a stream max-age (a number and Y, M, D, h, m "
                       "or s, e.g. 7D)")

@@ -469,7 +469,8 @@ class TapsConfig(_Section):
                                   "that is empty too).", factory=list)
     max_age: str = doc_field("7D", "Retention of each tap stream (`x-max-age`: a number and `Y`, `M`, `D`, `h`, `m` "
                              "or `s`): how long it keeps what the archiver has not read yet, e.g. while it is down.")
-    max_length_bytes: int = doc_field(10 * 1024 ** 3, "Size cap of each tap stream (`x-max-length-bytes`).",
+    max_length_bytes: int = doc_field(10 * 1024 ** 3, "Size cap of each tap stream (`x-max-length-bytes`), at least "
+                                      "1000000.",
                                       min=1_000_000)
 
 

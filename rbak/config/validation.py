@@ -245,12 +245,17 @@ def _coerce_number(tp: type, v: Any, path: str, errors: list[str], env: typing.M
         kind = "an integer" if tp is int else "a number"
         rng = ""
         if lo is not None and hi is not None:
-            rng = f" {lo:g}-{hi:g}" if tp is int else f" from {lo:g} to {hi:g}"
+            rng = f" {_num(lo)}-{_num(hi)}" if tp is int else f" from {_num(lo)} to {_num(hi)}"
         elif lo is not None:
-            rng = f" >= {lo:g}"
+            rng = f" >= {_num(lo)}"
         errors.append(f"{path}: must be {kind}{rng}, got {_describe(v)}")
         return False, None
     return True, (float(v) if tp is float else v)
+
+
+def _num(x: float) -> str:
+    """A bound as a user writes it: ``1000000``, not ``:g``'s ``1e+06``."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _type_name(tp: Any) -> str:

@@ -163,6 +163,14 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
     names = {f"{v}/{n}" for v, n, _ in pairs} | {n for _, n, _ in pairs}
     taps = [(q.vhost, q.stream.tap.queue) for q in manifest.queues if q.stream is not None and q.stream.tap]
     names |= {f"{v}/{n}" for v, n in taps} | {n for _, n in taps}  # a tapped queue's name maps its tap too
+    for q in manifest.queues:  # a tap mapped by both names: which one wins would be a silent choice
+        tap = q.stream.tap if q.stream is not None else None
+        if tap is not None:
+            both = [[k for k in (f"{q.vhost}/{n}", n) if k in options.queue_map] for n in (q.name, tap.queue)]
+            if all(both) and len({options.queue_map[k] for k in both[0] + both[1]}) > 1:
+                raise ConfigError(f"restore.queue_mapping: keys {both[0][0]!r} and {both[1][0]!r} both map the tap "
+                                  f"'{q.vhost}/{q.name}' of queue {tap.queue!r}, to {options.queue_map[both[0][0]]!r} "
+                                  f"and {options.queue_map[both[1][0]]!r}: keep one")
     for key in sorted(options.queue_map):
         if key not in names:
             raise ConfigError(f"restore.queue_mapping: key {key!r} names no queue of backup {bid!r} (keys are "
@@ -175,14 +183,15 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
         if v not in vhosts:
             raise ConfigError(f"restore.queues.vhosts: {v!r} names no vhost of backup {bid!r}{_closest(v, vhosts)}; "
                               f"its vhosts: {_some(vhosts)}")
-    for pat in sel.include:
-        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n, _ in pairs):
-            raise ConfigError(f"restore.queues.include: {pat!r} matches no queue of backup {bid!r}"
-                              f"{_closest(pat, names)}; its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
-    for pat in sel.exclude:  # a mistyped exclude would restore exactly the queue the user meant to leave out
-        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n, _ in pairs):
-            raise ConfigError(f"restore.queues.exclude: {pat!r} matches no queue of backup {bid!r}"
-                              f"{_closest(pat, names)}; its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
+    for key_name, pats in (("include", sel.include), ("exclude", sel.exclude)):  # a mistyped exclude would restore
+        for pat in pats:                                                   # the very queue meant to be left out
+            if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n, _ in pairs):
+                tapped = [f"{q.vhost}/{q.name}" for q in manifest.queues if q.stream is not None and q.stream.tap
+                          and queue_selected(q.vhost, q.stream.tap.queue, None, [pat], [], [], [])]
+                why = (f"; it names the queue a tap recorded: select the tap by its archived name ({_some(tapped)})"
+                       if tapped else _closest(pat, names))
+                raise ConfigError(f"restore.queues.{key_name}: {pat!r} matches no queue of backup {bid!r}{why}; "
+                                  f"its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
     if pairs and not any(sel.matches(q.vhost, q.name, q.queue_type, q.message_count) for q in manifest.queues):
         raise ConfigError(f"restore.queues: selects none of the {len(pairs)} queue(s) of backup {bid!r} "
                           f"(types {sel.types}, min_messages {sel.min_messages}, exclude {sel.exclude}); "

@@ -65,9 +65,9 @@ def archive_spec_schema() -> dict[str, Any]:
                 "as the queue is bound: it records what exchanges route to the queue, not what remained in it, and "
                 "not what is published straight to it through the default exchange (docs/archive.md, Queue taps)",
                 {
-                    "include": {**strlist("queue name globs or names to tap (vhost/queue when a pattern has a /)"),
-                                "minItems": 1},
-                    "exclude": strlist("queue name globs not to tap"),
+                    "include": {**strlist("queue name globs or names to tap (vhost/queue when a pattern has a /)",
+                                          minLength=1), "minItems": 1, "x-kubernetes-list-type": "set"},
+                    "exclude": {**strlist("queue name globs not to tap", minLength=1), "x-kubernetes-list-type": "set"},
                     "vhosts": strlist("vhosts to look in (default: spec.queues.vhosts)"),
                     "maxAge": string("each tap stream's retention (x-max-age), e.g. 7D", pattern="^[1-9][0-9]*[YMDhms]$",
                                      default="7D"),
