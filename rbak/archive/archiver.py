@@ -584,6 +584,7 @@ class Archiver:
         w = self._watermark(g)
         final = self._tick_object(g, len(g.ticks), w)
         m = assemble(g.ticks + [final], open_=False)
+        m.archive.ticks = len(g.ticks)  # type: ignore[union-attr]  # tick objects stored; the final state is no tick
         self.storage.put(g.layout.manifest, m.to_json())
         metrics.archive_uploads().labels(kind="manifest").inc()
         self._account(g, final)

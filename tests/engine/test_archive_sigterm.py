@@ -39,6 +39,8 @@ def test_a_clean_stop_is_recoverable_up_to_its_last_records(broker, vhost_factor
     w = described["archive"]["recoverable_until"]
     last_read = {q["name"]: q["last_message_timestamp"] for q in described["queues"]}
     assert sorted(last_read) == list(STREAMS) and all(q["message_count"] == N for q in described["queues"])
+    stored_ticks = list((tmp_path / "store" / gen["backup_id"] / "archive").glob("tick-*.json"))
+    assert described["archive"]["ticks"] == len(stored_ticks) >= 2  # the ticks stored, not one more for the close
     print(f"\n{broker.name}: recoverable-until {w - max(last_read.values()):+d} ms from the last record read, "
           f"{w - published_at:+d} ms from the last confirm, {w - stopped_at:+d} ms from the SIGTERM")
     assert w >= max(last_read.values()), (w, last_read)
