@@ -137,6 +137,9 @@ class Taps:
                        f"{cfg.exclude!r}" if excluded else
                        f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
                        f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}")
+                vh = pat.split("/", 1)[0] if "/" in pat else None
+                if vh is not None and self.vhosts and vh not in self.vhosts:  # a "vhost/queue" pattern looked nowhere
+                    msg += f" (it names vhost {vh!r}, which is not among them: add it to archive.taps.vhosts)"
                 if strict:
                     raise ConfigError(msg + "; nothing was archived")
                 self._once(msg, "%s (now)", msg)

@@ -127,6 +127,8 @@ def test_taps_that_cannot_work_are_refused_at_start(broker, vhost, tmp_path):
         (["ad"], f"'ad': queue 'ad' in vhost {vhost!r} is auto-delete: it goes with its last consumer; nothing was "
                  "archived"),
         (["zz*"], f"'zz*' matches no classic or quorum queue to tap in vhost(s) {vhost!r}; nothing was archived"),
+        (["prod/cq"], f"'prod/cq' names no queue in vhost(s) {vhost!r} (it names vhost 'prod', which is not among "
+                      "them: add it to archive.taps.vhosts); nothing was archived"),
         (["cq"], f"queue 'cq' in vhost {vhost!r}: its tap stream's name 'rbak.tap.cq' is taken by a classic queue "
                  "(names under 'rbak.tap.' are rbak's); nothing was archived"),
     ]
