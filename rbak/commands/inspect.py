@@ -90,7 +90,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             e.backup_id, e.status, fmt_ts(m.created_at) if m else "-",
             str(len(m.queues)) if m else "-", str(m.total_messages) if m else "-",
             human_bytes(m.total_bytes) if m else "-", encrypted_label(m) if m else "-",
-            list_notes(m) if m else (e.error or ""),
+            list_notes(m) if m else (e.error or e.note or ""),
         )
     _console().print(t)
     _refuse_unreadable(unreadable)

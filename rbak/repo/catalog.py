@@ -21,12 +21,13 @@ log = logging.getLogger("rbak.catalog")  # the name log filters and docs know, k
 class BackupEntry:
     """One backup folder found in storage; ``manifest`` is None when it has none. ``unreadable``: its
     manifest is there but could not be read (a storage error: permissions, I/O) or parsed; ``error`` says
-    which key and why."""
+    which key and why. ``note``: why a folder without a manifest is probably no backup at all."""
 
     backup_id: str
     manifest: BackupManifest | None
     error: str | None = None
     unreadable: bool = False
+    note: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -91,13 +92,24 @@ def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]
             entries.append(BackupEntry(name, manifest))
         except NotFoundError:
             try:
-                entries.append(BackupEntry(name, open_archive_manifest(storage, f"{base}{name}")))
+                opened = open_archive_manifest(storage, f"{base}{name}")
+                entries.append(BackupEntry(name, opened, note=None if opened else _prefix_folder(storage, base, name)))
             except (ManifestError, NotFoundError) as e:
                 entries.append(BackupEntry(name, None, error=str(e)))
         except (ManifestError, StorageError) as e:  # one unreadable manifest never hides the others
             entries.append(BackupEntry(name, None, error=str(e), unreadable=True))
     entries.sort(key=lambda e: (e.manifest.created_at if e.manifest else 0, e.backup_id))
     return entries
+
+
+def _prefix_folder(storage: Storage, base: str, name: str) -> str | None:
+    """Why folder ``name`` (no manifest, no ticks) is no backup when it holds backups of its own: a storage
+    prefix listed from above (``rbak list --path s3://bucket`` for backups written under ``prod/``)."""
+    for sub in storage.list_dirs(f"{base}{name}/")[:20]:
+        if BACKUP_ID_RE.match(sub) and storage.exists(f"{base}{name}/{sub}/{MANIFEST_NAME}"):
+            return (f"not a backup: a folder of backups ({sub!r}, ...); list them with --prefix "
+                    f"{(base + name).strip('/')}")
+    return None
 
 
 def newest_report(storage: Storage, folder: str, accept: Callable[[str], bool]) -> tuple[str, dict | str] | None:

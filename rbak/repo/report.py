@@ -42,6 +42,7 @@ def list_obj(entries: list) -> list[dict]:
             "content": m.content if m else None,
             "encrypted": m.encryption is not None if m else None,
             "error": e.error,
+            **({"note": e.note} if e.note else {}),
             **({"archive": m.archive.to_json_obj()} if m is not None and m.archive is not None else {}),
             **({"taps": taps} if (taps := _taps(m)) else {}),
         })
