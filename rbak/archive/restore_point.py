@@ -7,7 +7,11 @@ that are not known complete across streams).
 from __future__ import annotations
 
 import datetime as _dt
+from pathlib import Path
 
+import yaml
+
+from ..config import Config, load_config
 from ..errors import ConfigError, NotFoundError
 from ..format.manifest import BackupManifest
 from ..repo.catalog import list_backups
@@ -22,6 +26,19 @@ def utc(ms: int) -> str:
 def archive_names(storage: Storage, prefix: str) -> list[str]:
     return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
                    if e.manifest is not None and e.manifest.archive is not None})
+
+
+ARCHIVE_PENDING = "archive.pending"  # a config's backup_id until ``--archive``'s newest generation is found
+
+
+def archive_restore_config(path: str, name: str) -> Config:
+    """A restore config for ``--archive NAME``: the archive's newest generation is the one restored, so a
+    config that also names a ``backup_id`` is refused (one of the two would be ignored). Its ``backup_id``
+    is ``ARCHIVE_PENDING`` until the caller has found that generation in the config's storage."""
+    cfg = load_config(path, overrides={"backup_id": ARCHIVE_PENDING})
+    if "backup_id" in (yaml.safe_load(Path(path).read_text()) or {}):
+        raise ConfigError(f"--archive {name}: {path} names a backup_id; give one of the two")
+    return cfg
 
 
 def newest_generation(storage: Storage, name: str, prefix: str, flag: str = "--archive") -> tuple[str, int]:

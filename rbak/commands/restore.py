@@ -14,13 +14,11 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ..archive.restore_point import (
     archive_names,
+    archive_restore_config,
     check_archive_end,
     newest_generation,
     recoverable_end,
@@ -106,9 +104,6 @@ def _overrides(args: Any) -> dict[str, Any]:
     return o
 
 
-ARCHIVE_PENDING = "archive.pending"  # the config's backup_id until --archive's newest generation is found
-
-
 def build(args: Any):
     """(storage, options, metrics config or None) from the command line."""
     if args.config:
@@ -123,10 +118,9 @@ def build(args: Any):
         if args.archive is not None:  # the generation is found in the config's storage; the file names none
             if args.backup_id:
                 raise ConfigError(f"--archive {args.archive}: give either --archive or --backup-id, not both")
-        cfg = load_config(args.config, overrides={"backup_id": args.backup_id or ARCHIVE_PENDING}
-                          if args.backup_id or args.archive else None)
-        if args.archive is not None and "backup_id" in (yaml.safe_load(Path(args.config).read_text()) or {}):
-            raise ConfigError(f"--archive {args.archive}: {args.config} names a backup_id; give one of the two")
+            cfg = archive_restore_config(args.config, args.archive)
+        else:
+            cfg = load_config(args.config, overrides={"backup_id": args.backup_id} if args.backup_id else None)
         if cfg.mode != "restore":
             raise ConfigError(f"{args.config}: mode: must be restore for `rbak restore`, got {cfg.mode!r}")
         storage = cfg.storage.open()

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import orjson
 
-from rbak.archive.restore_point import check_archive_end, newest_generation, recoverable_end, refuse_definitions
+from rbak.archive.restore_point import (
+    archive_restore_config,
+    check_archive_end,
+    newest_generation,
+    recoverable_end,
+    refuse_definitions,
+)
 from rbak.broker.connect import connect
 from rbak.config import load_config, parse_time_bound
 from rbak.errors import ConfigError, RbakError, RestoreError
@@ -109,17 +115,22 @@ def build_options(args: argparse.Namespace):
 
 def resolve_archive(args: argparse.Namespace) -> None:
     """``--archive NAME``: its newest generation (whose chain walks every older one) as ``--backup-id``,
-    found by the manifests' archive name as ``rbak restore --archive`` finds it."""
+    found by the manifests' archive name as ``rbak restore --archive`` finds it: in ``--path``, else in the
+    storage of a ``--config`` that names no backup_id."""
     if getattr(args, "archive", None) is None:
         return
-    if args.config:
-        raise ConfigError(f"--archive {args.archive}: not with --config (name the generation as backup_id there)")
     if args.backup_id:
         raise ConfigError(f"--archive {args.archive}: give either --archive or --backup-id, not both")
-    if not args.path:
-        raise ConfigError(f"--archive {args.archive}: give the storage with --path URL")
-    with open_storage(args.path) as storage:
-        args.backup_id, count = newest_generation(storage, args.archive, args.prefix or "")
+    if args.config:
+        cfg = archive_restore_config(args.config, args.archive)
+        url = args.path or cfg.storage.storage_url()
+        prefix = cfg.storage.prefix or "" if args.prefix is None else args.prefix
+    elif not args.path:
+        raise ConfigError(f"--archive {args.archive}: give the storage with --path URL (or --config FILE)")
+    else:
+        url, prefix = args.path, args.prefix or ""
+    with open_storage(url) as storage:
+        args.backup_id, count = newest_generation(storage, args.archive, prefix)
     print(f"restoring archive {args.archive!r} from its newest generation {args.backup_id!r} "
           f"({count} generation(s))", file=sys.stderr)
 
@@ -127,7 +138,7 @@ def resolve_archive(args: argparse.Namespace) -> None:
 def _options(args: argparse.Namespace, start: int | None, end: int | None):
     vmap, qmap = _pairs(args.vhost_map, "--vhost-map"), _pairs(args.queue_map, "--queue-map")
     if args.config:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, overrides={"backup_id": args.backup_id} if args.backup_id else None)
         url = args.path or cfg.storage.storage_url()
         overrides = dict(
             backup_id=args.backup_id, prefix=args.prefix, window_start_ms=start, window_end_ms=end,
@@ -400,6 +411,14 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     return out
 
 
+def precheck(url: str, options) -> None:
+    """On the driver, before a Spark session starts (seconds, a JVM): the backup exists, and an archive
+    generation's point in time and definitions are ones ``rbak restore`` takes (``run_restore_job`` checks
+    again, for callers that skip this)."""
+    with open_storage(url) as storage:
+        _check_archive(storage, load_manifest(storage, options.backup_id, options.prefix), options)
+
+
 def _check_archive(storage, manifest, options) -> None:
     """An archive generation: the point in time and definitions ``rbak restore`` would refuse are refused here
     too (``rbak.archive.restore_point``), before anything is published."""
@@ -507,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolve_archive(args)
         url, options = build_options(args)
+        precheck(url, options)
         spark = get_session(f"rbak-restore-{options.backup_id}", args.master)
         out = run_restore_job(spark, url, options, args.ordering, args.progress_id, args.reset_progress,
                               publishers_per_task=args.publishers_per_task)

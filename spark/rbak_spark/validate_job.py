@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Iterable, Iterator
 
+from rbak.archive.restore_point import newest_generation
 from rbak.errors import UNVERIFIED_EXIT_CODE, RbakError
 from rbak.format.layout import BackupLayout
 from rbak.format.manifest import SegmentMetadata
@@ -175,10 +176,22 @@ def summary_lines(out: dict) -> list[str]:
     return lines
 
 
+def newest_archive_generation(storage, name: str, prefix: str) -> str:
+    """``--archive NAME``: the id of its newest generation, said on stderr with what is not checked."""
+    backup_id, count = newest_generation(storage, name, prefix)
+    older = f"; the {count - 1} older generation(s) are not checked (--backup-id each)" if count > 1 else ""
+    print(f"validating archive {name!r}: its newest generation {backup_id!r}, its own segments{older}",
+          file=sys.stderr)
+    return backup_id
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="spark/validate.py", description="Deep-validate an rbak backup with Spark.")
     ap.add_argument("--path", required=True, help="storage URL (file:///..., s3://bucket/prefix?endpoint=...)")
-    ap.add_argument("--backup-id", required=True)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--backup-id")
+    which.add_argument("--archive", metavar="NAME", help="the newest generation of `rbak archive` NAME: its own "
+                                                         "segments, not the older generations' (--backup-id each)")
     ap.add_argument("--prefix", default="", help="storage prefix the backup lives under")
     ap.add_argument("--report-key", default=None, help="storage key of the JSON report (default: {backup}/validation/report-<ts>.json)")
     ap.add_argument("--no-report", action="store_true", help="do not store the report")
@@ -194,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         # A typo in --path or --backup-id fails as 'rbak validate' does (exit 1, named), before Spark starts.
-        load_manifest(open_existing_storage(args.path), args.backup_id, args.prefix)
+        storage = open_existing_storage(args.path)
+        if args.archive is not None:
+            args.backup_id = newest_archive_generation(storage, args.archive, args.prefix)
+        load_manifest(storage, args.backup_id, args.prefix)
         spark = get_session(f"rbak-validate-{args.backup_id}", args.master)
         out = run_validate(spark, args.path, args.backup_id, args.prefix, args.report_key,
                            args.partitions, write_report=not args.no_report)

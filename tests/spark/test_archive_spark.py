@@ -166,7 +166,8 @@ def options(arc: Arc, dst: str, **kw) -> RestoreOptions:
                           target=ConnectionConfig(amqp_url=b.server_url(), management_url=b.management_url), **kw)
 
 
-def test_spark_restore_walks_the_chain_and_honours_points_in_time(spark, arc, rmq43, vhost_factory, capsys):
+def test_spark_restore_walks_the_chain_and_honours_points_in_time(spark, arc, rmq43, vhost_factory, capsys,
+                                                                  tmp_path):
     b = arc.broker
     # the open generation's whole chain, exactly in order
     f1 = fresh_vhost(arc, vhost_factory)
@@ -185,10 +186,14 @@ def test_spark_restore_walks_the_chain_and_honours_points_in_time(spark, arc, rm
     assert f"chain {' -> '.join(arc.gens)}" in said.out and "145 confirmed" in said.out
     assert read_back(b, f2) == join(A, B, C1, C2)
 
-    # an earlier point in time: exactly the records stamped at or before it, the same as `rbak restore`'s
+    # an earlier point in time: exactly the records stamped at or before it, the same as `rbak restore`'s;
+    # --archive with a --config that names no backup_id, as `rbak restore --archive --config` takes it
     f3, f4 = fresh_vhost(arc, vhost_factory), fresh_vhost(arc, vhost_factory)
-    out = run_restore_job(spark, arc.url, options(arc, f3, window_end_ms=arc.t2))
-    assert out["ok"] and out["confirmed"] == 120, out
+    cfg = restore_config(tmp_path, arc, f3, time_window_end=arc.t2)
+    assert restore_job.main(["--config", str(cfg), "--archive", "arc", "--master", "local[2]"]) == 0
+    said = capsys.readouterr()
+    assert f"from its newest generation {arc.gens[2]!r} (3 generation(s))" in said.err
+    assert f"chain {' -> '.join(arc.gens)}" in said.out and ": 120 confirmed" in said.out, said.out
     assert read_back(b, f3) == join(A, B, C1)
     cli = subprocess.run([sys.executable, "-m", "rbak", "restore", "--path", str(arc.store), "--archive", "arc",
                           "--pitr-end", str(arc.t2), "--target-url", b.amqp_url(f4), "--management-url",
@@ -203,7 +208,34 @@ def test_spark_restore_walks_the_chain_and_honours_points_in_time(spark, arc, rm
         run_restore_job(spark, arc.url, options(arc, f5, window_end_ms=arc.recoverable_until + 1))
     assert restore_job.main([*argv, "--archive", "arc", "--backup-id", arc.gens[2]]) == 2
     assert "give either --archive or --backup-id" in capsys.readouterr().err
+    named = restore_config(tmp_path, arc, f5, backup_id=arc.gens[1])
+    assert restore_job.main(["--config", str(named), "--archive", "arc"]) == 2
+    assert f"--archive arc: {named} names a backup_id; give one of the two" in capsys.readouterr().err
+    # spark/restore.py refuses the point on the driver, before its Spark session (a JVM) would start
+    job = ("import sys; from rbak_spark.restore_job import main; rc = main(sys.argv[1:]); "
+           "print('pyspark loaded' if 'pyspark' in sys.modules else 'no pyspark'); sys.exit(rc)")
+    t0 = time.monotonic()
+    late = subprocess.run([sys.executable, "-c", job, *argv[:-2], "--archive", "arc",
+                           "--time-window-end", str(arc.recoverable_until + 1)], capture_output=True, text=True,
+                          timeout=120)
+    assert late.returncode == 2 and late.stdout == "no pyspark\n", (late.stdout, late.stderr[-3000:])
+    assert "--time-window-end (restore.time_window_end): " in late.stderr
+    assert "after the archive's recoverable-until" in late.stderr and time.monotonic() - t0 < 10
     assert read_back(b, f5) == {s: [] for s in STREAMS}
+
+
+def restore_config(tmp_path: Path, arc: Arc, dst: str, **top) -> Path:
+    """A restore config of the archive's storage into ``dst``; ``top``: keys beside ``restore:`` (a
+    ``backup_id``) or in it."""
+    b = arc.broker
+    restore = {"vhost_mapping": {arc.vhost: dst}, **{k: v for k, v in top.items() if k != "backup_id"}}
+    cfg = tmp_path / f"restore-{dst}.yaml"
+    cfg.write_text(json.dumps({
+        "mode": "restore", "storage": {"backend": "filesystem", "path": str(arc.store)}, "restore": restore,
+        "target": {"amqp_url": b.server_url(), "management_url": b.management_url},
+        **({"backup_id": top["backup_id"]} if "backup_id" in top else {}),
+    }))
+    return cfg
 
 
 def test_spark_validate_on_archive_generations(spark, arc, rmq43, tmp_path, capsys):
@@ -211,6 +243,19 @@ def test_spark_validate_on_archive_generations(spark, arc, rmq43, tmp_path, caps
         out = run_validate(spark, arc.url, gen, write_report=False)
         assert out["ok"] is True and out["all_problems"] == [], out["all_problems"]
         assert out["summary"]["records"] == records
+    # --archive NAME: its newest generation, named on stderr with the older ones it does not check
+    assert validate_job.main(["--path", arc.url, "--archive", "arc", "--no-report", "--master", "local[2]"]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith(f"validate {arc.gens[2]} (local[2]): ") and ", 55 records, " in said.out, said.out
+    assert said.out.splitlines()[0].endswith(": OK")
+    assert (f"validating archive 'arc': its newest generation {arc.gens[2]!r}, its own segments; the 2 older "
+            "generation(s) are not checked (--backup-id each)") in said.err
+    assert validate_job.main(["--path", arc.url, "--archive", "nope", "--no-report"]) == 1
+    assert "--archive nope: no generation of archive 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as both:
+        validate_job.main(["--path", arc.url, "--archive", "arc", "--backup-id", arc.gens[2]])
+    assert both.value.code == 2
+    assert "argument --backup-id: not allowed with argument --archive" in capsys.readouterr().err
     # a damaged segment, in a closed and in the open generation (on a copy: the other tests read the archive)
     copy = tmp_path / "copy"
     shutil.copytree(arc.store, copy)

@@ -145,7 +145,7 @@ def test_killed_driver_then_rerun_delivers_each_message_once_in_order(spark, tar
         assert ids(broker.drain_queue(vh, q.name)) == [f"{q.name}-{i}" for i in range(q.messages)]
 
 
-def test_config_file_drives_the_spark_restore(spark, target, tmp_path):
+def test_config_file_drives_the_spark_restore(spark, target, tmp_path, capsys):
     """The rbak YAML config (as the operator mounts it) with flags overriding it."""
     broker, vh = target
     store = tmp_path / "store"
@@ -167,6 +167,14 @@ def test_config_file_drives_the_spark_restore(spark, target, tmp_path):
     assert restore_main(["--config", str(cfg), "--time-window-start", str(START + 10_000)]) == 0
     assert ids(broker.drain_queue(vh, "orders")) == [f"orders-{i}" for i in range(10, 40)]
     assert restore_main(["--config", str(cfg), "--vhost-map", "nope"]) == 2  # a bad flag is a config error
+    # a file that names no backup_id takes --backup-id's, as `rbak restore --config F --backup-id ID` does
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text(cfg.read_text().replace("backup_id: b5\n", ""))
+    capsys.readouterr()
+    assert restore_main(["--config", str(unnamed), "--backup-id", "b5", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "restore b5 (dry run): nothing published" in lines, lines
+    assert f"  //orders -> {vh}/orders: 40 record(s) would be published, 20 outside the window" in lines, lines
 
 
 def test_runs_are_grouped_into_tasks_of_at_most_n_balanced_by_records():
