@@ -46,7 +46,8 @@ def fake_session(*a, **k):
 session.get_session = fake_session
 import rbak.repo.catalog, rbak.storage.url  # validate_job checks --path and --backup-id before Spark starts
 rbak.storage.url.open_existing_storage = lambda *a, **k: None
-rbak.repo.catalog.load_manifest = lambda *a, **k: None
+import types  # restore_job reads the manifest before Spark starts too: one of no archive
+rbak.repo.catalog.load_manifest = lambda *a, **k: types.SimpleNamespace(archive=None)
 from rbak_spark.{job} import main
 assert main(ARGV) != 0
 """ for job in ("restore_job", "validate_job", "export_job")},
