@@ -487,7 +487,9 @@ def test_prune_while_archiving_keeps_the_open_generation_and_its_chain(broker, v
     wait_until(lambda: archived(path) == 120, timeout=120, what="the archive to go on after the prune")
     arc.stop()
     gens = generations(path)
-    for g in gens:
+    # the generations holding records and the newest (idle ones come every 2 s: on a loaded machine one
+    # validate process each took this test from 16 s to 300 s)
+    for g in [g for g in gens[:-1] if g["total_messages"]] + gens[-1:]:
         rbak("validate", "--path", path, "--backup-id", g["backup_id"])
     declare_stream(broker, fresh, "p")
     assert restore_into(tmp_path, broker, store, gens[-1]["backup_id"], vhost, fresh)["ok"]
