@@ -194,6 +194,8 @@ def test_a_configmap_deleted_by_hand_is_restored_when_the_operator_starts(cluste
     deployment, diag = _create_archive(cluster, env, broker, name)
     try:
         wait_for(lambda: cluster.http.get("v1", "configmaps", deployment), timeout=60, what="the ConfigMap", diag=diag)
+        # the operator posts its event after the objects: killed before it (a loaded machine), it never says it
+        wait_for(lambda: "ArchiverCreated" in _reasons(cluster, name), timeout=30, what="the first event", diag=diag)
         cm = cluster.http.get("v1", "configmaps", deployment)
         dep = cluster.http.get("apps/v1", "deployments", deployment)
         cluster.operator.kill()
