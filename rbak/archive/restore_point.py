@@ -12,20 +12,14 @@ from pathlib import Path
 import yaml
 
 from ..config import Config, load_config
-from ..errors import ConfigError, NotFoundError
+from ..errors import ConfigError
 from ..format.manifest import BackupManifest
-from ..repo.catalog import list_backups
+from ..repo.catalog import archive_generations
 from ..storage.base import Storage
-from .status import archive_generations
 
 
 def utc(ms: int) -> str:
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def archive_names(storage: Storage, prefix: str) -> list[str]:
-    return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
-                   if e.manifest is not None and e.manifest.archive is not None})
 
 
 ARCHIVE_PENDING = "archive.pending"  # a config's backup_id until ``--archive``'s newest generation is found
@@ -44,12 +38,7 @@ def archive_restore_config(path: str, name: str) -> Config:
 def newest_generation(storage: Storage, name: str, prefix: str, flag: str = "--archive") -> tuple[str, int]:
     """(backup id of archive ``name``'s newest generation, how many it has): a restore of it walks every
     older one. Raises ``NotFoundError`` naming the archives the storage does hold."""
-    gens = archive_generations(storage, name, prefix)
-    if not gens:
-        names = archive_names(storage, prefix)
-        raise NotFoundError(f"{flag} {name}: no generation of archive {name!r} at {storage.url}"
-                            + (f" (prefix {prefix!r})" if prefix else "")
-                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
+    gens = archive_generations(storage, name, prefix, flag)
     return gens[-1].backup_id, len(gens)
 
 

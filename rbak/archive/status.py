@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..format.archive import stream_key
-from ..format.manifest import BackupManifest
-from ..repo.catalog import list_backups
+from ..repo.catalog import archive_generations
 from ..storage.base import Storage
 
 
@@ -96,15 +95,6 @@ class ArchiveStatus:
                 "streams": [{"vhost": p.vhost, "name": p.stream, "archived_offset": p.archived_offset,
                              "committed_offset": p.committed_offset, "committed_at": p.committed_at,
                              "behind": p.behind} for p in self.streams]}
-
-
-def archive_generations(storage: Storage, name: str, prefix: str | None = "") -> list[BackupManifest]:
-    """Archive ``name``'s generations, oldest first: by the manifest's archive name, never by the id's
-    prefix (``orders-eu.<time>`` is not archive ``orders``'s)."""
-    gens = [e.manifest for e in list_backups(storage, prefix)
-            if e.manifest is not None and e.manifest.archive is not None and e.manifest.archive.name == name]
-    gens.sort(key=lambda m: (m.created_at, m.backup_id))
-    return gens
 
 
 def archive_status(storage: Storage, name: str, prefix: str | None = "") -> ArchiveStatus:

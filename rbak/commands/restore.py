@@ -17,7 +17,6 @@ from dataclasses import replace
 from typing import Any
 
 from ..archive.restore_point import (
-    archive_names,
     archive_restore_config,
     check_archive_end,
     newest_generation,
@@ -30,7 +29,7 @@ from ..config.validation import check_url
 from ..errors import ConfigError, NotFoundError, RestoreError
 from ..metrics import serve
 from ..repo import progress
-from ..repo.catalog import BackupEntry, latest_complete, load_manifest
+from ..repo.catalog import BackupEntry, archive_names, latest_complete, load_manifest
 from ..restore.engine import run_restore
 from ..restore.options import RestoreOptions, local_target, options_from_config
 from ..sealing.crypto import load_keyring

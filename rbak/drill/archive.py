@@ -50,10 +50,10 @@ from .backup import (
     scratch_vhost_name,
     without_credentials,
 )
-from ..errors import AmqpError, ConfigError, DrillError, NotFoundError, RbakError
+from ..errors import AmqpError, ConfigError, DrillError, RbakError
 from ..format.layout import BACKUP_ID_RE
 from ..format.manifest import BackupManifest, QueueBackup
-from ..repo.catalog import list_backups
+from ..repo.catalog import archive_generations
 from ..repo.evidence import scratch_words
 from ..restore.chain import stream_chain
 from ..restore.engine import load_complete_manifest
@@ -220,15 +220,7 @@ def generation_ids(storage: Storage, prefix: str, name: str) -> list[str]:
 def generations(storage: Storage, prefix: str, name: str) -> list[BackupManifest]:
     """Archive ``name``'s generations, oldest first (an open one as its ticks assemble it). None is an error
     that names the archives the storage holds: a typo'd name is then plain."""
-    found = [e.manifest for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.archive is not None]
-    gens = sorted((m for m in found if m.archive is not None and m.archive.name == name),
-                  key=lambda m: (m.created_at, m.backup_id))
-    if not gens:
-        names = sorted({m.archive.name for m in found if m.archive is not None})
-        raise NotFoundError(f"--archive {name}: no generation of archive {name!r} at {storage.url}"
-                            + (f" (prefix {prefix!r})" if prefix else "")
-                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
-    return gens
+    return archive_generations(storage, name, prefix, "--archive")
 
 
 def newest_generation(storage: Storage, prefix: str, name: str) -> BackupManifest:

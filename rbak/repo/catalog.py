@@ -102,6 +102,29 @@ def list_backups(storage: Storage, prefix: str | None = "") -> list[BackupEntry]
     return entries
 
 
+def archive_generations(storage: Storage, name: str, prefix: str | None = "", flag: str | None = None
+                        ) -> list[BackupManifest]:
+    """Archive ``name``'s generations, oldest first (an open one as its ticks assemble it), in one listing:
+    by the manifest's archive name, never by the id's prefix (``orders-eu.<time>`` is not archive
+    ``orders``'s). ``flag`` (e.g. ``--archive``): none found is a ``NotFoundError`` under that name that
+    lists the archives the storage holds, so a typo'd name is plain; else an empty list."""
+    found = [e.manifest for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.archive is not None]
+    gens = sorted((m for m in found if m.archive is not None and m.archive.name == name),
+                  key=lambda m: (m.created_at, m.backup_id))
+    if not gens and flag is not None:
+        names = sorted({m.archive.name for m in found if m.archive is not None})
+        raise NotFoundError(f"{flag} {name}: no generation of archive {name!r} at {storage.url}"
+                            + (f" (prefix {prefix!r})" if prefix else "")
+                            + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
+    return gens
+
+
+def archive_names(storage: Storage, prefix: str | None = "") -> list[str]:
+    """The names of the archives whose generations the storage holds under ``prefix``."""
+    return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
+                   if e.manifest is not None and e.manifest.archive is not None})
+
+
 def _prefix_folder(storage: Storage, base: str, name: str) -> str | None:
     """Why folder ``name`` (no manifest, no ticks) is no backup when it holds backups of its own: a storage
     prefix listed from above (``rbak list --path s3://bucket`` for backups written under ``prod/``)."""
