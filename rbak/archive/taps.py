@@ -18,13 +18,13 @@ catch up after it was down (docs/archive.md, "Queue taps", says how to remove a 
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.suggest import closest
 from ..broker.management import ManagementClient, QueueInfo
 from ..config.sections import QueueSelection, TapsConfig, queue_selected
 from ..errors import ConfigError, ManagementApiError
@@ -269,7 +269,7 @@ def check_selection(client: ManagementClient, sel: QueueSelection, taps: list[Ta
             other = [f"{q.name!r} is a {q.queue_type} queue" for q in infos
                      if queue_selected(q.vhost, q.name, None, [pat], [], sel.vhosts, [])]
             why = (f" ({', '.join(other[:3])}: archive it through archive.taps)" if other else
-                   _closest(pat, [n for _, n in streams]))
+                   closest(pat, [n for _, n in streams]))
             raise ConfigError(f"source.queues.include: {pat!r} matches no stream on {where}{scope}{why}; nothing "
                               "was archived")
     if (taps is None or sel.include) and not any(sel.matches(v, n, "stream") for v, n in streams):
@@ -278,8 +278,3 @@ def check_selection(client: ManagementClient, sel: QueueSelection, taps: list[Ta
             f"{where}{scope}; rbak archive follows streams only (a classic or quorum queue is archived through "
             "archive.taps" + ("; to archive only the taps, leave source.queues.include out or include 'rbak.tap.*')"
                               if taps is not None else ")"))
-
-
-def _closest(name: str, names: list[str]) -> str:
-    near = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.5)
-    return f" (closest: {', '.join(map(repr, near))})" if near else ""

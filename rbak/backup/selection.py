@@ -6,9 +6,9 @@ would otherwise "succeed" with nothing, every night.
 
 from __future__ import annotations
 
-import difflib
 import logging
 
+from ..base.suggest import closest
 from ..config import Config, QueueSelection, queue_selected
 from ..errors import ConfigError
 from .lease import ARCHIVE_LEASE_QUEUE, LEASE_QUEUE
@@ -67,17 +67,14 @@ def check_include(sel: QueueSelection, queues: list[tuple[str, str]], selected: 
     scope = f" in vhost(s) {', '.join(map(repr, sel.vhosts))}" if sel.vhosts else ""
     for pat in sel.include:
         if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n in queues):
-            near = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)
             raise ConfigError(f"source.queues.include: {pat!r} matches no queue on {where}{scope}"
-                              + (f" (closest: {', '.join(map(repr, near))})" if near else "")
-                              + "; nothing was written (backup.definitions_only: true backs up definitions alone)")
+                              + closest(pat, names) + "; nothing was written (backup.definitions_only: true backs up definitions alone)")
     for pat in sel.exclude:
         # not refused: a nightly exclude of queues that come and go (tmp.*) may match nothing some nights,
         # and matching nothing only backs up more; but a typo must not pass unseen
         if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n in queues):
-            near = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)
             log.warning("source.queues.exclude: %r matches no queue on %s%s%s: it excludes nothing", pat, where,
-                        scope, f" (closest: {', '.join(map(repr, near))})" if near else "")
+                        scope, closest(pat, names))
     if not selected:
         raise ConfigError(f"source.queues: include {sel.include} selects no queue on {where}{scope} once "
                           f"types {sel.types} and exclude {sel.exclude} apply; nothing was written")

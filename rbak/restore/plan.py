@@ -11,10 +11,10 @@ window edge are filtered record by record.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Mapping
 
+from ..base.suggest import closest
 from ..config import QueueSelection, queue_selected
 from ..sealing.crypto import EncryptionInfo
 from ..errors import ConfigError
@@ -134,11 +134,6 @@ def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionIn
     )
 
 
-def _closest(name: str, names: Iterable[str]) -> str:
-    """`` (closest: 'a', 'b')`` for an error message, or ``""``."""
-    near = difflib.get_close_matches(name, sorted(set(names)), n=3, cutoff=0.5)
-    return f" (closest: {', '.join(map(repr, near))})" if near else ""
-
 
 def _some(names: Iterable[str], n: int = 10) -> str:
     names = sorted(set(names))
@@ -159,7 +154,7 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
         for key in sorted(options.vhost_map):
             if key not in vhosts:
                 raise ConfigError(f"restore.vhost_mapping: key {key!r} names no vhost of backup {bid!r}"
-                                  f"{_closest(key, vhosts)}; its vhosts: {_some(vhosts)}")
+                                  f"{closest(key, vhosts)}; its vhosts: {_some(vhosts)}")
     names = {f"{v}/{n}" for v, n, _ in pairs} | {n for _, n, _ in pairs}
     taps = [(q.vhost, q.stream.tap.queue) for q in manifest.queues if q.stream is not None and q.stream.tap]
     names |= {f"{v}/{n}" for v, n in taps} | {n for _, n in taps}  # a tapped queue's name maps its tap too
@@ -174,14 +169,14 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
     for key in sorted(options.queue_map):
         if key not in names:
             raise ConfigError(f"restore.queue_mapping: key {key!r} names no queue of backup {bid!r} (keys are "
-                              f"'vhost/queue' or 'queue'){_closest(key, names)}; its queues: "
+                              f"'vhost/queue' or 'queue'){closest(key, names)}; its queues: "
                               f"{_some(f'{v}/{n}' for v, n, _ in pairs)}")
     sel = options.queues
     if not options.restore_messages or sel == QueueSelection():
         return
     for v in sel.vhosts:
         if v not in vhosts:
-            raise ConfigError(f"restore.queues.vhosts: {v!r} names no vhost of backup {bid!r}{_closest(v, vhosts)}; "
+            raise ConfigError(f"restore.queues.vhosts: {v!r} names no vhost of backup {bid!r}{closest(v, vhosts)}; "
                               f"its vhosts: {_some(vhosts)}")
     for key_name, pats in (("include", sel.include), ("exclude", sel.exclude)):  # a mistyped exclude would restore
         for pat in pats:                                                   # the very queue meant to be left out
@@ -189,7 +184,7 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
                 tapped = [f"{q.vhost}/{q.name}" for q in manifest.queues if q.stream is not None and q.stream.tap
                           and queue_selected(q.vhost, q.stream.tap.queue, None, [pat], [], [], [])]
                 why = (f"; it names the queue a tap recorded: select the tap by its archived name ({_some(tapped)})"
-                       if tapped else _closest(pat, names))
+                       if tapped else closest(pat, names))
                 raise ConfigError(f"restore.queues.{key_name}: {pat!r} matches no queue of backup {bid!r}{why}; "
                                   f"its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
     if pairs and not any(sel.matches(q.vhost, q.name, q.queue_type, q.message_count) for q in manifest.queues):
