@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from rbak_spark.restore_job import run_restore_job
 from rbak_spark.validate_job import run_validate
 from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations
 from support.backups import fast_publish
-from support.brokers import BROKERS, unique_name, wait_until
+from support.brokers import BROKERS, REPO, unique_name, wait_until
 from test_encrypted import RING, encrypted_backup, with_executor_keys
 
 STREAMS = ("audit", "orders")  # the data source's (vhost, queue) order
@@ -211,17 +212,24 @@ def test_spark_restore_walks_the_chain_and_honours_points_in_time(spark, arc, rm
     named = restore_config(tmp_path, arc, f5, backup_id=arc.gens[1])
     assert restore_job.main(["--config", str(named), "--archive", "arc"]) == 2
     assert f"--archive arc: {named} names a backup_id; give one of the two" in capsys.readouterr().err
-    # spark/restore.py refuses the point on the driver, before its Spark session (a JVM) would start
-    job = ("import sys; from rbak_spark.restore_job import main; rc = main(sys.argv[1:]); "
+    # spark/restore.py, run as spark-submit runs it (from elsewhere, with nothing of this test's path), refuses the
+    # point on the driver before its Spark session (a JVM) would start
+    job = ("import runpy, sys\n"
+           "sys.argv = sys.argv[1:]\n"
+           "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+           "except SystemExit as e:\n    rc = e.code\n"
            "print('pyspark loaded' if 'pyspark' in sys.modules else 'no pyspark'); sys.exit(rc)")
     t0 = time.monotonic()
-    late = subprocess.run([sys.executable, "-c", job, *argv[:-2], "--archive", "arc",
+    late = subprocess.run([sys.executable, "-c", job, str(SPARK_RESTORE), *argv[:-2], "--archive", "arc",
                            "--time-window-end", str(arc.recoverable_until + 1)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert late.returncode == 2 and late.stdout == "no pyspark\n", (late.stdout, late.stderr[-3000:])
     assert "--time-window-end (restore.time_window_end): " in late.stderr
     assert "after the archive's recoverable-until" in late.stderr and time.monotonic() - t0 < 10
     assert read_back(b, f5) == {s: [] for s in STREAMS}
+
+
+SPARK_RESTORE = REPO / "spark" / "restore.py"
 
 
 def restore_config(tmp_path: Path, arc: Arc, dst: str, **top) -> Path:
