@@ -5,6 +5,7 @@ choice, Spark)."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,13 +59,28 @@ class Archiver:
     def stop(self) -> dict:
         self.running()
         self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=120)
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # what it was doing, for the failure's report
+            threads = stacks(self.proc.pid)
+            self.kill()
+            raise AssertionError(f"rbak archive did not stop within 120 s of its SIGTERM\n--- its threads:\n"
+                                 f"{threads}\n--- its log:\n{self.log.read_text()[-6000:]}") from None
         assert self.proc.returncode == 0, self.log.read_text()[-3000:]
         return json.loads(out)
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+def stacks(pid: int) -> str:
+    """Every thread's stack of a running Python process (py-spy, where installed)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return "(py-spy is not installed)"
+    r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    return r.stdout + r.stderr
 
 
 def rbak(*args: str, check: bool = True) -> subprocess.CompletedProcess:
