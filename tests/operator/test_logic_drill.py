@@ -152,6 +152,22 @@ def test_result_without_a_report_names_the_jobs_cause():
     assert r["result"] == "Failed" and r["reason"] == "BackoffLimitExceeded" and "no complete backup" in r["message"]
 
 
+def test_a_drill_without_a_report_clears_the_figures_an_earlier_drill_left():
+    """The status is merge-patched: figures not named again would stay, under a failed drill's result."""
+    report = {"passed": True, "report_key": "p/orders.1/drills/t-x.json",
+              "archive": {"generation": "orders.1", "recovery_point_secs": 2.5, "restore_secs": 0.8,
+                          "restore_point_utc": "2026-12-06T08:00:00.000Z",
+                          "recoverable_until_utc": "2026-12-06T08:04:58.000Z",
+                          "streams": [{"vhost": "o", "stream": "a", "restored_count": 10, "passed": True}]}}
+    status = drill.drill_result(_state("Complete"), report, "orders", "x-1")
+    assert status["recoveryPointSeconds"] == 2.5 and status["streams"] == 1
+    status.update(drill.drill_result(_state("Failed", reason="BackoffLimitExceeded", message="OOMKilled"), None,
+                                     "orders", "x-2"))
+    assert {k: v for k, v in status.items() if v is not None} == {
+        "lastJob": "x-2", "backupId": "orders", "lastRunTime": status["lastRunTime"], "durationSeconds": 12,
+        "result": "Failed", "reason": "BackoffLimitExceeded", "message": "OOMKilled"}
+
+
 def test_drill_gauge_follows_the_status_and_the_alert_reads_it():
     now = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
     obj = {"metadata": {"namespace": "messaging", "name": "nightly"}, "spec": {},

@@ -171,9 +171,17 @@ def drill_result(state: RunState, report: dict[str, Any] | None, backup_id: str,
         # None clears the signer of an earlier signed drill: the status names only who signed this one
         out.update(evidence_status(report) if report.get("signature") is not None else {"signer": None})
         return out
+    out.update(dict.fromkeys(REPORT_FIGURES))  # an earlier drill's figures are not this one's
     out.update(result="Failed", reason=state.reason or "DrillJobFailed", signer=None,
                message=(state.message or "the drill Job ended without storing a report")[:1000])
     return out
+
+
+#: ``status.restoreDrill`` fields only a stored report gives; a drill Job that stored none clears them
+#: (null in the status patch), so the status never shows the last passed drill's recovery point under
+#: a failed drill's result.
+REPORT_FIGURES = ("scratchVhost", "queues", "failedQueues", "messages", "streams", "failedStreams",
+                  "recoveryPointSeconds", "restoreSeconds", "restorePoint", "recoverableUntil", "evidenceKey")
 
 
 def archive_drill_result(report: dict[str, Any]) -> dict[str, Any]:
