@@ -575,6 +575,7 @@ class Archiver:
                 metrics.archive_lag().labels(**labels).set(max(0.0, (now - ts.complete_until) / 1000))
         s.streams = [{"vhost": ts.vhost, "name": ts.name, "epoch": ts.epoch, "present": ts.present,
                       "last_offset": ts.info.last_offset, "complete_until": ts.complete_until,
+                      "tap": ts.info.tap.queue if ts.info.tap else None,
                       "gaps": [gp.to_json_obj() for gp in ts.info.gaps]} for ts in tick.streams]
 
     def _close(self, g: Generation) -> None:

@@ -11,6 +11,8 @@ import sys
 import time
 
 import pika
+from rbak.archive.status import archive_status
+from rbak.storage import open_storage
 from support.brokers import wait_until
 from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations, rbak, restore_into
 
@@ -80,6 +82,11 @@ def test_taps_record_what_exchanges_route_to_the_queues_and_restore_into_them(br
                timeout=120, what="the taps archived")
     summary = arc.stop()
     assert summary["errors"] == [], summary["errors"]
+    assert {s["name"]: s["tap"] for s in summary["streams"]} == {"rbak.tap.qq": "qq", "rbak.tap.cq": "cq",
+                                                                 "events": None}
+    status = archive_status(open_storage(path), "arc").to_json_obj()
+    assert {s["name"]: s["tap"] for s in status["streams"]} == {"rbak.tap.qq": "qq", "rbak.tap.cq": "cq",
+                                                                "events": None}
     text = log.read_text()
     assert (f"tap 'rbak.tap.cq' of queue 'cq' in vhost {vhost!r}: bound to exchange 'late' with routing key '', "
             "as the queue is") in text
