@@ -227,3 +227,15 @@ def test_the_committed_end_rides_in_ticks_and_manifests_and_archive_status_reads
         ("v", "idle", None, -1, 14, 0), ("v", "s", 4, 9, 14, 5)]
     assert s.to_json_obj()["streams"][1] == {"vhost": "v", "name": "s", "archived_offset": 4, "committed_offset": 9,
                                              "committed_at": 14, "behind": 5}
+
+
+def test_a_stop_stuck_past_its_report_time_logs_every_threads_stack(capfd, caplog):
+    """What the pod's log shows when a SIGTERM's stop has run ``STOP_REPORT_SECS``: every thread's stack."""
+    from rbak.commands.archive import STOP_REPORT_SECS, stuck
+
+    with caplog.at_level("ERROR", logger="rbak.archive"):
+        stuck("SIGTERM")
+    assert caplog.messages == [f"archive: still stopping {STOP_REPORT_SECS:.0f} s after SIGTERM; what each thread "
+                               "is doing:"]
+    err = capfd.readouterr().err
+    assert "Current thread 0x" in err and "in test_a_stop_stuck_past_its_report_time_logs_every_threads_stack" in err

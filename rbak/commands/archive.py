@@ -8,9 +8,12 @@ SIGINT: every record read is stored, the open generation gets its manifest, and 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import signal
+import sys
+import threading
 from typing import Any
 
 from ..config import ConnectionConfig, load_config
@@ -45,6 +48,10 @@ def run(args: Any) -> int:
     archiver = Archiver(cfg)
 
     def stop(signum: int, _frame: Any) -> None:
+        if not archiver.stopping.is_set():
+            report = threading.Timer(STOP_REPORT_SECS, stuck, args=(signal.Signals(signum).name,))
+            report.daemon = True  # a stop that finishes in time exits without waiting for it
+            report.start()
         archiver.stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -56,6 +63,17 @@ def run(args: Any) -> int:
         print(f"archive {summary.archive}: {len(summary.generations)} generation(s), {summary.segments} segment(s), "
               f"{summary.records} record(s); recoverable until {summary.to_json_obj()['recoverable_until_utc']}")
     return 0
+
+
+#: A stop still running this long after the signal (its last tick waits at most max_delay_secs, each stream
+#: 30 s) is stuck somewhere: every thread's stack goes to the log, so the cause is in the pod's log before
+#: the kubelet's SIGKILL (the next start resumes from the storage either way).
+STOP_REPORT_SECS = 60.0
+
+
+def stuck(signame: str) -> None:
+    log.error("archive: still stopping %.0f s after %s; what each thread is doing:", STOP_REPORT_SECS, signame)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 def preflight(src: ConnectionConfig) -> None:
