@@ -63,7 +63,7 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
-from .taps import Taps, check_selection, select_streams
+from .taps import Taps, check_selection, list_queues, select_streams
 from .tick_clock import TickClock
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,8 @@ class Archiver:
             client.close()
         return self.summary
 
-    def _select(self, client: ManagementClient) -> list[QueueInfo]:
-        return select_streams(client, self.source.queues, self.taps)
+    def _select(self, client: ManagementClient, queues: list[QueueInfo] | None = None) -> list[QueueInfo]:
+        return select_streams(client, self.source.queues, self.taps, queues)
 
     def _take_lease(self, client: ManagementClient, vhosts: list[str]) -> Lease | None:
         """The archive lease on every vhost (exclusive queue ``rbak.lease.archive``), waiting for as long as
@@ -404,9 +404,10 @@ class Archiver:
         """List the selection again: False when it changed (a new generation starts), else True and
         ``g.listed_ms`` moves to when the listing began."""
         began = now_ms()
-        if self.taps is not None:  # each tap's bindings follow its queue's (and new queues the patterns match)
-            self.taps.sync(client)
-        if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
+        queues: list[QueueInfo] | None = list_queues(client, self.source.queues, self.taps)  # once for both
+        if self.taps is not None and self.taps.sync(client, queues=queues):  # each tap's bindings follow its
+            queues = None  # queue's; a new tap (a queue the patterns match) or a stream declared: listed again
+        if {stream_key(q.vhost, q.name) for q in self._select(client, queues)} != present:
             log.info("archive %s: the selected streams changed; starting a new generation", self.name)
             return False
         g.listed_ms = began
