@@ -226,4 +226,4 @@ def test_the_committed_end_rides_in_ticks_and_manifests_and_archive_status_reads
     assert [(p.vhost, p.stream, p.archived_offset, p.committed_offset, p.committed_at, p.behind) for p in s.streams] == [
         ("v", "idle", None, -1, 14, 0), ("v", "s", 4, 9, 14, 5)]
     assert s.to_json_obj()["streams"][1] == {"vhost": "v", "name": "s", "archived_offset": 4, "committed_offset": 9,
-                                             "committed_at": 14, "behind": 5}
+                                             "committed_at": 14, "behind": 5, "tap": None}
