@@ -357,8 +357,7 @@ class Archiver:
     def _follow(self, g: Generation, client: ManagementClient, lease: Lease, vhosts: list[str]) -> None:
         """Ticks until stopped, a follower fails, the lease is lost, the selection changes or the
         generation is full; the caller closes the generation."""
-        delay = self.opts.max_delay_secs
-        next_tick = time.monotonic() + delay - self.clock.headroom()
+        next_tick = self.clock.next_tick(None, time.monotonic())
         next_list = time.monotonic() + self.opts.relist_secs
         present = {k for k, st in g.streams.items() if st.present}
         if not self._listed(g, client, present):
@@ -381,9 +380,7 @@ class Archiver:
                         return
                 self.stopping.wait(min(POLL_SECS, max(0.0, next_tick - time.monotonic())))
             now = time.monotonic()
-            # ticks start max_delay_secs minus the head-room apart: a record read just after this tick's
-            # flush is durable and named by the next one within max_delay_secs
-            next_tick = max(now + delay / 4, min(next_tick, now) + delay - self.clock.headroom())
+            next_tick = self.clock.next_tick(next_tick, now)
             if set(lease.connections) != set(vhosts):
                 log.warning("archive %s: the archive lease was lost; closing generation %s", self.name, g.backup_id)
                 return
@@ -455,12 +452,12 @@ class Archiver:
                 settled.append(wait)
         if settled and not final:
             settled.sort()
-            self.clock.settle.append(settled[int(0.9 * (len(settled) - 1))])
+            self.clock.settled(settled[int(0.9 * (len(settled) - 1))])
         named_at = time.monotonic()
         g.late = {key: (f, seq) for key, f in waiting.items()}
         self._collect(g, seq)
         self._write_tick(g)
-        self.clock.puts.append(time.monotonic() - named_at)
+        self.clock.put(time.monotonic() - named_at)
         log.debug("archive %s: tick %d took %.3f s (answers %.3f s, flush %.3f s, %d stream(s) left to the next "
                   "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, named_at - began,
                   len(waiting))
