@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from rbak.archive.tick_clock import READ_MARGIN_SECS, TickClock
 from rbak.repo.catalog import list_backups, load_manifest
 from rbak.config import Config
 from rbak.errors import ConfigError
@@ -226,7 +227,7 @@ def test_the_committed_end_rides_in_ticks_and_manifests_and_archive_status_reads
     assert [(p.vhost, p.stream, p.archived_offset, p.committed_offset, p.committed_at, p.behind) for p in s.streams] == [
         ("v", "idle", None, -1, 14, 0), ("v", "s", 4, 9, 14, 5)]
     assert s.to_json_obj()["streams"][1] == {"vhost": "v", "name": "s", "archived_offset": 4, "committed_offset": 9,
-                                             "committed_at": 14, "behind": 5}
+                                             "committed_at": 14, "behind": 5, "tap": None}
 
 
 def test_a_stop_stuck_past_its_report_time_logs_every_threads_stack(capfd, caplog):
@@ -239,3 +240,18 @@ def test_a_stop_stuck_past_its_report_time_logs_every_threads_stack(capfd, caplo
                                "is doing:"]
     err = capfd.readouterr().err
     assert "Current thread 0x" in err and "in test_a_stop_stuck_past_its_report_time_logs_every_threads_stack" in err
+
+
+def test_the_tick_clock_waits_for_the_measured_stores_and_starts_ticks_that_much_earlier():
+    c = TickClock(10.0)
+    assert c.wait_secs() == 1.0 and c.headroom() == 1.0 + 0.1 + READ_MARGIN_SECS  # nothing measured yet
+    c.settled(0.05)
+    assert c.wait_secs() == 0.2  # MIN_WAIT_SECS
+    c.settled(2.0)
+    c.put(0.4)
+    assert c.wait_secs() == 1.25 * 2.0 + 0.1 and c.headroom() == 2.6 + 0.4 + READ_MARGIN_SECS
+    assert c.next_tick(None, 100.0) == 100.0 + 10.0 - c.headroom()
+    assert c.next_tick(100.0, 101.0) == 100.0 + 10.0 - c.headroom()  # from when the last one was due ...
+    assert c.next_tick(90.0, 101.0) == 101.0 + 10.0 / 4  # ... but never sooner than a quarter of max_delay_secs
+    c.settled(30.0)
+    assert c.wait_secs() == 5.0 and c.headroom() == 5.0  # at most half of max_delay_secs

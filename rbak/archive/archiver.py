@@ -39,7 +39,6 @@ import os
 import socket
 import threading
 import time
-from collections import deque
 from typing import Any, Callable
 
 from .. import __version__, metrics
@@ -64,7 +63,8 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
-from .taps import Taps, check_selection, select_streams
+from .taps import Taps, check_selection, list_queues, select_streams
+from .tick_clock import TickClock
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,6 @@ CREDIT_BUDGET = 20_000  # deliveries the reads may hold unacked, all streams tog
 MIN_PREFETCH = 50  # ... but never fewer than this per stream
 MAX_ERRORS = 100  # the summary keeps the newest errors met (one per retry while a broker or storage is away)
 TICK_POLL_SECS = 0.01  # a tick looks at its segments this often while it waits for them
-MIN_WAIT_SECS = 0.2  # a tick waits at least this long for the segments it asked for, else 1.25x (+0.1 s) ...
-READ_MARGIN_SECS = 0.5  # head-room for the publish -> delivery time and a tick slower than the last ones
-SETTLE_TICKS = 20  # ... the slowest of the last this many ticks' flush-to-durable times (each tick's 90th percentile)
 MAX_PROBES = 256  # probes kept per stream while its read is behind them (older ones are dropped: a later claim)
 
 
@@ -98,8 +95,7 @@ class Archiver:
         self.summary = ArchiveSummary(self.name, self.storage.url)
         self.state = "starting"
         self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
-        self._settle: deque[float] = deque(maxlen=SETTLE_TICKS)  # per tick: flush request -> segments durable (s)
-        self._puts: deque[float] = deque(maxlen=20)  # tick PUTs (s)
+        self.clock = TickClock(cfg.archive.max_delay_secs)  # a tick's wait and the head-room before it
         self._unprobed: set[str] = set()  # streams whose complete-until fell back to read times (warned once)
         self.taps = Taps(cfg.archive.taps, cfg.source.queues.vhosts, self.name) if cfg.archive.taps else None
 
@@ -162,8 +158,8 @@ class Archiver:
             client.close()
         return self.summary
 
-    def _select(self, client: ManagementClient) -> list[QueueInfo]:
-        return select_streams(client, self.source.queues, self.taps)
+    def _select(self, client: ManagementClient, queues: list[QueueInfo] | None = None) -> list[QueueInfo]:
+        return select_streams(client, self.source.queues, self.taps, queues)
 
     def _take_lease(self, client: ManagementClient, vhosts: list[str]) -> Lease | None:
         """The archive lease on every vhost (exclusive queue ``rbak.lease.archive``), waiting for as long as
@@ -361,8 +357,7 @@ class Archiver:
     def _follow(self, g: Generation, client: ManagementClient, lease: Lease, vhosts: list[str]) -> None:
         """Ticks until stopped, a follower fails, the lease is lost, the selection changes or the
         generation is full; the caller closes the generation."""
-        delay = self.opts.max_delay_secs
-        next_tick = time.monotonic() + delay - self.headroom()
+        next_tick = self.clock.next_tick(None, time.monotonic())
         next_list = time.monotonic() + self.opts.relist_secs
         present = {k for k, st in g.streams.items() if st.present}
         if not self._listed(g, client, present):
@@ -385,9 +380,7 @@ class Archiver:
                         return
                 self.stopping.wait(min(POLL_SECS, max(0.0, next_tick - time.monotonic())))
             now = time.monotonic()
-            # ticks start max_delay_secs minus the head-room apart: a record read just after this tick's
-            # flush is durable and named by the next one within max_delay_secs
-            next_tick = max(now + delay / 4, min(next_tick, now) + delay - self.headroom())
+            next_tick = self.clock.next_tick(next_tick, now)
             if set(lease.connections) != set(vhosts):
                 log.warning("archive %s: the archive lease was lost; closing generation %s", self.name, g.backup_id)
                 return
@@ -404,29 +397,14 @@ class Archiver:
                 if not self._listed(g, client, present):
                     return
 
-    def wait_secs(self) -> float:
-        """How long a tick waits for the segments it asked for: 1.25x (+0.1 s) the slowest of the last
-        ``SETTLE_TICKS`` ticks' flush-to-durable times, each tick's the 90th percentile over its streams
-        (so one stalled stream among many does not stretch it); at least ``MIN_WAIT_SECS``, at most half
-        of ``max_delay_secs``. A segment missing a tick costs its records one tick interval more."""
-        half = self.opts.max_delay_secs / 2
-        if not self._settle:
-            return min(half, 1.0)
-        return min(half, max(MIN_WAIT_SECS, 1.25 * max(self._settle) + 0.1))
-
-    def headroom(self) -> float:
-        """How much earlier than ``max_delay_secs`` after the last one a tick starts: its wait, its PUT
-        (the slowest of the last 20) and ``READ_MARGIN_SECS``, at most half of ``max_delay_secs``."""
-        put = max(self._puts) if self._puts else 0.1
-        return min(self.opts.max_delay_secs / 2, self.wait_secs() + put + READ_MARGIN_SECS)
-
     def _listed(self, g: Generation, client: ManagementClient, present: set[str]) -> bool:
         """List the selection again: False when it changed (a new generation starts), else True and
         ``g.listed_ms`` moves to when the listing began."""
         began = now_ms()
-        if self.taps is not None:  # each tap's bindings follow its queue's (and new queues the patterns match)
-            self.taps.sync(client)
-        if {stream_key(q.vhost, q.name) for q in self._select(client)} != present:
+        queues: list[QueueInfo] | None = list_queues(client, self.source.queues, self.taps)  # once for both
+        if self.taps is not None and self.taps.sync(client, queues=queues):  # each tap's bindings follow its
+            queues = None  # queue's; a new tap (a queue the patterns match) or a stream declared: listed again
+        if {stream_key(q.vhost, q.name) for q in self._select(client, queues)} != present:
             log.info("archive %s: the selected streams changed; starting a new generation", self.name)
             return False
         g.listed_ms = began
@@ -449,7 +427,7 @@ class Archiver:
             st.follower.flush_request = seq
         if listed is not None and not listed():
             return False
-        wait = max(self.opts.max_delay_secs, 2.0) if final else self.wait_secs()
+        wait = max(self.opts.max_delay_secs, 2.0) if final else self.clock.wait_secs()
         deadline = began + wait
         waiting = {st.key: st.follower for st in live if st.follower is not None}
         settled: list[float] = []
@@ -474,12 +452,12 @@ class Archiver:
                 settled.append(wait)
         if settled and not final:
             settled.sort()
-            self._settle.append(settled[int(0.9 * (len(settled) - 1))])
+            self.clock.settled(settled[int(0.9 * (len(settled) - 1))])
         named_at = time.monotonic()
         g.late = {key: (f, seq) for key, f in waiting.items()}
         self._collect(g, seq)
         self._write_tick(g)
-        self._puts.append(time.monotonic() - named_at)
+        self.clock.put(time.monotonic() - named_at)
         log.debug("archive %s: tick %d took %.3f s (answers %.3f s, flush %.3f s, %d stream(s) left to the next "
                   "tick)", self.name, len(g.ticks) - 1, time.monotonic() - began, answered, named_at - began,
                   len(waiting))

@@ -87,6 +87,7 @@ class Taps:
         self.taps: dict[tuple[str, str], Tap] = {}  # (vhost, tap stream) -> tap
         self._said: set[str] = set()  # warnings given once
         self._synced = 0.0
+        self._declared = 0  # tap streams declared: a listing taken before one does not show it
 
     def streams(self) -> set[tuple[str, str]]:
         return set(self.taps)
@@ -100,10 +101,11 @@ class Taps:
             self._said.add(key)
             log.warning("archive %s: " + msg, self.archive, *args)
 
-    def resolve(self, client: ManagementClient, strict: bool) -> list[Tap]:
+    def resolve(self, client: ManagementClient, strict: bool, queues: list[QueueInfo] | None = None) -> list[Tap]:
         """The queues ``include`` names, each tappable. ``strict`` (at start): a vhost, pattern or queue that
         does not fit is refused (``ConfigError`` naming the field and the queue); later it is warned about once
-        and left out (a queue deleted while the archive runs keeps its tap stream, which is archived as it is)."""
+        and left out (a queue deleted while the archive runs keeps its tap stream, which is archived as it is).
+        ``queues``: a listing taken already, of these vhosts or more (``list_queues``); else they are listed."""
         cfg = self.cfg
         if strict:
             known = client.vhosts()
@@ -111,7 +113,10 @@ class Taps:
             if missing:
                 raise ConfigError(f"archive.taps.vhosts: vhost {', '.join(map(repr, missing))} does not exist on "
                                   f"{client.base}")
-        infos = [i for v in self.vhosts for i in client.queues(v)] if self.vhosts else client.queues()
+        if queues is not None:  # in the order listing them one vhost after another gives
+            infos = [i for v in self.vhosts for i in queues if i.vhost == v] if self.vhosts else list(queues)
+        else:
+            infos = [i for v in self.vhosts for i in client.queues(v)] if self.vhosts else client.queues()
         out: dict[tuple[str, str], Tap] = {}
         where = f"in vhost(s) {', '.join(map(repr, self.vhosts))}" if self.vhosts else "in any vhost"
         for pat in cfg.include:
@@ -169,6 +174,7 @@ class Taps:
         found = self._existing(client, t)
         if found is None:
             client.declare_queue(t.vhost, t.stream, args)
+            self._declared += 1
             log.info("archive %s: declared %s (max-age %s, max-length-bytes %d)", self.archive, t.label,
                      self.cfg.max_age, self.cfg.max_length_bytes)
         else:
@@ -200,15 +206,18 @@ class Taps:
                 raise
             return None
 
-    def sync(self, client: ManagementClient, force: bool = False) -> None:
+    def sync(self, client: ManagementClient, force: bool = False, queues: list[QueueInfo] | None = None) -> bool:
         """New queues the patterns match get a tap; each tap gets the bindings its queue has now and loses
-        those it no longer has (both logged). A queue that is gone keeps its tap stream, said once."""
+        those it no longer has (both logged). A queue that is gone keeps its tap stream, said once.
+        ``queues``: this pass's listing (``list_queues``), so the queues are listed once per pass. True when
+        a tap was added or its stream declared: ``queues`` does not show that, the caller lists again."""
         now = time.monotonic()
         if not force and now - self._synced < SYNC_SECS:
-            return
+            return False
         self._synced = now
+        before = (len(self.taps), self._declared)
         if not force:
-            self._add(client, self.resolve(client, strict=False))
+            self._add(client, self.resolve(client, strict=False, queues=queues))
         for t in self.taps.values():
             of_queue = self._queue_bindings(client, t)
             if of_queue is None:
@@ -243,14 +252,23 @@ class Taps:
                 client.unbind_queue(t.vhost, k[0], t.stream, have[k]["properties_key"])
                 log.info("archive %s: %s: unbound from exchange %r with routing key %r, as the queue no longer is "
                          "bound so", self.archive, t.label, k[0], k[1])
+        return (len(self.taps), self._declared) != before
 
 
-def select_streams(client: ManagementClient, sel: QueueSelection, taps: Taps | None) -> list[QueueInfo]:
-    """The streams an archive follows: those ``source.queues`` selects, and the tap streams."""
+def list_queues(client: ManagementClient, sel: QueueSelection, taps: Taps | None) -> list[QueueInfo]:
+    """The queues of the vhosts an archive looks at (``source.queues``' and ``archive.taps``'; empty: every
+    vhost): one listing serves both ``Taps.sync`` and ``select_streams`` in a pass."""
     vhosts = sel.vhosts
     if taps is not None:
         vhosts = sorted(set(sel.vhosts) | set(taps.vhosts)) if sel.vhosts and taps.vhosts else []
-    infos = [i for v in vhosts for i in client.queues(v)] if vhosts else client.queues()
+    return [i for v in vhosts for i in client.queues(v)] if vhosts else client.queues()
+
+
+def select_streams(client: ManagementClient, sel: QueueSelection, taps: Taps | None,
+                   queues: list[QueueInfo] | None = None) -> list[QueueInfo]:
+    """The streams an archive follows: those ``source.queues`` selects, and the tap streams. ``queues``: a
+    listing taken already (``list_queues``); else the queues are listed."""
+    infos = list_queues(client, sel, taps) if queues is None else queues
     tapped = taps.streams() if taps is not None else set()
     return sorted((q for q in infos if q.queue_type == "stream"
                    and (sel.matches(q.vhost, q.name, "stream") or (q.vhost, q.name) in tapped)),

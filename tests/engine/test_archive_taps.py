@@ -10,8 +10,15 @@ import subprocess
 import sys
 import time
 
+from types import SimpleNamespace
+
 import pika
+from rbak.archive.archiver import Archiver as ArchiverCore
 from rbak.archive.status import archive_status
+from rbak.archive.taps import SYNC_SECS
+from rbak.broker.management import ManagementClient
+from rbak.broker.management import q as segment
+from rbak.config.loading import load_config
 from rbak.storage import open_storage
 from support.brokers import wait_until
 from support.archives import Archiver, archive_config, declare_stream, fs_storage, generations, rbak, restore_into
@@ -199,3 +206,63 @@ def test_a_queue_declared_while_archiving_that_a_pattern_matches_gets_a_tap(rmq4
     assert f"declared tap 'rbak.tap.orders.b' of queue 'orders.b' in vhost {vhost!r}" in log.read_text()
     assert {t["queue"]: t["queue_type"] for t in generations(path)[-1]["taps"]} == {"orders.a": "classic",
                                                                                     "orders.b": "quorum"}
+
+
+class CountingClient(ManagementClient):
+    """The management API client, every request it makes recorded (method, path)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+
+    def _send(self, method, path, timeout=None, **kw):
+        self.calls.append((method, path))
+        return super()._send(method, path, timeout, **kw)
+
+
+def test_a_relist_with_taps_lists_the_queues_once_and_still_sees_new_taps_and_deleted_streams(rmq43, vhost_factory,
+                                                                                              tmp_path):
+    """Each re-list's management API calls, counted: one listing of the vhost's queues serves the taps' sync and
+    the stream selection (before: two), plus three per tap (its queue, its queue's and its stream's bindings)."""
+    broker, vhost = rmq43, vhost_factory(rmq43)
+    broker.api("PUT", f"/api/exchanges/{vhost}/orders", json={"type": "direct", "durable": True})
+    broker.declare_queue(vhost, "orders.a")
+    bind(broker, vhost, "orders", "orders.a", "a")
+    declare_stream(broker, vhost, "events")
+    cfg = load_config(archive_config(tmp_path, broker, vhost, fs_storage(tmp_path), taps={"include": ["orders.*"]}))
+    arc = ArchiverCore(cfg)
+    assert arc.taps is not None
+    client = CountingClient.for_connection(cfg.source)
+    arc.taps.prepare(client, arc.taps.resolve(client, strict=True))
+    present = {f"{s.vhost}/{s.name}" for s in arc._select(client)}
+    assert present == {f"{vhost}/events", f"{vhost}/rbak.tap.orders.a"}
+    g = SimpleNamespace(listed_ms=None)
+    v = segment(vhost)
+    listing = ("GET", f"queues/{v}")
+    time.sleep(SYNC_SECS)  # the taps' bindings are compared at most this often
+    client.calls.clear()
+    assert arc._listed(g, client, present) and g.listed_ms is not None  # type: ignore[arg-type]
+    assert client.calls == [listing, ("GET", f"queues/{v}/orders.a"), ("GET", f"queues/{v}/orders.a/bindings"),
+                            ("GET", f"queues/{v}/rbak.tap.orders.a/bindings")], client.calls
+    client.calls.clear()  # within SYNC_SECS: the listing alone
+    assert arc._listed(g, client, present)  # type: ignore[arg-type]
+    assert client.calls == [listing], client.calls
+
+    # a queue declared mid-run that the pattern matches: its tap is declared, bound, and changes the selection
+    broker.declare_queue(vhost, "orders.b", arguments={"x-queue-type": "quorum"})
+    bind(broker, vhost, "orders", "orders.b", "b")
+    time.sleep(SYNC_SECS)
+    client.calls.clear()
+    assert not arc._listed(g, client, present)  # type: ignore[arg-type]
+    assert bindings(broker, vhost, "rbak.tap.orders.b") == [("orders", "b")]
+    assert ("PUT", f"queues/{v}/rbak.tap.orders.b") in client.calls
+    assert client.calls.count(listing) == 2 and client.calls[-1] == listing, client.calls  # listed again after it
+    present = {f"{s.vhost}/{s.name}" for s in arc._select(client)}
+    assert present == {f"{vhost}/events", f"{vhost}/rbak.tap.orders.a", f"{vhost}/rbak.tap.orders.b"}
+
+    # a selected stream deleted: the selection changes, from the one listing
+    broker.delete_queue(vhost, "events")
+    client.calls.clear()
+    assert not arc._listed(g, client, present)  # type: ignore[arg-type]
+    assert client.calls == [listing], client.calls
+    client.close()
