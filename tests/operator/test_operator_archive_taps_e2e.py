@@ -103,6 +103,32 @@ def test_taps_archived_restored_into_their_queues_and_typos_refused(cluster, env
         # 1. the example applied as a user adapts it
         r = _apply(cluster, _example(env, broker, name, vhost))
         assert r.returncode == 0 and r.stdout.strip() == f"rabbitmqarchive.rbak.io/{name} created", (r.stdout, r.stderr)
+        # 4. alongside, in a vhost of their own, the typos a user makes: each refused naming the field
+        broker.create_vhost(bad_vhost)
+        broker.declare_queue(bad_vhost, "orders", arguments={"x-queue-type": "quorum"})
+        broker.declare_queue(bad_vhost, "events", arguments={"x-queue-type": "stream"})
+        bad = f"{env.tag}-tapx"
+
+        def refused(msg: str) -> dict:
+            """The archiver exited 2 on ``msg``: the status (Failed, Ready False) and a Warning event say so."""
+            def said(s: dict) -> bool:
+                return any(c["type"] == "Ready" and msg in c["message"] for c in s.get("conditions") or [])
+            st = wait_for(_where(cluster, bad, said), timeout=60, what=f"the status to say {msg!r}",
+                          diag=lambda: f"{_status(cluster, bad)}\n{cluster.logs()}")
+            ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+            assert st["phase"] == "Failed" and ready["status"] == "False" and ready["reason"] == "ArchiverFailing", st
+            assert re.fullmatch(rf"the archiver \(pod rbak-archive-{bad}-[0-9a-f]{{5}}\) exited with code 2: "
+                                rf"rbak: Configuration error: {re.escape(msg)}", ready["message"]), ready
+            wait_for(lambda: ("Warning", "ArchiverFailing", ready["message"]) in _events(cluster, bad), timeout=30,
+                     what="the event")
+            r = _kubectl(cluster, "get", "rabbitmqarchive", bad)
+            assert r.stdout.splitlines()[1].split()[:2] == [bad, "Failed"], r.stdout
+            return st
+
+        # a pattern that names no queue ("order" for "orders"): the CRD cannot know; the archiver refuses it
+        r = _apply(cluster, _example(env, broker, bad, bad_vhost, {"include": ["order"]}))
+        assert r.returncode == 0, r.stderr
+
         cm = wait_for(lambda: cluster.http.get("v1", "configmaps", deployment), timeout=60, what="the config",
                       diag=diag)
         cfg = yaml.safe_load(cm["data"]["config.yaml"])
@@ -135,6 +161,12 @@ def test_taps_archived_restored_into_their_queues_and_typos_refused(cluster, env
         assert header == ["NAME", "PHASE", "RPO", "LAG", "RECOVERABLE", "UNTIL", "STREAMS", "GAPS", "AGE"], r.stdout
         assert row[:3] == [name, "Archiving", "5"] and row[5:7] == ["2", "0"], r.stdout
 
+        # the typo's archiver exited 2 meanwhile; the status and an event say why
+        refused(f"spec.taps.include: 'order' names no queue in vhost(s) {bad_vhost!r}; nothing was archived")
+        # a pattern that names a stream (its pod restarts with the new config while the restore runs)
+        r = _apply(cluster, _example(env, broker, bad, bad_vhost, {"include": ["events"]}))
+        assert r.returncode == 0 and r.stdout.strip() == f"rabbitmqarchive.rbak.io/{bad} configured", r.stderr
+
         # 3. a RabbitMQRestore of the archive into a fresh vhost, its queues declared first as the docs say
         broker.create_vhost(fresh)
         broker.declare_queue(fresh, "orders", arguments={"x-queue-type": "quorum"})
@@ -156,35 +188,7 @@ def test_taps_archived_restored_into_their_queues_and_typos_refused(cluster, env
         assert header[:5] == ["NAME", "PHASE", "BACKUP", "ENGINE", "RESTORED"], r.stdout
         assert row[:5] == [rname, "Succeeded", st["generation"], "job", "6"], r.stdout
 
-        # 4. the typos a user makes, each refused with a message naming the field
-        broker.create_vhost(bad_vhost)
-        broker.declare_queue(bad_vhost, "orders", arguments={"x-queue-type": "quorum"})
-        broker.declare_queue(bad_vhost, "events", arguments={"x-queue-type": "stream"})
-        bad = f"{env.tag}-tapx"
-
-        def refused(msg: str) -> dict:
-            """The archiver exited 2 on ``msg``: the status (Failed, Ready False) and a Warning event say so."""
-            def said(s: dict) -> bool:
-                return any(c["type"] == "Ready" and msg in c["message"] for c in s.get("conditions") or [])
-            st = wait_for(_where(cluster, bad, said), timeout=60, what=f"the status to say {msg!r}",
-                          diag=lambda: f"{_status(cluster, bad)}\n{cluster.logs()}")
-            ready = next(c for c in st["conditions"] if c["type"] == "Ready")
-            assert st["phase"] == "Failed" and ready["status"] == "False" and ready["reason"] == "ArchiverFailing", st
-            assert re.fullmatch(rf"the archiver \(pod rbak-archive-{bad}-[0-9a-f]{{5}}\) exited with code 2: "
-                                rf"rbak: Configuration error: {re.escape(msg)}", ready["message"]), ready
-            wait_for(lambda: ("Warning", "ArchiverFailing", ready["message"]) in _events(cluster, bad), timeout=30,
-                     what="the event")
-            r = _kubectl(cluster, "get", "rabbitmqarchive", bad)
-            assert r.stdout.splitlines()[1].split()[:2] == [bad, "Failed"], r.stdout
-            return st
-
-        # a pattern that names no queue ("order" for "orders"): the CRD cannot know; the archiver refuses it
-        r = _apply(cluster, _example(env, broker, bad, bad_vhost, {"include": ["order"]}))
-        assert r.returncode == 0, r.stderr
-        refused(f"spec.taps.include: 'order' names no queue in vhost(s) {bad_vhost!r}; nothing was archived")
-        # a pattern that names a stream
-        r = _apply(cluster, _example(env, broker, bad, bad_vhost, {"include": ["events"]}))
-        assert r.returncode == 0 and r.stdout.strip() == f"rabbitmqarchive.rbak.io/{bad} configured", r.stderr
+        # back to the typos: the stream named in spec.taps.include
         refused(f"spec.taps.include: 'events': queue 'events' in vhost {bad_vhost!r} is a stream: streams are "
                 "archived as they are (select it in spec.queues); nothing was archived")
         assert broker.queue_info(bad_vhost, "rbak.tap.orders") is None  # nothing was declared
@@ -198,6 +202,11 @@ def test_taps_archived_restored_into_their_queues_and_typos_refused(cluster, env
         r = _apply(cluster, _example(env, broker, f"{bad}2", bad_vhost, {"include": ["orders"], "maxage": "1D"}))
         assert r.returncode == 1 and 'unknown field "spec.taps.maxage"' in r.stderr, r.stderr
         assert cluster.http.get(API, "rabbitmqarchives", f"{bad}2") is None
+        # what the docs warn of: with --validate=false the server drops the key, and maxAge stays the default
+        typo = yaml.safe_dump(_example(env, broker, f"{bad}2", bad_vhost, {"include": ["orders"], "maxage": "1D"}))
+        r = _kubectl(cluster, "apply", "--validate=false", "--dry-run=server", "-o", "json", "-f", "-", input=typo)
+        assert r.returncode == 0 and json.loads(r.stdout)["spec"]["taps"] == {
+            "include": ["orders"], "maxAge": "7D", "maxLengthBytes": 10737418240}, (r.stdout, r.stderr)
     finally:
         _stop(cluster, name)
         _stop(cluster, f"{env.tag}-tapx")
