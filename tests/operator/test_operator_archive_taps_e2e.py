@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 from support.brokers import unique_name
-from support.op_e2e import API, Cluster
+from support.op_e2e import API, ARCHIVE_FAST, Cluster
 from support.opcluster import wait_for
 from test_operator_archive_e2e import _cond, _status, _where
 
@@ -30,9 +30,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rabbitmqa
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, moto_s3, e2e_kube):
-    c = Cluster(tmp_path_factory.mktemp("cluster"), kube=e2e_kube, operator_env={
-        "RBAK_OPERATOR_ARCHIVE_POLL_SECONDS": "1", "RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS": "0",
-        "RBAK_ARCHIVE_METRICS_PORT": "0"})
+    c = Cluster(tmp_path_factory.mktemp("cluster-archive-taps"), kube=e2e_kube, operator_env=ARCHIVE_FAST)
     try:
         yield c
     finally:
