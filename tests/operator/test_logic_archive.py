@@ -185,6 +185,7 @@ class FakeKube:
         self.deployments: dict[str, dict] = {}
         self.configmaps: dict[str, dict] = {}
         self.status: dict = {}
+        self.pods: list[dict] = []
 
     def secret_values(self, ns, name):
         self.calls.append(("get", f"secret/{name}"))
@@ -219,6 +220,10 @@ class FakeKube:
         self.calls.append(("update", "configmap"))
         self.configmaps[body["metadata"]["name"]] = body
         return True
+
+    def list_pods(self, ns, labels):
+        self.calls.append(("list", "pods"))
+        return [p for p in self.pods if labels.items() <= p["metadata"]["labels"].items()]
 
     def patch_status(self, plural, ns, name, patch):
         self.calls.append(("patch", f"{plural}/status"))
@@ -277,6 +282,68 @@ def test_a_bad_spec_is_failed_naming_the_field(pass_env, caplog):
     assert kube.status["phase"] == "Failed" and ready["reason"] == "InvalidSpec"
     assert ready["message"] == "Configuration error: spec.storage: set exactly one of s3 or pvc"
     assert not kube.deployments
+
+
+REFUSAL = ("2026-12-06 22:07:37 INFO rbak.metrics: metrics on http://0.0.0.0:43389/metrics\n"
+           "rbak: Configuration error: archive.taps.include: 'order' names no queue in vhost(s) 'shop'; nothing "
+           "was archived\n")
+
+
+def pod(name="rbak-archive-orders-ab12c", exit_code=2, finished="2026-05-28T20:26:50Z", message=REFUSAL,
+        state=None, archive="orders") -> dict:
+    last = {"terminated": {"exitCode": exit_code, "reason": "Error", "finishedAt": finished, "message": message}}
+    return {"metadata": {"name": name, "creationTimestamp": "2026-05-28T20:26:00Z",
+                         "labels": {**ad.labels(archive)}},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": "archiver", "restartCount": 3, "lastState": last,
+                "state": state or {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}}}]}}
+
+
+def test_archiver_exit_names_the_refusal_as_the_spec_names_the_field():
+    said = ("the archiver (pod rbak-archive-orders-ab12c) exited with code 2: rbak: Configuration error: "
+            "spec.taps.include: 'order' names no queue in vhost(s) 'shop'; nothing was archived")
+    assert ad.archiver_exit([pod()], None) == said
+    # an exit before the newest tick is history (the archiver ticked since): no cause of a missing tick
+    running = pod(state={"running": {"startedAt": "2026-05-28T20:26:51Z"}})
+    assert ad.archiver_exit([running], "2026-05-28T20:26:51.000Z") is None
+    assert ad.archiver_exit([running], "2026-05-28T20:26:49.500Z") == said
+    # exit 0 (a SIGTERM stop) is no failure; a pod that cannot start says so
+    assert ad.archiver_exit([pod(exit_code=0, state={"running": {}})], None) is None
+    pulling = pod(exit_code=0, state={"waiting": {"reason": "ImagePullBackOff", "message": "no such image rbak:x"}})
+    assert ad.archiver_exit([pulling], None) == ("pod rbak-archive-orders-ab12c container archiver: "
+                                                 "ImagePullBackOff: no such image rbak:x")
+    # the newest exit of two pods wins; rbak archive's other fields named as the spec names them
+    older = pod(name="rbak-archive-orders-00000", finished="2026-05-28T20:26:40Z")
+    stream = pod(message="rbak: Configuration error: source.queues.include: 'x' matches no stream; archive it "
+                         "through archive.taps (archive.taps.max_age)\n")
+    assert ad.archiver_exit([older, stream], None) == (
+        "the archiver (pod rbak-archive-orders-ab12c) exited with code 2: rbak: Configuration error: "
+        "spec.queues.include: 'x' matches no stream; archive it through spec.taps (spec.taps.maxAge)")
+
+
+def test_no_tick_and_an_exited_archiver_is_failed_with_its_message_once(pass_env, caplog, monkeypatch):
+    storage, clock_ms, key = pass_env
+    posted = []
+    monkeypatch.setattr(ar.events, "post", lambda body, kind, reason, msg: posted.append((kind, reason, msg)))
+    kube = FakeKube()
+    ar.remember(key, owner({**SPEC, "taps": {"include": ["order"]}}))
+    ar.archive_pass(kube, "ns", "orders", caplog)  # no pod yet: Pending, NoTick
+    assert kube.status["phase"] == "Pending" and ("list", "pods") in kube.calls
+    kube.pods = [pod(), pod(name="rbak-archive-other-ab12c", archive="other")]
+    for _ in range(2):
+        ar.archive_pass(kube, "ns", "orders", caplog)
+    ready = next(c for c in kube.status["conditions"] if c["type"] == "Ready")
+    assert kube.status["phase"] == "Failed" and (ready["status"], ready["reason"]) == ("False", "ArchiverFailing")
+    assert ready["message"].endswith("spec.taps.include: 'order' names no queue in vhost(s) 'shop'; nothing was "
+                                     "archived")
+    assert posted == [("Normal", "ArchiverCreated", "created Deployment rbak-archive-orders (rbak archive)"),
+                      ("Warning", "ArchiverFailing", ready["message"])]
+    # the archiver ticks (fixed, or the exit was before a restart that worked): Archiving, no pod read
+    storage.put(tick_key("p/orders.20261206T080000.000Z", 0), tick(T0 + 500, T0 + 100, seq=0).to_json())
+    clock_ms[0] = T0 + 1000
+    kube.calls.clear()
+    ar.archive_pass(kube, "ns", "orders", caplog)
+    assert kube.status["phase"] == "Archiving" and ("list", "pods") not in kube.calls
 
 
 def test_restore_point_defaults_to_recoverable_and_refuses_past_it():

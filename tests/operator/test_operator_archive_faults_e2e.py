@@ -19,7 +19,7 @@ from rbak_operator.decide.times import parse_time
 from rbak_operator.reconcile.archive import newest_tick
 from support.backups import fast_publish
 from support.brokers import unique_name
-from support.op_e2e import API, Cluster, bucket_root
+from support.op_e2e import API, ARCHIVE_FAST, Cluster, bucket_root
 from support.opcluster import wait_for
 from test_operator_archive_e2e import _cond, _create_archive, _status, _stream, _where
 
@@ -29,9 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, moto_s3, e2e_kube):
     """The operator polls the archive's storage every second and writes moved offsets at once."""
-    c = Cluster(tmp_path_factory.mktemp("cluster-archive-faults"), kube=e2e_kube, operator_env={
-        "RBAK_OPERATOR_ARCHIVE_POLL_SECONDS": "1", "RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS": "0",
-        "RBAK_ARCHIVE_METRICS_PORT": "0"})
+    c = Cluster(tmp_path_factory.mktemp("cluster-archive-faults"), kube=e2e_kube, operator_env=ARCHIVE_FAST)
     try:
         yield c
     finally:

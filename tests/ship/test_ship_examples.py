@@ -207,5 +207,8 @@ def test_continuous_archiving_docs_show_the_example_that_applies():
         section = section[:section.index("\n## ", 5)]
         assert f"```yaml\n{archive}\n```" in section, doc
     assert f"```yaml\n{restore}\n```" in (ROOT / "docs" / "operator.md").read_text()
+    taps = (ROOT / "docs" / "examples" / "rabbitmqarchive-taps.yaml").read_text().rstrip()
+    assert f"```yaml\n{taps}\n```" in (ROOT / "docs" / "operator.md").read_text()
+    assert crd_problems(load(ROOT / "docs" / "examples" / "rabbitmqarchive-taps.yaml")) == []
     assert crd_problems(load(ROOT / "docs" / "examples" / "rabbitmqarchive-s3.yaml")) == []
     assert crd_problems(load(ROOT / "docs" / "examples" / "rabbitmqrestore-archive.yaml")) == []

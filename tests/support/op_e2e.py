@@ -17,6 +17,10 @@ from support.opcluster import Emulator, Http, KubeHttp, Operator, PodRunner, Rea
 API = "rbak.io/v1alpha1"
 
 
+# the archive e2e modules' operator: the archive's storage polled every second, moved offsets written at once
+ARCHIVE_FAST = {"RBAK_OPERATOR_ARCHIVE_POLL_SECONDS": "1", "RBAK_OPERATOR_ARCHIVE_PROGRESS_SECONDS": "0",
+                "RBAK_ARCHIVE_METRICS_PORT": "0"}
+
 START = datetime(2030, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
 
 

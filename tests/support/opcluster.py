@@ -432,6 +432,11 @@ class DeploymentPod:
     log: Path
     grace: int
     started: float = field(default_factory=time.monotonic)
+    log_from: int = 0  # where this run's output starts in ``log`` (a restart in place appends)
+    killed: bool = False  # by kill_deployment_pod: the pod is replaced, not restarted
+    restarts: int = 0
+    exited: float | None = None  # when its container exited: restarted in place after the back-off
+    last_state: dict = field(default_factory=dict)  # the container status' lastState
 
 
 def _template_key(dep: dict) -> str:
@@ -527,7 +532,10 @@ class PodRunner:
             cur = self.deployment_pods.get(name)
             if cur is not None and cur.proc.poll() is None:
                 continue
-            if cur is not None:  # it exited or was killed: a new pod, as the ReplicaSet makes one
+            if cur is not None and not cur.killed:  # its container exited: restarted in the same pod
+                self._restart_in_place(cur, d)
+                continue
+            if cur is not None:  # it was killed (a node lost, an eviction): a new pod, as the ReplicaSet makes one
                 self._stop_deployment_pod(name)
                 if time.monotonic() - cur.started < 1.0:
                     continue  # a crash loop backs off
@@ -546,25 +554,58 @@ class PodRunner:
                                         "metadata": {"name": pod_name, "labels": labels},
                                         "spec": {**pod_spec, "schedulingGates": [{"name": SCHEDULING_GATE}]},
                                         "status": {"phase": "Pending"}}, self.ns)
-        c = pod_spec["containers"][0]
         try:
-            mounts = self._mounts(pod_spec, workdir)
-            env = {k: self._map(v, mounts) for k, v in self._env(c).items()}
+            proc = self._launch(dep, workdir, workdir / "output.log")
         except LookupError as e:  # a missing Secret or ConfigMap: the pod waits (CreateContainerConfigError)
             self.outputs[pod_name] = f"{pod_name}: CreateContainerConfigError: {e}"
             self.http.delete("v1", "pods", pod_name, self.ns)
             return
-        cmd = list(c.get("command") or []) + list(c.get("args") or [])
-        if cmd and cmd[0] == "python":
-            cmd[0] = sys.executable
-        cmd = [self._map(a, mounts) for a in cmd]
-        log = open(workdir / "output.log", "ab")
-        proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
         self.deployment_pods[name] = DeploymentPod(pod_name, _template_key(dep), proc, workdir / "output.log",
                                                    int(pod_spec.get("terminationGracePeriodSeconds") or 30))
         self.pod_starts.append(pod_name)
         self.http.patch("v1", "pods", pod_name, {"status": {"phase": "Running"}}, self.ns, "status")
+
+    def _launch(self, dep: dict, workdir: Path, log_path: Path) -> subprocess.Popen:
+        """The Deployment's container as a process, its output appended to ``log_path``."""
+        pod_spec = dep["spec"]["template"]["spec"]
+        c = pod_spec["containers"][0]
+        mounts = self._mounts(pod_spec, workdir)
+        env = {k: self._map(v, mounts) for k, v in self._env(c).items()}
+        cmd = list(c.get("command") or []) + list(c.get("args") or [])
+        if cmd and cmd[0] == "python":
+            cmd[0] = sys.executable
+        cmd = [self._map(a, mounts) for a in cmd]
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(cmd, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+
+    def _restart_in_place(self, pod: DeploymentPod, dep: dict) -> None:
+        """As a kubelet restarts a container that exited (restartPolicy Always): its exit is the container
+        status' ``lastState.terminated`` (the message: FallbackToLogsOnError's last 80 lines or 2048 bytes),
+        ``waiting: CrashLoopBackOff`` for a 1 s back-off, then it runs again in the same pod."""
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        if pod.exited is None:
+            pod.exited = time.monotonic()
+            out = pod.log.read_bytes()[pod.log_from:].decode(errors="replace") if pod.log.exists() else ""
+            term = {"exitCode": pod.proc.returncode, "reason": "Completed" if pod.proc.returncode == 0 else "Error",
+                    "finishedAt": _now()}
+            if pod.proc.returncode != 0:
+                term["message"] = "\n".join(out.splitlines()[-80:]).encode()[-2048:].decode(errors="replace")
+            pod.last_state = {"terminated": term}
+            self._container_status(pod, c, {"waiting": {"reason": "CrashLoopBackOff", "message": (
+                f"back-off 1s restarting failed container={c['name']} pod={pod.name}")}})
+            return
+        if time.monotonic() - pod.exited < 1.0:
+            return
+        pod.log_from = pod.log.stat().st_size if pod.log.exists() else 0
+        pod.proc = self._launch(dep, pod.log.parent, pod.log)
+        pod.exited, pod.restarts = None, pod.restarts + 1
+        self._container_status(pod, c, {"running": {"startedAt": _now()}})
+
+    def _container_status(self, pod: DeploymentPod, c: dict, state: dict) -> None:
+        self.http.patch("v1", "pods", pod.name, {"status": {"containerStatuses": [{
+            "name": c["name"], "state": state, "lastState": pod.last_state, "ready": "running" in state,
+            "restartCount": pod.restarts, "image": c.get("image", ""), "imageID": "", "started": "running" in state}]}},
+            self.ns, "status")
 
     def _stop_deployment_pod(self, name: str) -> None:
         pod = self.deployment_pods.pop(name, None)
@@ -587,6 +628,7 @@ class PodRunner:
         """SIGKILL the Deployment's running pod (a node lost, an eviction); the runner replaces it.
         Returns the killed pod's name."""
         pod = self.deployment_pods[name]
+        pod.killed = True
         pod.proc.kill()
         pod.proc.wait(10)
         return pod.name

@@ -38,8 +38,8 @@ from rbak_operator.decide.rbakconfig import (
     queue_selection,
     storage_section,
 )
-from rbak_operator.decide.status import set_condition
-from rbak_operator.decide.times import fmt
+from rbak_operator.decide.status import last_error_line, set_condition, start_problem
+from rbak_operator.decide.times import fmt, parse_time
 
 L_ARCHIVE = "rbak.io/archive"
 A_SPEC_HASH = "rbak.io/spec-hash"
@@ -283,6 +283,42 @@ def conditions(v: ArchiveView, spec: dict[str, Any], existing: list[dict[str, An
     else:
         phase = "Archiving"
     return phase, conds or []
+
+
+# rbak archive's config key paths, as a RabbitMQArchive's spec names them (the most specific first)
+SPEC_FIELDS = (("archive.taps.max_length_bytes", "spec.taps.maxLengthBytes"), ("archive.taps.max_age", "spec.taps.maxAge"),
+               ("archive.taps.", "spec.taps."), ("archive.taps", "spec.taps"), ("source.queues.", "spec.queues."),
+               ("source.queues", "spec.queues"), ("archive.max_delay_secs", "spec.maxDelaySeconds"))
+
+
+def in_spec_terms(text: str) -> str:
+    """The archiver's message with the fields named as the user wrote them (``spec.taps.include``)."""
+    for ours, theirs in SPEC_FIELDS:
+        text = text.replace(ours, theirs)
+    return text
+
+
+def archiver_exit(pods: list[dict[str, Any]], last_tick: str | None) -> str | None:
+    """Why the archiver makes no tick, from its pods: a container that exited non-zero since ``last_tick`` (the
+    newest tick's time; None: no tick yet), named with the last error line of its termination message
+    (FallbackToLogsOnError: ``rbak: Configuration error: ...``), or one that cannot start (an image, a Secret).
+    None when the pods say nothing of the kind (the storage may be what is slow). No time or restart count in
+    it: a crash loop writes the status once, not at every restart."""
+    since = parse_time(last_tick) if last_tick else None
+    exits = []
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            for where in ("state", "lastState"):
+                term = (cs.get(where) or {}).get("terminated") or {}
+                at = parse_time(term["finishedAt"]) if term.get("finishedAt") else None
+                if term.get("exitCode", 0) != 0 and (since is None or (at is not None and at > since)):
+                    exits.append((term.get("finishedAt") or "", (pod.get("metadata") or {}).get("name"), term))
+    if not exits:  # a CrashLoopBackOff names no cause (its exit above does): said only without one
+        found = start_problem(pods)
+        return found[1] if found is not None else None
+    _, pod_name, term = max(exits, key=lambda e: e[0])
+    why = in_spec_terms(last_error_line(term.get("message") or "") or term.get("reason") or "no message")
+    return f"the archiver (pod {pod_name}) exited with code {term['exitCode']}: {why}"[:1000]
 
 
 def _shape(status: dict[str, Any]) -> Any:

@@ -29,6 +29,7 @@ from rbak_operator.decide.archive import (
     PROGRESS_WRITE_SECS,
     applied_hash,
     archive_config,
+    archiver_exit,
     conditions,
     L_ARCHIVE,
     configmap_body,
@@ -40,7 +41,7 @@ from rbak_operator.decide.archive import (
     status_patch,
     view,
 )
-from rbak_operator.decide.status import GONE
+from rbak_operator.decide.status import GONE, set_condition
 from rbak_operator.decide.times import fmt, parse_time
 from rbak_operator.decide.wake import evidence_recheck_time
 from rbak_operator.kube import events
@@ -76,6 +77,7 @@ class ArchiveState:
     written: dict[str, Any] | None = None  # the status as this operator last wrote it
     last_write: float = field(default_factory=time.monotonic)
     config_error: str | None = None
+    pod_error: str | None = None  # why the archiver's pod makes no tick, as last said (an event once per cause)
     drill_intent: str | None = None  # spec.verify and the drill trigger as the drill reconciler last saw them
 
 
@@ -124,6 +126,15 @@ def archive_pass(kube: Kube, namespace: str, name: str, logger) -> tuple[dict[st
             {"type": "Ready", "status": "False", "reason": "InvalidSpec", "message": state.config_error[:1000],
              "lastTransitionTime": fmt(now)}]
         phase = "Failed"
+    elif _ready_reason(conds) in ("NoTick", "TicksOverdue"):
+        # no tick on time: the archiver's pods may say why (a refused config exits 2; its message is the pod's)
+        failure = archiver_exit(kube.list_pods(meta["namespace"], pod_selector(name)), v.status.get("lastTickTime"))
+        if failure is not None:
+            conds = set_condition(conds, "Ready", "False", "ArchiverFailing", failure, now, meta.get("generation"))
+            phase = "Failed"
+            if state.pod_error != failure:
+                events.post(body, "Warning", "ArchiverFailing", failure)
+        state.pod_error = failure
     new = {**v.status, "phase": phase, "conditions": conds, "archiveName": name,
            "deployment": resource_name(name), "configMap": resource_name(name)}
     restore_drill = drill_pass(kube, body, state, written)
@@ -264,10 +275,17 @@ def newest_tick(storage: Any, prefix: str, name: str) -> Tick | None:
 WRITER_LIVE = "writer-live"  # delete_archive_data: the archiver's pod still runs; nothing was deleted
 
 
+def pod_selector(name: str) -> dict[str, str]:
+    return {L_ARCHIVE: labels(name)[L_ARCHIVE], "app.kubernetes.io/component": "archive"}
+
+
+def _ready_reason(conds: list[dict[str, Any]]) -> str | None:
+    return next((c.get("reason") for c in conds if c.get("type") == "Ready"), None)
+
+
 def archiver_pods(kube: Kube, namespace: str, name: str) -> list[str]:
     """The archiver's pods the API still lists (running or terminating: either may still write)."""
-    sel = {L_ARCHIVE: labels(name)[L_ARCHIVE], "app.kubernetes.io/component": "archive"}
-    return [p["metadata"]["name"] for p in kube.list_pods(namespace, sel)
+    return [p["metadata"]["name"] for p in kube.list_pods(namespace, pod_selector(name))
             if ((p.get("status") or {}).get("phase")) not in ("Succeeded", "Failed")]
 
 
