@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .. import metrics
 from ..broker.cluster import amqp_cluster_name, split_cluster
 from ..broker.transport import TargetConnection, Transport
-from ..errors import ManifestError, RbakError, RestoreError
+from ..errors import ConfigError, ManifestError, RbakError, RestoreError
 from ..format.manifest import BackupManifest
 from ..storage.base import Storage
 from .chain import expand_chains
@@ -32,6 +32,7 @@ from .queue_restore import QueueResult, count_selected, plan_codec, restore_queu
 from .record_publisher import version_of
 from .source import BackupSource
 from .target_limits import refusal
+from .target_types import dry_run_missing, refuse_mismatched_taps, target_types
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,11 @@ def _checked_restore(source: BackupSource, manifest: BackupManifest, plans: list
         summary.definitions = import_definitions(source, manifest, options)
         d = summary.definitions
         summary.written += [k for k in (d.rollback_key, d.report_key) if k]
+    types = None
     if options.restore_messages:
         refuse_missing_vhosts(plans, options, summary.definitions)
+        types = target_types(plans, options)
+        refuse_mismatched_taps(plans, types)
     if not options.restore_messages:
         summary.duration_secs = time.monotonic() - t0
         return summary
@@ -201,6 +205,9 @@ def _checked_restore(source: BackupSource, manifest: BackupManifest, plans: list
                             chain=list(chains.get((p.source_vhost, p.source_queue), ())))
             r.selected = count_selected(source, p, options)
             r.skipped_records += p.candidate_records - r.selected
+            missing = dry_run_missing(p, types, options)
+            if missing is not None:  # the real run fails this queue so: the dry run says it too
+                r.status, r.error = "failed", f"{RestoreError.prefix}: {missing}"
             summary.queues.append(r)
         summary.duration_secs = time.monotonic() - t0
         return summary
@@ -435,4 +442,4 @@ def refuse_split_target(plans: list[QueuePlan], options: RestoreOptions,
         return
     problem = split_cluster("target", options.target, amqp_cluster, mgmt_cluster, "--management-url")
     if problem:
-        raise RestoreError(f"{problem}; nothing was restored")
+        raise ConfigError(f"{problem}; nothing was restored")

@@ -40,6 +40,7 @@ class QueuePlan:
     link_of: Mapping[str, str] = field(default_factory=dict)
     link_encryption: Mapping[str, EncryptionInfo | None] = field(default_factory=dict)
     archive: str | None = None  # the archive the backup is a generation of: it stores no definitions to restore
+    tap_of: tuple[str, str] | None = None  # a queue tap's (tapped queue, its type as the tap recorded it)
 
     @property
     def candidate_records(self) -> int:
@@ -131,6 +132,7 @@ def plan_queue(q: QueueBackup, options: RestoreOptions, encryption: EncryptionIn
         encryption=encryption,
         link_of=dict(q.link_of),
         link_encryption=dict(q.link_encryption),
+        tap_of=(q.stream.tap.queue, q.stream.tap.queue_type) if q.stream is not None and q.stream.tap else None,
     )
 
 
@@ -188,8 +190,12 @@ def check_selection(manifest: BackupManifest, options: RestoreOptions, definitio
                 raise ConfigError(f"restore.queues.{key_name}: {pat!r} matches no queue of backup {bid!r}{why}; "
                                   f"its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
     if pairs and not any(sel.matches(q.vhost, q.name, q.queue_type, q.message_count) for q in manifest.queues):
+        typed = [f"{q.name!r} taps {q.stream.tap.queue_type} queue {q.stream.tap.queue!r}" for q in manifest.queues
+                 if q.stream is not None and q.stream.tap and q.stream.tap.queue_type in sel.types]
+        why = (f"; taps are archived as streams: {', '.join(typed[:3])}{', ...' if len(typed) > 3 else ''}; select them by name or "
+               "with types: [stream]" if typed and "stream" not in sel.types else "")
         raise ConfigError(f"restore.queues: selects none of the {len(pairs)} queue(s) of backup {bid!r} "
-                          f"(types {sel.types}, min_messages {sel.min_messages}, exclude {sel.exclude}); "
+                          f"(types {sel.types}, min_messages {sel.min_messages}, exclude {sel.exclude}){why}; "
                           f"its queues: {_some(f'{v}/{n}' for v, n, _ in pairs)}")
 
 

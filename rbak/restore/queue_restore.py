@@ -194,9 +194,16 @@ def missing_target_advice(plan: QueuePlan) -> str:
     """What to do about a target queue that does not exist: an archive has no definitions to restore first."""
     if plan.archive is None:
         return "restore the definitions first, or create it"
-    return (f"archive {plan.archive!r} stores no definitions: declare it (x-queue-type: stream, with the source "
-            "stream's retention arguments), or import a definitions export taken by rbak backup or rbak "
-            "definitions-export, then restore again")
+    declare = "declare it (x-queue-type: stream, with the source stream's retention arguments)"
+    if plan.tap_of is not None and plan.queue_type != "stream":  # a tap goes into a queue of the type it recorded
+        declare = (f"declare {plan.queue_type} queue {plan.target_queue!r}, as tap {plan.source_queue!r} recorded "
+                   f"queue {plan.tap_of[0]!r}")
+    return (f"archive {plan.archive!r} stores no definitions: {declare}, or import a definitions export taken by "
+            "rbak backup or rbak definitions-export, then restore again")
+
+
+def missing_target_error(plan: QueuePlan) -> str:
+    return f"{plan.target_label} does not exist ({missing_target_advice(plan)}); it is the target of {plan.label}"
 
 
 def prepare_target(conn: TargetConnection, plan: QueuePlan, options: RestoreOptions,
@@ -212,8 +219,7 @@ def prepare_target(conn: TargetConnection, plan: QueuePlan, options: RestoreOpti
     if state.initial_depth is None and not state.segments:  # fresh
         depth, next_offset = target_contents(conn, plan, options)
         if depth is None and options.publish_mode == "queue":
-            raise RestoreError(f"{target} does not exist ({missing_target_advice(plan)}); it is the target of "
-                               f"{plan.label}")
+            raise RestoreError(missing_target_error(plan))
         held = held_description(depth, next_offset)
         if held:
             if options.skip_existing:

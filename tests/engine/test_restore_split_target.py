@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from support.restores import build_backup, declare, make_records, options_for, storage_for
 
-from rbak.errors import RestoreError
+from rbak.errors import ConfigError
 from rbak.restore.engine import run_restore
 
 
@@ -26,7 +26,7 @@ def test_a_management_url_of_another_broker_is_refused_naming_both(rmq43, rmq310
                                                                              every_type=False))])
         opts = options_for(rmq43, "split")
         opts = dataclasses.replace(opts, target=dataclasses.replace(opts.target, management_url=rmq310.management_url))
-        with pytest.raises(RestoreError) as e:
+        with pytest.raises(ConfigError) as e:
             run_restore(storage, opts)
         msg = str(e.value)
         assert f"target.management_url {rmq310.management_url} answers for cluster" in msg, msg
