@@ -194,6 +194,9 @@ def _checked_restore(source: BackupSource, manifest: BackupManifest, plans: list
     if options.restore_messages:
         refuse_missing_vhosts(plans, options, summary.definitions)
         types = target_types(plans, options)
+        if types is None and dry:
+            log.warning("the target's management API did not list its queues: this dry run did not check that the "
+                        "target queues exist and are of the type each is restored as")
         refuse_mismatched_taps(plans, types)
     if not options.restore_messages:
         summary.duration_secs = time.monotonic() - t0

@@ -9,7 +9,8 @@ the same listing to report a missing target the real run would fail on.
 
 from __future__ import annotations
 
-from ..errors import RbakError, RestoreError
+from ..broker.management import q
+from ..errors import ManagementApiError, RbakError, RestoreError
 from .options import RestoreOptions
 from .plan import QueuePlan
 from .queue_restore import missing_target_error
@@ -22,7 +23,14 @@ def target_types(plans: list[QueuePlan], options: RestoreOptions) -> dict[tuple[
     try:
         with options.broker().management() as client:
             for vhost in sorted({p.target_vhost for p in plans}):
-                out.update(((vhost, qi.name), qi.queue_type) for qi in client.queues(vhost))
+                try:
+                    listing = client.request("GET", f"queues/{q(vhost)}") or []
+                except ManagementApiError as e:
+                    if e.status == 404:  # a vhost a definitions dry run would create
+                        continue
+                    raise
+                out.update(((vhost, d["name"]), d.get("type") or "classic") for d in listing
+                           if isinstance(d, dict) and "name" in d)
     except RbakError:
         return None
     return out

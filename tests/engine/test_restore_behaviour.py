@@ -83,6 +83,23 @@ def test_dry_run_reports_per_queue_without_touching_a_broker(tmp_path):
     assert by["a"].skipped_segments >= 1
 
 
+def test_a_dry_run_fails_a_missing_target_queue_as_the_real_run_does(rmq43, vhost_factory, tmp_path):
+    """A dry run that reaches the target said "would publish" for a queue the real run fails: it does not exist."""
+    vhost = vhost_factory(rmq43)
+    storage = storage_for(tmp_path)
+    build_backup(storage, "gone", [(vhost, "gone", "classic", make_records(vhost, "gone", _bodies(3), every_type=False))])
+    want = (f"Restore error: queue 'gone' in vhost {vhost!r} does not exist (restore the definitions first, or create "
+            f"it); it is the target of queue 'gone' in vhost {vhost!r}")
+    for dry in (True, False):
+        summary = run_restore(storage, options_for(rmq43, "gone", dry_run=dry))
+        (q,) = summary.queues
+        assert (q.status, q.error, summary.ok) == ("failed", want, False), (dry, q)
+    declare(rmq43, vhost, "gone")
+    (q,) = run_restore(storage, options_for(rmq43, "gone", dry_run=True)).queues
+    assert (q.status, q.error, q.selected) == ("dry-run", None, 3)
+    assert rmq43.message_count(vhost, "gone") == 0
+
+
 def test_refuses_a_non_empty_queue_unless_allowed(broker, vhost, tmp_path):
     storage = storage_for(tmp_path)
     build_backup(storage, "ne", [(vhost, "busy", "classic", make_records(vhost, "busy", _bodies(10), every_type=False))])

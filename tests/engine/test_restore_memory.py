@@ -16,7 +16,7 @@ import pytest
 from rbak import cli
 from rbak.broker.memory import MemoryBroker, MemoryMessage
 from rbak.commands import restore as restore_cmd
-from rbak.errors import PublishError, RestoreError
+from rbak.errors import ConfigError, PublishError, RestoreError
 from rbak.format.amqp091 import decode_basic_properties
 from rbak.format.record import Long, Table
 from rbak.restore import run_restore
@@ -211,8 +211,8 @@ def test_a_management_url_of_another_cluster_refuses_the_restore_before_publishi
     broker = _broker("orders")
     broker.management_cluster_name = "rabbit@elsewhere"
 
-    with pytest.raises(RestoreError, match="answers for cluster 'rabbit@elsewhere', but .* is cluster "
-                                           "'rabbit@memory'"):
+    with pytest.raises(ConfigError, match="answers for cluster 'rabbit@elsewhere', but .* is cluster "
+                                          "'rabbit@memory'"):  # a configuration error: exit 2
         run_restore(storage, _options(broker))
     assert broker.taken == 0
 
