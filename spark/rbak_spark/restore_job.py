@@ -58,6 +58,7 @@ from rbak.restore.engine import (
 )
 from rbak.restore.options import RestoreOptions, local_target, options_from_config
 from rbak.restore.plan import plan_restore
+from rbak.restore.target_types import refuse_mismatched_taps, target_types
 from rbak.restore.queue_restore import QueueResult, held_description, restore_queue_segments, target_contents
 from rbak.repo.catalog import load_manifest
 from rbak.restore.source import BackupSource
@@ -377,6 +378,7 @@ def run_restore_job(spark, url: str, options, ordering: str = "strict", progress
     if options.restore_definitions or options.definitions_dry_run:
         definitions = import_definitions(source, manifest, options)
     refuse_missing_vhosts(plans, options, definitions)
+    refuse_mismatched_taps(plans, target_types(plans, options))  # a tap into a queue of another type: before publishing
     skipped = [r for r in (skipped_by_definitions(p, definitions) for p in plans) if r is not None]
     plans = [p for p in plans if skipped_by_definitions(p, definitions) is None]
     _refuse_speculation(spark)

@@ -29,5 +29,8 @@ def test_partial_backup_is_shown_and_warned(tmp_path):
     assert "(partial)" in d and "refused //lim: its delivery limit is 2" in d
     v = _cli("validate", "--path", "store", "--backup-id", "part", cwd=tmp_path)
     assert v.returncode == 0 and "valid, partial" in v.stdout and "lim" in v.stdout
-    r = _cli("restore", "--path", "store", "--backup-id", "part", "--dry-run", cwd=tmp_path)
-    assert r.returncode == 0 and "PARTIAL" in r.stderr and "/lim (refused)" in r.stderr
+    r = _cli("restore", "--path", "store", "--backup-id", "part", "--dry-run", "--target-url",
+             "amqp://guest:guest@127.0.0.1:1/", "--management-url", "http://127.0.0.1:1", cwd=tmp_path)  # no broker
+    assert r.returncode == 0 and "PARTIAL" in r.stderr and "/lim (refused)" in r.stderr, r.stderr
+    assert ("this dry run did not check that the target queues exist and are of the type each is restored as"
+            in r.stderr), r.stderr
