@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from rbak.archive.state import ArchiveSummary
+from rbak.archive.status import archive_status
 from rbak.config import Config
 from rbak.errors import ConfigError
 from rbak.format.archive import Tick, TickStream, assemble
@@ -91,6 +93,13 @@ def test_list_shows_the_taps_of_a_generation(tmp_path):
     st.put(f"p/{m.backup_id}/manifest.json", m.to_json())
     (obj,) = list_obj(list_backups(st, "p"))
     assert obj["taps"] == [{"vhost": "v", "stream": "rbak.tap.orders", "queue": "orders", "queue_type": "quorum"}]
+    # the archive's status names the tapped queue as list does, and its --json summary a storage to paste
+    status = archive_status(st, "arc", "p").to_json_obj()
+    assert [(s["name"], s["tap"]) for s in status["streams"]] == [
+        ("events", None), ("rbak.tap.orders", {"queue": "orders", "queue_type": "quorum"})]
+    summary = ArchiveSummary("arc", st.url, "p").to_json_obj()
+    assert (summary["state"], summary["storage"], summary["prefix"]) == ("starting", st.url, "p")
+    assert [b.backup_id for b in list_backups(open_storage(summary["storage"]), summary["prefix"])] == [m.backup_id]
 
 
 def test_queue_backup_without_stream_is_no_tap():

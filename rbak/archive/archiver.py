@@ -92,7 +92,7 @@ class Archiver:
         self.compression = Compression.parse(cfg.backup.compression)
         self.level = check_level(self.compression, cfg.backup.compression_level)
         self.stopping = threading.Event()
-        self.summary = ArchiveSummary(self.name, self.storage.url)
+        self.summary = ArchiveSummary(self.name, self.storage.url, self.prefix)
         self.state = "starting"
         self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
         self.clock = TickClock(cfg.archive.max_delay_secs)  # a tick's wait and the head-room before it
@@ -134,7 +134,10 @@ class Archiver:
                             self.source.management_url)
             if self.taps is not None:  # checked (exit 2), then each tap stream declared and bound
                 self.taps.prepare(client, taps)
-            streams = self._select(client)
+            queues = list_queues(client, self.source.queues, self.taps)
+            streams = self._select(client, queues)
+            if self.taps is not None:  # a left-over tap stream source.queues selects: said, and kept a tap if it can
+                self.taps.note_leftovers(streams, queues)
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
                 try:
@@ -175,6 +178,8 @@ class Archiver:
                 return lease
             except BackupLeaseError as e:
                 self.state = "waiting"
+                if not self.summary.generations:  # stopped now, it never archived: the summary says so
+                    self.summary.state = "waiting"
                 if not said:
                     log.warning("archive %s: waiting: another archiver of this source holds the archive lease "
                                 "(%s)", self.name, str(e).split(": ", 1)[-1].split("; nothing", 1)[0])
@@ -239,6 +244,7 @@ class Archiver:
         g = Generation(gid, layout, now_ms(), cluster, ov.get("rabbitmq_version"), codec,
                        self._plan(client, newest, prev_w), prev_w)
         self.summary.generations.append(gid)
+        self.summary.state = "archived"
         self._write_tick(g)  # tick 0: each stream's link and start
         failure: BaseException | None = None
         pool = StorePool()
@@ -553,7 +559,7 @@ class Archiver:
                 metrics.archive_lag().labels(**labels).set(max(0.0, (now - ts.complete_until) / 1000))
         s.streams = [{"vhost": ts.vhost, "name": ts.name, "epoch": ts.epoch, "present": ts.present,
                       "last_offset": ts.info.last_offset, "complete_until": ts.complete_until,
-                      "tap": ts.info.tap.queue if ts.info.tap else None,
+                      "tap": ts.info.tap.to_json_obj() if ts.info.tap else None,
                       "gaps": [gp.to_json_obj() for gp in ts.info.gaps]} for ts in tick.streams]
 
     def _close(self, g: Generation) -> None:
