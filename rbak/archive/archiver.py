@@ -55,7 +55,7 @@ from ..sealing.envelope import write_wraps, writer_codec
 from ..errors import AmqpError, BackupLeaseError, ConfigError, NotFoundError, RbakError
 from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
 from ..format.compression import Compression, check_level
-from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
+from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap, TapOf
 from ..format.manifest_archive import CommittedEnd
 from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
 from ..broker.management import ManagementClient, QueueInfo
@@ -63,7 +63,7 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
-from .taps import Taps, check_selection, list_queues, select_streams
+from .taps import Taps, check_selection, leftover_taps, list_queues, select_streams
 from .tick_clock import TickClock
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class Archiver:
         self.clock = TickClock(cfg.archive.max_delay_secs)  # a tick's wait and the head-room before it
         self._unprobed: set[str] = set()  # streams whose complete-until fell back to read times (warned once)
         self.taps = Taps(cfg.archive.taps, cfg.source.queues.vhosts, self.name) if cfg.archive.taps else None
+        self.leftover: dict[tuple[str, str], TapOf] = {}  # tap streams of queues archive.taps does not tap
 
     def stop(self) -> None:
         """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
@@ -136,8 +137,7 @@ class Archiver:
                 self.taps.prepare(client, taps)
             queues = list_queues(client, self.source.queues, self.taps)
             streams = self._select(client, queues)
-            if self.taps is not None:  # a left-over tap stream source.queues selects: said, and kept a tap if it can
-                self.taps.note_leftovers(streams, queues)
+            self.leftover = leftover_taps(self.name, streams, queues, self.taps)  # said; a tap still if it can be
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
                 try:
@@ -303,7 +303,8 @@ class Archiver:
                 durable = Durable(d.previous_last_offset, d.previous_sha256, d.previous_chunk_timestamp,
                                   last_ts.get((q.vhost, q.name)) if cont else None)
                 st = StreamState(q.vhost, q.name, d, durable, epoch, True, prev_w if cont else None,
-                                 tap=self.taps.of(q.vhost, q.name) if self.taps is not None else None)
+                                 tap=(self.taps.of(q.vhost, q.name) if self.taps is not None else None)
+                                 or self.leftover.get((q.vhost, q.name)))
                 out[st.key] = st
         finally:
             for c in conns.values():

@@ -94,7 +94,6 @@ class Taps:
         self.vhosts = list(cfg.vhosts or source_vhosts)  # empty: every vhost
         self.archive = archive
         self.taps: dict[tuple[str, str], Tap] = {}  # (vhost, tap stream) -> tap
-        self.leftover: dict[tuple[str, str], TapOf] = {}  # a tap stream of a queue no longer in archive.taps
         self._said: set[str] = set()  # warnings given once
         self._synced = 0.0
         self._declared = 0  # tap streams declared: a listing taken before one does not show it
@@ -104,30 +103,7 @@ class Taps:
 
     def of(self, vhost: str, stream: str) -> TapOf | None:
         t = self.taps.get((vhost, stream))
-        return t.of if t is not None else self.leftover.get((vhost, stream))
-
-    def note_leftovers(self, selected: list[QueueInfo], queues: list[QueueInfo]) -> None:
-        """A tap stream ``rbak.tap.X`` that ``source.queues`` selects while ``archive.taps`` no longer taps X:
-        archived as the tap it is (restored into X) when X is a classic or quorum queue, warned about once
-        either way (nothing binds it any more: it records only what its old bindings still route)."""
-        types = {(q.vhost, q.name): q.queue_type for q in queues}
-        for s in selected:
-            if not s.name.startswith(TAP_PREFIX) or (s.vhost, s.name) in self.taps:
-                continue
-            queue = s.name[len(TAP_PREFIX):]
-            qt = types.get((s.vhost, queue))
-            if qt in ("classic", "quorum"):
-                self.leftover[(s.vhost, s.name)] = TapOf(queue, qt)
-                self._once(f"left {s.vhost}/{s.name}", "stream %r in vhost %r is the tap stream of %s queue %r, "
-                           "which archive.taps does not tap: archived through source.queues as its tap (restored "
-                           "into %r), its bindings no longer kept in step with the queue's; add %r to "
-                           "archive.taps.include, or exclude %r in source.queues.exclude", s.name, s.vhost, qt,
-                           queue, queue, queue, s.name)
-            else:
-                self._once(f"left {s.vhost}/{s.name}", "stream %r in vhost %r is named as a tap stream but "
-                           "archive.taps does not tap queue %r (%s): archived through source.queues as a plain "
-                           "stream; exclude %r in source.queues.exclude to leave it out", s.name, s.vhost, queue,
-                           "no such queue" if qt is None else f"a {qt} queue", s.name)
+        return t.of if t is not None else None
 
     def _once(self, key: str, msg: str, *args: Any) -> None:
         if key not in self._said:
@@ -300,6 +276,32 @@ class Taps:
                 log.info("archive %s: %s: unbound from exchange %r with routing key %r, as the queue no longer is "
                          "bound so", self.archive, t.label, k[0], k[1])
         return (len(self.taps), self._declared) != before
+
+
+def leftover_taps(archive: str, selected: list[QueueInfo], queues: list[QueueInfo],
+                  taps: Taps | None) -> dict[tuple[str, str], TapOf]:
+    """At start, each tap stream ``rbak.tap.X`` that ``source.queues`` selects while ``archive.taps`` does not
+    tap X (taken out of it, or no taps at all), said once: archived as the tap it is (restored into X) when X
+    is a classic or quorum queue, else as a plain stream. Nothing binds it any more."""
+    types = {(q.vhost, q.name): q.queue_type for q in queues}
+    out: dict[tuple[str, str], TapOf] = {}
+    for s in selected:
+        if not s.name.startswith(TAP_PREFIX) or (taps is not None and taps.of(s.vhost, s.name) is not None):
+            continue
+        queue = s.name[len(TAP_PREFIX):]
+        qt = types.get((s.vhost, queue))
+        if qt in ("classic", "quorum"):
+            out[(s.vhost, s.name)] = TapOf(queue, qt)
+            log.warning("archive %s: stream %r in vhost %r is the tap stream of %s queue %r, which archive.taps "
+                        "does not tap: archived through source.queues as its tap (restored into %r), its bindings "
+                        "no longer kept in step with the queue's; add %r to archive.taps.include, or exclude %r in "
+                        "source.queues.exclude", archive, s.name, s.vhost, qt, queue, queue, queue, s.name)
+        else:
+            log.warning("archive %s: stream %r in vhost %r is named as a tap stream but archive.taps does not tap "
+                        "queue %r (%s): archived through source.queues as a plain stream; exclude %r in "
+                        "source.queues.exclude to leave it out", archive, s.name, s.vhost, queue,
+                        "no such queue" if qt is None else f"a {qt} queue", s.name)
+    return out
 
 
 def list_queues(client: ManagementClient, sel: QueueSelection, taps: Taps | None) -> list[QueueInfo]:
