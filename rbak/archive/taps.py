@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 TAP_PREFIX = "rbak.tap."  # a name rbak keeps for itself: a queue of another type under it is refused
 SYNC_SECS = 1.0  # bindings are compared at each listing, at most this often
 POLICY_KEY = {"x-max-age": "max-age", "x-max-length-bytes": "max-length-bytes"}  # a policy's key replaces the
-# argument on the running stream: rabbit_stream_queue:update_stream_conf's retention, 3.10.8 and 4.3.6 (2026-12-06)
+# argument, larger or smaller (tests/engine/test_archive_taps.py, on the three brokers)
 Binding = tuple[str, str, str]  # exchange, routing key, arguments (canonical JSON)
 
 

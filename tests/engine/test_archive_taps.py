@@ -314,3 +314,16 @@ def test_a_glob_passes_over_rbaks_own_queues_and_a_left_over_tap_stays_a_tap(rmq
     listed = json.loads(rbak("list", "--path", summary["storage"], "--prefix", summary["prefix"], "--format",
                              "json").stdout)
     assert {t["queue"] for t in listed[-1]["taps"]} == {"cq", "qq"}
+
+
+def test_a_policy_replaces_a_tap_streams_retention_arguments(broker, vhost):
+    """What the not-applied max_age warning tells the user to do works: a policy's max-age and max-length-bytes
+    replace the stream's x- arguments, larger or smaller (the retention the broker computes for the stream)."""
+    declare_stream(broker, vhost, "rbak.tap.q", **{"x-max-age": "7D", "x-max-length-bytes": 10 * 1024 ** 3})
+    expr = (f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, <<"rbak.tap.q">>)), '
+            'lists:sort(maps:get(retention, rabbit_stream_queue:update_stream_conf(Q, #{}))).')
+    for age, size, ms in (("1D", 1000000, 86400000), ("30D", 90000000000, 2592000000)):
+        broker.api("PUT", f"/api/policies/{vhost}/tap", json={"pattern": "^rbak\\.tap\\.", "apply-to": "queues",
+                                                              "definition": {"max-age": age, "max-length-bytes": size}})
+        wait_until(lambda: broker.rabbitmqctl("eval", expr).stdout.strip() == f"[{{max_age,{ms}}},{{max_bytes,{size}}}]",
+                   timeout=30, what=f"the policy's max-age {age} applied")
