@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+from rbak.archive.state import ArchiveSummary
+from rbak.archive.status import archive_status
+from rbak.archive.taps import leftover_taps
+from rbak.broker.management import QueueInfo
 from rbak.config import Config
 from rbak.errors import ConfigError
 from rbak.format.archive import Tick, TickStream, assemble
@@ -91,7 +95,28 @@ def test_list_shows_the_taps_of_a_generation(tmp_path):
     st.put(f"p/{m.backup_id}/manifest.json", m.to_json())
     (obj,) = list_obj(list_backups(st, "p"))
     assert obj["taps"] == [{"vhost": "v", "stream": "rbak.tap.orders", "queue": "orders", "queue_type": "quorum"}]
+    # the archive's status names the tapped queue as list does, and its --json summary a storage to paste
+    status = archive_status(st, "arc", "p").to_json_obj()
+    assert [(s["name"], s["tap"]) for s in status["streams"]] == [
+        ("events", None), ("rbak.tap.orders", {"queue": "orders", "queue_type": "quorum"})]
+    summary = ArchiveSummary("arc", st.url, "p").to_json_obj()
+    assert (summary["state"], summary["storage"], summary["prefix"]) == ("starting", st.url, "p")
+    assert [b.backup_id for b in list_backups(open_storage(summary["storage"]), summary["prefix"])] == [m.backup_id]
 
 
 def test_queue_backup_without_stream_is_no_tap():
     assert targets(BackupManifest("b", 1, 2, queues=[QueueBackup("v", "q", "classic")])) == {"q": ("q", "classic")}
+
+
+def test_a_left_over_tap_stream_is_a_tap_while_its_queue_exists_and_is_said_either_way(caplog):
+    """Without any archive.taps too: a tap stream taken out of the taps restores into its queue if it exists."""
+    s = [QueueInfo("v", n, "stream", 0) for n in ("rbak.tap.cq", "rbak.tap.gone", "rbak.tap.st", "events")]
+    queues = s + [QueueInfo("v", "cq", "classic", 0), QueueInfo("v", "st", "stream", 0)]
+    with caplog.at_level("WARNING", logger="rbak.archive.taps"):
+        assert leftover_taps("arc", s, queues, None) == {("v", "rbak.tap.cq"): TapOf("cq", "classic")}
+    assert caplog.messages[1:] == [
+        f"archive arc: stream 'rbak.tap.{q}' in vhost 'v' is named as a tap stream but archive.taps does not tap "
+        f"queue {q!r} ({why}): archived through source.queues as a plain stream; exclude 'rbak.tap.{q}' in "
+        "source.queues.exclude to leave it out" for q, why in (("gone", "no such queue"), ("st", "a stream queue"))]
+    assert caplog.messages[0].startswith("archive arc: stream 'rbak.tap.cq' in vhost 'v' is the tap stream of "
+                                         "classic queue 'cq', which archive.taps does not tap")

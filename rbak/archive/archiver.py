@@ -55,7 +55,7 @@ from ..sealing.envelope import write_wraps, writer_codec
 from ..errors import AmqpError, BackupLeaseError, ConfigError, NotFoundError, RbakError
 from ..format.archive import Tick, TickStream, assemble, stream_key, tick_key
 from ..format.compression import Compression, check_level
-from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap
+from ..format.manifest import BackupManifest, SegmentMetadata, StreamGap, TapOf
 from ..format.manifest_archive import CommittedEnd
 from ..format.layout import BACKUP_ID_RE, BackupLayout, normalize_prefix
 from ..broker.management import ManagementClient, QueueInfo
@@ -63,7 +63,7 @@ from ..storage.base import Storage
 from .follower import Durable, FollowerGroup, StreamFollower, flushed, stored_one, stream_info
 from .state import ArchiveSummary, Generation, StreamState, now_ms, utc_text
 from .store_pool import StorePool, StreamSegments
-from .taps import Taps, check_selection, list_queues, select_streams
+from .taps import Taps, check_selection, leftover_taps, list_queues, select_streams
 from .tick_clock import TickClock
 
 log = logging.getLogger(__name__)
@@ -92,12 +92,13 @@ class Archiver:
         self.compression = Compression.parse(cfg.backup.compression)
         self.level = check_level(self.compression, cfg.backup.compression_level)
         self.stopping = threading.Event()
-        self.summary = ArchiveSummary(self.name, self.storage.url)
+        self.summary = ArchiveSummary(self.name, self.storage.url, self.prefix)
         self.state = "starting"
         self._complete: dict[tuple[str, str], int] = {}  # (vhost, stream) -> complete-until (ms), for the lag
         self.clock = TickClock(cfg.archive.max_delay_secs)  # a tick's wait and the head-room before it
         self._unprobed: set[str] = set()  # streams whose complete-until fell back to read times (warned once)
         self.taps = Taps(cfg.archive.taps, cfg.source.queues.vhosts, self.name) if cfg.archive.taps else None
+        self.leftover: dict[tuple[str, str], TapOf] = {}  # tap streams of queues archive.taps does not tap
 
     def stop(self) -> None:
         """Stop after flushing (SIGTERM): every record read is stored and named before the process ends."""
@@ -134,7 +135,9 @@ class Archiver:
                             self.source.management_url)
             if self.taps is not None:  # checked (exit 2), then each tap stream declared and bound
                 self.taps.prepare(client, taps)
-            streams = self._select(client)
+            queues = list_queues(client, self.source.queues, self.taps)
+            streams = self._select(client, queues)
+            self.leftover = leftover_taps(self.name, streams, queues, self.taps)  # said; a tap still if it can be
             vhosts = sorted({q.vhost for q in streams} | set(self.source.queues.vhosts))
             while not self.stopping.is_set():
                 try:
@@ -175,6 +178,8 @@ class Archiver:
                 return lease
             except BackupLeaseError as e:
                 self.state = "waiting"
+                if not self.summary.generations:  # stopped now, it never archived: the summary says so
+                    self.summary.state = "waiting"
                 if not said:
                     log.warning("archive %s: waiting: another archiver of this source holds the archive lease "
                                 "(%s)", self.name, str(e).split(": ", 1)[-1].split("; nothing", 1)[0])
@@ -239,6 +244,7 @@ class Archiver:
         g = Generation(gid, layout, now_ms(), cluster, ov.get("rabbitmq_version"), codec,
                        self._plan(client, newest, prev_w), prev_w)
         self.summary.generations.append(gid)
+        self.summary.state = "archived"
         self._write_tick(g)  # tick 0: each stream's link and start
         failure: BaseException | None = None
         pool = StorePool()
@@ -297,7 +303,8 @@ class Archiver:
                 durable = Durable(d.previous_last_offset, d.previous_sha256, d.previous_chunk_timestamp,
                                   last_ts.get((q.vhost, q.name)) if cont else None)
                 st = StreamState(q.vhost, q.name, d, durable, epoch, True, prev_w if cont else None,
-                                 tap=self.taps.of(q.vhost, q.name) if self.taps is not None else None)
+                                 tap=(self.taps.of(q.vhost, q.name) if self.taps is not None else None)
+                                 or self.leftover.get((q.vhost, q.name)))
                 out[st.key] = st
         finally:
             for c in conns.values():
@@ -553,7 +560,7 @@ class Archiver:
                 metrics.archive_lag().labels(**labels).set(max(0.0, (now - ts.complete_until) / 1000))
         s.streams = [{"vhost": ts.vhost, "name": ts.name, "epoch": ts.epoch, "present": ts.present,
                       "last_offset": ts.info.last_offset, "complete_until": ts.complete_until,
-                      "tap": ts.info.tap.queue if ts.info.tap else None,
+                      "tap": ts.info.tap.to_json_obj() if ts.info.tap else None,
                       "gaps": [gp.to_json_obj() for gp in ts.info.gaps]} for ts in tick.streams]
 
     def _close(self, g: Generation) -> None:

@@ -83,7 +83,10 @@ class ArchiveSummary:
     """What ``rbak archive --json`` prints when it stops."""
 
     archive: str
-    storage: str
+    storage: str  # the storage URL and the prefix under it: ``rbak list --path STORAGE --prefix PREFIX``
+    prefix: str = ""
+    state: str = "starting"  # "archived" (a generation was written), "waiting" (for another archiver's lease,
+    # never archived) or "starting" (stopped before either: a broker or storage away)
     generations: list[str] = field(default_factory=list)
     recoverable_until: int | None = None
     ticks: int = 0
@@ -94,7 +97,8 @@ class ArchiveSummary:
 
     def to_json_obj(self) -> dict:
         gaps = [dict(vhost=s["vhost"], name=s["name"], **g) for s in self.streams for g in s.get("gaps", [])]
-        return {"archive": self.archive, "storage": self.storage, "generations": self.generations,
+        return {"archive": self.archive, "state": self.state, "storage": self.storage, "prefix": self.prefix,
+                "generations": self.generations,
                 "recoverable_until": self.recoverable_until,
                 "recoverable_until_utc": utc_text(self.recoverable_until), "ticks": self.ticks,
                 "segments": self.segments, "records": self.records, "streams": self.streams, "gaps": gaps,

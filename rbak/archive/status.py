@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..format.archive import stream_key
+from ..format.manifest import TapOf
 from ..repo.catalog import archive_generations
 from ..storage.base import Storage
 
@@ -47,7 +48,7 @@ class StreamPosition:
     archived_offset: int | None
     committed_offset: int | None
     committed_at: int | None
-    tap: str | None = None  # the classic or quorum queue this stream taps (``archive.taps``), else None
+    tap: TapOf | None = None  # the classic or quorum queue this stream taps (``archive.taps``), else None
 
     @property
     def behind(self) -> int | None:
@@ -95,7 +96,8 @@ class ArchiveStatus:
                          for g in self.gaps],
                 "streams": [{"vhost": p.vhost, "name": p.stream, "archived_offset": p.archived_offset,
                              "committed_offset": p.committed_offset, "committed_at": p.committed_at,
-                             "behind": p.behind, "tap": p.tap} for p in self.streams]}
+                             "behind": p.behind, "tap": p.tap.to_json_obj() if p.tap else None}
+                            for p in self.streams]}
 
 
 def archive_status(storage: Storage, name: str, prefix: str | None = "") -> ArchiveStatus:
@@ -122,5 +124,5 @@ def archive_status(storage: Storage, name: str, prefix: str | None = "") -> Arch
             c = info.committed.get(stream_key(q.vhost, q.name))
             st.streams.append(StreamPosition(q.vhost, q.name, q.stream.last_offset if q.stream else None,
                                              c.offset if c else None, c.at if c else None,
-                                             q.stream.tap.queue if q.stream and q.stream.tap else None))
+                                             q.stream.tap if q.stream else None))
     return st

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..backup.lease import ARCHIVE_LEASE_QUEUE, LEASE_QUEUE
+from ..backup.preflight import PROBE_QUEUE_PREFIX
 from ..base.suggest import closest
 from ..broker.management import ManagementClient, QueueInfo
 from ..config.sections import QueueSelection, TapsConfig, queue_selected
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 TAP_PREFIX = "rbak.tap."  # a name rbak keeps for itself: a queue of another type under it is refused
 SYNC_SECS = 1.0  # bindings are compared at each listing, at most this often
+POLICY_KEY = {"x-max-age": "max-age", "x-max-length-bytes": "max-length-bytes"}  # a policy's key replaces the
+# argument, larger or smaller (tests/engine/test_archive_taps.py, on the three brokers)
 Binding = tuple[str, str, str]  # exchange, routing key, arguments (canonical JSON)
 
 
@@ -71,6 +75,11 @@ def untappable(q: QueueInfo) -> str | None:
     if len((TAP_PREFIX + q.name).encode()) > 255:
         return f"has a name too long for its tap stream {TAP_PREFIX + q.name!r} (255 bytes at most)"
     return None
+
+
+def rbaks_own(name: str) -> bool:
+    """rbak's own queues (lease, probe, tap streams): a glob passes over them without a word."""
+    return name in (LEASE_QUEUE, ARCHIVE_LEASE_QUEUE) or name.startswith((PROBE_QUEUE_PREFIX, TAP_PREFIX))
 
 
 def _key(b: dict[str, Any]) -> Binding:
@@ -119,9 +128,15 @@ class Taps:
             infos = [i for v in self.vhosts for i in client.queues(v)] if self.vhosts else client.queues()
         out: dict[tuple[str, str], Tap] = {}
         where = f"in vhost(s) {', '.join(map(repr, self.vhosts))}" if self.vhosts else "in any vhost"
+        if strict:
+            for pat in cfg.exclude:  # not refused (as source.queues.exclude): it only taps more; a typo is said
+                if not any(queue_selected(q.vhost, q.name, None, [pat], [], self.vhosts, []) for q in infos):
+                    log.warning("archive.taps.exclude: %r matches no queue %s: it excludes nothing%s", pat, where,
+                                closest(pat, [q.name for q in infos if not rbaks_own(q.name)]))
         for pat in cfg.include:
             exact = not any(c in pat for c in "*?[")
-            hits = [q for q in infos if queue_selected(q.vhost, q.name, None, [pat], cfg.exclude, self.vhosts, [])]
+            hits = [q for q in infos if queue_selected(q.vhost, q.name, None, [pat], cfg.exclude, self.vhosts, [])
+                    and (exact or not rbaks_own(q.name))]  # a glob passes over rbak's own queues silently
             found = 0
             for q in hits:
                 problem = untappable(q)
@@ -138,10 +153,14 @@ class Taps:
                 excluded = [f"queue {q.name!r} in vhost {q.vhost!r}" for q in infos if not hits
                             and (exact or untappable(q) is None)
                             and queue_selected(q.vhost, q.name, None, [pat], [], self.vhosts, [])]
+                streams = [q.name for q in hits if q.queue_type == "stream"]
                 msg = (f"archive.taps.include: {pat!r}: {', '.join(excluded[:5])} excluded by archive.taps.exclude "
                        f"{cfg.exclude!r}" if excluded else
-                       f"archive.taps.include: {pat!r} names no queue {where}" if exact and not hits else
-                       f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}")
+                       f"archive.taps.include: {pat!r} names no queue {where}"
+                       + closest(pat, [q.name for q in infos if not rbaks_own(q.name)]) if exact and not hits else
+                       f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}"
+                       + (f" (it matches the stream(s) {', '.join(map(repr, streams[:5]))}: streams are archived "
+                          "through source.queues)" if streams else ""))
                 vh = pat.split("/", 1)[0] if "/" in pat else None
                 if vh is not None and self.vhosts and vh not in self.vhosts:  # a "vhost/queue" pattern looked nowhere
                     msg += f" (it names vhost {vh!r}, which is not among them: add it to archive.taps.vhosts)"
@@ -178,10 +197,14 @@ class Taps:
             log.info("archive %s: declared %s (max-age %s, max-length-bytes %d)", self.archive, t.label,
                      self.cfg.max_age, self.cfg.max_length_bytes)
         else:
-            kept = {k: found.arguments.get(k) for k in args if k != "x-queue-type"}
-            if kept != {k: v for k, v in args.items() if k != "x-queue-type"}:
-                self._once(t.stream, "%s keeps its arguments %s (a stream's arguments cannot change; use a policy, "
-                           "or delete the stream to declare it again)", t.label, kept)
+            fields = {"x-max-age": ("max_age", self.cfg.max_age), "x-max-length-bytes": ("max_length_bytes",
+                                                                                       self.cfg.max_length_bytes)}
+            for arg, (field, want) in fields.items():
+                if found.arguments.get(arg) != want:
+                    self._once(f"{t.stream} {arg}", "archive.taps.%s %s is not applied to the existing %s: it keeps "
+                               "%s %s (a stream's arguments are fixed at declaration; change it with a policy whose %s "
+                               "replaces it, or delete the tap stream to declare it again, which loses what it "
+                               "holds)", field, want, t.label, arg, found.arguments.get(arg), POLICY_KEY[arg])
 
     @staticmethod
     def _existing(client: ManagementClient, t: Tap) -> QueueInfo | None:
@@ -255,6 +278,32 @@ class Taps:
         return (len(self.taps), self._declared) != before
 
 
+def leftover_taps(archive: str, selected: list[QueueInfo], queues: list[QueueInfo],
+                  taps: Taps | None) -> dict[tuple[str, str], TapOf]:
+    """At start, each tap stream ``rbak.tap.X`` that ``source.queues`` selects while ``archive.taps`` does not
+    tap X (taken out of it, or no taps at all), said once: archived as the tap it is (restored into X) when X
+    is a classic or quorum queue, else as a plain stream. Nothing binds it any more."""
+    types = {(q.vhost, q.name): q.queue_type for q in queues}
+    out: dict[tuple[str, str], TapOf] = {}
+    for s in selected:
+        if not s.name.startswith(TAP_PREFIX) or (taps is not None and taps.of(s.vhost, s.name) is not None):
+            continue
+        queue = s.name[len(TAP_PREFIX):]
+        qt = types.get((s.vhost, queue))
+        if qt in ("classic", "quorum"):
+            out[(s.vhost, s.name)] = TapOf(queue, qt)
+            log.warning("archive %s: stream %r in vhost %r is the tap stream of %s queue %r, which archive.taps "
+                        "does not tap: archived through source.queues as its tap (restored into %r), its bindings "
+                        "no longer kept in step with the queue's; add %r to archive.taps.include, or exclude %r in "
+                        "source.queues.exclude", archive, s.name, s.vhost, qt, queue, queue, queue, s.name)
+        else:
+            log.warning("archive %s: stream %r in vhost %r is named as a tap stream but archive.taps does not tap "
+                        "queue %r (%s): archived through source.queues as a plain stream; exclude %r in "
+                        "source.queues.exclude to leave it out", archive, s.name, s.vhost, queue,
+                        "no such queue" if qt is None else f"a {qt} queue", s.name)
+    return out
+
+
 def list_queues(client: ManagementClient, sel: QueueSelection, taps: Taps | None) -> list[QueueInfo]:
     """The queues of the vhosts an archive looks at (``source.queues``' and ``archive.taps``'; empty: every
     vhost): one listing serves both ``Taps.sync`` and ``select_streams`` in a pass."""
@@ -294,5 +343,5 @@ def check_selection(client: ManagementClient, sel: QueueSelection, taps: list[Ta
         raise ConfigError(
             f"source.queues: {'include ' + repr(sel.include) + ' ' if sel.include else ''}selects no stream on "
             f"{where}{scope}; rbak archive follows streams only (a classic or quorum queue is archived through "
-            "archive.taps" + ("; to archive only the taps, leave source.queues.include out or include 'rbak.tap.*')"
+            "archive.taps" + ("; to archive only the taps, include 'rbak.tap.*')"
                               if taps is not None else ")"))

@@ -60,6 +60,10 @@ def run(args: Any) -> int:
     if args.json:
         print(json.dumps(summary.to_json_obj(), indent=2))
     else:
+        if summary.state != "archived":  # a clean stop (exit 0), but nothing this process archived
+            print(f"archive {summary.archive}: stopped while "
+                  + ("waiting for the archive lease another archiver of this source holds"
+                     if summary.state == "waiting" else "starting") + ": this process archived nothing")
         print(f"archive {summary.archive}: {len(summary.generations)} generation(s), {summary.segments} segment(s), "
               f"{summary.records} record(s); recoverable until {summary.to_json_obj()['recoverable_until_utc']}")
     return 0

@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -153,10 +156,27 @@ def test_two_archivers_one_waits_on_the_lease(broker, vhost, tmp_path):
     wait_until(lambda: "another archiver of this source holds the archive lease" in (tmp_path / "a2.log").read_text(),
                timeout=120, what="the second archiver saying it waits")
     assert len(generations(str(tmp_path / "store"))) == 1  # the second wrote nothing
+    # a waiting archiver stopped exits 0, its summary saying it never archived (--json and plain)
+    waiting = {out: subprocess.Popen([sys.executable, "-m", "rbak", "archive", "--config", str(cfg), *flag],
+                                     stdout=subprocess.PIPE, stderr=open(tmp_path / f"{out}.log", "ab"), text=True)
+               for out, flag in (("json", ["--json"]), ("plain", []))}
+    for out in waiting:
+        wait_until(lambda: "holds the archive lease" in (tmp_path / f"{out}.log").read_text(), timeout=120,
+                   what=f"the {out} archiver waiting")
+    outs = {}
+    for out, proc in waiting.items():
+        proc.send_signal(signal.SIGTERM)
+        outs[out] = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0, (tmp_path / f"{out}.log").read_text()[-2000:]
+    j = json.loads(outs["json"])
+    assert (j["state"], j["generations"], j["records"]) == ("waiting", [], 0)
+    assert outs["plain"].splitlines() == [
+        "archive arc: stopped while waiting for the archive lease another archiver of this source holds: this "
+        "process archived nothing", "archive arc: 0 generation(s), 0 segment(s), 0 record(s); recoverable until None"]
     first.stop()
     wait_until(lambda: len(generations(str(tmp_path / "store"))) == 2, timeout=120, what="the second taking over")
     s = second.stop()
-    assert s["streams"][0]["last_offset"] is not None and s["errors"] == []
+    assert s["streams"][0]["last_offset"] is not None and s["errors"] == [] and s["state"] == "archived"
 
 
 def test_stream_deleted_and_recreated_is_a_new_epoch(broker, vhost_factory, tmp_path):

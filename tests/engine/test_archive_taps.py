@@ -89,11 +89,11 @@ def test_taps_record_what_exchanges_route_to_the_queues_and_restore_into_them(br
                timeout=120, what="the taps archived")
     summary = arc.stop()
     assert summary["errors"] == [], summary["errors"]
-    assert {s["name"]: s["tap"] for s in summary["streams"]} == {"rbak.tap.qq": "qq", "rbak.tap.cq": "cq",
-                                                                 "events": None}
+    taps = {"rbak.tap.qq": {"queue": "qq", "queue_type": "quorum"}, "rbak.tap.cq": {"queue": "cq",
+                                                                                   "queue_type": "classic"}}
+    assert {s["name"]: s["tap"] for s in summary["streams"]} == {**taps, "events": None}
     status = archive_status(open_storage(path), "arc").to_json_obj()
-    assert {s["name"]: s["tap"] for s in status["streams"]} == {"rbak.tap.qq": "qq", "rbak.tap.cq": "cq",
-                                                                "events": None}
+    assert {s["name"]: s["tap"] for s in status["streams"]} == {**taps, "events": None}
     text = log.read_text()
     assert (f"tap 'rbak.tap.cq' of queue 'cq' in vhost {vhost!r}: bound to exchange 'late' with routing key '', "
             "as the queue is") in text
@@ -136,6 +136,9 @@ def test_taps_that_cannot_work_are_refused_at_start(broker, vhost, tmp_path):
     head = "rbak: Configuration error: archive.taps.include: "
     cases = [
         (["nope"], f"'nope' names no queue in vhost(s) {vhost!r}; nothing was archived"),
+        (["cqq"], f"'cqq' names no queue in vhost(s) {vhost!r} (closest: 'cq'); nothing was archived"),
+        (["s*"], f"'s*' matches no classic or quorum queue to tap in vhost(s) {vhost!r} (it matches the stream(s) "
+                 "'s': streams are archived through source.queues); nothing was archived"),
         (["s"], f"'s': queue 's' in vhost {vhost!r} is a stream: streams are archived as they are (select it in "
                 "source.queues); nothing was archived"),
         (["ad"], f"'ad': queue 'ad' in vhost {vhost!r} is auto-delete: it goes with its last consumer; nothing was "
@@ -266,3 +269,61 @@ def test_a_relist_with_taps_lists_the_queues_once_and_still_sees_new_taps_and_de
     assert not arc._listed(g, client, present)  # type: ignore[arg-type]
     assert client.calls == [listing], client.calls
     client.close()
+
+
+def test_a_glob_passes_over_rbaks_own_queues_and_a_left_over_tap_stays_a_tap(rmq43, vhost_factory, tmp_path):
+    """``include: ["*"]`` says nothing of the archive's own lease queue nor of streams; a typo'd exclude is warned
+    about; ``source.queues.include: [rbak.tap.*]`` archives the taps only; a tap stream of a queue taken out of
+    archive.taps keeps restoring into that queue, said at start; a changed max_age names the setting as not
+    applied."""
+    vhost = vhost_factory(rmq43)
+    rmq43.declare_queue(vhost, "qq", arguments={"x-queue-type": "quorum"})
+    rmq43.declare_queue(vhost, "cq")
+    declare_stream(rmq43, vhost, "events.s")
+    declare_stream(rmq43, vhost, "rbak.tap.cq")  # a tap of a run that tapped cq
+    declare_stream(rmq43, vhost, "rbak.tap.qq", **{"x-max-age": "7D", "x-max-length-bytes": 10 * 1024 ** 3})
+    log = tmp_path / "archiver.log"
+    storage = {"backend": "filesystem", "path": str(tmp_path / "store"), "prefix": "prod"}
+    cfg = archive_config(tmp_path, rmq43, vhost, json.dumps(storage), relist_secs=1,
+                         taps={"include": ["*"], "exclude": ["cq", "cqq"], "max_age": "1D"})
+    d = json.loads(cfg.read_text())
+    d["source"]["queues"]["include"] = ["rbak.tap.*"]  # the taps only, as docs/archive.md says (not events.s)
+    cfg.write_text(json.dumps(d))
+    arc = Archiver(cfg, log).running()
+    wait_until(lambda: log.read_text().count("tap 'rbak.tap.qq'") >= 2 and time.sleep(3 * SYNC_SECS) is None,
+               timeout=60, what="a few syncs with the lease queue present")
+    summary = arc.stop()
+    text = log.read_text()
+    assert "rbak.lease.archive" not in text and "events.s" not in text and "not tapped" not in text, text[-3000:]
+    assert f"archive.taps.exclude: 'cqq' matches no queue in vhost(s) {vhost!r}: it excludes nothing (closest: " \
+           "'qq', 'cq')" in text
+    assert (f"archive arc: stream 'rbak.tap.cq' in vhost {vhost!r} is the tap stream of classic queue 'cq', which "
+            "archive.taps does not tap: archived through source.queues as its tap (restored into 'cq'), its bindings "
+            "no longer kept in step with the queue's; add 'cq' to archive.taps.include, or exclude 'rbak.tap.cq' in "
+            "source.queues.exclude") in text
+    assert (f"archive arc: archive.taps.max_age 1D is not applied to the existing tap 'rbak.tap.qq' of queue 'qq' in "
+            f"vhost {vhost!r}: it keeps x-max-age 7D (a stream's arguments are fixed at declaration; change it with a "
+            "policy whose max-age replaces it, or delete the tap stream to declare it again, which loses what it "
+            "holds)") in text
+    assert "archive.taps.max_length_bytes" not in text  # as declared
+    assert (summary["state"], summary["storage"], summary["prefix"]) == ("archived", f"file://{tmp_path}/store",
+                                                                        "prod")
+    assert {s["name"]: s["tap"] for s in summary["streams"]} == {
+        "rbak.tap.cq": {"queue": "cq", "queue_type": "classic"},
+        "rbak.tap.qq": {"queue": "qq", "queue_type": "quorum"}}
+    listed = json.loads(rbak("list", "--path", summary["storage"], "--prefix", summary["prefix"], "--format",
+                             "json").stdout)
+    assert {t["queue"] for t in listed[-1]["taps"]} == {"cq", "qq"}
+
+
+def test_a_policy_replaces_a_tap_streams_retention_arguments(broker, vhost):
+    """What the not-applied max_age warning tells the user to do works: a policy's max-age and max-length-bytes
+    replace the stream's x- arguments, larger or smaller (the retention the broker computes for the stream)."""
+    declare_stream(broker, vhost, "rbak.tap.q", **{"x-max-age": "7D", "x-max-length-bytes": 10 * 1024 ** 3})
+    expr = (f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, <<"rbak.tap.q">>)), '
+            'lists:sort(maps:get(retention, rabbit_stream_queue:update_stream_conf(Q, #{}))).')
+    for age, size, ms in (("1D", 1000000, 86400000), ("30D", 90000000000, 2592000000)):
+        broker.api("PUT", f"/api/policies/{vhost}/tap", json={"pattern": "^rbak\\.tap\\.", "apply-to": "queues",
+                                                              "definition": {"max-age": age, "max-length-bytes": size}})
+        wait_until(lambda: broker.rabbitmqctl("eval", expr).stdout.strip() == f"[{{max_age,{ms}}},{{max_bytes,{size}}}]",
+                   timeout=30, what=f"the policy's max-age {age} applied")

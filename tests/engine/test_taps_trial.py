@@ -89,7 +89,8 @@ def test_a_user_s_mistakes_in_archive_taps_are_refused_naming_what_is_wrong(rmq4
     assert taps_of(broker, vhost) == []
     # a typo and a tap on a stream, as documented
     assert refused(cfg(include=["ordrs"])) == (
-        f"{HEAD}archive.taps.include: 'ordrs' names no queue in vhost(s) {vhost!r}; nothing was archived")
+        f"{HEAD}archive.taps.include: 'ordrs' names no queue in vhost(s) {vhost!r} (closest: 'orders', 'orders-eu'); "
+        "nothing was archived")
     assert refused(cfg(include=["events.s"])) == (
         f"{HEAD}archive.taps.include: 'events.s': queue 'events.s' in vhost {vhost!r} is a stream: streams are "
         "archived as they are (select it in source.queues); nothing was archived")

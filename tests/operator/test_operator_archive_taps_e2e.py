@@ -160,7 +160,8 @@ def test_taps_archived_restored_into_their_queues_and_typos_refused(cluster, env
         assert row[:3] == [name, "Archiving", "5"] and row[5:7] == ["2", "0"], r.stdout
 
         # the typo's archiver exited 2 meanwhile; the status and an event say why
-        refused(f"spec.taps.include: 'order' names no queue in vhost(s) {bad_vhost!r}; nothing was archived")
+        refused(f"spec.taps.include: 'order' names no queue in vhost(s) {bad_vhost!r} (closest: 'orders'); nothing "
+                "was archived")
         # a pattern that names a stream (its pod restarts with the new config while the restore runs)
         r = _apply(cluster, _example(env, broker, bad, bad_vhost, {"include": ["events"]}))
         assert r.returncode == 0 and r.stdout.strip() == f"rabbitmqarchive.rbak.io/{bad} configured", r.stderr
