@@ -3,7 +3,8 @@
 A queue tap (``rbak archive``'s ``archive.taps``) is archived as a stream and restored by default into
 the classic or quorum queue it tapped, verified by that queue's depth. Into a stream of that name the
 broker confirms every message and the depth check then reads 0 ("dropped ... them"), so a tap whose
-target is not of the type it is restored as is refused before anything is published. A dry run reads
+target is a stream where it is restored as a queue (or a queue where it is restored as a stream) is refused
+before anything is published; classic into quorum and back (a migration) is taken. A dry run reads
 the same listing to report a missing target the real run would fail on.
 """
 
@@ -23,7 +24,7 @@ def target_types(plans: list[QueuePlan], options: RestoreOptions) -> dict[tuple[
     try:
         with options.broker().management() as client:
             for vhost in sorted({p.target_vhost for p in plans}):
-                try:
+                try:  # the restore's management Protocol (the in-memory broker's too): request(), no queues()
                     listing = client.request("GET", f"queues/{q(vhost)}") or []
                 except ManagementApiError as e:
                     if e.status == 404:  # a vhost a definitions dry run would create
@@ -41,12 +42,13 @@ def _kind(queue_type: str) -> str:
 
 
 def refuse_mismatched_taps(plans: list[QueuePlan], types: dict[tuple[str, str], str] | None) -> None:
-    """Refuse (``RestoreError``) a tap whose existing target is of another type than it is restored as."""
+    """Refuse (``RestoreError``) a tap restored as a queue into a stream of that name, or as a stream into a
+    queue: the two are published and verified differently."""
     problems = []
     for p in plans:
         actual = (types or {}).get((p.target_vhost, p.target_queue))
-        if p.tap_of is None or actual is None or actual == p.queue_type:
-            continue
+        if p.tap_of is None or actual is None or (actual == "stream") == (p.queue_type == "stream"):
+            continue  # classic into quorum (a 3.x -> 4.x migration) or back: both are verified by their depth
         queue, recorded = p.tap_of
         way = (f"declare it as {_kind(p.queue_type)} (x-queue-type: {p.queue_type}) in its place, or restore the tap "
                f"as the stream it is archived as, under a name of its own, with restore.queue_mapping "

@@ -130,7 +130,7 @@ def test_a_tap_restore_refuses_targets_it_cannot_verify_before_publishing(reques
     for q in ("qq", "cq"):
         broker.delete_queue(fresh, q)
     broker.declare_queue(fresh, "qq", arguments={"x-queue-type": "quorum"})
-    broker.declare_queue(fresh, "cq")
+    broker.declare_queue(fresh, "cq", arguments={"x-queue-type": "quorum"})  # the classic one migrated: taken
     r = restore()  # as the advice says: then the restore goes through
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m.body for m in broker.drain_queue(fresh, "qq")] == want["qq"]
