@@ -64,8 +64,9 @@ def run(args: Any) -> int:
             print(f"archive {summary.archive}: stopped while "
                   + ("waiting for the archive lease another archiver of this source holds"
                      if summary.state == "waiting" else "starting") + ": this process archived nothing")
+        until = summary.to_json_obj()["recoverable_until_utc"]
         print(f"archive {summary.archive}: {len(summary.generations)} generation(s), {summary.segments} segment(s), "
-              f"{summary.records} record(s); recoverable until {summary.to_json_obj()['recoverable_until_utc']}")
+              f"{summary.records} record(s); " + (f"recoverable until {until}" if until else "nothing recoverable"))
     return 0
 
 

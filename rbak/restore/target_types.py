@@ -50,17 +50,23 @@ def refuse_mismatched_taps(plans: list[QueuePlan], types: dict[tuple[str, str], 
         if p.tap_of is None or actual is None or (actual == "stream") == (p.queue_type == "stream"):
             continue  # classic into quorum (a 3.x -> 4.x migration) or back: both are verified by their depth
         queue, recorded = p.tap_of
+        # a tap named in restore.queue_mapping is restored as the stream it is archived as, so mapping it onto
+        # the stream already there is the shortest way out
         way = (f"declare it as {_kind(p.queue_type)} (x-queue-type: {p.queue_type}) in its place, or restore the tap "
-               f"as the stream it is archived as, under a name of its own, with restore.queue_mapping "
-               f"('{p.source_vhost}/{p.source_queue}: {p.source_queue}')" if p.queue_type != "stream" else
+               f"into this stream as the stream it is archived as, with restore.queue_mapping "
+               f"('{p.source_vhost}/{p.source_queue}': '{p.target_queue}') in a restore config"
+               if p.queue_type != "stream" else
                "declare it as a stream (x-queue-type: stream), or map the tap to another name with "
                "restore.queue_mapping")
         problems.append(f"{p.target_label} is {_kind(actual)}, but tap {p.source_queue!r} of {recorded} queue "
-                        f"{queue!r} in vhost {p.source_vhost!r} is restored into it as {_kind(p.queue_type)}; "
-                        f"nothing was published: {way}")
-    if problems:
-        more = f" (and {len(problems) - 1} more tap(s) like it)" if len(problems) > 1 else ""
-        raise RestoreError(problems[0] + more)
+                        f"{queue!r} in vhost {p.source_vhost!r} is restored into it as {_kind(p.queue_type)}: {way}")
+    if problems:  # every one at once: fixing them one run at a time is a run per tap
+        shown = "; ".join(problems[:MAX_NAMED]) + (f"; and {len(problems) - MAX_NAMED} more" if len(problems) >
+                                                   MAX_NAMED else "")
+        raise RestoreError(f"nothing was published: {shown}")
+
+
+MAX_NAMED = 10  # taps named in one refusal
 
 
 def dry_run_missing(p: QueuePlan, types: dict[tuple[str, str], str] | None, options: RestoreOptions) -> str | None:

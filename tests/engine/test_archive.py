@@ -172,7 +172,7 @@ def test_two_archivers_one_waits_on_the_lease(broker, vhost, tmp_path):
     assert (j["state"], j["generations"], j["records"]) == ("waiting", [], 0)
     assert outs["plain"].splitlines() == [
         "archive arc: stopped while waiting for the archive lease another archiver of this source holds: this "
-        "process archived nothing", "archive arc: 0 generation(s), 0 segment(s), 0 record(s); recoverable until None"]
+        "process archived nothing", "archive arc: 0 generation(s), 0 segment(s), 0 record(s); nothing recoverable"]
     first.stop()
     wait_until(lambda: len(generations(str(tmp_path / "store"))) == 2, timeout=120, what="the second taking over")
     s = second.stop()

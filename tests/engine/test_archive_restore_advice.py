@@ -101,15 +101,16 @@ def test_a_tap_restore_refuses_targets_it_cannot_verify_before_publishing(reques
 
     for q in ("qq", "cq"):  # 2: the wrong advice followed: refused before anything is published, dry run or not
         declare_stream(broker, fresh, q)
-    for extra in (("--dry-run",), ()):
+    wrong = ("queue {q!r} in vhost {f!r} is a stream, but tap 'rbak.tap.{q}' of {t} queue {q!r} in vhost {v!r} is "
+             "restored into it as a {t} queue: declare it as a {t} queue (x-queue-type: {t}) in its place, or restore "
+             "the tap into this stream as the stream it is archived as, with restore.queue_mapping "
+             "('{v}/rbak.tap.{q}': {q!r}) in a restore config")
+    for extra in (("--dry-run",), ()):  # every tap named at once
         assert last(restore(*extra), 1) == (
-            f"rbak: Restore error: queue 'cq' in vhost {fresh!r} is a stream, but tap 'rbak.tap.cq' of classic queue "
-            f"'cq' in vhost {vhost!r} is restored into it as a classic queue; nothing was published: declare it as a "
-            "classic queue (x-queue-type: classic) in its place, or restore the tap as the stream it is archived as, "
-            f"under a name of its own, with restore.queue_mapping ('{vhost}/rbak.tap.cq: rbak.tap.cq') (and 1 more "
-            "tap(s) like it)")
+            "rbak: Restore error: nothing was published: " + wrong.format(q="cq", t="classic", f=fresh, v=vhost)
+            + "; " + wrong.format(q="qq", t="quorum", f=fresh, v=vhost))
     assert bodies(broker, fresh, "qq") == [] and bodies(broker, fresh, "cq") == []
-    # a tap mapped by its stream name goes into a stream, verified as one
+    # the way out, as the refusal gives it: the tap mapped onto the stream goes into it, verified as a stream
     r = restore(config={"queue_mapping": {f"{vhost}/rbak.tap.qq": "qq"}, "queues": {"include": ["rbak.tap.qq"]}})
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"{vhost}/rbak.tap.qq -> {fresh}/qq: restored, confirmed 3" in r.stdout, r.stdout
