@@ -24,8 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..backup.lease import ARCHIVE_LEASE_QUEUE, LEASE_QUEUE
-from ..backup.preflight import PROBE_QUEUE_PREFIX
+from ..backup.selection import rbaks_own, warn_unmatched_excludes
 from ..base.suggest import closest
 from ..broker.management import ManagementClient, QueueInfo
 from ..config.sections import QueueSelection, TapsConfig, queue_selected
@@ -77,9 +76,9 @@ def untappable(q: QueueInfo) -> str | None:
     return None
 
 
-def rbaks_own(name: str) -> bool:
+def passed_over(name: str) -> bool:
     """rbak's own queues (lease, probe, tap streams): a glob passes over them without a word."""
-    return name in (LEASE_QUEUE, ARCHIVE_LEASE_QUEUE) or name.startswith((PROBE_QUEUE_PREFIX, TAP_PREFIX))
+    return rbaks_own(name) or name.startswith(TAP_PREFIX)
 
 
 def _key(b: dict[str, Any]) -> Binding:
@@ -128,15 +127,13 @@ class Taps:
             infos = [i for v in self.vhosts for i in client.queues(v)] if self.vhosts else client.queues()
         out: dict[tuple[str, str], Tap] = {}
         where = f"in vhost(s) {', '.join(map(repr, self.vhosts))}" if self.vhosts else "in any vhost"
-        if strict:
-            for pat in cfg.exclude:  # not refused (as source.queues.exclude): it only taps more; a typo is said
-                if not any(queue_selected(q.vhost, q.name, None, [pat], [], self.vhosts, []) for q in infos):
-                    log.warning("archive.taps.exclude: %r matches no queue %s: it excludes nothing%s", pat, where,
-                                closest(pat, [q.name for q in infos if not rbaks_own(q.name)]))
+        if strict:  # not refused, as source.queues.exclude: it only taps more
+            warn_unmatched_excludes("archive.taps.exclude", cfg.exclude, [(q.vhost, q.name) for q in infos],
+                                    self.vhosts, where, [q.name for q in infos if not passed_over(q.name)], log)
         for pat in cfg.include:
             exact = not any(c in pat for c in "*?[")
             hits = [q for q in infos if queue_selected(q.vhost, q.name, None, [pat], cfg.exclude, self.vhosts, [])
-                    and (exact or not rbaks_own(q.name))]  # a glob passes over rbak's own queues silently
+                    and (exact or not passed_over(q.name))]  # a glob passes over rbak's own queues silently
             found = 0
             for q in hits:
                 problem = untappable(q)
@@ -157,7 +154,7 @@ class Taps:
                 msg = (f"archive.taps.include: {pat!r}: {', '.join(excluded[:5])} excluded by archive.taps.exclude "
                        f"{cfg.exclude!r}" if excluded else
                        f"archive.taps.include: {pat!r} names no queue {where}"
-                       + closest(pat, [q.name for q in infos if not rbaks_own(q.name)]) if exact and not hits else
+                       + closest(pat, [q.name for q in infos if not passed_over(q.name)]) if exact and not hits else
                        f"archive.taps.include: {pat!r} matches no classic or quorum queue to tap {where}"
                        + (f" (it matches the stream(s) {', '.join(map(repr, streams[:5]))}: streams are archived "
                           "through source.queues)" if streams else ""))

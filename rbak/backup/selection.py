@@ -26,6 +26,21 @@ def note_skip(skipped: Skipped, vhost: str, name: str, reason: str) -> None:
     skipped.append((vhost, name, reason))
 
 
+def rbaks_own(name: str) -> bool:
+    """rbak's own queues (the backup and archive leases, the preflight probes): never backed up."""
+    return name in (LEASE_QUEUE, ARCHIVE_LEASE_QUEUE) or name.startswith(PROBE_QUEUE_PREFIX)
+
+
+def warn_unmatched_excludes(field: str, patterns: list[str], queues: list[tuple[str, str]], vhosts: list[str],
+                            where: str, names: list[str], logger: logging.Logger = log) -> None:
+    """An ``exclude`` pattern (``field``) that matches none of ``queues`` is warned about, with the closest of
+    ``names``. Not refused: a nightly exclude of queues that come and go (tmp.*) may match nothing some
+    nights, and matching nothing only selects more; but a typo must not pass unseen."""
+    for pat in patterns:
+        if not any(queue_selected(v, n, None, [pat], [], vhosts, []) for v, n in queues):
+            logger.warning("%s: %r matches no queue %s: it excludes nothing%s", field, pat, where, closest(pat, names))
+
+
 def select_queues(cfg: Config, client: ManagementClient, skipped: Skipped) -> list[QueueInfo]:
     """The queues to read, by vhost and name; exclusive ones are noted in ``skipped``."""
     assert cfg.source is not None  # a backup configuration (BackupEngine checked it)
@@ -40,7 +55,7 @@ def select_queues(cfg: Config, client: ManagementClient, skipped: Skipped) -> li
         infos = client.queues()
     out = []
     for q in infos:
-        if q.name in (LEASE_QUEUE, ARCHIVE_LEASE_QUEUE) or q.name.startswith(PROBE_QUEUE_PREFIX):  # rbak's own
+        if rbaks_own(q.name):
             continue
         if not sel.matches(q.vhost, q.name, q.queue_type):
             continue
@@ -69,12 +84,7 @@ def check_include(sel: QueueSelection, queues: list[tuple[str, str]], selected: 
         if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n in queues):
             raise ConfigError(f"source.queues.include: {pat!r} matches no queue on {where}{scope}"
                               + closest(pat, names) + "; nothing was written (backup.definitions_only: true backs up definitions alone)")
-    for pat in sel.exclude:
-        # not refused: a nightly exclude of queues that come and go (tmp.*) may match nothing some nights,
-        # and matching nothing only backs up more; but a typo must not pass unseen
-        if not any(queue_selected(v, n, None, [pat], [], [], []) for v, n in queues):
-            log.warning("source.queues.exclude: %r matches no queue on %s%s%s: it excludes nothing", pat, where,
-                        scope, closest(pat, names))
+    warn_unmatched_excludes("source.queues.exclude", sel.exclude, queues, [], f"on {where}{scope}", names)
     if not selected:
         raise ConfigError(f"source.queues: include {sel.include} selects no queue on {where}{scope} once "
                           f"types {sel.types} and exclude {sel.exclude} apply; nothing was written")
