@@ -408,9 +408,11 @@ class Archiver:
         """List the selection again: False when it changed (a new generation starts), else True and
         ``g.listed_ms`` moves to when the listing began."""
         began = now_ms()
-        queues: list[QueueInfo] | None = list_queues(client, self.source.queues, self.taps)  # once for both
-        if self.taps is not None and self.taps.sync(client, queues=queues):  # each tap's bindings follow its
-            queues = None  # queue's; a new tap (a queue the patterns match) or a stream declared: listed again
+        # one listing serves the taps' sync (each tap's bindings follow its queue's) and the selection, unless the
+        # sync added a tap or declared a stream, which that listing cannot show: then the selection lists again
+        queues: list[QueueInfo] | None = list_queues(client, self.source.queues, self.taps)
+        if self.taps is not None and self.taps.sync(client, queues=queues):
+            queues = None
         if {stream_key(q.vhost, q.name) for q in self._select(client, queues)} != present:
             log.info("archive %s: the selected streams changed; starting a new generation", self.name)
             return False

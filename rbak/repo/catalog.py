@@ -108,11 +108,11 @@ def archive_generations(storage: Storage, name: str, prefix: str | None = "", fl
     by the manifest's archive name, never by the id's prefix (``orders-eu.<time>`` is not archive
     ``orders``'s). ``flag`` (e.g. ``--archive``): none found is a ``NotFoundError`` under that name that
     lists the archives the storage holds, so a typo'd name is plain; else an empty list."""
-    found = [e.manifest for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.archive is not None]
+    found = _archive_manifests(storage, prefix)
     gens = sorted((m for m in found if m.archive is not None and m.archive.name == name),
                   key=lambda m: (m.created_at, m.backup_id))
     if not gens and flag is not None:
-        names = sorted({m.archive.name for m in found if m.archive is not None})
+        names = _names(found)
         raise NotFoundError(f"{flag} {name}: no generation of archive {name!r} at {storage.url}"
                             + (f" (prefix {prefix!r})" if prefix else "")
                             + (f"; archives there: {', '.join(map(repr, names))}" if names else "; it holds no archive"))
@@ -121,8 +121,15 @@ def archive_generations(storage: Storage, name: str, prefix: str | None = "", fl
 
 def archive_names(storage: Storage, prefix: str | None = "") -> list[str]:
     """The names of the archives whose generations the storage holds under ``prefix``."""
-    return sorted({e.manifest.archive.name for e in list_backups(storage, prefix)
-                   if e.manifest is not None and e.manifest.archive is not None})
+    return _names(_archive_manifests(storage, prefix))
+
+
+def _archive_manifests(storage: Storage, prefix: str | None) -> list[BackupManifest]:
+    return [e.manifest for e in list_backups(storage, prefix) if e.manifest is not None and e.manifest.archive is not None]
+
+
+def _names(generations: list[BackupManifest]) -> list[str]:
+    return sorted({m.archive.name for m in generations if m.archive is not None})
 
 
 def _prefix_folder(storage: Storage, base: str, name: str) -> str | None:
