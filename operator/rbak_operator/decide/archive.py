@@ -38,7 +38,7 @@ from rbak_operator.decide.rbakconfig import (
     queue_selection,
     storage_section,
 )
-from rbak_operator.decide.status import last_error_line, set_condition, start_problem
+from rbak_operator.decide.status import in_user_words, last_error_line, set_condition, start_problem
 from rbak_operator.decide.times import fmt, parse_time
 
 L_ARCHIVE = "rbak.io/archive"
@@ -285,19 +285,6 @@ def conditions(v: ArchiveView, spec: dict[str, Any], existing: list[dict[str, An
     return phase, conds or []
 
 
-# rbak archive's config key paths, as a RabbitMQArchive's spec names them (the most specific first)
-SPEC_FIELDS = (("archive.taps.max_length_bytes", "spec.taps.maxLengthBytes"), ("archive.taps.max_age", "spec.taps.maxAge"),
-               ("archive.taps.", "spec.taps."), ("archive.taps", "spec.taps"), ("source.queues.", "spec.queues."),
-               ("source.queues", "spec.queues"), ("archive.max_delay_secs", "spec.maxDelaySeconds"))
-
-
-def in_spec_terms(text: str) -> str:
-    """The archiver's message with the fields named as the user wrote them (``spec.taps.include``)."""
-    for ours, theirs in SPEC_FIELDS:
-        text = text.replace(ours, theirs)
-    return text
-
-
 def archiver_exit(pods: list[dict[str, Any]], last_tick: str | None) -> str | None:
     """Why the archiver makes no tick, from its pods: a container that exited non-zero since ``last_tick`` (the
     newest tick's time; None: no tick yet), named with the last error line of its termination message
@@ -317,7 +304,7 @@ def archiver_exit(pods: list[dict[str, Any]], last_tick: str | None) -> str | No
         found = start_problem(pods)
         return found[1] if found is not None else None
     _, pod_name, term = max(exits, key=lambda e: e[0])
-    why = in_spec_terms(last_error_line(term.get("message") or "") or term.get("reason") or "no message")
+    why = in_user_words(last_error_line(term.get("message") or "") or term.get("reason") or "no message", "archive")
     return f"the archiver (pod {pod_name}) exited with code {term['exitCode']}: {why}"[:1000]
 
 

@@ -144,6 +144,13 @@ SPEC_WORDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("target.management_url", "spec.target.managementUrl"),
         ("backup_id: ", "backup id: "),
     ),
+    "archive": (  # the archiver's exit (decide/archive.archiver_exit): the most specific first
+        ("archive.taps.max_length_bytes", "spec.taps.maxLengthBytes"),
+        ("archive.taps.max_age", "spec.taps.maxAge"),
+        ("archive.taps", "spec.taps"),
+        ("source.queues", "spec.queues"),
+        ("archive.max_delay_secs", "spec.maxDelaySeconds"),
+    ),
 }
 """The run's internal config keys in its error lines, and the spec fields the user wrote (or what to do
 instead, where the CRD has no such field)."""
