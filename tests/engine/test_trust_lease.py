@@ -15,10 +15,13 @@ import sys
 from pathlib import Path
 
 import pika
+import pika.exceptions
+import pytest
 
+from rbak.backup import BackupEngine
 from rbak.backup.lease import LEASE_QUEUE
 from rbak.errors import LEASE_EXIT_CODE
-from support.backups import fast_publish, load, wait_count
+from support.backups import backup_config, fast_publish, load, wait_count
 from support.brokers import wait_until
 
 N = 20_000
@@ -178,3 +181,22 @@ def test_a_killed_holder_frees_the_lease(broker, vhost, tmp_path):
     rc, out, err = _finish(_start(_config(broker, vhost, tmp_path, "k2", "k2", lease_wait_secs=60)))
     assert rc == 0, err
     _assert_complete(tmp_path, "k2", out)
+
+
+def test_a_finished_backup_has_freed_its_lease_when_it_returns(broker, vhost, tmp_path):
+    """Backups back to back (a cron, a retry): when ``run()`` returns, the lease queue is gone as a
+    connection opened before sees it, so the next backup never finds the last one still holding it
+    (CI: a loaded 3.10.8 refused a backup, naming the one that had just finished)."""
+    fast_publish(broker, vhost, Q, (b"m-%d" % i for i in range(50)), declare={"x-queue-type": "quorum"})
+    watcher = pika.BlockingConnection(broker.connection_parameters(vhost))
+    try:
+        for i in range(3):
+            cfg = backup_config(broker, vhost, tmp_path / "store", f"b{i}", tmp_path / "st.db")
+            assert BackupEngine(cfg).run().completed
+            ch = watcher.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+                ch.queue_declare(LEASE_QUEUE, passive=True)
+            assert ei.value.reply_code == 404, f"after backup b{i}"
+    finally:
+        watcher.close()
+    assert [load(tmp_path / "store", f"b{i}").state for i in range(3)] == ["complete"] * 3
