@@ -96,8 +96,14 @@ class Cluster:
         self.set_clock(self.now)
 
     def next_slot(self, minutes: int = 5) -> datetime:
-        """Move the clock 2 s past the next multiple of ``minutes``; return that slot."""
-        base = self.now.replace(second=0) + timedelta(minutes=1)
+        """Move the clock 2 s past the next multiple of ``minutes``; return that slot. On a real server
+        the slot is also after the server's own now: an object created as the real clock crossed a
+        multiple (a loaded CI run) has its creationTimestamp on that slot, and the operator counts
+        only slots after creation (the test then waited for a slot that was never due)."""
+        floor = self.now
+        if self.real:
+            floor = max(floor, self.http.server_time())
+        base = floor.replace(second=0, microsecond=0) + timedelta(minutes=1)
         while base.minute % minutes:
             base += timedelta(minutes=1)
         self.set_clock(base + timedelta(seconds=2))
