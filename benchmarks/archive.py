@@ -55,6 +55,7 @@ from support.brokers import BROKERS, unique_name
 from support.s3 import FAKE_ENV, create_bucket, s3_client
 
 from rbak.archive.archiver import Archiver
+from rbak.broker.stream_end import stream_end
 from rbak.config import Config
 from rbak.format.archive import Tick
 
@@ -496,10 +497,20 @@ def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: 
             def named() -> int:
                 return sum(sg.record_count for _, t in store.ticks() for st in t.streams for sg in st.segments)
 
-            last, since = -1, time.time()  # until all are named, or 20 s without progress (the publisher's
-            while time.time() - since < 20:  # count may include a tail the broker never got)
+            # what the broker holds, exactly: each stream's last offset (the publishers count, unconfirmed,
+            # a tail sent as they stop, which the broker may never have taken)
+            def held_now() -> int:
+                ends = [stream_end(broker.host, broker.stream_port, vh, x, broker.user, broker.password) for x in names]
+                return sum(e.last_offset + 1 for e in ends if e is not None and not e.empty)
+
+            held, before = held_now(), -1
+            while held != before:  # until the last chunks are committed
+                time.sleep(1)
+                before, held = held, held_now()
+            k, last, since = 0, -1, time.time()  # until all are named, or 20 s without progress
+            while time.time() - since < 20:
                 k = named()
-                if k >= n:
+                if k >= held:
                     break
                 if k != last:
                     last, since = k, time.time()
@@ -530,6 +541,8 @@ def follow(broker, storage: str, streams: int, per_stream_rate: float, seconds: 
         if took:
             print(f"  ticks: {len(took)}, each took p50 {percentile(took, .5):.2f} s, max {max(took):.2f} s; "
                   f"{sum(1 for k in left if k)} left a stream's segment to the next tick")
+        print(f"  the streams hold {held:,} records (their last offsets, over the stream protocol) of the "
+              f"{n:,} published; the archive named {k:,}" + ("" if k == held else f": {held - k:,} MISSING"))
         if lags:
             print(f"  lag publish -> durable and named: {len(lags)} of {n} records; p50 {percentile(lags, .5):.2f} s, "
                   f"p99 {percentile(lags, .99):.2f} s (target <= 5), p99.9 {percentile(lags, .999):.2f} s "
