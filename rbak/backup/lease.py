@@ -54,6 +54,7 @@ class Lease:
     def __init__(self, retake: Callable[[str], Connection | str] | None = None, queue: str = LEASE_QUEUE) -> None:
         self.connections: dict[str, Connection] = {}
         self.queue = queue
+        self.held: set[str] = set()  # vhosts whose lease queue this run's connection owns (deleted on release)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: list[str] = []
@@ -91,6 +92,7 @@ class Lease:
                     conn.sleep(0)
                 except Exception as e:  # noqa: BLE001 - a lost lease is taken again, or what it risks recorded
                     self.connections.pop(vhost, None)
+                    self.held.discard(vhost)
                     if vhost not in self.lost:
                         self.lost.append(vhost)
                     with self._lock:
@@ -114,6 +116,7 @@ class Lease:
                 return
             gap[1] = time.monotonic()
             self.connections[vhost] = got
+            self.held.add(vhost)
         log.warning("vhost %r: the backup lease was taken again (no other backup held it)", vhost)
 
     def release(self) -> None:
@@ -122,7 +125,7 @@ class Lease:
             self._thread.join()
         for vhost, conn in self.connections.items():
             try:
-                if conn.is_open:
+                if vhost in self.held and conn.is_open:
                     # Deleted before the close: the broker drops a closed connection's exclusive queue when it
                     # has finished with the connection, which a loaded broker did after this returned (CI,
                     # 3.10.8: the next backup refused, naming this run as holder). Delete-Ok: it is gone.
@@ -168,6 +171,7 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
             while True:
                 held, holder = _declare(conn, vhost, client, cfg, queue)
                 if not held:
+                    lease.held.add(vhost)
                     break
                 lease.waited = True
                 if holder is None:

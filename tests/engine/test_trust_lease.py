@@ -137,6 +137,7 @@ def test_a_held_lease_refuses_then_is_waited_for(broker, vhost, tmp_path):
         rc, out, err = _finish(p)
         _assert_refused(tmp_path, "late", rc, err, "'rbak-backup nightly-7 lease (pid 1 on elsewhere)'", out)
         assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*"))
+        holder.channel().queue_declare(LEASE_QUEUE, passive=True)  # the refused run left the holder's lease alone
         # with backup.lease_wait_secs it waits: visible as its own lease connection, nothing read yet
         p = _start(_config(broker, vhost, tmp_path, "patient", "patient", lease_wait_secs=240))
 
