@@ -53,8 +53,7 @@ class Lease:
 
     def __init__(self, retake: Callable[[str], Connection | str] | None = None, queue: str = LEASE_QUEUE) -> None:
         self.connections: dict[str, Connection] = {}
-        self.queue = queue
-        self.held: set[str] = set()  # vhosts whose lease queue this run's connection owns (deleted on release)
+        self.queue = queue  # each of ``connections`` owns it in its vhost (deleted on release)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: list[str] = []
@@ -92,7 +91,6 @@ class Lease:
                     conn.sleep(0)
                 except Exception as e:  # noqa: BLE001 - a lost lease is taken again, or what it risks recorded
                     self.connections.pop(vhost, None)
-                    self.held.discard(vhost)
                     if vhost not in self.lost:
                         self.lost.append(vhost)
                     with self._lock:
@@ -116,7 +114,6 @@ class Lease:
                 return
             gap[1] = time.monotonic()
             self.connections[vhost] = got
-            self.held.add(vhost)
         log.warning("vhost %r: the backup lease was taken again (no other backup held it)", vhost)
 
     def release(self) -> None:
@@ -125,7 +122,7 @@ class Lease:
             self._thread.join()
         for vhost, conn in self.connections.items():
             try:
-                if vhost in self.held and conn.is_open:
+                if conn.is_open:
                     # Deleted before the close: the broker drops a closed connection's exclusive queue when it
                     # has finished with the connection, which a loaded broker did after this returned (CI,
                     # 3.10.8: the next backup refused, naming this run as holder). Delete-Ok: it is gone.
@@ -163,15 +160,15 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
 
     lease = Lease(retake, queue)
     deadline = time.monotonic() + cfg.backup.lease_wait_secs
+    conn: Connection | None = None  # a vhost's connection until it owns the lease; then the lease's
     try:
         for vhost in vhosts:
             conn = connect(vhost, name)
-            lease.connections[vhost] = conn
             waited = False
             while True:
                 held, holder = _declare(conn, vhost, client, cfg, queue)
                 if not held:
-                    lease.held.add(vhost)
+                    lease.connections[vhost], conn = conn, None
                     break
                 lease.waited = True
                 if holder is None:
@@ -189,6 +186,8 @@ def acquire(cfg: Config, client: ManagementClient, vhosts: list[str],
                     waited = True
                 sleep(POLL_SECS)
     except BaseException:
+        if conn is not None:
+            conn.close()  # it owns nothing: the release below must not delete another holder's lease queue
         lease.release()
         raise
     lease.start()
